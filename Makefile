@@ -1,0 +1,97 @@
+# k3c — build: `make` (CPU library + CLI), `make cuda` (nvcc, sm_90), `make mpi` (OpenMPI), `make test`, `make test-asan`,
+# `make run` (train the tiny K3 model on a real corpus, then generate). Sources are found by wildcard: add a file, not a rule.
+CC      ?= gcc
+NVCC    ?= nvcc
+BUILD   ?= build
+OPT     ?= -O2 -march=x86-64-v3
+SAN     ?=
+CFLAGS  := -std=c11 $(OPT) $(SAN) -g -fopenmp -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE \
+           -Iinclude -Isrc -I/usr/include/x86_64-linux-gnu/openblas-pthread -MMD -MP $(EXTRA_CFLAGS)
+LDLIBS  := -lopenblas -lm -lpthread $(EXTRA_LDLIBS)
+LDFLAGS := -fopenmp $(SAN)
+
+# Library sources: every .c under src/ except the CLI. Files that include base/real.h are compiled twice (float, double).
+LIB_SRC  := $(filter-out src/cli/%,$(shell find src -name '*.c' | LC_ALL=C sort))
+REAL_SRC := $(shell grep -l '^\#include "base/real.h"' $(LIB_SRC) 2>/dev/null)
+ONE_SRC  := $(filter-out $(REAL_SRC),$(LIB_SRC))
+CLI_SRC  := $(shell find src/cli -name '*.c' | LC_ALL=C sort)
+TEST_SRC := $(shell find tests -name 'test_*.c' | LC_ALL=C sort)
+TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+BENCH_SRC:= $(shell find bench -name '*.c' 2>/dev/null | LC_ALL=C sort)
+
+LIB_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(ONE_SRC)) \
+           $(patsubst %.c,$(BUILD)/obj/%.f32.o,$(REAL_SRC)) $(patsubst %.c,$(BUILD)/obj/%.f64.o,$(REAL_SRC))
+CLI_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_SRC))
+LIB     := $(BUILD)/libk3c.a
+
+.PHONY: all setup test test-asan cuda mpi run bench clean
+all: $(LIB) k3c
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/obj/%.f32.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DK3C_REAL_DOUBLE=0 -c $< -o $@
+$(BUILD)/obj/%.f64.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DK3C_REAL_DOUBLE=1 -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/k3c: $(CLI_OBJ) $(LIB)
+	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(LIB) $(LDLIBS)
+k3c: $(BUILD)/k3c
+	cp $< $@
+
+$(BUILD)/tests/%: tests/%.c $(LIB) tests/test.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DK3C_REAL_DOUBLE=1 -Itests $< -o $@ $(LIB) $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/bench/%: bench/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DK3C_REAL_DOUBLE=0 $< -o $@ $(LIB) $(LDFLAGS) $(LDLIBS)
+
+setup:
+	@bash tools/setup.sh
+
+# Tests print "N passed, N failed"; tools/run_tests.sh runs them all and sums (last line is the total).
+test: setup
+	@$(MAKE) --no-print-directory all $(TEST_BIN)
+	@bash tools/run_tests.sh $(BUILD) $(TEST_BIN)
+
+test-asan: setup
+	@$(MAKE) --no-print-directory BUILD=build/asan OPT="-O1 -fno-omit-frame-pointer" \
+	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined" build/asan/libk3c.a build/asan/k3c \
+	    $(patsubst $(BUILD)/%,build/asan/%,$(TEST_BIN))
+	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 K3C_K3C_BIN=build/asan/k3c \
+	    bash tools/run_tests.sh build/asan $(patsubst $(BUILD)/%,build/asan/%,$(TEST_BIN))
+
+bench: all $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+
+# ---------------------------------------------------------------- CUDA (compiles without a GPU)
+CU_SRC  := $(shell find src/cuda -name '*.cu' 2>/dev/null | LC_ALL=C sort)
+CU_OBJ  := $(patsubst %.cu,build/cuda/obj/%.o,$(CU_SRC))
+NVFLAGS := -O3 -std=c++17 -Iinclude -Isrc -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=sm_90 \
+           -Xcompiler -Wall,-Wextra,-Wno-unused-parameter,-fopenmp -lineinfo
+CUDA_HOME ?= /usr/local/cuda
+build/cuda/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+cuda:
+	@$(MAKE) --no-print-directory BUILD=build/cuda EXTRA_CFLAGS="-DK3C_CUDA -I$(CUDA_HOME)/include" \
+	    EXTRA_LDLIBS="$(CU_OBJ) -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++" $(CU_OBJ) build/cuda/k3c
+
+mpi:
+	@$(MAKE) --no-print-directory BUILD=build/mpi CC=mpicc EXTRA_CFLAGS="-DK3C_MPI" build/mpi/k3c
+
+# ---------------------------------------------------------------- the main job
+run: setup all
+	@bash tools/run_demo.sh
+
+clean:
+	rm -rf build k3c
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,32 @@
+/* cli.h — the k3c command table and small argument helpers shared by the command files (src/cli/cmd_*.c).
+ * Only cli/ prints to the user and chooses exit codes. */
+#ifndef K3C_CLI_H
+#define K3C_CLI_H
+
+#include "k3c.h"
+
+typedef struct {
+    const char *name;
+    const char *summary;
+    int (*run)(int argc, char **argv); /* argv[0] is the command name; returns the process exit code */
+} k3c_command;
+
+/* Returns 1 if argv contains -h or --help. */
+int cli_wants_help(int argc, char **argv);
+/* Value of "--name VALUE" or "--name=VALUE"; NULL if absent. */
+const char *cli_opt(int argc, char **argv, const char *name);
+int cli_flag(int argc, char **argv, const char *name);
+/* Parses an integer / double option with a default; on a bad number prints an error and returns 0. */
+int cli_opt_int(int argc, char **argv, const char *name, long long def, long long *out);
+int cli_opt_double(int argc, char **argv, const char *name, double def, double *out);
+/* The i-th positional argument (not an option or an option's value); options taking values are listed in
+ * value_opts (NULL-terminated). */
+const char *cli_positional(int argc, char **argv, int i, const char *const *value_opts);
+/* Prints "k3c <cmd>: <message>" to stderr and returns exit code 1 (2 for usage errors). */
+int cli_fail(const char *cmd, const k3c_err *err);
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* One line per command, defined next to each command's implementation. */
+int cmd_inspect(int argc, char **argv);
+
+#endif

@@ -1,0 +1,34 @@
+/* main.c — `k3c <command> [options]`: the command table. Each command lives in its own file src/cli/cmd_*.c. */
+#include "cli.h"
+
+#include <string.h>
+
+static int cmd_version(int argc, char **argv) {
+    (void)argc; (void)argv;
+    printf("k3c %s\n", K3C_VERSION);
+    return 0;
+}
+
+static const k3c_command commands[] = {
+    {"version", "print the k3c version", cmd_version},
+};
+#define NCOMMANDS (int)(sizeof commands / sizeof *commands)
+
+static void usage(FILE *out) {
+    fprintf(out, "k3c %s — Kimi-K3-class sparse MoE engine (train, post-train, serve) in C\n\n", K3C_VERSION);
+    fprintf(out, "usage: k3c <command> [options]    (k3c <command> --help for its options)\n\ncommands:\n");
+    for (int i = 0; i < NCOMMANDS; i++) fprintf(out, "  %-14s %s\n", commands[i].name, commands[i].summary);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) { printf("k3c %s\n", K3C_VERSION); return 0; }
+    for (int i = 0; i < NCOMMANDS; i++)
+        if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "k3c: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
