@@ -2,6 +2,7 @@
 # run_tests.sh BUILD TEST... — runs each test program, echoes its output, sums the "N passed, N failed" lines.
 set -u
 build=$1; shift
+export K3C_K3C_BIN=${K3C_K3C_BIN:-$build/k3c}
 tp=0; tf=0
 for t in "$@"; do
     name=$(basename "$t")
