@@ -23,7 +23,12 @@ struct k3c_json {
 
 /* Parses text[0..n). `name` (a file name) prefixes error messages: "config.json:3:14: expected ','". */
 int k3c_json_parse(const char *text, size_t n, const char *name, k3c_json **out, k3c_err *err);
+/* Reads a whole file and parses it; error messages are prefixed with the path. */
+int k3c_json_parse_file(const char *path, k3c_json **out, k3c_err *err);
 void k3c_json_free(k3c_json *v);
+
+/* 1 if s[0..n) is valid UTF-8 (RFC 3629: no overlongs, surrogates or code points past U+10FFFF), else 0. */
+int k3c_utf8_valid(const char *s, size_t n);
 
 const k3c_json *k3c_json_get(const k3c_json *obj, const char *key); /* NULL if absent or obj not an object */
 

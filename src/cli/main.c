@@ -11,6 +11,7 @@ static int cmd_version(int argc, char **argv) {
 
 static const k3c_command commands[] = {
     {"version", "print the k3c version", cmd_version},
+    {"inspect", "print a checkpoint's config summary, tensors, dtypes and parameter count", cmd_inspect},
 };
 #define NCOMMANDS (int)(sizeof commands / sizeof *commands)
 

@@ -1,0 +1,1009 @@
+/* config.c — the strict reader, validator and writer of Hugging Face config.json files for kimi_linear and kimi_k3
+ * checkpoints, and the layer plan they imply (spec/CHECKPOINTS.md §2 kimi_linear, §3 kimi_k3, §4 layer kinds).
+ *
+ * Both spellings of a kimi_linear text config are read: the released remote-code one (`linear_attn_config` with one-based
+ * `kda_layers` / `full_attn_layers`, `num_experts`, `num_experts_per_token`, `moe_renormalize`, `model_max_length`, ...) and
+ * the transformers-5.x one (`layer_types`, `mlp_layer_types`, `linear_num_heads`, `linear_head_dim`,
+ * `linear_conv_kernel_dim`, `n_routed_experts`, `num_experts_per_tok`, `norm_topk_prob`, `n_group`,
+ * `max_position_embeddings`). Where a config carries both spellings of one field they must agree. Unknown keys are
+ * metadata and are ignored; `head_dim` (top level) is never read (CHECKPOINTS.md §7 #16).
+ *
+ * Defaults — used only where a released or transformers-written config omits the key (everything else is required):
+ *
+ *   key (absent)                      value        why
+ *   linear_attn_config.gate_lower_bound  none      → softplus KDA gate (Kimi Linear has no bound, §2 "keys absent")
+ *   linear_attn_config.use_full_rank_gate  false   → low-rank g_a_proj/g_b_proj output gate (§2)
+ *   mla_use_output_gate               false        no MLA output gate (§2)
+ *   mla_use_nope                      true         transformers-5.x omits it and never rotates (golden README)
+ *   routed_expert_hidden_size         0            no latent MoE (§2)
+ *   latent_moe_use_norm               false        (§2)
+ *   attn_res_block_size               0            plain residuals (§2)
+ *   activation_situ_beta / _linear_beta  0         only read for "situ", where they are required
+ *   moe_layer_freq                    1            transformers-5.x omits it (golden kimi_linear_tiny_a); release = 1
+ *   moe_router_activation_func        "sigmoid"    transformers-5.x omits it; any other value is unsupported
+ *   bos/eos/pad_token_id              -1           optional in PretrainedConfig
+ *   quantization_config               none         unquantized checkpoint
+ *   vision_config                     none         text-only checkpoint
+ *   num_experts                       none         every layer dense (§4 "MoE iff num_experts set")
+ *   mla_norm_eps (k3c extension key)  1e-6 (kimi_linear) / rms_norm_eps (kimi_k3)  ARCHITECTURE.md §1.3; written by
+ *                                     k3c_config_save only when a caller changed it, so save→load is exact
+ *   q_lora_rank: null                 0            single q_proj (§2); the key itself is required with MLA layers
+ */
+#include "model/config.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define KIMI_LINEAR "kimi_linear"
+#define KIMI_K3 "kimi_k3"
+#define K3_PREFIX "language_model."
+#define MXFP4_FORMAT "mxfp4-pack-quantized"
+#define MXFP4_GROUP 32 /* OCP MX block size: one E8M0 scale per 32 elements (CHECKPOINTS.md §6) */
+
+/* ================================================================ reading helpers */
+
+typedef struct {
+    const char *file; /* name for errors */
+    k3c_err *err;
+} pctx;
+
+/* One place a field may be spelled: key inside obj, whose path (for messages) is `path` ("" or "text_config."). */
+typedef struct {
+    const k3c_json *obj;
+    const char *path;
+    const char *key;
+} spot;
+
+#define SPOT(o, p, k) ((spot){(o), (p), (k)})
+#define NOSPOT ((spot){NULL, "", NULL})
+
+enum { F_INT, F_NUM, F_BOOL };
+enum { OPT = 0, REQ = 1, NULL_ZERO = 2 }; /* NULL_ZERO: an explicit null is present and means 0 (q_lora_rank) */
+
+static const char *type_name(const k3c_json *v) {
+    static const char *names[] = {"null", "a boolean", "a number", "a string", "an array", "an object"};
+    return names[v->type];
+}
+
+static int bad_type(pctx *c, spot s, const char *want, const k3c_json *v) {
+    int fraction = v->type == K3C_JSON_NUMBER && strcmp(want, "an integer") == 0;
+    return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected %s, got %s", c->file, s.path, s.key, want,
+                    fraction ? "a number with a fraction or exponent" : type_name(v));
+}
+
+/* Converts v (present, not null) to the requested kind into *d (and *i for integers / booleans). */
+static int convert(pctx *c, spot s, int kind, const k3c_json *v, int64_t *i, double *d) {
+    if (kind == F_INT) {
+        if (v->type != K3C_JSON_NUMBER || !v->is_integer) return bad_type(c, s, "an integer", v);
+        *i = v->integer;
+        *d = (double)v->integer;
+    } else if (kind == F_NUM) {
+        if (v->type != K3C_JSON_NUMBER) return bad_type(c, s, "a number", v);
+        if (!isfinite(v->number)) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: not finite", c->file, s.path, s.key);
+        *d = v->number;
+        *i = 0;
+    } else {
+        if (v->type != K3C_JSON_BOOL) return bad_type(c, s, "true or false", v);
+        *i = v->boolean;
+        *d = v->boolean;
+    }
+    return 0;
+}
+
+/* Reads a field that may be spelled at a or b (b.key NULL: one spelling). When both are present they must agree.
+ * *present says whether any spelling was found (JSON null counts as absent unless flags has NULL_ZERO). */
+static int read_field(pctx *c, int kind, int flags, spot a, spot b, int64_t *iout, double *dout, int *present) {
+    spot sp[2] = {a, b};
+    int found = 0, nulls = 0;
+    int64_t i0 = 0;
+    double d0 = 0;
+    spot first = a;
+    for (int k = 0; k < 2; k++) {
+        if (!sp[k].key || !sp[k].obj) continue;
+        const k3c_json *v = k3c_json_get(sp[k].obj, sp[k].key);
+        if (!v) continue;
+        int64_t i = 0;
+        double d = 0;
+        if (v->type == K3C_JSON_NULL) {
+            nulls++;
+            if (!(flags & NULL_ZERO)) continue;
+        } else if (convert(c, sp[k], kind, v, &i, &d)) {
+            return c->err ? c->err->code : K3C_ECONFIG;
+        }
+        if (!found) { i0 = i; d0 = d; first = sp[k]; found = 1; continue; }
+        if (i != i0 || d != d0)
+            return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s (%.17g) and %s%s (%.17g) disagree", c->file, first.path,
+                            first.key, d0, sp[k].path, sp[k].key, d);
+    }
+    if (!found && (flags & REQ)) {
+        if (b.key && b.obj)
+            return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s (or %s%s): %s", c->file, a.path, a.key, b.path, b.key,
+                            nulls ? "null" : "missing");
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: %s", c->file, a.path, a.key, nulls ? "null" : "missing");
+    }
+    if (iout) *iout = found ? i0 : 0;
+    if (dout) *dout = found ? d0 : 0;
+    if (present) *present = found;
+    return 0;
+}
+
+static int get_int(pctx *c, int flags, spot a, spot b, int64_t *out, int *present) {
+    return read_field(c, F_INT, flags, a, b, out, NULL, present);
+}
+static int get_num(pctx *c, int flags, spot a, spot b, double *out, int *present) {
+    return read_field(c, F_NUM, flags, a, b, NULL, out, present);
+}
+static int get_bool(pctx *c, int flags, spot a, spot b, int *out, int *present) {
+    int64_t v = 0;
+    int rc = read_field(c, F_BOOL, flags, a, b, &v, NULL, present);
+    *out = (int)v;
+    return rc;
+}
+
+/* A string field (NULL when absent or null). */
+static int get_str(pctx *c, int flags, spot s, const char **out) {
+    *out = NULL;
+    const k3c_json *v = s.obj ? k3c_json_get(s.obj, s.key) : NULL;
+    if (!v || v->type == K3C_JSON_NULL) {
+        if (flags & REQ) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: %s", c->file, s.path, s.key, v ? "null" : "missing");
+        return 0;
+    }
+    if (v->type != K3C_JSON_STRING) return bad_type(c, s, "a string", v);
+    *out = v->string;
+    return 0;
+}
+
+/* An object field (NULL when absent or null). */
+static int get_obj(pctx *c, spot s, const k3c_json **out) {
+    *out = NULL;
+    const k3c_json *v = s.obj ? k3c_json_get(s.obj, s.key) : NULL;
+    if (!v || v->type == K3C_JSON_NULL) return 0;
+    if (v->type != K3C_JSON_OBJECT) return bad_type(c, s, "an object", v);
+    *out = v;
+    return 0;
+}
+
+/* If the string at s is present it must equal `want` (settings k3c implements only one way). */
+static int expect_str(pctx *c, spot s, const char *want) {
+    const char *v;
+    int rc = get_str(c, OPT, s, &v);
+    if (rc) return rc;
+    if (v && strcmp(v, want) != 0)
+        return k3c_errf(c->err, K3C_EUNSUPPORTED, "%s: %s%s: \"%s\" is not supported (k3c implements \"%s\")", c->file,
+                        s.path, s.key, v, want);
+    return 0;
+}
+
+/* If the boolean at s is present it must equal `want`. */
+static int expect_bool(pctx *c, spot s, int want) {
+    int v, present;
+    int rc = get_bool(c, OPT, s, NOSPOT, &v, &present);
+    if (rc) return rc;
+    if (present && v != want)
+        return k3c_errf(c->err, K3C_EUNSUPPORTED, "%s: %s%s: %s is not supported", c->file, s.path, s.key,
+                        v ? "true" : "false");
+    return 0;
+}
+
+/* ================================================================ the layer plan (§4) */
+
+#define UNSET 0xFF
+
+/* Marks each one-based layer of lac[key] as `kind` in owner[]; a layer claimed twice breaks the partition. */
+static int read_layer_list(pctx *c, const k3c_json *lac, const char *path, const char *key, int64_t L, uint8_t kind,
+                           uint8_t *owner) {
+    spot s = SPOT(lac, path, key);
+    const k3c_json *v = k3c_json_get(lac, key);
+    if (!v || v->type == K3C_JSON_NULL) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: missing", c->file, path, key);
+    if (v->type != K3C_JSON_ARRAY) return bad_type(c, s, "an array of one-based layer numbers", v);
+    for (size_t i = 0; i < v->n; i++) {
+        const k3c_json *e = &v->items[i];
+        if (e->type != K3C_JSON_NUMBER || !e->is_integer)
+            return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s[%zu]: expected an integer, got %s", c->file, path, key, i,
+                            type_name(e));
+        if (e->integer < 1 || e->integer > L)
+            return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s[%zu]: layer %lld outside 1..%lld (the lists are one-based)",
+                            c->file, path, key, i, (long long)e->integer, (long long)L);
+        uint8_t *o = &owner[e->integer - 1];
+        if (*o != UNSET)
+            return k3c_errf(c->err, K3C_ECONFIG,
+                            "%s: %s%s: layer %lld listed twice (kda_layers and full_attn_layers must partition 1..%lld)",
+                            c->file, path, key, (long long)e->integer, (long long)L);
+        *o = kind;
+    }
+    return 0;
+}
+
+static int plan_from_lists(pctx *c, const k3c_json *lac, const char *path, int64_t L, uint8_t *mixer) {
+    memset(mixer, UNSET, (size_t)L);
+    int rc = read_layer_list(c, lac, path, "kda_layers", L, K3C_MIXER_KDA, mixer);
+    if (!rc) rc = read_layer_list(c, lac, path, "full_attn_layers", L, K3C_MIXER_MLA, mixer);
+    if (rc) return rc;
+    for (int64_t l = 0; l < L; l++)
+        if (mixer[l] == UNSET)
+            return k3c_errf(c->err, K3C_ECONFIG,
+                            "%s: %skda_layers / full_attn_layers: layer %lld (one-based) is in neither list "
+                            "(they must partition 1..%lld)", c->file, path, (long long)(l + 1), (long long)L);
+    return 0;
+}
+
+/* Reads a per-layer string array (layer_types / mlp_layer_types) of length L whose entries are names[0] or names[1]. */
+static int read_type_list(pctx *c, const k3c_json *obj, const char *path, const char *key, int64_t L,
+                          const char *const names[2], uint8_t *out, int *present) {
+    *present = 0;
+    const k3c_json *v = k3c_json_get(obj, key);
+    if (!v || v->type == K3C_JSON_NULL) return 0;
+    if (v->type != K3C_JSON_ARRAY) return bad_type(c, SPOT(obj, path, key), "an array of strings", v);
+    if ((int64_t)v->n != L)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: %zu entries but num_hidden_layers is %lld", c->file, path, key,
+                        v->n, (long long)L);
+    for (size_t i = 0; i < v->n; i++) {
+        const k3c_json *e = &v->items[i];
+        if (e->type != K3C_JSON_STRING)
+            return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s[%zu]: expected a string, got %s", c->file, path, key, i,
+                            type_name(e));
+        if (strcmp(e->string, names[0]) == 0) out[i] = 0;
+        else if (strcmp(e->string, names[1]) == 0) out[i] = 1;
+        else
+            return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s[%zu]: unknown layer type \"%s\" (expected \"%s\" or \"%s\")",
+                            c->file, path, key, i, e->string, names[0], names[1]);
+    }
+    *present = 1;
+    return 0;
+}
+
+int k3c_config_layer_is_moe(const k3c_config *cfg, int64_t l) {
+    return cfg->num_experts > 0 && l >= cfg->first_k_dense && cfg->moe_layer_freq > 0 && l % cfg->moe_layer_freq == 0;
+}
+
+/* ================================================================ the text model (kimi_linear, flat or text_config) */
+
+typedef struct {
+    pctx *c;
+    const k3c_json *t;   /* the text config object */
+    const char *tp;      /* its path: "" or "text_config." */
+    const k3c_json *lac; /* linear_attn_config (may be NULL) */
+    char lp[64];         /* its path */
+} text_ctx;
+
+#define T(k) SPOT(x->t, x->tp, (k))
+#define LAC(k) SPOT(x->lac, x->lp, (k))
+
+static int parse_mixer_plan(text_ctx *x, k3c_config *cfg) {
+    pctx *c = x->c;
+    int64_t L = cfg->num_layers;
+    int has_lists = x->lac && (k3c_json_get(x->lac, "full_attn_layers") || k3c_json_get(x->lac, "kda_layers"));
+    uint8_t from_types[K3C_MAX_LAYERS];
+    static const char *const mixer_names[2] = {"linear_attention", "full_attention"};
+    int has_types, rc = read_type_list(c, x->t, x->tp, "layer_types", L, mixer_names, from_types, &has_types);
+    if (rc) return rc;
+    if (!has_lists && !has_types)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %slinear_attn_config.full_attn_layers (or %slayer_types): missing",
+                        c->file, x->tp, x->tp);
+    if (has_lists && (rc = plan_from_lists(c, x->lac, x->lp, L, cfg->mixer))) return rc;
+    if (!has_lists) memcpy(cfg->mixer, from_types, (size_t)L);
+    if (has_lists && has_types)
+        for (int64_t l = 0; l < L; l++)
+            if (cfg->mixer[l] != from_types[l])
+                return k3c_errf(c->err, K3C_ECONFIG,
+                                "%s: %slayer_types[%lld] is \"%s\" but %sfull_attn_layers says %s (layer %lld one-based)",
+                                c->file, x->tp, (long long)l, mixer_names[from_types[l]], x->lp,
+                                cfg->mixer[l] == K3C_MIXER_MLA ? "MLA" : "KDA", (long long)(l + 1));
+    return 0;
+}
+
+static int parse_ffn_plan(text_ctx *x, k3c_config *cfg) {
+    pctx *c = x->c;
+    for (int64_t l = 0; l < cfg->num_layers; l++) cfg->ffn[l] = k3c_config_layer_is_moe(cfg, l) ? K3C_FFN_MOE : K3C_FFN_DENSE;
+    static const char *const ffn_names[2] = {"dense", "sparse"};
+    uint8_t given[K3C_MAX_LAYERS];
+    int has;
+    int rc = read_type_list(c, x->t, x->tp, "mlp_layer_types", cfg->num_layers, ffn_names, given, &has);
+    if (rc || !has) return rc;
+    for (int64_t l = 0; l < cfg->num_layers; l++)
+        if (given[l] != cfg->ffn[l])
+            return k3c_errf(c->err, K3C_ECONFIG,
+                            "%s: %smlp_layer_types[%lld] is \"%s\" but num_experts / first_k_dense_replace / "
+                            "moe_layer_freq make layer %lld %s", c->file, x->tp, (long long)l, ffn_names[given[l]],
+                            (long long)l, cfg->ffn[l] == K3C_FFN_MOE ? "sparse (MoE)" : "dense");
+    return 0;
+}
+
+static int parse_kda(text_ctx *x, k3c_config *cfg, int need) {
+    pctx *c = x->c;
+    int f = need ? REQ : OPT, rc, present;
+    if ((rc = get_int(c, f, LAC("num_heads"), T("linear_num_heads"), &cfg->kda_heads, NULL)) ||
+        (rc = get_int(c, f, LAC("head_dim"), T("linear_head_dim"), &cfg->kda_head_dim, NULL)) ||
+        (rc = get_int(c, f, LAC("short_conv_kernel_size"), T("linear_conv_kernel_dim"), &cfg->conv_kernel, NULL)) ||
+        (rc = get_num(c, OPT, LAC("gate_lower_bound"), NOSPOT, &cfg->gate_lower_bound, &present)))
+        return rc;
+    cfg->kda_gate = present ? K3C_GATE_LOWER_BOUND : K3C_GATE_SOFTPLUS;
+    return get_bool(c, OPT, LAC("use_full_rank_gate"), NOSPOT, &cfg->kda_full_rank_gate, NULL);
+}
+
+static int parse_mla(text_ctx *x, k3c_config *cfg, int need) {
+    pctx *c = x->c;
+    int f = need ? REQ : OPT, rc;
+    if ((rc = get_int(c, f, T("num_attention_heads"), NOSPOT, &cfg->mla_heads, NULL)) ||
+        (rc = get_int(c, f, T("num_key_value_heads"), NOSPOT, &cfg->mla_kv_heads, NULL)) ||
+        (rc = get_int(c, f | NULL_ZERO, T("q_lora_rank"), NOSPOT, &cfg->q_lora_rank, NULL)) ||
+        (rc = get_int(c, f, T("kv_lora_rank"), NOSPOT, &cfg->kv_lora_rank, NULL)) ||
+        (rc = get_int(c, f, T("qk_nope_head_dim"), NOSPOT, &cfg->qk_nope_dim, NULL)) ||
+        (rc = get_int(c, f, T("qk_rope_head_dim"), NOSPOT, &cfg->qk_rope_dim, NULL)) ||
+        (rc = get_int(c, f, T("v_head_dim"), NOSPOT, &cfg->v_head_dim, NULL)) ||
+        (rc = get_bool(c, OPT, T("mla_use_output_gate"), NOSPOT, &cfg->mla_output_gate, NULL)))
+        return rc;
+    /* k3c's MLA is NoPE (the 64-dim k_pe slot is never rotated, §7 #2): a config asking for RoPE is not ours. */
+    return expect_bool(c, T("mla_use_nope"), 1);
+}
+
+static int parse_moe(text_ctx *x, k3c_config *cfg) {
+    pctx *c = x->c;
+    int rc, present;
+    if ((rc = get_int(c, OPT, T("num_experts"), T("n_routed_experts"), &cfg->num_experts, &present))) return rc;
+    if (present && cfg->num_experts < 1)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %snum_experts: must be >= 1 (got %lld; omit it for a dense model)",
+                        c->file, x->tp, (long long)cfg->num_experts);
+    if (!present) return 0; /* a dense model: every MoE field stays 0 */
+    int64_t freq = 1;
+    int has_freq;
+    if ((rc = get_int(c, REQ, T("num_experts_per_token"), T("num_experts_per_tok"), &cfg->top_k, NULL)) ||
+        (rc = get_int(c, REQ, T("num_shared_experts"), NOSPOT, &cfg->num_shared_experts, NULL)) ||
+        (rc = get_int(c, REQ, T("moe_intermediate_size"), NOSPOT, &cfg->moe_intermediate_size, NULL)) ||
+        (rc = get_bool(c, REQ, T("moe_renormalize"), T("norm_topk_prob"), &cfg->renormalize, NULL)) ||
+        (rc = get_num(c, REQ, T("routed_scaling_factor"), NOSPOT, &cfg->routed_scaling_factor, NULL)) ||
+        (rc = get_int(c, REQ, T("num_expert_group"), T("n_group"), &cfg->num_expert_group, NULL)) ||
+        (rc = get_int(c, REQ, T("topk_group"), NOSPOT, &cfg->topk_group, NULL)) ||
+        (rc = get_int(c, REQ, T("first_k_dense_replace"), NOSPOT, &cfg->first_k_dense, NULL)) ||
+        (rc = get_int(c, OPT, T("moe_layer_freq"), NOSPOT, &freq, &has_freq)) ||
+        (rc = get_int(c, OPT, T("routed_expert_hidden_size"), NOSPOT, &cfg->latent_dim, NULL)) ||
+        (rc = get_bool(c, OPT, T("latent_moe_use_norm"), NOSPOT, &cfg->latent_norm, NULL)) ||
+        (rc = expect_str(c, T("moe_router_activation_func"), "sigmoid")))
+        return rc;
+    cfg->moe_layer_freq = has_freq ? freq : 1;
+    return 0;
+}
+
+static int parse_act(text_ctx *x, k3c_config *cfg) {
+    pctx *c = x->c;
+    const char *act;
+    int rc = get_str(c, REQ, T("hidden_act"), &act);
+    if (rc) return rc;
+    if (strcmp(act, "silu") == 0) cfg->act = K3C_ACT_SILU;
+    else if (strcmp(act, "situ") == 0) cfg->act = K3C_ACT_SITU;
+    else
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %shidden_act: unknown activation \"%s\" (expected \"silu\" or \"situ\")",
+                        c->file, x->tp, act);
+    int f = cfg->act == K3C_ACT_SITU ? REQ : OPT;
+    if ((rc = get_num(c, f, T("activation_situ_beta"), NOSPOT, &cfg->situ_beta, NULL))) return rc;
+    return get_num(c, f, T("activation_situ_linear_beta"), NOSPOT, &cfg->situ_linear_beta, NULL);
+}
+
+/* Everything a kimi_linear text config holds (the flat kimi_linear file, or kimi_k3's text_config). */
+static int parse_text(pctx *c, const k3c_json *t, const char *tp, k3c_config *cfg) {
+    text_ctx xs = {c, t, tp, NULL, {0}}, *x = &xs;
+    snprintf(x->lp, sizeof x->lp, "%slinear_attn_config.", tp);
+    int rc;
+    if ((rc = get_obj(c, T("linear_attn_config"), &x->lac))) return rc;
+    if ((rc = get_int(c, REQ, T("vocab_size"), NOSPOT, &cfg->vocab_size, NULL)) ||
+        (rc = get_int(c, REQ, T("hidden_size"), NOSPOT, &cfg->hidden_size, NULL)) ||
+        (rc = get_int(c, REQ, T("num_hidden_layers"), NOSPOT, &cfg->num_layers, NULL)) ||
+        (rc = get_int(c, REQ, T("intermediate_size"), NOSPOT, &cfg->intermediate_size, NULL)) ||
+        (rc = get_int(c, REQ, T("model_max_length"), T("max_position_embeddings"), &cfg->max_positions, NULL)) ||
+        (rc = get_num(c, REQ, T("rms_norm_eps"), NOSPOT, &cfg->rms_norm_eps, NULL)) ||
+        (rc = get_int(c, OPT, T("attn_res_block_size"), NOSPOT, &cfg->attn_res_block, NULL)))
+        return rc;
+    if (cfg->num_layers < 1 || cfg->num_layers > K3C_MAX_LAYERS)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %snum_hidden_layers: %lld outside 1..%d (K3C_MAX_LAYERS)", c->file, tp,
+                        (long long)cfg->num_layers, K3C_MAX_LAYERS);
+    if ((rc = parse_mixer_plan(x, cfg)) || (rc = parse_moe(x, cfg)) || (rc = parse_ffn_plan(x, cfg)) ||
+        (rc = parse_act(x, cfg)))
+        return rc;
+    int nmla = k3c_config_num_mla(cfg);
+    if ((rc = parse_kda(x, cfg, nmla < cfg->num_layers)) || (rc = parse_mla(x, cfg, nmla > 0))) return rc;
+    int has_eps;
+    if ((rc = get_num(c, OPT, T("mla_norm_eps"), NOSPOT, &cfg->mla_norm_eps, &has_eps))) return rc;
+    if (!has_eps) cfg->mla_norm_eps = strcmp(cfg->model_type, KIMI_K3) == 0 ? cfg->rms_norm_eps : 1e-6;
+    return 0;
+}
+
+/* ================================================================ quantization_config (§3.3) and vision_config (§3.4) */
+
+/* Reads one quantization_config object into (*mxfp4, *group). Only compressed-tensors MXFP4 is understood. */
+static int parse_quant(pctx *c, const k3c_json *q, const char *path, int *mxfp4, int64_t *group) {
+    const char *method, *format;
+    int rc;
+    if ((rc = get_str(c, REQ, SPOT(q, path, "quant_method"), &method)) ||
+        (rc = get_str(c, REQ, SPOT(q, path, "format"), &format)))
+        return rc;
+    if (strcmp(method, "compressed-tensors") != 0 || strcmp(format, MXFP4_FORMAT) != 0)
+        return k3c_errf(c->err, K3C_EUNSUPPORTED,
+                        "%s: %squant_method/format: \"%s\" / \"%s\" is not supported (k3c reads compressed-tensors %s)",
+                        c->file, path, method, format, MXFP4_FORMAT);
+    const k3c_json *groups;
+    char gpath[160], wpath[192];
+    snprintf(gpath, sizeof gpath, "%sconfig_groups", path);
+    if ((rc = get_obj(c, SPOT(q, path, "config_groups"), &groups))) return rc;
+    if (!groups || groups->n == 0) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s: missing or empty", c->file, gpath);
+    *group = 0;
+    for (size_t g = 0; g < groups->n; g++) {
+        const k3c_json *gr = &groups->items[g], *w;
+        snprintf(gpath, sizeof gpath, "%sconfig_groups.%s.", path, groups->keys[g]);
+        if (gr->type != K3C_JSON_OBJECT) return bad_type(c, SPOT(groups, gpath, ""), "an object", gr);
+        if ((rc = expect_str(c, SPOT(gr, gpath, "format"), MXFP4_FORMAT)) || (rc = get_obj(c, SPOT(gr, gpath, "weights"), &w)))
+            return rc;
+        if (!w) return k3c_errf(c->err, K3C_ECONFIG, "%s: %sweights: missing", c->file, gpath);
+        snprintf(wpath, sizeof wpath, "%sweights.", gpath);
+        int64_t bits, gs;
+        if ((rc = get_int(c, REQ, SPOT(w, wpath, "num_bits"), NOSPOT, &bits, NULL)) ||
+            (rc = get_int(c, REQ, SPOT(w, wpath, "group_size"), NOSPOT, &gs, NULL)) ||
+            (rc = expect_str(c, SPOT(w, wpath, "type"), "float")))
+            return rc;
+        if (bits != 4) return k3c_errf(c->err, K3C_EUNSUPPORTED, "%s: %snum_bits: %lld (MXFP4 has 4)", c->file, wpath, (long long)bits);
+        if (*group && gs != *group)
+            return k3c_errf(c->err, K3C_ECONFIG, "%s: %sgroup_size: %lld disagrees with another group's %lld", c->file,
+                            wpath, (long long)gs, (long long)*group);
+        *group = gs;
+    }
+    *mxfp4 = 1;
+    return 0;
+}
+
+/* quantization_config may sit at the top level and/or inside text_config (§3.3); when both exist they must agree. */
+static int parse_quant_both(pctx *c, const k3c_json *root, const k3c_json *text, k3c_config *cfg) {
+    const k3c_json *qa = NULL, *qb = NULL;
+    int rc = get_obj(c, SPOT(root, "", "quantization_config"), &qa);
+    if (!rc && text != root) rc = get_obj(c, SPOT(text, "text_config.", "quantization_config"), &qb);
+    if (rc) return rc;
+    int ma = 0, mb = 0;
+    int64_t ga = 0, gb = 0;
+    if (qa && (rc = parse_quant(c, qa, "quantization_config.", &ma, &ga))) return rc;
+    if (qb && (rc = parse_quant(c, qb, "text_config.quantization_config.", &mb, &gb))) return rc;
+    if (qa && qb && (ma != mb || ga != gb))
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: quantization_config and text_config.quantization_config disagree "
+                        "(group_size %lld vs %lld)", c->file, (long long)ga, (long long)gb);
+    cfg->experts_mxfp4 = qa ? ma : mb;
+    cfg->mxfp4_group = qa ? ga : gb;
+    return 0;
+}
+
+/* vision_config string/bool settings k3c implements one way only (§3.4); a different value is a different model. */
+static const struct { const char *key, *value; } vision_fixed[] = {
+    {"merge_type", "sd2_tpool"},        {"mm_projector_type", "patchmergerv2"}, {"mlp_type", "mlp2"},
+    {"activation_func", "gelu_pytorch_tanh"}, {"projector_hidden_act", "gelu"}, {"norm_type", "rmsnorm"},
+    {"pos_emb_type", "divided_fixed"},  {"pos_emb_interpolation_mode", "bilinear"},
+};
+static const char *const vision_no_bias[] = {"attn_bias", "linear_bias", "patch_embed_proj_bias"};
+
+static int parse_vision(pctx *c, const k3c_json *v, k3c_vision_config *vc) {
+    const char *p = "vision_config.";
+#define V(k) SPOT(v, p, (k))
+    int rc;
+    if ((rc = get_int(c, REQ, V("patch_size"), NOSPOT, &vc->patch_size, NULL)) ||
+        (rc = get_int(c, REQ, V("vt_hidden_size"), NOSPOT, &vc->hidden, NULL)) ||
+        (rc = get_int(c, REQ, V("vt_intermediate_size"), NOSPOT, &vc->intermediate, NULL)) ||
+        (rc = get_int(c, REQ, V("vt_num_attention_heads"), NOSPOT, &vc->heads, NULL)) ||
+        (rc = get_int(c, REQ, V("vt_num_hidden_layers"), NOSPOT, &vc->layers, NULL)) ||
+        (rc = get_int(c, REQ, V("qkv_hidden_size"), NOSPOT, &vc->qkv_hidden, NULL)) ||
+        (rc = get_int(c, REQ, V("mm_hidden_size"), NOSPOT, &vc->mm_hidden, NULL)) ||
+        (rc = get_int(c, REQ, V("text_hidden_size"), NOSPOT, &vc->text_hidden, NULL)) ||
+        (rc = get_int(c, REQ, V("init_pos_emb_height"), NOSPOT, &vc->pos_emb_h, NULL)) ||
+        (rc = get_int(c, REQ, V("init_pos_emb_width"), NOSPOT, &vc->pos_emb_w, NULL)) ||
+        (rc = get_int(c, REQ, V("init_pos_emb_time"), NOSPOT, &vc->pos_emb_t, NULL)) ||
+        (rc = get_num(c, REQ, V("projector_ln_eps"), NOSPOT, &vc->ln_eps, NULL)))
+        return rc;
+    for (size_t i = 0; i < sizeof vision_fixed / sizeof *vision_fixed; i++)
+        if ((rc = expect_str(c, V(vision_fixed[i].key), vision_fixed[i].value))) return rc;
+    for (size_t i = 0; i < sizeof vision_no_bias / sizeof *vision_no_bias; i++)
+        if ((rc = expect_bool(c, V(vision_no_bias[i]), 0))) return rc;
+    const k3c_json *mk = k3c_json_get(v, "merge_kernel_size");
+    if (!mk) return k3c_errf(c->err, K3C_ECONFIG, "%s: vision_config.merge_kernel_size: missing", c->file);
+    if (mk->type != K3C_JSON_ARRAY || mk->n != 2 || mk->items[0].type != K3C_JSON_NUMBER || !mk->items[0].is_integer ||
+        mk->items[1].type != K3C_JSON_NUMBER || !mk->items[1].is_integer)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: vision_config.merge_kernel_size: expected [height, width] integers",
+                        c->file);
+    vc->merge_kernel[0] = mk->items[0].integer;
+    vc->merge_kernel[1] = mk->items[1].integer;
+    vc->present = 1;
+    return 0;
+#undef V
+}
+
+/* ================================================================ top level */
+
+/* Token ids and tie_word_embeddings: kimi_k3 keeps them in text_config and/or at the top level (they must agree). */
+static int parse_ids(pctx *c, const k3c_json *root, const k3c_json *text, k3c_config *cfg) {
+    spot top_b = SPOT(root, "", "bos_token_id"), top_e = SPOT(root, "", "eos_token_id"),
+         top_p = SPOT(root, "", "pad_token_id"), top_t = SPOT(root, "", "tie_word_embeddings");
+    int k3 = text != root;
+    const char *tp = k3 ? "text_config." : "";
+    int rc, pb, pe, pp;
+    if ((rc = get_int(c, OPT, SPOT(text, tp, "bos_token_id"), k3 ? top_b : NOSPOT, &cfg->bos_token_id, &pb)) ||
+        (rc = get_int(c, OPT, SPOT(text, tp, "eos_token_id"), k3 ? top_e : NOSPOT, &cfg->eos_token_id, &pe)) ||
+        (rc = get_int(c, OPT, SPOT(text, tp, "pad_token_id"), k3 ? top_p : NOSPOT, &cfg->pad_token_id, &pp)) ||
+        (rc = get_bool(c, REQ, SPOT(text, tp, "tie_word_embeddings"), k3 ? top_t : NOSPOT, &cfg->tie_word_embeddings,
+                       NULL)))
+        return rc;
+    if (!pb) cfg->bos_token_id = -1;
+    if (!pe) cfg->eos_token_id = -1;
+    if (!pp) cfg->pad_token_id = -1;
+    return 0;
+}
+
+static int parse_root(pctx *c, const k3c_json *root, k3c_config *cfg) {
+    if (root->type != K3C_JSON_OBJECT)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: expected a JSON object, got %s", c->file, type_name(root));
+    const char *mt;
+    int rc = get_str(c, REQ, SPOT(root, "", "model_type"), &mt);
+    if (rc) return rc;
+    const k3c_json *text = root, *vision = NULL;
+    if (strcmp(mt, KIMI_K3) == 0) {
+        snprintf(cfg->tensor_prefix, sizeof cfg->tensor_prefix, "%s", K3_PREFIX);
+        if ((rc = get_obj(c, SPOT(root, "", "text_config"), &text))) return rc;
+        if (!text) return k3c_errf(c->err, K3C_ECONFIG, "%s: text_config: missing", c->file);
+        if ((rc = expect_str(c, SPOT(text, "text_config.", "model_type"), KIMI_LINEAR)) ||
+            (rc = get_obj(c, SPOT(root, "", "vision_config"), &vision)))
+            return rc;
+    } else if (strcmp(mt, KIMI_LINEAR) == 0) {
+        if (k3c_json_get(root, "text_config") || k3c_json_get(root, "vision_config"))
+            return k3c_errf(c->err, K3C_ECONFIG, "%s: model_type \"kimi_linear\" is a flat text config; "
+                            "text_config / vision_config belong to model_type \"kimi_k3\"", c->file);
+    } else {
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: model_type: unknown \"%s\" (expected \"kimi_linear\" or \"kimi_k3\")",
+                        c->file, mt);
+    }
+    snprintf(cfg->model_type, sizeof cfg->model_type, "%s", mt);
+    if ((rc = parse_text(c, text, text == root ? "" : "text_config.", cfg)) || (rc = parse_ids(c, root, text, cfg)) ||
+        (rc = parse_quant_both(c, root, text, cfg)))
+        return rc;
+    if (vision && (rc = parse_vision(c, vision, &cfg->vision))) return rc;
+    return k3c_config_validate(cfg, c->file, c->err);
+}
+
+int k3c_config_parse(const char *json, size_t n, const char *name_for_errors, k3c_config *cfg, k3c_err *err) {
+    if (!json || !cfg) return k3c_errf(err, K3C_EINVAL, "k3c_config_parse: NULL argument");
+    const char *name = name_for_errors ? name_for_errors : "config.json";
+    memset(cfg, 0, sizeof *cfg);
+    k3c_json *root = NULL;
+    int rc = k3c_json_parse(json, n, name, &root, err);
+    if (rc) return rc;
+    pctx c = {name, err};
+    rc = parse_root(&c, root, cfg);
+    k3c_json_free(root);
+    if (rc) memset(cfg, 0, sizeof *cfg);
+    return rc;
+}
+
+int k3c_config_load(const char *path, k3c_config *cfg, k3c_err *err) {
+    if (!path || !cfg) return k3c_errf(err, K3C_EINVAL, "k3c_config_load: NULL argument");
+    struct stat st;
+    size_t len = strlen(path);
+    char *file = malloc(len + sizeof "/config.json");
+    if (!file) return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", path);
+    /* A directory, or a path that names no file and no .json: read <path>/config.json (and say so if missing). */
+    int slash = len && path[len - 1] == '/', exists = stat(path, &st) == 0;
+    int json = len >= 5 && strcmp(path + len - 5, ".json") == 0;
+    if (slash || (exists && S_ISDIR(st.st_mode)) || (!exists && !json))
+        snprintf(file, len + sizeof "/config.json", "%s%sconfig.json", path, slash ? "" : "/");
+    else
+        memcpy(file, path, len + 1);
+    char *text = NULL;
+    size_t n = 0;
+    int rc = k3c_read_file(file, &text, &n, err);
+    if (!rc) rc = k3c_config_parse(text, n, file, cfg, err);
+    free(text);
+    free(file);
+    return rc;
+}
+
+/* ================================================================ validation */
+
+int k3c_config_num_mla(const k3c_config *cfg) {
+    int n = 0;
+    for (int64_t l = 0; l < cfg->num_layers && l < K3C_MAX_LAYERS; l++) n += cfg->mixer[l] == K3C_MIXER_MLA;
+    return n;
+}
+
+int k3c_config_num_moe(const k3c_config *cfg) {
+    int n = 0;
+    for (int64_t l = 0; l < cfg->num_layers && l < K3C_MAX_LAYERS; l++) n += cfg->ffn[l] == K3C_FFN_MOE;
+    return n;
+}
+
+typedef struct {
+    const char *file, *tp; /* tp: "text_config." for kimi_k3 */
+    k3c_err *err;
+    int rc;
+} vctx;
+
+/* Records the first failure: "file: <tp>field: must be ... (got v)". */
+static void need(vctx *v, int ok, const char *field, const char *rule, double got) {
+    if (ok || v->rc) return;
+    v->rc = k3c_errf(v->err, K3C_ECONFIG, "%s: %s%s: must be %s (got %.17g)", v->file, v->tp, field, rule, got);
+}
+#define POS(v, x, field) need((v), (x) > 0, (field), "positive", (double)(x))
+
+static void validate_kda(vctx *v, const k3c_config *cfg, int any) {
+    if (any) {
+        POS(v, cfg->kda_heads, "linear_attn_config.num_heads");
+        POS(v, cfg->kda_head_dim, "linear_attn_config.head_dim");
+        POS(v, cfg->conv_kernel, "linear_attn_config.short_conv_kernel_size");
+    }
+    need(v, cfg->kda_heads >= 0 && cfg->kda_head_dim >= 0 && cfg->conv_kernel >= 0, "linear_attn_config",
+         "non-negative sizes", (double)cfg->kda_heads);
+    need(v, cfg->kda_gate == K3C_GATE_SOFTPLUS || cfg->kda_gate == K3C_GATE_LOWER_BOUND, "linear_attn_config.gate",
+         "softplus (0) or lower bound (1)", cfg->kda_gate);
+    if (cfg->kda_gate == K3C_GATE_LOWER_BOUND)
+        need(v, cfg->gate_lower_bound >= -5.0 && cfg->gate_lower_bound < 0, "linear_attn_config.gate_lower_bound",
+             "in [-5, 0)", cfg->gate_lower_bound);
+    else
+        need(v, cfg->gate_lower_bound == 0, "linear_attn_config.gate_lower_bound", "unset (0) with the softplus gate",
+             cfg->gate_lower_bound);
+    need(v, cfg->kda_full_rank_gate == 0 || cfg->kda_full_rank_gate == 1, "linear_attn_config.use_full_rank_gate",
+         "0 or 1", cfg->kda_full_rank_gate);
+}
+
+static void validate_mla(vctx *v, const k3c_config *cfg, int any) {
+    if (any) {
+        POS(v, cfg->mla_heads, "num_attention_heads");
+        POS(v, cfg->kv_lora_rank, "kv_lora_rank");
+        POS(v, cfg->qk_nope_dim, "qk_nope_head_dim");
+        POS(v, cfg->qk_rope_dim, "qk_rope_head_dim");
+        POS(v, cfg->v_head_dim, "v_head_dim");
+        /* MLA shares one latent across heads; k3c has no grouped-query MLA. */
+        need(v, cfg->mla_kv_heads == cfg->mla_heads, "num_key_value_heads", "equal to num_attention_heads (MLA)",
+             (double)cfg->mla_kv_heads);
+        POS(v, cfg->mla_norm_eps, "mla_norm_eps");
+    }
+    need(v, cfg->q_lora_rank >= 0, "q_lora_rank", "null (0) or positive", (double)cfg->q_lora_rank);
+    need(v, cfg->mla_heads >= 0 && cfg->kv_lora_rank >= 0 && cfg->qk_nope_dim >= 0 && cfg->qk_rope_dim >= 0 &&
+            cfg->v_head_dim >= 0 && cfg->mla_kv_heads >= 0, "num_attention_heads/kv_lora_rank/...", "non-negative", 0);
+    need(v, cfg->mla_output_gate == 0 || cfg->mla_output_gate == 1, "mla_use_output_gate", "0 or 1", cfg->mla_output_gate);
+}
+
+static void validate_moe(vctx *v, const k3c_config *cfg) {
+    need(v, cfg->num_experts >= 0, "num_experts", "non-negative", (double)cfg->num_experts);
+    if (cfg->num_experts > 0) {
+        need(v, cfg->top_k >= 1 && cfg->top_k <= cfg->num_experts, "num_experts_per_token", "in 1..num_experts",
+             (double)cfg->top_k);
+        need(v, cfg->num_shared_experts >= 0, "num_shared_experts", "non-negative", (double)cfg->num_shared_experts);
+        POS(v, cfg->moe_intermediate_size, "moe_intermediate_size");
+        POS(v, cfg->routed_scaling_factor, "routed_scaling_factor");
+        POS(v, cfg->num_expert_group, "num_expert_group");
+        need(v, cfg->num_expert_group > 0 && cfg->num_experts % cfg->num_expert_group == 0, "num_expert_group",
+             "a divisor of num_experts", (double)cfg->num_expert_group);
+        need(v, cfg->topk_group >= 1 && cfg->topk_group <= cfg->num_expert_group, "topk_group", "in 1..num_expert_group",
+             (double)cfg->topk_group);
+        need(v, cfg->first_k_dense >= 0, "first_k_dense_replace", "non-negative", (double)cfg->first_k_dense);
+        POS(v, cfg->moe_layer_freq, "moe_layer_freq");
+        need(v, cfg->latent_dim >= 0, "routed_expert_hidden_size", "non-negative", (double)cfg->latent_dim);
+        need(v, cfg->renormalize == 0 || cfg->renormalize == 1, "moe_renormalize", "0 or 1", cfg->renormalize);
+    }
+    need(v, !cfg->latent_norm || cfg->latent_dim > 0, "latent_moe_use_norm", "false without routed_expert_hidden_size",
+         cfg->latent_norm);
+    vctx q = *v; /* quantization_config may sit at the top level or in text_config: name it without a prefix */
+    q.tp = "";
+    if (cfg->experts_mxfp4) {
+        need(&q, cfg->num_experts > 0, "quantization_config", "absent without routed experts", (double)cfg->num_experts);
+        need(&q, cfg->mxfp4_group == MXFP4_GROUP, "quantization_config.config_groups.*.weights.group_size",
+             "32 (the MXFP4 block)", (double)cfg->mxfp4_group);
+        int64_t in1 = cfg->latent_dim > 0 ? cfg->latent_dim : cfg->hidden_size;
+        need(v, in1 % MXFP4_GROUP == 0 && cfg->moe_intermediate_size % MXFP4_GROUP == 0, "moe_intermediate_size",
+             "such that every expert input width is a multiple of 32 (MXFP4 groups)", (double)cfg->moe_intermediate_size);
+    } else {
+        need(&q, cfg->mxfp4_group == 0, "quantization_config.group_size", "0 without MXFP4", (double)cfg->mxfp4_group);
+    }
+    v->rc = q.rc;
+}
+
+static void validate_plan(vctx *v, const k3c_config *cfg) {
+    for (int64_t l = 0; l < cfg->num_layers && !v->rc; l++) {
+        if (cfg->mixer[l] > K3C_MIXER_MLA)
+            v->rc = k3c_errf(v->err, K3C_ECONFIG, "%s: layer %lld: mixer %d is neither KDA nor MLA", v->file,
+                             (long long)l, cfg->mixer[l]);
+        else if (cfg->ffn[l] != (k3c_config_layer_is_moe(cfg, l) ? K3C_FFN_MOE : K3C_FFN_DENSE))
+            v->rc = k3c_errf(v->err, K3C_ECONFIG,
+                             "%s: layer %lld: ffn %s contradicts num_experts / first_k_dense_replace / moe_layer_freq",
+                             v->file, (long long)l, cfg->ffn[l] == K3C_FFN_MOE ? "MoE" : "dense");
+    }
+}
+
+static void validate_vision(vctx *v, const k3c_config *cfg) {
+    const k3c_vision_config *vc = &cfg->vision;
+    if (!vc->present) return;
+    vctx vv = *v;
+    vv.tp = "vision_config.";
+    POS(&vv, vc->patch_size, "patch_size");
+    POS(&vv, vc->hidden, "vt_hidden_size");
+    POS(&vv, vc->intermediate, "vt_intermediate_size");
+    POS(&vv, vc->heads, "vt_num_attention_heads");
+    POS(&vv, vc->layers, "vt_num_hidden_layers");
+    POS(&vv, vc->qkv_hidden, "qkv_hidden_size");
+    need(&vv, vc->heads > 0 && vc->qkv_hidden % vc->heads == 0, "qkv_hidden_size", "a multiple of vt_num_attention_heads",
+         (double)vc->qkv_hidden);
+    POS(&vv, vc->mm_hidden, "mm_hidden_size");
+    need(&vv, vc->text_hidden == cfg->hidden_size, "text_hidden_size", "equal to the text hidden_size",
+         (double)vc->text_hidden);
+    POS(&vv, vc->merge_kernel[0], "merge_kernel_size[0]");
+    POS(&vv, vc->merge_kernel[1], "merge_kernel_size[1]");
+    POS(&vv, vc->pos_emb_h, "init_pos_emb_height");
+    POS(&vv, vc->pos_emb_w, "init_pos_emb_width");
+    POS(&vv, vc->pos_emb_t, "init_pos_emb_time");
+    POS(&vv, vc->ln_eps, "projector_ln_eps");
+    need(&vv, strcmp(cfg->model_type, KIMI_K3) == 0, "present", "only with model_type kimi_k3", 1);
+    v->rc = vv.rc;
+}
+
+static void validate_ids(vctx *v, const k3c_config *cfg) {
+    const int64_t ids[3] = {cfg->bos_token_id, cfg->eos_token_id, cfg->pad_token_id};
+    static const char *names[3] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+    for (int i = 0; i < 3; i++)
+        need(v, ids[i] >= -1 && ids[i] < cfg->vocab_size, names[i], "-1 (absent) or a token id below vocab_size",
+             (double)ids[i]);
+}
+
+int k3c_config_validate(const k3c_config *cfg, const char *name_for_errors, k3c_err *err) {
+    const char *file = name_for_errors ? name_for_errors : "config";
+    if (!cfg) return k3c_errf(err, K3C_EINVAL, "%s: NULL config", file);
+    int k3 = strcmp(cfg->model_type, KIMI_K3) == 0;
+    if (!k3 && strcmp(cfg->model_type, KIMI_LINEAR) != 0)
+        return k3c_errf(err, K3C_ECONFIG, "%s: model_type: unknown \"%.31s\"", file, cfg->model_type);
+    if (strcmp(cfg->tensor_prefix, k3 ? K3_PREFIX : "") != 0)
+        return k3c_errf(err, K3C_ECONFIG, "%s: tensor prefix \"%.31s\" does not match model_type %s", file,
+                        cfg->tensor_prefix, cfg->model_type);
+    vctx v = {file, k3 ? "text_config." : "", err, 0};
+    need(&v, cfg->num_layers >= 1 && cfg->num_layers <= K3C_MAX_LAYERS, "num_hidden_layers", "in 1..512 (K3C_MAX_LAYERS)",
+         (double)cfg->num_layers);
+    if (v.rc) return v.rc;
+    POS(&v, cfg->vocab_size, "vocab_size");
+    POS(&v, cfg->hidden_size, "hidden_size");
+    POS(&v, cfg->max_positions, k3 ? "max_position_embeddings" : "model_max_length");
+    need(&v, cfg->rms_norm_eps > 0 && cfg->rms_norm_eps < 1, "rms_norm_eps", "in (0, 1)", cfg->rms_norm_eps);
+    need(&v, cfg->tie_word_embeddings == 0 || cfg->tie_word_embeddings == 1, "tie_word_embeddings", "0 or 1",
+         cfg->tie_word_embeddings);
+    int nmla = k3c_config_num_mla(cfg), nmoe = k3c_config_num_moe(cfg);
+    if (nmoe < cfg->num_layers) POS(&v, cfg->intermediate_size, "intermediate_size");
+    validate_plan(&v, cfg);
+    validate_kda(&v, cfg, nmla < cfg->num_layers);
+    validate_mla(&v, cfg, nmla > 0);
+    validate_moe(&v, cfg);
+    need(&v, cfg->act == K3C_ACT_SILU || cfg->act == K3C_ACT_SITU, "hidden_act", "silu (0) or situ (1)", cfg->act);
+    if (cfg->act == K3C_ACT_SITU) {
+        POS(&v, cfg->situ_beta, "activation_situ_beta");
+        POS(&v, cfg->situ_linear_beta, "activation_situ_linear_beta");
+    }
+    need(&v, cfg->attn_res_block >= 0, "attn_res_block_size", "positive or absent", (double)cfg->attn_res_block);
+    validate_ids(&v, cfg);
+    validate_vision(&v, cfg);
+    return v.rc;
+}
+
+/* ================================================================ writing (released spelling) */
+
+/* A minimal pretty JSON writer: one key per line, arrays of numbers on one line. */
+typedef struct {
+    k3c_sbuf *s;
+    int depth;
+    int first[8];
+} jw;
+
+static void jw_key(jw *w, const char *key) {
+    k3c_sbuf_printf(w->s, "%s\n%*s", w->first[w->depth] ? "" : ",", 2 * w->depth, "");
+    w->first[w->depth] = 0;
+    k3c_sbuf_json_string(w->s, key, strlen(key));
+    k3c_sbuf_append(w->s, ": ", 2);
+}
+/* Opens an object member (or, at depth 0, the root, which has no key). */
+static void jw_open(jw *w, const char *key, char bracket) {
+    if (w->depth > 0) jw_key(w, key);
+    k3c_sbuf_append(w->s, &bracket, 1);
+    w->first[++w->depth] = 1;
+}
+static void jw_close(jw *w, char bracket) {
+    int empty = w->first[w->depth];
+    w->depth--;
+    if (!empty) k3c_sbuf_printf(w->s, "\n%*s", 2 * w->depth, "");
+    k3c_sbuf_append(w->s, &bracket, 1);
+}
+static void jw_int(jw *w, const char *key, int64_t x) { jw_key(w, key); k3c_sbuf_printf(w->s, "%lld", (long long)x); }
+static void jw_num(jw *w, const char *key, double x) { jw_key(w, key); k3c_sbuf_json_number(w->s, x); }
+static void jw_bool(jw *w, const char *key, int b) { jw_key(w, key); k3c_sbuf_printf(w->s, "%s", b ? "true" : "false"); }
+static void jw_null(jw *w, const char *key) { jw_key(w, key); k3c_sbuf_append(w->s, "null", 4); }
+static void jw_str(jw *w, const char *key, const char *v) { jw_key(w, key); k3c_sbuf_json_string(w->s, v, strlen(v)); }
+static void jw_strs(jw *w, const char *key, const char *const *v, int n) {
+    jw_key(w, key);
+    k3c_sbuf_append(w->s, "[", 1);
+    for (int i = 0; i < n; i++) {
+        if (i) k3c_sbuf_append(w->s, ", ", 2);
+        k3c_sbuf_json_string(w->s, v[i], strlen(v[i]));
+    }
+    k3c_sbuf_append(w->s, "]", 1);
+}
+
+/* Writes the one-based layer numbers whose mixer is `kind`. */
+static void jw_layers(jw *w, const char *key, const k3c_config *cfg, int kind) {
+    jw_key(w, key);
+    k3c_sbuf_append(w->s, "[", 1);
+    int n = 0;
+    for (int64_t l = 0; l < cfg->num_layers; l++)
+        if (cfg->mixer[l] == kind) k3c_sbuf_printf(w->s, "%s%lld", n++ ? ", " : "", (long long)(l + 1));
+    k3c_sbuf_append(w->s, "]", 1);
+}
+
+static void jw_ids(jw *w, const k3c_config *cfg) {
+    if (cfg->bos_token_id >= 0) jw_int(w, "bos_token_id", cfg->bos_token_id);
+    if (cfg->eos_token_id >= 0) jw_int(w, "eos_token_id", cfg->eos_token_id);
+    if (cfg->pad_token_id >= 0) jw_int(w, "pad_token_id", cfg->pad_token_id);
+    jw_bool(w, "tie_word_embeddings", cfg->tie_word_embeddings);
+}
+
+static void write_linear_attn(jw *w, const k3c_config *cfg) {
+    jw_open(w, "linear_attn_config", '{');
+    if (cfg->kda_heads) jw_int(w, "num_heads", cfg->kda_heads);
+    if (cfg->kda_head_dim) jw_int(w, "head_dim", cfg->kda_head_dim);
+    if (cfg->conv_kernel) jw_int(w, "short_conv_kernel_size", cfg->conv_kernel);
+    if (cfg->kda_gate == K3C_GATE_LOWER_BOUND) jw_num(w, "gate_lower_bound", cfg->gate_lower_bound);
+    if (cfg->kda_full_rank_gate) jw_bool(w, "use_full_rank_gate", 1);
+    jw_layers(w, "full_attn_layers", cfg, K3C_MIXER_MLA);
+    jw_layers(w, "kda_layers", cfg, K3C_MIXER_KDA);
+    jw_close(w, '}');
+}
+
+static void write_mla(jw *w, const k3c_config *cfg) {
+    if (k3c_config_num_mla(cfg) == 0 && cfg->mla_heads == 0) return;
+    jw_int(w, "num_attention_heads", cfg->mla_heads);
+    jw_int(w, "num_key_value_heads", cfg->mla_kv_heads);
+    if (cfg->q_lora_rank) jw_int(w, "q_lora_rank", cfg->q_lora_rank);
+    else jw_null(w, "q_lora_rank");
+    jw_int(w, "kv_lora_rank", cfg->kv_lora_rank);
+    jw_int(w, "qk_nope_head_dim", cfg->qk_nope_dim);
+    jw_int(w, "qk_rope_head_dim", cfg->qk_rope_dim);
+    jw_int(w, "v_head_dim", cfg->v_head_dim);
+    jw_bool(w, "mla_use_nope", 1);
+    if (cfg->mla_output_gate) jw_bool(w, "mla_use_output_gate", 1);
+}
+
+static void write_moe(jw *w, const k3c_config *cfg) {
+    if (cfg->num_experts == 0) return;
+    jw_int(w, "num_experts", cfg->num_experts);
+    jw_int(w, "num_experts_per_token", cfg->top_k);
+    jw_int(w, "num_shared_experts", cfg->num_shared_experts);
+    jw_int(w, "moe_intermediate_size", cfg->moe_intermediate_size);
+    if (cfg->latent_dim) jw_int(w, "routed_expert_hidden_size", cfg->latent_dim);
+    if (cfg->latent_norm) jw_bool(w, "latent_moe_use_norm", 1);
+    jw_str(w, "moe_router_activation_func", "sigmoid");
+    jw_bool(w, "moe_renormalize", cfg->renormalize);
+    jw_num(w, "routed_scaling_factor", cfg->routed_scaling_factor);
+    jw_bool(w, "use_grouped_topk", 1);
+    jw_int(w, "num_expert_group", cfg->num_expert_group);
+    jw_int(w, "topk_group", cfg->topk_group);
+    jw_int(w, "first_k_dense_replace", cfg->first_k_dense);
+    jw_int(w, "moe_layer_freq", cfg->moe_layer_freq);
+}
+
+/* The compressed-tensors block of the K3 release (§3.3), with the group size k3c holds. */
+static void write_quant(jw *w, const k3c_config *cfg) {
+    static const char *const targets[] = {"Linear"};
+    static const char *const ignore[] = {"re:.*self_attn.*", "re:.*shared_experts.*",
+                                         "re:.*mlp\\.(gate|up|gate_up|down)_proj.*", "re:.*lm_head.*",
+                                         "re:.*vision_tower.*", "re:.*mm_projector.*",
+                                         "re:.*block_sparse_moe\\.gate$", "re:.*routed_expert_(up|down)_proj$"};
+    jw_open(w, "quantization_config", '{');
+    jw_str(w, "quant_method", "compressed-tensors");
+    jw_str(w, "format", MXFP4_FORMAT);
+    jw_str(w, "quantization_status", "compressed");
+    jw_open(w, "config_groups", '{');
+    jw_open(w, "group_0", '{');
+    jw_str(w, "format", MXFP4_FORMAT);
+    jw_strs(w, "targets", targets, 1);
+    jw_null(w, "input_activations");
+    jw_null(w, "output_activations");
+    jw_open(w, "weights", '{');
+    jw_int(w, "num_bits", 4);
+    jw_str(w, "type", "float");
+    jw_bool(w, "symmetric", 1);
+    jw_str(w, "strategy", "group");
+    jw_int(w, "group_size", cfg->mxfp4_group);
+    jw_str(w, "scale_dtype", "torch.uint8");
+    jw_bool(w, "dynamic", 0);
+    jw_close(w, '}');
+    jw_close(w, '}');
+    jw_close(w, '}');
+    jw_strs(w, "ignore", ignore, (int)(sizeof ignore / sizeof *ignore));
+    jw_close(w, '}');
+}
+
+/* The text-model keys (flat kimi_linear file or kimi_k3's text_config). */
+static void write_text(jw *w, const k3c_config *cfg, int k3) {
+    jw_int(w, "vocab_size", cfg->vocab_size);
+    jw_int(w, "hidden_size", cfg->hidden_size);
+    jw_int(w, "num_hidden_layers", cfg->num_layers);
+    jw_int(w, "intermediate_size", cfg->intermediate_size);
+    jw_int(w, k3 ? "max_position_embeddings" : "model_max_length", cfg->max_positions);
+    jw_num(w, "rms_norm_eps", cfg->rms_norm_eps);
+    if (cfg->mla_norm_eps != (k3 ? cfg->rms_norm_eps : 1e-6)) jw_num(w, "mla_norm_eps", cfg->mla_norm_eps);
+    jw_str(w, "hidden_act", cfg->act == K3C_ACT_SITU ? "situ" : "silu");
+    if (cfg->act == K3C_ACT_SITU || cfg->situ_beta) jw_num(w, "activation_situ_beta", cfg->situ_beta);
+    if (cfg->act == K3C_ACT_SITU || cfg->situ_linear_beta) jw_num(w, "activation_situ_linear_beta", cfg->situ_linear_beta);
+    write_mla(w, cfg);
+    write_moe(w, cfg);
+    if (cfg->attn_res_block) jw_int(w, "attn_res_block_size", cfg->attn_res_block);
+    jw_int(w, "num_nextn_predict_layers", 0);
+    jw_ids(w, cfg);
+    write_linear_attn(w, cfg);
+}
+
+static void write_vision(jw *w, const k3c_vision_config *vc) {
+    jw_open(w, "vision_config", '{');
+    jw_int(w, "patch_size", vc->patch_size);
+    jw_int(w, "vt_hidden_size", vc->hidden);
+    jw_int(w, "vt_intermediate_size", vc->intermediate);
+    jw_int(w, "vt_num_attention_heads", vc->heads);
+    jw_int(w, "vt_num_hidden_layers", vc->layers);
+    jw_int(w, "qkv_hidden_size", vc->qkv_hidden);
+    jw_int(w, "mm_hidden_size", vc->mm_hidden);
+    jw_int(w, "text_hidden_size", vc->text_hidden);
+    jw_key(w, "merge_kernel_size");
+    k3c_sbuf_printf(w->s, "[%lld, %lld]", (long long)vc->merge_kernel[0], (long long)vc->merge_kernel[1]);
+    for (size_t i = 0; i < sizeof vision_fixed / sizeof *vision_fixed; i++)
+        jw_str(w, vision_fixed[i].key, vision_fixed[i].value);
+    jw_num(w, "projector_ln_eps", vc->ln_eps);
+    jw_int(w, "init_pos_emb_height", vc->pos_emb_h);
+    jw_int(w, "init_pos_emb_width", vc->pos_emb_w);
+    jw_int(w, "init_pos_emb_time", vc->pos_emb_t);
+    for (size_t i = 0; i < sizeof vision_no_bias / sizeof *vision_no_bias; i++) jw_bool(w, vision_no_bias[i], 0);
+    jw_close(w, '}');
+}
+
+int k3c_config_to_json(const k3c_config *cfg, k3c_sbuf *out, k3c_err *err) {
+    int rc = k3c_config_validate(cfg, "config", err);
+    if (rc) return rc;
+    int k3 = strcmp(cfg->model_type, KIMI_K3) == 0;
+    jw w = {out, 0, {0}};
+    jw_open(&w, NULL, '{');
+    static const char *const arch_k3[] = {"KimiK3ForConditionalGeneration"}, *const arch_kl[] = {"KimiLinearForCausalLM"};
+    jw_strs(&w, "architectures", k3 ? arch_k3 : arch_kl, 1);
+    jw_str(&w, "model_type", cfg->model_type);
+    if (k3) {
+        jw_ids(&w, cfg);
+        jw_open(&w, "text_config", '{');
+        jw_str(&w, "model_type", KIMI_LINEAR);
+        jw_strs(&w, "architectures", arch_kl, 1);
+    }
+    write_text(&w, cfg, k3);
+    if (cfg->experts_mxfp4) write_quant(&w, cfg);
+    if (k3) jw_close(&w, '}');
+    if (cfg->vision.present) write_vision(&w, &cfg->vision);
+    jw_close(&w, '}');
+    k3c_sbuf_append(out, "\n", 1);
+    return out->ok ? 0 : k3c_errf(err, K3C_ENOMEM, "config: out of memory writing JSON");
+}
+
+int k3c_config_save(const k3c_config *cfg, const char *path, k3c_err *err) {
+    if (!cfg || !path) return k3c_errf(err, K3C_EINVAL, "k3c_config_save: NULL argument");
+    k3c_sbuf s;
+    k3c_sbuf_init(&s);
+    int rc = k3c_config_to_json(cfg, &s, err);
+    if (rc) k3c_err_wrap(err, "%s", path);
+    else rc = k3c_write_file_atomic(path, s.buf, s.len, err);
+    k3c_sbuf_free(&s);
+    return rc;
+}
+
+/* ================================================================ plan strings */
+
+void k3c_config_plan_string(const k3c_config *cfg, int ffn, char *buf, size_t n) {
+    if (!n) return;
+    size_t p = 0;
+    for (int64_t l = 0; l < cfg->num_layers && l < K3C_MAX_LAYERS; l++) {
+        if (p + 5 >= n) { /* room for " ..." and the NUL */
+            snprintf(buf + p, n - p, "...");
+            return;
+        }
+        if (l && l % 4 == 0) buf[p++] = ' ';
+        buf[p++] = ffn ? (cfg->ffn[l] == K3C_FFN_MOE ? 'E' : 'D') : (cfg->mixer[l] == K3C_MIXER_MLA ? 'M' : 'K');
+    }
+    buf[p] = 0;
+}

@@ -1,0 +1,236 @@
+/* params.c — builds the parameter inventory of a Kimi-Linear / Kimi-K3 model from its config, in checkpoint order and
+ * under checkpoint names (CHECKPOINTS.md §5.1–5.2), with the optimizer metadata of ARCHITECTURE.md §10. */
+#include "model/params.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    k3c_param_table *t;
+    const k3c_config *cfg;
+    int layer;
+    char scope[96]; /* "model.layers.3." etc. (without the config prefix) */
+    int oom;
+} builder;
+
+static size_t add(builder *b, const char *leaf, int kind, int ndim, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
+    k3c_param_table *t = b->t;
+    if (t->n == t->cap) {
+        int cap = t->cap ? 2 * t->cap : 256;
+        k3c_param *p = realloc(t->p, (size_t)cap * sizeof *p);
+        if (!p) { b->oom = 1; return K3C_NOPARAM; }
+        t->p = p;
+        t->cap = cap;
+    }
+    k3c_param *p = &t->p[t->n++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s%s%s", b->cfg->tensor_prefix, b->scope, leaf);
+    int64_t d[4] = {d0, d1, d2, d3};
+    p->ndim = ndim;
+    p->numel = 1;
+    for (int i = 0; i < ndim; i++) { p->shape[i] = d[i]; p->numel *= d[i]; }
+    p->used = p->numel;
+    p->kind = (uint8_t)kind;
+    p->layer = b->layer;
+    p->offset = t->total;
+    t->total += (size_t)p->numel;
+    return p->offset;
+}
+
+#define MAT(leaf, o, i) add(b, leaf, K3C_PK_MATRIX, 2, o, i, 0, 0)
+#define VEC(leaf, n) add(b, leaf, K3C_PK_VECTOR, 1, n, 0, 0, 0)
+
+static k3c_param *last(builder *b) { return &b->t->p[b->t->n - 1]; }
+
+static void kda_params(builder *b, k3c_layer_offsets *o) {
+    const k3c_config *c = b->cfg;
+    int64_t D = c->hidden_size, H = c->kda_heads, dk = c->kda_head_dim, P = H * dk, W = c->conv_kernel;
+    o->q_proj = MAT("self_attn.q_proj.weight", P, D); last(b)->head_rows = dk;
+    o->k_proj = MAT("self_attn.k_proj.weight", P, D); last(b)->head_rows = dk;
+    o->v_proj = MAT("self_attn.v_proj.weight", P, D); last(b)->head_rows = dk;
+    o->q_conv = add(b, "self_attn.q_conv1d.weight", K3C_PK_VECTOR, 3, P, 1, W, 0);
+    o->k_conv = add(b, "self_attn.k_conv1d.weight", K3C_PK_VECTOR, 3, P, 1, W, 0);
+    o->v_conv = add(b, "self_attn.v_conv1d.weight", K3C_PK_VECTOR, 3, P, 1, W, 0);
+    o->f_a = MAT("self_attn.f_a_proj.weight", dk, D);
+    o->f_b = MAT("self_attn.f_b_proj.weight", P, dk);
+    if (strcmp(c->model_type, "kimi_k3") == 0) {
+        /* K3 stores A_log padded to max(head_dim, H) entries; only the first H are read (CHECKPOINTS.md §7 #1). */
+        o->A_log = VEC("self_attn.A_log", dk > H ? dk : H);
+        last(b)->used = H;
+    } else {
+        o->A_log = add(b, "self_attn.A_log", K3C_PK_VECTOR, 4, 1, 1, H, 1);
+    }
+    o->dt_bias = VEC("self_attn.dt_bias", P);
+    o->b_proj = MAT("self_attn.b_proj.weight", H, D);
+    if (c->kda_full_rank_gate) {
+        o->g_proj = MAT("self_attn.g_proj.weight", P, D);
+    } else {
+        o->g_a = MAT("self_attn.g_a_proj.weight", dk, D);
+        o->g_b = MAT("self_attn.g_b_proj.weight", P, dk);
+    }
+    o->o_norm = VEC("self_attn.o_norm.weight", dk);
+    o->o_proj = MAT("self_attn.o_proj.weight", D, P);
+}
+
+static void mla_params(builder *b, k3c_layer_offsets *o) {
+    const k3c_config *c = b->cfg;
+    int64_t D = c->hidden_size, H = c->mla_heads, dqk = c->qk_nope_dim + c->qk_rope_dim, dv = c->v_head_dim;
+    if (c->q_lora_rank > 0) {
+        o->q_a = MAT("self_attn.q_a_proj.weight", c->q_lora_rank, D);
+        o->q_a_norm = VEC("self_attn.q_a_layernorm.weight", c->q_lora_rank);
+        o->q_b = MAT("self_attn.q_b_proj.weight", H * dqk, c->q_lora_rank); last(b)->head_rows = dqk;
+    } else {
+        o->q_proj = MAT("self_attn.q_proj.weight", H * dqk, D); last(b)->head_rows = dqk;
+    }
+    o->kv_a = MAT("self_attn.kv_a_proj_with_mqa.weight", c->kv_lora_rank + c->qk_rope_dim, D);
+    o->kv_a_norm = VEC("self_attn.kv_a_layernorm.weight", c->kv_lora_rank);
+    o->kv_b = MAT("self_attn.kv_b_proj.weight", H * (c->qk_nope_dim + dv), c->kv_lora_rank);
+    last(b)->head_rows = c->qk_nope_dim + dv;
+    if (c->mla_output_gate) o->g_proj = MAT("self_attn.g_proj.weight", H * dv, D);
+    o->o_proj = MAT("self_attn.o_proj.weight", D, H * dv);
+}
+
+static void ffn_params(builder *b, k3c_layer_offsets *o, int moe) {
+    const k3c_config *c = b->cfg;
+    int64_t D = c->hidden_size;
+    if (!moe) {
+        int64_t I = c->intermediate_size;
+        o->mlp_gate = MAT("mlp.gate_proj.weight", I, D);
+        o->mlp_up = MAT("mlp.up_proj.weight", I, D);
+        o->mlp_down = MAT("mlp.down_proj.weight", D, I);
+        return;
+    }
+    int64_t E = c->num_experts, I = c->moe_intermediate_size, L = c->latent_dim > 0 ? c->latent_dim : D;
+    o->router = MAT("block_sparse_moe.gate.weight", E, D);
+    o->router_bias = add(b, "block_sparse_moe.gate.e_score_correction_bias", K3C_PK_ROUTER_BIAS, 1, E, 0, 0, 0);
+    if (c->latent_dim > 0) {
+        o->latent_down = MAT("block_sparse_moe.routed_expert_down_proj.weight", c->latent_dim, D);
+        if (c->latent_norm) o->latent_norm = VEC("block_sparse_moe.routed_expert_norm.weight", c->latent_dim);
+        o->latent_up = MAT("block_sparse_moe.routed_expert_up_proj.weight", D, c->latent_dim);
+    }
+    if (c->num_shared_experts > 0) {
+        int64_t S = I * c->num_shared_experts;
+        o->shared_gate = MAT("block_sparse_moe.shared_experts.gate_proj.weight", S, D);
+        o->shared_up = MAT("block_sparse_moe.shared_experts.up_proj.weight", S, D);
+        o->shared_down = MAT("block_sparse_moe.shared_experts.down_proj.weight", D, S);
+    }
+    /* Routed experts stacked [E, out, in] so one op sees them all; checkpoint names are per expert. */
+    static const char *leaf[3] = {"w1", "w3", "w2"};
+    size_t *dst[3] = {&o->w1, &o->w3, &o->w2};
+    for (int k = 0; k < 3; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "block_sparse_moe.experts.%%d.%s.weight", leaf[k]);
+        int64_t rows = k < 2 ? I : L, cols = k < 2 ? L : I;
+        *dst[k] = add(b, name, K3C_PK_MATRIX, 2, rows, cols, 0, 0);
+        k3c_param *p = last(b);
+        p->stack = E;
+        p->numel *= E;
+        p->used = p->numel;
+        b->t->total += (size_t)(p->numel - rows * cols);
+        p->mxfp4 = (uint8_t)c->experts_mxfp4;
+    }
+}
+
+static void init_offsets(k3c_layer_offsets *o) {
+    size_t *f = (size_t *)o;
+    for (size_t i = 0; i < sizeof *o / sizeof(size_t); i++) f[i] = K3C_NOPARAM;
+}
+
+int k3c_params_build(const k3c_config *cfg, k3c_param_table *t, k3c_err *err) {
+    memset(t, 0, sizeof *t);
+    t->layer = malloc((size_t)(cfg->num_layers > 0 ? cfg->num_layers : 1) * sizeof *t->layer);
+    if (!t->layer) return k3c_errf(err, K3C_ENOMEM, "params: out of memory");
+    builder bb = {.t = t, .cfg = cfg, .layer = -1}, *b = &bb;
+    int64_t D = cfg->hidden_size, V = cfg->vocab_size;
+    k3c_global_offsets *g = &t->glob;
+    snprintf(b->scope, sizeof b->scope, "model.");
+    g->embed = add(b, "embed_tokens.weight", K3C_PK_EMBED, 2, V, D, 0, 0);
+    for (int l = 0; l < cfg->num_layers; l++) {
+        k3c_layer_offsets *o = &t->layer[l];
+        init_offsets(o);
+        b->layer = l;
+        snprintf(b->scope, sizeof b->scope, "model.layers.%d.", l);
+        o->input_norm = VEC("input_layernorm.weight", D);
+        o->post_norm = VEC("post_attention_layernorm.weight", D);
+        if (cfg->attn_res_block > 0) {
+            o->attn_res_norm = VEC("self_attention_res_norm.weight", D);
+            o->attn_res_proj = add(b, "self_attention_res_proj.weight", K3C_PK_VECTOR, 2, 1, D, 0, 0);
+            o->mlp_res_norm = VEC("mlp_res_norm.weight", D);
+            o->mlp_res_proj = add(b, "mlp_res_proj.weight", K3C_PK_VECTOR, 2, 1, D, 0, 0);
+        }
+        if (cfg->mixer[l] == K3C_MIXER_KDA) kda_params(b, o);
+        else mla_params(b, o);
+        ffn_params(b, o, cfg->ffn[l] == K3C_FFN_MOE);
+    }
+    b->layer = -1;
+    snprintf(b->scope, sizeof b->scope, "model.");
+    g->final_norm = VEC("norm.weight", D);
+    g->out_res_norm = g->out_res_proj = K3C_NOPARAM;
+    if (cfg->attn_res_block > 0) {
+        g->out_res_norm = VEC("output_attn_res_norm.weight", D);
+        g->out_res_proj = add(b, "output_attn_res_proj.weight", K3C_PK_VECTOR, 2, 1, D, 0, 0);
+    }
+    b->scope[0] = 0;
+    g->lm_head = add(b, "lm_head.weight", K3C_PK_HEAD, 2, V, D, 0, 0);
+    if (b->oom) { k3c_params_free(t); return k3c_errf(err, K3C_ENOMEM, "params: out of memory"); }
+    return K3C_OK;
+}
+
+void k3c_params_free(k3c_param_table *t) {
+    free(t->p);
+    free(t->layer);
+    memset(t, 0, sizeof *t);
+}
+
+void k3c_params_name(const k3c_param *p, int64_t expert, char *buf, size_t n) {
+    if (p->stack) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+        snprintf(buf, n, p->name, (int)expert);
+#pragma GCC diagnostic pop
+    } else {
+        snprintf(buf, n, "%s", p->name);
+    }
+}
+
+/* Matches name against a pattern containing one "%d"; returns the number or −1. */
+static int64_t match_stack(const char *pattern, const char *name) {
+    const char *pct = strstr(pattern, "%d");
+    size_t pre = (size_t)(pct - pattern);
+    if (strncmp(pattern, name, pre) != 0) return -1;
+    const char *s = name + pre;
+    if (*s < '0' || *s > '9') return -1;
+    char *end;
+    long long e = strtoll(s, &end, 10);
+    if (end - s > 1 && *s == '0') return -1;
+    return strcmp(end, pct + 2) == 0 ? e : -1;
+}
+
+int k3c_params_lookup(const k3c_param_table *t, const char *name, int *expert) {
+    char alt[K3C_PARAM_NAME + 32];
+    const char *dense = strstr(name, ".block_sparse_moe.");
+    if (dense && (strstr(dense, "_moe.gate_proj.") || strstr(dense, "_moe.up_proj.") || strstr(dense, "_moe.down_proj."))) {
+        /* transformers saves the dense layer-0 MLP under block_sparse_moe.* (golden/README.md) */
+        snprintf(alt, sizeof alt, "%.*s.mlp.%s", (int)(dense - name), name, dense + strlen(".block_sparse_moe."));
+        name = alt;
+    }
+    for (int i = 0; i < t->n; i++) {
+        const k3c_param *p = &t->p[i];
+        if (!p->stack) {
+            if (strcmp(p->name, name) == 0) { if (expert) *expert = -1; return i; }
+        } else {
+            int64_t e = match_stack(p->name, name);
+            if (e >= 0 && e < p->stack) { if (expert) *expert = (int)e; return i; }
+        }
+    }
+    return -1;
+}
+
+int64_t k3c_params_trainable(const k3c_param_table *t) {
+    int64_t n = 0;
+    for (int i = 0; i < t->n; i++)
+        if (t->p[i].kind != K3C_PK_ROUTER_BIAS) n += t->p[i].used;
+    return n;
+}

@@ -1,0 +1,74 @@
+/* params.h — the parameter inventory of a model: every tensor under its checkpoint name with shape, offset into one flat
+ * buffer, and optimizer metadata; per-layer offset tables that forward/backward bind to weights or gradients.
+ * Spec: CHECKPOINTS.md §5 (tensor names and shapes), ARCHITECTURE.md §10 (which tensors Muon / AdamW / QK-Clip touch). */
+#ifndef K3C_MODEL_PARAMS_H
+#define K3C_MODEL_PARAMS_H
+
+#include "k3c.h"
+
+#define K3C_NOPARAM ((size_t)-1)
+#define K3C_PARAM_NAME 160
+
+typedef enum {
+    K3C_PK_MATRIX = 0,  /* hidden 2-D weight: Muon (or AdamW), weight decay */
+    K3C_PK_EMBED,       /* token embedding: AdamW */
+    K3C_PK_HEAD,        /* lm_head: AdamW */
+    K3C_PK_VECTOR,      /* norms, biases, A_log, dt_bias, conv kernels, AttnRes pseudo-queries: AdamW, no decay */
+    K3C_PK_ROUTER_BIAS, /* e_score_correction_bias: not trained by gradient (quantile balancing owns it) */
+} k3c_param_kind;
+
+typedef struct {
+    char name[K3C_PARAM_NAME]; /* checkpoint name; for stacked experts the pattern "...experts.%d.w1.weight" */
+    int ndim;
+    int64_t shape[4];          /* stored (checkpoint) shape; stacked experts: the per-expert shape */
+    int64_t stack;             /* 0, or E: the tensor is E consecutive per-expert slices */
+    int64_t numel;             /* total elements (all slices) */
+    size_t offset;             /* element offset into the flat buffer */
+    uint8_t kind;              /* k3c_param_kind */
+    int64_t head_rows;         /* Per-Head Muon: rows per head block (0 = orthogonalise the whole matrix) */
+    int layer;                 /* -1 for global tensors */
+    uint8_t mxfp4;             /* stored as MXFP4 (weight_packed + weight_scale) in the source checkpoint */
+    int64_t used;              /* leading elements the model reads (A_log padding: only the first H); = numel else */
+} k3c_param;
+
+/* Offsets (elements into the flat buffer; K3C_NOPARAM when absent) of one decoder layer. */
+typedef struct {
+    size_t input_norm, post_norm;
+    size_t attn_res_norm, attn_res_proj, mlp_res_norm, mlp_res_proj;
+    /* KDA */
+    size_t q_proj, k_proj, v_proj, q_conv, k_conv, v_conv, f_a, f_b, A_log, dt_bias, b_proj, g_proj, g_a, g_b, o_norm;
+    /* MLA (q_proj above is reused when q_lora_rank is 0) */
+    size_t q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b;
+    size_t o_proj; /* both mixers */
+    /* FFN: dense MLP or MoE */
+    size_t mlp_gate, mlp_up, mlp_down;
+    size_t router, router_bias, w1, w2, w3, shared_gate, shared_up, shared_down, latent_down, latent_norm, latent_up;
+} k3c_layer_offsets;
+
+typedef struct {
+    size_t embed, final_norm, out_res_norm, out_res_proj, lm_head;
+} k3c_global_offsets;
+
+typedef struct {
+    k3c_param *p;
+    int n, cap;
+    size_t total; /* elements */
+    k3c_global_offsets glob;
+    k3c_layer_offsets *layer; /* cfg->num_layers entries */
+} k3c_param_table;
+
+/* Builds the inventory for cfg (names carry cfg->tensor_prefix). */
+int k3c_params_build(const k3c_config *cfg, k3c_param_table *t, k3c_err *err);
+void k3c_params_free(k3c_param_table *t);
+/* The entry whose name (or stacked pattern expanded for some expert) equals `name`; *expert gets the slice (−1 if not
+ * stacked). Returns the entry index or −1. Also accepts the transformers spelling of the dense layer-0 MLP
+ * ("block_sparse_moe.{gate,up,down}_proj" for "mlp.*"). */
+int k3c_params_lookup(const k3c_param_table *t, const char *name, int *expert);
+/* Writes the checkpoint name of slice e of entry i. */
+void k3c_params_name(const k3c_param *p, int64_t expert, char *buf, size_t n);
+/* Elements of one slice (= numel for unstacked entries). */
+static inline int64_t k3c_param_slice_numel(const k3c_param *p) { return p->stack ? p->numel / p->stack : p->numel; }
+/* Trainable element count (excludes router correction biases and A_log padding). */
+int64_t k3c_params_trainable(const k3c_param_table *t);
+
+#endif

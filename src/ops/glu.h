@@ -1,0 +1,39 @@
+/* glu.h — the gated activations of every FFN: SiLU-GLU (SwiGLU, Kimi Linear) and SiTU-GLU (K3), forward and backward.
+ * Implements spec/ARCHITECTURE.md §8 (SiTU / SiTU-GLU); follows the op convention of ops/ops.h. */
+#ifndef K3C_OPS_GLU_H
+#define K3C_OPS_GLU_H
+
+#include "ops/ops.h"
+
+/* Which activation, with its caps. SiLU-GLU: h = silu(g)·u (betas ignored).
+ * SiTU-GLU: h = a(g)·c(u), a(g) = β1·tanh(g/β1)·σ(g), c(u) = β2·tanh(u/β2)
+ *           (β1 = situ_beta = 4, β2 = situ_linear_beta = 25 in K3). */
+typedef struct {
+    int act;      /* k3c_act: K3C_ACT_SILU or K3C_ACT_SITU */
+    double beta1; /* SiTU gate cap (> 0 when act == SITU) */
+    double beta2; /* SiTU up cap (> 0 when act == SITU) */
+} k3c_glu_act;
+
+/* The activation a model config asks for (cfg->act, cfg->situ_beta, cfg->situ_linear_beta). */
+static inline k3c_glu_act k3c_glu_act_from_config(const k3c_config *cfg) {
+    k3c_glu_act a = {cfg->act, cfg->situ_beta, cfg->situ_linear_beta};
+    return a;
+}
+
+typedef struct {
+    int64_t rows;  /* N (tokens, or routed slots) */
+    int64_t inter; /* I (intermediate width) */
+    k3c_glu_act act;
+} k3c_glu_sizes;
+
+/* Forward:  h[N, I] = act(gate) ⊙ c(up); gate and up are separate [N, I] arrays; h is overwritten (may alias neither).
+ * Backward: dgate += dh ⊙ c(up) ⊙ act'(gate), dup += dh ⊙ act(gate) ⊙ c'(up) (exact derivatives of §8; recomputed from
+ *           gate/up, nothing saved). Either gradient may be NULL. Returns K3C_EINVAL on bad sizes / betas. */
+#define K3C_GLU_API(real, S)                                                                                           \
+    int k3c_glu_fwd_##S(const k3c_glu_sizes *s, const real *gate, const real *up, real *h,                             \
+                        k3c_err *err);                                                                                 \
+    int k3c_glu_bwd_##S(const k3c_glu_sizes *s, const real *gate, const real *up, const real *dh, real *dgate,         \
+                        real *dup, k3c_err *err);
+K3C_DECLARE_REAL(K3C_GLU_API)
+
+#endif
