@@ -1,0 +1,46 @@
+/* acts.h — internal to src/model: the activations of one forward pass kept for its backward, including the Block
+ * AttnRes bookkeeping (which tensors each depth mix read). Spec: ARCHITECTURE.md §5.3 (control flow), §5.4. */
+#ifndef K3C_MODEL_ACTS_H
+#define K3C_MODEL_ACTS_H
+
+#include "model/layers.h"
+
+/* A residual-stream tensor of the step, by index: the embedding, P after layer l's attention (pmid), or after its FFN
+ * (pend). Depth mixes list their sources this way so the backward finds each source's gradient buffer. */
+#define K3C_SRC_EMB (-1)
+#define K3C_SRC_MID(l) (2 * (l))
+#define K3C_SRC_END(l) (2 * (l) + 1)
+
+typedef struct {
+    int n;          /* sources */
+    int *src;       /* K3C_SRC_* indices */
+    real *saved;    /* the mix op's saved rstd and α */
+    real *out;      /* the mix output [T, D] */
+} k3c_mix;
+
+struct k3c_acts {
+    k3c_step st;
+    int64_t T;
+    int32_t *ids, *targets;  /* copies of the batch's */
+    real *emb;               /* [T, D] */
+    real **pmid, **pend;     /* [L] × [T, D] */
+    real **axn, **arstd;     /* attention sublayer: normalised input [T, D], rstd [T] */
+    real **mxn, **mrstd;     /* FFN sublayer */
+    const real **ain, **min; /* the un-normalised sublayer inputs (a mix output or a stream tensor) */
+    k3c_mix *amix, *mmix;    /* per layer (n = 0: no mix) */
+    k3c_mix fmix;            /* the output mix before the final norm */
+    int *boundary;           /* per layer: a block starts here (P restarts) */
+    const real *hfin;
+    real *hn, *rfin, *logits, *lse;
+    k3c_kda_acts *kda;
+    k3c_mla_acts *mla;
+    k3c_ffn_acts *ffn;
+    double loss_norm;
+    /* backward buffers, carved after the forward's */
+    real *demb, **dpmid, **dpend;
+    real *dxn, *din;         /* [T, D] scratch per sublayer */
+    size_t tmp_mark;         /* arena mark where the backward's buffers start */
+    k3c_arena *arena;
+};
+
+#endif

@@ -1,0 +1,112 @@
+/* backward.c — the whole-model backward: cross-entropy → lm_head → final norm → output mix → per layer in reverse (FFN,
+ * its depth mix, the token mixer, its depth mix), accumulating every parameter gradient into m->g.
+ * Spec: ARCHITECTURE.md §1.2 (RMSNorm backward), §5.4 (AttnRes gradients), §3.4, §4.2, §9.2. */
+#include "base/real.h"
+#include "model/acts.h"
+#include "ops/attnres.h"
+#include "ops/basic.h"
+
+#include <string.h>
+
+#define CHECK_RC(expr) do { int rc_ = (expr); if (rc_) return rc_; } while (0)
+
+void R(k3c_acts_carve_backward)(const k3c_model *m, k3c_carver *cv, k3c_acts *a);
+real *R(k3c_acts_src)(const k3c_acts *a, int s);
+
+static real *src_grad(const k3c_acts *a, int s) { return s == K3C_SRC_EMB ? a->demb : s % 2 ? a->dpend[s / 2] : a->dpmid[s / 2]; }
+
+/* Adds the mix's gradient w.r.t. each source into that source's gradient buffer. */
+static int mix_bwd(const k3c_acts *a, const k3c_mix *mx, size_t proj, size_t norm, const real *dh, k3c_err *err) {
+    const k3c_config *c = &a->st.m->cfg;
+    const real *v[K3C_ATTNRES_MAX_SOURCES];
+    real *dv[K3C_ATTNRES_MAX_SOURCES];
+    for (int i = 0; i < mx->n; i++) { v[i] = R(k3c_acts_src)(a, mx->src[i]); dv[i] = src_grad(a, mx->src[i]); }
+    k3c_attnres_sizes s = {a->T, c->hidden_size, mx->n, c->rms_norm_eps};
+    int rc = R(k3c_attnres_bwd)(&s, v, a->st.w + proj, a->st.w + norm, mx->saved, dh, dv, a->st.g + proj, a->st.g + norm,
+                                a->st.scratch, err);
+    return rc ? k3c_err_wrap(err, "AttnRes mix backward over %d sources", mx->n) : K3C_OK;
+}
+
+static void add_into(real *y, const real *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+/* Backward of one sublayer: out = f(RMSNorm(in)); dout given; adds the gradient of `in` into din (zeroed here). */
+typedef int (*sublayer_bwd)(k3c_acts *a, int l, const real *dout, real *dxn, k3c_arena *tmp, k3c_err *err);
+
+static int mixer_bwd(k3c_acts *a, int l, const real *dout, real *dxn, k3c_arena *tmp, k3c_err *err) {
+    if (a->st.m->cfg.mixer[l] == K3C_MIXER_KDA)
+        return R(k3c_kda_layer_bwd)(&a->st, l, a->axn[l], &a->kda[l], dout, dxn, tmp, err);
+    return R(k3c_mla_layer_bwd)(&a->st, l, a->axn[l], &a->mla[l], dout, dxn, tmp, err);
+}
+
+static int ffn_bwd(k3c_acts *a, int l, const real *dout, real *dxn, k3c_arena *tmp, k3c_err *err) {
+    return R(k3c_ffn_layer_bwd)(&a->st, l, a->mxn[l], &a->ffn[l], dout, dxn, tmp, err);
+}
+
+static int sublayer(k3c_acts *a, int l, sublayer_bwd f, const real *in, const real *rstd, size_t norm_w,
+                    const real *dout, k3c_err *err) {
+    int64_t TD = a->T * a->st.m->cfg.hidden_size;
+    memset(a->dxn, 0, sizeof(real) * (size_t)TD);
+    memset(a->din, 0, sizeof(real) * (size_t)TD);
+    size_t mark = k3c_arena_mark(a->arena);
+    int rc = f(a, l, dout, a->dxn, a->arena, err);
+    k3c_arena_reset(a->arena, mark);
+    if (rc) return rc;
+    k3c_rmsnorm_sizes rs = {a->T, a->st.m->cfg.hidden_size, a->st.m->cfg.rms_norm_eps};
+    return R(k3c_rmsnorm_bwd)(&rs, in, a->st.w + norm_w, rstd, a->dxn, a->din, a->st.g + norm_w, err);
+}
+
+static int layer_bwd(k3c_acts *a, int l, k3c_err *err) {
+    const k3c_model *m = a->st.m;
+    const k3c_layer_offsets *o = &m->table.layer[l];
+    int64_t TD = a->T * m->cfg.hidden_size;
+    /* FFN: pend = ffn(norm(min)) + pmid */
+    add_into(a->dpmid[l], a->dpend[l], TD);
+    CHECK_RC(sublayer(a, l, ffn_bwd, a->min[l], a->mrstd[l], o->post_norm, a->dpend[l], err));
+    if (a->mmix[l].n) CHECK_RC(mix_bwd(a, &a->mmix[l], o->mlp_res_proj, o->mlp_res_norm, a->din, err));
+    else add_into(a->dpmid[l], a->din, TD);
+    /* token mixer: pmid = mixer(norm(ain)) (+ P_prev unless a block starts here) */
+    real *dprev = l > 0 ? a->dpend[l - 1] : a->demb;
+    if (!a->boundary[l]) add_into(dprev, a->dpmid[l], TD);
+    CHECK_RC(sublayer(a, l, mixer_bwd, a->ain[l], a->arstd[l], o->input_norm, a->dpmid[l], err));
+    if (a->amix[l].n) CHECK_RC(mix_bwd(a, &a->amix[l], o->attn_res_proj, o->attn_res_norm, a->din, err));
+    else add_into(dprev, a->din, TD);
+    return K3C_OK;
+}
+
+int R(k3c_model_backward)(k3c_model *m, k3c_acts *a, double scale, k3c_err *err) {
+    if (!m->g) return k3c_errf(err, K3C_EINVAL, "backward: model was created without gradients");
+    const k3c_config *c = &m->cfg;
+    int64_t T = a->T, D = c->hidden_size, V = c->vocab_size;
+    k3c_arena_reset(a->arena, a->tmp_mark);
+    k3c_carver cv = {.a = a->arena};
+    R(k3c_acts_carve_backward)(m, &cv, a);
+    if (cv.oom) return k3c_errf(err, K3C_ENOMEM, "backward: activation arena too small");
+    memset(a->demb, 0, sizeof(real) * (size_t)(T * D));
+    for (int l = 0; l < c->num_layers; l++) {
+        memset(a->dpmid[l], 0, sizeof(real) * (size_t)(T * D));
+        memset(a->dpend[l], 0, sizeof(real) * (size_t)(T * D));
+    }
+    const real *w = m->w;
+    real *g = m->g;
+    const k3c_global_offsets *go = &m->table.glob;
+    size_t mark = k3c_arena_mark(a->arena);
+    real *dlogits = k3c_arena_calloc(a->arena, sizeof(real) * (size_t)(T * V));
+    if (!dlogits) return k3c_errf(err, K3C_ENOMEM, "backward: activation arena too small for dlogits");
+    k3c_xent_sizes xs = {T, V, a->loss_norm};
+    CHECK_RC(R(k3c_xent_bwd)(&xs, a->logits, a->targets, NULL, a->lse, scale, dlogits, err));
+    memset(a->dxn, 0, sizeof(real) * (size_t)(T * D));
+    k3c_linear_sizes ls = {T, D, V, 0};
+    CHECK_RC(R(k3c_linear_bwd)(&ls, a->hn, w + go->lm_head, dlogits, a->dxn, g + go->lm_head, err));
+    k3c_arena_reset(a->arena, mark);
+    memset(a->din, 0, sizeof(real) * (size_t)(T * D));
+    k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
+    CHECK_RC(R(k3c_rmsnorm_bwd)(&rs, a->hfin, w + go->final_norm, a->rfin, a->dxn, a->din, g + go->final_norm, err));
+    int L = (int)c->num_layers;
+    if (a->fmix.n) CHECK_RC(mix_bwd(a, &a->fmix, go->out_res_proj, go->out_res_norm, a->din, err));
+    else add_into(L > 0 ? a->dpend[L - 1] : a->demb, a->din, T * D);
+    for (int l = L - 1; l >= 0; l--) CHECK_RC(layer_bwd(a, l, err));
+    k3c_embedding_sizes es = {T, V, D};
+    return R(k3c_embedding_bwd)(&es, a->ids, a->demb, g + go->embed, err);
+}

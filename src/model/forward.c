@@ -1,0 +1,231 @@
+/* forward.c — the whole-model forward: embedding → per layer (depth mix → RMSNorm → KDA/MLA; depth mix → RMSNorm → FFN)
+ * → output mix → final RMSNorm → lm_head → cross-entropy; activations planned up front and carved from one arena.
+ * Spec: ARCHITECTURE.md §1.1 (pre-norm residual), §5.3 (Block AttnRes control flow, K3). */
+#include "base/real.h"
+#include "model/acts.h"
+#include "ops/attnres.h"
+#include "ops/basic.h"
+
+#include <string.h>
+
+#define CHECK_RC(expr) do { int rc_ = (expr); if (rc_) return rc_; } while (0)
+
+static real *src_ptr(const k3c_acts *a, int s) { return s == K3C_SRC_EMB ? a->emb : s % 2 ? a->pend[s / 2] : a->pmid[s / 2]; }
+
+static size_t scratch_bytes(const k3c_model *m, int64_t T, int n_docs) {
+    size_t need = 0;
+    const k3c_config *c = &m->cfg;
+    for (int l = 0; l < c->num_layers; l++) {
+        size_t a = c->mixer[l] == K3C_MIXER_KDA ? R(k3c_kda_scratch)(m, T, n_docs) : R(k3c_mla_scratch)(m, T, n_docs);
+        size_t f = R(k3c_ffn_scratch)(m, l, T);
+        if (a > need) need = a;
+        if (f > need) need = f;
+    }
+    if (c->attn_res_block > 0) {
+        k3c_attnres_sizes s = {T, c->hidden_size, K3C_ATTNRES_MAX_SOURCES < c->num_layers + 2 ? K3C_ATTNRES_MAX_SOURCES
+                                                                                               : c->num_layers + 2,
+                               c->rms_norm_eps};
+        size_t r = R(k3c_attnres_workspace)(&s);
+        if (r > need) need = r;
+    }
+    return need;
+}
+
+/* Number of sources the mixes of a model can see at most: embedding + completed blocks + the partial sum. */
+static int max_sources(const k3c_config *c) {
+    return c->attn_res_block > 0 ? (int)((c->num_layers + c->attn_res_block - 1) / c->attn_res_block) + 1 : 0;
+}
+
+/* Carves every forward buffer (measure mode: only counts). */
+static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver *cv, k3c_acts *a) {
+    const k3c_config *c = &m->cfg;
+    int L = (int)c->num_layers, NS = max_sources(c);
+    int64_t D = c->hidden_size;
+    a->ids = K3C_CARVE(cv, int32_t, T);
+    a->targets = K3C_CARVE(cv, int32_t, T);
+    a->emb = K3C_CARVE(cv, real, T * D);
+    a->pmid = K3C_CARVE(cv, real *, L); a->pend = K3C_CARVE(cv, real *, L);
+    a->axn = K3C_CARVE(cv, real *, L); a->arstd = K3C_CARVE(cv, real *, L);
+    a->mxn = K3C_CARVE(cv, real *, L); a->mrstd = K3C_CARVE(cv, real *, L);
+    a->ain = K3C_CARVE(cv, const real *, L); a->min = K3C_CARVE(cv, const real *, L);
+    a->amix = K3C_CARVE(cv, k3c_mix, L); a->mmix = K3C_CARVE(cv, k3c_mix, L);
+    a->boundary = K3C_CARVE(cv, int, L);
+    a->kda = K3C_CARVE(cv, k3c_kda_acts, L); a->mla = K3C_CARVE(cv, k3c_mla_acts, L); a->ffn = K3C_CARVE(cv, k3c_ffn_acts, L);
+    k3c_kda_acts kd; k3c_mla_acts ml; k3c_ffn_acts ff;
+    k3c_attnres_sizes ms = {T, D, NS, c->rms_norm_eps};
+    size_t mix_saved = NS ? R(k3c_attnres_saved_elems)(&ms) : 0;
+    for (int l = 0; l < L; l++) {
+        real *pm = K3C_CARVE(cv, real, T * D), *pe = K3C_CARVE(cv, real, T * D);
+        real *ax = K3C_CARVE(cv, real, T * D), *ar = K3C_CARVE(cv, real, T);
+        real *mx = K3C_CARVE(cv, real, T * D), *mr = K3C_CARVE(cv, real, T);
+        k3c_mix am = {0}, mm = {0};
+        if (NS) {
+            am.src = K3C_CARVE(cv, int, NS); am.saved = K3C_CARVE(cv, real, mix_saved); am.out = K3C_CARVE(cv, real, T * D);
+            mm.src = K3C_CARVE(cv, int, NS); mm.saved = K3C_CARVE(cv, real, mix_saved); mm.out = K3C_CARVE(cv, real, T * D);
+        }
+        if (c->mixer[l] == K3C_MIXER_KDA) R(k3c_kda_alloc)(m, T, cv, cv->measure ? &kd : &a->kda[l]);
+        else R(k3c_mla_alloc)(m, T, cv, cv->measure ? &ml : &a->mla[l]);
+        R(k3c_ffn_alloc)(m, l, T, cv, cv->measure ? &ff : &a->ffn[l]);
+        if (!cv->measure) {
+            a->pmid[l] = pm; a->pend[l] = pe; a->axn[l] = ax; a->arstd[l] = ar; a->mxn[l] = mx; a->mrstd[l] = mr;
+            a->amix[l] = am; a->mmix[l] = mm;
+        }
+    }
+    k3c_mix fm = {0};
+    if (NS) { fm.src = K3C_CARVE(cv, int, NS); fm.saved = K3C_CARVE(cv, real, mix_saved); fm.out = K3C_CARVE(cv, real, T * D); }
+    real *hn = K3C_CARVE(cv, real, T * D), *rf = K3C_CARVE(cv, real, T);
+    real *lg = K3C_CARVE(cv, real, T * c->vocab_size), *lse = K3C_CARVE(cv, real, T);
+    void *scr = k3c_carve_bytes(cv, scratch_bytes(m, T, n_docs));
+    if (!cv->measure) { a->fmix = fm; a->hn = hn; a->rfin = rf; a->logits = lg; a->lse = lse; a->st.scratch = scr; }
+}
+
+/* Backward buffers: gradients of every stream tensor, two [T, D] scratch rows, then per-layer scratch. */
+static void carve_backward(const k3c_model *m, int64_t T, k3c_carver *cv, k3c_acts *a) {
+    const k3c_config *c = &m->cfg;
+    int L = (int)c->num_layers;
+    int64_t D = c->hidden_size;
+    a->demb = K3C_CARVE(cv, real, T * D);
+    a->dpmid = K3C_CARVE(cv, real *, L); a->dpend = K3C_CARVE(cv, real *, L);
+    for (int l = 0; l < L; l++) {
+        real *x = K3C_CARVE(cv, real, T * D), *y = K3C_CARVE(cv, real, T * D);
+        if (!cv->measure) { a->dpmid[l] = x; a->dpend[l] = y; }
+    }
+    a->dxn = K3C_CARVE(cv, real, T * D); a->din = K3C_CARVE(cv, real, T * D);
+}
+
+static size_t layer_tmp_bytes(const k3c_model *m, int64_t T) {
+    size_t need = sizeof(real) * (size_t)(T * m->cfg.vocab_size) + 64; /* dlogits */
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        size_t a = m->cfg.mixer[l] == K3C_MIXER_KDA ? R(k3c_kda_bwd_bytes)(m, T) : R(k3c_mla_bwd_bytes)(m, T);
+        size_t f = R(k3c_ffn_bwd_bytes)(m, l, T);
+        if (a > need) need = a;
+        if (f > need) need = f;
+    }
+    return need;
+}
+
+size_t R(k3c_model_plan_bytes)(const k3c_model *m, int64_t T, int n_docs) {
+    k3c_carver cv = {.measure = 1};
+    k3c_acts dummy;
+    cv.bytes = sizeof(k3c_acts) + 64;
+    carve_forward(m, T, n_docs, &cv, &dummy);
+    carve_backward(m, T, &cv, &dummy);
+    return cv.bytes + layer_tmp_bytes(m, T) + 4096;
+}
+
+/* h = Mix(sources) with the layer's (or the output's) pseudo-query and key norm. */
+static int run_mix(const k3c_acts *a, k3c_mix *mx, size_t proj, size_t norm, k3c_err *err) {
+    const k3c_config *c = &a->st.m->cfg;
+    const real *v[K3C_ATTNRES_MAX_SOURCES];
+    for (int i = 0; i < mx->n; i++) v[i] = src_ptr(a, mx->src[i]);
+    k3c_attnres_sizes s = {a->T, c->hidden_size, mx->n, c->rms_norm_eps};
+    int rc = R(k3c_attnres_fwd)(&s, v, a->st.w + proj, a->st.w + norm, mx->out, mx->saved, err);
+    return rc ? k3c_err_wrap(err, "AttnRes mix over %d sources", mx->n) : K3C_OK;
+}
+
+static void set_sources(k3c_mix *mx, const int *R_, int nR, int P) {
+    for (int i = 0; i < nR; i++) mx->src[i] = R_[i];
+    mx->src[nR] = P;
+    mx->n = nR + 1;
+}
+
+static void add_into(real *y, const real *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+static void next_token_targets(const k3c_batch *b, int32_t *tg) {
+    for (int d = 0; d < (b->cu_seqlens ? b->n_docs : 1); d++) {
+        int64_t s = b->cu_seqlens ? b->cu_seqlens[d] : 0, e = b->cu_seqlens ? b->cu_seqlens[d + 1] : b->T;
+        for (int64_t t = s; t < e; t++) tg[t] = t + 1 < e ? b->ids[t + 1] : -1;
+    }
+}
+
+static int run_layers(k3c_acts *a, k3c_err *err) {
+    k3c_step *st = &a->st;
+    const k3c_model *m = st->m;
+    const k3c_config *c = &m->cfg;
+    const real *w = st->w;
+    int64_t T = a->T, D = c->hidden_size, S = c->attn_res_block;
+    int Rsrc[K3C_ATTNRES_MAX_SOURCES], nR = 0, P = K3C_SRC_EMB;
+    for (int l = 0; l < c->num_layers; l++) {
+        const k3c_layer_offsets *o = &m->table.layer[l];
+        a->amix[l].n = a->mmix[l].n = 0;
+        a->boundary[l] = S > 0 && l % S == 0;
+        if (S > 0 && l > 0) {
+            set_sources(&a->amix[l], Rsrc, nR, P);
+            CHECK_RC(run_mix(a, &a->amix[l], o->attn_res_proj, o->attn_res_norm, err));
+            a->ain[l] = a->amix[l].out;
+        } else {
+            a->ain[l] = src_ptr(a, P);
+        }
+        if (a->boundary[l]) Rsrc[nR++] = P;
+        k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
+        CHECK_RC(R(k3c_rmsnorm_fwd)(&rs, a->ain[l], w + o->input_norm, a->axn[l], a->arstd[l], err));
+        if (c->mixer[l] == K3C_MIXER_KDA) CHECK_RC(R(k3c_kda_layer_fwd)(st, l, a->axn[l], &a->kda[l], a->pmid[l], err));
+        else CHECK_RC(R(k3c_mla_layer_fwd)(st, l, a->axn[l], &a->mla[l], a->pmid[l], err));
+        if (!a->boundary[l]) add_into(a->pmid[l], src_ptr(a, P), T * D);
+        P = K3C_SRC_MID(l);
+        if (S > 0) {
+            set_sources(&a->mmix[l], Rsrc, nR, P);
+            CHECK_RC(run_mix(a, &a->mmix[l], o->mlp_res_proj, o->mlp_res_norm, err));
+            a->min[l] = a->mmix[l].out;
+        } else {
+            a->min[l] = a->pmid[l];
+        }
+        CHECK_RC(R(k3c_rmsnorm_fwd)(&rs, a->min[l], w + o->post_norm, a->mxn[l], a->mrstd[l], err));
+        CHECK_RC(R(k3c_ffn_layer_fwd)(st, l, a->mxn[l], &a->ffn[l], a->pend[l], err));
+        add_into(a->pend[l], a->pmid[l], T * D);
+        P = K3C_SRC_END(l);
+    }
+    a->fmix.n = 0;
+    if (S > 0) {
+        set_sources(&a->fmix, Rsrc, nR, P);
+        CHECK_RC(run_mix(a, &a->fmix, m->table.glob.out_res_proj, m->table.glob.out_res_norm, err));
+        a->hfin = a->fmix.out;
+    } else {
+        a->hfin = src_ptr(a, P);
+    }
+    return K3C_OK;
+}
+
+int R(k3c_model_forward)(k3c_model *m, const k3c_batch *b, k3c_arena *arena, k3c_acts **acts_out, double *loss,
+                         real **logits_out, k3c_err *err) {
+    const k3c_config *c = &m->cfg;
+    int64_t T = b->T, D = c->hidden_size, V = c->vocab_size;
+    if (T <= 0) return k3c_errf(err, K3C_EINVAL, "forward: empty batch");
+    if (max_sources(c) > K3C_ATTNRES_MAX_SOURCES) return k3c_errf(err, K3C_EUNSUPPORTED, "forward: too many AttnRes blocks");
+    k3c_acts *a = k3c_arena_calloc(arena, sizeof *a);
+    k3c_carver cv = {.a = arena};
+    if (a) carve_forward(m, T, b->n_docs, &cv, a);
+    if (!a || cv.oom)
+        return k3c_errf(err, K3C_ENOMEM, "forward: activation arena too small (%zu bytes; plan %zu)", arena->cap,
+                        R(k3c_model_plan_bytes)(m, T, b->n_docs));
+    a->T = T;
+    a->st = (k3c_step){.m = m, .T = T, .n_docs = b->cu_seqlens ? b->n_docs : 1, .cu = b->cu_seqlens,
+                       .scratch = a->st.scratch, .w = m->w, .g = m->g};
+    memcpy(a->ids, b->ids, sizeof(int32_t) * (size_t)T);
+    if (b->targets) memcpy(a->targets, b->targets, sizeof(int32_t) * (size_t)T);
+    else next_token_targets(b, a->targets);
+    k3c_embedding_sizes es = {T, V, D};
+    CHECK_RC(R(k3c_embedding_fwd)(&es, b->ids, (const real *)m->w + m->table.glob.embed, a->emb, err));
+    CHECK_RC(run_layers(a, err));
+    const real *w = m->w;
+    k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
+    CHECK_RC(R(k3c_rmsnorm_fwd)(&rs, a->hfin, w + m->table.glob.final_norm, a->hn, a->rfin, err));
+    k3c_linear_sizes ls = {T, D, V, 0};
+    CHECK_RC(R(k3c_linear_fwd)(&ls, a->hn, w + m->table.glob.lm_head, a->logits, err));
+    k3c_xent_sizes xs = {T, V, b->loss_norm};
+    a->loss_norm = b->loss_norm;
+    double l = 0;
+    CHECK_RC(R(k3c_xent_fwd)(&xs, a->logits, a->targets, NULL, a->lse, &l, NULL, err));
+    if (loss) *loss = l;
+    if (logits_out) *logits_out = a->logits;
+    a->tmp_mark = k3c_arena_mark(arena);
+    a->arena = arena;
+    *acts_out = a;
+    return K3C_OK;
+}
+
+/* Exposed to backward.c (same precision). */
+void R(k3c_acts_carve_backward)(const k3c_model *m, k3c_carver *cv, k3c_acts *a) { carve_backward(m, a->T, cv, a); }
+real *R(k3c_acts_src)(const k3c_acts *a, int s) { return src_ptr(a, s); }

@@ -1,0 +1,105 @@
+/* golden.c — compares a model's gradients with a golden file written by other code: maps the golden's tensor names
+ * (checkpoint names, or transformers' internal Kimi-Linear names: fused conv1d, forget_gate.*, experts.gate_up_proj, ...)
+ * onto k3c's parameters. Spec: shared/golden/README.md (the mapping), CHECKPOINTS.md §5. */
+#include "base/real.h"
+#include "model/golden.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const real *slice(const k3c_model *m, const char *name, int64_t *n) {
+    int e, i = k3c_params_lookup(&m->table, name, &e);
+    if (i < 0) return NULL;
+    const k3c_param *p = &m->table.p[i];
+    *n = k3c_param_slice_numel(p);
+    return (const real *)m->g + p->offset + (size_t)(e > 0 ? e : 0) * (size_t)*n;
+}
+
+static int replace(const char *s, const char *from, const char *to, char *out, size_t n) {
+    const char *at = strstr(s, from);
+    if (!at) return 0;
+    snprintf(out, n, "%.*s%s%s", (int)(at - s), s, to, at + strlen(from));
+    return 1;
+}
+
+/* Fills buf (n values, the golden's layout) with our gradient for golden tensor `name`; 0 if unknown. */
+static int gather(const k3c_model *m, const char *name, double *buf, int64_t n) {
+    char a[512], b[512];
+    int64_t k;
+    const real *src = slice(m, name, &k);
+    if (src && k == n) { for (int64_t i = 0; i < n; i++) buf[i] = (double)src[i]; return 1; }
+    if (replace(name, "forget_gate.", "", a, sizeof a)) return gather(m, a, buf, n);
+    if (replace(name, "self_attn.conv1d.weight", "self_attn.q_conv1d.weight", a, sizeof a)) {
+        static const char *qkv[3] = {"q", "k", "v"};
+        int64_t off = 0;
+        for (int j = 0; j < 3; j++) {
+            char leaf[64];
+            snprintf(leaf, sizeof leaf, "self_attn.%s_conv1d.weight", qkv[j]);
+            replace(name, "self_attn.conv1d.weight", leaf, b, sizeof b);
+            const real *s = slice(m, b, &k);
+            if (!s || off + k > n) return 0;
+            for (int64_t i = 0; i < k; i++) buf[off + i] = (double)s[i];
+            off += k;
+        }
+        return off == n;
+    }
+    int gu = replace(name, "mlp.experts.gate_up_proj", "block_sparse_moe.experts.%d.w1.weight", a, sizeof a);
+    int dn = !gu && replace(name, "mlp.experts.down_proj", "block_sparse_moe.experts.%d.w2.weight", a, sizeof a);
+    if (gu || dn) {
+        int64_t off = 0;
+        for (int e = 0; off < n; e++) {
+            for (int part = 0; part < (gu ? 2 : 1); part++) {
+                char pat[512], nm[512];
+                snprintf(pat, sizeof pat, "%s", a);
+                if (part) replace(a, ".w1.", ".w3.", pat, sizeof pat);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+                snprintf(nm, sizeof nm, pat, e);
+#pragma GCC diagnostic pop
+                const real *s = slice(m, nm, &k);
+                if (!s || off + k > n) return 0;
+                for (int64_t i = 0; i < k; i++) buf[off + i] = (double)s[i];
+                off += k;
+            }
+        }
+        return 1;
+    }
+    if (replace(name, ".mlp.", ".block_sparse_moe.", a, sizeof a)) return gather(m, a, buf, n);
+    return 0;
+}
+
+int R(k3c_golden_grads)(const k3c_model *m, const k3c_safetensors *golden, k3c_golden_row *rows, int max_rows,
+                        int *n_rows, k3c_err *err) {
+    int nr = 0;
+    for (int i = 0; i < k3c_st_count(golden); i++) {
+        const k3c_st_tensor *t = k3c_st_at(golden, i);
+        if (strncmp(t->name, "grad.", 5) != 0) continue;
+        if (strstr(t->name, "e_score_correction_bias")) continue; /* selection only: no gradient */
+        int64_t n = 1;
+        for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+        double *ref = malloc(sizeof(double) * (size_t)(n ? n : 1)), *ours = malloc(sizeof(double) * (size_t)(n ? n : 1));
+        if (!ref || !ours) { free(ref); free(ours); return k3c_errf(err, K3C_ENOMEM, "golden: out of memory"); }
+        int rc = k3c_st_read_f64(t, ref, (size_t)n, err);
+        if (!rc && !gather(m, t->name + 5, ours, n))
+            rc = k3c_errf(err, K3C_ENOTFOUND, "%s: no k3c parameter matches golden tensor %s", t->file, t->name);
+        if (!rc && nr < max_rows) {
+            double num = 0, den = 0, amax = 0;
+            for (int64_t j = 0; j < n; j++) {
+                double d = ours[j] - ref[j];
+                num += d * d;
+                den += ref[j] * ref[j];
+                if (fabs(d) > amax) amax = fabs(d);
+            }
+            k3c_golden_row *r = &rows[nr++];
+            snprintf(r->name, sizeof r->name, "%s", t->name);
+            r->ref_norm = sqrt(den);
+            r->rel_err = den > 0 ? sqrt(num / den) : 0;
+            r->abs_err = amax;
+        }
+        free(ref);
+        free(ours);
+        if (rc) return rc;
+    }
+    *n_rows = nr;
+    return K3C_OK;
+}

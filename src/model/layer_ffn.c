@@ -1,0 +1,196 @@
+/* layer_ffn.c — the FFN of one decoder layer, forward and backward: the dense GLU MLP (layer 0), or the MoE: sigmoid router
+ * with the selection-only bias, routed experts (on the latent z = W↓x with RMSNorm and W↑ in K3's Stable LatentMoE),
+ * and shared experts on the full-width x. Spec: ARCHITECTURE.md §6.2, §8, §9.2. */
+#include "base/real.h"
+#include "model/layers.h"
+#include "ops/basic.h"
+#include "ops/moe.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK_RC(expr) do { int rc_ = (expr); if (rc_) return rc_; } while (0)
+
+typedef struct {
+    int64_t T, D, E, k, inter, lat, shw; /* lat: expert width (latent ℓ or D); shw: fused shared width */
+    int moe, latent;
+} ffn_shape;
+
+static ffn_shape shape_of(const k3c_model *m, int l, int64_t T) {
+    const k3c_config *c = &m->cfg;
+    ffn_shape s = {T, c->hidden_size, c->num_experts, c->top_k, c->moe_intermediate_size,
+                   c->latent_dim > 0 ? c->latent_dim : c->hidden_size, c->moe_intermediate_size * c->num_shared_experts,
+                   c->ffn[l] == K3C_FFN_MOE, c->latent_dim > 0};
+    if (!s.moe) s.inter = c->intermediate_size;
+    return s;
+}
+
+static k3c_mlp_sizes mlp_sizes(const k3c_model *m, const ffn_shape *s) {
+    k3c_mlp_sizes ms = {s->T, s->D, s->moe ? s->shw : s->inter, k3c_glu_act_from_config(&m->cfg)};
+    return ms;
+}
+
+static k3c_moe_sizes moe_sizes(const k3c_model *m, const ffn_shape *s) {
+    k3c_moe_sizes ms = {s->T, s->lat, s->inter, s->E, s->k, k3c_glu_act_from_config(&m->cfg)};
+    return ms;
+}
+
+size_t R(k3c_ffn_scratch)(const k3c_model *m, int l, int64_t T) {
+    ffn_shape s = shape_of(m, l, T);
+    size_t a = 0, b = 0;
+    if (!s.moe || s.shw > 0) { k3c_mlp_sizes ms = mlp_sizes(m, &s); a = R(k3c_mlp_workspace)(&ms); }
+    if (s.moe) { k3c_moe_sizes es = moe_sizes(m, &s); b = R(k3c_moe_workspace)(&es); }
+    return a > b ? a : b;
+}
+
+void R(k3c_ffn_alloc)(const k3c_model *m, int l, int64_t T, k3c_carver *c, k3c_ffn_acts *a) {
+    ffn_shape s = shape_of(m, l, T);
+    memset(a, 0, sizeof *a);
+    if (!s.moe || s.shw > 0) {
+        k3c_mlp_sizes ms = mlp_sizes(m, &s);
+        a->mlp_saved = k3c_carve_bytes(c, R(k3c_mlp_saved_bytes)(&ms));
+    }
+    if (!s.moe) return;
+    k3c_moe_sizes es = moe_sizes(m, &s);
+    a->logits = K3C_CARVE(c, real, T * s.E);
+    a->ids = K3C_CARVE(c, int32_t, T * s.k);
+    a->topw = K3C_CARVE(c, real, T * s.k);
+    a->cutoff = K3C_CARVE(c, real, T);
+    if (s.latent) a->zin = K3C_CARVE(c, real, T * s.lat);
+    a->moe_saved = k3c_carve_bytes(c, R(k3c_moe_saved_bytes)(&es));
+    a->u = K3C_CARVE(c, real, T * s.lat);
+    if (s.latent && m->cfg.latent_norm) { a->un = K3C_CARVE(c, real, T * s.lat); a->ru = K3C_CARVE(c, real, T); }
+    if (s.shw > 0) a->ys = K3C_CARVE(c, real, T * s.D);
+}
+
+static int linear(int64_t T, int64_t in, int64_t out, const real *x, const real *W, real *y, int acc, k3c_err *err) {
+    k3c_linear_sizes s = {T, in, out, acc};
+    return R(k3c_linear_fwd)(&s, x, W, y, err);
+}
+
+static int linear_bwd(int64_t T, int64_t in, int64_t out, const real *x, const real *W, const real *dy, real *dx,
+                      real *dW, k3c_err *err) {
+    k3c_linear_sizes s = {T, in, out, 0};
+    return R(k3c_linear_bwd)(&s, x, W, dy, dx, dW, err);
+}
+
+/* Keeps the step's routing (scores, selection, cutoffs) in float for quantile balancing and load telemetry. */
+static int record_routes(k3c_model *m, int l, const ffn_shape *s, const k3c_ffn_acts *a, k3c_err *err) {
+    k3c_route_stats *r = &m->route[l];
+    if (r->T != s->T) {
+        free(r->topk_ids); free(r->scores); free(r->cutoff);
+        r->topk_ids = malloc(sizeof(int32_t) * (size_t)(s->T * s->k));
+        r->scores = malloc(sizeof(float) * (size_t)(s->T * s->E));
+        r->cutoff = malloc(sizeof(float) * (size_t)s->T);
+        r->T = s->T;
+        if (!r->topk_ids || !r->scores || !r->cutoff) { r->T = 0; return k3c_errf(err, K3C_ENOMEM, "route stats"); }
+    }
+    r->k = s->k;
+    r->n = s->E;
+    memcpy(r->topk_ids, a->ids, sizeof(int32_t) * (size_t)(s->T * s->k));
+    for (int64_t i = 0; i < s->T * s->E; i++) r->scores[i] = (float)k3c_sigmoid_d((double)a->logits[i]);
+    for (int64_t t = 0; t < s->T; t++) r->cutoff[t] = (float)a->cutoff[t];
+    return K3C_OK;
+}
+
+int R(k3c_ffn_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, real *y, k3c_err *err) {
+    k3c_model *m = st->m;
+    const k3c_config *c = &m->cfg;
+    const k3c_layer_offsets *o = &m->table.layer[l];
+    const real *w = st->w;
+    ffn_shape s = shape_of(m, l, st->T);
+    int64_t T = s.T;
+    if (!s.moe) {
+        k3c_mlp_sizes ms = mlp_sizes(m, &s);
+        int rc = R(k3c_mlp_fwd)(&ms, xn, w + o->mlp_gate, w + o->mlp_up, w + o->mlp_down, y, a->mlp_saved, st->scratch, err);
+        return rc ? k3c_err_wrap(err, "layer %d: dense MLP", l) : K3C_OK;
+    }
+    CHECK_RC(linear(T, s.D, s.E, xn, w + o->router, a->logits, 0, err));
+    k3c_router_sizes rs = {T, s.E, s.k, c->renormalize, c->routed_scaling_factor};
+    int rc = R(k3c_router_fwd)(&rs, a->logits, w + o->router_bias, a->ids, a->topw, a->cutoff, err);
+    if (rc) return k3c_err_wrap(err, "layer %d: router", l);
+    CHECK_RC(record_routes(m, l, &s, a, err));
+    const real *xin = xn;
+    if (s.latent) {
+        CHECK_RC(linear(T, s.D, s.lat, xn, w + o->latent_down, a->zin, 0, err));
+        xin = a->zin;
+    }
+    k3c_moe_sizes es = moe_sizes(m, &s);
+    real *u = s.latent ? a->u : y;
+    rc = R(k3c_moe_fwd)(&es, xin, a->ids, a->topw, w + o->w1, w + o->w3, w + o->w2, u, a->moe_saved, st->scratch, err);
+    if (rc) return k3c_err_wrap(err, "layer %d: routed experts", l);
+    if (s.latent) {
+        const real *un = u;
+        if (c->latent_norm) {
+            k3c_rmsnorm_sizes ns = {T, s.lat, c->rms_norm_eps};
+            CHECK_RC(R(k3c_rmsnorm_fwd)(&ns, u, w + o->latent_norm, a->un, a->ru, err));
+            un = a->un;
+        }
+        CHECK_RC(linear(T, s.lat, s.D, un, w + o->latent_up, y, 0, err));
+    }
+    if (s.shw > 0) {
+        k3c_mlp_sizes ms = mlp_sizes(m, &s);
+        rc = R(k3c_mlp_fwd)(&ms, xn, w + o->shared_gate, w + o->shared_up, w + o->shared_down, a->ys, a->mlp_saved,
+                            st->scratch, err);
+        if (rc) return k3c_err_wrap(err, "layer %d: shared experts", l);
+        for (int64_t i = 0; i < T * s.D; i++) y[i] += a->ys[i];
+    }
+    return K3C_OK;
+}
+
+size_t R(k3c_ffn_bwd_bytes)(const k3c_model *m, int l, int64_t T) {
+    ffn_shape s = shape_of(m, l, T);
+    return s.moe ? sizeof(real) * (size_t)(T * (s.k + s.E + 3 * s.lat)) + 8 * 64 : 0;
+}
+
+int R(k3c_ffn_layer_bwd)(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, const real *dy, real *dxn,
+                         k3c_arena *tmp, k3c_err *err) {
+    const k3c_model *m = st->m;
+    const k3c_config *c = &m->cfg;
+    const k3c_layer_offsets *o = &m->table.layer[l];
+    const real *w = st->w;
+    real *g = st->g;
+    ffn_shape s = shape_of(m, l, st->T);
+    int64_t T = s.T;
+    int rc;
+    if (!s.moe || s.shw > 0) {
+        k3c_mlp_sizes ms = mlp_sizes(m, &s);
+        size_t og = s.moe ? o->shared_gate : o->mlp_gate, ou = s.moe ? o->shared_up : o->mlp_up;
+        size_t od = s.moe ? o->shared_down : o->mlp_down;
+        rc = R(k3c_mlp_bwd)(&ms, xn, w + og, w + ou, w + od, a->mlp_saved, dy, dxn, g + og, g + ou, g + od, st->scratch, err);
+        if (rc) return k3c_err_wrap(err, "layer %d: MLP backward", l);
+        if (!s.moe) return K3C_OK;
+    }
+    real *dtopw = k3c_arena_calloc(tmp, sizeof(real) * (size_t)(T * s.k));
+    real *dlogits = k3c_arena_calloc(tmp, sizeof(real) * (size_t)(T * s.E));
+    real *du = NULL, *dun = NULL, *dz = NULL;
+    if (s.latent) {
+        du = k3c_arena_calloc(tmp, sizeof(real) * (size_t)(T * s.lat));
+        dun = k3c_arena_calloc(tmp, sizeof(real) * (size_t)(T * s.lat));
+        dz = k3c_arena_calloc(tmp, sizeof(real) * (size_t)(T * s.lat));
+        if (!du || !dun || !dz) return k3c_errf(err, K3C_ENOMEM, "layer %d: MoE backward scratch", l);
+    }
+    if (!dtopw || !dlogits) return k3c_errf(err, K3C_ENOMEM, "layer %d: MoE backward scratch", l);
+    const real *du_moe = dy, *xin = xn;
+    real *dxin = dxn;
+    if (s.latent) {
+        const real *un = c->latent_norm ? a->un : a->u;
+        CHECK_RC(linear_bwd(T, s.lat, s.D, un, w + o->latent_up, dy, c->latent_norm ? dun : du, g + o->latent_up, err));
+        if (c->latent_norm) {
+            k3c_rmsnorm_sizes ns = {T, s.lat, c->rms_norm_eps};
+            CHECK_RC(R(k3c_rmsnorm_bwd)(&ns, a->u, w + o->latent_norm, a->ru, dun, du, g + o->latent_norm, err));
+        }
+        du_moe = du;
+        xin = a->zin;
+        dxin = dz;
+    }
+    k3c_moe_sizes es = moe_sizes(m, &s);
+    rc = R(k3c_moe_bwd)(&es, xin, a->ids, a->topw, w + o->w1, w + o->w3, w + o->w2, a->moe_saved, du_moe, dxin, g + o->w1,
+                        g + o->w3, g + o->w2, dtopw, st->scratch, err);
+    if (rc) return k3c_err_wrap(err, "layer %d: routed experts backward", l);
+    if (s.latent) CHECK_RC(linear_bwd(T, s.D, s.lat, xn, w + o->latent_down, dz, dxn, g + o->latent_down, err));
+    k3c_router_sizes rs = {T, s.E, s.k, c->renormalize, c->routed_scaling_factor};
+    rc = R(k3c_router_bwd)(&rs, a->logits, a->ids, dtopw, dlogits, err);
+    if (rc) return k3c_err_wrap(err, "layer %d: router backward", l);
+    return linear_bwd(T, s.D, s.E, xn, w + o->router, dlogits, dxn, g + o->router, err);
+}

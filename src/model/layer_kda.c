@@ -1,0 +1,177 @@
+/* layer_kda.c — the KDA token mixer of one decoder layer, forward and backward: q/k/v projections, short conv + SiLU,
+ * L2 norm, β, the forget gate, the delta-rule core, gated head-wise RMSNorm, o_proj. Spec: ARCHITECTURE.md §3.1, §3.4. */
+#include "base/real.h"
+#include "model/layers.h"
+#include "ops/basic.h"
+#include "ops/kda.h"
+#include "ops/l2norm.h"
+#include "ops/short_conv.h"
+
+#include <string.h>
+
+#define CHECK_RC(expr) do { int rc_ = (expr); if (rc_) return rc_; } while (0)
+
+typedef struct {
+    int64_t T, D, H, dk, P, W;
+} kda_shape;
+
+static kda_shape shape_of(const k3c_model *m, int64_t T) {
+    const k3c_config *c = &m->cfg;
+    kda_shape s = {T, c->hidden_size, c->kda_heads, c->kda_head_dim, c->kda_heads * c->kda_head_dim, c->conv_kernel};
+    return s;
+}
+
+static k3c_kda_dims core_dims(const k3c_model *m, int64_t T, int n_docs) {
+    const k3c_config *c = &m->cfg;
+    k3c_kda_dims d = {T, c->kda_heads, c->kda_head_dim, c->kda_head_dim, n_docs, m->kda_chunk, 0,
+                      c->kda_gate == K3C_GATE_LOWER_BOUND ? c->gate_lower_bound : 0};
+    return d;
+}
+
+size_t R(k3c_kda_scratch)(const k3c_model *m, int64_t T, int n_docs) {
+    k3c_kda_dims d = core_dims(m, T, n_docs);
+    k3c_short_conv_dims cd = {T, shape_of(m, T).P, (int)m->cfg.conv_kernel, n_docs};
+    size_t a, b;
+    if (m->kda_chunk) { a = R(k3c_kda_chunk_fwd_workspace)(&d); b = R(k3c_kda_chunk_bwd_workspace)(&d); }
+    else { a = R(k3c_kda_recurrent_fwd_workspace)(&d); b = R(k3c_kda_recurrent_bwd_workspace)(&d); }
+    size_t c = R(k3c_short_conv_bwd_workspace)(&cd);
+    return a > b ? (a > c ? a : c) : (b > c ? b : c);
+}
+
+void R(k3c_kda_alloc)(const k3c_model *m, int64_t T, k3c_carver *c, k3c_kda_acts *a) {
+    kda_shape s = shape_of(m, T);
+    a->qh = K3C_CARVE(c, real, T * s.P); a->kh = K3C_CARVE(c, real, T * s.P); a->vh = K3C_CARVE(c, real, T * s.P);
+    a->qn = K3C_CARVE(c, real, T * s.P); a->kn = K3C_CARVE(c, real, T * s.P); a->vc = K3C_CARVE(c, real, T * s.P);
+    a->rq = K3C_CARVE(c, real, T * s.H); a->rk = K3C_CARVE(c, real, T * s.H);
+    a->blog = K3C_CARVE(c, real, T * s.H); a->beta = K3C_CARVE(c, real, T * s.H);
+    a->fa = K3C_CARVE(c, real, T * s.dk); a->z = K3C_CARVE(c, real, T * s.P); a->g = K3C_CARVE(c, real, T * s.P);
+    a->o = K3C_CARVE(c, real, T * s.P);
+    a->ga = m->cfg.kda_full_rank_gate ? NULL : K3C_CARVE(c, real, T * s.dk);
+    a->gl = K3C_CARVE(c, real, T * s.P);
+    a->y1 = K3C_CARVE(c, real, T * s.P); a->ro = K3C_CARVE(c, real, T * s.H);
+}
+
+static int linear(int64_t T, int64_t in, int64_t out, const real *x, const real *W, real *y, k3c_err *err) {
+    k3c_linear_sizes s = {T, in, out, 0};
+    return R(k3c_linear_fwd)(&s, x, W, y, err);
+}
+
+static int linear_bwd(int64_t T, int64_t in, int64_t out, const real *x, const real *W, const real *dy, real *dx,
+                      real *dW, k3c_err *err) {
+    k3c_linear_sizes s = {T, in, out, 0};
+    return R(k3c_linear_bwd)(&s, x, W, dy, dx, dW, err);
+}
+
+int R(k3c_kda_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, real *y, k3c_err *err) {
+    const k3c_model *m = st->m;
+    const k3c_config *c = &m->cfg;
+    const k3c_layer_offsets *o = &m->table.layer[l];
+    const real *w = st->w;
+    kda_shape s = shape_of(m, st->T);
+    int64_t T = s.T;
+    const real *Wp[3] = {w + o->q_proj, w + o->k_proj, w + o->v_proj};
+    const real *Wc[3] = {w + o->q_conv, w + o->k_conv, w + o->v_conv};
+    real *pre[3] = {a->qh, a->kh, a->vh}, *post[3] = {a->qn, a->kn, a->vc};
+    k3c_short_conv_dims cd = {T, s.P, (int)s.W, st->n_docs};
+    for (int i = 0; i < 3; i++) {
+        CHECK_RC(linear(T, s.D, s.P, xn, Wp[i], pre[i], err));
+        CHECK_RC(R(k3c_short_conv_fwd)(&cd, st->cu, pre[i], Wc[i], NULL, post[i], NULL, err));
+    }
+    k3c_l2norm_dims ld = {T * s.H, s.dk, 1e-6};
+    CHECK_RC(R(k3c_l2norm_fwd)(&ld, a->qn, a->qn, a->rq, err));
+    CHECK_RC(R(k3c_l2norm_fwd)(&ld, a->kn, a->kn, a->rk, err));
+    CHECK_RC(linear(T, s.D, s.H, xn, w + o->b_proj, a->blog, err));
+    R(k3c_sigmoid)(T * s.H, a->blog, a->beta);
+    CHECK_RC(linear(T, s.D, s.dk, xn, w + o->f_a, a->fa, err));
+    CHECK_RC(linear(T, s.dk, s.P, a->fa, w + o->f_b, a->z, err));
+    k3c_kda_gate_dims gd = {T, s.H, s.dk, c->kda_gate, c->gate_lower_bound};
+    CHECK_RC(R(k3c_kda_gate_fwd)(&gd, a->z, w + o->dt_bias, w + o->A_log, a->g, err));
+    k3c_kda_dims kd = core_dims(m, T, st->n_docs);
+    if (m->kda_chunk)
+        CHECK_RC(R(k3c_kda_chunk_fwd)(&kd, st->cu, a->qn, a->kn, a->vc, a->g, a->beta, NULL, a->o, NULL, st->scratch, err));
+    else
+        CHECK_RC(R(k3c_kda_recurrent_fwd)(&kd, st->cu, a->qn, a->kn, a->vc, a->g, a->beta, NULL, a->o, NULL, st->scratch,
+                                          err));
+    if (c->kda_full_rank_gate) {
+        CHECK_RC(linear(T, s.D, s.P, xn, w + o->g_proj, a->gl, err));
+    } else {
+        CHECK_RC(linear(T, s.D, s.dk, xn, w + o->g_a, a->ga, err));
+        CHECK_RC(linear(T, s.dk, s.P, a->ga, w + o->g_b, a->gl, err));
+    }
+    k3c_rmsnorm_sizes rs = {T * s.H, s.dk, c->rms_norm_eps};
+    CHECK_RC(R(k3c_gated_rmsnorm_fwd)(&rs, a->o, a->gl, w + o->o_norm, a->y1, a->ro, err));
+    return linear(T, s.P, s.D, a->y1, w + o->o_proj, y, err);
+}
+
+size_t R(k3c_kda_bwd_bytes)(const k3c_model *m, int64_t T) {
+    kda_shape s = shape_of(m, T);
+    return sizeof(real) * (size_t)(T * (7 * s.P + 3 * s.dk + 2 * s.H)) + 16 * 64;
+}
+
+int R(k3c_kda_layer_bwd)(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, const real *dy, real *dxn,
+                         k3c_arena *tmp, k3c_err *err) {
+    const k3c_model *m = st->m;
+    const k3c_config *c = &m->cfg;
+    const k3c_layer_offsets *o = &m->table.layer[l];
+    const real *w = st->w;
+    real *g = st->g;
+    kda_shape s = shape_of(m, st->T);
+    int64_t T = s.T;
+    real *dy1 = k3c_arena_calloc(tmp, sizeof(real) * T * s.P), *d_o = k3c_arena_calloc(tmp, sizeof(real) * T * s.P);
+    real *dgl = k3c_arena_calloc(tmp, sizeof(real) * T * s.P), *dlow = k3c_arena_calloc(tmp, sizeof(real) * T * s.dk);
+    if (!dy1 || !d_o || !dgl || !dlow) return k3c_errf(err, K3C_ENOMEM, "layer %d: KDA backward scratch", l);
+    CHECK_RC(linear_bwd(T, s.P, s.D, a->y1, w + o->o_proj, dy, dy1, g + o->o_proj, err));
+    k3c_rmsnorm_sizes rs = {T * s.H, s.dk, c->rms_norm_eps};
+    CHECK_RC(R(k3c_gated_rmsnorm_bwd)(&rs, a->o, a->gl, w + o->o_norm, a->ro, dy1, d_o, dgl, g + o->o_norm, err));
+    if (c->kda_full_rank_gate) {
+        CHECK_RC(linear_bwd(T, s.D, s.P, xn, w + o->g_proj, dgl, dxn, g + o->g_proj, err));
+    } else {
+        CHECK_RC(linear_bwd(T, s.dk, s.P, a->ga, w + o->g_b, dgl, dlow, g + o->g_b, err));
+        CHECK_RC(linear_bwd(T, s.D, s.dk, xn, w + o->g_a, dlow, dxn, g + o->g_a, err));
+    }
+    /* the core: gradients w.r.t. the normalised q, k, the conv output v, the log-decay and β */
+    real *dq = dy1, *dk = dgl; /* reuse: both consumed above */
+    memset(dq, 0, sizeof(real) * T * s.P);
+    memset(dk, 0, sizeof(real) * T * s.P);
+    real *dv = k3c_arena_calloc(tmp, sizeof(real) * T * s.P), *dgate = k3c_arena_calloc(tmp, sizeof(real) * T * s.P);
+    real *dbeta = k3c_arena_calloc(tmp, sizeof(real) * T * s.H), *dblog = k3c_arena_calloc(tmp, sizeof(real) * T * s.H);
+    if (!dv || !dgate || !dbeta || !dblog) return k3c_errf(err, K3C_ENOMEM, "layer %d: KDA backward scratch", l);
+    k3c_kda_dims kd = core_dims(m, T, st->n_docs);
+    if (m->kda_chunk)
+        CHECK_RC(R(k3c_kda_chunk_bwd)(&kd, st->cu, a->qn, a->kn, a->vc, a->g, a->beta, NULL, d_o, NULL, dq, dk, dv, dgate,
+                                      dbeta, NULL, st->scratch, err));
+    else
+        CHECK_RC(R(k3c_kda_recurrent_bwd)(&kd, st->cu, a->qn, a->kn, a->vc, a->g, a->beta, NULL, d_o, NULL, dq, dk, dv,
+                                          dgate, dbeta, NULL, st->scratch, err));
+    for (int64_t i = 0; i < T * s.H; i++) dblog[i] = dbeta[i] * a->beta[i] * (1 - a->beta[i]);
+    CHECK_RC(linear_bwd(T, s.D, s.H, xn, w + o->b_proj, dblog, dxn, g + o->b_proj, err));
+    /* forget gate: g ← gate(z + dt_bias; A_log), z = f_b f_a x */
+    real *dz = d_o; /* consumed by the core backward */
+    memset(dz, 0, sizeof(real) * T * s.P);
+    memset(dlow, 0, sizeof(real) * T * s.dk);
+    k3c_kda_gate_dims gd = {T, s.H, s.dk, c->kda_gate, c->gate_lower_bound};
+    CHECK_RC(R(k3c_kda_gate_bwd)(&gd, a->z, w + o->dt_bias, w + o->A_log, dgate, dz, g + o->dt_bias, g + o->A_log, err));
+    CHECK_RC(linear_bwd(T, s.dk, s.P, a->fa, w + o->f_b, dz, dlow, g + o->f_b, err));
+    CHECK_RC(linear_bwd(T, s.D, s.dk, xn, w + o->f_a, dlow, dxn, g + o->f_a, err));
+    /* q, k: L2 norm, then conv + SiLU, then projection; v: conv + SiLU, projection */
+    k3c_l2norm_dims ld = {T * s.H, s.dk, 1e-6};
+    real *dconv = dgate, *dpre = dz; /* both consumed */
+    const real *dpost[3] = {dq, dk, dv};
+    const real *post[3] = {a->qn, a->kn, NULL}, *rstd[3] = {a->rq, a->rk, NULL};
+    const real *pre[3] = {a->qh, a->kh, a->vh};
+    size_t Wc[3] = {o->q_conv, o->k_conv, o->v_conv}, Wp[3] = {o->q_proj, o->k_proj, o->v_proj};
+    k3c_short_conv_dims cd = {T, s.P, (int)s.W, st->n_docs};
+    for (int i = 0; i < 3; i++) {
+        const real *dc = dpost[i];
+        if (post[i]) {
+            memset(dconv, 0, sizeof(real) * T * s.P);
+            CHECK_RC(R(k3c_l2norm_bwd)(&ld, post[i], rstd[i], dpost[i], dconv, err));
+            dc = dconv;
+        }
+        memset(dpre, 0, sizeof(real) * T * s.P);
+        CHECK_RC(R(k3c_short_conv_bwd)(&cd, st->cu, pre[i], w + Wc[i], NULL, dc, dpre, g + Wc[i], NULL, st->scratch,
+                                       err));
+        CHECK_RC(linear_bwd(T, s.D, s.P, xn, w + Wp[i], dpre, dxn, g + Wp[i], err));
+    }
+    return K3C_OK;
+}

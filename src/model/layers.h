@@ -1,0 +1,94 @@
+/* layers.h — internal to src/model: the activations each sublayer saves for its backward, and the per-layer forward /
+ * backward of the KDA mixer, the gated MLA mixer and the FFN (dense or latent MoE). Include after base/real.h: these
+ * structs are built on the `real` of the including file (every file here is compiled once per precision).
+ * Spec: ARCHITECTURE.md §3.1 (KDA layer), §4.2 (gated NoPE MLA), §6.2 + §9.2 (MoE), §8 (SiTU). */
+#ifndef K3C_MODEL_LAYERS_H
+#define K3C_MODEL_LAYERS_H
+
+#include "model/model.h"
+
+/* Carves buffers from an arena; with measure set it only counts bytes (for planning) and returns NULL. */
+typedef struct {
+    k3c_arena *a;
+    int measure;
+    size_t bytes; /* measure mode: bytes counted so far */
+    int oom;
+} k3c_carver;
+
+static inline void *k3c_carve_bytes(k3c_carver *c, size_t n) {
+    if (c->measure) { c->bytes += (n + 63) / 64 * 64; return NULL; }
+    void *p = k3c_arena_alloc(c->a, n);
+    if (!p) c->oom = 1;
+    return p;
+}
+#define K3C_CARVE(c, type, count) ((type *)k3c_carve_bytes((c), (size_t)(count) * sizeof(type)))
+
+/* What a step's layers share: the model, the batch layout, a scratch region for op workspaces, the error. */
+typedef struct {
+    k3c_model *m;
+    int64_t T;
+    int n_docs;
+    const int32_t *cu;
+    void *scratch;        /* op workspaces (largest need of any op in the step) */
+    size_t scratch_bytes;
+    const real *w;        /* parameters */
+    real *g;              /* gradients */
+} k3c_step;
+
+typedef struct {
+    real *qh, *kh, *vh;         /* projections before the short conv [T, P] */
+    real *qn, *kn, *vc;         /* conv + SiLU (q, k then L2-normalised) [T, P] */
+    real *rq, *rk;              /* L2 rstd [T·H] */
+    real *blog, *beta;          /* β logits and β [T, H] */
+    real *fa, *z, *g;           /* gate: f_a output [T, dk], f_b output z [T, P], log-decay g [T, P] */
+    real *o;                    /* KDA core output [T, P] */
+    real *ga, *gl;              /* output gate: low-rank inner [T, dk], logits [T, P] */
+    real *y1, *ro;              /* gated RMSNorm output [T, P] and its rstd [T·H] */
+} k3c_kda_acts;
+
+typedef struct {
+    real *qa, *qan, *rqa;       /* q LoRA: q_a output [T, r], normalised, rstd [T] */
+    real *q;                    /* queries [T, H, dqk] */
+    real *kva, *c, *cn, *rc;    /* kv_a output [T, r_kv + rope], latent copy / normalised [T, r_kv], rstd [T] */
+    real *kv;                   /* kv_b output [T, H, nope + dv] */
+    real *k, *v;                /* per-head keys [T, H, dqk] (shared k_pe slot concatenated), values [T, H, dv] */
+    real *o, *lse;              /* attention output [T, H, dv], log-sum-exp [T, H] */
+    real *gl, *og;              /* output gate logits [T, H·dv], gated output [T, H·dv] */
+} k3c_mla_acts;
+
+typedef struct {
+    void *mlp_saved;            /* dense MLP / shared experts saved pre-activations */
+    real *logits;               /* router logits [T, n] */
+    int32_t *ids;               /* top-k [T, k] */
+    real *topw, *cutoff;        /* weights [T, k], QB cutoffs [T] */
+    real *zin;                  /* latent input z = W↓ x [T, ℓ] (K3) */
+    void *moe_saved;
+    real *u, *un, *ru;          /* routed output [T, ℓ], normalised, rstd [T] */
+    real *ys;                   /* shared experts output [T, D] */
+} k3c_ffn_acts;
+
+#define K3C_LAYERS_API(real, S)                                                                                       \
+    size_t k3c_kda_scratch_##S(const k3c_model *m, int64_t T, int n_docs);                                            \
+    void k3c_kda_alloc_##S(const k3c_model *m, int64_t T, k3c_carver *c, k3c_kda_acts *a);                            \
+    int k3c_kda_layer_fwd_##S(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, real *y, k3c_err *err);            \
+    int k3c_kda_layer_bwd_##S(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, const real *dy, real *dxn,         \
+                              k3c_arena *tmp, k3c_err *err);                                                           \
+    size_t k3c_kda_bwd_bytes_##S(const k3c_model *m, int64_t T);                                                      \
+    size_t k3c_mla_scratch_##S(const k3c_model *m, int64_t T, int n_docs);                                            \
+    void k3c_mla_alloc_##S(const k3c_model *m, int64_t T, k3c_carver *c, k3c_mla_acts *a);                            \
+    int k3c_mla_layer_fwd_##S(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real *y, k3c_err *err);            \
+    int k3c_mla_layer_bwd_##S(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, const real *dy, real *dxn,         \
+                              k3c_arena *tmp, k3c_err *err);                                                           \
+    size_t k3c_mla_bwd_bytes_##S(const k3c_model *m, int64_t T);                                                      \
+    size_t k3c_ffn_scratch_##S(const k3c_model *m, int l, int64_t T);                                                 \
+    void k3c_ffn_alloc_##S(const k3c_model *m, int l, int64_t T, k3c_carver *c, k3c_ffn_acts *a);                     \
+    int k3c_ffn_layer_fwd_##S(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, real *y, k3c_err *err);            \
+    int k3c_ffn_layer_bwd_##S(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, const real *dy, real *dxn,         \
+                              k3c_arena *tmp, k3c_err *err);                                                           \
+    size_t k3c_ffn_bwd_bytes_##S(const k3c_model *m, int l, int64_t T);
+K3C_DECLARE_REAL(K3C_LAYERS_API)
+
+/* Pointer to parameter (or gradient) block `off` of base; NULL when the model has no such tensor. */
+#define K3C_PW(base, off) ((off) == K3C_NOPARAM || !(base) ? NULL : (base) + (off))
+
+#endif

@@ -1,0 +1,215 @@
+/* model.c — model lifetime: parameters in one flat buffer under checkpoint names; random init for training from scratch
+ * (ARCHITECTURE.md §3.1 init table, §5.1, §10), loading from Hugging Face checkpoints (CHECKPOINTS.md §5–§7), saving. */
+#include "base/real.h"
+#include "model/model.h"
+#include "ops/mxfp4.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int R(k3c_model_create)(const k3c_config *cfg, int with_grad, k3c_model *m, k3c_err *err) {
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->precision = REAL_DTYPE;
+    m->kda_chunk = 64;
+    int rc = k3c_params_build(cfg, &m->table, err);
+    if (rc) return rc;
+    size_t bytes = m->table.total * sizeof(real);
+    m->w = k3c_aligned_alloc(bytes);
+    m->g = with_grad ? k3c_aligned_alloc(bytes) : NULL;
+    m->route = calloc((size_t)cfg->num_layers, sizeof *m->route);
+    if (!m->w || (with_grad && !m->g) || !m->route) {
+        R(k3c_model_free)(m);
+        return k3c_errf(err, K3C_ENOMEM, "model: cannot allocate %zu bytes of parameters", bytes);
+    }
+    return K3C_OK;
+}
+
+void R(k3c_model_free)(k3c_model *m) {
+    k3c_aligned_free(m->w);
+    k3c_aligned_free(m->g);
+    if (m->route)
+        for (int l = 0; l < m->cfg.num_layers; l++) {
+            free(m->route[l].topk_ids);
+            free(m->route[l].scores);
+            free(m->route[l].cutoff);
+        }
+    free(m->route);
+    k3c_params_free(&m->table);
+    memset(m, 0, sizeof *m);
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* Projections that write into the residual stream get std / sqrt(2·layers) (GPT-2 style), so the stream's variance
+ * does not grow with depth at init. */
+static int is_output_proj(const char *name) {
+    return ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight") || ends_with(name, ".w2.weight") ||
+           ends_with(name, "routed_expert_up_proj.weight");
+}
+
+void R(k3c_model_init)(k3c_model *m, uint64_t seed, double std) {
+    real *w = m->w;
+    const k3c_config *c = &m->cfg;
+    double out_std = std / sqrt(2.0 * (double)(c->num_layers > 0 ? c->num_layers : 1));
+    for (int i = 0; i < m->table.n; i++) {
+        const k3c_param *p = &m->table.p[i];
+        real *x = w + p->offset;
+        uint64_t s = seed * 1000003u + (uint64_t)i; /* one stream per tensor: init does not depend on order or threads */
+        const char *n = p->name;
+        if (p->kind == K3C_PK_ROUTER_BIAS || ends_with(n, "res_proj.weight")) {
+            memset(x, 0, (size_t)p->numel * sizeof *x);  /* QB starts from b = 0; AttnRes queries 0 → uniform mix */
+        } else if (ends_with(n, "norm.weight")) {
+            for (int64_t j = 0; j < p->numel; j++) x[j] = 1;
+        } else if (ends_with(n, "A_log")) {
+            for (int64_t j = 0; j < p->numel; j++)  /* lower-bound gate: A = 0 (fla safe_gate); softplus: log U(1,16) */
+                x[j] = j >= p->used ? 0
+                       : c->kda_gate == K3C_GATE_LOWER_BOUND ? 0
+                       : (real)log(1.0 + 15.0 * k3c_uniform_at(s, (uint64_t)j));
+        } else if (ends_with(n, "dt_bias")) {
+            for (int64_t j = 0; j < p->numel; j++) { /* fla: softplus⁻¹(dt), dt = exp(U(log 1e-3, log 0.1)) ≥ 1e-4 */
+                double dt = exp(log(1e-3) + (log(0.1) - log(1e-3)) * k3c_uniform_at(s, (uint64_t)j));
+                if (dt < 1e-4) dt = 1e-4;
+                x[j] = (real)(dt + log(-expm1(-dt)));
+            }
+        } else if (ends_with(n, "conv1d.weight")) {
+            double bound = 1.0 / sqrt((double)c->conv_kernel); /* nn.Conv1d default (fan_in = kernel for depthwise) */
+            for (int64_t j = 0; j < p->numel; j++) x[j] = (real)(bound * (2 * k3c_uniform_at(s, (uint64_t)j) - 1));
+        } else {
+            double sd = is_output_proj(n) ? out_std : std;
+            for (int64_t j = 0; j < p->numel; j++) x[j] = (real)(sd * k3c_normal_at(s, (uint64_t)j));
+        }
+    }
+}
+
+/* Reads one checkpoint tensor into slice `e` of entry p (shape must match; MXFP4 pairs decoded). */
+static int load_one(k3c_model *m, const k3c_checkpoint *ck, const k3c_st_tensor *t, const k3c_param *p, int e,
+                    int packed, k3c_err *err) {
+    real *dst = (real *)m->w + p->offset + (e > 0 ? (size_t)e * (size_t)k3c_param_slice_numel(p) : 0);
+    size_t n = (size_t)k3c_param_slice_numel(p);
+    if (packed) {
+        char scale_name[K3C_PARAM_NAME + 32];
+        snprintf(scale_name, sizeof scale_name, "%.*s.weight_scale", (int)(strlen(t->name) - strlen(".weight_packed")),
+                 t->name);
+        const k3c_st_tensor *sc = k3c_ckpt_find(ck, scale_name);
+        if (!sc) return k3c_errf(err, K3C_EFORMAT, "%s: %s has no %s", t->file, t->name, scale_name);
+        int64_t rows, cols;
+#if K3C_REAL_DOUBLE
+        int rc = k3c_mxfp4_decode_st_f64(t, sc, dst, n, &rows, &cols, err);
+#else
+        int rc = k3c_mxfp4_decode_st_f32(t, sc, dst, n, &rows, &cols, err);
+#endif
+        if (rc) return rc;
+        if (rows != p->shape[0] || cols != p->shape[1])
+            return k3c_errf(err, K3C_EFORMAT, "%s: %s decodes to [%lld, %lld], expected [%lld, %lld]", t->file, t->name,
+                            (long long)rows, (long long)cols, (long long)p->shape[0], (long long)p->shape[1]);
+        return K3C_OK;
+    }
+    int same = t->ndim == p->ndim;
+    for (int i = 0; same && i < p->ndim; i++) same = t->shape[i] == p->shape[i];
+    if (!same) {
+        char want[96] = "", got[96] = "";
+        for (int i = 0; i < p->ndim; i++) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? "," : "", (long long)p->shape[i]);
+        for (int i = 0; i < t->ndim; i++) snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? "," : "", (long long)t->shape[i]);
+        return k3c_errf(err, K3C_EFORMAT, "%s: tensor %s has shape [%s], the config implies [%s]", t->file, t->name, got,
+                        want);
+    }
+#if K3C_REAL_DOUBLE
+    return k3c_st_read_f64(t, dst, n, err);
+#else
+    return k3c_st_read_f32(t, dst, n, err);
+#endif
+}
+
+int R(k3c_model_load)(k3c_model *m, const k3c_checkpoint *ck, k3c_err *err) {
+    const k3c_param_table *tab = &m->table;
+    /* one flag per slice: every parameter must come from the checkpoint */
+    size_t *base = calloc((size_t)tab->n + 1, sizeof *base);
+    if (!base) return k3c_errf(err, K3C_ENOMEM, "load: out of memory");
+    for (int i = 0; i < tab->n; i++) base[i + 1] = base[i] + (size_t)(tab->p[i].stack ? tab->p[i].stack : 1);
+    unsigned char *seen = calloc(base[tab->n] + 1, 1);
+    if (!seen) { free(base); return k3c_errf(err, K3C_ENOMEM, "load: out of memory"); }
+    int rc = K3C_OK;
+    for (int i = 0; i < k3c_ckpt_count(ck) && !rc; i++) {
+        const k3c_st_tensor *t = k3c_ckpt_at(ck, i);
+        if (ends_with(t->name, ".weight_scale")) continue; /* read with its weight_packed partner */
+        int packed = ends_with(t->name, ".weight_packed");
+        char name[K3C_PARAM_NAME + 32];
+        snprintf(name, sizeof name, "%.*s%s", (int)(strlen(t->name) - (packed ? strlen("_packed") : 0)), t->name, "");
+        int e, j = k3c_params_lookup(tab, name, &e);
+        if (j < 0) { rc = k3c_errf(err, K3C_EFORMAT, "%s: unexpected tensor %s (not in the model the config describes)", t->file, t->name); break; }
+        size_t slot = base[j] + (size_t)(e > 0 ? e : 0);
+        if (seen[slot]) { rc = k3c_errf(err, K3C_EFORMAT, "%s: tensor %s given twice", t->file, t->name); break; }
+        seen[slot] = 1;
+        rc = load_one(m, ck, t, &tab->p[j], e, packed, err);
+    }
+    for (int i = 0; i < tab->n && !rc; i++)
+        for (int64_t e = 0; e < (tab->p[i].stack ? tab->p[i].stack : 1) && !rc; e++)
+            if (!seen[base[i] + (size_t)e]) {
+                char name[K3C_PARAM_NAME + 16];
+                k3c_params_name(&tab->p[i], e, name, sizeof name);
+                rc = k3c_errf(err, K3C_EFORMAT, "checkpoint is missing tensor %s", name);
+            }
+    free(seen);
+    free(base);
+    return rc;
+}
+
+int R(k3c_model_save)(const k3c_model *m, const char *path, k3c_err *err) {
+    const k3c_param_table *tab = &m->table;
+    int n = 0;
+    for (int i = 0; i < tab->n; i++) n += (int)(tab->p[i].stack ? tab->p[i].stack : 1);
+    k3c_st_entry *ent = calloc((size_t)n, sizeof *ent);
+    char (*names)[K3C_PARAM_NAME + 16] = calloc((size_t)n, sizeof *names);
+    float *conv = NULL;
+#if K3C_REAL_DOUBLE
+    conv = malloc(tab->total * sizeof *conv);
+    if (conv) for (size_t i = 0; i < tab->total; i++) conv[i] = (float)((const double *)m->w)[i];
+#else
+    const float *src = m->w;
+#endif
+    if (!ent || !names || (K3C_REAL_DOUBLE && !conv)) {
+        free(ent); free(names); free(conv);
+        return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", path);
+    }
+#if K3C_REAL_DOUBLE
+    const float *src = conv;
+#endif
+    int k = 0;
+    for (int i = 0; i < tab->n; i++) {
+        const k3c_param *p = &tab->p[i];
+        for (int64_t e = 0; e < (p->stack ? p->stack : 1); e++, k++) {
+            k3c_params_name(p, p->stack ? e : -1, names[k], sizeof names[k]);
+            ent[k].name = names[k];
+            ent[k].dtype = K3C_F32;
+            ent[k].ndim = p->ndim;
+            memcpy(ent[k].shape, p->shape, sizeof p->shape);
+            ent[k].data = src + p->offset + (size_t)e * (size_t)k3c_param_slice_numel(p);
+        }
+    }
+    static const char *const meta[] = {"format", "pt", "producer", "k3c", NULL};
+    int rc = k3c_st_write(path, ent, n, meta, err);
+    free(ent);
+    free(names);
+    free(conv);
+    return rc;
+}
+
+int R(k3c_model_open)(const char *dir, int with_grad, k3c_model *m, k3c_err *err) {
+    k3c_config cfg;
+    int rc = k3c_config_load(dir, &cfg, err);
+    if (rc) return rc;
+    k3c_checkpoint *ck = NULL;
+    rc = k3c_ckpt_open(dir, &ck, err);
+    if (rc) return rc;
+    rc = R(k3c_model_create)(&cfg, with_grad, m, err);
+    if (!rc) {
+        rc = R(k3c_model_load)(m, ck, err);
+        if (rc) R(k3c_model_free)(m);
+    }
+    k3c_ckpt_close(ck);
+    return rc;
+}

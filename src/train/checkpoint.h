@@ -1,0 +1,24 @@
+/* checkpoint.h — training checkpoints: <out>/step_NNNNNNNN/ holds the model in Hugging Face layout (config.json,
+ * model.safetensors, tokenizer), optimizer.safetensors and trainer_state.json; <out>/latest names the newest complete
+ * one. Written to a temporary directory and renamed, so a run killed mid-checkpoint leaves the previous one loadable. */
+#ifndef K3C_TRAIN_CHECKPOINT_H
+#define K3C_TRAIN_CHECKPOINT_H
+
+#include "model/model.h"
+
+typedef struct {
+    const k3c_model *model;       /* float32 model (the router biases inside are the QB state) */
+    const float *optim_state;
+    size_t optim_numel;
+    const char *trainer_state;    /* JSON text */
+    const char *vocab;            /* tokenizer file to copy (its .specials.json too, when present); NULL = none */
+} k3c_train_ckpt;
+
+/* Writes the checkpoint of `step` under out_dir, updates out_dir/latest, keeps the newest `keep` checkpoints. */
+int k3c_train_ckpt_save(const char *out_dir, int64_t step, const k3c_train_ckpt *ck, int keep, k3c_err *err);
+/* Path of the newest complete checkpoint (from out_dir/latest); K3C_ENOTFOUND when there is none. */
+int k3c_train_ckpt_latest(const char *out_dir, char *path, size_t n, k3c_err *err);
+/* Reads optimizer.safetensors (must hold exactly numel floats) and trainer_state.json (malloc'd text). */
+int k3c_train_ckpt_load_state(const char *dir, float *optim_state, size_t numel, char **trainer_state, k3c_err *err);
+
+#endif

@@ -1,0 +1,23 @@
+/* metrics.h — training metrics as JSON Lines (one object per logged step) and a PNG plot of the curves drawn by gnuplot.
+ * Spec: the run experience of the trainer (metrics JSONL + PNG plots). */
+#ifndef K3C_TRAIN_METRICS_H
+#define K3C_TRAIN_METRICS_H
+
+#include "k3c.h"
+
+typedef struct {
+    int64_t step, tokens;
+    int stage;
+    double loss, val_loss; /* val_loss NAN when not evaluated at this step */
+    double lr, grad_norm, tokens_per_s;
+    double max_load_ratio, load_cv; /* worst MoE layer: max/mean expert load, coefficient of variation */
+    int qk_clipped;
+} k3c_metrics_row;
+
+/* Appends one JSON line to f (flushed). */
+void k3c_metrics_write(FILE *f, const k3c_metrics_row *r);
+/* Reads metrics.jsonl and draws loss / val loss, lr, and load balance against step into a PNG (gnuplot, atomically).
+ * K3C_ENOTFOUND when gnuplot is not installed. */
+int k3c_metrics_plot(const char *jsonl, const char *png, k3c_err *err);
+
+#endif

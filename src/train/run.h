@@ -1,0 +1,68 @@
+/* run.h — a training run: the run config (model, data sources, staged context, optimizer, balancing, checkpoints) and
+ * the trainer that executes it with checkpoints that resume bit-exactly. Spec: TRAINING.md §1 (recipe, staged context
+ * 8K→64K→256K→1M scaled down, annealing), ARCHITECTURE.md §7 (QB), §10 (optimizers). */
+#ifndef K3C_TRAIN_RUN_H
+#define K3C_TRAIN_RUN_H
+
+#include "k3c.h"
+
+#define K3C_RUN_MAX_STAGES 16
+#define K3C_RUN_MAX_SOURCES 16
+
+typedef struct {
+    char name[64];
+    int64_t seq_len;          /* longest document piece (the stage's context length) */
+    int64_t tokens_per_step;  /* tokens per optimizer step */
+    int64_t steps;
+    double lr, min_lr_ratio;  /* peak lr of the stage's schedule and its floor */
+    int64_t warmup;
+    int schedule;             /* k3c_sched_kind */
+    double mixture[K3C_RUN_MAX_SOURCES]; /* weight per data source (run order); all 0 = uniform */
+} k3c_stage;
+
+typedef struct {
+    char path[1024];          /* the config file (errors name it) */
+    char model_config[1024];  /* HF config.json of the model to train */
+    char vocab[1024];         /* tokenizer (tiktoken file, + .specials.json), copied into checkpoints */
+    char pattern[16];         /* pre-tokeniser: "cl100k" or "kimi" */
+    char out_dir[1024];
+    int n_sources;
+    char source_name[K3C_RUN_MAX_SOURCES][64];
+    char source_dir[K3C_RUN_MAX_SOURCES][1024];
+    int n_stages;
+    k3c_stage stage[K3C_RUN_MAX_STAGES];
+    uint64_t seed;
+    double init_std;
+    int kda_chunk;            /* 16, 64 or 0 (token recurrence) */
+    int threads;              /* 0 = OpenMP default */
+    /* optimizer */
+    char matrix_optimizer[16]; /* "muon" or "adamw" */
+    double weight_decay, beta1, beta2, eps, grad_clip, qk_clip_tau;
+    /* balancing: "exact", "histogram" or "off" (then the router bias stays frozen) */
+    int qb_mode;              /* -1 off, else k3c_qb_mode */
+    int64_t log_every, eval_every, eval_batches, checkpoint_every, keep_checkpoints;
+} k3c_run_config;
+
+/* Reads a run config JSON strictly: unknown keys, impossible stages (steps ≤ 0, seq_len > tokens_per_step, a mixture
+ * naming an unknown source, negative weights, ...) are errors naming the file and field. Relative paths are taken
+ * relative to the config file's directory. */
+int k3c_run_config_load(const char *path, k3c_run_config *rc, k3c_err *err);
+
+/* Options of one `k3c train` invocation. */
+typedef struct {
+    int resume;             /* continue from out_dir/latest */
+    int64_t max_steps;      /* stop after this many steps in total (0 = run every stage); for tests */
+    int quiet;              /* no progress bar */
+    FILE *log;              /* per-step lines (NULL = none) */
+} k3c_train_opts;
+
+typedef struct {
+    int64_t steps;
+    double last_loss, last_val_loss, tokens_per_s, wall_s;
+    double max_load_ratio;  /* max/mean expert load of the last step, worst layer */
+} k3c_train_result;
+
+/* Runs (or resumes) the training described by rc; writes checkpoints, metrics.jsonl and metrics.png into rc->out_dir. */
+int k3c_train_run(const k3c_run_config *rc, const k3c_train_opts *opts, k3c_train_result *res, k3c_err *err);
+
+#endif

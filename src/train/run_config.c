@@ -1,0 +1,203 @@
+/* run_config.c — the strict reader of a training run config (JSON): model, tokenizer, data sources, staged context
+ * lengths with their schedules and mixtures, optimizer, balancing, logging and checkpoint cadence. Spec: TRAINING.md §1. */
+#include "base/json.h"
+#include "train/optim.h"
+#include "train/qb.h"
+#include "train/run.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *file;
+    k3c_err *err;
+} ctx;
+
+static int keys_known(ctx *c, const k3c_json *o, const char *where, const char *const *allowed) {
+    for (size_t i = 0; i < o->n; i++) {
+        int ok = 0;
+        for (const char *const *a = allowed; *a && !ok; a++) ok = strcmp(o->keys[i], *a) == 0;
+        if (!ok) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: unknown key", c->file, where, o->keys[i]);
+    }
+    return 0;
+}
+
+static int get_num(ctx *c, const k3c_json *o, const char *where, const char *key, double def, int required, double *out) {
+    const k3c_json *v = k3c_json_get(o, key);
+    if (!v) {
+        if (required) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: missing", c->file, where, key);
+        *out = def;
+        return 0;
+    }
+    if (v->type != K3C_JSON_NUMBER) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected a number", c->file, where, key);
+    *out = v->number;
+    return 0;
+}
+
+static int get_int(ctx *c, const k3c_json *o, const char *where, const char *key, int64_t def, int required, int64_t *out) {
+    const k3c_json *v = k3c_json_get(o, key);
+    if (!v && !required) { *out = def; return 0; }
+    if (!v) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: missing", c->file, where, key);
+    if (v->type != K3C_JSON_NUMBER || !v->is_integer)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected an integer", c->file, where, key);
+    *out = v->integer;
+    return 0;
+}
+
+/* A path relative to the config file's directory (absolute paths unchanged). */
+static int get_path(ctx *c, const k3c_json *o, const char *where, const char *key, int required, char *out, size_t n) {
+    const k3c_json *v = k3c_json_get(o, key);
+    if (!v) {
+        if (required) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: missing", c->file, where, key);
+        out[0] = 0;
+        return 0;
+    }
+    if (v->type != K3C_JSON_STRING || !v->len)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected a non-empty string", c->file, where, key);
+    const char *slash = strrchr(c->file, '/');
+    if (v->string[0] == '/' || !slash) snprintf(out, n, "%s", v->string);
+    else snprintf(out, n, "%.*s/%s", (int)(slash - c->file), c->file, v->string);
+    return 0;
+}
+
+static int get_str(ctx *c, const k3c_json *o, const char *where, const char *key, const char *def, char *out, size_t n) {
+    const k3c_json *v = k3c_json_get(o, key);
+    if (!v) { snprintf(out, n, "%s", def); return 0; }
+    if (v->type != K3C_JSON_STRING || v->len >= n)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected a string (< %zu bytes)", c->file, where, key, n);
+    snprintf(out, n, "%s", v->string);
+    return 0;
+}
+
+static int parse_stage(ctx *c, const k3c_json *s, int i, const k3c_run_config *rc, int64_t default_tps, k3c_stage *st) {
+    char where[64];
+    snprintf(where, sizeof where, "stages[%d].", i);
+    if (s->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: stages[%d]: expected an object", c->file, i);
+    static const char *const keys[] = {"name", "seq_len", "tokens_per_step", "steps", "lr", "min_lr_ratio", "warmup",
+                                       "schedule", "mixture", NULL};
+    int rc_ = keys_known(c, s, where, keys);
+    char sched[16];
+    if (!rc_) rc_ = get_str(c, s, where, "name", "", st->name, sizeof st->name);
+    if (!rc_) rc_ = get_int(c, s, where, "seq_len", 0, 1, &st->seq_len);
+    if (!rc_) rc_ = get_int(c, s, where, "tokens_per_step", default_tps, default_tps <= 0, &st->tokens_per_step);
+    if (!rc_) rc_ = get_int(c, s, where, "steps", 0, 1, &st->steps);
+    if (!rc_) rc_ = get_num(c, s, where, "lr", 0, 1, &st->lr);
+    if (!rc_) rc_ = get_num(c, s, where, "min_lr_ratio", 0.1, 0, &st->min_lr_ratio);
+    if (!rc_) rc_ = get_int(c, s, where, "warmup", 0, 0, &st->warmup);
+    if (!rc_) rc_ = get_str(c, s, where, "schedule", "cosine", sched, sizeof sched);
+    if (!rc_ && k3c_schedule_parse(sched, &st->schedule, NULL))
+        rc_ = k3c_errf(c->err, K3C_ECONFIG, "%s: %sschedule: '%s' is not cosine, linear or constant", c->file, where, sched);
+    if (rc_) return rc_;
+    if (!st->name[0]) snprintf(st->name, sizeof st->name, "stage%d", i);
+    if (st->seq_len <= 0 || st->tokens_per_step <= 0 || st->steps <= 0)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s: seq_len, tokens_per_step and steps must be positive", c->file, where);
+    if (st->seq_len > st->tokens_per_step)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %sseq_len %lld exceeds tokens_per_step %lld (a step holds whole pieces)",
+                        c->file, where, (long long)st->seq_len, (long long)st->tokens_per_step);
+    if (!(st->lr > 0) || st->min_lr_ratio < 0 || st->min_lr_ratio > 1 || st->warmup < 0 || st->warmup > st->steps)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s: need lr > 0, 0 ≤ min_lr_ratio ≤ 1, 0 ≤ warmup ≤ steps", c->file, where);
+    const k3c_json *mix = k3c_json_get(s, "mixture");
+    if (mix) {
+        if (mix->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: %smixture: expected an object", c->file, where);
+        double total = 0;
+        for (size_t j = 0; j < mix->n; j++) {
+            int k = -1;
+            for (int q = 0; q < rc->n_sources; q++) if (strcmp(rc->source_name[q], mix->keys[j]) == 0) k = q;
+            if (k < 0) return k3c_errf(c->err, K3C_ECONFIG, "%s: %smixture.%s: no data source of that name", c->file, where, mix->keys[j]);
+            if (mix->items[j].type != K3C_JSON_NUMBER || !(mix->items[j].number >= 0))
+                return k3c_errf(c->err, K3C_ECONFIG, "%s: %smixture.%s: weight must be a number ≥ 0", c->file, where, mix->keys[j]);
+            st->mixture[k] = mix->items[j].number;
+            total += st->mixture[k];
+        }
+        if (!(total > 0)) return k3c_errf(c->err, K3C_ECONFIG, "%s: %smixture: weights sum to 0", c->file, where);
+    }
+    return 0;
+}
+
+static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
+    if (r->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: expected a JSON object", c->file);
+    static const char *const keys[] = {"model", "tokenizer", "pattern", "out_dir", "data", "stages", "seed", "init_std",
+                                       "kda_chunk", "threads", "optimizer", "balancing", "tokens_per_step", "log_every",
+                                       "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", NULL};
+    int e = keys_known(c, r, "", keys);
+    int64_t v;
+    if (!e) e = get_path(c, r, "", "model", 1, rc->model_config, sizeof rc->model_config);
+    if (!e) e = get_path(c, r, "", "tokenizer", 1, rc->vocab, sizeof rc->vocab);
+    if (!e) e = get_str(c, r, "", "pattern", "cl100k", rc->pattern, sizeof rc->pattern);
+    if (!e) e = get_path(c, r, "", "out_dir", 1, rc->out_dir, sizeof rc->out_dir);
+    if (!e) e = get_int(c, r, "", "seed", 1234, 0, &v), rc->seed = (uint64_t)v;
+    if (!e) e = get_num(c, r, "", "init_std", 0.02, 0, &rc->init_std);
+    if (!e) e = get_int(c, r, "", "kda_chunk", 64, 0, &v), rc->kda_chunk = (int)v;
+    if (!e && rc->kda_chunk != 0 && rc->kda_chunk != 16 && rc->kda_chunk != 64)
+        e = k3c_errf(c->err, K3C_ECONFIG, "%s: kda_chunk: must be 16, 64 or 0 (token recurrence)", c->file);
+    if (!e) e = get_int(c, r, "", "threads", 0, 0, &v), rc->threads = (int)v;
+    if (!e) e = get_int(c, r, "", "log_every", 1, 0, &rc->log_every);
+    if (!e) e = get_int(c, r, "", "eval_every", 100, 0, &rc->eval_every);
+    if (!e) e = get_int(c, r, "", "eval_batches", 4, 0, &rc->eval_batches);
+    if (!e) e = get_int(c, r, "", "checkpoint_every", 0, 0, &rc->checkpoint_every);
+    if (!e) e = get_int(c, r, "", "keep_checkpoints", 2, 0, &rc->keep_checkpoints);
+    if (e) return e;
+    if (rc->log_every <= 0 || rc->eval_every < 0 || rc->eval_batches < 0 || rc->checkpoint_every < 0 || rc->keep_checkpoints < 1)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: log_every > 0; eval_every, eval_batches, checkpoint_every ≥ 0; keep_checkpoints ≥ 1", c->file);
+    const k3c_json *data = k3c_json_get(r, "data");
+    if (!data || data->type != K3C_JSON_OBJECT || data->n == 0 || data->n > K3C_RUN_MAX_SOURCES)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: data: expected an object of 1..%d sources {name: shard dir}", c->file, K3C_RUN_MAX_SOURCES);
+    rc->n_sources = (int)data->n;
+    for (size_t i = 0; i < data->n; i++) {
+        if (strlen(data->keys[i]) >= sizeof rc->source_name[0])
+            return k3c_errf(c->err, K3C_ECONFIG, "%s: data.%s: name too long", c->file, data->keys[i]);
+        snprintf(rc->source_name[i], sizeof rc->source_name[i], "%s", data->keys[i]);
+        if ((e = get_path(c, data, "data.", data->keys[i], 1, rc->source_dir[i], sizeof rc->source_dir[i]))) return e;
+    }
+    const k3c_json *opt = k3c_json_get(r, "optimizer");
+    if (opt) {
+        static const char *const okeys[] = {"matrix", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "qk_clip_tau", NULL};
+        if (opt->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: optimizer: expected an object", c->file);
+        if ((e = keys_known(c, opt, "optimizer.", okeys))) return e;
+    }
+    static const k3c_json empty = {.type = K3C_JSON_OBJECT};
+    const k3c_json *o = opt ? opt : &empty;
+    int m;
+    if (!e) e = get_str(c, o, "optimizer.", "matrix", "muon", rc->matrix_optimizer, sizeof rc->matrix_optimizer);
+    if (!e && k3c_optim_parse_matrix(rc->matrix_optimizer, &m, NULL))
+        e = k3c_errf(c->err, K3C_ECONFIG, "%s: optimizer.matrix: '%s' is not muon or adamw", c->file, rc->matrix_optimizer);
+    if (!e) e = get_num(c, o, "optimizer.", "weight_decay", 0.1, 0, &rc->weight_decay);
+    if (!e) e = get_num(c, o, "optimizer.", "beta1", 0.9, 0, &rc->beta1);
+    if (!e) e = get_num(c, o, "optimizer.", "beta2", 0.95, 0, &rc->beta2);
+    if (!e) e = get_num(c, o, "optimizer.", "eps", 1e-8, 0, &rc->eps);
+    if (!e) e = get_num(c, o, "optimizer.", "grad_clip", 1.0, 0, &rc->grad_clip);
+    if (!e) e = get_num(c, o, "optimizer.", "qk_clip_tau", K3C_QK_CLIP_TAU, 0, &rc->qk_clip_tau);
+    if (e) return e;
+    char bal[16];
+    if ((e = get_str(c, r, "", "balancing", "exact", bal, sizeof bal))) return e;
+    if (strcmp(bal, "exact") == 0) rc->qb_mode = K3C_QB_EXACT;
+    else if (strcmp(bal, "histogram") == 0) rc->qb_mode = K3C_QB_HISTOGRAM;
+    else if (strcmp(bal, "off") == 0) rc->qb_mode = -1;
+    else return k3c_errf(c->err, K3C_ECONFIG, "%s: balancing: '%s' is not exact, histogram or off", c->file, bal);
+    int64_t tps;
+    if ((e = get_int(c, r, "", "tokens_per_step", 0, 0, &tps))) return e;
+    const k3c_json *stages = k3c_json_get(r, "stages");
+    if (!stages || stages->type != K3C_JSON_ARRAY || stages->n == 0 || stages->n > K3C_RUN_MAX_STAGES)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: stages: expected an array of 1..%d stages", c->file, K3C_RUN_MAX_STAGES);
+    rc->n_stages = (int)stages->n;
+    for (int i = 0; i < rc->n_stages; i++)
+        if ((e = parse_stage(c, &stages->items[i], i, rc, tps, &rc->stage[i]))) return e;
+    return 0;
+}
+
+int k3c_run_config_load(const char *path, k3c_run_config *rc, k3c_err *err) {
+    memset(rc, 0, sizeof *rc);
+    snprintf(rc->path, sizeof rc->path, "%s", path);
+    char *text;
+    size_t n;
+    int e = k3c_read_file(path, &text, &n, err);
+    if (e) return e;
+    k3c_json *root = NULL;
+    e = k3c_json_parse(text, n, path, &root, err);
+    free(text);
+    if (e) return e;
+    ctx c = {path, err};
+    e = parse_root(&c, root, rc);
+    k3c_json_free(root);
+    return e;
+}

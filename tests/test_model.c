@@ -1,0 +1,189 @@
+/* test_model.c — whole models against external references: Kimi-Linear (transformers) logits, loss and every gradient;
+ * Kimi-K3 (independent C engine + float64 reference) logits, greedy tokens, loss and gradients; and a float64
+ * finite-difference check of a tiny K3 model (lower-bound KDA, gated MLA, two AttnRes blocks, latent SiTU MoE). */
+#include "test.h"
+#include "model/golden.h"
+#include "model/model.h"
+
+static int32_t *read_i32(const k3c_safetensors *st, const char *name, int64_t *n) {
+    const k3c_st_tensor *t = k3c_st_find(st, name);
+    if (!t || t->dtype != K3C_I32) return NULL;
+    *n = (int64_t)(t->nbytes / 4);
+    int32_t *v = malloc(t->nbytes);
+    memcpy(v, t->data, t->nbytes);
+    return v;
+}
+
+/* Forward + backward of a golden model in float32; checks logits, loss and every gradient. */
+static void golden_model(const char *dir, int chunk, double tol_out, double tol_grad) {
+    char gpath[512];
+    snprintf(gpath, sizeof gpath, "%s/golden.safetensors", dir);
+    k3c_err err = {0};
+    k3c_model m;
+    k3c_safetensors *gs;
+    if (k3c_model_open_f32(dir, 1, &m, &err) != K3C_OK) { CHECK(0, "open %s: %s", dir, err.msg); return; }
+    if (k3c_st_open(gpath, &gs, &err) != K3C_OK) { CHECK(0, "%s", err.msg); k3c_model_free_f32(&m); return; }
+    m.kda_chunk = chunk;
+    const k3c_st_tensor *ids_t = k3c_st_find(gs, "input_ids");
+    int64_t n, B = ids_t->ndim == 2 ? ids_t->shape[0] : 1, T = ids_t->shape[ids_t->ndim - 1];
+    int32_t *ids = read_i32(gs, "input_ids", &n);
+    int32_t cu[17];
+    for (int b = 0; b <= B; b++) cu[b] = (int32_t)(b * T);
+    k3c_arena ar;
+    CHECK_OK(k3c_arena_init(&ar, k3c_model_plan_bytes_f32(&m, B * T, (int)B), &err), &err);
+    k3c_batch batch = {B * T, (int)B, ids, cu, NULL, 0};
+    k3c_acts *acts;
+    float *logits;
+    double loss;
+    CHECK_OK(k3c_model_forward_f32(&m, &batch, &ar, &acts, &loss, &logits, &err), &err);
+    CHECK_OK(k3c_model_backward_f32(&m, acts, 1.0, &err), &err);
+    const k3c_st_tensor *gl = k3c_st_find(gs, "logits");
+    size_t nl = (size_t)(B * T * m.cfg.vocab_size);
+    float *ref = malloc(nl * sizeof *ref);
+    CHECK_OK(k3c_st_read_f32(gl, ref, nl, &err), &err);
+    char what[600];
+    snprintf(what, sizeof what, "%s logits rel err (kda chunk %d)", dir, chunk);
+    CHECK_LE(test_rel_err_f(logits, ref, nl), tol_out, what);
+    double gloss;
+    CHECK_OK(k3c_st_read_f64(k3c_st_find(gs, "loss"), &gloss, 1, &err), &err);
+    snprintf(what, sizeof what, "%s loss rel err", dir);
+    CHECK_LE(fabs(loss - gloss) / gloss, tol_out, what);
+    k3c_golden_row *rows = calloc(2048, sizeof *rows);
+    int nr = 0;
+    CHECK_OK(k3c_golden_grads_f32(&m, gs, rows, 2048, &nr, &err), &err);
+    double worst = 0;
+    int bad = 0;
+    for (int i = 0; i < nr; i++) {
+        int zero = rows[i].ref_norm == 0;
+        int ok = zero ? rows[i].abs_err == 0 : rows[i].rel_err <= tol_grad;
+        if (!zero && rows[i].rel_err > worst) worst = rows[i].rel_err;
+        if (!ok) { bad++; printf("  grad %s: rel %.3e abs %.3e\n", rows[i].name, rows[i].rel_err, rows[i].abs_err); }
+    }
+    CHECK(nr >= 70 && bad == 0, "%s: %d of %d gradients off", dir, bad, nr);
+    snprintf(what, sizeof what, "%s worst gradient rel err over %d tensors", dir, nr);
+    CHECK_LE(worst, tol_grad, what);
+    free(rows);
+    free(ref);
+    free(ids);
+    k3c_arena_free(&ar);
+    k3c_st_close(gs);
+    k3c_model_free_f32(&m);
+}
+
+/* Greedy continuation of the K3 golden's prompt must reproduce greedy_ids. */
+static void k3_greedy(void) {
+    const char *dir = test_shared("golden/k3_tiny_a");
+    char gpath[512];
+    snprintf(gpath, sizeof gpath, "%s/golden.safetensors", dir);
+    k3c_err err = {0};
+    k3c_model m;
+    k3c_safetensors *gs;
+    if (k3c_model_open_f32(dir, 0, &m, &err) || k3c_st_open(gpath, &gs, &err)) { CHECK(0, "%s", err.msg); return; }
+    int64_t np, ng;
+    int32_t *prompt = read_i32(gs, "prompt_ids", &np), *want = read_i32(gs, "greedy_ids", &ng);
+    int32_t *seq = malloc(sizeof(int32_t) * (size_t)(np + ng));
+    memcpy(seq, prompt, sizeof(int32_t) * (size_t)np);
+    k3c_arena ar;
+    CHECK_OK(k3c_arena_init(&ar, k3c_model_plan_bytes_f32(&m, np + ng, 1), &err), &err);
+    int same = 1;
+    for (int64_t i = 0; i < ng && same; i++) {
+        k3c_arena_reset(&ar, 0);
+        k3c_batch b = {np + i, 1, seq, NULL, NULL, 0};
+        k3c_acts *acts;
+        float *lg;
+        if (k3c_model_forward_f32(&m, &b, &ar, &acts, NULL, &lg, &err)) { CHECK(0, "%s", err.msg); break; }
+        const float *last = lg + (np + i - 1) * m.cfg.vocab_size;
+        int32_t best = 0;
+        for (int64_t v = 1; v < m.cfg.vocab_size; v++) if (last[v] > last[best]) best = (int32_t)v;
+        seq[np + i] = best;
+        same = best == want[i];
+    }
+    CHECK(same, "greedy continuation differs from greedy_ids");
+    free(seq); free(prompt); free(want);
+    k3c_arena_free(&ar);
+    k3c_st_close(gs);
+    k3c_model_free_f32(&m);
+}
+
+/* Loss of the f64 model on a fixed batch. */
+static double loss_f64(k3c_model *m, const k3c_batch *b, k3c_arena *ar, k3c_acts **acts) {
+    k3c_err err = {0};
+    double loss = NAN;
+    k3c_arena_reset(ar, 0);
+    if (k3c_model_forward_f64(m, b, ar, acts, &loss, NULL, &err)) printf("forward: %s\n", err.msg);
+    return loss;
+}
+
+/* Central finite differences of the whole tiny K3 model in float64, a few entries of every tensor. */
+static void k3_tiny_fd(int chunk) {
+    k3c_err err = {0};
+    k3c_config cfg;
+    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) { CHECK(0, "%s", err.msg); return; }
+    k3c_model m;
+    CHECK_OK(k3c_model_create_f64(&cfg, 1, &m, &err), &err);
+    m.kda_chunk = chunk;
+    k3c_model_init_f64(&m, 7, 0.3);
+    double *w = m.w;
+    for (int i = 0; i < m.table.n; i++) { /* make every tensor (norms, AttnRes queries, router bias) non-trivial */
+        const k3c_param *p = &m.table.p[i];
+        for (int64_t j = 0; j < p->used; j++) {
+            double r = k3c_normal_at(99 + (uint64_t)i, (uint64_t)j);
+            if (strstr(p->name, "norm.weight")) w[p->offset + j] = 1 + 0.2 * r;
+            else if (strstr(p->name, "res_proj") || strstr(p->name, "correction_bias")) w[p->offset + j] = 0.3 * r;
+            else if (strstr(p->name, "A_log")) w[p->offset + j] = 0.5 * r;
+        }
+    }
+    int32_t ids[13], cu[3] = {0, 7, 13};
+    for (int t = 0; t < 13; t++) ids[t] = (int32_t)((t * 11 + 3) % 32);
+    k3c_batch b = {13, 2, ids, cu, NULL, 0};
+    k3c_arena ar;
+    CHECK_OK(k3c_arena_init(&ar, k3c_model_plan_bytes_f64(&m, 13, 2), &err), &err);
+    k3c_acts *acts;
+    loss_f64(&m, &b, &ar, &acts);
+    memset(m.g, 0, m.table.total * sizeof(double));
+    CHECK_OK(k3c_model_backward_f64(&m, acts, 1.0, &err), &err);
+    double *g = m.g, worst = 0, num = 0, den = 0;
+    const char *worst_name = "";
+    int checked = 0;
+    for (int i = 0; i < m.table.n; i++) {
+        const k3c_param *p = &m.table.p[i];
+        if (p->kind == K3C_PK_ROUTER_BIAS) continue;
+        for (int k = 0; k < 3; k++) {
+            int64_t j = (int64_t)(k3c_uniform_at(5 + (uint64_t)i, (uint64_t)k) * (double)p->used);
+            double *x = &w[p->offset + j], x0 = *x, h = 2e-6 * (fabs(x0) > 1 ? fabs(x0) : 1);
+            *x = x0 + h;
+            double lp = loss_f64(&m, &b, &ar, &acts);
+            *x = x0 - h;
+            double lm = loss_f64(&m, &b, &ar, &acts);
+            *x = x0;
+            double fd = (lp - lm) / (2 * h), an = g[p->offset + j];
+            /* round-off of the loss difference is ~1e-16·|loss|/h ≈ 1e-10 absolute: entries far below that scale
+               are judged absolutely, the rest relatively */
+            double e = fabs(fd - an) / fmax(fmax(fabs(fd), fabs(an)), 1e-4);
+            num += (fd - an) * (fd - an);
+            den += an * an;
+            if (e > worst) { worst = e; worst_name = p->name; }
+            checked++;
+        }
+    }
+    char what[256];
+    snprintf(what, sizeof what, "tiny K3 f64 finite differences, normwise over %d entries (chunk %d)", checked, chunk);
+    CHECK_LE(sqrt(num / den), 1e-7, what);
+    /* per entry, round-off (~1e-16·|loss|/h) dominates the small entries: bound set from that, not from the result */
+    snprintf(what, sizeof what, "tiny K3 f64 finite differences, worst entry (%s)", worst_name);
+    CHECK_LE(worst, 1e-5, what);
+    k3c_arena_free(&ar);
+    k3c_model_free_f64(&m);
+}
+
+int main(void) {
+    golden_model(test_shared("golden/kimi_linear_tiny_a"), 64, 1e-4, 1e-3);
+    golden_model(test_shared("golden/kimi_linear_tiny_a"), 0, 1e-4, 1e-3);
+    golden_model(test_shared("golden/k3_tiny_a"), 16, 1e-4, 1e-3);
+    golden_model(test_shared("golden/k3_tiny_a"), 64, 1e-4, 1e-3);
+    k3_greedy();
+    k3_tiny_fd(64);
+    k3_tiny_fd(16);
+    k3_tiny_fd(0);
+    return test_summary();
+}
