@@ -6,8 +6,9 @@ BUILD   ?= build
 OPT     ?= -O2 -march=x86-64-v3
 SAN     ?=
 CFLAGS  := -std=c11 $(OPT) $(SAN) -g -fopenmp -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE \
-           -Iinclude -Isrc -I/usr/include/x86_64-linux-gnu/openblas-pthread -MMD -MP $(EXTRA_CFLAGS)
-LDLIBS  := -lopenblas -lm -lpthread $(EXTRA_LDLIBS)
+           -Iinclude -Isrc -I/usr/include/x86_64-linux-gnu/openblas-openmp -MMD -MP $(EXTRA_CFLAGS)
+OPENBLAS_LIB := /usr/lib/x86_64-linux-gnu/openblas-openmp
+LDLIBS  := -L$(OPENBLAS_LIB) -Wl,-rpath,$(OPENBLAS_LIB) -lopenblas -lm -lpthread $(EXTRA_LDLIBS)
 LDFLAGS := -fopenmp $(SAN)
 
 # Library sources: every .c under src/ except the CLI. Files that include base/real.h are compiled twice (float, double).

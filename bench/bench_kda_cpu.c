@@ -26,9 +26,8 @@ static double time_it(bench *b, int impl, int bwd, int reps) {
     k3c_err e = {0};
     for (int r = 0; r < reps; r++) {
         double t0 = k3c_now();
-        int rc = impl ? k3c_kda_chunk_fwd_f32(&b->d, NULL, b->q, b->k, b->v, b->g, b->beta, NULL, b->o, b->ht, b->ws, &e)
-                      : k3c_kda_recurrent_fwd_f32(&b->d, NULL, b->q, b->k, b->v, b->g, b->beta, NULL, b->o, b->ht,
-                                                  b->ws, &e);
+        int rc = (impl ? k3c_kda_chunk_fwd_f32 : k3c_kda_recurrent_fwd_f32)(&b->d, NULL, b->q, b->k, b->v, b->g,
+                                                                            b->beta, NULL, b->o, b->ht, b->ws, &e);
         if (!rc && bwd)
             rc = (impl ? k3c_kda_chunk_bwd_f32 : k3c_kda_recurrent_bwd_f32)(
                 &b->d, NULL, b->q, b->k, b->v, b->g, b->beta, NULL, b->dout, NULL, b->dq, b->dk, b->dv, b->dg,

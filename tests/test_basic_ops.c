@@ -65,6 +65,18 @@ static double fd_err(loss_fn loss, void *ctx, double *x, size_t n, const double 
 }
 
 /* ---------------------------------------------------------------- embedding */
+typedef struct {
+    k3c_embedding_sizes s;
+    const int32_t *ids;
+    double *E, *y, *r;
+} emb_ctx;
+
+static double emb_loss(void *p) {
+    emb_ctx *c = p;
+    k3c_embedding_fwd_f64(&c->s, c->ids, c->E, c->y, NULL);
+    return dotd(c->r, c->y, (size_t)(c->s.T * c->s.D));
+}
+
 static void test_embedding(void) {
     k3c_err err = {0};
     enum { T = 9, V = 5, D = 7 };
@@ -86,6 +98,22 @@ static void test_embedding(void) {
             maxd = fmax(maxd, fabs(ref - dE[v * D + c]));
         }
     CHECK_LE(maxd, 1e-15, "embedding bwd scatter-add (repeated ids) max abs err");
+    emb_ctx c = {s, ids, E, y, dy};
+    CHECK_LE(fd_err(emb_loss, &c, E, V * D, dE), FD_TOL, "embedding FD dE");
+    /* one token, width 1, and a table wider than one 256-column block of the backward */
+    int64_t shapes[2][3] = {{1, 3, 1}, {4, 2, 300}};
+    for (int si = 0; si < 2; si++) {
+        k3c_embedding_sizes s2 = {shapes[si][0], shapes[si][1], shapes[si][2]};
+        int32_t ids2[4] = {2, 1, 1, 0};
+        if (si == 1) ids2[0] = 1;
+        size_t ne = (size_t)(s2.V * s2.D), ny = (size_t)(s2.T * s2.D);
+        emb_ctx c2 = {s2, ids2, randn(ne, 1), filled(ny, 0), randn(ny, 1)};
+        double *g = filled(ne, PREFILL);
+        CHECK_OK(k3c_embedding_bwd_f64(&s2, ids2, c2.r, g, &err), &err);
+        unfill(g, ne);
+        CHECK_LE(fd_err(emb_loss, &c2, c2.E, ne, g), FD_TOL, "embedding FD dE (other shapes)");
+        free(c2.E), free(c2.y), free(c2.r), free(g);
+    }
 
     int32_t bad[3] = {1, 5, 0};
     k3c_embedding_sizes s3 = {3, V, D};
@@ -95,6 +123,7 @@ static void test_embedding(void) {
     bad[1] = -1;
     CHECK(k3c_embedding_bwd_f64(&s3, bad, dy, dE, &err) == K3C_EINVAL, "negative id rejected in backward");
 
+    emb_loss(&c); /* y back at the unperturbed table */
     float *Ef = to_f32(E, V * D), *yf = malloc(T * D * sizeof *yf);
     CHECK_OK(k3c_embedding_fwd_f32(&s, ids, Ef, yf, &err), &err);
     CHECK_LE(rel_f32(yf, y, T * D), 1e-7, "embedding f32 vs f64");
@@ -400,6 +429,22 @@ static void test_xent(void) {
     for (int j = 0; j < V; j++) zero_ignored &= dl[1 * V + j] == 0 && dl[3 * V + j] == 0;
     CHECK(zero_ignored, "ignored positions get no gradient");
     CHECK_LE(fd_err(xent_loss, &c, c.logits, T * V, dl), FD_TOL, "xent FD dlogits (masked)");
+
+    /* other shapes: V = 1 (loss 0, gradient 0), a wide row, no mask */
+    int64_t shapes[2][2] = {{3, 1}, {5, 257}};
+    for (int si = 0; si < 2; si++) {
+        const int64_t T2 = shapes[si][0], V2 = shapes[si][1];
+        int32_t tg[5] = {0, 0, 0, 0, 0};
+        if (si == 1) tg[0] = 256, tg[1] = 3, tg[2] = -1, tg[3] = 100, tg[4] = 0;
+        xent_ctx x2 = {{T2, V2, 0}, randn((size_t)(T2 * V2), 2), filled(T2, 0), tg, NULL};
+        double *g = filled((size_t)(T2 * V2), PREFILL), l2 = 1;
+        CHECK_OK(k3c_xent_fwd_f64(&x2.s, x2.logits, tg, NULL, x2.lse, &l2, NULL, &err), &err);
+        CHECK_OK(k3c_xent_bwd_f64(&x2.s, x2.logits, tg, NULL, x2.lse, 1.0, g, &err), &err);
+        unfill(g, (size_t)(T2 * V2));
+        if (si == 0) CHECK(fabs(l2) < 1e-15, "V = 1: loss %g is 0", l2);
+        CHECK_LE(fd_err(xent_loss, &x2, x2.logits, (size_t)(T2 * V2), g), FD_TOL, "xent FD dlogits (other shapes)");
+        free(x2.logits), free(x2.lse), free(g);
+    }
 
     /* divisor override and dloss scaling: norm = 20 → loss·5/20, gradient scales the same way */
     xent_ctx c2 = c;

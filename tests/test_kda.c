@@ -327,7 +327,7 @@ static void agree_case(const char *label, kcase *c) {
 }
 
 static void test_core_cases(void) {
-    static const int one[] = {37}, three[] = {5, 23, 17}, two[] = {70, 9}, big[] = {150, 43};
+    static const int one[] = {37}, three[] = {5, 23, 17}, two[] = {70, 9}, big[] = {150, 43}, empty[] = {5, 0, 23, 0};
     struct {
         const char *label;
         int ndocs;
@@ -343,10 +343,11 @@ static void test_core_cases(void) {
         {"2docs bounded c64 factored", 2, two, 1, 6, 4, 1, 64, -4.99, -0.01, -5, 1},
         {"2docs softplus c64 pairwise", 2, two, 1, 6, 4, 1, 64, -20, -0.001, 0, 1},
         {"2docs saturated c64 factored", 2, two, 1, 6, 4, 0, 64, -4.99, -4.9, -5, 1},
-        {"long c64 mild factored", 2, big, 3, 16, 12, 1, 64, -0.5, -0.001, -5, 0},
-        {"long c64 mild pairwise", 2, big, 3, 16, 12, 1, 64, -0.5, -0.001, 0, 0},
-        {"long c32 softplus", 2, big, 3, 16, 12, 1, 32, -8, -0.0001, 0, 0},
-    };
+        {"long c64 mild factored", 2, big, 4, 16, 12, 1, 64, -0.5, -0.001, -5, 0},
+        {"long c64 mild pairwise", 2, big, 4, 16, 12, 1, 64, -0.5, -0.001, 0, 0},
+        {"long c32 softplus", 2, big, 4, 16, 12, 1, 32, -8, -0.0001, 0, 0},
+        {"empty docs c16 factored", 4, empty, 2, 8, 5, 1, 16, -4.99, -0.01, -5, 0},
+    }; /* the "long" cases (T·H·dk·dv > 2^17) take the OpenMP path */
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
         kcase c = make_case(cs[i].ndocs, cs[i].lens, cs[i].H, cs[i].dk, cs[i].dv, cs[i].h0, cs[i].glo, cs[i].ghi);
         c.d.chunk = cs[i].chunk;
@@ -425,6 +426,17 @@ static void test_arg_checks(void) {
           "no ht and no workspace is refused");
     free(o), free(ht);
     free_case(&c);
+    /* an empty batch: the state passes through, dh0 = dht */
+    static const int none[] = {0};
+    kcase z = make_case(1, none, 2, 4, 3, 1, -1, -0.1);
+    for (int impl = REC; impl <= CHUNK; impl++) {
+        kout r;
+        CHECK_OK(run64(&z, impl, &r, &e), &e);
+        CHECK(test_rel_err_d(r.ht, z.h0, ns(&z)) == 0 && test_rel_err_d(r.dh0, z.dht, ns(&z)) < 1e-15,
+              "T = 0 (%s): ht = h0 and dh0 = dht (up to the PREFILL round trip)", impl == REC ? "recurrent" : "chunk");
+        kout_free(&r);
+    }
+    free_case(&z);
 }
 
 /* ---------------------------------------------------------------- gate and L2 norm */

@@ -1,5 +1,5 @@
-/* test_short_conv.c — depthwise causal short conv + SiLU: naive reference with document resets, conv state carried across
- * calls (split = one call, in-place state), float64 finite differences for dx, dw, dstate, float32 agreement. */
+/* test_short_conv.c — depthwise causal short conv + SiLU: naive reference with document resets, conv state carried
+ * across calls (split = one call, in-place state), float64 finite differences for dx, dw, dstate, float32 agreement. */
 #include "test.h"
 
 #include "ops/short_conv.h"

@@ -29,6 +29,7 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
 /* One line per command, defined next to each command's implementation. */
 int cmd_inspect(int argc, char **argv);
 int cmd_tokenizer(int argc, char **argv);
+int cmd_data(int argc, char **argv);
 int cmd_check_kda(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_golden_check(int argc, char **argv);

@@ -21,8 +21,8 @@ typedef struct {
 static void usage(FILE *f) {
     fprintf(f, "usage: k3c check-kda FILE [--chunk 16|64|0] [--tol X]\n\n"
                "Runs Kimi Delta Attention on the CPU in float64 (token recurrence and the chunked WY form, pairwise\n"
-               "and, when every g >= -5, factored intra-chunk tiles), forward and backward, on FILE: a safetensors file\n"
-               "laid out like shared/golden/kda_fp64_small.safetensors (q k v g beta [h0] do [dht] with shapes\n"
+               "and, when every g >= -5, factored intra-chunk tiles), forward and backward, on FILE: a safetensors\n"
+               "file laid out like shared/golden/kda_fp64_small.safetensors (q k v g beta [h0] do [dht] with shapes\n"
                "[B,T,H,d], [B,T,H], [B,H,dk,dv]; references o ht dq dk dv dg dbeta dh0). Prints the relative error\n"
                "||x - ref|| / ||ref|| per tensor and implementation.\n\n"
                "  --chunk N   only one implementation: 0 = recurrent, 16 or 64 = chunked (default: all)\n"
@@ -71,7 +71,7 @@ static int load(const char *path, kfile *f, k3c_err *err) {
     return rc;
 }
 
-/* One implementation: forward and backward into out[] (all freshly allocated); err[] = relative errors (−1 = no ref). */
+/* One implementation, forward and backward; errs[] = relative errors against the references (−1 = no reference). */
 static int run(kfile *f, int chunk, double bound, double errs[NOUT], k3c_err *err) {
     k3c_kda_dims d = f->d;
     d.chunk = chunk;
@@ -106,6 +106,12 @@ static int run(kfile *f, int chunk, double bound, double errs[NOUT], k3c_err *er
     return rc;
 }
 
+static void kfile_free(kfile *f) {
+    for (int i = 0; i < NIN; i++) free(f->in[i]);
+    for (int i = 0; i < NOUT; i++) free(f->ref[i]);
+    free(f->cu);
+}
+
 int cmd_check_kda(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
     static const char *const value_opts[] = {"--chunk", "--tol", NULL};
@@ -119,7 +125,10 @@ int cmd_check_kda(int argc, char **argv) {
     kfile f;
     memset(&f, 0, sizeof f);
     k3c_err err = {0};
-    if (load(path, &f, &err)) return cli_fail("check-kda", &err);
+    if (load(path, &f, &err)) {
+        kfile_free(&f);
+        return cli_fail("check-kda", &err);
+    }
     double gmin = 0;
     for (size_t i = 0; i < f.n_in[3]; i++) gmin = f.in[3][i] < gmin ? f.in[3][i] : gmin;
     struct { const char *name; int chunk; double bound; } runs[MAXRUN] = {
@@ -150,8 +159,6 @@ int cmd_check_kda(int argc, char **argv) {
         printf("\n");
     }
     printf("%s\n", fail ? "FAIL" : "OK");
-    for (int i = 0; i < NIN; i++) free(f.in[i]);
-    for (int i = 0; i < NOUT; i++) free(f.ref[i]);
-    free(f.cu);
+    kfile_free(&f);
     return fail ? 1 : 0;
 }

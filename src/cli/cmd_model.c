@@ -68,7 +68,7 @@ int cmd_logits(int argc, char **argv) {
     k3c_arena arena = {0};
     if (!rc && !(cu = doc_offsets(B, T))) rc = k3c_errf(&err, K3C_ENOMEM, "out of memory");
     if (!rc) rc = k3c_arena_init(&arena, k3c_model_plan_bytes_f32(&m, B * T, (int)B), &err);
-    k3c_batch b = {B * T, (int)B, ids, cu, NULL, 0};
+    k3c_model_batch b = {B * T, (int)B, ids, cu, NULL, 0};
     k3c_acts *acts;
     float *logits;
     double loss;
@@ -104,7 +104,7 @@ static int golden_check(const char *dir, const char *gpath, int chunk, double to
     if (!rc && !(cu = doc_offsets(B, T))) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
     k3c_arena arena = {0};
     if (!rc) rc = k3c_arena_init(&arena, k3c_model_plan_bytes_f32(&m, B * T, (int)B), err);
-    k3c_batch b = {B * T, (int)B, ids, cu, NULL, 0};
+    k3c_model_batch b = {B * T, (int)B, ids, cu, NULL, 0};
     k3c_acts *acts;
     float *logits = NULL;
     double loss = 0;
@@ -211,7 +211,7 @@ static int decode_loop(k3c_model *m, int32_t *seq, int64_t *len, long long n, co
                       : k3c_errf(err, K3C_ENOMEM, "out of memory");
     for (long long i = 0; !rc && i < n; i++) {
         k3c_arena_reset(&arena, 0);
-        k3c_batch b = {*len, 1, seq, NULL, NULL, 0};
+        k3c_model_batch b = {*len, 1, seq, NULL, NULL, 0};
         k3c_acts *acts;
         float *logits;
         rc = k3c_model_forward_f32(m, &b, &arena, &acts, NULL, &logits, err);

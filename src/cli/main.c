@@ -12,11 +12,13 @@ static int cmd_version(int argc, char **argv) {
 static const k3c_command commands[] = {
     {"version", "print the k3c version", cmd_version},
     {"tokenizer", "train a byte-level BPE (tiktoken format); encode / decode text", cmd_tokenizer},
+    {"data", "prepare token shards from text / JSONL corpora; check or peek at a prepared directory", cmd_data},
     {"logits", "run a checkpoint on token ids and write float32 logits", cmd_logits},
     {"golden-check", "forward + backward on a golden file; compare logits, loss and gradients", cmd_golden_check},
     {"generate", "generate text from a prompt (or token ids): greedy or temperature / top-p", cmd_generate},
     {"inspect", "print a checkpoint's config summary, tensors, dtypes and parameter count", cmd_inspect},
     {"check-kda", "check the CPU KDA (recurrent and chunked, fwd and bwd) against a golden file", cmd_check_kda},
+    {"train", "train a model from a run config (stages, optimizer, balancing, checkpoints, metrics)", cmd_train},
     {"plan", "size a model on N GPUs: parameters, FLOPs, memory, communication, best layouts", cmd_plan},
 };
 #define NCOMMANDS (int)(sizeof commands / sizeof *commands)

@@ -133,7 +133,7 @@ static void add_into(real *y, const real *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
-static void next_token_targets(const k3c_batch *b, int32_t *tg) {
+static void next_token_targets(const k3c_model_batch *b, int32_t *tg) {
     for (int d = 0; d < (b->cu_seqlens ? b->n_docs : 1); d++) {
         int64_t s = b->cu_seqlens ? b->cu_seqlens[d] : 0, e = b->cu_seqlens ? b->cu_seqlens[d + 1] : b->T;
         for (int64_t t = s; t < e; t++) tg[t] = t + 1 < e ? b->ids[t + 1] : -1;
@@ -188,7 +188,7 @@ static int run_layers(k3c_acts *a, k3c_err *err) {
     return K3C_OK;
 }
 
-int R(k3c_model_forward)(k3c_model *m, const k3c_batch *b, k3c_arena *arena, k3c_acts **acts_out, double *loss,
+int R(k3c_model_forward)(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, k3c_acts **acts_out, double *loss,
                          real **logits_out, k3c_err *err) {
     const k3c_config *c = &m->cfg;
     int64_t T = b->T, D = c->hidden_size, V = c->vocab_size;

@@ -15,7 +15,7 @@ typedef struct {
     const int32_t *cu_seqlens;
     const int32_t *targets;
     double loss_norm; /* divisor of the summed loss (0 = the number of counted targets in this batch) */
-} k3c_batch;
+} k3c_model_batch;
 
 /* Per-MoE-layer routing statistics of the last forward (inputs of quantile balancing and load telemetry). */
 typedef struct {
@@ -56,7 +56,7 @@ typedef struct k3c_acts k3c_acts;
     size_t k3c_model_plan_bytes_##S(const k3c_model *m, int64_t T, int n_docs);                                        \
     /* Forward to logits [T, V] (written to *logits_out if non-NULL, pointing into the arena) and the mean loss.       \
        `arena` must hold k3c_model_plan_bytes; activations stay there for the backward. */                           \
-    int k3c_model_forward_##S(k3c_model *m, const k3c_batch *b, k3c_arena *arena, k3c_acts **acts, double *loss,        \
+    int k3c_model_forward_##S(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, k3c_acts **acts, double *loss,        \
                               real **logits_out, k3c_err *err);                                                        \
     /* Backward of the loss of the last forward: ADDS every parameter gradient into m->g (dloss = 1 · scale). */       \
     int k3c_model_backward_##S(k3c_model *m, k3c_acts *acts, double scale, k3c_err *err);                          \

@@ -3,12 +3,14 @@
 #include "base/real.h"
 #include "ops/kda.h"
 
+#include <string.h>
+
 #if defined(__GNUC__) && !defined(__clang__)
 /* Lets GCC if-convert the clamps of kexp (we never read floating-point exception flags), so exp loops vectorise. */
 #pragma GCC optimize("no-trapping-math")
 #endif
 
-#include <string.h>
+#define PAR_MIN_WORK (1 << 17) /* below this many state elements × tokens, one thread (no fork/join cost) */
 
 #define BC K3C_KDA_SUBTILE
 #define SIMD _Pragma("omp simd")
@@ -395,7 +397,8 @@ static void chunk_bwd_state(const chunk_in *c, chunk_ws *w, real *dS, const real
     }
     if (dO) {
         for (int64_t i = 0; i < n; i++)
-            SIMD for (int64_t e = 0; e < dk; e++) w->T2[i * dk + e] = c->scale * c->q[i * c->ldk + e] * w->Eg[i * dk + e];
+            SIMD for (int64_t e = 0; e < dk; e++)
+                w->T2[i * dk + e] = c->scale * c->q[i * c->ldk + e] * w->Eg[i * dk + e];
         gemm(1, 0, dk, dv, n, 1, w->T2, dk, dO, c->ldv, 1, dS, dv);
     }
     gemm(1, 0, dk, dv, n, -1, w->W, dk, w->dVn, dv, 1, dS, dv);
@@ -414,7 +417,8 @@ static void chunk_bwd_wy(const chunk_in *c, chunk_ws *w, const real *h, real *dv
     for (int64_t i = 0; i < n; i++) {
         const real bi = c->beta[i * c->ldb];
         real db = 0;
-        _Pragma("omp simd reduction(+ : db)") for (int64_t e = 0; e < DV; e++) db += w->dVn[i * DV + e] * c->v[i * c->ldv + e];
+        _Pragma("omp simd reduction(+ : db)") for (int64_t e = 0; e < DV; e++)
+            db += w->dVn[i * DV + e] * c->v[i * c->ldv + e];
         if (dv) SIMD for (int64_t e = 0; e < DV; e++) dv[i * c->ldv + e] += bi * w->dVn[i * DV + e];
         _Pragma("omp simd reduction(+ : db)") for (int64_t e = 0; e < dk; e++) {
             const int64_t x = i * dk + e;
@@ -488,7 +492,7 @@ static int ck_check(const k3c_kda_dims *d, const int32_t *cu, const real *g, voi
         const int64_t n = d->T * d->H * d->dk;
         const real lb = (real)d->gate_lower_bound;
         int64_t bad = n;
-#pragma omp parallel for reduction(min : bad)
+#pragma omp parallel for reduction(min : bad) if (n > PAR_MIN_WORK)
         for (int64_t i = 0; i < n; i++)
             if (!(g[i] >= lb) && i < bad) bad = i;
         if (bad < n)
@@ -516,7 +520,7 @@ int R(k3c_kda_chunk_fwd)(const k3c_kda_dims *d, const int32_t *cu_seqlens, const
     const int nd = k3c_kda_ndocs_(d, cu_seqlens);
     const ck_layout l = ck_lay(d, cu_seqlens, nd, ws, 0);
     const int64_t H = d->H, SS = d->dk * d->dv, items = (int64_t)nd * H;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (d->T * H * SS > PAR_MIN_WORK)
     for (int64_t it = 0; it < items; it++) {
         const int doc = (int)(it / H);
         const int64_t h = it % H, m = l.pre_rows[doc + 1] - l.pre_rows[doc];
@@ -563,7 +567,7 @@ int R(k3c_kda_chunk_bwd)(const k3c_kda_dims *d, const int32_t *cu_seqlens, const
     const int nd = k3c_kda_ndocs_(d, cu_seqlens);
     const ck_layout l = ck_lay(d, cu_seqlens, nd, ws, 1);
     const int64_t H = d->H, DK = d->dk, DV = d->dv, SS = DK * DV, items = (int64_t)nd * H;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (d->T * H * SS > PAR_MIN_WORK)
     for (int64_t it = 0; it < items; it++) {
         const int doc = (int)(it / H);
         const int64_t h = it % H, m = l.pre_rows[doc + 1] - l.pre_rows[doc];

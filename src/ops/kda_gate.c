@@ -3,6 +3,8 @@
 #include "base/real.h"
 #include "ops/kda.h"
 
+#define PAR_MIN_WORK 32768 /* elements below which a loop runs on one thread */
+
 /* Both computed without overflow: exp is only taken of non-positive numbers. */
 static real sigm(real x) {
     if (x >= 0) return 1 / (1 + rexp(-x));
@@ -30,7 +32,7 @@ int R(k3c_kda_gate_fwd)(const k3c_kda_gate_dims *d, const real *z, const real *d
     const int64_t P = d->H * d->dk;
     const real gmin = gate_gmin(d);
     const int lb = d->form == K3C_GATE_LOWER_BOUND;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (d->T * P > PAR_MIN_WORK)
     for (int64_t t = 0; t < d->T; t++)
         for (int64_t c = 0; c < P; c++) {
             const real a = A_log ? rexp(A_log[c / d->dk]) : 1;
@@ -49,7 +51,7 @@ int R(k3c_kda_gate_bwd)(const k3c_kda_gate_dims *d, const real *z, const real *d
     const int64_t P = d->H * d->dk, dk = d->dk;
     const real gmin = gate_gmin(d);
     const int lb = d->form == K3C_GATE_LOWER_BOUND;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (d->T * P > PAR_MIN_WORK)
     for (int64_t h = 0; h < d->H; h++) {
         const real a = A_log ? rexp(A_log[h]) : 1;
         double dA = 0;

@@ -5,6 +5,8 @@
 
 #include <string.h>
 
+#define PAR_MIN_WORK (1 << 17) /* below this many state elements × tokens, one thread (no fork/join cost) */
+
 #define SIMD _Pragma("omp simd")
 
 /* One token of one head, in place on S [dk, dv]: P = Diag(α) S; r = Pᵀk; δ = β (v − r); S = P + k δᵀ;
@@ -49,7 +51,7 @@ int R(k3c_kda_recurrent_fwd)(const k3c_kda_dims *d, const int32_t *cu_seqlens, c
     const int nd = k3c_kda_ndocs_(d, cu_seqlens);
     const real scale = (real)k3c_kda_scale_(d);
     const int64_t items = (int64_t)nd * H;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (d->T * H * dk * dv > PAR_MIN_WORK)
     for (int64_t it = 0; it < items; it++) {
         const int doc = (int)(it / H);
         const int64_t h = it % H;
@@ -167,7 +169,7 @@ int R(k3c_kda_recurrent_bwd)(const k3c_kda_dims *d, const int32_t *cu_seqlens, c
     const real scale = (real)k3c_kda_scale_(d);
     const rec_ws w = rec_layout(d, cu_seqlens, nd, ws);
     const int64_t items = (int64_t)nd * H;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (d->T * H * SS > PAR_MIN_WORK)
     for (int64_t it = 0; it < items; it++) {
         const int doc = (int)(it / H);
         const int64_t h = it % H;

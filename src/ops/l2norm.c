@@ -3,6 +3,8 @@
 #include "base/real.h"
 #include "ops/l2norm.h"
 
+#define PAR_MIN_WORK 32768 /* elements below which a loop runs on one thread */
+
 static int l2_check(const k3c_l2norm_dims *d, const char *op, k3c_err *err) {
     if (!d || d->rows < 0 || d->dim <= 0 || d->eps < 0)
         return k3c_errf(err, K3C_EINVAL, "%s: bad sizes (rows >= 0, dim > 0, eps >= 0)", op);
@@ -14,7 +16,7 @@ int R(k3c_l2norm_fwd)(const k3c_l2norm_dims *d, const real *x, real *y, real *rs
     if (rc) return rc;
     const int64_t n = d->dim;
     const double eps = d->eps > 0 ? d->eps : 1e-6;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (d->rows * n > PAR_MIN_WORK)
     for (int64_t r = 0; r < d->rows; r++) {
         double ss = 0;
         for (int64_t i = 0; i < n; i++) ss += (double)x[r * n + i] * x[r * n + i];
@@ -31,7 +33,7 @@ int R(k3c_l2norm_bwd)(const k3c_l2norm_dims *d, const real *y, const real *rstd,
     if (rc) return rc;
     if (!dx) return 0;
     const int64_t n = d->dim;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (d->rows * n > PAR_MIN_WORK)
     for (int64_t r = 0; r < d->rows; r++) {
         double yd = 0;
         for (int64_t i = 0; i < n; i++) yd += (double)y[r * n + i] * dy[r * n + i];

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #define CBLOCK 32 /* channels per task in the parameter-gradient pass */
+#define PAR_MIN_WORK 32768 /* elements below which a loop runs on one thread */
 
 static int sc_check(const k3c_short_conv_dims *d, const int32_t *cu, const char *op, k3c_err *err) {
     if (!d || d->T < 0 || d->C <= 0 || d->W < 1 || d->W > K3C_SHORT_CONV_MAX_W)
@@ -67,7 +68,7 @@ int R(k3c_short_conv_fwd)(const k3c_short_conv_dims *d, const int32_t *cu_seqlen
     if (rc) return rc;
     const int64_t C = d->C, W = d->W;
     const int nd = cu_seqlens ? d->n_docs : 1;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (d->T * C > PAR_MIN_WORK)
     for (int64_t t = 0; t < d->T; t++) {
         real *a = y + t * C;
         preact(d, cu_seqlens, x, w, state_in, t, a);
@@ -76,7 +77,7 @@ int R(k3c_short_conv_fwd)(const k3c_short_conv_dims *d, const int32_t *cu_seqlen
     if (!state_out || W == 1) return 0;
     /* New entry j comes from position t1 − W + 1 + j, i.e. old entry j + len when before the start: ascending j never
      * reads an entry it has already overwritten, so state_out may alias state_in. */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((int64_t)nd * C * W > PAR_MIN_WORK)
     for (int64_t dc = 0; dc < (int64_t)nd * C; dc++) {
         const int doc = (int)(dc / C);
         const int64_t c = dc % C;
@@ -95,7 +96,7 @@ static void conv_bwd_params(const k3c_short_conv_dims *d, const int32_t *cu, con
                             const real *state_in, const real *da, real *dw, real *dstate_in) {
     const int64_t C = d->C, W = d->W, nb = (C + CBLOCK - 1) / CBLOCK;
     const int nd = cu ? d->n_docs : 1;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (d->T * C > PAR_MIN_WORK)
     for (int64_t b = 0; b < nb; b++) {
         const int64_t c0 = b * CBLOCK, c1 = c0 + CBLOCK < C ? c0 + CBLOCK : C;
         for (int doc = 0; doc < nd; doc++) {
@@ -128,7 +129,7 @@ int R(k3c_short_conv_bwd)(const k3c_short_conv_dims *d, const int32_t *cu_seqlen
     if (!ws && d->T > 0) return k3c_errf(err, K3C_EINVAL, "short_conv_bwd: ws is NULL");
     const int64_t C = d->C, W = d->W;
     real *da = (real *)ws;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (d->T * C > PAR_MIN_WORK)
     for (int64_t t = 0; t < d->T; t++) { /* da = dy · SiLU'(a), SiLU'(a) = σ(a)(1 + a(1 − σ(a))) */
         real *a = da + t * C;
         preact(d, cu_seqlens, x, w, state_in, t, a);
@@ -138,7 +139,7 @@ int R(k3c_short_conv_bwd)(const k3c_short_conv_dims *d, const int32_t *cu_seqlen
         }
     }
     if (dx) { /* dx_τ = Σ_j w[j] da_{τ+W−1−j}, the later token in the same document (anti-causal) */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (d->T * C > PAR_MIN_WORK)
         for (int64_t t = 0; t < d->T; t++) {
             const int doc = doc_of(cu_seqlens, d->n_docs, t);
             const int64_t t1 = cu_seqlens ? cu_seqlens[doc + 1] : d->T;

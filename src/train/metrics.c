@@ -55,8 +55,8 @@ int k3c_metrics_plot(const char *jsonl, const char *png, k3c_err *err) {
              "gnuplot -e \"set terminal png size 1200,400 noenhanced; "
              "set output '%s'; set datafile missing 'nan'; set multiplot layout 1,3; set xlabel 'step'; set grid; "
              "set title 'loss'; plot '%s' u 1:2 w l t 'train', '' u 1:3 w lp pt 7 t 'validation'; "
-             "set title 'learning rate'; plot '%s' u 1:4 w l notitle; "
-             "set title 'max/mean expert load (worst layer)'; plot '%s' u 1:5 w l notitle; unset multiplot\" "
+             "set title 'learning rate'; set yrange [0:*]; set offsets 0,0,graph 0.1,0; plot '%s' u 1:4 w l notitle; "
+             "set title 'max/mean expert load (worst layer)'; set offsets 0,0,0,0; set yrange [1:*]; plot '%s' u 1:5 w l notitle; unset multiplot\" "
              ">/dev/null 2>&1",
              tmp_png, dat, dat, dat);
     int sys = system(cmd);

@@ -60,6 +60,7 @@ typedef struct {
     int64_t steps;
     double last_loss, last_val_loss, tokens_per_s, wall_s;
     double max_load_ratio;  /* max/mean expert load of the last step, worst layer */
+    double unigram_entropy; /* nats/token of the training tokens' unigram distribution (the context-free baseline) */
 } k3c_train_result;
 
 /* Runs (or resumes) the training described by rc; writes checkpoints, metrics.jsonl and metrics.png into rc->out_dir. */

@@ -1,0 +1,350 @@
+/* trainer.c — the training loop: packed batches → forward/backward → clipping → Per-Head Muon + AdamW → QK-Clip →
+ * quantile balancing of every MoE router → metrics, validation, checkpoints; stages change context length, schedule and
+ * mixture. Spec: TRAINING.md §1–§2, ARCHITECTURE.md §7.2 (QB after the optimizer step), §10. */
+#include "base/json.h"
+#include "train/checkpoint.h"
+#include "train/data.h"
+#include "train/metrics.h"
+#include "train/optim.h"
+#include "train/qb.h"
+#include "train/run.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+typedef struct {
+    const k3c_run_config *rc;
+    k3c_model m;
+    k3c_optim opt;
+    float *ostate;
+    k3c_arena arena;
+    size_t arena_cap;
+    k3c_loader *loader;
+    k3c_batch batch;     /* the loader's buffers for one step */
+    float *s_max;        /* [layers, mla_heads] */
+    void *qb_ws;
+    size_t qb_ws_bytes;
+    int64_t step, tokens; /* completed optimizer steps, tokens consumed */
+    FILE *metrics;
+    int n_mla;
+} trainer;
+
+static int stage_of(const k3c_run_config *rc, int64_t step, int64_t *stage_step) {
+    int64_t s = step;
+    for (int i = 0; i < rc->n_stages; i++) {
+        if (s < rc->stage[i].steps) { *stage_step = s; return i; }
+        s -= rc->stage[i].steps;
+    }
+    *stage_step = s;
+    return rc->n_stages;
+}
+
+static int64_t total_steps(const k3c_run_config *rc) {
+    int64_t n = 0;
+    for (int i = 0; i < rc->n_stages; i++) n += rc->stage[i].steps;
+    return n;
+}
+
+static int ensure_arena(trainer *tr, int64_t T, int n_docs, k3c_err *err);
+
+/* The next training (or validation) batch of the stage's shape, as the model's input. */
+static int next_batch(trainer *tr, const k3c_stage *st, int val, k3c_val_iter *it, k3c_model_batch *mb, k3c_err *err) {
+    if (tr->batch.T != st->tokens_per_step) {
+        k3c_batch_free(&tr->batch);
+        int e = k3c_batch_alloc(&tr->batch, st->tokens_per_step, err);
+        if (e) return e;
+    }
+    int e = val ? k3c_loader_val_next(tr->loader, it, st->seq_len, &tr->batch, err)
+                : k3c_loader_next(tr->loader, st->seq_len, &tr->batch, err);
+    if (e) return e;
+    k3c_batch *b = &tr->batch;
+    *mb = (k3c_model_batch){b->T, b->n_docs, b->ids, b->cu_seqlens, b->targets, 0};
+    return ensure_arena(tr, b->T, b->n_docs, err);
+}
+
+static int ensure_arena(trainer *tr, int64_t T, int n_docs, k3c_err *err) {
+    size_t need = k3c_model_plan_bytes_f32(&tr->m, T, n_docs);
+    if (need <= tr->arena_cap) return K3C_OK;
+    k3c_arena_free(&tr->arena);
+    tr->arena_cap = need + need / 4;
+    return k3c_arena_init(&tr->arena, tr->arena_cap, err);
+}
+
+/* Router load statistics of the last forward, worst MoE layer. */
+static void load_telemetry(const trainer *tr, double *max_ratio, double *cv) {
+    const k3c_config *c = &tr->m.cfg;
+    *max_ratio = NAN;
+    *cv = NAN;
+    int64_t *loads = malloc(sizeof(int64_t) * (size_t)(c->num_experts > 0 ? c->num_experts : 1));
+    for (int l = 0; loads && l < c->num_layers; l++) {
+        const k3c_route_stats *r = &tr->m.route[l];
+        k3c_load_stats st;
+        if (c->ffn[l] != K3C_FFN_MOE || r->T == 0) continue;
+        if (k3c_moe_load_stats(r->topk_ids, NULL, r->T, r->k, r->n, loads, &st, NULL)) continue;
+        if (!(st.max_over_mean <= *max_ratio)) *max_ratio = st.max_over_mean;
+        if (!(st.cv <= *cv)) *cv = st.cv;
+    }
+    free(loads);
+}
+
+/* Quantile balancing after the optimizer step, from this step's scores and cutoffs (§7.2): the new bias routes the
+ * next batch, never this one. */
+static int balance(trainer *tr, k3c_err *err) {
+    const k3c_config *c = &tr->m.cfg;
+    float *w = tr->m.w;
+    for (int l = 0; l < c->num_layers; l++) {
+        const k3c_route_stats *r = &tr->m.route[l];
+        if (c->ffn[l] != K3C_FFN_MOE || r->T == 0) continue;
+        size_t need = k3c_qb_workspace(tr->rc->qb_mode, r->T, r->n);
+        if (need > tr->qb_ws_bytes) {
+            free(tr->qb_ws);
+            tr->qb_ws = malloc(need);
+            tr->qb_ws_bytes = tr->qb_ws ? need : 0;
+            if (!tr->qb_ws) return k3c_errf(err, K3C_ENOMEM, "quantile balancing workspace");
+        }
+        int64_t rc = k3c_qb_update(tr->rc->qb_mode, r->scores, r->cutoff, NULL, r->T, r->n, r->k,
+                                   w + tr->m.table.layer[l].router_bias, tr->qb_ws, err);
+        if (rc < 0) return k3c_err_wrap(err, "layer %d: quantile balancing", l);
+    }
+    return K3C_OK;
+}
+
+static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_metrics_row *row, k3c_err *err) {
+    const k3c_run_config *rc = tr->rc;
+    k3c_model_batch b;
+    int e = next_batch(tr, st, 0, NULL, &b, err);
+    if (e) return e;
+    memset(tr->m.g, 0, tr->m.table.total * sizeof(float));
+    k3c_arena_reset(&tr->arena, 0);
+    k3c_acts *acts;
+    double loss;
+    if ((e = k3c_model_forward_f32(&tr->m, &b, &tr->arena, &acts, &loss, NULL, err))) return e;
+    if (!isfinite(loss)) return k3c_errf(err, K3C_ENUMERIC, "step %lld: loss is %g", (long long)tr->step + 1, loss);
+    if ((e = k3c_model_backward_f32(&tr->m, acts, 1.0, err))) return e;
+    if (tr->n_mla && (e = k3c_model_mla_max_logits_f32(&tr->m, acts, tr->s_max, err))) return e;
+    row->grad_norm = rc->grad_clip > 0 ? k3c_clip_grad_norm(&tr->m.table, tr->m.g, rc->grad_clip)
+                                       : k3c_grad_norm(&tr->m.table, tr->m.g);
+    k3c_schedule sch = {st->schedule, st->lr, st->warmup, st->steps, st->min_lr_ratio};
+    row->lr = k3c_schedule_lr(&sch, stage_step);
+    if ((e = k3c_optim_step(&tr->opt, &tr->m.table, tr->m.w, tr->m.g, tr->ostate, row->lr, tr->step + 1, err))) return e;
+    row->qk_clipped = 0;
+    if (tr->n_mla && (e = k3c_qk_clip(&tr->m.cfg, &tr->m.table, tr->m.w, tr->s_max, rc->qk_clip_tau, &row->qk_clipped, err)))
+        return e;
+    load_telemetry(tr, &row->max_load_ratio, &row->load_cv);
+    if (rc->qb_mode >= 0 && (e = balance(tr, err))) return e;
+    tr->step++;
+    tr->tokens += b.T;
+    row->loss = loss;
+    return K3C_OK;
+}
+
+static int validate(trainer *tr, const k3c_stage *st, double *val, k3c_err *err) {
+    double sum = 0;
+    int64_t n = 0;
+    k3c_val_iter it;
+    k3c_loader_val_begin(tr->loader, -1, &it);
+    for (int64_t i = 0; i < tr->rc->eval_batches; i++) {
+        k3c_model_batch b;
+        int e = next_batch(tr, st, 1, &it, &b, err);
+        if (e == K3C_ENOTFOUND) { *val = NAN; return K3C_OK; } /* no validation split */
+        if (e) return e;
+        k3c_arena_reset(&tr->arena, 0);
+        k3c_acts *acts;
+        double loss;
+        if ((e = k3c_model_forward_f32(&tr->m, &b, &tr->arena, &acts, &loss, NULL, err))) return e;
+        sum += loss;
+        n++;
+    }
+    *val = n ? sum / (double)n : NAN;
+    return K3C_OK;
+}
+
+static int set_mixture(trainer *tr, int stage, k3c_err *err) {
+    return stage < tr->rc->n_stages ? k3c_loader_set_weights(tr->loader, tr->rc->stage[stage].mixture, err) : K3C_OK;
+}
+
+/* Entropy (nats/token) of the unigram distribution of all training tokens: the loss of the best model that ignores
+ * context, the baseline a trained model must beat. */
+static double unigram_entropy(const k3c_loader *ld) {
+    int64_t V = k3c_loader_vocab_size(ld), total = 0;
+    int64_t *count = calloc((size_t)(V > 0 ? V : 1), sizeof *count);
+    int32_t *buf = NULL;
+    int64_t cap = 0;
+    for (int i = 0; count && i < k3c_loader_n_sources(ld); i++) {
+        const k3c_shard_set *set = k3c_loader_split(ld, i, 0);
+        for (int64_t d = 0; set && d < set->n_docs; d++) {
+            const k3c_shard *sh;
+            int64_t local, n = k3c_shard_set_doc_len(set, d);
+            if (n > cap) { free(buf); cap = n; buf = malloc(sizeof *buf * (size_t)cap); if (!buf) { cap = 0; break; } }
+            k3c_shard_set_locate(set, d, &sh, &local);
+            k3c_shard_copy(sh, local, 0, n, buf);
+            for (int64_t t = 0; t < n; t++) count[buf[t]]++;
+            total += n;
+        }
+    }
+    double h = 0;
+    for (int64_t v = 0; count && v < V; v++)
+        if (count[v]) { double p = (double)count[v] / (double)total; h -= p * log(p); }
+    free(count);
+    free(buf);
+    return total ? h : NAN;
+}
+
+static int save(trainer *tr, k3c_err *err) {
+    char *ls = NULL;
+    int e = k3c_loader_state_to_json(tr->loader, &ls, err);
+    if (e) return e;
+    k3c_sbuf sb;
+    k3c_sbuf_init(&sb);
+    k3c_sbuf_printf(&sb, "{\"step\": %lld, \"tokens\": %lld, \"seed\": %llu, \"loader\": ", (long long)tr->step,
+                    (long long)tr->tokens, (unsigned long long)tr->rc->seed);
+    k3c_sbuf_json_string(&sb, ls, strlen(ls));
+    k3c_sbuf_printf(&sb, "}\n");
+    free(ls);
+    if (!sb.ok) { k3c_sbuf_free(&sb); return k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory"); }
+    k3c_train_ckpt ck = {&tr->m, tr->ostate, tr->opt.state_numel, sb.buf, tr->rc->vocab};
+    e = k3c_train_ckpt_save(tr->rc->out_dir, tr->step, &ck, (int)tr->rc->keep_checkpoints, err);
+    k3c_sbuf_free(&sb);
+    if (!e) {
+        char p[4200], body[64];
+        snprintf(p, sizeof p, "%s/step_%08lld/k3c_tokenizer.json", tr->rc->out_dir, (long long)tr->step);
+        int len = snprintf(body, sizeof body, "{\"pattern\": \"%s\"}\n", tr->rc->pattern);
+        e = k3c_write_file_atomic(p, body, (size_t)len, err);
+    }
+    return e;
+}
+
+static int resume(trainer *tr, k3c_err *err) {
+    char dir[4096];
+    int e = k3c_train_ckpt_latest(tr->rc->out_dir, dir, sizeof dir, err);
+    if (e) return e;
+    k3c_checkpoint *ck;
+    if ((e = k3c_ckpt_open(dir, &ck, err))) return e;
+    e = k3c_model_load_f32(&tr->m, ck, err);
+    k3c_ckpt_close(ck);
+    char *state = NULL;
+    if (!e) e = k3c_train_ckpt_load_state(dir, tr->ostate, tr->opt.state_numel, &state, err);
+    if (e) return k3c_err_wrap(err, "resume from %s", dir);
+    k3c_json *j = NULL;
+    e = k3c_json_parse(state, strlen(state), "trainer_state.json", &j, err);
+    free(state);
+    if (e) return e;
+    const k3c_json *s = k3c_json_get(j, "step"), *t = k3c_json_get(j, "tokens"), *l = k3c_json_get(j, "loader");
+    if (!s || !s->is_integer || !t || !t->is_integer || !l || l->type != K3C_JSON_STRING)
+        e = k3c_errf(err, K3C_EFORMAT, "%s/trainer_state.json: needs integer step, tokens and a loader state", dir);
+    if (!e) {
+        tr->step = s->integer;
+        tr->tokens = t->integer;
+        e = k3c_loader_state_from_json(tr->loader, l->string, l->len, err);
+    }
+    k3c_json_free(j);
+    return e;
+}
+
+static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o, k3c_err *err) {
+    memset(tr, 0, sizeof *tr);
+    tr->rc = rc;
+    if (rc->threads > 0) k3c_set_num_threads(rc->threads);
+    if (mkdir(rc->out_dir, 0755) != 0 && errno != EEXIST)
+        return k3c_errf(err, K3C_EIO, "%s: cannot create: %s", rc->out_dir, strerror(errno));
+    k3c_config cfg;
+    int e = k3c_config_load(rc->model_config, &cfg, err);
+    if (!e) e = k3c_model_create_f32(&cfg, 1, &tr->m, err);
+    if (e) return e;
+    tr->m.kda_chunk = rc->kda_chunk;
+    k3c_model_init_f32(&tr->m, rc->seed, rc->init_std);
+    k3c_optim_defaults(&tr->opt);
+    tr->opt.weight_decay = rc->weight_decay;
+    tr->opt.beta1 = rc->beta1;
+    tr->opt.beta2 = rc->beta2;
+    tr->opt.eps = rc->eps;
+    if ((e = k3c_optim_parse_matrix(rc->matrix_optimizer, &tr->opt.matrix_optimizer, err))) return e;
+    if ((e = k3c_optim_init(&tr->opt, &tr->m.table, err))) return e;
+    tr->ostate = calloc(tr->opt.state_numel ? tr->opt.state_numel : 1, sizeof(float));
+    tr->n_mla = k3c_config_num_mla(&cfg);
+    tr->s_max = calloc((size_t)(cfg.num_layers * (cfg.mla_heads > 0 ? cfg.mla_heads : 1)), sizeof(float));
+    if (!tr->ostate || !tr->s_max) return k3c_errf(err, K3C_ENOMEM, "trainer: out of memory");
+    k3c_data_source src[K3C_RUN_MAX_SOURCES];
+    for (int i = 0; i < rc->n_sources; i++) src[i] = (k3c_data_source){rc->source_name[i], rc->source_dir[i]};
+    if ((e = k3c_loader_open(src, rc->n_sources, rc->stage[0].mixture, rc->seed, &tr->loader, err))) return e;
+    if (k3c_loader_vocab_size(tr->loader) > cfg.vocab_size)
+        return k3c_errf(err, K3C_ECONFIG, "%s: data vocabulary %lld exceeds the model's vocab_size %lld", rc->path,
+                        (long long)k3c_loader_vocab_size(tr->loader), (long long)cfg.vocab_size);
+    if (o->resume && (e = resume(tr, err))) return e;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/metrics.jsonl", rc->out_dir);
+    tr->metrics = fopen(p, o->resume ? "a" : "w");
+    if (!tr->metrics) return k3c_errf(err, K3C_EIO, "%s: cannot write", p);
+    return K3C_OK;
+}
+
+static void teardown(trainer *tr) {
+    k3c_model_free_f32(&tr->m);
+    k3c_optim_free(&tr->opt);
+    free(tr->ostate);
+    free(tr->s_max);
+    free(tr->qb_ws);
+    k3c_arena_free(&tr->arena);
+    k3c_loader_close(tr->loader);
+    k3c_batch_free(&tr->batch);
+    if (tr->metrics) fclose(tr->metrics);
+}
+
+int k3c_train_run(const k3c_run_config *rc, const k3c_train_opts *o, k3c_train_result *res, k3c_err *err) {
+    trainer tr;
+    memset(res, 0, sizeof *res);
+    res->last_val_loss = NAN;
+    int e = setup(&tr, rc, o, err);
+    int64_t total = total_steps(rc), stop = o->max_steps > 0 && o->max_steps < total ? o->max_steps : total;
+    k3c_progress bar;
+    k3c_progress_init(&bar, "train", stop, "tok", stderr, 0);
+    if (o->quiet) bar.enabled = 0;
+    bar.done = tr.step;
+    double t0 = k3c_now();
+    int64_t tokens0 = tr.tokens, stage_step;
+    int cur = -1;
+    while (!e && tr.step < stop) {
+        int s = stage_of(rc, tr.step, &stage_step);
+        if (s != cur && (e = set_mixture(&tr, s, err))) break;
+        cur = s;
+        k3c_metrics_row row = {0};
+        row.val_loss = NAN;
+        row.stage = s;
+        if ((e = train_step(&tr, &rc->stage[s], stage_step, &row, err))) break;
+        row.step = tr.step;
+        row.tokens = tr.tokens;
+        row.tokens_per_s = (double)(tr.tokens - tokens0) / (k3c_now() - t0);
+        int last = tr.step == stop;
+        if (rc->eval_every > 0 && (tr.step % rc->eval_every == 0 || last) && (e = validate(&tr, &rc->stage[s], &row.val_loss, err)))
+            break;
+        if (tr.step % rc->log_every == 0 || last || isfinite(row.val_loss)) k3c_metrics_write(tr.metrics, &row);
+        if (o->log) fprintf(o->log, "step %lld stage %s loss %.4f lr %.2e gnorm %.3f load %.2f %.0f tok/s\n",
+                            (long long)tr.step, rc->stage[s].name, row.loss, row.lr, row.grad_norm, row.max_load_ratio,
+                            row.tokens_per_s);
+        char extra[160];
+        snprintf(extra, sizeof extra, "%s loss %.3f%s", rc->stage[s].name, row.loss, "");
+        k3c_progress_update(&bar, tr.step, (double)(rc->stage[s].tokens_per_step), extra);
+        if ((rc->checkpoint_every > 0 && tr.step % rc->checkpoint_every == 0) || last) e = save(&tr, err);
+        res->last_loss = row.loss;
+        if (isfinite(row.val_loss)) res->last_val_loss = row.val_loss;
+        res->max_load_ratio = row.max_load_ratio;
+        res->tokens_per_s = row.tokens_per_s;
+    }
+    k3c_progress_finish(&bar, NULL);
+    res->steps = tr.step;
+    res->wall_s = k3c_now() - t0;
+    if (tr.loader) res->unigram_entropy = unigram_entropy(tr.loader);
+    if (!e) {
+        char a[4200], b[4200];
+        snprintf(a, sizeof a, "%s/metrics.jsonl", rc->out_dir);
+        snprintf(b, sizeof b, "%s/metrics.png", rc->out_dir);
+        if (tr.metrics) fflush(tr.metrics);
+        k3c_err perr = {0};
+        if (k3c_metrics_plot(a, b, &perr) && o->log) fprintf(o->log, "note: %s\n", perr.msg);
+    }
+    teardown(&tr);
+    return e;
+}
