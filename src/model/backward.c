@@ -12,6 +12,7 @@
 
 void R(k3c_acts_carve_backward)(const k3c_model *m, k3c_carver *cv, k3c_acts *a);
 real *R(k3c_acts_src)(const k3c_acts *a, int s);
+int R(k3c_acts_layer_fwd)(k3c_acts *a, int l, k3c_err *err);
 
 static real *src_grad(const k3c_acts *a, int s) { return s == K3C_SRC_EMB ? a->demb : s % 2 ? a->dpend[s / 2] : a->dpmid[s / 2]; }
 
@@ -61,6 +62,8 @@ static int layer_bwd(k3c_acts *a, int l, k3c_err *err) {
     const k3c_model *m = a->st.m;
     const k3c_layer_offsets *o = &m->table.layer[l];
     int64_t TD = a->T * m->cfg.hidden_size;
+    /* a recomputed layer kept only its stream outputs: run its forward again (same inputs, same bits) */
+    if (m->recompute[l]) CHECK_RC(R(k3c_acts_layer_fwd)(a, l, err));
     /* FFN: pend = ffn(norm(min)) + pmid */
     add_into(a->dpmid[l], a->dpend[l], TD);
     CHECK_RC(sublayer(a, l, ffn_bwd, a->min[l], a->mrstd[l], o->post_norm, a->dpend[l], err));

@@ -54,18 +54,39 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver 
     k3c_kda_acts kd; k3c_mla_acts ml; k3c_ffn_acts ff;
     k3c_attnres_sizes ms = {T, D, NS, c->rms_norm_eps};
     size_t mix_saved = NS ? R(k3c_attnres_saved_elems)(&ms) : 0;
+    /* Layers that recompute share one set of activation buffers per kind (carved on first use). */
+    struct { int have; real *ax, *ar, *mx, *mr; k3c_mix am, mm; } slot = {0};
+    int slot_kda = -1, slot_mla = -1, slot_ffn[2] = {-1, -1};
     for (int l = 0; l < L; l++) {
         real *pm = K3C_CARVE(cv, real, T * D), *pe = K3C_CARVE(cv, real, T * D);
-        real *ax = K3C_CARVE(cv, real, T * D), *ar = K3C_CARVE(cv, real, T);
-        real *mx = K3C_CARVE(cv, real, T * D), *mr = K3C_CARVE(cv, real, T);
-        k3c_mix am = {0}, mm = {0};
-        if (NS) {
-            am.src = K3C_CARVE(cv, int, NS); am.saved = K3C_CARVE(cv, real, mix_saved); am.out = K3C_CARVE(cv, real, T * D);
-            mm.src = K3C_CARVE(cv, int, NS); mm.saved = K3C_CARVE(cv, real, mix_saved); mm.out = K3C_CARVE(cv, real, T * D);
+        int rec = m->recompute[l], fresh = !rec || !slot.have;
+        real *ax = slot.ax, *ar = slot.ar, *mx = slot.mx, *mr = slot.mr;
+        k3c_mix am = slot.am, mm = slot.mm;
+        if (fresh) {
+            ax = K3C_CARVE(cv, real, T * D); ar = K3C_CARVE(cv, real, T);
+            mx = K3C_CARVE(cv, real, T * D); mr = K3C_CARVE(cv, real, T);
+            memset(&am, 0, sizeof am); memset(&mm, 0, sizeof mm);
+            if (NS) {
+                am.src = K3C_CARVE(cv, int, NS); am.saved = K3C_CARVE(cv, real, mix_saved); am.out = K3C_CARVE(cv, real, T * D);
+                mm.src = K3C_CARVE(cv, int, NS); mm.saved = K3C_CARVE(cv, real, mix_saved); mm.out = K3C_CARVE(cv, real, T * D);
+            }
+            if (rec) { slot.have = 1; slot.ax = ax; slot.ar = ar; slot.mx = mx; slot.mr = mr; slot.am = am; slot.mm = mm; }
         }
-        if (c->mixer[l] == K3C_MIXER_KDA) R(k3c_kda_alloc)(m, T, cv, cv->measure ? &kd : &a->kda[l]);
-        else R(k3c_mla_alloc)(m, T, cv, cv->measure ? &ml : &a->mla[l]);
-        R(k3c_ffn_alloc)(m, l, T, cv, cv->measure ? &ff : &a->ffn[l]);
+        int kda = c->mixer[l] == K3C_MIXER_KDA, moe = c->ffn[l] == K3C_FFN_MOE;
+        int *sm = kda ? &slot_kda : &slot_mla, *sf = &slot_ffn[moe];
+        if (!rec || *sm < 0) {
+            if (kda) R(k3c_kda_alloc)(m, T, cv, cv->measure ? &kd : &a->kda[l]);
+            else R(k3c_mla_alloc)(m, T, cv, cv->measure ? &ml : &a->mla[l]);
+            if (rec) *sm = l;
+        } else if (!cv->measure) {
+            if (kda) a->kda[l] = a->kda[*sm]; else a->mla[l] = a->mla[*sm];
+        }
+        if (!rec || *sf < 0) {
+            R(k3c_ffn_alloc)(m, l, T, cv, cv->measure ? &ff : &a->ffn[l]);
+            if (rec) *sf = l;
+        } else if (!cv->measure) {
+            a->ffn[l] = a->ffn[*sf];
+        }
         if (!cv->measure) {
             a->pmid[l] = pm; a->pend[l] = pe; a->axn[l] = ax; a->arstd[l] = ar; a->mxn[l] = mx; a->mrstd[l] = mr;
             a->amix[l] = am; a->mmix[l] = mm;
@@ -140,50 +161,68 @@ static void next_token_targets(const k3c_model_batch *b, int32_t *tg) {
     }
 }
 
-static int run_layers(k3c_acts *a, k3c_err *err) {
+/* The depth-mix sources before layer l (§5.3): completed blocks R (the embedding, then each block's last P) and the
+ * running partial sum P; a pure function of l, so a recomputed layer sees the same sources. */
+static void sources_before(const k3c_config *c, int l, int *Rsrc, int *nR, int *P) {
+    int64_t S = c->attn_res_block;
+    *nR = 0;
+    for (int j = 0; S > 0 && j < l; j++)
+        if (j % S == 0) Rsrc[(*nR)++] = j == 0 ? K3C_SRC_EMB : K3C_SRC_END(j - 1);
+    *P = l == 0 ? K3C_SRC_EMB : K3C_SRC_END(l - 1);
+}
+
+/* Layer l's forward: writes pmid[l], pend[l] and the layer's activations. */
+static int layer_fwd(k3c_acts *a, int l, k3c_err *err) {
     k3c_step *st = &a->st;
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
+    const k3c_layer_offsets *o = &m->table.layer[l];
     const real *w = st->w;
     int64_t T = a->T, D = c->hidden_size, S = c->attn_res_block;
-    int Rsrc[K3C_ATTNRES_MAX_SOURCES], nR = 0, P = K3C_SRC_EMB;
-    for (int l = 0; l < c->num_layers; l++) {
-        const k3c_layer_offsets *o = &m->table.layer[l];
-        a->amix[l].n = a->mmix[l].n = 0;
-        a->boundary[l] = S > 0 && l % S == 0;
-        if (S > 0 && l > 0) {
-            set_sources(&a->amix[l], Rsrc, nR, P);
-            CHECK_RC(run_mix(a, &a->amix[l], o->attn_res_proj, o->attn_res_norm, err));
-            a->ain[l] = a->amix[l].out;
-        } else {
-            a->ain[l] = src_ptr(a, P);
-        }
-        if (a->boundary[l]) Rsrc[nR++] = P;
-        k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
-        CHECK_RC(R(k3c_rmsnorm_fwd)(&rs, a->ain[l], w + o->input_norm, a->axn[l], a->arstd[l], err));
-        if (c->mixer[l] == K3C_MIXER_KDA) CHECK_RC(R(k3c_kda_layer_fwd)(st, l, a->axn[l], &a->kda[l], a->pmid[l], err));
-        else CHECK_RC(R(k3c_mla_layer_fwd)(st, l, a->axn[l], &a->mla[l], a->pmid[l], err));
-        if (!a->boundary[l]) add_into(a->pmid[l], src_ptr(a, P), T * D);
-        P = K3C_SRC_MID(l);
-        if (S > 0) {
-            set_sources(&a->mmix[l], Rsrc, nR, P);
-            CHECK_RC(run_mix(a, &a->mmix[l], o->mlp_res_proj, o->mlp_res_norm, err));
-            a->min[l] = a->mmix[l].out;
-        } else {
-            a->min[l] = a->pmid[l];
-        }
-        CHECK_RC(R(k3c_rmsnorm_fwd)(&rs, a->min[l], w + o->post_norm, a->mxn[l], a->mrstd[l], err));
-        CHECK_RC(R(k3c_ffn_layer_fwd)(st, l, a->mxn[l], &a->ffn[l], a->pend[l], err));
-        add_into(a->pend[l], a->pmid[l], T * D);
-        P = K3C_SRC_END(l);
+    int Rsrc[K3C_ATTNRES_MAX_SOURCES], nR, P;
+    sources_before(c, l, Rsrc, &nR, &P);
+    a->amix[l].n = a->mmix[l].n = 0;
+    a->boundary[l] = S > 0 && l % S == 0;
+    if (S > 0 && l > 0) {
+        set_sources(&a->amix[l], Rsrc, nR, P);
+        CHECK_RC(run_mix(a, &a->amix[l], o->attn_res_proj, o->attn_res_norm, err));
+        a->ain[l] = a->amix[l].out;
+    } else {
+        a->ain[l] = src_ptr(a, P);
     }
-    a->fmix.n = 0;
+    if (a->boundary[l]) Rsrc[nR++] = P;
+    k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
+    CHECK_RC(R(k3c_rmsnorm_fwd)(&rs, a->ain[l], w + o->input_norm, a->axn[l], a->arstd[l], err));
+    if (c->mixer[l] == K3C_MIXER_KDA) CHECK_RC(R(k3c_kda_layer_fwd)(st, l, a->axn[l], &a->kda[l], a->pmid[l], err));
+    else CHECK_RC(R(k3c_mla_layer_fwd)(st, l, a->axn[l], &a->mla[l], a->pmid[l], err));
+    if (!a->boundary[l]) add_into(a->pmid[l], src_ptr(a, P), T * D);
     if (S > 0) {
+        set_sources(&a->mmix[l], Rsrc, nR, K3C_SRC_MID(l));
+        CHECK_RC(run_mix(a, &a->mmix[l], o->mlp_res_proj, o->mlp_res_norm, err));
+        a->min[l] = a->mmix[l].out;
+    } else {
+        a->min[l] = a->pmid[l];
+    }
+    CHECK_RC(R(k3c_rmsnorm_fwd)(&rs, a->min[l], w + o->post_norm, a->mxn[l], a->mrstd[l], err));
+    CHECK_RC(R(k3c_ffn_layer_fwd)(st, l, a->mxn[l], &a->ffn[l], a->pend[l], err));
+    add_into(a->pend[l], a->pmid[l], T * D);
+    return K3C_OK;
+}
+
+static int run_layers(k3c_acts *a, k3c_err *err) {
+    const k3c_model *m = a->st.m;
+    const k3c_config *c = &m->cfg;
+    int L = (int)c->num_layers;
+    for (int l = 0; l < L; l++) CHECK_RC(layer_fwd(a, l, err));
+    a->fmix.n = 0;
+    if (c->attn_res_block > 0) {
+        int Rsrc[K3C_ATTNRES_MAX_SOURCES], nR, P;
+        sources_before(c, L, Rsrc, &nR, &P); /* the output mix sees the sources a layer L would */
         set_sources(&a->fmix, Rsrc, nR, P);
         CHECK_RC(run_mix(a, &a->fmix, m->table.glob.out_res_proj, m->table.glob.out_res_norm, err));
         a->hfin = a->fmix.out;
     } else {
-        a->hfin = src_ptr(a, P);
+        a->hfin = src_ptr(a, K3C_SRC_END(L - 1));
     }
     return K3C_OK;
 }
@@ -227,5 +266,6 @@ int R(k3c_model_forward)(k3c_model *m, const k3c_model_batch *b, k3c_arena *aren
 }
 
 /* Exposed to backward.c (same precision). */
+int R(k3c_acts_layer_fwd)(k3c_acts *a, int l, k3c_err *err) { return layer_fwd(a, l, err); }
 void R(k3c_acts_carve_backward)(const k3c_model *m, k3c_carver *cv, k3c_acts *a) { carve_backward(m, a->T, cv, a); }
 real *R(k3c_acts_src)(const k3c_acts *a, int s) { return src_ptr(a, s); }

@@ -32,7 +32,8 @@ typedef struct {
     void *w;               /* parameters, table.total reals */
     void *g;               /* gradients (same layout) or NULL */
     int kda_chunk;         /* 0 = token recurrence, else chunk size (16 or 64) */
-    int recompute;         /* reserved: per-layer recomputation (0 = keep every activation) */
+    uint8_t recompute[K3C_MAX_LAYERS]; /* 1 = keep only the layer's residual-stream outputs; the backward re-runs its
+                                          forward (activation memory of one layer instead of all of them) */
     k3c_route_stats *route; /* [num_layers] (entries of non-MoE layers stay empty) */
 } k3c_model;
 

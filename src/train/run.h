@@ -35,6 +35,7 @@ typedef struct {
     double init_std;
     int kda_chunk;            /* 16, 64 or 0 (token recurrence) */
     int threads;              /* 0 = OpenMP default */
+    int recompute;            /* 1 = recompute every layer's activations in the backward ("recompute": "all") */
     /* optimizer */
     char matrix_optimizer[16]; /* "muon" or "adamw" */
     double weight_decay, beta1, beta2, eps, grad_clip, qk_clip_tau;

@@ -118,7 +118,7 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
     if (r->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: expected a JSON object", c->file);
     static const char *const keys[] = {"model", "tokenizer", "pattern", "out_dir", "data", "stages", "seed", "init_std",
                                        "kda_chunk", "threads", "optimizer", "balancing", "tokens_per_step", "log_every",
-                                       "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", NULL};
+                                       "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "recompute", NULL};
     int e = keys_known(c, r, "", keys);
     int64_t v;
     if (!e) e = get_path(c, r, "", "model", 1, rc->model_config, sizeof rc->model_config);
@@ -169,6 +169,10 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
     if (!e) e = get_num(c, o, "optimizer.", "qk_clip_tau", K3C_QK_CLIP_TAU, 0, &rc->qk_clip_tau);
     if (e) return e;
     char bal[16];
+    if ((e = get_str(c, r, "", "recompute", "none", bal, sizeof bal))) return e;
+    if (strcmp(bal, "none") && strcmp(bal, "all"))
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: recompute: '%s' is not none or all", c->file, bal);
+    rc->recompute = strcmp(bal, "all") == 0;
     if ((e = get_str(c, r, "", "balancing", "exact", bal, sizeof bal))) return e;
     if (strcmp(bal, "exact") == 0) rc->qb_mode = K3C_QB_EXACT;
     else if (strcmp(bal, "histogram") == 0) rc->qb_mode = K3C_QB_HISTOGRAM;

@@ -255,6 +255,7 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     if (!e) e = k3c_model_create_f32(&cfg, 1, &tr->m, err);
     if (e) return e;
     tr->m.kda_chunk = rc->kda_chunk;
+    for (int l = 0; l < cfg.num_layers; l++) tr->m.recompute[l] = (uint8_t)rc->recompute;
     k3c_model_init_f32(&tr->m, rc->seed, rc->init_std);
     k3c_optim_defaults(&tr->opt);
     tr->opt.weight_decay = rc->weight_decay;

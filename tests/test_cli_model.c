@@ -1,0 +1,86 @@
+/* test_cli_model.c — the model commands end to end: `k3c golden-check` on the Kimi-Linear golden (passes) and on a
+ * tampered copy (fails), `k3c logits` on the K3 golden (matches its teacher-forced logits), `k3c generate --greedy`
+ * (reproduces greedy_ids), and clear errors for a missing model. */
+#include "test.h"
+
+static int run(const char *cmd, char *out, size_t n) {
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t got = fread(out, 1, n - 1, p);
+    out[got] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void golden_check_cli(void) {
+    char cmd[2048], out[65536];
+    const char *dir = test_shared("golden/kimi_linear_tiny_a");
+    snprintf(cmd, sizeof cmd, "%s golden-check --model %s --golden %s/golden.safetensors 2>&1", test_k3c_bin(), dir, dir);
+    int rc = run(cmd, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "golden-check: passed"), "golden-check failed (%d):\n%s", rc, out);
+    /* a golden whose loss is off by 1% must fail: rewrite the file with a changed loss */
+    const char *tmp = test_tmpdir("cli_model");
+    k3c_err err = {0};
+    k3c_safetensors *st;
+    char gpath[1024], bad[1200];
+    snprintf(gpath, sizeof gpath, "%s/golden.safetensors", dir);
+    snprintf(bad, sizeof bad, "%s/bad_golden.safetensors", tmp);
+    if (k3c_st_open(gpath, &st, &err)) { CHECK(0, "%s", err.msg); return; }
+    int n = k3c_st_count(st);
+    k3c_st_entry *e = calloc((size_t)n, sizeof *e);
+    float loss;
+    for (int i = 0; i < n; i++) {
+        const k3c_st_tensor *t = k3c_st_at(st, i);
+        e[i] = (k3c_st_entry){t->name, t->dtype, t->ndim, {0}, t->data};
+        memcpy(e[i].shape, t->shape, sizeof t->shape);
+        if (!strcmp(t->name, "loss")) { memcpy(&loss, t->data, 4); loss *= 1.01f; e[i].data = &loss; }
+    }
+    CHECK_OK(k3c_st_write(bad, e, n, NULL, &err), &err);
+    free(e);
+    k3c_st_close(st);
+    snprintf(cmd, sizeof cmd, "%s golden-check --model %s --golden %s 2>&1", test_k3c_bin(), dir, bad);
+    rc = run(cmd, out, sizeof out);
+    CHECK(rc == 1 && strstr(out, "FAIL") && strstr(out, "loss"), "tampered golden must fail (%d):\n%s", rc, out);
+}
+
+static void logits_and_generate_cli(void) {
+    char cmd[2048], out[8192];
+    const char *dir = test_shared("golden/k3_tiny_a");
+    const char *tmp = test_tmpdir("cli_logits");
+    snprintf(cmd, sizeof cmd, "%s logits --model %s --ids %s/golden.safetensors --out %s/logits.f32 2>&1",
+             test_k3c_bin(), dir, dir, tmp);
+    int rc = run(cmd, out, sizeof out);
+    CHECK(rc == 0, "logits failed (%d): %s", rc, out);
+    char p[1200];
+    snprintf(p, sizeof p, "%s/logits.f32", tmp);
+    char *raw;
+    size_t n;
+    k3c_err err = {0};
+    k3c_safetensors *st;
+    char gpath[1024];
+    snprintf(gpath, sizeof gpath, "%s/golden.safetensors", dir);
+    if (k3c_read_file(p, &raw, &n, &err) || k3c_st_open(gpath, &st, &err)) { CHECK(0, "%s", err.msg); return; }
+    const k3c_st_tensor *gl = k3c_st_find(st, "logits");
+    CHECK(gl && n == gl->nbytes, "logits size %zu vs golden %zu", n, gl ? gl->nbytes : 0);
+    if (gl && n == gl->nbytes) {
+        float *ref = malloc(n);
+        k3c_st_read_f32(gl, ref, n / 4, &err);
+        CHECK_LE(test_rel_err_f((const float *)raw, ref, n / 4), 1e-4, "k3c logits vs k3_tiny_a golden");
+        free(ref);
+    }
+    k3c_st_close(st);
+    free(raw);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids %s --greedy 16 2>&1", test_k3c_bin(), dir, gpath);
+    rc = run(cmd, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "413 960 1151 279 192 223 193 264 36 345 2027 1638 1187 320 972 587"),
+          "greedy ids differ (%d): %s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s logits --model /nonexistent --ids x --out y 2>&1", test_k3c_bin());
+    rc = run(cmd, out, sizeof out);
+    CHECK(rc == 1 && strstr(out, "/nonexistent"), "missing model: clear error naming it (%d): %s", rc, out);
+}
+
+int main(void) {
+    golden_check_cli();
+    logits_and_generate_cli();
+    return test_summary();
+}
