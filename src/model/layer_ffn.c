@@ -63,17 +63,6 @@ void R(k3c_ffn_alloc)(const k3c_model *m, int l, int64_t T, k3c_carver *c, k3c_f
     if (s.shw > 0) a->ys = K3C_CARVE(c, real, T * s.D);
 }
 
-static int linear(int64_t T, int64_t in, int64_t out, const real *x, const real *W, real *y, int acc, k3c_err *err) {
-    k3c_linear_sizes s = {T, in, out, acc};
-    return R(k3c_linear_fwd)(&s, x, W, y, err);
-}
-
-static int linear_bwd(int64_t T, int64_t in, int64_t out, const real *x, const real *W, const real *dy, real *dx,
-                      real *dW, k3c_err *err) {
-    k3c_linear_sizes s = {T, in, out, 0};
-    return R(k3c_linear_bwd)(&s, x, W, dy, dx, dW, err);
-}
-
 /* Keeps the step's routing (scores, selection, cutoffs) in float for quantile balancing and load telemetry. */
 static int record_routes(k3c_model *m, int l, const ffn_shape *s, const k3c_ffn_acts *a, k3c_err *err) {
     k3c_route_stats *r = &m->route[l];
@@ -105,14 +94,14 @@ int R(k3c_ffn_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, r
         int rc = R(k3c_mlp_fwd)(&ms, xn, w + o->mlp_gate, w + o->mlp_up, w + o->mlp_down, y, a->mlp_saved, st->scratch, err);
         return rc ? k3c_err_wrap(err, "layer %d: dense MLP", l) : K3C_OK;
     }
-    CHECK_RC(linear(T, s.D, s.E, xn, w + o->router, a->logits, 0, err));
+    CHECK_RC(k3c_lin(T, s.D, s.E, xn, w + o->router, a->logits, 0, err));
     k3c_router_sizes rs = {T, s.E, s.k, c->renormalize, c->routed_scaling_factor};
     int rc = R(k3c_router_fwd)(&rs, a->logits, w + o->router_bias, a->ids, a->topw, a->cutoff, err);
     if (rc) return k3c_err_wrap(err, "layer %d: router", l);
     CHECK_RC(record_routes(m, l, &s, a, err));
     const real *xin = xn;
     if (s.latent) {
-        CHECK_RC(linear(T, s.D, s.lat, xn, w + o->latent_down, a->zin, 0, err));
+        CHECK_RC(k3c_lin(T, s.D, s.lat, xn, w + o->latent_down, a->zin, 0, err));
         xin = a->zin;
     }
     k3c_moe_sizes es = moe_sizes(m, &s);
@@ -126,7 +115,7 @@ int R(k3c_ffn_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, r
             CHECK_RC(R(k3c_rmsnorm_fwd)(&ns, u, w + o->latent_norm, a->un, a->ru, err));
             un = a->un;
         }
-        CHECK_RC(linear(T, s.lat, s.D, un, w + o->latent_up, y, 0, err));
+        CHECK_RC(k3c_lin(T, s.lat, s.D, un, w + o->latent_up, y, 0, err));
     }
     if (s.shw > 0) {
         k3c_mlp_sizes ms = mlp_sizes(m, &s);
@@ -175,7 +164,7 @@ int R(k3c_ffn_layer_bwd)(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, c
     real *dxin = dxn;
     if (s.latent) {
         const real *un = c->latent_norm ? a->un : a->u;
-        CHECK_RC(linear_bwd(T, s.lat, s.D, un, w + o->latent_up, dy, c->latent_norm ? dun : du, g + o->latent_up, err));
+        CHECK_RC(k3c_lin_bwd(T, s.lat, s.D, un, w + o->latent_up, dy, c->latent_norm ? dun : du, g + o->latent_up, err));
         if (c->latent_norm) {
             k3c_rmsnorm_sizes ns = {T, s.lat, c->rms_norm_eps};
             CHECK_RC(R(k3c_rmsnorm_bwd)(&ns, a->u, w + o->latent_norm, a->ru, dun, du, g + o->latent_norm, err));
@@ -188,9 +177,9 @@ int R(k3c_ffn_layer_bwd)(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, c
     rc = R(k3c_moe_bwd)(&es, xin, a->ids, a->topw, w + o->w1, w + o->w3, w + o->w2, a->moe_saved, du_moe, dxin, g + o->w1,
                         g + o->w3, g + o->w2, dtopw, st->scratch, err);
     if (rc) return k3c_err_wrap(err, "layer %d: routed experts backward", l);
-    if (s.latent) CHECK_RC(linear_bwd(T, s.D, s.lat, xn, w + o->latent_down, dz, dxn, g + o->latent_down, err));
+    if (s.latent) CHECK_RC(k3c_lin_bwd(T, s.D, s.lat, xn, w + o->latent_down, dz, dxn, g + o->latent_down, err));
     k3c_router_sizes rs = {T, s.E, s.k, c->renormalize, c->routed_scaling_factor};
     rc = R(k3c_router_bwd)(&rs, a->logits, a->ids, dtopw, dlogits, err);
     if (rc) return k3c_err_wrap(err, "layer %d: router backward", l);
-    return linear_bwd(T, s.D, s.E, xn, w + o->router, dlogits, dxn, g + o->router, err);
+    return k3c_lin_bwd(T, s.D, s.E, xn, w + o->router, dlogits, dxn, g + o->router, err);
 }

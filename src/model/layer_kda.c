@@ -51,17 +51,6 @@ void R(k3c_kda_alloc)(const k3c_model *m, int64_t T, k3c_carver *c, k3c_kda_acts
     a->y1 = K3C_CARVE(c, real, T * s.P); a->ro = K3C_CARVE(c, real, T * s.H);
 }
 
-static int linear(int64_t T, int64_t in, int64_t out, const real *x, const real *W, real *y, k3c_err *err) {
-    k3c_linear_sizes s = {T, in, out, 0};
-    return R(k3c_linear_fwd)(&s, x, W, y, err);
-}
-
-static int linear_bwd(int64_t T, int64_t in, int64_t out, const real *x, const real *W, const real *dy, real *dx,
-                      real *dW, k3c_err *err) {
-    k3c_linear_sizes s = {T, in, out, 0};
-    return R(k3c_linear_bwd)(&s, x, W, dy, dx, dW, err);
-}
-
 int R(k3c_kda_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, real *y, k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
@@ -74,16 +63,16 @@ int R(k3c_kda_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, r
     real *pre[3] = {a->qh, a->kh, a->vh}, *post[3] = {a->qn, a->kn, a->vc};
     k3c_short_conv_dims cd = {T, s.P, (int)s.W, st->n_docs};
     for (int i = 0; i < 3; i++) {
-        CHECK_RC(linear(T, s.D, s.P, xn, Wp[i], pre[i], err));
+        CHECK_RC(k3c_lin(T, s.D, s.P, xn, Wp[i], pre[i], 0, err));
         CHECK_RC(R(k3c_short_conv_fwd)(&cd, st->cu, pre[i], Wc[i], NULL, post[i], NULL, err));
     }
     k3c_l2norm_dims ld = {T * s.H, s.dk, 1e-6};
     CHECK_RC(R(k3c_l2norm_fwd)(&ld, a->qn, a->qn, a->rq, err));
     CHECK_RC(R(k3c_l2norm_fwd)(&ld, a->kn, a->kn, a->rk, err));
-    CHECK_RC(linear(T, s.D, s.H, xn, w + o->b_proj, a->blog, err));
+    CHECK_RC(k3c_lin(T, s.D, s.H, xn, w + o->b_proj, a->blog, 0, err));
     R(k3c_sigmoid)(T * s.H, a->blog, a->beta);
-    CHECK_RC(linear(T, s.D, s.dk, xn, w + o->f_a, a->fa, err));
-    CHECK_RC(linear(T, s.dk, s.P, a->fa, w + o->f_b, a->z, err));
+    CHECK_RC(k3c_lin(T, s.D, s.dk, xn, w + o->f_a, a->fa, 0, err));
+    CHECK_RC(k3c_lin(T, s.dk, s.P, a->fa, w + o->f_b, a->z, 0, err));
     k3c_kda_gate_dims gd = {T, s.H, s.dk, c->kda_gate, c->gate_lower_bound};
     CHECK_RC(R(k3c_kda_gate_fwd)(&gd, a->z, w + o->dt_bias, w + o->A_log, a->g, err));
     k3c_kda_dims kd = core_dims(m, T, st->n_docs);
@@ -93,14 +82,14 @@ int R(k3c_kda_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, r
         CHECK_RC(R(k3c_kda_recurrent_fwd)(&kd, st->cu, a->qn, a->kn, a->vc, a->g, a->beta, NULL, a->o, NULL, st->scratch,
                                           err));
     if (c->kda_full_rank_gate) {
-        CHECK_RC(linear(T, s.D, s.P, xn, w + o->g_proj, a->gl, err));
+        CHECK_RC(k3c_lin(T, s.D, s.P, xn, w + o->g_proj, a->gl, 0, err));
     } else {
-        CHECK_RC(linear(T, s.D, s.dk, xn, w + o->g_a, a->ga, err));
-        CHECK_RC(linear(T, s.dk, s.P, a->ga, w + o->g_b, a->gl, err));
+        CHECK_RC(k3c_lin(T, s.D, s.dk, xn, w + o->g_a, a->ga, 0, err));
+        CHECK_RC(k3c_lin(T, s.dk, s.P, a->ga, w + o->g_b, a->gl, 0, err));
     }
     k3c_rmsnorm_sizes rs = {T * s.H, s.dk, c->rms_norm_eps};
     CHECK_RC(R(k3c_gated_rmsnorm_fwd)(&rs, a->o, a->gl, w + o->o_norm, a->y1, a->ro, err));
-    return linear(T, s.P, s.D, a->y1, w + o->o_proj, y, err);
+    return k3c_lin(T, s.P, s.D, a->y1, w + o->o_proj, y, 0, err);
 }
 
 size_t R(k3c_kda_bwd_bytes)(const k3c_model *m, int64_t T) {
@@ -120,14 +109,14 @@ int R(k3c_kda_layer_bwd)(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, c
     real *dy1 = k3c_arena_calloc(tmp, sizeof(real) * T * s.P), *d_o = k3c_arena_calloc(tmp, sizeof(real) * T * s.P);
     real *dgl = k3c_arena_calloc(tmp, sizeof(real) * T * s.P), *dlow = k3c_arena_calloc(tmp, sizeof(real) * T * s.dk);
     if (!dy1 || !d_o || !dgl || !dlow) return k3c_errf(err, K3C_ENOMEM, "layer %d: KDA backward scratch", l);
-    CHECK_RC(linear_bwd(T, s.P, s.D, a->y1, w + o->o_proj, dy, dy1, g + o->o_proj, err));
+    CHECK_RC(k3c_lin_bwd(T, s.P, s.D, a->y1, w + o->o_proj, dy, dy1, g + o->o_proj, err));
     k3c_rmsnorm_sizes rs = {T * s.H, s.dk, c->rms_norm_eps};
     CHECK_RC(R(k3c_gated_rmsnorm_bwd)(&rs, a->o, a->gl, w + o->o_norm, a->ro, dy1, d_o, dgl, g + o->o_norm, err));
     if (c->kda_full_rank_gate) {
-        CHECK_RC(linear_bwd(T, s.D, s.P, xn, w + o->g_proj, dgl, dxn, g + o->g_proj, err));
+        CHECK_RC(k3c_lin_bwd(T, s.D, s.P, xn, w + o->g_proj, dgl, dxn, g + o->g_proj, err));
     } else {
-        CHECK_RC(linear_bwd(T, s.dk, s.P, a->ga, w + o->g_b, dgl, dlow, g + o->g_b, err));
-        CHECK_RC(linear_bwd(T, s.D, s.dk, xn, w + o->g_a, dlow, dxn, g + o->g_a, err));
+        CHECK_RC(k3c_lin_bwd(T, s.dk, s.P, a->ga, w + o->g_b, dgl, dlow, g + o->g_b, err));
+        CHECK_RC(k3c_lin_bwd(T, s.D, s.dk, xn, w + o->g_a, dlow, dxn, g + o->g_a, err));
     }
     /* the core: gradients w.r.t. the normalised q, k, the conv output v, the log-decay and β */
     real *dq = dy1, *dk = dgl; /* reuse: both consumed above */
@@ -144,15 +133,15 @@ int R(k3c_kda_layer_bwd)(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, c
         CHECK_RC(R(k3c_kda_recurrent_bwd)(&kd, st->cu, a->qn, a->kn, a->vc, a->g, a->beta, NULL, d_o, NULL, dq, dk, dv,
                                           dgate, dbeta, NULL, st->scratch, err));
     for (int64_t i = 0; i < T * s.H; i++) dblog[i] = dbeta[i] * a->beta[i] * (1 - a->beta[i]);
-    CHECK_RC(linear_bwd(T, s.D, s.H, xn, w + o->b_proj, dblog, dxn, g + o->b_proj, err));
+    CHECK_RC(k3c_lin_bwd(T, s.D, s.H, xn, w + o->b_proj, dblog, dxn, g + o->b_proj, err));
     /* forget gate: g ← gate(z + dt_bias; A_log), z = f_b f_a x */
     real *dz = d_o; /* consumed by the core backward */
     memset(dz, 0, sizeof(real) * T * s.P);
     memset(dlow, 0, sizeof(real) * T * s.dk);
     k3c_kda_gate_dims gd = {T, s.H, s.dk, c->kda_gate, c->gate_lower_bound};
     CHECK_RC(R(k3c_kda_gate_bwd)(&gd, a->z, w + o->dt_bias, w + o->A_log, dgate, dz, g + o->dt_bias, g + o->A_log, err));
-    CHECK_RC(linear_bwd(T, s.dk, s.P, a->fa, w + o->f_b, dz, dlow, g + o->f_b, err));
-    CHECK_RC(linear_bwd(T, s.D, s.dk, xn, w + o->f_a, dlow, dxn, g + o->f_a, err));
+    CHECK_RC(k3c_lin_bwd(T, s.dk, s.P, a->fa, w + o->f_b, dz, dlow, g + o->f_b, err));
+    CHECK_RC(k3c_lin_bwd(T, s.D, s.dk, xn, w + o->f_a, dlow, dxn, g + o->f_a, err));
     /* q, k: L2 norm, then conv + SiLU, then projection; v: conv + SiLU, projection */
     k3c_l2norm_dims ld = {T * s.H, s.dk, 1e-6};
     real *dconv = dgate, *dpre = dz; /* both consumed */
@@ -171,7 +160,7 @@ int R(k3c_kda_layer_bwd)(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, c
         memset(dpre, 0, sizeof(real) * T * s.P);
         CHECK_RC(R(k3c_short_conv_bwd)(&cd, st->cu, pre[i], w + Wc[i], NULL, dc, dpre, g + Wc[i], NULL, st->scratch,
                                        err));
-        CHECK_RC(linear_bwd(T, s.D, s.P, xn, w + Wp[i], dpre, dxn, g + Wp[i], err));
+        CHECK_RC(k3c_lin_bwd(T, s.D, s.P, xn, w + Wp[i], dpre, dxn, g + Wp[i], err));
     }
     return K3C_OK;
 }

@@ -47,17 +47,6 @@ void R(k3c_mla_alloc)(const k3c_model *m, int64_t T, k3c_carver *c, k3c_mla_acts
     if (m->cfg.mla_output_gate) { a->gl = K3C_CARVE(c, real, T * s.H * s.dv); a->og = K3C_CARVE(c, real, T * s.H * s.dv); }
 }
 
-static int linear(int64_t T, int64_t in, int64_t out, const real *x, const real *W, real *y, k3c_err *err) {
-    k3c_linear_sizes s = {T, in, out, 0};
-    return R(k3c_linear_fwd)(&s, x, W, y, err);
-}
-
-static int linear_bwd(int64_t T, int64_t in, int64_t out, const real *x, const real *W, const real *dy, real *dx,
-                      real *dW, k3c_err *err) {
-    k3c_linear_sizes s = {T, in, out, 0};
-    return R(k3c_linear_bwd)(&s, x, W, dy, dx, dW, err);
-}
-
 int R(k3c_mla_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real *y, k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
@@ -66,18 +55,18 @@ int R(k3c_mla_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, r
     mla_shape s = shape_of(m, st->T);
     int64_t T = s.T, H = s.H;
     if (s.r > 0) {
-        CHECK_RC(linear(T, s.D, s.r, xn, w + o->q_a, a->qa, err));
+        CHECK_RC(k3c_lin(T, s.D, s.r, xn, w + o->q_a, a->qa, 0, err));
         k3c_rmsnorm_sizes rs = {T, s.r, c->mla_norm_eps};
         CHECK_RC(R(k3c_rmsnorm_fwd)(&rs, a->qa, w + o->q_a_norm, a->qan, a->rqa, err));
-        CHECK_RC(linear(T, s.r, H * s.dqk, a->qan, w + o->q_b, a->q, err));
+        CHECK_RC(k3c_lin(T, s.r, H * s.dqk, a->qan, w + o->q_b, a->q, 0, err));
     } else {
-        CHECK_RC(linear(T, s.D, H * s.dqk, xn, w + o->q_proj, a->q, err));
+        CHECK_RC(k3c_lin(T, s.D, H * s.dqk, xn, w + o->q_proj, a->q, 0, err));
     }
-    CHECK_RC(linear(T, s.D, s.rkv + s.rope, xn, w + o->kv_a, a->kva, err));
+    CHECK_RC(k3c_lin(T, s.D, s.rkv + s.rope, xn, w + o->kv_a, a->kva, 0, err));
     for (int64_t t = 0; t < T; t++) memcpy(a->c + t * s.rkv, a->kva + t * (s.rkv + s.rope), sizeof(real) * s.rkv);
     k3c_rmsnorm_sizes rc = {T, s.rkv, c->mla_norm_eps};
     CHECK_RC(R(k3c_rmsnorm_fwd)(&rc, a->c, w + o->kv_a_norm, a->cn, a->rc, err));
-    CHECK_RC(linear(T, s.rkv, H * (s.nope + s.dv), a->cn, w + o->kv_b, a->kv, err));
+    CHECK_RC(k3c_lin(T, s.rkv, H * (s.nope + s.dv), a->cn, w + o->kv_b, a->kv, 0, err));
     /* per head: k = [k_nope_h ; k_pe] (k_pe shared by all heads, never rotated), v = v_h */
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < H; h++) {
@@ -91,11 +80,11 @@ int R(k3c_mla_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, r
     CHECK_RC(R(k3c_attention_fwd)(&as, st->cu, a->q, a->k, a->v, a->o, a->lse, NULL, err));
     const real *out = a->o;
     if (c->mla_output_gate) {
-        CHECK_RC(linear(T, s.D, H * s.dv, xn, w + o->g_proj, a->gl, err));
+        CHECK_RC(k3c_lin(T, s.D, H * s.dv, xn, w + o->g_proj, a->gl, 0, err));
         CHECK_RC(R(k3c_sigmoid_gate_fwd)(T * H * s.dv, a->o, a->gl, a->og, err));
         out = a->og;
     }
-    return linear(T, H * s.dv, s.D, out, w + o->o_proj, y, err);
+    return k3c_lin(T, H * s.dv, s.D, out, w + o->o_proj, y, 0, err);
 }
 
 size_t R(k3c_mla_bwd_bytes)(const k3c_model *m, int64_t T) {
@@ -123,11 +112,11 @@ int R(k3c_mla_layer_bwd)(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, c
     if (!dout || !d_o || !dq || !dk || !dv || !dkv || !dkva || !dc || !dcn || (s.r > 0 && (!dqa || !dqan)))
         return k3c_errf(err, K3C_ENOMEM, "layer %d: MLA backward scratch (arena %zu of %zu used)", l, tmp->used, tmp->cap);
     const real *out = c->mla_output_gate ? a->og : a->o;
-    CHECK_RC(linear_bwd(T, H * s.dv, s.D, out, w + o->o_proj, dy, dout, g + o->o_proj, err));
+    CHECK_RC(k3c_lin_bwd(T, H * s.dv, s.D, out, w + o->o_proj, dy, dout, g + o->o_proj, err));
     if (c->mla_output_gate) {
         real *dgl = dv; /* borrow: same size, zeroed, refilled below */
         CHECK_RC(R(k3c_sigmoid_gate_bwd)(T * H * s.dv, a->o, a->gl, dout, d_o, dgl, err));
-        CHECK_RC(linear_bwd(T, s.D, H * s.dv, xn, w + o->g_proj, dgl, dxn, g + o->g_proj, err));
+        CHECK_RC(k3c_lin_bwd(T, s.D, H * s.dv, xn, w + o->g_proj, dgl, dxn, g + o->g_proj, err));
         memset(dv, 0, sizeof(real) * (size_t)(T * H * s.dv));
     } else {
         memcpy(d_o, dout, sizeof(real) * (size_t)(T * H * s.dv));
@@ -144,19 +133,19 @@ int R(k3c_mla_layer_bwd)(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, c
             real *dpe = dkva + t * (s.rkv + s.rope) + s.rkv;
             for (int64_t i = 0; i < s.rope; i++) dpe[i] += dkh[s.nope + i];
         }
-    CHECK_RC(linear_bwd(T, s.rkv, H * (s.nope + s.dv), a->cn, w + o->kv_b, dkv, dcn, g + o->kv_b, err));
+    CHECK_RC(k3c_lin_bwd(T, s.rkv, H * (s.nope + s.dv), a->cn, w + o->kv_b, dkv, dcn, g + o->kv_b, err));
     k3c_rmsnorm_sizes rc = {T, s.rkv, c->mla_norm_eps};
     CHECK_RC(R(k3c_rmsnorm_bwd)(&rc, a->c, w + o->kv_a_norm, a->rc, dcn, dc, g + o->kv_a_norm, err));
     for (int64_t t = 0; t < T; t++)
         for (int64_t i = 0; i < s.rkv; i++) dkva[t * (s.rkv + s.rope) + i] += dc[t * s.rkv + i];
-    CHECK_RC(linear_bwd(T, s.D, s.rkv + s.rope, xn, w + o->kv_a, dkva, dxn, g + o->kv_a, err));
+    CHECK_RC(k3c_lin_bwd(T, s.D, s.rkv + s.rope, xn, w + o->kv_a, dkva, dxn, g + o->kv_a, err));
     if (s.r > 0) {
-        CHECK_RC(linear_bwd(T, s.r, H * s.dqk, a->qan, w + o->q_b, dq, dqan, g + o->q_b, err));
+        CHECK_RC(k3c_lin_bwd(T, s.r, H * s.dqk, a->qan, w + o->q_b, dq, dqan, g + o->q_b, err));
         k3c_rmsnorm_sizes rs = {T, s.r, c->mla_norm_eps};
         CHECK_RC(R(k3c_rmsnorm_bwd)(&rs, a->qa, w + o->q_a_norm, a->rqa, dqan, dqa, g + o->q_a_norm, err));
-        CHECK_RC(linear_bwd(T, s.D, s.r, xn, w + o->q_a, dqa, dxn, g + o->q_a, err));
+        CHECK_RC(k3c_lin_bwd(T, s.D, s.r, xn, w + o->q_a, dqa, dxn, g + o->q_a, err));
     } else {
-        CHECK_RC(linear_bwd(T, s.D, H * s.dqk, xn, w + o->q_proj, dq, dxn, g + o->q_proj, err));
+        CHECK_RC(k3c_lin_bwd(T, s.D, H * s.dqk, xn, w + o->q_proj, dq, dxn, g + o->q_proj, err));
     }
     return K3C_OK;
 }

@@ -6,6 +6,7 @@
 #define K3C_MODEL_LAYERS_H
 
 #include "model/model.h"
+#include "ops/basic.h"
 
 /* Carves buffers from an arena; with measure set it only counts bytes (for planning) and returns NULL. */
 typedef struct {
@@ -87,6 +88,18 @@ typedef struct {
                               k3c_arena *tmp, k3c_err *err);                                                           \
     size_t k3c_ffn_bwd_bytes_##S(const k3c_model *m, int l, int64_t T);
 K3C_DECLARE_REAL(K3C_LAYERS_API)
+
+/* y[T, out] = x[T, in] Wᵀ (+ y when acc); the backward adds dx += dy W, dW += dyᵀ x. */
+static inline int k3c_lin(int64_t T, int64_t in, int64_t out, const real *x, const real *W, real *y, int acc,
+                          k3c_err *err) {
+    k3c_linear_sizes s = {T, in, out, acc};
+    return R(k3c_linear_fwd)(&s, x, W, y, err);
+}
+static inline int k3c_lin_bwd(int64_t T, int64_t in, int64_t out, const real *x, const real *W, const real *dy,
+                              real *dx, real *dW, k3c_err *err) {
+    k3c_linear_sizes s = {T, in, out, 0};
+    return R(k3c_linear_bwd)(&s, x, W, dy, dx, dW, err);
+}
 
 /* Pointer to parameter (or gradient) block `off` of base; NULL when the model has no such tensor. */
 #define K3C_PW(base, off) ((off) == K3C_NOPARAM || !(base) ? NULL : (base) + (off))

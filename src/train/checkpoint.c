@@ -33,8 +33,9 @@ static int remove_tree(const char *dir) {
     return rmdir(dir);
 }
 
-/* Deletes step_* directories older than the newest `keep`. */
-static void prune(const char *out_dir, int keep) {
+/* Deletes step_* directories older than the newest `keep` up to step `upto` (the one just saved); later steps left by
+ * another run are not counted and not touched. */
+static void prune(const char *out_dir, int keep, long long upto) {
     DIR *d = opendir(out_dir);
     if (!d) return;
     long long steps[1024];
@@ -43,7 +44,7 @@ static void prune(const char *out_dir, int keep) {
     while ((e = readdir(d)) && n < 1024) {
         long long s;
         char tail;
-        if (sscanf(e->d_name, "step_%lld%c", &s, &tail) == 1) steps[n++] = s;
+        if (sscanf(e->d_name, "step_%lld%c", &s, &tail) == 1 && s <= upto) steps[n++] = s;
     }
     closedir(d);
     for (int i = 0; i < n; i++) {
@@ -85,6 +86,13 @@ int k3c_train_ckpt_save(const char *out_dir, int64_t step, const k3c_train_ckpt 
             rc = copy_file(src, p, err);
         }
     }
+    if (!rc && ck->vocab && ck->vocab[0]) {
+        char body[96];
+        int len = snprintf(body, sizeof body, "{\"vocab\": \"tiktoken.model\", \"pattern\": \"%s\"}\n",
+                           ck->pattern ? ck->pattern : "cl100k");
+        snprintf(p, sizeof p, "%s/k3c_tokenizer.json", tmp);
+        rc = k3c_write_file_atomic(p, body, (size_t)len, err);
+    }
     if (rc) { remove_tree(tmp); return k3c_err_wrap(err, "checkpoint %s", fin); }
     remove_tree(fin); /* a re-run of the same step replaces it */
     if (rename(tmp, fin) != 0) return k3c_errf(err, K3C_EIO, "%s: rename failed: %s", fin, strerror(errno));
@@ -92,7 +100,7 @@ int k3c_train_ckpt_save(const char *out_dir, int64_t step, const k3c_train_ckpt 
     int n = snprintf(name, sizeof name, "step_%08lld\n", (long long)step);
     snprintf(p, sizeof p, "%s/latest", out_dir);
     rc = k3c_write_file_atomic(p, name, (size_t)n, err);
-    if (!rc) prune(out_dir, keep);
+    if (!rc) prune(out_dir, keep, (long long)step);
     return rc;
 }
 

@@ -89,13 +89,19 @@ static int parse_stage(ctx *c, const k3c_json *s, int i, const k3c_run_config *r
         rc_ = k3c_errf(c->err, K3C_ECONFIG, "%s: %sschedule: '%s' is not cosine, linear or constant", c->file, where, sched);
     if (rc_) return rc_;
     if (!st->name[0]) snprintf(st->name, sizeof st->name, "stage%d", i);
-    if (st->seq_len <= 0 || st->tokens_per_step <= 0 || st->steps <= 0)
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s: seq_len, tokens_per_step and steps must be positive", c->file, where);
+    if (st->seq_len <= 0) return k3c_errf(c->err, K3C_ECONFIG, "%s: %sseq_len: %lld, must be positive", c->file, where, (long long)st->seq_len);
+    if (st->tokens_per_step <= 0)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %stokens_per_step: %lld, must be positive", c->file, where, (long long)st->tokens_per_step);
+    if (st->steps <= 0) return k3c_errf(c->err, K3C_ECONFIG, "%s: %ssteps: %lld, must be positive", c->file, where, (long long)st->steps);
     if (st->seq_len > st->tokens_per_step)
         return k3c_errf(c->err, K3C_ECONFIG, "%s: %sseq_len %lld exceeds tokens_per_step %lld (a step holds whole pieces)",
                         c->file, where, (long long)st->seq_len, (long long)st->tokens_per_step);
-    if (!(st->lr > 0) || st->min_lr_ratio < 0 || st->min_lr_ratio > 1 || st->warmup < 0 || st->warmup > st->steps)
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s: need lr > 0, 0 ≤ min_lr_ratio ≤ 1, 0 ≤ warmup ≤ steps", c->file, where);
+    if (!(st->lr > 0)) return k3c_errf(c->err, K3C_ECONFIG, "%s: %slr: %g, must be > 0", c->file, where, st->lr);
+    if (st->min_lr_ratio < 0 || st->min_lr_ratio > 1)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %smin_lr_ratio: %g, must be in [0, 1]", c->file, where, st->min_lr_ratio);
+    if (st->warmup < 0 || st->warmup > st->steps)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %swarmup: %lld, must be in [0, steps = %lld]", c->file, where,
+                        (long long)st->warmup, (long long)st->steps);
     const k3c_json *mix = k3c_json_get(s, "mixture");
     if (mix) {
         if (mix->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: %smixture: expected an object", c->file, where);
@@ -129,7 +135,7 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
     if (!e) e = get_num(c, r, "", "init_std", 0.02, 0, &rc->init_std);
     if (!e) e = get_int(c, r, "", "kda_chunk", 64, 0, &v), rc->kda_chunk = (int)v;
     if (!e && rc->kda_chunk != 0 && rc->kda_chunk != 16 && rc->kda_chunk != 64)
-        e = k3c_errf(c->err, K3C_ECONFIG, "%s: kda_chunk: must be 16, 64 or 0 (token recurrence)", c->file);
+        e = k3c_errf(c->err, K3C_ECONFIG, "%s: kda_chunk: %d, must be 16, 64 or 0 (token recurrence)", c->file, rc->kda_chunk);
     if (!e) e = get_int(c, r, "", "threads", 0, 0, &v), rc->threads = (int)v;
     if (!e) e = get_int(c, r, "", "log_every", 1, 0, &rc->log_every);
     if (!e) e = get_int(c, r, "", "eval_every", 100, 0, &rc->eval_every);

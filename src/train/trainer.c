@@ -8,12 +8,14 @@
 #include "train/optim.h"
 #include "train/qb.h"
 #include "train/run.h"
+#include "tok/tok.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 typedef struct {
     const k3c_run_config *rc;
@@ -128,7 +130,7 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     row->grad_norm = rc->grad_clip > 0 ? k3c_clip_grad_norm(&tr->m.table, tr->m.g, rc->grad_clip)
                                        : k3c_grad_norm(&tr->m.table, tr->m.g);
     k3c_schedule sch = {st->schedule, st->lr, st->warmup, st->steps, st->min_lr_ratio};
-    row->lr = k3c_schedule_lr(&sch, stage_step);
+    row->lr = k3c_schedule_lr(&sch, stage_step + 1); /* schedules count steps from 1 */
     if ((e = k3c_optim_step(&tr->opt, &tr->m.table, tr->m.w, tr->m.g, tr->ostate, row->lr, tr->step + 1, err))) return e;
     row->qk_clipped = 0;
     if (tr->n_mla && (e = k3c_qk_clip(&tr->m.cfg, &tr->m.table, tr->m.w, tr->s_max, rc->qk_clip_tau, &row->qk_clipped, err)))
@@ -205,16 +207,49 @@ static int save(trainer *tr, k3c_err *err) {
     k3c_sbuf_printf(&sb, "}\n");
     free(ls);
     if (!sb.ok) { k3c_sbuf_free(&sb); return k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory"); }
-    k3c_train_ckpt ck = {&tr->m, tr->ostate, tr->opt.state_numel, sb.buf, tr->rc->vocab};
+    k3c_train_ckpt ck = {&tr->m, tr->ostate, tr->opt.state_numel, sb.buf, tr->rc->vocab, tr->rc->pattern};
     e = k3c_train_ckpt_save(tr->rc->out_dir, tr->step, &ck, (int)tr->rc->keep_checkpoints, err);
     k3c_sbuf_free(&sb);
-    if (!e) {
-        char p[4200], body[64];
-        snprintf(p, sizeof p, "%s/step_%08lld/k3c_tokenizer.json", tr->rc->out_dir, (long long)tr->step);
-        int len = snprintf(body, sizeof body, "{\"pattern\": \"%s\"}\n", tr->rc->pattern);
-        e = k3c_write_file_atomic(p, body, (size_t)len, err);
-    }
     return e;
+}
+
+/* metrics.jsonl after a resume: keep the rows up to the checkpoint's step (a crash may have logged later ones). */
+static int truncate_metrics(const char *path, int64_t step, k3c_err *err) {
+    char *text;
+    size_t n;
+    if (k3c_read_file(path, &text, &n, NULL)) return K3C_OK; /* no metrics yet */
+    k3c_sbuf out;
+    k3c_sbuf_init(&out);
+    for (char *line = text, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        long long st;
+        if (sscanf(line, "{\"step\":%lld", &st) == 1 && st <= step) { k3c_sbuf_append(&out, line, strlen(line)); k3c_sbuf_append(&out, "\n", 1); }
+    }
+    free(text);
+    int e = out.ok ? k3c_write_file_atomic(path, out.buf ? out.buf : "", out.len, err) : k3c_errf(err, K3C_ENOMEM, "%s", path);
+    k3c_sbuf_free(&out);
+    return e;
+}
+
+/* The tokenizer the run names must load and agree with the data's vocabulary (checked before the first step, not at
+ * the first checkpoint). */
+static int check_tokenizer(const k3c_run_config *rc, int64_t data_vocab, k3c_err *err) {
+    k3c_tok_pattern pat;
+    if (k3c_tok_pattern_parse(rc->pattern, &pat)) return k3c_errf(err, K3C_ECONFIG, "%s: pattern: '%s' is not cl100k or kimi", rc->path, rc->pattern);
+    k3c_tok *tok;
+    int e = k3c_tok_load(rc->vocab, pat, 0, &tok, err);
+    if (e) return k3c_err_wrap(err, "%s: tokenizer", rc->path);
+    char sp[1100];
+    snprintf(sp, sizeof sp, "%s.specials.json", rc->vocab);
+    if (access(sp, R_OK) == 0) e = k3c_tok_load_specials_json(tok, sp, NULL, err);
+    int64_t nv = e ? 0 : k3c_tok_n_vocab(tok);
+    k3c_tok_free(tok);
+    if (e) return e;
+    if (nv != data_vocab)
+        return k3c_errf(err, K3C_ECONFIG, "%s: tokenizer %s has %lld ids but the data was encoded with %lld", rc->path,
+                        rc->vocab, (long long)nv, (long long)data_vocab);
+    return K3C_OK;
 }
 
 static int resume(trainer *tr, k3c_err *err) {
@@ -274,9 +309,15 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     if (k3c_loader_vocab_size(tr->loader) > cfg.vocab_size)
         return k3c_errf(err, K3C_ECONFIG, "%s: data vocabulary %lld exceeds the model's vocab_size %lld", rc->path,
                         (long long)k3c_loader_vocab_size(tr->loader), (long long)cfg.vocab_size);
-    if (o->resume && (e = resume(tr, err))) return e;
+    if ((e = check_tokenizer(rc, k3c_loader_vocab_size(tr->loader), err))) return e;
     char p[4200];
+    snprintf(p, sizeof p, "%s/latest", rc->out_dir);
+    if (!o->resume && access(p, F_OK) == 0)
+        return k3c_errf(err, K3C_EINVAL, "%s already holds a run (%s exists): use --resume, or another out_dir",
+                        rc->out_dir, p);
+    if (o->resume && (e = resume(tr, err))) return e;
     snprintf(p, sizeof p, "%s/metrics.jsonl", rc->out_dir);
+    if (o->resume && (e = truncate_metrics(p, tr->step, err))) return e;
     tr->metrics = fopen(p, o->resume ? "a" : "w");
     if (!tr->metrics) return k3c_errf(err, K3C_EIO, "%s: cannot write", p);
     return K3C_OK;
