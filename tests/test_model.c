@@ -185,6 +185,7 @@ static void recompute_same(void) {
     for (int t = 0; t < 40; t++) ids[t] = (int32_t)((t * 7 + 5) % 32);
     k3c_model_batch b = {40, 3, ids, cu, NULL, 0};
     double *g[3] = {NULL, NULL, NULL}, loss[3];
+    float smax[3][64];
     size_t plan[3], total = 0;
     for (int mode = 0; mode < 3; mode++) {
         k3c_model m;
@@ -192,6 +193,8 @@ static void recompute_same(void) {
         k3c_model_init_f32(&m, 3, 0.3);
         m.kda_chunk = 16;
         for (int l = 0; l < cfg.num_layers; l++) m.recompute[l] = mode == 2 || (mode == 1 && l % 2 == 1);
+        for (int i = 0; i < 64; i++) smax[mode][i] = 0;
+        m.mla_smax = smax[mode]; /* QK-Clip statistics must not depend on recomputation either */
         plan[mode] = k3c_model_plan_bytes_f32(&m, 40, 3);
         k3c_arena ar;
         CHECK_OK(k3c_arena_init(&ar, plan[mode], &err), &err);
@@ -207,6 +210,8 @@ static void recompute_same(void) {
     for (int mode = 1; mode < 3; mode++) {
         CHECK(loss[mode] == loss[0], "recompute mode %d: loss %.9g vs %.9g", mode, loss[mode], loss[0]);
         CHECK(memcmp(g[mode], g[0], total * sizeof(double)) == 0, "recompute mode %d: gradients differ", mode);
+        CHECK(memcmp(smax[mode], smax[0], sizeof smax[0]) == 0 && smax[0][2 * 2] != 0,
+              "recompute mode %d: MLA S_max differs", mode);
         CHECK(plan[mode] < plan[mode - 1], "recompute mode %d plans %zu bytes, not less than %zu", mode, plan[mode],
               plan[mode - 1]);
     }

@@ -15,7 +15,9 @@ rm -rf "$OUT" && mkdir -p "$OUT/corpus/python" "$OUT/corpus/jargon"
 t0=$(date +%s)
 
 echo "== corpus: Python 3.11 manual (one document per Info node) + the Jargon File"
-zcat "$PY_INFO" | awk -v dir="$OUT/corpus/python" 'BEGIN { RS = "\037" } NR > 1 && length($0) > 200 {
+# Info nodes are the documents; the tag table, the indexes and the top menu are machine-made lists, not prose.
+zcat "$PY_INFO" | awk -v dir="$OUT/corpus/python" 'BEGIN { RS = "\037" }
+    NR > 1 && length($0) > 200 && length($0) < 150000 && $0 !~ /^\nTag Table:/ && $0 !~ /Node: [A-Za-z ]*Index,/ {
     f = sprintf("%s/%05d.txt", dir, NR); printf "%s", $0 > f; close(f) }'
 zcat "$JARGON" > "$OUT/corpus/jargon/jargon.txt"
 du -sh "$OUT/corpus" | sed 's/^/corpus size: /'

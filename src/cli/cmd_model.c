@@ -84,7 +84,7 @@ int cmd_logits(int argc, char **argv) {
 }
 
 static double rel_err_f(const float *x, const k3c_st_tensor *ref, double *work, size_t n) {
-    k3c_st_read_f64(ref, work, n, NULL);
+    if (k3c_st_read_f64(ref, work, n, NULL)) return INFINITY; /* wrong size or dtype: report as a failure */
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) { double d = x[i] - work[i]; num += d * d; den += work[i] * work[i]; }
     return den > 0 ? sqrt(num / den) : sqrt(num);
@@ -121,8 +121,7 @@ static int golden_check(const char *dir, const char *gpath, int chunk, double to
             fails += !(e <= tol_out);
         }
         if (gloss && work) {
-            k3c_st_read_f64(gloss, work, 1, NULL);
-            double e = fabs(loss - work[0]) / fabs(work[0]);
+            double e = k3c_st_read_f64(gloss, work, 1, NULL) ? INFINITY : fabs(loss - work[0]) / fabs(work[0]);
             printf("%-64s rel %.3e %s (k3c %.8f, golden %.8f)\n", "loss", e, e <= tol_out ? "ok" : "FAIL", loss, work[0]);
             fails += !(e <= tol_out);
         }
@@ -196,7 +195,10 @@ static int load_model_tokenizer(const char *dir, const char *pattern_opt, k3c_to
     int rc = k3c_tok_load(p, pat, 0, tok, err);
     if (rc) return rc;
     snprintf(p, sizeof p, "%s/tiktoken.model.specials.json", dir);
-    if (access(p, R_OK) == 0 && (rc = k3c_tok_load_specials_json(*tok, p, NULL, err))) k3c_tok_free(*tok);
+    if (access(p, R_OK) == 0 && (rc = k3c_tok_load_specials_json(*tok, p, NULL, err))) {
+        k3c_tok_free(*tok);
+        *tok = NULL;
+    }
     return rc;
 }
 

@@ -232,6 +232,14 @@ int R(k3c_model_forward)(k3c_model *m, const k3c_model_batch *b, k3c_arena *aren
     const k3c_config *c = &m->cfg;
     int64_t T = b->T, D = c->hidden_size, V = c->vocab_size;
     if (T <= 0) return k3c_errf(err, K3C_EINVAL, "forward: empty batch");
+    if (b->cu_seqlens) { /* validate before anything is written through these offsets */
+        if (b->n_docs < 1 || b->cu_seqlens[0] != 0 || b->cu_seqlens[b->n_docs] != T)
+            return k3c_errf(err, K3C_EINVAL, "forward: cu_seqlens must run from 0 to T = %lld over n_docs = %d entries",
+                            (long long)T, b->n_docs);
+        for (int d = 0; d < b->n_docs; d++)
+            if (b->cu_seqlens[d + 1] < b->cu_seqlens[d])
+                return k3c_errf(err, K3C_EINVAL, "forward: cu_seqlens[%d] < cu_seqlens[%d]", d + 1, d);
+    }
     if (max_sources(c) > K3C_ATTNRES_MAX_SOURCES) return k3c_errf(err, K3C_EUNSUPPORTED, "forward: too many AttnRes blocks");
     k3c_acts *a = k3c_arena_calloc(arena, sizeof *a);
     k3c_carver cv = {.a = arena};

@@ -47,6 +47,38 @@ void R(k3c_mla_alloc)(const k3c_model *m, int64_t T, k3c_carver *c, k3c_mla_acts
     if (m->cfg.mla_output_gate) { a->gl = K3C_CARVE(c, real, T * s.H * s.dv); a->og = K3C_CARVE(c, real, T * s.H * s.dv); }
 }
 
+#define QK_BLOCK 128
+
+/* S_max of QK-Clip (§10.2) for this layer: the largest scaled q·k of each head over the causal, document-masked pairs,
+ * computed from the queries and keys while they are live (recomputed layers share their buffers). */
+static int max_logits(const k3c_step *st, const mla_shape *s, const real *q, const real *k, float *out, k3c_err *err) {
+    int64_t H = s->H, dqk = s->dqk, T = s->T;
+    double scale = 1.0 / sqrt((double)dqk);
+    int nd = st->cu ? st->n_docs : 1, fail = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : fail)
+    for (int64_t h = 0; h < H; h++) {
+        real blk[QK_BLOCK * QK_BLOCK];
+        double best = -INFINITY;
+        for (int d = 0; d < nd; d++) {
+            int64_t b0 = st->cu ? st->cu[d] : 0, e = st->cu ? st->cu[d + 1] : T;
+            for (int64_t i0 = b0; i0 < e; i0 += QK_BLOCK)
+                for (int64_t j0 = b0; j0 <= i0; j0 += QK_BLOCK) {
+                    int64_t ni = e - i0 < QK_BLOCK ? e - i0 : QK_BLOCK, nj = e - j0 < QK_BLOCK ? e - j0 : QK_BLOCK;
+                    /* blk = Q_h[i0:i0+ni] K_h[j0:j0+nj]ᵀ, heads strided by H·dqk */
+                    cblas_rgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)ni, (int)nj, (int)dqk, 1,
+                                q + (i0 * H + h) * dqk, (int)(H * dqk), k + (j0 * H + h) * dqk, (int)(H * dqk), 0, blk,
+                                QK_BLOCK);
+                    for (int64_t i = 0; i < ni; i++)
+                        for (int64_t j = 0; j < nj && j0 + j <= i0 + i; j++)
+                            if (blk[i * QK_BLOCK + j] * scale > best) best = blk[i * QK_BLOCK + j] * scale;
+                }
+        }
+        out[h] = (float)best;
+        if (!isfinite(best) && T > 0) fail = 1;
+    }
+    return fail ? k3c_errf(err, K3C_ENUMERIC, "MLA: non-finite attention logits") : K3C_OK;
+}
+
 int R(k3c_mla_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real *y, k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
@@ -78,6 +110,7 @@ int R(k3c_mla_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, r
         }
     k3c_attention_sizes as = attn_sizes(&s, st->n_docs);
     CHECK_RC(R(k3c_attention_fwd)(&as, st->cu, a->q, a->k, a->v, a->o, a->lse, NULL, err));
+    if (m->mla_smax) CHECK_RC(max_logits(st, &s, a->q, a->k, m->mla_smax + (size_t)l * (size_t)H, err));
     const real *out = a->o;
     if (c->mla_output_gate) {
         CHECK_RC(k3c_lin(T, s.D, H * s.dv, xn, w + o->g_proj, a->gl, 0, err));

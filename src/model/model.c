@@ -47,6 +47,7 @@ static int ends_with(const char *s, const char *suffix) {
 /* Projections that write into the residual stream get std / sqrt(2·layers) (GPT-2 style), so the stream's variance
  * does not grow with depth at init. */
 static int is_output_proj(const char *name) {
+    if (ends_with(name, "routed_expert_down_proj.weight")) return 0; /* W↓ reads the stream, it does not write it */
     return ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight") || ends_with(name, ".w2.weight") ||
            ends_with(name, "routed_expert_up_proj.weight");
 }
@@ -136,6 +137,8 @@ int R(k3c_model_load)(k3c_model *m, const k3c_checkpoint *ck, k3c_err *err) {
     for (int i = 0; i < k3c_ckpt_count(ck) && !rc; i++) {
         const k3c_st_tensor *t = k3c_ckpt_at(ck, i);
         if (ends_with(t->name, ".weight_scale")) continue; /* read with its weight_packed partner */
+        if (m->cfg.vision.present && (!strncmp(t->name, "vision_tower.", 13) || !strncmp(t->name, "mm_projector.", 13)))
+            continue; /* the vision tower is not part of the text model */
         int packed = ends_with(t->name, ".weight_packed");
         char name[K3C_PARAM_NAME + 32];
         snprintf(name, sizeof name, "%.*s%s", (int)(strlen(t->name) - (packed ? strlen("_packed") : 0)), t->name, "");
@@ -199,6 +202,7 @@ int R(k3c_model_save)(const k3c_model *m, const char *path, k3c_err *err) {
 }
 
 int R(k3c_model_open)(const char *dir, int with_grad, k3c_model *m, k3c_err *err) {
+    memset(m, 0, sizeof *m);
     k3c_config cfg;
     int rc = k3c_config_load(dir, &cfg, err);
     if (rc) return rc;

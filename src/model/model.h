@@ -35,6 +35,8 @@ typedef struct {
     uint8_t recompute[K3C_MAX_LAYERS]; /* 1 = keep only the layer's residual-stream outputs; the backward re-runs its
                                           forward (activation memory of one layer instead of all of them) */
     k3c_route_stats *route; /* [num_layers] (entries of non-MoE layers stay empty) */
+    float *mla_smax;        /* NULL, or [num_layers, mla_heads]: each forward stores every MLA head's largest scaled
+                               logit (S_max of QK-Clip) here; set by the trainer, owned by the caller */
 } k3c_model;
 
 /* Per-step activations, planned up front from the batch shape (k3c_model_plan_bytes) and carved from one arena. */
@@ -60,10 +62,7 @@ typedef struct k3c_acts k3c_acts;
     int k3c_model_forward_##S(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, k3c_acts **acts, double *loss,        \
                               real **logits_out, k3c_err *err);                                                        \
     /* Backward of the loss of the last forward: ADDS every parameter gradient into m->g (dloss = 1 · scale). */       \
-    int k3c_model_backward_##S(k3c_model *m, k3c_acts *acts, double scale, k3c_err *err);                          \
-    /* S_max of QK-Clip: s_max [num_layers, mla_heads] ← the largest scaled q·k of each MLA head in the last forward  \
-       (rows of KDA layers untouched). */                                                                             \
-    int k3c_model_mla_max_logits_##S(const k3c_model *m, const k3c_acts *acts, float *s_max, k3c_err *err);
+    int k3c_model_backward_##S(k3c_model *m, k3c_acts *acts, double scale, k3c_err *err);
 
 K3C_DECLARE_REAL(K3C_MODEL_API)
 

@@ -13,6 +13,7 @@ typedef struct {
     int layer;
     char scope[96]; /* "model.layers.3." etc. (without the config prefix) */
     int oom;
+    k3c_param scratch;
 } builder;
 
 static size_t add(builder *b, const char *leaf, int kind, int ndim, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
@@ -42,7 +43,8 @@ static size_t add(builder *b, const char *leaf, int kind, int ndim, int64_t d0, 
 #define MAT(leaf, o, i) add(b, leaf, K3C_PK_MATRIX, 2, o, i, 0, 0)
 #define VEC(leaf, n) add(b, leaf, K3C_PK_VECTOR, 1, n, 0, 0, 0)
 
-static k3c_param *last(builder *b) { return &b->t->p[b->t->n - 1]; }
+/* The entry just added (the builder's scratch entry after an allocation failure, so callers need not check). */
+static k3c_param *last(builder *b) { return b->oom || b->t->n == 0 ? &b->scratch : &b->t->p[b->t->n - 1]; }
 
 static void kda_params(builder *b, k3c_layer_offsets *o) {
     const k3c_config *c = b->cfg;

@@ -20,7 +20,19 @@ void k3c_metrics_write(FILE *f, const k3c_metrics_row *r) {
     num(f, "tokens_per_s", r->tokens_per_s);
     num(f, "max_load_ratio", r->max_load_ratio);
     num(f, "load_cv", r->load_cv);
-    fprintf(f, ",\"qk_clipped\":%d}\n", r->qk_clipped);
+    fprintf(f, ",\"qk_clipped\":%d", r->qk_clipped);
+    if (r->n_moe > 0) {
+        static const char *key[3] = {"moe_layers", "layer_max_load_ratio", "layer_load_cv"};
+        for (int k = 0; k < 3; k++) {
+            fprintf(f, ",\"%s\":[", key[k]);
+            for (int i = 0; i < r->n_moe; i++) {
+                if (k == 0) fprintf(f, "%s%d", i ? "," : "", r->moe_layer[i]);
+                else fprintf(f, "%s%.5g", i ? "," : "", k == 1 ? r->layer_max_ratio[i] : r->layer_cv[i]);
+            }
+            fprintf(f, "]");
+        }
+    }
+    fprintf(f, "}\n");
     fflush(f);
 }
 

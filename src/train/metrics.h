@@ -11,6 +11,10 @@ typedef struct {
     double loss, val_loss; /* val_loss NAN when not evaluated at this step */
     double lr, grad_norm, tokens_per_s;
     double max_load_ratio, load_cv; /* worst MoE layer: max/mean expert load, coefficient of variation */
+    int n_moe;                      /* per MoE layer, in layer order: */
+    const int *moe_layer;           /*   decoder layer index */
+    const double *layer_max_ratio;  /*   max/mean expert load */
+    const double *layer_cv;         /*   coefficient of variation of the loads */
     int qk_clipped;
 } k3c_metrics_row;
 

@@ -32,6 +32,9 @@ typedef struct {
     int64_t step, tokens; /* completed optimizer steps, tokens consumed */
     FILE *metrics;
     int n_mla;
+    int moe_layer[K3C_MAX_LAYERS];  /* per-layer load telemetry of the last step */
+    double layer_ratio[K3C_MAX_LAYERS], layer_cv[K3C_MAX_LAYERS];
+    int n_moe;
 } trainer;
 
 static int stage_of(const k3c_run_config *rc, int64_t step, int64_t *stage_step) {
@@ -75,17 +78,21 @@ static int ensure_arena(trainer *tr, int64_t T, int n_docs, k3c_err *err) {
     return k3c_arena_init(&tr->arena, tr->arena_cap, err);
 }
 
-/* Router load statistics of the last forward, worst MoE layer. */
-static void load_telemetry(const trainer *tr, double *max_ratio, double *cv) {
+/* Router load statistics of the last forward: per MoE layer, and the worst layer. */
+static void load_telemetry(trainer *tr, double *max_ratio, double *cv) {
     const k3c_config *c = &tr->m.cfg;
     *max_ratio = NAN;
     *cv = NAN;
     int64_t *loads = malloc(sizeof(int64_t) * (size_t)(c->num_experts > 0 ? c->num_experts : 1));
+    tr->n_moe = 0;
     for (int l = 0; loads && l < c->num_layers; l++) {
         const k3c_route_stats *r = &tr->m.route[l];
         k3c_load_stats st;
         if (c->ffn[l] != K3C_FFN_MOE || r->T == 0) continue;
         if (k3c_moe_load_stats(r->topk_ids, NULL, r->T, r->k, r->n, loads, &st, NULL)) continue;
+        tr->moe_layer[tr->n_moe] = l;
+        tr->layer_ratio[tr->n_moe] = st.max_over_mean;
+        tr->layer_cv[tr->n_moe++] = st.cv;
         if (!(st.max_over_mean <= *max_ratio)) *max_ratio = st.max_over_mean;
         if (!(st.cv <= *cv)) *cv = st.cv;
     }
@@ -126,7 +133,6 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     if ((e = k3c_model_forward_f32(&tr->m, &b, &tr->arena, &acts, &loss, NULL, err))) return e;
     if (!isfinite(loss)) return k3c_errf(err, K3C_ENUMERIC, "step %lld: loss is %g", (long long)tr->step + 1, loss);
     if ((e = k3c_model_backward_f32(&tr->m, acts, 1.0, err))) return e;
-    if (tr->n_mla && (e = k3c_model_mla_max_logits_f32(&tr->m, acts, tr->s_max, err))) return e;
     row->grad_norm = rc->grad_clip > 0 ? k3c_clip_grad_norm(&tr->m.table, tr->m.g, rc->grad_clip)
                                        : k3c_grad_norm(&tr->m.table, tr->m.g);
     k3c_schedule sch = {st->schedule, st->lr, st->warmup, st->steps, st->min_lr_ratio};
@@ -303,6 +309,7 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     tr->n_mla = k3c_config_num_mla(&cfg);
     tr->s_max = calloc((size_t)(cfg.num_layers * (cfg.mla_heads > 0 ? cfg.mla_heads : 1)), sizeof(float));
     if (!tr->ostate || !tr->s_max) return k3c_errf(err, K3C_ENOMEM, "trainer: out of memory");
+    if (tr->n_mla) tr->m.mla_smax = tr->s_max; /* every forward records S_max for QK-Clip */
     k3c_data_source src[K3C_RUN_MAX_SOURCES];
     for (int i = 0; i < rc->n_sources; i++) src[i] = (k3c_data_source){rc->source_name[i], rc->source_dir[i]};
     if ((e = k3c_loader_open(src, rc->n_sources, rc->stage[0].mixture, rc->seed, &tr->loader, err))) return e;
@@ -357,6 +364,10 @@ int k3c_train_run(const k3c_run_config *rc, const k3c_train_opts *o, k3c_train_r
         row.stage = s;
         if ((e = train_step(&tr, &rc->stage[s], stage_step, &row, err))) break;
         row.step = tr.step;
+        row.n_moe = tr.n_moe;
+        row.moe_layer = tr.moe_layer;
+        row.layer_max_ratio = tr.layer_ratio;
+        row.layer_cv = tr.layer_cv;
         row.tokens = tr.tokens;
         row.tokens_per_s = (double)(tr.tokens - tokens0) / (k3c_now() - t0);
         int last = tr.step == stop;
