@@ -1,0 +1,241 @@
+/* bench_cuda.cu — times the CUDA ops against the issue-5 anchors (fla chunk_kda, PyTorch SDPA flash, cuBLAS, copy) on
+ * random device data: CUDA events after warm-up, median of many runs. Prints one table row per case; bench/RESULTS.md
+ * records them. DESIGN.md "cuda/"; ARCHITECTURE.md §3.2 (KDA FLOPs), §4.2 (MLA dims). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "cuda/cuda_ops.h"
+
+#define CK(x)                                                                                                          \
+    do {                                                                                                               \
+        cudaError_t e_ = (x);                                                                                          \
+        if (e_ != cudaSuccess) {                                                                                       \
+            printf("FATAL %s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                           \
+            exit(2);                                                                                                   \
+        }                                                                                                              \
+    } while (0)
+#define OK(x)                                                                                                          \
+    do {                                                                                                               \
+        int rc_ = (x);                                                                                                 \
+        if (rc_) {                                                                                                     \
+            printf("FATAL %s:%d %s: %s\n", __FILE__, __LINE__, #x, err.msg);                                           \
+            exit(2);                                                                                                   \
+        }                                                                                                              \
+    } while (0)
+
+static k3c_err err;
+
+/* ---------------------------------------------------------------- random device data (counter hash, no zeros) */
+__device__ __forceinline__ float hash_normal(uint64_t seed, uint64_t i) {
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull;
+    float s = 0.f;
+    for (int r = 0; r < 4; r++) { /* sum of four uniforms, centred: near-normal, sd 1 */
+        x ^= x >> 31, x *= 0x94D049BB133111EBull, x ^= x >> 29, x += 0x9E3779B97F4A7C15ull;
+        s += (float)(x >> 40) * (1.0f / 16777216.0f);
+    }
+    return (s - 2.f) * 1.7320508f;
+}
+enum { FILL_NORMAL, FILL_SIGMOID, FILL_LB_GATE };
+__global__ void fill_kernel(void *p, size_t n, int bf, int kind, float sd, uint64_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float z = hash_normal(seed, i) * sd;
+        if (kind == FILL_SIGMOID) z = 1.f / (1.f + expf(-z));
+        if (kind == FILL_LB_GATE) z = -5.f / (1.f + expf(-1.5f * z));
+        if (bf) ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(z);
+        else ((float *)p)[i] = z;
+    }
+}
+/* rows of width d scaled to unit norm (KDA q, k) */
+__global__ void l2rows_kernel(__nv_bfloat16 *x, size_t rows, int d) {
+    size_t r = blockIdx.x * (size_t)(blockDim.x / 32) + threadIdx.x / 32;
+    if (r >= rows) return;
+    float s = 0.f;
+    for (int i = threadIdx.x % 32; i < d; i += 32) s += __bfloat162float(x[r * d + i]) * __bfloat162float(x[r * d + i]);
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float inv = rsqrtf(s + 1e-6f);
+    for (int i = threadIdx.x % 32; i < d; i += 32) x[r * d + i] = __float2bfloat16_rn(__bfloat162float(x[r * d + i]) * inv);
+}
+
+static void *dalloc(size_t bytes) {
+    void *p;
+    OK(k3c_cuda_malloc(&p, bytes, &err));
+    return p;
+}
+static uint64_t g_seed = 12345;
+static void fill(void *p, size_t n, int bf, int kind = FILL_NORMAL, float sd = 1.f) {
+    fill_kernel<<<2048, 256>>>(p, n, bf, kind, sd, g_seed++);
+    CK(cudaGetLastError());
+}
+
+/* Median milliseconds of fn over `reps` runs after `warm` runs, one event pair per run (default stream). */
+static int g_prof; /* profiling mode (under ncu): every case runs once, untimed */
+static double time_ms(const std::function<void()> &fn, int warm = 3, int reps = 15) {
+    if (g_prof) {
+        fn();
+        CK(cudaDeviceSynchronize());
+        return 0.0;
+    }
+    for (int i = 0; i < warm; i++) fn();
+    CK(cudaDeviceSynchronize());
+    std::vector<cudaEvent_t> ev(2 * reps);
+    for (auto &e : ev) CK(cudaEventCreate(&e));
+    for (int i = 0; i < reps; i++) {
+        CK(cudaEventRecord(ev[2 * i], cudaStreamPerThread));
+        fn();
+        CK(cudaEventRecord(ev[2 * i + 1], cudaStreamPerThread));
+    }
+    CK(cudaDeviceSynchronize());
+    std::vector<float> t(reps);
+    for (int i = 0; i < reps; i++) CK(cudaEventElapsedTime(&t[i], ev[2 * i], ev[2 * i + 1]));
+    for (auto &e : ev) CK(cudaEventDestroy(e));
+    std::sort(t.begin(), t.end());
+    return t[reps / 2];
+}
+
+static std::vector<std::string> rows;
+static void row(const char *name, const std::string &shape, double ms, double anchor_ms, const std::string &extra) {
+    char b[512];
+    snprintf(b, sizeof b, "| %-28s | %-34s | %9.3f | %9.3f | %5.2fx | %s |", name, shape.c_str(), ms, anchor_ms,
+             anchor_ms > 0 ? ms / anchor_ms : 0.0, extra.c_str());
+    rows.push_back(b);
+    printf("%s\n", b);
+    fflush(stdout);
+}
+static std::string fmt(const char *f, double a, double b = 0, double c = 0) {
+    char buf[256];
+    snprintf(buf, sizeof buf, f, a, b, c);
+    return buf;
+}
+
+/* ---------------------------------------------------------------- cases */
+static void bench_copy() {
+    const size_t bytes = (size_t)2 << 30;
+    void *a = dalloc(bytes), *b = dalloc(bytes);
+    fill(a, bytes / 4, 0);
+    double ms = time_ms([&] { OK(k3c_cuda_copy(b, a, bytes, &err)); }, 3, 20);
+    double tbs = 2.0 * bytes / (ms * 1e-3) / 1e12;
+    /* anchor: 4.27 TB/s → the time it would take for the same bytes */
+    row("copy d2d (16B/thread)", "2 GiB", ms, 2.0 * bytes / 4.27e12 * 1e3, fmt("%.2f TB/s (anchor 4.27)", tbs));
+    k3c_cuda_free(a), k3c_cuda_free(b);
+}
+
+static void bench_gemm(k3c_cuda_ctx *ctx) {
+    const int64_t n = 8192;
+    void *A = dalloc(n * n * 2), *B = dalloc(n * n * 2), *C = dalloc(n * n * 2);
+    fill(A, n * n, 1), fill(B, n * n, 1);
+    double ms = time_ms([&] { OK(k3c_gemm_bf16_cuda(ctx, 0, 1, n, n, n, 1.f, (uint16_t *)A, (uint16_t *)B, 0.f, C, 0, &err)); },
+                        3, 20);
+    double tf = 2.0 * n * n * n / (ms * 1e-3) / 1e12;
+    row("gemm bf16 cuBLASLt (NT)", "8192^3", ms, 2.0 * n * n * n / 716e12 * 1e3, fmt("%.0f TFLOP/s (anchor 716)", tf));
+    k3c_cuda_free(A), k3c_cuda_free(B), k3c_cuda_free(C);
+}
+
+static void bench_kda(int T, double anchor_fwd, double anchor_fb) {
+    const int H = 32, D = 128;
+    k3c_kda_dims d = {};
+    d.T = T, d.H = H, d.dk = D, d.dv = D, d.chunk = 64, d.gate_lower_bound = -5;
+    const size_t tk = (size_t)T * H * D;
+    void *q = dalloc(tk * 2), *k = dalloc(tk * 2), *v = dalloc(tk * 2), *o = dalloc(tk * 2);
+    float *g = (float *)dalloc(tk * 4), *beta = (float *)dalloc((size_t)T * H * 4), *ht = (float *)dalloc((size_t)H * D * D * 4);
+    fill(q, tk, 1), fill(k, tk, 1), fill(v, tk, 1);
+    l2rows_kernel<<<(unsigned)((T * (size_t)H + 7) / 8), 256>>>((__nv_bfloat16 *)q, (size_t)T * H, D);
+    l2rows_kernel<<<(unsigned)((T * (size_t)H + 7) / 8), 256>>>((__nv_bfloat16 *)k, (size_t)T * H, D);
+    fill(g, tk, 0, FILL_LB_GATE), fill(beta, (size_t)T * H, 0, FILL_SIGMOID);
+    CK(cudaGetLastError());
+    void *ws = dalloc(k3c_kda_chunk_fwd_workspace_cuda(&d));
+    double ms = time_ms([&] {
+        OK(k3c_kda_chunk_fwd_bf16_cuda(&d, nullptr, (uint16_t *)q, (uint16_t *)k, (uint16_t *)v, g, beta, nullptr,
+                                       (uint16_t *)o, ht, ws, &err));
+    });
+    /* bytes that must move: q k v o (bf16), g (fp32), beta */
+    const double gb = (tk * 2.0 * 4 + tk * 4.0) / 1e9;
+    row("kda chunk fwd (bf16, lb -5)", fmt("B1 H32 d128 T%.0f", T), ms, anchor_fwd,
+        fmt("%.0f GB/s of min traffic", gb / (ms * 1e-3)));
+    /* forward + backward: bf16 inputs, fp32 gradients added into zeroed buffers */
+    const size_t tb = (size_t)T * H;
+    float *dq = (float *)dalloc(tk * 4), *dk = (float *)dalloc(tk * 4), *dv = (float *)dalloc(tk * 4);
+    float *dg = (float *)dalloc(tk * 4), *db = (float *)dalloc(tb * 4);
+    void *dout = dalloc(tk * 2), *wsb = dalloc(k3c_kda_chunk_bwd_workspace_cuda(&d));
+    fill(dout, tk, 1);
+    double ms2 = time_ms([&] {
+        OK(k3c_kda_chunk_fwd_bf16_cuda(&d, nullptr, (uint16_t *)q, (uint16_t *)k, (uint16_t *)v, g, beta, nullptr,
+                                       (uint16_t *)o, ht, ws, &err));
+        OK(k3c_kda_chunk_bwd_bf16_cuda(&d, nullptr, (uint16_t *)q, (uint16_t *)k, (uint16_t *)v, g, beta, nullptr,
+                                       (uint16_t *)dout, nullptr, dq, dk, dv, dg, db, nullptr, wsb, &err));
+    }, 2, 7);
+    row("kda chunk fwd+bwd", fmt("B1 H32 d128 T%.0f", T), ms2, anchor_fb, "fp32 grads");
+    k3c_cuda_free(dq), k3c_cuda_free(dk), k3c_cuda_free(dv), k3c_cuda_free(dg), k3c_cuda_free(db);
+    k3c_cuda_free(dout), k3c_cuda_free(wsb);
+    k3c_cuda_free(q), k3c_cuda_free(k), k3c_cuda_free(v), k3c_cuda_free(o), k3c_cuda_free(g), k3c_cuda_free(beta);
+    k3c_cuda_free(ht), k3c_cuda_free(ws);
+}
+
+static void bench_attn(int T, int dqk, double anchor_fwd, double anchor_fb) {
+    const int H = 32, dv = 128;
+    k3c_attention_sizes s = {};
+    s.T = T, s.H = H, s.dqk = dqk, s.dv = dv, s.scale = 1.0 / sqrt((double)dqk);
+    const size_t tq = (size_t)T * H * dqk, tv = (size_t)T * H * dv;
+    void *q = dalloc(tq * 2), *k = dalloc(tq * 2), *v = dalloc(tv * 2), *o = dalloc(tv * 2), *dout = dalloc(tv * 2);
+    void *dq = dalloc(tq * 2), *dk = dalloc(tq * 2), *dvv = dalloc(tv * 2);
+    float *lse = (float *)dalloc((size_t)T * H * 4);
+    fill(q, tq, 1), fill(k, tq, 1), fill(v, tv, 1), fill(dout, tv, 1);
+    void *ws = dalloc(k3c_attention_workspace_cuda(&s));
+    auto fwd = [&] {
+        OK(k3c_attention_fwd_bf16_cuda(&s, nullptr, (uint16_t *)q, (uint16_t *)k, (uint16_t *)v, (uint16_t *)o, lse, ws,
+                                       &err));
+    };
+    auto bwd = [&] {
+        OK(k3c_attention_bwd_bf16_cuda(&s, nullptr, (uint16_t *)q, (uint16_t *)k, (uint16_t *)v, (uint16_t *)o, lse,
+                                       (uint16_t *)dout, (uint16_t *)dq, (uint16_t *)dk, (uint16_t *)dvv, ws, &err));
+    };
+    const double flops_f = (double)T * T * H * (dqk + dv); /* causal: half of 2·T²·(dqk + dv) */
+    double ms = time_ms(fwd);
+    row("attention fwd (bf16 causal)", fmt("H32 dqk%.0f dv128 T%.0f", dqk, T), ms, anchor_fwd,
+        fmt("%.0f TFLOP/s", flops_f / (ms * 1e-3) / 1e12));
+    double ms2 = time_ms([&] { fwd(), bwd(); }, 2, 7);
+    /* standard count, causal: fwd QKᵀ + PV, bwd QKᵀ + dO·Vᵀ + Pᵀ·dO + dS·K + dSᵀ·Q, each T²·d (half of 2·T²·d) */
+    const double flops_fb = (double)T * T * H * (4.0 * dqk + 3.0 * dv);
+    row("attention fwd+bwd (bf16)", fmt("H32 dqk%.0f dv128 T%.0f", dqk, T), ms2, anchor_fb,
+        fmt("%.0f TFLOP/s (std count)", flops_fb / (ms2 * 1e-3) / 1e12));
+    k3c_cuda_free(q), k3c_cuda_free(k), k3c_cuda_free(v), k3c_cuda_free(o), k3c_cuda_free(dout), k3c_cuda_free(dq);
+    k3c_cuda_free(dk), k3c_cuda_free(dvv), k3c_cuda_free(lse), k3c_cuda_free(ws);
+}
+
+int main(int argc, char **argv) {
+    k3c_cuda_ctx ctx;
+    OK(k3c_cuda_init(&ctx, 0, 0, &err));
+    const char *only = argc > 1 ? argv[1] : "copy,gemm,kda,attn";
+    printf("device %s (%d SMs); date 2026-12-02\n", ctx.name, ctx.sm_count);
+    printf("| case | shape | ours ms | anchor ms | ours/anchor | note |\n|---|---|---|---|---|---|\n");
+    if (strstr(only, "copy")) bench_copy();
+    if (strstr(only, "gemm")) bench_gemm(&ctx);
+    if (strstr(only, "prof")) { /* one call of each op at T = 16K, for ncu */
+        g_prof = 1;
+        if (strstr(only, "kda")) bench_kda(16384, 1.89, 8.71);
+        if (strstr(only, "attn")) bench_attn(16384, 192, 5.30, 31.8);
+        return 0;
+    }
+    if (strstr(only, "kda")) {
+        bench_kda(4096, 1.37, 5.50);
+        bench_kda(16384, 1.89, 8.71);
+        bench_kda(65536, 7.44, 34.3);
+    }
+    if (strstr(only, "attn")) {
+        bench_attn(16384, 192, 5.30, 31.8);
+        bench_attn(16384, 128, 3.80, 14.4);
+    }
+    printf("\n==== bench table ====\n| case | shape | ours ms | anchor ms | ours/anchor | note |\n|---|---|---|---|---|---|\n");
+    for (auto &r : rows) printf("%s\n", r.c_str());
+    k3c_cuda_destroy(&ctx);
+    return 0;
+}

@@ -1,0 +1,118 @@
+/* cuda_ops.h — the CUDA backend's C interface: device memory, the cuBLASLt context and GEMMs, and the CUDA twins of the
+ * CPU ops (KDA chunked / recurrent, MLA attention). DESIGN.md "Ops", "Precision policy"; ARCHITECTURE.md §3, §4.
+ *
+ * Conventions (beyond src/ops/ops.h):
+ *  - A twin k3c_<op>_<fwd|bwd>_cuda takes the CPU op's arguments in float, every array (cu_seqlens included) a DEVICE
+ *    pointer, the workspace a device buffer of k3c_<op>_workspace_cuda bytes. It runs on the calling thread's default
+ *    stream (cudaStreamPerThread) and returns without synchronising; results are ordered on that stream.
+ *  - Tensor-core paths store q/k/v in bf16 and accumulate in fp32 (gates, decays, states, softmax statistics fp32);
+ *    the float twins convert their inputs into the workspace first. *_bf16_cuda entry points take bf16 tensors directly
+ *    (uint16_t = raw bf16 bits) for the model and the benchmarks.
+ *  - Every CUDA return code is checked; failures return K3C_EDEVICE with the call named in err. */
+#ifndef K3C_CUDA_OPS_H
+#define K3C_CUDA_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "k3c.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "ops/attention.h"
+#include "ops/kda.h"
+
+/* ---------------------------------------------------------------- device plumbing (device.cu) */
+typedef struct {
+    int device;             /* CUDA ordinal */
+    int sm_count;           /* multiprocessors */
+    size_t smem_optin;      /* largest dynamic shared memory a block may opt into */
+    void *lt;               /* cublasLtHandle_t */
+    void *lt_ws;            /* cuBLASLt workspace (device) */
+    size_t lt_ws_bytes;
+    char name[128];
+} k3c_cuda_ctx;
+
+/* Selects `device`, reads its properties, creates the cuBLASLt handle and a workspace of lt_ws_bytes (0 = 32 MiB). */
+int k3c_cuda_init(k3c_cuda_ctx *ctx, int device, size_t lt_ws_bytes, k3c_err *err);
+void k3c_cuda_destroy(k3c_cuda_ctx *ctx);
+
+int k3c_cuda_malloc(void **p, size_t bytes, k3c_err *err);
+void k3c_cuda_free(void *p);
+int k3c_cuda_h2d(void *dst, const void *src, size_t bytes, k3c_err *err);  /* synchronous */
+int k3c_cuda_d2h(void *dst, const void *src, size_t bytes, k3c_err *err);  /* synchronous */
+int k3c_cuda_fill_u8(void *p, int byte, size_t bytes, k3c_err *err);       /* e.g. 0xFF poisons floats with NaN */
+int k3c_cuda_sync(k3c_err *err);                                            /* the calling thread's stream */
+/* Device-side conversions (stream-ordered). bf16 is stored as uint16_t bit patterns; rounding is to nearest even. */
+int k3c_cuda_f32_to_bf16(const float *x, uint16_t *y, size_t n, k3c_err *err);
+int k3c_cuda_bf16_to_f32(const uint16_t *x, float *y, size_t n, k3c_err *err);
+/* A plain device-to-device copy with 16-byte accesses (the bandwidth ceiling the benchmarks quote). */
+int k3c_cuda_copy(void *dst, const void *src, size_t bytes, k3c_err *err);
+
+/* ---------------------------------------------------------------- GEMM through cuBLASLt (gemm.cu)
+ * Row-major C[M,N] = alpha · op(A) op(B) + beta · C with op = transpose when trans_* is set (as k3c_matmul): A is [M,K]
+ * or, transposed, [K,M]; B is [K,N] or [N,K]; rows are dense (leading dimension = stored row width).
+ * k3c_gemm_bf16_cuda: A, B bf16, fp32 accumulation, C bf16 (c_f32 = 0) or float (c_f32 = 1).
+ * k3c_matmul_cuda: the float twin of k3c_matmul; tf32 = 1 allows TF32 tensor cores, 0 keeps full fp32. */
+int k3c_gemm_bf16_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                       const uint16_t *A, const uint16_t *B, float beta, void *C, int c_f32, k3c_err *err);
+int k3c_matmul_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, double alpha,
+                    const float *A, const float *B, double beta, float *C, int tf32, k3c_err *err);
+
+/* ---------------------------------------------------------------- KDA (kda_fwd.cu, kda_bwd.cu, kda_recurrent.cu)
+ * Chunked twins of k3c_kda_chunk_{fwd,bwd} (ops/kda.h): chunk 64 built from 16-row sub-tiles, whatever d->chunk says.
+ * Tensor-core path: dk ∈ {32, 64, 128}, dv a multiple of 32 up to 256. With d->gate_lower_bound < 0 (≥ −5.5) the diagonal
+ * 16×16 tiles are bf16 MMAs around the tile midpoint (§3.3); with 0 they are computed elementwise (any gate). */
+size_t k3c_kda_chunk_fwd_workspace_cuda(const k3c_kda_dims *d);
+int k3c_kda_chunk_fwd_cuda(const k3c_kda_dims *d, const int32_t *cu_seqlens, const float *q, const float *k,
+                           const float *v, const float *g, const float *beta, const float *h0, float *o, float *ht,
+                           void *ws, k3c_err *err);
+/* bf16 q, k, v, o; fp32 g, beta, h0, ht (the training / prefill entry). Workspace as above. */
+int k3c_kda_chunk_fwd_bf16_cuda(const k3c_kda_dims *d, const int32_t *cu_seqlens, const uint16_t *q, const uint16_t *k,
+                                const uint16_t *v, const float *g, const float *beta, const float *h0, uint16_t *o,
+                                float *ht, void *ws, k3c_err *err);
+/* The backward recomputes the forward (keeping (I+L)⁻¹, Ṽ and the chunk-entering states), runs the state gradient in
+ * reverse per (document, head), then one block per (chunk, head) adds into every gradient. dout, dq, dk, dv, dg and
+ * dbeta are required here (NULL is only allowed for dht and dh0). */
+size_t k3c_kda_chunk_bwd_workspace_cuda(const k3c_kda_dims *d);
+int k3c_kda_chunk_bwd_cuda(const k3c_kda_dims *d, const int32_t *cu_seqlens, const float *q, const float *k,
+                           const float *v, const float *g, const float *beta, const float *h0, const float *dout,
+                           const float *dht, float *dq, float *dk, float *dv, float *dg, float *dbeta, float *dh0,
+                           void *ws, k3c_err *err);
+/* bf16 q, k, v, dout; fp32 g, beta, h0, dht; fp32 gradients, ADDED to (dq, dk, dv, dg, dbeta required; dh0 optional).
+ * Workspace: k3c_kda_chunk_bwd_workspace_cuda. */
+int k3c_kda_chunk_bwd_bf16_cuda(const k3c_kda_dims *d, const int32_t *cu_seqlens, const uint16_t *q, const uint16_t *k,
+                                const uint16_t *v, const float *g, const float *beta, const float *h0,
+                                const uint16_t *dout, const float *dht, float *dq, float *dk, float *dv, float *dg,
+                                float *dbeta, float *dh0, void *ws, k3c_err *err);
+/* Token recurrence in fp32 (decode: T = n_docs tokens, cu = 0, 1, .., n_docs; ht may alias h0 for in-place decode).
+ * dk ∈ {16, 32, 64, 128}, dv ≤ 1024. Needs no workspace (ws may be NULL). */
+size_t k3c_kda_recurrent_fwd_workspace_cuda(const k3c_kda_dims *d);
+int k3c_kda_recurrent_fwd_cuda(const k3c_kda_dims *d, const int32_t *cu_seqlens, const float *q, const float *k,
+                               const float *v, const float *g, const float *beta, const float *h0, float *o, float *ht,
+                               void *ws, k3c_err *err);
+
+/* ---------------------------------------------------------------- attention (attention.cu)
+ * Twins of k3c_attention_{fwd,bwd} (ops/attention.h): FlashAttention-2 style, bf16 tensor cores, fp32 softmax and lse.
+ * dqk and dv multiples of 8, dqk ≤ 192, dv ≤ 128 (MLA: 192 = 128 + 64 and 128; small dims are zero-padded to 32 / 64).
+ * block_q / block_k are ignored (64-row tiles). */
+size_t k3c_attention_fwd_workspace_cuda(const k3c_attention_sizes *s);
+size_t k3c_attention_workspace_cuda(const k3c_attention_sizes *s); /* backward */
+int k3c_attention_fwd_cuda(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const float *q, const float *k,
+                           const float *v, float *o, float *lse, void *ws, k3c_err *err);
+int k3c_attention_bwd_cuda(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const float *q, const float *k,
+                           const float *v, const float *o, const float *lse, const float *dout, float *dq, float *dk,
+                           float *dv, void *ws, k3c_err *err);
+/* bf16 entries (o, dq, dk, dv bf16 and OVERWRITTEN, not accumulated; lse fp32). Workspace: the same functions. */
+int k3c_attention_fwd_bf16_cuda(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const uint16_t *q,
+                                const uint16_t *k, const uint16_t *v, uint16_t *o, float *lse, void *ws, k3c_err *err);
+int k3c_attention_bwd_bf16_cuda(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const uint16_t *q,
+                                const uint16_t *k, const uint16_t *v, const uint16_t *o, const float *lse,
+                                const uint16_t *dout, uint16_t *dq, uint16_t *dk, uint16_t *dv, void *ws,
+                                k3c_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,120 @@
+/* device.cu — CUDA device plumbing: context (properties, cuBLASLt handle + workspace), checked allocation and copies,
+ * bf16 conversions and a 16-byte-wide copy kernel. DESIGN.md "cuda/" and "Precision policy". */
+#include <cublasLt.h>
+#include <string.h>
+
+#include "cuda/common.cuh"
+
+using namespace k3c_cu;
+
+extern "C" int k3c_cuda_init(k3c_cuda_ctx *ctx, int device, size_t lt_ws_bytes, k3c_err *err) {
+    memset(ctx, 0, sizeof *ctx);
+    ctx->device = device;
+    K3C_CU(cudaSetDevice(device));
+    cudaDeviceProp p;
+    K3C_CU(cudaGetDeviceProperties(&p, device));
+    ctx->sm_count = p.multiProcessorCount;
+    ctx->smem_optin = p.sharedMemPerBlockOptin;
+    snprintf(ctx->name, sizeof ctx->name, "%.127s", p.name);
+    if (p.major < 8) return k3c_errf(err, K3C_EUNSUPPORTED, "cuda: %s is sm_%d%d; k3c needs sm_80 or newer", p.name, p.major, p.minor);
+    cublasLtHandle_t lt;
+    cublasStatus_t st = cublasLtCreate(&lt);
+    if (st != CUBLAS_STATUS_SUCCESS) return k3c_errf(err, K3C_EDEVICE, "cuda: cublasLtCreate: status %d", (int)st);
+    ctx->lt = lt;
+    ctx->lt_ws_bytes = lt_ws_bytes ? lt_ws_bytes : (size_t)32 << 20;
+    cudaError_t e = cudaMalloc(&ctx->lt_ws, ctx->lt_ws_bytes);
+    if (e != cudaSuccess) {
+        cublasLtDestroy(lt);
+        ctx->lt = NULL;
+        return k3c_errf(err, K3C_EDEVICE, "cuda: cudaMalloc(%zu) for the cuBLASLt workspace: %s", ctx->lt_ws_bytes,
+                        cudaGetErrorString(e));
+    }
+    return K3C_OK;
+}
+
+extern "C" void k3c_cuda_destroy(k3c_cuda_ctx *ctx) {
+    if (!ctx) return;
+    if (ctx->lt_ws) cudaFree(ctx->lt_ws);
+    if (ctx->lt) cublasLtDestroy((cublasLtHandle_t)ctx->lt);
+    ctx->lt = ctx->lt_ws = NULL;
+}
+
+extern "C" int k3c_cuda_malloc(void **p, size_t bytes, k3c_err *err) {
+    *p = NULL;
+    cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
+    if (e != cudaSuccess)
+        return k3c_errf(err, K3C_ENOMEM, "cuda: cudaMalloc(%zu bytes): %s", bytes, cudaGetErrorString(e));
+    return K3C_OK;
+}
+extern "C" void k3c_cuda_free(void *p) {
+    if (p) cudaFree(p);
+}
+extern "C" int k3c_cuda_h2d(void *dst, const void *src, size_t bytes, k3c_err *err) {
+    K3C_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, K3C_STREAM));
+    K3C_CU(cudaStreamSynchronize(K3C_STREAM));
+    return K3C_OK;
+}
+extern "C" int k3c_cuda_d2h(void *dst, const void *src, size_t bytes, k3c_err *err) {
+    K3C_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, K3C_STREAM));
+    K3C_CU(cudaStreamSynchronize(K3C_STREAM));
+    return K3C_OK;
+}
+extern "C" int k3c_cuda_fill_u8(void *p, int byte, size_t bytes, k3c_err *err) {
+    K3C_CU(cudaMemsetAsync(p, byte, bytes, K3C_STREAM));
+    return K3C_OK;
+}
+extern "C" int k3c_cuda_sync(k3c_err *err) {
+    K3C_CU(cudaStreamSynchronize(K3C_STREAM));
+    return K3C_OK;
+}
+
+__global__ void f32_to_bf16_kernel(const float *x, bf16 *y, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __float2bfloat16_rn(x[i]);
+}
+__global__ void bf16_to_f32_kernel(const bf16 *x, float *y, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __bfloat162float(x[i]);
+}
+
+static unsigned grid_for(size_t n) {
+    size_t b = (n + 255) / 256;
+    return (unsigned)(b < 65536 ? (b ? b : 1) : 65536);
+}
+
+extern "C" int k3c_cuda_f32_to_bf16(const float *x, uint16_t *y, size_t n, k3c_err *err) {
+    if (!n) return K3C_OK;
+    f32_to_bf16_kernel<<<grid_for(n), 256, 0, K3C_STREAM>>>(x, (bf16 *)y, n);
+    K3C_CU_LAUNCHED("f32_to_bf16");
+    return K3C_OK;
+}
+extern "C" int k3c_cuda_bf16_to_f32(const uint16_t *x, float *y, size_t n, k3c_err *err) {
+    if (!n) return K3C_OK;
+    bf16_to_f32_kernel<<<grid_for(n), 256, 0, K3C_STREAM>>>((const bf16 *)x, y, n);
+    K3C_CU_LAUNCHED("bf16_to_f32");
+    return K3C_OK;
+}
+
+/* Four independent 16-byte loads in flight per thread before the first store. */
+__global__ void copy16_kernel(const uint4 *__restrict__ src, uint4 *__restrict__ dst, size_t n16) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n16; i += 4 * stride) {
+        uint4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
+        dst[i] = a, dst[i + stride] = b, dst[i + 2 * stride] = c, dst[i + 3 * stride] = d;
+    }
+    for (; i < n16; i += stride) dst[i] = src[i];
+}
+
+extern "C" int k3c_cuda_copy(void *dst, const void *src, size_t bytes, k3c_err *err) {
+    if (((uintptr_t)dst | (uintptr_t)src | bytes) & 15) {
+        K3C_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, K3C_STREAM));
+        return K3C_OK;
+    }
+    int dev, sms;
+    K3C_CU(cudaGetDevice(&dev));
+    K3C_CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    copy16_kernel<<<sms * 8, 512, 0, K3C_STREAM>>>((const uint4 *)src, (uint4 *)dst, bytes / 16);
+    K3C_CU_LAUNCHED("copy16");
+    return K3C_OK;
+}

@@ -1,0 +1,73 @@
+/* gemm.cu — dense GEMMs through cuBLASLt: row-major C = alpha op(A) op(B) + beta C in bf16 (fp32 accumulation) and
+ * float (fp32 or TF32). DESIGN.md "cuda/ … cuBLASLt", "Precision policy" (bf16 storage, fp32 accumulation). */
+#include <cublasLt.h>
+
+#include "cuda/common.cuh"
+
+#define K3C_LT(call)                                                                                                   \
+    do {                                                                                                               \
+        cublasStatus_t s_ = (call);                                                                                    \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                             \
+            rc = k3c_errf(err, K3C_EDEVICE, "%s:%d: %s: cuBLAS status %d", __FILE__, __LINE__, #call, (int)s_);        \
+            goto done;                                                                                                 \
+        }                                                                                                              \
+    } while (0)
+
+/* cuBLASLt is column-major: the row-major product C = op(A) op(B) is computed as Cᵀ = op(B)ᵀ op(A)ᵀ, i.e. with the
+ * operands swapped and each row-major buffer read as its column-major transpose. */
+static int lt_gemm(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                   const void *A, const void *B, float beta, void *C, cudaDataType_t ab_type, cudaDataType_t c_type,
+                   cublasComputeType_t compute, k3c_err *err) {
+    if (M < 0 || N < 0 || K < 0) return k3c_errf(err, K3C_EINVAL, "gemm: negative size %lld %lld %lld", (long long)M,
+                                                  (long long)N, (long long)K);
+    if (M == 0 || N == 0) return K3C_OK;
+    if (!ctx || !ctx->lt) return k3c_errf(err, K3C_EINVAL, "gemm: no cuBLASLt context (call k3c_cuda_init)");
+    int rc = K3C_OK;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    /* Lt's "A" is our B: stored [K,N] (no transpose) reads as column-major N×K; stored [N,K] reads as K×N. */
+    cublasOperation_t ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    uint64_t a_rows = trans_b ? K : N, a_cols = trans_b ? N : K;
+    uint64_t b_rows = trans_a ? M : K, b_cols = trans_a ? K : M;
+    K3C_LT(cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F));
+    K3C_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    K3C_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    K3C_LT(cublasLtMatrixLayoutCreate(&la, ab_type, a_rows, a_cols, (int64_t)a_rows));
+    K3C_LT(cublasLtMatrixLayoutCreate(&lb, ab_type, b_rows, b_cols, (int64_t)b_rows));
+    K3C_LT(cublasLtMatrixLayoutCreate(&lc, c_type, N, M, N));
+    K3C_LT(cublasLtMatmulPreferenceCreate(&pref));
+    K3C_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ctx->lt_ws_bytes,
+                                                sizeof ctx->lt_ws_bytes));
+    K3C_LT(cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)ctx->lt, op, la, lb, lc, lc, pref, 1, &heur, &found));
+    if (!found) {
+        rc = k3c_errf(err, K3C_EUNSUPPORTED, "gemm: cuBLASLt found no algorithm for %lldx%lldx%lld", (long long)M,
+                      (long long)N, (long long)K);
+        goto done;
+    }
+    K3C_LT(cublasLtMatmul((cublasLtHandle_t)ctx->lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur.algo,
+                          ctx->lt_ws, ctx->lt_ws_bytes, K3C_STREAM));
+done:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (op) cublasLtMatmulDescDestroy(op);
+    return rc;
+}
+
+extern "C" int k3c_gemm_bf16_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                                  float alpha, const uint16_t *A, const uint16_t *B, float beta, void *C, int c_f32,
+                                  k3c_err *err) {
+    return lt_gemm(ctx, trans_a, trans_b, M, N, K, alpha, A, B, beta, C, CUDA_R_16BF, c_f32 ? CUDA_R_32F : CUDA_R_16BF,
+                   CUBLAS_COMPUTE_32F, err);
+}
+
+extern "C" int k3c_matmul_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                               double alpha, const float *A, const float *B, double beta, float *C, int tf32,
+                               k3c_err *err) {
+    return lt_gemm(ctx, trans_a, trans_b, M, N, K, (float)alpha, A, B, (float)beta, C, CUDA_R_32F, CUDA_R_32F,
+                   tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, err);
+}
