@@ -25,7 +25,7 @@ int cmd_train(int argc, char **argv) {
     k3c_err err = {0};
     k3c_run_config rc;
     if (k3c_run_config_load(path, &rc, &err)) return cli_fail("train", &err);
-    k3c_train_opts o = {cli_flag(argc, argv, "--resume"), max_steps, cli_flag(argc, argv, "--quiet"),
+    k3c_train_opts o = {cli_flag(argc, argv, "--resume"), max_steps, cli_flag(argc, argv, "--quiet") ? NULL : stderr,
                         cli_flag(argc, argv, "--log") ? stdout : NULL};
     k3c_train_result r;
     if (k3c_train_run(&rc, &o, &r, &err)) return cli_fail("train", &err);

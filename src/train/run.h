@@ -53,7 +53,7 @@ int k3c_run_config_load(const char *path, k3c_run_config *rc, k3c_err *err);
 typedef struct {
     int resume;             /* continue from out_dir/latest */
     int64_t max_steps;      /* stop after this many steps in total (0 = run every stage); for tests */
-    int quiet;              /* no progress bar */
+    FILE *progress;         /* progress bar (drawn only when a terminal; NULL = none) */
     FILE *log;              /* per-step lines (NULL = none) */
 } k3c_train_opts;
 

@@ -349,8 +349,8 @@ int k3c_train_run(const k3c_run_config *rc, const k3c_train_opts *o, k3c_train_r
     int e = setup(&tr, rc, o, err);
     int64_t total = total_steps(rc), stop = o->max_steps > 0 && o->max_steps < total ? o->max_steps : total;
     k3c_progress bar;
-    k3c_progress_init(&bar, "train", stop, "tok", stderr, 0);
-    if (o->quiet) bar.enabled = 0;
+    k3c_progress_init(&bar, "train", stop, "tok", o->progress ? o->progress : stderr, 0);
+    if (!o->progress) bar.enabled = 0;
     bar.done = tr.step;
     double t0 = k3c_now();
     int64_t tokens0 = tr.tokens, stage_step;
