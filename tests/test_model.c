@@ -218,7 +218,29 @@ static void recompute_same(void) {
     for (int mode = 0; mode < 3; mode++) free(g[mode]);
 }
 
+/* Checkpoint-name lookup: plain names, per-expert slices of stacked entries, the transformers dense-MLP alias. */
+static void name_lookup(void) {
+    k3c_err err = {0};
+    k3c_config cfg;
+    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) { CHECK(0, "%s", err.msg); return; }
+    k3c_param_table t;
+    CHECK_OK(k3c_params_build(&cfg, &t, &err), &err);
+    int e;
+    int i = k3c_params_lookup(&t, "language_model.model.layers.1.block_sparse_moe.experts.3.w2.weight", &e);
+    CHECK(i >= 0 && e == 3 && t.p[i].stack == 4, "expert slice lookup (i %d e %d)", i, e);
+    CHECK(k3c_params_lookup(&t, "language_model.model.layers.1.block_sparse_moe.experts.4.w2.weight", &e) < 0, "expert 4 of 4");
+    CHECK(k3c_params_lookup(&t, "language_model.model.layers.1.block_sparse_moe.experts.03.w2.weight", &e) < 0, "leading zero");
+    CHECK(k3c_params_lookup(&t, "language_model.model.layers.1.block_sparse_moe.experts.%d.w2.weight", &e) < 0, "pattern itself");
+    i = k3c_params_lookup(&t, "language_model.model.layers.0.block_sparse_moe.up_proj.weight", &e);
+    CHECK(i >= 0 && e == -1 && strstr(t.p[i].name, "layers.0.mlp.up_proj.weight"), "dense alias");
+    i = k3c_params_lookup(&t, "language_model.lm_head.weight", &e);
+    CHECK(i == t.n - 1 && e == -1, "lm_head is the last entry");
+    CHECK(k3c_params_lookup(&t, "language_model.lm_head.bias", &e) < 0, "unknown name");
+    k3c_params_free(&t);
+}
+
 int main(void) {
+    name_lookup();
     recompute_same();
     golden_model(test_shared("golden/kimi_linear_tiny_a"), 64, 1e-4, 1e-3);
     golden_model(test_shared("golden/kimi_linear_tiny_a"), 0, 1e-4, 1e-3);

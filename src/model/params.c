@@ -140,6 +140,8 @@ static void init_offsets(k3c_layer_offsets *o) {
     for (size_t i = 0; i < sizeof *o / sizeof(size_t); i++) f[i] = K3C_NOPARAM;
 }
 
+static int build_index(k3c_param_table *t);
+
 int k3c_params_build(const k3c_config *cfg, k3c_param_table *t, k3c_err *err) {
     memset(t, 0, sizeof *t);
     t->layer = malloc((size_t)(cfg->num_layers > 0 ? cfg->num_layers : 1) * sizeof *t->layer);
@@ -176,12 +178,13 @@ int k3c_params_build(const k3c_config *cfg, k3c_param_table *t, k3c_err *err) {
     }
     b->scope[0] = 0;
     g->lm_head = add(b, "lm_head.weight", K3C_PK_HEAD, 2, V, D, 0, 0);
-    if (b->oom) { k3c_params_free(t); return k3c_errf(err, K3C_ENOMEM, "params: out of memory"); }
+    if (b->oom || build_index(t)) { k3c_params_free(t); return k3c_errf(err, K3C_ENOMEM, "params: out of memory"); }
     return K3C_OK;
 }
 
 void k3c_params_free(k3c_param_table *t) {
     free(t->p);
+    free(t->slot);
     free(t->layer);
     memset(t, 0, sizeof *t);
 }
@@ -197,37 +200,59 @@ void k3c_params_name(const k3c_param *p, int64_t expert, char *buf, size_t n) {
     }
 }
 
-/* Matches name against a pattern containing one "%d"; returns the number or −1. */
-static int64_t match_stack(const char *pattern, const char *name) {
-    const char *pct = strstr(pattern, "%d");
-    size_t pre = (size_t)(pct - pattern);
-    if (strncmp(pattern, name, pre) != 0) return -1;
-    const char *s = name + pre;
-    if (*s < '0' || *s > '9') return -1;
-    char *end;
-    long long e = strtoll(s, &end, 10);
-    if (end - s > 1 && *s == '0') return -1;
-    return strcmp(end, pct + 2) == 0 ? e : -1;
+static uint64_t name_hash(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* Index of entry names for loading checkpoints of ~500k tensors (a linear scan per tensor would be quadratic). */
+static int build_index(k3c_param_table *t) {
+    int n = 16;
+    while (n < 2 * t->n + 2) n *= 2;
+    t->slot = malloc(sizeof(int) * (size_t)n);
+    if (!t->slot) return -1;
+    t->n_slots = n;
+    for (int i = 0; i < n; i++) t->slot[i] = -1;
+    for (int i = 0; i < t->n; i++) {
+        uint64_t h = name_hash(t->p[i].name);
+        int j = (int)(h & (uint64_t)(n - 1));
+        while (t->slot[j] >= 0) j = (j + 1) & (n - 1);
+        t->slot[j] = i;
+    }
+    return 0;
+}
+
+static int find_exact(const k3c_param_table *t, const char *name) {
+    int n = t->n_slots, j = (int)(name_hash(name) & (uint64_t)(n - 1));
+    for (; t->slot[j] >= 0; j = (j + 1) & (n - 1))
+        if (strcmp(t->p[t->slot[j]].name, name) == 0) return t->slot[j];
+    return -1;
 }
 
 int k3c_params_lookup(const k3c_param_table *t, const char *name, int *expert) {
-    char alt[K3C_PARAM_NAME + 32];
+    char alt[K3C_PARAM_NAME + 32], pat[K3C_PARAM_NAME + 32];
     const char *dense = strstr(name, ".block_sparse_moe.");
     if (dense && (strstr(dense, "_moe.gate_proj.") || strstr(dense, "_moe.up_proj.") || strstr(dense, "_moe.down_proj."))) {
         /* transformers saves the dense layer-0 MLP under block_sparse_moe.* (golden/README.md) */
         snprintf(alt, sizeof alt, "%.*s.mlp.%s", (int)(dense - name), name, dense + strlen(".block_sparse_moe."));
         name = alt;
     }
-    for (int i = 0; i < t->n; i++) {
-        const k3c_param *p = &t->p[i];
-        if (!p->stack) {
-            if (strcmp(p->name, name) == 0) { if (expert) *expert = -1; return i; }
-        } else {
-            int64_t e = match_stack(p->name, name);
-            if (e >= 0 && e < p->stack) { if (expert) *expert = (int)e; return i; }
-        }
-    }
-    return -1;
+    if (expert) *expert = -1;
+    int i = find_exact(t, name);
+    if (i >= 0) return t->p[i].stack ? -1 : i;
+    /* a routed expert: "...experts.<e>.w1.weight" is slice e of the entry named "...experts.%d.w1.weight" */
+    const char *ex = strstr(name, ".experts.");
+    if (!ex) return -1;
+    const char *d = ex + strlen(".experts."), *end = d;
+    while (*end >= '0' && *end <= '9') end++;
+    if (end == d || *end != '.' || (end - d > 1 && *d == '0') || end - d > 9) return -1;
+    snprintf(pat, sizeof pat, "%.*s%%d%s", (int)(d - name), name, end);
+    i = find_exact(t, pat);
+    long e = strtol(d, NULL, 10);
+    if (i < 0 || !t->p[i].stack || e >= t->p[i].stack) return -1;
+    if (expert) *expert = (int)e;
+    return i;
 }
 
 int64_t k3c_params_trainable(const k3c_param_table *t) {

@@ -55,6 +55,8 @@ typedef struct {
     size_t total; /* elements */
     k3c_global_offsets glob;
     k3c_layer_offsets *layer; /* cfg->num_layers entries */
+    int *slot;                /* open-addressing hash of entry names (stacked entries under their "%d" pattern) */
+    int n_slots;              /* a power of two, > 2·n */
 } k3c_param_table;
 
 /* Builds the inventory for cfg (names carry cfg->tensor_prefix). */
