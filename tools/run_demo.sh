@@ -33,7 +33,7 @@ $K3C data prepare --vocab "$OUT/tokenizer.tiktoken" --pattern cl100k --input "$O
 $K3C data prepare --vocab "$OUT/tokenizer.tiktoken" --pattern cl100k --input "$OUT/corpus/jargon" --doc-split blank \
     --source jargon --val-fraction 0.02 --out "$OUT/data/jargon"
 
-echo "== training (configs/demo_run.json: stages 256 -> 1K -> 4K tokens of context, then annealing)"
+echo "== training (configs/demo_run.json: 16,384 tokens per step; context 256 -> 1K -> 4K, then annealing)"
 $K3C train --config configs/demo_run.json | tee "$OUT/train_summary.txt"
 
 latest="$OUT/train/$(cat "$OUT/train/latest")"

@@ -112,6 +112,42 @@ int k3c_attention_bwd_bf16_cuda(const k3c_attention_sizes *s, const int32_t *cu_
                                 const uint16_t *dout, uint16_t *dq, uint16_t *dk, uint16_t *dv, void *ws,
                                 k3c_err *err);
 
+/* ---------------------------------------------------------------- MoE (moe.cu)
+ * fp32 twins of ops/moe.h and ops/glu.h (every array a device pointer). Selection and the GLU use the CPU float op's
+ * formulas (its tanh included), so ids agree exactly and values within rounding. */
+#include "ops/moe.h"
+/* Router: nonfinite (device int, optional) is set to 1 when a logit or bias is non-finite (the CPU op's K3C_ENUMERIC;
+ * checked by the caller when it next synchronises); that token's outputs are left unwritten. The backward skips ids
+ * outside [0, n) instead of failing (it cannot see them without a synchronisation). */
+int k3c_router_fwd_cuda(const k3c_router_sizes *s, const float *logits, const float *bias, int32_t *topk_ids,
+                        float *topk_w, float *cutoff, int *nonfinite, k3c_err *err);
+int k3c_router_bwd_cuda(const k3c_router_sizes *s, const float *logits, const int32_t *topk_ids, const float *dtopk_w,
+                        float *dlogits, k3c_err *err);
+/* The stable counting-sort plan of k3c_moe_plan, on the device (one block). SYNCHRONISES: it copies offsets[0..E]
+ * to offsets_host (optional, host memory) to report bad ids as K3C_EINVAL and because the per-expert GEMMs need them. */
+int k3c_moe_plan_cuda(int64_t tokens, int64_t top_k, int64_t experts, const int32_t *topk_ids, int64_t *offsets,
+                      int32_t *perm, int32_t *pos, int64_t *offsets_host, k3c_err *err);
+int k3c_moe_gather_cuda(int64_t rows, int64_t top_k, int64_t dim, const int32_t *perm, const float *x, float *xperm,
+                        k3c_err *err);
+int k3c_moe_combine_cuda(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *pos, const float *w,
+                         const float *yperm, float *y, k3c_err *err);
+int k3c_glu_fwd_cuda(const k3c_glu_sizes *s, const float *gate, const float *up, float *h, k3c_err *err);
+int k3c_glu_bwd_cuda(const k3c_glu_sizes *s, const float *gate, const float *up, const float *dh, float *dgate,
+                     float *dup, k3c_err *err);
+/* Routed experts: k3c_moe_fwd / k3c_moe_bwd with the cuBLASLt context for the per-expert GEMMs (a host loop over
+ * experts; tf32 = 1 allows TF32 tensor cores, 0 keeps full fp32). Each call synchronises once (the plan's offsets).
+ * Inside, expert rows start at multiples of 64 rows (256-byte aligned GEMM operands for any D, I), so saved / ws
+ * have their own sizes: k3c_moe_saved_bytes_cuda, k3c_moe_workspace_cuda (the saved buffer is not the CPU op's). */
+size_t k3c_moe_saved_bytes_cuda(const k3c_moe_sizes *s);
+size_t k3c_moe_workspace_cuda(const k3c_moe_sizes *s);
+int k3c_moe_fwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const float *x, const int32_t *topk_ids,
+                     const float *topk_w, const float *w1, const float *w3, const float *w2, float *y, void *saved,
+                     void *ws, int tf32, k3c_err *err);
+int k3c_moe_bwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const float *x, const int32_t *topk_ids,
+                     const float *topk_w, const float *w1, const float *w3, const float *w2, const void *saved,
+                     const float *dy, float *dx, float *dw1, float *dw3, float *dw2, float *dtopk_w, void *ws, int tf32,
+                     k3c_err *err);
+
 #ifdef __cplusplus
 }
 #endif

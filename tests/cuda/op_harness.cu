@@ -3,6 +3,8 @@
  * "Ops" (one harness over every backend). Built and run by tools/device_cuda.sh only (needs a GPU). */
 #include <time.h>
 
+#include <algorithm>
+
 #include "harness_util.h"
 
 extern "C" {
@@ -267,6 +269,241 @@ static void test_attention(harness &h, k3c_rng *r, const attn_case &c) {
     delete dq_, delete dk_, delete dv_, delete ddo, delete cu, delete o_, delete l_, delete gq, delete gk, delete gv;
 }
 
+/* ---------------------------------------------------------------- MoE: router, plan, gather / combine, GLU, experts
+ * fp32 paths: ids and the plan must match exactly (tol 0), values within 1e-4 relative. */
+extern "C" {
+#include "ops/moe.h"
+}
+
+static std::vector<float> as_float(const std::vector<int32_t> &v) { return std::vector<float>(v.begin(), v.end()); }
+
+struct router_case {
+    int T, n, k, renorm, with_bias;
+    double scale;
+};
+
+static void test_router(harness &h, k3c_rng *r, const router_case &c) {
+    k3c_router_sizes s = {c.T, c.n, c.k, c.renorm, c.scale};
+    const size_t tn = (size_t)c.T * c.n, tk = (size_t)c.T * c.k;
+    std::vector<float> logits = randn(r, tn, 2.0), bias = randn(r, c.n, 0.1);
+    std::vector<int32_t> ids(tk);
+    std::vector<float> w(tk), cut(c.T);
+    h.ok(k3c_router_fwd_f32(&s, logits.data(), c.with_bias ? bias.data() : nullptr, ids.data(), w.data(), cut.data(),
+                            &h.err), "cpu router_fwd");
+    std::vector<float> dw = randn(r, tk), dl0 = randn(r, tn), dl = dl0;
+    h.ok(k3c_router_bwd_f32(&s, logits.data(), ids.data(), dw.data(), dl.data(), &h.err), "cpu router_bwd");
+    dbuf *dlg = upload(h, logits), *db = upload(h, bias), *ddw = upload(h, dw), *gdl = upload(h, dl0);
+    dbuf gid(h, tk * 4), gw(h, tk * 4), gc(h, (size_t)c.T * 4), flag(h, 4);
+    gid.poison(h), gw.poison(h), gc.poison(h);
+    h.ok(k3c_cuda_fill_u8(flag.p, 0, 4, &h.err), "zero flag");
+    h.ok(k3c_router_fwd_cuda(&s, dlg->as<float>(), c.with_bias ? db->as<float>() : nullptr, gid.as<int32_t>(),
+                             gw.as<float>(), gc.as<float>(), flag.as<int>(), &h.err), "router_fwd_cuda");
+    const std::string shape = fmt("T%d n%d k%d renorm%d bias%d", c.T, c.n, c.k, c.renorm, c.with_bias);
+    std::vector<int32_t> gi = download<int32_t>(h, gid), fl = download<int32_t>(h, flag);
+    std::vector<float> gwv = download<float>(h, gw), gcv = download<float>(h, gc);
+    std::vector<float> gif = as_float(gi), rif = as_float(ids);
+    h.compare("router_fwd", shape, "ids", gif.data(), rif.data(), tk, 0.0);
+    h.compare("router_fwd", shape, "w", gwv.data(), w.data(), tk, 1e-4);
+    if (c.k < c.n) h.compare("router_fwd", shape, "cutoff", gcv.data(), cut.data(), c.T, 1e-4);
+    float fz = (float)fl[0], zero = 0.f;
+    h.compare("router_fwd", shape, "nonfin", &fz, &zero, 1, 0.0);
+    /* backward on the CPU's ids (so a selection difference cannot hide in it) */
+    dbuf *did = upload(h, ids);
+    h.ok(k3c_router_bwd_cuda(&s, dlg->as<float>(), did->as<int32_t>(), ddw->as<float>(), gdl->as<float>(), &h.err),
+         "router_bwd_cuda");
+    std::vector<float> t = download<float>(h, *gdl);
+    h.compare("router_bwd", shape, "dlogit", t.data(), dl.data(), tn, 1e-4, dl0.data());
+    delete dlg, delete db, delete ddw, delete gdl, delete did;
+}
+
+/* k distinct experts per token from the first E − 1 (expert E − 1 stays empty), ~6% of slots dropped (−1). */
+static std::vector<int32_t> random_ids(k3c_rng *r, int T, int k, int E) {
+    std::vector<int32_t> ids((size_t)T * k);
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < k; j++) {
+            int32_t e;
+            bool dup;
+            do {
+                e = (int32_t)(k3c_rng_uniform(r) * (E - 1));
+                dup = false;
+                for (int i = 0; i < j; i++) dup |= ids[(size_t)t * k + i] == e;
+            } while (dup);
+            ids[(size_t)t * k + j] = e;
+        }
+    for (auto &e : ids)
+        if (k3c_rng_uniform(r) < 0.06) e = -1;
+    return ids;
+}
+
+struct moe_case {
+    int T, D, I, E, k, situ;
+};
+
+static void test_moe(harness &h, k3c_cuda_ctx *ctx, k3c_rng *r, const moe_case &c) {
+    k3c_moe_sizes s = {c.T, c.D, c.I, c.E, c.k, {c.situ ? K3C_ACT_SITU : K3C_ACT_SILU, 4.0, 25.0}};
+    const size_t S = (size_t)c.T * c.k, TD = (size_t)c.T * c.D, W = (size_t)c.E * c.I * c.D;
+    const std::string shape = fmt("T%d D%d I%d E%d k%d %s", c.T, c.D, c.I, c.E, c.k, c.situ ? "situ" : "silu");
+    std::vector<int32_t> ids = random_ids(r, c.T, c.k, c.E);
+    std::vector<float> x = randn(r, TD), w = randn(r, S, 0.5), w1 = randn(r, W, 3.0 / sqrt((double)c.D)),
+                       w3 = randn(r, W, 20.0 / sqrt((double)c.D)), w2 = randn(r, W, 1.0 / sqrt((double)c.I));
+
+    /* plan, gather, combine */
+    std::vector<int64_t> off(c.E + 1);
+    std::vector<int32_t> perm(S), pos(S);
+    h.ok(k3c_moe_plan(c.T, c.k, c.E, ids.data(), off.data(), perm.data(), pos.data(), &h.err), "cpu moe_plan");
+    dbuf *dids = upload(h, ids), *dx = upload(h, x), *dw = upload(h, w);
+    dbuf goff(h, (c.E + 1) * 8), gperm(h, S * 4), gpos(h, S * 4);
+    goff.poison(h), gperm.poison(h), gpos.poison(h);
+    std::vector<int64_t> offh(c.E + 1);
+    h.ok(k3c_moe_plan_cuda(c.T, c.k, c.E, dids->as<int32_t>(), goff.as<int64_t>(), gperm.as<int32_t>(),
+                           gpos.as<int32_t>(), offh.data(), &h.err), "moe_plan_cuda");
+    const int64_t rows = off[c.E];
+    std::vector<int64_t> go = download<int64_t>(h, goff);
+    std::vector<float> gof(go.begin(), go.end()), rof(off.begin(), off.end()), ohf(offh.begin(), offh.end());
+    std::vector<int32_t> gp = download<int32_t>(h, gperm), gq = download<int32_t>(h, gpos);
+    gp.resize(rows), perm.resize(rows);
+    h.compare("moe_plan", shape, "offs", gof.data(), rof.data(), gof.size(), 0.0);
+    h.compare("moe_plan", shape, "offs_h", ohf.data(), rof.data(), ohf.size(), 0.0);
+    std::vector<float> a = as_float(gp), b = as_float(perm);
+    h.compare("moe_plan", shape, "perm", a.data(), b.data(), rows, 0.0);
+    a = as_float(gq), b = as_float(pos);
+    h.compare("moe_plan", shape, "pos", a.data(), b.data(), S, 0.0);
+    {
+        std::vector<float> xp((size_t)rows * c.D), y(TD);
+        k3c_moe_gather_f32(rows, c.k, c.D, perm.data(), x.data(), xp.data());
+        k3c_moe_combine_f32(c.T, c.k, c.D, pos.data(), w.data(), xp.data(), y.data());
+        dbuf gxp(h, std::max<size_t>(xp.size(), 1) * 4), gy(h, TD * 4);
+        gxp.poison(h), gy.poison(h);
+        h.ok(k3c_moe_gather_cuda(rows, c.k, c.D, gperm.as<int32_t>(), dx->as<float>(), gxp.as<float>(), &h.err),
+             "moe_gather_cuda");
+        h.ok(k3c_moe_combine_cuda(c.T, c.k, c.D, gpos.as<int32_t>(), dw->as<float>(), gxp.as<float>(), gy.as<float>(),
+                                  &h.err), "moe_combine_cuda");
+        std::vector<float> t = download<float>(h, gxp);
+        h.compare("moe_gather", shape, "xperm", t.data(), xp.data(), xp.size(), 0.0);
+        t = download<float>(h, gy);
+        h.compare("moe_combine", shape, "y", t.data(), y.data(), TD, 1e-6);
+    }
+
+    /* experts: fwd (saving), bwd from the saved buffer and recomputing; gradients pre-filled (the op adds) */
+    std::vector<float> y(TD);
+    std::vector<unsigned char> ws(k3c_moe_workspace_f32(&s) + 64);
+    h.ok(k3c_moe_fwd_f32(&s, x.data(), ids.data(), w.data(), w1.data(), w3.data(), w2.data(), y.data(), nullptr,
+                         ws.data(), &h.err), "cpu moe_fwd");
+    std::vector<float> dy = randn(r, TD), dx0 = randn(r, TD), dw10 = randn(r, W), dw30 = randn(r, W),
+                       dw20 = randn(r, W), dp0 = randn(r, S);
+    std::vector<float> rdx = dx0, rdw1 = dw10, rdw3 = dw30, rdw2 = dw20, rdp = dp0;
+    h.ok(k3c_moe_bwd_f32(&s, x.data(), ids.data(), w.data(), w1.data(), w3.data(), w2.data(), nullptr, dy.data(),
+                         rdx.data(), rdw1.data(), rdw3.data(), rdw2.data(), rdp.data(), ws.data(), &h.err),
+         "cpu moe_bwd");
+    dbuf *d1 = upload(h, w1), *d3 = upload(h, w3), *d2 = upload(h, w2), *ddy = upload(h, dy);
+    dbuf gy(h, TD * 4), sv(h, k3c_moe_saved_bytes_cuda(&s)), gws(h, k3c_moe_workspace_cuda(&s));
+    gy.poison(h), sv.poison(h), gws.poison(h);
+    h.ok(k3c_moe_fwd_cuda(ctx, &s, dx->as<float>(), dids->as<int32_t>(), dw->as<float>(), d1->as<float>(),
+                          d3->as<float>(), d2->as<float>(), gy.as<float>(), sv.p, gws.p, 0, &h.err), "moe_fwd_cuda");
+    std::vector<float> t = download<float>(h, gy);
+    h.compare("moe_fwd", shape, "y", t.data(), y.data(), TD, 1e-4);
+    for (int use_saved = 1; use_saved >= 0; use_saved--) {
+        dbuf *gdx = upload(h, dx0), *g1 = upload(h, dw10), *g3 = upload(h, dw30), *g2 = upload(h, dw20),
+             *gp2 = upload(h, dp0);
+        gws.poison(h);
+        h.ok(k3c_moe_bwd_cuda(ctx, &s, dx->as<float>(), dids->as<int32_t>(), dw->as<float>(), d1->as<float>(),
+                              d3->as<float>(), d2->as<float>(), use_saved ? sv.p : nullptr, ddy->as<float>(),
+                              gdx->as<float>(), g1->as<float>(), g3->as<float>(), g2->as<float>(), gp2->as<float>(),
+                              gws.p, 0, &h.err), "moe_bwd_cuda");
+        const char *op = use_saved ? "moe_bwd (saved)" : "moe_bwd (recompute)";
+        t = download<float>(h, *gdx), h.compare(op, shape, "dx", t.data(), rdx.data(), TD, 1e-4, dx0.data());
+        t = download<float>(h, *g1), h.compare(op, shape, "dw1", t.data(), rdw1.data(), W, 1e-4, dw10.data());
+        t = download<float>(h, *g3), h.compare(op, shape, "dw3", t.data(), rdw3.data(), W, 1e-4, dw30.data());
+        t = download<float>(h, *g2), h.compare(op, shape, "dw2", t.data(), rdw2.data(), W, 1e-4, dw20.data());
+        t = download<float>(h, *gp2), h.compare(op, shape, "dtopk_w", t.data(), rdp.data(), S, 1e-4, dp0.data());
+        delete gdx, delete g1, delete g3, delete g2, delete gp2;
+    }
+    /* a bad id is K3C_EINVAL */
+    {
+        std::vector<int32_t> bad = ids;
+        bad[S / 2] = c.E;
+        dbuf *dbad = upload(h, bad);
+        int rc = k3c_moe_plan_cuda(c.T, c.k, c.E, dbad->as<int32_t>(), goff.as<int64_t>(), gperm.as<int32_t>(),
+                                   gpos.as<int32_t>(), nullptr, &h.err);
+        float got = (float)rc, want = (float)K3C_EINVAL;
+        h.compare("moe_plan (bad id)", shape, "rc", &got, &want, 1, 0.0);
+        delete dbad;
+    }
+    delete dids, delete dx, delete dw, delete d1, delete d3, delete d2, delete ddy;
+}
+
+static void test_glu(harness &h, k3c_rng *r, int situ) {
+    const int N = 333, I = 257;
+    k3c_glu_sizes s = {N, I, {situ ? K3C_ACT_SITU : K3C_ACT_SILU, 4.0, 25.0}};
+    const size_t n = (size_t)N * I;
+    std::vector<float> g = randn(r, n, 4.0), u = randn(r, n, 30.0), dh = randn(r, n), hh(n);
+    std::vector<float> dg0 = randn(r, n), du0 = randn(r, n), dg = dg0, du = du0;
+    h.ok(k3c_glu_fwd_f32(&s, g.data(), u.data(), hh.data(), &h.err), "cpu glu_fwd");
+    h.ok(k3c_glu_bwd_f32(&s, g.data(), u.data(), dh.data(), dg.data(), du.data(), &h.err), "cpu glu_bwd");
+    dbuf *dgv = upload(h, g), *duv = upload(h, u), *ddh = upload(h, dh), *gdg = upload(h, dg0), *gdu = upload(h, du0);
+    dbuf gh(h, n * 4);
+    gh.poison(h);
+    h.ok(k3c_glu_fwd_cuda(&s, dgv->as<float>(), duv->as<float>(), gh.as<float>(), &h.err), "glu_fwd_cuda");
+    h.ok(k3c_glu_bwd_cuda(&s, dgv->as<float>(), duv->as<float>(), ddh->as<float>(), gdg->as<float>(), gdu->as<float>(),
+                          &h.err), "glu_bwd_cuda");
+    const std::string shape = fmt("N%d I%d %s", N, I, situ ? "situ 4/25" : "silu");
+    std::vector<float> t = download<float>(h, gh);
+    h.compare("glu_fwd", shape, "h", t.data(), hh.data(), n, 1e-4);
+    t = download<float>(h, *gdg), h.compare("glu_bwd", shape, "dgate", t.data(), dg.data(), n, 1e-4, dg0.data());
+    t = download<float>(h, *gdu), h.compare("glu_bwd", shape, "dup", t.data(), du.data(), n, 1e-4, du0.data());
+    delete dgv, delete duv, delete ddh, delete gdg, delete gdu;
+}
+
+/* One timing (K3C_MOE_TIME=1): the latent MoE layer forward, T = 16384, D = 3584, I = 3072, E = 64, k = 8, SiTU, on
+ * device-generated data routed by the CUDA router; median of 3 after 1 warm-up, fp32 and TF32 GEMMs. */
+__global__ void moe_fill_kernel(float *p, size_t n, float sd, uint64_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t z = (seed + i) * 0x9E3779B97F4A7C15ull;
+        z ^= z >> 31, z *= 0x94D049BB133111EBull, z ^= z >> 29;
+        p[i] = ((float)(z >> 40) * (1.0f / 16777216.0f) - 0.5f) * 3.4641016f * sd; /* uniform, sd `sd` */
+    }
+}
+
+static void time_moe(harness &h, k3c_cuda_ctx *ctx) {
+    const int64_t T = 16384, D = 3584, I = 3072, E = 64, k = 8;
+    k3c_moe_sizes s = {T, D, I, E, k, {K3C_ACT_SITU, 4.0, 25.0}};
+    k3c_router_sizes rs = {T, E, k, 1, 1.0};
+    const size_t W = (size_t)E * I * D;
+    dbuf x(h, T * D * 4), y(h, T * D * 4), w1(h, W * 4), w3(h, W * 4), w2(h, W * 4), lg(h, T * E * 4);
+    dbuf ids(h, T * k * 4), tw(h, T * k * 4), sv(h, k3c_moe_saved_bytes_cuda(&s)), ws(h, k3c_moe_workspace_cuda(&s));
+    moe_fill_kernel<<<4096, 256>>>(x.as<float>(), T * D, 1.f, 1);
+    moe_fill_kernel<<<4096, 256>>>(w1.as<float>(), W, 1.f / sqrtf((float)D), 2);
+    moe_fill_kernel<<<4096, 256>>>(w3.as<float>(), W, 1.f / sqrtf((float)D), 3);
+    moe_fill_kernel<<<4096, 256>>>(w2.as<float>(), W, 1.f / sqrtf((float)I), 4);
+    moe_fill_kernel<<<4096, 256>>>(lg.as<float>(), T * E, 1.f, 5);
+    h.ok(k3c_router_fwd_cuda(&rs, lg.as<float>(), nullptr, ids.as<int32_t>(), tw.as<float>(), nullptr, nullptr,
+                             &h.err), "router (timing)");
+    const double flops = 2.0 * T * k * 3.0 * D * I;
+    for (int tf32 = 0; tf32 < 2; tf32++) {
+        std::vector<float> ms;
+        for (int rep = 0; rep < 4; rep++) {
+            cudaEvent_t a, b;
+            cudaEventCreate(&a), cudaEventCreate(&b);
+            cudaEventRecord(a, cudaStreamPerThread);
+            h.ok(k3c_moe_fwd_cuda(ctx, &s, x.as<float>(), ids.as<int32_t>(), tw.as<float>(), w1.as<float>(),
+                                  w3.as<float>(), w2.as<float>(), y.as<float>(), sv.p, ws.p, tf32, &h.err),
+                 "moe_fwd_cuda (timing)");
+            cudaEventRecord(b, cudaStreamPerThread);
+            h.ok(k3c_cuda_sync(&h.err), "sync (timing)");
+            float t;
+            cudaEventElapsedTime(&t, a, b);
+            cudaEventDestroy(a), cudaEventDestroy(b);
+            if (rep) ms.push_back(t);
+        }
+        std::sort(ms.begin(), ms.end());
+        const double m = ms[1];
+        printf("TIMING moe_fwd_cuda %s T16384 D3584 I3072 E64 k8 situ: %.2f ms, %.1f TFLOP/s (%.1f%% of the 716 "
+               "TFLOP/s bf16 dense anchor)\n", tf32 ? "tf32" : "fp32", m, flops / (m * 1e-3) / 1e12,
+               100.0 * flops / (m * 1e-3) / 716e12);
+        fflush(stdout);
+    }
+}
+
 int main(int argc, char **argv) {
     harness h;
     k3c_cuda_ctx ctx;
@@ -274,7 +511,7 @@ int main(int argc, char **argv) {
     const uint64_t seed = argc > 1 ? strtoull(argv[1], nullptr, 0) : (uint64_t)time(nullptr);
     printf("device %s, %d SMs, seed %llu\n", ctx.name, ctx.sm_count, (unsigned long long)seed);
     k3c_rng r = {seed, 0};
-    const char *only = getenv("K3C_HARNESS_ONLY"); /* gemm | kda | kdabwd | attn */
+    const char *only = getenv("K3C_HARNESS_ONLY"); /* gemm | kda | kdabwd | attn | moe */
     auto want = [&](const char *w) { return !only || strstr(only, w); };
 
     if (want("gemm")) test_gemm(h, &ctx, &r);
@@ -298,6 +535,14 @@ int main(int argc, char **argv) {
     };
     if (want("attn"))
         for (auto &c : ac) test_attention(h, &r, c);
+    if (want("moe")) {
+        for (int situ = 0; situ < 2; situ++) test_glu(h, &r, situ);
+        std::vector<router_case> rc = {{300, 64, 8, 1, 1, 2.446}, {100, 16, 1, 1, 0, 1.0}, {77, 40, 6, 0, 1, 1.5}};
+        for (auto &c : rc) test_router(h, &r, c);
+        std::vector<moe_case> mc = {{150, 128, 192, 8, 3, 1}, {97, 96, 80, 5, 2, 0}, {64, 64, 64, 33, 4, 1}};
+        for (auto &c : mc) test_moe(h, &ctx, &r, c);
+    }
+    if (getenv("K3C_MOE_TIME")) time_moe(h, &ctx);
     k3c_cuda_destroy(&ctx);
     return h.summary();
 }
