@@ -82,7 +82,8 @@ int R(k3c_golden_grads)(const k3c_model *m, const k3c_safetensors *golden, k3c_g
         int rc = k3c_st_read_f64(t, ref, (size_t)n, err);
         if (!rc && !gather(m, t->name + 5, ours, n))
             rc = k3c_errf(err, K3C_ENOTFOUND, "%s: no k3c parameter matches golden tensor %s", t->file, t->name);
-        if (!rc && nr < max_rows) {
+        if (!rc && nr == max_rows) rc = k3c_errf(err, K3C_EINVAL, "golden: more than %d gradient tensors", max_rows);
+        if (!rc) {
             double num = 0, den = 0, amax = 0;
             for (int64_t j = 0; j < n; j++) {
                 double d = ours[j] - ref[j];

@@ -34,7 +34,8 @@ typedef struct {
     int kda_chunk;         /* 0 = token recurrence, else chunk size (16 or 64) */
     uint8_t recompute[K3C_MAX_LAYERS]; /* 1 = keep only the layer's residual-stream outputs; the backward re-runs its
                                           forward (activation memory of one layer instead of all of them) */
-    k3c_route_stats *route; /* [num_layers] (entries of non-MoE layers stay empty) */
+    k3c_route_stats *route; /* [num_layers] (entries of non-MoE layers stay empty); written by every forward, so one
+                               model runs one forward at a time (threads parallelise inside the ops) */
     float *mla_smax;        /* NULL, or [num_layers, mla_heads]: each forward stores every MLA head's largest scaled
                                logit (S_max of QK-Clip) here; set by the trainer, owned by the caller */
 } k3c_model;

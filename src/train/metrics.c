@@ -42,6 +42,9 @@ static double field(const k3c_json *o, const char *k) {
 }
 
 int k3c_metrics_plot(const char *jsonl, const char *png, k3c_err *err) {
+    /* the paths go into a shell command line inside single quotes: refuse what would break out of them */
+    if (strpbrk(png, "'\"\\$`\n"))
+        return k3c_errf(err, K3C_EINVAL, "%s: quotes, backslashes, $ or ` in the path: no plot written", png);
     if (system("command -v gnuplot >/dev/null 2>&1") != 0)
         return k3c_errf(err, K3C_ENOTFOUND, "gnuplot not installed (apt-get install gnuplot-nox): no plot written");
     char *text;

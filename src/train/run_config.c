@@ -55,8 +55,10 @@ static int get_path(ctx *c, const k3c_json *o, const char *where, const char *ke
     if (v->type != K3C_JSON_STRING || !v->len)
         return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected a non-empty string", c->file, where, key);
     const char *slash = strrchr(c->file, '/');
-    if (v->string[0] == '/' || !slash) snprintf(out, n, "%s", v->string);
-    else snprintf(out, n, "%.*s/%s", (int)(slash - c->file), c->file, v->string);
+    int len = v->string[0] == '/' || !slash ? snprintf(out, n, "%s", v->string)
+                                            : snprintf(out, n, "%.*s/%s", (int)(slash - c->file), c->file, v->string);
+    if (len < 0 || (size_t)len >= n) /* a truncated path could name another directory */
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: path longer than %zu bytes", c->file, where, key, n - 1);
     return 0;
 }
 
