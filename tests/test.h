@@ -75,6 +75,24 @@ static inline const char *test_tmpdir(const char *name) {
     return buf;
 }
 
+/* Fresh arrays for op tests (free with free()): n normal(0, sd) values of stream `seed`, n copies of v, a float copy. */
+static inline double *test_randn(uint64_t seed, size_t n, double sd) {
+    double *x = malloc((n ? n : 1) * sizeof *x);
+    k3c_rng r = {seed, 0};
+    for (size_t i = 0; i < n; i++) x[i] = sd * k3c_rng_normal(&r);
+    return x;
+}
+static inline double *test_filled(size_t n, double v) {
+    double *x = malloc((n ? n : 1) * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = v;
+    return x;
+}
+static inline float *test_to_f32(const double *x, size_t n) {
+    float *y = malloc((n ? n : 1) * sizeof *y);
+    for (size_t i = 0; i < n; i++) y[i] = (float)x[i];
+    return y;
+}
+
 static inline int test_summary(void) {
     printf("%d passed, %d failed\n", test_passed_, test_failed_);
     return test_failed_ ? 1 : 0;

@@ -13,22 +13,9 @@
 
 static uint64_t seed_ = 100;
 
-static double *randn(size_t n, double sd) {
-    double *x = malloc((n ? n : 1) * sizeof *x);
-    k3c_rng r = {seed_++, 0};
-    for (size_t i = 0; i < n; i++) x[i] = sd * k3c_rng_normal(&r);
-    return x;
-}
-static double *filled(size_t n, double v) {
-    double *x = malloc((n ? n : 1) * sizeof *x);
-    for (size_t i = 0; i < n; i++) x[i] = v;
-    return x;
-}
-static float *to_f32(const double *x, size_t n) {
-    float *y = malloc((n ? n : 1) * sizeof *y);
-    for (size_t i = 0; i < n; i++) y[i] = (float)x[i];
-    return y;
-}
+static double *randn(size_t n, double sd) { return test_randn(seed_++, n, sd); }
+static double *filled(size_t n, double v) { return test_filled(n, v); }
+static float *to_f32(const double *x, size_t n) { return test_to_f32(x, n); }
 static double rel_f32(const float *x, const double *ref, size_t n) {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {
