@@ -485,7 +485,40 @@ static void test_xent(void) {
     free(c.logits), free(c.lse), free(dl), free(dl2), free(dl3), free(big), free(lf32), free(dlf), free(dld);
 }
 
+/* The moves a model step makes through its backend, and the sigmoid backward. */
+static void test_moves(void) {
+    double src[6 * 5], dst[4 * 7], y[10], dy[10], dx[10];
+    for (int i = 0; i < 30; i++) src[i] = i + 1;
+    for (int i = 0; i < 28; i++) dst[i] = -1;
+    k3c_copy2d_f64(4, 3, src + 1, 5, dst + 2, 7, 0);
+    int ok = 1;
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 7; c++) ok &= dst[r * 7 + c] == (c >= 2 && c < 5 ? src[r * 5 + 1 + c - 2] : -1);
+    k3c_copy2d_f64(4, 3, src + 1, 5, dst + 2, 7, 1);
+    for (int r = 0; r < 4; r++) ok &= dst[r * 7 + 2] == 2 * src[r * 5 + 1] && dst[r * 7 + 1] == -1;
+    CHECK(ok, "copy2d: strided copy / accumulate wrong");
+    double before[28];
+    memcpy(before, dst, sizeof before);
+    k3c_add_f64(5, src, dst);
+    ok = 1;
+    for (int i = 0; i < 28; i++) ok &= dst[i] == before[i] + (i < 5 ? src[i] : 0);
+    CHECK(ok, "add: y += x over the first n entries only");
+    k3c_zero_f64(dst, 28);
+    ok = 1;
+    for (int i = 0; i < 28; i++) ok &= dst[i] == 0;
+    CHECK(ok, "zero");
+    for (int i = 0; i < 10; i++) { y[i] = k3c_sigmoid_d(i - 4.5); dy[i] = 0.1 * i - 0.3; dx[i] = 1; }
+    k3c_sigmoid_bwd_f64(10, y, dy, dx);
+    double worst = 0;
+    for (int i = 0; i < 10; i++) {
+        double h = 1e-6, fd = (k3c_sigmoid_d(i - 4.5 + h) - k3c_sigmoid_d(i - 4.5 - h)) / (2 * h) * dy[i];
+        worst = fmax(worst, fabs(dx[i] - 1 - fd));
+    }
+    CHECK_LE(worst, 1e-9, "sigmoid_bwd vs finite differences");
+}
+
 int main(void) {
+    test_moves();
     test_embedding();
     test_rmsnorm();
     test_linear();

@@ -423,3 +423,33 @@ int R(k3c_attention_naive_bwd)(const k3c_attention_sizes *s, const int32_t *cu_s
     }
     return K3C_OK;
 }
+
+#define QK_BLOCK 128
+
+int R(k3c_attention_max_logit)(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,
+                               float *smax, k3c_err *err) {
+    int64_t H = s->H, dqk = s->dqk, T = s->T;
+    int nd = cu_seqlens ? (int)s->n_docs : 1, fail = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : fail)
+    for (int64_t h = 0; h < H; h++) {
+        real blk[QK_BLOCK * QK_BLOCK];
+        double best = -INFINITY;
+        for (int d = 0; d < nd; d++) {
+            int64_t b0 = cu_seqlens ? cu_seqlens[d] : 0, e = cu_seqlens ? cu_seqlens[d + 1] : T;
+            for (int64_t i0 = b0; i0 < e; i0 += QK_BLOCK)
+                for (int64_t j0 = b0; j0 <= i0; j0 += QK_BLOCK) {
+                    int64_t ni = e - i0 < QK_BLOCK ? e - i0 : QK_BLOCK, nj = e - j0 < QK_BLOCK ? e - j0 : QK_BLOCK;
+                    /* blk = Q_h[i0:i0+ni] K_h[j0:j0+nj]ᵀ, heads strided by H·dqk */
+                    cblas_rgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)ni, (int)nj, (int)dqk, 1,
+                                q + (i0 * H + h) * dqk, (int)(H * dqk), k + (j0 * H + h) * dqk, (int)(H * dqk), 0, blk,
+                                QK_BLOCK);
+                    for (int64_t i = 0; i < ni; i++)
+                        for (int64_t j = 0; j < nj && j0 + j <= i0 + i; j++)
+                            if (blk[i * QK_BLOCK + j] * s->scale > best) best = blk[i * QK_BLOCK + j] * s->scale;
+                }
+        }
+        smax[h] = (float)best;
+        if (!isfinite(best) && T > 0) fail = 1;
+    }
+    return fail ? k3c_errf(err, K3C_ENUMERIC, "attention: non-finite logits") : K3C_OK;
+}

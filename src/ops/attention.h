@@ -39,6 +39,10 @@ typedef struct {
     int k3c_attention_bwd_##S(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,   \
                               const real *v, const real *o, const real *lse, const real *dout, real *dq, real *dk,     \
                               real *dv, void *ws, k3c_err *err);                                                       \
+    /* S_max of QK-Clip (§10.2): smax[h] (overwritten) = the largest s->scale · q_i·k_j of head h over the causal,     \
+       document-masked pairs j ≤ i. K3C_ENUMERIC if a head's maximum is not finite (T > 0). */                       \
+    int k3c_attention_max_logit_##S(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q,          \
+                                    const real *k, float *smax, k3c_err *err);                                        \
     /* Reference: materialises the masked T×T softmax per head (tests and benchmarks only). Same outputs. */           \
     int k3c_attention_naive_fwd_##S(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q,            \
                                     const real *k, const real *v, real *o, real *lse, void *ws, k3c_err *err);         \

@@ -106,6 +106,15 @@ typedef struct {
     /* dx += dy ⊙ σ(x)(1 + x(1 − σ(x))). */                                                                            \
     void k3c_silu_bwd_##S(int64_t n, const real *x, const real *dy, real *dx);                                         \
                                                                                                                        \
+    /* dx += dy ⊙ y(1 − y), y = σ(x) the forward's output. */                                                       \
+    void k3c_sigmoid_bwd_##S(int64_t n, const real *y, const real *dy, real *dx);                                      \
+    /* Moves of activations, so a model step never touches tensor memory from its own loops (a backend does):         \
+       x = 0; y += x; dst[r·ld_dst + c] = (or += when accumulate) src[r·ld_src + c] for r < rows, c < cols. */          \
+    void k3c_zero_##S(real *x, int64_t n);                                                                             \
+    void k3c_add_##S(int64_t n, const real *x, real *y);                                                               \
+    void k3c_copy2d_##S(int64_t rows, int64_t cols, const real *src, int64_t ld_src, real *dst, int64_t ld_dst,        \
+                        int accumulate);                                                                               \
+                                                                                                                       \
     /* y = softmax(x) per row (max-subtracted); y may alias x. */                                                      \
     int k3c_softmax_fwd_##S(const k3c_softmax_sizes *s, const real *x, real *y, k3c_err *err);                         \
     /* dx += y ⊙ (dy − Σ dy⊙y). */                                                                                     \
