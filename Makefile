@@ -42,7 +42,7 @@ $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/k3c: $(CLI_OBJ) $(LIB)
+$(BUILD)/k3c: $(CLI_OBJ) $(LIB) $(EXTRA_DEPS)
 	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(LIB) $(LDLIBS)
 k3c: $(BUILD)/k3c
 	cp $< $@
@@ -80,10 +80,11 @@ NVFLAGS := -O3 -std=c++17 -Iinclude -Isrc -gencode=arch=compute_90a,code=sm_90a 
 CUDA_HOME ?= /usr/local/cuda
 build/cuda/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
+-include $(CU_OBJ:.o=.d)
 cuda:
 	@$(MAKE) --no-print-directory BUILD=build/cuda EXTRA_CFLAGS="-DK3C_CUDA -I$(CUDA_HOME)/include" \
-	    EXTRA_LDLIBS="$(CU_OBJ) -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++" $(CU_OBJ) build/cuda/k3c
+	    EXTRA_DEPS="$(CU_OBJ)" EXTRA_LDLIBS="$(CU_OBJ) -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++" $(CU_OBJ) build/cuda/k3c
 
 mpi:
 	@$(MAKE) --no-print-directory BUILD=build/mpi CC=mpicc EXTRA_CFLAGS="-DK3C_MPI" build/mpi/k3c

@@ -2,6 +2,7 @@
  * Kimi-K3 (independent C engine + float64 reference) logits, greedy tokens, loss and gradients; and a float64
  * finite-difference check of a tiny K3 model (lower-bound KDA, gated MLA, two AttnRes blocks, latent SiTU MoE). */
 #include "test.h"
+#include "ops/backend.h"
 #include "model/golden.h"
 #include "model/model.h"
 
@@ -215,6 +216,30 @@ static void recompute_same(void) {
         CHECK(plan[mode] < plan[mode - 1], "recompute mode %d plans %zu bytes, not less than %zu", mode, plan[mode],
               plan[mode - 1]);
     }
+    /* Through another backend table (a copy of the CPU reference: ops/backend.h): the model moves its parameters into
+     * that backend's memory and back, takes its arena from it, and computes the same bits. */
+    k3c_backend_f32 copy = *k3c_backend_cpu_f32();
+    k3c_model m;
+    CHECK_OK(k3c_model_create_f32(&cfg, 1, &m, &err), &err);
+    k3c_model_init_f32(&m, 3, 0.3);
+    m.kda_chunk = 16;
+    float smax_b[64] = {0};
+    m.mla_smax = smax_b;
+    void *w0 = m.w;
+    CHECK_OK(k3c_model_use_backend_f32(&m, &copy, &err), &err);
+    CHECK(m.backend == &copy && m.w != w0, "use_backend did not move the parameters");
+    k3c_arena ar;
+    CHECK_OK(k3c_model_arena_init_f32(&m, plan[0], &ar, &err), &err);
+    k3c_acts *acts;
+    double loss_b;
+    CHECK_OK(k3c_model_forward_f32(&m, &b, &ar, &acts, &loss_b, NULL, &err), &err);
+    CHECK_OK(k3c_model_backward_f32(&m, acts, 1.0, &err), &err);
+    k3c_model_arena_free_f32(&m, &ar);
+    CHECK_OK(k3c_model_use_backend_f32(&m, NULL, &err), &err);
+    int same = loss_b == loss[0] && memcmp(smax_b, smax[0], sizeof smax_b) == 0;
+    for (size_t i = 0; i < total; i++) same &= ((float *)m.g)[i] == g[0][i];
+    CHECK(same && m.backend == NULL, "a copy of the CPU backend table gives different results");
+    k3c_model_free_f32(&m);
     for (int mode = 0; mode < 3; mode++) free(g[mode]);
 }
 

@@ -4,6 +4,7 @@
 #define K3C_CLI_H
 
 #include "k3c.h"
+#include "model/model.h"
 
 typedef struct {
     const char *name;
@@ -25,6 +26,17 @@ const char *cli_positional(int argc, char **argv, int i, const char *const *valu
 /* Prints "k3c <cmd>: <message>" to stderr and returns exit code 1 (2 for usage errors). */
 int cli_fail(const char *cmd, const k3c_err *err);
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* --device cpu|cuda (src/cli/device.c): open the named backend (NULL or "cpu": the CPU, backend stays NULL), move
+ * models onto it, and release it after every model and arena on it is freed. */
+typedef struct {
+    void *handle;        /* the backend's state */
+    const void *backend; /* its k3c_backend_f32 table, NULL for the CPU */
+} cli_device;
+int cli_device_check(const char *cmd, const char *name); /* 0, or prints a usage error and returns 2 */
+int cli_device_open(const char *name, cli_device *d, k3c_err *err);
+int cli_device_use(const cli_device *d, k3c_model *m, k3c_err *err);
+void cli_device_release(cli_device *d);
 
 /* One line per command, defined next to each command's implementation. */
 int cmd_inspect(int argc, char **argv);

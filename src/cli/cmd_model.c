@@ -49,6 +49,7 @@ static int kda_mode(int argc, char **argv, int *chunk) {
 int cmd_logits(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         printf("usage: k3c logits --model DIR --ids FILE --out FILE [--name input_ids] [--kda 64|16|recurrent]\n"
+               "                  [--device cpu|cuda]\n"
                "Runs the model on the I32 [B, T] tensor `input_ids` of a safetensors file (each row one sequence) and\n"
                "writes raw little-endian float32 logits [B, T, V] to --out (atomically).\n");
         return 0;
@@ -58,16 +59,21 @@ int cmd_logits(int argc, char **argv) {
     int chunk;
     if (!dir || !ids_path || !out) return cli_usage_error("logits", "--model, --ids and --out are required");
     if (!kda_mode(argc, argv, &chunk)) return cli_usage_error("logits", "--kda must be 64, 16 or recurrent");
+    const char *device = cli_opt(argc, argv, "--device");
+    if (cli_device_check("logits", device)) return 2;
     k3c_err err = {0};
     k3c_model m;
+    cli_device dev = {0};
     int32_t *ids = NULL, *cu = NULL;
-    int64_t B, T;
+    int64_t B = 0, T = 0;
     if (k3c_model_open_f32(dir, 0, &m, &err)) return cli_fail("logits", &err);
     m.kda_chunk = chunk;
-    int rc = read_ids(ids_path, name ? name : "input_ids", &ids, &B, &T, &err);
+    int rc = cli_device_open(device, &dev, &err);
+    if (!rc) rc = cli_device_use(&dev, &m, &err);
+    if (!rc) rc = read_ids(ids_path, name ? name : "input_ids", &ids, &B, &T, &err);
     k3c_arena arena = {0};
     if (!rc && !(cu = doc_offsets(B, T))) rc = k3c_errf(&err, K3C_ENOMEM, "out of memory");
-    if (!rc) rc = k3c_arena_init(&arena, k3c_model_plan_bytes_f32(&m, B * T, (int)B), &err);
+    if (!rc) rc = k3c_model_arena_init_f32(&m, k3c_model_plan_bytes_f32(&m, B * T, (int)B), &arena, &err);
     k3c_model_batch b = {B * T, (int)B, ids, cu, NULL, 0};
     k3c_acts *acts;
     float *logits;
@@ -76,10 +82,11 @@ int cmd_logits(int argc, char **argv) {
     if (!rc) rc = k3c_write_file_atomic(out, logits, sizeof(float) * (size_t)(B * T * m.cfg.vocab_size), &err);
     if (!rc) printf("wrote %s: [%lld, %lld, %lld] float32 logits (mean next-token loss %.6f)\n", out, (long long)B,
                     (long long)T, (long long)m.cfg.vocab_size, loss);
-    k3c_arena_free(&arena);
+    k3c_model_arena_free_f32(&m, &arena);
     free(ids);
     free(cu);
     k3c_model_free_f32(&m);
+    cli_device_release(&dev);
     return rc ? cli_fail("logits", &err) : 0;
 }
 
@@ -91,19 +98,22 @@ static double rel_err_f(const float *x, const k3c_st_tensor *ref, double *work, 
 }
 
 /* Forward + backward on the golden's input_ids; prints logits / loss / gradient errors. Returns the exit code. */
-static int golden_check(const char *dir, const char *gpath, int chunk, double tol_out, double tol_grad, int verbose,
-                        k3c_err *err) {
+static int golden_check(const char *dir, const char *gpath, int chunk, const char *device, double tol_out,
+                        double tol_grad, int verbose, k3c_err *err) {
     k3c_model m;
+    cli_device dev = {0};
     if (k3c_model_open_f32(dir, 1, &m, err)) return -1;
     m.kda_chunk = chunk;
     k3c_safetensors *gs = NULL;
     int32_t *ids = NULL, *cu = NULL;
-    int64_t B, T;
-    int rc = k3c_st_open(gpath, &gs, err);
+    int64_t B = 0, T = 0;
+    int rc = cli_device_open(device, &dev, err);
+    if (!rc) rc = cli_device_use(&dev, &m, err);
+    if (!rc) rc = k3c_st_open(gpath, &gs, err);
     if (!rc) rc = read_ids(gpath, "input_ids", &ids, &B, &T, err);
     if (!rc && !(cu = doc_offsets(B, T))) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
     k3c_arena arena = {0};
-    if (!rc) rc = k3c_arena_init(&arena, k3c_model_plan_bytes_f32(&m, B * T, (int)B), err);
+    if (!rc) rc = k3c_model_arena_init_f32(&m, k3c_model_plan_bytes_f32(&m, B * T, (int)B), &arena, err);
     k3c_model_batch b = {B * T, (int)B, ids, cu, NULL, 0};
     k3c_acts *acts;
     float *logits = NULL;
@@ -143,18 +153,19 @@ static int golden_check(const char *dir, const char *gpath, int chunk, double to
                         tol_grad, fails);
         free(rows);
     }
-    k3c_arena_free(&arena);
+    k3c_model_arena_free_f32(&m, &arena);
     free(ids);
     free(cu);
     k3c_st_close(gs);
     k3c_model_free_f32(&m);
+    cli_device_release(&dev);
     return rc ? -1 : fails ? 1 : 0;
 }
 
 int cmd_golden_check(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         printf("usage: k3c golden-check --model DIR --golden FILE [--kda 64|16|recurrent] [--tol-out 1e-4]\n"
-               "                        [--tol-grad 1e-3] [--verbose]\n"
+               "                        [--tol-grad 1e-3] [--device cpu|cuda] [--verbose]\n"
                "Runs forward + backward (float32) on the golden file's input_ids and prints the relative error of\n"
                "logits, loss and every grad.* tensor present (checkpoint or transformers names). Exit 1 above tolerance.\n");
         return 0;
@@ -166,8 +177,10 @@ int cmd_golden_check(int argc, char **argv) {
     if (!cli_opt_double(argc, argv, "--tol-out", 1e-4, &tol_out) || !cli_opt_double(argc, argv, "--tol-grad", 1e-3, &tol_grad))
         return 2;
     if (!kda_mode(argc, argv, &chunk)) return cli_usage_error("golden-check", "--kda must be 64, 16 or recurrent");
+    const char *device = cli_opt(argc, argv, "--device");
+    if (cli_device_check("golden-check", device)) return 2;
     k3c_err err = {0};
-    int rc = golden_check(dir, golden, chunk, tol_out, tol_grad, cli_flag(argc, argv, "--verbose"), &err);
+    int rc = golden_check(dir, golden, chunk, device, tol_out, tol_grad, cli_flag(argc, argv, "--verbose"), &err);
     if (rc < 0) return cli_fail("golden-check", &err);
     printf("%s\n", rc ? "golden-check: FAILED" : "golden-check: passed");
     return rc;
@@ -209,7 +222,7 @@ static int decode_loop(k3c_model *m, int32_t *seq, int64_t *len, long long n, co
     int64_t V = m->cfg.vocab_size;
     float *pw = malloc(sizeof(float) * (size_t)V);
     int32_t *iw = malloc(sizeof(int32_t) * (size_t)V);
-    int rc = pw && iw ? k3c_arena_init(&arena, k3c_model_plan_bytes_f32(m, *len + n, 1), err)
+    int rc = pw && iw ? k3c_model_arena_init_f32(m, k3c_model_plan_bytes_f32(m, *len + n, 1), &arena, err)
                       : k3c_errf(err, K3C_ENOMEM, "out of memory");
     for (long long i = 0; !rc && i < n; i++) {
         k3c_arena_reset(&arena, 0);
@@ -232,7 +245,7 @@ static int decode_loop(k3c_model *m, int32_t *seq, int64_t *len, long long n, co
         fflush(stdout);
     }
     if (!rc) printf("\n");
-    k3c_arena_free(&arena);
+    k3c_model_arena_free_f32(m, &arena);
     free(pw);
     free(iw);
     return rc;
@@ -242,7 +255,7 @@ int cmd_generate(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         printf("usage: k3c generate --model DIR (--prompt TEXT | --ids FILE [--name prompt_ids])\n"
                "                    [--max-new N] [--greedy N] [--temperature T] [--top-p P] [--seed S]\n"
-               "                    [--pattern cl100k|kimi] [--kda 64|16|recurrent]\n"
+               "                    [--pattern cl100k|kimi] [--kda 64|16|recurrent] [--device cpu|cuda]\n"
                "--prompt encodes TEXT with the checkpoint's tokenizer (tiktoken.model) and prints the continuation;\n"
                "--ids reads I32 token ids from a safetensors file and prints the new ids. --greedy N = --max-new N\n"
                "--temperature 0. Sampling: temperature (default 0.8) and nucleus top-p (default 0.95), seeded.\n"
@@ -262,15 +275,19 @@ int cmd_generate(int argc, char **argv) {
     if (greedy >= 0) { n = greedy; temp = 0; }
     if (n < 0 || temp < 0 || !(top_p > 0 && top_p <= 1)) return cli_usage_error("generate", "need max-new ≥ 0, temperature ≥ 0, 0 < top-p ≤ 1");
     if (!kda_mode(argc, argv, &chunk)) return cli_usage_error("generate", "--kda must be 64, 16 or recurrent");
+    const char *device = cli_opt(argc, argv, "--device");
+    if (cli_device_check("generate", device)) return 2;
     k3c_err err = {0};
     k3c_model m;
+    cli_device dev = {0};
     if (k3c_model_open_f32(dir, 0, &m, &err)) return cli_fail("generate", &err);
     m.kda_chunk = chunk;
     k3c_tok *tok = NULL;
     int32_t *prompt_ids = NULL, stop = -1;
     int64_t B = 1, T = 0;
-    int rc;
-    if (prompt) {
+    int rc = cli_device_open(device, &dev, &err);
+    if (!rc) rc = cli_device_use(&dev, &m, &err);
+    if (!rc && prompt) {
         k3c_tok_ids v = {0};
         rc = load_model_tokenizer(dir, cli_opt(argc, argv, "--pattern"), &tok, &err);
         if (!rc) rc = k3c_tok_encode(tok, prompt, strlen(prompt), 0, &v, &err);
@@ -279,7 +296,7 @@ int cmd_generate(int argc, char **argv) {
         T = (int64_t)v.n;
         if (!rc) stop = k3c_tok_special_id(tok, "<|endoftext|>");
         if (!rc) printf("%s", prompt);
-    } else {
+    } else if (!rc) {
         rc = read_ids(ids_path, name ? name : "prompt_ids", &prompt_ids, &B, &T, &err);
     }
     int32_t *seq = rc ? NULL : malloc(sizeof(int32_t) * (size_t)(B * T + n));
@@ -294,5 +311,6 @@ int cmd_generate(int argc, char **argv) {
     free(seq);
     k3c_tok_free(tok);
     k3c_model_free_f32(&m);
+    cli_device_release(&dev);
     return rc ? cli_fail("generate", &err) : 0;
 }

@@ -8,27 +8,35 @@
 
 int cmd_train(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
-        printf("usage: k3c train --config RUN.json [--resume] [--max-steps N] [--quiet] [--log]\n\n"
+        printf("usage: k3c train --config RUN.json [--resume] [--max-steps N] [--quiet] [--log] [--device cpu|cuda]\n\n"
                "Trains the model described by the run config (see configs/demo_run.json): stages of context length,\n"
                "tokens per step, steps, learning-rate schedule and data mixture; Per-Head Muon + AdamW; QK-Clip;\n"
                "quantile balancing of the MoE routers. Writes OUT/metrics.jsonl, OUT/metrics.png and checkpoints\n"
                "OUT/step_N (Hugging Face layout + optimizer + trainer state; OUT/latest names the newest).\n"
                "  --resume        continue bit-exactly from OUT/latest\n"
                "  --max-steps N   stop after N steps in total (the schedule still follows the config)\n"
-               "  --quiet         no progress bar;  --log  print one line per step to stdout\n");
+               "  --quiet         no progress bar;  --log  print one line per step to stdout\n"
+               "  --device cuda   run forward and backward on the GPU (build/cuda/k3c from `make cuda`); the\n"
+               "                  optimizer, quantile balancing and checkpoints stay on the host\n");
         return 0;
     }
     const char *path = cli_opt(argc, argv, "--config");
     long long max_steps;
     if (!path) return cli_usage_error("train", "--config is required");
     if (!cli_opt_int(argc, argv, "--max-steps", 0, &max_steps) || max_steps < 0) return 2;
+    const char *device = cli_opt(argc, argv, "--device");
+    if (cli_device_check("train", device)) return 2;
     k3c_err err = {0};
     k3c_run_config rc;
     if (k3c_run_config_load(path, &rc, &err)) return cli_fail("train", &err);
+    cli_device dev;
+    if (cli_device_open(device, &dev, &err)) return cli_fail("train", &err);
     k3c_train_opts o = {cli_flag(argc, argv, "--resume"), max_steps, cli_flag(argc, argv, "--quiet") ? NULL : stderr,
-                        cli_flag(argc, argv, "--log") ? stdout : NULL};
+                        cli_flag(argc, argv, "--log") ? stdout : NULL, dev.backend};
     k3c_train_result r;
-    if (k3c_train_run(&rc, &o, &r, &err)) return cli_fail("train", &err);
+    int failed = k3c_train_run(&rc, &o, &r, &err);
+    cli_device_release(&dev);
+    if (failed) return cli_fail("train", &err);
     printf("trained %lld steps in %.1f s: loss %.4f, validation loss %.4f, %.0f tokens/s, max/mean expert load %.2f\n",
            (long long)r.steps, r.wall_s, r.last_loss, r.last_val_loss, r.tokens_per_s, r.max_load_ratio);
     printf("summary: validation loss %.4f nats/token vs unigram entropy %.4f nats/token of the corpus (same tokenizer):"

@@ -148,6 +148,20 @@ int k3c_moe_bwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const float *x, 
                      const float *dy, float *dx, float *dw1, float *dw3, float *dw2, float *dtopk_w, void *ws, int tf32,
                      k3c_err *err);
 
+/* ---------------------------------------------------------------- the backend table (backend.cu)
+ * Every op a model step calls (ops/backend.h), on device `device`: parameters, gradients and activation arenas in
+ * managed memory; GEMMs through cuBLASLt in fp32 (tf32 = 1 allows TF32 tensor cores); KDA always on the chunk-64
+ * kernels (bf16 q/k/v inside), attention on the bf16 flash kernels. k3c_model_use_backend_f32(m, &b->table, err)
+ * moves a model there. Requires concurrent managed access (Linux, Pascal or newer). */
+#include "ops/backend.h"
+typedef struct {
+    k3c_cuda_ctx cu;
+    int tf32;
+    k3c_backend_f32 table;
+} k3c_cuda_backend;
+int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int tf32, k3c_err *err);
+void k3c_cuda_backend_destroy(k3c_cuda_backend *b);
+
 #ifdef __cplusplus
 }
 #endif

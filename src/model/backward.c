@@ -3,10 +3,6 @@
  * Spec: ARCHITECTURE.md §1.2 (RMSNorm backward), §5.4 (AttnRes gradients), §3.4, §4.2, §9.2. */
 #include "base/real.h"
 #include "model/acts.h"
-#include "ops/attnres.h"
-#include "ops/basic.h"
-
-#include <string.h>
 
 #define CHECK_RC(expr) do { int rc_ = (expr); if (rc_) return rc_; } while (0)
 
@@ -23,13 +19,13 @@ static int mix_bwd(const k3c_acts *a, const k3c_mix *mx, size_t proj, size_t nor
     real *dv[K3C_ATTNRES_MAX_SOURCES];
     for (int i = 0; i < mx->n; i++) { v[i] = R(k3c_acts_src)(a, mx->src[i]); dv[i] = src_grad(a, mx->src[i]); }
     k3c_attnres_sizes s = {a->T, c->hidden_size, mx->n, c->rms_norm_eps};
-    int rc = R(k3c_attnres_bwd)(&s, v, a->st.w + proj, a->st.w + norm, mx->saved, dh, dv, a->st.g + proj, a->st.g + norm,
-                                a->st.scratch, err);
+    int rc = a->st.be->attnres_bwd(&s, v, a->st.w + proj, a->st.w + norm, mx->saved, dh, dv, a->st.g + proj,
+                                   a->st.g + norm, a->st.scratch, err);
     return rc ? k3c_err_wrap(err, "AttnRes mix backward over %d sources", mx->n) : K3C_OK;
 }
 
-static void add_into(real *y, const real *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+static int add_into(const k3c_acts *a, real *y, const real *x, int64_t n, k3c_err *err) {
+    return a->st.be->add(n, x, y, err);
 }
 
 /* Backward of one sublayer: out = f(RMSNorm(in)); dout given; adds the gradient of `in` into din (zeroed here). */
@@ -48,14 +44,14 @@ static int ffn_bwd(k3c_acts *a, int l, const real *dout, real *dxn, k3c_arena *t
 static int sublayer(k3c_acts *a, int l, sublayer_bwd f, const real *in, const real *rstd, size_t norm_w,
                     const real *dout, k3c_err *err) {
     int64_t TD = a->T * a->st.m->cfg.hidden_size;
-    memset(a->dxn, 0, sizeof(real) * (size_t)TD);
-    memset(a->din, 0, sizeof(real) * (size_t)TD);
+    CHECK_RC(a->st.be->zero(a->dxn, TD, err));
+    CHECK_RC(a->st.be->zero(a->din, TD, err));
     size_t mark = k3c_arena_mark(a->arena);
     int rc = f(a, l, dout, a->dxn, a->arena, err);
     k3c_arena_reset(a->arena, mark);
     if (rc) return rc;
     k3c_rmsnorm_sizes rs = {a->T, a->st.m->cfg.hidden_size, a->st.m->cfg.rms_norm_eps};
-    return R(k3c_rmsnorm_bwd)(&rs, in, a->st.w + norm_w, rstd, a->dxn, a->din, a->st.g + norm_w, err);
+    return a->st.be->rmsnorm_bwd(&rs, in, a->st.w + norm_w, rstd, a->dxn, a->din, a->st.g + norm_w, err);
 }
 
 static int layer_bwd(k3c_acts *a, int l, k3c_err *err) {
@@ -65,16 +61,16 @@ static int layer_bwd(k3c_acts *a, int l, k3c_err *err) {
     /* a recomputed layer kept only its stream outputs: run its forward again (same inputs, same bits) */
     if (m->recompute[l]) CHECK_RC(R(k3c_acts_layer_fwd)(a, l, err));
     /* FFN: pend = ffn(norm(min)) + pmid */
-    add_into(a->dpmid[l], a->dpend[l], TD);
+    CHECK_RC(add_into(a, a->dpmid[l], a->dpend[l], TD, err));
     CHECK_RC(sublayer(a, l, ffn_bwd, a->min[l], a->mrstd[l], o->post_norm, a->dpend[l], err));
     if (a->mmix[l].n) CHECK_RC(mix_bwd(a, &a->mmix[l], o->mlp_res_proj, o->mlp_res_norm, a->din, err));
-    else add_into(a->dpmid[l], a->din, TD);
+    else CHECK_RC(add_into(a, a->dpmid[l], a->din, TD, err));
     /* token mixer: pmid = mixer(norm(ain)) (+ P_prev unless a block starts here) */
     real *dprev = l > 0 ? a->dpend[l - 1] : a->demb;
-    if (!a->boundary[l]) add_into(dprev, a->dpmid[l], TD);
+    if (!a->boundary[l]) CHECK_RC(add_into(a, dprev, a->dpmid[l], TD, err));
     CHECK_RC(sublayer(a, l, mixer_bwd, a->ain[l], a->arstd[l], o->input_norm, a->dpmid[l], err));
     if (a->amix[l].n) CHECK_RC(mix_bwd(a, &a->amix[l], o->attn_res_proj, o->attn_res_norm, a->din, err));
-    else add_into(dprev, a->din, TD);
+    else CHECK_RC(add_into(a, dprev, a->din, TD, err));
     return K3C_OK;
 }
 
@@ -86,30 +82,32 @@ int R(k3c_model_backward)(k3c_model *m, k3c_acts *a, double scale, k3c_err *err)
     k3c_carver cv = {.a = a->arena};
     R(k3c_acts_carve_backward)(m, &cv, a);
     if (cv.oom) return k3c_errf(err, K3C_ENOMEM, "backward: activation arena too small");
-    memset(a->demb, 0, sizeof(real) * (size_t)(T * D));
+    const R(k3c_backend) *be = a->st.be;
+    CHECK_RC(be->zero(a->demb, T * D, err));
     for (int l = 0; l < c->num_layers; l++) {
-        memset(a->dpmid[l], 0, sizeof(real) * (size_t)(T * D));
-        memset(a->dpend[l], 0, sizeof(real) * (size_t)(T * D));
+        CHECK_RC(be->zero(a->dpmid[l], T * D, err));
+        CHECK_RC(be->zero(a->dpend[l], T * D, err));
     }
     const real *w = m->w;
     real *g = m->g;
     const k3c_global_offsets *go = &m->table.glob;
     size_t mark = k3c_arena_mark(a->arena);
-    real *dlogits = k3c_arena_calloc(a->arena, sizeof(real) * (size_t)(T * V));
+    real *dlogits = k3c_tmp_zeros(&a->st, a->arena, T * V, err);
     if (!dlogits) return k3c_errf(err, K3C_ENOMEM, "backward: activation arena too small for dlogits");
     k3c_xent_sizes xs = {T, V, a->loss_norm};
-    CHECK_RC(R(k3c_xent_bwd)(&xs, a->logits, a->targets, NULL, a->lse, scale, dlogits, err));
-    memset(a->dxn, 0, sizeof(real) * (size_t)(T * D));
+    CHECK_RC(be->xent_bwd(&xs, a->logits, a->targets, NULL, a->lse, scale, dlogits, err));
+    CHECK_RC(be->zero(a->dxn, T * D, err));
     k3c_linear_sizes ls = {T, D, V, 0};
-    CHECK_RC(R(k3c_linear_bwd)(&ls, a->hn, w + go->lm_head, dlogits, a->dxn, g + go->lm_head, err));
+    CHECK_RC(be->linear_bwd(be->ctx, &ls, a->hn, w + go->lm_head, dlogits, a->dxn, g + go->lm_head, err));
     k3c_arena_reset(a->arena, mark);
-    memset(a->din, 0, sizeof(real) * (size_t)(T * D));
+    CHECK_RC(be->zero(a->din, T * D, err));
     k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
-    CHECK_RC(R(k3c_rmsnorm_bwd)(&rs, a->hfin, w + go->final_norm, a->rfin, a->dxn, a->din, g + go->final_norm, err));
+    CHECK_RC(be->rmsnorm_bwd(&rs, a->hfin, w + go->final_norm, a->rfin, a->dxn, a->din, g + go->final_norm, err));
     int L = (int)c->num_layers;
     if (a->fmix.n) CHECK_RC(mix_bwd(a, &a->fmix, go->out_res_proj, go->out_res_norm, a->din, err));
-    else add_into(L > 0 ? a->dpend[L - 1] : a->demb, a->din, T * D);
+    else CHECK_RC(add_into(a, L > 0 ? a->dpend[L - 1] : a->demb, a->din, T * D, err));
     for (int l = L - 1; l >= 0; l--) CHECK_RC(layer_bwd(a, l, err));
     k3c_embedding_sizes es = {T, V, D};
-    return R(k3c_embedding_bwd)(&es, a->ids, a->demb, g + go->embed, err);
+    CHECK_RC(be->embedding_bwd(&es, a->ids, a->demb, g + go->embed, err));
+    return be->sync(err); /* the caller reads m->g next (optimizer, checks) */
 }

@@ -3,8 +3,6 @@
  * Spec: ARCHITECTURE.md §1.1 (pre-norm residual), §5.3 (Block AttnRes control flow, K3). */
 #include "base/real.h"
 #include "model/acts.h"
-#include "ops/attnres.h"
-#include "ops/basic.h"
 
 #include <string.h>
 
@@ -25,7 +23,7 @@ static size_t scratch_bytes(const k3c_model *m, int64_t T, int n_docs) {
         k3c_attnres_sizes s = {T, c->hidden_size, K3C_ATTNRES_MAX_SOURCES < c->num_layers + 2 ? K3C_ATTNRES_MAX_SOURCES
                                                                                                : c->num_layers + 2,
                                c->rms_norm_eps};
-        size_t r = R(k3c_attnres_workspace)(&s);
+        size_t r = k3c_model_be(m)->attnres_workspace(&s);
         if (r > need) need = r;
     }
     return need;
@@ -42,6 +40,7 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver 
     int L = (int)c->num_layers, NS = max_sources(c);
     int64_t D = c->hidden_size;
     a->ids = K3C_CARVE(cv, int32_t, T);
+    a->cu = K3C_CARVE(cv, int32_t, n_docs + 1);
     a->targets = K3C_CARVE(cv, int32_t, T);
     a->emb = K3C_CARVE(cv, real, T * D);
     a->pmid = K3C_CARVE(cv, real *, L); a->pend = K3C_CARVE(cv, real *, L);
@@ -53,7 +52,7 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver 
     a->kda = K3C_CARVE(cv, k3c_kda_acts, L); a->mla = K3C_CARVE(cv, k3c_mla_acts, L); a->ffn = K3C_CARVE(cv, k3c_ffn_acts, L);
     k3c_kda_acts kd; k3c_mla_acts ml; k3c_ffn_acts ff;
     k3c_attnres_sizes ms = {T, D, NS, c->rms_norm_eps};
-    size_t mix_saved = NS ? R(k3c_attnres_saved_elems)(&ms) : 0;
+    size_t mix_saved = NS ? k3c_model_be(m)->attnres_saved_elems(&ms) : 0;
     /* Layers that recompute share one set of activation buffers per kind (carved on first use). */
     struct { int have; real *ax, *ar, *mx, *mr; k3c_mix am, mm; } slot = {0};
     int slot_kda = -1, slot_mla = -1, slot_ffn[2] = {-1, -1};
@@ -140,7 +139,7 @@ static int run_mix(const k3c_acts *a, k3c_mix *mx, size_t proj, size_t norm, k3c
     const real *v[K3C_ATTNRES_MAX_SOURCES];
     for (int i = 0; i < mx->n; i++) v[i] = src_ptr(a, mx->src[i]);
     k3c_attnres_sizes s = {a->T, c->hidden_size, mx->n, c->rms_norm_eps};
-    int rc = R(k3c_attnres_fwd)(&s, v, a->st.w + proj, a->st.w + norm, mx->out, mx->saved, err);
+    int rc = a->st.be->attnres_fwd(&s, v, a->st.w + proj, a->st.w + norm, mx->out, mx->saved, err);
     return rc ? k3c_err_wrap(err, "AttnRes mix over %d sources", mx->n) : K3C_OK;
 }
 
@@ -148,10 +147,6 @@ static void set_sources(k3c_mix *mx, const int *R_, int nR, int P) {
     for (int i = 0; i < nR; i++) mx->src[i] = R_[i];
     mx->src[nR] = P;
     mx->n = nR + 1;
-}
-
-static void add_into(real *y, const real *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
 static void next_token_targets(const k3c_model_batch *b, int32_t *tg) {
@@ -192,10 +187,10 @@ static int layer_fwd(k3c_acts *a, int l, k3c_err *err) {
     }
     if (a->boundary[l]) Rsrc[nR++] = P;
     k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
-    CHECK_RC(R(k3c_rmsnorm_fwd)(&rs, a->ain[l], w + o->input_norm, a->axn[l], a->arstd[l], err));
+    CHECK_RC(st->be->rmsnorm_fwd(&rs, a->ain[l], w + o->input_norm, a->axn[l], a->arstd[l], err));
     if (c->mixer[l] == K3C_MIXER_KDA) CHECK_RC(R(k3c_kda_layer_fwd)(st, l, a->axn[l], &a->kda[l], a->pmid[l], err));
     else CHECK_RC(R(k3c_mla_layer_fwd)(st, l, a->axn[l], &a->mla[l], a->pmid[l], err));
-    if (!a->boundary[l]) add_into(a->pmid[l], src_ptr(a, P), T * D);
+    if (!a->boundary[l]) CHECK_RC(st->be->add(T * D, src_ptr(a, P), a->pmid[l], err));
     if (S > 0) {
         set_sources(&a->mmix[l], Rsrc, nR, K3C_SRC_MID(l));
         CHECK_RC(run_mix(a, &a->mmix[l], o->mlp_res_proj, o->mlp_res_norm, err));
@@ -203,9 +198,9 @@ static int layer_fwd(k3c_acts *a, int l, k3c_err *err) {
     } else {
         a->min[l] = a->pmid[l];
     }
-    CHECK_RC(R(k3c_rmsnorm_fwd)(&rs, a->min[l], w + o->post_norm, a->mxn[l], a->mrstd[l], err));
+    CHECK_RC(st->be->rmsnorm_fwd(&rs, a->min[l], w + o->post_norm, a->mxn[l], a->mrstd[l], err));
     CHECK_RC(R(k3c_ffn_layer_fwd)(st, l, a->mxn[l], &a->ffn[l], a->pend[l], err));
-    add_into(a->pend[l], a->pmid[l], T * D);
+    CHECK_RC(st->be->add(T * D, a->pmid[l], a->pend[l], err));
     return K3C_OK;
 }
 
@@ -241,6 +236,8 @@ int R(k3c_model_forward)(k3c_model *m, const k3c_model_batch *b, k3c_arena *aren
                 return k3c_errf(err, K3C_EINVAL, "forward: cu_seqlens[%d] < cu_seqlens[%d]", d + 1, d);
     }
     if (max_sources(c) > K3C_ATTNRES_MAX_SOURCES) return k3c_errf(err, K3C_EUNSUPPORTED, "forward: too many AttnRes blocks");
+    const R(k3c_backend) *be = k3c_model_be(m);
+    CHECK_RC(be->sync(err)); /* the host writes the batch into memory the previous step's ops may still read */
     k3c_acts *a = k3c_arena_calloc(arena, sizeof *a);
     k3c_carver cv = {.a = arena};
     if (a) carve_forward(m, T, b->n_docs, &cv, a);
@@ -248,23 +245,26 @@ int R(k3c_model_forward)(k3c_model *m, const k3c_model_batch *b, k3c_arena *aren
         return k3c_errf(err, K3C_ENOMEM, "forward: activation arena too small (%zu bytes; plan %zu)", arena->cap,
                         R(k3c_model_plan_bytes)(m, T, b->n_docs));
     a->T = T;
-    a->st = (k3c_step){.m = m, .T = T, .n_docs = b->cu_seqlens ? b->n_docs : 1, .cu = b->cu_seqlens,
+    int n_docs = b->cu_seqlens ? b->n_docs : 1;
+    a->st = (k3c_step){.m = m, .be = be, .T = T, .n_docs = n_docs, .cu = b->cu_seqlens ? a->cu : NULL,
                        .scratch = a->st.scratch, .w = m->w, .g = m->g};
+    if (b->cu_seqlens) memcpy(a->cu, b->cu_seqlens, sizeof(int32_t) * (size_t)(n_docs + 1));
     memcpy(a->ids, b->ids, sizeof(int32_t) * (size_t)T);
     if (b->targets) memcpy(a->targets, b->targets, sizeof(int32_t) * (size_t)T);
     else next_token_targets(b, a->targets);
     k3c_embedding_sizes es = {T, V, D};
-    CHECK_RC(R(k3c_embedding_fwd)(&es, b->ids, (const real *)m->w + m->table.glob.embed, a->emb, err));
+    CHECK_RC(be->embedding_fwd(&es, a->ids, (const real *)m->w + m->table.glob.embed, a->emb, err));
     CHECK_RC(run_layers(a, err));
     const real *w = m->w;
     k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
-    CHECK_RC(R(k3c_rmsnorm_fwd)(&rs, a->hfin, w + m->table.glob.final_norm, a->hn, a->rfin, err));
+    CHECK_RC(be->rmsnorm_fwd(&rs, a->hfin, w + m->table.glob.final_norm, a->hn, a->rfin, err));
     k3c_linear_sizes ls = {T, D, V, 0};
-    CHECK_RC(R(k3c_linear_fwd)(&ls, a->hn, w + m->table.glob.lm_head, a->logits, err));
+    CHECK_RC(be->linear_fwd(be->ctx, &ls, a->hn, w + m->table.glob.lm_head, a->logits, err));
     k3c_xent_sizes xs = {T, V, b->loss_norm};
     a->loss_norm = b->loss_norm;
     double l = 0;
-    CHECK_RC(R(k3c_xent_fwd)(&xs, a->logits, a->targets, NULL, a->lse, &l, NULL, err));
+    CHECK_RC(be->xent_fwd(&xs, a->logits, a->targets, NULL, a->lse, &l, NULL, err));
+    CHECK_RC(be->sync(err)); /* logits and the route stats are read by the host next */
     if (loss) *loss = l;
     if (logits_out) *logits_out = a->logits;
     a->tmp_mark = k3c_arena_mark(arena);

@@ -3,8 +3,6 @@
  * and shared experts on the full-width x. Spec: ARCHITECTURE.md §6.2, §8, §9.2. */
 #include "base/real.h"
 #include "model/layers.h"
-#include "ops/basic.h"
-#include "ops/moe.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -37,18 +35,20 @@ static k3c_moe_sizes moe_sizes(const k3c_model *m, const ffn_shape *s) {
 
 size_t R(k3c_ffn_scratch)(const k3c_model *m, int l, int64_t T) {
     ffn_shape s = shape_of(m, l, T);
+    const R(k3c_backend) *be = k3c_model_be(m);
     size_t a = 0, b = 0;
-    if (!s.moe || s.shw > 0) { k3c_mlp_sizes ms = mlp_sizes(m, &s); a = R(k3c_mlp_workspace)(&ms); }
-    if (s.moe) { k3c_moe_sizes es = moe_sizes(m, &s); b = R(k3c_moe_workspace)(&es); }
+    if (!s.moe || s.shw > 0) { k3c_mlp_sizes ms = mlp_sizes(m, &s); a = be->mlp_workspace(&ms); }
+    if (s.moe) { k3c_moe_sizes es = moe_sizes(m, &s); b = be->moe_workspace(&es); }
     return a > b ? a : b;
 }
 
 void R(k3c_ffn_alloc)(const k3c_model *m, int l, int64_t T, k3c_carver *c, k3c_ffn_acts *a) {
     ffn_shape s = shape_of(m, l, T);
+    const R(k3c_backend) *be = k3c_model_be(m);
     memset(a, 0, sizeof *a);
     if (!s.moe || s.shw > 0) {
         k3c_mlp_sizes ms = mlp_sizes(m, &s);
-        a->mlp_saved = k3c_carve_bytes(c, R(k3c_mlp_saved_bytes)(&ms));
+        a->mlp_saved = k3c_carve_bytes(c, be->mlp_saved_bytes(&ms));
     }
     if (!s.moe) return;
     k3c_moe_sizes es = moe_sizes(m, &s);
@@ -57,15 +57,17 @@ void R(k3c_ffn_alloc)(const k3c_model *m, int l, int64_t T, k3c_carver *c, k3c_f
     a->topw = K3C_CARVE(c, real, T * s.k);
     a->cutoff = K3C_CARVE(c, real, T);
     if (s.latent) a->zin = K3C_CARVE(c, real, T * s.lat);
-    a->moe_saved = k3c_carve_bytes(c, R(k3c_moe_saved_bytes)(&es));
+    a->moe_saved = k3c_carve_bytes(c, be->moe_saved_bytes(&es));
     a->u = K3C_CARVE(c, real, T * s.lat);
     if (s.latent && m->cfg.latent_norm) { a->un = K3C_CARVE(c, real, T * s.lat); a->ru = K3C_CARVE(c, real, T); }
     if (s.shw > 0) a->ys = K3C_CARVE(c, real, T * s.D);
 }
 
-/* Keeps the step's routing (scores, selection, cutoffs) in float for quantile balancing and load telemetry. */
-static int record_routes(k3c_model *m, int l, const ffn_shape *s, const k3c_ffn_acts *a, k3c_err *err) {
-    k3c_route_stats *r = &m->route[l];
+/* Keeps the step's routing (scores, selection, cutoffs) in float, in host memory, for quantile balancing and load
+ * telemetry (waits for the backend: the router's outputs are read here). */
+static int record_routes(const k3c_step *st, int l, const ffn_shape *s, const k3c_ffn_acts *a, k3c_err *err) {
+    k3c_route_stats *r = &st->m->route[l];
+    CHECK_RC(st->be->sync(err));
     if (r->T != s->T) {
         free(r->topk_ids); free(r->scores); free(r->cutoff);
         r->topk_ids = malloc(sizeof(int32_t) * (size_t)(s->T * s->k));
@@ -91,38 +93,38 @@ int R(k3c_ffn_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, r
     int64_t T = s.T;
     if (!s.moe) {
         k3c_mlp_sizes ms = mlp_sizes(m, &s);
-        int rc = R(k3c_mlp_fwd)(&ms, xn, w + o->mlp_gate, w + o->mlp_up, w + o->mlp_down, y, a->mlp_saved, st->scratch, err);
+        int rc = st->be->mlp_fwd(st->be->ctx, &ms, xn, w + o->mlp_gate, w + o->mlp_up, w + o->mlp_down, y, a->mlp_saved, st->scratch, err);
         return rc ? k3c_err_wrap(err, "layer %d: dense MLP", l) : K3C_OK;
     }
-    CHECK_RC(k3c_lin(T, s.D, s.E, xn, w + o->router, a->logits, 0, err));
+    CHECK_RC(k3c_lin(st, T, s.D, s.E, xn, w + o->router, a->logits, 0, err));
     k3c_router_sizes rs = {T, s.E, s.k, c->renormalize, c->routed_scaling_factor};
-    int rc = R(k3c_router_fwd)(&rs, a->logits, w + o->router_bias, a->ids, a->topw, a->cutoff, err);
+    int rc = st->be->router_fwd(&rs, a->logits, w + o->router_bias, a->ids, a->topw, a->cutoff, err);
     if (rc) return k3c_err_wrap(err, "layer %d: router", l);
-    CHECK_RC(record_routes(m, l, &s, a, err));
+    CHECK_RC(record_routes(st, l, &s, a, err));
     const real *xin = xn;
     if (s.latent) {
-        CHECK_RC(k3c_lin(T, s.D, s.lat, xn, w + o->latent_down, a->zin, 0, err));
+        CHECK_RC(k3c_lin(st, T, s.D, s.lat, xn, w + o->latent_down, a->zin, 0, err));
         xin = a->zin;
     }
     k3c_moe_sizes es = moe_sizes(m, &s);
     real *u = s.latent ? a->u : y;
-    rc = R(k3c_moe_fwd)(&es, xin, a->ids, a->topw, w + o->w1, w + o->w3, w + o->w2, u, a->moe_saved, st->scratch, err);
+    rc = st->be->moe_fwd(st->be->ctx, &es, xin, a->ids, a->topw, w + o->w1, w + o->w3, w + o->w2, u, a->moe_saved, st->scratch, err);
     if (rc) return k3c_err_wrap(err, "layer %d: routed experts", l);
     if (s.latent) {
         const real *un = u;
         if (c->latent_norm) {
             k3c_rmsnorm_sizes ns = {T, s.lat, c->rms_norm_eps};
-            CHECK_RC(R(k3c_rmsnorm_fwd)(&ns, u, w + o->latent_norm, a->un, a->ru, err));
+            CHECK_RC(st->be->rmsnorm_fwd(&ns, u, w + o->latent_norm, a->un, a->ru, err));
             un = a->un;
         }
-        CHECK_RC(k3c_lin(T, s.lat, s.D, un, w + o->latent_up, y, 0, err));
+        CHECK_RC(k3c_lin(st, T, s.lat, s.D, un, w + o->latent_up, y, 0, err));
     }
     if (s.shw > 0) {
         k3c_mlp_sizes ms = mlp_sizes(m, &s);
-        rc = R(k3c_mlp_fwd)(&ms, xn, w + o->shared_gate, w + o->shared_up, w + o->shared_down, a->ys, a->mlp_saved,
-                            st->scratch, err);
+        rc = st->be->mlp_fwd(st->be->ctx, &ms, xn, w + o->shared_gate, w + o->shared_up, w + o->shared_down, a->ys,
+                             a->mlp_saved, st->scratch, err);
         if (rc) return k3c_err_wrap(err, "layer %d: shared experts", l);
-        for (int64_t i = 0; i < T * s.D; i++) y[i] += a->ys[i];
+        CHECK_RC(st->be->add(T * s.D, a->ys, y, err));
     }
     return K3C_OK;
 }
@@ -146,17 +148,17 @@ int R(k3c_ffn_layer_bwd)(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, c
         k3c_mlp_sizes ms = mlp_sizes(m, &s);
         size_t og = s.moe ? o->shared_gate : o->mlp_gate, ou = s.moe ? o->shared_up : o->mlp_up;
         size_t od = s.moe ? o->shared_down : o->mlp_down;
-        rc = R(k3c_mlp_bwd)(&ms, xn, w + og, w + ou, w + od, a->mlp_saved, dy, dxn, g + og, g + ou, g + od, st->scratch, err);
+        rc = st->be->mlp_bwd(st->be->ctx, &ms, xn, w + og, w + ou, w + od, a->mlp_saved, dy, dxn, g + og, g + ou, g + od,
+                             st->scratch, err);
         if (rc) return k3c_err_wrap(err, "layer %d: MLP backward", l);
         if (!s.moe) return K3C_OK;
     }
-    real *dtopw = k3c_arena_calloc(tmp, sizeof(real) * (size_t)(T * s.k));
-    real *dlogits = k3c_arena_calloc(tmp, sizeof(real) * (size_t)(T * s.E));
+    real *dtopw = k3c_tmp_zeros(st, tmp, T * s.k, err), *dlogits = k3c_tmp_zeros(st, tmp, T * s.E, err);
     real *du = NULL, *dun = NULL, *dz = NULL;
     if (s.latent) {
-        du = k3c_arena_calloc(tmp, sizeof(real) * (size_t)(T * s.lat));
-        dun = k3c_arena_calloc(tmp, sizeof(real) * (size_t)(T * s.lat));
-        dz = k3c_arena_calloc(tmp, sizeof(real) * (size_t)(T * s.lat));
+        du = k3c_tmp_zeros(st, tmp, T * s.lat, err);
+        dun = k3c_tmp_zeros(st, tmp, T * s.lat, err);
+        dz = k3c_tmp_zeros(st, tmp, T * s.lat, err);
         if (!du || !dun || !dz) return k3c_errf(err, K3C_ENOMEM, "layer %d: MoE backward scratch", l);
     }
     if (!dtopw || !dlogits) return k3c_errf(err, K3C_ENOMEM, "layer %d: MoE backward scratch", l);
@@ -164,22 +166,22 @@ int R(k3c_ffn_layer_bwd)(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, c
     real *dxin = dxn;
     if (s.latent) {
         const real *un = c->latent_norm ? a->un : a->u;
-        CHECK_RC(k3c_lin_bwd(T, s.lat, s.D, un, w + o->latent_up, dy, c->latent_norm ? dun : du, g + o->latent_up, err));
+        CHECK_RC(k3c_lin_bwd(st, T, s.lat, s.D, un, w + o->latent_up, dy, c->latent_norm ? dun : du, g + o->latent_up, err));
         if (c->latent_norm) {
             k3c_rmsnorm_sizes ns = {T, s.lat, c->rms_norm_eps};
-            CHECK_RC(R(k3c_rmsnorm_bwd)(&ns, a->u, w + o->latent_norm, a->ru, dun, du, g + o->latent_norm, err));
+            CHECK_RC(st->be->rmsnorm_bwd(&ns, a->u, w + o->latent_norm, a->ru, dun, du, g + o->latent_norm, err));
         }
         du_moe = du;
         xin = a->zin;
         dxin = dz;
     }
     k3c_moe_sizes es = moe_sizes(m, &s);
-    rc = R(k3c_moe_bwd)(&es, xin, a->ids, a->topw, w + o->w1, w + o->w3, w + o->w2, a->moe_saved, du_moe, dxin, g + o->w1,
-                        g + o->w3, g + o->w2, dtopw, st->scratch, err);
+    rc = st->be->moe_bwd(st->be->ctx, &es, xin, a->ids, a->topw, w + o->w1, w + o->w3, w + o->w2, a->moe_saved, du_moe,
+                         dxin, g + o->w1, g + o->w3, g + o->w2, dtopw, st->scratch, err);
     if (rc) return k3c_err_wrap(err, "layer %d: routed experts backward", l);
-    if (s.latent) CHECK_RC(k3c_lin_bwd(T, s.D, s.lat, xn, w + o->latent_down, dz, dxn, g + o->latent_down, err));
+    if (s.latent) CHECK_RC(k3c_lin_bwd(st, T, s.D, s.lat, xn, w + o->latent_down, dz, dxn, g + o->latent_down, err));
     k3c_router_sizes rs = {T, s.E, s.k, c->renormalize, c->routed_scaling_factor};
-    rc = R(k3c_router_bwd)(&rs, a->logits, a->ids, dtopw, dlogits, err);
+    rc = st->be->router_bwd(&rs, a->logits, a->ids, dtopw, dlogits, err);
     if (rc) return k3c_err_wrap(err, "layer %d: router backward", l);
-    return k3c_lin_bwd(T, s.D, s.E, xn, w + o->router, dlogits, dxn, g + o->router, err);
+    return k3c_lin_bwd(st, T, s.D, s.E, xn, w + o->router, dlogits, dxn, g + o->router, err);
 }

@@ -2,12 +2,6 @@
  * L2 norm, β, the forget gate, the delta-rule core, gated head-wise RMSNorm, o_proj. Spec: ARCHITECTURE.md §3.1, §3.4. */
 #include "base/real.h"
 #include "model/layers.h"
-#include "ops/basic.h"
-#include "ops/kda.h"
-#include "ops/l2norm.h"
-#include "ops/short_conv.h"
-
-#include <string.h>
 
 #define CHECK_RC(expr) do { int rc_ = (expr); if (rc_) return rc_; } while (0)
 
@@ -29,12 +23,10 @@ static k3c_kda_dims core_dims(const k3c_model *m, int64_t T, int n_docs) {
 }
 
 size_t R(k3c_kda_scratch)(const k3c_model *m, int64_t T, int n_docs) {
+    const R(k3c_backend) *be = k3c_model_be(m);
     k3c_kda_dims d = core_dims(m, T, n_docs);
     k3c_short_conv_dims cd = {T, shape_of(m, T).P, (int)m->cfg.conv_kernel, n_docs};
-    size_t a, b;
-    if (m->kda_chunk) { a = R(k3c_kda_chunk_fwd_workspace)(&d); b = R(k3c_kda_chunk_bwd_workspace)(&d); }
-    else { a = R(k3c_kda_recurrent_fwd_workspace)(&d); b = R(k3c_kda_recurrent_bwd_workspace)(&d); }
-    size_t c = R(k3c_short_conv_bwd_workspace)(&cd);
+    size_t a = be->kda_fwd_workspace(&d), b = be->kda_bwd_workspace(&d), c = be->short_conv_bwd_workspace(&cd);
     return a > b ? (a > c ? a : c) : (b > c ? b : c);
 }
 
@@ -63,33 +55,29 @@ int R(k3c_kda_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, r
     real *pre[3] = {a->qh, a->kh, a->vh}, *post[3] = {a->qn, a->kn, a->vc};
     k3c_short_conv_dims cd = {T, s.P, (int)s.W, st->n_docs};
     for (int i = 0; i < 3; i++) {
-        CHECK_RC(k3c_lin(T, s.D, s.P, xn, Wp[i], pre[i], 0, err));
-        CHECK_RC(R(k3c_short_conv_fwd)(&cd, st->cu, pre[i], Wc[i], NULL, post[i], NULL, err));
+        CHECK_RC(k3c_lin(st, T, s.D, s.P, xn, Wp[i], pre[i], 0, err));
+        CHECK_RC(st->be->short_conv_fwd(&cd, st->cu, pre[i], Wc[i], NULL, post[i], NULL, err));
     }
     k3c_l2norm_dims ld = {T * s.H, s.dk, 1e-6};
-    CHECK_RC(R(k3c_l2norm_fwd)(&ld, a->qn, a->qn, a->rq, err));
-    CHECK_RC(R(k3c_l2norm_fwd)(&ld, a->kn, a->kn, a->rk, err));
-    CHECK_RC(k3c_lin(T, s.D, s.H, xn, w + o->b_proj, a->blog, 0, err));
-    R(k3c_sigmoid)(T * s.H, a->blog, a->beta);
-    CHECK_RC(k3c_lin(T, s.D, s.dk, xn, w + o->f_a, a->fa, 0, err));
-    CHECK_RC(k3c_lin(T, s.dk, s.P, a->fa, w + o->f_b, a->z, 0, err));
+    CHECK_RC(st->be->l2norm_fwd(&ld, a->qn, a->qn, a->rq, err));
+    CHECK_RC(st->be->l2norm_fwd(&ld, a->kn, a->kn, a->rk, err));
+    CHECK_RC(k3c_lin(st, T, s.D, s.H, xn, w + o->b_proj, a->blog, 0, err));
+    CHECK_RC(st->be->sigmoid(T * s.H, a->blog, a->beta, err));
+    CHECK_RC(k3c_lin(st, T, s.D, s.dk, xn, w + o->f_a, a->fa, 0, err));
+    CHECK_RC(k3c_lin(st, T, s.dk, s.P, a->fa, w + o->f_b, a->z, 0, err));
     k3c_kda_gate_dims gd = {T, s.H, s.dk, c->kda_gate, c->gate_lower_bound};
-    CHECK_RC(R(k3c_kda_gate_fwd)(&gd, a->z, w + o->dt_bias, w + o->A_log, a->g, err));
+    CHECK_RC(st->be->kda_gate_fwd(&gd, a->z, w + o->dt_bias, w + o->A_log, a->g, err));
     k3c_kda_dims kd = core_dims(m, T, st->n_docs);
-    if (m->kda_chunk)
-        CHECK_RC(R(k3c_kda_chunk_fwd)(&kd, st->cu, a->qn, a->kn, a->vc, a->g, a->beta, NULL, a->o, NULL, st->scratch, err));
-    else
-        CHECK_RC(R(k3c_kda_recurrent_fwd)(&kd, st->cu, a->qn, a->kn, a->vc, a->g, a->beta, NULL, a->o, NULL, st->scratch,
-                                          err));
+    CHECK_RC(st->be->kda_fwd(&kd, st->cu, a->qn, a->kn, a->vc, a->g, a->beta, NULL, a->o, NULL, st->scratch, err));
     if (c->kda_full_rank_gate) {
-        CHECK_RC(k3c_lin(T, s.D, s.P, xn, w + o->g_proj, a->gl, 0, err));
+        CHECK_RC(k3c_lin(st, T, s.D, s.P, xn, w + o->g_proj, a->gl, 0, err));
     } else {
-        CHECK_RC(k3c_lin(T, s.D, s.dk, xn, w + o->g_a, a->ga, 0, err));
-        CHECK_RC(k3c_lin(T, s.dk, s.P, a->ga, w + o->g_b, a->gl, 0, err));
+        CHECK_RC(k3c_lin(st, T, s.D, s.dk, xn, w + o->g_a, a->ga, 0, err));
+        CHECK_RC(k3c_lin(st, T, s.dk, s.P, a->ga, w + o->g_b, a->gl, 0, err));
     }
     k3c_rmsnorm_sizes rs = {T * s.H, s.dk, c->rms_norm_eps};
-    CHECK_RC(R(k3c_gated_rmsnorm_fwd)(&rs, a->o, a->gl, w + o->o_norm, a->y1, a->ro, err));
-    return k3c_lin(T, s.P, s.D, a->y1, w + o->o_proj, y, 0, err);
+    CHECK_RC(st->be->gated_rmsnorm_fwd(&rs, a->o, a->gl, w + o->o_norm, a->y1, a->ro, err));
+    return k3c_lin(st, T, s.P, s.D, a->y1, w + o->o_proj, y, 0, err);
 }
 
 size_t R(k3c_kda_bwd_bytes)(const k3c_model *m, int64_t T) {
@@ -106,42 +94,38 @@ int R(k3c_kda_layer_bwd)(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, c
     real *g = st->g;
     kda_shape s = shape_of(m, st->T);
     int64_t T = s.T;
-    real *dy1 = k3c_arena_calloc(tmp, sizeof(real) * T * s.P), *d_o = k3c_arena_calloc(tmp, sizeof(real) * T * s.P);
-    real *dgl = k3c_arena_calloc(tmp, sizeof(real) * T * s.P), *dlow = k3c_arena_calloc(tmp, sizeof(real) * T * s.dk);
+    real *dy1 = k3c_tmp_zeros(st, tmp, T * s.P, err), *d_o = k3c_tmp_zeros(st, tmp, T * s.P, err);
+    real *dgl = k3c_tmp_zeros(st, tmp, T * s.P, err), *dlow = k3c_tmp_zeros(st, tmp, T * s.dk, err);
     if (!dy1 || !d_o || !dgl || !dlow) return k3c_errf(err, K3C_ENOMEM, "layer %d: KDA backward scratch", l);
-    CHECK_RC(k3c_lin_bwd(T, s.P, s.D, a->y1, w + o->o_proj, dy, dy1, g + o->o_proj, err));
+    CHECK_RC(k3c_lin_bwd(st, T, s.P, s.D, a->y1, w + o->o_proj, dy, dy1, g + o->o_proj, err));
     k3c_rmsnorm_sizes rs = {T * s.H, s.dk, c->rms_norm_eps};
-    CHECK_RC(R(k3c_gated_rmsnorm_bwd)(&rs, a->o, a->gl, w + o->o_norm, a->ro, dy1, d_o, dgl, g + o->o_norm, err));
+    CHECK_RC(st->be->gated_rmsnorm_bwd(&rs, a->o, a->gl, w + o->o_norm, a->ro, dy1, d_o, dgl, g + o->o_norm, err));
     if (c->kda_full_rank_gate) {
-        CHECK_RC(k3c_lin_bwd(T, s.D, s.P, xn, w + o->g_proj, dgl, dxn, g + o->g_proj, err));
+        CHECK_RC(k3c_lin_bwd(st, T, s.D, s.P, xn, w + o->g_proj, dgl, dxn, g + o->g_proj, err));
     } else {
-        CHECK_RC(k3c_lin_bwd(T, s.dk, s.P, a->ga, w + o->g_b, dgl, dlow, g + o->g_b, err));
-        CHECK_RC(k3c_lin_bwd(T, s.D, s.dk, xn, w + o->g_a, dlow, dxn, g + o->g_a, err));
+        CHECK_RC(k3c_lin_bwd(st, T, s.dk, s.P, a->ga, w + o->g_b, dgl, dlow, g + o->g_b, err));
+        CHECK_RC(k3c_lin_bwd(st, T, s.D, s.dk, xn, w + o->g_a, dlow, dxn, g + o->g_a, err));
     }
     /* the core: gradients w.r.t. the normalised q, k, the conv output v, the log-decay and β */
     real *dq = dy1, *dk = dgl; /* reuse: both consumed above */
-    memset(dq, 0, sizeof(real) * T * s.P);
-    memset(dk, 0, sizeof(real) * T * s.P);
-    real *dv = k3c_arena_calloc(tmp, sizeof(real) * T * s.P), *dgate = k3c_arena_calloc(tmp, sizeof(real) * T * s.P);
-    real *dbeta = k3c_arena_calloc(tmp, sizeof(real) * T * s.H), *dblog = k3c_arena_calloc(tmp, sizeof(real) * T * s.H);
+    CHECK_RC(st->be->zero(dq, T * s.P, err));
+    CHECK_RC(st->be->zero(dk, T * s.P, err));
+    real *dv = k3c_tmp_zeros(st, tmp, T * s.P, err), *dgate = k3c_tmp_zeros(st, tmp, T * s.P, err);
+    real *dbeta = k3c_tmp_zeros(st, tmp, T * s.H, err), *dblog = k3c_tmp_zeros(st, tmp, T * s.H, err);
     if (!dv || !dgate || !dbeta || !dblog) return k3c_errf(err, K3C_ENOMEM, "layer %d: KDA backward scratch", l);
     k3c_kda_dims kd = core_dims(m, T, st->n_docs);
-    if (m->kda_chunk)
-        CHECK_RC(R(k3c_kda_chunk_bwd)(&kd, st->cu, a->qn, a->kn, a->vc, a->g, a->beta, NULL, d_o, NULL, dq, dk, dv, dgate,
-                                      dbeta, NULL, st->scratch, err));
-    else
-        CHECK_RC(R(k3c_kda_recurrent_bwd)(&kd, st->cu, a->qn, a->kn, a->vc, a->g, a->beta, NULL, d_o, NULL, dq, dk, dv,
-                                          dgate, dbeta, NULL, st->scratch, err));
-    for (int64_t i = 0; i < T * s.H; i++) dblog[i] = dbeta[i] * a->beta[i] * (1 - a->beta[i]);
-    CHECK_RC(k3c_lin_bwd(T, s.D, s.H, xn, w + o->b_proj, dblog, dxn, g + o->b_proj, err));
+    CHECK_RC(st->be->kda_bwd(&kd, st->cu, a->qn, a->kn, a->vc, a->g, a->beta, NULL, d_o, NULL, dq, dk, dv, dgate, dbeta,
+                             NULL, st->scratch, err));
+    CHECK_RC(st->be->sigmoid_bwd(T * s.H, a->beta, dbeta, dblog, err));
+    CHECK_RC(k3c_lin_bwd(st, T, s.D, s.H, xn, w + o->b_proj, dblog, dxn, g + o->b_proj, err));
     /* forget gate: g ← gate(z + dt_bias; A_log), z = f_b f_a x */
     real *dz = d_o; /* consumed by the core backward */
-    memset(dz, 0, sizeof(real) * T * s.P);
-    memset(dlow, 0, sizeof(real) * T * s.dk);
+    CHECK_RC(st->be->zero(dz, T * s.P, err));
+    CHECK_RC(st->be->zero(dlow, T * s.dk, err));
     k3c_kda_gate_dims gd = {T, s.H, s.dk, c->kda_gate, c->gate_lower_bound};
-    CHECK_RC(R(k3c_kda_gate_bwd)(&gd, a->z, w + o->dt_bias, w + o->A_log, dgate, dz, g + o->dt_bias, g + o->A_log, err));
-    CHECK_RC(k3c_lin_bwd(T, s.dk, s.P, a->fa, w + o->f_b, dz, dlow, g + o->f_b, err));
-    CHECK_RC(k3c_lin_bwd(T, s.D, s.dk, xn, w + o->f_a, dlow, dxn, g + o->f_a, err));
+    CHECK_RC(st->be->kda_gate_bwd(&gd, a->z, w + o->dt_bias, w + o->A_log, dgate, dz, g + o->dt_bias, g + o->A_log, err));
+    CHECK_RC(k3c_lin_bwd(st, T, s.dk, s.P, a->fa, w + o->f_b, dz, dlow, g + o->f_b, err));
+    CHECK_RC(k3c_lin_bwd(st, T, s.D, s.dk, xn, w + o->f_a, dlow, dxn, g + o->f_a, err));
     /* q, k: L2 norm, then conv + SiLU, then projection; v: conv + SiLU, projection */
     k3c_l2norm_dims ld = {T * s.H, s.dk, 1e-6};
     real *dconv = dgate, *dpre = dz; /* both consumed */
@@ -153,14 +137,14 @@ int R(k3c_kda_layer_bwd)(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, c
     for (int i = 0; i < 3; i++) {
         const real *dc = dpost[i];
         if (post[i]) {
-            memset(dconv, 0, sizeof(real) * T * s.P);
-            CHECK_RC(R(k3c_l2norm_bwd)(&ld, post[i], rstd[i], dpost[i], dconv, err));
+            CHECK_RC(st->be->zero(dconv, T * s.P, err));
+            CHECK_RC(st->be->l2norm_bwd(&ld, post[i], rstd[i], dpost[i], dconv, err));
             dc = dconv;
         }
-        memset(dpre, 0, sizeof(real) * T * s.P);
-        CHECK_RC(R(k3c_short_conv_bwd)(&cd, st->cu, pre[i], w + Wc[i], NULL, dc, dpre, g + Wc[i], NULL, st->scratch,
+        CHECK_RC(st->be->zero(dpre, T * s.P, err));
+        CHECK_RC(st->be->short_conv_bwd(&cd, st->cu, pre[i], w + Wc[i], NULL, dc, dpre, g + Wc[i], NULL, st->scratch,
                                        err));
-        CHECK_RC(k3c_lin_bwd(T, s.D, s.P, xn, w + Wp[i], dpre, dxn, g + Wp[i], err));
+        CHECK_RC(k3c_lin_bwd(st, T, s.D, s.P, xn, w + Wp[i], dpre, dxn, g + Wp[i], err));
     }
     return K3C_OK;
 }

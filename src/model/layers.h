@@ -6,7 +6,7 @@
 #define K3C_MODEL_LAYERS_H
 
 #include "model/model.h"
-#include "ops/basic.h"
+#include "ops/backend.h"
 
 /* Carves buffers from an arena; with measure set it only counts bytes (for planning) and returns NULL. */
 typedef struct {
@@ -27,6 +27,7 @@ static inline void *k3c_carve_bytes(k3c_carver *c, size_t n) {
 /* What a step's layers share: the model, the batch layout, a scratch region for op workspaces, the error. */
 typedef struct {
     k3c_model *m;
+    const R(k3c_backend) *be; /* runs every op of the step (m->backend or the CPU reference) */
     int64_t T;
     int n_docs;
     const int32_t *cu;
@@ -89,16 +90,27 @@ typedef struct {
     size_t k3c_ffn_bwd_bytes_##S(const k3c_model *m, int l, int64_t T);
 K3C_DECLARE_REAL(K3C_LAYERS_API)
 
-/* y[T, out] = x[T, in] Wᵀ (+ y when acc); the backward adds dx += dy W, dW += dyᵀ x. */
-static inline int k3c_lin(int64_t T, int64_t in, int64_t out, const real *x, const real *W, real *y, int acc,
-                          k3c_err *err) {
-    k3c_linear_sizes s = {T, in, out, acc};
-    return R(k3c_linear_fwd)(&s, x, W, y, err);
+/* The backend of a model: its own, or the CPU reference of this precision. */
+static inline const R(k3c_backend) *k3c_model_be(const k3c_model *m) {
+    return m->backend ? (const R(k3c_backend) *)m->backend : R(k3c_backend_cpu)();
 }
-static inline int k3c_lin_bwd(int64_t T, int64_t in, int64_t out, const real *x, const real *W, const real *dy,
-                              real *dx, real *dW, k3c_err *err) {
+
+/* y[T, out] = x[T, in] Wᵀ (+ y when acc); the backward adds dx += dy W, dW += dyᵀ x. */
+static inline int k3c_lin(const k3c_step *st, int64_t T, int64_t in, int64_t out, const real *x, const real *W, real *y,
+                          int acc, k3c_err *err) {
+    k3c_linear_sizes s = {T, in, out, acc};
+    return st->be->linear_fwd(st->be->ctx, &s, x, W, y, err);
+}
+static inline int k3c_lin_bwd(const k3c_step *st, int64_t T, int64_t in, int64_t out, const real *x, const real *W,
+                              const real *dy, real *dx, real *dW, k3c_err *err) {
     k3c_linear_sizes s = {T, in, out, 0};
-    return R(k3c_linear_bwd)(&s, x, W, dy, dx, dW, err);
+    return st->be->linear_bwd(st->be->ctx, &s, x, W, dy, dx, dW, err);
+}
+
+/* n zeroed reals from the step's temporary arena (NULL when it is full or zeroing failed). */
+static inline real *k3c_tmp_zeros(const k3c_step *st, k3c_arena *tmp, int64_t n, k3c_err *err) {
+    real *p = (real *)k3c_arena_alloc(tmp, sizeof(real) * (size_t)n);
+    return p && st->be->zero(p, n, err) == K3C_OK ? p : NULL;
 }
 
 /* Pointer to parameter (or gradient) block `off` of base; NULL when the model has no such tensor. */

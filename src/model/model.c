@@ -2,10 +2,15 @@
  * (ARCHITECTURE.md §3.1 init table, §5.1, §10), loading from Hugging Face checkpoints (CHECKPOINTS.md §5–§7), saving. */
 #include "base/real.h"
 #include "model/model.h"
+#include "ops/backend.h"
 #include "ops/mxfp4.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+static const R(k3c_backend) *backend_of(const k3c_model *m) {
+    return m->backend ? (const R(k3c_backend) *)m->backend : R(k3c_backend_cpu)();
+}
 
 int R(k3c_model_create)(const k3c_config *cfg, int with_grad, k3c_model *m, k3c_err *err) {
     memset(m, 0, sizeof *m);
@@ -26,8 +31,11 @@ int R(k3c_model_create)(const k3c_config *cfg, int with_grad, k3c_model *m, k3c_
 }
 
 void R(k3c_model_free)(k3c_model *m) {
-    k3c_aligned_free(m->w);
-    k3c_aligned_free(m->g);
+    const R(k3c_backend) *be = backend_of(m);
+    if (be->sync(NULL) == K3C_OK || !m->backend) { /* never free memory a device may still be using */
+        be->free(m->w);
+        be->free(m->g);
+    }
     if (m->route)
         for (int l = 0; l < m->cfg.num_layers; l++) {
             free(m->route[l].topk_ids);
@@ -37,6 +45,42 @@ void R(k3c_model_free)(k3c_model *m) {
     free(m->route);
     k3c_params_free(&m->table);
     memset(m, 0, sizeof *m);
+}
+
+int R(k3c_model_use_backend)(k3c_model *m, const void *bev, k3c_err *err) {
+    const R(k3c_backend) *from = backend_of(m), *to = bev ? (const R(k3c_backend) *)bev : R(k3c_backend_cpu)();
+    if (from == to) return K3C_OK;
+    int rc = from->sync(err);
+    if (rc) return rc;
+    size_t bytes = m->table.total * sizeof(real);
+    real *w = to->alloc(bytes), *g = m->g ? to->alloc(bytes) : NULL;
+    if (!w || (m->g && !g)) {
+        if (w) to->free(w);
+        if (g) to->free(g);
+        return k3c_errf(err, K3C_ENOMEM, "model: cannot allocate %zu bytes of parameters on the %s backend", bytes,
+                        to->name);
+    }
+    memcpy(w, m->w, bytes);
+    if (g) memcpy(g, m->g, bytes);
+    from->free(m->w);
+    from->free(m->g);
+    m->w = w;
+    m->g = g;
+    m->backend = bev;
+    return K3C_OK;
+}
+
+int R(k3c_model_arena_init)(const k3c_model *m, size_t cap, k3c_arena *a, k3c_err *err) {
+    void *mem = backend_of(m)->alloc(cap);
+    if (!mem) return k3c_errf(err, K3C_ENOMEM, "model: cannot allocate %zu bytes of activations", cap);
+    k3c_arena_init_from(a, mem, cap);
+    return K3C_OK;
+}
+
+void R(k3c_model_arena_free)(const k3c_model *m, k3c_arena *a) {
+    const R(k3c_backend) *be = backend_of(m);
+    if (a->base && (be->sync(NULL) == K3C_OK || !m->backend)) be->free(a->base);
+    memset(a, 0, sizeof *a);
 }
 
 static int ends_with(const char *s, const char *suffix) {

@@ -38,6 +38,8 @@ typedef struct {
                                model runs one forward at a time (threads parallelise inside the ops) */
     float *mla_smax;        /* NULL, or [num_layers, mla_heads]: each forward stores every MLA head's largest scaled
                                logit (S_max of QK-Clip) here; set by the trainer, owned by the caller */
+    const void *backend;    /* the k3c_backend_f32/_f64 (ops/backend.h) that runs the ops and owns w, g and the arenas
+                               of k3c_model_arena_init; NULL = the CPU reference of this precision */
 } k3c_model;
 
 /* Per-step activations, planned up front from the batch shape (k3c_model_plan_bytes) and carved from one arena. */
@@ -56,6 +58,13 @@ typedef struct k3c_acts k3c_acts;
     void k3c_model_free_##S(k3c_model *m);                                                                             \
     /* config.json + checkpoint of a directory → a loaded model. */                                                   \
     int k3c_model_open_##S(const char *dir, int with_grad, k3c_model *m, k3c_err *err);                                                                             \
+    /* Moves w and g into memory of backend `be` (a const k3c_backend_##S *, ops/backend.h; NULL = the CPU) and runs \
+       every later forward and backward there. The host can still read and write w and g (after be->sync). */      \
+    int k3c_model_use_backend_##S(k3c_model *m, const void *be, k3c_err *err);                                         \
+    /* An activation arena of `bytes` (k3c_model_plan_bytes or more) in the backend's memory; release it with         \
+       k3c_model_arena_free. */                                                                                        \
+    int k3c_model_arena_init_##S(const k3c_model *m, size_t bytes, k3c_arena *a, k3c_err *err);                        \
+    void k3c_model_arena_free_##S(const k3c_model *m, k3c_arena *a);                                                   \
     /* Bytes of activations a forward+backward over T tokens needs. */                                                \
     size_t k3c_model_plan_bytes_##S(const k3c_model *m, int64_t T, int n_docs);                                        \
     /* Forward to logits [T, V] (written to *logits_out if non-NULL, pointing into the arena) and the mean loss.       \

@@ -55,6 +55,7 @@ typedef struct {
     int64_t max_steps;      /* stop after this many steps in total (0 = run every stage); for tests */
     FILE *progress;         /* progress bar (drawn only when a terminal; NULL = none) */
     FILE *log;              /* per-step lines (NULL = none) */
+    const void *backend;    /* the k3c_backend_f32 (ops/backend.h) the model runs on; NULL = the CPU reference */
 } k3c_train_opts;
 
 typedef struct {

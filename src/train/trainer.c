@@ -2,6 +2,7 @@
  * quantile balancing of every MoE router → metrics, validation, checkpoints; stages change context length, schedule and
  * mixture. Spec: TRAINING.md §1–§2, ARCHITECTURE.md §7.2 (QB after the optimizer step), §10. */
 #include "base/json.h"
+#include "ops/backend.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/metrics.h"
@@ -36,6 +37,10 @@ typedef struct {
     double layer_ratio[K3C_MAX_LAYERS], layer_cv[K3C_MAX_LAYERS];
     int n_moe;
 } trainer;
+
+static const k3c_backend_f32 *backend_of(const trainer *tr) {
+    return tr->m.backend ? (const k3c_backend_f32 *)tr->m.backend : k3c_backend_cpu_f32();
+}
 
 static int stage_of(const k3c_run_config *rc, int64_t step, int64_t *stage_step) {
     int64_t s = step;
@@ -73,9 +78,9 @@ static int next_batch(trainer *tr, const k3c_stage *st, int val, k3c_val_iter *i
 static int ensure_arena(trainer *tr, int64_t T, int n_docs, k3c_err *err) {
     size_t need = k3c_model_plan_bytes_f32(&tr->m, T, n_docs);
     if (need <= tr->arena_cap) return K3C_OK;
-    k3c_arena_free(&tr->arena);
+    k3c_model_arena_free_f32(&tr->m, &tr->arena);
     tr->arena_cap = need + need / 4;
-    return k3c_arena_init(&tr->arena, tr->arena_cap, err);
+    return k3c_model_arena_init_f32(&tr->m, tr->arena_cap, &tr->arena, err);
 }
 
 /* Router load statistics of the last forward: per MoE layer, and the worst layer. */
@@ -307,9 +312,7 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     if ((e = k3c_optim_init(&tr->opt, &tr->m.table, err))) return e;
     tr->ostate = calloc(tr->opt.state_numel ? tr->opt.state_numel : 1, sizeof(float));
     tr->n_mla = k3c_config_num_mla(&cfg);
-    tr->s_max = calloc((size_t)(cfg.num_layers * (cfg.mla_heads > 0 ? cfg.mla_heads : 1)), sizeof(float));
-    if (!tr->ostate || !tr->s_max) return k3c_errf(err, K3C_ENOMEM, "trainer: out of memory");
-    if (tr->n_mla) tr->m.mla_smax = tr->s_max; /* every forward records S_max for QK-Clip */
+    if (!tr->ostate) return k3c_errf(err, K3C_ENOMEM, "trainer: out of memory");
     k3c_data_source src[K3C_RUN_MAX_SOURCES];
     for (int i = 0; i < rc->n_sources; i++) src[i] = (k3c_data_source){rc->source_name[i], rc->source_dir[i]};
     if ((e = k3c_loader_open(src, rc->n_sources, rc->stage[0].mixture, rc->seed, &tr->loader, err))) return e;
@@ -323,6 +326,11 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
         return k3c_errf(err, K3C_EINVAL, "%s already holds a run (%s exists): use --resume, or another out_dir",
                         rc->out_dir, p);
     if (o->resume && (e = resume(tr, err))) return e;
+    /* the step runs on the backend; the optimizer, QB and checkpoints read its (host-addressable) memory */
+    if ((e = k3c_model_use_backend_f32(&tr->m, o->backend, err))) return e;
+    tr->s_max = backend_of(tr)->alloc(sizeof(float) * (size_t)(cfg.num_layers * (cfg.mla_heads > 0 ? cfg.mla_heads : 1)));
+    if (!tr->s_max) return k3c_errf(err, K3C_ENOMEM, "trainer: out of memory");
+    if (tr->n_mla) tr->m.mla_smax = tr->s_max; /* every forward records S_max for QK-Clip */
     snprintf(p, sizeof p, "%s/metrics.jsonl", rc->out_dir);
     if (o->resume && (e = truncate_metrics(p, tr->step, err))) return e;
     tr->metrics = fopen(p, o->resume ? "a" : "w");
@@ -331,12 +339,12 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
 }
 
 static void teardown(trainer *tr) {
+    k3c_model_arena_free_f32(&tr->m, &tr->arena); /* before the model: its backend owns the arena and S_max */
+    if (tr->s_max) backend_of(tr)->free(tr->s_max);
     k3c_model_free_f32(&tr->m);
     k3c_optim_free(&tr->opt);
     free(tr->ostate);
-    free(tr->s_max);
     free(tr->qb_ws);
-    k3c_arena_free(&tr->arena);
     k3c_loader_close(tr->loader);
     k3c_batch_free(&tr->batch);
     if (tr->metrics) fclose(tr->metrics);

@@ -47,6 +47,17 @@ struct harness {
         printf("%s\n", line);
         fflush(stdout);
     }
+    /* A derived quantity (e.g. an error ratio) against an upper limit; NaN fails. */
+    void check_le(const char *op, const std::string &shape, const char *what, double value, double limit) {
+        const bool pass = value <= limit;
+        pass ? passed++ : failed++;
+        char line[512];
+        snprintf(line, sizeof line, "%-22s %-34s %-6s value   %.3e  max %.0e  %s", op, shape.c_str(), what, value, limit,
+                 pass ? "PASS" : "FAIL");
+        table.push_back(line);
+        printf("%s\n", line);
+        fflush(stdout);
+    }
     int summary() {
         printf("\n==== CUDA op harness: %d passed, %d failed ====\n", passed, failed);
         for (auto &l : table) printf("%s\n", l.c_str());

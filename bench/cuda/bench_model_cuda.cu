@@ -1,0 +1,67 @@
+/* bench_model_cuda.cu — one whole-model training step (forward + backward, no optimizer) of a config on the CUDA backend
+ * and on the CPU reference: ms per step and tokens/s, median of several steps after warm-up. Issue 5 (benchmarks).
+ * Usage: bench_model_cuda [config.json] [tokens] [docs] [tf32 0|1] */
+#include <algorithm>
+#include <chrono>
+
+#include "harness_util.h"
+
+extern "C" {
+#include "model/model.h"
+}
+
+static double now_ms() {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+/* Median ms of `reps` forward+backward steps (after one warm-up step). */
+static double time_steps(harness &h, k3c_model &m, const k3c_model_batch &b, int reps) {
+    k3c_arena arena{};
+    h.ok(k3c_model_arena_init_f32(&m, k3c_model_plan_bytes_f32(&m, b.T, b.n_docs), &arena, &h.err), "arena");
+    std::vector<double> t;
+    for (int i = 0; i <= reps; i++) {
+        const double t0 = now_ms();
+        k3c_arena_reset(&arena, 0);
+        k3c_acts *acts;
+        double loss;
+        h.ok(k3c_model_forward_f32(&m, &b, &arena, &acts, &loss, nullptr, &h.err), "forward");
+        h.ok(k3c_model_backward_f32(&m, acts, 1.0, &h.err), "backward"); /* ends with a synchronisation */
+        if (i) t.push_back(now_ms() - t0);
+    }
+    k3c_model_arena_free_f32(&m, &arena);
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+int main(int argc, char **argv) {
+    const char *cfg_path = argc > 1 ? argv[1] : "configs/k3_tiny.json";
+    const int64_t T = argc > 2 ? atoll(argv[2]) : 16384;
+    const int docs = argc > 3 ? atoi(argv[3]) : 16;
+    const int tf32 = argc > 4 ? atoi(argv[4]) : 1;
+    harness h;
+    k3c_config cfg;
+    h.ok(k3c_config_load(cfg_path, &cfg, &h.err), "config");
+    k3c_cuda_backend cb;
+    h.ok(k3c_cuda_backend_init(&cb, 0, tf32, &h.err), "cuda backend");
+    std::vector<int32_t> ids((size_t)T), cu((size_t)docs + 1);
+    k3c_rng r = {7, 0};
+    for (auto &x : ids) x = (int32_t)(k3c_rng_u64(&r) % (uint64_t)cfg.vocab_size);
+    for (int d = 0; d <= docs; d++) cu[d] = (int32_t)(T * d / docs);
+    k3c_model_batch b = {T, docs, ids.data(), cu.data(), nullptr, 0};
+    k3c_model m;
+    h.ok(k3c_model_create_f32(&cfg, 1, &m, &h.err), "create");
+    k3c_model_init_f32(&m, 1, 0.02);
+    m.kda_chunk = 64;
+    const double cpu_ms = time_steps(h, m, b, 2);
+    h.ok(k3c_model_use_backend_f32(&m, &cb.table, &h.err), "to cuda");
+    const double gpu_ms = time_steps(h, m, b, 10);
+    printf("\n==== whole-model training step (forward + backward), %s, %lld tokens in %d documents ====\n", cfg_path,
+           (long long)T, docs);
+    printf("%-28s %12s %14s\n", "backend", "ms/step", "tokens/s");
+    printf("%-28s %12.2f %14.0f\n", "cpu (this host, OpenMP)", cpu_ms, T / cpu_ms * 1e3);
+    printf("%-28s %12.2f %14.0f\n", tf32 ? "cuda (tf32 GEMMs)" : "cuda (fp32 GEMMs)", gpu_ms, T / gpu_ms * 1e3);
+    printf("speed-up %.1fx on %s\n", cpu_ms / gpu_ms, cb.cu.name);
+    k3c_model_free_f32(&m);
+    k3c_cuda_backend_destroy(&cb);
+    return 0;
+}

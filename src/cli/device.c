@@ -1,0 +1,44 @@
+/* device.c — `--device cpu|cuda` of the model commands: opens the CUDA backend (ops/backend.h) in a build made with
+ * `make cuda`, a clear error in a CPU-only build. Issue 5 (the CLI switch). */
+#include "cli.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef K3C_CUDA
+#include "cuda/cuda_ops.h"
+#endif
+
+int cli_device_check(const char *cmd, const char *name) {
+    if (!name || strcmp(name, "cpu") == 0 || strcmp(name, "cuda") == 0) return 0;
+    return cli_usage_error(cmd, "--device must be cpu or cuda (got '%s')", name);
+}
+
+int cli_device_open(const char *name, cli_device *d, k3c_err *err) {
+    memset(d, 0, sizeof *d);
+    if (!name || strcmp(name, "cpu") == 0) return K3C_OK;
+#ifdef K3C_CUDA
+    k3c_cuda_backend *b = calloc(1, sizeof *b);
+    if (!b) return k3c_errf(err, K3C_ENOMEM, "out of memory");
+    int rc = k3c_cuda_backend_init(b, 0, 0, err);
+    if (rc) { free(b); return rc; }
+    d->handle = b;
+    d->backend = &b->table;
+    return K3C_OK;
+#else
+    return k3c_errf(err, K3C_EUNSUPPORTED, "--device cuda: this k3c was built without CUDA (build build/cuda/k3c with "
+                                           "`make cuda` and run that binary)");
+#endif
+}
+
+int cli_device_use(const cli_device *d, k3c_model *m, k3c_err *err) {
+    return d->backend ? k3c_model_use_backend_f32(m, d->backend, err) : K3C_OK;
+}
+
+void cli_device_release(cli_device *d) {
+#ifdef K3C_CUDA
+    if (d->handle) k3c_cuda_backend_destroy(d->handle);
+#endif
+    free(d->handle);
+    memset(d, 0, sizeof *d);
+}

@@ -1,0 +1,163 @@
+/* backend.cu — the CUDA backend's op table (ops/backend.h, float): every op a model step calls, run by its CUDA twin on
+ * the calling thread's stream, with parameters and activations in managed memory. Issue 5; DESIGN.md "Ops". */
+#include "cuda/common.cuh"
+
+extern "C" {
+#include "cuda/cuda_mix.h"
+#include "cuda/cuda_norms.h"
+#include "cuda/cuda_seq.h"
+}
+
+namespace {
+
+k3c_cuda_backend *self(void *ctx) { return static_cast<k3c_cuda_backend *>(ctx); }
+
+/* Managed memory: the host may read and write it (checkpoints, the optimizer, tests) once the stream is synchronised. */
+void *managed_alloc(size_t bytes) {
+    void *p = nullptr;
+    bytes = (bytes + 63) / 64 * 64 + 64;
+    if (cudaMallocManaged(&p, bytes) != cudaSuccess) return nullptr;
+    if (cudaMemset(p, 0, bytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+        cudaFree(p);
+        return nullptr;
+    }
+    return p;
+}
+void managed_free(void *p) {
+    if (p) cudaFree(p);
+}
+int stream_sync(k3c_err *err) {
+    K3C_CU(cudaStreamSynchronize(K3C_STREAM));
+    return K3C_OK;
+}
+int zero(float *x, int64_t n, k3c_err *err) {
+    if (n > 0) K3C_CU(cudaMemsetAsync(x, 0, sizeof(float) * (size_t)n, K3C_STREAM));
+    return K3C_OK;
+}
+
+int linear_fwd(void *ctx, const k3c_linear_sizes *s, const float *x, const float *W, float *y, k3c_err *err) {
+    k3c_cuda_backend *b = self(ctx);
+    return k3c_matmul_cuda(&b->cu, 0, 1, s->T, s->out, s->in, 1.0, x, W, s->accumulate ? 1.0 : 0.0, y, b->tf32, err);
+}
+int linear_bwd(void *ctx, const k3c_linear_sizes *s, const float *x, const float *W, const float *dy, float *dx,
+               float *dW, k3c_err *err) {
+    k3c_cuda_backend *b = self(ctx);
+    int rc = dx ? k3c_matmul_cuda(&b->cu, 0, 0, s->T, s->in, s->out, 1.0, dy, W, 1.0, dx, b->tf32, err) : K3C_OK;
+    if (!rc && dW) rc = k3c_matmul_cuda(&b->cu, 1, 0, s->out, s->in, s->T, 1.0, dy, x, 1.0, dW, b->tf32, err);
+    return rc;
+}
+
+size_t kda_fwd_ws(const k3c_kda_dims *d) { return k3c_kda_chunk_fwd_workspace_cuda(d); }
+size_t kda_bwd_ws(const k3c_kda_dims *d) { return k3c_kda_chunk_bwd_workspace_cuda(d); }
+
+int router_fwd(const k3c_router_sizes *s, const float *logits, const float *bias, int32_t *ids, float *w, float *cutoff,
+               k3c_err *err) {
+    return k3c_router_fwd_cuda(s, logits, bias, ids, w, cutoff, nullptr, err);
+}
+
+int moe_fwd(void *ctx, const k3c_moe_sizes *s, const float *x, const int32_t *ids, const float *w, const float *w1,
+            const float *w3, const float *w2, float *y, void *saved, void *ws, k3c_err *err) {
+    k3c_cuda_backend *b = self(ctx);
+    return k3c_moe_fwd_cuda(&b->cu, s, x, ids, w, w1, w3, w2, y, saved, ws, b->tf32, err);
+}
+int moe_bwd(void *ctx, const k3c_moe_sizes *s, const float *x, const int32_t *ids, const float *w, const float *w1,
+            const float *w3, const float *w2, const void *saved, const float *dy, float *dx, float *dw1, float *dw3,
+            float *dw2, float *dw, void *ws, k3c_err *err) {
+    k3c_cuda_backend *b = self(ctx);
+    return k3c_moe_bwd_cuda(&b->cu, s, x, ids, w, w1, w3, w2, saved, dy, dx, dw1, dw3, dw2, dw, ws, b->tf32, err);
+}
+
+/* ---------------------------------------------------------------- dense GLU MLP from GEMMs and the GLU twin
+ * saved: G = x W_gateᵀ, U = x W_upᵀ [T, I] each (required: the backward does not recompute them); ws: H, dG, dU. */
+size_t ti_bytes(const k3c_mlp_sizes *s) { return ((size_t)(s->tokens * s->inter) * sizeof(float) + 255) / 256 * 256; }
+size_t mlp_saved_bytes(const k3c_mlp_sizes *s) { return 2 * ti_bytes(s); }
+size_t mlp_workspace(const k3c_mlp_sizes *s) { return 3 * ti_bytes(s); }
+
+int mlp_fwd(void *ctx, const k3c_mlp_sizes *s, const float *x, const float *wg, const float *wu, const float *wd,
+            float *y, void *saved, void *ws, k3c_err *err) {
+    k3c_cuda_backend *b = self(ctx);
+    if (!saved || !ws) return k3c_errf(err, K3C_EINVAL, "mlp_fwd (cuda): saved and ws are required");
+    const int64_t T = s->tokens, D = s->dim, I = s->inter;
+    float *G = (float *)saved, *U = (float *)((char *)saved + ti_bytes(s)), *H = (float *)ws;
+    k3c_glu_sizes gs = {T, I, s->act};
+    int rc = k3c_matmul_cuda(&b->cu, 0, 1, T, I, D, 1.0, x, wg, 0.0, G, b->tf32, err);
+    if (!rc) rc = k3c_matmul_cuda(&b->cu, 0, 1, T, I, D, 1.0, x, wu, 0.0, U, b->tf32, err);
+    if (!rc) rc = k3c_glu_fwd_cuda(&gs, G, U, H, err);
+    if (!rc) rc = k3c_matmul_cuda(&b->cu, 0, 1, T, D, I, 1.0, H, wd, 0.0, y, b->tf32, err);
+    return rc;
+}
+
+int mlp_bwd(void *ctx, const k3c_mlp_sizes *s, const float *x, const float *wg, const float *wu, const float *wd,
+            const void *saved, const float *dy, float *dx, float *dwg, float *dwu, float *dwd, void *ws,
+            k3c_err *err) {
+    k3c_cuda_backend *b = self(ctx);
+    if (!saved || !ws) return k3c_errf(err, K3C_EINVAL, "mlp_bwd (cuda): saved and ws are required");
+    const int64_t T = s->tokens, D = s->dim, I = s->inter;
+    const float *G = (const float *)saved, *U = (const float *)((const char *)saved + ti_bytes(s));
+    float *H = (float *)ws, *dG = (float *)((char *)ws + ti_bytes(s)), *dU = (float *)((char *)ws + 2 * ti_bytes(s));
+    k3c_glu_sizes gs = {T, I, s->act};
+    int rc = K3C_OK;
+    if (dwd) { /* dW_down += dyᵀ H (H recomputed from the saved pre-activations) */
+        rc = k3c_glu_fwd_cuda(&gs, G, U, H, err);
+        if (!rc) rc = k3c_matmul_cuda(&b->cu, 1, 0, D, I, T, 1.0, dy, H, 1.0, dwd, b->tf32, err);
+    }
+    float *dH = H; /* H is consumed */
+    if (!rc) rc = k3c_matmul_cuda(&b->cu, 0, 0, T, I, D, 1.0, dy, wd, 0.0, dH, b->tf32, err);
+    if (!rc) rc = zero(dG, T * I, err);
+    if (!rc) rc = zero(dU, T * I, err);
+    if (!rc) rc = k3c_glu_bwd_cuda(&gs, G, U, dH, dG, dU, err);
+    if (!rc && dx) rc = k3c_matmul_cuda(&b->cu, 0, 0, T, D, I, 1.0, dG, wg, 1.0, dx, b->tf32, err);
+    if (!rc && dx) rc = k3c_matmul_cuda(&b->cu, 0, 0, T, D, I, 1.0, dU, wu, 1.0, dx, b->tf32, err);
+    if (!rc && dwg) rc = k3c_matmul_cuda(&b->cu, 1, 0, I, D, T, 1.0, dG, x, 1.0, dwg, b->tf32, err);
+    if (!rc && dwu) rc = k3c_matmul_cuda(&b->cu, 1, 0, I, D, T, 1.0, dU, x, 1.0, dwu, b->tf32, err);
+    return rc;
+}
+
+}  // namespace
+
+extern "C" int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int tf32, k3c_err *err) {
+    memset(b, 0, sizeof *b);
+    int rc = k3c_cuda_init(&b->cu, device, 0, err);
+    if (rc) return rc;
+    int managed = 0;
+    if (cudaDeviceGetAttribute(&managed, cudaDevAttrConcurrentManagedAccess, device) != cudaSuccess || !managed) {
+        k3c_cuda_destroy(&b->cu);
+        return k3c_errf(err, K3C_EUNSUPPORTED, "cuda backend: device %d lacks concurrent managed memory access", device);
+    }
+    b->tf32 = tf32;
+    k3c_backend_f32 &t = b->table;
+    t.name = "cuda";
+    t.ctx = b;
+    t.alloc = managed_alloc, t.free = managed_free, t.sync = stream_sync;
+    t.zero = zero, t.add = k3c_add_cuda, t.copy2d = k3c_copy2d_cuda;
+    t.sigmoid = k3c_sigmoid_cuda, t.sigmoid_bwd = k3c_sigmoid_bwd_cuda;
+    t.embedding_fwd = k3c_embedding_fwd_cuda, t.embedding_bwd = k3c_embedding_bwd_cuda;
+    t.rmsnorm_fwd = k3c_rmsnorm_fwd_cuda, t.rmsnorm_bwd = k3c_rmsnorm_bwd_cuda;
+    t.gated_rmsnorm_fwd = k3c_gated_rmsnorm_fwd_cuda, t.gated_rmsnorm_bwd = k3c_gated_rmsnorm_bwd_cuda;
+    t.linear_fwd = linear_fwd, t.linear_bwd = linear_bwd;
+    t.sigmoid_gate_fwd = k3c_sigmoid_gate_fwd_cuda, t.sigmoid_gate_bwd = k3c_sigmoid_gate_bwd_cuda;
+    t.xent_fwd = k3c_xent_fwd_cuda, t.xent_bwd = k3c_xent_bwd_cuda;
+    t.l2norm_fwd = k3c_l2norm_fwd_cuda, t.l2norm_bwd = k3c_l2norm_bwd_cuda;
+    t.short_conv_fwd = k3c_short_conv_fwd_cuda, t.short_conv_bwd_workspace = k3c_short_conv_bwd_workspace_cuda;
+    t.short_conv_bwd = k3c_short_conv_bwd_cuda;
+    t.kda_gate_fwd = k3c_kda_gate_fwd_cuda, t.kda_gate_bwd = k3c_kda_gate_bwd_cuda;
+    t.kda_fwd_workspace = kda_fwd_ws, t.kda_bwd_workspace = kda_bwd_ws;
+    t.kda_fwd = k3c_kda_chunk_fwd_cuda, t.kda_bwd = k3c_kda_chunk_bwd_cuda;
+    t.attention_fwd_workspace = k3c_attention_fwd_workspace_cuda;
+    t.attention_bwd_workspace = k3c_attention_workspace_cuda;
+    t.attention_fwd = k3c_attention_fwd_cuda, t.attention_bwd = k3c_attention_bwd_cuda;
+    t.attention_max_logit = k3c_attention_max_logit_cuda;
+    t.router_fwd = router_fwd, t.router_bwd = k3c_router_bwd_cuda;
+    t.moe_saved_bytes = k3c_moe_saved_bytes_cuda, t.moe_workspace = k3c_moe_workspace_cuda;
+    t.moe_fwd = moe_fwd, t.moe_bwd = moe_bwd;
+    t.mlp_saved_bytes = mlp_saved_bytes, t.mlp_workspace = mlp_workspace, t.mlp_fwd = mlp_fwd, t.mlp_bwd = mlp_bwd;
+    t.attnres_saved_elems = k3c_attnres_saved_elems_f32, t.attnres_workspace = k3c_attnres_workspace_cuda;
+    t.attnres_fwd = k3c_attnres_fwd_cuda, t.attnres_bwd = k3c_attnres_bwd_cuda;
+    return K3C_OK;
+}
+
+extern "C" void k3c_cuda_backend_destroy(k3c_cuda_backend *b) {
+    cudaStreamSynchronize(K3C_STREAM);
+    k3c_cuda_destroy(&b->cu);
+    memset(b, 0, sizeof *b);
+}
