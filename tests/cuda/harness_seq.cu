@@ -357,10 +357,7 @@ static void time_seq(harness &h) {
 int main(int argc, char **argv) {
     harness h;
     k3c_cuda_ctx ctx;
-    h.ok(k3c_cuda_init(&ctx, 0, 0, &h.err), "k3c_cuda_init");
-    const uint64_t seed = argc > 1 ? strtoull(argv[1], nullptr, 0) : (uint64_t)time(nullptr);
-    printf("device %s, %d SMs, seed %llu\n", ctx.name, ctx.sm_count, (unsigned long long)seed);
-    k3c_rng r = {seed, 0};
+    k3c_rng r = harness_start(h, ctx, argc, argv);
     const char *only = getenv("K3C_HARNESS_ONLY"); /* conv | gate | sigmoid | xent */
     auto want = [&](const char *w) { return !only || strstr(only, w); };
 

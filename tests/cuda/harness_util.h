@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <string>
 #include <vector>
@@ -65,6 +66,14 @@ struct harness {
         return failed ? 1 : 0;
     }
 };
+
+/* The start of every harness program: device 0 and the seed (argv[1], else the clock), both printed. */
+static inline k3c_rng harness_start(harness &h, k3c_cuda_ctx &ctx, int argc, char **argv) {
+    h.ok(k3c_cuda_init(&ctx, 0, 0, &h.err), "k3c_cuda_init");
+    const uint64_t seed = argc > 1 ? strtoull(argv[1], nullptr, 0) : (uint64_t)time(nullptr);
+    printf("device %s, %d SMs, seed %llu\n", ctx.name, ctx.sm_count, (unsigned long long)seed);
+    return k3c_rng{seed, 0};
+}
 
 /* A device buffer that frees itself. */
 struct dbuf {
