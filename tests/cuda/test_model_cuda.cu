@@ -200,8 +200,9 @@ static void compare_model(harness &h, k3c_cuda_backend &cb, const char *label, k
         if (!strict) continue;
         size_t b0 = 0;
         const double fl = rel(e.grads.data() + p.offset, c.grads.data() + p.offset, (size_t)p.numel, &b0);
-        const double ratio = err_g / (2 * fl);
-        if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst_name = p.name, worst_floor = fl;
+        /* both exactly equal (e.g. zero: an AttnRes key norm whose mix has one source) is a ratio of 0; a NaN sticks */
+        const double ratio = err_g == 0 ? 0 : err_g / (2 * fl);
+        if (!std::isnan(worst_ratio) && !(ratio <= worst_ratio)) worst_ratio = ratio, worst_name = p.name, worst_floor = fl;
         if (!(ratio <= 1)) printf("  gradient %-60s rel %.3e floor %.3e FAIL\n", p.name, err_g, fl);
     }
     printf("  %s: %d gradient tensors, worst rel %.3e; worst error / (2 x floor) %.2f (%s, floor %.2e)\n", label, n,
