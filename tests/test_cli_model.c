@@ -1,6 +1,6 @@
 /* test_cli_model.c — the model commands end to end: `k3c golden-check` on the Kimi-Linear golden (passes) and on a
  * tampered copy (fails), `k3c logits` on the K3 golden (matches its teacher-forced logits), `k3c generate --greedy`
- * (reproduces greedy_ids), and clear errors for a missing model. */
+ * (reproduces greedy_ids), clear errors for a missing model and for a --device this build lacks. */
 #include "test.h"
 
 static int run(const char *cmd, char *out, size_t n) {
@@ -77,6 +77,17 @@ static void logits_and_generate_cli(void) {
     snprintf(cmd, sizeof cmd, "%s logits --model /nonexistent --ids x --out y 2>&1", test_k3c_bin());
     rc = run(cmd, out, sizeof out);
     CHECK(rc == 1 && strstr(out, "/nonexistent"), "missing model: clear error naming it (%d): %s", rc, out);
+    /* --device: an unknown name is a usage error; cuda in a CPU-only build says how to get a CUDA build */
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids %s --greedy 1 --device tpu 2>&1", test_k3c_bin(), dir, gpath);
+    rc = run(cmd, out, sizeof out);
+    CHECK(rc == 2 && strstr(out, "--device must be cpu or cuda"), "--device tpu (%d): %s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids %s --greedy 1 --device cuda 2>&1", test_k3c_bin(), dir, gpath);
+    rc = run(cmd, out, sizeof out);
+    CHECK(rc == 1 && strstr(out, "make cuda"), "--device cuda in a CPU build (%d): %s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids %s --greedy 16 --device cpu 2>&1", test_k3c_bin(), dir, gpath);
+    rc = run(cmd, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "413 960 1151 279 192 223 193 264 36 345 2027 1638 1187 320 972 587"),
+          "--device cpu: greedy ids differ (%d): %s", rc, out);
 }
 
 int main(void) {
