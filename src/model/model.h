@@ -1,5 +1,6 @@
-/* model.h — a Kimi-Linear / Kimi-K3 model on any backend (ops/backend.h): config → layer plan → parameters under checkpoint names → forward
- * to logits and loss → backward to every parameter gradient. Spec: ARCHITECTURE.md §1, §3–§9; CHECKPOINTS.md §4–§7. */
+/* model.h — a Kimi-Linear / Kimi-K3 model on any backend (ops/backend.h): config → layer plan → parameters under
+ * checkpoint names → forward to logits and loss → backward to every parameter gradient.
+ * Spec: ARCHITECTURE.md §1, §3–§9; CHECKPOINTS.md §4–§7. */
 #ifndef K3C_MODEL_MODEL_H
 #define K3C_MODEL_MODEL_H
 
