@@ -46,6 +46,25 @@ static inline double test_rel_err_f(const float *x, const float *ref, size_t n) 
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+/* Relative error of an analytic gradient g against float64 central differences of loss(ctx) over x[0..n), the step
+ * 1e-6 relative to |x_i| (at least 1e-6 absolute). x is perturbed in place and restored. */
+typedef double (*test_loss_fn)(void *ctx);
+static inline double test_fd_rel_err(test_loss_fn loss, void *ctx, double *x, size_t n, const double *g) {
+    double *fd = malloc((n ? n : 1) * sizeof *fd);
+    for (size_t i = 0; i < n; i++) {
+        double x0 = x[i], h = 1e-6 * fmax(1.0, fabs(x0));
+        x[i] = x0 + h;
+        double lp = loss(ctx);
+        x[i] = x0 - h;
+        double lm = loss(ctx);
+        x[i] = x0;
+        fd[i] = (lp - lm) / (2 * h);
+    }
+    double e = test_rel_err_d(g, fd, n);
+    free(fd);
+    return e;
+}
+
 /* Path of a file under ../shared (override with K3C_SHARED). Missing shared/ is a clear failure, not a skip. */
 static inline const char *test_shared(const char *rel) {
     static char buf[8][4096];

@@ -163,27 +163,12 @@ typedef struct {
     double *o, *lse;
 } fd_ctx;
 
-static double fd_loss(fd_ctx *c) {
+static double fd_loss(void *ctx) {
+    fd_ctx *c = ctx;
     k3c_attention_fwd_f64(&c->p->s, c->p->cu, c->p->q, c->p->k, c->p->v, c->o, c->lse, NULL, NULL);
     double L = 0;
     for (size_t i = 0; i < c->p->nv; i++) L += c->p->dout[i] * c->o[i];
     return L;
-}
-
-static double fd_err(fd_ctx *c, double *x, size_t n, const double *g) {
-    double *fd = malloc(n * sizeof *fd);
-    for (size_t i = 0; i < n; i++) {
-        double x0 = x[i], h = 1e-6 * fmax(1.0, fabs(x0));
-        x[i] = x0 + h;
-        double lp = fd_loss(c);
-        x[i] = x0 - h;
-        double lm = fd_loss(c);
-        x[i] = x0;
-        fd[i] = (lp - lm) / (2 * h);
-    }
-    double e = test_rel_err_d(g, fd, n);
-    free(fd);
-    return e;
 }
 
 static void test_fd(void) {
@@ -192,9 +177,9 @@ static void test_fd(void) {
     p.s.scale = 0.4, p.s.block_q = 2, p.s.block_k = 3;
     result r = run_f64(&p, &p.s, p.cu, 0);
     fd_ctx c = {&p, filled(p.nv, 0), filled(p.nl, 0)};
-    CHECK_LE(fd_err(&c, p.q, p.nq, r.dq), FD_TOL, "attention FD dq");
-    CHECK_LE(fd_err(&c, p.k, p.nq, r.dk), FD_TOL, "attention FD dk");
-    CHECK_LE(fd_err(&c, p.v, p.nv, r.dv), FD_TOL, "attention FD dv");
+    CHECK_LE(test_fd_rel_err(fd_loss, &c, p.q, p.nq, r.dq), FD_TOL, "attention FD dq");
+    CHECK_LE(test_fd_rel_err(fd_loss, &c, p.k, p.nq, r.dk), FD_TOL, "attention FD dk");
+    CHECK_LE(test_fd_rel_err(fd_loss, &c, p.v, p.nv, r.dv), FD_TOL, "attention FD dv");
     free(c.o), free(c.lse), free_result(&r), free_problem(&p);
 }
 

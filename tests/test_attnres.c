@@ -24,22 +24,6 @@ static double ar_loss(void *p) {
     return l;
 }
 
-static double fd_rel_err(ar_ctx *c, double *param, size_t n, const double *analytic) {
-    double *fd = malloc(n * sizeof *fd);
-    for (size_t i = 0; i < n; i++) {
-        double keep = param[i], h = 1e-6 * fmax(1.0, fabs(keep));
-        param[i] = keep + h;
-        double lp = ar_loss(c);
-        param[i] = keep - h;
-        double lm = ar_loss(c);
-        param[i] = keep;
-        fd[i] = (lp - lm) / (2 * h);
-    }
-    double e = test_rel_err_d(analytic, fd, n);
-    free(fd);
-    return e;
-}
-
 /* h_t = Σ_i softmax_i(Σ_d γ_d w_d v_id / rms(v_i)) v_i, directly */
 static void ar_ref(const ar_ctx *c, double *h) {
     const int64_t T = c->s.tokens, D = c->s.dim, N = c->s.sources;
@@ -104,13 +88,13 @@ static void test_case(int N, k3c_rng *rng) {
     CHECK_LE(dmax, 1e-15, what);
 
     double emax = 0;
-    for (int i = 0; i < N; i++) emax = fmax(emax, fd_rel_err(&c, src[i], T * D, dv[i]));
+    for (int i = 0; i < N; i++) emax = fmax(emax, test_fd_rel_err(ar_loss, &c, src[i], T * D, dv[i]));
     snprintf(what, sizeof what, "attnres N=%d dv (all sources) FD", N);
     CHECK_LE(emax, FD_TOL, what);
     snprintf(what, sizeof what, "attnres N=%d dw FD", N);
-    CHECK_LE(fd_rel_err(&c, w, D, dw), FD_TOL, what);
+    CHECK_LE(test_fd_rel_err(ar_loss, &c, w, D, dw), FD_TOL, what);
     snprintf(what, sizeof what, "attnres N=%d dgamma FD", N);
-    CHECK_LE(fd_rel_err(&c, g, D, dg), FD_TOL, what);
+    CHECK_LE(test_fd_rel_err(ar_loss, &c, g, D, dg), FD_TOL, what);
 
     /* float build of the forward */
     float vf[MAXN][T * D], wf[D], gf[D], hf[T * D];
@@ -147,8 +131,8 @@ static void test_alias_and_uniform(void) {
     void *ws = k3c_aligned_alloc(wsb);
     k3c_err err = {0};
     CHECK_OK(k3c_attnres_bwd_f64(&c.s, c.v, w, g, NULL, R, dv, dw, NULL, ws, &err), &err);
-    CHECK_LE(fd_rel_err(&c, a, T * D, da), FD_TOL, "attnres source read twice: dv FD");
-    CHECK_LE(fd_rel_err(&c, w, D, dw), FD_TOL, "attnres dw FD (dgamma not requested)");
+    CHECK_LE(test_fd_rel_err(ar_loss, &c, a, T * D, da), FD_TOL, "attnres source read twice: dv FD");
+    CHECK_LE(test_fd_rel_err(ar_loss, &c, w, D, dw), FD_TOL, "attnres dw FD (dgamma not requested)");
 
     double zero[D] = {0};
     c.w = zero;

@@ -34,23 +34,6 @@ static double rel_f32(const float *x, const double *ref, size_t n) {
 }
 
 /* Central differences of loss() with respect to every element of x; returns the relative error against g. */
-typedef double (*loss_fn)(void *ctx);
-static double fd_err(loss_fn loss, void *ctx, double *x, size_t n, const double *g) {
-    double *fd = malloc((n ? n : 1) * sizeof *fd);
-    for (size_t i = 0; i < n; i++) {
-        double x0 = x[i], h = 1e-6 * fmax(1.0, fabs(x0));
-        x[i] = x0 + h;
-        double lp = loss(ctx);
-        x[i] = x0 - h;
-        double lm = loss(ctx);
-        x[i] = x0;
-        fd[i] = (lp - lm) / (2 * h);
-    }
-    double e = test_rel_err_d(g, fd, n);
-    free(fd);
-    return e;
-}
-
 /* ---------------------------------------------------------------- embedding */
 typedef struct {
     k3c_embedding_sizes s;
@@ -86,7 +69,7 @@ static void test_embedding(void) {
         }
     CHECK_LE(maxd, 1e-15, "embedding bwd scatter-add (repeated ids) max abs err");
     emb_ctx c = {s, ids, E, y, dy};
-    CHECK_LE(fd_err(emb_loss, &c, E, V * D, dE), FD_TOL, "embedding FD dE");
+    CHECK_LE(test_fd_rel_err(emb_loss, &c, E, V * D, dE), FD_TOL, "embedding FD dE");
     /* one token, width 1, and a table wider than one 256-column block of the backward */
     int64_t shapes[2][3] = {{1, 3, 1}, {4, 2, 300}};
     for (int si = 0; si < 2; si++) {
@@ -98,7 +81,7 @@ static void test_embedding(void) {
         double *g = filled(ne, PREFILL);
         CHECK_OK(k3c_embedding_bwd_f64(&s2, ids2, c2.r, g, &err), &err);
         unfill(g, ne);
-        CHECK_LE(fd_err(emb_loss, &c2, c2.E, ne, g), FD_TOL, "embedding FD dE (other shapes)");
+        CHECK_LE(test_fd_rel_err(emb_loss, &c2, c2.E, ne, g), FD_TOL, "embedding FD dE (other shapes)");
         free(c2.E), free(c2.y), free(c2.r), free(g);
     }
 
@@ -158,12 +141,12 @@ static void check_rmsnorm(int64_t rows, int64_t D, double eps, int gated) {
     unfill(dx, n), unfill(dw, D), unfill(dg, n);
     snprintf(what, sizeof what, "%srmsnorm %lldx%lld eps %g: FD dx", gated ? "gated " : "", (long long)rows,
              (long long)D, eps);
-    CHECK_LE(fd_err(rms_loss, &c, c.x, n, dx), FD_TOL, what);
+    CHECK_LE(test_fd_rel_err(rms_loss, &c, c.x, n, dx), FD_TOL, what);
     snprintf(what, sizeof what, "%srmsnorm %lldx%lld: FD dw", gated ? "gated " : "", (long long)rows, (long long)D);
-    CHECK_LE(fd_err(rms_loss, &c, c.w, D, dw), FD_TOL, what);
+    CHECK_LE(test_fd_rel_err(rms_loss, &c, c.w, D, dw), FD_TOL, what);
     if (gated) {
         snprintf(what, sizeof what, "gated rmsnorm %lldx%lld: FD dgate", (long long)rows, (long long)D);
-        CHECK_LE(fd_err(rms_loss, &c, c.gate, n, dg), FD_TOL, what);
+        CHECK_LE(test_fd_rel_err(rms_loss, &c, c.gate, n, dg), FD_TOL, what);
     }
     /* float32 against float64 */
     float *xf = to_f32(c.x, n), *wf = to_f32(c.w, D), *gf = gated ? to_f32(c.gate, n) : NULL, *rf = to_f32(c.r, n);
@@ -229,9 +212,9 @@ static void check_linear(int64_t T, int64_t in, int64_t out) {
     unfill(dx, nx), unfill(dW, nw);
     char what[96];
     snprintf(what, sizeof what, "linear %lldx%lld->%lld: FD dx", (long long)T, (long long)in, (long long)out);
-    CHECK_LE(fd_err(lin_loss, &c, c.x, nx, dx), FD_TOL, what);
+    CHECK_LE(test_fd_rel_err(lin_loss, &c, c.x, nx, dx), FD_TOL, what);
     snprintf(what, sizeof what, "linear %lldx%lld->%lld: FD dW", (long long)T, (long long)in, (long long)out);
-    CHECK_LE(fd_err(lin_loss, &c, c.W, nw, dW), FD_TOL, what);
+    CHECK_LE(test_fd_rel_err(lin_loss, &c, c.W, nw, dW), FD_TOL, what);
     /* accumulate: y += x Wᵀ (y recomputed at the unperturbed point first) */
     lin_loss(&c);
     double *y2 = filled(ny, 1.5);
@@ -312,13 +295,13 @@ static void test_gates(void) {
         CHECK_LE(fe, 1e-15, "sigmoid gate fwd");
         CHECK_OK(k3c_sigmoid_gate_bwd_f64(n, c.x, c.z, c.r, dx, dz, &err), &err);
         unfill(dx, n), unfill(dz, n);
-        CHECK_LE(fd_err(gate_loss, &c, c.x, n, dx), FD_TOL, "sigmoid gate FD dx");
-        CHECK_LE(fd_err(gate_loss, &c, c.z, n, dz), FD_TOL, "sigmoid gate FD dz");
+        CHECK_LE(test_fd_rel_err(gate_loss, &c, c.x, n, dx), FD_TOL, "sigmoid gate FD dx");
+        CHECK_LE(test_fd_rel_err(gate_loss, &c, c.z, n, dz), FD_TOL, "sigmoid gate FD dz");
         c.silu = 1;
         double *ds = filled(n, PREFILL);
         k3c_silu_bwd_f64(n, c.x, c.r, ds);
         unfill(ds, n);
-        CHECK_LE(fd_err(gate_loss, &c, c.x, n, ds), FD_TOL, "silu FD dx");
+        CHECK_LE(test_fd_rel_err(gate_loss, &c, c.x, n, ds), FD_TOL, "silu FD dx");
         float *xf = to_f32(c.x, n), *zf = to_f32(c.z, n), *yf = calloc(n, sizeof *yf);
         c.silu = 0, gate_loss(&c);
         k3c_sigmoid_gate_fwd_f32(n, xf, zf, yf, &err);
@@ -366,7 +349,7 @@ static void test_softmax(void) {
         CHECK_LE(se, 1e-15, "softmax rows sum to 1");
         CHECK_OK(k3c_softmax_bwd_f64(&c.s, c.y, c.r, dx, &err), &err);
         unfill(dx, nn);
-        CHECK_LE(fd_err(sm_loss, &c, c.x, nn, dx), FD_TOL, "softmax FD dx");
+        CHECK_LE(test_fd_rel_err(sm_loss, &c, c.x, nn, dx), FD_TOL, "softmax FD dx");
         free(c.x), free(c.y), free(c.r), free(dx);
     }
     float big[3] = {1000, 1001, 999}, yb[3];
@@ -415,7 +398,7 @@ static void test_xent(void) {
     int zero_ignored = 1;
     for (int j = 0; j < V; j++) zero_ignored &= dl[1 * V + j] == 0 && dl[3 * V + j] == 0;
     CHECK(zero_ignored, "ignored positions get no gradient");
-    CHECK_LE(fd_err(xent_loss, &c, c.logits, T * V, dl), FD_TOL, "xent FD dlogits (masked)");
+    CHECK_LE(test_fd_rel_err(xent_loss, &c, c.logits, T * V, dl), FD_TOL, "xent FD dlogits (masked)");
 
     /* other shapes: V = 1 (loss 0, gradient 0), a wide row, no mask */
     int64_t shapes[2][2] = {{3, 1}, {5, 257}};
@@ -429,7 +412,8 @@ static void test_xent(void) {
         CHECK_OK(k3c_xent_bwd_f64(&x2.s, x2.logits, tg, NULL, x2.lse, 1.0, g, &err), &err);
         unfill(g, (size_t)(T2 * V2));
         if (si == 0) CHECK(fabs(l2) < 1e-15, "V = 1: loss %g is 0", l2);
-        CHECK_LE(fd_err(xent_loss, &x2, x2.logits, (size_t)(T2 * V2), g), FD_TOL, "xent FD dlogits (other shapes)");
+        CHECK_LE(test_fd_rel_err(xent_loss, &x2, x2.logits, (size_t)(T2 * V2), g), FD_TOL,
+                 "xent FD dlogits (other shapes)");
         free(x2.logits), free(x2.lse), free(g);
     }
 

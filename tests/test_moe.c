@@ -17,24 +17,6 @@ static double dot(const double *a, const double *b, size_t n) {
     return s;
 }
 
-/* Central differences of loss() w.r.t. every entry of param (step 1e-6 relative, at least 1e-6 absolute). */
-typedef double (*loss_fn)(void *ctx);
-static double fd_rel_err(loss_fn loss, void *ctx, double *param, size_t n, const double *analytic) {
-    double *fd = malloc(n * sizeof *fd);
-    for (size_t i = 0; i < n; i++) {
-        double keep = param[i], h = 1e-6 * fmax(1.0, fabs(keep));
-        param[i] = keep + h;
-        double lp = loss(ctx);
-        param[i] = keep - h;
-        double lm = loss(ctx);
-        param[i] = keep;
-        fd[i] = (lp - lm) / (2 * h);
-    }
-    double e = test_rel_err_d(analytic, fd, n);
-    free(fd);
-    return e;
-}
-
 /* ================================================================ GLU */
 typedef struct {
     k3c_glu_sizes s;
@@ -59,9 +41,9 @@ static void glu_fd_case(const char *name, k3c_glu_act act, const double *g0, con
     CHECK_OK(k3c_glu_bwd_f64(&c.s, c.g, c.u, c.R, dg, du, &err), &err);
     char what[128];
     snprintf(what, sizeof what, "GLU %s dgate FD rel err", name);
-    CHECK_LE(fd_rel_err(glu_loss, &c, c.g, n, dg), FD_TOL, what);
+    CHECK_LE(test_fd_rel_err(glu_loss, &c, c.g, n, dg), FD_TOL, what);
     snprintf(what, sizeof what, "GLU %s dup FD rel err", name);
-    CHECK_LE(fd_rel_err(glu_loss, &c, c.u, n, du), FD_TOL, what);
+    CHECK_LE(test_fd_rel_err(glu_loss, &c, c.u, n, du), FD_TOL, what);
     /* backward adds: a second call doubles the gradients */
     double *dg2 = malloc(n * 8);
     memcpy(dg2, dg, n * 8);
@@ -285,7 +267,7 @@ static void test_router_grad(void) {
         CHECK_OK(k3c_router_bwd_f64(&c.s, c.lg, c.ids0, c.R, dl, &err), &err);
         char what[96];
         snprintf(what, sizeof what, "router dlogits FD (k %d, renorm %d, rsf %g)", K, cases[ci].renorm, cases[ci].rsf);
-        CHECK_LE(fd_rel_err(router_loss, &c, c.lg, T * NE, dl), FD_TOL, what);
+        CHECK_LE(test_fd_rel_err(router_loss, &c, c.lg, T * NE, dl), FD_TOL, what);
         CHECK(!c.changed, "selection stayed fixed under the FD steps");
         free(c.lg), free(c.b), free(c.R), free(c.w), free(c.cut), free(c.ids), free(c.ids0), free(dl);
     }
@@ -400,15 +382,15 @@ static void test_moe_case(const char *name, k3c_glu_act act, int dropped) {
           "moe %s: saved and recomputed backward agree bitwise", name);
 
     snprintf(what, sizeof what, "moe %s dx FD", name);
-    CHECK_LE(fd_rel_err(moe_loss, &c, c.x, T * D, dx), FD_TOL, what);
+    CHECK_LE(test_fd_rel_err(moe_loss, &c, c.x, T * D, dx), FD_TOL, what);
     snprintf(what, sizeof what, "moe %s dw1 FD", name);
-    CHECK_LE(fd_rel_err(moe_loss, &c, c.w1, E * I * D, d1), FD_TOL, what);
+    CHECK_LE(test_fd_rel_err(moe_loss, &c, c.w1, E * I * D, d1), FD_TOL, what);
     snprintf(what, sizeof what, "moe %s dw3 FD", name);
-    CHECK_LE(fd_rel_err(moe_loss, &c, c.w3, E * I * D, d3), FD_TOL, what);
+    CHECK_LE(test_fd_rel_err(moe_loss, &c, c.w3, E * I * D, d3), FD_TOL, what);
     snprintf(what, sizeof what, "moe %s dw2 FD", name);
-    CHECK_LE(fd_rel_err(moe_loss, &c, c.w2, E * D * I, d2), FD_TOL, what);
+    CHECK_LE(test_fd_rel_err(moe_loss, &c, c.w2, E * D * I, d2), FD_TOL, what);
     snprintf(what, sizeof what, "moe %s dweights FD", name);
-    CHECK_LE(fd_rel_err(moe_loss, &c, c.w, T * K, dw), FD_TOL, what);
+    CHECK_LE(test_fd_rel_err(moe_loss, &c, c.w, T * K, dw), FD_TOL, what);
     double idle = 0;
     for (int i = 3 * I * D; i < 4 * I * D; i++) idle += fabs(d1[i]) + fabs(d3[i]) + fabs(d2[i]);
     CHECK(idle == 0, "idle expert gets zero gradient");
@@ -495,10 +477,10 @@ static void test_mlp(void) {
     CHECK_LE(test_rel_err_d(y, ym, T * D), 1e-15, "mlp == moe with E = 1, weight 1");
     double dx[T * D] = {0}, dg[I * D] = {0}, du[I * D] = {0}, dd[D * I] = {0};
     CHECK_OK(k3c_mlp_bwd_f64(&c.s, x, wg, wu, wd, NULL, R, dx, dg, du, dd, c.ws, &err), &err);
-    CHECK_LE(fd_rel_err(mlp_loss, &c, x, T * D, dx), FD_TOL, "mlp dx FD");
-    CHECK_LE(fd_rel_err(mlp_loss, &c, wg, I * D, dg), FD_TOL, "mlp dw_gate FD");
-    CHECK_LE(fd_rel_err(mlp_loss, &c, wu, I * D, du), FD_TOL, "mlp dw_up FD");
-    CHECK_LE(fd_rel_err(mlp_loss, &c, wd, D * I, dd), FD_TOL, "mlp dw_down FD");
+    CHECK_LE(test_fd_rel_err(mlp_loss, &c, x, T * D, dx), FD_TOL, "mlp dx FD");
+    CHECK_LE(test_fd_rel_err(mlp_loss, &c, wg, I * D, dg), FD_TOL, "mlp dw_gate FD");
+    CHECK_LE(test_fd_rel_err(mlp_loss, &c, wu, I * D, du), FD_TOL, "mlp dw_up FD");
+    CHECK_LE(test_fd_rel_err(mlp_loss, &c, wd, D * I, dd), FD_TOL, "mlp dw_down FD");
     /* saved path, accumulating on top of the first result */
     void *saved = ws_alloc(k3c_mlp_saved_bytes_f64(&c.s));
     k3c_mlp_fwd_f64(&c.s, x, wg, wu, wd, y, saved, c.ws, &err);

@@ -41,28 +41,13 @@ typedef struct {
     double *x, *w, *st, *dy, *y;
 } sc_ctx;
 
-static double sc_loss(sc_ctx *c) {
+static double sc_loss(void *ctx) {
+    sc_ctx *c = ctx;
     k3c_err e = {0};
     k3c_short_conv_fwd_f64(&c->d, c->cu, c->x, c->w, c->st, c->y, NULL, &e);
     double s = 0;
     for (int64_t i = 0; i < c->d.T * c->d.C; i++) s += c->y[i] * c->dy[i];
     return s;
-}
-
-static double sc_fd(sc_ctx *c, double *x, size_t n, const double *g) {
-    double *fd = malloc(n * sizeof *fd);
-    for (size_t i = 0; i < n; i++) {
-        double x0 = x[i], h = 1e-6 * fmax(1.0, fabs(x0));
-        x[i] = x0 + h;
-        double lp = sc_loss(c);
-        x[i] = x0 - h;
-        double lm = sc_loss(c);
-        x[i] = x0;
-        fd[i] = (lp - lm) / (2 * h);
-    }
-    double e = test_rel_err_d(g, fd, n);
-    free(fd);
-    return e;
 }
 
 static void test_fwd_bwd(int W, int with_state) {
@@ -87,8 +72,8 @@ static void test_fwd_bwd(int W, int with_state) {
     for (int64_t i = 0; i < T * C; i++) dx[i] -= PREFILL;
     for (int64_t i = 0; i < C * W; i++) dw[i] -= PREFILL;
     for (int64_t i = 0; i < SN; i++) dst[i] -= PREFILL;
-    double err = fmax(sc_fd(&c, c.x, T * C, dx), sc_fd(&c, c.w, C * W, dw));
-    if (with_state && SN) err = fmax(err, sc_fd(&c, c.st, SN, dst));
+    double err = fmax(test_fd_rel_err(sc_loss, &c, c.x, T * C, dx), test_fd_rel_err(sc_loss, &c, c.w, C * W, dw));
+    if (with_state && SN) err = fmax(err, test_fd_rel_err(sc_loss, &c, c.st, SN, dst));
     snprintf(what, sizeof what, "FD short_conv W=%d state=%d (dx, dw%s)", W, with_state, with_state ? ", dstate" : "");
     CHECK_LE(err, FD_TOL, what);
     /* float32 */
