@@ -79,12 +79,14 @@ static int check_st(const k3c_st_tensor *packed, const k3c_st_tensor *scale, siz
     return 0;
 }
 
-int k3c_mxfp4_decode_st_f32(const k3c_st_tensor *packed, const k3c_st_tensor *scale, float *out, size_t n,
-                            int64_t *rows_out, int64_t *cols_out, k3c_err *err) {
+/* Both precisions: the same checks, the decode of the requested one, the tensor named in an error. */
+static int decode_st(const k3c_st_tensor *packed, const k3c_st_tensor *scale, float *out32, double *out64, size_t n,
+                     int64_t *rows_out, int64_t *cols_out, k3c_err *err) {
     int64_t rows, cols;
     int rc = check_st(packed, scale, n, &rows, &cols, err);
     if (rc) return rc;
-    rc = k3c_mxfp4_decode_f32(packed->data, scale->data, rows, cols, out, err);
+    rc = out64 ? k3c_mxfp4_decode_f64(packed->data, scale->data, rows, cols, out64, err)
+               : k3c_mxfp4_decode_f32(packed->data, scale->data, rows, cols, out32, err);
     if (rc) {
         if (err && packed->name) k3c_err_wrap(err, "%s", packed->name);
         return rc;
@@ -94,17 +96,12 @@ int k3c_mxfp4_decode_st_f32(const k3c_st_tensor *packed, const k3c_st_tensor *sc
     return 0;
 }
 
+int k3c_mxfp4_decode_st_f32(const k3c_st_tensor *packed, const k3c_st_tensor *scale, float *out, size_t n,
+                            int64_t *rows_out, int64_t *cols_out, k3c_err *err) {
+    return decode_st(packed, scale, out, NULL, n, rows_out, cols_out, err);
+}
+
 int k3c_mxfp4_decode_st_f64(const k3c_st_tensor *packed, const k3c_st_tensor *scale, double *out, size_t n,
                             int64_t *rows_out, int64_t *cols_out, k3c_err *err) {
-    int64_t rows, cols;
-    int rc = check_st(packed, scale, n, &rows, &cols, err);
-    if (rc) return rc;
-    rc = k3c_mxfp4_decode_f64(packed->data, scale->data, rows, cols, out, err);
-    if (rc) {
-        if (err && packed->name) k3c_err_wrap(err, "%s", packed->name);
-        return rc;
-    }
-    if (rows_out) *rows_out = rows;
-    if (cols_out) *cols_out = cols;
-    return 0;
+    return decode_st(packed, scale, NULL, out, n, rows_out, cols_out, err);
 }
