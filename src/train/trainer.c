@@ -131,7 +131,7 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     k3c_model_batch b;
     int e = next_batch(tr, st, 0, NULL, &b, err);
     if (e) return e;
-    memset(tr->m.g, 0, tr->m.table.total * sizeof(float));
+    if ((e = backend_of(tr)->zero(tr->m.g, (int64_t)tr->m.table.total, err))) return e; /* where the backward adds */
     k3c_arena_reset(&tr->arena, 0);
     k3c_acts *acts;
     double loss;
