@@ -1,6 +1,6 @@
 /* bench_model_cuda.cu — one whole-model training step (forward + backward, no optimizer) of a config on the CUDA backend
  * and on the CPU reference: ms per step and tokens/s, median of several steps after warm-up. Issue 5 (benchmarks).
- * Usage: bench_model_cuda [config.json] [tokens] [docs] [tf32 0|1] */
+ * Usage: bench_model_cuda [config.json] [tokens] [docs] [tf32 0|1] [cpu 0|1: also time the CPU reference] */
 #include <algorithm>
 #include <chrono>
 
@@ -38,6 +38,7 @@ int main(int argc, char **argv) {
     const int64_t T = argc > 2 ? atoll(argv[2]) : 16384;
     const int docs = argc > 3 ? atoi(argv[3]) : 16;
     const int tf32 = argc > 4 ? atoi(argv[4]) : 1;
+    const int with_cpu = argc > 5 ? atoi(argv[5]) : 1;
     harness h;
     k3c_config cfg;
     h.ok(k3c_config_load(cfg_path, &cfg, &h.err), "config");
@@ -52,15 +53,19 @@ int main(int argc, char **argv) {
     h.ok(k3c_model_create_f32(&cfg, 1, &m, &h.err), "create");
     k3c_model_init_f32(&m, 1, 0.02);
     m.kda_chunk = 64;
-    const double cpu_ms = time_steps(h, m, b, 2);
+    const double cpu_ms = with_cpu ? time_steps(h, m, b, 2) : NAN;
     h.ok(k3c_model_use_backend_f32(&m, &cb.table, &h.err), "to cuda");
     const double gpu_ms = time_steps(h, m, b, 10);
+    k3c_cuda_backend_use_fp16(&cb, 1);
+    h.ok(k3c_model_use_backend_f32(&m, &cb.table, &h.err), "to cuda (fp16 kernels)");
+    const double f16_ms = time_steps(h, m, b, 10);
     printf("\n==== whole-model training step (forward + backward), %s, %lld tokens in %d documents ====\n", cfg_path,
            (long long)T, docs);
     printf("%-28s %12s %14s\n", "backend", "ms/step", "tokens/s");
     printf("%-28s %12.2f %14.0f\n", "cpu (this host, OpenMP)", cpu_ms, T / cpu_ms * 1e3);
     printf("%-28s %12.2f %14.0f\n", tf32 ? "cuda (tf32 GEMMs)" : "cuda (fp32 GEMMs)", gpu_ms, T / gpu_ms * 1e3);
-    printf("speed-up %.1fx on %s\n", cpu_ms / gpu_ms, cb.cu.name);
+    printf("%-28s %12.2f %14.0f\n", "  same, fp16 KDA/attention", f16_ms, T / f16_ms * 1e3);
+    if (with_cpu) printf("speed-up %.1fx on %s\n", cpu_ms / gpu_ms, cb.cu.name);
     k3c_model_free_f32(&m);
     k3c_cuda_backend_destroy(&cb);
     return 0;

@@ -1,16 +1,17 @@
 /* attention.cu — causal softmax attention with packed-document masks (gated NoPE MLA core), FlashAttention-2 style on
- * bf16 tensor cores with fp32 softmax: forward (o, lse), backward as two race-free passes (dq; dk and dv).
+ * elem tensor cores with fp32 softmax: forward (o, lse), backward as two race-free passes (dq; dk and dv).
  * ARCHITECTURE.md §4.2 (d_qk 192 = 128 + 64, d_v 128, scale (d_qk)^−1/2), §11 (fp32 softmax statistics). */
 #include <math.h>
 
 #include "cuda/common.cuh"
 
 namespace k3c_cu {
+namespace K3C_ELEM_NS {
 
 constexpr float A_LOG2E = 1.4426950408889634f, A_LN2 = 0.6931471805599453f;
 
 struct attn_args {
-    const bf16 *q, *k, *v, *dout;
+    const elem *q, *k, *v, *dout;
     const int32_t *cu;
     int T, H, N, dqk, dv;
     float scale, scale_log2;
@@ -51,8 +52,8 @@ template <> __device__ __forceinline__ void out2<float, true>(float *p, float x,
     float2 o = *reinterpret_cast<float2 *>(p);
     *reinterpret_cast<float2 *>(p) = make_float2(o.x + x, o.y + y);
 }
-template <> __device__ __forceinline__ void out2<bf16, false>(bf16 *p, float x, float y) {
-    *reinterpret_cast<uint32_t *>(p) = pack_bf16(x, y);
+template <> __device__ __forceinline__ void out2<elem, false>(elem *p, float x, float y) {
+    *reinterpret_cast<uint32_t *>(p) = pack_e(x, y);
 }
 
 __device__ __forceinline__ float quad_max(float x) {
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(128, 2) attn_fwd_kernel(attn_args a) {
     using Ly = fwd_layout<DQK, DV>;
     constexpr int LDQ = Ly::LDQ, LDV = Ly::LDV, BN = 64;
     extern __shared__ __align__(16) unsigned char smem[];
-    bf16 *Qs = (bf16 *)(smem + Ly::Q);
+    elem *Qs = (elem *)(smem + Ly::Q);
     const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
     const int q0 = qb * 64, qn = min(64, a.T - q0);
@@ -90,9 +91,9 @@ __global__ void __launch_bounds__(128, 2) attn_fwd_kernel(attn_args a) {
 
     auto load_kv = [&](int j, int stage) {
         const int kt0 = k_lo + j * BN, kn = k_hi - kt0;
-        tile_load_async((bf16 *)(smem + Ly::K) + stage * 64 * LDQ, LDQ, a.k + ((int64_t)kt0 * a.H + h) * a.dqk, rq,
+        tile_load_async((elem *)(smem + Ly::K) + stage * 64 * LDQ, LDQ, a.k + ((int64_t)kt0 * a.H + h) * a.dqk, rq,
                         BN, DQK, kn, a.dqk, tid, 128);
-        tile_load_async((bf16 *)(smem + Ly::V) + stage * 64 * LDV, LDV, a.v + ((int64_t)kt0 * a.H + h) * a.dv, rv,
+        tile_load_async((elem *)(smem + Ly::V) + stage * 64 * LDV, LDV, a.v + ((int64_t)kt0 * a.H + h) * a.dv, rv,
                         BN, DV, kn, a.dv, tid, 128);
     };
     tile_load_async(Qs, LDQ, a.q + ((int64_t)q0 * a.H + h) * a.dqk, rq, 64, DQK, qn, a.dqk, tid, 128);
@@ -117,8 +118,8 @@ __global__ void __launch_bounds__(128, 2) attn_fwd_kernel(attn_args a) {
         if (j == 0)
 #pragma unroll
             for (int kk = 0; kk < DQK / 16; kk++) lda_rowmajor(qf[kk], Qs, LDQ, 16 * warp, 16 * kk, lane);
-        const bf16 *Ks = (const bf16 *)(smem + Ly::K) + (j & 1) * 64 * LDQ;
-        const bf16 *Vs = (const bf16 *)(smem + Ly::V) + (j & 1) * 64 * LDV;
+        const elem *Ks = (const elem *)(smem + Ly::K) + (j & 1) * 64 * LDQ;
+        const elem *Vs = (const elem *)(smem + Ly::V) + (j & 1) * 64 * LDV;
         const int kt0 = k_lo + j * BN;
 
         float s[BN / 8][4];
@@ -166,9 +167,9 @@ __global__ void __launch_bounds__(128, 2) attn_fwd_kernel(attn_args a) {
         }
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
-            uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            uint32_t pa[4] = {pack_e(s[2 * kk][0], s[2 * kk][1]), pack_e(s[2 * kk][2], s[2 * kk][3]),
+                              pack_e(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_e(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
             for (int n0 = 0; n0 < DV; n0 += 16) {
                 uint32_t b[4];
@@ -221,7 +222,7 @@ __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(attn_args a) {
     using Ly = dq_layout<DQK, DV>;
     constexpr int LDQ = Ly::LDQ, LDV = Ly::LDV, BN = Ly::BN;
     extern __shared__ __align__(16) unsigned char smem[];
-    const bf16 *Qs = (const bf16 *)(smem + Ly::Q), *dOs = (const bf16 *)(smem + Ly::DO);
+    const elem *Qs = (const elem *)(smem + Ly::Q), *dOs = (const elem *)(smem + Ly::DO);
     const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
     const int q0 = qb * 64, qn = min(64, a.T - q0);
@@ -236,13 +237,13 @@ __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(attn_args a) {
 
     auto load_kv = [&](int j, int stage) {
         const int kt0 = k_lo + j * BN, kn = k_hi - kt0;
-        tile_load_async((bf16 *)(smem + Ly::K) + stage * BN * LDQ, LDQ, a.k + ((int64_t)kt0 * a.H + h) * a.dqk, rq,
+        tile_load_async((elem *)(smem + Ly::K) + stage * BN * LDQ, LDQ, a.k + ((int64_t)kt0 * a.H + h) * a.dqk, rq,
                         BN, DQK, kn, a.dqk, tid, 128);
-        tile_load_async((bf16 *)(smem + Ly::V) + stage * BN * LDV, LDV, a.v + ((int64_t)kt0 * a.H + h) * a.dv, rv,
+        tile_load_async((elem *)(smem + Ly::V) + stage * BN * LDV, LDV, a.v + ((int64_t)kt0 * a.H + h) * a.dv, rv,
                         BN, DV, kn, a.dv, tid, 128);
     };
-    tile_load_async((bf16 *)Qs, LDQ, a.q + ((int64_t)q0 * a.H + h) * a.dqk, rq, 64, DQK, qn, a.dqk, tid, 128);
-    tile_load_async((bf16 *)dOs, LDV, a.dout + ((int64_t)q0 * a.H + h) * a.dv, rv, 64, DV, qn, a.dv, tid, 128);
+    tile_load_async((elem *)Qs, LDQ, a.q + ((int64_t)q0 * a.H + h) * a.dqk, rq, 64, DQK, qn, a.dqk, tid, 128);
+    tile_load_async((elem *)dOs, LDV, a.dout + ((int64_t)q0 * a.H + h) * a.dv, rv, 64, DV, qn, a.dv, tid, 128);
     load_kv(0, 0);
     cp_async_commit();
 
@@ -258,8 +259,8 @@ __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(attn_args a) {
             cp_async_wait<0>();
         }
         __syncthreads();
-        const bf16 *Ks = (const bf16 *)(smem + Ly::K) + (j & 1) * BN * LDQ;
-        const bf16 *Vs = (const bf16 *)(smem + Ly::V) + (j & 1) * BN * LDV;
+        const elem *Ks = (const elem *)(smem + Ly::K) + (j & 1) * BN * LDQ;
+        const elem *Vs = (const elem *)(smem + Ly::V) + (j & 1) * BN * LDV;
         const int kt0 = k_lo + j * BN;
         float s[BN / 8][4], dp[BN / 8][4];
 #pragma unroll
@@ -305,9 +306,9 @@ __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(attn_args a) {
             }
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
-            uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            uint32_t pa[4] = {pack_e(s[2 * kk][0], s[2 * kk][1]), pack_e(s[2 * kk][2], s[2 * kk][3]),
+                              pack_e(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_e(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
             for (int n0 = 0; n0 < DQK; n0 += 16) {
                 uint32_t b[4];
@@ -343,7 +344,7 @@ __global__ void __launch_bounds__(128, 2) attn_bwd_dkv_kernel(attn_args a) {
     using Ly = dkv_layout<DQK, DV>;
     constexpr int LDQ = Ly::LDQ, LDV = Ly::LDV, BM = Ly::BM;
     extern __shared__ __align__(16) unsigned char smem[];
-    const bf16 *Ks = (const bf16 *)(smem + Ly::K), *Vs = (const bf16 *)(smem + Ly::V);
+    const elem *Ks = (const elem *)(smem + Ly::K), *Vs = (const elem *)(smem + Ly::V);
     float *stats = (float *)(smem + Ly::ST); /* per stage: lse (log2), D, doc start of each query */
     const int kb = blockIdx.x, h = blockIdx.y;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
@@ -355,9 +356,9 @@ __global__ void __launch_bounds__(128, 2) attn_bwd_dkv_kernel(attn_args a) {
 
     auto load_q = [&](int it, int stage) {
         const int qt0 = q_lo + it * BM, qn = q_hi - qt0;
-        tile_load_async((bf16 *)(smem + Ly::Q) + stage * BM * LDQ, LDQ, a.q + ((int64_t)qt0 * a.H + h) * a.dqk, rq,
+        tile_load_async((elem *)(smem + Ly::Q) + stage * BM * LDQ, LDQ, a.q + ((int64_t)qt0 * a.H + h) * a.dqk, rq,
                         BM, DQK, qn, a.dqk, tid, 128);
-        tile_load_async((bf16 *)(smem + Ly::DO) + stage * BM * LDV, LDV, a.dout + ((int64_t)qt0 * a.H + h) * a.dv, rv,
+        tile_load_async((elem *)(smem + Ly::DO) + stage * BM * LDV, LDV, a.dout + ((int64_t)qt0 * a.H + h) * a.dv, rv,
                         BM, DV, qn, a.dv, tid, 128);
         if (tid < BM) {
             float *st = stats + stage * 3 * BM;
@@ -368,8 +369,8 @@ __global__ void __launch_bounds__(128, 2) attn_bwd_dkv_kernel(attn_args a) {
             st[2 * BM + tid] = __int_as_float(ok ? doc_start(a.cu, a.N, i) : a.T);
         }
     };
-    tile_load_async((bf16 *)Ks, LDQ, a.k + ((int64_t)k0 * a.H + h) * a.dqk, rq, 64, DQK, kn, a.dqk, tid, 128);
-    tile_load_async((bf16 *)Vs, LDV, a.v + ((int64_t)k0 * a.H + h) * a.dv, rv, 64, DV, kn, a.dv, tid, 128);
+    tile_load_async((elem *)Ks, LDQ, a.k + ((int64_t)k0 * a.H + h) * a.dqk, rq, 64, DQK, kn, a.dqk, tid, 128);
+    tile_load_async((elem *)Vs, LDV, a.v + ((int64_t)k0 * a.H + h) * a.dv, rv, 64, DV, kn, a.dv, tid, 128);
     load_q(0, 0);
     cp_async_commit();
 
@@ -387,8 +388,8 @@ __global__ void __launch_bounds__(128, 2) attn_bwd_dkv_kernel(attn_args a) {
             cp_async_wait<0>();
         }
         __syncthreads();
-        const bf16 *Qs = (const bf16 *)(smem + Ly::Q) + (it & 1) * BM * LDQ;
-        const bf16 *dOs = (const bf16 *)(smem + Ly::DO) + (it & 1) * BM * LDV;
+        const elem *Qs = (const elem *)(smem + Ly::Q) + (it & 1) * BM * LDQ;
+        const elem *dOs = (const elem *)(smem + Ly::DO) + (it & 1) * BM * LDV;
         const float *st = stats + (it & 1) * 3 * BM;
         const int qt0 = q_lo + it * BM;
         float s[BM / 8][4], dp[BM / 8][4];
@@ -433,12 +434,12 @@ __global__ void __launch_bounds__(128, 2) attn_bwd_dkv_kernel(attn_args a) {
             }
 #pragma unroll
         for (int kk = 0; kk < BM / 16; kk++) {
-            uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-            uint32_t da[4] = {pack_bf16(dp[2 * kk][0], dp[2 * kk][1]), pack_bf16(dp[2 * kk][2], dp[2 * kk][3]),
-                              pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                              pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+            uint32_t pa[4] = {pack_e(s[2 * kk][0], s[2 * kk][1]), pack_e(s[2 * kk][2], s[2 * kk][3]),
+                              pack_e(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_e(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            uint32_t da[4] = {pack_e(dp[2 * kk][0], dp[2 * kk][1]), pack_e(dp[2 * kk][2], dp[2 * kk][3]),
+                              pack_e(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                              pack_e(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
 #pragma unroll
             for (int n0 = 0; n0 < DV; n0 += 16) {
                 uint32_t b[4];
@@ -526,17 +527,20 @@ template <int KIND, typename OutT, bool ACC> static int launch(const attn_args &
     return launch_dims<192, 128, KIND, OutT, ACC>(a, err);
 }
 
+} // namespace K3C_ELEM_NS
 } // namespace k3c_cu
 
 using namespace k3c_cu;
+using namespace k3c_cu::K3C_ELEM_NS;
 
+#if !K3C_CU_F16 /* the workspace and the bf16 entries exist once */
 extern "C" size_t k3c_attention_fwd_workspace_cuda(const k3c_attention_sizes *s) {
     const size_t tq = (size_t)s->T * s->H * s->dqk, tv = (size_t)s->T * s->H * s->dv;
     return 2 * al256(tq * 2) + al256(tv * 2);
 }
 extern "C" size_t k3c_attention_workspace_cuda(const k3c_attention_sizes *s) {
     const size_t tq = (size_t)s->T * s->H * s->dqk, tv = (size_t)s->T * s->H * s->dv;
-    return 2 * al256(tq * 2) + 2 * al256(tv * 2) + al256((size_t)s->T * s->H * 4);
+    return 2 * al256(tq * 2) + 2 * al256(tv * 2) + al256((size_t)s->T * s->H * 4) + 256; /* + the fp16 grad scale */
 }
 
 extern "C" int k3c_attention_fwd_bf16_cuda(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const uint16_t *q,
@@ -545,19 +549,21 @@ extern "C" int k3c_attention_fwd_bf16_cuda(const k3c_attention_sizes *s, const i
     int rc = attn_check(s, "attention_fwd_bf16_cuda", err);
     if (rc || s->T == 0) return rc;
     attn_args a = make_args(s, cu_seqlens);
-    a.q = (const bf16 *)q, a.k = (const bf16 *)k, a.v = (const bf16 *)v, a.o = o, a.lse = lse;
-    return launch<KIND_FWD, bf16, false>(a, err);
+    a.q = (const elem *)q, a.k = (const elem *)k, a.v = (const elem *)v, a.o = o, a.lse = lse;
+    return launch<KIND_FWD, elem, false>(a, err);
 }
 
-extern "C" int k3c_attention_fwd_cuda(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const float *q,
+#endif
+
+extern "C" int K3C_KENTRY(k3c_attention_fwd)(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const float *q,
                                       const float *k, const float *v, float *o, float *lse, void *ws, k3c_err *err) {
     int rc = attn_check(s, "attention_fwd_cuda", err);
     if (rc || s->T == 0) return rc;
     const size_t tq = (size_t)s->T * s->H * s->dqk, tv = (size_t)s->T * s->H * s->dv;
     unsigned char *w = (unsigned char *)ws;
-    bf16 *qb = (bf16 *)w, *kb = (bf16 *)(w + al256(tq * 2)), *vb = (bf16 *)(w + 2 * al256(tq * 2));
-    if ((rc = k3c_cuda_f32_to_bf16(q, (uint16_t *)qb, tq, err)) || (rc = k3c_cuda_f32_to_bf16(k, (uint16_t *)kb, tq, err)) ||
-        (rc = k3c_cuda_f32_to_bf16(v, (uint16_t *)vb, tv, err)))
+    elem *qb = (elem *)w, *kb = (elem *)(w + al256(tq * 2)), *vb = (elem *)(w + 2 * al256(tq * 2));
+    if ((rc = f32_to_elem(q, qb, tq, err)) || (rc = f32_to_elem(k, kb, tq, err)) ||
+        (rc = f32_to_elem(v, vb, tv, err)))
         return rc;
     attn_args a = make_args(s, cu_seqlens);
     a.q = qb, a.k = kb, a.v = vb, a.o = o, a.lse = lse;
@@ -570,6 +576,7 @@ template <typename InT> static int run_d(const InT *o, const InT *dout, float *D
     return K3C_OK;
 }
 
+#if !K3C_CU_F16
 extern "C" int k3c_attention_bwd_bf16_cuda(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const uint16_t *q,
                                            const uint16_t *k, const uint16_t *v, const uint16_t *o, const float *lse,
                                            const uint16_t *dout, uint16_t *dq, uint16_t *dk, uint16_t *dv, void *ws,
@@ -578,35 +585,54 @@ extern "C" int k3c_attention_bwd_bf16_cuda(const k3c_attention_sizes *s, const i
     if (rc || s->T == 0) return rc;
     const size_t tq = (size_t)s->T * s->H * s->dqk, tv = (size_t)s->T * s->H * s->dv;
     float *D = (float *)((unsigned char *)ws + 2 * al256(tq * 2) + 2 * al256(tv * 2));
-    if ((rc = run_d<bf16>((const bf16 *)o, (const bf16 *)dout, D, s->T * s->H, (int)s->dv, err))) return rc;
+    if ((rc = run_d<elem>((const elem *)o, (const elem *)dout, D, s->T * s->H, (int)s->dv, err))) return rc;
     attn_args a = make_args(s, cu_seqlens);
-    a.q = (const bf16 *)q, a.k = (const bf16 *)k, a.v = (const bf16 *)v, a.dout = (const bf16 *)dout;
+    a.q = (const elem *)q, a.k = (const elem *)k, a.v = (const elem *)v, a.dout = (const elem *)dout;
     a.lse_in = lse, a.D = D, a.dq = dq, a.dk = dk, a.dvo = dv;
-    if (dq && (rc = launch<KIND_DQ, bf16, false>(a, err))) return rc;
-    if (dk && dv) return launch<KIND_DKV, bf16, false>(a, err);
+    if (dq && (rc = launch<KIND_DQ, elem, false>(a, err))) return rc;
+    if (dk && dv) return launch<KIND_DKV, elem, false>(a, err);
     if (dk || dv) return k3c_errf(err, K3C_EINVAL, "attention_bwd_bf16_cuda: dk and dv are produced together");
     return K3C_OK;
 }
 
-extern "C" int k3c_attention_bwd_cuda(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const float *q,
+#endif
+
+extern "C" int K3C_KENTRY(k3c_attention_bwd)(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const float *q,
                                       const float *k, const float *v, const float *o, const float *lse,
                                       const float *dout, float *dq, float *dk, float *dv, void *ws, k3c_err *err) {
     int rc = attn_check(s, "attention_bwd_cuda", err);
     if (rc || s->T == 0) return rc;
     const size_t tq = (size_t)s->T * s->H * s->dqk, tv = (size_t)s->T * s->H * s->dv;
     unsigned char *w = (unsigned char *)ws;
-    bf16 *qb = (bf16 *)w, *kb = (bf16 *)(w + al256(tq * 2)), *vb = (bf16 *)(w + 2 * al256(tq * 2));
-    bf16 *dob = (bf16 *)(w + 2 * al256(tq * 2) + al256(tv * 2));
+    elem *qb = (elem *)w, *kb = (elem *)(w + al256(tq * 2)), *vb = (elem *)(w + 2 * al256(tq * 2));
+    elem *dob = (elem *)(w + 2 * al256(tq * 2) + al256(tv * 2));
     float *D = (float *)(w + 2 * al256(tq * 2) + 2 * al256(tv * 2));
-    if ((rc = k3c_cuda_f32_to_bf16(q, (uint16_t *)qb, tq, err)) || (rc = k3c_cuda_f32_to_bf16(k, (uint16_t *)kb, tq, err)) ||
-        (rc = k3c_cuda_f32_to_bf16(v, (uint16_t *)vb, tv, err)) ||
-        (rc = k3c_cuda_f32_to_bf16(dout, (uint16_t *)dob, tv, err)))
+    if (!dk != !dv) /* checked before anything is written */
+        return k3c_errf(err, K3C_EINVAL, "attention_bwd_cuda: dk and dv are produced together (give both or neither)");
+    if ((rc = f32_to_elem(q, qb, tq, err)) || (rc = f32_to_elem(k, kb, tq, err)) || (rc = f32_to_elem(v, vb, tv, err)) ||
+        (rc = run_d<float>(o, dout, D, s->T * s->H, (int)s->dv, err)))
         return rc;
-    if ((rc = run_d<float>(o, dout, D, s->T * s->H, (int)s->dv, err))) return rc;
+#if K3C_CU_F16
+    /* gradient scaling as in the fp16 KDA backward: dout (and so D and dS) scaled by a power of two into fp16's
+     * normal range, the gradient buffers scaled by it before the kernels add into them and unscaled after */
+    const size_t tl = (size_t)s->T * s->H;
+    float *gs = (float *)(w + 2 * al256(tq * 2) + 2 * al256(tv * 2) + al256(tl * 4));
+    if ((rc = k3c_cuda_pow2_scale(dout, tv, nullptr, 0, gs, err)) ||
+        (rc = k3c_cuda_f32_to_f16_scaled(dout, (uint16_t *)dob, tv, gs, err)) || (rc = k3c_cuda_scale(D, tl, gs, err)) ||
+        (rc = k3c_cuda_scale(dq, tq, gs, err)) || (rc = k3c_cuda_scale(dk, tq, gs, err)) ||
+        (rc = k3c_cuda_scale(dv, tv, gs, err)))
+        return rc;
+#else
+    if ((rc = f32_to_elem(dout, dob, tv, err))) return rc;
+#endif
     attn_args a = make_args(s, cu_seqlens);
     a.q = qb, a.k = kb, a.v = vb, a.dout = dob, a.lse_in = lse, a.D = D, a.dq = dq, a.dk = dk, a.dvo = dv;
     if (dq && (rc = launch<KIND_DQ, float, true>(a, err))) return rc;
-    if (!dk && !dv) return K3C_OK;
-    if (dk && dv) return launch<KIND_DKV, float, true>(a, err);
-    return k3c_errf(err, K3C_EINVAL, "attention_bwd_cuda: dk and dv are produced together (give both or neither)");
+    if (dk && (rc = launch<KIND_DKV, float, true>(a, err))) return rc;
+#if K3C_CU_F16
+    if ((rc = k3c_cuda_scale(dq, tq, gs + 1, err)) || (rc = k3c_cuda_scale(dk, tq, gs + 1, err)) ||
+        (rc = k3c_cuda_scale(dv, tv, gs + 1, err)))
+        return rc;
+#endif
+    return K3C_OK;
 }

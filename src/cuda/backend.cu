@@ -142,10 +142,9 @@ extern "C" int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int tf32, 
     t.short_conv_bwd = k3c_short_conv_bwd_cuda;
     t.kda_gate_fwd = k3c_kda_gate_fwd_cuda, t.kda_gate_bwd = k3c_kda_gate_bwd_cuda;
     t.kda_fwd_workspace = kda_fwd_ws, t.kda_bwd_workspace = kda_bwd_ws;
-    t.kda_fwd = k3c_kda_chunk_fwd_cuda, t.kda_bwd = k3c_kda_chunk_bwd_cuda;
     t.attention_fwd_workspace = k3c_attention_fwd_workspace_cuda;
     t.attention_bwd_workspace = k3c_attention_workspace_cuda;
-    t.attention_fwd = k3c_attention_fwd_cuda, t.attention_bwd = k3c_attention_bwd_cuda;
+    k3c_cuda_backend_use_fp16(b, 0);
     t.attention_max_logit = k3c_attention_max_logit_cuda;
     t.router_fwd = router_fwd, t.router_bwd = k3c_router_bwd_cuda;
     t.moe_saved_bytes = k3c_moe_saved_bytes_cuda, t.moe_workspace = k3c_moe_workspace_cuda;
@@ -154,6 +153,15 @@ extern "C" int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int tf32, 
     t.attnres_saved_elems = k3c_attnres_saved_elems_f32, t.attnres_workspace = k3c_attnres_workspace_cuda;
     t.attnres_fwd = k3c_attnres_fwd_cuda, t.attnres_bwd = k3c_attnres_bwd_cuda;
     return K3C_OK;
+}
+
+extern "C" void k3c_cuda_backend_use_fp16(k3c_cuda_backend *b, int on) {
+    k3c_backend_f32 &t = b->table;
+    b->fp16 = on;
+    t.kda_fwd = on ? k3c_kda_chunk_fwd_f16_cuda : k3c_kda_chunk_fwd_cuda;
+    t.kda_bwd = on ? k3c_kda_chunk_bwd_f16_cuda : k3c_kda_chunk_bwd_cuda;
+    t.attention_fwd = on ? k3c_attention_fwd_f16_cuda : k3c_attention_fwd_cuda;
+    t.attention_bwd = on ? k3c_attention_bwd_f16_cuda : k3c_attention_bwd_cuda;
 }
 
 extern "C" void k3c_cuda_backend_destroy(k3c_cuda_backend *b) {

@@ -47,6 +47,14 @@ int k3c_cuda_sync(k3c_err *err);                                            /* t
 /* Device-side conversions (stream-ordered). bf16 is stored as uint16_t bit patterns; rounding is to nearest even. */
 int k3c_cuda_f32_to_bf16(const float *x, uint16_t *y, size_t n, k3c_err *err);
 int k3c_cuda_bf16_to_f32(const uint16_t *x, float *y, size_t n, k3c_err *err);
+/* fp16 bits; values beyond ±65504 become ±inf (the fp16 kernels' documented range). */
+int k3c_cuda_f32_to_f16(const float *x, uint16_t *y, size_t n, k3c_err *err);
+/* Gradient scaling for the fp16 kernels (fp16 has 5 exponent bits: gradients of ~1e-6 would be subnormal there).
+ * s (3 device floats): s[0] = 2^-e, s[1] = 2^e with max(|x|, |y|) ∈ [2^(e-1), 2^e) (1 and 1 when every value is 0;
+ * non-finite values are ignored), s[2] scratch. k3c_cuda_scale: x *= *s (exact for powers of two). */
+int k3c_cuda_pow2_scale(const float *x, size_t n, const float *y, size_t ny, float *s, k3c_err *err);
+int k3c_cuda_scale(float *x, size_t n, const float *s, k3c_err *err);
+int k3c_cuda_f32_to_f16_scaled(const float *x, uint16_t *y, size_t n, const float *s, k3c_err *err);
 /* A plain device-to-device copy with 16-byte accesses (the bandwidth ceiling the benchmarks quote). */
 int k3c_cuda_copy(void *dst, const void *src, size_t bytes, k3c_err *err);
 
@@ -112,6 +120,24 @@ int k3c_attention_bwd_bf16_cuda(const k3c_attention_sizes *s, const int32_t *cu_
                                 const uint16_t *dout, uint16_t *dq, uint16_t *dk, uint16_t *dv, void *ws,
                                 k3c_err *err);
 
+/* ---------------------------------------------------------------- the fp16 variants (kda_f16.cu, attention_f16.cu)
+ * The same kernels compiled with fp16 elements instead of bf16 (q, k, v, dout and every 16-bit intermediate: the
+ * decayed operands, (I+L)⁻¹ and WY blocks, Ṽ, the chunk states, P and dS): rounding 8× finer, range ±65504 (larger
+ * values become ±inf). Same signatures and workspaces as the float twins above. The precise choice where activations
+ * are known to be bounded, and what checks a whole model against the CPU inside a tight tolerance (issue 5). */
+int k3c_kda_chunk_fwd_f16_cuda(const k3c_kda_dims *d, const int32_t *cu_seqlens, const float *q, const float *k,
+                               const float *v, const float *g, const float *beta, const float *h0, float *o, float *ht,
+                               void *ws, k3c_err *err);
+int k3c_kda_chunk_bwd_f16_cuda(const k3c_kda_dims *d, const int32_t *cu_seqlens, const float *q, const float *k,
+                               const float *v, const float *g, const float *beta, const float *h0, const float *dout,
+                               const float *dht, float *dq, float *dk, float *dv, float *dg, float *dbeta, float *dh0,
+                               void *ws, k3c_err *err);
+int k3c_attention_fwd_f16_cuda(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const float *q, const float *k,
+                               const float *v, float *o, float *lse, void *ws, k3c_err *err);
+int k3c_attention_bwd_f16_cuda(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const float *q, const float *k,
+                               const float *v, const float *o, const float *lse, const float *dout, float *dq,
+                               float *dk, float *dv, void *ws, k3c_err *err);
+
 /* ---------------------------------------------------------------- MoE (moe.cu)
  * fp32 twins of ops/moe.h and ops/glu.h (every array a device pointer). Selection and the GLU use the CPU float op's
  * formulas (its tanh included), so ids agree exactly and values within rounding. */
@@ -151,15 +177,19 @@ int k3c_moe_bwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const float *x, 
 /* ---------------------------------------------------------------- the backend table (backend.cu)
  * Every op a model step calls (ops/backend.h), on device `device`: parameters, gradients and activation arenas in
  * managed memory; GEMMs through cuBLASLt in fp32 (tf32 = 1 allows TF32 tensor cores); KDA always on the chunk-64
- * kernels (bf16 q/k/v inside), attention on the bf16 flash kernels. k3c_model_use_backend_f32(m, &b->table, err)
- * moves a model there. Requires concurrent managed access (Linux, Pascal or newer). */
+ * kernels (bf16 q/k/v inside), attention on the bf16 flash kernels, or both on their fp16 variants after
+ * k3c_cuda_backend_use_fp16(b, 1). k3c_model_use_backend_f32(m, &b->table, err) moves a model there. Requires
+ * concurrent managed access (Linux, Pascal or newer). */
 #include "ops/backend.h"
 typedef struct {
     k3c_cuda_ctx cu;
     int tf32;
+    int fp16; /* KDA and attention on the fp16 kernel variants */
     k3c_backend_f32 table;
 } k3c_cuda_backend;
 int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int tf32, k3c_err *err);
+/* Switches KDA and attention between the bf16 kernels (on = 0, the default) and their fp16 variants (on = 1). */
+void k3c_cuda_backend_use_fp16(k3c_cuda_backend *b, int on);
 void k3c_cuda_backend_destroy(k3c_cuda_backend *b);
 
 #ifdef __cplusplus

@@ -77,6 +77,11 @@ __global__ void bf16_to_f32_kernel(const bf16 *x, float *y, size_t n) {
         y[i] = __bfloat162float(x[i]);
 }
 
+__global__ void f32_to_f16_kernel(const float *x, __half *y, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __float2half_rn(x[i]);
+}
+
 static unsigned grid_for(size_t n) {
     size_t b = (n + 255) / 256;
     return (unsigned)(b < 65536 ? (b ? b : 1) : 65536);
@@ -88,10 +93,63 @@ extern "C" int k3c_cuda_f32_to_bf16(const float *x, uint16_t *y, size_t n, k3c_e
     K3C_CU_LAUNCHED("f32_to_bf16");
     return K3C_OK;
 }
+extern "C" int k3c_cuda_f32_to_f16(const float *x, uint16_t *y, size_t n, k3c_err *err) {
+    if (!n) return K3C_OK;
+    f32_to_f16_kernel<<<grid_for(n), 256, 0, K3C_STREAM>>>(x, (__half *)y, n);
+    K3C_CU_LAUNCHED("f32_to_f16");
+    return K3C_OK;
+}
 extern "C" int k3c_cuda_bf16_to_f32(const uint16_t *x, float *y, size_t n, k3c_err *err) {
     if (!n) return K3C_OK;
     bf16_to_f32_kernel<<<grid_for(n), 256, 0, K3C_STREAM>>>((const bf16 *)x, y, n);
     K3C_CU_LAUNCHED("bf16_to_f32");
+    return K3C_OK;
+}
+
+/* ---- power-of-two gradient scaling for the fp16 kernels (cuda_ops.h) */
+__global__ void absmax_kernel(const float *x, size_t n, unsigned *mx) {
+    unsigned m = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float a = fabsf(x[i]);
+        if (a <= 3.0e38f) m = max(m, __float_as_uint(a)); /* NaN and inf are left to the kernels to propagate */
+    }
+    for (int o = 16; o; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0 && m) atomicMax(mx, m);
+}
+__global__ void pow2_scale_kernel(float *s) {
+    const float m = s[2]; /* the absmax kernels' atomicMax over the bits of non-negative floats */
+    int e = 0;
+    if (m > 0.f) frexpf(m, &e); /* m = f · 2^e, f ∈ [1/2, 1) */
+    s[0] = ldexpf(1.f, -e), s[1] = ldexpf(1.f, e);
+}
+__global__ void scale_kernel(float *x, size_t n, const float *s) {
+    const float f = *s;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) x[i] *= f;
+}
+__global__ void f32_to_f16_scaled_kernel(const float *x, __half *y, size_t n, const float *s) {
+    const float f = *s;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __float2half_rn(x[i] * f);
+}
+
+extern "C" int k3c_cuda_pow2_scale(const float *x, size_t n, const float *y, size_t ny, float *s, k3c_err *err) {
+    K3C_CU(cudaMemsetAsync(s, 0, 3 * sizeof(float), K3C_STREAM));
+    if (n) absmax_kernel<<<grid_for(n), 256, 0, K3C_STREAM>>>(x, n, (unsigned *)(s + 2));
+    if (y && ny) absmax_kernel<<<grid_for(ny), 256, 0, K3C_STREAM>>>(y, ny, (unsigned *)(s + 2));
+    pow2_scale_kernel<<<1, 1, 0, K3C_STREAM>>>(s);
+    K3C_CU_LAUNCHED("pow2_scale");
+    return K3C_OK;
+}
+extern "C" int k3c_cuda_scale(float *x, size_t n, const float *s, k3c_err *err) {
+    if (!x || !n) return K3C_OK;
+    scale_kernel<<<grid_for(n), 256, 0, K3C_STREAM>>>(x, n, s);
+    K3C_CU_LAUNCHED("scale");
+    return K3C_OK;
+}
+extern "C" int k3c_cuda_f32_to_f16_scaled(const float *x, uint16_t *y, size_t n, const float *s, k3c_err *err) {
+    if (!n) return K3C_OK;
+    f32_to_f16_scaled_kernel<<<grid_for(n), 256, 0, K3C_STREAM>>>(x, (__half *)y, n, s);
+    K3C_CU_LAUNCHED("f32_to_f16_scaled");
     return K3C_OK;
 }
 

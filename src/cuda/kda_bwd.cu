@@ -4,18 +4,19 @@
 #include "cuda/kda_internal.cuh"
 
 namespace k3c_cu {
+namespace K3C_ELEM_NS {
 
 /* ---------------------------------------------------------------- reverse state pass
  * dS (gradient of the state leaving the current chunk) lives in fp32 accumulators as in the forward. Per chunk, last to
  * first: dh[c] = dS; dṼ = Aᵀ·dO + Kg·dS; dS ← Γ_C ⊙ dS + Qgᵀ·dO − Wᵀ·dṼ (§3.4 stage 2). */
 struct rstate_args {
-    const bf16 *w, *qg, *kg, *A, *dout;
-    const float *gamma, *dht;
+    const elem *w, *qg, *kg, *A, *dout;
+    const float *gamma, *dht, *dscale; /* dscale: multiplies dht (fp16 gradient scaling), NULL = 1 */
     const int32_t *cu;
     const int *coff;
     int T, H, DV;
     float *dh0;
-    bf16 *dh, *dvn;
+    elem *dh, *dvn;
 };
 
 template <int DK, int BV> struct rstate_layout {
@@ -32,7 +33,7 @@ template <int DK, int BV> __global__ void __launch_bounds__(256, 1) kda_rstate_k
     constexpr int MTT = DK / 16, MTW = (MTT + 3) / 4, NT = 2;
     static_assert(BV == 32, "reverse state pass: two 16-column halves");
     extern __shared__ __align__(16) unsigned char smem[];
-    bf16 *Sb = (bf16 *)(smem + Ly::SB), *Vn = (bf16 *)(smem + Ly::VN);
+    elem *Sb = (elem *)(smem + Ly::SB), *Vn = (elem *)(smem + Ly::VN);
     const int vb = blockIdx.x, h = blockIdx.y, n = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
     const int wq = warp & 3, cofs = 16 * (warp >> 2);
@@ -40,6 +41,7 @@ template <int DK, int BV> __global__ void __launch_bounds__(256, 1) kda_rstate_k
     const int c0 = a.coff[n], nc = a.coff[n + 1] - c0;
     const int64_t rs = a.H, vcol = (int64_t)vb * BV;
     const int64_t sbase = (((int64_t)n * a.H + h) * DK) * a.DV + vcol;
+    const float dscale = a.dscale ? *a.dscale : 1.f;
 
     float S[MTW][NT][4];
 #pragma unroll
@@ -49,18 +51,18 @@ template <int DK, int BV> __global__ void __launch_bounds__(256, 1) kda_rstate_k
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int mt = wq + 4 * i, row = 16 * mt + g8 + (e >= 2 ? 8 : 0), col = cofs + 8 * nt + 2 * t4 + (e & 1);
-                S[i][nt][e] = (a.dht && mt < MTT) ? a.dht[sbase + (int64_t)row * a.DV + col] : 0.f;
+                S[i][nt][e] = (a.dht && mt < MTT) ? a.dht[sbase + (int64_t)row * a.DV + col] * dscale : 0.f;
             }
 
     auto prefetch = [&](int cc, int stage) {
         unsigned char *st = smem + stage * Ly::STAGE;
         const int t0 = bos + cc * KDA_C, len = min(KDA_C, eos - t0);
         const int64_t r0 = (int64_t)t0 * rs + h;
-        tile_load_async((bf16 *)(st + Ly::W), LDK, a.w + r0 * DK, rs * DK, 64, DK, len, DK, tid, 256);
-        tile_load_async((bf16 *)(st + Ly::Q), LDK, a.qg + r0 * DK, rs * DK, 64, DK, len, DK, tid, 256);
-        tile_load_async((bf16 *)(st + Ly::K), LDK, a.kg + r0 * DK, rs * DK, 64, DK, len, DK, tid, 256);
-        tile_load_async((bf16 *)(st + Ly::DO), LDV, a.dout + r0 * a.DV + vcol, rs * a.DV, 64, BV, len, BV, tid, 256);
-        tile_load_async((bf16 *)(st + Ly::A), LDA, a.A + r0 * KDA_C, rs * KDA_C, 64, KDA_C, len, KDA_C, tid, 256);
+        tile_load_async((elem *)(st + Ly::W), LDK, a.w + r0 * DK, rs * DK, 64, DK, len, DK, tid, 256);
+        tile_load_async((elem *)(st + Ly::Q), LDK, a.qg + r0 * DK, rs * DK, 64, DK, len, DK, tid, 256);
+        tile_load_async((elem *)(st + Ly::K), LDK, a.kg + r0 * DK, rs * DK, 64, DK, len, DK, tid, 256);
+        tile_load_async((elem *)(st + Ly::DO), LDV, a.dout + r0 * a.DV + vcol, rs * a.DV, 64, BV, len, BV, tid, 256);
+        tile_load_async((elem *)(st + Ly::A), LDA, a.A + r0 * KDA_C, rs * KDA_C, 64, KDA_C, len, KDA_C, tid, 256);
         const float *gsrc = a.gamma + ((int64_t)(c0 + cc) * a.H + h) * DK;
         for (int i = tid; i < DK / 4; i += 256) cp_async16(st + Ly::GAM + 16 * i, gsrc + 4 * i, 16);
     };
@@ -78,8 +80,8 @@ template <int DK, int BV> __global__ void __launch_bounds__(256, 1) kda_rstate_k
             cp_async_wait<0>();
         }
         unsigned char *st = smem + (cc & 1) * Ly::STAGE;
-        const bf16 *Ws = (const bf16 *)(st + Ly::W), *Qs = (const bf16 *)(st + Ly::Q), *Ks = (const bf16 *)(st + Ly::K);
-        const bf16 *dOs = (const bf16 *)(st + Ly::DO), *As = (const bf16 *)(st + Ly::A);
+        const elem *Ws = (const elem *)(st + Ly::W), *Qs = (const elem *)(st + Ly::Q), *Ks = (const elem *)(st + Ly::K);
+        const elem *dOs = (const elem *)(st + Ly::DO), *As = (const elem *)(st + Ly::A);
         const float *gam = (const float *)(st + Ly::GAM);
         const int t0 = bos + cc * KDA_C, len = min(KDA_C, eos - t0);
 
@@ -90,13 +92,13 @@ template <int DK, int BV> __global__ void __launch_bounds__(256, 1) kda_rstate_k
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const int row = 16 * mt + g8, col = cofs + 8 * nt + 2 * t4;
-                *reinterpret_cast<uint32_t *>(Sb + row * LDV + col) = pack_bf16(S[i][nt][0], S[i][nt][1]);
-                *reinterpret_cast<uint32_t *>(Sb + (row + 8) * LDV + col) = pack_bf16(S[i][nt][2], S[i][nt][3]);
+                *reinterpret_cast<uint32_t *>(Sb + row * LDV + col) = pack_e(S[i][nt][0], S[i][nt][1]);
+                *reinterpret_cast<uint32_t *>(Sb + (row + 8) * LDV + col) = pack_e(S[i][nt][2], S[i][nt][3]);
             }
         }
         __syncthreads();
         {
-            bf16 *dst = a.dh + ((int64_t)(c0 + cc) * a.H + h) * DK * a.DV + vcol;
+            elem *dst = a.dh + ((int64_t)(c0 + cc) * a.H + h) * DK * a.DV + vcol;
             for (int e = tid; e < DK * (BV / 8); e += 256) {
                 const int r = e / (BV / 8), c8 = (e % (BV / 8)) * 8;
                 *reinterpret_cast<uint4 *>(dst + (int64_t)r * a.DV + c8) =
@@ -126,7 +128,7 @@ template <int DK, int BV> __global__ void __launch_bounds__(256, 1) kda_rstate_k
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 const int row = 16 * wq + g8 + 8 * hf, col = cofs + 8 * nt + 2 * t4;
-                const uint32_t pk = pack_bf16(dv[nt][2 * hf], dv[nt][2 * hf + 1]);
+                const uint32_t pk = pack_e(dv[nt][2 * hf], dv[nt][2 * hf + 1]);
                 *reinterpret_cast<uint32_t *>(Vn + row * LDV + col) = pk;
                 if (row < len) *reinterpret_cast<uint32_t *>(a.dvn + ((int64_t)(t0 + row) * rs + h) * a.DV + vcol + col) = pk;
             }
@@ -182,7 +184,7 @@ template <int DK, int BV> __global__ void __launch_bounds__(256, 1) kda_rstate_k
  * terms (tensor cores off the diagonal, elementwise on it), and dG reverse-cumsummed into dg (§3.4 stages 3–5).
  * Each block owns its chunk's rows of every gradient, so it adds into them without atomics. */
 struct cbwd_args {
-    const bf16 *q, *k, *v, *dout, *vnew, *dvn, *hs, *dh;
+    const elem *q, *k, *v, *dout, *vnew, *dvn, *hs, *dh;
     const float *g, *beta, *Tinv;
     const int32_t *cu;
     const int *coff;
@@ -200,12 +202,12 @@ template <int DK> struct cbwd_layout {
     /* R1: the slab tiles of phase A, then DA and DT (fp32 C×C) */
     static constexpr int SLAB = 4 * 64 * LDS * 2 + 2 * DK * LDS * 2, CC = 2 * 64 * LDL * 4;
     static constexpr int R2 = R1 + (SLAB > CC ? SLAB : CC);
-    /* R2: dW and X in bf16 (C×dk each), then M1 = Tᵀ·dT (fp32 C×C) */
+    /* R2: dW and X in elem (C×dk each), then M1 = Tᵀ·dT (fp32 C×C) */
     static constexpr int R2B = 2 * 64 * LDK * 2 > 64 * LDL * 4 ? 2 * 64 * LDK * 2 : 64 * LDL * 4;
     static constexpr int BYTES = R2 + R2B;
 };
 
-__device__ __forceinline__ float bf(const bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float bf(const elem x) { return from_e(x); }
 __device__ __forceinline__ void add2(float *p, float x, float y) {
     float2 v = *reinterpret_cast<float2 *>(p);
     v.x += x, v.y += y;
@@ -218,13 +220,13 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
     constexpr int NTK = DK / 8, P = 256 / DK;
     extern __shared__ __align__(16) unsigned char smem[];
     float *Gs = (float *)(smem + Ly::G), *dGs = (float *)(smem + Ly::DG), *Tf = (float *)(smem + Ly::TF);
-    bf16 *Qs = (bf16 *)(smem + Ly::Q), *Ks = (bf16 *)(smem + Ly::K), *Tb = (bf16 *)(smem + Ly::TB);
+    elem *Qs = (elem *)(smem + Ly::Q), *Ks = (elem *)(smem + Ly::K), *Tb = (elem *)(smem + Ly::TB);
     float *bs = (float *)(smem + Ly::BS), *dbs = (float *)(smem + Ly::DBS), *csum = (float *)(smem + Ly::CSUM),
           *hdh = (float *)(smem + Ly::HDH);
-    bf16 *dOs = (bf16 *)(smem + Ly::R1), *Vts = dOs + 64 * LDS, *dVts = Vts + 64 * LDS, *Ys = dVts + 64 * LDS;
-    bf16 *hsS = Ys + 64 * LDS, *dhS = hsS + DK * LDS;
+    elem *dOs = (elem *)(smem + Ly::R1), *Vts = dOs + 64 * LDS, *dVts = Vts + 64 * LDS, *Ys = dVts + 64 * LDS;
+    elem *hsS = Ys + 64 * LDS, *dhS = hsS + DK * LDS;
     float *DA = (float *)(smem + Ly::R1), *DT = DA + 64 * LDL;
-    bf16 *dWb = (bf16 *)(smem + Ly::R2), *Xb = dWb + 64 * LDK;
+    elem *dWb = (elem *)(smem + Ly::R2), *Xb = dWb + 64 * LDK;
     float *M1 = (float *)(smem + Ly::R2);
 
     const int c = blockIdx.x, h = blockIdx.y;
@@ -249,7 +251,7 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
         const int r = e >> 6, cc = e & 63;
         const float t = r < L.len ? a.Tinv[(row0 + r * rs) * KDA_C + cc] : 0.f;
         Tf[r * LDL + cc] = t;
-        Tb[r * LDT + cc] = __float2bfloat16_rn(t);
+        Tb[r * LDT + cc] = to_e(t);
     }
     if (tid < 64) bs[tid] = tid < L.len ? a.beta[row0 + tid * rs] : 0.f, dbs[tid] = 0.f;
     for (int i = tid; i < DK; i += 256) csum[i] = 0.f, hdh[i] = 0.f;
@@ -285,8 +287,8 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
                 uint32_t *vw = reinterpret_cast<uint32_t *>(&vv);
 #pragma unroll
                 for (int p = 0; p < 4; p++) {
-                    float2 f = unpack_bf16(vw[p]);
-                    vw[p] = pack_bf16(bs[r] * f.x, bs[r] * f.y);
+                    float2 f = unpack_e(vw[p]);
+                    vw[p] = pack_e(bs[r] * f.x, bs[r] * f.y);
                 }
             }
             *reinterpret_cast<uint4 *>(Ys + r * LDS + c8) = vv;
@@ -356,7 +358,7 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
                     if (row >= L.len) continue;
                     const int64_t off = (row0 + row * rs) * a.DV + col;
                     const float y0 = dy[nt][2 * hf], y1 = dy[nt][2 * hf + 1];
-                    const float2 vv = unpack_bf16(*reinterpret_cast<const uint32_t *>(a.v + off));
+                    const float2 vv = unpack_e(*reinterpret_cast<const uint32_t *>(a.v + off));
                     float2 cur = *reinterpret_cast<float2 *>(a.dv + off);
                     cur.x += bs[row] * y0, cur.y += bs[row] * y1;
                     *reinterpret_cast<float2 *>(a.dv + off) = cur;
@@ -367,12 +369,12 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
     __syncthreads(); /* R1 slab tiles dead */
     atomicAdd(&hdh[tid % DK], hdh_part);
 
-    /* ---- phase B: X = β⊙K⊙Γ and dW in bf16 (for the tensor cores), dA parked in fp32; the state terms of dq, dk, dG */
+    /* ---- phase B: X = β⊙K⊙Γ and dW in elem (for the tensor cores), dA parked in fp32; the state terms of dq, dk, dG */
     for (int e = tid; e < 64 * (DK / 2); e += 256) {
         const int r = e / (DK / 2), c2 = (e % (DK / 2)) * 2;
-        const float2 kf = unpack_bf16(*reinterpret_cast<const uint32_t *>(Ks + r * LDK + c2));
+        const float2 kf = unpack_e(*reinterpret_cast<const uint32_t *>(Ks + r * LDK + c2));
         *reinterpret_cast<uint32_t *>(Xb + r * LDK + c2) =
-            pack_bf16(bs[r] * kf.x * ex2(Gs[r * LDG + c2]), bs[r] * kf.y * ex2(Gs[r * LDG + c2 + 1]));
+            pack_e(bs[r] * kf.x * ex2(Gs[r * LDG + c2]), bs[r] * kf.y * ex2(Gs[r * LDG + c2 + 1]));
     }
     if (wa) {
 #pragma unroll
@@ -387,7 +389,7 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 const int row = r0w + g8 + 8 * hf, col = nt * 8 + 2 * t4;
-                *reinterpret_cast<uint32_t *>(dWb + row * LDK + col) = pack_bf16(-acc3[nt][2 * hf], -acc3[nt][2 * hf + 1]);
+                *reinterpret_cast<uint32_t *>(dWb + row * LDK + col) = pack_e(-acc3[nt][2 * hf], -acc3[nt][2 * hf + 1]);
             }
     } else {
 #pragma unroll
@@ -550,9 +552,9 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
                 for (int nt = 0; nt < NTK; nt++) {
                     const int d = nt * 8 + g8;
                     const float gr = gref[d];
-                    const uint32_t b0 = pack_bf16(bf(Ks[j * LDK + d]) * ex2(gr - Gs[j * LDG + d]),
+                    const uint32_t b0 = pack_e(bf(Ks[j * LDK + d]) * ex2(gr - Gs[j * LDG + d]),
                                                   bf(Ks[(j + 1) * LDK + d]) * ex2(gr - Gs[(j + 1) * LDG + d]));
-                    const uint32_t b1 = pack_bf16(bf(Ks[(j + 8) * LDK + d]) * ex2(gr - Gs[(j + 8) * LDG + d]),
+                    const uint32_t b1 = pack_e(bf(Ks[(j + 8) * LDK + d]) * ex2(gr - Gs[(j + 8) * LDG + d]),
                                                   bf(Ks[(j + 9) * LDK + d]) * ex2(gr - Gs[(j + 9) * LDG + d]));
                     mma16816(acc3[nt], fa, b0, b1);
                     mma16816(acc5[nt], fl, b0, b1);
@@ -596,10 +598,10 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
                 const float gr = gref[d];
                 const float e0 = ex2(Gs[i * LDG + d] - gr), e1 = ex2(Gs[(i + 1) * LDG + d] - gr);
                 const float e8 = ex2(Gs[(i + 8) * LDG + d] - gr), e9 = ex2(Gs[(i + 9) * LDG + d] - gr);
-                const uint32_t q0 = pack_bf16(a.scale * bf(Qs[i * LDK + d]) * e0, a.scale * bf(Qs[(i + 1) * LDK + d]) * e1);
-                const uint32_t q1 = pack_bf16(a.scale * bf(Qs[(i + 8) * LDK + d]) * e8, a.scale * bf(Qs[(i + 9) * LDK + d]) * e9);
-                const uint32_t k0 = pack_bf16(bs[i] * bf(Ks[i * LDK + d]) * e0, bs[i + 1] * bf(Ks[(i + 1) * LDK + d]) * e1);
-                const uint32_t k1 = pack_bf16(bs[i + 8] * bf(Ks[(i + 8) * LDK + d]) * e8,
+                const uint32_t q0 = pack_e(a.scale * bf(Qs[i * LDK + d]) * e0, a.scale * bf(Qs[(i + 1) * LDK + d]) * e1);
+                const uint32_t q1 = pack_e(a.scale * bf(Qs[(i + 8) * LDK + d]) * e8, a.scale * bf(Qs[(i + 9) * LDK + d]) * e9);
+                const uint32_t k0 = pack_e(bs[i] * bf(Ks[i * LDK + d]) * e0, bs[i + 1] * bf(Ks[(i + 1) * LDK + d]) * e1);
+                const uint32_t k1 = pack_e(bs[i + 8] * bf(Ks[(i + 8) * LDK + d]) * e8,
                                               bs[i + 9] * bf(Ks[(i + 9) * LDK + d]) * e9);
                 mma16816(t[nt], fa, q0, q1);
                 mma16816(t[nt], fl, k0, k1);
@@ -628,7 +630,7 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
     /* diagonal tiles elementwise, thread → (channel d, block); row sums in registers, column sums in a 16-entry
      * register array. Not on tensor cores even with the bound: dg is a reverse cumsum in which each pair adds +X_ij to
      * row i and −X_ij to row j; the i = j terms must cancel exactly, which needs the same fp32 product on both sides
-     * (bf16 operands factored around a reference round the two sides differently; measured dg error 0.9 when g ≈ −5). */
+     * (elem operands factored around a reference round the two sides differently; measured dg error 0.9 when g ≈ −5). */
     for (int combo = tid; combo < 4 * DK; combo += 256) {
         const int d = combo % DK, j0 = 16 * (combo / DK);
         float colk[16];
@@ -691,13 +693,13 @@ template <int DK> static int launch_bwd_kernels(const kda_plan *p, const cbwd_ar
     return K3C_OK;
 }
 
-static int kda_bwd_run(const kda_plan *p, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
-                       const float *beta, const float *h0, const bf16 *dout, const float *dht, float *dq, float *dk,
+static int kda_bwd_run(const kda_plan *p, const elem *q, const elem *k, const elem *v, const float *g,
+                       const float *beta, const float *h0, const elem *dout, const float *dht, float *dq, float *dk,
                        float *dv, float *dg, float *dbeta, float *dh0, k3c_err *err) {
     int rc = kda_run_intra(p, q, k, v, g, beta, 1, err);
     if (rc || (rc = kda_run_state(p, h0, nullptr, 0, nullptr, 1, err))) return rc;
     if (p->T == 0 && !dh0) return K3C_OK;
-    rstate_args ra = {p->w, p->qg, p->kg, p->A, dout, p->gamma, dht, p->cu, p->coff, p->T, p->H, p->DV,
+    rstate_args ra = {p->w, p->qg, p->kg, p->A, dout, p->gamma, dht, p->gscale, p->cu, p->coff, p->T, p->H, p->DV,
                       dh0, p->dh, p->dvn};
     cbwd_args ca = {q, k, v, dout, p->vnew, p->dvn, p->hs, p->dh, g, beta, p->Tinv, p->cu, p->coff,
                     p->T, p->H, p->N, p->DV, p->scale, dq, dk, dv, dg, dbeta};
@@ -709,11 +711,15 @@ static int kda_bwd_run(const kda_plan *p, const bf16 *q, const bf16 *k, const bf
     return k3c_errf(err, K3C_EUNSUPPORTED, "kda bwd: dk %d", p->DK);
 }
 
+} // namespace K3C_ELEM_NS
 } // namespace k3c_cu
 
 using namespace k3c_cu;
+using namespace k3c_cu::K3C_ELEM_NS;
 
+#if !K3C_CU_F16 /* one layout for both element types */
 extern "C" size_t k3c_kda_chunk_bwd_workspace_cuda(const k3c_kda_dims *d) { return kda_plan_layout(d, NULL, 1, 1, NULL); }
+#endif
 
 /* Every gradient must be given (the kernels add into all of them); dh0 only when h0 matters to the caller. */
 static int check_grads(const float *dq, const float *dk, const float *dv, const float *dg, const float *dbeta,
@@ -723,7 +729,7 @@ static int check_grads(const float *dq, const float *dk, const float *dv, const 
     return K3C_OK;
 }
 
-extern "C" int k3c_kda_chunk_bwd_cuda(const k3c_kda_dims *d, const int32_t *cu_seqlens, const float *q, const float *k,
+extern "C" int K3C_KENTRY(k3c_kda_chunk_bwd)(const k3c_kda_dims *d, const int32_t *cu_seqlens, const float *q, const float *k,
                                       const float *v, const float *g, const float *beta, const float *h0,
                                       const float *dout, const float *dht, float *dq, float *dk, float *dv, float *dg,
                                       float *dbeta, float *dh0, void *ws, k3c_err *err) {
@@ -735,10 +741,34 @@ extern "C" int k3c_kda_chunk_bwd_cuda(const k3c_kda_dims *d, const int32_t *cu_s
     p.cu = cu_seqlens;
     if (!cu_seqlens) p.N = 1;
     if ((rc = kda_convert_inputs(&p, q, k, v, err))) return rc;
-    if ((rc = k3c_cuda_f32_to_bf16(dout, (uint16_t *)p.dob, (size_t)p.T * p.H * p.DV, err))) return rc;
+    const size_t tv = (size_t)p.T * p.H * p.DV;
+#if K3C_CU_F16
+    const size_t tk = (size_t)p.T * p.H * p.DK, ns = (size_t)p.N * p.H * p.DK * p.DV;
+    /* fp16 has 5 exponent bits and gradients are often ~1e-6: dout and dht are scaled by the power of two that brings
+     * their largest magnitude into [1/2, 1), and every gradient buffer is multiplied by it before the kernels add into
+     * it and by its inverse after (both exact in fp32), so only the fp16 rounding of the incoming gradient changes. */
+    float *gi = p.gscale + 1;
+    if ((rc = k3c_cuda_pow2_scale(dout, tv, dht, dht ? ns : 0, p.gscale, err)) ||
+        (rc = k3c_cuda_f32_to_f16_scaled(dout, (uint16_t *)p.dob, tv, p.gscale, err)))
+        return rc;
+    for (int pass = 0; pass < 2; pass++) {
+        const float *f = pass ? gi : p.gscale;
+        if ((rc = k3c_cuda_scale(dq, tk, f, err)) || (rc = k3c_cuda_scale(dk, tk, f, err)) ||
+            (rc = k3c_cuda_scale(dv, tv, f, err)) || (rc = k3c_cuda_scale(dg, tk, f, err)) ||
+            (rc = k3c_cuda_scale(dbeta, (size_t)p.T * p.H, f, err)) || (rc = k3c_cuda_scale(dh0, ns, f, err)))
+            return rc;
+        if (!pass && (rc = kda_bwd_run(&p, p.qb, p.kb, p.vb, g, beta, h0, p.dob, dht, dq, dk, dv, dg, dbeta, dh0, err)))
+            return rc;
+    }
+    return K3C_OK;
+#else
+    p.gscale = nullptr;
+    if ((rc = f32_to_elem(dout, p.dob, tv, err))) return rc;
     return kda_bwd_run(&p, p.qb, p.kb, p.vb, g, beta, h0, p.dob, dht, dq, dk, dv, dg, dbeta, dh0, err);
+#endif
 }
 
+#if !K3C_CU_F16
 extern "C" int k3c_kda_chunk_bwd_bf16_cuda(const k3c_kda_dims *d, const int32_t *cu_seqlens, const uint16_t *q,
                                            const uint16_t *k, const uint16_t *v, const float *g, const float *beta,
                                            const float *h0, const uint16_t *dout, const float *dht, float *dq,
@@ -748,8 +778,10 @@ extern "C" int k3c_kda_chunk_bwd_bf16_cuda(const k3c_kda_dims *d, const int32_t 
     if (rc || (rc = check_grads(dq, dk, dv, dg, dbeta, "kda_chunk_bwd_bf16_cuda", err))) return rc;
     kda_plan p;
     kda_plan_layout(d, ws, 1, 1, &p);
+    p.gscale = nullptr;
     p.cu = cu_seqlens;
     if (!cu_seqlens) p.N = 1;
-    return kda_bwd_run(&p, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, g, beta, h0, (const bf16 *)dout, dht, dq,
+    return kda_bwd_run(&p, (const elem *)q, (const elem *)k, (const elem *)v, g, beta, h0, (const elem *)dout, dht, dq,
                        dk, dv, dg, dbeta, dh0, err);
 }
+#endif

@@ -4,6 +4,7 @@
 #include "cuda/kda_internal.cuh"
 
 namespace k3c_cu {
+namespace K3C_ELEM_NS {
 
 /* ---------------------------------------------------------------- plan */
 static size_t align_up(size_t x) { return (x + 255) & ~(size_t)255; }
@@ -14,7 +15,9 @@ size_t kda_plan_layout(const k3c_kda_dims *d, void *ws, int want_inputs, int wan
     q.N = d->n_docs > 0 ? d->n_docs : 1;
     q.NCmax = (q.T + KDA_C - 1) / KDA_C + q.N;
     q.scale = (float)(d->scale != 0 ? d->scale : 1.0 / sqrt((double)d->dk));
-    q.bounded = d->gate_lower_bound < 0;
+    /* The bounded path's diagonal tiles factor e^{±(G − G_mid)} up to e^{40} (§3.3): within bf16's range, far beyond
+     * fp16's 65504, so the fp16 variant computes those tiles elementwise. */
+    q.bounded = !K3C_CU_F16 && d->gate_lower_bound < 0;
     const size_t tk = (size_t)q.T * q.H * q.DK, tv = (size_t)q.T * q.H * q.DV, ta = (size_t)q.T * q.H * KDA_C;
     size_t off = 0;
     unsigned char *base = (unsigned char *)ws;
@@ -25,23 +28,24 @@ size_t kda_plan_layout(const k3c_kda_dims *d, void *ws, int want_inputs, int wan
     } while (0)
     K3C_TAKE(q.coff, int, q.N + 1);
     if (want_inputs) {
-        K3C_TAKE(q.qb, bf16, tk);
-        K3C_TAKE(q.kb, bf16, tk);
-        K3C_TAKE(q.vb, bf16, tv);
+        K3C_TAKE(q.qb, elem, tk);
+        K3C_TAKE(q.kb, elem, tk);
+        K3C_TAKE(q.vb, elem, tv);
     }
-    K3C_TAKE(q.w, bf16, tk);
-    K3C_TAKE(q.u, bf16, tv);
-    K3C_TAKE(q.qg, bf16, tk);
-    K3C_TAKE(q.kg, bf16, tk);
-    K3C_TAKE(q.A, bf16, ta);
+    K3C_TAKE(q.w, elem, tk);
+    K3C_TAKE(q.u, elem, tv);
+    K3C_TAKE(q.qg, elem, tk);
+    K3C_TAKE(q.kg, elem, tk);
+    K3C_TAKE(q.A, elem, ta);
     K3C_TAKE(q.gamma, float, (size_t)q.NCmax * q.H * q.DK);
     if (want_bwd) {
         K3C_TAKE(q.Tinv, float, ta);
-        K3C_TAKE(q.vnew, bf16, tv);
-        K3C_TAKE(q.hs, bf16, (size_t)q.NCmax * q.H * q.DK * q.DV);
-        K3C_TAKE(q.dh, bf16, (size_t)q.NCmax * q.H * q.DK * q.DV);
-        K3C_TAKE(q.dvn, bf16, tv);
-        if (want_inputs) K3C_TAKE(q.dob, bf16, tv);
+        K3C_TAKE(q.vnew, elem, tv);
+        K3C_TAKE(q.hs, elem, (size_t)q.NCmax * q.H * q.DK * q.DV);
+        K3C_TAKE(q.dh, elem, (size_t)q.NCmax * q.H * q.DK * q.DV);
+        K3C_TAKE(q.dvn, elem, tv);
+        if (want_inputs) K3C_TAKE(q.dob, elem, tv);
+        K3C_TAKE(q.gscale, float, 4);
     }
 #undef K3C_TAKE
     if (p) *p = q;
@@ -79,17 +83,17 @@ __global__ void kda_coff_kernel(const int32_t *cu, int n_docs, int T, int *coff)
  * One block of 128 threads per (chunk, head). Warp w owns rows 16w .. 16w+15 of every 64-row matrix. G is the
  * chunk-local cumulative sum of g in log2 units (exp2 throughout). */
 struct intra_args {
-    const bf16 *q, *k, *v;
+    const elem *q, *k, *v;
     const float *g, *beta;
     const int32_t *cu;
     const int *coff;
     int T, H, N, DV;
     float scale;
-    bf16 *w, *u, *qg, *kg, *A;
+    elem *w, *u, *qg, *kg, *A;
     float *Tinv, *gamma;
 };
 
-/* Shared memory of the intra kernel. B1: q, then T = (I+L)⁻¹ (fp32). B2: L (fp32), then β⊙K⊙Γ (bf16). KS: k, then
+/* Shared memory of the intra kernel. B1: q, then T = (I+L)⁻¹ (fp32). B2: L (fp32), then β⊙K⊙Γ (elem). KS: k, then
  * β⊙V in 32-column slabs. Every region is live only between the barriers that separate the phases below. */
 template <int DK> struct intra_layout {
     static constexpr int LDK = DK + 8, LDG = DK + 8, LDL = 65, LDX = 40;
@@ -98,12 +102,12 @@ template <int DK> struct intra_layout {
     static constexpr int RT = BS + 64 * 4, BYTES = RT + 3 * 256 * 4; /* RT: off-diagonal products of the inverse */
 };
 
-/* x[row][c..c+1] ⊙ 2^(sign·(G[row] − Gref)) packed to bf16: one operand of a factored decay (§3.3). */
-__device__ __forceinline__ uint32_t decayed(const bf16 *x, int ldx, const float *G, int ldg, const float *gref,
+/* x[row][c..c+1] ⊙ 2^(sign·(G[row] − Gref)) packed to elem: one operand of a factored decay (§3.3). */
+__device__ __forceinline__ uint32_t decayed(const elem *x, int ldx, const float *G, int ldg, const float *gref,
                                             int row, int c, float sign) {
-    float2 v = unpack_bf16(*reinterpret_cast<const uint32_t *>(x + row * ldx + c));
+    float2 v = unpack_e(*reinterpret_cast<const uint32_t *>(x + row * ldx + c));
     float2 gg = *reinterpret_cast<const float2 *>(G + row * ldg + c);
-    return pack_bf16(v.x * ex2(sign * (gg.x - gref[c])), v.y * ex2(sign * (gg.y - gref[c + 1])));
+    return pack_e(v.x * ex2(sign * (gg.x - gref[c])), v.y * ex2(sign * (gg.y - gref[c + 1])));
 }
 
 template <int DK, bool BOUNDED> __global__ void __launch_bounds__(128) kda_intra_kernel(intra_args a) {
@@ -111,12 +115,12 @@ template <int DK, bool BOUNDED> __global__ void __launch_bounds__(128) kda_intra
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int LDK = Ly::LDK, LDG = Ly::LDG, LDL = Ly::LDL, LDX = Ly::LDX;
     float *Gs = (float *)(smem + Ly::G);
-    bf16 *Qs = (bf16 *)(smem + Ly::B1);
+    elem *Qs = (elem *)(smem + Ly::B1);
     float *Ts = (float *)(smem + Ly::B1);
     float *Ls = (float *)(smem + Ly::B2);
-    bf16 *Xk = (bf16 *)(smem + Ly::B2);
-    bf16 *Ks = (bf16 *)(smem + Ly::KS);
-    bf16 *Xv = (bf16 *)(smem + Ly::KS);
+    elem *Xk = (elem *)(smem + Ly::B2);
+    elem *Ks = (elem *)(smem + Ly::KS);
+    elem *Xv = (elem *)(smem + Ly::KS);
     float *bs = (float *)(smem + Ly::BS), *Rs = (float *)(smem + Ly::RT);
 
     const int c = blockIdx.x, h = blockIdx.y;
@@ -126,7 +130,7 @@ template <int DK, bool BOUNDED> __global__ void __launch_bounds__(128) kda_intra
     const int64_t row0 = (int64_t)L.t0 * a.H + h; /* (token, head) row of the chunk's first token */
     const int64_t rs = a.H;                       /* (token, head) rows per token */
 
-    /* ---- loads: q, k (bf16, async, zero-filled past the chunk), g (fp32), β */
+    /* ---- loads: q, k (elem, async, zero-filled past the chunk), g (fp32), β */
     tile_load_async(Qs, LDK, a.q + row0 * DK, rs * DK, 64, DK, L.len, DK, tid, 128);
     tile_load_async(Ks, LDK, a.k + row0 * DK, rs * DK, 64, DK, L.len, DK, tid, 128);
     cp_async_commit();
@@ -161,9 +165,9 @@ template <int DK, bool BOUNDED> __global__ void __launch_bounds__(128) kda_intra
         const float *gr = Gs + r * LDG + c8, *gl = Gs + 63 * LDG + c8;
 #pragma unroll
         for (int p = 0; p < 4; p++) {
-            float2 qf = unpack_bf16(qw[p]), kf = unpack_bf16(kw[p]);
-            qow[p] = pack_bf16(a.scale * qf.x * ex2(gr[2 * p]), a.scale * qf.y * ex2(gr[2 * p + 1]));
-            kow[p] = pack_bf16(kf.x * ex2(gl[2 * p] - gr[2 * p]), kf.y * ex2(gl[2 * p + 1] - gr[2 * p + 1]));
+            float2 qf = unpack_e(qw[p]), kf = unpack_e(kw[p]);
+            qow[p] = pack_e(a.scale * qf.x * ex2(gr[2 * p]), a.scale * qf.y * ex2(gr[2 * p + 1]));
+            kow[p] = pack_e(kf.x * ex2(gl[2 * p] - gr[2 * p]), kf.y * ex2(gl[2 * p + 1] - gr[2 * p + 1]));
         }
         const int64_t off = (row0 + r * rs) * DK + c8;
         *reinterpret_cast<uint4 *>(a.qg + off) = qo;
@@ -171,13 +175,13 @@ template <int DK, bool BOUNDED> __global__ void __launch_bounds__(128) kda_intra
     }
     for (int col = tid; col < DK; col += 128) a.gamma[((int64_t)c * a.H + h) * DK + col] = ex2(Gs[63 * LDG + col]);
 
-    /* ---- A (to global, bf16) and L (Ls, fp32) on 16×16 tiles. Off-diagonal tiles (b < a) take the first row of block
+    /* ---- A (to global, elem) and L (Ls, fp32) on 16×16 tiles. Off-diagonal tiles (b < a) take the first row of block
      * a as reference, so both factors are ≤ 1 for any gate; warp a (≥ 1) does them all, its left operand built once
      * per k-step. Diagonal tiles: with the bound, the midpoint reference (every exponent within 8 steps of it); without,
      * elementwise. Diagonal owners balance the work: warp 0 takes tiles 0 and 3, warps 1 and 2 their own. */
     const int rb = warp, g8 = lane >> 2, t4 = lane & 3;
     const int ri0 = rb * 16 + g8, ri1 = ri0 + 8; /* this lane's rows in the w and u products below */
-    bf16 *Ag = a.A + row0 * KDA_C;
+    elem *Ag = a.A + row0 * KDA_C;
     /* accq/acck [pair][n-tile] → A (scaled, masked on the diagonal) and L (β_i-scaled, strictly lower) */
     auto store_tile = [&](int ta, int tb, const float (*accq)[4], const float (*acck)[4]) {
 #pragma unroll
@@ -194,7 +198,7 @@ template <int DK, bool BOUNDED> __global__ void __launch_bounds__(128) kda_intra
                     if (col + 1 >= row) l1 = 0.f;
                 }
                 Ls[row * LDL + col] = l0, Ls[row * LDL + col + 1] = l1;
-                if (row < L.len) *reinterpret_cast<uint32_t *>(Ag + row * rs * KDA_C + col) = pack_bf16(a0, a1);
+                if (row < L.len) *reinterpret_cast<uint32_t *>(Ag + row * rs * KDA_C + col) = pack_e(a0, a1);
             }
     };
     if (rb >= 1) {
@@ -265,16 +269,16 @@ template <int DK, bool BOUNDED> __global__ void __launch_bounds__(128) kda_intra
                     for (int d = 0; d < DK; d += 2) {
                         const float2 gi = *reinterpret_cast<const float2 *>(Gs + i * LDG + d);
                         const float2 gj = *reinterpret_cast<const float2 *>(Gs + j * LDG + d);
-                        const float2 qi = unpack_bf16(*reinterpret_cast<const uint32_t *>(Qs + i * LDK + d));
-                        const float2 ki = unpack_bf16(*reinterpret_cast<const uint32_t *>(Ks + i * LDK + d));
-                        const float2 kj = unpack_bf16(*reinterpret_cast<const uint32_t *>(Ks + j * LDK + d));
+                        const float2 qi = unpack_e(*reinterpret_cast<const uint32_t *>(Qs + i * LDK + d));
+                        const float2 ki = unpack_e(*reinterpret_cast<const uint32_t *>(Ks + i * LDK + d));
+                        const float2 kj = unpack_e(*reinterpret_cast<const uint32_t *>(Ks + j * LDK + d));
                         const float e0 = ex2(gi.x - gj.x), e1 = ex2(gi.y - gj.y);
                         va += qi.x * kj.x * e0 + qi.y * kj.y * e1;
                         vl += ki.x * kj.x * e0 + ki.y * kj.y * e1;
                     }
                 }
                 Ls[i * LDL + j] = j < i ? vl * bs[i] : 0.f;
-                if (i < L.len) Ag[i * rs * KDA_C + j] = __float2bfloat16_rn(j <= i ? va * a.scale : 0.f);
+                if (i < L.len) Ag[i * rs * KDA_C + j] = to_e(j <= i ? va * a.scale : 0.f);
             }
         }
     }
@@ -332,8 +336,8 @@ template <int DK, bool BOUNDED> __global__ void __launch_bounds__(128) kda_intra
         const float *gr = Gs + r * LDG + c8;
 #pragma unroll
         for (int p = 0; p < 4; p++) {
-            float2 kf = unpack_bf16(kw[p]);
-            xw[p] = pack_bf16(bs[r] * kf.x * ex2(gr[2 * p]), bs[r] * kf.y * ex2(gr[2 * p + 1]));
+            float2 kf = unpack_e(kw[p]);
+            xw[p] = pack_e(bs[r] * kf.x * ex2(gr[2 * p]), bs[r] * kf.y * ex2(gr[2 * p + 1]));
         }
         *reinterpret_cast<uint4 *>(Xk + r * LDK + c8) = xo;
     }
@@ -358,7 +362,7 @@ template <int DK, bool BOUNDED> __global__ void __launch_bounds__(128) kda_intra
                 const int row = hf ? ri1 : ri0;
                 if (row < L.len)
                     *reinterpret_cast<uint32_t *>(a.w + (row0 + row * rs) * DK + nt * 8 + 2 * t4) =
-                        pack_bf16(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+                        pack_e(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
             }
     }
 
@@ -373,8 +377,8 @@ template <int DK, bool BOUNDED> __global__ void __launch_bounds__(128) kda_intra
                 uint32_t *vw = reinterpret_cast<uint32_t *>(&vv);
 #pragma unroll
                 for (int p = 0; p < 4; p++) {
-                    float2 f = unpack_bf16(vw[p]);
-                    vw[p] = pack_bf16(bs[r] * f.x, bs[r] * f.y);
+                    float2 f = unpack_e(vw[p]);
+                    vw[p] = pack_e(bs[r] * f.x, bs[r] * f.y);
                 }
             }
             *reinterpret_cast<uint4 *>(Xv + r * LDX + c8) = vv;
@@ -399,7 +403,7 @@ template <int DK, bool BOUNDED> __global__ void __launch_bounds__(128) kda_intra
                 const int row = hf ? ri1 : ri0;
                 if (row < L.len)
                     *reinterpret_cast<uint32_t *>(a.u + (row0 + row * rs) * a.DV + v0 + nt * 8 + 2 * t4) =
-                        pack_bf16(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+                        pack_e(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
             }
     }
 }
@@ -410,14 +414,14 @@ template <int DK, bool BOUNDED> __global__ void __launch_bounds__(128) kda_intra
  * owns the 16-row m-tiles w mod 4, +4, .. of one 16-column half (w div 4).
  * Per chunk: Ṽ = U − W·S, O = Qg·S + A·Ṽ, S = Γ_C ⊙ S + Kgᵀ·Ṽ. */
 struct state_args {
-    const bf16 *w, *u, *qg, *kg, *A;
+    const elem *w, *u, *qg, *kg, *A;
     const float *gamma, *h0;
     const int32_t *cu;
     const int *coff;
     int T, H, DV;
     void *o;
     float *ht;
-    bf16 *hs, *vnew;
+    elem *hs, *vnew;
 };
 
 template <int DK, int BV> struct state_layout {
@@ -431,8 +435,8 @@ template <typename OutT> __device__ __forceinline__ void store2(OutT *p, float x
 template <> __device__ __forceinline__ void store2<float>(float *p, float x, float y) {
     *reinterpret_cast<float2 *>(p) = make_float2(x, y);
 }
-template <> __device__ __forceinline__ void store2<bf16>(bf16 *p, float x, float y) {
-    *reinterpret_cast<uint32_t *>(p) = pack_bf16(x, y);
+template <> __device__ __forceinline__ void store2<elem>(elem *p, float x, float y) {
+    *reinterpret_cast<uint32_t *>(p) = pack_e(x, y);
 }
 
 template <int DK, int BV, typename OutT> __global__ void __launch_bounds__(256, 1) kda_state_kernel(state_args a) {
@@ -442,7 +446,7 @@ template <int DK, int BV, typename OutT> __global__ void __launch_bounds__(256, 
     constexpr int MTT = DK / 16, MTW = (MTT + 3) / 4, NT = 2;
     static_assert(BV == 32, "state pass: two 16-column halves");
     extern __shared__ __align__(16) unsigned char smem[];
-    bf16 *Sb = (bf16 *)(smem + Ly::SB), *Vn = (bf16 *)(smem + Ly::VN);
+    elem *Sb = (elem *)(smem + Ly::SB), *Vn = (elem *)(smem + Ly::VN);
     const int vb = blockIdx.x, h = blockIdx.y, n = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
     const int wq = warp & 3, cofs = 16 * (warp >> 2);
@@ -466,11 +470,11 @@ template <int DK, int BV, typename OutT> __global__ void __launch_bounds__(256, 
         unsigned char *st = smem + stage * Ly::STAGE;
         const int t0 = bos + cc * KDA_C, len = min(KDA_C, eos - t0);
         const int64_t r0 = (int64_t)t0 * rs + h;
-        tile_load_async((bf16 *)(st + Ly::W), LDK, a.w + r0 * DK, rs * DK, 64, DK, len, DK, tid, 256);
-        tile_load_async((bf16 *)(st + Ly::Q), LDK, a.qg + r0 * DK, rs * DK, 64, DK, len, DK, tid, 256);
-        tile_load_async((bf16 *)(st + Ly::K), LDK, a.kg + r0 * DK, rs * DK, 64, DK, len, DK, tid, 256);
-        tile_load_async((bf16 *)(st + Ly::U), LDV, a.u + r0 * a.DV + vcol, rs * a.DV, 64, BV, len, BV, tid, 256);
-        tile_load_async((bf16 *)(st + Ly::A), LDA, a.A + r0 * KDA_C, rs * KDA_C, 64, KDA_C, len, KDA_C, tid, 256);
+        tile_load_async((elem *)(st + Ly::W), LDK, a.w + r0 * DK, rs * DK, 64, DK, len, DK, tid, 256);
+        tile_load_async((elem *)(st + Ly::Q), LDK, a.qg + r0 * DK, rs * DK, 64, DK, len, DK, tid, 256);
+        tile_load_async((elem *)(st + Ly::K), LDK, a.kg + r0 * DK, rs * DK, 64, DK, len, DK, tid, 256);
+        tile_load_async((elem *)(st + Ly::U), LDV, a.u + r0 * a.DV + vcol, rs * a.DV, 64, BV, len, BV, tid, 256);
+        tile_load_async((elem *)(st + Ly::A), LDA, a.A + r0 * KDA_C, rs * KDA_C, 64, KDA_C, len, KDA_C, tid, 256);
         const float *gsrc = a.gamma + ((int64_t)(c0 + cc) * a.H + h) * DK;
         for (int i = tid; i < DK / 4; i += 256) cp_async16(st + Ly::GAM + 16 * i, gsrc + 4 * i, 16);
     };
@@ -488,12 +492,12 @@ template <int DK, int BV, typename OutT> __global__ void __launch_bounds__(256, 
             cp_async_wait<0>();
         }
         unsigned char *st = smem + (cc & 1) * Ly::STAGE;
-        const bf16 *Ws = (const bf16 *)(st + Ly::W), *Qs = (const bf16 *)(st + Ly::Q), *Ks = (const bf16 *)(st + Ly::K);
-        const bf16 *Us = (const bf16 *)(st + Ly::U), *As = (const bf16 *)(st + Ly::A);
+        const elem *Ws = (const elem *)(st + Ly::W), *Qs = (const elem *)(st + Ly::Q), *Ks = (const elem *)(st + Ly::K);
+        const elem *Us = (const elem *)(st + Ly::U), *As = (const elem *)(st + Ly::A);
         const float *gam = (const float *)(st + Ly::GAM);
         const int t0 = bos + cc * KDA_C, len = min(KDA_C, eos - t0);
 
-        /* S → bf16 operand */
+        /* S → elem operand */
 #pragma unroll
         for (int i = 0; i < MTW; i++) {
             const int mt = wq + 4 * i;
@@ -501,13 +505,13 @@ template <int DK, int BV, typename OutT> __global__ void __launch_bounds__(256, 
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const int row = 16 * mt + g8, col = cofs + 8 * nt + 2 * t4;
-                *reinterpret_cast<uint32_t *>(Sb + row * LDV + col) = pack_bf16(S[i][nt][0], S[i][nt][1]);
-                *reinterpret_cast<uint32_t *>(Sb + (row + 8) * LDV + col) = pack_bf16(S[i][nt][2], S[i][nt][3]);
+                *reinterpret_cast<uint32_t *>(Sb + row * LDV + col) = pack_e(S[i][nt][0], S[i][nt][1]);
+                *reinterpret_cast<uint32_t *>(Sb + (row + 8) * LDV + col) = pack_e(S[i][nt][2], S[i][nt][3]);
             }
         }
         __syncthreads();
         if (a.hs) { /* state entering this chunk, for the backward */
-            bf16 *dst = a.hs + ((int64_t)(c0 + cc) * a.H + h) * DK * a.DV + vcol;
+            elem *dst = a.hs + ((int64_t)(c0 + cc) * a.H + h) * DK * a.DV + vcol;
             for (int e = tid; e < DK * (BV / 8); e += 256) {
                 const int r = e / (BV / 8), c8 = (e % (BV / 8)) * 8;
                 *reinterpret_cast<uint4 *>(dst + (int64_t)r * a.DV + c8) =
@@ -533,9 +537,9 @@ template <int DK, int BV, typename OutT> __global__ void __launch_bounds__(256, 
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 const int row = 16 * wq + g8 + 8 * hf, col = cofs + 8 * nt + 2 * t4;
-                const float2 uu = unpack_bf16(*reinterpret_cast<const uint32_t *>(Us + row * LDV + col));
+                const float2 uu = unpack_e(*reinterpret_cast<const uint32_t *>(Us + row * LDV + col));
                 *reinterpret_cast<uint32_t *>(Vn + row * LDV + col) =
-                    pack_bf16(uu.x - av[nt][2 * hf], uu.y - av[nt][2 * hf + 1]);
+                    pack_e(uu.x - av[nt][2 * hf], uu.y - av[nt][2 * hf + 1]);
             }
         __syncthreads();
         if (a.vnew)
@@ -605,8 +609,8 @@ template <int DK, int BV, typename OutT> __global__ void __launch_bounds__(256, 
 int kda_convert_inputs(const kda_plan *p, const float *q, const float *k, const float *v, k3c_err *err) {
     const size_t tk = (size_t)p->T * p->H * p->DK, tv = (size_t)p->T * p->H * p->DV;
     int rc;
-    if ((rc = k3c_cuda_f32_to_bf16(q, (uint16_t *)p->qb, tk, err)) || (rc = k3c_cuda_f32_to_bf16(k, (uint16_t *)p->kb, tk, err)) ||
-        (rc = k3c_cuda_f32_to_bf16(v, (uint16_t *)p->vb, tv, err)))
+    if ((rc = f32_to_elem(q, p->qb, tk, err)) || (rc = f32_to_elem(k, p->kb, tk, err)) ||
+        (rc = f32_to_elem(v, p->vb, tv, err)))
         return rc;
     return K3C_OK;
 }
@@ -619,7 +623,7 @@ template <int DK, bool B> static int launch_intra(const kda_plan *p, const intra
     return K3C_OK;
 }
 
-int kda_run_intra(const kda_plan *p, const bf16 *q, const bf16 *k, const bf16 *v, const float *g, const float *beta,
+int kda_run_intra(const kda_plan *p, const elem *q, const elem *k, const elem *v, const float *g, const float *beta,
                   int want_bwd, k3c_err *err) {
     kda_coff_kernel<<<1, 1, 0, K3C_STREAM>>>(p->cu, p->N, p->T, p->coff);
     K3C_CU_LAUNCHED("kda_coff");
@@ -650,25 +654,29 @@ int kda_run_state(const kda_plan *p, const float *h0, void *o, int o_f32, float 
     state_args a = {p->w, p->u, p->qg, p->kg, p->A, p->gamma, h0, p->cu, p->coff, p->T, p->H, p->DV,
                     o, ht, want_bwd ? p->hs : nullptr, want_bwd ? p->vnew : nullptr};
     switch (p->DK * 2 + (o_f32 ? 1 : 0)) {
-    case 64: return launch_state<32, bf16>(p, a, err);
+    case 64: return launch_state<32, elem>(p, a, err);
     case 65: return launch_state<32, float>(p, a, err);
-    case 128: return launch_state<64, bf16>(p, a, err);
+    case 128: return launch_state<64, elem>(p, a, err);
     case 129: return launch_state<64, float>(p, a, err);
-    case 256: return launch_state<128, bf16>(p, a, err);
+    case 256: return launch_state<128, elem>(p, a, err);
     case 257: return launch_state<128, float>(p, a, err);
     }
     return k3c_errf(err, K3C_EUNSUPPORTED, "kda: dk %d", p->DK);
 }
 
+} // namespace K3C_ELEM_NS
 } // namespace k3c_cu
 
 using namespace k3c_cu;
+using namespace k3c_cu::K3C_ELEM_NS;
 
+#if !K3C_CU_F16 /* one layout for both element types */
 extern "C" size_t k3c_kda_chunk_fwd_workspace_cuda(const k3c_kda_dims *d) {
     return kda_plan_layout(d, NULL, 1, 0, NULL);
 }
+#endif
 
-static int kda_fwd_common(const k3c_kda_dims *d, const int32_t *cu, const bf16 *q, const bf16 *k, const bf16 *v,
+static int kda_fwd_common(const k3c_kda_dims *d, const int32_t *cu, const elem *q, const elem *k, const elem *v,
                           const float *g, const float *beta, const float *h0, void *o, int o_f32, float *ht,
                           const kda_plan *p, k3c_err *err) {
     int rc = kda_run_intra(p, q, k, v, g, beta, 0, err);
@@ -676,7 +684,7 @@ static int kda_fwd_common(const k3c_kda_dims *d, const int32_t *cu, const bf16 *
     return kda_run_state(p, h0, o, o_f32, ht, 0, err);
 }
 
-extern "C" int k3c_kda_chunk_fwd_cuda(const k3c_kda_dims *d, const int32_t *cu_seqlens, const float *q,
+extern "C" int K3C_KENTRY(k3c_kda_chunk_fwd)(const k3c_kda_dims *d, const int32_t *cu_seqlens, const float *q,
                                       const float *k, const float *v, const float *g, const float *beta,
                                       const float *h0, float *o, float *ht, void *ws, k3c_err *err) {
     int rc = kda_check_dims(d, "kda_chunk_fwd_cuda", err);
@@ -689,6 +697,7 @@ extern "C" int k3c_kda_chunk_fwd_cuda(const k3c_kda_dims *d, const int32_t *cu_s
     return kda_fwd_common(d, cu_seqlens, p.qb, p.kb, p.vb, g, beta, h0, o, 1, ht, &p, err);
 }
 
+#if !K3C_CU_F16
 extern "C" int k3c_kda_chunk_fwd_bf16_cuda(const k3c_kda_dims *d, const int32_t *cu_seqlens, const uint16_t *q,
                                            const uint16_t *k, const uint16_t *v, const float *g, const float *beta,
                                            const float *h0, uint16_t *o, float *ht, void *ws, k3c_err *err) {
@@ -699,6 +708,7 @@ extern "C" int k3c_kda_chunk_fwd_bf16_cuda(const k3c_kda_dims *d, const int32_t 
     kda_plan_layout(d, ws, 1, 0, &p);
     p.cu = cu_seqlens;
     if (!cu_seqlens) p.N = 1;
-    return kda_fwd_common(d, cu_seqlens, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, g, beta, h0, o, 0, ht, &p,
+    return kda_fwd_common(d, cu_seqlens, (const elem *)q, (const elem *)k, (const elem *)v, g, beta, h0, o, 0, ht, &p,
                           err);
 }
+#endif
