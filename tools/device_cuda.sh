@@ -57,7 +57,7 @@ if [ "$mode" = build ]; then
         for n in "${progs[@]}"; do
             echo "    if (argc > 1 && strcmp(argv[1], \"$n\") == 0) return main_$n(argc - 1, argv + 1);"
         done
-        echo '    fprintf(stderr, "usage: k3c_cuda PROGRAM [args]: ${progs[*]}\\n");'
+        echo "    fprintf(stderr, \"usage: k3c_cuda PROGRAM [args]: ${progs[*]}\\n\");"
         echo '    return 2;'
         echo '}'
     } > devrun/obj/k3c_cuda_main.cu
@@ -88,7 +88,7 @@ bin=devrun/bin/k3c_cuda
 ldd $bin | grep -E 'not found|cublas' || true
 status=0
 if [ "$what" = all ] || [ "$what" = harness ]; then
-    for t in op_harness harness_norms harness_seq harness_mix test_model_cuda; do
+    for t in op_harness harness_norms harness_seq harness_mix harness_optim test_model_cuda; do
         $bin $t ${SEED:-} 2>&1 | tee "$OUT/$t.log" || status=1
     done
 fi

@@ -16,8 +16,9 @@ int cmd_train(int argc, char **argv) {
                "  --resume        continue bit-exactly from OUT/latest\n"
                "  --max-steps N   stop after N steps in total (the schedule still follows the config)\n"
                "  --quiet         no progress bar;  --log  print one line per step to stdout\n"
-               "  --device cuda   run forward and backward on the GPU (build/cuda/k3c from `make cuda`); the\n"
-               "                  optimizer, quantile balancing and checkpoints stay on the host\n");
+               "  --device cuda   forward, backward, gradient clipping and the optimizer step on the GPU\n"
+               "                  (build/cuda/k3c from `make cuda`); quantile balancing, QK-Clip and checkpoints\n"
+               "                  read its memory from the host\n");
         return 0;
     }
     const char *path = cli_opt(argc, argv, "--config");
@@ -32,7 +33,7 @@ int cmd_train(int argc, char **argv) {
     cli_device dev;
     if (cli_device_open(device, &dev, &err)) return cli_fail("train", &err);
     k3c_train_opts o = {cli_flag(argc, argv, "--resume"), max_steps, cli_flag(argc, argv, "--quiet") ? NULL : stderr,
-                        cli_flag(argc, argv, "--log") ? stdout : NULL, dev.backend};
+                        cli_flag(argc, argv, "--log") ? stdout : NULL, dev.backend, cli_device_optim(&dev)};
     k3c_train_result r;
     int failed = k3c_train_run(&rc, &o, &r, &err);
     cli_device_release(&dev);

@@ -1,5 +1,5 @@
-/* device.c — `--device cpu|cuda` of the model commands: opens the CUDA backend (ops/backend.h) in a build made with
- * `make cuda`, a clear error in a CPU-only build. Issue 5 (the CLI switch). */
+/* device.c — `--device cpu|cuda` of the model commands: opens the CUDA backend (ops/backend.h) and its optimizer
+ * (train/optim_backend.h) in a build made with `make cuda`, a clear error in a CPU-only build. Issue 5 (the CLI switch). */
 #include "cli.h"
 
 #include <stdlib.h>
@@ -7,6 +7,13 @@
 
 #ifdef K3C_CUDA
 #include "cuda/cuda_ops.h"
+#include "cuda/cuda_optim.h"
+
+/* The handle of --device cuda: the backend first, so the handle is also a k3c_cuda_backend. */
+typedef struct {
+    k3c_cuda_backend b;
+    k3c_optim_backend optim;
+} cuda_device;
 #endif
 
 int cli_device_check(const char *cmd, const char *name) {
@@ -18,12 +25,13 @@ int cli_device_open(const char *name, cli_device *d, k3c_err *err) {
     memset(d, 0, sizeof *d);
     if (!name || strcmp(name, "cpu") == 0) return K3C_OK;
 #ifdef K3C_CUDA
-    k3c_cuda_backend *b = calloc(1, sizeof *b);
-    if (!b) return k3c_errf(err, K3C_ENOMEM, "out of memory");
-    int rc = k3c_cuda_backend_init(b, 0, 0, err);
-    if (rc) { free(b); return rc; }
-    d->handle = b;
-    d->backend = &b->table;
+    cuda_device *cd = calloc(1, sizeof *cd);
+    if (!cd) return k3c_errf(err, K3C_ENOMEM, "out of memory");
+    int rc = k3c_cuda_backend_init(&cd->b, 0, 0, err);
+    if (rc) { free(cd); return rc; }
+    k3c_cuda_optim_backend(&cd->b, &cd->optim);
+    d->handle = cd;
+    d->backend = &cd->b.table;
     return K3C_OK;
 #else
     return k3c_errf(err, K3C_EUNSUPPORTED, "--device cuda: this k3c was built without CUDA (build build/cuda/k3c with "
@@ -35,9 +43,18 @@ int cli_device_use(const cli_device *d, k3c_model *m, k3c_err *err) {
     return d->backend ? k3c_model_use_backend_f32(m, d->backend, err) : K3C_OK;
 }
 
+const struct k3c_optim_backend *cli_device_optim(const cli_device *d) {
+#ifdef K3C_CUDA
+    return d->handle ? &((const cuda_device *)d->handle)->optim : NULL;
+#else
+    (void)d;
+    return NULL;
+#endif
+}
+
 void cli_device_release(cli_device *d) {
 #ifdef K3C_CUDA
-    if (d->handle) k3c_cuda_backend_destroy(d->handle);
+    if (d->handle) k3c_cuda_backend_destroy(&((cuda_device *)d->handle)->b);
 #endif
     free(d->handle);
     memset(d, 0, sizeof *d);

@@ -7,6 +7,7 @@
 #include "train/data.h"
 #include "train/metrics.h"
 #include "train/optim.h"
+#include "train/optim_backend.h"
 #include "train/qb.h"
 #include "train/run.h"
 #include "tok/tok.h"
@@ -23,6 +24,9 @@ typedef struct {
     k3c_model m;
     k3c_optim opt;
     float *ostate;
+    const k3c_backend_f32 *ostate_be; /* where ostate was allocated (NULL: calloc) */
+    const k3c_optim_backend *ob;      /* NULL: the CPU optimizer and clipping */
+    void *ob_inst;
     k3c_arena arena;
     size_t arena_cap;
     k3c_loader *loader;
@@ -138,11 +142,24 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     if ((e = k3c_model_forward_f32(&tr->m, &b, &tr->arena, &acts, &loss, NULL, err))) return e;
     if (!isfinite(loss)) return k3c_errf(err, K3C_ENUMERIC, "step %lld: loss is %g", (long long)tr->step + 1, loss);
     if ((e = k3c_model_backward_f32(&tr->m, acts, 1.0, err))) return e;
-    row->grad_norm = rc->grad_clip > 0 ? k3c_clip_grad_norm(&tr->m.table, tr->m.g, rc->grad_clip)
-                                       : k3c_grad_norm(&tr->m.table, tr->m.g);
+    if (tr->ob) { /* on the backend; waits for it (the norm is logged) */
+        if ((e = tr->ob->clip_grad_norm(tr->ob_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm, err)))
+            return e;
+    } else {
+        row->grad_norm = rc->grad_clip > 0 ? k3c_clip_grad_norm(&tr->m.table, tr->m.g, rc->grad_clip)
+                                           : k3c_grad_norm(&tr->m.table, tr->m.g);
+    }
     k3c_schedule sch = {st->schedule, st->lr, st->warmup, st->steps, st->min_lr_ratio};
     row->lr = k3c_schedule_lr(&sch, stage_step + 1); /* schedules count steps from 1 */
-    if ((e = k3c_optim_step(&tr->opt, &tr->m.table, tr->m.w, tr->m.g, tr->ostate, row->lr, tr->step + 1, err))) return e;
+    if (tr->ob) {
+        e = tr->ob->step_entries(tr->ob_inst, &tr->opt, &tr->m.table, 0, tr->m.table.n, tr->m.w, tr->m.g, tr->ostate,
+                                 row->lr, tr->step + 1, err);
+        /* QK-Clip and QB below read S_max and router statistics and write w from the host: the step must be done */
+        if (!e) e = backend_of(tr)->sync(err);
+    } else {
+        e = k3c_optim_step(&tr->opt, &tr->m.table, tr->m.w, tr->m.g, tr->ostate, row->lr, tr->step + 1, err);
+    }
+    if (e) return e;
     row->qk_clipped = 0;
     if (tr->n_mla && (e = k3c_qk_clip(&tr->m.cfg, &tr->m.table, tr->m.w, tr->s_max, rc->qk_clip_tau, &row->qk_clipped, err)))
         return e;
@@ -208,7 +225,8 @@ static double unigram_entropy(const k3c_loader *ld) {
 
 static int save(trainer *tr, k3c_err *err) {
     char *ls = NULL;
-    int e = k3c_loader_state_to_json(tr->loader, &ls, err);
+    int e = tr->m.backend ? backend_of(tr)->sync(err) : K3C_OK; /* the host reads w and the optimizer state */
+    if (!e) e = k3c_loader_state_to_json(tr->loader, &ls, err);
     if (e) return e;
     k3c_sbuf sb;
     k3c_sbuf_init(&sb);
@@ -290,9 +308,12 @@ static int resume(trainer *tr, k3c_err *err) {
     return e;
 }
 
-static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o, k3c_err *err) {
+static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o, const k3c_optim_backend *ob,
+                 k3c_err *err) {
     memset(tr, 0, sizeof *tr);
     tr->rc = rc;
+    if (ob && !o->backend)
+        return k3c_errf(err, K3C_EINVAL, "trainer: an optimizer backend needs the model backend whose memory it uses");
     if (rc->threads > 0) k3c_set_num_threads(rc->threads);
     if (mkdir(rc->out_dir, 0755) != 0 && errno != EEXIST)
         return k3c_errf(err, K3C_EIO, "%s: cannot create: %s", rc->out_dir, strerror(errno));
@@ -310,7 +331,10 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     tr->opt.eps = rc->eps;
     if ((e = k3c_optim_parse_matrix(rc->matrix_optimizer, &tr->opt.matrix_optimizer, err))) return e;
     if ((e = k3c_optim_init(&tr->opt, &tr->m.table, err))) return e;
-    tr->ostate = calloc(tr->opt.state_numel ? tr->opt.state_numel : 1, sizeof(float));
+    /* on a backend the state lives in its memory, next to w and g, where the backend optimizer steps it */
+    tr->ostate_be = o->backend;
+    tr->ostate = tr->ostate_be ? tr->ostate_be->alloc(sizeof(float) * (tr->opt.state_numel ? tr->opt.state_numel : 1))
+                               : calloc(tr->opt.state_numel ? tr->opt.state_numel : 1, sizeof(float));
     tr->n_mla = k3c_config_num_mla(&cfg);
     if (!tr->ostate) return k3c_errf(err, K3C_ENOMEM, "trainer: out of memory");
     k3c_data_source src[K3C_RUN_MAX_SOURCES];
@@ -331,6 +355,10 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     tr->s_max = backend_of(tr)->alloc(sizeof(float) * (size_t)(cfg.num_layers * (cfg.mla_heads > 0 ? cfg.mla_heads : 1)));
     if (!tr->s_max) return k3c_errf(err, K3C_ENOMEM, "trainer: out of memory");
     if (tr->n_mla) tr->m.mla_smax = tr->s_max; /* every forward records S_max for QK-Clip */
+    if (ob) {
+        if ((e = ob->open(ob->ctx, &tr->opt, &tr->m.table, &tr->ob_inst, err))) return e;
+        tr->ob = ob;
+    }
     snprintf(p, sizeof p, "%s/metrics.jsonl", rc->out_dir);
     if (o->resume && (e = truncate_metrics(p, tr->step, err))) return e;
     tr->metrics = fopen(p, o->resume ? "a" : "w");
@@ -339,11 +367,16 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
 }
 
 static void teardown(trainer *tr) {
+    if (tr->ob) tr->ob->close(tr->ob_inst);
     k3c_model_arena_free_f32(&tr->m, &tr->arena); /* before the model: its backend owns the arena and S_max */
     if (tr->s_max) backend_of(tr)->free(tr->s_max);
     k3c_model_free_f32(&tr->m);
     k3c_optim_free(&tr->opt);
-    free(tr->ostate);
+    if (tr->ostate_be) {
+        if (tr->ostate) tr->ostate_be->free(tr->ostate);
+    } else {
+        free(tr->ostate);
+    }
     free(tr->qb_ws);
     k3c_loader_close(tr->loader);
     k3c_batch_free(&tr->batch);
@@ -354,7 +387,7 @@ int k3c_train_run(const k3c_run_config *rc, const k3c_train_opts *o, k3c_train_r
     trainer tr;
     memset(res, 0, sizeof *res);
     res->last_val_loss = NAN;
-    int e = setup(&tr, rc, o, err);
+    int e = setup(&tr, rc, o, o->optim, err);
     int64_t total = total_steps(rc), stop = o->max_steps > 0 && o->max_steps < total ? o->max_steps : total;
     k3c_progress bar;
     k3c_progress_init(&bar, "train", stop, "tok", o->progress ? o->progress : stderr, 0);

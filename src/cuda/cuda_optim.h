@@ -1,0 +1,66 @@
+/* cuda_optim.h — the optimizer step (AdamW + Per-Head Muon with Newton–Schulz-5) and gradient-norm clipping on the GPU:
+ * device twins of k3c_optim_step[_entries], k3c_grad_norm and k3c_clip_grad_norm (train/optim.h). ARCHITECTURE.md §10.
+ *
+ * w, g and state are DEVICE (or managed) pointers laid out exactly as for the CPU functions: the k3c_optim state layout
+ * (Muon: momentum; AdamW: m, then v) is unchanged, so optimizer checkpoints are the same whichever device stepped.
+ * Semantics are the CPU ones: AdamW is elementwise with the CPU's float operations in the CPU's order (no FMA
+ * contraction), so it matches bit for bit; Muon's momentum / Nesterov / update are elementwise the same, the Frobenius
+ * norm is a deterministic double reduction (one thread block per matrix, fixed tree), and NS5 runs on fp32 cuBLASLt
+ * GEMMs (never TF32), whose summation order differs from OpenBLAS (agreement to ~1e-5 relative, not bitwise).
+ * The many small Muon matrices (per-head row blocks, per-expert slices) are gathered by shape into one workspace and
+ * orthogonalised with strided-batched GEMMs (batched = 0: a loop of k3c_matmul_cuda calls, the plain reference).
+ * Everything runs on K3C_STREAM and returns without synchronising, except the grad-norm functions, which SYNCHRONISE
+ * (the host needs the norm). */
+#ifndef K3C_CUDA_OPTIM_H
+#define K3C_CUDA_OPTIM_H
+
+#include "cuda/cuda_ops.h"
+#include "k3c.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "train/optim.h"
+#include "train/optim_backend.h"
+
+typedef struct {
+    k3c_cuda_ctx *cu;               /* cuBLASLt handle of the NS GEMMs (not owned) */
+    void *(*alloc)(size_t bytes);   /* where the workspace comes from (NULL: cudaMalloc); allocated once, at init */
+    void (*free)(void *p);
+    int batched;                    /* 1 (default): strided-batched GEMMs; 0: one k3c_matmul_cuda per matrix */
+    float *ws;                      /* Newton–Schulz workspace: X, X', P, B of a batch of same-shape matrices */
+    size_t ws_numel;
+    double *ss;                     /* [n_ss]: per-matrix Σx² of the batch (deterministic, in double) */
+    size_t n_ss;
+    int64_t *pieces;                /* [2 n_pieces] device: (offset, length) of the grad-norm blocks, table order */
+    double *partials;               /* [n_pieces + 1]: Σg² per block, then the total */
+    int64_t n_pieces;
+    int n_entries;                  /* the table the pieces were built for */
+    size_t total;
+} k3c_optim_cuda;
+
+/* Allocates the workspace for optimizer o (after k3c_optim_init) over table t through alloc (NULL = cudaMalloc). */
+int k3c_optim_cuda_init(k3c_optim_cuda *oc, k3c_cuda_ctx *cu, void *(*alloc)(size_t), void (*free_fn)(void *),
+                        const k3c_optim *o, const k3c_param_table *t, k3c_err *err);
+void k3c_optim_cuda_free(k3c_optim_cuda *oc);
+
+/* Twins of k3c_optim_step_entries / k3c_optim_step (same checks, same errors). Asynchronous. */
+int k3c_optim_step_entries_cuda(k3c_optim_cuda *oc, k3c_optim *o, const k3c_param_table *t, int first, int last,
+                                float *w, const float *g, float *state, double lr, int64_t step, k3c_err *err);
+int k3c_optim_step_cuda(k3c_optim_cuda *oc, k3c_optim *o, const k3c_param_table *t, float *w, const float *g,
+                        float *state, double lr, int64_t step, k3c_err *err);
+
+/* Twins of k3c_grad_norm / k3c_clip_grad_norm: the norm goes to *norm (ROUTER_BIAS excluded; fixed 32K-element blocks
+ * summed in double in table order, so the value does not depend on the launch). A non-finite norm leaves g untouched.
+ * SYNCHRONISE the stream. */
+int k3c_grad_norm_cuda(k3c_optim_cuda *oc, const k3c_param_table *t, const float *g, double *norm, k3c_err *err);
+int k3c_clip_grad_norm_cuda(k3c_optim_cuda *oc, const k3c_param_table *t, float *g, double max_norm, double *norm,
+                            k3c_err *err);
+
+/* The trainer's hook (train/optim_backend.h) on backend b: workspace from b's allocator, GEMMs on its cuBLASLt. */
+void k3c_cuda_optim_backend(k3c_cuda_backend *b, k3c_optim_backend *ob);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,502 @@
+/* optim.cu — the optimizer on the GPU: AdamW, (Per-Head) Muon with Newton–Schulz-5 on batched fp32 GEMMs, and
+ * deterministic gradient-norm clipping; twins of train/adamw.c, muon.c, schedule.c. ARCHITECTURE.md §10.1, §10.3. */
+#include <cublasLt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+#include "cuda/common.cuh"
+#include "cuda/cuda_optim.h"
+
+namespace {
+
+constexpr int NT = 256;                        /* threads of every kernel here (the reductions assume it) */
+constexpr int64_t NORM_BLOCK = 1 << 15;        /* elements per grad-norm partial (the CPU's block) */
+constexpr size_t WS_BUDGET = (size_t)1 << 26;  /* floats of NS workspace beyond the largest single matrix */
+constexpr int64_t MAX_GRID = 1 << 20;
+
+/* Batch items start on 256-byte boundaries: cuBLASLt's heuristics assume aligned operands by default. */
+size_t ru64(size_t n) { return (n + 63) / 64 * 64; }
+
+int grid_for(int64_t n) { return (int)(n <= 0 ? 1 : ((n + NT - 1) / NT < MAX_GRID ? (n + NT - 1) / NT : MAX_GRID)); }
+
+bool uses_muon(const k3c_optim *o, const k3c_param *p) {
+    return p->kind == K3C_PK_MATRIX && o->matrix_optimizer == K3C_MATRIX_MUON;
+}
+int64_t block_rows(const k3c_optim *o, const k3c_param *p) { return o->per_head ? p->head_rows : 0; }
+
+/* One Muon matrix shape: R × C blocks (a head's rows or the whole slice), r ≤ c its short and long side. */
+struct mshape {
+    int64_t R, C;
+    size_t r() const { return (size_t)(R < C ? R : C); }
+    size_t c() const { return (size_t)(R < C ? C : R); }
+    size_t sx() const { return ru64(r() * c()); }   /* stride of X, X' items */
+    size_t sp() const { return ru64(r() * r()); }   /* stride of P, B items */
+    size_t need() const { return 2 * sx() + 2 * sp(); }
+};
+
+/* ---------------------------------------------------------------- kernels
+ * Float arithmetic through __f*_rn so nvcc never contracts into FMA: the CPU build (ISO C11) does not either, which
+ * keeps AdamW and the elementwise parts of Muon bitwise equal to the CPU. */
+
+__global__ void adamw_kernel(float *w, const float *g, float *m, float *v, int64_t n, float b1, float b2, float omb1,
+                             float omb2, float eps, float step_size, float inv_sqrt_bc2, float decay) {
+    for (int64_t i = blockIdx.x * (int64_t)NT + threadIdx.x; i < n; i += (int64_t)gridDim.x * NT) {
+        const float gi = g[i];
+        const float mi = __fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(omb1, gi));
+        const float vi = __fadd_rn(__fmul_rn(b2, v[i]), __fmul_rn(__fmul_rn(omb2, gi), gi));
+        m[i] = mi;
+        v[i] = vi;
+        const float den = __fadd_rn(__fmul_rn(__fsqrt_rn(vi), inv_sqrt_bc2), eps);
+        w[i] = __fsub_rn(__fmul_rn(w[i], decay), __fdiv_rn(__fmul_rn(step_size, mi), den));
+    }
+}
+
+__global__ void momentum_kernel(float *mom, const float *g, int64_t n, float mu) {
+    for (int64_t i = blockIdx.x * (int64_t)NT + threadIdx.x; i < n; i += (int64_t)gridDim.x * NT)
+        mom[i] = __fadd_rn(__fmul_rn(mu, mom[i]), g[i]);
+}
+
+__device__ __forceinline__ float muon_input(float g, float m, int nesterov, float mu) {
+    return nesterov ? __fadd_rn(g, __fmul_rn(mu, m)) : m;
+}
+
+/* Fixed-shape tree over NT doubles in shared memory; every thread gets the total. */
+__device__ double block_sum(double s, double *red) {
+    red[threadIdx.x] = s;
+    __syncthreads();
+    for (int h = NT / 2; h > 0; h >>= 1) {
+        if ((int)threadIdx.x < h) red[threadIdx.x] = __dadd_rn(red[threadIdx.x], red[threadIdx.x + h]);
+        __syncthreads();
+    }
+    const double total = red[0];
+    __syncthreads();
+    return total;
+}
+
+/* One thread block per R × C matrix b (consecutive in g / mom): U = G + μM (Nesterov) or M, X_b = U / (‖U‖_F + eps),
+ * stored short side first ([C, R] when R > C), as ns_load does. */
+__global__ void ns_load_kernel(const float *g, const float *mom, int64_t R, int64_t C, int nesterov, float mu, float *X,
+                               int64_t sx) {
+    __shared__ double red[NT];
+    const int64_t n = R * C, b = blockIdx.x;
+    const float *gb = g + b * n, *mb = mom + b * n;
+    float *xb = X + b * sx;
+    double s = 0;
+    for (int64_t i = threadIdx.x; i < n; i += NT) {
+        const double u = muon_input(gb[i], mb[i], nesterov, mu);
+        s = __dadd_rn(s, __dmul_rn(u, u));
+    }
+    const double ss = block_sum(s, red);
+    const float inv = (float)(1.0 / (sqrt(ss) + K3C_NS_EPS));
+    for (int64_t i = threadIdx.x; i < n; i += NT) {
+        const int64_t row = i / C, col = i - row * C;
+        xb[R > C ? col * R + row : i] = __fmul_rn(muon_input(gb[i], mb[i], nesterov, mu), inv);
+    }
+}
+
+__global__ void scale_copy_kernel(const float *x, float *y, int64_t n, float a) {
+    for (int64_t i = blockIdx.x * (int64_t)NT + threadIdx.x; i < n; i += (int64_t)gridDim.x * NT)
+        y[i] = __fmul_rn(a, x[i]);
+}
+
+/* W ← W·decay − step·O over nb consecutive R × C matrices, O read back from the (possibly transposed) batch. */
+__global__ void muon_apply_kernel(float *w, const float *X, int64_t R, int64_t C, int64_t sx, int64_t nb, float decay,
+                                  float step) {
+    const int64_t n = R * C, total = nb * n;
+    for (int64_t i = blockIdx.x * (int64_t)NT + threadIdx.x; i < total; i += (int64_t)gridDim.x * NT) {
+        const int64_t b = i / n, k = i - b * n, row = k / C, col = k - row * C;
+        const float o = X[b * sx + (R > C ? col * R + row : k)];
+        w[i] = __fsub_rn(__fmul_rn(w[i], decay), __fmul_rn(step, o));
+    }
+}
+
+/* Σg² of grad-norm piece blockIdx.x, in double. */
+__global__ void sumsq_kernel(const float *g, const int64_t *pieces, double *partials) {
+    __shared__ double red[NT];
+    const int64_t p = blockIdx.x, off = pieces[2 * p], len = pieces[2 * p + 1];
+    double s = 0;
+    for (int64_t i = threadIdx.x; i < len; i += NT) {
+        const double x = g[off + i];
+        s = __dadd_rn(s, __dmul_rn(x, x));
+    }
+    const double total = block_sum(s, red);
+    if (threadIdx.x == 0) partials[p] = total;
+}
+
+/* The partials summed by one block in a fixed order (thread t takes t, t + NT, ...; then the tree). */
+__global__ void final_sum_kernel(const double *partials, int64_t n, double *out) {
+    __shared__ double red[NT];
+    double s = 0;
+    for (int64_t i = threadIdx.x; i < n; i += NT) s = __dadd_rn(s, partials[i]);
+    const double total = block_sum(s, red);
+    if (threadIdx.x == 0) *out = total;
+}
+
+__global__ void clip_kernel(float *g, const int64_t *pieces, float c) {
+    const int64_t p = blockIdx.x, off = pieces[2 * p], len = pieces[2 * p + 1];
+    for (int64_t i = threadIdx.x; i < len; i += NT) g[off + i] = __fmul_rn(g[off + i], c);
+}
+
+/* ---------------------------------------------------------------- memory and GEMMs */
+
+void *dev_alloc(const k3c_optim_cuda *oc, size_t bytes) {
+    if (oc->alloc) return oc->alloc(bytes);
+    void *p = nullptr;
+    return k3c_cuda_malloc(&p, bytes, nullptr) == K3C_OK ? p : nullptr;
+}
+void dev_free(const k3c_optim_cuda *oc, void *p) {
+    if (!p) return;
+    if (oc->free) oc->free(p);
+    else k3c_cuda_free(p);
+}
+
+#define K3C_LTB(call)                                                                                                  \
+    do {                                                                                                               \
+        cublasStatus_t s_ = (call);                                                                                    \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                             \
+            rc = k3c_errf(err, K3C_EDEVICE, "%s:%d: %s: cuBLAS status %d", __FILE__, __LINE__, #call, (int)s_);        \
+            goto done;                                                                                                 \
+        }                                                                                                              \
+    } while (0)
+
+/* k3c_matmul_cuda (fp32, no TF32) over `batch` items at fixed strides, as one strided-batched cuBLASLt call: the same
+ * column-major swap as gemm.cu (row-major C = op(A) op(B) computed as Cᵀ = op(B)ᵀ op(A)ᵀ). */
+int lt_batched(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const float *A, int64_t sA, const float *B, int64_t sB, float beta, float *C, int64_t sC, int32_t batch,
+               k3c_err *err) {
+    if (!ctx || !ctx->lt) return k3c_errf(err, K3C_EINVAL, "optimizer (cuda): no cuBLASLt context");
+    int rc = K3C_OK, found = 0;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t heur;
+    cublasOperation_t ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    uint64_t a_rows = trans_b ? K : N, a_cols = trans_b ? N : K;
+    uint64_t b_rows = trans_a ? M : K, b_cols = trans_a ? K : M;
+    K3C_LTB(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    K3C_LTB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    K3C_LTB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    K3C_LTB(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, a_rows, a_cols, (int64_t)a_rows));
+    K3C_LTB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, b_rows, b_cols, (int64_t)b_rows));
+    K3C_LTB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N));
+    {
+        cublasLtMatrixLayout_t lay[3] = {la, lb, lc};
+        const int64_t stride[3] = {sB, sA, sC}; /* Lt's A is our B */
+        for (int i = 0; i < 3; i++) {
+            K3C_LTB(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch));
+            K3C_LTB(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride[i],
+                                                     sizeof stride[i]));
+        }
+    }
+    K3C_LTB(cublasLtMatmulPreferenceCreate(&pref));
+    K3C_LTB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ctx->lt_ws_bytes,
+                                                 sizeof ctx->lt_ws_bytes));
+    K3C_LTB(cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)ctx->lt, op, la, lb, lc, lc, pref, 1, &heur, &found));
+    if (!found) {
+        rc = k3c_errf(err, K3C_EUNSUPPORTED, "optimizer (cuda): cuBLASLt found no batched algorithm for %d x %lldx%lldx%lld",
+                      (int)batch, (long long)M, (long long)N, (long long)K);
+        goto done;
+    }
+    K3C_LTB(cublasLtMatmul((cublasLtHandle_t)ctx->lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur.algo,
+                           ctx->lt_ws, ctx->lt_ws_bytes, K3C_STREAM));
+done:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (op) cublasLtMatmulDescDestroy(op);
+    return rc;
+}
+
+int bgemm(const k3c_optim_cuda *oc, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const float *A,
+          size_t sA, const float *B, size_t sB, double beta, float *C, size_t sC, int64_t batch, k3c_err *err) {
+    if (oc->batched && batch > 1)
+        return lt_batched(oc->cu, ta, tb, M, N, K, (float)alpha, A, (int64_t)sA, B, (int64_t)sB, (float)beta, C,
+                          (int64_t)sC, (int32_t)batch, err);
+    for (int64_t i = 0; i < batch; i++) {
+        int rc = k3c_matmul_cuda(oc->cu, ta, tb, M, N, K, alpha, A + i * sA, B + i * sB, beta, C + i * sC, 0, err);
+        if (rc) return rc;
+    }
+    return K3C_OK;
+}
+
+/* NS5 on nb loaded matrices of shape s in the workspace (X at ws); returns where the result lies (X or X'). */
+int ns_batch(const k3c_optim_cuda *oc, const mshape &s, int64_t nb, int steps, float **out, k3c_err *err) {
+    const size_t r = s.r(), c = s.c(), sx = s.sx(), sp = s.sp();
+    float *X = oc->ws, *Xn = X + nb * sx, *P = Xn + nb * sx, *B = P + nb * sp;
+    for (int it = 0; it < steps; it++) {
+        int rc = bgemm(oc, 0, 1, r, r, c, 1.0, X, sx, X, sx, 0.0, P, sp, nb, err); /* P = X Xᵀ */
+        if (rc) return rc;
+        scale_copy_kernel<<<grid_for(nb * sp), NT, 0, K3C_STREAM>>>(P, B, nb * sp, (float)K3C_NS_B);
+        K3C_CU_LAUNCHED("ns scale");
+        rc = bgemm(oc, 0, 0, r, r, r, (float)K3C_NS_C, P, sp, P, sp, 1.0, B, sp, nb, err); /* B = bP + cP² */
+        if (rc) return rc;
+        K3C_CU(cudaMemcpyAsync(Xn, X, sizeof(float) * nb * sx, cudaMemcpyDeviceToDevice, K3C_STREAM));
+        rc = bgemm(oc, 0, 0, r, c, r, 1.0, B, sp, X, sx, (float)K3C_NS_A, Xn, sx, nb, err); /* X' = aX + B X */
+        if (rc) return rc;
+        float *t = X;
+        X = Xn;
+        Xn = t;
+    }
+    *out = X;
+    return K3C_OK;
+}
+
+/* A run of consecutive matrices of one entry placed at batch index `at` of the current chunk. */
+struct piece {
+    float *w;
+    const float *g;
+    float *mom;
+    int64_t nb, at;
+};
+
+/* Every Muon entry of one shape, in chunks of as many matrices as the workspace holds: load, NS5, apply. */
+int muon_group(const k3c_optim_cuda *oc, const k3c_optim *o, const k3c_param_table *t, const mshape &s,
+               const std::vector<int> &entries, float *w, const float *g, float *state, double lr, k3c_err *err) {
+    const size_t cap_ws = oc->ws_numel / s.need();
+    if (cap_ws == 0)
+        return k3c_errf(err, K3C_EINVAL, "optimizer (cuda): a %lldx%lld Muon block needs %zu workspace floats, have %zu "
+                        "(optimizer settings changed after k3c_optim_cuda_init?)", (long long)s.R, (long long)s.C,
+                        s.need(), oc->ws_numel);
+    const int64_t cap = cap_ws < (size_t)INT32_MAX ? (int64_t)cap_ws : INT32_MAX;
+    const float mu = (float)o->muon_momentum;
+    const float step = (float)(lr * o->muon_scale * sqrt((double)(s.R > s.C ? s.R : s.C)));
+    const float decay = (float)(1.0 - lr * o->weight_decay);
+    std::vector<piece> chunk;
+    int64_t filled = 0;
+    auto flush = [&]() -> int {
+        float *O = nullptr;
+        int rc = filled ? ns_batch(oc, s, filled, o->ns_steps, &O, err) : K3C_OK;
+        for (size_t i = 0; !rc && i < chunk.size(); i++) {
+            const piece &pc = chunk[i];
+            muon_apply_kernel<<<grid_for(pc.nb * s.R * s.C), NT, 0, K3C_STREAM>>>(
+                pc.w, O + pc.at * s.sx(), s.R, s.C, (int64_t)s.sx(), pc.nb, decay, step);
+            K3C_CU_LAUNCHED("muon apply");
+        }
+        chunk.clear();
+        filled = 0;
+        return rc;
+    };
+    for (int i : entries) {
+        const k3c_param *p = &t->p[i];
+        const int64_t bn = s.R * s.C, nb = p->numel / bn;
+        float *pw = w + p->offset, *mom = state + o->state_off[i];
+        const float *pg = g + p->offset;
+        for (int64_t j = 0; j < nb;) {
+            const int64_t take = nb - j < cap - filled ? nb - j : cap - filled;
+            ns_load_kernel<<<(unsigned)take, NT, 0, K3C_STREAM>>>(pg + j * bn, mom + j * bn, s.R, s.C, o->nesterov, mu,
+                                                                 oc->ws + filled * s.sx(), (int64_t)s.sx());
+            K3C_CU_LAUNCHED("ns load");
+            chunk.push_back({pw + j * bn, pg + j * bn, mom + j * bn, take, filled});
+            filled += take;
+            j += take;
+            if (filled == cap) {
+                int rc = flush();
+                if (rc) return rc;
+            }
+        }
+    }
+    return flush();
+}
+
+struct group {
+    mshape s;
+    std::vector<int> entries;
+};
+
+int check_muon_entry(const k3c_optim *o, const k3c_param *p, k3c_err *err) {
+    const int64_t hr = block_rows(o, p);
+    if (p->ndim != 2 || p->shape[0] < 1 || p->shape[1] < 1 || hr < 0 || (hr > 0 && p->shape[0] % hr != 0) ||
+        p->shape[0] > INT32_MAX || p->shape[1] > INT32_MAX)
+        return k3c_errf(err, K3C_EINVAL, "optimizer: %s slice 0: muon: bad shape [%lld, %lld] with head_rows %lld",
+                        p->name, (long long)p->shape[0], (long long)p->shape[1], (long long)hr);
+    return K3C_OK;
+}
+
+mshape shape_of(const k3c_optim *o, const k3c_param *p) {
+    const int64_t hr = block_rows(o, p);
+    return mshape{hr > 0 ? hr : p->shape[0], p->shape[1]};
+}
+
+}  // namespace
+
+/* ================================================================ public entry points */
+
+extern "C" int k3c_optim_cuda_init(k3c_optim_cuda *oc, k3c_cuda_ctx *cu, void *(*alloc)(size_t),
+                                   void (*free_fn)(void *), const k3c_optim *o, const k3c_param_table *t,
+                                   k3c_err *err) {
+    memset(oc, 0, sizeof *oc);
+    oc->cu = cu;
+    oc->alloc = alloc;
+    oc->free = free_fn;
+    oc->batched = 1;
+    size_t max_need = 0, sum_need = 0;
+    for (int i = 0; i < t->n; i++) {
+        const k3c_param *p = &t->p[i];
+        if (!uses_muon(o, p)) continue;
+        int rc = check_muon_entry(o, p, err);
+        if (rc) return rc;
+        const mshape s = shape_of(o, p);
+        if (s.need() > max_need) max_need = s.need();
+        sum_need += s.need() * (size_t)(p->numel / (s.R * s.C));
+    }
+    oc->ws_numel = sum_need < WS_BUDGET ? sum_need : WS_BUDGET;
+    if (max_need > oc->ws_numel) oc->ws_numel = max_need;
+    std::vector<int64_t> pieces;
+    for (int i = 0; i < t->n; i++) {
+        const k3c_param *p = &t->p[i];
+        if (p->kind == K3C_PK_ROUTER_BIAS) continue;
+        for (int64_t o0 = 0; o0 < p->numel; o0 += NORM_BLOCK) {
+            pieces.push_back((int64_t)p->offset + o0);
+            pieces.push_back(p->numel - o0 < NORM_BLOCK ? p->numel - o0 : NORM_BLOCK);
+        }
+    }
+    oc->n_pieces = (int64_t)pieces.size() / 2;
+    if (oc->n_pieces > INT32_MAX) return k3c_errf(err, K3C_EINVAL, "optimizer (cuda): %lld grad-norm blocks",
+                                                  (long long)oc->n_pieces);
+    oc->n_entries = t->n;
+    oc->total = t->total;
+    oc->ws = oc->ws_numel ? (float *)dev_alloc(oc, sizeof(float) * oc->ws_numel) : nullptr;
+    oc->partials = (double *)dev_alloc(oc, sizeof(double) * (size_t)(oc->n_pieces + 1));
+    oc->pieces = oc->n_pieces ? (int64_t *)dev_alloc(oc, sizeof(int64_t) * pieces.size()) : nullptr;
+    if ((oc->ws_numel && !oc->ws) || !oc->partials || (oc->n_pieces && !oc->pieces)) {
+        k3c_optim_cuda_free(oc);
+        return k3c_errf(err, K3C_ENOMEM, "optimizer (cuda): cannot allocate %zu workspace floats", oc->ws_numel);
+    }
+    int rc = oc->n_pieces ? k3c_cuda_h2d(oc->pieces, pieces.data(), sizeof(int64_t) * pieces.size(), err) : K3C_OK;
+    if (rc) k3c_optim_cuda_free(oc);
+    return rc;
+}
+
+extern "C" void k3c_optim_cuda_free(k3c_optim_cuda *oc) {
+    dev_free(oc, oc->ws);
+    dev_free(oc, oc->partials);
+    dev_free(oc, oc->pieces);
+    oc->ws = nullptr;
+    oc->partials = nullptr;
+    oc->pieces = nullptr;
+    oc->ws_numel = 0;
+    oc->n_pieces = 0;
+}
+
+extern "C" int k3c_optim_step_entries_cuda(k3c_optim_cuda *oc, k3c_optim *o, const k3c_param_table *t, int first,
+                                           int last, float *w, const float *g, float *state, double lr, int64_t step,
+                                           k3c_err *err) {
+    if (!o->state_off || o->n_entries != t->n)
+        return k3c_errf(err, K3C_EINVAL, "optimizer: not initialised for this parameter table (%d vs %d entries)",
+                        o->n_entries, t->n);
+    if (first < 0 || last > t->n || first > last || step < 1 || !isfinite(lr))
+        return k3c_errf(err, K3C_EINVAL, "optimizer: bad entry range [%d, %d) of %d, step %lld or lr %g", first, last,
+                        t->n, (long long)step, lr);
+    /* AdamW's scalars exactly as k3c_adamw_update forms them (double, then rounded once to float). */
+    const float b1 = (float)o->beta1, b2 = (float)o->beta2, eps = (float)o->eps;
+    const float omb1 = (float)(1.0 - o->beta1), omb2 = (float)(1.0 - o->beta2);
+    const double bc1 = 1.0 - pow(o->beta1, (double)step), bc2 = 1.0 - pow(o->beta2, (double)step);
+    const float step_size = (float)(lr / bc1), inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
+    std::vector<group> groups;
+    for (int i = first; i < last; i++) {
+        const k3c_param *p = &t->p[i];
+        float *pw = w + p->offset, *st = state + o->state_off[i];
+        const float *pg = g + p->offset;
+        if (p->kind == K3C_PK_ROUTER_BIAS) continue;
+        if (uses_muon(o, p)) {
+            int rc = check_muon_entry(o, p, err);
+            if (rc) return rc;
+            /* M ← μM + G over every slice first; the blocks then read the new momentum. */
+            momentum_kernel<<<grid_for(p->numel), NT, 0, K3C_STREAM>>>(st, pg, p->numel, (float)o->muon_momentum);
+            K3C_CU_LAUNCHED("momentum");
+            const mshape s = shape_of(o, p);
+            size_t k = 0;
+            while (k < groups.size() && !(groups[k].s.R == s.R && groups[k].s.C == s.C)) k++;
+            if (k == groups.size()) groups.push_back(group{s, {}});
+            groups[k].entries.push_back(i);
+            continue;
+        }
+        const double wd = (p->kind == K3C_PK_VECTOR && !o->decay_vectors) ? 0.0 : o->weight_decay;
+        if (p->used <= 0) continue;
+        adamw_kernel<<<grid_for(p->used), NT, 0, K3C_STREAM>>>(pw, pg, st, st + p->numel, p->used, b1, b2, omb1, omb2,
+                                                               eps, step_size, inv_sqrt_bc2, (float)(1.0 - lr * wd));
+        K3C_CU_LAUNCHED("adamw");
+    }
+    for (const group &gr : groups) {
+        int rc = muon_group(oc, o, t, gr.s, gr.entries, w, g, state, lr, err);
+        if (rc) return rc;
+    }
+    return K3C_OK;
+}
+
+extern "C" int k3c_optim_step_cuda(k3c_optim_cuda *oc, k3c_optim *o, const k3c_param_table *t, float *w,
+                                   const float *g, float *state, double lr, int64_t step, k3c_err *err) {
+    return k3c_optim_step_entries_cuda(oc, o, t, 0, t->n, w, g, state, lr, step, err);
+}
+
+extern "C" int k3c_grad_norm_cuda(k3c_optim_cuda *oc, const k3c_param_table *t, const float *g, double *norm,
+                                  k3c_err *err) {
+    if (t->n != oc->n_entries || t->total != oc->total)
+        return k3c_errf(err, K3C_EINVAL, "grad norm (cuda): table of %d entries / %zu floats, initialised for %d / %zu",
+                        t->n, t->total, oc->n_entries, oc->total);
+    double ss = 0;
+    if (oc->n_pieces) {
+        sumsq_kernel<<<(unsigned)oc->n_pieces, NT, 0, K3C_STREAM>>>(g, oc->pieces, oc->partials);
+        K3C_CU_LAUNCHED("grad norm partials");
+        final_sum_kernel<<<1, NT, 0, K3C_STREAM>>>(oc->partials, oc->n_pieces, oc->partials + oc->n_pieces);
+        K3C_CU_LAUNCHED("grad norm total");
+        K3C_CU(cudaMemcpyAsync(&ss, oc->partials + oc->n_pieces, sizeof ss, cudaMemcpyDeviceToHost, K3C_STREAM));
+        K3C_CU(cudaStreamSynchronize(K3C_STREAM));
+    }
+    *norm = sqrt(ss);
+    return K3C_OK;
+}
+
+extern "C" int k3c_clip_grad_norm_cuda(k3c_optim_cuda *oc, const k3c_param_table *t, float *g, double max_norm,
+                                       double *norm, k3c_err *err) {
+    int rc = k3c_grad_norm_cuda(oc, t, g, norm, err);
+    if (rc || !isfinite(*norm) || !(max_norm > 0) || *norm <= max_norm) return rc;
+    const float c = (float)(max_norm / (*norm + 1e-6));
+    clip_kernel<<<(unsigned)oc->n_pieces, NT, 0, K3C_STREAM>>>(g, oc->pieces, c);
+    K3C_CU_LAUNCHED("clip");
+    return K3C_OK;
+}
+
+/* ================================================================ the trainer's hook */
+namespace {
+
+int ob_open(void *ctx, const k3c_optim *o, const k3c_param_table *t, void **inst, k3c_err *err) {
+    k3c_cuda_backend *b = static_cast<k3c_cuda_backend *>(ctx);
+    k3c_optim_cuda *oc = static_cast<k3c_optim_cuda *>(calloc(1, sizeof *oc));
+    if (!oc) return k3c_errf(err, K3C_ENOMEM, "optimizer (cuda): out of memory");
+    int rc = k3c_optim_cuda_init(oc, &b->cu, b->table.alloc, b->table.free, o, t, err);
+    if (rc) {
+        free(oc);
+        return rc;
+    }
+    *inst = oc;
+    return K3C_OK;
+}
+void ob_close(void *inst) {
+    if (!inst) return;
+    k3c_optim_cuda_free(static_cast<k3c_optim_cuda *>(inst));
+    free(inst);
+}
+int ob_step(void *inst, k3c_optim *o, const k3c_param_table *t, int first, int last, float *w, const float *g,
+            float *state, double lr, int64_t step, k3c_err *err) {
+    return k3c_optim_step_entries_cuda(static_cast<k3c_optim_cuda *>(inst), o, t, first, last, w, g, state, lr, step,
+                                       err);
+}
+int ob_clip(void *inst, const k3c_param_table *t, float *g, double max_norm, double *norm, k3c_err *err) {
+    return k3c_clip_grad_norm_cuda(static_cast<k3c_optim_cuda *>(inst), t, g, max_norm, norm, err);
+}
+
+}  // namespace
+
+extern "C" void k3c_cuda_optim_backend(k3c_cuda_backend *b, k3c_optim_backend *ob) {
+    memset(ob, 0, sizeof *ob);
+    ob->ctx = b;
+    ob->open = ob_open;
+    ob->close = ob_close;
+    ob->step_entries = ob_step;
+    ob->clip_grad_norm = ob_clip;
+}
