@@ -123,7 +123,9 @@ int k3c_attention_bwd_bf16_cuda(const k3c_attention_sizes *s, const int32_t *cu_
 /* ---------------------------------------------------------------- the fp16 variants (kda_f16.cu, attention_f16.cu)
  * The same kernels compiled with fp16 elements instead of bf16 (q, k, v, dout and every 16-bit intermediate: the
  * decayed operands, (I+L)⁻¹ and WY blocks, Ṽ, the chunk states, P and dS): rounding 8× finer, range ±65504 (larger
- * values become ±inf). Same signatures and workspaces as the float twins above. The precise choice where activations
+ * values become ±inf; in the backward, dout and dht are scaled into [1/2, 1) and the state gradients kept in fp16 grow
+ * with document length where gates decay slowly, so very long documents belong on the bf16 kernels). Same signatures
+ * and workspaces as the float twins above. The precise choice where activations
  * are known to be bounded, and what checks a whole model against the CPU inside a tight tolerance (issue 5). */
 int k3c_kda_chunk_fwd_f16_cuda(const k3c_kda_dims *d, const int32_t *cu_seqlens, const float *q, const float *k,
                                const float *v, const float *g, const float *beta, const float *h0, float *o, float *ht,

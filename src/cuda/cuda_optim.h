@@ -51,7 +51,8 @@ int k3c_optim_step_cuda(k3c_optim_cuda *oc, k3c_optim *o, const k3c_param_table 
                         float *state, double lr, int64_t step, k3c_err *err);
 
 /* Twins of k3c_grad_norm / k3c_clip_grad_norm: the norm goes to *norm (ROUTER_BIAS excluded; fixed 32K-element blocks
- * summed in double in table order, so the value does not depend on the launch). A non-finite norm leaves g untouched.
+ * in double, their partials summed in a fixed tree: the same value on every run, equal to the CPU's up to the order of
+ * that last sum). A non-finite norm leaves g untouched.
  * SYNCHRONISE the stream. */
 int k3c_grad_norm_cuda(k3c_optim_cuda *oc, const k3c_param_table *t, const float *g, double *norm, k3c_err *err);
 int k3c_clip_grad_norm_cuda(k3c_optim_cuda *oc, const k3c_param_table *t, float *g, double max_norm, double *norm,

@@ -120,6 +120,7 @@ __global__ void pow2_scale_kernel(float *s) {
     const float m = s[2]; /* the absmax kernels' atomicMax over the bits of non-negative floats */
     int e = 0;
     if (m > 0.f) frexpf(m, &e); /* m = f · 2^e, f ∈ [1/2, 1) */
+    e = max(-120, min(120, e)); /* both factors stay finite (subnormal or huge maxima get a partial scale) */
     s[0] = ldexpf(1.f, -e), s[1] = ldexpf(1.f, e);
 }
 __global__ void scale_kernel(float *x, size_t n, const float *s) {

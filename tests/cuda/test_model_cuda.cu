@@ -314,10 +314,12 @@ static void attribute(harness &h, k3c_cuda_backend &cb, k3c_model &cpu, k3c_mode
     const k3c_backend_f32 emu = emulation_backend();
     h.ok(k3c_model_use_backend_f32(&cpu, &emu, &h.err), "use emulation backend");
     run_step(h, cpu, b, H, e);
+    h.ok(k3c_model_use_backend_f32(&cpu, nullptr, &h.err), "back to the cpu backend"); /* emu dies with this call */
     static const char *what[4] = {"gpu", "gpu, KDA emulated on the cpu", "gpu, attention emulated on the cpu",
                                   "gpu, both emulated on the cpu"};
+    k3c_backend_f32 hy; /* one object the GPU model points at across the variants (it outlives the loop) */
     for (int v = 0; v < 4; v++) {
-        const k3c_backend_f32 hy = hybrid_backend(cb.table, v & 1, v >> 1);
+        hy = hybrid_backend(cb.table, v & 1, v >> 1);
         h.ok(k3c_model_use_backend_f32(&gpu, &hy, &h.err), "use hybrid backend");
         step_out g;
         run_step(h, gpu, b, H, g);
