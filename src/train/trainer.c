@@ -225,7 +225,7 @@ static double unigram_entropy(const k3c_loader *ld) {
 
 static int save(trainer *tr, k3c_err *err) {
     char *ls = NULL;
-    int e = tr->m.backend ? backend_of(tr)->sync(err) : K3C_OK; /* the host reads w and the optimizer state */
+    int e = backend_of(tr)->sync(err); /* the host reads w and the optimizer state */
     if (!e) e = k3c_loader_state_to_json(tr->loader, &ls, err);
     if (e) return e;
     k3c_sbuf sb;
@@ -308,8 +308,8 @@ static int resume(trainer *tr, k3c_err *err) {
     return e;
 }
 
-static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o, const k3c_optim_backend *ob,
-                 k3c_err *err) {
+static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o, k3c_err *err) {
+    const k3c_optim_backend *ob = o->optim;
     memset(tr, 0, sizeof *tr);
     tr->rc = rc;
     if (ob && !o->backend)
@@ -331,12 +331,15 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     tr->opt.eps = rc->eps;
     if ((e = k3c_optim_parse_matrix(rc->matrix_optimizer, &tr->opt.matrix_optimizer, err))) return e;
     if ((e = k3c_optim_init(&tr->opt, &tr->m.table, err))) return e;
-    /* on a backend the state lives in its memory, next to w and g, where the backend optimizer steps it */
+    /* on a backend the state lives in its memory, next to w and g, where the backend optimizer steps it; zero = step 0,
+     * finished before a resume writes it from the host */
+    const size_t n_state = tr->opt.state_numel ? tr->opt.state_numel : 1;
     tr->ostate_be = o->backend;
-    tr->ostate = tr->ostate_be ? tr->ostate_be->alloc(sizeof(float) * (tr->opt.state_numel ? tr->opt.state_numel : 1))
-                               : calloc(tr->opt.state_numel ? tr->opt.state_numel : 1, sizeof(float));
+    tr->ostate = tr->ostate_be ? tr->ostate_be->alloc(sizeof(float) * n_state) : calloc(n_state, sizeof(float));
     tr->n_mla = k3c_config_num_mla(&cfg);
     if (!tr->ostate) return k3c_errf(err, K3C_ENOMEM, "trainer: out of memory");
+    if (tr->ostate_be && ((e = tr->ostate_be->zero(tr->ostate, (int64_t)n_state, err)) || (e = tr->ostate_be->sync(err))))
+        return e;
     k3c_data_source src[K3C_RUN_MAX_SOURCES];
     for (int i = 0; i < rc->n_sources; i++) src[i] = (k3c_data_source){rc->source_name[i], rc->source_dir[i]};
     if ((e = k3c_loader_open(src, rc->n_sources, rc->stage[0].mixture, rc->seed, &tr->loader, err))) return e;
@@ -387,7 +390,7 @@ int k3c_train_run(const k3c_run_config *rc, const k3c_train_opts *o, k3c_train_r
     trainer tr;
     memset(res, 0, sizeof *res);
     res->last_val_loss = NAN;
-    int e = setup(&tr, rc, o, o->optim, err);
+    int e = setup(&tr, rc, o, err);
     int64_t total = total_steps(rc), stop = o->max_steps > 0 && o->max_steps < total ? o->max_steps : total;
     k3c_progress bar;
     k3c_progress_init(&bar, "train", stop, "tok", o->progress ? o->progress : stderr, 0);
