@@ -171,8 +171,8 @@ static int mla_heads(const k3c_config &c) { return k3c_config_num_mla(&c) > 0 ? 
  *     within 16× the fp16 variant's. bf16's unit roundoff is 8× fp16's, so an error that comes from element rounding
  *     alone is about 8× larger (measured 7.9–8.5 on the logits); a defect that only the bf16 path has (the bounded
  *     diagonal tiles, §3.3) would not scale so. Per tensor the ratio is not a bound: A_log's gradient, a sum over every
- *     token and channel that nearly cancels, measured 19–41× (32× with the bounded tiles replaced by elementwise ones,
- *     so not them), while its bf16 error stays within 2.5× the bf16-operand floor. Per-tensor ratios to that floor
+ *     token and channel that nearly cancels, measured 13–43× (32× with the bounded tiles replaced by elementwise ones,
+ *     so not them), and up to 6.5× the bf16-operand floor. Per-tensor ratios to that floor
  *     (the CPU reference on bf16-rounded operands) are printed.
  * top-k routing: bf16 rounding upstream flips a few near-tied expert choices, which changes those tokens' outputs by
  * O(1), so only the loss and the agreement of the routes are checked; the logit and gradient errors are printed. */
