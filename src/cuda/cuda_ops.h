@@ -67,6 +67,11 @@ int k3c_gemm_bf16_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, i
                        const uint16_t *A, const uint16_t *B, float beta, void *C, int c_f32, k3c_err *err);
 int k3c_matmul_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, double alpha,
                     const float *A, const float *B, double beta, float *C, int tf32, k3c_err *err);
+/* batch products of k3c_matmul_cuda in one strided-batched call: item i reads A + i·sA, B + i·sB, writes C + i·sC
+ * (element strides; 256-byte aligned items keep cuBLASLt's heuristics on their default assumptions). */
+int k3c_matmul_batched_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, double alpha,
+                            const float *A, int64_t sA, const float *B, int64_t sB, double beta, float *C, int64_t sC,
+                            int32_t batch, int tf32, k3c_err *err);
 
 /* ---------------------------------------------------------------- KDA (kda_fwd.cu, kda_bwd.cu, kda_recurrent.cu)
  * Chunked twins of k3c_kda_chunk_{fwd,bwd} (ops/kda.h): chunk 64 built from 16-row sub-tiles, whatever d->chunk says.

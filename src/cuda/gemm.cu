@@ -14,10 +14,11 @@
     } while (0)
 
 /* cuBLASLt is column-major: the row-major product C = op(A) op(B) is computed as Cᵀ = op(B)ᵀ op(A)ᵀ, i.e. with the
- * operands swapped and each row-major buffer read as its column-major transpose. */
+ * operands swapped and each row-major buffer read as its column-major transpose. batch > 1: that many products at
+ * element strides sA, sB, sC in one strided-batched call. */
 static int lt_gemm(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                    const void *A, const void *B, float beta, void *C, cudaDataType_t ab_type, cudaDataType_t c_type,
-                   cublasComputeType_t compute, k3c_err *err) {
+                   cublasComputeType_t compute, int32_t batch, int64_t sA, int64_t sB, int64_t sC, k3c_err *err) {
     if (M < 0 || N < 0 || K < 0) return k3c_errf(err, K3C_EINVAL, "gemm: negative size %lld %lld %lld", (long long)M,
                                                   (long long)N, (long long)K);
     if (M == 0 || N == 0) return K3C_OK;
@@ -38,13 +39,22 @@ static int lt_gemm(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64
     K3C_LT(cublasLtMatrixLayoutCreate(&la, ab_type, a_rows, a_cols, (int64_t)a_rows));
     K3C_LT(cublasLtMatrixLayoutCreate(&lb, ab_type, b_rows, b_cols, (int64_t)b_rows));
     K3C_LT(cublasLtMatrixLayoutCreate(&lc, c_type, N, M, N));
+    if (batch > 1) {
+        cublasLtMatrixLayout_t lay[3] = {la, lb, lc};
+        const int64_t stride[3] = {sB, sA, sC}; /* Lt's A is our B */
+        for (int i = 0; i < 3; i++) {
+            K3C_LT(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch));
+            K3C_LT(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride[i],
+                                                    sizeof stride[i]));
+        }
+    }
     K3C_LT(cublasLtMatmulPreferenceCreate(&pref));
     K3C_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ctx->lt_ws_bytes,
                                                 sizeof ctx->lt_ws_bytes));
     K3C_LT(cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)ctx->lt, op, la, lb, lc, lc, pref, 1, &heur, &found));
     if (!found) {
-        rc = k3c_errf(err, K3C_EUNSUPPORTED, "gemm: cuBLASLt found no algorithm for %lldx%lldx%lld", (long long)M,
-                      (long long)N, (long long)K);
+        rc = k3c_errf(err, K3C_EUNSUPPORTED, "gemm: cuBLASLt found no algorithm for %d x %lldx%lldx%lld", (int)batch,
+                      (long long)M, (long long)N, (long long)K);
         goto done;
     }
     K3C_LT(cublasLtMatmul((cublasLtHandle_t)ctx->lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur.algo,
@@ -62,12 +72,21 @@ extern "C" int k3c_gemm_bf16_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, i
                                   float alpha, const uint16_t *A, const uint16_t *B, float beta, void *C, int c_f32,
                                   k3c_err *err) {
     return lt_gemm(ctx, trans_a, trans_b, M, N, K, alpha, A, B, beta, C, CUDA_R_16BF, c_f32 ? CUDA_R_32F : CUDA_R_16BF,
-                   CUBLAS_COMPUTE_32F, err);
+                   CUBLAS_COMPUTE_32F, 1, 0, 0, 0, err);
 }
 
 extern "C" int k3c_matmul_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                                double alpha, const float *A, const float *B, double beta, float *C, int tf32,
                                k3c_err *err) {
     return lt_gemm(ctx, trans_a, trans_b, M, N, K, (float)alpha, A, B, (float)beta, C, CUDA_R_32F, CUDA_R_32F,
-                   tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, err);
+                   tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, 1, 0, 0, 0, err);
+}
+
+extern "C" int k3c_matmul_batched_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                                       double alpha, const float *A, int64_t sA, const float *B, int64_t sB,
+                                       double beta, float *C, int64_t sC, int32_t batch, int tf32, k3c_err *err) {
+    if (batch < 0) return k3c_errf(err, K3C_EINVAL, "gemm: negative batch %d", (int)batch);
+    if (batch == 0) return K3C_OK;
+    return lt_gemm(ctx, trans_a, trans_b, M, N, K, (float)alpha, A, B, (float)beta, C, CUDA_R_32F, CUDA_R_32F,
+                   tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, batch, sA, sB, sC, err);
 }

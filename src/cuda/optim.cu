@@ -1,6 +1,5 @@
 /* optim.cu — the optimizer on the GPU: AdamW, (Per-Head) Muon with Newton–Schulz-5 on batched fp32 GEMMs, and
  * deterministic gradient-norm clipping; twins of train/adamw.c, muon.c, schedule.c. ARCHITECTURE.md §10.1, §10.3. */
-#include <cublasLt.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,69 +152,11 @@ void dev_free(const k3c_optim_cuda *oc, void *p) {
     else k3c_cuda_free(p);
 }
 
-#define K3C_LTB(call)                                                                                                  \
-    do {                                                                                                               \
-        cublasStatus_t s_ = (call);                                                                                    \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                             \
-            rc = k3c_errf(err, K3C_EDEVICE, "%s:%d: %s: cuBLAS status %d", __FILE__, __LINE__, #call, (int)s_);        \
-            goto done;                                                                                                 \
-        }                                                                                                              \
-    } while (0)
-
-/* k3c_matmul_cuda (fp32, no TF32) over `batch` items at fixed strides, as one strided-batched cuBLASLt call: the same
- * column-major swap as gemm.cu (row-major C = op(A) op(B) computed as Cᵀ = op(B)ᵀ op(A)ᵀ). */
-int lt_batched(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-               const float *A, int64_t sA, const float *B, int64_t sB, float beta, float *C, int64_t sC, int32_t batch,
-               k3c_err *err) {
-    if (!ctx || !ctx->lt) return k3c_errf(err, K3C_EINVAL, "optimizer (cuda): no cuBLASLt context");
-    int rc = K3C_OK, found = 0;
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
-    cublasLtMatmulPreference_t pref = NULL;
-    cublasLtMatmulHeuristicResult_t heur;
-    cublasOperation_t ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    uint64_t a_rows = trans_b ? K : N, a_cols = trans_b ? N : K;
-    uint64_t b_rows = trans_a ? M : K, b_cols = trans_a ? K : M;
-    K3C_LTB(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    K3C_LTB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    K3C_LTB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    K3C_LTB(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, a_rows, a_cols, (int64_t)a_rows));
-    K3C_LTB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, b_rows, b_cols, (int64_t)b_rows));
-    K3C_LTB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N));
-    {
-        cublasLtMatrixLayout_t lay[3] = {la, lb, lc};
-        const int64_t stride[3] = {sB, sA, sC}; /* Lt's A is our B */
-        for (int i = 0; i < 3; i++) {
-            K3C_LTB(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch));
-            K3C_LTB(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride[i],
-                                                     sizeof stride[i]));
-        }
-    }
-    K3C_LTB(cublasLtMatmulPreferenceCreate(&pref));
-    K3C_LTB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ctx->lt_ws_bytes,
-                                                 sizeof ctx->lt_ws_bytes));
-    K3C_LTB(cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)ctx->lt, op, la, lb, lc, lc, pref, 1, &heur, &found));
-    if (!found) {
-        rc = k3c_errf(err, K3C_EUNSUPPORTED, "optimizer (cuda): cuBLASLt found no batched algorithm for %d x %lldx%lldx%lld",
-                      (int)batch, (long long)M, (long long)N, (long long)K);
-        goto done;
-    }
-    K3C_LTB(cublasLtMatmul((cublasLtHandle_t)ctx->lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur.algo,
-                           ctx->lt_ws, ctx->lt_ws_bytes, K3C_STREAM));
-done:
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (op) cublasLtMatmulDescDestroy(op);
-    return rc;
-}
-
 int bgemm(const k3c_optim_cuda *oc, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const float *A,
           size_t sA, const float *B, size_t sB, double beta, float *C, size_t sC, int64_t batch, k3c_err *err) {
     if (oc->batched && batch > 1)
-        return lt_batched(oc->cu, ta, tb, M, N, K, (float)alpha, A, (int64_t)sA, B, (int64_t)sB, (float)beta, C,
-                          (int64_t)sC, (int32_t)batch, err);
+        return k3c_matmul_batched_cuda(oc->cu, ta, tb, M, N, K, alpha, A, (int64_t)sA, B, (int64_t)sB, beta, C,
+                                       (int64_t)sC, (int32_t)batch, 0, err);
     for (int64_t i = 0; i < batch; i++) {
         int rc = k3c_matmul_cuda(oc->cu, ta, tb, M, N, K, alpha, A + i * sA, B + i * sB, beta, C + i * sC, 0, err);
         if (rc) return rc;
