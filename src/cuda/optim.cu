@@ -326,12 +326,7 @@ extern "C" void k3c_optim_cuda_free(k3c_optim_cuda *oc) {
 extern "C" int k3c_optim_step_entries_cuda(k3c_optim_cuda *oc, k3c_optim *o, const k3c_param_table *t, int first,
                                            int last, float *w, const float *g, float *state, double lr, int64_t step,
                                            k3c_err *err) {
-    if (!o->state_off || o->n_entries != t->n)
-        return k3c_errf(err, K3C_EINVAL, "optimizer: not initialised for this parameter table (%d vs %d entries)",
-                        o->n_entries, t->n);
-    if (first < 0 || last > t->n || first > last || step < 1 || !isfinite(lr))
-        return k3c_errf(err, K3C_EINVAL, "optimizer: bad entry range [%d, %d) of %d, step %lld or lr %g", first, last,
-                        t->n, (long long)step, lr);
+    if (int e = k3c_optim_check_step(o, t, first, last, lr, step, err)) return e;
     /* AdamW's scalars exactly as k3c_adamw_update forms them (double, then rounded once to float). */
     const float b1 = (float)o->beta1, b2 = (float)o->beta2, eps = (float)o->eps;
     const float omb1 = (float)(1.0 - o->beta1), omb2 = (float)(1.0 - o->beta2);

@@ -134,14 +134,21 @@ static int step_muon(k3c_optim *o, const k3c_param *p, float *w, const float *g,
     return K3C_OK;
 }
 
-int k3c_optim_step_entries(k3c_optim *o, const k3c_param_table *t, int first, int last, float *w, const float *g,
-                           float *state, double lr, int64_t step, k3c_err *err) {
+int k3c_optim_check_step(const k3c_optim *o, const k3c_param_table *t, int first, int last, double lr, int64_t step,
+                         k3c_err *err) {
     if (!o->state_off || o->n_entries != t->n)
         return k3c_errf(err, K3C_EINVAL, "optimizer: not initialised for this parameter table (%d vs %d entries)",
                         o->n_entries, t->n);
     if (first < 0 || last > t->n || first > last || step < 1 || !isfinite(lr))
         return k3c_errf(err, K3C_EINVAL, "optimizer: bad entry range [%d, %d) of %d, step %lld or lr %g", first, last,
                         t->n, (long long)step, lr);
+    return K3C_OK;
+}
+
+int k3c_optim_step_entries(k3c_optim *o, const k3c_param_table *t, int first, int last, float *w, const float *g,
+                           float *state, double lr, int64_t step, k3c_err *err) {
+    int rc = k3c_optim_check_step(o, t, first, last, lr, step, err);
+    if (rc) return rc;
     const k3c_adamw_hp hp = {o->beta1, o->beta2, o->eps};
     for (int i = first; i < last; i++) {
         const k3c_param *p = &t->p[i];

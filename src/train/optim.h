@@ -91,6 +91,10 @@ void k3c_optim_free(k3c_optim *o);
  * step ≥ 1 is the 1-based update count (AdamW bias correction). g is not modified. */
 int k3c_optim_step(k3c_optim *o, const k3c_param_table *t, float *w, const float *g, float *state, double lr,
                    int64_t step, k3c_err *err);
+/* K3C_EINVAL unless o was initialised for t, 0 ≤ first ≤ last ≤ t->n, step ≥ 1 and lr is finite (every backend's step
+ * checks its arguments with this). */
+int k3c_optim_check_step(const k3c_optim *o, const k3c_param_table *t, int first, int last, double lr, int64_t step,
+                         k3c_err *err);
 /* The same for entries [first, last) only (pipeline stages or ZeRO owners step their own entries). */
 int k3c_optim_step_entries(k3c_optim *o, const k3c_param_table *t, int first, int last, float *w, const float *g,
                            float *state, double lr, int64_t step, k3c_err *err);
