@@ -1,5 +1,6 @@
 /* real.h — the `real` type of the CPU reference: files that include this are compiled twice, as float (K3C_REAL_DOUBLE=0,
- * symbols suffixed _f32) and as double (=1, suffix _f64), so tests can run ops, layers and whole models in float64. */
+ * symbols suffixed _f32) and as double (=1, suffix _f64), so tests can run ops, layers and whole models in float64.
+ * Definitions use the real name (k3c_rmsnorm_fwd); base/real_names.h maps it to the suffixed symbol. */
 #ifndef K3C_REAL_H
 #define K3C_REAL_H
 
@@ -10,9 +11,10 @@
 #include <cblas.h>
 #include <math.h>
 
+#include "base/real_names.h"
+
 #if K3C_REAL_DOUBLE
 typedef double real;
-#define R(name) name##_f64
 #define REAL_DTYPE K3C_F64
 #define cblas_rgemm cblas_dgemm
 #define cblas_raxpy cblas_daxpy
@@ -25,7 +27,6 @@ typedef double real;
 #define REAL_EPS 2.220446049250313e-16
 #else
 typedef float real;
-#define R(name) name##_f32
 #define REAL_DTYPE K3C_F32
 #define cblas_rgemm cblas_sgemm
 #define cblas_raxpy cblas_saxpy

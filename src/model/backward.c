@@ -6,9 +6,9 @@
 
 #define CHECK_RC(expr) do { int rc_ = (expr); if (rc_) return rc_; } while (0)
 
-void R(k3c_acts_carve_backward)(const k3c_model *m, k3c_carver *cv, k3c_acts *a);
-real *R(k3c_acts_src)(const k3c_acts *a, int s);
-int R(k3c_acts_layer_fwd)(k3c_acts *a, int l, k3c_err *err);
+void k3c_acts_carve_backward(const k3c_model *m, k3c_carver *cv, k3c_acts *a);
+real *k3c_acts_src(const k3c_acts *a, int s);
+int k3c_acts_layer_fwd(k3c_acts *a, int l, k3c_err *err);
 
 static real *src_grad(const k3c_acts *a, int s) { return s == K3C_SRC_EMB ? a->demb : s % 2 ? a->dpend[s / 2] : a->dpmid[s / 2]; }
 
@@ -17,7 +17,7 @@ static int mix_bwd(const k3c_acts *a, const k3c_mix *mx, size_t proj, size_t nor
     const k3c_config *c = &a->st.m->cfg;
     const real *v[K3C_ATTNRES_MAX_SOURCES];
     real *dv[K3C_ATTNRES_MAX_SOURCES];
-    for (int i = 0; i < mx->n; i++) { v[i] = R(k3c_acts_src)(a, mx->src[i]); dv[i] = src_grad(a, mx->src[i]); }
+    for (int i = 0; i < mx->n; i++) { v[i] = k3c_acts_src(a, mx->src[i]); dv[i] = src_grad(a, mx->src[i]); }
     k3c_attnres_sizes s = {a->T, c->hidden_size, mx->n, c->rms_norm_eps};
     int rc = a->st.be->attnres_bwd(&s, v, a->st.w + proj, a->st.w + norm, mx->saved, dh, dv, a->st.g + proj,
                                    a->st.g + norm, a->st.scratch, err);
@@ -33,12 +33,12 @@ typedef int (*sublayer_bwd)(k3c_acts *a, int l, const real *dout, real *dxn, k3c
 
 static int mixer_bwd(k3c_acts *a, int l, const real *dout, real *dxn, k3c_arena *tmp, k3c_err *err) {
     if (a->st.m->cfg.mixer[l] == K3C_MIXER_KDA)
-        return R(k3c_kda_layer_bwd)(&a->st, l, a->axn[l], &a->kda[l], dout, dxn, tmp, err);
-    return R(k3c_mla_layer_bwd)(&a->st, l, a->axn[l], &a->mla[l], dout, dxn, tmp, err);
+        return k3c_kda_layer_bwd(&a->st, l, a->axn[l], &a->kda[l], dout, dxn, tmp, err);
+    return k3c_mla_layer_bwd(&a->st, l, a->axn[l], &a->mla[l], dout, dxn, tmp, err);
 }
 
 static int ffn_bwd(k3c_acts *a, int l, const real *dout, real *dxn, k3c_arena *tmp, k3c_err *err) {
-    return R(k3c_ffn_layer_bwd)(&a->st, l, a->mxn[l], &a->ffn[l], dout, dxn, tmp, err);
+    return k3c_ffn_layer_bwd(&a->st, l, a->mxn[l], &a->ffn[l], dout, dxn, tmp, err);
 }
 
 static int sublayer(k3c_acts *a, int l, sublayer_bwd f, const real *in, const real *rstd, size_t norm_w,
@@ -59,7 +59,7 @@ static int layer_bwd(k3c_acts *a, int l, k3c_err *err) {
     const k3c_layer_offsets *o = &m->table.layer[l];
     int64_t TD = a->T * m->cfg.hidden_size;
     /* a recomputed layer kept only its stream outputs: run its forward again (same inputs, same bits) */
-    if (m->recompute[l]) CHECK_RC(R(k3c_acts_layer_fwd)(a, l, err));
+    if (m->recompute[l]) CHECK_RC(k3c_acts_layer_fwd(a, l, err));
     /* FFN: pend = ffn(norm(min)) + pmid */
     CHECK_RC(add_into(a, a->dpmid[l], a->dpend[l], TD, err));
     CHECK_RC(sublayer(a, l, ffn_bwd, a->min[l], a->mrstd[l], o->post_norm, a->dpend[l], err));
@@ -74,15 +74,15 @@ static int layer_bwd(k3c_acts *a, int l, k3c_err *err) {
     return K3C_OK;
 }
 
-int R(k3c_model_backward)(k3c_model *m, k3c_acts *a, double scale, k3c_err *err) {
+int k3c_model_backward(k3c_model *m, k3c_acts *a, double scale, k3c_err *err) {
     if (!m->g) return k3c_errf(err, K3C_EINVAL, "backward: model was created without gradients");
     const k3c_config *c = &m->cfg;
     int64_t T = a->T, D = c->hidden_size, V = c->vocab_size;
     k3c_arena_reset(a->arena, a->tmp_mark);
     k3c_carver cv = {.a = a->arena};
-    R(k3c_acts_carve_backward)(m, &cv, a);
+    k3c_acts_carve_backward(m, &cv, a);
     if (cv.oom) return k3c_errf(err, K3C_ENOMEM, "backward: activation arena too small");
-    const R(k3c_backend) *be = a->st.be;
+    const k3c_backend *be = a->st.be;
     CHECK_RC(be->zero(a->demb, T * D, err));
     for (int l = 0; l < c->num_layers; l++) {
         CHECK_RC(be->zero(a->dpmid[l], T * D, err));

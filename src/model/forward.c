@@ -14,8 +14,8 @@ static size_t scratch_bytes(const k3c_model *m, int64_t T, int n_docs) {
     size_t need = 0;
     const k3c_config *c = &m->cfg;
     for (int l = 0; l < c->num_layers; l++) {
-        size_t a = c->mixer[l] == K3C_MIXER_KDA ? R(k3c_kda_scratch)(m, T, n_docs) : R(k3c_mla_scratch)(m, T, n_docs);
-        size_t f = R(k3c_ffn_scratch)(m, l, T);
+        size_t a = c->mixer[l] == K3C_MIXER_KDA ? k3c_kda_scratch(m, T, n_docs) : k3c_mla_scratch(m, T, n_docs);
+        size_t f = k3c_ffn_scratch(m, l, T);
         if (a > need) need = a;
         if (f > need) need = f;
     }
@@ -74,14 +74,14 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver 
         int kda = c->mixer[l] == K3C_MIXER_KDA, moe = c->ffn[l] == K3C_FFN_MOE;
         int *sm = kda ? &slot_kda : &slot_mla, *sf = &slot_ffn[moe];
         if (!rec || *sm < 0) {
-            if (kda) R(k3c_kda_alloc)(m, T, cv, cv->measure ? &kd : &a->kda[l]);
-            else R(k3c_mla_alloc)(m, T, cv, cv->measure ? &ml : &a->mla[l]);
+            if (kda) k3c_kda_alloc(m, T, cv, cv->measure ? &kd : &a->kda[l]);
+            else k3c_mla_alloc(m, T, cv, cv->measure ? &ml : &a->mla[l]);
             if (rec) *sm = l;
         } else if (!cv->measure) {
             if (kda) a->kda[l] = a->kda[*sm]; else a->mla[l] = a->mla[*sm];
         }
         if (!rec || *sf < 0) {
-            R(k3c_ffn_alloc)(m, l, T, cv, cv->measure ? &ff : &a->ffn[l]);
+            k3c_ffn_alloc(m, l, T, cv, cv->measure ? &ff : &a->ffn[l]);
             if (rec) *sf = l;
         } else if (!cv->measure) {
             a->ffn[l] = a->ffn[*sf];
@@ -116,15 +116,15 @@ static void carve_backward(const k3c_model *m, int64_t T, k3c_carver *cv, k3c_ac
 static size_t layer_tmp_bytes(const k3c_model *m, int64_t T) {
     size_t need = sizeof(real) * (size_t)(T * m->cfg.vocab_size) + 64; /* dlogits */
     for (int l = 0; l < m->cfg.num_layers; l++) {
-        size_t a = m->cfg.mixer[l] == K3C_MIXER_KDA ? R(k3c_kda_bwd_bytes)(m, T) : R(k3c_mla_bwd_bytes)(m, T);
-        size_t f = R(k3c_ffn_bwd_bytes)(m, l, T);
+        size_t a = m->cfg.mixer[l] == K3C_MIXER_KDA ? k3c_kda_bwd_bytes(m, T) : k3c_mla_bwd_bytes(m, T);
+        size_t f = k3c_ffn_bwd_bytes(m, l, T);
         if (a > need) need = a;
         if (f > need) need = f;
     }
     return need;
 }
 
-size_t R(k3c_model_plan_bytes)(const k3c_model *m, int64_t T, int n_docs) {
+size_t k3c_model_plan_bytes(const k3c_model *m, int64_t T, int n_docs) {
     k3c_carver cv = {.measure = 1};
     k3c_acts dummy;
     cv.bytes = sizeof(k3c_acts) + 64;
@@ -188,8 +188,8 @@ static int layer_fwd(k3c_acts *a, int l, k3c_err *err) {
     if (a->boundary[l]) Rsrc[nR++] = P;
     k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
     CHECK_RC(st->be->rmsnorm_fwd(&rs, a->ain[l], w + o->input_norm, a->axn[l], a->arstd[l], err));
-    if (c->mixer[l] == K3C_MIXER_KDA) CHECK_RC(R(k3c_kda_layer_fwd)(st, l, a->axn[l], &a->kda[l], a->pmid[l], err));
-    else CHECK_RC(R(k3c_mla_layer_fwd)(st, l, a->axn[l], &a->mla[l], a->pmid[l], err));
+    if (c->mixer[l] == K3C_MIXER_KDA) CHECK_RC(k3c_kda_layer_fwd(st, l, a->axn[l], &a->kda[l], a->pmid[l], err));
+    else CHECK_RC(k3c_mla_layer_fwd(st, l, a->axn[l], &a->mla[l], a->pmid[l], err));
     if (!a->boundary[l]) CHECK_RC(st->be->add(T * D, src_ptr(a, P), a->pmid[l], err));
     if (S > 0) {
         set_sources(&a->mmix[l], Rsrc, nR, K3C_SRC_MID(l));
@@ -199,7 +199,7 @@ static int layer_fwd(k3c_acts *a, int l, k3c_err *err) {
         a->min[l] = a->pmid[l];
     }
     CHECK_RC(st->be->rmsnorm_fwd(&rs, a->min[l], w + o->post_norm, a->mxn[l], a->mrstd[l], err));
-    CHECK_RC(R(k3c_ffn_layer_fwd)(st, l, a->mxn[l], &a->ffn[l], a->pend[l], err));
+    CHECK_RC(k3c_ffn_layer_fwd(st, l, a->mxn[l], &a->ffn[l], a->pend[l], err));
     CHECK_RC(st->be->add(T * D, a->pmid[l], a->pend[l], err));
     return K3C_OK;
 }
@@ -222,7 +222,7 @@ static int run_layers(k3c_acts *a, k3c_err *err) {
     return K3C_OK;
 }
 
-int R(k3c_model_forward)(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, k3c_acts **acts_out, double *loss,
+int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, k3c_acts **acts_out, double *loss,
                          real **logits_out, k3c_err *err) {
     const k3c_config *c = &m->cfg;
     int64_t T = b->T, D = c->hidden_size, V = c->vocab_size;
@@ -236,14 +236,14 @@ int R(k3c_model_forward)(k3c_model *m, const k3c_model_batch *b, k3c_arena *aren
                 return k3c_errf(err, K3C_EINVAL, "forward: cu_seqlens[%d] < cu_seqlens[%d]", d + 1, d);
     }
     if (max_sources(c) > K3C_ATTNRES_MAX_SOURCES) return k3c_errf(err, K3C_EUNSUPPORTED, "forward: too many AttnRes blocks");
-    const R(k3c_backend) *be = k3c_model_be(m);
+    const k3c_backend *be = k3c_model_be(m);
     CHECK_RC(be->sync(err)); /* the host writes the batch into memory the previous step's ops may still read */
     k3c_acts *a = k3c_arena_calloc(arena, sizeof *a);
     k3c_carver cv = {.a = arena};
     if (a) carve_forward(m, T, b->n_docs, &cv, a);
     if (!a || cv.oom)
         return k3c_errf(err, K3C_ENOMEM, "forward: activation arena too small (%zu bytes; plan %zu)", arena->cap,
-                        R(k3c_model_plan_bytes)(m, T, b->n_docs));
+                        k3c_model_plan_bytes(m, T, b->n_docs));
     a->T = T;
     int n_docs = b->cu_seqlens ? b->n_docs : 1;
     a->st = (k3c_step){.m = m, .be = be, .T = T, .n_docs = n_docs, .cu = b->cu_seqlens ? a->cu : NULL,
@@ -274,6 +274,6 @@ int R(k3c_model_forward)(k3c_model *m, const k3c_model_batch *b, k3c_arena *aren
 }
 
 /* Exposed to backward.c (same precision). */
-int R(k3c_acts_layer_fwd)(k3c_acts *a, int l, k3c_err *err) { return layer_fwd(a, l, err); }
-void R(k3c_acts_carve_backward)(const k3c_model *m, k3c_carver *cv, k3c_acts *a) { carve_backward(m, a->T, cv, a); }
-real *R(k3c_acts_src)(const k3c_acts *a, int s) { return src_ptr(a, s); }
+int k3c_acts_layer_fwd(k3c_acts *a, int l, k3c_err *err) { return layer_fwd(a, l, err); }
+void k3c_acts_carve_backward(const k3c_model *m, k3c_carver *cv, k3c_acts *a) { carve_backward(m, a->T, cv, a); }
+real *k3c_acts_src(const k3c_acts *a, int s) { return src_ptr(a, s); }

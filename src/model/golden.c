@@ -68,7 +68,7 @@ static int gather(const k3c_model *m, const char *name, double *buf, int64_t n) 
     return 0;
 }
 
-int R(k3c_golden_grads)(const k3c_model *m, const k3c_safetensors *golden, k3c_golden_row *rows, int max_rows,
+int k3c_golden_grads(const k3c_model *m, const k3c_safetensors *golden, k3c_golden_row *rows, int max_rows,
                         int *n_rows, k3c_err *err) {
     int nr = 0;
     for (int i = 0; i < k3c_st_count(golden); i++) {

@@ -33,18 +33,18 @@ static k3c_moe_sizes moe_sizes(const k3c_model *m, const ffn_shape *s) {
     return ms;
 }
 
-size_t R(k3c_ffn_scratch)(const k3c_model *m, int l, int64_t T) {
+size_t k3c_ffn_scratch(const k3c_model *m, int l, int64_t T) {
     ffn_shape s = shape_of(m, l, T);
-    const R(k3c_backend) *be = k3c_model_be(m);
+    const k3c_backend *be = k3c_model_be(m);
     size_t a = 0, b = 0;
     if (!s.moe || s.shw > 0) { k3c_mlp_sizes ms = mlp_sizes(m, &s); a = be->mlp_workspace(&ms); }
     if (s.moe) { k3c_moe_sizes es = moe_sizes(m, &s); b = be->moe_workspace(&es); }
     return a > b ? a : b;
 }
 
-void R(k3c_ffn_alloc)(const k3c_model *m, int l, int64_t T, k3c_carver *c, k3c_ffn_acts *a) {
+void k3c_ffn_alloc(const k3c_model *m, int l, int64_t T, k3c_carver *c, k3c_ffn_acts *a) {
     ffn_shape s = shape_of(m, l, T);
-    const R(k3c_backend) *be = k3c_model_be(m);
+    const k3c_backend *be = k3c_model_be(m);
     memset(a, 0, sizeof *a);
     if (!s.moe || s.shw > 0) {
         k3c_mlp_sizes ms = mlp_sizes(m, &s);
@@ -84,7 +84,7 @@ static int record_routes(const k3c_step *st, int l, const ffn_shape *s, const k3
     return K3C_OK;
 }
 
-int R(k3c_ffn_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, real *y, k3c_err *err) {
+int k3c_ffn_layer_fwd(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, real *y, k3c_err *err) {
     k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
     const k3c_layer_offsets *o = &m->table.layer[l];
@@ -129,12 +129,12 @@ int R(k3c_ffn_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, r
     return K3C_OK;
 }
 
-size_t R(k3c_ffn_bwd_bytes)(const k3c_model *m, int l, int64_t T) {
+size_t k3c_ffn_bwd_bytes(const k3c_model *m, int l, int64_t T) {
     ffn_shape s = shape_of(m, l, T);
     return s.moe ? sizeof(real) * (size_t)(T * (s.k + s.E + 3 * s.lat)) + 8 * 64 : 0;
 }
 
-int R(k3c_ffn_layer_bwd)(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, const real *dy, real *dxn,
+int k3c_ffn_layer_bwd(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, const real *dy, real *dxn,
                          k3c_arena *tmp, k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;

@@ -22,15 +22,15 @@ static k3c_kda_dims core_dims(const k3c_model *m, int64_t T, int n_docs) {
     return d;
 }
 
-size_t R(k3c_kda_scratch)(const k3c_model *m, int64_t T, int n_docs) {
-    const R(k3c_backend) *be = k3c_model_be(m);
+size_t k3c_kda_scratch(const k3c_model *m, int64_t T, int n_docs) {
+    const k3c_backend *be = k3c_model_be(m);
     k3c_kda_dims d = core_dims(m, T, n_docs);
     k3c_short_conv_dims cd = {T, shape_of(m, T).P, (int)m->cfg.conv_kernel, n_docs};
     size_t a = be->kda_fwd_workspace(&d), b = be->kda_bwd_workspace(&d), c = be->short_conv_bwd_workspace(&cd);
     return a > b ? (a > c ? a : c) : (b > c ? b : c);
 }
 
-void R(k3c_kda_alloc)(const k3c_model *m, int64_t T, k3c_carver *c, k3c_kda_acts *a) {
+void k3c_kda_alloc(const k3c_model *m, int64_t T, k3c_carver *c, k3c_kda_acts *a) {
     kda_shape s = shape_of(m, T);
     a->qh = K3C_CARVE(c, real, T * s.P); a->kh = K3C_CARVE(c, real, T * s.P); a->vh = K3C_CARVE(c, real, T * s.P);
     a->qn = K3C_CARVE(c, real, T * s.P); a->kn = K3C_CARVE(c, real, T * s.P); a->vc = K3C_CARVE(c, real, T * s.P);
@@ -43,7 +43,7 @@ void R(k3c_kda_alloc)(const k3c_model *m, int64_t T, k3c_carver *c, k3c_kda_acts
     a->y1 = K3C_CARVE(c, real, T * s.P); a->ro = K3C_CARVE(c, real, T * s.H);
 }
 
-int R(k3c_kda_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, real *y, k3c_err *err) {
+int k3c_kda_layer_fwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, real *y, k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
     const k3c_layer_offsets *o = &m->table.layer[l];
@@ -80,12 +80,12 @@ int R(k3c_kda_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, r
     return k3c_lin(st, T, s.P, s.D, a->y1, w + o->o_proj, y, 0, err);
 }
 
-size_t R(k3c_kda_bwd_bytes)(const k3c_model *m, int64_t T) {
+size_t k3c_kda_bwd_bytes(const k3c_model *m, int64_t T) {
     kda_shape s = shape_of(m, T);
     return sizeof(real) * (size_t)(T * (7 * s.P + 3 * s.dk + 2 * s.H)) + 16 * 64;
 }
 
-int R(k3c_kda_layer_bwd)(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, const real *dy, real *dxn,
+int k3c_kda_layer_bwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, const real *dy, real *dxn,
                          k3c_arena *tmp, k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;

@@ -24,15 +24,15 @@ static k3c_attention_sizes attn_sizes(const mla_shape *s, int n_docs) {
     return a;
 }
 
-size_t R(k3c_mla_scratch)(const k3c_model *m, int64_t T, int n_docs) {
+size_t k3c_mla_scratch(const k3c_model *m, int64_t T, int n_docs) {
     mla_shape s = shape_of(m, T);
     k3c_attention_sizes as = attn_sizes(&s, n_docs);
-    const R(k3c_backend) *be = k3c_model_be(m);
+    const k3c_backend *be = k3c_model_be(m);
     size_t f = be->attention_fwd_workspace(&as), b = be->attention_bwd_workspace(&as);
     return f > b ? f : b;
 }
 
-void R(k3c_mla_alloc)(const k3c_model *m, int64_t T, k3c_carver *c, k3c_mla_acts *a) {
+void k3c_mla_alloc(const k3c_model *m, int64_t T, k3c_carver *c, k3c_mla_acts *a) {
     mla_shape s = shape_of(m, T);
     memset(a, 0, sizeof *a);
     if (s.r > 0) {
@@ -47,7 +47,7 @@ void R(k3c_mla_alloc)(const k3c_model *m, int64_t T, k3c_carver *c, k3c_mla_acts
     if (m->cfg.mla_output_gate) { a->gl = K3C_CARVE(c, real, T * s.H * s.dv); a->og = K3C_CARVE(c, real, T * s.H * s.dv); }
 }
 
-int R(k3c_mla_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real *y, k3c_err *err) {
+int k3c_mla_layer_fwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real *y, k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
     const k3c_layer_offsets *o = &m->table.layer[l];
@@ -86,14 +86,14 @@ int R(k3c_mla_layer_fwd)(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, r
     return k3c_lin(st, T, H * s.dv, s.D, out, w + o->o_proj, y, 0, err);
 }
 
-size_t R(k3c_mla_bwd_bytes)(const k3c_model *m, int64_t T) {
+size_t k3c_mla_bwd_bytes(const k3c_model *m, int64_t T) {
     mla_shape s = shape_of(m, T);
     int64_t n = 2 * T * s.H * s.dv + 2 * T * s.H * s.dqk + T * s.H * s.dv + T * s.H * (s.nope + s.dv) +
                 T * (s.rkv + s.rope) + 2 * T * s.rkv + 2 * T * s.r;
     return sizeof(real) * (size_t)n + 16 * 64;
 }
 
-int R(k3c_mla_layer_bwd)(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, const real *dy, real *dxn,
+int k3c_mla_layer_bwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, const real *dy, real *dxn,
                          k3c_arena *tmp, k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;

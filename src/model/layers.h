@@ -27,7 +27,7 @@ static inline void *k3c_carve_bytes(k3c_carver *c, size_t n) {
 /* What a step's layers share: the model, the batch layout, a scratch region for op workspaces, the error. */
 typedef struct {
     k3c_model *m;
-    const R(k3c_backend) *be; /* runs every op of the step (m->backend or the CPU reference) */
+    const k3c_backend *be; /* runs every op of the step (m->backend or the CPU reference) */
     int64_t T;
     int n_docs;
     const int32_t *cu;
@@ -91,8 +91,8 @@ typedef struct {
 K3C_DECLARE_REAL(K3C_LAYERS_API)
 
 /* The backend of a model: its own, or the CPU reference of this precision. */
-static inline const R(k3c_backend) *k3c_model_be(const k3c_model *m) {
-    return m->backend ? (const R(k3c_backend) *)m->backend : R(k3c_backend_cpu)();
+static inline const k3c_backend *k3c_model_be(const k3c_model *m) {
+    return m->backend ? (const k3c_backend *)m->backend : k3c_backend_cpu();
 }
 
 /* y[T, out] = x[T, in] Wᵀ (+ y when acc); the backward adds dx += dy W, dW += dyᵀ x. */

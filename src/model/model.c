@@ -8,11 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const R(k3c_backend) *backend_of(const k3c_model *m) {
-    return m->backend ? (const R(k3c_backend) *)m->backend : R(k3c_backend_cpu)();
+static const k3c_backend *backend_of(const k3c_model *m) {
+    return m->backend ? (const k3c_backend *)m->backend : k3c_backend_cpu();
 }
 
-int R(k3c_model_create)(const k3c_config *cfg, int with_grad, k3c_model *m, k3c_err *err) {
+int k3c_model_create(const k3c_config *cfg, int with_grad, k3c_model *m, k3c_err *err) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->precision = REAL_DTYPE;
@@ -24,14 +24,14 @@ int R(k3c_model_create)(const k3c_config *cfg, int with_grad, k3c_model *m, k3c_
     m->g = with_grad ? k3c_aligned_alloc(bytes) : NULL;
     m->route = calloc((size_t)cfg->num_layers, sizeof *m->route);
     if (!m->w || (with_grad && !m->g) || !m->route) {
-        R(k3c_model_free)(m);
+        k3c_model_free(m);
         return k3c_errf(err, K3C_ENOMEM, "model: cannot allocate %zu bytes of parameters", bytes);
     }
     return K3C_OK;
 }
 
-void R(k3c_model_free)(k3c_model *m) {
-    const R(k3c_backend) *be = backend_of(m);
+void k3c_model_free(k3c_model *m) {
+    const k3c_backend *be = backend_of(m);
     if (be->sync(NULL) == K3C_OK || !m->backend) { /* never free memory a device may still be using */
         be->free(m->w);
         be->free(m->g);
@@ -47,8 +47,8 @@ void R(k3c_model_free)(k3c_model *m) {
     memset(m, 0, sizeof *m);
 }
 
-int R(k3c_model_use_backend)(k3c_model *m, const void *bev, k3c_err *err) {
-    const R(k3c_backend) *from = backend_of(m), *to = bev ? (const R(k3c_backend) *)bev : R(k3c_backend_cpu)();
+int k3c_model_use_backend(k3c_model *m, const void *bev, k3c_err *err) {
+    const k3c_backend *from = backend_of(m), *to = bev ? (const k3c_backend *)bev : k3c_backend_cpu();
     if (from == to) return K3C_OK;
     int rc = from->sync(err);
     if (rc) return rc;
@@ -70,15 +70,15 @@ int R(k3c_model_use_backend)(k3c_model *m, const void *bev, k3c_err *err) {
     return K3C_OK;
 }
 
-int R(k3c_model_arena_init)(const k3c_model *m, size_t cap, k3c_arena *a, k3c_err *err) {
+int k3c_model_arena_init(const k3c_model *m, size_t cap, k3c_arena *a, k3c_err *err) {
     void *mem = backend_of(m)->alloc(cap);
     if (!mem) return k3c_errf(err, K3C_ENOMEM, "model: cannot allocate %zu bytes of activations", cap);
     k3c_arena_init_from(a, mem, cap);
     return K3C_OK;
 }
 
-void R(k3c_model_arena_free)(const k3c_model *m, k3c_arena *a) {
-    const R(k3c_backend) *be = backend_of(m);
+void k3c_model_arena_free(const k3c_model *m, k3c_arena *a) {
+    const k3c_backend *be = backend_of(m);
     if (a->base && (be->sync(NULL) == K3C_OK || !m->backend)) be->free(a->base);
     memset(a, 0, sizeof *a);
 }
@@ -96,7 +96,7 @@ static int is_output_proj(const char *name) {
            ends_with(name, "routed_expert_up_proj.weight");
 }
 
-void R(k3c_model_init)(k3c_model *m, uint64_t seed, double std) {
+void k3c_model_init(k3c_model *m, uint64_t seed, double std) {
     real *w = m->w;
     const k3c_config *c = &m->cfg;
     double out_std = std / sqrt(2.0 * (double)(c->num_layers > 0 ? c->num_layers : 1));
@@ -169,7 +169,7 @@ static int load_one(k3c_model *m, const k3c_checkpoint *ck, const k3c_st_tensor 
 #endif
 }
 
-int R(k3c_model_load)(k3c_model *m, const k3c_checkpoint *ck, k3c_err *err) {
+int k3c_model_load(k3c_model *m, const k3c_checkpoint *ck, k3c_err *err) {
     const k3c_param_table *tab = &m->table;
     /* one flag per slice: every parameter must come from the checkpoint */
     size_t *base = calloc((size_t)tab->n + 1, sizeof *base);
@@ -205,7 +205,7 @@ int R(k3c_model_load)(k3c_model *m, const k3c_checkpoint *ck, k3c_err *err) {
     return rc;
 }
 
-int R(k3c_model_save)(const k3c_model *m, const char *path, k3c_err *err) {
+int k3c_model_save(const k3c_model *m, const char *path, k3c_err *err) {
     const k3c_param_table *tab = &m->table;
     int n = 0;
     for (int i = 0; i < tab->n; i++) n += (int)(tab->p[i].stack ? tab->p[i].stack : 1);
@@ -245,7 +245,7 @@ int R(k3c_model_save)(const k3c_model *m, const char *path, k3c_err *err) {
     return rc;
 }
 
-int R(k3c_model_open)(const char *dir, int with_grad, k3c_model *m, k3c_err *err) {
+int k3c_model_open(const char *dir, int with_grad, k3c_model *m, k3c_err *err) {
     memset(m, 0, sizeof *m);
     k3c_config cfg;
     int rc = k3c_config_load(dir, &cfg, err);
@@ -253,10 +253,10 @@ int R(k3c_model_open)(const char *dir, int with_grad, k3c_model *m, k3c_err *err
     k3c_checkpoint *ck = NULL;
     rc = k3c_ckpt_open(dir, &ck, err);
     if (rc) return rc;
-    rc = R(k3c_model_create)(&cfg, with_grad, m, err);
+    rc = k3c_model_create(&cfg, with_grad, m, err);
     if (!rc) {
-        rc = R(k3c_model_load)(m, ck, err);
-        if (rc) R(k3c_model_free)(m);
+        rc = k3c_model_load(m, ck, err);
+        if (rc) k3c_model_free(m);
     }
     k3c_ckpt_close(ck);
     return rc;

@@ -218,11 +218,11 @@ static void fwd_block(const attn_plan *p, int64_t h, int64_t qb, const real *q, 
     }
 }
 
-size_t R(k3c_attention_workspace)(const k3c_attention_sizes *s) {
+size_t k3c_attention_workspace(const k3c_attention_sizes *s) {
     return s && s->T > 0 && s->H > 0 ? (size_t)(s->T * s->H) * sizeof(real) : 0;
 }
 
-int R(k3c_attention_fwd)(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,
+int k3c_attention_fwd(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,
                          const real *v, real *o, real *lse, void *ws, k3c_err *err) {
     attn_plan p;
     int32_t one[2];
@@ -317,7 +317,7 @@ static void bwd_q_block(const attn_plan *p, int64_t h, int64_t qb, const real *q
     }
 }
 
-int R(k3c_attention_bwd)(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,
+int k3c_attention_bwd(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,
                          const real *v, const real *o, const real *lse, const real *dout, real *dq, real *dk, real *dv,
                          void *ws, k3c_err *err) {
     attn_plan p;
@@ -326,7 +326,7 @@ int R(k3c_attention_bwd)(const k3c_attention_sizes *s, const int32_t *cu_seqlens
     if (rc) return rc;
     if (p.T == 0 || (!dq && !dk && !dv)) return K3C_OK;
     if (!ws) return k3c_errf(err, K3C_EINVAL, "attention_bwd: workspace of %zu bytes required",
-                             R(k3c_attention_workspace)(s));
+                             k3c_attention_workspace(s));
     real *Dr = ws;
     const int64_t TH = p.T * p.H;
 #pragma omp parallel for schedule(static)
@@ -346,7 +346,7 @@ int R(k3c_attention_bwd)(const k3c_attention_sizes *s, const int32_t *cu_seqlens
 
 /* ---------------------------------------------------------------- materialised reference */
 
-size_t R(k3c_attention_naive_workspace)(const k3c_attention_sizes *s) {
+size_t k3c_attention_naive_workspace(const k3c_attention_sizes *s) {
     return s && s->T > 0 ? 2 * (size_t)(s->T * s->T) * sizeof(real) : 0;
 }
 
@@ -372,7 +372,7 @@ static void naive_probs(const attn_plan *p, int64_t h, const real *q, const real
     }
 }
 
-int R(k3c_attention_naive_fwd)(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,
+int k3c_attention_naive_fwd(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,
                                const real *v, real *o, real *lse, void *ws, k3c_err *err) {
     attn_plan p;
     int32_t one[2];
@@ -390,7 +390,7 @@ int R(k3c_attention_naive_fwd)(const k3c_attention_sizes *s, const int32_t *cu_s
 }
 
 /* dS = P ⊙ (dP − rowsum(P ⊙ dP)): the row sum is taken from P and dP here, not from O, so it checks the flash D. */
-int R(k3c_attention_naive_bwd)(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,
+int k3c_attention_naive_bwd(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,
                                const real *v, const real *o, const real *lse, const real *dout, real *dq, real *dk,
                                real *dv, void *ws, k3c_err *err) {
     attn_plan p;
@@ -426,7 +426,7 @@ int R(k3c_attention_naive_bwd)(const k3c_attention_sizes *s, const int32_t *cu_s
 
 #define QK_BLOCK 128
 
-int R(k3c_attention_max_logit)(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,
+int k3c_attention_max_logit(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,
                                float *smax, k3c_err *err) {
     int64_t H = s->H, dqk = s->dqk, T = s->T;
     int nd = cu_seqlens ? (int)s->n_docs : 1, fail = 0;

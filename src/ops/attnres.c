@@ -20,12 +20,12 @@ static int check_sizes(const k3c_attnres_sizes *s, const char *op, k3c_err *err)
 
 static size_t al64(size_t b) { return (b + 63) & ~(size_t)63; }
 
-size_t R(k3c_attnres_saved_elems)(const k3c_attnres_sizes *s) {
+size_t k3c_attnres_saved_elems(const k3c_attnres_sizes *s) {
     return check_sizes(s, "attnres_saved_elems", NULL) ? 0 : (size_t)(2 * s->tokens * s->sources);
 }
 
 /* c [T, N] = dz·rstd (the GEMM operand for dŵ), dŵ [D], then rstd and α [T, N] each when recomputed */
-size_t R(k3c_attnres_workspace)(const k3c_attnres_sizes *s) {
+size_t k3c_attnres_workspace(const k3c_attnres_sizes *s) {
     if (check_sizes(s, "attnres_workspace", NULL)) return 0;
     const size_t tn = (size_t)(s->tokens * s->sources) * sizeof(real);
     return al64(tn) + al64((size_t)s->dim * sizeof(real)) + al64(2 * tn);
@@ -52,7 +52,7 @@ static void mix_weights(const k3c_attnres_sizes *s, const real *const *v, const 
     if (z) memcpy(z, zz, (size_t)N * sizeof(real));
 }
 
-int R(k3c_attnres_fwd)(const k3c_attnres_sizes *s, const real *const *v, const real *w, const real *gamma, real *h,
+int k3c_attnres_fwd(const k3c_attnres_sizes *s, const real *const *v, const real *w, const real *gamma, real *h,
                        real *saved, k3c_err *err) {
     if (check_sizes(s, "attnres_fwd", err)) return K3C_EINVAL;
     const int64_t T = s->tokens, N = s->sources, D = s->dim;
@@ -76,7 +76,7 @@ int R(k3c_attnres_fwd)(const k3c_attnres_sizes *s, const real *const *v, const r
 
 /* Per token (§5.4): dp_i = dh·v_i, dz_i = α_i (dp_i − Σ_j α_j dp_j),
  * dv_i += α_i dh + dz_i·rstd_i·(ŵ − z_i·k_i/D) with k_i = v_i·rstd_i; dŵ = Σ_t Σ_i dz_i k_i via one GEMM per source. */
-int R(k3c_attnres_bwd)(const k3c_attnres_sizes *s, const real *const *v, const real *w, const real *gamma,
+int k3c_attnres_bwd(const k3c_attnres_sizes *s, const real *const *v, const real *w, const real *gamma,
                        const real *saved, const real *dh, real *const *dv, real *dw, real *dgamma, void *ws,
                        k3c_err *err) {
     if (check_sizes(s, "attnres_bwd", err)) return K3C_EINVAL;

@@ -5,21 +5,21 @@
 
 #include <string.h>
 
-void R(k3c_sigmoid_bwd)(int64_t n, const real *y, const real *dy, real *dx) {
+void k3c_sigmoid_bwd(int64_t n, const real *y, const real *dy, real *dx) {
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) dx[i] += dy[i] * y[i] * (1 - y[i]);
 }
 
-void R(k3c_zero)(real *x, int64_t n) {
+void k3c_zero(real *x, int64_t n) {
     if (n > 0) memset(x, 0, sizeof(real) * (size_t)n);
 }
 
-void R(k3c_add)(int64_t n, const real *x, real *y) {
+void k3c_add(int64_t n, const real *x, real *y) {
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
-void R(k3c_copy2d)(int64_t rows, int64_t cols, const real *src, int64_t ld_src, real *dst, int64_t ld_dst,
+void k3c_copy2d(int64_t rows, int64_t cols, const real *src, int64_t ld_src, real *dst, int64_t ld_dst,
                    int accumulate) {
 #pragma omp parallel for schedule(static) if (rows * cols > 65536)
     for (int64_t r = 0; r < rows; r++) {

@@ -15,7 +15,7 @@ static int check_ids(const k3c_embedding_sizes *s, const int32_t *ids, const cha
     return K3C_OK;
 }
 
-int R(k3c_embedding_fwd)(const k3c_embedding_sizes *s, const int32_t *ids, const real *E, real *y, k3c_err *err) {
+int k3c_embedding_fwd(const k3c_embedding_sizes *s, const int32_t *ids, const real *E, real *y, k3c_err *err) {
     int rc = check_ids(s, ids, "embedding_fwd", err);
     if (rc) return rc;
     const int64_t D = s->D;
@@ -25,7 +25,7 @@ int R(k3c_embedding_fwd)(const k3c_embedding_sizes *s, const int32_t *ids, const
 }
 
 /* Parallel over column blocks so that repeated ids never race and the sum order is the token order. */
-int R(k3c_embedding_bwd)(const k3c_embedding_sizes *s, const int32_t *ids, const real *dy, real *dE, k3c_err *err) {
+int k3c_embedding_bwd(const k3c_embedding_sizes *s, const int32_t *ids, const real *dy, real *dE, k3c_err *err) {
     int rc = check_ids(s, ids, "embedding_bwd", err);
     if (rc || !dE) return rc;
     const int64_t D = s->D, CB = 256, nb = (D + CB - 1) / CB;

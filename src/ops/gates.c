@@ -3,14 +3,14 @@
 #include "base/real.h"
 #include "ops/basic.h"
 
-int R(k3c_sigmoid_gate_fwd)(int64_t n, const real *x, const real *z, real *y, k3c_err *err) {
+int k3c_sigmoid_gate_fwd(int64_t n, const real *x, const real *z, real *y, k3c_err *err) {
     if (n < 0) return k3c_errf(err, K3C_EINVAL, "sigmoid_gate_fwd: negative size %lld", (long long)n);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) y[i] = x[i] * rsigmoid(z[i]);
     return K3C_OK;
 }
 
-int R(k3c_sigmoid_gate_bwd)(int64_t n, const real *x, const real *z, const real *dy, real *dx, real *dz,
+int k3c_sigmoid_gate_bwd(int64_t n, const real *x, const real *z, const real *dy, real *dx, real *dz,
                             k3c_err *err) {
     if (n < 0) return k3c_errf(err, K3C_EINVAL, "sigmoid_gate_bwd: negative size %lld", (long long)n);
 #pragma omp parallel for schedule(static)
@@ -22,17 +22,17 @@ int R(k3c_sigmoid_gate_bwd)(int64_t n, const real *x, const real *z, const real 
     return K3C_OK;
 }
 
-void R(k3c_sigmoid)(int64_t n, const real *x, real *y) {
+void k3c_sigmoid(int64_t n, const real *x, real *y) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) y[i] = rsigmoid(x[i]);
 }
 
-void R(k3c_silu)(int64_t n, const real *x, real *y) {
+void k3c_silu(int64_t n, const real *x, real *y) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) y[i] = x[i] * rsigmoid(x[i]);
 }
 
-void R(k3c_silu_bwd)(int64_t n, const real *x, const real *dy, real *dx) {
+void k3c_silu_bwd(int64_t n, const real *x, const real *dy, real *dx) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
         real sg = rsigmoid(x[i]);

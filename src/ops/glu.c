@@ -53,7 +53,7 @@ static inline void glu_point(const k3c_glu_act *act, real b1, real b2, real g, r
     }
 }
 
-int R(k3c_glu_fwd)(const k3c_glu_sizes *s, const real *gate, const real *up, real *h, k3c_err *err) {
+int k3c_glu_fwd(const k3c_glu_sizes *s, const real *gate, const real *up, real *h, k3c_err *err) {
     if (check_sizes(s, "glu_fwd", err)) return K3C_EINVAL;
     const int64_t n = s->rows * s->inter;
     const real b1 = (real)s->act.beta1, b2 = (real)s->act.beta2;
@@ -66,7 +66,7 @@ int R(k3c_glu_fwd)(const k3c_glu_sizes *s, const real *gate, const real *up, rea
     return 0;
 }
 
-int R(k3c_glu_bwd)(const k3c_glu_sizes *s, const real *gate, const real *up, const real *dh, real *dgate, real *dup,
+int k3c_glu_bwd(const k3c_glu_sizes *s, const real *gate, const real *up, const real *dh, real *dgate, real *dup,
                    k3c_err *err) {
     if (check_sizes(s, "glu_bwd", err)) return K3C_EINVAL;
     const int64_t n = s->rows * s->inter;

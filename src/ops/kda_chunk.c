@@ -453,8 +453,8 @@ static size_t ck_workspace(const k3c_kda_dims *d, int with_states) {
     const int64_t rows = d->T < nd * C ? d->T : nd * C, nc = with_states ? d->T / C + nd : 0;
     return header_bytes(nd) + 64 + (size_t)(d->H * (nc * SS + nd * 2 * SS + rows * rowsize(d, C))) * sizeof(real);
 }
-size_t R(k3c_kda_chunk_fwd_workspace)(const k3c_kda_dims *d) { return ck_workspace(d, 0); }
-size_t R(k3c_kda_chunk_bwd_workspace)(const k3c_kda_dims *d) { return ck_workspace(d, 1); }
+size_t k3c_kda_chunk_fwd_workspace(const k3c_kda_dims *d) { return ck_workspace(d, 0); }
+size_t k3c_kda_chunk_bwd_workspace(const k3c_kda_dims *d) { return ck_workspace(d, 1); }
 
 static ck_layout ck_lay(const k3c_kda_dims *d, const int32_t *cu, int nd, void *ws, int with_states) {
     ck_layout l;
@@ -512,7 +512,7 @@ static chunk_in chunk_at(const k3c_kda_dims *d, int64_t h, int64_t t, int64_t n,
     return c;
 }
 
-int R(k3c_kda_chunk_fwd)(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,
+int k3c_kda_chunk_fwd(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,
                          const real *v, const real *g, const real *beta, const real *h0, real *o, real *ht, void *ws,
                          k3c_err *err) {
     int rc = ck_check(d, cu_seqlens, g, ws, "kda_chunk_fwd", err);
@@ -558,7 +558,7 @@ static void chunk_bwd_emit(const chunk_in *c, const chunk_ws *w, real *dq, real 
     }
 }
 
-int R(k3c_kda_chunk_bwd)(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,
+int k3c_kda_chunk_bwd(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,
                          const real *v, const real *g, const real *beta, const real *h0, const real *dout,
                          const real *dht, real *dq, real *dk, real *dv, real *dg, real *dbeta, real *dh0, void *ws,
                          k3c_err *err) {

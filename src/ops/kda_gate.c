@@ -25,7 +25,7 @@ static int gate_check(const k3c_kda_gate_dims *d, const char *op, k3c_err *err) 
 
 static real gate_gmin(const k3c_kda_gate_dims *d) { return d->g_min != 0 ? (real)d->g_min : (real)-5; }
 
-int R(k3c_kda_gate_fwd)(const k3c_kda_gate_dims *d, const real *z, const real *dt_bias, const real *A_log, real *g,
+int k3c_kda_gate_fwd(const k3c_kda_gate_dims *d, const real *z, const real *dt_bias, const real *A_log, real *g,
                         k3c_err *err) {
     int rc = gate_check(d, "kda_gate_fwd", err);
     if (rc) return rc;
@@ -44,7 +44,7 @@ int R(k3c_kda_gate_fwd)(const k3c_kda_gate_dims *d, const real *z, const real *d
 
 /* Parallel over heads: each head owns its dt_bias channels and its A_log entry, and sums over tokens in order, so the
  * reductions are deterministic and race-free. */
-int R(k3c_kda_gate_bwd)(const k3c_kda_gate_dims *d, const real *z, const real *dt_bias, const real *A_log,
+int k3c_kda_gate_bwd(const k3c_kda_gate_dims *d, const real *z, const real *dt_bias, const real *A_log,
                         const real *dg, real *dz, real *ddt_bias, real *dA_log, k3c_err *err) {
     int rc = gate_check(d, "kda_gate_bwd", err);
     if (rc) return rc;

@@ -36,12 +36,12 @@ static void kda_step(int64_t dk, int64_t dv, real *S, const real *q, const real 
         SIMD for (int64_t j = 0; j < dv; j++) o[j] = p[j] + kq * r[j];
 }
 
-size_t R(k3c_kda_recurrent_fwd_workspace)(const k3c_kda_dims *d) {
+size_t k3c_kda_recurrent_fwd_workspace(const k3c_kda_dims *d) {
     int64_t nd = d->n_docs > 0 ? d->n_docs : 1;
     return (size_t)(nd * d->H * d->dk * d->dv) * sizeof(real);
 }
 
-int R(k3c_kda_recurrent_fwd)(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,
+int k3c_kda_recurrent_fwd(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,
                              const real *v, const real *g, const real *beta, const real *h0, real *o, real *ht,
                              void *ws, k3c_err *err) {
     int rc = k3c_kda_check_(d, cu_seqlens, "kda_recurrent_fwd", err);
@@ -82,7 +82,7 @@ typedef struct {
 
 static size_t rec_header_bytes(int64_t nd) { return ((size_t)(2 * (nd + 1)) * sizeof(int64_t) + 63) & ~(size_t)63; }
 
-size_t R(k3c_kda_recurrent_bwd_workspace)(const k3c_kda_dims *d) {
+size_t k3c_kda_recurrent_bwd_workspace(const k3c_kda_dims *d) {
     const int64_t nd = d->n_docs > 0 ? d->n_docs : 1, seg = rec_seg(d), SS = d->dk * d->dv;
     int64_t rows = d->T < nd * seg ? d->T : nd * seg;
     int64_t nseg = d->T / seg + nd, nrows = rows + 2 * nd;
@@ -157,7 +157,7 @@ static void kda_step_bwd(int64_t dk, int64_t dv, const real *Sp, const real *Sc,
     }
 }
 
-int R(k3c_kda_recurrent_bwd)(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,
+int k3c_kda_recurrent_bwd(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,
                              const real *v, const real *g, const real *beta, const real *h0, const real *dout,
                              const real *dht, real *dq, real *dk, real *dv, real *dg, real *dbeta, real *dh0,
                              void *ws, k3c_err *err) {

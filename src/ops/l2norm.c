@@ -11,7 +11,7 @@ static int l2_check(const k3c_l2norm_dims *d, const char *op, k3c_err *err) {
     return 0;
 }
 
-int R(k3c_l2norm_fwd)(const k3c_l2norm_dims *d, const real *x, real *y, real *rstd, k3c_err *err) {
+int k3c_l2norm_fwd(const k3c_l2norm_dims *d, const real *x, real *y, real *rstd, k3c_err *err) {
     int rc = l2_check(d, "l2norm_fwd", err);
     if (rc) return rc;
     const int64_t n = d->dim;
@@ -27,7 +27,7 @@ int R(k3c_l2norm_fwd)(const k3c_l2norm_dims *d, const real *x, real *y, real *rs
     return 0;
 }
 
-int R(k3c_l2norm_bwd)(const k3c_l2norm_dims *d, const real *y, const real *rstd, const real *dy, real *dx,
+int k3c_l2norm_bwd(const k3c_l2norm_dims *d, const real *y, const real *rstd, const real *dy, real *dx,
                       k3c_err *err) {
     int rc = l2_check(d, "l2norm_bwd", err);
     if (rc) return rc;

@@ -6,7 +6,7 @@
 #include <limits.h>
 #include <string.h>
 
-int R(k3c_matmul)(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, double alpha, const real *A,
+int k3c_matmul(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, double alpha, const real *A,
                   const real *B, double beta, real *C, k3c_err *err) {
     if (M < 0 || N < 0 || K < 0 || M > INT_MAX || N > INT_MAX || K > INT_MAX)
         return k3c_errf(err, K3C_EINVAL, "matmul: sizes M %lld N %lld K %lld outside [0, INT_MAX]", (long long)M,
@@ -30,17 +30,17 @@ static int check_sizes(const k3c_linear_sizes *s, const char *op, k3c_err *err) 
     return K3C_OK;
 }
 
-int R(k3c_linear_fwd)(const k3c_linear_sizes *s, const real *x, const real *W, real *y, k3c_err *err) {
+int k3c_linear_fwd(const k3c_linear_sizes *s, const real *x, const real *W, real *y, k3c_err *err) {
     int rc = check_sizes(s, "linear_fwd", err);
     if (rc) return rc;
-    return R(k3c_matmul)(0, 1, s->T, s->out, s->in, 1.0, x, W, s->accumulate ? 1.0 : 0.0, y, err);
+    return k3c_matmul(0, 1, s->T, s->out, s->in, 1.0, x, W, s->accumulate ? 1.0 : 0.0, y, err);
 }
 
-int R(k3c_linear_bwd)(const k3c_linear_sizes *s, const real *x, const real *W, const real *dy, real *dx, real *dW,
+int k3c_linear_bwd(const k3c_linear_sizes *s, const real *x, const real *W, const real *dy, real *dx, real *dW,
                       k3c_err *err) {
     int rc = check_sizes(s, "linear_bwd", err);
     if (rc) return rc;
-    if (dx && (rc = R(k3c_matmul)(0, 0, s->T, s->in, s->out, 1.0, dy, W, 1.0, dx, err))) return rc;
-    if (dW && (rc = R(k3c_matmul)(1, 0, s->out, s->in, s->T, 1.0, dy, x, 1.0, dW, err))) return rc;
+    if (dx && (rc = k3c_matmul(0, 0, s->T, s->in, s->out, 1.0, dy, W, 1.0, dx, err))) return rc;
+    if (dW && (rc = k3c_matmul(1, 0, s->out, s->in, s->T, 1.0, dy, x, 1.0, dW, err))) return rc;
     return K3C_OK;
 }

@@ -44,13 +44,13 @@ int k3c_moe_plan(int64_t tokens, int64_t top_k, int64_t experts, const int32_t *
 #endif
 
 /* ---------------------------------------------------------------- permutation steps */
-void R(k3c_moe_gather)(int64_t rows, int64_t top_k, int64_t dim, const int32_t *perm, const real *x, real *xperm) {
+void k3c_moe_gather(int64_t rows, int64_t top_k, int64_t dim, const int32_t *perm, const real *x, real *xperm) {
 #pragma omp parallel for schedule(static) if (rows * dim > PAR_MIN_WORK)
     for (int64_t r = 0; r < rows; r++)
         memcpy(xperm + r * dim, x + (int64_t)(perm[r] / top_k) * dim, (size_t)dim * sizeof(real));
 }
 
-void R(k3c_moe_combine)(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *pos, const real *w,
+void k3c_moe_combine(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *pos, const real *w,
                         const real *yperm, real *y) {
 #pragma omp parallel for schedule(static) if (tokens * top_k * dim > PAR_MIN_WORK)
     for (int64_t t = 0; t < tokens; t++) {
@@ -82,7 +82,7 @@ static void expert_gate_up(int64_t n, int64_t D, int64_t I, const real *X, const
 static void expert_down(int64_t n, int64_t D, int64_t I, const k3c_glu_act *act, const real *G, const real *U,
                         const real *W2, real *H, real *Y) {
     k3c_glu_sizes gs = {n, I, *act};
-    R(k3c_glu_fwd)(&gs, G, U, H, NULL); /* act was checked by the caller */
+    k3c_glu_fwd(&gs, G, U, H, NULL); /* act was checked by the caller */
     cblas_rgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)D, (int)I, 1, H, (int)I, W2, (int)I, 0, Y,
                 (int)D);
 }
@@ -101,7 +101,7 @@ static void expert_bwd(int64_t n, int64_t D, int64_t I, const k3c_glu_act *act, 
                        const expert_grads *g, real *H, real *dH, real *dU) {
     const int in = (int)n, iD = (int)D, iI = (int)I;
     k3c_glu_sizes gs = {n, I, *act};
-    R(k3c_glu_fwd)(&gs, G, U, H, NULL);
+    k3c_glu_fwd(&gs, G, U, H, NULL);
     cblas_rgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, in, iI, iD, 1, dY, iD, W2, iI, 0, dH, iI);
     if (p) {
 #pragma omp parallel for schedule(static) if (n * I > PAR_MIN_WORK)
@@ -121,7 +121,7 @@ static void expert_bwd(int64_t n, int64_t D, int64_t I, const k3c_glu_act *act, 
     real *dG = H; /* H is dead from here on */
     memset(dG, 0, (size_t)(n * I) * sizeof(real));
     memset(dU, 0, (size_t)(n * I) * sizeof(real));
-    R(k3c_glu_bwd)(&gs, G, U, dH, dG, dU, NULL);
+    k3c_glu_bwd(&gs, G, U, dH, dG, dU, NULL);
     if (g->dW1) cblas_rgemm(CblasRowMajor, CblasTrans, CblasNoTrans, iI, iD, in, 1, dG, iI, X, iD, 1, g->dW1, iD);
     if (g->dW3) cblas_rgemm(CblasRowMajor, CblasTrans, CblasNoTrans, iI, iD, in, 1, dU, iI, X, iD, 1, g->dW3, iD);
     if (g->dX) {
@@ -200,12 +200,12 @@ static size_t moe_scratch_layout(const k3c_moe_sizes *s, void *base, moe_scratch
     return p.off;
 }
 
-size_t R(k3c_moe_saved_bytes)(const k3c_moe_sizes *s) {
+size_t k3c_moe_saved_bytes(const k3c_moe_sizes *s) {
     return moe_check(s, "moe_saved_bytes", NULL) ? 0 : moe_saved_layout(s, NULL, NULL);
 }
 
 /* Scratch, then room for the plan and G/U when the caller keeps no saved buffer. */
-size_t R(k3c_moe_workspace)(const k3c_moe_sizes *s) {
+size_t k3c_moe_workspace(const k3c_moe_sizes *s) {
     if (moe_check(s, "moe_workspace", NULL)) return 0;
     return moe_scratch_layout(s, NULL, NULL) + moe_saved_layout(s, NULL, NULL);
 }
@@ -216,7 +216,7 @@ static int moe_front(const k3c_moe_sizes *s, const real *x, const int32_t *ids, 
     const int64_t D = s->dim, I = s->inter;
     int rc = k3c_moe_plan(s->tokens, s->top_k, s->experts, ids, sv->offsets, sv->perm, sv->pos, err);
     if (rc) return rc;
-    R(k3c_moe_gather)(sv->offsets[s->experts], s->top_k, D, sv->perm, x, sc->X);
+    k3c_moe_gather(sv->offsets[s->experts], s->top_k, D, sv->perm, x, sc->X);
     for (int64_t e = 0; e < s->experts; e++) {
         const int64_t r0 = sv->offsets[e], n = sv->offsets[e + 1] - r0;
         if (n == 0) continue;
@@ -225,7 +225,7 @@ static int moe_front(const k3c_moe_sizes *s, const real *x, const int32_t *ids, 
     return 0;
 }
 
-int R(k3c_moe_fwd)(const k3c_moe_sizes *s, const real *x, const int32_t *topk_ids, const real *topk_w, const real *w1,
+int k3c_moe_fwd(const k3c_moe_sizes *s, const real *x, const int32_t *topk_ids, const real *topk_w, const real *w1,
                    const real *w3, const real *w2, real *y, void *saved, void *ws, k3c_err *err) {
     if (moe_check(s, "moe_fwd", err)) return K3C_EINVAL;
     if (!ws) return k3c_errf(err, K3C_EINVAL, "moe_fwd: no workspace (k3c_moe_workspace bytes)");
@@ -241,11 +241,11 @@ int R(k3c_moe_fwd)(const k3c_moe_sizes *s, const real *x, const int32_t *topk_id
         if (n == 0) continue;
         expert_down(n, D, I, &s->act, sv.G + r0 * I, sv.U + r0 * I, w2 + e * D * I, sc.H + r0 * I, sc.Y + r0 * D);
     }
-    R(k3c_moe_combine)(s->tokens, s->top_k, D, sv.pos, topk_w, sc.Y, y);
+    k3c_moe_combine(s->tokens, s->top_k, D, sv.pos, topk_w, sc.Y, y);
     return 0;
 }
 
-int R(k3c_moe_bwd)(const k3c_moe_sizes *s, const real *x, const int32_t *topk_ids, const real *topk_w, const real *w1,
+int k3c_moe_bwd(const k3c_moe_sizes *s, const real *x, const int32_t *topk_ids, const real *topk_w, const real *w1,
                    const real *w3, const real *w2, const void *saved, const real *dy, real *dx, real *dw1, real *dw3,
                    real *dw2, real *dtopk_w, void *ws, k3c_err *err) {
     if (moe_check(s, "moe_bwd", err)) return K3C_EINVAL;
@@ -256,14 +256,14 @@ int R(k3c_moe_bwd)(const k3c_moe_sizes *s, const real *x, const int32_t *topk_id
     size_t nsc = moe_scratch_layout(s, ws, &sc);
     if (saved) {
         moe_saved_layout(s, (void *)saved, &sv); /* only read below */
-        R(k3c_moe_gather)(sv.offsets[s->experts], k, D, sv.perm, x, sc.X);
+        k3c_moe_gather(sv.offsets[s->experts], k, D, sv.perm, x, sc.X);
     } else {
         moe_saved_layout(s, (unsigned char *)ws + nsc, &sv);
         int rc = moe_front(s, x, topk_ids, w1, w3, &sv, &sc, err);
         if (rc) return rc;
     }
     const int64_t rows = sv.offsets[s->experts];
-    R(k3c_moe_gather)(rows, k, D, sv.perm, dy, sc.Y);
+    k3c_moe_gather(rows, k, D, sv.perm, dy, sc.Y);
 #pragma omp parallel for schedule(static) if (rows > PAR_MIN_WORK)
     for (int64_t r = 0; r < rows; r++) {
         sc.p[r] = topk_w[sv.perm[r]];
@@ -307,16 +307,16 @@ static int mlp_check(const k3c_mlp_sizes *s, const char *op, k3c_err *err) {
 
 static size_t mlp_ti_bytes(const k3c_mlp_sizes *s) { return al64((size_t)(s->tokens * s->inter) * sizeof(real)); }
 
-size_t R(k3c_mlp_saved_bytes)(const k3c_mlp_sizes *s) {
+size_t k3c_mlp_saved_bytes(const k3c_mlp_sizes *s) {
     return mlp_check(s, "mlp_saved_bytes", NULL) ? 0 : 2 * mlp_ti_bytes(s);
 }
 
 /* H, dH, dU, then G and U when nothing was saved */
-size_t R(k3c_mlp_workspace)(const k3c_mlp_sizes *s) {
+size_t k3c_mlp_workspace(const k3c_mlp_sizes *s) {
     return mlp_check(s, "mlp_workspace", NULL) ? 0 : 5 * mlp_ti_bytes(s);
 }
 
-int R(k3c_mlp_fwd)(const k3c_mlp_sizes *s, const real *x, const real *w_gate, const real *w_up, const real *w_down,
+int k3c_mlp_fwd(const k3c_mlp_sizes *s, const real *x, const real *w_gate, const real *w_up, const real *w_down,
                    real *y, void *saved, void *ws, k3c_err *err) {
     if (mlp_check(s, "mlp_fwd", err)) return K3C_EINVAL;
     if (!ws) return k3c_errf(err, K3C_EINVAL, "mlp_fwd: no workspace (k3c_mlp_workspace bytes)");
@@ -329,7 +329,7 @@ int R(k3c_mlp_fwd)(const k3c_mlp_sizes *s, const real *x, const real *w_gate, co
     return 0;
 }
 
-int R(k3c_mlp_bwd)(const k3c_mlp_sizes *s, const real *x, const real *w_gate, const real *w_up, const real *w_down,
+int k3c_mlp_bwd(const k3c_mlp_sizes *s, const real *x, const real *w_gate, const real *w_up, const real *w_down,
                    const void *saved, const real *dy, real *dx, real *dw_gate, real *dw_up, real *dw_down, void *ws,
                    k3c_err *err) {
     if (mlp_check(s, "mlp_bwd", err)) return K3C_EINVAL;

@@ -75,14 +75,14 @@ static void rms_bwd_weight(const k3c_rmsnorm_sizes *s, const real *x, const real
     }
 }
 
-int R(k3c_rmsnorm_fwd)(const k3c_rmsnorm_sizes *s, const real *x, const real *w, real *y, real *rstd, k3c_err *err) {
+int k3c_rmsnorm_fwd(const k3c_rmsnorm_sizes *s, const real *x, const real *w, real *y, real *rstd, k3c_err *err) {
     int rc = check_sizes(s, "rmsnorm_fwd", err);
     if (rc) return rc;
     rms_fwd(s, x, NULL, w, y, rstd);
     return K3C_OK;
 }
 
-int R(k3c_rmsnorm_bwd)(const k3c_rmsnorm_sizes *s, const real *x, const real *w, const real *rstd, const real *dy,
+int k3c_rmsnorm_bwd(const k3c_rmsnorm_sizes *s, const real *x, const real *w, const real *rstd, const real *dy,
                        real *dx, real *dw, k3c_err *err) {
     int rc = check_sizes(s, "rmsnorm_bwd", err);
     if (rc) return rc;
@@ -92,7 +92,7 @@ int R(k3c_rmsnorm_bwd)(const k3c_rmsnorm_sizes *s, const real *x, const real *w,
     return K3C_OK;
 }
 
-int R(k3c_gated_rmsnorm_fwd)(const k3c_rmsnorm_sizes *s, const real *o, const real *gate, const real *w, real *y,
+int k3c_gated_rmsnorm_fwd(const k3c_rmsnorm_sizes *s, const real *o, const real *gate, const real *w, real *y,
                              real *rstd, k3c_err *err) {
     int rc = check_sizes(s, "gated_rmsnorm_fwd", err);
     if (rc) return rc;
@@ -100,7 +100,7 @@ int R(k3c_gated_rmsnorm_fwd)(const k3c_rmsnorm_sizes *s, const real *o, const re
     return K3C_OK;
 }
 
-int R(k3c_gated_rmsnorm_bwd)(const k3c_rmsnorm_sizes *s, const real *o, const real *gate, const real *w,
+int k3c_gated_rmsnorm_bwd(const k3c_rmsnorm_sizes *s, const real *o, const real *gate, const real *w,
                              const real *rstd, const real *dy, real *do_, real *dgate, real *dw, k3c_err *err) {
     int rc = check_sizes(s, "gated_rmsnorm_bwd", err);
     if (rc) return rc;

@@ -47,7 +47,7 @@ static int top_m(const real *logits, const real *bias, int64_t n, int64_t m, rea
     return 0;
 }
 
-int R(k3c_router_fwd)(const k3c_router_sizes *s, const real *logits, const real *bias, int32_t *topk_ids, real *topk_w,
+int k3c_router_fwd(const k3c_router_sizes *s, const real *logits, const real *bias, int32_t *topk_ids, real *topk_w,
                       real *cutoff, k3c_err *err) {
     if (check_sizes(s, "router_fwd", err)) return K3C_EINVAL;
     const int64_t T = s->tokens, n = s->experts, k = s->top_k;
@@ -76,7 +76,7 @@ int R(k3c_router_fwd)(const k3c_router_sizes *s, const real *logits, const real 
 
 /* With S = Σ_{j∈T} s_j and p̃ = s/S:  ds_j = rsf·(dp_j − Σ_i dp_i p̃_i)/S (renormalised) or rsf·dp_j, then
  * dlogit_j = ds_j·s_j(1 − s_j) (§6.2). */
-int R(k3c_router_bwd)(const k3c_router_sizes *s, const real *logits, const int32_t *topk_ids, const real *dtopk_w,
+int k3c_router_bwd(const k3c_router_sizes *s, const real *logits, const int32_t *topk_ids, const real *dtopk_w,
                       real *dlogits, k3c_err *err) {
     if (check_sizes(s, "router_bwd", err)) return K3C_EINVAL;
     const int64_t T = s->tokens, n = s->experts, k = s->top_k;

@@ -62,7 +62,7 @@ static void preact(const k3c_short_conv_dims *d, const int32_t *cu, const real *
     }
 }
 
-int R(k3c_short_conv_fwd)(const k3c_short_conv_dims *d, const int32_t *cu_seqlens, const real *x, const real *w,
+int k3c_short_conv_fwd(const k3c_short_conv_dims *d, const int32_t *cu_seqlens, const real *x, const real *w,
                           const real *state_in, real *y, real *state_out, k3c_err *err) {
     int rc = sc_check(d, cu_seqlens, "short_conv_fwd", err);
     if (rc) return rc;
@@ -89,7 +89,7 @@ int R(k3c_short_conv_fwd)(const k3c_short_conv_dims *d, const int32_t *cu_seqlen
     return 0;
 }
 
-size_t R(k3c_short_conv_bwd_workspace)(const k3c_short_conv_dims *d) { return (size_t)(d->T * d->C) * sizeof(real); }
+size_t k3c_short_conv_bwd_workspace(const k3c_short_conv_dims *d) { return (size_t)(d->T * d->C) * sizeof(real); }
 
 /* dx, dw and dstate from da (pre-activation gradient, in ws). */
 static void conv_bwd_params(const k3c_short_conv_dims *d, const int32_t *cu, const real *x, const real *w,
@@ -121,7 +121,7 @@ static void conv_bwd_params(const k3c_short_conv_dims *d, const int32_t *cu, con
     }
 }
 
-int R(k3c_short_conv_bwd)(const k3c_short_conv_dims *d, const int32_t *cu_seqlens, const real *x, const real *w,
+int k3c_short_conv_bwd(const k3c_short_conv_dims *d, const int32_t *cu_seqlens, const real *x, const real *w,
                           const real *state_in, const real *dy, real *dx, real *dw, real *dstate_in, void *ws,
                           k3c_err *err) {
     int rc = sc_check(d, cu_seqlens, "short_conv_bwd", err);

@@ -8,7 +8,7 @@ static int check_sizes(const k3c_softmax_sizes *s, const char *op, k3c_err *err)
     return K3C_OK;
 }
 
-int R(k3c_softmax_fwd)(const k3c_softmax_sizes *s, const real *x, real *y, k3c_err *err) {
+int k3c_softmax_fwd(const k3c_softmax_sizes *s, const real *x, real *y, k3c_err *err) {
     int rc = check_sizes(s, "softmax_fwd", err);
     if (rc) return rc;
     const int64_t n = s->n;
@@ -25,7 +25,7 @@ int R(k3c_softmax_fwd)(const k3c_softmax_sizes *s, const real *x, real *y, k3c_e
     return K3C_OK;
 }
 
-int R(k3c_softmax_bwd)(const k3c_softmax_sizes *s, const real *y, const real *dy, real *dx, k3c_err *err) {
+int k3c_softmax_bwd(const k3c_softmax_sizes *s, const real *y, const real *dy, real *dx, k3c_err *err) {
     int rc = check_sizes(s, "softmax_bwd", err);
     if (rc || !dx) return rc;
     const int64_t n = s->n;

@@ -28,7 +28,7 @@ static double divisor(const k3c_xent_sizes *s, int64_t count) {
     return s->norm > 0 ? s->norm : (double)count;
 }
 
-int R(k3c_xent_fwd)(const k3c_xent_sizes *s, const real *logits, const int32_t *targets, const uint8_t *mask,
+int k3c_xent_fwd(const k3c_xent_sizes *s, const real *logits, const int32_t *targets, const uint8_t *mask,
                     real *lse, double *loss, int64_t *count, k3c_err *err) {
     int64_t n = 0;
     int rc = check_targets(s, targets, mask, "xent_fwd", &n, err);
@@ -51,7 +51,7 @@ int R(k3c_xent_fwd)(const k3c_xent_sizes *s, const real *logits, const int32_t *
     return K3C_OK;
 }
 
-int R(k3c_xent_bwd)(const k3c_xent_sizes *s, const real *logits, const int32_t *targets, const uint8_t *mask,
+int k3c_xent_bwd(const k3c_xent_sizes *s, const real *logits, const int32_t *targets, const uint8_t *mask,
                     const real *lse, double dloss, real *dlogits, k3c_err *err) {
     int64_t n = 0;
     int rc = check_targets(s, targets, mask, "xent_bwd", &n, err);
