@@ -29,10 +29,13 @@ static double time_it(bench *b, int impl, int bwd, int reps) {
         int rc = (impl ? k3c_kda_chunk_fwd_f32 : k3c_kda_recurrent_fwd_f32)(&b->d, NULL, b->q, b->k, b->v, b->g,
                                                                             b->beta, NULL, b->o, b->ht, b->ws, &e);
         if (!rc && bwd)
-            rc = (impl ? k3c_kda_chunk_bwd_f32 : k3c_kda_recurrent_bwd_f32)(
-                &b->d, NULL, b->q, b->k, b->v, b->g, b->beta, NULL, b->dout, NULL, b->dq, b->dk, b->dv, b->dg,
-                b->dbeta, b->dh0, b->ws, &e);
-        if (rc) { fprintf(stderr, "bench_kda_cpu: %s\n", e.msg); exit(1); }
+            rc = (impl ? k3c_kda_chunk_bwd_f32 : k3c_kda_recurrent_bwd_f32)(&b->d, NULL, b->q, b->k, b->v, b->g,
+                                                                            b->beta, NULL, b->dout, NULL, b->dq, b->dk,
+                                                                            b->dv, b->dg, b->dbeta, b->dh0, b->ws, &e);
+        if (rc) {
+            fprintf(stderr, "bench_kda_cpu: %s\n", e.msg);
+            exit(1);
+        }
         double dt = k3c_now() - t0;
         if (dt < best) best = dt;
     }
@@ -66,7 +69,11 @@ int main(int argc, char **argv) {
             ws = w2 > ws ? w2 : ws;
         }
         b.ws = k3c_aligned_alloc(ws);
-        struct { const char *name; int impl; double bound; } im[] = {
+        struct {
+            const char *name;
+            int impl;
+            double bound;
+        } im[] = {
             {"recurrent", 0, 0}, {"chunk64 factored", 1, -5}, {"chunk64 pairwise", 1, 0}, {"chunk16 factored", 1, -5}};
         char shape[32];
         snprintf(shape, sizeof shape, "(%lld,%lld,%lld)", (long long)T, (long long)H, (long long)D);

@@ -6,7 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int cmp(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return (x > y) - (x < y); }
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
 
 static void bench(const char *label, k3c_model *m, int64_t T, int64_t seq, int reps) {
     int nd = (int)((T + seq - 1) / seq);
@@ -15,7 +18,10 @@ static void bench(const char *label, k3c_model *m, int64_t T, int64_t seq, int r
     for (int d = 0; d <= nd; d++) cu[d] = (int32_t)(d * seq < T ? d * seq : T);
     k3c_err err = {0};
     k3c_arena ar;
-    if (k3c_arena_init(&ar, k3c_model_plan_bytes_f32(m, T, nd), &err)) { printf("%s\n", err.msg); return; }
+    if (k3c_arena_init(&ar, k3c_model_plan_bytes_f32(m, T, nd), &err)) {
+        printf("%s\n", err.msg);
+        return;
+    }
     k3c_model_batch b = {T, nd, ids, cu, NULL, 0};
     double tf[16], tb[16];
     for (int r = 0; r < reps + 1; r++) {
@@ -23,11 +29,20 @@ static void bench(const char *label, k3c_model *m, int64_t T, int64_t seq, int r
         double loss;
         k3c_arena_reset(&ar, 0);
         double t0 = k3c_now();
-        if (k3c_model_forward_f32(m, &b, &ar, &a, &loss, NULL, &err)) { printf("%s\n", err.msg); return; }
+        if (k3c_model_forward_f32(m, &b, &ar, &a, &loss, NULL, &err)) {
+            printf("%s\n", err.msg);
+            return;
+        }
         double t1 = k3c_now();
-        if (k3c_model_backward_f32(m, a, 1.0, &err)) { printf("%s\n", err.msg); return; }
+        if (k3c_model_backward_f32(m, a, 1.0, &err)) {
+            printf("%s\n", err.msg);
+            return;
+        }
         double t2 = k3c_now();
-        if (r) { tf[r - 1] = t1 - t0; tb[r - 1] = t2 - t0; } /* first run is warm-up */
+        if (r) {
+            tf[r - 1] = t1 - t0;
+            tb[r - 1] = t2 - t0;
+        } /* first run is warm-up */
     }
     qsort(tf, (size_t)reps, sizeof *tf, cmp);
     qsort(tb, (size_t)reps, sizeof *tb, cmp);
@@ -42,13 +57,17 @@ int main(int argc, char **argv) {
     const char *shared = argc > 1 ? argv[1] : "../shared";
     char p[1024];
     k3c_err err = {0};
-    printf("threads: %d\n\n| model | tokens | seq | fwd ms | fwd tok/s | fwd+bwd ms | fwd+bwd tok/s |\n", k3c_num_threads());
+    printf("threads: %d\n\n| model | tokens | seq | fwd ms | fwd tok/s | fwd+bwd ms | fwd+bwd tok/s |\n",
+           k3c_num_threads());
     printf("|---|---|---|---|---|---|---|\n");
     static const char *dirs[2] = {"golden/kimi_linear_tiny_a", "golden/k3_tiny_a"};
     for (int i = 0; i < 2; i++) {
         k3c_model m;
         snprintf(p, sizeof p, "%s/%s", shared, dirs[i]);
-        if (k3c_model_open_f32(p, 1, &m, &err)) { printf("%s: %s\n", p, err.msg); continue; }
+        if (k3c_model_open_f32(p, 1, &m, &err)) {
+            printf("%s: %s\n", p, err.msg);
+            continue;
+        }
         bench(dirs[i] + 7, &m, 2048, 512, 5);
         k3c_model_free_f32(&m);
     }

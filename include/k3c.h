@@ -18,11 +18,11 @@ extern "C" {
  * naming the file / tensor / field and the reason. Nothing below cli/ prints or exits. */
 typedef enum {
     K3C_OK = 0,
-    K3C_EINVAL = -1,   /* bad argument or malformed input */
-    K3C_EIO = -2,      /* file system */
+    K3C_EINVAL = -1, /* bad argument or malformed input */
+    K3C_EIO = -2,    /* file system */
     K3C_ENOMEM = -3,
-    K3C_EFORMAT = -4,  /* malformed file contents (safetensors, json, shard, vocab, ...) */
-    K3C_ECONFIG = -5,  /* config missing / contradictory field */
+    K3C_EFORMAT = -4, /* malformed file contents (safetensors, json, shard, vocab, ...) */
+    K3C_ECONFIG = -5, /* config missing / contradictory field */
     K3C_ENOTFOUND = -6,
     K3C_EUNSUPPORTED = -7,
     K3C_ENUMERIC = -8, /* non-finite or out-of-range numbers */
@@ -44,11 +44,11 @@ const char *k3c_status_name(int code);
 typedef enum { K3C_F64, K3C_F32, K3C_BF16, K3C_F16, K3C_I64, K3C_I32, K3C_U8, K3C_DTYPE_COUNT } k3c_dtype;
 
 size_t k3c_dtype_size(k3c_dtype t);
-const char *k3c_dtype_name(k3c_dtype t);                 /* safetensors spelling: "F32", "BF16", ... */
-int k3c_dtype_parse(const char *name, k3c_dtype *out);   /* 0 or K3C_EFORMAT */
+const char *k3c_dtype_name(k3c_dtype t);               /* safetensors spelling: "F32", "BF16", ... */
+int k3c_dtype_parse(const char *name, k3c_dtype *out); /* 0 or K3C_EFORMAT */
 
 float k3c_bf16_to_f32(uint16_t h);
-uint16_t k3c_f32_to_bf16(float f);                       /* round to nearest even; NaN stays NaN */
+uint16_t k3c_f32_to_bf16(float f); /* round to nearest even; NaN stays NaN */
 float k3c_f16_to_f32(uint16_t h);
 uint16_t k3c_f32_to_f16(float f);
 /* Converts n elements of any floating dtype (F64 F32 BF16 F16) to float / double. */
@@ -82,7 +82,7 @@ typedef struct {
 
 int k3c_arena_init(k3c_arena *a, size_t cap, k3c_err *err);
 void k3c_arena_init_from(k3c_arena *a, void *mem, size_t cap); /* caller-owned memory (must be 64-aligned) */
-void *k3c_arena_alloc(k3c_arena *a, size_t bytes);              /* NULL when full; memory is not zeroed */
+void *k3c_arena_alloc(k3c_arena *a, size_t bytes);             /* NULL when full; memory is not zeroed */
 void *k3c_arena_calloc(k3c_arena *a, size_t bytes);
 size_t k3c_arena_mark(const k3c_arena *a);
 void k3c_arena_reset(k3c_arena *a, size_t mark);
@@ -100,8 +100,8 @@ typedef struct {
 
 void k3c_philox(uint64_t seed, uint64_t counter, uint32_t out[4]);
 uint64_t k3c_rng_u64(k3c_rng *r);
-double k3c_rng_uniform(k3c_rng *r);  /* [0, 1) with 53 random bits */
-double k3c_rng_normal(k3c_rng *r);   /* standard normal (Box-Muller on two uniforms) */
+double k3c_rng_uniform(k3c_rng *r);               /* [0, 1) with 53 random bits */
+double k3c_rng_normal(k3c_rng *r);                /* standard normal (Box-Muller on two uniforms) */
 double k3c_uniform_at(uint64_t seed, uint64_t i); /* stateless: the i-th uniform of stream seed */
 double k3c_normal_at(uint64_t seed, uint64_t i);
 
@@ -112,8 +112,8 @@ double k3c_now(void); /* monotonic seconds */
 
 typedef enum { K3C_LOG_ERROR = 0, K3C_LOG_WARN = 1, K3C_LOG_INFO = 2, K3C_LOG_DEBUG = 3 } k3c_log_level;
 typedef struct {
-    int level;   /* messages above this level are dropped */
-    FILE *out;   /* NULL = stderr */
+    int level; /* messages above this level are dropped */
+    FILE *out; /* NULL = stderr */
 } k3c_logger;
 void k3c_log(const k3c_logger *lg, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
@@ -144,9 +144,9 @@ typedef struct {
     k3c_dtype dtype;
     int ndim;
     int64_t shape[K3C_MAX_DIMS];
-    const void *data;  /* points into the mmapped file */
+    const void *data; /* points into the mmapped file */
     size_t nbytes;
-    const char *file;  /* the shard this tensor lives in */
+    const char *file; /* the shard this tensor lives in */
 } k3c_st_tensor;
 
 typedef struct k3c_safetensors k3c_safetensors; /* one mmapped, validated file */
@@ -196,12 +196,12 @@ typedef struct {
 } k3c_vision_config;
 
 typedef struct {
-    char model_type[32];        /* "kimi_linear" or "kimi_k3" (the top-level type) */
-    char tensor_prefix[32];     /* "" (kimi_linear) or "language_model." (kimi_k3) */
+    char model_type[32];    /* "kimi_linear" or "kimi_k3" (the top-level type) */
+    char tensor_prefix[32]; /* "" (kimi_linear) or "language_model." (kimi_k3) */
     int64_t vocab_size, hidden_size, num_layers, intermediate_size, max_positions;
     int64_t bos_token_id, eos_token_id, pad_token_id; /* -1 if absent */
     double rms_norm_eps;
-    double mla_norm_eps;        /* q_a / kv_a layernorm: 1e-6 for kimi_linear, rms_norm_eps for kimi_k3 */
+    double mla_norm_eps; /* q_a / kv_a layernorm: 1e-6 for kimi_linear, rms_norm_eps for kimi_k3 */
     int tie_word_embeddings;
 
     /* layer plan: one entry per decoder layer */
@@ -210,9 +210,9 @@ typedef struct {
 
     /* KDA */
     int64_t kda_heads, kda_head_dim, conv_kernel;
-    int kda_gate;                  /* k3c_kda_gate */
-    double gate_lower_bound;       /* g_min (e.g. -5) when kda_gate == LOWER_BOUND */
-    int kda_full_rank_gate;        /* output gate: g_proj (1) or g_a_proj/g_b_proj (0) */
+    int kda_gate;            /* k3c_kda_gate */
+    double gate_lower_bound; /* g_min (e.g. -5) when kda_gate == LOWER_BOUND */
+    int kda_full_rank_gate;  /* output gate: g_proj (1) or g_a_proj/g_b_proj (0) */
 
     /* MLA */
     int64_t mla_heads, mla_kv_heads, q_lora_rank /* 0 = single q_proj */, kv_lora_rank;
@@ -221,14 +221,14 @@ typedef struct {
 
     /* MoE */
     int64_t num_experts, top_k, num_shared_experts, moe_intermediate_size;
-    int64_t latent_dim;            /* routed_expert_hidden_size; 0 = experts on the full width */
+    int64_t latent_dim; /* routed_expert_hidden_size; 0 = experts on the full width */
     int latent_norm;
     int renormalize;
     double routed_scaling_factor;
     int64_t num_expert_group, topk_group, first_k_dense, moe_layer_freq;
 
     /* activation */
-    int act;                       /* k3c_act */
+    int act; /* k3c_act */
     double situ_beta, situ_linear_beta;
 
     /* Block AttnRes: block size in decoder layers, 0 = plain residuals */

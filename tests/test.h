@@ -13,36 +13,45 @@
 
 static int test_passed_, test_failed_;
 
-#define CHECK(cond, ...)                                                          \
-    do {                                                                          \
-        if (cond) test_passed_++;                                                 \
-        else {                                                                    \
-            test_failed_++;                                                       \
-            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);               \
-            printf(__VA_ARGS__);                                                  \
-            printf("\n");                                                         \
-        }                                                                         \
+#define CHECK(cond, ...)                                                                                               \
+    do {                                                                                                               \
+        if (cond)                                                                                                      \
+            test_passed_++;                                                                                            \
+        else {                                                                                                         \
+            test_failed_++;                                                                                            \
+            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                                     \
+            printf(__VA_ARGS__);                                                                                       \
+            printf("\n");                                                                                              \
+        }                                                                                                              \
     } while (0)
 
 /* CHECK_OK(expr, err): expr returns a k3c_status; prints the library's message on failure. */
 #define CHECK_OK(expr, errp) CHECK((expr) == K3C_OK, "%s", (errp)->msg)
 
 /* A check whose value is reported even on success (for numbers the closing notes quote). */
-#define CHECK_LE(val, tol, what)                                                   \
-    do {                                                                           \
-        double v_ = (val), t_ = (tol);                                             \
-        CHECK(v_ <= t_, "%s = %.3e > %.1e", what, v_, t_);                         \
-        if (getenv("K3C_TEST_VERBOSE")) printf("  %s = %.3e (tol %.1e)\n", what, v_, t_); \
+#define CHECK_LE(val, tol, what)                                                                                       \
+    do {                                                                                                               \
+        double v_ = (val), t_ = (tol);                                                                                 \
+        CHECK(v_ <= t_, "%s = %.3e > %.1e", what, v_, t_);                                                             \
+        if (getenv("K3C_TEST_VERBOSE")) printf("  %s = %.3e (tol %.1e)\n", what, v_, t_);                              \
     } while (0)
 
 static inline double test_rel_err_d(const double *x, const double *ref, size_t n) {
     double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) { double d = x[i] - ref[i]; num += d * d; den += ref[i] * ref[i]; }
+    for (size_t i = 0; i < n; i++) {
+        double d = x[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 static inline double test_rel_err_f(const float *x, const float *ref, size_t n) {
     double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) { double d = (double)x[i] - ref[i]; num += d * d; den += (double)ref[i] * ref[i]; }
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)x[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
@@ -80,9 +89,7 @@ static inline const char *test_shared(const char *rel) {
 }
 
 /* The k3c CLI binary for end-to-end tests (K3C_K3C_BIN overrides, e.g. the ASan build). */
-static inline const char *test_k3c_bin(void) {
-    return getenv("K3C_K3C_BIN") ? getenv("K3C_K3C_BIN") : "./k3c";
-}
+static inline const char *test_k3c_bin(void) { return getenv("K3C_K3C_BIN") ? getenv("K3C_K3C_BIN") : "./k3c"; }
 
 /* A per-test scratch directory under build/ (removed and recreated). */
 static inline const char *test_tmpdir(const char *name) {

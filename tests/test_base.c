@@ -46,7 +46,11 @@ static void test_rng(void) {
     k3c_rng r = {42, 0};
     double s = 0, s2 = 0;
     int n = 20000;
-    for (int i = 0; i < n; i++) { double x = k3c_rng_normal(&r); s += x; s2 += x * x; }
+    for (int i = 0; i < n; i++) {
+        double x = k3c_rng_normal(&r);
+        s += x;
+        s2 += x * x;
+    }
     CHECK(fabs(s / n) < 0.03 && fabs(s2 / n - 1) < 0.05, "normal moments %g %g", s / n, s2 / n);
     CHECK(k3c_normal_at(42, 5) == k3c_normal_at(42, 5), "stateless");
     k3c_rng a = {7, 100}, b = {7, 100};
@@ -73,7 +77,8 @@ static void test_tensor_and_files(void) {
     snprintf(path, sizeof path, "%s/x.bin", dir);
     k3c_err err = {0};
     CHECK_OK(k3c_write_file_atomic(path, "hello", 5, &err), &err);
-    char *data; size_t n;
+    char *data;
+    size_t n;
     CHECK_OK(k3c_read_file(path, &data, &n, &err), &err);
     CHECK(n == 5 && memcmp(data, "hello", 5) == 0, "read back");
     free(data);
@@ -87,7 +92,8 @@ static void test_progress(void) {
     k3c_progress_update(&p, 50, 1000, "loss 2.0");
     char line[256];
     k3c_progress_line(&p, "loss 2.0", line, sizeof line);
-    CHECK(strstr(line, "50/100") && strstr(line, "tok/s") && strstr(line, "ETA") && strstr(line, "loss 2.0"), "%s", line);
+    CHECK(strstr(line, "50/100") && strstr(line, "tok/s") && strstr(line, "ETA") && strstr(line, "loss 2.0"), "%s",
+          line);
 }
 
 int main(void) {

@@ -108,16 +108,18 @@ typedef struct {
 
 static double rms_loss(void *p) {
     rms_ctx *c = p;
-    if (c->gate) k3c_gated_rmsnorm_fwd_f64(&c->s, c->x, c->gate, c->w, c->y, c->rstd, NULL);
-    else k3c_rmsnorm_fwd_f64(&c->s, c->x, c->w, c->y, c->rstd, NULL);
+    if (c->gate)
+        k3c_gated_rmsnorm_fwd_f64(&c->s, c->x, c->gate, c->w, c->y, c->rstd, NULL);
+    else
+        k3c_rmsnorm_fwd_f64(&c->s, c->x, c->w, c->y, c->rstd, NULL);
     return dotd(c->r, c->y, (size_t)(c->s.rows * c->s.D));
 }
 
 static void check_rmsnorm(int64_t rows, int64_t D, double eps, int gated) {
     k3c_err err = {0};
     size_t n = (size_t)(rows * D);
-    rms_ctx c = {{rows, D, eps}, randn(n, 1.5), gated ? randn(n, 2) : NULL, randn(D, 1), randn(n, 1), filled(n, 0),
-                 filled(rows, 0)};
+    rms_ctx c = {{rows, D, eps}, randn(n, 1.5),  gated ? randn(n, 2) : NULL, randn(D, 1), randn(n, 1),
+                 filled(n, 0),   filled(rows, 0)};
     for (int64_t j = 0; j < D; j++) c.w[j] += 1; /* near the ones init, but not exactly */
     double *dx = filled(n, PREFILL), *dw = filled(D, PREFILL), *dg = filled(n, PREFILL);
     rms_loss(&c);
@@ -136,8 +138,10 @@ static void check_rmsnorm(int64_t rows, int64_t D, double eps, int gated) {
     snprintf(what, sizeof what, "%srmsnorm fwd %lldx%lld max abs err", gated ? "gated " : "", (long long)rows,
              (long long)D);
     CHECK_LE(fe, 1e-14, what);
-    if (gated) CHECK_OK(k3c_gated_rmsnorm_bwd_f64(&c.s, c.x, c.gate, c.w, c.rstd, c.r, dx, dg, dw, &err), &err);
-    else CHECK_OK(k3c_rmsnorm_bwd_f64(&c.s, c.x, c.w, c.rstd, c.r, dx, dw, &err), &err);
+    if (gated)
+        CHECK_OK(k3c_gated_rmsnorm_bwd_f64(&c.s, c.x, c.gate, c.w, c.rstd, c.r, dx, dg, dw, &err), &err);
+    else
+        CHECK_OK(k3c_rmsnorm_bwd_f64(&c.s, c.x, c.w, c.rstd, c.r, dx, dw, &err), &err);
     unfill(dx, n), unfill(dw, D), unfill(dg, n);
     snprintf(what, sizeof what, "%srmsnorm %lldx%lld eps %g: FD dx", gated ? "gated " : "", (long long)rows,
              (long long)D, eps);
@@ -277,8 +281,10 @@ typedef struct {
 
 static double gate_loss(void *p) {
     gate_ctx *c = p;
-    if (c->silu) k3c_silu_f64(c->n, c->x, c->y);
-    else k3c_sigmoid_gate_fwd_f64(c->n, c->x, c->z, c->y, NULL);
+    if (c->silu)
+        k3c_silu_f64(c->n, c->x, c->y);
+    else
+        k3c_sigmoid_gate_fwd_f64(c->n, c->x, c->z, c->y, NULL);
     return dotd(c->r, c->y, (size_t)c->n);
 }
 
@@ -311,8 +317,8 @@ static void test_gates(void) {
     /* saturation: no overflow to inf / NaN at |z| = 800 (float exp overflows at 89) */
     float zf[4] = {-800, 800, -100, 100}, yf[4], xf[4] = {1, 1, 1, 1}, dxf[4] = {0}, dzf[4] = {0}, df[4] = {1, 1, 1, 1};
     k3c_sigmoid_f32(4, zf, yf);
-    CHECK(yf[0] == 0 && yf[1] == 1 && yf[2] >= 0 && yf[3] == 1, "sigmoid saturates: %g %g %g %g", yf[0], yf[1],
-          yf[2], yf[3]);
+    CHECK(yf[0] == 0 && yf[1] == 1 && yf[2] >= 0 && yf[3] == 1, "sigmoid saturates: %g %g %g %g", yf[0], yf[1], yf[2],
+          yf[3]);
     k3c_sigmoid_gate_bwd_f32(4, xf, zf, df, dxf, dzf, &err);
     int fin = 1;
     for (int i = 0; i < 4; i++) fin &= isfinite(dxf[i]) && isfinite(dzf[i]);
@@ -491,7 +497,11 @@ static void test_moves(void) {
     ok = 1;
     for (int i = 0; i < 28; i++) ok &= dst[i] == 0;
     CHECK(ok, "zero");
-    for (int i = 0; i < 10; i++) { y[i] = k3c_sigmoid_d(i - 4.5); dy[i] = 0.1 * i - 0.3; dx[i] = 1; }
+    for (int i = 0; i < 10; i++) {
+        y[i] = k3c_sigmoid_d(i - 4.5);
+        dy[i] = 0.1 * i - 0.3;
+        dx[i] = 1;
+    }
     k3c_sigmoid_bwd_f64(10, y, dy, dx);
     double worst = 0;
     for (int i = 0; i < 10; i++) {

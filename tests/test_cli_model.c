@@ -15,7 +15,8 @@ static int run(const char *cmd, char *out, size_t n) {
 static void golden_check_cli(void) {
     char cmd[2048], out[65536];
     const char *dir = test_shared("golden/kimi_linear_tiny_a");
-    snprintf(cmd, sizeof cmd, "%s golden-check --model %s --golden %s/golden.safetensors 2>&1", test_k3c_bin(), dir, dir);
+    snprintf(cmd, sizeof cmd, "%s golden-check --model %s --golden %s/golden.safetensors 2>&1", test_k3c_bin(), dir,
+             dir);
     int rc = run(cmd, out, sizeof out);
     CHECK(rc == 0 && strstr(out, "golden-check: passed"), "golden-check failed (%d):\n%s", rc, out);
     /* a golden whose loss is off by 1% must fail: rewrite the file with a changed loss */
@@ -25,7 +26,10 @@ static void golden_check_cli(void) {
     char gpath[1024], bad[1200];
     snprintf(gpath, sizeof gpath, "%s/golden.safetensors", dir);
     snprintf(bad, sizeof bad, "%s/bad_golden.safetensors", tmp);
-    if (k3c_st_open(gpath, &st, &err)) { CHECK(0, "%s", err.msg); return; }
+    if (k3c_st_open(gpath, &st, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
     int n = k3c_st_count(st);
     k3c_st_entry *e = calloc((size_t)n, sizeof *e);
     float loss;
@@ -33,7 +37,11 @@ static void golden_check_cli(void) {
         const k3c_st_tensor *t = k3c_st_at(st, i);
         e[i] = (k3c_st_entry){t->name, t->dtype, t->ndim, {0}, t->data};
         memcpy(e[i].shape, t->shape, sizeof t->shape);
-        if (!strcmp(t->name, "loss")) { memcpy(&loss, t->data, 4); loss *= 1.01f; e[i].data = &loss; }
+        if (!strcmp(t->name, "loss")) {
+            memcpy(&loss, t->data, 4);
+            loss *= 1.01f;
+            e[i].data = &loss;
+        }
     }
     CHECK_OK(k3c_st_write(bad, e, n, NULL, &err), &err);
     free(e);
@@ -59,7 +67,10 @@ static void logits_and_generate_cli(void) {
     k3c_safetensors *st;
     char gpath[1024];
     snprintf(gpath, sizeof gpath, "%s/golden.safetensors", dir);
-    if (k3c_read_file(p, &raw, &n, &err) || k3c_st_open(gpath, &st, &err)) { CHECK(0, "%s", err.msg); return; }
+    if (k3c_read_file(p, &raw, &n, &err) || k3c_st_open(gpath, &st, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
     const k3c_st_tensor *gl = k3c_st_find(st, "logits");
     CHECK(gl && n == gl->nbytes, "logits size %zu vs golden %zu", n, gl ? gl->nbytes : 0);
     if (gl && n == gl->nbytes) {
@@ -78,13 +89,16 @@ static void logits_and_generate_cli(void) {
     rc = run(cmd, out, sizeof out);
     CHECK(rc == 1 && strstr(out, "/nonexistent"), "missing model: clear error naming it (%d): %s", rc, out);
     /* --device: an unknown name is a usage error; cuda in a CPU-only build says how to get a CUDA build */
-    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids %s --greedy 1 --device tpu 2>&1", test_k3c_bin(), dir, gpath);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids %s --greedy 1 --device tpu 2>&1", test_k3c_bin(), dir,
+             gpath);
     rc = run(cmd, out, sizeof out);
     CHECK(rc == 2 && strstr(out, "--device must be cpu or cuda"), "--device tpu (%d): %s", rc, out);
-    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids %s --greedy 1 --device cuda 2>&1", test_k3c_bin(), dir, gpath);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids %s --greedy 1 --device cuda 2>&1", test_k3c_bin(), dir,
+             gpath);
     rc = run(cmd, out, sizeof out);
     CHECK(rc == 1 && strstr(out, "make cuda"), "--device cuda in a CPU build (%d): %s", rc, out);
-    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids %s --greedy 16 --device cpu 2>&1", test_k3c_bin(), dir, gpath);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids %s --greedy 16 --device cpu 2>&1", test_k3c_bin(), dir,
+             gpath);
     rc = run(cmd, out, sizeof out);
     CHECK(rc == 0 && strstr(out, "413 960 1151 279 192 223 193 264 36 345 2027 1638 1187 320 972 587"),
           "--device cpu: greedy ids differ (%d): %s", rc, out);

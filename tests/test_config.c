@@ -34,29 +34,33 @@ static int parse_str(const char *json_q, k3c_config *cfg, k3c_err *err) {
 
 /* Field-by-field equality (padding-independent); names the first differing field in why. */
 static int cfg_equal(const k3c_config *a, const k3c_config *b, char *why, size_t n) {
-#define EQ(f)                                                                                          \
-    if (a->f != b->f) {                                                                                \
-        snprintf(why, n, "%s: %.17g vs %.17g", #f, (double)a->f, (double)b->f);                        \
-        return 0;                                                                                      \
+#define EQ(f)                                                                                                          \
+    if (a->f != b->f) {                                                                                                \
+        snprintf(why, n, "%s: %.17g vs %.17g", #f, (double)a->f, (double)b->f);                                        \
+        return 0;                                                                                                      \
     }
     if (strcmp(a->model_type, b->model_type) || strcmp(a->tensor_prefix, b->tensor_prefix)) {
         snprintf(why, n, "model_type/tensor_prefix");
         return 0;
     }
-    EQ(vocab_size) EQ(hidden_size) EQ(num_layers) EQ(intermediate_size) EQ(max_positions)
-    EQ(bos_token_id) EQ(eos_token_id) EQ(pad_token_id) EQ(rms_norm_eps) EQ(mla_norm_eps) EQ(tie_word_embeddings)
-    for (int l = 0; l < K3C_MAX_LAYERS; l++) { EQ(mixer[l]) EQ(ffn[l]) }
-    EQ(kda_heads) EQ(kda_head_dim) EQ(conv_kernel) EQ(kda_gate) EQ(gate_lower_bound) EQ(kda_full_rank_gate)
-    EQ(mla_heads) EQ(mla_kv_heads) EQ(q_lora_rank) EQ(kv_lora_rank) EQ(qk_nope_dim) EQ(qk_rope_dim) EQ(v_head_dim)
-    EQ(mla_output_gate)
-    EQ(num_experts) EQ(top_k) EQ(num_shared_experts) EQ(moe_intermediate_size) EQ(latent_dim) EQ(latent_norm)
-    EQ(renormalize) EQ(routed_scaling_factor) EQ(num_expert_group) EQ(topk_group) EQ(first_k_dense) EQ(moe_layer_freq)
-    EQ(act) EQ(situ_beta) EQ(situ_linear_beta) EQ(attn_res_block) EQ(experts_mxfp4) EQ(mxfp4_group)
-    EQ(vision.present) EQ(vision.patch_size) EQ(vision.hidden) EQ(vision.intermediate) EQ(vision.heads)
-    EQ(vision.layers) EQ(vision.qkv_hidden) EQ(vision.mm_hidden) EQ(vision.text_hidden) EQ(vision.merge_kernel[0])
-    EQ(vision.merge_kernel[1]) EQ(vision.pos_emb_h) EQ(vision.pos_emb_w) EQ(vision.pos_emb_t) EQ(vision.ln_eps)
+    EQ(vocab_size)
+    EQ(hidden_size) EQ(num_layers) EQ(intermediate_size) EQ(max_positions) EQ(bos_token_id) EQ(eos_token_id)
+        EQ(pad_token_id) EQ(rms_norm_eps) EQ(mla_norm_eps)
+            EQ(tie_word_embeddings) for (int l = 0; l < K3C_MAX_LAYERS; l++){EQ(mixer[l]) EQ(ffn[l])} EQ(kda_heads)
+                EQ(kda_head_dim) EQ(conv_kernel) EQ(kda_gate) EQ(gate_lower_bound) EQ(kda_full_rank_gate) EQ(mla_heads)
+                    EQ(mla_kv_heads) EQ(q_lora_rank) EQ(kv_lora_rank) EQ(qk_nope_dim) EQ(qk_rope_dim) EQ(v_head_dim)
+                        EQ(mla_output_gate) EQ(num_experts) EQ(top_k) EQ(num_shared_experts) EQ(moe_intermediate_size)
+                            EQ(latent_dim) EQ(latent_norm) EQ(renormalize) EQ(routed_scaling_factor)
+                                EQ(num_expert_group) EQ(topk_group) EQ(first_k_dense) EQ(moe_layer_freq) EQ(act)
+                                    EQ(situ_beta) EQ(situ_linear_beta) EQ(attn_res_block) EQ(experts_mxfp4)
+                                        EQ(mxfp4_group) EQ(vision.present) EQ(vision.patch_size) EQ(vision.hidden)
+                                            EQ(vision.intermediate) EQ(vision.heads) EQ(vision.layers)
+                                                EQ(vision.qkv_hidden) EQ(vision.mm_hidden) EQ(vision.text_hidden)
+                                                    EQ(vision.merge_kernel[0]) EQ(vision.merge_kernel[1])
+                                                        EQ(vision.pos_emb_h) EQ(vision.pos_emb_w) EQ(vision.pos_emb_t)
+                                                            EQ(vision.ln_eps)
 #undef EQ
-    return 1;
+                                                                return 1;
 }
 
 static void check_same(const k3c_config *a, const k3c_config *b, const char *what) {
@@ -82,7 +86,8 @@ static void test_kimi_linear_tiny(k3c_config *c) {
     CHECK(c->hidden_size == 64 && c->num_layers == 4 && c->vocab_size == 512, "hidden/layers/vocab");
     plan_is(c, "KKKM", "DEEE", "kimi_linear_tiny_a");
     CHECK(c->kda_heads == 4 && c->kda_head_dim == 16 && c->conv_kernel == 4, "KDA 4x16 conv 4");
-    CHECK(c->kda_gate == K3C_GATE_SOFTPLUS && c->gate_lower_bound == 0 && c->kda_full_rank_gate == 0, "softplus, low-rank");
+    CHECK(c->kda_gate == K3C_GATE_SOFTPLUS && c->gate_lower_bound == 0 && c->kda_full_rank_gate == 0,
+          "softplus, low-rank");
     CHECK(c->mla_heads == 4 && c->mla_kv_heads == 4 && c->q_lora_rank == 0 && c->kv_lora_rank == 32, "MLA heads/ranks");
     CHECK(c->qk_nope_dim == 16 && c->qk_rope_dim == 8 && c->v_head_dim == 16 && c->mla_output_gate == 0, "MLA dims");
     CHECK(c->num_experts == 8 && c->top_k == 2 && c->num_shared_experts == 1 && c->moe_intermediate_size == 32, "MoE");
@@ -120,9 +125,11 @@ static void test_k3_tiny(k3c_config *c) {
 static void test_k3_release(k3c_config *c) {
     k3c_err err = {0};
     CHECK_OK(k3c_config_load(test_shared("golden/kimi_k3_config.json"), c, &err), &err);
-    CHECK(c->num_layers == 93 && k3c_config_num_mla(c) == 24 && k3c_config_num_moe(c) == 92, "93 layers, 24 MLA, 92 MoE");
+    CHECK(c->num_layers == 93 && k3c_config_num_mla(c) == 24 && k3c_config_num_moe(c) == 92,
+          "93 layers, 24 MLA, 92 MoE");
     CHECK(c->mixer[91] == K3C_MIXER_MLA && c->mixer[92] == K3C_MIXER_MLA && c->mixer[90] == K3C_MIXER_KDA &&
-          c->mixer[3] == K3C_MIXER_MLA && c->mixer[0] == K3C_MIXER_KDA, "91 and 92 both MLA");
+              c->mixer[3] == K3C_MIXER_MLA && c->mixer[0] == K3C_MIXER_KDA,
+          "91 and 92 both MLA");
     CHECK(c->num_experts == 896 && c->top_k == 16 && c->num_shared_experts == 2 && c->latent_dim == 3584, "MoE");
     CHECK(c->hidden_size == 7168 && c->intermediate_size == 33792 && c->moe_intermediate_size == 3072, "widths");
     CHECK(c->mla_heads == 96 && c->q_lora_rank == 1536 && c->kv_lora_rank == 512 && c->attn_res_block == 12, "MLA");
@@ -131,9 +138,11 @@ static void test_k3_release(k3c_config *c) {
     CHECK(c->max_positions == 1048576, "positions");
     const k3c_vision_config *v = &c->vision;
     CHECK(v->present && v->patch_size == 14 && v->hidden == 1024 && v->intermediate == 4096 && v->heads == 12 &&
-          v->layers == 27, "vision tower");
+              v->layers == 27,
+          "vision tower");
     CHECK(v->qkv_hidden == 1536 && v->mm_hidden == 1024 && v->text_hidden == 7168 && v->merge_kernel[0] == 2 &&
-          v->merge_kernel[1] == 2, "vision projector");
+              v->merge_kernel[1] == 2,
+          "vision projector");
     CHECK(v->pos_emb_h == 64 && v->pos_emb_w == 64 && v->pos_emb_t == 4 && v->ln_eps == 1e-5, "vision pos emb");
 }
 
@@ -259,17 +268,16 @@ static void expect_fail(const char *what, const char *base, const char *from, co
 static void test_malformed(void) {
     const char *B = KL_RELEASED, *K = K3_TRANSFORMERS;
     const int E = K3C_ECONFIG;
-    expect_fail("bad JSON", B, "'model_max_length': 4096,", "'model_max_length': 4096,,", K3C_EFORMAT, "config.json:1:",
-                NULL);
+    expect_fail("bad JSON", B, "'model_max_length': 4096,", "'model_max_length': 4096,,", K3C_EFORMAT,
+                "config.json:1:", NULL);
     expect_fail("missing field", B, "'hidden_size': 64,", "", E, "config.json: hidden_size: missing", NULL);
     expect_fail("missing in text_config", K, "'num_attention_heads': 6,", "", E,
                 "config.json: text_config.num_attention_heads: missing", NULL);
     expect_fail("unknown model_type", B, "'model_type': 'kimi_linear'", "'model_type': 'deepseek_v3'", E, "model_type",
                 "deepseek_v3");
-    expect_fail("layer in both lists", B, "'kda_layers': [1, 2, 3]", "'kda_layers': [1, 2, 3, 4]", E, "full_attn_layers",
-                "listed twice");
-    expect_fail("layer in neither list", B, "'kda_layers': [1, 2, 3]", "'kda_layers': [1, 3]", E, "layer 2",
-                "neither");
+    expect_fail("layer in both lists", B, "'kda_layers': [1, 2, 3]", "'kda_layers': [1, 2, 3, 4]", E,
+                "full_attn_layers", "listed twice");
+    expect_fail("layer in neither list", B, "'kda_layers': [1, 2, 3]", "'kda_layers': [1, 3]", E, "layer 2", "neither");
     expect_fail("zero-based list", B, "'full_attn_layers': [4]", "'full_attn_layers': [0]", E, "full_attn_layers[0]",
                 "one-based");
     expect_fail("string for number", B, "'hidden_size': 64,", "'hidden_size': '64',", E, "hidden_size",
@@ -282,9 +290,10 @@ static void test_malformed(void) {
                 "text_config.layer_types", "12 entries");
     expect_fail("layer_types vs lists", B, "'num_experts': 8,",
                 "'num_experts': 8, 'layer_types': ['linear_attention', 'full_attention', 'linear_attention',"
-                " 'full_attention'],", E, "layer_types[1]", "full_attn_layers");
-    expect_fail("mlp_layer_types", K, "'mlp_layer_types': ['dense', 'sparse'", "'mlp_layer_types': ['dense', 'dense'", E,
-                "text_config.mlp_layer_types[1]", NULL);
+                " 'full_attention'],",
+                E, "layer_types[1]", "full_attn_layers");
+    expect_fail("mlp_layer_types", K, "'mlp_layer_types': ['dense', 'sparse'", "'mlp_layer_types': ['dense', 'dense'",
+                E, "text_config.mlp_layer_types[1]", NULL);
     expect_fail("top_k > num_experts", B, "'num_experts_per_token': 2", "'num_experts_per_token': 9", E,
                 "num_experts_per_token", "1..num_experts");
     expect_fail("unknown hidden_act", B, "'hidden_act': 'silu'", "'hidden_act': 'gelu'", E, "hidden_act", "gelu");
@@ -294,8 +303,8 @@ static void test_malformed(void) {
                 "gate_lower_bound", "[-5, 0)");
     expect_fail("duplicate spellings disagree", B, "'num_experts': 8,", "'num_experts': 8, 'n_routed_experts': 4,", E,
                 "num_experts", "disagree");
-    expect_fail("duplicate spellings disagree (KDA)", B, "'num_experts': 8,", "'num_experts': 8, 'linear_num_heads': 8,",
-                E, "linear_num_heads", "disagree");
+    expect_fail("duplicate spellings disagree (KDA)", B, "'num_experts': 8,",
+                "'num_experts': 8, 'linear_num_heads': 8,", E, "linear_num_heads", "disagree");
     expect_fail("too many layers", B, "'num_hidden_layers': 4,", "'num_hidden_layers': 600,", E, "num_hidden_layers",
                 "512");
     expect_fail("kv_lora_rank 0", B, "'kv_lora_rank': 32", "'kv_lora_rank': 0", E, "kv_lora_rank", "positive");
@@ -304,8 +313,8 @@ static void test_malformed(void) {
     expect_fail("quant group", K, "'group_size': 32", "'group_size': 16", E, "group_size", "32");
     expect_fail("quant format", K, "'format': 'mxfp4-pack-quantized',", "'format': 'int4-pack-quantized',",
                 K3C_EUNSUPPORTED, "quantization_config", "int4-pack-quantized");
-    expect_fail("router softmax", B, "'moe_router_activation_func': 'sigmoid'", "'moe_router_activation_func': 'softmax'",
-                K3C_EUNSUPPORTED, "moe_router_activation_func", NULL);
+    expect_fail("router softmax", B, "'moe_router_activation_func': 'sigmoid'",
+                "'moe_router_activation_func': 'softmax'", K3C_EUNSUPPORTED, "moe_router_activation_func", NULL);
     expect_fail("RoPE MLA", B, "'mla_use_nope': true", "'mla_use_nope': false", K3C_EUNSUPPORTED, "mla_use_nope", NULL);
     expect_fail("text_config missing", K, "'text_config'", "'text_confg'", E, "text_config: missing", NULL);
     expect_fail("ids disagree", K, "'text_config': {", "'text_config': {'eos_token_id': 3, ", E, "eos_token_id",

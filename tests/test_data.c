@@ -14,7 +14,10 @@
 
 static void write_bytes(const char *path, const void *p, size_t n) {
     FILE *f = fopen(path, "wb");
-    if (!f) { CHECK(0, "cannot write %s", path); return; }
+    if (!f) {
+        CHECK(0, "cannot write %s", path);
+        return;
+    }
     if (fwrite(p, 1, n, f) != n) CHECK(0, "short write %s", path);
     fclose(f);
 }
@@ -79,9 +82,11 @@ static void make_source(const char *dir, const char *name, int src, int n, const
                  (long long)cnt[2][1]);
     snprintf(m, sizeof m,
              "{\"format\": \"k3c-shards\", \"version\": 1, \"source\": \"%s\", \"vocab\": \"none\", \"vocab_size\": %d,"
-             " \"eod_id\": -1, \"splits\": {\"train\": {\"shards\": [{\"file\": \"t0.k3cshard\", \"docs\": %lld, \"tokens\": %lld},"
+             " \"eod_id\": -1, \"splits\": {\"train\": {\"shards\": [{\"file\": \"t0.k3cshard\", \"docs\": %lld, "
+             "\"tokens\": %lld},"
              " {\"file\": \"t1.k3cshard\", \"docs\": %lld, \"tokens\": %lld}]}, \"val\": {\"shards\": [%s]}}}",
-             name, SYN_VOCAB, (long long)cnt[0][0], (long long)cnt[0][1], (long long)cnt[1][0], (long long)cnt[1][1], val);
+             name, SYN_VOCAB, (long long)cnt[0][0], (long long)cnt[0][1], (long long)cnt[1][0], (long long)cnt[1][1],
+             val);
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     write_text(path, m);
 }
@@ -155,7 +160,8 @@ static void test_shard_roundtrip(const char *dir) {
     int32_t t[3] = {1, 2, 10};
     uint64_t o[2] = {0, 3}, ob[3] = {0, 2, 1};
     CHECK(k3c_shard_write(path, t, 3, o, 1, 10, &err) == K3C_EINVAL && contains(err.msg, "vocab size"), "%s", err.msg);
-    CHECK(k3c_shard_write(path, t, 3, ob, 2, 100, &err) == K3C_EINVAL && contains(err.msg, "bad offsets"), "%s", err.msg);
+    CHECK(k3c_shard_write(path, t, 3, ob, 2, 100, &err) == K3C_EINVAL && contains(err.msg, "bad offsets"), "%s",
+          err.msg);
 }
 
 /* Writes a valid 3-document shard of vocab 1000 and returns its path in buf. */
@@ -174,7 +180,8 @@ static void expect_open_error(const char *path, const char *what, const char *la
     k3c_shard *s = NULL;
     int rc = k3c_shard_open(path, &s, &err);
     CHECK(rc == K3C_EFORMAT && s == NULL, "%s: rc %d", label, rc);
-    CHECK(contains(err.msg, what) && contains(err.msg, path), "%s: message '%s' lacks '%s' or the path", label, err.msg, what);
+    CHECK(contains(err.msg, what) && contains(err.msg, path), "%s: message '%s' lacks '%s' or the path", label, err.msg,
+          what);
     if (getenv("K3C_TEST_VERBOSE")) printf("  %s -> %s\n", label, err.msg);
 }
 
@@ -229,20 +236,29 @@ static void test_shard_errors(const char *dir) {
 static const char *const TEXT_A =
     "First paragraph line one.\nline two of the first.\n\n\nSecond paragraph here.\n  \t\n"
     "Third, with unicode: caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xf0\x9f\x8e\x89.\n";
-static const char *const DOCS_A[] = {"First paragraph line one.\nline two of the first.", "Second paragraph here.",
-                                     "Third, with unicode: caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xf0\x9f\x8e\x89."};
+static const char *const DOCS_A[] = {
+    "First paragraph line one.\nline two of the first.", "Second paragraph here.",
+    "Third, with unicode: caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xf0\x9f\x8e\x89."};
 static const char *const TEXT_B =
     "{\"text\": \"Record one says hello.\", \"id\": 1}\n\n"
     "{\"id\": 2, \"text\": \"Record two:\\nhas a newline and \\\"quotes\\\" and \\u00e9.\"}\n"
     "{\"text\": \"\"}\n"
     "{\"text\": \"<|endoftext|> spelled inside text\"}\n";
-static const char *const DOCS_B[] = {"Record one says hello.", "Record two:\nhas a newline and \"quotes\" and \xc3\xa9.",
+static const char *const DOCS_B[] = {"Record one says hello.",
+                                     "Record two:\nhas a newline and \"quotes\" and \xc3\xa9.",
                                      "<|endoftext|> spelled inside text"};
 
-static int prep(const char *vocab, const char *const *inputs, int n, const char *out, int split, double val, uint64_t seed,
-                int64_t shard_tokens, k3c_prepare_result *res, k3c_err *err) {
-    k3c_prepare_opts o = {.vocab_path = vocab, .pattern = K3C_TOK_PATTERN_KIMI, .inputs = inputs, .n_inputs = n,
-                          .out_dir = out, .doc_split = split, .val_fraction = val, .seed = seed, .shard_tokens = shard_tokens};
+static int prep(const char *vocab, const char *const *inputs, int n, const char *out, int split, double val,
+                uint64_t seed, int64_t shard_tokens, k3c_prepare_result *res, k3c_err *err) {
+    k3c_prepare_opts o = {.vocab_path = vocab,
+                          .pattern = K3C_TOK_PATTERN_KIMI,
+                          .inputs = inputs,
+                          .n_inputs = n,
+                          .out_dir = out,
+                          .doc_split = split,
+                          .val_fraction = val,
+                          .seed = seed,
+                          .shard_tokens = shard_tokens};
     return k3c_data_prepare(&o, res, err);
 }
 
@@ -267,7 +283,8 @@ static char *decode_doc(const k3c_shard_set *s, const k3c_tok *t, int64_t d, int
 static k3c_tok *make_vocab(const char *dir, char *vocab, size_t n) {
     static const char *const specials[] = {"<|endoftext|>", "[PAD]"};
     char corpus[4096];
-    snprintf(corpus, sizeof corpus, "%s%s%s the quick brown fox jumps over the lazy dog paragraph record", TEXT_A, TEXT_A, TEXT_B);
+    snprintf(corpus, sizeof corpus, "%s%s%s the quick brown fox jumps over the lazy dog paragraph record", TEXT_A,
+             TEXT_A, TEXT_B);
     const char *texts[] = {corpus};
     size_t lens[] = {strlen(corpus)};
     k3c_tok_train_opts o = {.vocab_size = 300, .pattern = K3C_TOK_PATTERN_KIMI, .specials = specials, .n_specials = 2};
@@ -292,14 +309,15 @@ static void check_docs(const char *out, const k3c_tok *t, const char *const *wan
     CHECK_OK(k3c_shard_set_open(out, "train", &s, &err), &err);
     if (!s) return;
     int32_t eod = k3c_tok_special_id(t, "<|endoftext|>");
-    CHECK(s->n_docs == n && s->eod_id == eod && s->vocab_size == k3c_tok_n_vocab(t), "%s: %lld docs (want %d), eod %lld",
-          label, (long long)s->n_docs, n, (long long)s->eod_id);
+    CHECK(s->n_docs == n && s->eod_id == eod && s->vocab_size == k3c_tok_n_vocab(t),
+          "%s: %lld docs (want %d), eod %lld", label, (long long)s->n_docs, n, (long long)s->eod_id);
     for (int64_t d = 0; d < s->n_docs && d < n; d++) {
         int32_t last;
         int n_eod;
         char *got = decode_doc(s, t, d, &last, &n_eod, eod), expect[512];
         snprintf(expect, sizeof expect, "%s<|endoftext|>", want[d]);
-        CHECK(got && strcmp(got, expect) == 0, "%s: doc %lld = '%s', want '%s'", label, (long long)d, got ? got : "", expect);
+        CHECK(got && strcmp(got, expect) == 0, "%s: doc %lld = '%s', want '%s'", label, (long long)d, got ? got : "",
+              expect);
         CHECK(last == eod && n_eod == 1, "%s: doc %lld: end token %d, %d end tokens", label, (long long)d, last, n_eod);
         free(got);
     }
@@ -367,8 +385,9 @@ static void test_prepare_roundtrip(const char *dir, const char *vocab, const k3c
     /* other document splits */
     const char *a1[] = {a};
     CHECK_OK(prep(vocab, a1, 1, out2, K3C_DOC_SPLIT_LINE, 0, 0, 0, &r, &err), &err);
-    static const char *const lines[] = {"First paragraph line one.", "line two of the first.", "Second paragraph here.",
-                                        "Third, with unicode: caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xf0\x9f\x8e\x89."};
+    static const char *const lines[] = {
+        "First paragraph line one.", "line two of the first.", "Second paragraph here.",
+        "Third, with unicode: caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xf0\x9f\x8e\x89."};
     check_docs(out2, t, lines, 4, "doc-split line");
     CHECK_OK(prep(vocab, a1, 1, out2, K3C_DOC_SPLIT_FILE, 0, 0, 0, &r, &err), &err);
     const char *whole[] = {TEXT_A};
@@ -395,7 +414,8 @@ static uint64_t val_set(const char *out, const k3c_tok *t) {
 static void test_prepare_split(const char *dir, const char *vocab, const k3c_tok *t) {
     char big[512], text[8192] = "";
     snprintf(big, sizeof big, "%s/paras.txt", dir);
-    for (int i = 0; i < 60; i++) snprintf(text + strlen(text), sizeof text - strlen(text), "paragraph number %d of the corpus\n\n", i);
+    for (int i = 0; i < 60; i++)
+        snprintf(text + strlen(text), sizeof text - strlen(text), "paragraph number %d of the corpus\n\n", i);
     write_text(big, text);
     const char *in[] = {big};
     char o1[512], o2[512], o3[512], f1[700], f2[700];
@@ -407,8 +427,8 @@ static void test_prepare_split(const char *dir, const char *vocab, const k3c_tok
     CHECK_OK(prep(vocab, in, 1, o1, K3C_DOC_SPLIT_BLANK, 0.25, 7, 40, &r1, &err), &err);
     CHECK_OK(prep(vocab, in, 1, o2, K3C_DOC_SPLIT_BLANK, 0.25, 7, 40, &r2, &err), &err);
     CHECK_OK(prep(vocab, in, 1, o3, K3C_DOC_SPLIT_BLANK, 0.25, 8, 40, &r3, &err), &err);
-    CHECK(r1.docs[0] + r1.docs[1] == 60 && r1.docs[1] >= 5 && r1.docs[1] <= 30, "split %lld / %lld", (long long)r1.docs[0],
-          (long long)r1.docs[1]);
+    CHECK(r1.docs[0] + r1.docs[1] == 60 && r1.docs[1] >= 5 && r1.docs[1] <= 30, "split %lld / %lld",
+          (long long)r1.docs[0], (long long)r1.docs[1]);
     CHECK(r1.shards[0] > 3, "shard_tokens 40 should give several train shards, got %d", r1.shards[0]);
     snprintf(f1, sizeof f1, "%s/train-00003.k3cshard", o1);
     snprintf(f2, sizeof f2, "%s/train-00003.k3cshard", o2);
@@ -443,7 +463,8 @@ static void test_prepare_split(const char *dir, const char *vocab, const k3c_tok
     }
     int once = 1;
     for (int i = 0; i < 60; i++) once &= seen[i] == 1;
-    CHECK(once && order_ok && small, "split: each document once %d, in order %d, shards <= 40 tokens %d", once, order_ok, small);
+    CHECK(once && order_ok && small, "split: each document once %d, in order %d, shards <= 40 tokens %d", once,
+          order_ok, small);
     /* one document but val wanted: nothing to move, no val */
     char one[512];
     snprintf(one, sizeof one, "%s/one.txt", dir);
@@ -454,7 +475,8 @@ static void test_prepare_split(const char *dir, const char *vocab, const k3c_tok
     /* two documents and a tiny fraction: the last document is moved to val */
     write_text(one, "first\n\nsecond");
     CHECK_OK(prep(vocab, i1, 1, o3, K3C_DOC_SPLIT_BLANK, 1e-9, 1, 0, &r3, &err), &err);
-    CHECK(r3.docs[0] == 1 && r3.docs[1] == 1, "val guaranteed: %lld / %lld", (long long)r3.docs[0], (long long)r3.docs[1]);
+    CHECK(r3.docs[0] == 1 && r3.docs[1] == 1, "val guaranteed: %lld / %lld", (long long)r3.docs[0],
+          (long long)r3.docs[1]);
 }
 
 static void test_prepare_errors(const char *dir, const char *vocab, const k3c_tok *t) {
@@ -466,13 +488,16 @@ static void test_prepare_errors(const char *dir, const char *vocab, const k3c_to
     snprintf(f, sizeof f, "%s/nofield.jsonl", dir);
     write_text(f, "{\"body\": \"x\"}\n");
     CHECK(prep(vocab, in, 1, out, 0, 0, 0, 0, &r, &err) == K3C_EFORMAT && contains(err.msg, "nofield.jsonl:1") &&
-              contains(err.msg, "\"text\""), "%s", err.msg);
+              contains(err.msg, "\"text\""),
+          "%s", err.msg);
     snprintf(f, sizeof f, "%s/badjson.jsonl", dir);
     write_text(f, "{\"text\": \"ok\"}\n{\"text\": \"unterminated}\n");
-    CHECK(prep(vocab, in, 1, out, 0, 0, 0, 0, &r, &err) == K3C_EFORMAT && contains(err.msg, "badjson.jsonl:2"), "%s", err.msg);
+    CHECK(prep(vocab, in, 1, out, 0, 0, 0, 0, &r, &err) == K3C_EFORMAT && contains(err.msg, "badjson.jsonl:2"), "%s",
+          err.msg);
     snprintf(f, sizeof f, "%s/bad.gz", dir);
     write_bytes(f, "\x1f\x8b\x08\x00garbage-not-deflate", 24);
-    CHECK(prep(vocab, in, 1, out, 0, 0, 0, 0, &r, &err) != K3C_OK && contains(err.msg, "gzip") && contains(err.msg, "bad.gz"),
+    CHECK(prep(vocab, in, 1, out, 0, 0, 0, 0, &r, &err) != K3C_OK && contains(err.msg, "gzip") &&
+              contains(err.msg, "bad.gz"),
           "%s", err.msg);
     snprintf(f, sizeof f, "%s/missing.txt", dir);
     CHECK(prep(vocab, in, 1, out, 0, 0, 0, 0, &r, &err) == K3C_EIO && contains(err.msg, "missing.txt"), "%s", err.msg);
@@ -486,7 +511,8 @@ static void test_prepare_errors(const char *dir, const char *vocab, const k3c_to
     CHECK_OK(k3c_data_prepare(&o, &r, &err), &err);
     k3c_tok_ids ids = {0};
     CHECK_OK(k3c_tok_encode(t, "text", 4, 0, &ids, &err), &err);
-    CHECK(r.eod_id == -1 && r.tokens[0] == (int64_t)ids.n, "--eod none: %lld tokens for 'text'", (long long)r.tokens[0]);
+    CHECK(r.eod_id == -1 && r.tokens[0] == (int64_t)ids.n, "--eod none: %lld tokens for 'text'",
+          (long long)r.tokens[0]);
     k3c_tok_ids_free(&ids);
 }
 
@@ -552,7 +578,8 @@ static void test_loader_packing(const char *dir) {
     for (int64_t i = 0; i < total; i++) {
         int d = syn_doc(stream[i]), p = syn_pos(stream[i]);
         once &= seen[d * 1000 + p]++ == 0;
-        if (p != 0) whole &= i > 0 && stream[i] == stream[i - 1] + 1;
+        if (p != 0)
+            whole &= i > 0 && stream[i] == stream[i - 1] + 1;
         else {
             whole &= i == 0 || syn_pos(stream[i - 1]) == lens_a[syn_doc(stream[i - 1])] - 1;
             shuffled |= prev_doc >= 0 && d != prev_doc + 1;
@@ -561,7 +588,8 @@ static void test_loader_packing(const char *dir) {
     }
     for (int d = 0; d < 200; d++)
         for (int p = 0; p < lens_a[d]; p++) once &= seen[d * 1000 + p] == 1;
-    CHECK(once && whole && shuffled, "epoch: every token once %d, documents whole %d, shuffled %d", once, whole, shuffled);
+    CHECK(once && whole && shuffled, "epoch: every token once %d, documents whole %d, shuffled %d", once, whole,
+          shuffled);
     k3c_loader_state st;
     k3c_loader_get_state(ld, &st);
     CHECK(st.cursor[0].epoch == 1 && st.steps == steps && st.tokens == steps * T, "epoch %lld steps %lld",
@@ -608,7 +636,8 @@ static void test_loader_resume(const char *dir) {
     const double w[2] = {0.5, 0.5};
     const int64_t T = 100, S = 32;
     enum { N = 80 };
-    k3c_loader *l1 = open_loader(dir, "AB", w, 5), *l2 = open_loader(dir, "AB", w, 5), *l3 = open_loader(dir, "AB", w, 6);
+    k3c_loader *l1 = open_loader(dir, "AB", w, 5), *l2 = open_loader(dir, "AB", w, 5),
+               *l3 = open_loader(dir, "AB", w, 6);
     if (!l1 || !l2 || !l3) return;
     k3c_batch *r1 = run_steps(l1, N, T, S), *r2 = run_steps(l2, N, T, S), *r3 = run_steps(l3, 3, T, S);
     CHECK(same_runs(r1, r2, N), "same seed, different batches");
@@ -646,12 +675,14 @@ static void test_loader_resume(const char *dir) {
     CHECK(same_runs(r1 + k, rb, N - k), "resume from bytes after %d steps differs", k);
     CHECK(same_runs(r1 + k, rj, N - k), "resume from JSON after %d steps differs", k);
     k3c_loader_get_state(fb, &st2);
-    CHECK(st2.cursor[1].epoch >= 1 && st2.steps == N, "source B should have wrapped (epoch %lld)", (long long)st2.cursor[1].epoch);
+    CHECK(st2.cursor[1].epoch >= 1 && st2.steps == N, "source B should have wrapped (epoch %lld)",
+          (long long)st2.cursor[1].epoch);
     free_runs(rb, N - k);
     free_runs(rj, N - k);
     /* restores that must fail */
     k3c_loader *other = open_loader(dir, "BA", w, 5);
-    CHECK(k3c_loader_set_state(other, &st, &err) == K3C_EINVAL && contains(err.msg, "other data sources"), "%s", err.msg);
+    CHECK(k3c_loader_set_state(other, &st, &err) == K3C_EINVAL && contains(err.msg, "other data sources"), "%s",
+          err.msg);
     k3c_loader_state bad = st;
     bad.magic ^= 1;
     CHECK(k3c_loader_set_state(fb, &bad, &err) == K3C_EFORMAT, "bad magic accepted");
@@ -661,10 +692,12 @@ static void test_loader_resume(const char *dir) {
     bad = st;
     bad.cursor[bad.cur_source].offset = 100000;
     CHECK(k3c_loader_set_state(fb, &bad, &err) == K3C_EINVAL && contains(err.msg, "past"), "%s", err.msg);
-    const char *bj = "{\"version\": 1, \"seed\": \"5\", \"counter\": 0, \"steps\": 0, \"tokens\": 0, \"current\": null, "
-                     "\"sources\": [{\"name\": \"A\", \"epoch\": 0, \"pos\": 0, \"offset\": 0}, "
-                     "{\"name\": \"Z\", \"epoch\": 0, \"pos\": 0, \"offset\": 0}]}";
-    CHECK(k3c_loader_state_from_json(fb, bj, strlen(bj), &err) == K3C_EINVAL && contains(err.msg, "not a source"), "%s", err.msg);
+    const char *bj =
+        "{\"version\": 1, \"seed\": \"5\", \"counter\": 0, \"steps\": 0, \"tokens\": 0, \"current\": null, "
+        "\"sources\": [{\"name\": \"A\", \"epoch\": 0, \"pos\": 0, \"offset\": 0}, "
+        "{\"name\": \"Z\", \"epoch\": 0, \"pos\": 0, \"offset\": 0}]}";
+    CHECK(k3c_loader_state_from_json(fb, bj, strlen(bj), &err) == K3C_EINVAL && contains(err.msg, "not a source"), "%s",
+          err.msg);
     /* after a failed restore the loader still continues where it was */
     k3c_batch *after = run_steps(fb, 1, T, S);
     k3c_loader *ref = open_loader(dir, "AB", w, 5);
@@ -680,7 +713,8 @@ static void test_loader_resume(const char *dir) {
     CHECK_OK(k3c_loader_next(a, S, &b, &err), &err);
     const int cs = st.cur_source;
     CHECK(cs >= 0 && b.piece_source[0] == cs && syn_pos(b.ids[0]) == st.cursor[cs].offset,
-          "the document in progress (source %d, offset %lld) should be finished first", cs, (long long)st.cursor[cs].offset);
+          "the document in progress (source %d, offset %lld) should be finished first", cs,
+          (long long)st.cursor[cs].offset);
     int rest_b = 1;
     for (int32_t i = 1; i < b.n_docs; i++) rest_b &= b.piece_source[i] == 1;
     CHECK(rest_b && b.n_docs > 1, "after the weights change only source B may follow");
@@ -714,7 +748,8 @@ static void test_loader_mixture(const char *dir) {
     CHECK(bad == 0, "%d packing violations", bad);
     /* binomial sd at 20000 draws is 0.003: 0.015 is 5 sd */
     CHECK(fabs(frac - 0.75) < 0.015, "source C got %.4f of the documents, weight 0.75", frac);
-    if (getenv("K3C_TEST_VERBOSE")) printf("  mixture 3:1 -> %.4f over %lld documents\n", frac, (long long)(docs[0] + docs[1]));
+    if (getenv("K3C_TEST_VERBOSE"))
+        printf("  mixture 3:1 -> %.4f over %lld documents\n", frac, (long long)(docs[0] + docs[1]));
     /* a weighted source without training data is refused; all-zero weights mean uniform */
     k3c_data_source src[2] = {{"x", NULL}, {"y", NULL}};
     char p1[512], p2[512], p3[512];
@@ -724,11 +759,14 @@ static void test_loader_mixture(const char *dir) {
     mkdir(p2, 0755);
     char mp[600];
     snprintf(mp, sizeof mp, "%s/manifest.json", p2);
-    write_text(mp, "{\"format\": \"k3c-shards\", \"version\": 1, \"source\": \"E\", \"vocab_size\": 10000000, \"splits\": {}}");
+    write_text(
+        mp,
+        "{\"format\": \"k3c-shards\", \"version\": 1, \"source\": \"E\", \"vocab_size\": 10000000, \"splits\": {}}");
     src[0].dir = p1, src[1].dir = p2;
     const double w01[2] = {0.5, 0.5}, w00[2] = {0, 0};
     k3c_loader *e = NULL;
-    CHECK(k3c_loader_open(src, 2, w01, 1, &e, &err) == K3C_EINVAL && contains(err.msg, "no training tokens"), "%s", err.msg);
+    CHECK(k3c_loader_open(src, 2, w01, 1, &e, &err) == K3C_EINVAL && contains(err.msg, "no training tokens"), "%s",
+          err.msg);
     CHECK_OK(k3c_loader_open(src, 2, w00, 1, &e, &err), &err);
     k3c_loader_close(e);
     src[1].dir = p3;
@@ -758,8 +796,10 @@ static void test_loader_val(const char *dir) {
         for (int64_t j = 0; j < T; j++, seen++) { /* A's val docs 900.., then B's, then A's again */
             int32_t t = a.ids[j];
             int expect_first = seen % vt == 0;
-            if (expect_first) order &= t == syn_tok(1, 900, 0);
-            else if (syn_pos(t) != 0) order &= t == prev + 1;
+            if (expect_first)
+                order &= t == syn_tok(1, 900, 0);
+            else if (syn_pos(t) != 0)
+                order &= t == prev + 1;
             else {
                 const int vlen = 1 + (syn_doc(prev) * 7) % 40; /* make_source's val lengths */
                 order &= syn_pos(prev) == vlen - 1;
@@ -806,7 +846,8 @@ static void test_prepare_loader(const char *dir, const char *vocab, const k3c_to
     k3c_loader *ld = NULL;
     CHECK_OK(k3c_loader_open(&src, 1, NULL, 1, &ld, &err), &err);
     if (!ld) return;
-    CHECK(strcmp(k3c_loader_source_name(ld, 0), "pl") == 0 && k3c_loader_vocab_size(ld) == k3c_tok_n_vocab(t), "source info");
+    CHECK(strcmp(k3c_loader_source_name(ld, 0), "pl") == 0 && k3c_loader_vocab_size(ld) == k3c_tok_n_vocab(t),
+          "source info");
     k3c_batch b;
     CHECK_OK(k3c_batch_alloc(&b, 64, &err), &err);
     int32_t eod = k3c_tok_special_id(t, "<|endoftext|>");
@@ -833,11 +874,15 @@ static int run_cli(const char *args, const char *outfile) {
 }
 
 static void test_cli(const char *dir, const char *vocab) {
-    if (access(test_k3c_bin(), X_OK) != 0) { CHECK(0, "CLI binary %s not found (build it first)", test_k3c_bin()); return; }
+    if (access(test_k3c_bin(), X_OK) != 0) {
+        CHECK(0, "CLI binary %s not found (build it first)", test_k3c_bin());
+        return;
+    }
     char args[4096], log[512], shard[600];
     snprintf(log, sizeof log, "%s/cli.log", dir);
-    snprintf(args, sizeof args, "data prepare --vocab %s --input %s/corpus/a.txt %s/corpus/b.jsonl --out %s/cli --val-fraction 0",
-             vocab, dir, dir, dir);
+    snprintf(args, sizeof args,
+             "data prepare --vocab %s --input %s/corpus/a.txt %s/corpus/b.jsonl --out %s/cli --val-fraction 0", vocab,
+             dir, dir, dir);
     CHECK(run_cli(args, log) == 0, "data prepare failed");
     size_t n;
     char *txt = slurp(log, &n);
@@ -850,9 +895,11 @@ static void test_cli(const char *dir, const char *vocab) {
     patch(shard, 70, &x, 1, 0);
     CHECK(run_cli(args, log) != 0, "data info accepted a corrupt shard");
     txt = slurp(log, &n);
-    CHECK(txt && contains(txt, "checksum mismatch") && contains(txt, "train-00000.k3cshard"), "info output: %s", txt ? txt : "");
+    CHECK(txt && contains(txt, "checksum mismatch") && contains(txt, "train-00000.k3cshard"), "info output: %s",
+          txt ? txt : "");
     free(txt);
-    snprintf(args, sizeof args, "data prepare --vocab %s --input %s/corpus/a.txt --out %s/cli2 --format xml", vocab, dir, dir);
+    snprintf(args, sizeof args, "data prepare --vocab %s --input %s/corpus/a.txt --out %s/cli2 --format xml", vocab,
+             dir, dir);
     CHECK(run_cli(args, log) == 2 << 8, "bad --format should be a usage error");
 }
 

@@ -13,11 +13,18 @@ static int run_k3c(const char *args, char **out) {
     FILE *p = popen(cmd, "r");
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
-    if (!p || !buf) { *out = buf; if (buf) buf[0] = 0; return -1; }
+    if (!p || !buf) {
+        *out = buf;
+        if (buf) buf[0] = 0;
+        return -1;
+    }
     size_t got;
     while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
         n += got;
-        if (cap - n < 1024) { cap *= 2; buf = realloc(buf, cap); }
+        if (cap - n < 1024) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+        }
     }
     buf[n] = 0;
     *out = buf;
@@ -74,9 +81,11 @@ static void test_json(void) {
     k3c_err err = {0};
     CHECK_OK(k3c_json_parse(out, strlen(out), "inspect --json", &j, &err), &err);
     if (j) {
-        const k3c_json *t = k3c_json_get(j, "tensors"), *p = k3c_json_get(j, "parameters"), *c = k3c_json_get(j, "config");
+        const k3c_json *t = k3c_json_get(j, "tensors"), *p = k3c_json_get(j, "parameters"),
+                       *c = k3c_json_get(j, "config");
         CHECK(t && t->is_integer && t->integer == 151, "json tensors");
-        const k3c_json *tot = p ? k3c_json_get(p, "total") : NULL, *cb = p ? k3c_json_get(p, "router_correction_biases") : NULL;
+        const k3c_json *tot = p ? k3c_json_get(p, "total") : NULL,
+                       *cb = p ? k3c_json_get(p, "router_correction_biases") : NULL;
         CHECK(tot && tot->integer == 339828 && cb && cb->integer == 24, "json parameters");
         const k3c_json *mt = c ? k3c_json_get(c, "model_type") : NULL, *w = k3c_json_get(j, "warnings");
         CHECK(mt && mt->type == K3C_JSON_STRING && strcmp(mt->string, "kimi_linear") == 0, "json config.model_type");

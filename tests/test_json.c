@@ -20,13 +20,15 @@ static void reject(const char *text, size_t n, const char *where, const char *wh
     CHECK(rc == K3C_EFORMAT && v == NULL, "accepted invalid JSON %.60s (rc %d)", text, rc);
     char prefix[64];
     snprintf(prefix, sizeof prefix, "t.json:%s: ", where);
-    CHECK(strncmp(err.msg, prefix, strlen(prefix)) == 0, "%.60s: message '%s' lacks position '%s'", text, err.msg, prefix);
+    CHECK(strncmp(err.msg, prefix, strlen(prefix)) == 0, "%.60s: message '%s' lacks position '%s'", text, err.msg,
+          prefix);
     CHECK(strstr(err.msg, why) != NULL, "%.60s: message '%s' lacks '%s'", text, err.msg, why);
 }
 #define REJECT(text, where, why) reject(text, strlen(text), where, why)
 
 static void test_valid(void) {
-    const char *doc = "{\n  \"a\": [1, -2.5e3, true, false, null, \"x\"],\n  \"b\": {\"c\": {}}, \"d\": [], \"e\": 0.125\n}";
+    const char *doc =
+        "{\n  \"a\": [1, -2.5e3, true, false, null, \"x\"],\n  \"b\": {\"c\": {}}, \"d\": [], \"e\": 0.125\n}";
     k3c_json *v = parse_ok(doc);
     if (!v) return;
     CHECK(v->type == K3C_JSON_OBJECT && v->n == 4, "object of 4");
@@ -42,7 +44,8 @@ static void test_valid(void) {
         CHECK(a->items[5].type == K3C_JSON_STRING && strcmp(a->items[5].string, "x") == 0 && a->items[5].len == 1, "x");
     }
     const k3c_json *b = k3c_json_get(v, "b");
-    CHECK(b && k3c_json_get(b, "c") && k3c_json_get(b, "c")->type == K3C_JSON_OBJECT && k3c_json_get(b, "c")->n == 0, "{}");
+    CHECK(b && k3c_json_get(b, "c") && k3c_json_get(b, "c")->type == K3C_JSON_OBJECT && k3c_json_get(b, "c")->n == 0,
+          "{}");
     CHECK(k3c_json_get(v, "zz") == NULL && k3c_json_get(a, "a") == NULL, "absent key / not an object");
     CHECK(k3c_json_get(v, "e")->number == 0.125, "0.125");
     k3c_json_free(v);
@@ -63,7 +66,8 @@ static void test_valid(void) {
 }
 
 static void test_integers(void) {
-    k3c_json *v = parse_ok("[9223372036854775807, -9223372036854775808, 9223372036854775808, 123456789012345678, -0, 1e2, 1.0]");
+    k3c_json *v =
+        parse_ok("[9223372036854775807, -9223372036854775808, 9223372036854775808, 123456789012345678, -0, 1e2, 1.0]");
     if (!v) return;
     CHECK(v->items[0].is_integer && v->items[0].integer == INT64_MAX, "INT64_MAX exact");
     CHECK(v->items[1].is_integer && v->items[1].integer == INT64_MIN, "INT64_MIN exact");
@@ -83,8 +87,9 @@ static void test_integers(void) {
 }
 
 static void test_strings(void) {
-    k3c_json *v = parse_ok("[\"\\\"\\\\\\/\\b\\f\\n\\r\\t\", \"\\u0041\\u00e9\\u20ac\", \"\\ud83d\\ude00\", \"a\\u0000b\", "
-                           "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\", \"\\uD834\\uDD1E\"]");
+    k3c_json *v =
+        parse_ok("[\"\\\"\\\\\\/\\b\\f\\n\\r\\t\", \"\\u0041\\u00e9\\u20ac\", \"\\ud83d\\ude00\", \"a\\u0000b\", "
+                 "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\", \"\\uD834\\uDD1E\"]");
     if (!v) return;
     CHECK(strcmp(v->items[0].string, "\"\\/\b\f\n\r\t") == 0 && v->items[0].len == 8, "simple escapes");
     CHECK(strcmp(v->items[1].string, "A\xc3\xa9\xe2\x82\xac") == 0, "BMP \\u escapes to UTF-8");
@@ -128,11 +133,11 @@ static void test_rejections(void) {
     REJECT("[\"\\udc00\"]", "1:3", "lone low surrogate");
     REJECT("[\"abc]", "1:2", "unterminated string");
     REJECT("[\"\xff\"]", "1:3", "invalid UTF-8");
-    REJECT("[\"\xc0\xaf\"]", "1:3", "invalid UTF-8");          /* overlong '/' */
-    REJECT("[\"\xe0\x80\xaf\"]", "1:3", "invalid UTF-8");      /* overlong 3-byte */
-    REJECT("[\"\xed\xa0\x80\"]", "1:3", "invalid UTF-8");      /* encoded surrogate */
-    REJECT("[\"\xf4\x90\x80\x80\"]", "1:3", "invalid UTF-8");  /* > U+10FFFF */
-    REJECT("[\"\xc3\"]", "1:3", "invalid UTF-8");              /* truncated sequence */
+    REJECT("[\"\xc0\xaf\"]", "1:3", "invalid UTF-8");         /* overlong '/' */
+    REJECT("[\"\xe0\x80\xaf\"]", "1:3", "invalid UTF-8");     /* overlong 3-byte */
+    REJECT("[\"\xed\xa0\x80\"]", "1:3", "invalid UTF-8");     /* encoded surrogate */
+    REJECT("[\"\xf4\x90\x80\x80\"]", "1:3", "invalid UTF-8"); /* > U+10FFFF */
+    REJECT("[\"\xc3\"]", "1:3", "invalid UTF-8");             /* truncated sequence */
     REJECT("{\"a\": 1, \"b\": 2, \"a\": 3}", "1:18", "duplicate key \"a\"");
     REJECT("{} x", "1:4", "trailing garbage");
     REJECT("[1] [2]", "1:5", "trailing garbage");
@@ -160,8 +165,11 @@ static void test_limits(void) {
         k3c_json *v = NULL;
         k3c_err err = {0};
         int rc = k3c_json_parse(buf, k, "deep.json", &v, &err);
-        if (depth == 512) CHECK(rc == K3C_OK, "depth 512 accepted: %s", err.msg);
-        else CHECK(rc == K3C_EFORMAT && strstr(err.msg, "deep.json:1:513: nesting deeper than 512"), "depth 513: %s", err.msg);
+        if (depth == 512)
+            CHECK(rc == K3C_OK, "depth 512 accepted: %s", err.msg);
+        else
+            CHECK(rc == K3C_EFORMAT && strstr(err.msg, "deep.json:1:513: nesting deeper than 512"), "depth 513: %s",
+                  err.msg);
         k3c_json_free(v);
     }
     k3c_sbuf s;
@@ -178,15 +186,28 @@ static void test_limits(void) {
     s.len = good;
     k3c_sbuf_append(&s, ", \"k1234\": 0}", 13);
     v = NULL;
-    CHECK(k3c_json_parse(s.buf, s.len, "big.json", &v, &err) == K3C_EFORMAT && strstr(err.msg, "duplicate key \"k1234\""),
+    CHECK(k3c_json_parse(s.buf, s.len, "big.json", &v, &err) == K3C_EFORMAT &&
+              strstr(err.msg, "duplicate key \"k1234\""),
           "duplicate among 5001 keys: %s", err.msg);
     CHECK(v == NULL, "no value on error");
     k3c_sbuf_free(&s);
 }
 
 static void test_writer(void) {
-    double xs[] = {0.1, 1.0 / 3, 1e-300, 4.9e-324, 1.7976931348623157e308, -2.5, 100, 1e21, 123456789012345680.0,
-                   0.30000000000000004, 5e-7, -0.0, 2.0 / 3, 1e100};
+    double xs[] = {0.1,
+                   1.0 / 3,
+                   1e-300,
+                   4.9e-324,
+                   1.7976931348623157e308,
+                   -2.5,
+                   100,
+                   1e21,
+                   123456789012345680.0,
+                   0.30000000000000004,
+                   5e-7,
+                   -0.0,
+                   2.0 / 3,
+                   1e100};
     for (size_t i = 0; i < sizeof xs / sizeof *xs; i++) {
         k3c_sbuf s;
         k3c_sbuf_init(&s);
@@ -245,7 +266,8 @@ static void test_file(void) {
     int rc = k3c_json_parse_file(path, &v, &err);
     char want[4300];
     snprintf(want, sizeof want, "%s:3:4: ", path);
-    CHECK(rc == K3C_EFORMAT && strncmp(err.msg, want, strlen(want)) == 0, "file error names path:line:col: %s", err.msg);
+    CHECK(rc == K3C_EFORMAT && strncmp(err.msg, want, strlen(want)) == 0, "file error names path:line:col: %s",
+          err.msg);
     snprintf(path, sizeof path, "%s/missing.json", dir);
     rc = k3c_json_parse_file(path, &v, &err);
     CHECK(rc == K3C_EIO && strstr(err.msg, "missing.json"), "missing file: %s", err.msg);

@@ -5,11 +5,11 @@
 #include "ops/kda.h"
 #include "ops/l2norm.h"
 
-#define GOLD_TOL 1e-5  /* vs the fla golden (computed in float32 internally) */
-#define FD_TOL 1e-6    /* float64 central differences vs the analytic backward (norm-wise relative) */
+#define GOLD_TOL 1e-5   /* vs the fla golden (computed in float32 internally) */
+#define FD_TOL 1e-6     /* float64 central differences vs the analytic backward (norm-wise relative) */
 #define AGREE_TOL 1e-12 /* chunked vs recurrent in float64 */
-#define F32_TOL 1e-5   /* float32 vs float64 on the same inputs */
-#define PREFILL 0.25   /* gradient buffers start here: the backward must add, not overwrite */
+#define F32_TOL 1e-5    /* float32 vs float64 on the same inputs */
+#define PREFILL 0.25    /* gradient buffers start here: the backward must add, not overwrite */
 
 enum { REC, CHUNK };
 
@@ -100,9 +100,9 @@ static const int32_t *cu_of(const kcase *c) { return c->use_cu ? c->cu : NULL; }
 static int fwd64(const kcase *c, int impl, double *o, double *ht, k3c_err *e) {
     size_t wsz = impl == REC ? k3c_kda_recurrent_fwd_workspace_f64(&c->d) : k3c_kda_chunk_fwd_workspace_f64(&c->d);
     void *ws = k3c_aligned_alloc(wsz);
-    int rc = impl == REC ? k3c_kda_recurrent_fwd_f64(&c->d, cu_of(c), c->q, c->k, c->v, c->g, c->beta, c->h0, o, ht,
-                                                     ws, e)
-                         : k3c_kda_chunk_fwd_f64(&c->d, cu_of(c), c->q, c->k, c->v, c->g, c->beta, c->h0, o, ht, ws, e);
+    int rc = impl == REC
+                 ? k3c_kda_recurrent_fwd_f64(&c->d, cu_of(c), c->q, c->k, c->v, c->g, c->beta, c->h0, o, ht, ws, e)
+                 : k3c_kda_chunk_fwd_f64(&c->d, cu_of(c), c->q, c->k, c->v, c->g, c->beta, c->h0, o, ht, ws, e);
     k3c_aligned_free(ws);
     return rc;
 }
@@ -114,9 +114,9 @@ static int run64(const kcase *c, int impl, kout *r, k3c_err *e) {
     if (rc) return rc;
     size_t wsz = impl == REC ? k3c_kda_recurrent_bwd_workspace_f64(&c->d) : k3c_kda_chunk_bwd_workspace_f64(&c->d);
     void *ws = k3c_aligned_alloc(wsz);
-    rc = (impl == REC ? k3c_kda_recurrent_bwd_f64 : k3c_kda_chunk_bwd_f64)(
-        &c->d, cu_of(c), c->q, c->k, c->v, c->g, c->beta, c->h0, c->dout, c->dht, r->dq, r->dk, r->dv, r->dg,
-        r->dbeta, r->dh0, ws, e);
+    rc = (impl == REC ? k3c_kda_recurrent_bwd_f64
+                      : k3c_kda_chunk_bwd_f64)(&c->d, cu_of(c), c->q, c->k, c->v, c->g, c->beta, c->h0, c->dout, c->dht,
+                                               r->dq, r->dk, r->dv, r->dg, r->dbeta, r->dh0, ws, e);
     k3c_aligned_free(ws);
     kout_unfill(r, c);
     return rc;
@@ -139,9 +139,9 @@ static int run32(const kcase *c, int impl, kout *r, k3c_err *e) {
     int rc = impl == REC ? k3c_kda_recurrent_fwd_f32(&c->d, cu_of(c), f[0], f[1], f[2], f[3], f[4], f[5], o, ht, wf, e)
                          : k3c_kda_chunk_fwd_f32(&c->d, cu_of(c), f[0], f[1], f[2], f[3], f[4], f[5], o, ht, wf, e);
     if (!rc)
-        rc = (impl == REC ? k3c_kda_recurrent_bwd_f32 : k3c_kda_chunk_bwd_f32)(
-            &c->d, cu_of(c), f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], gr[0], gr[1], gr[2], gr[3], gr[4], gr[5],
-            ws, e);
+        rc = (impl == REC ? k3c_kda_recurrent_bwd_f32 : k3c_kda_chunk_bwd_f32)(&c->d, cu_of(c), f[0], f[1], f[2], f[3],
+                                                                               f[4], f[5], f[6], f[7], gr[0], gr[1],
+                                                                               gr[2], gr[3], gr[4], gr[5], ws, e);
     r->o = malloc(nv(c) * 8), r->ht = malloc(ns(c) * 8);
     for (size_t i = 0; i < nv(c); i++) r->o[i] = o[i];
     for (size_t i = 0; i < ns(c); i++) r->ht[i] = ht[i];
@@ -213,7 +213,10 @@ static void test_golden(void) {
     if (!st) return;
     const k3c_st_tensor *tq = k3c_st_find(st, "q");
     CHECK(tq && tq->ndim == 4, "q must be [B, T, H, dk]");
-    if (!tq || tq->ndim != 4) { k3c_st_close(st); return; }
+    if (!tq || tq->ndim != 4) {
+        k3c_st_close(st);
+        return;
+    }
     const int64_t B = tq->shape[0], T = tq->shape[1];
     kcase c;
     memset(&c, 0, sizeof c);
@@ -225,11 +228,19 @@ static void test_golden(void) {
     c.q = gold(st, "q", nk(&c)), c.k = gold(st, "k", nk(&c)), c.v = gold(st, "v", nv(&c));
     c.g = gold(st, "g", nk(&c)), c.beta = gold(st, "beta", nb(&c)), c.h0 = gold(st, "h0", ns(&c));
     c.dout = gold(st, "do", nv(&c)), c.dht = gold(st, "dht", ns(&c));
-    kout ref = {gold(st, "o", nv(&c)), gold(st, "ht", ns(&c)), gold(st, "dq", nk(&c)), gold(st, "dk", nk(&c)),
+    kout ref = {gold(st, "o", nv(&c)),  gold(st, "ht", ns(&c)), gold(st, "dq", nk(&c)),    gold(st, "dk", nk(&c)),
                 gold(st, "dv", nv(&c)), gold(st, "dg", nk(&c)), gold(st, "dbeta", nb(&c)), gold(st, "dh0", ns(&c))};
-    struct { const char *name; int impl, chunk; double bound; } runs[] = {
-        {"recurrent", REC, 0, 0},         {"chunk16 pairwise", CHUNK, 16, 0}, {"chunk64 pairwise", CHUNK, 64, 0},
-        {"chunk16 factored", CHUNK, 16, -5}, {"chunk64 factored", CHUNK, 64, -5}, {"chunk32 factored", CHUNK, 32, -5},
+    struct {
+        const char *name;
+        int impl, chunk;
+        double bound;
+    } runs[] = {
+        {"recurrent", REC, 0, 0},
+        {"chunk16 pairwise", CHUNK, 16, 0},
+        {"chunk64 pairwise", CHUNK, 64, 0},
+        {"chunk16 factored", CHUNK, 16, -5},
+        {"chunk64 factored", CHUNK, 64, -5},
+        {"chunk32 factored", CHUNK, 32, -5},
     };
     for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
         c.d.chunk = runs[i].chunk;
@@ -270,8 +281,13 @@ static void fd_case(const char *label, kcase *c, int impl) {
     kout r;
     CHECK_OK(run64(c, impl, &r, &e), &e);
     fd_ctx f = {c, impl, malloc(nv(c) * 8), malloc(ns(c) * 8)};
-    struct { const char *name; double *x; size_t n; const double *g; } ts[] = {
-        {"q", c->q, nk(c), r.dq}, {"k", c->k, nk(c), r.dk}, {"v", c->v, nv(c), r.dv},
+    struct {
+        const char *name;
+        double *x;
+        size_t n;
+        const double *g;
+    } ts[] = {
+        {"q", c->q, nk(c), r.dq}, {"k", c->k, nk(c), r.dk},          {"v", c->v, nv(c), r.dv},
         {"g", c->g, nk(c), r.dg}, {"beta", c->beta, nb(c), r.dbeta}, {"h0", c->h0, ns(c), r.dh0},
     };
     double worst = 0;
@@ -381,8 +397,9 @@ static void test_decode_continuation(void) {
     d2.T = 1, d2.n_docs = 1;
     for (int64_t t = T1; t < T; t++) {
         const int64_t xk = t * H * dk, xv = t * H * dv;
-        CHECK_OK(k3c_kda_recurrent_fwd_f64(&d2, NULL, c.q + xk, c.k + xk, c.v + xv, c.g + xk, c.beta + t * H, S,
-                                           o + xv, S, NULL, &e), &e);
+        CHECK_OK(k3c_kda_recurrent_fwd_f64(&d2, NULL, c.q + xk, c.k + xk, c.v + xv, c.g + xk, c.beta + t * H, S, o + xv,
+                                           S, NULL, &e),
+                 &e);
     }
     CHECK_LE(test_rel_err_d(o, o_all, nv(&c)), 1e-13, "chunk prefill + decode steps: o");
     CHECK_LE(test_rel_err_d(S, ht_all, ns(&c)), 1e-13, "chunk prefill + decode steps: state");
@@ -442,8 +459,12 @@ static double gate_loss(void *ctx) {
 static void test_gate(void) {
     const int64_t T = 9, H = 3, dk = 5, P = H * dk;
     for (int form = 0; form < 2; form++) {
-        gate_ctx c = {{T, H, dk, form, form ? -5 : 0}, randn(T * P, 2.0), randn(P, 1.0), unif(H, -1, 2.7),
-                      randn(T * P, 1.0), calloc(T * P, 8)};
+        gate_ctx c = {{T, H, dk, form, form ? -5 : 0},
+                      randn(T * P, 2.0),
+                      randn(P, 1.0),
+                      unif(H, -1, 2.7),
+                      randn(T * P, 1.0),
+                      calloc(T * P, 8)};
         k3c_err e = {0};
         double *dz = calloc(T * P, 8), *ddt = calloc(P, 8), *dal = calloc(H, 8);
         for (int64_t i = 0; i < T * P; i++) dz[i] = PREFILL;
@@ -454,8 +475,9 @@ static void test_gate(void) {
         for (int64_t i = 0; i < T * P; i++) gmin = fmin(gmin, c.g[i]), gmax = fmax(gmax, c.g[i]);
         CHECK(gmax < 0 && (form == 0 || gmin >= -5), "gate range [%g, %g]", gmin, gmax);
         char what[64];
-        double err = fmax(fmax(test_fd_rel_err(gate_loss, &c, c.z, T * P, dz), test_fd_rel_err(gate_loss, &c, c.dtb, P, ddt)),
-                          test_fd_rel_err(gate_loss, &c, c.alog, H, dal));
+        double err =
+            fmax(fmax(test_fd_rel_err(gate_loss, &c, c.z, T * P, dz), test_fd_rel_err(gate_loss, &c, c.dtb, P, ddt)),
+                 test_fd_rel_err(gate_loss, &c, c.alog, H, dal));
         snprintf(what, sizeof what, "FD gate %s (z, dt_bias, A_log)", form ? "lower-bound" : "softplus");
         CHECK_LE(err, FD_TOL, what);
         /* A_log absent (fla >= PR #1107): a = 1 */
@@ -540,7 +562,10 @@ static void test_cli(void) {
     /* A copy with one output perturbed by 1e-4 relative must fail. */
     k3c_safetensors *st = NULL;
     k3c_err e = {0};
-    if (k3c_st_open(gold_path, &st, &e) != 0) { CHECK(0, "%s", e.msg); return; }
+    if (k3c_st_open(gold_path, &st, &e) != 0) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
     int n = k3c_st_count(st);
     k3c_st_entry *ents = calloc((size_t)n, sizeof *ents);
     double *dg = NULL;

@@ -22,8 +22,15 @@ static void golden_model(const char *dir, int chunk, double tol_out, double tol_
     k3c_err err = {0};
     k3c_model m;
     k3c_safetensors *gs;
-    if (k3c_model_open_f32(dir, 1, &m, &err) != K3C_OK) { CHECK(0, "open %s: %s", dir, err.msg); return; }
-    if (k3c_st_open(gpath, &gs, &err) != K3C_OK) { CHECK(0, "%s", err.msg); k3c_model_free_f32(&m); return; }
+    if (k3c_model_open_f32(dir, 1, &m, &err) != K3C_OK) {
+        CHECK(0, "open %s: %s", dir, err.msg);
+        return;
+    }
+    if (k3c_st_open(gpath, &gs, &err) != K3C_OK) {
+        CHECK(0, "%s", err.msg);
+        k3c_model_free_f32(&m);
+        return;
+    }
     m.kda_chunk = chunk;
     const k3c_st_tensor *ids_t = k3c_st_find(gs, "input_ids");
     int64_t n, B = ids_t->ndim == 2 ? ids_t->shape[0] : 1, T = ids_t->shape[ids_t->ndim - 1];
@@ -58,7 +65,10 @@ static void golden_model(const char *dir, int chunk, double tol_out, double tol_
         int zero = rows[i].ref_norm == 0;
         int ok = zero ? rows[i].abs_err == 0 : rows[i].rel_err <= tol_grad;
         if (!zero && rows[i].rel_err > worst) worst = rows[i].rel_err;
-        if (!ok) { bad++; printf("  grad %s: rel %.3e abs %.3e\n", rows[i].name, rows[i].rel_err, rows[i].abs_err); }
+        if (!ok) {
+            bad++;
+            printf("  grad %s: rel %.3e abs %.3e\n", rows[i].name, rows[i].rel_err, rows[i].abs_err);
+        }
     }
     CHECK(nr >= 70 && bad == 0, "%s: %d of %d gradients off", dir, bad, nr);
     snprintf(what, sizeof what, "%s worst gradient rel err over %d tensors", dir, nr);
@@ -79,7 +89,10 @@ static void k3_greedy(void) {
     k3c_err err = {0};
     k3c_model m;
     k3c_safetensors *gs;
-    if (k3c_model_open_f32(dir, 0, &m, &err) || k3c_st_open(gpath, &gs, &err)) { CHECK(0, "%s", err.msg); return; }
+    if (k3c_model_open_f32(dir, 0, &m, &err) || k3c_st_open(gpath, &gs, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
     int64_t np, ng;
     int32_t *prompt = read_i32(gs, "prompt_ids", &np), *want = read_i32(gs, "greedy_ids", &ng);
     int32_t *seq = malloc(sizeof(int32_t) * (size_t)(np + ng));
@@ -92,15 +105,21 @@ static void k3_greedy(void) {
         k3c_model_batch b = {np + i, 1, seq, NULL, NULL, 0};
         k3c_acts *acts;
         float *lg;
-        if (k3c_model_forward_f32(&m, &b, &ar, &acts, NULL, &lg, &err)) { CHECK(0, "%s", err.msg); break; }
+        if (k3c_model_forward_f32(&m, &b, &ar, &acts, NULL, &lg, &err)) {
+            CHECK(0, "%s", err.msg);
+            break;
+        }
         const float *last = lg + (np + i - 1) * m.cfg.vocab_size;
         int32_t best = 0;
-        for (int64_t v = 1; v < m.cfg.vocab_size; v++) if (last[v] > last[best]) best = (int32_t)v;
+        for (int64_t v = 1; v < m.cfg.vocab_size; v++)
+            if (last[v] > last[best]) best = (int32_t)v;
         seq[np + i] = best;
         same = best == want[i];
     }
     CHECK(same, "greedy continuation differs from greedy_ids");
-    free(seq); free(prompt); free(want);
+    free(seq);
+    free(prompt);
+    free(want);
     k3c_arena_free(&ar);
     k3c_st_close(gs);
     k3c_model_free_f32(&m);
@@ -119,7 +138,10 @@ static double loss_f64(k3c_model *m, const k3c_model_batch *b, k3c_arena *ar, k3
 static void k3_tiny_fd(int chunk) {
     k3c_err err = {0};
     k3c_config cfg;
-    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) { CHECK(0, "%s", err.msg); return; }
+    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
     k3c_model m;
     CHECK_OK(k3c_model_create_f64(&cfg, 1, &m, &err), &err);
     m.kda_chunk = chunk;
@@ -129,9 +151,12 @@ static void k3_tiny_fd(int chunk) {
         const k3c_param *p = &m.table.p[i];
         for (int64_t j = 0; j < p->used; j++) {
             double r = k3c_normal_at(99 + (uint64_t)i, (uint64_t)j);
-            if (strstr(p->name, "norm.weight")) w[p->offset + j] = 1 + 0.2 * r;
-            else if (strstr(p->name, "res_proj") || strstr(p->name, "correction_bias")) w[p->offset + j] = 0.3 * r;
-            else if (strstr(p->name, "A_log")) w[p->offset + j] = 0.5 * r;
+            if (strstr(p->name, "norm.weight"))
+                w[p->offset + j] = 1 + 0.2 * r;
+            else if (strstr(p->name, "res_proj") || strstr(p->name, "correction_bias"))
+                w[p->offset + j] = 0.3 * r;
+            else if (strstr(p->name, "A_log"))
+                w[p->offset + j] = 0.5 * r;
         }
     }
     int32_t ids[13], cu[3] = {0, 7, 13};
@@ -163,7 +188,10 @@ static void k3_tiny_fd(int chunk) {
             double e = fabs(fd - an) / fmax(fmax(fabs(fd), fabs(an)), 1e-4);
             num += (fd - an) * (fd - an);
             den += an * an;
-            if (e > worst) { worst = e; worst_name = p->name; }
+            if (e > worst) {
+                worst = e;
+                worst_name = p->name;
+            }
             checked++;
         }
     }
@@ -181,7 +209,10 @@ static void k3_tiny_fd(int chunk) {
 static void recompute_same(void) {
     k3c_err err = {0};
     k3c_config cfg;
-    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) { CHECK(0, "%s", err.msg); return; }
+    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
     int32_t ids[40], cu[4] = {0, 11, 29, 40};
     for (int t = 0; t < 40; t++) ids[t] = (int32_t)((t * 7 + 5) % 32);
     k3c_model_batch b = {40, 3, ids, cu, NULL, 0};
@@ -247,15 +278,21 @@ static void recompute_same(void) {
 static void name_lookup(void) {
     k3c_err err = {0};
     k3c_config cfg;
-    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) { CHECK(0, "%s", err.msg); return; }
+    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
     k3c_param_table t;
     CHECK_OK(k3c_params_build(&cfg, &t, &err), &err);
     int e;
     int i = k3c_params_lookup(&t, "language_model.model.layers.1.block_sparse_moe.experts.3.w2.weight", &e);
     CHECK(i >= 0 && e == 3 && t.p[i].stack == 4, "expert slice lookup (i %d e %d)", i, e);
-    CHECK(k3c_params_lookup(&t, "language_model.model.layers.1.block_sparse_moe.experts.4.w2.weight", &e) < 0, "expert 4 of 4");
-    CHECK(k3c_params_lookup(&t, "language_model.model.layers.1.block_sparse_moe.experts.03.w2.weight", &e) < 0, "leading zero");
-    CHECK(k3c_params_lookup(&t, "language_model.model.layers.1.block_sparse_moe.experts.%d.w2.weight", &e) < 0, "pattern itself");
+    CHECK(k3c_params_lookup(&t, "language_model.model.layers.1.block_sparse_moe.experts.4.w2.weight", &e) < 0,
+          "expert 4 of 4");
+    CHECK(k3c_params_lookup(&t, "language_model.model.layers.1.block_sparse_moe.experts.03.w2.weight", &e) < 0,
+          "leading zero");
+    CHECK(k3c_params_lookup(&t, "language_model.model.layers.1.block_sparse_moe.experts.%d.w2.weight", &e) < 0,
+          "pattern itself");
     i = k3c_params_lookup(&t, "language_model.model.layers.0.block_sparse_moe.up_proj.weight", &e);
     CHECK(i >= 0 && e == -1 && strstr(t.p[i].name, "layers.0.mlp.up_proj.weight"), "dense alias");
     i = k3c_params_lookup(&t, "language_model.lm_head.weight", &e);

@@ -108,8 +108,10 @@ static void test_situ_facts(void) {
     double mn = INFINITY, gmin = 0;
     for (int i = 0; i < N; i++)
         if (h[i] < mn) mn = h[i], gmin = g[i];
-    CHECK(fabs(mn - (-0.2697690)) < 1e-6 && fabs(gmin + 1.2188) < 1e-3, "min a = %.7f at g = %.4f (want -0.2697690 at "
-          "-1.2188)", mn, gmin);
+    CHECK(fabs(mn - (-0.2697690)) < 1e-6 && fabs(gmin + 1.2188) < 1e-3,
+          "min a = %.7f at g = %.4f (want -0.2697690 at "
+          "-1.2188)",
+          mn, gmin);
 
     /* sweep a grid out to |g|, |u| = 1000: never above 100; close to 100 at the corners */
     double mx = 0;
@@ -153,8 +155,10 @@ static void router_ref(const double *lg, const double *b, int64_t n, int64_t k, 
             if (best < 0 || v > sig(lg[best]) + (b ? b[best] : 0)) best = e;
         }
         used[best] = 1;
-        if (j < k) ids[j] = best;
-        else *cut = sig(lg[best]) + (b ? b[best] : 0);
+        if (j < k)
+            ids[j] = best;
+        else
+            *cut = sig(lg[best]) + (b ? b[best] : 0);
     }
     if (k == n) *cut = -INFINITY;
     double sum = 0;
@@ -191,8 +195,8 @@ static void test_router_select(void) {
         CHECK(same, "router ids / order / cutoff vs brute force (bias %d)", with_bias);
         CHECK_LE(werr, 1e-15, "router weights vs brute force");
         if (!with_bias) CHECK(ids[0] == 2 && ids[1] == 3 && ids[2] == 4 && ids[3] == 5, "ties -> lower index first");
-        if (with_bias) CHECK(ids[K] == 3 && ids[K + 1] == 7, "biased ties -> lower index first (%d %d)", ids[K],
-                             ids[K + 1]);
+        if (with_bias)
+            CHECK(ids[K] == 3 && ids[K + 1] == 7, "biased ties -> lower index first (%d %d)", ids[K], ids[K + 1]);
     }
 }
 
@@ -252,7 +256,10 @@ static double router_loss(void *p) {
 static void test_router_grad(void) {
     k3c_rng rng = {303, 0};
     enum { T = 6, NE = 10 };
-    const struct { int k, renorm; double rsf; } cases[] = {{3, 1, 2.446}, {3, 0, 1.5}, {1, 1, 1.0}, {10, 1, 1.0}};
+    const struct {
+        int k, renorm;
+        double rsf;
+    } cases[] = {{3, 1, 2.446}, {3, 0, 1.5}, {1, 1, 1.0}, {10, 1, 1.0}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         int K = cases[ci].k;
         router_ctx c = {.s = {T, NE, K, cases[ci].renorm, cases[ci].rsf}};

@@ -38,10 +38,13 @@ static void test_hand_bytes(void) {
     CHECK_OK(k3c_mxfp4_decode_f64(&packed[0][0], &scale[0][0], 2, 64, out, &err), &err);
     CHECK_OK(k3c_mxfp4_decode_f32(&packed[0][0], &scale[0][0], 2, 64, outf, &err), &err);
     const double p127 = ldexp(1.0, 127), m127 = ldexp(1.0, -127);
-    struct { int r, c; double v; } want[] = {
-        {0, 0, 0.5},       {0, 1, 6},           {0, 2, -0.0},  {0, 3, -6},     {0, 4, 0},    {0, 31, 0},
-        {0, 32, 6 * m127}, {0, 33, 1 * m127},   {0, 34, 0},    {1, 0, -p127},  {1, 1, 1.5 * p127},
-        {1, 32, -4},       {1, 33, 6},          {1, 62, -8},   {1, 63, -1},
+    struct {
+        int r, c;
+        double v;
+    } want[] = {
+        {0, 0, 0.5},        {0, 1, 6},         {0, 2, -0.0},      {0, 3, -6},  {0, 4, 0},
+        {0, 31, 0},         {0, 32, 6 * m127}, {0, 33, 1 * m127}, {0, 34, 0},  {1, 0, -p127},
+        {1, 1, 1.5 * p127}, {1, 32, -4},       {1, 33, 6},        {1, 62, -8}, {1, 63, -1},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         double got = out[want[i].r * 64 + want[i].c];
@@ -111,10 +114,13 @@ static void test_golden_tensor(void) {
         CHECK_OK(k3c_mxfp4_decode_st_f64(tp, ts, w, 64 * 64, &rows, &cols, &err), &err);
         CHECK_OK(k3c_mxfp4_decode_st_f32(tp, ts, wf, 64 * 64, NULL, NULL, &err), &err);
         CHECK(rows == 64 && cols == 64, "logical shape %lld x %lld", (long long)rows, (long long)cols);
-        struct { int r, c; double v; } want[] = {
-            {0, 0, -0.125},  {0, 1, 0.5},    {0, 33, 0.375}, {3, 10, -0.5},     {3, 11, 0.0625}, {3, 44, 0.75},
-            {5, 2, -0.5},    {5, 3, -0.125}, {5, 4, 0.125},  {5, 5, 1.0},       {17, 40, 0.375}, {31, 7, 0.375},
-            {40, 31, -0.0625}, {40, 32, 0.5}, {63, 63, -0.25}, {5, 62, 0.0},
+        struct {
+            int r, c;
+            double v;
+        } want[] = {
+            {0, 0, -0.125},    {0, 1, 0.5},    {0, 33, 0.375},  {3, 10, -0.5}, {3, 11, 0.0625}, {3, 44, 0.75},
+            {5, 2, -0.5},      {5, 3, -0.125}, {5, 4, 0.125},   {5, 5, 1.0},   {17, 40, 0.375}, {31, 7, 0.375},
+            {40, 31, -0.0625}, {40, 32, 0.5},  {63, 63, -0.25}, {5, 62, 0.0},
         };
         for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
             double got = w[want[i].r * 64 + want[i].c];

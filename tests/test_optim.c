@@ -90,7 +90,10 @@ static void ns_ref(const float *G, int rows, int cols, int steps, double *O) {
     }
     for (int i = 0; i < rows; i++)
         for (int j = 0; j < cols; j++) O[i * cols + j] = tr ? X[j * r + i] : X[i * cols + j];
-    free(X); free(P); free(B); free(Y);
+    free(X);
+    free(P);
+    free(B);
+    free(Y);
 }
 
 static double max_abs_diff(const float *a, const float *b, int64_t n) {
@@ -164,13 +167,19 @@ static void test_ns5(void) {
     CHECK_OK(k3c_newton_schulz(G, R, C, 5, O, ws, &err), &err);
     singular_values(O, R, C, sv);
     double lo = 1e9, hi = 0;
-    for (int i = 0; i < R; i++) { lo = fmin(lo, sv[i]); hi = fmax(hi, sv[i]); }
+    for (int i = 0; i < R; i++) {
+        lo = fmin(lo, sv[i]);
+        hi = fmax(hi, sv[i]);
+    }
     CHECK(lo >= 0.5 && hi <= 1.5, "NS5 singular values in [%.3f, %.3f], want within [0.5, 1.5]", lo, hi);
     if (getenv("K3C_TEST_VERBOSE")) printf("  NS5 singular values of a 24x40 Gaussian: [%.4f, %.4f]\n", lo, hi);
     /* against the double loop reference */
     ns_ref(G, R, C, 5, ref);
     double num = 0, den = 0;
-    for (int i = 0; i < R * C; i++) { num += (O[i] - ref[i]) * (O[i] - ref[i]); den += ref[i] * ref[i]; }
+    for (int i = 0; i < R * C; i++) {
+        num += (O[i] - ref[i]) * (O[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
     CHECK_LE(sqrt(num / den), 1e-5, "NS5 float32 vs double reference (rel)");
     /* the tall case is the transpose of the wide one, bit for bit (same internal layout) */
     CHECK_OK(k3c_newton_schulz(Gt, C, R, 5, Ot, ws, &err), &err);
@@ -180,7 +189,10 @@ static void test_ns5(void) {
     CHECK(same, "NS5 of the transpose is not the transpose of NS5");
     singular_values(Ot, C, R, sv);
     lo = 1e9, hi = 0;
-    for (int i = 0; i < R; i++) { lo = fmin(lo, sv[i]); hi = fmax(hi, sv[i]); }
+    for (int i = 0; i < R; i++) {
+        lo = fmin(lo, sv[i]);
+        hi = fmax(hi, sv[i]);
+    }
     CHECK(lo >= 0.5 && hi <= 1.5, "tall NS5 singular values in [%.3f, %.3f]", lo, hi);
     /* steps = 0: just G / (‖G‖ + 1e-7); in place (O aliases G) */
     memcpy(O, G, sizeof(float) * R * C);
@@ -189,7 +201,12 @@ static void test_ns5(void) {
     for (int i = 0; i < R * C; i++) fn += (double)O[i] * O[i];
     CHECK(fabs(sqrt(fn) - 1) < 1e-6, "normalised Frobenius norm %.9f", sqrt(fn));
     CHECK(k3c_newton_schulz(G, 0, C, 5, O, ws, &err) == K3C_EINVAL, "empty matrix accepted");
-    free(G); free(Gt); free(O); free(Ot); free(ws); free(ref);
+    free(G);
+    free(Gt);
+    free(O);
+    free(Ot);
+    free(ws);
+    free(ref);
 }
 
 /* ---------------------------------------------------------------- Muon */
@@ -291,7 +308,12 @@ static void test_muon_scale(void) {
         double rms = sqrt(s / (double)(A * B)) / 0.01;
         CHECK(rms > 0.1 && rms < 0.3, "update RMS / lr = %.4f, want about 0.2", rms);
     }
-    free(w0); free(g); free(w); free(mom); free(want); free(ws);
+    free(w0);
+    free(g);
+    free(w);
+    free(mom);
+    free(want);
+    free(ws);
 }
 
 /* ---------------------------------------------------------------- the combined optimizer */
@@ -364,7 +386,16 @@ static void test_optim_table(void) {
     CHECK(max_abs_diff(w + t.p[1].offset, want, 120) == 0, "matrix on AdamW mismatch");
     CHECK(memcmp(w + rb->offset, w0 + rb->offset, sizeof(float) * rb->numel) == 0, "router bias changed (adamw)");
     k3c_optim_free(&o);
-    free(w0); free(g); free(w); free(w2); free(st); free(st2); free(st3); free(want); free(mm); free(vv);
+    free(w0);
+    free(g);
+    free(w);
+    free(w2);
+    free(st);
+    free(st2);
+    free(st3);
+    free(want);
+    free(mm);
+    free(vv);
     free(t.p);
 }
 
@@ -407,7 +438,9 @@ static void test_clip(void) {
     memcpy(g0, g, sizeof(float) * t.total);
     pre = k3c_clip_grad_norm(&t, g, 1.0);
     CHECK(isnan(pre) && memcmp(g, g0, sizeof(float) * t.total) == 0, "NaN gradient: norm %g, g changed", pre);
-    free(g); free(g0); free(t.p);
+    free(g);
+    free(g0);
+    free(t.p);
 }
 
 /* ---------------------------------------------------------------- schedule */

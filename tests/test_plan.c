@@ -5,10 +5,10 @@
 #include "test.h"
 
 /* Exact (integer-valued) doubles are compared exactly; everything else to a relative 1e-12. */
-#define CHECK_NEAR(a, b, what)                                                                                      \
-    do {                                                                                                            \
-        double a_ = (a), b_ = (b);                                                                                  \
-        CHECK(fabs(a_ - b_) <= 1e-12 * fabs(b_), "%s = %.17g, expected %.17g", what, a_, b_);                       \
+#define CHECK_NEAR(a, b, what)                                                                                         \
+    do {                                                                                                               \
+        double a_ = (a), b_ = (b);                                                                                     \
+        CHECK(fabs(a_ - b_) <= 1e-12 * fabs(b_), "%s = %.17g, expected %.17g", what, a_, b_);                          \
     } while (0)
 
 /* A hand-sized kimi_linear-style model: d 8, vocab 10, layer 0 = KDA + dense MLP, layer 1 = MLA + MoE.
@@ -93,8 +93,10 @@ static void file_totals(const char *path, int64_t *numel, int64_t *tensors) {
         int64_t n = 1;
         for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
         size_t len = strlen(t->name);
-        if (len > 12 && strcmp(t->name + len - 12, "weight_scale") == 0) n = 0;
-        else if (len > 13 && strcmp(t->name + len - 13, "weight_packed") == 0) n *= 2;
+        if (len > 12 && strcmp(t->name + len - 12, "weight_scale") == 0)
+            n = 0;
+        else if (len > 13 && strcmp(t->name + len - 13, "weight_packed") == 0)
+            n *= 2;
         *numel += n;
         ++*tensors;
     }
@@ -164,7 +166,8 @@ static void test_flops(void) {
                2 * ((double)p.active_all - vectors), "2 × active matmul weights");
     /* AttnRes: 8 completed blocks before the output mix (9 sources), 1 before layers 1..12 */
     CHECK(k3c_plan_attnres_sources(&c, 93) == 8 && k3c_plan_attnres_sources(&c, 12) == 1 &&
-          k3c_plan_attnres_sources(&c, 13) == 2 && k3c_plan_attnres_sources(&c, 0) == 0, "attnres sources");
+              k3c_plan_attnres_sources(&c, 13) == 2 && k3c_plan_attnres_sources(&c, 0) == 0,
+          "attnres sources");
     CHECK_NEAR(k3c_plan_mfu(1e12, 1e6, 2.0, 1000, 1e15), 0.5, "mfu");
     CHECK_NEAR(k3c_plan_bubble(8, 64), 7.0 / 71, "bubble");
 }
@@ -236,7 +239,8 @@ static void test_comm(void) {
     k3c_plan_layout_default(&L);
     L.tp = 8, L.ep = 64, L.cp = 8;
     CHECK(k3c_plan_ranks_per_node(&L, K3C_AX_TP, 8) == 8 && k3c_plan_ranks_per_node(&L, K3C_AX_EP, 8) == 1 &&
-          k3c_plan_ranks_per_node(&L, K3C_AX_TP | K3C_AX_CP | K3C_AX_DP, 8) == 8, "ranks per node, TP 8");
+              k3c_plan_ranks_per_node(&L, K3C_AX_TP | K3C_AX_CP | K3C_AX_DP, 8) == 8,
+          "ranks per node, TP 8");
     L.tp = 2, L.ep = 8;
     CHECK(k3c_plan_ranks_per_node(&L, K3C_AX_EP, 8) == 4 && k3c_plan_ranks_per_node(&L, K3C_AX_CP, 8) == 1,
           "ranks per node, TP 2");
@@ -278,11 +282,9 @@ static void test_layout_errors(void) {
     L.tp = 5;
     CHECK(k3c_plan_check_layout(&c, &L, 0, &err) == K3C_EINVAL && strstr(err.msg, "96 KDA heads"), "%s", err.msg);
     L.tp = 8, L.ep = 3;
-    CHECK(k3c_plan_check_layout(&c, &L, 0, &err) == K3C_EINVAL && strstr(err.msg, "896 routed experts"), "%s",
-          err.msg);
+    CHECK(k3c_plan_check_layout(&c, &L, 0, &err) == K3C_EINVAL && strstr(err.msg, "896 routed experts"), "%s", err.msg);
     L.ep = 8, L.pp = 94;
-    CHECK(k3c_plan_check_layout(&c, &L, 0, &err) == K3C_EINVAL && strstr(err.msg, "93 decoder layers"), "%s",
-          err.msg);
+    CHECK(k3c_plan_check_layout(&c, &L, 0, &err) == K3C_EINVAL && strstr(err.msg, "93 decoder layers"), "%s", err.msg);
     L.pp = 4;
     CHECK(k3c_plan_check_layout(&c, &L, 1000, &err) == K3C_EINVAL && strstr(err.msg, "not the 1000 GPUs"), "%s",
           err.msg);
@@ -372,7 +374,8 @@ static void test_cli(void) {
     CHECK(strstr(out, "2,779,931,837,184") && strstr(out, "104,189,614,848") && strstr(out, "447,358,976"),
           "totals printed");
     CHECK(strstr(out, "best layout") && strstr(out, ": fits") && strstr(out, "step time estimate") &&
-          strstr(out, "communication"), "best layout report");
+              strstr(out, "communication"),
+          "best layout report");
     snprintf(args, sizeof args, "%s --gpus 4096 --seq 1048576 --json --top 3", k3);
     CHECK(run_cli(args, out, sizeof out) == 0, "json exit");
     k3c_json *j = NULL;
@@ -405,11 +408,33 @@ static void test_cli(void) {
     snprintf(args, sizeof args, "%s --frobnicate", k3);
     CHECK(run_cli(args, out, sizeof out) == 2 && strstr(out, "--frobnicate"), "unknown option");
     CHECK(run_cli("--help", out, sizeof out) == 0, "help");
-    static const char *const flags[] = {"--gpus", "--seq", "--tp", "--cp", "--pp", "--ep", "--dp", "--zero",
-                                        "--recompute", "--micro-batch", "--global-batch-tokens", "--optimizer",
-                                        "--grad-dtype", "--experts", "--gpu-mem-gb", "--nvlink-gbs", "--ib-gbps",
-                                        "--gpus-per-node", "--peak-tflops", "--compute-eff", "--hbm-gbs",
-                                        "--step-time", "--serve", "--context", "--batch", "--top", "--json"};
+    static const char *const flags[] = {"--gpus",
+                                        "--seq",
+                                        "--tp",
+                                        "--cp",
+                                        "--pp",
+                                        "--ep",
+                                        "--dp",
+                                        "--zero",
+                                        "--recompute",
+                                        "--micro-batch",
+                                        "--global-batch-tokens",
+                                        "--optimizer",
+                                        "--grad-dtype",
+                                        "--experts",
+                                        "--gpu-mem-gb",
+                                        "--nvlink-gbs",
+                                        "--ib-gbps",
+                                        "--gpus-per-node",
+                                        "--peak-tflops",
+                                        "--compute-eff",
+                                        "--hbm-gbs",
+                                        "--step-time",
+                                        "--serve",
+                                        "--context",
+                                        "--batch",
+                                        "--top",
+                                        "--json"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) CHECK(strstr(out, flags[i]), "help lists %s", flags[i]);
     /* measured step time → MFU; the tiny model through its directory */
     snprintf(args, sizeof args, "%s --tp 8 --pp 16 --ep 32 --dp 1 --seq 8192 --step-time 60", k3);

@@ -14,7 +14,11 @@ static void route(const float *s, const float *b, int64_t m, int64_t n, int64_t 
             float v = s[i * n + j] + b[j];
             if (have == k + 1 && !(v > best[k])) continue;
             int p = have < k + 1 ? have : (int)k;
-            while (p > 0 && v > best[p - 1]) { best[p] = best[p - 1]; idx[p] = idx[p - 1]; p--; }
+            while (p > 0 && v > best[p - 1]) {
+                best[p] = best[p - 1];
+                idx[p] = idx[p - 1];
+                p--;
+            }
             best[p] = v;
             idx[p] = (int32_t)j;
             if (have < k + 1) have++;
@@ -148,12 +152,15 @@ static void test_skewed(void) {
             }
             CHECK(k3c_qb_update(mode, s, alpha, NULL, M, N, K, b, ws, &err) == M, "fresh update: %s", err.msg);
         }
-        CHECK_LE(cv_sum / 5, 0.12, mode ? "histogram: mean load CV on fresh batches 3..7"
-                                        : "exact: mean load CV on fresh batches 3..7");
+        CHECK_LE(cv_sum / 5, 0.12,
+                 mode ? "histogram: mean load CV on fresh batches 3..7" : "exact: mean load CV on fresh batches 3..7");
         CHECK(worst_hi <= 1.6 && worst_lo >= 0.65, "mode %d, fresh batches 3..7: load/mean in [%.3f, %.3f]", mode,
               worst_lo, worst_hi);
     }
-    free(s); free(alpha); free(ids); free(ws);
+    free(s);
+    free(alpha);
+    free(ids);
+    free(ws);
 }
 
 /* A 16× larger batch (m = 65,536, q = 4,096 per expert), same batch, same skew: the ±5% band comes sooner in relative
@@ -182,8 +189,10 @@ static void test_large_batch(void) {
         if (converged_at < 0 && st.max <= 1.05 * target && st.min >= 0.95 * target) converged_at = u;
     }
     /* the §7.2 rule is deterministic here: a different count means a different rule, not noise */
-    CHECK(converged_at >= 5 && converged_at <= 7, "m = %lld: within 5%% of %.0f at update %d (measured: 6; last loads "
-          "%lld..%lld)", (long long)m, target, converged_at, (long long)st.min, (long long)st.max);
+    CHECK(converged_at >= 5 && converged_at <= 7,
+          "m = %lld: within 5%% of %.0f at update %d (measured: 6; last loads "
+          "%lld..%lld)",
+          (long long)m, target, converged_at, (long long)st.min, (long long)st.max);
     free(s), free(alpha), free(ids), free(ws);
 }
 
@@ -229,7 +238,10 @@ static void test_histogram(void) {
     route(s, b, M, N, K, ids, alpha);
     float *sc = malloc(sizeof(float) * M * N), *ac = malloc(sizeof(float) * M);
     for (int i = 0; i < M; i++)
-        if (mask[i]) { memcpy(sc + mc * N, s + (size_t)i * N, sizeof(float) * N); ac[mc++] = alpha[i]; }
+        if (mask[i]) {
+            memcpy(sc + mc * N, s + (size_t)i * N, sizeof(float) * N);
+            ac[mc++] = alpha[i];
+        }
     CHECK(k3c_qb_exact(s, alpha, mask, M, N, K, ex, NULL, &err) == mc, "masked exact count");
     CHECK(k3c_qb_exact(sc, ac, NULL, mc, N, K, ex2, NULL, &err) == mc, "compacted exact count");
     CHECK(memcmp(ex, ex2, sizeof ex) == 0, "mask: exact bias differs from the compacted batch");
@@ -249,7 +261,14 @@ static void test_histogram(void) {
     alpha[5] = NAN;
     CHECK(k3c_qb_exact(s, alpha, NULL, M, N, K, ex, NULL, &err) == K3C_ENUMERIC, "NaN cutoff accepted");
     CHECK(k3c_qb_exact(s, alpha, NULL, M, N, N, ex, NULL, &err) == K3C_EINVAL, "k = n accepted");
-    free(s); free(alpha); free(ids); free(counts); free(counts2); free(mask); free(sc); free(ac);
+    free(s);
+    free(alpha);
+    free(ids);
+    free(counts);
+    free(counts2);
+    free(mask);
+    free(sc);
+    free(ac);
 }
 
 static void test_histogram_hand(void) {

@@ -43,7 +43,8 @@ static void check_golden_tensor(const k3c_st_tensor *t, const golden_tensor *g) 
     CHECK_OK(k3c_st_read_f64(t, x, n, &err), &err);
     CHECK_OK(k3c_st_read_f32(t, xf, n, &err), &err);
     /* F32 / BF16 values are exact in double; the sum is the same left-to-right sum as python's, so equality is exact. */
-    CHECK(x[0] == g->v0 && x[1] == g->v1 && x[n - 1] == g->vlast, "%s: values %.17g %.17g %.17g", g->name, x[0], x[1], x[n - 1]);
+    CHECK(x[0] == g->v0 && x[1] == g->v1 && x[n - 1] == g->vlast, "%s: values %.17g %.17g %.17g", g->name, x[0], x[1],
+          x[n - 1]);
     CHECK(sum_f64(x, n) == g->sum, "%s: sum %.17g != %.17g", g->name, sum_f64(x, n), g->sum);
     CHECK((double)xf[0] == g->v0 && (double)xf[n - 1] == g->vlast, "%s: f32 read", g->name);
     free(x);
@@ -88,25 +89,81 @@ static void check_golden_file(const char *rel, int count, int64_t numel, const g
 
 static void test_golden(void) {
     static const golden_tensor kl[] = {
-        {"lm_head.weight", K3C_F32, 2, {512, 64}, 0.11918870359659195, -0.11249600350856781, 0.20245276391506195,
+        {"lm_head.weight",
+         K3C_F32,
+         2,
+         {512, 64},
+         0.11918870359659195,
+         -0.11249600350856781,
+         0.20245276391506195,
          16.234495450091913},
-        {"model.layers.0.input_layernorm.weight", K3C_F32, 1, {64}, 0.9235298037528992, 0.858880341053009,
-         0.9571965932846069, 63.94013375043869},
-        {"model.layers.1.self_attn.A_log", K3C_F32, 4, {1, 1, 4, 1}, 1.8291494846343994, 2.4893457889556885,
-         0.7898335456848145, 6.572300434112549},
-        {"model.layers.3.self_attn.kv_a_proj_with_mqa.weight", K3C_F32, 2, {40, 64}, -0.11145368218421936,
-         -0.021239206194877625, -0.03413297235965729, 5.062903354220907},
+        {"model.layers.0.input_layernorm.weight",
+         K3C_F32,
+         1,
+         {64},
+         0.9235298037528992,
+         0.858880341053009,
+         0.9571965932846069,
+         63.94013375043869},
+        {"model.layers.1.self_attn.A_log",
+         K3C_F32,
+         4,
+         {1, 1, 4, 1},
+         1.8291494846343994,
+         2.4893457889556885,
+         0.7898335456848145,
+         6.572300434112549},
+        {"model.layers.3.self_attn.kv_a_proj_with_mqa.weight",
+         K3C_F32,
+         2,
+         {40, 64},
+         -0.11145368218421936,
+         -0.021239206194877625,
+         -0.03413297235965729,
+         5.062903354220907},
     };
     check_golden_file("golden/kimi_linear_tiny_a/model.safetensors", 151, 339828, kl, 4);
     static const golden_tensor k3[] = {
-        {"language_model.model.layers.0.input_layernorm.weight", K3C_BF16, 1, {128}, 0.84765625, 1.1875, 0.8125, 125.0234375},
-        {"language_model.lm_head.weight", K3C_BF16, 2, {2048, 128}, 0.08447265625, -0.26953125, 0.01513671875,
+        {"language_model.model.layers.0.input_layernorm.weight",
+         K3C_BF16,
+         1,
+         {128},
+         0.84765625,
+         1.1875,
+         0.8125,
+         125.0234375},
+        {"language_model.lm_head.weight",
+         K3C_BF16,
+         2,
+         {2048, 128},
+         0.08447265625,
+         -0.26953125,
+         0.01513671875,
          -37.00638090074062},
-        {"language_model.model.layers.1.self_attn.A_log", K3C_F32, 1, {32}, -0.017601339146494865, 1.385082483291626, 0.0,
+        {"language_model.model.layers.1.self_attn.A_log",
+         K3C_F32,
+         1,
+         {32},
+         -0.017601339146494865,
+         1.385082483291626,
+         0.0,
          1.4256522972136736},
-        {"language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_packed", K3C_U8, 2, {64, 32}, 106, 174, 206,
+        {"language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_packed",
+         K3C_U8,
+         2,
+         {64, 32},
+         106,
+         174,
+         206,
          257694},
-        {"language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_scale", K3C_U8, 2, {64, 2}, 124, 124, 124, 15912},
+        {"language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_scale",
+         K3C_U8,
+         2,
+         {64, 2},
+         124,
+         124,
+         124,
+         15912},
     };
     check_golden_file("golden/k3_tiny_a/model.safetensors", 1492, 4401856, k3, 5);
 
@@ -120,7 +177,8 @@ static void test_golden(void) {
     CHECK(u8 && k3c_st_read_f32(u8, buf, 2048, &err) == K3C_EINVAL && strstr(err.msg, "U8 is not a floating type") &&
               strstr(err.msg, "weight_packed") && strstr(err.msg, "model.safetensors"),
           "U8 read refused: %s", err.msg);
-    CHECK(bf && k3c_st_read_f32(bf, buf, 127, &err) == K3C_EINVAL && strstr(err.msg, "holds 127 elements, tensor has 128"),
+    CHECK(bf && k3c_st_read_f32(bf, buf, 127, &err) == K3C_EINVAL &&
+              strstr(err.msg, "holds 127 elements, tensor has 128"),
           "wrong count refused: %s", err.msg);
     CHECK(bf && k3c_st_read_f64(bf, dbuf, 129, &err) == K3C_EINVAL, "wrong count refused (f64)");
     k3c_st_close(st);
@@ -139,17 +197,21 @@ static void test_roundtrip(void) {
     double f64[6] = {1.5, -2.25, 1e-300, 3.141592653589793, 0, -0.0};
     float f32[6] = {1.5f, -2.25f, 1e-30f, 3.14159265f, 65504.0f, -0.0f};
     uint16_t bf16[6], f16[6];
-    for (int i = 0; i < 6; i++) { bf16[i] = k3c_f32_to_bf16(f32[i]); f16[i] = k3c_f32_to_f16(f32[i]); }
+    for (int i = 0; i < 6; i++) {
+        bf16[i] = k3c_f32_to_bf16(f32[i]);
+        f16[i] = k3c_f32_to_f16(f32[i]);
+    }
     int64_t i64[3] = {INT64_MIN, -1, INT64_MAX};
     int32_t i32[4] = {INT32_MIN, 0, 7, INT32_MAX};
     unsigned char u8[35];
     fill_bytes(u8, sizeof u8, 3);
     double scalar = 42.0;
     k3c_st_entry e[] = {
-        {"w.f64", K3C_F64, 2, {2, 3}, f64}, {"w.f32", K3C_F32, 3, {1, 2, 3}, f32}, {"w.bf16", K3C_BF16, 1, {6}, bf16},
-        {"w.f16", K3C_F16, 2, {3, 2}, f16}, {"w.i64", K3C_I64, 1, {3}, i64},      {"w.i32", K3C_I32, 2, {2, 2}, i32},
-        {"w.u8", K3C_U8, 2, {5, 7}, u8},    {"scalar", K3C_F64, 0, {0}, &scalar}, {"empty", K3C_F32, 2, {0, 3}, NULL},
-        {"\xc3\xa9t\xc3\xa9 \"q\"\\", K3C_U8, 1, {3}, u8},
+        {"w.f64", K3C_F64, 2, {2, 3}, f64},  {"w.f32", K3C_F32, 3, {1, 2, 3}, f32},
+        {"w.bf16", K3C_BF16, 1, {6}, bf16},  {"w.f16", K3C_F16, 2, {3, 2}, f16},
+        {"w.i64", K3C_I64, 1, {3}, i64},     {"w.i32", K3C_I32, 2, {2, 2}, i32},
+        {"w.u8", K3C_U8, 2, {5, 7}, u8},     {"scalar", K3C_F64, 0, {0}, &scalar},
+        {"empty", K3C_F32, 2, {0, 3}, NULL}, {"\xc3\xa9t\xc3\xa9 \"q\"\\", K3C_U8, 1, {3}, u8},
     };
     int n = (int)(sizeof e / sizeof *e);
     const char *meta[] = {"format", "pt", "note", "line\nbreak \"quoted\" \xe2\x82\xac", NULL};
@@ -167,8 +229,8 @@ static void test_roundtrip(void) {
     if (raw) {
         uint64_t hl = 0;
         for (int i = 7; i >= 0; i--) hl = hl << 8 | (unsigned char)raw[i];
-        CHECK(hl % 8 == 0 && raw[8] == '{' && (raw[8 + hl - 1] == ' ' || raw[8 + hl - 1] == '}'), "header padded to 8: %llu",
-              (unsigned long long)hl);
+        CHECK(hl % 8 == 0 && raw[8] == '{' && (raw[8 + hl - 1] == ' ' || raw[8 + hl - 1] == '}'),
+              "header padded to 8: %llu", (unsigned long long)hl);
         CHECK(strncmp(raw + 8, "{\"__metadata__\":{\"format\":\"pt\"", 30) == 0, "metadata first");
         free(raw);
     }
@@ -183,7 +245,8 @@ static void test_roundtrip(void) {
         for (int d = 0; d < e[i].ndim; d++) nb *= (size_t)e[i].shape[d];
         int same = strcmp(t->name, e[i].name) == 0 && t->dtype == e[i].dtype && t->ndim == e[i].ndim && t->nbytes == nb;
         for (int d = 0; same && d < e[i].ndim; d++) same = t->shape[d] == e[i].shape[d];
-        CHECK(same && (nb == 0 || memcmp(t->data, e[i].data, nb) == 0), "entry %d (%s) round trip, in order", i, e[i].name);
+        CHECK(same && (nb == 0 || memcmp(t->data, e[i].data, nb) == 0), "entry %d (%s) round trip, in order", i,
+              e[i].name);
     }
     CHECK(strcmp(k3c_st_metadata(st, "note"), meta[3]) == 0, "metadata value with escapes");
     double back[6];
@@ -206,7 +269,8 @@ static void test_roundtrip(void) {
 
     /* The writer refuses what the reader would refuse. */
     k3c_st_entry dup[] = {{"a", K3C_F32, 1, {1}, f32}, {"a", K3C_F32, 1, {1}, f32}};
-    CHECK(k3c_st_write(path, dup, 2, NULL, &err) == K3C_EINVAL && strstr(err.msg, "'a': duplicate name"), "dup: %s", err.msg);
+    CHECK(k3c_st_write(path, dup, 2, NULL, &err) == K3C_EINVAL && strstr(err.msg, "'a': duplicate name"), "dup: %s",
+          err.msg);
     k3c_st_entry neg[] = {{"a", K3C_F32, 1, {-1}, f32}};
     CHECK(k3c_st_write(path, neg, 1, NULL, &err) == K3C_EINVAL && strstr(err.msg, "negative"), "neg: %s", err.msg);
     k3c_st_entry res[] = {{"__metadata__", K3C_F32, 1, {1}, f32}};
@@ -248,8 +312,9 @@ static void test_sharded(void) {
     snprintf(p, sizeof p, "%s/model-00002-of-00002.safetensors", dir);
     CHECK_OK(k3c_st_write(p, s2, 1, NULL, &err), &err);
     snprintf(ip, sizeof ip, "%s/model.safetensors.index.json", dir);
-    write_text(ip, "{\"metadata\": {\"total_size\": 44}, \"weight_map\": {\"m.a\": \"model-00001-of-00002.safetensors\", "
-                   "\"m.c\": \"model-00002-of-00002.safetensors\", \"m.b\": \"model-00001-of-00002.safetensors\"}}");
+    write_text(ip,
+               "{\"metadata\": {\"total_size\": 44}, \"weight_map\": {\"m.a\": \"model-00001-of-00002.safetensors\", "
+               "\"m.c\": \"model-00002-of-00002.safetensors\", \"m.b\": \"model-00001-of-00002.safetensors\"}}");
     k3c_checkpoint *c = NULL;
     CHECK_OK(k3c_ckpt_open(dir, &c, &err), &err);
     if (c) {
@@ -267,15 +332,19 @@ static void test_sharded(void) {
     CHECK(c && k3c_ckpt_count(c) == 3, "open by index path");
     k3c_ckpt_close(c);
 
-    write_text(ip, "{\"weight_map\": {\"m.a\": \"model-00001-of-00002.safetensors\", \"m.b\": \"model-00001-of-00002.safetensors\", "
+    write_text(ip, "{\"weight_map\": {\"m.a\": \"model-00001-of-00002.safetensors\", \"m.b\": "
+                   "\"model-00001-of-00002.safetensors\", "
                    "\"m.c\": \"model-00002-of-00002.safetensors\", \"m.d\": \"model-00003-of-00002.safetensors\"}}");
     open_fails(dir, "model-00003-of-00002.safetensors", "cannot open");
-    write_text(ip, "{\"weight_map\": {\"m.a\": \"model-00001-of-00002.safetensors\", \"m.b\": \"model-00001-of-00002.safetensors\", "
+    write_text(ip, "{\"weight_map\": {\"m.a\": \"model-00001-of-00002.safetensors\", \"m.b\": "
+                   "\"model-00001-of-00002.safetensors\", "
                    "\"m.zz\": \"model-00001-of-00002.safetensors\", \"m.c\": \"model-00002-of-00002.safetensors\"}}");
     open_fails(dir, "'m.zz'", "no such tensor");
-    write_text(ip, "{\"weight_map\": {\"m.a\": \"model-00001-of-00002.safetensors\", \"m.c\": \"model-00002-of-00002.safetensors\"}}");
+    write_text(ip, "{\"weight_map\": {\"m.a\": \"model-00001-of-00002.safetensors\", \"m.c\": "
+                   "\"model-00002-of-00002.safetensors\"}}");
     open_fails(dir, "'m.b'", "not listed in weight_map");
-    write_text(ip, "{\"weight_map\": {\"m.a\": \"model-00002-of-00002.safetensors\", \"m.b\": \"model-00001-of-00002.safetensors\", "
+    write_text(ip, "{\"weight_map\": {\"m.a\": \"model-00002-of-00002.safetensors\", \"m.b\": "
+                   "\"model-00001-of-00002.safetensors\", "
                    "\"m.c\": \"model-00002-of-00002.safetensors\"}}");
     open_fails(dir, "'m.a'", "no such tensor");
     write_text(ip, "{\"weight_map\": {\"m.a\": \"../model-00001-of-00002.safetensors\"}}");
@@ -295,7 +364,7 @@ static void test_sharded(void) {
 static void test_many(void) {
     const char *dir = test_tmpdir("test_safetensors_many");
     enum { N = 60000 };
-    char (*names)[24] = malloc(sizeof(char[24]) * N);
+    char(*names)[24] = malloc(sizeof(char[24]) * N);
     k3c_st_entry *e = calloc(N, sizeof *e);
     unsigned char *data = malloc(N);
     for (int i = 0; i < N; i++) {
@@ -361,7 +430,8 @@ static void test_malformed(void) {
     snprintf(path, sizeof path, "%s/short.safetensors", dir);
     CHECK_OK(k3c_write_file_atomic(path, "\x10\0\0\0\0", 5, &err), &err);
     CHECK(k3c_st_open(path, &st, &err) == K3C_EFORMAT && st == NULL && strstr(err.msg, path) &&
-              strstr(err.msg, "shorter than the 8-byte header length"), "truncated: %s", err.msg);
+              strstr(err.msg, "shorter than the 8-byte header length"),
+          "truncated: %s", err.msg);
     snprintf(path, sizeof path, "%s/absent.safetensors", dir);
     CHECK(k3c_st_open(path, &st, &err) == K3C_ENOTFOUND && strstr(err.msg, path), "missing file: %s", err.msg);
 
@@ -371,10 +441,14 @@ static void test_malformed(void) {
     expect_bad(dir, "not json", 0, 0, "(header):1:1:");
     expect_bad(dir, "[1, 2]  ", 0, 0, "header is not a JSON object");
     expect_bad(dir, T1("F32", "[2]", "[0,8]"), 0, 4, "out of range (data region is 4 bytes)");
-    expect_bad(dir, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-                    "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 0, 12, "overlap");
-    expect_bad(dir, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-                    "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}", 0, 20, "hole in the data region: bytes [8, 12)");
+    expect_bad(dir,
+               "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+               "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+               0, 12, "overlap");
+    expect_bad(dir,
+               "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+               "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}",
+               0, 20, "hole in the data region: bytes [8, 12)");
     expect_bad(dir, T1("F32", "[2]", "[4,12]"), 0, 12, "hole in the data region: bytes [0, 4)");
     expect_bad(dir, T1("F32", "[2]", "[0,8]"), 0, 12, "tensors end at byte 8 of a 12-byte data region");
     expect_bad(dir, T1("F32", "[3]", "[0,8]"), 0, 8, "span 8 bytes but F32 x 3 elements need 12");
@@ -387,7 +461,8 @@ static void test_malformed(void) {
     expect_bad(dir, T1("F32", "\"2\"", "[0,8]"), 0, 8, "shape is not an array");
     expect_bad(dir, "{\"t\":{\"dtype\":\"F32\",\"shape\":[2]}}", 0, 8, "tensor 't': missing data_offsets");
     expect_bad(dir, "{\"t\":{\"shape\":[2],\"data_offsets\":[0,8]}}", 0, 8, "tensor 't': missing dtype");
-    expect_bad(dir, "{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}", 0, 8, "unexpected field 'x'");
+    expect_bad(dir, "{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}", 0, 8,
+               "unexpected field 'x'");
     expect_bad(dir, T1("F32", "[2]", "[8,0]"), 0, 8, "begin 8 > end 0");
     expect_bad(dir, T1("F32", "[2]", "[0,8,9]"), 0, 8, "data_offsets must be two non-negative integers");
     expect_bad(dir, T1("F32", "[2]", "[0,-8]"), 0, 8, "data_offsets must be two non-negative integers");
@@ -395,17 +470,23 @@ static void test_malformed(void) {
     expect_bad(dir, "{\"t\":[1,2]}", 0, 0, "tensor 't': entry is not a JSON object");
     expect_bad(dir, "{\"__metadata__\":{\"format\":1}}", 0, 0, "__metadata__ value of 'format' is not a string");
     expect_bad(dir, "{\"__metadata__\":[\"pt\"]}", 0, 0, "__metadata__ is not a JSON object");
-    expect_bad(dir, "{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
-                    "\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}", 0, 2, "duplicate key \"a\"");
-    expect_bad(dir, "{\"a\\u0000x\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
-                    "\"a\\u0000y\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}", 0, 2, "duplicate name");
+    expect_bad(dir,
+               "{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+               "\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}",
+               0, 2, "duplicate key \"a\"");
+    expect_bad(dir,
+               "{\"a\\u0000x\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+               "\"a\\u0000y\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}",
+               0, 2, "duplicate name");
     expect_bad(dir, "{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},}", 0, 8, "trailing comma");
 
     /* A zero-size tensor inside the tiling and an odd (unaligned) header length are both valid. */
     snprintf(path, sizeof path, "%s/odd.safetensors", dir);
-    write_raw(path, "{\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},"
-                    "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-                    "\"b\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[4,20]}} ", 0, 20);
+    write_raw(path,
+              "{\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},"
+              "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+              "\"b\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[4,20]}} ",
+              0, 20);
     CHECK_OK(k3c_st_open(path, &st, &err), &err);
     if (st) {
         const k3c_st_tensor *b = k3c_st_find(st, "b");

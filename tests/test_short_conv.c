@@ -27,8 +27,10 @@ static void naive(int64_t T, int64_t C, int W, int nd, const int32_t *cu, const 
                 for (int j = 0; j < W; j++) {
                     int64_t s = t - W + 1 + j;
                     double xv = 0;
-                    if (s >= cu[doc]) xv = x[s * C + c];
-                    else if (st && s - cu[doc] + W - 1 >= 0) xv = st[(doc * C + c) * (W - 1) + (s - cu[doc] + W - 1)];
+                    if (s >= cu[doc])
+                        xv = x[s * C + c];
+                    else if (st && s - cu[doc] + W - 1 >= 0)
+                        xv = st[(doc * C + c) * (W - 1) + (s - cu[doc] + W - 1)];
                     a += w[c * W + j] * xv;
                 }
                 y[t * C + c] = a / (1 + exp(-a));
@@ -54,8 +56,13 @@ static void test_fwd_bwd(int W, int with_state) {
     static const int32_t cu[] = {0, 5, 6, 6, 15}; /* a 1-token and an empty document between two longer ones */
     const int nd = 4;
     const int64_t T = 15, C = 6, SN = (int64_t)nd * C * (W - 1);
-    sc_ctx c = {{T, C, W, nd}, cu, randn(T * C, 1.0), randn(C * W, 0.7), with_state ? randn(SN ? SN : 1, 1.0) : NULL,
-                randn(T * C, 1.0), calloc(T * C, 8)};
+    sc_ctx c = {{T, C, W, nd},
+                cu,
+                randn(T * C, 1.0),
+                randn(C * W, 0.7),
+                with_state ? randn(SN ? SN : 1, 1.0) : NULL,
+                randn(T * C, 1.0),
+                calloc(T * C, 8)};
     k3c_err e = {0};
     double *ref = calloc(T * C, 8);
     naive(T, C, W, nd, cu, c.x, c.w, c.st, ref);

@@ -27,19 +27,20 @@ typedef struct {
 } sha256;
 
 static const uint32_t sha_k[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98,
-    0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
-    0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8,
-    0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
-    0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819,
-    0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
-    0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
-    0xc67178f2};
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
 
 #define ROR(x, n) ((x) >> (n) | (x) << (32 - (n)))
 static void sha_block(sha256 *s, const unsigned char *p) {
     uint32_t w[64], a[8];
-    for (int i = 0; i < 16; i++) w[i] = (uint32_t)p[4 * i] << 24 | p[4 * i + 1] << 16 | p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (int i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] << 24 | p[4 * i + 1] << 16 | p[4 * i + 2] << 8 | p[4 * i + 3];
     for (int i = 16; i < 64; i++) {
         uint32_t s0 = ROR(w[i - 15], 7) ^ ROR(w[i - 15], 18) ^ (w[i - 15] >> 3);
         uint32_t s1 = ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
@@ -47,7 +48,8 @@ static void sha_block(sha256 *s, const unsigned char *p) {
     }
     memcpy(a, s->h, sizeof a);
     for (int i = 0; i < 64; i++) {
-        uint32_t t1 = a[7] + (ROR(a[4], 6) ^ ROR(a[4], 11) ^ ROR(a[4], 25)) + ((a[4] & a[5]) ^ (~a[4] & a[6])) + sha_k[i] + w[i];
+        uint32_t t1 =
+            a[7] + (ROR(a[4], 6) ^ ROR(a[4], 11) ^ ROR(a[4], 25)) + ((a[4] & a[5]) ^ (~a[4] & a[6])) + sha_k[i] + w[i];
         uint32_t t2 = (ROR(a[0], 2) ^ ROR(a[0], 13) ^ ROR(a[0], 22)) + ((a[0] & a[1]) ^ (a[0] & a[2]) ^ (a[1] & a[2]));
         memmove(a + 1, a, 7 * sizeof *a);
         a[4] += t1;
@@ -73,7 +75,10 @@ static void sha_update(sha256 *s, const void *data, size_t n) {
         s->nbuf += k;
         p += k;
         n -= k;
-        if (s->nbuf == 64) { sha_block(s, s->buf); s->nbuf = 0; }
+        if (s->nbuf == 64) {
+            sha_block(s, s->buf);
+            s->nbuf = 0;
+        }
     }
 }
 
@@ -97,7 +102,8 @@ static k3c_tok *load_kimi(const char *table) {
     k3c_err err = {0};
     k3c_tok *t = NULL;
     CHECK_OK(k3c_tok_load_kimi(test_shared("golden/kimi_tokenizer/tiktoken.model"),
-                               test_shared("golden/kimi_tokenizer/special_tokens.json"), table, &t, &err), &err);
+                               test_shared("golden/kimi_tokenizer/special_tokens.json"), table, &t, &err),
+             &err);
     return t;
 }
 
@@ -134,7 +140,6 @@ static void check_round_trip(const k3c_tok *t, const int32_t *ids, size_t n, con
     CHECK(back && bl == len && memcmp(back, text, len) == 0, "%s: decode(encode(text)) != text", what);
     free(back);
 }
-
 
 /* ---------------------------------------------------------------- base64 and the loader */
 static void test_base64(void) {
@@ -184,7 +189,8 @@ static void expect_load_error(const char *extra, int flags, int skip_byte, const
     k3c_err err = {0};
     int rc = k3c_tok_parse(text, strlen(text), "mini.tiktoken", K3C_TOK_PATTERN_KIMI, flags, &t, &err);
     CHECK(rc == K3C_EFORMAT && t == NULL, "'%s' should fail to load", what);
-    CHECK(strstr(err.msg, line) && strstr(err.msg, what), "message '%s' should name '%s' and say '%s'", err.msg, line, what);
+    CHECK(strstr(err.msg, line) && strstr(err.msg, what), "message '%s' should name '%s' and say '%s'", err.msg, line,
+          what);
     k3c_tok_free(t);
     free(text);
 }
@@ -235,7 +241,8 @@ static void test_loader(void) {
     const char *js = "{\"t\": {\"500\": \"<a>\", \"501\": {\"content\": \"<b>\", \"special\": true}, \"<c>\": 502}}";
     CHECK_OK(k3c_write_file_atomic(path, js, strlen(js), &err), &err);
     CHECK_OK(k3c_tok_load_specials_json(t, path, "t", &err), &err);
-    CHECK(k3c_tok_special_id(t, "<a>") == 500 && k3c_tok_special_id(t, "<b>") == 501 && k3c_tok_special_id(t, "<c>") == 502,
+    CHECK(k3c_tok_special_id(t, "<a>") == 500 && k3c_tok_special_id(t, "<b>") == 501 &&
+              k3c_tok_special_id(t, "<c>") == 502,
           "specials from JSON");
     js = "{\"<d>\": \"x\"}";
     CHECK_OK(k3c_write_file_atomic(path, js, strlen(js), &err), &err);
@@ -255,77 +262,242 @@ static const struct {
     const char *name, *text;
     const char *pieces[26];
 } edges[] = {
-    {PK, "han run and punctuation", "\xe4\xbd\xa0\xe5\xa5\xbd\xef\xbc\x8c\xe4\xb8\x96\xe7\x95\x8c\xef\xbc\x81\xe6\x88\x91\xe6\x98\xafKimi\xe3\x80\x82",
-     {"\xe4\xbd\xa0\xe5\xa5\xbd", "\xef\xbc\x8c", "\xe4\xb8\x96\xe7\x95\x8c", "\xef\xbc\x81", "\xe6\x88\x91\xe6\x98\xaf", "Kimi", "\xe3\x80\x82", NULL}},
-    {PK, "han next to latin and digits", "\xe4\xb8\xad\xe6\x96\x87" "English\xe6\xb7\xb7\xe5\x90\x88" "123\xe6\xb1\x89\xe5\xad\x97" "4567",
-     {"\xe4\xb8\xad\xe6\x96\x87", "English", "\xe6\xb7\xb7\xe5\x90\x88", "123", "\xe6\xb1\x89\xe5\xad\x97", "456", "7", NULL}},
-    {PK, "han iteration mark and numeral", "\xe4\xba\xba\xe3\x80\x85\xe3\x80\x87\xe4\xb8\x80\xe4\xba\x8c\xe4\xb8\x89 \xe3\x80\x85x",
+    {PK,
+     "han run and punctuation",
+     "\xe4\xbd\xa0\xe5\xa5\xbd\xef\xbc\x8c\xe4\xb8\x96\xe7\x95\x8c\xef\xbc\x81\xe6\x88\x91\xe6\x98\xafKimi\xe3\x80\x82",
+     {"\xe4\xbd\xa0\xe5\xa5\xbd", "\xef\xbc\x8c", "\xe4\xb8\x96\xe7\x95\x8c", "\xef\xbc\x81",
+      "\xe6\x88\x91\xe6\x98\xaf", "Kimi", "\xe3\x80\x82", NULL}},
+    {PK,
+     "han next to latin and digits",
+     "\xe4\xb8\xad\xe6\x96\x87"
+     "English\xe6\xb7\xb7\xe5\x90\x88"
+     "123\xe6\xb1\x89\xe5\xad\x97"
+     "4567",
+     {"\xe4\xb8\xad\xe6\x96\x87", "English", "\xe6\xb7\xb7\xe5\x90\x88", "123", "\xe6\xb1\x89\xe5\xad\x97", "456", "7",
+      NULL}},
+    {PK,
+     "han iteration mark and numeral",
+     "\xe4\xba\xba\xe3\x80\x85\xe3\x80\x87\xe4\xb8\x80\xe4\xba\x8c\xe4\xb8\x89 \xe3\x80\x85x",
      {"\xe4\xba\xba\xe3\x80\x85\xe3\x80\x87\xe4\xb8\x80\xe4\xba\x8c\xe4\xb8\x89", " ", "\xe3\x80\x85", "x", NULL}},
-    {PK, "han extension B (supplementary)", "\xf0\xa0\x80\x80\xf0\xa0\x80\x81" "a\xf0\xa0\x80\x82",
+    {PK,
+     "han extension B (supplementary)",
+     "\xf0\xa0\x80\x80\xf0\xa0\x80\x81"
+     "a\xf0\xa0\x80\x82",
      {"\xf0\xa0\x80\x80\xf0\xa0\x80\x81", "a", "\xf0\xa0\x80\x82", NULL}},
-    {PK, "cjk radical is han but not a letter", "!\xe2\xba\x80\xe2\xba\x81 x",
+    {PK,
+     "cjk radical is han but not a letter",
+     "!\xe2\xba\x80\xe2\xba\x81 x",
      {"!\xe2\xba\x80\xe2\xba\x81", " x", NULL}},
-    {PK, "kana and hangul (lo) before capitals give the capitals back", "\xe3\x82\xab\xe3\x82\xbf\xe3\x82\xab\xe3\x83\x8a" "ABC def \xed\x95\x9c\xea\xb5\xad\xec\x96\xb4" "ABC \xc2\xaa" "B \xca\xb0" "A x\xca\xb0" "B",
-     {"\xe3\x82\xab\xe3\x82\xbf\xe3\x82\xab\xe3\x83\x8a", "ABC", " def", " \xed\x95\x9c\xea\xb5\xad\xec\x96\xb4", "ABC", " \xc2\xaa", "B", " \xca\xb0", "A", " x\xca\xb0", "B", NULL}},
-    {PC, "kana and hangul before capitals", "\xe3\x82\xab\xe3\x82\xbf\xe3\x82\xab\xe3\x83\x8a" "ABC def \xed\x95\x9c\xea\xb5\xad\xec\x96\xb4" "ABC",
-     {"\xe3\x82\xab\xe3\x82\xbf\xe3\x82\xab\xe3\x83\x8a" "ABC", " def", " \xed\x95\x9c\xea\xb5\xad\xec\x96\xb4" "ABC", NULL}},
-    {PK, "mixed-case identifiers", "camelCaseIdentifier XMLHttpRequest getHTTPResponseCode __init__ iOS",
-     {"camel", "Case", "Identifier", " XMLHttp", "Request", " get", "HTTPResponse", "Code", " __", "init", "__", " i", "OS", NULL}},
-    {PC, "mixed-case identifiers", "camelCaseIdentifier XMLHttpRequest getHTTPResponseCode __init__ iOS",
+    {PK,
+     "kana and hangul (lo) before capitals give the capitals back",
+     "\xe3\x82\xab\xe3\x82\xbf\xe3\x82\xab\xe3\x83\x8a"
+     "ABC def \xed\x95\x9c\xea\xb5\xad\xec\x96\xb4"
+     "ABC \xc2\xaa"
+     "B \xca\xb0"
+     "A x\xca\xb0"
+     "B",
+     {"\xe3\x82\xab\xe3\x82\xbf\xe3\x82\xab\xe3\x83\x8a", "ABC", " def", " \xed\x95\x9c\xea\xb5\xad\xec\x96\xb4", "ABC",
+      " \xc2\xaa", "B", " \xca\xb0", "A", " x\xca\xb0", "B", NULL}},
+    {PC,
+     "kana and hangul before capitals",
+     "\xe3\x82\xab\xe3\x82\xbf\xe3\x82\xab\xe3\x83\x8a"
+     "ABC def \xed\x95\x9c\xea\xb5\xad\xec\x96\xb4"
+     "ABC",
+     {"\xe3\x82\xab\xe3\x82\xbf\xe3\x82\xab\xe3\x83\x8a"
+      "ABC",
+      " def",
+      " \xed\x95\x9c\xea\xb5\xad\xec\x96\xb4"
+      "ABC",
+      NULL}},
+    {PK,
+     "mixed-case identifiers",
+     "camelCaseIdentifier XMLHttpRequest getHTTPResponseCode __init__ iOS",
+     {"camel", "Case", "Identifier", " XMLHttp", "Request", " get", "HTTPResponse", "Code", " __", "init", "__", " i",
+      "OS", NULL}},
+    {PC,
+     "mixed-case identifiers",
+     "camelCaseIdentifier XMLHttpRequest getHTTPResponseCode __init__ iOS",
      {"camelCaseIdentifier", " XMLHttpRequest", " getHTTPResponseCode", " __", "init", "__", " iOS", NULL}},
-    {PK, "contractions, any case", "It's THEY'RE we'Ll I'D you've 'm don't",
+    {PK,
+     "contractions, any case",
+     "It's THEY'RE we'Ll I'D you've 'm don't",
      {"It's", " THEY'RE", " we'Ll", " I'D", " you've", " '", "m", " don't", NULL}},
-    {PC, "contractions, any case", "It's THEY'RE we'Ll I'D you've 'm don't",
+    {PC,
+     "contractions, any case",
+     "It's THEY'RE we'Ll I'D you've 'm don't",
      {"It", "'s", " THEY", "'RE", " we", "'Ll", " I", "'D", " you", "'ve", " '", "m", " don", "'t", NULL}},
-    {PK, "long s folds to s", "Bob\xc5\xbf Bob'\xc5\xbf '\xc5\xbfx",
+    {PK,
+     "long s folds to s",
+     "Bob\xc5\xbf Bob'\xc5\xbf '\xc5\xbfx",
      {"Bob\xc5\xbf", " Bob'\xc5\xbf", " '", "\xc5\xbfx", NULL}},
-    {PC, "long s folds to s", "Bob'\xc5\xbf '\xc5\xbfx",
-     {"Bob", "'\xc5\xbf", " '", "\xc5\xbfx", NULL}},
-    {PC, "bare contractions", "'s'll'LL'x ''s",
-     {"'s", "'ll", "'LL", "'x", " ''", "s", NULL}},
-    {PK, "bare contractions", "'s'll'LL'x ''s",
-     {"'s'll", "'LL", "'x", " ''", "s", NULL}},
-    {PK, "digit runs of 1-3", "1 12 123 1234 1234567 3.14159 \xd9\xa1\xd9\xa2\xd9\xa3\xd9\xa4 \xe2\x85\xab\xe2\x85\xa0 \xc2\xb2\xc2\xb3",
-     {"1", " ", "12", " ", "123", " ", "123", "4", " ", "123", "456", "7", " ", "3", ".", "141", "59", " ", "\xd9\xa1\xd9\xa2\xd9\xa3", "\xd9\xa4", " ", "\xe2\x85\xab\xe2\x85\xa0", " ", "\xc2\xb2\xc2\xb3", NULL}},
-    {PC, "digit runs of 1-3", "1 12 123 1234 1234567 3.14159 \xd9\xa1\xd9\xa2\xd9\xa3\xd9\xa4 \xe2\x85\xab\xe2\x85\xa0 \xc2\xb2\xc2\xb3",
-     {"1", " ", "12", " ", "123", " ", "123", "4", " ", "123", "456", "7", " ", "3", ".", "141", "59", " ", "\xd9\xa1\xd9\xa2\xd9\xa3", "\xd9\xa4", " ", "\xe2\x85\xab\xe2\x85\xa0", " ", "\xc2\xb2\xc2\xb3", NULL}},
-    {PK, "cr/lf runs", "a\r\n\r\nb\n\n\nc \n d\r\r\n\ne  \n\t",
+    {PC, "long s folds to s", "Bob'\xc5\xbf '\xc5\xbfx", {"Bob", "'\xc5\xbf", " '", "\xc5\xbfx", NULL}},
+    {PC, "bare contractions", "'s'll'LL'x ''s", {"'s", "'ll", "'LL", "'x", " ''", "s", NULL}},
+    {PK, "bare contractions", "'s'll'LL'x ''s", {"'s'll", "'LL", "'x", " ''", "s", NULL}},
+    {PK,
+     "digit runs of 1-3",
+     "1 12 123 1234 1234567 3.14159 \xd9\xa1\xd9\xa2\xd9\xa3\xd9\xa4 \xe2\x85\xab\xe2\x85\xa0 \xc2\xb2\xc2\xb3",
+     {"1",
+      " ",
+      "12",
+      " ",
+      "123",
+      " ",
+      "123",
+      "4",
+      " ",
+      "123",
+      "456",
+      "7",
+      " ",
+      "3",
+      ".",
+      "141",
+      "59",
+      " ",
+      "\xd9\xa1\xd9\xa2\xd9\xa3",
+      "\xd9\xa4",
+      " ",
+      "\xe2\x85\xab\xe2\x85\xa0",
+      " ",
+      "\xc2\xb2\xc2\xb3",
+      NULL}},
+    {PC,
+     "digit runs of 1-3",
+     "1 12 123 1234 1234567 3.14159 \xd9\xa1\xd9\xa2\xd9\xa3\xd9\xa4 \xe2\x85\xab\xe2\x85\xa0 \xc2\xb2\xc2\xb3",
+     {"1",
+      " ",
+      "12",
+      " ",
+      "123",
+      " ",
+      "123",
+      "4",
+      " ",
+      "123",
+      "456",
+      "7",
+      " ",
+      "3",
+      ".",
+      "141",
+      "59",
+      " ",
+      "\xd9\xa1\xd9\xa2\xd9\xa3",
+      "\xd9\xa4",
+      " ",
+      "\xe2\x85\xab\xe2\x85\xa0",
+      " ",
+      "\xc2\xb2\xc2\xb3",
+      NULL}},
+    {PK,
+     "cr/lf runs",
+     "a\r\n\r\nb\n\n\nc \n d\r\r\n\ne  \n\t",
      {"a", "\r\n\r\n", "b", "\n\n\n", "c", " \n", " d", "\r\r\n\n", "e", "  \n", "\t", NULL}},
-    {PC, "cr/lf runs", "a\r\n\r\nb\n\n\nc \n d\r\r\n\ne  \n\t",
+    {PC,
+     "cr/lf runs",
+     "a\r\n\r\nb\n\n\nc \n d\r\r\n\ne  \n\t",
      {"a", "\r\n\r\n", "b", "\n\n\n", "c", " \n", " d", "\r\r\n\n", "e", "  \n", "\t", NULL}},
-    {PK, "punctuation keeps its newlines", "end.\n\nNext!?\r\n x",
-     {"end", ".\n\n", "Next", "!?\r\n", " x", NULL}},
-    {PK, "long whitespace before a word", "a          b\t\t\tc  \xe3\x80\x80" "d\xc2\xa0 e",
-     {"a", "         ", " b", "\t\t", "\tc", "  ", "\xe3\x80\x80" "d", "\xc2\xa0", " e", NULL}},
-    {PC, "long whitespace before a word", "a          b\t\t\tc  \xe3\x80\x80" "d\xc2\xa0 e",
-     {"a", "         ", " b", "\t\t", "\tc", "  ", "\xe3\x80\x80" "d", "\xc2\xa0", " e", NULL}},
-    {PK, "trailing whitespace", "end   ",
-     {"end", "   ", NULL}},
-    {PC, "trailing whitespace", "x \t ",
-     {"x", " \t ", NULL}},
-    {PK, "single space before punctuation", "a !b  !c",
-     {"a", " !", "b", " ", " !", "c", NULL}},
-    {PK, "emoji and zwj sequences", "hi\xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd \xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7 \xf0\x9f\x87\xaf\xf0\x9f\x87\xb5!",
-     {"hi", "\xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd", " \xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7", " \xf0\x9f\x87\xaf\xf0\x9f\x87\xb5!", NULL}},
-    {PC, "emoji and zwj sequences", "hi\xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd \xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7 \xf0\x9f\x87\xaf\xf0\x9f\x87\xb5!",
-     {"hi", "\xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd", " \xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7", " \xf0\x9f\x87\xaf\xf0\x9f\x87\xb5!", NULL}},
-    {PK, "supplementary letters", "\xf0\x9d\x94\x98\xf0\x9d\x94\xab\xf0\x9d\x94\xa6 \xf0\x93\x80\x80\xf0\x93\x80\x81 \xf0\x9d\x9f\x98\xf0\x9d\x9f\x99\xf0\x9d\x9f\x9a\xf0\x9d\x9f\x9b",
-     {"\xf0\x9d\x94\x98\xf0\x9d\x94\xab\xf0\x9d\x94\xa6", " \xf0\x93\x80\x80\xf0\x93\x80\x81", " ", "\xf0\x9d\x9f\x98\xf0\x9d\x9f\x99\xf0\x9d\x9f\x9a", "\xf0\x9d\x9f\x9b", NULL}},
-    {PK, "arabic (lo) backtracks a* into b+", "\xd9\x85\xd8\xb1\xd8\xad\xd8\xa8\xd8\xa7 \xd8\xa8\xd8\xa7\xd9\x84\xd8\xb9\xd8\xa7\xd9\x84\xd9\x85",
+    {PK, "punctuation keeps its newlines", "end.\n\nNext!?\r\n x", {"end", ".\n\n", "Next", "!?\r\n", " x", NULL}},
+    {PK,
+     "long whitespace before a word",
+     "a          b\t\t\tc  \xe3\x80\x80"
+     "d\xc2\xa0 e",
+     {"a", "         ", " b", "\t\t", "\tc", "  ",
+      "\xe3\x80\x80"
+      "d",
+      "\xc2\xa0", " e", NULL}},
+    {PC,
+     "long whitespace before a word",
+     "a          b\t\t\tc  \xe3\x80\x80"
+     "d\xc2\xa0 e",
+     {"a", "         ", " b", "\t\t", "\tc", "  ",
+      "\xe3\x80\x80"
+      "d",
+      "\xc2\xa0", " e", NULL}},
+    {PK, "trailing whitespace", "end   ", {"end", "   ", NULL}},
+    {PC, "trailing whitespace", "x \t ", {"x", " \t ", NULL}},
+    {PK, "single space before punctuation", "a !b  !c", {"a", " !", "b", " ", " !", "c", NULL}},
+    {PK,
+     "emoji and zwj sequences",
+     "hi\xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd \xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7 "
+     "\xf0\x9f\x87\xaf\xf0\x9f\x87\xb5!",
+     {"hi", "\xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd",
+      " \xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7", " \xf0\x9f\x87\xaf\xf0\x9f\x87\xb5!",
+      NULL}},
+    {PC,
+     "emoji and zwj sequences",
+     "hi\xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd \xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7 "
+     "\xf0\x9f\x87\xaf\xf0\x9f\x87\xb5!",
+     {"hi", "\xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd",
+      " \xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7", " \xf0\x9f\x87\xaf\xf0\x9f\x87\xb5!",
+      NULL}},
+    {PK,
+     "supplementary letters",
+     "\xf0\x9d\x94\x98\xf0\x9d\x94\xab\xf0\x9d\x94\xa6 \xf0\x93\x80\x80\xf0\x93\x80\x81 "
+     "\xf0\x9d\x9f\x98\xf0\x9d\x9f\x99\xf0\x9d\x9f\x9a\xf0\x9d\x9f\x9b",
+     {"\xf0\x9d\x94\x98\xf0\x9d\x94\xab\xf0\x9d\x94\xa6", " \xf0\x93\x80\x80\xf0\x93\x80\x81", " ",
+      "\xf0\x9d\x9f\x98\xf0\x9d\x9f\x99\xf0\x9d\x9f\x9a", "\xf0\x9d\x9f\x9b", NULL}},
+    {PK,
+     "arabic (lo) backtracks a* into b+",
+     "\xd9\x85\xd8\xb1\xd8\xad\xd8\xa8\xd8\xa7 \xd8\xa8\xd8\xa7\xd9\x84\xd8\xb9\xd8\xa7\xd9\x84\xd9\x85",
      {"\xd9\x85\xd8\xb1\xd8\xad\xd8\xa8\xd8\xa7", " \xd8\xa8\xd8\xa7\xd9\x84\xd8\xb9\xd8\xa7\xd9\x84\xd9\x85", NULL}},
-    {PK, "combining marks", "e\xcc\x81 \xcc\x81start a\xcc\x88\xcc\x84" "b NA\xc3\x8fVE",
-     {"e\xcc\x81", " \xcc\x81start", " a\xcc\x88\xcc\x84" "b", " NA\xc3\x8fVE", NULL}},
-    {PC, "combining marks", "e\xcc\x81 \xcc\x81start a\xcc\x88\xcc\x84" "b",
+    {PK,
+     "combining marks",
+     "e\xcc\x81 \xcc\x81start a\xcc\x88\xcc\x84"
+     "b NA\xc3\x8fVE",
+     {"e\xcc\x81", " \xcc\x81start",
+      " a\xcc\x88\xcc\x84"
+      "b",
+      " NA\xc3\x8fVE", NULL}},
+    {PC,
+     "combining marks",
+     "e\xcc\x81 \xcc\x81start a\xcc\x88\xcc\x84"
+     "b",
      {"e", "\xcc\x81", " \xcc\x81", "start", " a", "\xcc\x88\xcc\x84", "b", NULL}},
-    {PK, "titlecase and modifier letters", "\xc7\x85ungla \xca\xb0\xca\xb0 \xc2\xaa\xc2\xba D\xc5\xbd" "EMAL",
-     {"\xc7\x85ungla", " \xca\xb0\xca\xb0", " \xc2\xaa\xc2\xba", " D\xc5\xbd" "EMAL", NULL}},
-    {PK, "controls are not whitespace", "a\x1c" "b\x1f c\x7f\x01" "d",
-     {"a", "\x1c" "b", "\x1f", " c", "\x7f\x01", "d", NULL}},
-    {PK, "nel is whitespace", "a\xc2\x85" "b\xc2\x85\xc2\x85" "c",
-     {"a", "\xc2\x85" "b", "\xc2\x85", "\xc2\x85" "c", NULL}},
-    {PC, "nel is whitespace", "a\xc2\x85" "b\xc2\x85\xc2\x85" "c",
-     {"a", "\xc2\x85" "b", "\xc2\x85", "\xc2\x85" "c", NULL}},
-    {PK, "special-like text is plain", "<|not_a_real_token|> <|endoftext|>x",
+    {PK,
+     "titlecase and modifier letters",
+     "\xc7\x85ungla \xca\xb0\xca\xb0 \xc2\xaa\xc2\xba D\xc5\xbd"
+     "EMAL",
+     {"\xc7\x85ungla", " \xca\xb0\xca\xb0", " \xc2\xaa\xc2\xba",
+      " D\xc5\xbd"
+      "EMAL",
+      NULL}},
+    {PK,
+     "controls are not whitespace",
+     "a\x1c"
+     "b\x1f c\x7f\x01"
+     "d",
+     {"a",
+      "\x1c"
+      "b",
+      "\x1f", " c", "\x7f\x01", "d", NULL}},
+    {PK,
+     "nel is whitespace",
+     "a\xc2\x85"
+     "b\xc2\x85\xc2\x85"
+     "c",
+     {"a",
+      "\xc2\x85"
+      "b",
+      "\xc2\x85",
+      "\xc2\x85"
+      "c",
+      NULL}},
+    {PC,
+     "nel is whitespace",
+     "a\xc2\x85"
+     "b\xc2\x85\xc2\x85"
+     "c",
+     {"a",
+      "\xc2\x85"
+      "b",
+      "\xc2\x85",
+      "\xc2\x85"
+      "c",
+      NULL}},
+    {PK,
+     "special-like text is plain",
+     "<|not_a_real_token|> <|endoftext|>x",
      {"<|", "not", "_a", "_real", "_token", "|>", " <|", "endoftext", "|>", "x", NULL}},
 };
 
@@ -338,11 +510,13 @@ static void test_pretok(void) {
             size_t e = k3c_tok_pretok_next(edges[c].pat, (const unsigned char *)s, n, i);
             const char *want = edges[c].pieces[k];
             ok = e > i && want && strlen(want) == e - i && memcmp(want, s + i, e - i) == 0;
-            if (!ok) printf("  %s/%s: piece %zu is \"%.*s\"\n", k3c_tok_pattern_name(edges[c].pat), edges[c].name, k,
-                            (int)(e > i ? e - i : 0), s + i);
+            if (!ok)
+                printf("  %s/%s: piece %zu is \"%.*s\"\n", k3c_tok_pattern_name(edges[c].pat), edges[c].name, k,
+                       (int)(e > i ? e - i : 0), s + i);
             i = e;
         }
-        CHECK(ok && edges[c].pieces[k] == NULL, "%s pre-tokeniser: %s", k3c_tok_pattern_name(edges[c].pat), edges[c].name);
+        CHECK(ok && edges[c].pieces[k] == NULL, "%s pre-tokeniser: %s", k3c_tok_pattern_name(edges[c].pat),
+              edges[c].name);
     }
     /* invalid UTF-8 is split, never dropped */
     const unsigned char bad[] = {'a', 0xff, 0xc3, ' ', 0xe2, 0x82, 'b', 0xed, 0xa0, 0x80};
@@ -493,7 +667,10 @@ static void check_combinatorial(const k3c_tok *t, const k3c_json *c, const char 
                 size_t len = 0;
                 const k3c_json *parts[3] = {&fr->items[l], &fr->items[m], &fr->items[r]};
                 for (int k = 0; k < 3; k++) {
-                    if (len + parts[k]->len > sizeof buf) { CHECK(0, "%s: fragment too long", id); return; }
+                    if (len + parts[k]->len > sizeof buf) {
+                        CHECK(0, "%s: fragment too long", id);
+                        return;
+                    }
                     memcpy(buf + len, parts[k]->string, parts[k]->len);
                     len += parts[k]->len;
                 }
@@ -510,9 +687,11 @@ static void check_combinatorial(const k3c_tok *t, const k3c_json *c, const char 
             strncmp(c->items[i].string, "0x", 2) == 0)
             want_hash = &c->items[i];
     CHECK(want_total || want_hash, "%s: nothing to compare", id);
-    if (want_total) CHECK(total == want_total->integer, "%s: %lld ids, want %lld", id, (long long)total,
-                          (long long)want_total->integer);
-    if (want_hash) CHECK(h == strtoull(want_hash->string, NULL, 16), "%s: hash %016llx differs", id, (unsigned long long)h);
+    if (want_total)
+        CHECK(total == want_total->integer, "%s: %lld ids, want %lld", id, (long long)total,
+              (long long)want_total->integer);
+    if (want_hash)
+        CHECK(h == strtoull(want_hash->string, NULL, 16), "%s: hash %016llx differs", id, (unsigned long long)h);
 }
 
 static void test_kimi_long(const k3c_tok *k3) {
@@ -559,7 +738,8 @@ static void test_kimi_long(const k3c_tok *k3) {
 }
 
 /* ---------------------------------------------------------------- BPE, specials, chunking, speed */
-static void check_encode(const k3c_tok *t, const char *s, int flags, const int32_t *want, size_t nwant, const char *what) {
+static void check_encode(const k3c_tok *t, const char *s, int flags, const int32_t *want, size_t nwant,
+                         const char *what) {
     size_t n;
     int32_t *ids = encode(t, s, strlen(s), flags, &n);
     int ok = n == nwant && memcmp(ids, want, n * sizeof *ids) == 0;
@@ -627,7 +807,7 @@ static void test_bpe_algorithms(const k3c_tok *t) {
 static void test_specials(const k3c_tok *k3) {
     int32_t open = k3c_tok_special_id(k3, "<|open|>"), sep = k3c_tok_special_id(k3, "<|sep|>");
     CHECK(open == 163587 && sep == 163589 && k3c_tok_special_id(k3, "<|end_of_msg|>") == 163586 &&
-          k3c_tok_special_id(k3, "[PAD]") == 163839 && k3c_tok_special_id(k3, "<|im_end|>") == -1,
+              k3c_tok_special_id(k3, "[PAD]") == 163839 && k3c_tok_special_id(k3, "<|im_end|>") == -1,
           "K3 special ids");
     /* adjacent to text on both sides: the text runs are encoded on their own */
     k3c_tok_ids want = {0};
@@ -740,14 +920,22 @@ static k3c_tok *reference_train(const char *text, size_t len, int32_t vocab) {
     qsort(w, nw, sizeof *w, cmp_piece);
     size_t u = 0;
     for (size_t i = 0; i < nw; i++) {
-        if (u && cmp_piece(&w[u - 1], &w[i]) == 0) { w[u - 1].count++; free(w[i].sym); continue; }
+        if (u && cmp_piece(&w[u - 1], &w[i]) == 0) {
+            w[u - 1].count++;
+            free(w[i].sym);
+            continue;
+        }
         w[u++] = w[i];
     }
     nw = u;
     char **tok = calloc((size_t)vocab, sizeof *tok);
     size_t *tl = calloc((size_t)vocab, sizeof *tl);
     int32_t nt = 256;
-    for (int b = 0; b < 256; b++) { tok[b] = malloc(1); tok[b][0] = (char)b; tl[b] = 1; }
+    for (int b = 0; b < 256; b++) {
+        tok[b] = malloc(1);
+        tok[b][0] = (char)b;
+        tl[b] = 1;
+    }
     size_t cap = 1 << 16;
     uint64_t *keys = malloc(cap * sizeof *keys);
     int64_t *cnt = malloc(cap * sizeof *cnt);
@@ -760,9 +948,15 @@ static k3c_tok *reference_train(const char *text, size_t len, int32_t vocab) {
                 uint64_t key = (uint64_t)w[i].sym[k] << 32 | (uint32_t)w[i].sym[k + 1];
                 size_t h = (size_t)(key * 0x9E3779B97F4A7C15ull >> 40) & (cap - 1);
                 while (keys[h] != key && keys[h] != UINT64_MAX) h = (h + 1) & (cap - 1);
-                if (keys[h] == UINT64_MAX) { keys[h] = key; cnt[h] = 0; }
+                if (keys[h] == UINT64_MAX) {
+                    keys[h] = key;
+                    cnt[h] = 0;
+                }
                 cnt[h] += w[i].count;
-                if (cnt[h] > bc || (cnt[h] == bc && key < best)) { bc = cnt[h]; best = key; }
+                if (cnt[h] > bc || (cnt[h] == bc && key < best)) {
+                    bc = cnt[h];
+                    best = key;
+                }
             }
         if (bc < 2) break;
         int32_t a = (int32_t)(best >> 32), b = (int32_t)(uint32_t)best, z = -1;
@@ -771,13 +965,20 @@ static k3c_tok *reference_train(const char *text, size_t len, int32_t vocab) {
         memcpy(cat + tl[a], tok[b], tl[b]);
         for (int32_t r = 0; r < nt && z < 0; r++)
             if (tl[r] == tl[a] + tl[b] && memcmp(tok[r], cat, tl[r]) == 0) z = r;
-        if (z < 0) { z = nt++; tok[z] = cat; tl[z] = tl[a] + tl[b]; }
-        else free(cat);
+        if (z < 0) {
+            z = nt++;
+            tok[z] = cat;
+            tl[z] = tl[a] + tl[b];
+        } else
+            free(cat);
         for (size_t i = 0; i < nw; i++) {
             size_t o = 0;
             for (size_t k = 0; k < w[i].n; k++) {
-                if (k + 1 < w[i].n && w[i].sym[k] == a && w[i].sym[k + 1] == b) { w[i].sym[o++] = z; k++; }
-                else w[i].sym[o++] = w[i].sym[k];
+                if (k + 1 < w[i].n && w[i].sym[k] == a && w[i].sym[k + 1] == b) {
+                    w[i].sym[o++] = z;
+                    k++;
+                } else
+                    w[i].sym[o++] = w[i].sym[k];
             }
             w[i].n = o;
         }
@@ -865,8 +1066,10 @@ static void test_trainer(const char *text, size_t n) {
     k3c_tok *t2 = train(c.buf, c.len, 1000, sp, 2);
     if (!t || !t2) return;
     CHECK(k3c_tok_n_ranks(t) == 1000 && k3c_tok_special_id(t, "<|endoftext|>") == 1000 &&
-          k3c_tok_special_id(t, "<|open|>") == 1001 && k3c_tok_n_vocab(t) == 1002, "trained sizes and special ids");
-    CHECK(k3c_tok_rank_of(t, "<|", 2) < 0 && k3c_tok_rank_of(t, "endoftext", 9) < 0, "special spellings are not learned");
+              k3c_tok_special_id(t, "<|open|>") == 1001 && k3c_tok_n_vocab(t) == 1002,
+          "trained sizes and special ids");
+    CHECK(k3c_tok_rank_of(t, "<|", 2) < 0 && k3c_tok_rank_of(t, "endoftext", 9) < 0,
+          "special spellings are not learned");
     const char *dir = test_tmpdir("tok_train");
     char p1[4200], p2[4200];
     snprintf(p1, sizeof p1, "%s/a.tiktoken", dir);
@@ -917,7 +1120,10 @@ static void test_cli(const char *text, size_t n) {
     snprintf(out, sizeof out, "%s/out.txt", dir);
     k3c_err err = {0};
     CHECK_OK(k3c_write_file_atomic(corpus, text, n, &err), &err);
-    if (access(test_k3c_bin(), X_OK) != 0) { CHECK(0, "CLI binary %s not found (build it first)", test_k3c_bin()); return; }
+    if (access(test_k3c_bin(), X_OK) != 0) {
+        CHECK(0, "CLI binary %s not found (build it first)", test_k3c_bin());
+        return;
+    }
     snprintf(cmd, sizeof cmd, "%s tokenizer train --input %s %s --vocab-size 600 --out %s >%s 2>&1", test_k3c_bin(),
              corpus, corpus, vocab, out);
     CHECK(system(cmd) == 0, "%s", cmd);

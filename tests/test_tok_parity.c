@@ -48,7 +48,10 @@ static char *read_gz(const char *path, size_t from, size_t max, size_t *n) {
     char sink[65536];
     while (fread(sink, 1, sizeof sink, p) > 0) {}
     int rc = pclose(p);
-    if (got <= from || (rc != 0 && got < from + max)) { free(buf); return NULL; }
+    if (got <= from || (rc != 0 && got < from + max)) {
+        free(buf);
+        return NULL;
+    }
     size_t e = got;
     while (e > from && buf[e - 1] != '\n') e--;
     size_t s = from;
@@ -62,52 +65,89 @@ static char *read_gz(const char *path, size_t from, size_t max, size_t *n) {
 static const char *const stress[] = {
     "It's Bob's; they're here, we'll see, I'd go, you've won, don't. IT'S I'LL WE'RE THEY'VE I'M YOU'D DON'T",
     "'s 'S 't 'T 're 'RE 'rE 've 'VE 'm 'M 'll 'LL 'lL 'd 'D ''s '''ll x's x'S O'Neil's rock'n'roll 'sbar 'llama 'dd",
-    "camelCaseIdentifier XMLHttpRequest getHTTPResponseCode snake_case_var __init__ SCREAMING_CASE iPhone eBay McDonald",
+    "camelCaseIdentifier XMLHttpRequest getHTTPResponseCode snake_case_var __init__ SCREAMING_CASE iPhone eBay "
+    "McDonald",
     "1 12 123 1234 12345 123456 1234567 3.14159 1,000,000 0x7fff 1st 2nd 3rd 12345678901234567890 -42 +7 1e-10",
     "\xd9\xa3\xd9\xa4\xd9\xa5\xd9\xa6 \xe2\x91\xa0\xe2\x91\xa1\xe2\x91\xa2 \xe2\x85\xab\xe2\x85\xa0 \xc2\xb2\xc2\xb3 "
     "\xf0\x9d\x9f\x98\xf0\x9d\x9f\x99\xf0\x9d\x9f\x9a\xf0\x9d\x9f\x9b",
     "a  b   c    d     e      f\t\tg\t \th \t i\n\nj\n\n\nk\r\nl\r\n\r\nm\r\r\n\nn \n o  \n  p\t\n\tq",
     "   leading spaces\n    \n        indented\n\t\ttabs\n \t \t mixed\n\n\n\n\n",
     "trailing spaces   \ntrailing tab\t\ntrailing mixed \t \n   \n\t\n",
-    "\xe3\x80\x80\xe3\x80\x80ideographic\xe3\x80\x80space \xc2\xa0nbsp\xc2\xa0\xc2\xa0x \xe2\x80\x83" "em\xe2\x80\x83\xe2\x80\x83space "
+    "\xe3\x80\x80\xe3\x80\x80ideographic\xe3\x80\x80space \xc2\xa0nbsp\xc2\xa0\xc2\xa0x \xe2\x80\x83"
+    "em\xe2\x80\x83\xe2\x80\x83space "
     "\xe2\x80\xa8line sep\xe2\x80\xa9para sep \xe1\x9a\x80ogham \xe2\x80\xaf\xe2\x81\x9f\x0b\x0c vt ff",
-    "\xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd \xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7\xe2\x80\x8d"
-    "\xf0\x9f\x91\xa6 \xf0\x9f\x87\xaf\xf0\x9f\x87\xb5 \xf0\x9f\x98\x80\xf0\x9f\x98\x80\xf0\x9f\x98\x80 \xe2\x9d\xa4\xef\xb8\x8f "
-    "1\xef\xb8\x8f\xe2\x83\xa3 \xf0\x9f\x80\x84 emoji\xf0\x9f\x8e\x89" "end \xf0\x9f\x92\xbb\xf0\x9f\x94\xa5!",
-    "\xe4\xbd\xa0\xe5\xa5\xbd\xef\xbc\x8c\xe4\xb8\x96\xe7\x95\x8c\xef\xbc\x81 \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e\xe3\x81\xae"
+    "\xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd "
+    "\xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7\xe2\x80\x8d"
+    "\xf0\x9f\x91\xa6 \xf0\x9f\x87\xaf\xf0\x9f\x87\xb5 \xf0\x9f\x98\x80\xf0\x9f\x98\x80\xf0\x9f\x98\x80 "
+    "\xe2\x9d\xa4\xef\xb8\x8f "
+    "1\xef\xb8\x8f\xe2\x83\xa3 \xf0\x9f\x80\x84 emoji\xf0\x9f\x8e\x89"
+    "end \xf0\x9f\x92\xbb\xf0\x9f\x94\xa5!",
+    "\xe4\xbd\xa0\xe5\xa5\xbd\xef\xbc\x8c\xe4\xb8\x96\xe7\x95\x8c\xef\xbc\x81 "
+    "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e\xe3\x81\xae"
     "\xe3\x83\x86\xe3\x82\xad\xe3\x82\xb9\xe3\x83\x88\xe3\x80\x82\xe3\x82\xab\xe3\x82\xbf\xe3\x82\xab\xe3\x83\x8a "
-    "\xed\x95\x9c\xea\xb5\xad\xec\x96\xb4 \xed\x85\x8d\xec\x8a\xa4\xed\x8a\xb8 \xe4\xb8\xad\xe6\x96\x87" "English\xe6\xb7\xb7"
-    "\xe5\x90\x88" "123 \xf0\xa0\x80\x80\xf0\xa0\x80\x81 \xe3\x80\x85\xe3\x80\x87",
+    "\xed\x95\x9c\xea\xb5\xad\xec\x96\xb4 \xed\x85\x8d\xec\x8a\xa4\xed\x8a\xb8 \xe4\xb8\xad\xe6\x96\x87"
+    "English\xe6\xb7\xb7"
+    "\xe5\x90\x88"
+    "123 \xf0\xa0\x80\x80\xf0\xa0\x80\x81 \xe3\x80\x85\xe3\x80\x87",
     "\xd9\x85\xd8\xb1\xd8\xad\xd8\xa8\xd8\xa7 \xd8\xa8\xd8\xa7\xd9\x84\xd8\xb9\xd8\xa7\xd9\x84\xd9\x85 "
     "\xd8\xa7\xd9\x84\xd8\xb9\xd9\x8e\xd8\xb1\xd9\x8e\xd8\xa8\xd9\x90\xd9\x8a\xd9\x8e\xd9\x91\xd8\xa9 "
-    "\xd7\xa9\xd7\x81\xd6\xb8\xd7\x9c\xd7\x95\xd6\xb9\xd7\x9d \xe0\xa4\xa8\xe0\xa4\xae\xe0\xa4\xb8\xe0\xa5\x8d\xe0\xa4\xa4"
+    "\xd7\xa9\xd7\x81\xd6\xb8\xd7\x9c\xd7\x95\xd6\xb9\xd7\x9d "
+    "\xe0\xa4\xa8\xe0\xa4\xae\xe0\xa4\xb8\xe0\xa5\x8d\xe0\xa4\xa4"
     "\xe0\xa5\x87 \xe0\xb8\xaa\xe0\xb8\xa7\xe0\xb8\xb1\xe0\xb8\xaa\xe0\xb8\x94\xe0\xb8\xb5",
     "e\xcc\x81 a\xcc\x88\xcc\x84 Z\xcd\x91\xcd\x92\xcd\x93 \xcc\x81start x\xcc\x81\xcc\x82\xcc\x83y "
-    "na\xc3\xafve caf\xc3\xa9 r\xc3\xa9sum\xc3\xa9 \xc3\x85ngstr\xc3\xb6m stra\xc3\x9f\xc3\x9f \xef\xac\x81x \xc7\x85ungla "
+    "na\xc3\xafve caf\xc3\xa9 r\xc3\xa9sum\xc3\xa9 \xc3\x85ngstr\xc3\xb6m stra\xc3\x9f\xc3\x9f \xef\xac\x81x "
+    "\xc7\x85ungla "
     "\xca\xb0\xca\xb0 \xc2\xaa\xc2\xba",
-    "\xce\x95\xce\xbb\xce\xbb\xce\xb7\xce\xbd\xce\xb9\xce\xba\xce\xac \xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82, "
+    "\xce\x95\xce\xbb\xce\xbb\xce\xb7\xce\xbd\xce\xb9\xce\xba\xce\xac "
+    "\xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82, "
     "\xd0\xbc\xd0\xb8\xd1\x80! \xce\xa3\xce\x8a\xce\xa3\xce\xa5\xce\xa6\xce\x9f\xce\xa3 "
     "\xf0\x9d\x94\x98\xf0\x9d\x94\xab\xf0\x9d\x94\xa6\xf0\x9d\x94\xa0 \xf0\x93\x80\x80\xf0\x93\x80\x81",
     "for (int i = 0; i < n; i++) {\n\treturn x->y[i] << 2;\n}\n    def f(self):\n        pass  # done\n\n",
-    "!!!??? ...\n\n\xe2\x80\x94\xe2\x80\x93- \xc2\xab\xc2\xbb\xe2\x80\x9e\xe2\x80\x9c $$$ #!/bin/bash\n<|not_a_real_token|> "
+    "!!!??? ...\n\n\xe2\x80\x94\xe2\x80\x93- \xc2\xab\xc2\xbb\xe2\x80\x9e\xe2\x80\x9c $$$ "
+    "#!/bin/bash\n<|not_a_real_token|> "
     "<|endoftext|> <<|endoftext|>> <|endoftext| \x01\x02\x1c\x1d\x1e\x1f\x7f",
 };
 
 /* Atoms whose ordered triples probe every boundary between character classes, each triple its own document. */
 static const char *const atoms[] = {
-    "a", "Ab", "1", "12345", " ", "  ", "\t", "\n", "\r\n", "'s", "'LL", "!", "\xe3\x80\x82", "\xe4\xbd\xa0", "\xc3\xa9",
-    "\xcc\x81", "\xf0\x9f\x98\x80", "\xc2\xa0", "\xe3\x80\x80", "-", "_",
+    "a",
+    "Ab",
+    "1",
+    "12345",
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\r\n",
+    "'s",
+    "'LL",
+    "!",
+    "\xe3\x80\x82",
+    "\xe4\xbd\xa0",
+    "\xc3\xa9",
+    "\xcc\x81",
+    "\xf0\x9f\x98\x80",
+    "\xc2\xa0",
+    "\xe3\x80\x80",
+    "-",
+    "_",
 };
 
 static void build_corpus(corpus *c, size_t *real_bytes) {
     size_t n;
     char *py = read_gz("/usr/share/info/python3.11.info.gz", 5u << 20, 1536u << 10, &n);
     CHECK(py != NULL, "cannot read /usr/share/info/python3.11.info.gz (Debian package python3.11-doc)");
-    if (py) { add_split(c, py, n, 48 << 10); *real_bytes += n; }
+    if (py) {
+        add_split(c, py, n, 48 << 10);
+        *real_bytes += n;
+    }
     free(py);
     char *jargon = read_gz("/usr/share/doc/jargon-text/jargon.txt.gz", 0, 4u << 20, &n);
     CHECK(jargon != NULL, "cannot read /usr/share/doc/jargon-text/jargon.txt.gz (Debian package jargon-text)");
-    if (jargon) { add_split(c, jargon, n, 48 << 10); *real_bytes += n; }
+    if (jargon) {
+        add_split(c, jargon, n, 48 << 10);
+        *real_bytes += n;
+    }
     free(jargon);
     k3c_sbuf all;
     k3c_sbuf_init(&all);
@@ -169,7 +209,10 @@ static k3c_tok *load_cl100k(void) {
     k3c_err err = {0};
     k3c_tok *t = NULL;
     CHECK_OK(k3c_tok_load(PKG "/data/cl100k_base.tiktoken", K3C_TOK_PATTERN_CL100K, 0, &t, &err), &err);
-    static const struct { const char *s; int32_t id; } sp[] = {
+    static const struct {
+        const char *s;
+        int32_t id;
+    } sp[] = {
         {"<|endoftext|>", 100257}, {"<|fim_prefix|>", 100258}, {"<|fim_middle|>", 100259}, {"<|fim_suffix|>", 100260},
         {"<|im_start|>", 100264},  {"<|im_end|>", 100265},     {"<|im_sep|>", 100266},     {"<|endofprompt|>", 100276},
     };
@@ -205,9 +248,15 @@ static void compare(const k3c_tok *t, const corpus *c, const uint32_t *want, siz
     for (int d = 0; d < c->ndocs; d++) {
         size_t s, e;
         int allow, used;
-        if (sscanf(line, "%zu %zu %d%n", &s, &e, &allow, &used) != 3) { CHECK(0, "bad index line"); break; }
+        if (sscanf(line, "%zu %zu %d%n", &s, &e, &allow, &used) != 3) {
+            CHECK(0, "bad index line");
+            break;
+        }
         line += used + 1;
-        if (pos >= nwant || pos + 1 + want[pos] > nwant) { CHECK(0, "node output truncated at document %d", d); break; }
+        if (pos >= nwant || pos + 1 + want[pos] > nwant) {
+            CHECK(0, "node output truncated at document %d", d);
+            break;
+        }
         size_t nw = want[pos];
         v.n = 0;
         double t0 = k3c_now();
@@ -239,7 +288,10 @@ static void compare(const k3c_tok *t, const corpus *c, const uint32_t *want, siz
 }
 
 int main(void) {
-    if (ensure_npm() != 0) { test_failed_++; return test_summary(); }
+    if (ensure_npm() != 0) {
+        test_failed_++;
+        return test_summary();
+    }
     corpus c = {.ndocs = 0};
     k3c_sbuf_init(&c.text);
     k3c_sbuf_init(&c.index);

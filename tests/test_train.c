@@ -25,13 +25,15 @@
 #define N_STEPS 10 /* stage s32: 6 steps, stage s64: 4 steps */
 #define TPS 128
 
-static const char *const SPECIALS[] = {"<|endoftext|>", "[BOS]", "[EOS]", "<|end_of_msg|>", "<|open|>",
-                                       "<|close|>", "<|sep|>", "<|media_begin|>", "<|media_content|>",
-                                       "<|media_end|>", "<|media_pad|>", "[UNK]", "[PAD]"};
+static const char *const SPECIALS[] = {"<|endoftext|>",  "[BOS]",           "[EOS]",
+                                       "<|end_of_msg|>", "<|open|>",        "<|close|>",
+                                       "<|sep|>",        "<|media_begin|>", "<|media_content|>",
+                                       "<|media_end|>",  "<|media_pad|>",   "[UNK]",
+                                       "[PAD]"};
 
 typedef struct {
-    char dir[512];   /* scratch root; run configs live here and name everything relative to it */
-    char tok[640];   /* tokenizer (tiktoken + .specials.json) */
+    char dir[512]; /* scratch root; run configs live here and name everything relative to it */
+    char tok[640]; /* tokenizer (tiktoken + .specials.json) */
     char src[2][640];
     size_t optim_numel;
 } fixture;
@@ -42,7 +44,10 @@ static int contains(const char *s, const char *sub) { return s && strstr(s, sub)
 
 static void write_text(const char *path, const char *text) {
     FILE *f = fopen(path, "wb");
-    if (!f) { printf("warning: cannot write %s\n", path); return; }
+    if (!f) {
+        printf("warning: cannot write %s\n", path);
+        return;
+    }
     fwrite(text, 1, strlen(text), f);
     fclose(f);
 }
@@ -69,8 +74,10 @@ static int exists(const char *path) { return access(path, F_OK) == 0; }
 /* dst becomes a copy of directory src (src NULL: dst is removed). Paths are the test's own, without quotes. */
 static void replace_tree(const char *dst, const char *src) {
     char cmd[8400];
-    if (src) snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", dst, src, dst);
-    else snprintf(cmd, sizeof cmd, "rm -rf '%s'", dst);
+    if (src)
+        snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", dst, src, dst);
+    else
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dst);
     if (system(cmd) != 0) printf("warning: '%s' failed\n", cmd);
 }
 
@@ -89,7 +96,11 @@ static int list_steps(const char *out, long long *steps, int cap, int *n_tmp) {
     }
     closedir(d);
     for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && steps[j - 1] > steps[j]; j--) { long long t = steps[j]; steps[j] = steps[j - 1]; steps[j - 1] = t; }
+        for (int j = i; j > 0 && steps[j - 1] > steps[j]; j--) {
+            long long t = steps[j];
+            steps[j] = steps[j - 1];
+            steps[j - 1] = t;
+        }
     return n;
 }
 
@@ -129,16 +140,21 @@ static char *make_corpus(uint64_t seed, const char *const *nouns, int nn, const 
 }
 
 static int build_fixture(fixture *fx) {
-    static const char *const nouns_a[] = {"function", "module", "list", "string", "class", "method", "file", "value",
-                                          "argument", "object", "loop", "index", "dictionary", "exception", "iterator"};
-    static const char *const verbs_a[] = {"returns", "calls", "raises", "imports", "reads", "writes", "sorts", "copies"};
-    static const char *const nouns_b[] = {"hacker", "kludge", "wizard", "daemon", "cruft", "nybble", "bogon", "frob",
-                                          "luser", "hack", "guru", "foo", "bar"};
+    static const char *const nouns_a[] = {"function", "module", "list",       "string",    "class",
+                                          "method",   "file",   "value",      "argument",  "object",
+                                          "loop",     "index",  "dictionary", "exception", "iterator"};
+    static const char *const verbs_a[] = {"returns", "calls",  "raises", "imports",
+                                          "reads",   "writes", "sorts",  "copies"};
+    static const char *const nouns_b[] = {"hacker", "kludge", "wizard", "daemon", "cruft", "nybble", "bogon",
+                                          "frob",   "luser",  "hack",   "guru",   "foo",   "bar"};
     static const char *const verbs_b[] = {"groks", "munges", "frobs", "hacks", "twiddles", "zaps", "snarfs"};
     k3c_err err = {0};
     char p[1200];
     const char *tmp = test_tmpdir("train");
-    if (strlen(tmp) >= sizeof fx->dir) { CHECK(0, "scratch path too long: %s", tmp); return K3C_EINVAL; }
+    if (strlen(tmp) >= sizeof fx->dir) {
+        CHECK(0, "scratch path too long: %s", tmp);
+        return K3C_EINVAL;
+    }
     memcpy(fx->dir, tmp, strlen(tmp) + 1);
     snprintf(p, sizeof p, "%s/corpus", fx->dir);
     mkdir(p, 0755);
@@ -149,7 +165,8 @@ static int build_fixture(fixture *fx) {
         write_text(p, text[i]);
     }
     k3c_tok *t = NULL;
-    k3c_tok_train_opts to = {.vocab_size = VOCAB_RANKS, .pattern = K3C_TOK_PATTERN_CL100K, .specials = SPECIALS, .n_specials = 13};
+    k3c_tok_train_opts to = {
+        .vocab_size = VOCAB_RANKS, .pattern = K3C_TOK_PATTERN_CL100K, .specials = SPECIALS, .n_specials = 13};
     int rc = k3c_tok_train((const char *const *)text, lens, 2, &to, &t, &err);
     CHECK_OK(rc, &err);
     free(text[0]);
@@ -170,31 +187,45 @@ static int build_fixture(fixture *fx) {
         mkdir(p, 0755);
         const char *inputs[1] = {in};
         const char *names[2] = {"a", "b"};
-        k3c_prepare_opts o = {.vocab_path = fx->tok, .pattern = K3C_TOK_PATTERN_CL100K, .inputs = inputs, .n_inputs = 1,
-                              .out_dir = fx->src[i], .source = names[i], .doc_split = K3C_DOC_SPLIT_BLANK,
-                              .val_fraction = 0.1, .seed = 5};
+        k3c_prepare_opts o = {.vocab_path = fx->tok,
+                              .pattern = K3C_TOK_PATTERN_CL100K,
+                              .inputs = inputs,
+                              .n_inputs = 1,
+                              .out_dir = fx->src[i],
+                              .source = names[i],
+                              .doc_split = K3C_DOC_SPLIT_BLANK,
+                              .val_fraction = 0.1,
+                              .seed = 5};
         k3c_prepare_result r;
         CHECK_OK(rc = k3c_data_prepare(&o, &r, &err), &err);
         if (!rc)
-            CHECK(r.docs[0] > 20 && r.docs[1] >= 1 && r.tokens[0] > 1000 && r.vocab_size == VOCAB && r.eod_id == VOCAB_RANKS,
+            CHECK(r.docs[0] > 20 && r.docs[1] >= 1 && r.tokens[0] > 1000 && r.vocab_size == VOCAB &&
+                      r.eod_id == VOCAB_RANKS,
                   "source %c: docs %lld/%lld tokens %lld vocab %lld eod %lld", 'a' + i, (long long)r.docs[0],
                   (long long)r.docs[1], (long long)r.tokens[0], (long long)r.vocab_size, (long long)r.eod_id);
     }
     /* the tiny K3 test model (configs/k3_test_tiny.json) with a vocabulary that fits the tokenizer */
     static const char *const model_fmt =
-        "{\"architectures\": [\"KimiK3ForConditionalGeneration\"], \"model_type\": \"kimi_k3\", \"tie_word_embeddings\": false,\n"
-        " \"text_config\": {\"hidden_size\": 16, \"num_hidden_layers\": 4, \"vocab_size\": %d, \"rms_norm_eps\": 1e-05,\n"
+        "{\"architectures\": [\"KimiK3ForConditionalGeneration\"], \"model_type\": \"kimi_k3\", "
+        "\"tie_word_embeddings\": false,\n"
+        " \"text_config\": {\"hidden_size\": 16, \"num_hidden_layers\": 4, \"vocab_size\": %d, \"rms_norm_eps\": "
+        "1e-05,\n"
         "  \"tie_word_embeddings\": false, \"hidden_act\": \"situ\", \"activation_situ_beta\": 4.0,\n"
-        "  \"activation_situ_linear_beta\": 25.0, \"num_attention_heads\": 2, \"num_key_value_heads\": 2, \"q_lora_rank\": 8,\n"
-        "  \"kv_lora_rank\": 8, \"qk_nope_head_dim\": 4, \"qk_rope_head_dim\": 4, \"v_head_dim\": 4, \"mla_use_nope\": true,\n"
-        "  \"mla_use_output_gate\": true, \"num_experts\": 4, \"num_experts_per_token\": 2, \"num_shared_experts\": 2,\n"
+        "  \"activation_situ_linear_beta\": 25.0, \"num_attention_heads\": 2, \"num_key_value_heads\": 2, "
+        "\"q_lora_rank\": 8,\n"
+        "  \"kv_lora_rank\": 8, \"qk_nope_head_dim\": 4, \"qk_rope_head_dim\": 4, \"v_head_dim\": 4, \"mla_use_nope\": "
+        "true,\n"
+        "  \"mla_use_output_gate\": true, \"num_experts\": 4, \"num_experts_per_token\": 2, \"num_shared_experts\": "
+        "2,\n"
         "  \"routed_expert_hidden_size\": 8, \"moe_intermediate_size\": 8, \"latent_moe_use_norm\": true,\n"
         "  \"moe_renormalize\": true, \"routed_scaling_factor\": 1.0, \"moe_router_activation_func\": \"sigmoid\",\n"
         "  \"num_expert_group\": 1, \"topk_group\": 1, \"moe_layer_freq\": 1, \"first_k_dense_replace\": 1,\n"
         "  \"intermediate_size\": 16, \"attn_res_block_size\": 2,\n"
-        "  \"linear_attn_config\": {\"num_heads\": 2, \"head_dim\": 8, \"short_conv_kernel_size\": 4, \"gate_lower_bound\": -5.0,\n"
+        "  \"linear_attn_config\": {\"num_heads\": 2, \"head_dim\": 8, \"short_conv_kernel_size\": 4, "
+        "\"gate_lower_bound\": -5.0,\n"
         "   \"use_full_rank_gate\": true, \"full_attn_layers\": [3], \"kda_layers\": [1, 2, 4]},\n"
-        "  \"num_nextn_predict_layers\": 0, \"max_position_embeddings\": 4096, \"bos_token_id\": 1, \"eos_token_id\": 2,\n"
+        "  \"num_nextn_predict_layers\": 0, \"max_position_embeddings\": 4096, \"bos_token_id\": 1, \"eos_token_id\": "
+        "2,\n"
         "  \"pad_token_id\": 0}}\n";
     char body[4096];
     const int vocabs[2] = {VOCAB, VOCAB - 1};
@@ -231,14 +262,23 @@ typedef struct {
 static const char *const STAGE0 =
     "{\"name\": \"s32\", \"seq_len\": 32, \"steps\": 6, \"lr\": 0.01, \"warmup\": 1, \"schedule\": \"cosine\", "
     "\"mixture\": {\"a\": 0.8, \"b\": 0.2}}";
-static const char *const STAGE1 =
-    "{\"name\": \"s64\", \"seq_len\": 64, \"steps\": 4, \"lr\": 0.005, \"min_lr_ratio\": 0.1, \"schedule\": \"linear\", "
-    "\"mixture\": {\"a\": 0.2, \"b\": 0.8}}";
+static const char *const STAGE1 = "{\"name\": \"s64\", \"seq_len\": 64, \"steps\": 4, \"lr\": 0.005, \"min_lr_ratio\": "
+                                  "0.1, \"schedule\": \"linear\", "
+                                  "\"mixture\": {\"a\": 0.2, \"b\": 0.8}}";
 
 static run_params defaults(const char *out) {
-    return (run_params){.out = out, .balancing = "exact", .model = "\"model.json\"", .tokenizer = "tok.tiktoken",
-                        .kda_chunk = "16", .data = "{\"a\": \"data/a\", \"b\": \"data/b\"}", .stage0 = STAGE0,
-                        .stage1 = STAGE1, .extra = "", .ckpt_every = 2, .keep = 2, .eval_every = 4,
+    return (run_params){.out = out,
+                        .balancing = "exact",
+                        .model = "\"model.json\"",
+                        .tokenizer = "tok.tiktoken",
+                        .kda_chunk = "16",
+                        .data = "{\"a\": \"data/a\", \"b\": \"data/b\"}",
+                        .stage0 = STAGE0,
+                        .stage1 = STAGE1,
+                        .extra = "",
+                        .ckpt_every = 2,
+                        .keep = 2,
+                        .eval_every = 4,
                         .threads = 1};
 }
 
@@ -254,10 +294,12 @@ static void write_run(const fixture *fx, const char *name, const run_params *p, 
                     "  \"optimizer\": {\"matrix\": \"muon\", \"weight_decay\": 0.1, \"grad_clip\": 1.0},\n"
                     "  \"balancing\": \"%s\", \"log_every\": 1, \"eval_every\": %d, \"eval_batches\": 2,\n"
                     "  \"checkpoint_every\": %d, \"keep_checkpoints\": %d%s,\n",
-                    p->tokenizer, p->out, p->data, p->kda_chunk, TPS, p->threads, p->balancing, p->eval_every, p->ckpt_every, p->keep,
-                    p->extra);
-    if (p->stage1) k3c_sbuf_printf(&s, "  \"stages\": [\n    %s,\n    %s\n  ]\n}\n", p->stage0, p->stage1);
-    else k3c_sbuf_printf(&s, "  \"stages\": [\n    %s\n  ]\n}\n", p->stage0);
+                    p->tokenizer, p->out, p->data, p->kda_chunk, TPS, p->threads, p->balancing, p->eval_every,
+                    p->ckpt_every, p->keep, p->extra);
+    if (p->stage1)
+        k3c_sbuf_printf(&s, "  \"stages\": [\n    %s,\n    %s\n  ]\n}\n", p->stage0, p->stage1);
+    else
+        k3c_sbuf_printf(&s, "  \"stages\": [\n    %s\n  ]\n}\n", p->stage0);
     snprintf(path, n, "%s/%s.json", fx->dir, name);
     write_text(path, s.buf);
     k3c_sbuf_free(&s);
@@ -297,20 +339,24 @@ static int read_metrics(const fixture *fx, const char *out, mrow *rows, int cap,
     char *text = slurp(p, NULL);
     int n = 0;
     *bad = 0;
-    if (!text) { (*bad)++; return 0; }
+    if (!text) {
+        (*bad)++;
+        return 0;
+    }
     for (char *save = NULL, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         k3c_json *o = NULL;
         mrow r = {0};
         double step = 0, tokens = 0, stage = 0;
         int ok = k3c_json_parse(line, strlen(line), "metrics", &o, NULL) == K3C_OK && o->type == K3C_JSON_OBJECT &&
                  num_field(o, "step", &step) && num_field(o, "tokens", &tokens) && num_field(o, "stage", &stage) &&
-                 num_field(o, "loss", &r.loss) && num_field(o, "lr", &r.lr) && num_field(o, "grad_norm", &r.grad_norm) &&
-                 num_field(o, "max_load_ratio", &r.max_load_ratio);
+                 num_field(o, "loss", &r.loss) && num_field(o, "lr", &r.lr) &&
+                 num_field(o, "grad_norm", &r.grad_norm) && num_field(o, "max_load_ratio", &r.max_load_ratio);
         if (ok) {
             r.step = (int64_t)step, r.tokens = (int64_t)tokens, r.stage = (int)stage;
             r.has_val = num_field(o, "val_loss", &r.val_loss);
             if (n < cap) rows[n++] = r;
-        } else (*bad)++;
+        } else
+            (*bad)++;
         k3c_json_free(o);
     }
     free(text);
@@ -335,17 +381,26 @@ static int ckpt_loads(const fixture *fx, const char *dir, int64_t step, char *wh
     k3c_model m;
     int rc = k3c_config_load(dir, &cfg, &err);
     if (!rc) rc = k3c_model_open_f32(dir, 0, &m, &err);
-    if (rc) { snprintf(why, n, "model: %s", err.msg); return rc; }
+    if (rc) {
+        snprintf(why, n, "model: %s", err.msg);
+        return rc;
+    }
     k3c_model_free_f32(&m);
     float *ost = malloc(sizeof(float) * fx->optim_numel);
     char *state = NULL;
     rc = k3c_train_ckpt_load_state(dir, ost, fx->optim_numel, &state, &err);
     free(ost);
-    if (rc) { snprintf(why, n, "optimizer/trainer state: %s", err.msg); return rc; }
+    if (rc) {
+        snprintf(why, n, "optimizer/trainer state: %s", err.msg);
+        return rc;
+    }
     k3c_json *j = NULL;
     rc = k3c_json_parse(state, strlen(state), "trainer_state.json", &j, &err);
     free(state);
-    if (rc) { snprintf(why, n, "%s", err.msg); return rc; }
+    if (rc) {
+        snprintf(why, n, "%s", err.msg);
+        return rc;
+    }
     const k3c_json *s = k3c_json_get(j, "step"), *t = k3c_json_get(j, "tokens"), *l = k3c_json_get(j, "loader");
     if (!s || !s->is_integer || s->integer != step || !t || !t->is_integer || t->integer != step * TPS || !l ||
         l->type != K3C_JSON_STRING) {
@@ -444,11 +499,14 @@ static void test_resume(const fixture *fx, const char *balancing) {
     CHECK_OK(train(cfg_b, 1, 0, log, &rb, &err), &err);
     /* the resumed run did steps 6..10 only (a resume that restarted from scratch would log 10 lines) */
     int lines = log ? count_lines(log) : -1;
-    CHECK(lines == N_STEPS - N_STEPS / 2, "%s: resumed run logged %d steps, want %d", balancing, lines, N_STEPS - N_STEPS / 2);
+    CHECK(lines == N_STEPS - N_STEPS / 2, "%s: resumed run logged %d steps, want %d", balancing, lines,
+          N_STEPS - N_STEPS / 2);
     if (log) fclose(log);
-    CHECK(rb.steps == N_STEPS && rb.last_loss == ra.last_loss, "%s: resumed last loss %.17g vs straight %.17g (steps %lld)",
-          balancing, rb.last_loss, ra.last_loss, (long long)rb.steps);
-    CHECK(rb.last_val_loss == ra.last_val_loss, "%s: val loss %.17g vs %.17g", balancing, rb.last_val_loss, ra.last_val_loss);
+    CHECK(rb.steps == N_STEPS && rb.last_loss == ra.last_loss,
+          "%s: resumed last loss %.17g vs straight %.17g (steps %lld)", balancing, rb.last_loss, ra.last_loss,
+          (long long)rb.steps);
+    CHECK(rb.last_val_loss == ra.last_val_loss, "%s: val loss %.17g vs %.17g", balancing, rb.last_val_loss,
+          ra.last_val_loss);
     check_same_final(fx, out_a, out_b, balancing);
     check_same_metrics(fx, out_a, out_b, balancing);
     long long st[32];
@@ -512,8 +570,8 @@ static void test_checkpoints(const fixture *fx) {
     int n_tmp;
     out_path(fx, "A_exact", "", p, sizeof p);
     int ns = list_steps(p, st, 32, &n_tmp);
-    CHECK(ns == 2 && st[0] == 8 && st[1] == 10 && n_tmp == 0, "keep_checkpoints 2: %d left (%lld, %lld), %d temporary", ns,
-          ns ? st[0] : -1, ns > 1 ? st[1] : -1, n_tmp);
+    CHECK(ns == 2 && st[0] == 8 && st[1] == 10 && n_tmp == 0, "keep_checkpoints 2: %d left (%lld, %lld), %d temporary",
+          ns, ns ? st[0] : -1, ns > 1 ? st[1] : -1, n_tmp);
     CHECK_OK(k3c_train_ckpt_latest(p, dir, sizeof dir, &err), &err);
     CHECK(contains(dir, "step_00000010"), "k3c_train_ckpt_latest: %s", dir);
 
@@ -522,8 +580,8 @@ static void test_checkpoints(const fixture *fx) {
     CHECK(ckpt_loads(fx, dir, N_STEPS, why, sizeof why) == K3C_OK, "step_10: %s", why);
     k3c_config cfg;
     CHECK_OK(k3c_config_load(dir, &cfg, &err), &err);
-    CHECK(cfg.vocab_size == VOCAB && cfg.num_layers == 4 && k3c_config_num_moe(&cfg) == 3, "config: vocab %lld layers %lld",
-          (long long)cfg.vocab_size, (long long)cfg.num_layers);
+    CHECK(cfg.vocab_size == VOCAB && cfg.num_layers == 4 && k3c_config_num_moe(&cfg) == 3,
+          "config: vocab %lld layers %lld", (long long)cfg.vocab_size, (long long)cfg.num_layers);
     k3c_checkpoint *ck = NULL;
     CHECK_OK(k3c_ckpt_open(dir, &ck, &err), &err);
     if (ck) {
@@ -578,7 +636,8 @@ static void test_checkpoints(const fixture *fx) {
         double want = k3c_schedule_lr(&sch, in_stage), d = fabs(rows[i].lr - want) / want;
         if (d > worst) worst = d, worst_step = (int)rows[i].step;
     }
-    CHECK(worst <= 1e-8, "lr schedule: step %d off by %.3g (relative); step 1 lr %g (want 0.01), step 10 lr %g (want 0.0005)",
+    CHECK(worst <= 1e-8,
+          "lr schedule: step %d off by %.3g (relative); step 1 lr %g (want 0.01), step 10 lr %g (want 0.0005)",
           worst_step, worst, n ? rows[0].lr : NAN, n >= N_STEPS ? rows[N_STEPS - 1].lr : NAN);
     out_path(fx, "A_exact", "metrics.png", p, sizeof p);
     if (system("command -v gnuplot >/dev/null 2>&1") == 0) CHECK(exists(p), "metrics.png missing");
@@ -615,7 +674,10 @@ static void truncate_file(const char *path, long keep) {
     char *d = slurp(path, &n);
     if (d) {
         FILE *f = fopen(path, "wb");
-        if (f) { fwrite(d, 1, (size_t)keep < n ? (size_t)keep : n, f); fclose(f); }
+        if (f) {
+            fwrite(d, 1, (size_t)keep < n ? (size_t)keep : n, f);
+            fclose(f);
+        }
     }
     free(d);
 }
@@ -727,20 +789,22 @@ static void test_kill(const fixture *fx, double run_seconds) {
         char out[1300];
         out_path(fx, "K_kill", "", out, sizeof out);
         CHECK_OK(k3c_train_ckpt_latest(out, dir, sizeof dir, &err), &err);
-        CHECK(ckpt_loads(fx, dir, step, why, sizeof why) == K3C_OK, "kill round %d (after %.3f s): latest %s: %s", round,
-              delay, dir, why);
+        CHECK(ckpt_loads(fx, dir, step, why, sizeof why) == K3C_OK, "kill round %d (after %.3f s): latest %s: %s",
+              round, delay, dir, why);
     }
     k3c_train_result r;
     CHECK_OK(train(cfg, exists(p), 0, NULL, &r, &err), &err);
     CHECK(r.steps == N_STEPS, "after kills: %lld steps", (long long)r.steps);
     check_same_final(fx, "A_exact", "K_kill", "after SIGKILLs");
     if (test_failed_ != fails_before || getenv("K3C_TEST_VERBOSE"))
-        printf("  kill test: %d of 8 children killed (delays up to %.2f s), K3C_TEST_SEED=%llu\n", kills, run_seconds, (unsigned long long)seed);
+        printf("  kill test: %d of 8 children killed (delays up to %.2f s), K3C_TEST_SEED=%llu\n", kills, run_seconds,
+               (unsigned long long)seed);
 }
 
 /* ---------------------------------------------------------------- 4. bad input */
 
-static void expect_config_error(const fixture *fx, const char *name, const run_params *p, const char *key1, const char *key2) {
+static void expect_config_error(const fixture *fx, const char *name, const run_params *p, const char *key1,
+                                const char *key2) {
     char cfg[1200];
     k3c_err err = {0};
     k3c_run_config rc;
@@ -759,7 +823,8 @@ static void test_bad_config(const fixture *fx) {
     write_run(fx, "good", &p, cfg, sizeof cfg);
     CHECK_OK(k3c_run_config_load(cfg, &rc, &err), &err);
     CHECK(rc.n_sources == 2 && rc.n_stages == 2 && rc.kda_chunk == 16 && rc.stage[0].tokens_per_step == TPS &&
-              rc.stage[1].mixture[1] == 0.8 && contains(rc.source_dir[1], "/data/b") && contains(rc.model_config, fx->dir),
+              rc.stage[1].mixture[1] == 0.8 && contains(rc.source_dir[1], "/data/b") &&
+              contains(rc.model_config, fx->dir),
           "good config read back wrong");
 
     p = defaults("bad"), p.extra = ", \"learning_rate\": 0.1";
@@ -780,7 +845,8 @@ static void test_bad_config(const fixture *fx) {
     expect_config_error(fx, "bad_steps_missing", &p, "stages[0].steps", "missing");
     p = defaults("bad"), p.stage0 = "{\"seq_len\": 32, \"steps\": 2, \"lr\": 0.01, \"mixture\": {\"a\": 1, \"c\": 1}}";
     expect_config_error(fx, "bad_mix_source", &p, "stages[0].mixture.c", "no data source");
-    p = defaults("bad"), p.stage1 = "{\"seq_len\": 32, \"steps\": 2, \"lr\": 0.01, \"mixture\": {\"a\": 1, \"b\": -0.5}}";
+    p = defaults("bad"),
+    p.stage1 = "{\"seq_len\": 32, \"steps\": 2, \"lr\": 0.01, \"mixture\": {\"a\": 1, \"b\": -0.5}}";
     expect_config_error(fx, "bad_mix_weight", &p, "stages[1].mixture.b", "≥ 0");
     p = defaults("bad"), p.stage0 = "{\"seq_len\": 32, \"steps\": 2, \"lr\": 0.01, \"mixture\": {\"a\": 0, \"b\": 0}}";
     expect_config_error(fx, "bad_mix_zero", &p, "stages[0].mixture", "sum to 0");
@@ -807,8 +873,8 @@ static void test_bad_config(const fixture *fx) {
         write_text(cfg, s.buf);
         k3c_sbuf_free(&s);
         int e = k3c_run_config_load(cfg, &rc, &err);
-        CHECK(e == K3C_ECONFIG && contains(err.msg, "optimizer.matrix") && contains(err.msg, cfg), "bad_matrix: %d '%s'", e,
-              err.msg);
+        CHECK(e == K3C_ECONFIG && contains(err.msg, "optimizer.matrix") && contains(err.msg, cfg),
+              "bad_matrix: %d '%s'", e, err.msg);
         snprintf(cfg, sizeof cfg, "%s/bad_json.json", fx->dir);
         write_text(cfg, "{\"model\": \"model.json\",\n \"stages\": [}\n");
         e = k3c_run_config_load(cfg, &rc, &err);
@@ -824,22 +890,30 @@ static void damaged_source(const fixture *fx, const char *name, long offset_from
     snprintf(shard, sizeof shard, "%s/train-00000%s", dst, K3C_SHARD_EXT);
     size_t n;
     char *d = slurp(shard, &n);
-    if (!d || n < 200) { CHECK(0, "no shard %s", shard); free(d); return; }
+    if (!d || n < 200) {
+        CHECK(0, "no shard %s", shard);
+        free(d);
+        return;
+    }
     long at = from_start ? offset_from_end_or_start : (long)n - offset_from_end_or_start;
     d[at] ^= 0x01;
     FILE *f = fopen(shard, "wb");
-    if (f) { fwrite(d, 1, n, f); fclose(f); }
+    if (f) {
+        fwrite(d, 1, n, f);
+        fclose(f);
+    }
     free(d);
 }
 
 /* k3c_train_run of config cfg fails with code (0: any error), a message containing all of a, b, c, and trains nothing. */
-static void expect_train_error(const fixture *fx, const char *what, const char *cfg, const char *out, int code, const char *a,
-                               const char *b, const char *c) {
+static void expect_train_error(const fixture *fx, const char *what, const char *cfg, const char *out, int code,
+                               const char *a, const char *b, const char *c) {
     k3c_err err = {0};
     k3c_train_result r;
     char p[1300];
     int e = train(cfg, 0, 0, NULL, &r, &err);
-    CHECK((code ? e == code : e != K3C_OK) && contains(err.msg, a) && (!b || contains(err.msg, b)) && (!c || contains(err.msg, c)),
+    CHECK((code ? e == code : e != K3C_OK) && contains(err.msg, a) && (!b || contains(err.msg, b)) &&
+              (!c || contains(err.msg, c)),
           "%s: code %d (want %d), message '%s' (want %s, %s, %s)", what, e, code, err.msg, a, b ? b : "-", c ? c : "-");
     out_path(fx, out, "latest", p, sizeof p);
     CHECK(r.steps == 0 && !exists(p), "%s: the error came after %lld training steps (it should stop before the first)",
@@ -855,7 +929,8 @@ static void test_bad_data(const fixture *fx) {
     damaged_source(fx, "a_flip", 40, 0);
     p = defaults("bad_shard"), p.data = "{\"a\": \"data/a_flip\", \"b\": \"data/b\"}";
     write_run(fx, "run_bad_shard", &p, cfg, sizeof cfg);
-    expect_train_error(fx, "corrupt shard", cfg, "bad_shard", K3C_EFORMAT, "a_flip/train-00000.k3cshard", "checksum", NULL);
+    expect_train_error(fx, "corrupt shard", cfg, "bad_shard", K3C_EFORMAT, "a_flip/train-00000.k3cshard", "checksum",
+                       NULL);
     damaged_source(fx, "a_magic", 0, 1);
     p = defaults("bad_magic"), p.data = "{\"a\": \"data/a_magic\", \"b\": \"data/b\"}";
     write_run(fx, "run_bad_magic", &p, cfg, sizeof cfg);
@@ -879,8 +954,8 @@ static void test_bad_data(const fixture *fx) {
         char *t0 = slurp(corpus, &len);
         const char *texts[1] = {t0};
         k3c_tok *t = NULL;
-        k3c_tok_train_opts to = {.vocab_size = VOCAB_RANKS - 17, .pattern = K3C_TOK_PATTERN_CL100K, .specials = SPECIALS,
-                                 .n_specials = 13};
+        k3c_tok_train_opts to = {
+            .vocab_size = VOCAB_RANKS - 17, .pattern = K3C_TOK_PATTERN_CL100K, .specials = SPECIALS, .n_specials = 13};
         CHECK_OK(k3c_tok_train(texts, &len, 1, &to, &t, &err), &err);
         free(t0);
         snprintf(path, sizeof path, "%s/tok_small.tiktoken", fx->dir);
@@ -888,16 +963,20 @@ static void test_bad_data(const fixture *fx) {
         k3c_tok_free(t);
         p = defaults("bad_tok_vocab"), p.tokenizer = "tok_small.tiktoken";
         write_run(fx, "run_bad_tok_vocab", &p, cfg, sizeof cfg);
-        expect_train_error(fx, "tokenizer smaller than the data's vocabulary", cfg, "bad_tok_vocab", 0, "tok_small.tiktoken",
-                           "283", "300");
+        expect_train_error(fx, "tokenizer smaller than the data's vocabulary", cfg, "bad_tok_vocab", 0,
+                           "tok_small.tiktoken", "283", "300");
     }
 
     /* a tokenizer file with a bad line: the error names the file and the line */
     size_t n;
     char *text = slurp(fx->tok, &n);
-    if (!text) { CHECK(0, "cannot read %s", fx->tok); return; }
-    static const struct { const char *line, *what; } bad[] = {
-        {"@@notbase64@@ 99", "bad base64"}, {"YWJj", "without a space"}, {"YWJjZA== 7", "out of order"}};
+    if (!text) {
+        CHECK(0, "cannot read %s", fx->tok);
+        return;
+    }
+    static const struct {
+        const char *line, *what;
+    } bad[] = {{"@@notbase64@@ 99", "bad base64"}, {"YWJj", "without a space"}, {"YWJjZA== 7", "out of order"}};
     for (int k = 0; k < 3; k++) {
         k3c_sbuf s;
         k3c_sbuf_init(&s);
@@ -905,8 +984,10 @@ static void test_bad_data(const fixture *fx) {
         for (char *q = text, *nl; *q; q = nl + 1, line++) {
             nl = strchr(q, '\n');
             if (!nl) nl = q + strlen(q) - 1;
-            if (line == 100) k3c_sbuf_printf(&s, "%s\n", bad[k].line);
-            else k3c_sbuf_append(&s, q, (size_t)(nl - q + 1));
+            if (line == 100)
+                k3c_sbuf_printf(&s, "%s\n", bad[k].line);
+            else
+                k3c_sbuf_append(&s, q, (size_t)(nl - q + 1));
         }
         char path[1200];
         snprintf(path, sizeof path, "%s/bad%d.tiktoken", fx->dir, k);
@@ -930,8 +1011,9 @@ static void test_loss_decreases(const fixture *fx) {
     k3c_err err = {0};
     k3c_train_result r;
     run_params p = defaults("L");
-    p.stage0 = "{\"name\": \"s64\", \"seq_len\": 64, \"steps\": 30, \"lr\": 0.01, \"warmup\": 2, \"schedule\": \"cosine\", "
-               "\"mixture\": {\"a\": 0.5, \"b\": 0.5}}";
+    p.stage0 =
+        "{\"name\": \"s64\", \"seq_len\": 64, \"steps\": 30, \"lr\": 0.01, \"warmup\": 2, \"schedule\": \"cosine\", "
+        "\"mixture\": {\"a\": 0.5, \"b\": 0.5}}";
     p.stage1 = NULL;
     p.ckpt_every = 0;
     p.eval_every = 0;
@@ -982,7 +1064,7 @@ int main(int argc, char **argv) {
     double t6 = k3c_now();
     if (test_failed_ == 0) replace_tree(fx.dir, NULL); /* kept for inspection when something failed */
     if (getenv("K3C_TEST_VERBOSE"))
-        printf("  times: fixture %.2f s, resume %.2f s, crash %.2f s, bad input %.2f s, loss %.2f s\n", t1 - t0, t3 - t1,
-               t4 - t3, t5 - t4, t6 - t5);
+        printf("  times: fixture %.2f s, resume %.2f s, crash %.2f s, bad input %.2f s, loss %.2f s\n", t1 - t0,
+               t3 - t1, t4 - t3, t5 - t4, t6 - t5);
     return test_summary();
 }

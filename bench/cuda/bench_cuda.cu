@@ -20,7 +20,7 @@
     do {                                                                                                               \
         cudaError_t e_ = (x);                                                                                          \
         if (e_ != cudaSuccess) {                                                                                       \
-            printf("FATAL %s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                           \
+            printf("FATAL %s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                            \
             exit(2);                                                                                                   \
         }                                                                                                              \
     } while (0)
@@ -51,8 +51,10 @@ __global__ void fill_kernel(void *p, size_t n, int bf, int kind, float sd, uint6
         float z = hash_normal(seed, i) * sd;
         if (kind == FILL_SIGMOID) z = 1.f / (1.f + expf(-z));
         if (kind == FILL_LB_GATE) z = -5.f / (1.f + expf(-1.5f * z));
-        if (bf) ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(z);
-        else ((float *)p)[i] = z;
+        if (bf)
+            ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(z);
+        else
+            ((float *)p)[i] = z;
     }
 }
 /* rows of width d scaled to unit norm (KDA q, k) */
@@ -63,7 +65,8 @@ __global__ void l2rows_kernel(__nv_bfloat16 *x, size_t rows, int d) {
     for (int i = threadIdx.x % 32; i < d; i += 32) s += __bfloat162float(x[r * d + i]) * __bfloat162float(x[r * d + i]);
     for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     const float inv = rsqrtf(s + 1e-6f);
-    for (int i = threadIdx.x % 32; i < d; i += 32) x[r * d + i] = __float2bfloat16_rn(__bfloat162float(x[r * d + i]) * inv);
+    for (int i = threadIdx.x % 32; i < d; i += 32)
+        x[r * d + i] = __float2bfloat16_rn(__bfloat162float(x[r * d + i]) * inv);
 }
 
 static void *dalloc(size_t bytes) {
@@ -133,8 +136,8 @@ static void bench_gemm(k3c_cuda_ctx *ctx) {
     const int64_t n = 8192;
     void *A = dalloc(n * n * 2), *B = dalloc(n * n * 2), *C = dalloc(n * n * 2);
     fill(A, n * n, 1), fill(B, n * n, 1);
-    double ms = time_ms([&] { OK(k3c_gemm_bf16_cuda(ctx, 0, 1, n, n, n, 1.f, (uint16_t *)A, (uint16_t *)B, 0.f, C, 0, &err)); },
-                        3, 20);
+    double ms = time_ms(
+        [&] { OK(k3c_gemm_bf16_cuda(ctx, 0, 1, n, n, n, 1.f, (uint16_t *)A, (uint16_t *)B, 0.f, C, 0, &err)); }, 3, 20);
     double tf = 2.0 * n * n * n / (ms * 1e-3) / 1e12;
     row("gemm bf16 cuBLASLt (NT)", "8192^3", ms, 2.0 * n * n * n / 716e12 * 1e3, fmt("%.0f TFLOP/s (anchor 716)", tf));
     k3c_cuda_free(A), k3c_cuda_free(B), k3c_cuda_free(C);
@@ -146,7 +149,8 @@ static void bench_kda(int T, double anchor_fwd, double anchor_fb) {
     d.T = T, d.H = H, d.dk = D, d.dv = D, d.chunk = 64, d.gate_lower_bound = -5;
     const size_t tk = (size_t)T * H * D;
     void *q = dalloc(tk * 2), *k = dalloc(tk * 2), *v = dalloc(tk * 2), *o = dalloc(tk * 2);
-    float *g = (float *)dalloc(tk * 4), *beta = (float *)dalloc((size_t)T * H * 4), *ht = (float *)dalloc((size_t)H * D * D * 4);
+    float *g = (float *)dalloc(tk * 4), *beta = (float *)dalloc((size_t)T * H * 4),
+          *ht = (float *)dalloc((size_t)H * D * D * 4);
     fill(q, tk, 1), fill(k, tk, 1), fill(v, tk, 1);
     l2rows_kernel<<<(unsigned)((T * (size_t)H + 7) / 8), 256>>>((__nv_bfloat16 *)q, (size_t)T * H, D);
     l2rows_kernel<<<(unsigned)((T * (size_t)H + 7) / 8), 256>>>((__nv_bfloat16 *)k, (size_t)T * H, D);
@@ -167,12 +171,14 @@ static void bench_kda(int T, double anchor_fwd, double anchor_fb) {
     float *dg = (float *)dalloc(tk * 4), *db = (float *)dalloc(tb * 4);
     void *dout = dalloc(tk * 2), *wsb = dalloc(k3c_kda_chunk_bwd_workspace_cuda(&d));
     fill(dout, tk, 1);
-    double ms2 = time_ms([&] {
-        OK(k3c_kda_chunk_fwd_bf16_cuda(&d, nullptr, (uint16_t *)q, (uint16_t *)k, (uint16_t *)v, g, beta, nullptr,
-                                       (uint16_t *)o, ht, ws, &err));
-        OK(k3c_kda_chunk_bwd_bf16_cuda(&d, nullptr, (uint16_t *)q, (uint16_t *)k, (uint16_t *)v, g, beta, nullptr,
-                                       (uint16_t *)dout, nullptr, dq, dk, dv, dg, db, nullptr, wsb, &err));
-    }, 2, 7);
+    double ms2 = time_ms(
+        [&] {
+            OK(k3c_kda_chunk_fwd_bf16_cuda(&d, nullptr, (uint16_t *)q, (uint16_t *)k, (uint16_t *)v, g, beta, nullptr,
+                                           (uint16_t *)o, ht, ws, &err));
+            OK(k3c_kda_chunk_bwd_bf16_cuda(&d, nullptr, (uint16_t *)q, (uint16_t *)k, (uint16_t *)v, g, beta, nullptr,
+                                           (uint16_t *)dout, nullptr, dq, dk, dv, dg, db, nullptr, wsb, &err));
+        },
+        2, 7);
     row("kda chunk fwd+bwd", fmt("B1 H32 d128 T%.0f", T), ms2, anchor_fb, "fp32 grads");
     k3c_cuda_free(dq), k3c_cuda_free(dk), k3c_cuda_free(dv), k3c_cuda_free(dg), k3c_cuda_free(db);
     k3c_cuda_free(dout), k3c_cuda_free(wsb);
@@ -234,7 +240,8 @@ int main(int argc, char **argv) {
         bench_attn(16384, 192, 5.30, 31.8);
         bench_attn(16384, 128, 3.80, 14.4);
     }
-    printf("\n==== bench table ====\n| case | shape | ours ms | anchor ms | ours/anchor | note |\n|---|---|---|---|---|---|\n");
+    printf("\n==== bench table ====\n| case | shape | ours ms | anchor ms | ours/anchor | note "
+           "|\n|---|---|---|---|---|---|\n");
     for (auto &r : rows) printf("%s\n", r.c_str());
     k3c_cuda_destroy(&ctx);
     return 0;

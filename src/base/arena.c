@@ -46,7 +46,9 @@ void *k3c_arena_calloc(k3c_arena *a, size_t bytes) {
 }
 
 size_t k3c_arena_mark(const k3c_arena *a) { return a->used; }
-void k3c_arena_reset(k3c_arena *a, size_t mark) { if (mark <= a->used) a->used = mark; }
+void k3c_arena_reset(k3c_arena *a, size_t mark) {
+    if (mark <= a->used) a->used = mark;
+}
 
 void k3c_arena_free(k3c_arena *a) {
     if (a->owns) free(a->base);

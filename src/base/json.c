@@ -24,8 +24,11 @@ static int fail_at(parser *p, size_t at, int code, const char *fmt, ...) {
     if (!p->err) return code;
     size_t line = 1, col = 1;
     for (size_t i = 0; i < at && i < p->n; i++) {
-        if (p->s[i] == '\n') { line++; col = 1; }
-        else col++;
+        if (p->s[i] == '\n') {
+            line++;
+            col = 1;
+        } else
+            col++;
     }
     char reason[512];
     va_list ap;
@@ -49,8 +52,10 @@ static void skip_ws(parser *p) {
 static const char *describe(parser *p, char *buf, size_t n) {
     if (p->pos >= p->n) return "end of input";
     unsigned char c = p->s[p->pos];
-    if (c >= 0x20 && c < 0x7f) snprintf(buf, n, "'%c'", c);
-    else snprintf(buf, n, "byte 0x%02x", c);
+    if (c >= 0x20 && c < 0x7f)
+        snprintf(buf, n, "'%c'", c);
+    else
+        snprintf(buf, n, "byte 0x%02x", c);
     return buf;
 }
 
@@ -64,10 +69,17 @@ static size_t utf8_len(const unsigned char *s, size_t avail) {
     if (c < 0x80) return 1;
     size_t len;
     uint32_t cp;
-    if (c >= 0xc2 && c <= 0xdf) { len = 2; cp = c & 0x1f; }
-    else if (c >= 0xe0 && c <= 0xef) { len = 3; cp = c & 0x0f; }
-    else if (c >= 0xf0 && c <= 0xf4) { len = 4; cp = c & 0x07; }
-    else return 0;
+    if (c >= 0xc2 && c <= 0xdf) {
+        len = 2;
+        cp = c & 0x1f;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        len = 3;
+        cp = c & 0x0f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4;
+        cp = c & 0x07;
+    } else
+        return 0;
     if (avail < len) return 0;
     for (size_t i = 1; i < len; i++) {
         if ((s[i] & 0xc0) != 0x80) return 0;
@@ -90,8 +102,15 @@ int k3c_utf8_valid(const char *s, size_t n) {
 }
 
 static size_t utf8_put(uint32_t cp, char *out) {
-    if (cp < 0x80) { out[0] = (char)cp; return 1; }
-    if (cp < 0x800) { out[0] = (char)(0xc0 | (cp >> 6)); out[1] = (char)(0x80 | (cp & 0x3f)); return 2; }
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (char)(0xc0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3f));
+        return 2;
+    }
     if (cp < 0x10000) {
         out[0] = (char)(0xe0 | (cp >> 12));
         out[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
@@ -110,7 +129,10 @@ static int hex4(parser *p, size_t at, uint32_t *out) {
     uint32_t v = 0;
     for (int i = 0; i < 4; i++) {
         unsigned char c = p->s[at + (size_t)i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (d < 0) return -1;
         v = v * 16 + (uint32_t)d;
     }
@@ -125,7 +147,10 @@ static int parse_u_escape(parser *p, uint32_t *cp) {
     if (hex4(p, p->pos, &hi) != 0) return fail_at(p, esc, K3C_EFORMAT, "invalid \\u escape (need 4 hex digits)");
     p->pos += 4;
     if (hi >= 0xdc00 && hi <= 0xdfff) return fail_at(p, esc, K3C_EFORMAT, "lone low surrogate \\u%04x", hi);
-    if (hi < 0xd800 || hi > 0xdbff) { *cp = hi; return K3C_OK; }
+    if (hi < 0xd800 || hi > 0xdbff) {
+        *cp = hi;
+        return K3C_OK;
+    }
     uint32_t lo;
     if (p->pos + 2 > p->n || p->s[p->pos] != '\\' || p->s[p->pos + 1] != 'u' || hex4(p, p->pos + 2, &lo) != 0 ||
         lo < 0xdc00 || lo > 0xdfff)
@@ -147,8 +172,14 @@ static int parse_string(parser *p, char **out, size_t *out_len) {
     int rc = K3C_OK;
     while (rc == K3C_OK) {
         unsigned char c = p->s[p->pos];
-        if (c == '"') { p->pos++; break; }
-        if (c < 0x20) { rc = FAIL(p, "control character 0x%02x in string (must be escaped)", c); break; }
+        if (c == '"') {
+            p->pos++;
+            break;
+        }
+        if (c < 0x20) {
+            rc = FAIL(p, "control character 0x%02x in string (must be escaped)", c);
+            break;
+        }
         if (c == '\\') {
             unsigned char e = p->s[p->pos + 1];
             p->pos += 2;
@@ -166,12 +197,18 @@ static int parse_string(parser *p, char **out, size_t *out_len) {
             continue;
         }
         size_t k = utf8_len(p->s + p->pos, p->n - p->pos);
-        if (k == 0) { rc = FAIL(p, "invalid UTF-8 in string (byte 0x%02x)", c); break; }
+        if (k == 0) {
+            rc = FAIL(p, "invalid UTF-8 in string (byte 0x%02x)", c);
+            break;
+        }
         memcpy(buf + len, p->s + p->pos, k);
         len += k;
         p->pos += k;
     }
-    if (rc != K3C_OK) { free(buf); return rc; }
+    if (rc != K3C_OK) {
+        free(buf);
+        return rc;
+    }
     buf[len] = 0;
     *out = buf;
     *out_len = len;
@@ -185,7 +222,10 @@ static int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
 static int parse_number(parser *p, k3c_json *v) {
     size_t start = p->pos, i = p->pos;
     int neg = 0, integral = 1;
-    if (i < p->n && p->s[i] == '-') { neg = 1; i++; }
+    if (i < p->n && p->s[i] == '-') {
+        neg = 1;
+        i++;
+    }
     if (i >= p->n || !is_digit(p->s[i])) return fail_at(p, i, K3C_EFORMAT, "invalid number (expected a digit)");
     if (p->s[i] == '0' && i + 1 < p->n && is_digit(p->s[i + 1]))
         return fail_at(p, i, K3C_EFORMAT, "invalid number (leading zero)");
@@ -194,14 +234,16 @@ static int parse_number(parser *p, k3c_json *v) {
     size_t int_end = i;
     if (i < p->n && p->s[i] == '.') {
         integral = 0;
-        if (++i >= p->n || !is_digit(p->s[i])) return fail_at(p, i, K3C_EFORMAT, "invalid number (digit expected after '.')");
+        if (++i >= p->n || !is_digit(p->s[i]))
+            return fail_at(p, i, K3C_EFORMAT, "invalid number (digit expected after '.')");
         while (i < p->n && is_digit(p->s[i])) i++;
     }
     if (i < p->n && (p->s[i] == 'e' || p->s[i] == 'E')) {
         integral = 0;
         i++;
         if (i < p->n && (p->s[i] == '+' || p->s[i] == '-')) i++;
-        if (i >= p->n || !is_digit(p->s[i])) return fail_at(p, i, K3C_EFORMAT, "invalid number (digit expected in exponent)");
+        if (i >= p->n || !is_digit(p->s[i]))
+            return fail_at(p, i, K3C_EFORMAT, "invalid number (digit expected in exponent)");
         while (i < p->n && is_digit(p->s[i])) i++;
     }
     char small[64], *tmp = small;
@@ -221,11 +263,16 @@ static int parse_number(parser *p, k3c_json *v) {
         int fits = 1;
         for (size_t k = int_start; k < int_end && fits; k++) {
             int d = p->s[k] - '0';
-            if (acc < (INT64_MIN + d) / 10) fits = 0;
-            else acc = acc * 10 - d;
+            if (acc < (INT64_MIN + d) / 10)
+                fits = 0;
+            else
+                acc = acc * 10 - d;
         }
         if (fits && !neg && acc == INT64_MIN) fits = 0;
-        if (fits) { v->is_integer = 1; v->integer = neg ? acc : -acc; }
+        if (fits) {
+            v->is_integer = 1;
+            v->integer = neg ? acc : -acc;
+        }
     }
     p->pos = i;
     return K3C_OK;
@@ -251,7 +298,10 @@ static int parse_array(parser *p, k3c_json *v) {
     p->pos++;
     size_t cap = 0;
     skip_ws(p);
-    if (p->pos < p->n && p->s[p->pos] == ']') { p->pos++; return K3C_OK; }
+    if (p->pos < p->n && p->s[p->pos] == ']') {
+        p->pos++;
+        return K3C_OK;
+    }
     for (;;) {
         if (grow((void **)&v->items, &cap, v->n + 1, sizeof *v->items)) return NOMEM(p);
         k3c_json *item = &v->items[v->n];
@@ -259,12 +309,21 @@ static int parse_array(parser *p, k3c_json *v) {
         skip_ws(p);
         if (p->pos < p->n && p->s[p->pos] == ']') return FAIL(p, "trailing comma in array");
         int rc = parse_value(p, item);
-        if (rc != K3C_OK) { free_value(item); return rc; }
+        if (rc != K3C_OK) {
+            free_value(item);
+            return rc;
+        }
         v->n++;
         skip_ws(p);
         char d[32];
-        if (p->pos < p->n && p->s[p->pos] == ',') { p->pos++; continue; }
-        if (p->pos < p->n && p->s[p->pos] == ']') { p->pos++; return K3C_OK; }
+        if (p->pos < p->n && p->s[p->pos] == ',') {
+            p->pos++;
+            continue;
+        }
+        if (p->pos < p->n && p->s[p->pos] == ']') {
+            p->pos++;
+            return K3C_OK;
+        }
         return FAIL(p, "expected ',' or ']' in array, got %s", describe(p, d, sizeof d));
     }
 }
@@ -287,13 +346,19 @@ static long find_duplicate(char **keys, const size_t *lens, size_t n, int *nomem
     size_t cap = 32;
     while (cap < 2 * n) cap *= 2;
     size_t *tab = calloc(cap, sizeof *tab); /* index + 1, 0 = empty */
-    if (!tab) { *nomem = 1; return -1; }
+    if (!tab) {
+        *nomem = 1;
+        return -1;
+    }
     long dup = -1;
     for (size_t i = 0; i < n && dup < 0; i++) {
         size_t h = (size_t)hash_bytes(keys[i], lens[i]) & (cap - 1);
         for (; tab[h]; h = (h + 1) & (cap - 1)) {
             size_t j = tab[h] - 1;
-            if (lens[i] == lens[j] && memcmp(keys[i], keys[j], lens[i]) == 0) { dup = (long)i; break; }
+            if (lens[i] == lens[j] && memcmp(keys[i], keys[j], lens[i]) == 0) {
+                dup = (long)i;
+                break;
+            }
         }
         if (dup < 0) tab[h] = i + 1;
     }
@@ -329,11 +394,21 @@ static int parse_members(parser *p, k3c_json *v, size_t **lens, size_t **at) {
         p->pos++;
         skip_ws(p);
         rc = parse_value(p, item);
-        if (rc != K3C_OK) { free(key); free_value(item); return rc; }
+        if (rc != K3C_OK) {
+            free(key);
+            free_value(item);
+            return rc;
+        }
         v->n++;
         skip_ws(p);
-        if (p->pos < p->n && p->s[p->pos] == ',') { p->pos++; continue; }
-        if (p->pos < p->n && p->s[p->pos] == '}') { p->pos++; return K3C_OK; }
+        if (p->pos < p->n && p->s[p->pos] == ',') {
+            p->pos++;
+            continue;
+        }
+        if (p->pos < p->n && p->s[p->pos] == '}') {
+            p->pos++;
+            return K3C_OK;
+        }
         return FAIL(p, "expected ',' or '}' in object, got %s", describe(p, d, sizeof d));
     }
 }
@@ -342,14 +417,19 @@ static int parse_object(parser *p, k3c_json *v) {
     v->type = K3C_JSON_OBJECT;
     p->pos++;
     skip_ws(p);
-    if (p->pos < p->n && p->s[p->pos] == '}') { p->pos++; return K3C_OK; }
+    if (p->pos < p->n && p->s[p->pos] == '}') {
+        p->pos++;
+        return K3C_OK;
+    }
     size_t *lens = NULL, *at = NULL;
     int rc = parse_members(p, v, &lens, &at);
     if (rc == K3C_OK) {
         int nomem = 0;
         long dup = find_duplicate(v->keys, lens, v->n, &nomem);
-        if (nomem) rc = NOMEM(p);
-        else if (dup >= 0) rc = fail_at(p, at[dup], K3C_EFORMAT, "duplicate key \"%.200s\"", v->keys[dup]);
+        if (nomem)
+            rc = NOMEM(p);
+        else if (dup >= 0)
+            rc = fail_at(p, at[dup], K3C_EFORMAT, "duplicate key \"%.200s\"", v->keys[dup]);
     }
     free(lens);
     free(at);
@@ -406,7 +486,10 @@ int k3c_json_parse(const char *text, size_t n, const char *name, k3c_json **out,
         char d[32];
         if (p.pos < n) rc = FAIL(&p, "trailing garbage after the document: %s", describe(&p, d, sizeof d));
     }
-    if (rc != K3C_OK) { k3c_json_free(v); return rc; }
+    if (rc != K3C_OK) {
+        k3c_json_free(v);
+        return rc;
+    }
     *out = v;
     return K3C_OK;
 }
@@ -467,7 +550,10 @@ static int sbuf_reserve(k3c_sbuf *s, size_t extra) {
     size_t nc = s->cap ? s->cap : 64;
     while (nc < s->len + extra + 1) nc *= 2;
     char *q = realloc(s->buf, nc);
-    if (!q) { s->ok = 0; return 0; }
+    if (!q) {
+        s->ok = 0;
+        return 0;
+    }
     s->buf = q;
     s->cap = nc;
     return 1;
@@ -486,7 +572,10 @@ void k3c_sbuf_printf(k3c_sbuf *s, const char *fmt, ...) {
     va_start(ap, fmt);
     int k = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
-    if (k < 0) { s->ok = 0; return; }
+    if (k < 0) {
+        s->ok = 0;
+        return;
+    }
     if (!sbuf_reserve(s, (size_t)k)) return;
     va_start(ap, fmt);
     vsnprintf(s->buf + s->len, (size_t)k + 1, fmt, ap);
@@ -519,7 +608,10 @@ void k3c_sbuf_json_string(k3c_sbuf *s, const char *str, size_t n) {
 
 /* JSON has no NaN or infinity: they are written as null (the reader then sees a non-number, never a wrong one). */
 void k3c_sbuf_json_number(k3c_sbuf *s, double x) {
-    if (!isfinite(x)) { k3c_sbuf_append(s, "null", 4); return; }
+    if (!isfinite(x)) {
+        k3c_sbuf_append(s, "null", 4);
+        return;
+    }
     char buf[40];
     static const char *fmts[] = {"%.15g", "%.16g", "%.17g"};
     for (int i = 0; i < 3; i++) {

@@ -5,20 +5,27 @@
 
 #include "k3c.h"
 
-typedef enum { K3C_JSON_NULL, K3C_JSON_BOOL, K3C_JSON_NUMBER, K3C_JSON_STRING, K3C_JSON_ARRAY, K3C_JSON_OBJECT } k3c_json_type;
+typedef enum {
+    K3C_JSON_NULL,
+    K3C_JSON_BOOL,
+    K3C_JSON_NUMBER,
+    K3C_JSON_STRING,
+    K3C_JSON_ARRAY,
+    K3C_JSON_OBJECT
+} k3c_json_type;
 
 typedef struct k3c_json k3c_json;
 struct k3c_json {
     k3c_json_type type;
     int boolean;
-    double number;       /* every number */
-    int is_integer;      /* the literal had no fraction/exponent and fits int64: `integer` is exact */
+    double number;  /* every number */
+    int is_integer; /* the literal had no fraction/exponent and fits int64: `integer` is exact */
     int64_t integer;
-    char *string;        /* NUL-terminated UTF-8 (may contain \u0000 as an embedded NUL: use len) */
+    char *string; /* NUL-terminated UTF-8 (may contain \u0000 as an embedded NUL: use len) */
     size_t len;
-    size_t n;            /* array / object element count */
-    k3c_json *items;     /* array elements or object values, in document order */
-    char **keys;         /* object keys (n of them), in document order */
+    size_t n;        /* array / object element count */
+    k3c_json *items; /* array elements or object values, in document order */
+    char **keys;     /* object keys (n of them), in document order */
 };
 
 /* Parses text[0..n). `name` (a file name) prefixes error messages: "config.json:3:14: expected ','". */

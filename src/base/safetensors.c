@@ -40,7 +40,10 @@ static int nidx_init(name_index *ix, int n, name_fn name, const void *ctx) {
     return ix->slot ? 0 : -1;
 }
 
-static void nidx_free(name_index *ix) { free(ix->slot); ix->slot = NULL; }
+static void nidx_free(name_index *ix) {
+    free(ix->slot);
+    ix->slot = NULL;
+}
 
 /* Index of the entry called `key`, or -1; *hole receives the slot where it would be inserted. */
 static int nidx_lookup(const name_index *ix, const char *key, size_t *hole) {
@@ -71,9 +74,9 @@ struct k3c_safetensors {
     size_t size;
     int n, nmeta;
     k3c_st_tensor *t;
-    uint64_t *begin;       /* data_offsets[0] per tensor, for the tiling check */
-    char **meta;           /* nmeta key, value pairs */
-    char *strings;         /* one block holding tensor names and metadata */
+    uint64_t *begin; /* data_offsets[0] per tensor, for the tiling check */
+    char **meta;     /* nmeta key, value pairs */
+    char *strings;   /* one block holding tensor names and metadata */
     name_index idx;
 };
 
@@ -112,21 +115,27 @@ static int parse_shape(const k3c_json *s, k3c_st_tensor *t, uint64_t *bytes) {
 static int parse_entry(k3c_safetensors *st, const char *name, const k3c_json *e, size_t data_size, k3c_st_tensor *t,
                        uint64_t *begin_out, k3c_err *err) {
     const char *p = st->path;
-    if (e->type != K3C_JSON_OBJECT) return k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s': entry is not a JSON object", p, name);
+    if (e->type != K3C_JSON_OBJECT)
+        return k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s': entry is not a JSON object", p, name);
     for (size_t i = 0; i < e->n; i++)
         if (strcmp(e->keys[i], "dtype") && strcmp(e->keys[i], "shape") && strcmp(e->keys[i], "data_offsets"))
             return k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s': unexpected field '%s'", p, name, e->keys[i]);
     static const char *need[] = {"dtype", "shape", "data_offsets"};
     for (int i = 0; i < 3; i++)
-        if (!k3c_json_get(e, need[i])) return k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s': missing %s", p, name, need[i]);
-    const k3c_json *dt = k3c_json_get(e, "dtype"), *sh = k3c_json_get(e, "shape"), *off = k3c_json_get(e, "data_offsets");
-    if (dt->type != K3C_JSON_STRING) return k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s': dtype is not a string", p, name);
+        if (!k3c_json_get(e, need[i]))
+            return k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s': missing %s", p, name, need[i]);
+    const k3c_json *dt = k3c_json_get(e, "dtype"), *sh = k3c_json_get(e, "shape"),
+                   *off = k3c_json_get(e, "data_offsets");
+    if (dt->type != K3C_JSON_STRING)
+        return k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s': dtype is not a string", p, name);
     if (k3c_dtype_parse(dt->string, &t->dtype) != K3C_OK)
-        return k3c_errf(err, K3C_EUNSUPPORTED, "%s: tensor '%s': unknown or unsupported dtype '%.40s'", p, name, dt->string);
+        return k3c_errf(err, K3C_EUNSUPPORTED, "%s: tensor '%s': unknown or unsupported dtype '%.40s'", p, name,
+                        dt->string);
     uint64_t bytes = 0;
     switch (parse_shape(sh, t, &bytes)) {
     case 1: return k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s': shape is not an array", p, name);
-    case 2: return k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s': shape has %zu dims (max %d)", p, name, sh->n, K3C_MAX_DIMS);
+    case 2:
+        return k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s': shape has %zu dims (max %d)", p, name, sh->n, K3C_MAX_DIMS);
     case 3: return k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s': shape entries must be non-negative integers", p, name);
     case 4: return k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s': shape overflows 64 bits", p, name);
     default: break;
@@ -134,14 +143,17 @@ static int parse_entry(k3c_safetensors *st, const char *name, const k3c_json *e,
     uint64_t b, en;
     if (off->type != K3C_JSON_ARRAY || off->n != 2 || !json_uint(&off->items[0], &b) || !json_uint(&off->items[1], &en))
         return k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s': data_offsets must be two non-negative integers", p, name);
-    if (b > en) return k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s': data_offsets begin %llu > end %llu", p, name,
-                                (unsigned long long)b, (unsigned long long)en);
+    if (b > en)
+        return k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s': data_offsets begin %llu > end %llu", p, name,
+                        (unsigned long long)b, (unsigned long long)en);
     if (en > data_size)
-        return k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s': data_offsets [%llu, %llu) out of range (data region is %zu bytes)",
-                        p, name, (unsigned long long)b, (unsigned long long)en, data_size);
+        return k3c_errf(err, K3C_EFORMAT,
+                        "%s: tensor '%s': data_offsets [%llu, %llu) out of range (data region is %zu bytes)", p, name,
+                        (unsigned long long)b, (unsigned long long)en, data_size);
     if (en - b != bytes)
-        return k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s': data_offsets span %llu bytes but %s x %lld elements need %llu", p,
-                        name, (unsigned long long)(en - b), k3c_dtype_name(t->dtype),
+        return k3c_errf(err, K3C_EFORMAT,
+                        "%s: tensor '%s': data_offsets span %llu bytes but %s x %lld elements need %llu", p, name,
+                        (unsigned long long)(en - b), k3c_dtype_name(t->dtype),
                         (long long)shape_numel(t->ndim, t->shape), (unsigned long long)bytes);
     t->nbytes = (size_t)bytes;
     *begin_out = b;
@@ -149,7 +161,8 @@ static int parse_entry(k3c_safetensors *st, const char *name, const k3c_json *e,
 }
 
 static int parse_metadata(k3c_safetensors *st, const k3c_json *m, char **cursor, k3c_err *err) {
-    if (m->type != K3C_JSON_OBJECT) return k3c_errf(err, K3C_EFORMAT, "%s: __metadata__ is not a JSON object", st->path);
+    if (m->type != K3C_JSON_OBJECT)
+        return k3c_errf(err, K3C_EFORMAT, "%s: __metadata__ is not a JSON object", st->path);
     st->meta = calloc(2 * m->n + 1, sizeof *st->meta);
     if (!st->meta) return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", st->path);
     for (size_t i = 0; i < m->n; i++) {
@@ -172,7 +185,8 @@ static size_t strings_size(const k3c_json *h) {
         const k3c_json *m = &h->items[i];
         if (strcmp(h->keys[i], "__metadata__") == 0 && m->type == K3C_JSON_OBJECT)
             for (size_t j = 0; j < m->n; j++)
-                sum += strlen(m->keys[j]) + 1 + (m->items[j].type == K3C_JSON_STRING ? strlen(m->items[j].string) + 1 : 0);
+                sum +=
+                    strlen(m->keys[j]) + 1 + (m->items[j].type == K3C_JSON_STRING ? strlen(m->items[j].string) + 1 : 0);
     }
     return sum;
 }
@@ -197,16 +211,18 @@ static int check_tiling(k3c_safetensors *st, size_t data_size, k3c_err *err) {
         int i = order[k];
         const char *pn = prev >= 0 ? st->t[prev].name : "(start of data)";
         if (st->begin[i] < at)
-            rc = k3c_errf(err, K3C_EFORMAT, "%s: tensors '%s' and '%s' overlap (byte %llu of the data region)", st->path, pn,
-                          st->t[i].name, (unsigned long long)st->begin[i]);
+            rc = k3c_errf(err, K3C_EFORMAT, "%s: tensors '%s' and '%s' overlap (byte %llu of the data region)",
+                          st->path, pn, st->t[i].name, (unsigned long long)st->begin[i]);
         else if (st->begin[i] > at)
-            rc = k3c_errf(err, K3C_EFORMAT, "%s: hole in the data region: bytes [%llu, %llu) between '%s' and '%s' belong to no tensor",
+            rc = k3c_errf(err, K3C_EFORMAT,
+                          "%s: hole in the data region: bytes [%llu, %llu) between '%s' and '%s' belong to no tensor",
                           st->path, (unsigned long long)at, (unsigned long long)st->begin[i], pn, st->t[i].name);
         at = st->begin[i] + st->t[i].nbytes;
         prev = i;
     }
     if (rc == K3C_OK && at != data_size)
-        rc = k3c_errf(err, K3C_EFORMAT, "%s: tensors end at byte %llu of a %zu-byte data region (trailing bytes belong to no tensor)",
+        rc = k3c_errf(err, K3C_EFORMAT,
+                      "%s: tensors end at byte %llu of a %zu-byte data region (trailing bytes belong to no tensor)",
                       st->path, (unsigned long long)at, data_size);
     free(order);
     return rc;
@@ -237,7 +253,8 @@ static int parse_header(k3c_safetensors *st, const k3c_json *h, size_t hdr_end, 
         t->file = st->path;
         /* The JSON parser rejects duplicate keys; names can still collide here when one holds \u0000 (C strings end). */
         if (nidx_put(&st->idx, st->n) >= 0)
-            return k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s': duplicate name (after an embedded NUL)", st->path, name);
+            return k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s': duplicate name (after an embedded NUL)", st->path,
+                            name);
         st->n++;
     }
     return check_tiling(st, data_size, err);
@@ -245,7 +262,9 @@ static int parse_header(k3c_safetensors *st, const k3c_json *h, size_t hdr_end, 
 
 static int map_file(k3c_safetensors *st, k3c_err *err) {
     int fd = open(st->path, O_RDONLY);
-    if (fd < 0) return k3c_errf(err, errno == ENOENT ? K3C_ENOTFOUND : K3C_EIO, "%s: cannot open: %s", st->path, strerror(errno));
+    if (fd < 0)
+        return k3c_errf(err, errno == ENOENT ? K3C_ENOTFOUND : K3C_EIO, "%s: cannot open: %s", st->path,
+                        strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
@@ -254,7 +273,8 @@ static int map_file(k3c_safetensors *st, k3c_err *err) {
     st->size = (size_t)sb.st_size;
     if (st->size < 8) {
         close(fd);
-        return k3c_errf(err, K3C_EFORMAT, "%s: file is %zu bytes, shorter than the 8-byte header length", st->path, st->size);
+        return k3c_errf(err, K3C_EFORMAT, "%s: file is %zu bytes, shorter than the 8-byte header length", st->path,
+                        st->size);
     }
     void *m = mmap(NULL, st->size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
@@ -267,13 +287,17 @@ static int map_file(k3c_safetensors *st, k3c_err *err) {
 int k3c_st_open(const char *path, k3c_safetensors **out, k3c_err *err) {
     *out = NULL;
     k3c_safetensors *st = calloc(1, sizeof *st);
-    if (!st || !(st->path = strdup(path))) { free(st); return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", path); }
+    if (!st || !(st->path = strdup(path))) {
+        free(st);
+        return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", path);
+    }
     int rc = map_file(st, err);
     if (rc == K3C_OK) {
         uint64_t hl = 0;
         for (int i = 7; i >= 0; i--) hl = hl << 8 | st->map[i]; /* little-endian u64 */
         if (hl > ST_MAX_HEADER)
-            rc = k3c_errf(err, K3C_EFORMAT, "%s: header length %llu exceeds the 100 MB limit", path, (unsigned long long)hl);
+            rc = k3c_errf(err, K3C_EFORMAT, "%s: header length %llu exceeds the 100 MB limit", path,
+                          (unsigned long long)hl);
         else if (hl > st->size - 8)
             rc = k3c_errf(err, K3C_EFORMAT, "%s: header length %llu runs past the end of the file (%zu bytes)", path,
                           (unsigned long long)hl, st->size);
@@ -286,7 +310,10 @@ int k3c_st_open(const char *path, k3c_safetensors **out, k3c_err *err) {
             k3c_json_free(h);
         }
     }
-    if (rc != K3C_OK) { k3c_st_close(st); return rc; }
+    if (rc != K3C_OK) {
+        k3c_st_close(st);
+        return rc;
+    }
     *out = st;
     return K3C_OK;
 }
@@ -327,8 +354,8 @@ const char *k3c_st_metadata(const k3c_safetensors *st, const char *key) {
 static int check_read(const k3c_st_tensor *t, size_t n, k3c_err *err) {
     if (!t) return k3c_errf(err, K3C_EINVAL, "k3c_st_read: NULL tensor");
     if (t->dtype != K3C_F64 && t->dtype != K3C_F32 && t->dtype != K3C_BF16 && t->dtype != K3C_F16)
-        return k3c_errf(err, K3C_EINVAL, "%s: tensor '%s': dtype %s is not a floating type", t->file ? t->file : "?", t->name,
-                        k3c_dtype_name(t->dtype));
+        return k3c_errf(err, K3C_EINVAL, "%s: tensor '%s': dtype %s is not a floating type", t->file ? t->file : "?",
+                        t->name, k3c_dtype_name(t->dtype));
     int64_t numel = shape_numel(t->ndim, t->shape);
     if ((uint64_t)numel != n)
         return k3c_errf(err, K3C_EINVAL, "%s: tensor '%s': destination holds %zu elements, tensor has %lld",
@@ -337,23 +364,25 @@ static int check_read(const k3c_st_tensor *t, size_t n, k3c_err *err) {
 }
 
 /* The header length need not be a multiple of 8, so data may be misaligned: convert through an aligned bounce buffer. */
-#define READ_BODY(OUT_T, CONVERT)                                                                 \
-    int rc = check_read(t, n, err);                                                               \
-    if (rc) return rc;                                                                            \
-    size_t es = k3c_dtype_size(t->dtype);                                                         \
-    const unsigned char *src = t->data;                                                           \
-    if (((uintptr_t)src % es) == 0) return CONVERT(t->dtype, src, dst, n);                        \
-    double bounce[512];                                                                           \
-    size_t chunk = sizeof bounce / es;                                                            \
-    for (size_t i = 0; i < n; i += chunk) {                                                       \
-        size_t m = n - i < chunk ? n - i : chunk;                                                 \
-        memcpy(bounce, src + i * es, m * es);                                             \
-        CONVERT(t->dtype, bounce, dst + i, m);                                                    \
-    }                                                                                             \
+#define READ_BODY(OUT_T, CONVERT)                                                                                      \
+    int rc = check_read(t, n, err);                                                                                    \
+    if (rc) return rc;                                                                                                 \
+    size_t es = k3c_dtype_size(t->dtype);                                                                              \
+    const unsigned char *src = t->data;                                                                                \
+    if (((uintptr_t)src % es) == 0) return CONVERT(t->dtype, src, dst, n);                                             \
+    double bounce[512];                                                                                                \
+    size_t chunk = sizeof bounce / es;                                                                                 \
+    for (size_t i = 0; i < n; i += chunk) {                                                                            \
+        size_t m = n - i < chunk ? n - i : chunk;                                                                      \
+        memcpy(bounce, src + i * es, m * es);                                                                          \
+        CONVERT(t->dtype, bounce, dst + i, m);                                                                         \
+    }                                                                                                                  \
     return K3C_OK;
 
 int k3c_st_read_f32(const k3c_st_tensor *t, float *dst, size_t n, k3c_err *err) { READ_BODY(float, k3c_convert_to_f32) }
-int k3c_st_read_f64(const k3c_st_tensor *t, double *dst, size_t n, k3c_err *err) { READ_BODY(double, k3c_convert_to_f64) }
+int k3c_st_read_f64(const k3c_st_tensor *t, double *dst, size_t n, k3c_err *err) {
+    READ_BODY(double, k3c_convert_to_f64)
+}
 
 /* ------------------------------------------------------------------ checkpoint directories */
 
@@ -372,7 +401,8 @@ static int ckpt_index(k3c_checkpoint *c, const char *what, k3c_err *err) {
     for (int s = 0; s < c->nshards; s++) total += (size_t)k3c_st_count(c->shards[s]);
     if (total > (size_t)INT32_MAX / 2) return k3c_errf(err, K3C_EFORMAT, "%s: too many tensors (%zu)", what, total);
     c->t = malloc((total + 1) * sizeof *c->t);
-    if (!c->t || nidx_init(&c->idx, (int)total, ck_name_at, c)) return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", what);
+    if (!c->t || nidx_init(&c->idx, (int)total, ck_name_at, c))
+        return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", what);
     for (int s = 0; s < c->nshards; s++)
         for (int i = 0; i < k3c_st_count(c->shards[s]); i++) {
             c->t[c->n] = k3c_st_at(c->shards[s], i);
@@ -399,7 +429,8 @@ static int shard_name_ok(const char *s) {
 }
 
 /* Opens each distinct shard of weight_map once (first-appearance order); shard_of[i] = shard of map entry i. */
-static int open_shards(k3c_checkpoint *c, const char *dir, const char *ipath, const k3c_json *wm, int *shard_of, k3c_err *err) {
+static int open_shards(k3c_checkpoint *c, const char *dir, const char *ipath, const k3c_json *wm, int *shard_of,
+                       k3c_err *err) {
     name_index by_file;
     c->shards = calloc(wm->n + 1, sizeof *c->shards);
     if (!c->shards || nidx_init(&by_file, (int)wm->n, wm_shard_at, wm)) {
@@ -409,11 +440,15 @@ static int open_shards(k3c_checkpoint *c, const char *dir, const char *ipath, co
     for (size_t i = 0; i < wm->n && rc == K3C_OK; i++) {
         const k3c_json *v = &wm->items[i];
         if (v->type != K3C_JSON_STRING || !shard_name_ok(v->string)) {
-            rc = k3c_errf(err, K3C_EFORMAT, "%s: weight_map['%s'] must name a shard file inside the directory", ipath, wm->keys[i]);
+            rc = k3c_errf(err, K3C_EFORMAT, "%s: weight_map['%s'] must name a shard file inside the directory", ipath,
+                          wm->keys[i]);
             break;
         }
         int j = nidx_put(&by_file, (int)i);
-        if (j >= 0) { shard_of[i] = shard_of[j]; continue; }
+        if (j >= 0) {
+            shard_of[i] = shard_of[j];
+            continue;
+        }
         char path[4096];
         if (snprintf(path, sizeof path, "%s/%s", dir, v->string) >= (int)sizeof path) {
             rc = k3c_errf(err, K3C_EINVAL, "%s: shard path too long", ipath);
@@ -421,31 +456,37 @@ static int open_shards(k3c_checkpoint *c, const char *dir, const char *ipath, co
         }
         shard_of[i] = c->nshards;
         rc = k3c_st_open(path, &c->shards[c->nshards], err);
-        if (rc != K3C_OK) k3c_err_wrap(err, "%s: shard '%s' (first listed for '%s')", ipath, v->string, wm->keys[i]);
-        else c->nshards++;
+        if (rc != K3C_OK)
+            k3c_err_wrap(err, "%s: shard '%s' (first listed for '%s')", ipath, v->string, wm->keys[i]);
+        else
+            c->nshards++;
     }
     nidx_free(&by_file);
     return rc;
 }
 
 /* Every mapped tensor must be in its shard, and every shard tensor must be mapped (to that shard). */
-static int check_weight_map(k3c_checkpoint *c, const char *ipath, const k3c_json *wm, const int *shard_of, k3c_err *err) {
+static int check_weight_map(k3c_checkpoint *c, const char *ipath, const k3c_json *wm, const int *shard_of,
+                            k3c_err *err) {
     unsigned char **seen = calloc((size_t)c->nshards + 1, sizeof *seen);
     int rc = seen ? K3C_OK : k3c_errf(err, K3C_ENOMEM, "%s: out of memory", ipath);
     for (int s = 0; s < c->nshards && rc == K3C_OK; s++)
-        if (!(seen[s] = calloc((size_t)k3c_st_count(c->shards[s]) + 1, 1))) rc = k3c_errf(err, K3C_ENOMEM, "%s: out of memory", ipath);
+        if (!(seen[s] = calloc((size_t)k3c_st_count(c->shards[s]) + 1, 1)))
+            rc = k3c_errf(err, K3C_ENOMEM, "%s: out of memory", ipath);
     for (size_t i = 0; i < wm->n && rc == K3C_OK; i++) {
         const k3c_safetensors *sh = c->shards[shard_of[i]];
         const k3c_st_tensor *t = k3c_st_find(sh, wm->keys[i]);
-        if (!t) rc = k3c_errf(err, K3C_EFORMAT, "%s: weight_map maps tensor '%s' to %s, which has no such tensor", ipath,
-                              wm->keys[i], sh->path);
-        else seen[shard_of[i]][t - sh->t] = 1;
+        if (!t)
+            rc = k3c_errf(err, K3C_EFORMAT, "%s: weight_map maps tensor '%s' to %s, which has no such tensor", ipath,
+                          wm->keys[i], sh->path);
+        else
+            seen[shard_of[i]][t - sh->t] = 1;
     }
     for (int s = 0; s < c->nshards && rc == K3C_OK; s++)
         for (int i = 0; i < c->shards[s]->n && rc == K3C_OK; i++)
             if (!seen[s][i])
-                rc = k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s' of %s is not listed in weight_map for that shard", ipath,
-                              c->shards[s]->t[i].name, c->shards[s]->path);
+                rc = k3c_errf(err, K3C_EFORMAT, "%s: tensor '%s' of %s is not listed in weight_map for that shard",
+                              ipath, c->shards[s]->t[i].name, c->shards[s]->path);
     for (int s = 0; seen && s < c->nshards; s++) free(seen[s]);
     free(seen);
     return rc;
@@ -457,10 +498,14 @@ static int open_index(k3c_checkpoint *c, const char *dir, const char *ipath, k3c
     if (rc != K3C_OK) return rc;
     const k3c_json *wm = k3c_json_get(root, "weight_map");
     int *shard_of = NULL;
-    if (root->type != K3C_JSON_OBJECT) rc = k3c_errf(err, K3C_EFORMAT, "%s: not a JSON object", ipath);
-    else if (!wm || wm->type != K3C_JSON_OBJECT) rc = k3c_errf(err, K3C_EFORMAT, "%s: missing weight_map object", ipath);
-    else if (wm->n > (size_t)INT32_MAX / 2) rc = k3c_errf(err, K3C_EFORMAT, "%s: weight_map too large", ipath);
-    else if (!(shard_of = calloc(wm->n + 1, sizeof *shard_of))) rc = k3c_errf(err, K3C_ENOMEM, "%s: out of memory", ipath);
+    if (root->type != K3C_JSON_OBJECT)
+        rc = k3c_errf(err, K3C_EFORMAT, "%s: not a JSON object", ipath);
+    else if (!wm || wm->type != K3C_JSON_OBJECT)
+        rc = k3c_errf(err, K3C_EFORMAT, "%s: missing weight_map object", ipath);
+    else if (wm->n > (size_t)INT32_MAX / 2)
+        rc = k3c_errf(err, K3C_EFORMAT, "%s: weight_map too large", ipath);
+    else if (!(shard_of = calloc(wm->n + 1, sizeof *shard_of)))
+        rc = k3c_errf(err, K3C_ENOMEM, "%s: out of memory", ipath);
     if (rc == K3C_OK) rc = open_shards(c, dir, ipath, wm, shard_of, err);
     if (rc == K3C_OK) rc = check_weight_map(c, ipath, wm, shard_of, err);
     free(shard_of);
@@ -506,7 +551,10 @@ int k3c_ckpt_open(const char *dir, k3c_checkpoint **out, k3c_err *err) {
     if (!c) return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", dir);
     int rc = ckpt_open_any(c, dir, err);
     if (rc == K3C_OK) rc = ckpt_index(c, dir, err);
-    if (rc != K3C_OK) { k3c_ckpt_close(c); return rc; }
+    if (rc != K3C_OK) {
+        k3c_ckpt_close(c);
+        return rc;
+    }
     *out = c;
     return K3C_OK;
 }
@@ -522,9 +570,7 @@ void k3c_ckpt_close(k3c_checkpoint *c) {
 
 int k3c_ckpt_count(const k3c_checkpoint *c) { return c ? c->n : 0; }
 
-const k3c_st_tensor *k3c_ckpt_at(const k3c_checkpoint *c, int i) {
-    return c && i >= 0 && i < c->n ? c->t[i] : NULL;
-}
+const k3c_st_tensor *k3c_ckpt_at(const k3c_checkpoint *c, int i) { return c && i >= 0 && i < c->n ? c->t[i] : NULL; }
 
 const k3c_st_tensor *k3c_ckpt_find(const k3c_checkpoint *c, const char *name) {
     if (!c || !name) return NULL;
@@ -547,7 +593,10 @@ static int check_entries(const char *path, const k3c_st_entry *e, int n, uint64_
             rc = k3c_errf(err, K3C_EINVAL, "%s: entry %d: tensor name missing, not UTF-8 or reserved", path, i);
             break;
         }
-        if (nidx_put(&ix, i) >= 0) { rc = k3c_errf(err, K3C_EINVAL, "%s: tensor '%s': duplicate name", path, nm); break; }
+        if (nidx_put(&ix, i) >= 0) {
+            rc = k3c_errf(err, K3C_EINVAL, "%s: tensor '%s': duplicate name", path, nm);
+            break;
+        }
         if ((unsigned)e[i].dtype >= K3C_DTYPE_COUNT || e[i].ndim < 0 || e[i].ndim > K3C_MAX_DIMS) {
             rc = k3c_errf(err, K3C_EINVAL, "%s: tensor '%s': bad dtype or ndim", path, nm);
             break;
@@ -557,7 +606,8 @@ static int check_entries(const char *path, const k3c_st_entry *e, int n, uint64_
                 rc = k3c_errf(err, K3C_EINVAL, "%s: tensor '%s': negative or overflowing shape", path, nm);
         if (rc == K3C_OK && __builtin_mul_overflow(numel, (uint64_t)k3c_dtype_size(e[i].dtype), &nbytes[i]))
             rc = k3c_errf(err, K3C_EINVAL, "%s: tensor '%s': size overflows", path, nm);
-        if (rc == K3C_OK && nbytes[i] > 0 && !e[i].data) rc = k3c_errf(err, K3C_EINVAL, "%s: tensor '%s': NULL data", path, nm);
+        if (rc == K3C_OK && nbytes[i] > 0 && !e[i].data)
+            rc = k3c_errf(err, K3C_EINVAL, "%s: tensor '%s': NULL data", path, nm);
     }
     nidx_free(&ix);
     return rc;
@@ -580,7 +630,8 @@ static int check_meta(const char *path, const char *const *meta, k3c_err *err) {
         if (!k3c_utf8_valid(meta[i], strlen(meta[i])) || !k3c_utf8_valid(meta[i + 1], strlen(meta[i + 1])))
             return k3c_errf(err, K3C_EINVAL, "%s: metadata '%s' is not valid UTF-8", path, meta[i]);
         for (int j = 0; j < i; j += 2)
-            if (strcmp(meta[i], meta[j]) == 0) return k3c_errf(err, K3C_EINVAL, "%s: duplicate metadata key '%s'", path, meta[i]);
+            if (strcmp(meta[i], meta[j]) == 0)
+                return k3c_errf(err, K3C_EINVAL, "%s: duplicate metadata key '%s'", path, meta[i]);
     }
     return K3C_OK;
 }
@@ -596,13 +647,15 @@ static int build_header(k3c_sbuf *s, const char *path, const k3c_st_entry *e, in
         k3c_sbuf_json_string(s, e[i].name, strlen(e[i].name));
         k3c_sbuf_printf(s, ":{\"dtype\":\"%s\",\"shape\":[", k3c_dtype_name(e[i].dtype));
         for (int d = 0; d < e[i].ndim; d++) k3c_sbuf_printf(s, "%s%lld", d ? "," : "", (long long)e[i].shape[d]);
-        k3c_sbuf_printf(s, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off, (unsigned long long)(off + nbytes[i]));
+        k3c_sbuf_printf(s, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
+                        (unsigned long long)(off + nbytes[i]));
         off += nbytes[i];
     }
     k3c_sbuf_append(s, "}", 1);
     while (s->ok && s->len % 8) k3c_sbuf_append(s, " ", 1);
     if (!s->ok) return k3c_errf(err, K3C_ENOMEM, "%s: out of memory building the header", path);
-    if (s->len > ST_MAX_HEADER) return k3c_errf(err, K3C_EINVAL, "%s: header of %zu bytes exceeds the 100 MB limit", path, s->len);
+    if (s->len > ST_MAX_HEADER)
+        return k3c_errf(err, K3C_EINVAL, "%s: header of %zu bytes exceeds the 100 MB limit", path, s->len);
     return K3C_OK;
 }
 
@@ -619,7 +672,8 @@ static int write_all(int fd, const void *data, uint64_t n) {
 }
 
 /* Streams header and tensor data to "<path>.tmp.<pid>", fsyncs, renames over path and fsyncs the directory. */
-static int write_stream(const char *path, const k3c_sbuf *hdr, const k3c_st_entry *e, int n, const uint64_t *nbytes, k3c_err *err) {
+static int write_stream(const char *path, const k3c_sbuf *hdr, const k3c_st_entry *e, int n, const uint64_t *nbytes,
+                        k3c_err *err) {
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
         return k3c_errf(err, K3C_EINVAL, "%s: path too long", path);
@@ -631,8 +685,14 @@ static int write_stream(const char *path, const k3c_sbuf *hdr, const k3c_st_entr
     for (int i = 0; i < n && !bad; i++) bad = write_all(fd, e[i].data, nbytes[i]);
     if (!bad) bad = fsync(fd) != 0;
     int e1 = errno;
-    if (close(fd) != 0 && !bad) { bad = 1; e1 = errno; }
-    if (bad) { unlink(tmp); return k3c_errf(err, K3C_EIO, "%s: write failed: %s", tmp, strerror(e1)); }
+    if (close(fd) != 0 && !bad) {
+        bad = 1;
+        e1 = errno;
+    }
+    if (bad) {
+        unlink(tmp);
+        return k3c_errf(err, K3C_EIO, "%s: write failed: %s", tmp, strerror(e1));
+    }
     if (rename(tmp, path) != 0) {
         e1 = errno;
         unlink(tmp);
@@ -641,7 +701,10 @@ static int write_stream(const char *path, const k3c_sbuf *hdr, const k3c_st_entr
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);
     int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) { fsync(dfd); close(dfd); }
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
     return K3C_OK;
 }
 

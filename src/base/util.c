@@ -60,7 +60,10 @@ void k3c_progress_init(k3c_progress *p, const char *label, int64_t total, const 
 }
 
 static void fmt_hms(double s, char *buf, size_t n) {
-    if (!(s >= 0) || s > 1e7) { snprintf(buf, n, "--:--:--"); return; }
+    if (!(s >= 0) || s > 1e7) {
+        snprintf(buf, n, "--:--:--");
+        return;
+    }
     long t = (long)(s + 0.5);
     snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
 }
@@ -131,7 +134,10 @@ int k3c_write_file_atomic(const char *path, const void *data, size_t n, k3c_err 
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);
     int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) { fsync(dfd); close(dfd); }
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
     return K3C_OK;
 }
 
@@ -146,10 +152,16 @@ int k3c_read_file(const char *path, char **data, size_t *n, k3c_err *err) {
     }
     size_t size = (size_t)st.st_size;
     char *buf = malloc(size + 1);
-    if (!buf) { fclose(f); return k3c_errf(err, K3C_ENOMEM, "%s: cannot allocate %zu bytes", path, size); }
+    if (!buf) {
+        fclose(f);
+        return k3c_errf(err, K3C_ENOMEM, "%s: cannot allocate %zu bytes", path, size);
+    }
     size_t got = fread(buf, 1, size, f);
     fclose(f);
-    if (got != size) { free(buf); return k3c_errf(err, K3C_EIO, "%s: short read", path); }
+    if (got != size) {
+        free(buf);
+        return k3c_errf(err, K3C_EIO, "%s: short read", path);
+    }
     buf[size] = 0;
     *data = buf;
     if (n) *n = size;

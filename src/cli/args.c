@@ -29,20 +29,32 @@ int cli_flag(int argc, char **argv, const char *name) {
 
 int cli_opt_int(int argc, char **argv, const char *name, long long def, long long *out) {
     const char *v = cli_opt(argc, argv, name);
-    if (!v) { *out = def; return 1; }
+    if (!v) {
+        *out = def;
+        return 1;
+    }
     char *end;
     long long x = strtoll(v, &end, 10);
-    if (*v == 0 || *end != 0) { fprintf(stderr, "k3c: %s expects an integer, got '%s'\n", name, v); return 0; }
+    if (*v == 0 || *end != 0) {
+        fprintf(stderr, "k3c: %s expects an integer, got '%s'\n", name, v);
+        return 0;
+    }
     *out = x;
     return 1;
 }
 
 int cli_opt_double(int argc, char **argv, const char *name, double def, double *out) {
     const char *v = cli_opt(argc, argv, name);
-    if (!v) { *out = def; return 1; }
+    if (!v) {
+        *out = def;
+        return 1;
+    }
     char *end;
     double x = strtod(v, &end);
-    if (*v == 0 || *end != 0) { fprintf(stderr, "k3c: %s expects a number, got '%s'\n", name, v); return 0; }
+    if (*v == 0 || *end != 0) {
+        fprintf(stderr, "k3c: %s expects a number, got '%s'\n", name, v);
+        return 0;
+    }
     *out = x;
     return 1;
 }
@@ -53,7 +65,10 @@ const char *cli_positional(int argc, char **argv, int want, const char *const *v
         if (argv[i][0] == '-' && argv[i][1] != 0) {
             if (!strchr(argv[i], '=') && value_opts)
                 for (const char *const *o = value_opts; *o; o++)
-                    if (strcmp(argv[i], *o) == 0) { i++; break; }
+                    if (strcmp(argv[i], *o) == 0) {
+                        i++;
+                        break;
+                    }
             continue;
         }
         if (k++ == want) return argv[i];

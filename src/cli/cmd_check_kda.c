@@ -64,8 +64,10 @@ static int load(const char *path, kfile *f, k3c_err *err) {
             *dst = calloc(n ? n : 1, sizeof **dst);
             rc = k3c_st_read_f64(t, *dst, n, err);
             if (rc) k3c_err_wrap(err, "%s: tensor '%s'", path, name);
-            if (pass) f->n_out[i] = n;
-            else f->n_in[i] = n;
+            if (pass)
+                f->n_out[i] = n;
+            else
+                f->n_in[i] = n;
         }
     k3c_st_close(st);
     return rc;
@@ -113,12 +115,18 @@ static void kfile_free(kfile *f) {
 }
 
 int cmd_check_kda(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
+    if (cli_wants_help(argc, argv)) {
+        usage(stdout);
+        return 0;
+    }
     static const char *const value_opts[] = {"--chunk", "--tol", NULL};
     const char *path = cli_positional(argc, argv, 0, value_opts);
     long long only;
     double tol;
-    if (!path) { usage(stderr); return 2; }
+    if (!path) {
+        usage(stderr);
+        return 2;
+    }
     if (!cli_opt_int(argc, argv, "--chunk", -1, &only) || !cli_opt_double(argc, argv, "--tol", 1e-5, &tol)) return 2;
     if (only != -1 && only != 0 && only != 16 && only != 64)
         return cli_usage_error("check-kda", "--chunk must be 0, 16 or 64 (got %lld)", only);
@@ -131,7 +139,11 @@ int cmd_check_kda(int argc, char **argv) {
     }
     double gmin = 0;
     for (size_t i = 0; i < f.n_in[3]; i++) gmin = f.in[3][i] < gmin ? f.in[3][i] : gmin;
-    struct { const char *name; int chunk; double bound; } runs[MAXRUN] = {
+    struct {
+        const char *name;
+        int chunk;
+        double bound;
+    } runs[MAXRUN] = {
         {"recurrent", 0, 0}, {"c16 pair", 16, 0}, {"c64 pair", 64, 0}, {"c16 fact", 16, -5}, {"c64 fact", 64, -5}};
     double errs[MAXRUN][NOUT];
     int use[MAXRUN], fail = 0;
@@ -152,8 +164,10 @@ int cmd_check_kda(int argc, char **argv) {
         printf("%-7s", out_names[i]);
         for (int r = 0; r < MAXRUN; r++) {
             if (!use[r]) continue;
-            if (errs[r][i] < 0) printf(" %11s", "(no ref)");
-            else printf(" %11.3e%s", errs[r][i], errs[r][i] > tol ? "!" : "");
+            if (errs[r][i] < 0)
+                printf(" %11s", "(no ref)");
+            else
+                printf(" %11.3e%s", errs[r][i], errs[r][i] > tol ? "!" : "");
             if (errs[r][i] > tol || errs[r][i] != errs[r][i]) fail = 1;
         }
         printf("\n");

@@ -9,23 +9,24 @@
 #include <unistd.h>
 
 static void usage(FILE *out) {
-    fprintf(out,
-            "usage: k3c data prepare --vocab FILE [--pattern kimi|cl100k] --input PATH... --out DIR [--source NAME]\n"
-            "                        [--format auto|text|jsonl] [--doc-split blank|file|line] [--jsonl-field text]\n"
-            "                        [--eod SPELLING|none] [--val-fraction 0.01] [--shard-tokens N] [--seed S]\n"
-            "                        [--threads N] [--progress]\n"
-            "       k3c data info DIR...\n"
-            "       k3c data peek DIR [--split train|val] [--docs 3] [--vocab FILE [--pattern P]]\n\n"
-            "prepare  reads files (a directory means every file below it, in name order; .gz is decompressed), cuts\n"
-            "         them into documents (text: --doc-split blank = paragraphs between blank lines (default), file =\n"
-            "         the whole file, line = every non-blank line; JSONL: one document per record, its --jsonl-field\n"
-            "         string; --format auto picks JSONL for *.jsonl / *.ndjson), encodes each document and appends the\n"
-            "         end-of-document special (--eod, default <|endoftext|> from VOCAB.specials.json), sends each\n"
-            "         document to val with probability --val-fraction (deterministic in --seed), and writes\n"
-            "         DIR/train-NNNNN.k3cshard, DIR/val-NNNNN.k3cshard (at most --shard-tokens tokens each, default\n"
-            "         16M; documents are never split) and DIR/manifest.json.\n"
-            "info     validates every shard of each DIR (checksums, offsets, token range) and prints the counts.\n"
-            "peek     decodes the first documents of a split (with --vocab, else with the manifest's vocabulary).\n");
+    fprintf(
+        out,
+        "usage: k3c data prepare --vocab FILE [--pattern kimi|cl100k] --input PATH... --out DIR [--source NAME]\n"
+        "                        [--format auto|text|jsonl] [--doc-split blank|file|line] [--jsonl-field text]\n"
+        "                        [--eod SPELLING|none] [--val-fraction 0.01] [--shard-tokens N] [--seed S]\n"
+        "                        [--threads N] [--progress]\n"
+        "       k3c data info DIR...\n"
+        "       k3c data peek DIR [--split train|val] [--docs 3] [--vocab FILE [--pattern P]]\n\n"
+        "prepare  reads files (a directory means every file below it, in name order; .gz is decompressed), cuts\n"
+        "         them into documents (text: --doc-split blank = paragraphs between blank lines (default), file =\n"
+        "         the whole file, line = every non-blank line; JSONL: one document per record, its --jsonl-field\n"
+        "         string; --format auto picks JSONL for *.jsonl / *.ndjson), encodes each document and appends the\n"
+        "         end-of-document special (--eod, default <|endoftext|> from VOCAB.specials.json), sends each\n"
+        "         document to val with probability --val-fraction (deterministic in --seed), and writes\n"
+        "         DIR/train-NNNNN.k3cshard, DIR/val-NNNNN.k3cshard (at most --shard-tokens tokens each, default\n"
+        "         16M; documents are never split) and DIR/manifest.json.\n"
+        "info     validates every shard of each DIR (checksums, offsets, token range) and prints the counts.\n"
+        "peek     decodes the first documents of a split (with --vocab, else with the manifest's vocabulary).\n");
 }
 
 /* The values after every --input (each --input takes the arguments up to the next option). */
@@ -61,7 +62,8 @@ static int parse_prepare(int argc, char **argv, k3c_prepare_opts *o) {
     o->jsonl_field = cli_opt(argc, argv, "--jsonl-field");
     o->eod = cli_opt(argc, argv, "--eod");
     if (o->eod && strcmp(o->eod, "none") == 0) o->eod = "";
-    if (!o->vocab_path || !o->out_dir || o->n_inputs == 0) return cli_usage_error(cmd, "needs --vocab, --input and --out");
+    if (!o->vocab_path || !o->out_dir || o->n_inputs == 0)
+        return cli_usage_error(cmd, "needs --vocab, --input and --out");
     if ((v = cli_opt(argc, argv, "--pattern")) && k3c_tok_pattern_parse(v, &o->pattern) != K3C_OK)
         return cli_usage_error(cmd, "unknown --pattern '%s' (kimi, cl100k)", v);
     if ((v = cli_opt(argc, argv, "--format")) && k3c_data_format_parse(v, &o->format, &err) != K3C_OK)
@@ -69,10 +71,11 @@ static int parse_prepare(int argc, char **argv, k3c_prepare_opts *o) {
     if ((v = cli_opt(argc, argv, "--doc-split")) && k3c_doc_split_parse(v, &o->doc_split, &err) != K3C_OK)
         return cli_usage_error(cmd, "%s", err.msg);
     if (!cli_opt_double(argc, argv, "--val-fraction", 0.01, &o->val_fraction) ||
-        !cli_opt_int(argc, argv, "--shard-tokens", 16ll << 20, &shard) || !cli_opt_int(argc, argv, "--seed", 0, &seed) ||
-        !cli_opt_int(argc, argv, "--threads", 0, &threads))
+        !cli_opt_int(argc, argv, "--shard-tokens", 16ll << 20, &shard) ||
+        !cli_opt_int(argc, argv, "--seed", 0, &seed) || !cli_opt_int(argc, argv, "--threads", 0, &threads))
         return 2;
-    if (!(o->val_fraction >= 0 && o->val_fraction <= 1)) return cli_usage_error(cmd, "--val-fraction must be in [0, 1]");
+    if (!(o->val_fraction >= 0 && o->val_fraction <= 1))
+        return cli_usage_error(cmd, "--val-fraction must be in [0, 1]");
     if (shard <= 0) return cli_usage_error(cmd, "--shard-tokens must be positive");
     o->shard_tokens = shard;
     o->seed = (uint64_t)seed;
@@ -86,7 +89,10 @@ static int prepare(int argc, char **argv) {
     o.n_inputs = collect_inputs(argc, argv, &files);
     o.inputs = files;
     int ec = parse_prepare(argc, argv, &o);
-    if (ec) { free(files); return ec; }
+    if (ec) {
+        free(files);
+        return ec;
+    }
     progress_ctx pc = {0};
     k3c_progress_init(&pc.bar, "prepare", 1, "tok", stderr, cli_flag(argc, argv, "--progress"));
     o.progress = on_progress, o.progress_ctx = &pc;
@@ -96,7 +102,8 @@ static int prepare(int argc, char **argv) {
     k3c_progress_finish(&pc.bar, NULL);
     free(files);
     if (rc) return cli_fail("data prepare", &err);
-    printf("%d files, %.2f MB of text -> %lld documents, %lld tokens (%.2f bytes/token) in %.1f s (%.2f MB/s, %d threads)\n",
+    printf("%d files, %.2f MB of text -> %lld documents, %lld tokens (%.2f bytes/token) in %.1f s (%.2f MB/s, %d "
+           "threads)\n",
            r.n_files, (double)r.bytes / 1e6, (long long)(r.docs[0] + r.docs[1]), (long long)(r.tokens[0] + r.tokens[1]),
            (double)r.bytes / (double)(r.tokens[0] + r.tokens[1]), r.seconds,
            (double)r.bytes / 1e6 / (r.seconds > 0 ? r.seconds : 1e-9), k3c_num_threads());
@@ -168,7 +175,8 @@ static int peek(int argc, char **argv) {
     k3c_tok *t = NULL;
     k3c_tok_pattern p = K3C_TOK_PATTERN_KIMI;
     int rc = k3c_shard_set_open(dir, split ? split : "train", &s, &err);
-    if (!rc && pat && k3c_tok_pattern_parse(pat, &p) != K3C_OK) rc = k3c_errf(&err, K3C_EINVAL, "unknown --pattern '%s'", pat);
+    if (!rc && pat && k3c_tok_pattern_parse(pat, &p) != K3C_OK)
+        rc = k3c_errf(&err, K3C_EINVAL, "unknown --pattern '%s'", pat);
     if (!rc) rc = k3c_tok_load(vocab ? vocab : s->vocab, p, 0, &t, &err);
     char side[1100];
     snprintf(side, sizeof side, "%s.specials.json", vocab ? vocab : s ? s->vocab : "");

@@ -21,7 +21,8 @@ static const char *HELP =
     "  - the tensor count and a dtype histogram (tensors and bytes per dtype);\n"
     "  - the logical parameter count: an MXFP4 *.weight_packed U8 [rows, cols] counts rows x cols x 2 and its\n"
     "    *.weight_scale is not a parameter; router correction biases (*e_score_correction_bias) are reported apart;\n"
-    "  - warnings where tensor names or shapes differ from what the config implies (missing, unexpected, wrong shape).\n"
+    "  - warnings where tensor names or shapes differ from what the config implies (missing, unexpected, wrong "
+    "shape).\n"
     "\n"
     "options:\n"
     "  --json      one JSON object instead of text (config in the released spelling, counts, warnings)\n"
@@ -98,18 +99,25 @@ typedef struct {
     int oom;
 } want_set;
 
-static void want_add(want_set *s, const char *name, int layer, int ndim, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
+static void want_add(want_set *s, const char *name, int layer, int ndim, int64_t d0, int64_t d1, int64_t d2,
+                     int64_t d3) {
     if (s->oom) return;
     if (s->n == s->cap) {
         size_t cap = s->cap ? 2 * s->cap : 1024;
         want *w = realloc(s->w, cap * sizeof *w);
-        if (!w) { s->oom = 1; return; }
+        if (!w) {
+            s->oom = 1;
+            return;
+        }
         s->w = w;
         s->cap = cap;
     }
     want *w = &s->w[s->n];
     w->name = strdup(name);
-    if (!w->name) { s->oom = 1; return; }
+    if (!w->name) {
+        s->oom = 1;
+        return;
+    }
     int64_t d[4] = {d0, d1, d2, d3};
     w->ndim = ndim;
     w->layer = layer;
@@ -168,7 +176,8 @@ static const char *canonical_name(const char *name, char *buf, size_t n) {
 
 static void shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
     size_t p = (size_t)snprintf(buf, n, "[");
-    for (int i = 0; i < ndim && p < n; i++) p += (size_t)snprintf(buf + p, n - p, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    for (int i = 0; i < ndim && p < n; i++)
+        p += (size_t)snprintf(buf + p, n - p, "%s%lld", i ? ", " : "", (long long)shape[i]);
     if (p < n) snprintf(buf + p, n - p, "]");
 }
 
@@ -193,23 +202,31 @@ static int cross_check(const k3c_config *cfg, const k3c_checkpoint *ck, report *
     static const char *const mixer_name[2] = {"KDA", "MLA"};
     for (int l = 0; l < cfg->num_layers; l++) {
         int m = ckpt_mixer(cfg, ck, l);
-        if (m < 0) warnf(r, "layer %d: the config says %s but the checkpoint has no clear KDA or MLA tensors", l,
-                         mixer_name[cfg->mixer[l]]);
+        if (m < 0)
+            warnf(r, "layer %d: the config says %s but the checkpoint has no clear KDA or MLA tensors", l,
+                  mixer_name[cfg->mixer[l]]);
         else if (m != cfg->mixer[l])
             warnf(r, "layer %d: the config says %s but the checkpoint holds %s tensors", l, mixer_name[cfg->mixer[l]],
                   mixer_name[m]);
     }
     want_set s = {0};
     int rc = build_wants(cfg, &s, err);
-    if (rc) { free_wants(&s); return rc; }
+    if (rc) {
+        free_wants(&s);
+        return rc;
+    }
     char buf[K3C_PARAM_NAME + 64], a[160], b[160];
     for (int i = 0; i < r->ntensors; i++) {
         const k3c_st_tensor *t = k3c_ckpt_at(ck, i);
-        if (cfg->vision.present && (strncmp(t->name, "vision_tower.", 13) == 0 || strncmp(t->name, "mm_projector.", 13) == 0))
+        if (cfg->vision.present &&
+            (strncmp(t->name, "vision_tower.", 13) == 0 || strncmp(t->name, "mm_projector.", 13) == 0))
             continue; /* the vision tower's inventory belongs to vision/ */
         want key = {.name = (char *)canonical_name(t->name, buf, sizeof buf)};
         want *w = bsearch(&key, s.w, s.n, sizeof *s.w, cmp_want);
-        if (!w) { warnf(r, "unexpected tensor %s (not implied by the config)", t->name); continue; }
+        if (!w) {
+            warnf(r, "unexpected tensor %s (not implied by the config)", t->name);
+            continue;
+        }
         w->found = 1;
         int same = w->ndim == t->ndim;
         for (int d = 0; same && d < t->ndim; d++) same = w->shape[d] == t->shape[d];
@@ -221,8 +238,10 @@ static int cross_check(const k3c_config *cfg, const k3c_checkpoint *ck, report *
     }
     for (size_t i = 0; i < s.n; i++) {
         if (s.w[i].found) continue;
-        if (s.w[i].layer >= 0) warnf(r, "layer %d (%s): missing %s", s.w[i].layer, layer_kind(cfg, s.w[i].layer), s.w[i].name);
-        else warnf(r, "missing %s", s.w[i].name);
+        if (s.w[i].layer >= 0)
+            warnf(r, "layer %d (%s): missing %s", s.w[i].layer, layer_kind(cfg, s.w[i].layer), s.w[i].name);
+        else
+            warnf(r, "missing %s", s.w[i].name);
     }
     free_wants(&s);
     return 0;
@@ -259,14 +278,18 @@ static void print_config(const k3c_config *c) {
     if (nmla < L) {
         printf("KDA           %lld heads x %lld, conv %lld, gate ", (long long)c->kda_heads, (long long)c->kda_head_dim,
                (long long)c->conv_kernel);
-        if (c->kda_gate == K3C_GATE_LOWER_BOUND) printf("lower-bound (g_min %g)", c->gate_lower_bound);
-        else printf("softplus");
+        if (c->kda_gate == K3C_GATE_LOWER_BOUND)
+            printf("lower-bound (g_min %g)", c->gate_lower_bound);
+        else
+            printf("softplus");
         printf(", output gate %s\n", c->kda_full_rank_gate ? "full-rank (g_proj)" : "low-rank (g_a_proj/g_b_proj)");
     }
     if (nmla > 0) {
         printf("MLA           %lld heads, q_lora ", (long long)c->mla_heads);
-        if (c->q_lora_rank) printf("%lld", (long long)c->q_lora_rank);
-        else printf("none (q_proj)");
+        if (c->q_lora_rank)
+            printf("%lld", (long long)c->q_lora_rank);
+        else
+            printf("none (q_proj)");
         printf(", kv_lora %lld, qk %lld nope + %lld unrotated, v %lld, output gate %s\n", (long long)c->kv_lora_rank,
                (long long)c->qk_nope_dim, (long long)c->qk_rope_dim, (long long)c->v_head_dim,
                c->mla_output_gate ? "yes" : "no");
@@ -278,21 +301,30 @@ static void print_config(const k3c_config *c) {
                (long long)c->moe_intermediate_size, c->renormalize ? "yes" : "no", c->routed_scaling_factor,
                (long long)c->topk_group, (long long)c->num_expert_group, (long long)c->first_k_dense,
                (long long)c->moe_layer_freq);
-        if (c->latent_dim) printf("latent MoE    width %lld, norm %s\n", (long long)c->latent_dim, c->latent_norm ? "yes" : "no");
+        if (c->latent_dim)
+            printf("latent MoE    width %lld, norm %s\n", (long long)c->latent_dim, c->latent_norm ? "yes" : "no");
     } else {
         printf("MoE           none (dense model)\n");
     }
-    if (c->act == K3C_ACT_SITU) printf("activation    situ (beta %g, linear beta %g)\n", c->situ_beta, c->situ_linear_beta);
-    else printf("activation    silu\n");
-    if (c->attn_res_block) printf("AttnRes       block size %lld layers\n", (long long)c->attn_res_block);
-    else printf("AttnRes       none (plain residuals)\n");
-    if (c->experts_mxfp4) printf("quantization  routed experts MXFP4 (group %lld)\n", (long long)c->mxfp4_group);
-    else printf("quantization  none\n");
+    if (c->act == K3C_ACT_SITU)
+        printf("activation    situ (beta %g, linear beta %g)\n", c->situ_beta, c->situ_linear_beta);
+    else
+        printf("activation    silu\n");
+    if (c->attn_res_block)
+        printf("AttnRes       block size %lld layers\n", (long long)c->attn_res_block);
+    else
+        printf("AttnRes       none (plain residuals)\n");
+    if (c->experts_mxfp4)
+        printf("quantization  routed experts MXFP4 (group %lld)\n", (long long)c->mxfp4_group);
+    else
+        printf("quantization  none\n");
     if (c->vision.present)
         printf("vision        %lld layers x %lld wide, %lld heads, patch %lld, merge %lldx%lld\n",
                (long long)c->vision.layers, (long long)c->vision.hidden, (long long)c->vision.heads,
-               (long long)c->vision.patch_size, (long long)c->vision.merge_kernel[0], (long long)c->vision.merge_kernel[1]);
-    else printf("vision        none\n");
+               (long long)c->vision.patch_size, (long long)c->vision.merge_kernel[0],
+               (long long)c->vision.merge_kernel[1]);
+    else
+        printf("vision        none\n");
 }
 
 static void print_report(const report *r) {
@@ -313,7 +345,8 @@ static void print_report(const report *r) {
     }
     printf("warnings      %lld\n", (long long)r->nwarn);
     for (int i = 0; i < r->nwarn_kept && i < SHOW_WARNINGS; i++) printf("  warning: %s\n", r->warn[i]);
-    if (r->nwarn > SHOW_WARNINGS) printf("  ... and %lld more (--json lists up to %d)\n", (long long)(r->nwarn - SHOW_WARNINGS), KEEP_WARNINGS);
+    if (r->nwarn > SHOW_WARNINGS)
+        printf("  ... and %lld more (--json lists up to %d)\n", (long long)(r->nwarn - SHOW_WARNINGS), KEEP_WARNINGS);
 }
 
 static int print_json(const char *dir, const k3c_config *cfg, const report *r, k3c_err *err) {
@@ -324,19 +357,24 @@ static int print_json(const char *dir, const k3c_config *cfg, const report *r, k
     k3c_config_plan_string(cfg, 1, ffn, sizeof ffn);
     k3c_sbuf_printf(&s, "{\"path\": ");
     k3c_sbuf_json_string(&s, dir, strlen(dir));
-    k3c_sbuf_printf(&s, ",\n\"plan\": \"%s\", \"ffn_plan\": \"%s\", \"num_mla\": %d, \"num_moe\": %d,\n\"config\": ", plan, ffn,
-                    k3c_config_num_mla(cfg), k3c_config_num_moe(cfg));
+    k3c_sbuf_printf(&s,
+                    ",\n\"plan\": \"%s\", \"ffn_plan\": \"%s\", \"num_mla\": %d, \"num_moe\": %d,\n\"config\": ", plan,
+                    ffn, k3c_config_num_mla(cfg), k3c_config_num_moe(cfg));
     int rc = k3c_config_to_json(cfg, &s, err);
-    if (rc) { k3c_sbuf_free(&s); return rc; }
+    if (rc) {
+        k3c_sbuf_free(&s);
+        return rc;
+    }
     k3c_sbuf_printf(&s, ",\"tensors\": %d,\n\"dtypes\": {", r->ntensors);
     int first = 1;
     for (int t = 0; t < K3C_DTYPE_COUNT; t++) {
         if (!r->dt[t].count) continue;
-        k3c_sbuf_printf(&s, "%s\"%s\": {\"count\": %lld, \"bytes\": %lld}", first ? "" : ", ", k3c_dtype_name((k3c_dtype)t),
-                        (long long)r->dt[t].count, (long long)r->dt[t].bytes);
+        k3c_sbuf_printf(&s, "%s\"%s\": {\"count\": %lld, \"bytes\": %lld}", first ? "" : ", ",
+                        k3c_dtype_name((k3c_dtype)t), (long long)r->dt[t].count, (long long)r->dt[t].bytes);
         first = 0;
     }
-    k3c_sbuf_printf(&s, "},\n\"parameters\": {\"total\": %lld, \"trainable\": %lld, \"router_correction_biases\": %lld},\n",
+    k3c_sbuf_printf(&s,
+                    "},\n\"parameters\": {\"total\": %lld, \"trainable\": %lld, \"router_correction_biases\": %lld},\n",
                     (long long)r->params, (long long)(r->params - r->corr_bias), (long long)r->corr_bias);
     k3c_sbuf_printf(&s, "\"num_warnings\": %lld, \"warnings\": [", (long long)r->nwarn);
     for (int i = 0; i < r->nwarn_kept; i++) {
@@ -344,7 +382,10 @@ static int print_json(const char *dir, const k3c_config *cfg, const report *r, k
         k3c_sbuf_json_string(&s, r->warn[i], strlen(r->warn[i]));
     }
     k3c_sbuf_printf(&s, "]}\n");
-    if (!s.ok) { k3c_sbuf_free(&s); return k3c_errf(err, K3C_ENOMEM, "inspect: out of memory"); }
+    if (!s.ok) {
+        k3c_sbuf_free(&s);
+        return k3c_errf(err, K3C_ENOMEM, "inspect: out of memory");
+    }
     fwrite(s.buf, 1, s.len, stdout);
     k3c_sbuf_free(&s);
     return 0;
@@ -353,9 +394,13 @@ static int print_json(const char *dir, const k3c_config *cfg, const report *r, k
 /* ---------------------------------------------------------------- the command */
 
 int cmd_inspect(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) { fputs(HELP, stdout); return 0; }
+    if (cli_wants_help(argc, argv)) {
+        fputs(HELP, stdout);
+        return 0;
+    }
     for (int i = 1; i < argc; i++)
-        if (argv[i][0] == '-' && strcmp(argv[i], "--json") != 0) return cli_usage_error("inspect", "unknown option %s", argv[i]);
+        if (argv[i][0] == '-' && strcmp(argv[i], "--json") != 0)
+            return cli_usage_error("inspect", "unknown option %s", argv[i]);
     const char *dir = cli_positional(argc, argv, 0, NULL);
     if (!dir) return cli_usage_error("inspect", "missing <checkpoint dir>");
     if (cli_positional(argc, argv, 1, NULL)) return cli_usage_error("inspect", "one checkpoint dir at a time");
@@ -373,7 +418,8 @@ int cmd_inspect(int argc, char **argv) {
         rc = cross_check(cfg, ck, &r, &err);
     }
     if (!rc) {
-        if (json) rc = print_json(dir, cfg, &r, &err);
+        if (json)
+            rc = print_json(dir, cfg, &r, &err);
         else {
             printf("checkpoint    %s\n", dir);
             print_config(cfg);

@@ -33,16 +33,25 @@ static int read_ids(const char *path, const char *name, int32_t **ids, int64_t *
 
 static int32_t *doc_offsets(int64_t B, int64_t T) {
     int32_t *cu = malloc(sizeof(int32_t) * (size_t)(B + 1));
-    if (cu) for (int64_t b = 0; b <= B; b++) cu[b] = (int32_t)(b * T);
+    if (cu)
+        for (int64_t b = 0; b <= B; b++) cu[b] = (int32_t)(b * T);
     return cu;
 }
 
-
 static int kda_mode(int argc, char **argv, int *chunk) {
     const char *k = cli_opt(argc, argv, "--kda");
-    if (!k || strcmp(k, "64") == 0) { *chunk = 64; return 1; }
-    if (strcmp(k, "16") == 0) { *chunk = 16; return 1; }
-    if (strcmp(k, "recurrent") == 0) { *chunk = 0; return 1; }
+    if (!k || strcmp(k, "64") == 0) {
+        *chunk = 64;
+        return 1;
+    }
+    if (strcmp(k, "16") == 0) {
+        *chunk = 16;
+        return 1;
+    }
+    if (strcmp(k, "recurrent") == 0) {
+        *chunk = 0;
+        return 1;
+    }
     return 0;
 }
 
@@ -80,8 +89,9 @@ int cmd_logits(int argc, char **argv) {
     double loss;
     if (!rc) rc = k3c_model_forward_f32(&m, &b, &arena, &acts, &loss, &logits, &err);
     if (!rc) rc = k3c_write_file_atomic(out, logits, sizeof(float) * (size_t)(B * T * m.cfg.vocab_size), &err);
-    if (!rc) printf("wrote %s: [%lld, %lld, %lld] float32 logits (mean next-token loss %.6f)\n", out, (long long)B,
-                    (long long)T, (long long)m.cfg.vocab_size, loss);
+    if (!rc)
+        printf("wrote %s: [%lld, %lld, %lld] float32 logits (mean next-token loss %.6f)\n", out, (long long)B,
+               (long long)T, (long long)m.cfg.vocab_size, loss);
     k3c_model_arena_free_f32(&m, &arena);
     free(ids);
     free(cu);
@@ -93,7 +103,11 @@ int cmd_logits(int argc, char **argv) {
 static double rel_err_f(const float *x, const k3c_st_tensor *ref, double *work, size_t n) {
     if (k3c_st_read_f64(ref, work, n, NULL)) return INFINITY; /* wrong size or dtype: report as a failure */
     double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) { double d = x[i] - work[i]; num += d * d; den += work[i] * work[i]; }
+    for (size_t i = 0; i < n; i++) {
+        double d = x[i] - work[i];
+        num += d * d;
+        den += work[i] * work[i];
+    }
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
@@ -132,7 +146,8 @@ static int golden_check(const char *dir, const char *gpath, int chunk, const cha
         }
         if (gloss && work) {
             double e = k3c_st_read_f64(gloss, work, 1, NULL) ? INFINITY : fabs(loss - work[0]) / fabs(work[0]);
-            printf("%-64s rel %.3e %s (k3c %.8f, golden %.8f)\n", "loss", e, e <= tol_out ? "ok" : "FAIL", loss, work[0]);
+            printf("%-64s rel %.3e %s (k3c %.8f, golden %.8f)\n", "loss", e, e <= tol_out ? "ok" : "FAIL", loss,
+                   work[0]);
             fails += !(e <= tol_out);
         }
         free(work);
@@ -146,11 +161,12 @@ static int golden_check(const char *dir, const char *gpath, int chunk, const cha
             if (!zero && rows[i].rel_err > worst) worst = rows[i].rel_err;
             fails += !ok;
             if (verbose || !ok)
-                printf("%-64s %s %.3e %s\n", rows[i].name, zero ? "abs" : "rel", zero ? rows[i].abs_err : rows[i].rel_err,
-                       ok ? "ok" : "FAIL");
+                printf("%-64s %s %.3e %s\n", rows[i].name, zero ? "abs" : "rel",
+                       zero ? rows[i].abs_err : rows[i].rel_err, ok ? "ok" : "FAIL");
         }
-        if (!rc) printf("%d gradients compared, worst relative error %.3e (tolerance %.0e), %d failures\n", nr, worst,
-                        tol_grad, fails);
+        if (!rc)
+            printf("%d gradients compared, worst relative error %.3e (tolerance %.0e), %d failures\n", nr, worst,
+                   tol_grad, fails);
         free(rows);
     }
     k3c_model_arena_free_f32(&m, &arena);
@@ -167,14 +183,16 @@ int cmd_golden_check(int argc, char **argv) {
         printf("usage: k3c golden-check --model DIR --golden FILE [--kda 64|16|recurrent] [--tol-out 1e-4]\n"
                "                        [--tol-grad 1e-3] [--device cpu|cuda] [--verbose]\n"
                "Runs forward + backward (float32) on the golden file's input_ids and prints the relative error of\n"
-               "logits, loss and every grad.* tensor present (checkpoint or transformers names). Exit 1 above tolerance.\n");
+               "logits, loss and every grad.* tensor present (checkpoint or transformers names). Exit 1 above "
+               "tolerance.\n");
         return 0;
     }
     const char *dir = cli_opt(argc, argv, "--model"), *golden = cli_opt(argc, argv, "--golden");
     double tol_out, tol_grad;
     int chunk;
     if (!dir || !golden) return cli_usage_error("golden-check", "--model and --golden are required");
-    if (!cli_opt_double(argc, argv, "--tol-out", 1e-4, &tol_out) || !cli_opt_double(argc, argv, "--tol-grad", 1e-3, &tol_grad))
+    if (!cli_opt_double(argc, argv, "--tol-out", 1e-4, &tol_out) ||
+        !cli_opt_double(argc, argv, "--tol-grad", 1e-3, &tol_grad))
         return 2;
     if (!kda_mode(argc, argv, &chunk)) return cli_usage_error("golden-check", "--kda must be 64, 16 or recurrent");
     const char *device = cli_opt(argc, argv, "--device");
@@ -203,7 +221,8 @@ static int load_model_tokenizer(const char *dir, const char *pattern_opt, k3c_to
     }
     if (pattern_opt) snprintf(pattern, sizeof pattern, "%s", pattern_opt);
     k3c_tok_pattern pat;
-    if (k3c_tok_pattern_parse(pattern, &pat)) return k3c_errf(err, K3C_EINVAL, "unknown tokenizer pattern '%s'", pattern);
+    if (k3c_tok_pattern_parse(pattern, &pat))
+        return k3c_errf(err, K3C_EINVAL, "unknown tokenizer pattern '%s'", pattern);
     snprintf(p, sizeof p, "%s/tiktoken.model", dir);
     int rc = k3c_tok_load(p, pat, 0, tok, err);
     if (rc) return rc;
@@ -267,13 +286,18 @@ int cmd_generate(int argc, char **argv) {
     long long n, greedy, seed;
     double temp, top_p;
     int chunk;
-    if (!dir || (!ids_path == !prompt)) return cli_usage_error("generate", "--model and one of --ids / --prompt are required");
+    if (!dir || (!ids_path == !prompt))
+        return cli_usage_error("generate", "--model and one of --ids / --prompt are required");
     if (!cli_opt_int(argc, argv, "--max-new", 64, &n) || !cli_opt_int(argc, argv, "--greedy", -1, &greedy) ||
         !cli_opt_int(argc, argv, "--seed", 0, &seed) || !cli_opt_double(argc, argv, "--temperature", 0.8, &temp) ||
         !cli_opt_double(argc, argv, "--top-p", 0.95, &top_p))
         return 2;
-    if (greedy >= 0) { n = greedy; temp = 0; }
-    if (n < 0 || temp < 0 || !(top_p > 0 && top_p <= 1)) return cli_usage_error("generate", "need max-new ≥ 0, temperature ≥ 0, 0 < top-p ≤ 1");
+    if (greedy >= 0) {
+        n = greedy;
+        temp = 0;
+    }
+    if (n < 0 || temp < 0 || !(top_p > 0 && top_p <= 1))
+        return cli_usage_error("generate", "need max-new ≥ 0, temperature ≥ 0, 0 < top-p ≤ 1");
     if (!kda_mode(argc, argv, &chunk)) return cli_usage_error("generate", "--kda must be 64, 16 or recurrent");
     const char *device = cli_opt(argc, argv, "--device");
     if (cli_device_check("generate", device)) return 2;

@@ -9,11 +9,32 @@
 
 #define MAX_TOP 64
 
-static const char *const value_opts[] = {
-    "--gpus", "--seq", "--tp", "--cp", "--pp", "--ep", "--dp", "--zero", "--recompute", "--micro-batch",
-    "--global-batch-tokens", "--optimizer", "--grad-dtype", "--experts", "--gpu-mem-gb", "--nvlink-gbs", "--ib-gbps",
-    "--gpus-per-node", "--peak-tflops", "--compute-eff", "--hbm-gbs", "--step-time", "--context", "--batch", "--top",
-    NULL};
+static const char *const value_opts[] = {"--gpus",
+                                         "--seq",
+                                         "--tp",
+                                         "--cp",
+                                         "--pp",
+                                         "--ep",
+                                         "--dp",
+                                         "--zero",
+                                         "--recompute",
+                                         "--micro-batch",
+                                         "--global-batch-tokens",
+                                         "--optimizer",
+                                         "--grad-dtype",
+                                         "--experts",
+                                         "--gpu-mem-gb",
+                                         "--nvlink-gbs",
+                                         "--ib-gbps",
+                                         "--gpus-per-node",
+                                         "--peak-tflops",
+                                         "--compute-eff",
+                                         "--hbm-gbs",
+                                         "--step-time",
+                                         "--context",
+                                         "--batch",
+                                         "--top",
+                                         NULL};
 static const char *const flag_opts[] = {"--serve", "--json", "--help", "-h", NULL};
 
 static void help(void) {
@@ -58,7 +79,7 @@ typedef struct {
     int64_t gpus, top, context, batch;
     int serve, json, explicit_layout;
     double step_time;
-    k3c_plan_layout lay;   /* constraints: 0 / −1 = free */
+    k3c_plan_layout lay; /* constraints: 0 / −1 = free */
     k3c_plan_hw hw;
 } plan_opts;
 
@@ -82,7 +103,10 @@ static int opt_choice(int argc, char **argv, const char *name, const char *const
     *out = def;
     if (!v) return 1;
     for (int i = 0; i < n; i++)
-        if (strcmp(v, names[i]) == 0) { *out = i; return 1; }
+        if (strcmp(v, names[i]) == 0) {
+            *out = i;
+            return 1;
+        }
     fprintf(stderr, "k3c plan: %s: unknown value '%s'\n", name, v);
     return 0;
 }
@@ -93,7 +117,10 @@ static int parse(int argc, char **argv, plan_opts *o) {
         if (argv[i][0] != '-' || argv[i][1] == 0) continue;
         if (!known(argv[i])) return cli_usage_error("plan", "unknown option '%s'", argv[i]);
         for (const char *const *v = value_opts; *v; v++)
-            if (strcmp(argv[i], *v) == 0) { i++; break; }
+            if (strcmp(argv[i], *v) == 0) {
+                i++;
+                break;
+            }
     }
     o->path = cli_positional(argc, argv, 0, value_opts);
     if (!o->path) return cli_usage_error("plan", "missing CONFIG (a config.json or a checkpoint directory)");
@@ -163,8 +190,9 @@ static void print_params(const k3c_config *cfg, const k3c_plan_params *p) {
            (long long)cfg->vocab_size);
     printf("parameters %28s %22s\n", "total", "active per token");
     for (int c = 0; c < K3C_PC_COUNT; c++)
-        if (p->total[c]) printf("  %-12s %24s %22s\n", k3c_plan_comp_name(c), grp((double)p->total[c], a),
-                                grp((double)p->active[c], b));
+        if (p->total[c])
+            printf("  %-12s %24s %22s\n", k3c_plan_comp_name(c), grp((double)p->total[c], a),
+                   grp((double)p->active[c], b));
     printf("  %-12s %24s %22s\n", "total", grp((double)p->total_all, a), grp((double)p->active_all, b));
     printf("  text model %s + vision tower and projector %s\n", grp((double)p->text_total, a),
            grp((double)p->vision_total, b));
@@ -217,19 +245,19 @@ static void print_eval(const k3c_plan_eval *e, const plan_opts *o) {
     char s[128], a[48], b[48];
     layout_line(L, s, sizeof s);
     printf("layout: %s = %lld GPUs, ZeRO-%d, recompute %s, %s, micro-batch %lld x %s tokens, micro-batches "
-           "per step %lld (%s tokens)\n", s, (long long)k3c_plan_gpus(L), L->zero,
-           k3c_plan_recompute_name(L->recompute),
+           "per step %lld (%s tokens)\n",
+           s, (long long)k3c_plan_gpus(L), L->zero, k3c_plan_recompute_name(L->recompute),
            k3c_plan_optimizer_name(L->optimizer), (long long)L->micro_batch, grp((double)L->seq, a),
            (long long)e->micro_batches, grp((double)L->global_batch_tokens, b));
-    printf("memory per GPU (stage %lld of 0..%lld: %lld layers, micro-batches in flight %lld):\n",
-           (long long)M->stage, (long long)L->pp - 1, (long long)M->layers, (long long)M->in_flight);
+    printf("memory per GPU (stage %lld of 0..%lld: %lld layers, micro-batches in flight %lld):\n", (long long)M->stage,
+           (long long)L->pp - 1, (long long)M->layers, (long long)M->in_flight);
     printf("  weights %9.2f GB   gradients %9.2f GB   optimizer %9.2f GB\n", gb(M->weights), gb(M->grads),
            gb(M->optimizer));
     printf("  activations %5.2f GB   working %11.2f GB   total %13.2f GB of %.0f GB: %s\n", gb(M->activations),
            gb(M->working), gb(M->total), o->hw.gpu_mem_gb, e->fits ? "fits" : "DOES NOT FIT");
     printf("step time estimate %.4g s: compute %.4g s, communication %.4g s (%.1f%%), pipeline bubble %.4g s "
-           "(%.1f%% of the schedule)\n", e->step_s, e->compute_s, e->comm_s, 100 * e->comm_share, e->bubble_s,
-           100 * e->bubble_frac);
+           "(%.1f%% of the schedule)\n",
+           e->step_s, e->compute_s, e->comm_s, 100 * e->comm_share, e->bubble_s, 100 * e->bubble_frac);
     printf("  communication per GPU per step (slowest stage %lld):", (long long)e->slow_stage);
     for (int k = 0; k < K3C_COMM_COUNT; k++)
         if (e->comm_kind_bytes[k] > 0)
@@ -245,8 +273,8 @@ static void print_table(const k3c_plan_eval *best, int n) {
         const k3c_plan_layout *L = &e->layout;
         char a[48];
         printf(" %4d %3lld %3lld %3lld %3lld %3lld %4d %-9s %3lld %4lld %11.2f %9.4g %10s %4.1f%% %4.1f%% %5.1f%%\n",
-               i + 1, (long long)L->tp, (long long)L->cp, (long long)L->pp, (long long)L->ep, (long long)L->dp,
-               L->zero, k3c_plan_recompute_name(L->recompute), (long long)L->micro_batch, (long long)e->micro_batches,
+               i + 1, (long long)L->tp, (long long)L->cp, (long long)L->pp, (long long)L->ep, (long long)L->dp, L->zero,
+               k3c_plan_recompute_name(L->recompute), (long long)L->micro_batch, (long long)e->micro_batches,
                gb(e->mem.total), e->step_s, grp(e->tokens_per_s, a), 100 * e->mfu, 100 * e->comm_share,
                100 * e->bubble_frac);
     }
@@ -277,12 +305,12 @@ static void json_params(k3c_sbuf *j, const k3c_plan_params *p) {
         k3c_sbuf_printf(j, "{\"total\":%lld,\"active\":%lld}%s", (long long)p->total[c], (long long)p->active[c],
                         c + 1 < K3C_PC_COUNT ? "," : "");
     }
-    k3c_sbuf_printf(j, "},\"total\":%lld,\"text\":%lld,\"vision\":%lld,\"active\":%lld,\"trainable\":%lld,"
+    k3c_sbuf_printf(j,
+                    "},\"total\":%lld,\"text\":%lld,\"vision\":%lld,\"active\":%lld,\"trainable\":%lld,"
                     "\"frozen\":%lld,\"tensors\":%lld,\"bf16\":%lld,\"f32\":%lld,\"mxfp4\":%lld,",
-                    (long long)p->total_all,
-                    (long long)p->text_total, (long long)p->vision_total, (long long)p->active_all,
-                    (long long)p->trainable, (long long)p->frozen, (long long)p->tensors, (long long)p->bf16,
-                    (long long)p->f32, (long long)p->mxfp4);
+                    (long long)p->total_all, (long long)p->text_total, (long long)p->vision_total,
+                    (long long)p->active_all, (long long)p->trainable, (long long)p->frozen, (long long)p->tensors,
+                    (long long)p->bf16, (long long)p->f32, (long long)p->mxfp4);
     jnum(j, "checkpoint_bytes", p->ckpt_bytes, 1);
     k3c_sbuf_append(j, "},", 2);
 }
@@ -306,8 +334,10 @@ static void json_eval(k3c_sbuf *j, const k3c_plan_eval *e) {
                     (long long)k3c_plan_gpus(L), L->zero);
     jstr(j, "recompute", k3c_plan_recompute_name(L->recompute), 0);
     jstr(j, "optimizer", k3c_plan_optimizer_name(L->optimizer), 0);
-    k3c_sbuf_printf(j, "\"micro_batch\":%lld,\"seq\":%lld,\"global_batch_tokens\":%lld,\"micro_batches\":%lld,"
-                    "\"fits\":%s,", (long long)L->micro_batch, (long long)L->seq, (long long)L->global_batch_tokens,
+    k3c_sbuf_printf(j,
+                    "\"micro_batch\":%lld,\"seq\":%lld,\"global_batch_tokens\":%lld,\"micro_batches\":%lld,"
+                    "\"fits\":%s,",
+                    (long long)L->micro_batch, (long long)L->seq, (long long)L->global_batch_tokens,
                     (long long)e->micro_batches, e->fits ? "true" : "false");
     jkey(j, "memory_bytes");
     k3c_sbuf_printf(j, "{\"stage\":%lld,\"layers\":%lld,\"in_flight\":%lld,", (long long)e->mem.stage,
@@ -344,10 +374,11 @@ static void json_eval(k3c_sbuf *j, const k3c_plan_eval *e) {
 
 static void json_serve(k3c_sbuf *j, const k3c_plan_serve_eval *e) {
     const k3c_plan_serve_layout *L = &e->layout;
-    k3c_sbuf_printf(j, "{\"tp\":%lld,\"pp\":%lld,\"ep\":%lld,\"dp\":%lld,\"context\":%lld,\"batch\":%lld,"
-                    "\"experts\":\"%s\",\"fits\":%s,\"stage\":%d,", (long long)L->tp, (long long)L->pp,
-                    (long long)L->ep, (long long)L->dp, (long long)L->context, (long long)L->batch,
-                    L->experts_mxfp4 ? "mxfp4" : "bf16", e->fits ? "true" : "false", e->stage);
+    k3c_sbuf_printf(j,
+                    "{\"tp\":%lld,\"pp\":%lld,\"ep\":%lld,\"dp\":%lld,\"context\":%lld,\"batch\":%lld,"
+                    "\"experts\":\"%s\",\"fits\":%s,\"stage\":%d,",
+                    (long long)L->tp, (long long)L->pp, (long long)L->ep, (long long)L->dp, (long long)L->context,
+                    (long long)L->batch, L->experts_mxfp4 ? "mxfp4" : "bf16", e->fits ? "true" : "false", e->stage);
     jnum(j, "weights", e->weights, 0);
     jnum(j, "kv_cache", e->kv_cache, 0);
     jnum(j, "kda_state", e->kda_state, 0);
@@ -371,22 +402,28 @@ static void print_serve(const k3c_plan_serve_eval *e, const plan_opts *o) {
     printf("  MLA latent cache %s bytes per token; KDA states + conv tails %.4g MB per sequence\n",
            grp(e->kv_bytes_per_token, a), e->kda_bytes_per_seq / 1e6);
     printf("  memory per GPU (stage %d): weights %.2f GB, MLA cache %.2f GB, KDA state %.2f GB, prefill working "
-           "%.2f GB, total %.2f GB of %.0f GB: %s\n", e->stage, gb(e->weights), gb(e->kv_cache), gb(e->kda_state),
-           gb(e->working), gb(e->total), o->hw.gpu_mem_gb, e->fits ? "fits" : "DOES NOT FIT");
+           "%.2f GB, total %.2f GB of %.0f GB: %s\n",
+           e->stage, gb(e->weights), gb(e->kv_cache), gb(e->kda_state), gb(e->working), gb(e->total), o->hw.gpu_mem_gb,
+           e->fits ? "fits" : "DOES NOT FIT");
     printf("  decode: %.4g FLOPs per token, step %.4g s for the batch, %s tokens/s\n\n", e->decode_flops_per_token,
            e->step_s, grp(e->tokens_per_s, a));
 }
 
 static int run_serve(const k3c_config *cfg, const plan_opts *o, k3c_sbuf *j) {
     k3c_err err = {0};
-    k3c_plan_serve_layout L = {o->lay.tp, o->lay.pp, o->lay.ep, o->lay.dp, o->context, o->batch,
+    k3c_plan_serve_layout L = {o->lay.tp,
+                               o->lay.pp,
+                               o->lay.ep,
+                               o->lay.dp,
+                               o->context,
+                               o->batch,
                                o->lay.experts_mxfp4 >= 0 ? o->lay.experts_mxfp4 : cfg->experts_mxfp4};
     if (!L.context) L.context = cfg->max_positions > 0 ? cfg->max_positions : o->lay.seq;
     k3c_plan_serve_eval best[MAX_TOP];
     int n = 0;
     if (o->explicit_layout || !o->gpus) {
-        if (!o->explicit_layout) L.tp = L.tp ? L.tp : 1, L.pp = L.pp ? L.pp : 1, L.ep = L.ep ? L.ep : 1,
-                                 L.dp = L.dp ? L.dp : 1;
+        if (!o->explicit_layout)
+            L.tp = L.tp ? L.tp : 1, L.pp = L.pp ? L.pp : 1, L.ep = L.ep ? L.ep : 1, L.dp = L.dp ? L.dp : 1;
         if (k3c_plan_check_serve(cfg, &L, o->gpus, &err) || k3c_plan_serve_evaluate(cfg, &L, &o->hw, &best[0], &err))
             return cli_fail("plan", &err);
         n = 1;
@@ -409,8 +446,9 @@ static int run_serve(const k3c_config *cfg, const plan_opts *o, k3c_sbuf *j) {
         k3c_sbuf_append(j, "]", 1);
     } else {
         for (int i = 0; i < n; i++) print_serve(&best[i], o);
-        if (!best[0].fits) fprintf(stderr, "k3c plan: warning: this layout needs %.1f GB per GPU, over %.0f GB\n",
-                                   gb(best[0].total), o->hw.gpu_mem_gb);
+        if (!best[0].fits)
+            fprintf(stderr, "k3c plan: warning: this layout needs %.1f GB per GPU, over %.0f GB\n", gb(best[0].total),
+                    o->hw.gpu_mem_gb);
     }
     return 0;
 }
@@ -437,11 +475,16 @@ static int run_train(const k3c_config *cfg, const plan_opts *o, k3c_sbuf *j) {
             return cli_fail("plan", &err);
         if (!r.n_best) {
             err.code = K3C_EINVAL;
-            if (!r.valid) snprintf(err.msg, sizeof err.msg, "no valid layout of %lld GPUs for this model, sequence "
-                                   "and global batch (%lld tried)", (long long)o->gpus, (long long)r.tried);
-            else snprintf(err.msg, sizeof err.msg, "none of the %lld valid layouts of %lld GPUs fits %.0f GB per GPU "
-                          "(the smallest needs %.1f GB)", (long long)r.valid, (long long)o->gpus, o->hw.gpu_mem_gb,
-                          gb(r.min_mem));
+            if (!r.valid)
+                snprintf(err.msg, sizeof err.msg,
+                         "no valid layout of %lld GPUs for this model, sequence "
+                         "and global batch (%lld tried)",
+                         (long long)o->gpus, (long long)r.tried);
+            else
+                snprintf(err.msg, sizeof err.msg,
+                         "none of the %lld valid layouts of %lld GPUs fits %.0f GB per GPU "
+                         "(the smallest needs %.1f GB)",
+                         (long long)r.valid, (long long)o->gpus, o->hw.gpu_mem_gb, gb(r.min_mem));
             return cli_fail("plan", &err);
         }
         n = r.n_best;
@@ -458,21 +501,25 @@ static int run_train(const k3c_config *cfg, const plan_opts *o, k3c_sbuf *j) {
         if (!o->explicit_layout) {
             char a[48];
             printf("search: %lld GPUs (%lld per node), %s tokens per sequence: %lld layouts tried, %lld valid, %lld "
-                   "fit %.0f GB; fastest first\n", (long long)o->gpus, (long long)o->hw.gpus_per_node,
-                   grp((double)L.seq, a), (long long)r.tried, (long long)r.valid, (long long)r.fitting,
-                   o->hw.gpu_mem_gb);
+                   "fit %.0f GB; fastest first\n",
+                   (long long)o->gpus, (long long)o->hw.gpus_per_node, grp((double)L.seq, a), (long long)r.tried,
+                   (long long)r.valid, (long long)r.fitting, o->hw.gpu_mem_gb);
             print_table(best, n);
             printf("best ");
         }
         print_eval(&best[0], o);
-        if (!best[0].fits) fprintf(stderr, "k3c plan: warning: this layout needs %.1f GB per GPU, over %.0f GB\n",
-                                   gb(best[0].mem.total), o->hw.gpu_mem_gb);
+        if (!best[0].fits)
+            fprintf(stderr, "k3c plan: warning: this layout needs %.1f GB per GPU, over %.0f GB\n",
+                    gb(best[0].mem.total), o->hw.gpu_mem_gb);
     }
     return 0;
 }
 
 int cmd_plan(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) { help(); return 0; }
+    if (cli_wants_help(argc, argv)) {
+        help();
+        return 0;
+    }
     plan_opts o;
     int rc = parse(argc, argv, &o);
     if (rc) return rc;
@@ -492,24 +539,33 @@ int cmd_plan(int argc, char **argv) {
     json_flops(&j, &f, o.lay.seq);
     if (!o.json) print_params(&cfg, &p), print_flops(&f, o.lay.seq);
     if (!o.json && !o.serve) print_layer_acts(&cfg);
-    int64_t gpus = o.explicit_layout ? (o.lay.tp * (o.lay.cp ? o.lay.cp : 1) * o.lay.pp * o.lay.ep * o.lay.dp)
-                                     : o.gpus;
+    int64_t gpus = o.explicit_layout ? (o.lay.tp * (o.lay.cp ? o.lay.cp : 1) * o.lay.pp * o.lay.ep * o.lay.dp) : o.gpus;
     if (o.step_time > 0) { /* MFU of a measured step: needs the GPU count and the tokens per step */
-        if (!gpus) { k3c_sbuf_free(&j); return cli_usage_error("plan", "--step-time needs --gpus or a layout"); }
-        double mfu = k3c_plan_mfu(f.model_total, (double)o.lay.global_batch_tokens, o.step_time, gpus,
-                                  o.hw.peak_tflops * 1e12);
-        if (o.json) jnum(&j, "measured_mfu", mfu, 0);
-        else printf("measured step %.4g s for %lld tokens on %lld GPUs: MFU %.2f%% (%.4g model FLOPs per token)\n\n",
-                    o.step_time, (long long)o.lay.global_batch_tokens, (long long)gpus, 100 * mfu, f.model_total);
+        if (!gpus) {
+            k3c_sbuf_free(&j);
+            return cli_usage_error("plan", "--step-time needs --gpus or a layout");
+        }
+        double mfu =
+            k3c_plan_mfu(f.model_total, (double)o.lay.global_batch_tokens, o.step_time, gpus, o.hw.peak_tflops * 1e12);
+        if (o.json)
+            jnum(&j, "measured_mfu", mfu, 0);
+        else
+            printf("measured step %.4g s for %lld tokens on %lld GPUs: MFU %.2f%% (%.4g model FLOPs per token)\n\n",
+                   o.step_time, (long long)o.lay.global_batch_tokens, (long long)gpus, 100 * mfu, f.model_total);
     }
-    if (o.serve) rc = run_serve(&cfg, &o, &j);
-    else if (o.explicit_layout || o.gpus) rc = run_train(&cfg, &o, &j);
-    else k3c_sbuf_printf(&j, "\"layouts\":[]");
+    if (o.serve)
+        rc = run_serve(&cfg, &o, &j);
+    else if (o.explicit_layout || o.gpus)
+        rc = run_train(&cfg, &o, &j);
+    else
+        k3c_sbuf_printf(&j, "\"layouts\":[]");
     if (!rc && o.json) {
         if (j.len && j.buf[j.len - 1] == ',') j.len--;
         k3c_sbuf_append(&j, "}\n", 2);
-        if (!j.ok) fprintf(stderr, "k3c plan: out of memory\n"), rc = 1;
-        else fwrite(j.buf, 1, j.len, stdout);
+        if (!j.ok)
+            fprintf(stderr, "k3c plan: out of memory\n"), rc = 1;
+        else
+            fwrite(j.buf, 1, j.len, stdout);
     }
     k3c_sbuf_free(&j);
     return rc;

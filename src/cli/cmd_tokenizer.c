@@ -15,23 +15,25 @@ static const char *const DEFAULT_SPECIALS =
     "<|media_end|>,<|media_pad|>,[UNK],[PAD]";
 
 static void usage(FILE *out) {
-    fprintf(out,
-            "usage: k3c tokenizer train --input FILE... --vocab-size N --out FILE [--pattern kimi|cl100k]\n"
-            "                           [--specials a,b,...]\n"
-            "       k3c tokenizer encode --vocab FILE [--pattern kimi|cl100k] [--specials-json FILE [--table NAME]]\n"
-            "                           [--allow-special] [--chunking] (--text STR | --input FILE)\n"
-            "       k3c tokenizer decode --vocab FILE [--specials-json FILE [--table NAME]] (--ids \"1 2 3\" | --input FILE)\n"
-            "       k3c tokenizer info --vocab FILE [--specials-json FILE [--table NAME]]\n\n"
-            "train   learns N ranks (the 256 bytes + N-256 merges) from the pre-tokenised corpus and writes FILE in the\n"
-            "        tiktoken format (`base64(bytes) rank` per line) plus FILE.specials.json (spelling -> id); the\n"
-            "        specials get ids N, N+1, ... (default: %s).\n"
-            "encode  prints the ids, space-separated. Special-token spellings are plain text unless --allow-special.\n"
-            "        Specials come from --specials-json (an object: \"id\": \"spelling\", \"id\": {\"content\": ...} or\n"
-            "        \"spelling\": id; --table picks a nested object, e.g. kimi_k3), else from VOCAB.specials.json.\n"
-            "        --chunking applies the Kimi release's 400k-character windows / 25k-character runs.\n"
-            "decode  writes the exact bytes of the ids (separated by spaces, commas or newlines) to stdout.\n"
-            "--pattern defaults to kimi (K2/K3 pre-tokenisation); use cl100k for GPT-4's.\n",
-            DEFAULT_SPECIALS);
+    fprintf(
+        out,
+        "usage: k3c tokenizer train --input FILE... --vocab-size N --out FILE [--pattern kimi|cl100k]\n"
+        "                           [--specials a,b,...]\n"
+        "       k3c tokenizer encode --vocab FILE [--pattern kimi|cl100k] [--specials-json FILE [--table NAME]]\n"
+        "                           [--allow-special] [--chunking] (--text STR | --input FILE)\n"
+        "       k3c tokenizer decode --vocab FILE [--specials-json FILE [--table NAME]] (--ids \"1 2 3\" | --input "
+        "FILE)\n"
+        "       k3c tokenizer info --vocab FILE [--specials-json FILE [--table NAME]]\n\n"
+        "train   learns N ranks (the 256 bytes + N-256 merges) from the pre-tokenised corpus and writes FILE in the\n"
+        "        tiktoken format (`base64(bytes) rank` per line) plus FILE.specials.json (spelling -> id); the\n"
+        "        specials get ids N, N+1, ... (default: %s).\n"
+        "encode  prints the ids, space-separated. Special-token spellings are plain text unless --allow-special.\n"
+        "        Specials come from --specials-json (an object: \"id\": \"spelling\", \"id\": {\"content\": ...} or\n"
+        "        \"spelling\": id; --table picks a nested object, e.g. kimi_k3), else from VOCAB.specials.json.\n"
+        "        --chunking applies the Kimi release's 400k-character windows / 25k-character runs.\n"
+        "decode  writes the exact bytes of the ids (separated by spaces, commas or newlines) to stdout.\n"
+        "--pattern defaults to kimi (K2/K3 pre-tokenisation); use cl100k for GPT-4's.\n",
+        DEFAULT_SPECIALS);
 }
 
 /* The values after every --input (each --input takes the arguments up to the next option). */
@@ -63,9 +65,18 @@ static int train(int argc, char **argv) {
     const char *out = cli_opt(argc, argv, "--out");
     long long vs;
     k3c_tok_pattern pat;
-    if (!cli_opt_int(argc, argv, "--vocab-size", 0, &vs)) { free(files); return 2; }
-    if (nf == 0 || !out || vs <= 0) { free(files); return cli_usage_error("tokenizer train", "needs --input, --vocab-size and --out"); }
-    if (!parse_pattern(argc, argv, &pat)) { free(files); return cli_usage_error("tokenizer train", "unknown --pattern"); }
+    if (!cli_opt_int(argc, argv, "--vocab-size", 0, &vs)) {
+        free(files);
+        return 2;
+    }
+    if (nf == 0 || !out || vs <= 0) {
+        free(files);
+        return cli_usage_error("tokenizer train", "needs --input, --vocab-size and --out");
+    }
+    if (!parse_pattern(argc, argv, &pat)) {
+        free(files);
+        return cli_usage_error("tokenizer train", "unknown --pattern");
+    }
     const char *sp = cli_opt(argc, argv, "--specials");
     char *splist = strdup(sp ? sp : DEFAULT_SPECIALS);
     const char *specials[1024];
@@ -85,8 +96,12 @@ static int train(int argc, char **argv) {
     if (rc == K3C_OK) {
         k3c_progress prog;
         k3c_progress_init(&prog, "bpe merges", vs - 256, "merges", stderr, 0);
-        k3c_tok_train_opts o = {.vocab_size = (int32_t)vs, .pattern = pat, .specials = specials, .n_specials = nsp,
-                                .progress = on_progress, .progress_ctx = &prog};
+        k3c_tok_train_opts o = {.vocab_size = (int32_t)vs,
+                                .pattern = pat,
+                                .specials = specials,
+                                .n_specials = nsp,
+                                .progress = on_progress,
+                                .progress_ctx = &prog};
         rc = k3c_tok_train((const char *const *)texts, lens, nf, &o, &t, &err);
         k3c_progress_finish(&prog, NULL);
     }
@@ -94,8 +109,9 @@ static int train(int argc, char **argv) {
     if (rc == K3C_OK) {
         printf("learned %d ranks (%d merges) from %zu bytes in %.1f s; pattern %s; wrote %s", k3c_tok_n_ranks(t),
                k3c_tok_n_ranks(t) - 256, total, k3c_now() - t0, k3c_tok_pattern_name(pat), out);
-        if (nsp) printf(" and %s.specials.json (%s = %d ... vocab %d)", out, specials[0], k3c_tok_special_id(t, specials[0]),
-                        k3c_tok_n_vocab(t));
+        if (nsp)
+            printf(" and %s.specials.json (%s = %d ... vocab %d)", out, specials[0], k3c_tok_special_id(t, specials[0]),
+                   k3c_tok_n_vocab(t));
         printf("\n");
         if (k3c_tok_n_ranks(t) < vs)
             fprintf(stderr, "k3c tokenizer train: warning: the corpus supports only %d ranks (no pair occurs twice)\n",
@@ -140,13 +156,18 @@ static int encode(int argc, char **argv) {
     char *data = NULL;
     size_t n = 0;
     int rc = K3C_OK;
-    if (text) n = strlen(text);
-    else if (in) rc = k3c_read_file(in, &data, &n, &err);
-    else { k3c_tok_free(t); return cli_usage_error("tokenizer encode", "needs --text STR or --input FILE"); }
+    if (text)
+        n = strlen(text);
+    else if (in)
+        rc = k3c_read_file(in, &data, &n, &err);
+    else {
+        k3c_tok_free(t);
+        return cli_usage_error("tokenizer encode", "needs --text STR or --input FILE");
+    }
     k3c_tok_ids ids = {0};
     if (rc == K3C_OK)
-        rc = k3c_tok_encode(t, text ? text : data, n, cli_flag(argc, argv, "--allow-special") ? K3C_TOK_ALLOW_SPECIAL : 0,
-                            &ids, &err);
+        rc = k3c_tok_encode(t, text ? text : data, n,
+                            cli_flag(argc, argv, "--allow-special") ? K3C_TOK_ALLOW_SPECIAL : 0, &ids, &err);
     for (size_t i = 0; rc == K3C_OK && i < ids.n; i++) printf(i ? " %d" : "%d", ids.ids[i]);
     if (rc == K3C_OK) printf("\n");
     k3c_tok_ids_free(&ids);
@@ -157,7 +178,10 @@ static int encode(int argc, char **argv) {
 
 static int parse_ids(const char *s, k3c_tok_ids *ids, k3c_err *err) {
     while (*s) {
-        if (strchr(" \t\r\n,[]", *s)) { s++; continue; }
+        if (strchr(" \t\r\n,[]", *s)) {
+            s++;
+            continue;
+        }
         char *end;
         long long v = strtoll(s, &end, 10);
         if (end == s || v < 0 || v > INT32_MAX) return k3c_errf(err, K3C_EINVAL, "bad token id near '%.20s'", s);
@@ -176,8 +200,12 @@ static int decode(int argc, char **argv) {
     char *data = NULL, *bytes = NULL;
     size_t n = 0;
     int rc = K3C_OK;
-    if (!list && in) rc = k3c_read_file(in, &data, &n, &err);
-    else if (!list) { k3c_tok_free(t); return cli_usage_error("tokenizer decode", "needs --ids LIST or --input FILE"); }
+    if (!list && in)
+        rc = k3c_read_file(in, &data, &n, &err);
+    else if (!list) {
+        k3c_tok_free(t);
+        return cli_usage_error("tokenizer decode", "needs --ids LIST or --input FILE");
+    }
     k3c_tok_ids ids = {0};
     if (rc == K3C_OK) rc = parse_ids(list ? list : data, &ids, &err);
     if (rc == K3C_OK) rc = k3c_tok_decode(t, ids.ids, ids.n, &bytes, &n, &err);

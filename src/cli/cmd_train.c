@@ -32,8 +32,12 @@ int cmd_train(int argc, char **argv) {
     if (k3c_run_config_load(path, &rc, &err)) return cli_fail("train", &err);
     cli_device dev;
     if (cli_device_open(device, &dev, &err)) return cli_fail("train", &err);
-    k3c_train_opts o = {cli_flag(argc, argv, "--resume"), max_steps, cli_flag(argc, argv, "--quiet") ? NULL : stderr,
-                        cli_flag(argc, argv, "--log") ? stdout : NULL, dev.backend, cli_device_optim(&dev)};
+    k3c_train_opts o = {cli_flag(argc, argv, "--resume"),
+                        max_steps,
+                        cli_flag(argc, argv, "--quiet") ? NULL : stderr,
+                        cli_flag(argc, argv, "--log") ? stdout : NULL,
+                        dev.backend,
+                        cli_device_optim(&dev)};
     k3c_train_result r;
     int failed = k3c_train_run(&rc, &o, &r, &err);
     cli_device_release(&dev);
@@ -41,7 +45,8 @@ int cmd_train(int argc, char **argv) {
     printf("trained %lld steps in %.1f s: loss %.4f, validation loss %.4f, %.0f tokens/s, max/mean expert load %.2f\n",
            (long long)r.steps, r.wall_s, r.last_loss, r.last_val_loss, r.tokens_per_s, r.max_load_ratio);
     printf("summary: validation loss %.4f nats/token vs unigram entropy %.4f nats/token of the corpus (same tokenizer):"
-           " %.3f nats below\n", r.last_val_loss, r.unigram_entropy, r.unigram_entropy - r.last_val_loss);
+           " %.3f nats below\n",
+           r.last_val_loss, r.unigram_entropy, r.unigram_entropy - r.last_val_loss);
     printf("checkpoints in %s (latest: %s/latest)\n", rc.out_dir, rc.out_dir);
     return 0;
 }

@@ -28,14 +28,18 @@ int cli_device_open(const char *name, cli_device *d, k3c_err *err) {
     cuda_device *cd = calloc(1, sizeof *cd);
     if (!cd) return k3c_errf(err, K3C_ENOMEM, "out of memory");
     int rc = k3c_cuda_backend_init(&cd->b, 0, 0, err);
-    if (rc) { free(cd); return rc; }
+    if (rc) {
+        free(cd);
+        return rc;
+    }
     k3c_cuda_optim_backend(&cd->b, &cd->optim);
     d->handle = cd;
     d->backend = &cd->b.table;
     return K3C_OK;
 #else
-    return k3c_errf(err, K3C_EUNSUPPORTED, "--device cuda: this k3c was built without CUDA (build build/cuda/k3c with "
-                                           "`make cuda` and run that binary)");
+    return k3c_errf(err, K3C_EUNSUPPORTED,
+                    "--device cuda: this k3c was built without CUDA (build build/cuda/k3c with "
+                    "`make cuda` and run that binary)");
 #endif
 }
 

@@ -4,7 +4,8 @@
 #include <string.h>
 
 static int cmd_version(int argc, char **argv) {
-    (void)argc; (void)argv;
+    (void)argc;
+    (void)argv;
     printf("k3c %s\n", K3C_VERSION);
     return 0;
 }
@@ -34,7 +35,10 @@ int main(int argc, char **argv) {
         usage(stdout);
         return argc < 2 ? 2 : 0;
     }
-    if (strcmp(argv[1], "--version") == 0) { printf("k3c %s\n", K3C_VERSION); return 0; }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("k3c %s\n", K3C_VERSION);
+        return 0;
+    }
     for (int i = 0; i < NCOMMANDS; i++)
         if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
     fprintf(stderr, "k3c: unknown command '%s'\n\n", argv[1]);

@@ -16,9 +16,9 @@ struct attn_args {
     int T, H, N, dqk, dv;
     float scale, scale_log2;
     void *o;
-    float *lse;           /* forward output (natural log) */
-    const float *lse_in;  /* backward input */
-    const float *D;       /* backward: rowsum(dO ⊙ O) [T, H] */
+    float *lse;          /* forward output (natural log) */
+    const float *lse_in; /* backward input */
+    const float *D;      /* backward: rowsum(dO ⊙ O) [T, H] */
     void *dq, *dk, *dvo;
 };
 
@@ -28,8 +28,10 @@ __device__ __forceinline__ int doc_start(const int32_t *cu, int N, int i) {
     int lo = 0, hi = N - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) >> 1;
-        if (cu[mid] <= i) lo = mid;
-        else hi = mid - 1;
+        if (cu[mid] <= i)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     return cu[lo];
 }
@@ -38,8 +40,10 @@ __device__ __forceinline__ int doc_end(const int32_t *cu, int N, int T, int i) {
     int lo = 0, hi = N - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) >> 1;
-        if (cu[mid] <= i) lo = mid;
-        else hi = mid - 1;
+        if (cu[mid] <= i)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     return cu[lo + 1];
 }
@@ -74,8 +78,7 @@ template <int DQK, int DV> struct fwd_layout {
     static constexpr int Q = 0, K = Q + 64 * LDQ * 2, V = K + 2 * 64 * LDQ * 2, BYTES = V + 2 * 64 * LDV * 2;
 };
 
-template <int DQK, int DV, typename OutT>
-__global__ void __launch_bounds__(128, 2) attn_fwd_kernel(attn_args a) {
+template <int DQK, int DV, typename OutT> __global__ void __launch_bounds__(128, 2) attn_fwd_kernel(attn_args a) {
     using Ly = fwd_layout<DQK, DV>;
     constexpr int LDQ = Ly::LDQ, LDV = Ly::LDV, BN = 64;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -91,10 +94,10 @@ __global__ void __launch_bounds__(128, 2) attn_fwd_kernel(attn_args a) {
 
     auto load_kv = [&](int j, int stage) {
         const int kt0 = k_lo + j * BN, kn = k_hi - kt0;
-        tile_load_async((elem *)(smem + Ly::K) + stage * 64 * LDQ, LDQ, a.k + ((int64_t)kt0 * a.H + h) * a.dqk, rq,
-                        BN, DQK, kn, a.dqk, tid, 128);
-        tile_load_async((elem *)(smem + Ly::V) + stage * 64 * LDV, LDV, a.v + ((int64_t)kt0 * a.H + h) * a.dv, rv,
-                        BN, DV, kn, a.dv, tid, 128);
+        tile_load_async((elem *)(smem + Ly::K) + stage * 64 * LDQ, LDQ, a.k + ((int64_t)kt0 * a.H + h) * a.dqk, rq, BN,
+                        DQK, kn, a.dqk, tid, 128);
+        tile_load_async((elem *)(smem + Ly::V) + stage * 64 * LDV, LDV, a.v + ((int64_t)kt0 * a.H + h) * a.dv, rv, BN,
+                        DV, kn, a.dv, tid, 128);
     };
     tile_load_async(Qs, LDQ, a.q + ((int64_t)q0 * a.H + h) * a.dqk, rq, 64, DQK, qn, a.dqk, tid, 128);
     load_kv(0, 0);
@@ -168,8 +171,7 @@ __global__ void __launch_bounds__(128, 2) attn_fwd_kernel(attn_args a) {
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
             uint32_t pa[4] = {pack_e(s[2 * kk][0], s[2 * kk][1]), pack_e(s[2 * kk][2], s[2 * kk][3]),
-                              pack_e(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_e(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                              pack_e(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_e(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
             for (int n0 = 0; n0 < DV; n0 += 16) {
                 uint32_t b[4];
@@ -187,8 +189,10 @@ __global__ void __launch_bounds__(128, 2) attn_fwd_kernel(attn_args a) {
     for (int nt = 0; nt < DV / 8; nt++) {
         const int col = nt * 8 + 2 * t4;
         if (col < a.dv) {
-            if (r0 < a.T) out2<OutT, false>(o + ((int64_t)r0 * a.H + h) * a.dv + col, oacc[nt][0] * inv0, oacc[nt][1] * inv0);
-            if (r1 < a.T) out2<OutT, false>(o + ((int64_t)r1 * a.H + h) * a.dv + col, oacc[nt][2] * inv1, oacc[nt][3] * inv1);
+            if (r0 < a.T)
+                out2<OutT, false>(o + ((int64_t)r0 * a.H + h) * a.dv + col, oacc[nt][0] * inv0, oacc[nt][1] * inv0);
+            if (r1 < a.T)
+                out2<OutT, false>(o + ((int64_t)r1 * a.H + h) * a.dv + col, oacc[nt][2] * inv1, oacc[nt][3] * inv1);
         }
     }
     if (t4 == 0) {
@@ -198,7 +202,8 @@ __global__ void __launch_bounds__(128, 2) attn_fwd_kernel(attn_args a) {
 }
 
 /* ---------------------------------------------------------------- backward: D = rowsum(dO ⊙ O), one warp per row */
-template <typename InT> __global__ void attn_bwd_d_kernel(const InT *o, const InT *dout, float *D, int64_t rows, int dv) {
+template <typename InT>
+__global__ void attn_bwd_d_kernel(const InT *o, const InT *dout, float *D, int64_t rows, int dv) {
     const int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + (threadIdx.x >> 5);
     if (row >= rows) return;
     float s = 0.f;
@@ -237,10 +242,10 @@ __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(attn_args a) {
 
     auto load_kv = [&](int j, int stage) {
         const int kt0 = k_lo + j * BN, kn = k_hi - kt0;
-        tile_load_async((elem *)(smem + Ly::K) + stage * BN * LDQ, LDQ, a.k + ((int64_t)kt0 * a.H + h) * a.dqk, rq,
-                        BN, DQK, kn, a.dqk, tid, 128);
-        tile_load_async((elem *)(smem + Ly::V) + stage * BN * LDV, LDV, a.v + ((int64_t)kt0 * a.H + h) * a.dv, rv,
-                        BN, DV, kn, a.dv, tid, 128);
+        tile_load_async((elem *)(smem + Ly::K) + stage * BN * LDQ, LDQ, a.k + ((int64_t)kt0 * a.H + h) * a.dqk, rq, BN,
+                        DQK, kn, a.dqk, tid, 128);
+        tile_load_async((elem *)(smem + Ly::V) + stage * BN * LDV, LDV, a.v + ((int64_t)kt0 * a.H + h) * a.dv, rv, BN,
+                        DV, kn, a.dv, tid, 128);
     };
     tile_load_async((elem *)Qs, LDQ, a.q + ((int64_t)q0 * a.H + h) * a.dqk, rq, 64, DQK, qn, a.dqk, tid, 128);
     tile_load_async((elem *)dOs, LDV, a.dout + ((int64_t)q0 * a.H + h) * a.dv, rv, 64, DV, qn, a.dv, tid, 128);
@@ -307,8 +312,7 @@ __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(attn_args a) {
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
             uint32_t pa[4] = {pack_e(s[2 * kk][0], s[2 * kk][1]), pack_e(s[2 * kk][2], s[2 * kk][3]),
-                              pack_e(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_e(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                              pack_e(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_e(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
             for (int n0 = 0; n0 < DQK; n0 += 16) {
                 uint32_t b[4];
@@ -324,8 +328,10 @@ __global__ void __launch_bounds__(128, 2) attn_bwd_dq_kernel(attn_args a) {
     for (int nt = 0; nt < DQK / 8; nt++) {
         const int col = nt * 8 + 2 * t4;
         if (col < a.dqk) {
-            if (r0 < a.T) out2<OutT, ACC>(out + ((int64_t)r0 * a.H + h) * a.dqk + col, dq[nt][0] * a.scale, dq[nt][1] * a.scale);
-            if (r1 < a.T) out2<OutT, ACC>(out + ((int64_t)r1 * a.H + h) * a.dqk + col, dq[nt][2] * a.scale, dq[nt][3] * a.scale);
+            if (r0 < a.T)
+                out2<OutT, ACC>(out + ((int64_t)r0 * a.H + h) * a.dqk + col, dq[nt][0] * a.scale, dq[nt][1] * a.scale);
+            if (r1 < a.T)
+                out2<OutT, ACC>(out + ((int64_t)r1 * a.H + h) * a.dqk + col, dq[nt][2] * a.scale, dq[nt][3] * a.scale);
         }
     }
 }
@@ -356,8 +362,8 @@ __global__ void __launch_bounds__(128, 2) attn_bwd_dkv_kernel(attn_args a) {
 
     auto load_q = [&](int it, int stage) {
         const int qt0 = q_lo + it * BM, qn = q_hi - qt0;
-        tile_load_async((elem *)(smem + Ly::Q) + stage * BM * LDQ, LDQ, a.q + ((int64_t)qt0 * a.H + h) * a.dqk, rq,
-                        BM, DQK, qn, a.dqk, tid, 128);
+        tile_load_async((elem *)(smem + Ly::Q) + stage * BM * LDQ, LDQ, a.q + ((int64_t)qt0 * a.H + h) * a.dqk, rq, BM,
+                        DQK, qn, a.dqk, tid, 128);
         tile_load_async((elem *)(smem + Ly::DO) + stage * BM * LDV, LDV, a.dout + ((int64_t)qt0 * a.H + h) * a.dv, rv,
                         BM, DV, qn, a.dv, tid, 128);
         if (tid < BM) {
@@ -435,8 +441,7 @@ __global__ void __launch_bounds__(128, 2) attn_bwd_dkv_kernel(attn_args a) {
 #pragma unroll
         for (int kk = 0; kk < BM / 16; kk++) {
             uint32_t pa[4] = {pack_e(s[2 * kk][0], s[2 * kk][1]), pack_e(s[2 * kk][2], s[2 * kk][3]),
-                              pack_e(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_e(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                              pack_e(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_e(s[2 * kk + 1][2], s[2 * kk + 1][3])};
             uint32_t da[4] = {pack_e(dp[2 * kk][0], dp[2 * kk][1]), pack_e(dp[2 * kk][2], dp[2 * kk][3]),
                               pack_e(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
                               pack_e(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
@@ -462,8 +467,10 @@ __global__ void __launch_bounds__(128, 2) attn_bwd_dkv_kernel(attn_args a) {
     for (int nt = 0; nt < DQK / 8; nt++) {
         const int col = nt * 8 + 2 * t4;
         if (col < a.dqk) {
-            if (j0 < a.T) out2<OutT, ACC>(dko + ((int64_t)j0 * a.H + h) * a.dqk + col, dk[nt][0] * a.scale, dk[nt][1] * a.scale);
-            if (j1 < a.T) out2<OutT, ACC>(dko + ((int64_t)j1 * a.H + h) * a.dqk + col, dk[nt][2] * a.scale, dk[nt][3] * a.scale);
+            if (j0 < a.T)
+                out2<OutT, ACC>(dko + ((int64_t)j0 * a.H + h) * a.dqk + col, dk[nt][0] * a.scale, dk[nt][1] * a.scale);
+            if (j1 < a.T)
+                out2<OutT, ACC>(dko + ((int64_t)j1 * a.H + h) * a.dqk + col, dk[nt][2] * a.scale, dk[nt][3] * a.scale);
         }
     }
 #pragma unroll
@@ -501,7 +508,8 @@ template <int DQK, int DV, int KIND, typename OutT, bool ACC> static int launch_
     const dim3 grid((unsigned)((a.T + 63) / 64), (unsigned)a.H);
     if constexpr (KIND == KIND_FWD) {
         const int bytes = fwd_layout<DQK, DV>::BYTES;
-        K3C_CU(cudaFuncSetAttribute(attn_fwd_kernel<DQK, DV, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+        K3C_CU(
+            cudaFuncSetAttribute(attn_fwd_kernel<DQK, DV, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
         attn_fwd_kernel<DQK, DV, OutT><<<grid, 128, bytes, K3C_STREAM>>>(a);
     } else if constexpr (KIND == KIND_DQ) {
         const int bytes = dq_layout<DQK, DV>::BYTES;
@@ -556,14 +564,14 @@ extern "C" int k3c_attention_fwd_bf16_cuda(const k3c_attention_sizes *s, const i
 #endif
 
 extern "C" int K3C_KENTRY(k3c_attention_fwd)(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const float *q,
-                                      const float *k, const float *v, float *o, float *lse, void *ws, k3c_err *err) {
+                                             const float *k, const float *v, float *o, float *lse, void *ws,
+                                             k3c_err *err) {
     int rc = attn_check(s, "attention_fwd_cuda", err);
     if (rc || s->T == 0) return rc;
     const size_t tq = (size_t)s->T * s->H * s->dqk, tv = (size_t)s->T * s->H * s->dv;
     unsigned char *w = (unsigned char *)ws;
     elem *qb = (elem *)w, *kb = (elem *)(w + al256(tq * 2)), *vb = (elem *)(w + 2 * al256(tq * 2));
-    if ((rc = f32_to_elem(q, qb, tq, err)) || (rc = f32_to_elem(k, kb, tq, err)) ||
-        (rc = f32_to_elem(v, vb, tv, err)))
+    if ((rc = f32_to_elem(q, qb, tq, err)) || (rc = f32_to_elem(k, kb, tq, err)) || (rc = f32_to_elem(v, vb, tv, err)))
         return rc;
     attn_args a = make_args(s, cu_seqlens);
     a.q = qb, a.k = kb, a.v = vb, a.o = o, a.lse = lse;
@@ -598,8 +606,9 @@ extern "C" int k3c_attention_bwd_bf16_cuda(const k3c_attention_sizes *s, const i
 #endif
 
 extern "C" int K3C_KENTRY(k3c_attention_bwd)(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const float *q,
-                                      const float *k, const float *v, const float *o, const float *lse,
-                                      const float *dout, float *dq, float *dk, float *dv, void *ws, k3c_err *err) {
+                                             const float *k, const float *v, const float *o, const float *lse,
+                                             const float *dout, float *dq, float *dk, float *dv, void *ws,
+                                             k3c_err *err) {
     int rc = attn_check(s, "attention_bwd_cuda", err);
     if (rc || s->T == 0) return rc;
     const size_t tq = (size_t)s->T * s->H * s->dqk, tv = (size_t)s->T * s->H * s->dv;
@@ -609,8 +618,8 @@ extern "C" int K3C_KENTRY(k3c_attention_bwd)(const k3c_attention_sizes *s, const
     float *D = (float *)(w + 2 * al256(tq * 2) + 2 * al256(tv * 2));
     if (!dk != !dv) /* checked before anything is written */
         return k3c_errf(err, K3C_EINVAL, "attention_bwd_cuda: dk and dv are produced together (give both or neither)");
-    if ((rc = f32_to_elem(q, qb, tq, err)) || (rc = f32_to_elem(k, kb, tq, err)) || (rc = f32_to_elem(v, vb, tv, err)) ||
-        (rc = run_d<float>(o, dout, D, s->T * s->H, (int)s->dv, err)))
+    if ((rc = f32_to_elem(q, qb, tq, err)) || (rc = f32_to_elem(k, kb, tq, err)) ||
+        (rc = f32_to_elem(v, vb, tv, err)) || (rc = run_d<float>(o, dout, D, s->T * s->H, (int)s->dv, err)))
         return rc;
 #if K3C_CU_F16
     /* gradient scaling as in the fp16 KDA backward: dout (and so D and dS) scaled by a power of two into fp16's
@@ -618,9 +627,9 @@ extern "C" int K3C_KENTRY(k3c_attention_bwd)(const k3c_attention_sizes *s, const
     const size_t tl = (size_t)s->T * s->H;
     float *gs = (float *)(w + 2 * al256(tq * 2) + 2 * al256(tv * 2) + al256(tl * 4));
     if ((rc = k3c_cuda_pow2_scale(dout, tv, nullptr, 0, gs, err)) ||
-        (rc = k3c_cuda_f32_to_f16_scaled(dout, (uint16_t *)dob, tv, gs, err)) || (rc = k3c_cuda_scale(D, tl, gs, err)) ||
-        (rc = k3c_cuda_scale(dq, tq, gs, err)) || (rc = k3c_cuda_scale(dk, tq, gs, err)) ||
-        (rc = k3c_cuda_scale(dv, tv, gs, err)))
+        (rc = k3c_cuda_f32_to_f16_scaled(dout, (uint16_t *)dob, tv, gs, err)) ||
+        (rc = k3c_cuda_scale(D, tl, gs, err)) || (rc = k3c_cuda_scale(dq, tq, gs, err)) ||
+        (rc = k3c_cuda_scale(dk, tq, gs, err)) || (rc = k3c_cuda_scale(dv, tv, gs, err)))
         return rc;
 #else
     if ((rc = f32_to_elem(dout, dob, tv, err))) return rc;

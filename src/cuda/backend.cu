@@ -88,8 +88,7 @@ int mlp_fwd(void *ctx, const k3c_mlp_sizes *s, const float *x, const float *wg, 
 }
 
 int mlp_bwd(void *ctx, const k3c_mlp_sizes *s, const float *x, const float *wg, const float *wu, const float *wd,
-            const void *saved, const float *dy, float *dx, float *dwg, float *dwu, float *dwd, void *ws,
-            k3c_err *err) {
+            const void *saved, const float *dy, float *dx, float *dwg, float *dwu, float *dwd, void *ws, k3c_err *err) {
     k3c_cuda_backend *b = self(ctx);
     if (!saved || !ws) return k3c_errf(err, K3C_EINVAL, "mlp_bwd (cuda): saved and ws are required");
     const int64_t T = s->tokens, D = s->dim, I = s->inter;
@@ -113,7 +112,7 @@ int mlp_bwd(void *ctx, const k3c_mlp_sizes *s, const float *x, const float *wg, 
     return rc;
 }
 
-}  // namespace
+} // namespace
 
 extern "C" int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int tf32, k3c_err *err) {
     memset(b, 0, sizeof *b);
@@ -122,7 +121,8 @@ extern "C" int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int tf32, 
     int managed = 0;
     if (cudaDeviceGetAttribute(&managed, cudaDevAttrConcurrentManagedAccess, device) != cudaSuccess || !managed) {
         k3c_cuda_destroy(&b->cu);
-        return k3c_errf(err, K3C_EUNSUPPORTED, "cuda backend: device %d lacks concurrent managed memory access", device);
+        return k3c_errf(err, K3C_EUNSUPPORTED, "cuda backend: device %d lacks concurrent managed memory access",
+                        device);
     }
     b->tf32 = tf32;
     k3c_backend_f32 &t = b->table;

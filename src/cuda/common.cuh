@@ -188,8 +188,10 @@ __device__ __forceinline__ chunk_loc locate_chunk(const int *coff, const int32_t
     int lo = 0, hi = n_docs - 1;
     while (lo < hi) { /* last doc with coff[doc] <= c */
         int mid = (lo + hi + 1) >> 1;
-        if (coff[mid] <= c) lo = mid;
-        else hi = mid - 1;
+        if (coff[mid] <= c)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     chunk_loc r;
     int bos = cu ? cu[lo] : 0, eos = cu ? cu[lo + 1] : T;

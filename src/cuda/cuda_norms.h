@@ -32,8 +32,8 @@ int k3c_embedding_bwd_cuda(const k3c_embedding_sizes *s, const int32_t *ids, con
 int k3c_rmsnorm_fwd_cuda(const k3c_rmsnorm_sizes *s, const float *x, const float *w, float *y, float *rstd,
                          k3c_err *err);
 /* dx += r (w⊙dy − x̂ mean(x̂⊙w⊙dy)); dw += Σ_rows dy⊙x̂. rstd required; dx and dw may each be NULL. */
-int k3c_rmsnorm_bwd_cuda(const k3c_rmsnorm_sizes *s, const float *x, const float *w, const float *rstd,
-                         const float *dy, float *dx, float *dw, k3c_err *err);
+int k3c_rmsnorm_bwd_cuda(const k3c_rmsnorm_sizes *s, const float *x, const float *w, const float *rstd, const float *dy,
+                         float *dx, float *dw, k3c_err *err);
 /* y = RMSNorm_w(o) ⊙ σ(gate) over rows = T·H of width D = dv; rstd may be NULL. */
 int k3c_gated_rmsnorm_fwd_cuda(const k3c_rmsnorm_sizes *s, const float *o, const float *gate, const float *w, float *y,
                                float *rstd, k3c_err *err);

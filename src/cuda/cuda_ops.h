@@ -25,11 +25,11 @@ extern "C" {
 
 /* ---------------------------------------------------------------- device plumbing (device.cu) */
 typedef struct {
-    int device;             /* CUDA ordinal */
-    int sm_count;           /* multiprocessors */
-    size_t smem_optin;      /* largest dynamic shared memory a block may opt into */
-    void *lt;               /* cublasLtHandle_t */
-    void *lt_ws;            /* cuBLASLt workspace (device) */
+    int device;        /* CUDA ordinal */
+    int sm_count;      /* multiprocessors */
+    size_t smem_optin; /* largest dynamic shared memory a block may opt into */
+    void *lt;          /* cublasLtHandle_t */
+    void *lt_ws;       /* cuBLASLt workspace (device) */
     size_t lt_ws_bytes;
     char name[128];
 } k3c_cuda_ctx;
@@ -40,10 +40,10 @@ void k3c_cuda_destroy(k3c_cuda_ctx *ctx);
 
 int k3c_cuda_malloc(void **p, size_t bytes, k3c_err *err);
 void k3c_cuda_free(void *p);
-int k3c_cuda_h2d(void *dst, const void *src, size_t bytes, k3c_err *err);  /* synchronous */
-int k3c_cuda_d2h(void *dst, const void *src, size_t bytes, k3c_err *err);  /* synchronous */
-int k3c_cuda_fill_u8(void *p, int byte, size_t bytes, k3c_err *err);       /* e.g. 0xFF poisons floats with NaN */
-int k3c_cuda_sync(k3c_err *err);                                            /* the calling thread's stream */
+int k3c_cuda_h2d(void *dst, const void *src, size_t bytes, k3c_err *err); /* synchronous */
+int k3c_cuda_d2h(void *dst, const void *src, size_t bytes, k3c_err *err); /* synchronous */
+int k3c_cuda_fill_u8(void *p, int byte, size_t bytes, k3c_err *err);      /* e.g. 0xFF poisons floats with NaN */
+int k3c_cuda_sync(k3c_err *err);                                          /* the calling thread's stream */
 /* Device-side conversions (stream-ordered). bf16 is stored as uint16_t bit patterns; rounding is to nearest even. */
 int k3c_cuda_f32_to_bf16(const float *x, uint16_t *y, size_t n, k3c_err *err);
 int k3c_cuda_bf16_to_f32(const uint16_t *x, float *y, size_t n, k3c_err *err);
@@ -122,8 +122,7 @@ int k3c_attention_fwd_bf16_cuda(const k3c_attention_sizes *s, const int32_t *cu_
                                 const uint16_t *k, const uint16_t *v, uint16_t *o, float *lse, void *ws, k3c_err *err);
 int k3c_attention_bwd_bf16_cuda(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const uint16_t *q,
                                 const uint16_t *k, const uint16_t *v, const uint16_t *o, const float *lse,
-                                const uint16_t *dout, uint16_t *dq, uint16_t *dk, uint16_t *dv, void *ws,
-                                k3c_err *err);
+                                const uint16_t *dout, uint16_t *dq, uint16_t *dk, uint16_t *dv, void *ws, k3c_err *err);
 
 /* ---------------------------------------------------------------- the fp16 variants (kda_f16.cu, attention_f16.cu)
  * The same kernels compiled with fp16 elements instead of bf16 (q, k, v, dout and every 16-bit intermediate: the

@@ -24,18 +24,18 @@ extern "C" {
 #include "train/optim_backend.h"
 
 typedef struct {
-    k3c_cuda_ctx *cu;               /* cuBLASLt handle of the NS GEMMs (not owned) */
-    void *(*alloc)(size_t bytes);   /* where the workspace comes from (NULL: cudaMalloc); allocated once, at init */
+    k3c_cuda_ctx *cu;             /* cuBLASLt handle of the NS GEMMs (not owned) */
+    void *(*alloc)(size_t bytes); /* where the workspace comes from (NULL: cudaMalloc); allocated once, at init */
     void (*free)(void *p);
-    int batched;                    /* 1 (default): strided-batched GEMMs; 0: one k3c_matmul_cuda per matrix */
-    float *ws;                      /* Newton–Schulz workspace: X, X', P, B of a batch of same-shape matrices */
+    int batched; /* 1 (default): strided-batched GEMMs; 0: one k3c_matmul_cuda per matrix */
+    float *ws;   /* Newton–Schulz workspace: X, X', P, B of a batch of same-shape matrices */
     size_t ws_numel;
-    double *ss;                     /* [n_ss]: per-matrix Σx² of the batch (deterministic, in double) */
+    double *ss; /* [n_ss]: per-matrix Σx² of the batch (deterministic, in double) */
     size_t n_ss;
-    int64_t *pieces;                /* [2 n_pieces] device: (offset, length) of the grad-norm blocks, table order */
-    double *partials;               /* [n_pieces + 1]: Σg² per block, then the total */
+    int64_t *pieces;  /* [2 n_pieces] device: (offset, length) of the grad-norm blocks, table order */
+    double *partials; /* [n_pieces + 1]: Σg² per block, then the total */
     int64_t n_pieces;
-    int n_entries;                  /* the table the pieces were built for */
+    int n_entries; /* the table the pieces were built for */
     size_t total;
 } k3c_optim_cuda;
 

@@ -16,7 +16,9 @@ extern "C" int k3c_cuda_init(k3c_cuda_ctx *ctx, int device, size_t lt_ws_bytes, 
     ctx->sm_count = p.multiProcessorCount;
     ctx->smem_optin = p.sharedMemPerBlockOptin;
     snprintf(ctx->name, sizeof ctx->name, "%.127s", p.name);
-    if (p.major < 8) return k3c_errf(err, K3C_EUNSUPPORTED, "cuda: %s is sm_%d%d; k3c needs sm_80 or newer", p.name, p.major, p.minor);
+    if (p.major < 8)
+        return k3c_errf(err, K3C_EUNSUPPORTED, "cuda: %s is sm_%d%d; k3c needs sm_80 or newer", p.name, p.major,
+                        p.minor);
     cublasLtHandle_t lt;
     cublasStatus_t st = cublasLtCreate(&lt);
     if (st != CUBLAS_STATUS_SUCCESS) return k3c_errf(err, K3C_EDEVICE, "cuda: cublasLtCreate: status %d", (int)st);
@@ -125,7 +127,8 @@ __global__ void pow2_scale_kernel(float *s) {
 }
 __global__ void scale_kernel(float *x, size_t n, const float *s) {
     const float f = *s;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) x[i] *= f;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= f;
 }
 __global__ void f32_to_f16_scaled_kernel(const float *x, __half *y, size_t n, const float *s) {
     const float f = *s;

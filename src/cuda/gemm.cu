@@ -19,8 +19,9 @@
 static int lt_gemm(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                    const void *A, const void *B, float beta, void *C, cudaDataType_t ab_type, cudaDataType_t c_type,
                    cublasComputeType_t compute, int32_t batch, int64_t sA, int64_t sB, int64_t sC, k3c_err *err) {
-    if (M < 0 || N < 0 || K < 0) return k3c_errf(err, K3C_EINVAL, "gemm: negative size %lld %lld %lld", (long long)M,
-                                                  (long long)N, (long long)K);
+    if (M < 0 || N < 0 || K < 0)
+        return k3c_errf(err, K3C_EINVAL, "gemm: negative size %lld %lld %lld", (long long)M, (long long)N,
+                        (long long)K);
     if (M == 0 || N == 0) return K3C_OK;
     if (!ctx || !ctx->lt) return k3c_errf(err, K3C_EINVAL, "gemm: no cuBLASLt context (call k3c_cuda_init)");
     int rc = K3C_OK;

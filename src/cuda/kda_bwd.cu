@@ -50,7 +50,8 @@ template <int DK, int BV> __global__ void __launch_bounds__(256, 1) kda_rstate_k
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int mt = wq + 4 * i, row = 16 * mt + g8 + (e >= 2 ? 8 : 0), col = cofs + 8 * nt + 2 * t4 + (e & 1);
+                const int mt = wq + 4 * i, row = 16 * mt + g8 + (e >= 2 ? 8 : 0),
+                          col = cofs + 8 * nt + 2 * t4 + (e & 1);
                 S[i][nt][e] = (a.dht && mt < MTT) ? a.dht[sbase + (int64_t)row * a.DV + col] * dscale : 0.f;
             }
 
@@ -130,7 +131,8 @@ template <int DK, int BV> __global__ void __launch_bounds__(256, 1) kda_rstate_k
                 const int row = 16 * wq + g8 + 8 * hf, col = cofs + 8 * nt + 2 * t4;
                 const uint32_t pk = pack_e(dv[nt][2 * hf], dv[nt][2 * hf + 1]);
                 *reinterpret_cast<uint32_t *>(Vn + row * LDV + col) = pk;
-                if (row < len) *reinterpret_cast<uint32_t *>(a.dvn + ((int64_t)(t0 + row) * rs + h) * a.DV + vcol + col) = pk;
+                if (row < len)
+                    *reinterpret_cast<uint32_t *>(a.dvn + ((int64_t)(t0 + row) * rs + h) * a.DV + vcol + col) = pk;
             }
         __syncthreads();
 
@@ -267,9 +269,9 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
     /* ---- phase A: products over dv, 32 columns at a time */
     const bool wa = warp < 4;
     const int wr = warp & 3, r0w = 16 * wr;
-    float acc1[8][4] = {}, acc2[8][4] = {}; /* warps 0–3: dA, P1 */
+    float acc1[8][4] = {}, acc2[8][4] = {};     /* warps 0–3: dA, P1 */
     float acc3[NTK][4] = {}, acc4[NTK][4] = {}; /* warps 0–3: dW (negated later); warps 4–7: dQs, dKs */
-    float dbv0 = 0.f, dbv1 = 0.f;                 /* warps 4–7: Σ dY ⊙ V for rows r0w + g8 (+8) */
+    float dbv0 = 0.f, dbv1 = 0.f;               /* warps 4–7: Σ dY ⊙ V for rows r0w + g8 (+8) */
     float hdh_part = 0.f;
     for (int v0 = 0; v0 < a.DV; v0 += 32) {
         __syncthreads();
@@ -297,7 +299,8 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
         __syncthreads();
         { /* rowsum(h ⊙ dh): P threads per row d, 32/P columns each */
             const int d = tid % DK, part = tid / DK;
-            for (int j = part * (32 / P); j < (part + 1) * (32 / P); j++) hdh_part += bf(hsS[d * LDS + j]) * bf(dhS[d * LDS + j]);
+            for (int j = part * (32 / P); j < (part + 1) * (32 / P); j++)
+                hdh_part += bf(hsS[d * LDS + j]) * bf(dhS[d * LDS + j]);
         }
 #pragma unroll
         for (int k0 = 0; k0 < 32; k0 += 16) {
@@ -399,8 +402,10 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
             for (int hf = 0; hf < 2; hf++) {
                 const int row = r0w + g8 + 8 * hf, col = nt * 8 + 2 * t4;
                 const float *gr = Gs + row * LDG + col, *gl = Gs + 63 * LDG + col;
-                const float dq0 = a.scale * acc3[nt][2 * hf] * ex2(gr[0]), dq1 = a.scale * acc3[nt][2 * hf + 1] * ex2(gr[1]);
-                const float dk0 = acc4[nt][2 * hf] * ex2(gl[0] - gr[0]), dk1 = acc4[nt][2 * hf + 1] * ex2(gl[1] - gr[1]);
+                const float dq0 = a.scale * acc3[nt][2 * hf] * ex2(gr[0]),
+                            dq1 = a.scale * acc3[nt][2 * hf + 1] * ex2(gr[1]);
+                const float dk0 = acc4[nt][2 * hf] * ex2(gl[0] - gr[0]),
+                            dk1 = acc4[nt][2 * hf + 1] * ex2(gl[1] - gr[1]);
                 const float q0 = bf(Qs[row * LDK + col]), q1 = bf(Qs[row * LDK + col + 1]);
                 const float k0 = bf(Ks[row * LDK + col]), k1 = bf(Ks[row * LDK + col + 1]);
                 dGs[row * LDD + col] += q0 * dq0 - k0 * dk0;
@@ -553,9 +558,9 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
                     const int d = nt * 8 + g8;
                     const float gr = gref[d];
                     const uint32_t b0 = pack_e(bf(Ks[j * LDK + d]) * ex2(gr - Gs[j * LDG + d]),
-                                                  bf(Ks[(j + 1) * LDK + d]) * ex2(gr - Gs[(j + 1) * LDG + d]));
+                                               bf(Ks[(j + 1) * LDK + d]) * ex2(gr - Gs[(j + 1) * LDG + d]));
                     const uint32_t b1 = pack_e(bf(Ks[(j + 8) * LDK + d]) * ex2(gr - Gs[(j + 8) * LDG + d]),
-                                                  bf(Ks[(j + 9) * LDK + d]) * ex2(gr - Gs[(j + 9) * LDG + d]));
+                                               bf(Ks[(j + 9) * LDK + d]) * ex2(gr - Gs[(j + 9) * LDG + d]));
                     mma16816(acc3[nt], fa, b0, b1);
                     mma16816(acc5[nt], fl, b0, b1);
                 }
@@ -598,11 +603,14 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
                 const float gr = gref[d];
                 const float e0 = ex2(Gs[i * LDG + d] - gr), e1 = ex2(Gs[(i + 1) * LDG + d] - gr);
                 const float e8 = ex2(Gs[(i + 8) * LDG + d] - gr), e9 = ex2(Gs[(i + 9) * LDG + d] - gr);
-                const uint32_t q0 = pack_e(a.scale * bf(Qs[i * LDK + d]) * e0, a.scale * bf(Qs[(i + 1) * LDK + d]) * e1);
-                const uint32_t q1 = pack_e(a.scale * bf(Qs[(i + 8) * LDK + d]) * e8, a.scale * bf(Qs[(i + 9) * LDK + d]) * e9);
-                const uint32_t k0 = pack_e(bs[i] * bf(Ks[i * LDK + d]) * e0, bs[i + 1] * bf(Ks[(i + 1) * LDK + d]) * e1);
-                const uint32_t k1 = pack_e(bs[i + 8] * bf(Ks[(i + 8) * LDK + d]) * e8,
-                                              bs[i + 9] * bf(Ks[(i + 9) * LDK + d]) * e9);
+                const uint32_t q0 =
+                    pack_e(a.scale * bf(Qs[i * LDK + d]) * e0, a.scale * bf(Qs[(i + 1) * LDK + d]) * e1);
+                const uint32_t q1 =
+                    pack_e(a.scale * bf(Qs[(i + 8) * LDK + d]) * e8, a.scale * bf(Qs[(i + 9) * LDK + d]) * e9);
+                const uint32_t k0 =
+                    pack_e(bs[i] * bf(Ks[i * LDK + d]) * e0, bs[i + 1] * bf(Ks[(i + 1) * LDK + d]) * e1);
+                const uint32_t k1 =
+                    pack_e(bs[i + 8] * bf(Ks[(i + 8) * LDK + d]) * e8, bs[i + 9] * bf(Ks[(i + 9) * LDK + d]) * e9);
                 mma16816(t[nt], fa, q0, q1);
                 mma16816(t[nt], fl, k0, k1);
             }
@@ -679,8 +687,8 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
 }
 
 /* ---------------------------------------------------------------- host side */
-template <int DK> static int launch_bwd_kernels(const kda_plan *p, const cbwd_args &ca, const rstate_args &ra,
-                                                k3c_err *err) {
+template <int DK>
+static int launch_bwd_kernels(const kda_plan *p, const cbwd_args &ca, const rstate_args &ra, k3c_err *err) {
     constexpr int BV = 32;
     const int rb = rstate_layout<DK, BV>::BYTES;
     K3C_CU(cudaFuncSetAttribute(kda_rstate_kernel<DK, BV>, cudaFuncAttributeMaxDynamicSharedMemorySize, rb));
@@ -699,10 +707,10 @@ static int kda_bwd_run(const kda_plan *p, const elem *q, const elem *k, const el
     int rc = kda_run_intra(p, q, k, v, g, beta, 1, err);
     if (rc || (rc = kda_run_state(p, h0, nullptr, 0, nullptr, 1, err))) return rc;
     if (p->T == 0 && !dh0) return K3C_OK;
-    rstate_args ra = {p->w, p->qg, p->kg, p->A, dout, p->gamma, dht, p->gscale, p->cu, p->coff, p->T, p->H, p->DV,
-                      dh0, p->dh, p->dvn};
-    cbwd_args ca = {q, k, v, dout, p->vnew, p->dvn, p->hs, p->dh, g, beta, p->Tinv, p->cu, p->coff,
-                    p->T, p->H, p->N, p->DV, p->scale, dq, dk, dv, dg, dbeta};
+    rstate_args ra = {p->w,  p->qg,   p->kg, p->A, dout,  p->gamma, dht,   p->gscale,
+                      p->cu, p->coff, p->T,  p->H, p->DV, dh0,      p->dh, p->dvn};
+    cbwd_args ca = {q,       k,    v,    dout, p->vnew, p->dvn,   p->hs, p->dh, g,  beta, p->Tinv, p->cu,
+                    p->coff, p->T, p->H, p->N, p->DV,   p->scale, dq,    dk,    dv, dg,   dbeta};
     switch (p->DK) {
     case 32: return launch_bwd_kernels<32>(p, ca, ra, err);
     case 64: return launch_bwd_kernels<64>(p, ca, ra, err);
@@ -718,7 +726,9 @@ using namespace k3c_cu;
 using namespace k3c_cu::K3C_ELEM_NS;
 
 #if !K3C_CU_F16 /* one layout for both element types */
-extern "C" size_t k3c_kda_chunk_bwd_workspace_cuda(const k3c_kda_dims *d) { return kda_plan_layout(d, NULL, 1, 1, NULL); }
+extern "C" size_t k3c_kda_chunk_bwd_workspace_cuda(const k3c_kda_dims *d) {
+    return kda_plan_layout(d, NULL, 1, 1, NULL);
+}
 #endif
 
 /* Every gradient must be given (the kernels add into all of them); dh0 only when h0 matters to the caller. */
@@ -729,10 +739,10 @@ static int check_grads(const float *dq, const float *dk, const float *dv, const 
     return K3C_OK;
 }
 
-extern "C" int K3C_KENTRY(k3c_kda_chunk_bwd)(const k3c_kda_dims *d, const int32_t *cu_seqlens, const float *q, const float *k,
-                                      const float *v, const float *g, const float *beta, const float *h0,
-                                      const float *dout, const float *dht, float *dq, float *dk, float *dv, float *dg,
-                                      float *dbeta, float *dh0, void *ws, k3c_err *err) {
+extern "C" int K3C_KENTRY(k3c_kda_chunk_bwd)(const k3c_kda_dims *d, const int32_t *cu_seqlens, const float *q,
+                                             const float *k, const float *v, const float *g, const float *beta,
+                                             const float *h0, const float *dout, const float *dht, float *dq, float *dk,
+                                             float *dv, float *dg, float *dbeta, float *dh0, void *ws, k3c_err *err) {
     int rc = kda_check_dims(d, "kda_chunk_bwd_cuda", err);
     if (rc || (rc = check_grads(dq, dk, dv, dg, dbeta, "kda_chunk_bwd_cuda", err))) return rc;
     if (!dout) return k3c_errf(err, K3C_EUNSUPPORTED, "kda_chunk_bwd_cuda: dout is required on the GPU");

@@ -37,7 +37,7 @@ size_t kda_plan_layout(const k3c_kda_dims *d, void *ws, int want_inputs, int wan
     K3C_TAKE(q.qg, elem, tk);
     K3C_TAKE(q.kg, elem, tk);
     K3C_TAKE(q.A, elem, ta);
-    K3C_TAKE(q.gamma, float, (size_t)q.NCmax * q.H * q.DK);
+    K3C_TAKE(q.gamma, float, (size_t)q.NCmax *q.H *q.DK);
     if (want_bwd) {
         K3C_TAKE(q.Tinv, float, ta);
         K3C_TAKE(q.vnew, elem, tv);
@@ -103,8 +103,8 @@ template <int DK> struct intra_layout {
 };
 
 /* x[row][c..c+1] ⊙ 2^(sign·(G[row] − Gref)) packed to elem: one operand of a factored decay (§3.3). */
-__device__ __forceinline__ uint32_t decayed(const elem *x, int ldx, const float *G, int ldg, const float *gref,
-                                            int row, int c, float sign) {
+__device__ __forceinline__ uint32_t decayed(const elem *x, int ldx, const float *G, int ldg, const float *gref, int row,
+                                            int c, float sign) {
     float2 v = unpack_e(*reinterpret_cast<const uint32_t *>(x + row * ldx + c));
     float2 gg = *reinterpret_cast<const float2 *>(G + row * ldg + c);
     return pack_e(v.x * ex2(sign * (gg.x - gref[c])), v.y * ex2(sign * (gg.y - gref[c + 1])));
@@ -183,7 +183,7 @@ template <int DK, bool BOUNDED> __global__ void __launch_bounds__(128) kda_intra
     const int ri0 = rb * 16 + g8, ri1 = ri0 + 8; /* this lane's rows in the w and u products below */
     elem *Ag = a.A + row0 * KDA_C;
     /* accq/acck [pair][n-tile] → A (scaled, masked on the diagonal) and L (β_i-scaled, strictly lower) */
-    auto store_tile = [&](int ta, int tb, const float (*accq)[4], const float (*acck)[4]) {
+    auto store_tile = [&](int ta, int tb, const float(*accq)[4], const float(*acck)[4]) {
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
@@ -426,8 +426,8 @@ struct state_args {
 
 template <int DK, int BV> struct state_layout {
     static constexpr int LDK = DK + 8, LDV = BV + 8, LDA = KDA_C + 8;
-    static constexpr int W = 0, Q = W + 64 * LDK * 2, K = Q + 64 * LDK * 2, U = K + 64 * LDK * 2,
-                         A = U + 64 * LDV * 2, GAM = A + 64 * LDA * 2, STAGE = GAM + DK * 4;
+    static constexpr int W = 0, Q = W + 64 * LDK * 2, K = Q + 64 * LDK * 2, U = K + 64 * LDK * 2, A = U + 64 * LDV * 2,
+                         GAM = A + 64 * LDA * 2, STAGE = GAM + DK * 4;
     static constexpr int SB = 2 * STAGE, VN = SB + DK * LDV * 2, BYTES = VN + 64 * LDV * 2;
 };
 
@@ -462,7 +462,8 @@ template <int DK, int BV, typename OutT> __global__ void __launch_bounds__(256, 
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int mt = wq + 4 * i, row = 16 * mt + g8 + (e >= 2 ? 8 : 0), col = cofs + 8 * nt + 2 * t4 + (e & 1);
+                const int mt = wq + 4 * i, row = 16 * mt + g8 + (e >= 2 ? 8 : 0),
+                          col = cofs + 8 * nt + 2 * t4 + (e & 1);
                 S[i][nt][e] = (a.h0 && mt < MTT) ? a.h0[sbase + (int64_t)row * a.DV + col] : 0.f;
             }
 
@@ -628,8 +629,9 @@ int kda_run_intra(const kda_plan *p, const elem *q, const elem *k, const elem *v
     kda_coff_kernel<<<1, 1, 0, K3C_STREAM>>>(p->cu, p->N, p->T, p->coff);
     K3C_CU_LAUNCHED("kda_coff");
     if (p->T == 0) return K3C_OK;
-    intra_args a = {q, k, v, g, beta, p->cu, p->coff, p->T, p->H, p->N, p->DV, p->scale,
-                    p->w, p->u, p->qg, p->kg, p->A, want_bwd ? p->Tinv : nullptr, p->gamma};
+    intra_args a = {q,       k,     v,        g,    beta, p->cu, p->coff, p->T, p->H,
+                    p->N,    p->DV, p->scale, p->w, p->u, p->qg, p->kg,   p->A, want_bwd ? p->Tinv : nullptr,
+                    p->gamma};
     switch (p->DK * 2 + (p->bounded ? 1 : 0)) {
     case 64: return launch_intra<32, false>(p, a, err);
     case 65: return launch_intra<32, true>(p, a, err);
@@ -651,8 +653,22 @@ template <int DK, typename OutT> static int launch_state(const kda_plan *p, cons
 }
 
 int kda_run_state(const kda_plan *p, const float *h0, void *o, int o_f32, float *ht, int want_bwd, k3c_err *err) {
-    state_args a = {p->w, p->u, p->qg, p->kg, p->A, p->gamma, h0, p->cu, p->coff, p->T, p->H, p->DV,
-                    o, ht, want_bwd ? p->hs : nullptr, want_bwd ? p->vnew : nullptr};
+    state_args a = {p->w,
+                    p->u,
+                    p->qg,
+                    p->kg,
+                    p->A,
+                    p->gamma,
+                    h0,
+                    p->cu,
+                    p->coff,
+                    p->T,
+                    p->H,
+                    p->DV,
+                    o,
+                    ht,
+                    want_bwd ? p->hs : nullptr,
+                    want_bwd ? p->vnew : nullptr};
     switch (p->DK * 2 + (o_f32 ? 1 : 0)) {
     case 64: return launch_state<32, elem>(p, a, err);
     case 65: return launch_state<32, float>(p, a, err);
@@ -685,8 +701,8 @@ static int kda_fwd_common(const k3c_kda_dims *d, const int32_t *cu, const elem *
 }
 
 extern "C" int K3C_KENTRY(k3c_kda_chunk_fwd)(const k3c_kda_dims *d, const int32_t *cu_seqlens, const float *q,
-                                      const float *k, const float *v, const float *g, const float *beta,
-                                      const float *h0, float *o, float *ht, void *ws, k3c_err *err) {
+                                             const float *k, const float *v, const float *g, const float *beta,
+                                             const float *h0, float *o, float *ht, void *ws, k3c_err *err) {
     int rc = kda_check_dims(d, "kda_chunk_fwd_cuda", err);
     if (rc) return rc;
     kda_plan p;

@@ -10,9 +10,9 @@ constexpr int REC_TILE = 16; /* tokens staged in shared memory per barrier pair 
  * o = s·Sᵀq are lane-partial sums closed by two shuffles; q, k and e^g of REC_TILE tokens are broadcast from shared
  * memory. */
 template <int DK>
-__global__ void __launch_bounds__(128) kda_recurrent_kernel(const float *q, const float *k, const float *v, const float *g,
-                                     const float *beta, const float *h0, float *o, float *ht, const int32_t *cu,
-                                     int T, int H, int DV, float scale) {
+__global__ void __launch_bounds__(128)
+    kda_recurrent_kernel(const float *q, const float *k, const float *v, const float *g, const float *beta,
+                         const float *h0, float *o, float *ht, const int32_t *cu, int T, int H, int DV, float scale) {
     constexpr int KP = DK / 4;
     __shared__ float qs[REC_TILE][DK], ks[REC_TILE][DK], es[REC_TILE][DK], bs[REC_TILE];
     const int h = blockIdx.x, n = blockIdx.y, tid = threadIdx.x, part = tid & 3, col = blockIdx.z * 32 + (tid >> 2);
@@ -70,8 +70,9 @@ static int launch_recurrent(const k3c_kda_dims *d, const int32_t *cu, const floa
                             const float *g, const float *beta, const float *h0, float *o, float *ht, k3c_err *err) {
     const int N = cu ? d->n_docs : 1, threads = 128;
     const float scale = (float)(d->scale != 0 ? d->scale : 1.0 / sqrt((double)d->dk));
-    kda_recurrent_kernel<DK><<<dim3((unsigned)d->H, (unsigned)N, (unsigned)((d->dv + 31) / 32)), threads, 0, K3C_STREAM>>>(
-        q, k, v, g, beta, h0, o, ht, cu, (int)d->T, (int)d->H, (int)d->dv, scale);
+    kda_recurrent_kernel<DK>
+        <<<dim3((unsigned)d->H, (unsigned)N, (unsigned)((d->dv + 31) / 32)), threads, 0, K3C_STREAM>>>(
+            q, k, v, g, beta, h0, o, ht, cu, (int)d->T, (int)d->H, (int)d->dv, scale);
     K3C_CU_LAUNCHED("kda_recurrent");
     return K3C_OK;
 }

@@ -43,8 +43,8 @@ struct grp_tab {
     float *dv[GRP]; /* NULL = that source's gradient is not needed */
 };
 
-constexpr int G = 4;         /* sources whose token statistics are reduced together */
-constexpr int MAXWARPS = 8;  /* per-token blocks have at most 256 threads */
+constexpr int G = 4;        /* sources whose token statistics are reduced together */
+constexpr int MAXWARPS = 8; /* per-token blocks have at most 256 threads */
 
 /* One thread per feature column for D up to 256, else 256 threads striding over D. */
 int token_block(int64_t D) {
@@ -114,9 +114,9 @@ __device__ void warp_softmax(int N, int D, float eps, const float *dot, const fl
 }
 
 /* One block per token: statistics, softmax weights, saved (rstd, α), then h = Σ_i α_i v_i in source order. */
-__global__ void __launch_bounds__(256) attnres_fwd_kernel(const __grid_constant__ src_tab P, int T, int N, int D,
-                                                          float eps, const float *w, const float *gamma, float *h,
-                                                          float *saved) {
+__global__ void __launch_bounds__(256)
+    attnres_fwd_kernel(const __grid_constant__ src_tab P, int T, int N, int D, float eps, const float *w,
+                       const float *gamma, float *h, float *saved) {
     __shared__ float st[2 * MAXS], rs[MAXS], z[MAXS], al[MAXS];
     __shared__ float red[MAXWARPS * 2 * G];
     const int t = blockIdx.x;
@@ -139,10 +139,9 @@ __global__ void __launch_bounds__(256) attnres_fwd_kernel(const __grid_constant_
 /* Backward, one block per token (§5.4): dp_i = dh·v_i, dz_i = α_i (dp_i − Σ_j α_j dp_j); writes the per-(t, i)
  * coefficients of dv_i += α_i dh + a_i γ⊙w − b_i v_i: cal = α_i, ca = a_i = dz_i·rstd_i (also the dŵ weight),
  * cb = b_i = dz_i·rstd_i·z_i·rstd_i / D. With saved, rstd and α are read and only z is recomputed (as the CPU op). */
-__global__ void __launch_bounds__(256) attnres_coef_kernel(const __grid_constant__ src_tab P, int T, int N, int D,
-                                                           float eps, const float *w, const float *gamma,
-                                                           const float *saved, const float *dh, float *cal,
-                                                           float *ca, float *cb) {
+__global__ void __launch_bounds__(256)
+    attnres_coef_kernel(const __grid_constant__ src_tab P, int T, int N, int D, float eps, const float *w,
+                        const float *gamma, const float *saved, const float *dh, float *cal, float *ca, float *cb) {
     __shared__ float st[3 * MAXS], rs[MAXS], z[MAXS], al[MAXS];
     __shared__ float red[MAXWARPS * 3 * G];
     const int t = blockIdx.x;
@@ -253,8 +252,10 @@ __device__ __forceinline__ int doc_start(const int32_t *cu, int n_docs, int i) {
     int lo = 0, hi = n_docs - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
-        if (cu[mid] <= i) lo = mid;
-        else hi = mid - 1;
+        if (cu[mid] <= i)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     const int b = cu[lo];
     return b < 0 ? 0 : (b > i ? i : b);
@@ -413,8 +414,8 @@ extern "C" int k3c_attnres_bwd_cuda(const k3c_attnres_sizes *s, const float *con
     src_tab P = {};
     for (int64_t i = 0; i < N; i++) P.p[i] = v[i];
     const int bd = token_block(D);
-    attnres_coef_kernel<<<(unsigned)T, bd, 0, K3C_STREAM>>>(P, (int)T, (int)N, (int)D, (float)s->eps, w, gamma,
-                                                            saved, dh, cal, ca, cb);
+    attnres_coef_kernel<<<(unsigned)T, bd, 0, K3C_STREAM>>>(P, (int)T, (int)N, (int)D, (float)s->eps, w, gamma, saved,
+                                                            dh, cal, ca, cb);
     K3C_CU_LAUNCHED("attnres_coef");
     const dim3 grid((unsigned)((D + bd - 1) / bd), (unsigned)np);
     bool first = true;
@@ -446,8 +447,9 @@ extern "C" int k3c_attention_max_logit_cuda(const k3c_attention_sizes *s, const 
                                             const float *k, float *smax, k3c_err *err) {
     if (!s || s->T < 0 || s->T > (1 << 30) || s->H <= 0 || s->H > 65535 || s->dqk <= 0 || s->H * s->dqk > INT32_MAX ||
         !isfinite(s->scale))
-        return k3c_errf(err, K3C_EINVAL, "attention_max_logit_cuda: bad sizes (0 <= T <= 2^30, 0 < H <= 65535, dqk > 0, "
-                                         "scale finite)");
+        return k3c_errf(err, K3C_EINVAL,
+                        "attention_max_logit_cuda: bad sizes (0 <= T <= 2^30, 0 < H <= 65535, dqk > 0, "
+                        "scale finite)");
     if (!smax) return k3c_errf(err, K3C_EINVAL, "attention_max_logit_cuda: NULL smax");
     if (cu_seqlens && (s->n_docs <= 0 || s->n_docs > INT32_MAX - 1))
         return k3c_errf(err, K3C_EINVAL, "attention_max_logit_cuda: cu_seqlens given with n_docs %lld",
@@ -469,21 +471,22 @@ extern "C" int k3c_attention_max_logit_cuda(const k3c_attention_sizes *s, const 
     std::vector<int32_t> cu(cu_seqlens ? (size_t)nd + 1 : 0);
     K3C_CU(cudaMemcpyAsync(host.data(), smax, host.size() * sizeof(float), cudaMemcpyDeviceToHost, K3C_STREAM));
     if (cu_seqlens)
-        K3C_CU(cudaMemcpyAsync(cu.data(), cu_seqlens, cu.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                               K3C_STREAM));
+        K3C_CU(cudaMemcpyAsync(cu.data(), cu_seqlens, cu.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, K3C_STREAM));
     K3C_CU(cudaStreamSynchronize(K3C_STREAM));
     if (cu_seqlens) {
         if (cu[0] != 0 || cu[(size_t)nd] != T)
-            return k3c_errf(err, K3C_EINVAL, "attention_max_logit_cuda: cu_seqlens must run from 0 to T = %d (got %d "
-                                             ".. %d)", T, cu[0], cu[(size_t)nd]);
+            return k3c_errf(err, K3C_EINVAL,
+                            "attention_max_logit_cuda: cu_seqlens must run from 0 to T = %d (got %d "
+                            ".. %d)",
+                            T, cu[0], cu[(size_t)nd]);
         for (int d = 0; d < nd; d++)
             if (cu[(size_t)d + 1] < cu[(size_t)d])
                 return k3c_errf(err, K3C_EINVAL, "attention_max_logit_cuda: cu_seqlens decreases at entry %d", d + 1);
     }
     for (int h = 0; h < H; h++)
         if (!isfinite(host[(size_t)h]))
-            return k3c_errf(err, K3C_ENUMERIC, "attention_max_logit_cuda: non-finite attention logits (head %d: %g)",
-                            h, (double)host[(size_t)h]);
+            return k3c_errf(err, K3C_ENUMERIC, "attention_max_logit_cuda: non-finite attention logits (head %d: %g)", h,
+                            (double)host[(size_t)h]);
     return 0;
 }
 
@@ -503,10 +506,9 @@ extern "C" int k3c_add_cuda(int64_t n, const float *x, float *y, k3c_err *err) {
     return 0;
 }
 
-extern "C" int k3c_copy2d_cuda(int64_t rows, int64_t cols, const float *src, int64_t ld_src, float *dst,
-                               int64_t ld_dst, int accumulate, k3c_err *err) {
-    if (rows < 0 || cols < 0 || (rows > 1 && (ld_src < cols || ld_dst < cols)) ||
-        (cols > 0 && rows > INT64_MAX / cols))
+extern "C" int k3c_copy2d_cuda(int64_t rows, int64_t cols, const float *src, int64_t ld_src, float *dst, int64_t ld_dst,
+                               int accumulate, k3c_err *err) {
+    if (rows < 0 || cols < 0 || (rows > 1 && (ld_src < cols || ld_dst < cols)) || (cols > 0 && rows > INT64_MAX / cols))
         return k3c_errf(err, K3C_EINVAL, "copy2d_cuda: rows %lld, cols %lld, ld_src %lld, ld_dst %lld", (long long)rows,
                         (long long)cols, (long long)ld_src, (long long)ld_dst);
     const int64_t n = rows * cols;

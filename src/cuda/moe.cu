@@ -90,8 +90,10 @@ __global__ void router_fwd_kernel(int64_t T, int n, int k, int renorm, float sca
         }
         pv = bv, pi = bi;
         if (lane == 0) {
-            if (j < k) ids[t * k + j] = bi, sum += sigm(lg[bi]);
-            else if (cutoff) cutoff[t] = bv;
+            if (j < k)
+                ids[t * k + j] = bi, sum += sigm(lg[bi]);
+            else if (cutoff)
+                cutoff[t] = bv;
         }
     }
     if (lane != 0) return;
@@ -132,8 +134,10 @@ __global__ void plan_kernel(int S, int E, const int32_t *ids, long long *off, in
     __syncthreads();
     for (int i = tid; i < S; i += blockDim.x) {
         const int id = ids[i];
-        if (id < -1 || id >= E) atomicMin(&bad, i);
-        else if (id >= 0) atomicAdd((unsigned long long *)&off[id + 1], 1ull);
+        if (id < -1 || id >= E)
+            atomicMin(&bad, i);
+        else if (id >= 0)
+            atomicAdd((unsigned long long *)&off[id + 1], 1ull);
     }
     __syncthreads();
     if (bad != INT_MAX) {
@@ -153,8 +157,10 @@ __global__ void plan_kernel(int S, int E, const int32_t *ids, long long *off, in
                 long long b = 0;
                 if (lane == leader && id >= 0) b = off[id], off[id] = b + __popc(mask);
                 b = __shfl_sync(0xffffffffu, b, leader);
-                if (id >= 0) perm[b + rank] = i, pos[i] = (int32_t)(b + rank);
-                else if (i < S) pos[i] = -1;
+                if (id >= 0)
+                    perm[b + rank] = i, pos[i] = (int32_t)(b + rank);
+                else if (i < S)
+                    pos[i] = -1;
             }
             __syncthreads();
         }
@@ -276,8 +282,8 @@ unsigned grid_for(int64_t n, int threads) {
 } // namespace
 
 /* ================================================================ C entry points: router, plan, gather, combine, GLU */
-extern "C" int k3c_router_fwd_cuda(const k3c_router_sizes *s, const float *logits, const float *bias,
-                                   int32_t *topk_ids, float *topk_w, float *cutoff, int *nonfinite, k3c_err *err) {
+extern "C" int k3c_router_fwd_cuda(const k3c_router_sizes *s, const float *logits, const float *bias, int32_t *topk_ids,
+                                   float *topk_w, float *cutoff, int *nonfinite, k3c_err *err) {
     if (!s || s->tokens < 0 || s->experts < 1 || s->experts > INT32_MAX || s->top_k < 1 || s->top_k > s->experts ||
         s->top_k > K3C_ROUTER_MAX_TOPK)
         return k3c_errf(err, K3C_EINVAL, "router_fwd_cuda: bad sizes (need 1 <= k <= min(n, %d))", K3C_ROUTER_MAX_TOPK);
@@ -312,8 +318,8 @@ extern "C" int k3c_moe_plan_cuda(int64_t tokens, int64_t top_k, int64_t experts,
     K3C_CU_LAUNCHED("moe_plan");
     std::vector<int64_t> tmp;
     if (!offsets_host) tmp.resize((size_t)E + 1), offsets_host = tmp.data();
-    K3C_CU(cudaMemcpyAsync(offsets_host, offsets, ((size_t)E + 1) * sizeof(int64_t), cudaMemcpyDeviceToHost,
-                           K3C_STREAM));
+    K3C_CU(
+        cudaMemcpyAsync(offsets_host, offsets, ((size_t)E + 1) * sizeof(int64_t), cudaMemcpyDeviceToHost, K3C_STREAM));
     K3C_CU(cudaStreamSynchronize(K3C_STREAM));
     if (offsets_host[0] < 0) {
         const int64_t i = -1 - offsets_host[0];
@@ -325,7 +331,8 @@ extern "C" int k3c_moe_plan_cuda(int64_t tokens, int64_t top_k, int64_t experts,
 
 extern "C" int k3c_moe_gather_cuda(int64_t rows, int64_t top_k, int64_t dim, const int32_t *perm, const float *x,
                                    float *xperm, k3c_err *err) {
-    if (rows < 0 || top_k < 1 || dim < 1 || rows > INT32_MAX) return k3c_errf(err, K3C_EINVAL, "moe_gather_cuda: bad sizes");
+    if (rows < 0 || top_k < 1 || dim < 1 || rows > INT32_MAX)
+        return k3c_errf(err, K3C_EINVAL, "moe_gather_cuda: bad sizes");
     if (rows == 0) return 0;
     gather_kernel<<<(unsigned)rows, 128, 0, K3C_STREAM>>>((int)top_k, dim, perm, x, xperm);
     K3C_CU_LAUNCHED("moe_gather");
@@ -334,7 +341,8 @@ extern "C" int k3c_moe_gather_cuda(int64_t rows, int64_t top_k, int64_t dim, con
 
 extern "C" int k3c_moe_combine_cuda(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *pos, const float *w,
                                     const float *yperm, float *y, k3c_err *err) {
-    if (tokens < 0 || top_k < 1 || dim < 1 || tokens > INT32_MAX) return k3c_errf(err, K3C_EINVAL, "moe_combine_cuda: bad sizes");
+    if (tokens < 0 || top_k < 1 || dim < 1 || tokens > INT32_MAX)
+        return k3c_errf(err, K3C_EINVAL, "moe_combine_cuda: bad sizes");
     if (tokens == 0) return 0;
     combine_kernel<<<(unsigned)tokens, 128, 0, K3C_STREAM>>>((int)top_k, dim, pos, w, yperm, y, 0);
     K3C_CU_LAUNCHED("moe_combine");
@@ -456,8 +464,8 @@ int pad_plan(const moe_dims &m, const std::vector<int64_t> &off, std::vector<int
 
 /* Plan, padded map, gather x, G = X W1ᵀ and U = X W3ᵀ per expert (the part the backward may recompute). */
 int moe_front(k3c_cuda_ctx *ctx, const moe_dims &m, const float *x, const int32_t *ids, const float *w1,
-              const float *w3, const moe_saved_d &sv, const moe_scratch_d &sc, std::vector<int64_t> &off, std::vector<int64_t> &pstart,
-              int tf32, k3c_err *err) {
+              const float *w3, const moe_saved_d &sv, const moe_scratch_d &sc, std::vector<int64_t> &off,
+              std::vector<int64_t> &pstart, int tf32, k3c_err *err) {
     off.assign((size_t)m.E + 1, 0);
     std::vector<int32_t> delta_h;
     int rc = k3c_moe_plan_cuda(m.T, m.k, m.E, ids, sv.offsets, sc.perm, sc.pos, off.data(), err);
@@ -547,11 +555,12 @@ extern "C" int k3c_moe_bwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const
     if (saved) {
         saved_layout(m, (void *)saved, &sv); /* only read below */
         std::vector<int32_t> delta_h;
-        K3C_CU(cudaMemcpyAsync(off.data(), sv.offsets, off.size() * sizeof(int64_t), cudaMemcpyDeviceToHost,
-                               K3C_STREAM));
+        K3C_CU(
+            cudaMemcpyAsync(off.data(), sv.offsets, off.size() * sizeof(int64_t), cudaMemcpyDeviceToHost, K3C_STREAM));
         K3C_CU(cudaStreamSynchronize(K3C_STREAM));
         if ((rc = pad_plan(m, off, pstart, sc.delta, delta_h, err))) return rc;
-        if (pstart[m.E] > 0) gather_kernel<<<(unsigned)pstart[m.E], 128, 0, K3C_STREAM>>>((int)m.k, D, sv.pperm, x, sc.X);
+        if (pstart[m.E] > 0)
+            gather_kernel<<<(unsigned)pstart[m.E], 128, 0, K3C_STREAM>>>((int)m.k, D, sv.pperm, x, sc.X);
         K3C_CU_LAUNCHED("moe gather x");
     } else {
         saved_layout(m, (unsigned char *)ws + nsc, &sv);

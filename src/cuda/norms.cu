@@ -165,15 +165,15 @@ int rms_bwd(const k3c_rmsnorm_sizes *s, const float *x, const float *gate, const
     if (!rstd) return k3c_errf(err, K3C_EINVAL, "%s: rstd (saved by the forward) is required", op);
     if (s->rows == 0) return 0;
     if (dx || dgate) {
-        rms_bwd_rows_kernel<<<blocks_for(s->rows, WARPS), 32 * WARPS, 0, K3C_STREAM>>>(s->rows, s->D, x, gate, w,
-                                                                                       rstd, dy, dx, dgate);
+        rms_bwd_rows_kernel<<<blocks_for(s->rows, WARPS), 32 * WARPS, 0, K3C_STREAM>>>(s->rows, s->D, x, gate, w, rstd,
+                                                                                       dy, dx, dgate);
         K3C_CU_LAUNCHED(op);
     }
     if (dw) {
         const int64_t nb = (s->D + 31) / 32;
         if (nb > INT_MAX) return k3c_errf(err, K3C_EINVAL, "%s: D %lld too large", op, (long long)s->D);
-        rms_bwd_weight_kernel<<<(unsigned)nb, dim3(32, DW_GROUPS), 0, K3C_STREAM>>>(s->rows, s->D, x, gate, rstd,
-                                                                                   dy, dw);
+        rms_bwd_weight_kernel<<<(unsigned)nb, dim3(32, DW_GROUPS), 0, K3C_STREAM>>>(s->rows, s->D, x, gate, rstd, dy,
+                                                                                    dw);
         K3C_CU_LAUNCHED(op);
     }
     return 0;

@@ -11,9 +11,9 @@
 
 namespace {
 
-constexpr int NT = 256;                        /* threads of every kernel here (the reductions assume it) */
-constexpr int64_t NORM_BLOCK = 1 << 15;        /* elements per grad-norm partial (the CPU's block) */
-constexpr size_t WS_BUDGET = (size_t)1 << 26;  /* floats of NS workspace beyond the largest single matrix */
+constexpr int NT = 256;                       /* threads of every kernel here (the reductions assume it) */
+constexpr int64_t NORM_BLOCK = 1 << 15;       /* elements per grad-norm partial (the CPU's block) */
+constexpr size_t WS_BUDGET = (size_t)1 << 26; /* floats of NS workspace beyond the largest single matrix */
 constexpr int64_t MAX_GRID = 1 << 20;
 
 /* Batch items start on 256-byte boundaries: cuBLASLt's heuristics assume aligned operands by default. */
@@ -31,8 +31,8 @@ struct mshape {
     int64_t R, C;
     size_t r() const { return (size_t)(R < C ? R : C); }
     size_t c() const { return (size_t)(R < C ? C : R); }
-    size_t sx() const { return ru64(r() * c()); }   /* stride of X, X' items */
-    size_t sp() const { return ru64(r() * r()); }   /* stride of P, B items */
+    size_t sx() const { return ru64(r() * c()); } /* stride of X, X' items */
+    size_t sp() const { return ru64(r() * r()); } /* stride of P, B items */
     size_t need() const { return 2 * sx() + 2 * sp(); }
 };
 
@@ -148,8 +148,10 @@ void *dev_alloc(const k3c_optim_cuda *oc, size_t bytes) {
 }
 void dev_free(const k3c_optim_cuda *oc, void *p) {
     if (!p) return;
-    if (oc->free) oc->free(p);
-    else k3c_cuda_free(p);
+    if (oc->free)
+        oc->free(p);
+    else
+        k3c_cuda_free(p);
 }
 
 int bgemm(const k3c_optim_cuda *oc, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const float *A,
@@ -199,9 +201,10 @@ int muon_group(const k3c_optim_cuda *oc, const k3c_optim *o, const k3c_param_tab
                const std::vector<int> &entries, float *w, const float *g, float *state, double lr, k3c_err *err) {
     const size_t cap_ws = oc->ws_numel / s.need();
     if (cap_ws == 0)
-        return k3c_errf(err, K3C_EINVAL, "optimizer (cuda): a %lldx%lld Muon block needs %zu workspace floats, have %zu "
-                        "(optimizer settings changed after k3c_optim_cuda_init?)", (long long)s.R, (long long)s.C,
-                        s.need(), oc->ws_numel);
+        return k3c_errf(err, K3C_EINVAL,
+                        "optimizer (cuda): a %lldx%lld Muon block needs %zu workspace floats, have %zu "
+                        "(optimizer settings changed after k3c_optim_cuda_init?)",
+                        (long long)s.R, (long long)s.C, s.need(), oc->ws_numel);
     const int64_t cap = cap_ws < (size_t)INT32_MAX ? (int64_t)cap_ws : INT32_MAX;
     const float mu = (float)o->muon_momentum;
     const float step = (float)(lr * o->muon_scale * sqrt((double)(s.R > s.C ? s.R : s.C)));
@@ -213,8 +216,8 @@ int muon_group(const k3c_optim_cuda *oc, const k3c_optim *o, const k3c_param_tab
         int rc = filled ? ns_batch(oc, s, filled, o->ns_steps, &O, err) : K3C_OK;
         for (size_t i = 0; !rc && i < chunk.size(); i++) {
             const piece &pc = chunk[i];
-            muon_apply_kernel<<<grid_for(pc.nb * s.R * s.C), NT, 0, K3C_STREAM>>>(
-                pc.w, O + pc.at * s.sx(), s.R, s.C, (int64_t)s.sx(), pc.nb, decay, step);
+            muon_apply_kernel<<<grid_for(pc.nb * s.R * s.C), NT, 0, K3C_STREAM>>>(pc.w, O + pc.at * s.sx(), s.R, s.C,
+                                                                                  (int64_t)s.sx(), pc.nb, decay, step);
             K3C_CU_LAUNCHED("muon apply");
         }
         chunk.clear();
@@ -229,7 +232,7 @@ int muon_group(const k3c_optim_cuda *oc, const k3c_optim *o, const k3c_param_tab
         for (int64_t j = 0; j < nb;) {
             const int64_t take = nb - j < cap - filled ? nb - j : cap - filled;
             ns_load_kernel<<<(unsigned)take, NT, 0, K3C_STREAM>>>(pg + j * bn, mom + j * bn, s.R, s.C, o->nesterov, mu,
-                                                                 oc->ws + filled * s.sx(), (int64_t)s.sx());
+                                                                  oc->ws + filled * s.sx(), (int64_t)s.sx());
             K3C_CU_LAUNCHED("ns load");
             chunk.push_back({pw + j * bn, pg + j * bn, mom + j * bn, take, filled});
             filled += take;
@@ -262,7 +265,7 @@ mshape shape_of(const k3c_optim *o, const k3c_param *p) {
     return mshape{hr > 0 ? hr : p->shape[0], p->shape[1]};
 }
 
-}  // namespace
+} // namespace
 
 /* ================================================================ public entry points */
 
@@ -296,8 +299,8 @@ extern "C" int k3c_optim_cuda_init(k3c_optim_cuda *oc, k3c_cuda_ctx *cu, void *(
         }
     }
     oc->n_pieces = (int64_t)pieces.size() / 2;
-    if (oc->n_pieces > INT32_MAX) return k3c_errf(err, K3C_EINVAL, "optimizer (cuda): %lld grad-norm blocks",
-                                                  (long long)oc->n_pieces);
+    if (oc->n_pieces > INT32_MAX)
+        return k3c_errf(err, K3C_EINVAL, "optimizer (cuda): %lld grad-norm blocks", (long long)oc->n_pieces);
     oc->n_entries = t->n;
     oc->total = t->total;
     oc->ws = oc->ws_numel ? (float *)dev_alloc(oc, sizeof(float) * oc->ws_numel) : nullptr;
@@ -364,8 +367,8 @@ extern "C" int k3c_optim_step_entries_cuda(k3c_optim_cuda *oc, k3c_optim *o, con
     return K3C_OK;
 }
 
-extern "C" int k3c_optim_step_cuda(k3c_optim_cuda *oc, k3c_optim *o, const k3c_param_table *t, float *w,
-                                   const float *g, float *state, double lr, int64_t step, k3c_err *err) {
+extern "C" int k3c_optim_step_cuda(k3c_optim_cuda *oc, k3c_optim *o, const k3c_param_table *t, float *w, const float *g,
+                                   float *state, double lr, int64_t step, k3c_err *err) {
     return k3c_optim_step_entries_cuda(oc, o, t, 0, t->n, w, g, state, lr, step, err);
 }
 
@@ -426,7 +429,7 @@ int ob_clip(void *inst, const k3c_param_table *t, float *g, double max_norm, dou
     return k3c_clip_grad_norm_cuda(static_cast<k3c_optim_cuda *>(inst), t, g, max_norm, norm, err);
 }
 
-}  // namespace
+} // namespace
 
 extern "C" void k3c_cuda_optim_backend(k3c_cuda_backend *b, k3c_optim_backend *ob) {
     memset(ob, 0, sizeof *ob);

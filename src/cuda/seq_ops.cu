@@ -67,8 +67,10 @@ __device__ __forceinline__ int doc_of(const int32_t *cu, int n_docs, int64_t t) 
     int lo = 0, hi = n_docs - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
-        if (cu[mid] <= t) lo = mid;
-        else hi = mid - 1;
+        if (cu[mid] <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     return lo;
 }
@@ -79,8 +81,10 @@ __device__ __forceinline__ float sc_preact(const float *x, const float *w, const
     float a = 0.f;
     for (int j = 0; j < W; j++) {
         const int64_t s = t - W + 1 + j;
-        if (s >= t0) a += w[c * W + j] * x[s * C + c];
-        else if (st) a += w[c * W + j] * st[c * (W - 1) + (s - t0 + W - 1)];
+        if (s >= t0)
+            a += w[c * W + j] * x[s * C + c];
+        else if (st)
+            a += w[c * W + j] * st[c * (W - 1) + (s - t0 + W - 1)];
     }
     return a;
 }
@@ -113,8 +117,10 @@ __global__ void sc_state_kernel(int64_t nd, int64_t T, int64_t C, int W, const i
         for (int j = 0; j < W - 1; j++) {
             const int64_t s = t1 - W + 1 + j;
             float v = 0.f;
-            if (s >= t0) v = x[s * C + c];
-            else if (st && s - t0 + W - 1 >= 0) v = st[c * (W - 1) + (s - t0 + W - 1)];
+            if (s >= t0)
+                v = x[s * C + c];
+            else if (st && s - t0 + W - 1 >= 0)
+                v = st[c * (W - 1) + (s - t0 + W - 1)];
             so[c * (W - 1) + j] = v;
         }
     }
@@ -160,8 +166,10 @@ __global__ void sc_dw_part_kernel(int64_t T, int64_t C, int W, int n_docs, int64
         for (int j = 0; j < K3C_SHORT_CONV_MAX_W; j++) { /* unrolled so acc stays in registers */
             if (j < W) {
                 const int64_t s = t - W + 1 + j;
-                if (s >= t0) acc[j] += g * x[s * C + c];
-                else if (st) acc[j] += g * st[c * (W - 1) + (s - t0 + W - 1)];
+                if (s >= t0)
+                    acc[j] += g * x[s * C + c];
+                else if (st)
+                    acc[j] += g * st[c * (W - 1) + (s - t0 + W - 1)];
             }
         }
     }
@@ -345,8 +353,8 @@ struct xent_head {
 /* One block per row: each thread keeps a running max m and Σ e^{x − m} (in double, rescaled when m grows: one read of
  * the row), then the block combines them around the row max M. lse = M + log Σ (double, stored as float, as the CPU);
  * contrib[t] = lse − x[target] in double for counted rows with a valid target (read only for those). */
-__global__ void xent_rows_kernel(int64_t T, int64_t V, const float *logits, const int32_t *targets,
-                                 const uint8_t *mask, float *lse, double *contrib) {
+__global__ void xent_rows_kernel(int64_t T, int64_t V, const float *logits, const int32_t *targets, const uint8_t *mask,
+                                 float *lse, double *contrib) {
     __shared__ float redf[32];
     __shared__ double redd[32];
     for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
@@ -356,7 +364,7 @@ __global__ void xent_rows_kernel(int64_t T, int64_t V, const float *logits, cons
         for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
             const float v = x[j];
             if (v > m) s *= exp((double)m - (double)v), m = v; /* from m = −inf: s = 0 stays 0 */
-            if (m != -INFINITY) s += (double)expf(v - m);     /* m = −inf: v = −inf, whose term is 0 */
+            if (m != -INFINITY) s += (double)expf(v - m);      /* m = −inf: v = −inf, whose term is 0 */
         }
         const float M = block_reduce(m, op_max(), redf);
         const double S = block_reduce(m == -INFINITY ? 0.0 : s * exp((double)m - (double)M), op_sum(), redd);
@@ -380,8 +388,10 @@ __global__ void xent_total_kernel(int64_t T, int64_t V, const int32_t *targets, 
     long long n = 0, bad = LLONG_MAX;
     for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {
         if (!xcounted(targets, mask, t)) continue;
-        if (targets[t] >= V) bad = bad < t ? bad : t;
-        else n++, s += contrib[t];
+        if (targets[t] >= V)
+            bad = bad < t ? bad : t;
+        else
+            n++, s += contrib[t];
     }
     s = block_reduce(s, op_sum(), redd);
     n = block_reduce(n, op_sum(), redl);
@@ -393,8 +403,7 @@ __global__ void xent_total_kernel(int64_t T, int64_t V, const int32_t *targets, 
 }
 
 /* One block: the number of counted rows with a valid target (the backward's divisor when norm = 0). */
-__global__ void xent_count_kernel(int64_t T, int64_t V, const int32_t *targets, const uint8_t *mask,
-                                  long long *count) {
+__global__ void xent_count_kernel(int64_t T, int64_t V, const int32_t *targets, const uint8_t *mask, long long *count) {
     __shared__ long long redl[32];
     long long n = 0;
     for (int64_t t = threadIdx.x; t < T; t += blockDim.x) n += xcounted(targets, mask, t) && targets[t] < V;
@@ -405,9 +414,8 @@ __global__ void xent_count_kernel(int64_t T, int64_t V, const int32_t *targets, 
 /* dlogits[t, j] += (float)(g · e^{x_j − lse_t}), then −= (float)g at the target, g = dloss / divisor in double
  * (the CPU's rounding steps). count (device) given: divisor = *count; else divisor = norm. Rows are skipped
  * block-uniformly. */
-__global__ void xent_bwd_kernel(int64_t T, int64_t V, const float *logits, const int32_t *targets,
-                                const uint8_t *mask, const float *lse, double dloss, double norm,
-                                const long long *count, float *dlogits) {
+__global__ void xent_bwd_kernel(int64_t T, int64_t V, const float *logits, const int32_t *targets, const uint8_t *mask,
+                                const float *lse, double dloss, double norm, const long long *count, float *dlogits) {
     double g;
     if (count) {
         const long long n = *count;
@@ -442,12 +450,12 @@ int xent_check(const k3c_xent_sizes *s, const int32_t *targets, const char *op, 
 int xent_threads(int64_t V) { return V > 16384 ? 1024 : V > 1024 ? 256 : 128; }
 
 /* Forward launches into scratch (head + T doubles), then brings the head back (synchronising). */
-int xent_fwd_run(const k3c_xent_sizes *s, const float *logits, const int32_t *targets, const uint8_t *mask,
-                 float *lse, void *scratch, xent_head *head, k3c_err *err) {
+int xent_fwd_run(const k3c_xent_sizes *s, const float *logits, const int32_t *targets, const uint8_t *mask, float *lse,
+                 void *scratch, xent_head *head, k3c_err *err) {
     xent_head *dhead = (xent_head *)scratch;
     double *contrib = (double *)((char *)scratch + sizeof(xent_head));
     xent_rows_kernel<<<grid_rows(s->T), xent_threads(s->V), 0, K3C_STREAM>>>(s->T, s->V, logits, targets, mask, lse,
-                                                                            contrib);
+                                                                             contrib);
     K3C_CU_LAUNCHED("xent_rows");
     xent_total_kernel<<<1, 1024, 0, K3C_STREAM>>>(s->T, s->V, targets, mask, contrib, dhead);
     K3C_CU_LAUNCHED("xent_total");
@@ -463,7 +471,7 @@ int xent_bwd_run(const k3c_xent_sizes *s, const float *logits, const int32_t *ta
         K3C_CU_LAUNCHED("xent_count");
     }
     xent_bwd_kernel<<<grid_rows(s->T), xent_threads(s->V), 0, K3C_STREAM>>>(s->T, s->V, logits, targets, mask, lse,
-                                                                           dloss, s->norm, count, dlogits);
+                                                                            dloss, s->norm, count, dlogits);
     K3C_CU_LAUNCHED("xent_bwd");
     return 0;
 }
@@ -487,8 +495,8 @@ extern "C" int k3c_short_conv_fwd_cuda(const k3c_short_conv_dims *d, const int32
     /* After the output kernel (stream order): state_out may be state_in, which that kernel reads. Runs for T = 0 too
      * (empty documents pass their state through). */
     if (state_out && d->W > 1) {
-        sc_state_kernel<<<grid_for(nd * d->C, 256), 256, 0, K3C_STREAM>>>(nd, d->T, d->C, d->W, cu_seqlens, x,
-                                                                          state_in, state_out);
+        sc_state_kernel<<<grid_for(nd * d->C, 256), 256, 0, K3C_STREAM>>>(nd, d->T, d->C, d->W, cu_seqlens, x, state_in,
+                                                                          state_out);
         K3C_CU_LAUNCHED("short_conv_state");
     }
     return 0;
@@ -556,9 +564,8 @@ extern "C" int k3c_kda_gate_bwd_cuda(const k3c_kda_gate_dims *d, const float *z,
     if (rc) return rc;
     if (d->T == 0 || (!dz && !ddt_bias && !(dA_log && A_log))) return 0;
     const float gmin = d->g_min != 0 ? (float)d->g_min : -5.f;
-    gate_bwd_kernel<<<(unsigned)(d->H * GATE_CLUSTER), GATE_THREADS, 0, K3C_STREAM>>>(d->T, d->H * d->dk, d->dk,
-                                                                     d->form == K3C_GATE_LOWER_BOUND, gmin, z, dt_bias,
-                                                                     A_log, dg, dz, ddt_bias, dA_log);
+    gate_bwd_kernel<<<(unsigned)(d->H * GATE_CLUSTER), GATE_THREADS, 0, K3C_STREAM>>>(
+        d->T, d->H * d->dk, d->dk, d->form == K3C_GATE_LOWER_BOUND, gmin, z, dt_bias, A_log, dg, dz, ddt_bias, dA_log);
     K3C_CU_LAUNCHED("kda_gate_bwd");
     return 0;
 }

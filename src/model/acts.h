@@ -12,10 +12,10 @@
 #define K3C_SRC_END(l) (2 * (l) + 1)
 
 typedef struct {
-    int n;          /* sources */
-    int *src;       /* K3C_SRC_* indices */
-    real *saved;    /* the mix op's saved rstd and α */
-    real *out;      /* the mix output [T, D] */
+    int n;       /* sources */
+    int *src;    /* K3C_SRC_* indices */
+    real *saved; /* the mix op's saved rstd and α */
+    real *out;   /* the mix output [T, D] */
 } k3c_mix;
 
 struct k3c_acts {
@@ -39,8 +39,8 @@ struct k3c_acts {
     double loss_norm;
     /* backward buffers, carved after the forward's */
     real *demb, **dpmid, **dpend;
-    real *dxn, *din;         /* [T, D] scratch per sublayer */
-    size_t tmp_mark;         /* arena mark where the backward's buffers start */
+    real *dxn, *din; /* [T, D] scratch per sublayer */
+    size_t tmp_mark; /* arena mark where the backward's buffers start */
     k3c_arena *arena;
 };
 

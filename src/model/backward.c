@@ -4,20 +4,29 @@
 #include "base/real.h"
 #include "model/acts.h"
 
-#define CHECK_RC(expr) do { int rc_ = (expr); if (rc_) return rc_; } while (0)
+#define CHECK_RC(expr)                                                                                                 \
+    do {                                                                                                               \
+        int rc_ = (expr);                                                                                              \
+        if (rc_) return rc_;                                                                                           \
+    } while (0)
 
 void k3c_acts_carve_backward(const k3c_model *m, k3c_carver *cv, k3c_acts *a);
 real *k3c_acts_src(const k3c_acts *a, int s);
 int k3c_acts_layer_fwd(k3c_acts *a, int l, k3c_err *err);
 
-static real *src_grad(const k3c_acts *a, int s) { return s == K3C_SRC_EMB ? a->demb : s % 2 ? a->dpend[s / 2] : a->dpmid[s / 2]; }
+static real *src_grad(const k3c_acts *a, int s) {
+    return s == K3C_SRC_EMB ? a->demb : s % 2 ? a->dpend[s / 2] : a->dpmid[s / 2];
+}
 
 /* Adds the mix's gradient w.r.t. each source into that source's gradient buffer. */
 static int mix_bwd(const k3c_acts *a, const k3c_mix *mx, size_t proj, size_t norm, const real *dh, k3c_err *err) {
     const k3c_config *c = &a->st.m->cfg;
     const real *v[K3C_ATTNRES_MAX_SOURCES];
     real *dv[K3C_ATTNRES_MAX_SOURCES];
-    for (int i = 0; i < mx->n; i++) { v[i] = k3c_acts_src(a, mx->src[i]); dv[i] = src_grad(a, mx->src[i]); }
+    for (int i = 0; i < mx->n; i++) {
+        v[i] = k3c_acts_src(a, mx->src[i]);
+        dv[i] = src_grad(a, mx->src[i]);
+    }
     k3c_attnres_sizes s = {a->T, c->hidden_size, mx->n, c->rms_norm_eps};
     int rc = a->st.be->attnres_bwd(&s, v, a->st.w + proj, a->st.w + norm, mx->saved, dh, dv, a->st.g + proj,
                                    a->st.g + norm, a->st.scratch, err);
@@ -63,14 +72,18 @@ static int layer_bwd(k3c_acts *a, int l, k3c_err *err) {
     /* FFN: pend = ffn(norm(min)) + pmid */
     CHECK_RC(add_into(a, a->dpmid[l], a->dpend[l], TD, err));
     CHECK_RC(sublayer(a, l, ffn_bwd, a->min[l], a->mrstd[l], o->post_norm, a->dpend[l], err));
-    if (a->mmix[l].n) CHECK_RC(mix_bwd(a, &a->mmix[l], o->mlp_res_proj, o->mlp_res_norm, a->din, err));
-    else CHECK_RC(add_into(a, a->dpmid[l], a->din, TD, err));
+    if (a->mmix[l].n)
+        CHECK_RC(mix_bwd(a, &a->mmix[l], o->mlp_res_proj, o->mlp_res_norm, a->din, err));
+    else
+        CHECK_RC(add_into(a, a->dpmid[l], a->din, TD, err));
     /* token mixer: pmid = mixer(norm(ain)) (+ P_prev unless a block starts here) */
     real *dprev = l > 0 ? a->dpend[l - 1] : a->demb;
     if (!a->boundary[l]) CHECK_RC(add_into(a, dprev, a->dpmid[l], TD, err));
     CHECK_RC(sublayer(a, l, mixer_bwd, a->ain[l], a->arstd[l], o->input_norm, a->dpmid[l], err));
-    if (a->amix[l].n) CHECK_RC(mix_bwd(a, &a->amix[l], o->attn_res_proj, o->attn_res_norm, a->din, err));
-    else CHECK_RC(add_into(a, dprev, a->din, TD, err));
+    if (a->amix[l].n)
+        CHECK_RC(mix_bwd(a, &a->amix[l], o->attn_res_proj, o->attn_res_norm, a->din, err));
+    else
+        CHECK_RC(add_into(a, dprev, a->din, TD, err));
     return K3C_OK;
 }
 
@@ -104,8 +117,10 @@ int k3c_model_backward(k3c_model *m, k3c_acts *a, double scale, k3c_err *err) {
     k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
     CHECK_RC(be->rmsnorm_bwd(&rs, a->hfin, w + go->final_norm, a->rfin, a->dxn, a->din, g + go->final_norm, err));
     int L = (int)c->num_layers;
-    if (a->fmix.n) CHECK_RC(mix_bwd(a, &a->fmix, go->out_res_proj, go->out_res_norm, a->din, err));
-    else CHECK_RC(add_into(a, L > 0 ? a->dpend[L - 1] : a->demb, a->din, T * D, err));
+    if (a->fmix.n)
+        CHECK_RC(mix_bwd(a, &a->fmix, go->out_res_proj, go->out_res_norm, a->din, err));
+    else
+        CHECK_RC(add_into(a, L > 0 ? a->dpend[L - 1] : a->demb, a->din, T * D, err));
     for (int l = L - 1; l >= 0; l--) CHECK_RC(layer_bwd(a, l, err));
     k3c_embedding_sizes es = {T, V, D};
     CHECK_RC(be->embedding_bwd(&es, a->ids, a->demb, g + go->embed, err));

@@ -112,7 +112,13 @@ static int read_field(pctx *c, int kind, int flags, spot a, spot b, int64_t *iou
         } else if (convert(c, sp[k], kind, v, &i, &d)) {
             return c->err ? c->err->code : K3C_ECONFIG;
         }
-        if (!found) { i0 = i; d0 = d; first = sp[k]; found = 1; continue; }
+        if (!found) {
+            i0 = i;
+            d0 = d;
+            first = sp[k];
+            found = 1;
+            continue;
+        }
         if (i != i0 || d != d0)
             return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s (%.17g) and %s%s (%.17g) disagree", c->file, first.path,
                             first.key, d0, sp[k].path, sp[k].key, d);
@@ -147,7 +153,8 @@ static int get_str(pctx *c, int flags, spot s, const char **out) {
     *out = NULL;
     const k3c_json *v = s.obj ? k3c_json_get(s.obj, s.key) : NULL;
     if (!v || v->type == K3C_JSON_NULL) {
-        if (flags & REQ) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: %s", c->file, s.path, s.key, v ? "null" : "missing");
+        if (flags & REQ)
+            return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: %s", c->file, s.path, s.key, v ? "null" : "missing");
         return 0;
     }
     if (v->type != K3C_JSON_STRING) return bad_type(c, s, "a string", v);
@@ -208,9 +215,10 @@ static int read_layer_list(pctx *c, const k3c_json *lac, const char *path, const
                             c->file, path, key, i, (long long)e->integer, (long long)L);
         uint8_t *o = &owner[e->integer - 1];
         if (*o != UNSET)
-            return k3c_errf(c->err, K3C_ECONFIG,
-                            "%s: %s%s: layer %lld listed twice (kda_layers and full_attn_layers must partition 1..%lld)",
-                            c->file, path, key, (long long)e->integer, (long long)L);
+            return k3c_errf(
+                c->err, K3C_ECONFIG,
+                "%s: %s%s: layer %lld listed twice (kda_layers and full_attn_layers must partition 1..%lld)", c->file,
+                path, key, (long long)e->integer, (long long)L);
         *o = kind;
     }
     return 0;
@@ -225,7 +233,8 @@ static int plan_from_lists(pctx *c, const k3c_json *lac, const char *path, int64
         if (mixer[l] == UNSET)
             return k3c_errf(c->err, K3C_ECONFIG,
                             "%s: %skda_layers / full_attn_layers: layer %lld (one-based) is in neither list "
-                            "(they must partition 1..%lld)", c->file, path, (long long)(l + 1), (long long)L);
+                            "(they must partition 1..%lld)",
+                            c->file, path, (long long)(l + 1), (long long)L);
     return 0;
 }
 
@@ -244,8 +253,10 @@ static int read_type_list(pctx *c, const k3c_json *obj, const char *path, const 
         if (e->type != K3C_JSON_STRING)
             return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s[%zu]: expected a string, got %s", c->file, path, key, i,
                             type_name(e));
-        if (strcmp(e->string, names[0]) == 0) out[i] = 0;
-        else if (strcmp(e->string, names[1]) == 0) out[i] = 1;
+        if (strcmp(e->string, names[0]) == 0)
+            out[i] = 0;
+        else if (strcmp(e->string, names[1]) == 0)
+            out[i] = 1;
         else
             return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s[%zu]: unknown layer type \"%s\" (expected \"%s\" or \"%s\")",
                             c->file, path, key, i, e->string, names[0], names[1]);
@@ -287,16 +298,18 @@ static int parse_mixer_plan(text_ctx *x, k3c_config *cfg) {
     if (has_lists && has_types)
         for (int64_t l = 0; l < L; l++)
             if (cfg->mixer[l] != from_types[l])
-                return k3c_errf(c->err, K3C_ECONFIG,
-                                "%s: %slayer_types[%lld] is \"%s\" but %sfull_attn_layers says %s (layer %lld one-based)",
-                                c->file, x->tp, (long long)l, mixer_names[from_types[l]], x->lp,
-                                cfg->mixer[l] == K3C_MIXER_MLA ? "MLA" : "KDA", (long long)(l + 1));
+                return k3c_errf(
+                    c->err, K3C_ECONFIG,
+                    "%s: %slayer_types[%lld] is \"%s\" but %sfull_attn_layers says %s (layer %lld one-based)", c->file,
+                    x->tp, (long long)l, mixer_names[from_types[l]], x->lp,
+                    cfg->mixer[l] == K3C_MIXER_MLA ? "MLA" : "KDA", (long long)(l + 1));
     return 0;
 }
 
 static int parse_ffn_plan(text_ctx *x, k3c_config *cfg) {
     pctx *c = x->c;
-    for (int64_t l = 0; l < cfg->num_layers; l++) cfg->ffn[l] = k3c_config_layer_is_moe(cfg, l) ? K3C_FFN_MOE : K3C_FFN_DENSE;
+    for (int64_t l = 0; l < cfg->num_layers; l++)
+        cfg->ffn[l] = k3c_config_layer_is_moe(cfg, l) ? K3C_FFN_MOE : K3C_FFN_DENSE;
     static const char *const ffn_names[2] = {"dense", "sparse"};
     uint8_t given[K3C_MAX_LAYERS];
     int has;
@@ -306,8 +319,9 @@ static int parse_ffn_plan(text_ctx *x, k3c_config *cfg) {
         if (given[l] != cfg->ffn[l])
             return k3c_errf(c->err, K3C_ECONFIG,
                             "%s: %smlp_layer_types[%lld] is \"%s\" but num_experts / first_k_dense_replace / "
-                            "moe_layer_freq make layer %lld %s", c->file, x->tp, (long long)l, ffn_names[given[l]],
-                            (long long)l, cfg->ffn[l] == K3C_FFN_MOE ? "sparse (MoE)" : "dense");
+                            "moe_layer_freq make layer %lld %s",
+                            c->file, x->tp, (long long)l, ffn_names[given[l]], (long long)l,
+                            cfg->ffn[l] == K3C_FFN_MOE ? "sparse (MoE)" : "dense");
     return 0;
 }
 
@@ -371,11 +385,14 @@ static int parse_act(text_ctx *x, k3c_config *cfg) {
     const char *act;
     int rc = get_str(c, REQ, T("hidden_act"), &act);
     if (rc) return rc;
-    if (strcmp(act, "silu") == 0) cfg->act = K3C_ACT_SILU;
-    else if (strcmp(act, "situ") == 0) cfg->act = K3C_ACT_SITU;
+    if (strcmp(act, "silu") == 0)
+        cfg->act = K3C_ACT_SILU;
+    else if (strcmp(act, "situ") == 0)
+        cfg->act = K3C_ACT_SITU;
     else
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: %shidden_act: unknown activation \"%s\" (expected \"silu\" or \"situ\")",
-                        c->file, x->tp, act);
+        return k3c_errf(c->err, K3C_ECONFIG,
+                        "%s: %shidden_act: unknown activation \"%s\" (expected \"silu\" or \"situ\")", c->file, x->tp,
+                        act);
     int f = cfg->act == K3C_ACT_SITU ? REQ : OPT;
     if ((rc = get_num(c, f, T("activation_situ_beta"), NOSPOT, &cfg->situ_beta, NULL))) return rc;
     return get_num(c, f, T("activation_situ_linear_beta"), NOSPOT, &cfg->situ_linear_beta, NULL);
@@ -396,8 +413,8 @@ static int parse_text(pctx *c, const k3c_json *t, const char *tp, k3c_config *cf
         (rc = get_int(c, OPT, T("attn_res_block_size"), NOSPOT, &cfg->attn_res_block, NULL)))
         return rc;
     if (cfg->num_layers < 1 || cfg->num_layers > K3C_MAX_LAYERS)
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: %snum_hidden_layers: %lld outside 1..%d (K3C_MAX_LAYERS)", c->file, tp,
-                        (long long)cfg->num_layers, K3C_MAX_LAYERS);
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %snum_hidden_layers: %lld outside 1..%d (K3C_MAX_LAYERS)", c->file,
+                        tp, (long long)cfg->num_layers, K3C_MAX_LAYERS);
     if ((rc = parse_mixer_plan(x, cfg)) || (rc = parse_moe(x, cfg)) || (rc = parse_ffn_plan(x, cfg)) ||
         (rc = parse_act(x, cfg)))
         return rc;
@@ -432,7 +449,8 @@ static int parse_quant(pctx *c, const k3c_json *q, const char *path, int *mxfp4,
         const k3c_json *gr = &groups->items[g], *w;
         snprintf(gpath, sizeof gpath, "%sconfig_groups.%s.", path, groups->keys[g]);
         if (gr->type != K3C_JSON_OBJECT) return bad_type(c, SPOT(groups, gpath, ""), "an object", gr);
-        if ((rc = expect_str(c, SPOT(gr, gpath, "format"), MXFP4_FORMAT)) || (rc = get_obj(c, SPOT(gr, gpath, "weights"), &w)))
+        if ((rc = expect_str(c, SPOT(gr, gpath, "format"), MXFP4_FORMAT)) ||
+            (rc = get_obj(c, SPOT(gr, gpath, "weights"), &w)))
             return rc;
         if (!w) return k3c_errf(c->err, K3C_ECONFIG, "%s: %sweights: missing", c->file, gpath);
         snprintf(wpath, sizeof wpath, "%sweights.", gpath);
@@ -441,7 +459,9 @@ static int parse_quant(pctx *c, const k3c_json *q, const char *path, int *mxfp4,
             (rc = get_int(c, REQ, SPOT(w, wpath, "group_size"), NOSPOT, &gs, NULL)) ||
             (rc = expect_str(c, SPOT(w, wpath, "type"), "float")))
             return rc;
-        if (bits != 4) return k3c_errf(c->err, K3C_EUNSUPPORTED, "%s: %snum_bits: %lld (MXFP4 has 4)", c->file, wpath, (long long)bits);
+        if (bits != 4)
+            return k3c_errf(c->err, K3C_EUNSUPPORTED, "%s: %snum_bits: %lld (MXFP4 has 4)", c->file, wpath,
+                            (long long)bits);
         if (*group && gs != *group)
             return k3c_errf(c->err, K3C_ECONFIG, "%s: %sgroup_size: %lld disagrees with another group's %lld", c->file,
                             wpath, (long long)gs, (long long)*group);
@@ -462,18 +482,27 @@ static int parse_quant_both(pctx *c, const k3c_json *root, const k3c_json *text,
     if (qa && (rc = parse_quant(c, qa, "quantization_config.", &ma, &ga))) return rc;
     if (qb && (rc = parse_quant(c, qb, "text_config.quantization_config.", &mb, &gb))) return rc;
     if (qa && qb && (ma != mb || ga != gb))
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: quantization_config and text_config.quantization_config disagree "
-                        "(group_size %lld vs %lld)", c->file, (long long)ga, (long long)gb);
+        return k3c_errf(c->err, K3C_ECONFIG,
+                        "%s: quantization_config and text_config.quantization_config disagree "
+                        "(group_size %lld vs %lld)",
+                        c->file, (long long)ga, (long long)gb);
     cfg->experts_mxfp4 = qa ? ma : mb;
     cfg->mxfp4_group = qa ? ga : gb;
     return 0;
 }
 
 /* vision_config string/bool settings k3c implements one way only (§3.4); a different value is a different model. */
-static const struct { const char *key, *value; } vision_fixed[] = {
-    {"merge_type", "sd2_tpool"},        {"mm_projector_type", "patchmergerv2"}, {"mlp_type", "mlp2"},
-    {"activation_func", "gelu_pytorch_tanh"}, {"projector_hidden_act", "gelu"}, {"norm_type", "rmsnorm"},
-    {"pos_emb_type", "divided_fixed"},  {"pos_emb_interpolation_mode", "bilinear"},
+static const struct {
+    const char *key, *value;
+} vision_fixed[] = {
+    {"merge_type", "sd2_tpool"},
+    {"mm_projector_type", "patchmergerv2"},
+    {"mlp_type", "mlp2"},
+    {"activation_func", "gelu_pytorch_tanh"},
+    {"projector_hidden_act", "gelu"},
+    {"norm_type", "rmsnorm"},
+    {"pos_emb_type", "divided_fixed"},
+    {"pos_emb_interpolation_mode", "bilinear"},
 };
 static const char *const vision_no_bias[] = {"attn_bias", "linear_bias", "patch_embed_proj_bias"};
 
@@ -548,8 +577,10 @@ static int parse_root(pctx *c, const k3c_json *root, k3c_config *cfg) {
             return rc;
     } else if (strcmp(mt, KIMI_LINEAR) == 0) {
         if (k3c_json_get(root, "text_config") || k3c_json_get(root, "vision_config"))
-            return k3c_errf(c->err, K3C_ECONFIG, "%s: model_type \"kimi_linear\" is a flat text config; "
-                            "text_config / vision_config belong to model_type \"kimi_k3\"", c->file);
+            return k3c_errf(c->err, K3C_ECONFIG,
+                            "%s: model_type \"kimi_linear\" is a flat text config; "
+                            "text_config / vision_config belong to model_type \"kimi_k3\"",
+                            c->file);
     } else {
         return k3c_errf(c->err, K3C_ECONFIG, "%s: model_type: unknown \"%s\" (expected \"kimi_linear\" or \"kimi_k3\")",
                         c->file, mt);
@@ -658,9 +689,12 @@ static void validate_mla(vctx *v, const k3c_config *cfg, int any) {
         POS(v, cfg->mla_norm_eps, "mla_norm_eps");
     }
     need(v, cfg->q_lora_rank >= 0, "q_lora_rank", "null (0) or positive", (double)cfg->q_lora_rank);
-    need(v, cfg->mla_heads >= 0 && cfg->kv_lora_rank >= 0 && cfg->qk_nope_dim >= 0 && cfg->qk_rope_dim >= 0 &&
-            cfg->v_head_dim >= 0 && cfg->mla_kv_heads >= 0, "num_attention_heads/kv_lora_rank/...", "non-negative", 0);
-    need(v, cfg->mla_output_gate == 0 || cfg->mla_output_gate == 1, "mla_use_output_gate", "0 or 1", cfg->mla_output_gate);
+    need(v,
+         cfg->mla_heads >= 0 && cfg->kv_lora_rank >= 0 && cfg->qk_nope_dim >= 0 && cfg->qk_rope_dim >= 0 &&
+             cfg->v_head_dim >= 0 && cfg->mla_kv_heads >= 0,
+         "num_attention_heads/kv_lora_rank/...", "non-negative", 0);
+    need(v, cfg->mla_output_gate == 0 || cfg->mla_output_gate == 1, "mla_use_output_gate", "0 or 1",
+         cfg->mla_output_gate);
 }
 
 static void validate_moe(vctx *v, const k3c_config *cfg) {
@@ -674,8 +708,8 @@ static void validate_moe(vctx *v, const k3c_config *cfg) {
         POS(v, cfg->num_expert_group, "num_expert_group");
         need(v, cfg->num_expert_group > 0 && cfg->num_experts % cfg->num_expert_group == 0, "num_expert_group",
              "a divisor of num_experts", (double)cfg->num_expert_group);
-        need(v, cfg->topk_group >= 1 && cfg->topk_group <= cfg->num_expert_group, "topk_group", "in 1..num_expert_group",
-             (double)cfg->topk_group);
+        need(v, cfg->topk_group >= 1 && cfg->topk_group <= cfg->num_expert_group, "topk_group",
+             "in 1..num_expert_group", (double)cfg->topk_group);
         need(v, cfg->first_k_dense >= 0, "first_k_dense_replace", "non-negative", (double)cfg->first_k_dense);
         POS(v, cfg->moe_layer_freq, "moe_layer_freq");
         need(v, cfg->latent_dim >= 0, "routed_expert_hidden_size", "non-negative", (double)cfg->latent_dim);
@@ -686,12 +720,14 @@ static void validate_moe(vctx *v, const k3c_config *cfg) {
     vctx q = *v; /* quantization_config may sit at the top level or in text_config: name it without a prefix */
     q.tp = "";
     if (cfg->experts_mxfp4) {
-        need(&q, cfg->num_experts > 0, "quantization_config", "absent without routed experts", (double)cfg->num_experts);
+        need(&q, cfg->num_experts > 0, "quantization_config", "absent without routed experts",
+             (double)cfg->num_experts);
         need(&q, cfg->mxfp4_group == MXFP4_GROUP, "quantization_config.config_groups.*.weights.group_size",
              "32 (the MXFP4 block)", (double)cfg->mxfp4_group);
         int64_t in1 = cfg->latent_dim > 0 ? cfg->latent_dim : cfg->hidden_size;
         need(v, in1 % MXFP4_GROUP == 0 && cfg->moe_intermediate_size % MXFP4_GROUP == 0, "moe_intermediate_size",
-             "such that every expert input width is a multiple of 32 (MXFP4 groups)", (double)cfg->moe_intermediate_size);
+             "such that every expert input width is a multiple of 32 (MXFP4 groups)",
+             (double)cfg->moe_intermediate_size);
     } else {
         need(&q, cfg->mxfp4_group == 0, "quantization_config.group_size", "0 without MXFP4", (double)cfg->mxfp4_group);
     }
@@ -721,8 +757,8 @@ static void validate_vision(vctx *v, const k3c_config *cfg) {
     POS(&vv, vc->heads, "vt_num_attention_heads");
     POS(&vv, vc->layers, "vt_num_hidden_layers");
     POS(&vv, vc->qkv_hidden, "qkv_hidden_size");
-    need(&vv, vc->heads > 0 && vc->qkv_hidden % vc->heads == 0, "qkv_hidden_size", "a multiple of vt_num_attention_heads",
-         (double)vc->qkv_hidden);
+    need(&vv, vc->heads > 0 && vc->qkv_hidden % vc->heads == 0, "qkv_hidden_size",
+         "a multiple of vt_num_attention_heads", (double)vc->qkv_hidden);
     POS(&vv, vc->mm_hidden, "mm_hidden_size");
     need(&vv, vc->text_hidden == cfg->hidden_size, "text_hidden_size", "equal to the text hidden_size",
          (double)vc->text_hidden);
@@ -754,8 +790,8 @@ int k3c_config_validate(const k3c_config *cfg, const char *name_for_errors, k3c_
         return k3c_errf(err, K3C_ECONFIG, "%s: tensor prefix \"%.31s\" does not match model_type %s", file,
                         cfg->tensor_prefix, cfg->model_type);
     vctx v = {file, k3 ? "text_config." : "", err, 0};
-    need(&v, cfg->num_layers >= 1 && cfg->num_layers <= K3C_MAX_LAYERS, "num_hidden_layers", "in 1..512 (K3C_MAX_LAYERS)",
-         (double)cfg->num_layers);
+    need(&v, cfg->num_layers >= 1 && cfg->num_layers <= K3C_MAX_LAYERS, "num_hidden_layers",
+         "in 1..512 (K3C_MAX_LAYERS)", (double)cfg->num_layers);
     if (v.rc) return v.rc;
     POS(&v, cfg->vocab_size, "vocab_size");
     POS(&v, cfg->hidden_size, "hidden_size");
@@ -807,11 +843,26 @@ static void jw_close(jw *w, char bracket) {
     if (!empty) k3c_sbuf_printf(w->s, "\n%*s", 2 * w->depth, "");
     k3c_sbuf_append(w->s, &bracket, 1);
 }
-static void jw_int(jw *w, const char *key, int64_t x) { jw_key(w, key); k3c_sbuf_printf(w->s, "%lld", (long long)x); }
-static void jw_num(jw *w, const char *key, double x) { jw_key(w, key); k3c_sbuf_json_number(w->s, x); }
-static void jw_bool(jw *w, const char *key, int b) { jw_key(w, key); k3c_sbuf_printf(w->s, "%s", b ? "true" : "false"); }
-static void jw_null(jw *w, const char *key) { jw_key(w, key); k3c_sbuf_append(w->s, "null", 4); }
-static void jw_str(jw *w, const char *key, const char *v) { jw_key(w, key); k3c_sbuf_json_string(w->s, v, strlen(v)); }
+static void jw_int(jw *w, const char *key, int64_t x) {
+    jw_key(w, key);
+    k3c_sbuf_printf(w->s, "%lld", (long long)x);
+}
+static void jw_num(jw *w, const char *key, double x) {
+    jw_key(w, key);
+    k3c_sbuf_json_number(w->s, x);
+}
+static void jw_bool(jw *w, const char *key, int b) {
+    jw_key(w, key);
+    k3c_sbuf_printf(w->s, "%s", b ? "true" : "false");
+}
+static void jw_null(jw *w, const char *key) {
+    jw_key(w, key);
+    k3c_sbuf_append(w->s, "null", 4);
+}
+static void jw_str(jw *w, const char *key, const char *v) {
+    jw_key(w, key);
+    k3c_sbuf_json_string(w->s, v, strlen(v));
+}
 static void jw_strs(jw *w, const char *key, const char *const *v, int n) {
     jw_key(w, key);
     k3c_sbuf_append(w->s, "[", 1);
@@ -855,8 +906,10 @@ static void write_mla(jw *w, const k3c_config *cfg) {
     if (k3c_config_num_mla(cfg) == 0 && cfg->mla_heads == 0) return;
     jw_int(w, "num_attention_heads", cfg->mla_heads);
     jw_int(w, "num_key_value_heads", cfg->mla_kv_heads);
-    if (cfg->q_lora_rank) jw_int(w, "q_lora_rank", cfg->q_lora_rank);
-    else jw_null(w, "q_lora_rank");
+    if (cfg->q_lora_rank)
+        jw_int(w, "q_lora_rank", cfg->q_lora_rank);
+    else
+        jw_null(w, "q_lora_rank");
     jw_int(w, "kv_lora_rank", cfg->kv_lora_rank);
     jw_int(w, "qk_nope_head_dim", cfg->qk_nope_dim);
     jw_int(w, "qk_rope_head_dim", cfg->qk_rope_dim);
@@ -886,10 +939,14 @@ static void write_moe(jw *w, const k3c_config *cfg) {
 /* The compressed-tensors block of the K3 release (§3.3), with the group size k3c holds. */
 static void write_quant(jw *w, const k3c_config *cfg) {
     static const char *const targets[] = {"Linear"};
-    static const char *const ignore[] = {"re:.*self_attn.*", "re:.*shared_experts.*",
-                                         "re:.*mlp\\.(gate|up|gate_up|down)_proj.*", "re:.*lm_head.*",
-                                         "re:.*vision_tower.*", "re:.*mm_projector.*",
-                                         "re:.*block_sparse_moe\\.gate$", "re:.*routed_expert_(up|down)_proj$"};
+    static const char *const ignore[] = {"re:.*self_attn.*",
+                                         "re:.*shared_experts.*",
+                                         "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+                                         "re:.*lm_head.*",
+                                         "re:.*vision_tower.*",
+                                         "re:.*mm_projector.*",
+                                         "re:.*block_sparse_moe\\.gate$",
+                                         "re:.*routed_expert_(up|down)_proj$"};
     jw_open(w, "quantization_config", '{');
     jw_str(w, "quant_method", "compressed-tensors");
     jw_str(w, "format", MXFP4_FORMAT);
@@ -926,7 +983,8 @@ static void write_text(jw *w, const k3c_config *cfg, int k3) {
     if (cfg->mla_norm_eps != (k3 ? cfg->rms_norm_eps : 1e-6)) jw_num(w, "mla_norm_eps", cfg->mla_norm_eps);
     jw_str(w, "hidden_act", cfg->act == K3C_ACT_SITU ? "situ" : "silu");
     if (cfg->act == K3C_ACT_SITU || cfg->situ_beta) jw_num(w, "activation_situ_beta", cfg->situ_beta);
-    if (cfg->act == K3C_ACT_SITU || cfg->situ_linear_beta) jw_num(w, "activation_situ_linear_beta", cfg->situ_linear_beta);
+    if (cfg->act == K3C_ACT_SITU || cfg->situ_linear_beta)
+        jw_num(w, "activation_situ_linear_beta", cfg->situ_linear_beta);
     write_mla(w, cfg);
     write_moe(w, cfg);
     if (cfg->attn_res_block) jw_int(w, "attn_res_block_size", cfg->attn_res_block);
@@ -963,7 +1021,8 @@ int k3c_config_to_json(const k3c_config *cfg, k3c_sbuf *out, k3c_err *err) {
     int k3 = strcmp(cfg->model_type, KIMI_K3) == 0;
     jw w = {out, 0, {0}};
     jw_open(&w, NULL, '{');
-    static const char *const arch_k3[] = {"KimiK3ForConditionalGeneration"}, *const arch_kl[] = {"KimiLinearForCausalLM"};
+    static const char *const arch_k3[] = {"KimiK3ForConditionalGeneration"}, *const arch_kl[] = {
+                                                                                 "KimiLinearForCausalLM"};
     jw_strs(&w, "architectures", k3 ? arch_k3 : arch_kl, 1);
     jw_str(&w, "model_type", cfg->model_type);
     if (k3) {
@@ -986,8 +1045,10 @@ int k3c_config_save(const k3c_config *cfg, const char *path, k3c_err *err) {
     k3c_sbuf s;
     k3c_sbuf_init(&s);
     int rc = k3c_config_to_json(cfg, &s, err);
-    if (rc) k3c_err_wrap(err, "%s", path);
-    else rc = k3c_write_file_atomic(path, s.buf, s.len, err);
+    if (rc)
+        k3c_err_wrap(err, "%s", path);
+    else
+        rc = k3c_write_file_atomic(path, s.buf, s.len, err);
     k3c_sbuf_free(&s);
     return rc;
 }

@@ -6,9 +6,15 @@
 
 #include <string.h>
 
-#define CHECK_RC(expr) do { int rc_ = (expr); if (rc_) return rc_; } while (0)
+#define CHECK_RC(expr)                                                                                                 \
+    do {                                                                                                               \
+        int rc_ = (expr);                                                                                              \
+        if (rc_) return rc_;                                                                                           \
+    } while (0)
 
-static real *src_ptr(const k3c_acts *a, int s) { return s == K3C_SRC_EMB ? a->emb : s % 2 ? a->pend[s / 2] : a->pmid[s / 2]; }
+static real *src_ptr(const k3c_acts *a, int s) {
+    return s == K3C_SRC_EMB ? a->emb : s % 2 ? a->pend[s / 2] : a->pmid[s / 2];
+}
 
 static size_t scratch_bytes(const k3c_model *m, int64_t T, int n_docs) {
     size_t need = 0;
@@ -20,9 +26,9 @@ static size_t scratch_bytes(const k3c_model *m, int64_t T, int n_docs) {
         if (f > need) need = f;
     }
     if (c->attn_res_block > 0) {
-        k3c_attnres_sizes s = {T, c->hidden_size, K3C_ATTNRES_MAX_SOURCES < c->num_layers + 2 ? K3C_ATTNRES_MAX_SOURCES
-                                                                                               : c->num_layers + 2,
-                               c->rms_norm_eps};
+        k3c_attnres_sizes s = {
+            T, c->hidden_size,
+            K3C_ATTNRES_MAX_SOURCES < c->num_layers + 2 ? K3C_ATTNRES_MAX_SOURCES : c->num_layers + 2, c->rms_norm_eps};
         size_t r = k3c_model_be(m)->attnres_workspace(&s);
         if (r > need) need = r;
     }
@@ -43,18 +49,31 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver 
     a->cu = K3C_CARVE(cv, int32_t, n_docs + 1);
     a->targets = K3C_CARVE(cv, int32_t, T);
     a->emb = K3C_CARVE(cv, real, T * D);
-    a->pmid = K3C_CARVE(cv, real *, L); a->pend = K3C_CARVE(cv, real *, L);
-    a->axn = K3C_CARVE(cv, real *, L); a->arstd = K3C_CARVE(cv, real *, L);
-    a->mxn = K3C_CARVE(cv, real *, L); a->mrstd = K3C_CARVE(cv, real *, L);
-    a->ain = K3C_CARVE(cv, const real *, L); a->min = K3C_CARVE(cv, const real *, L);
-    a->amix = K3C_CARVE(cv, k3c_mix, L); a->mmix = K3C_CARVE(cv, k3c_mix, L);
+    a->pmid = K3C_CARVE(cv, real *, L);
+    a->pend = K3C_CARVE(cv, real *, L);
+    a->axn = K3C_CARVE(cv, real *, L);
+    a->arstd = K3C_CARVE(cv, real *, L);
+    a->mxn = K3C_CARVE(cv, real *, L);
+    a->mrstd = K3C_CARVE(cv, real *, L);
+    a->ain = K3C_CARVE(cv, const real *, L);
+    a->min = K3C_CARVE(cv, const real *, L);
+    a->amix = K3C_CARVE(cv, k3c_mix, L);
+    a->mmix = K3C_CARVE(cv, k3c_mix, L);
     a->boundary = K3C_CARVE(cv, int, L);
-    a->kda = K3C_CARVE(cv, k3c_kda_acts, L); a->mla = K3C_CARVE(cv, k3c_mla_acts, L); a->ffn = K3C_CARVE(cv, k3c_ffn_acts, L);
-    k3c_kda_acts kd; k3c_mla_acts ml; k3c_ffn_acts ff;
+    a->kda = K3C_CARVE(cv, k3c_kda_acts, L);
+    a->mla = K3C_CARVE(cv, k3c_mla_acts, L);
+    a->ffn = K3C_CARVE(cv, k3c_ffn_acts, L);
+    k3c_kda_acts kd;
+    k3c_mla_acts ml;
+    k3c_ffn_acts ff;
     k3c_attnres_sizes ms = {T, D, NS, c->rms_norm_eps};
     size_t mix_saved = NS ? k3c_model_be(m)->attnres_saved_elems(&ms) : 0;
     /* Layers that recompute share one set of activation buffers per kind (carved on first use). */
-    struct { int have; real *ax, *ar, *mx, *mr; k3c_mix am, mm; } slot = {0};
+    struct {
+        int have;
+        real *ax, *ar, *mx, *mr;
+        k3c_mix am, mm;
+    } slot = {0};
     int slot_kda = -1, slot_mla = -1, slot_ffn[2] = {-1, -1};
     for (int l = 0; l < L; l++) {
         real *pm = K3C_CARVE(cv, real, T * D), *pe = K3C_CARVE(cv, real, T * D);
@@ -62,23 +81,43 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver 
         real *ax = slot.ax, *ar = slot.ar, *mx = slot.mx, *mr = slot.mr;
         k3c_mix am = slot.am, mm = slot.mm;
         if (fresh) {
-            ax = K3C_CARVE(cv, real, T * D); ar = K3C_CARVE(cv, real, T);
-            mx = K3C_CARVE(cv, real, T * D); mr = K3C_CARVE(cv, real, T);
-            memset(&am, 0, sizeof am); memset(&mm, 0, sizeof mm);
+            ax = K3C_CARVE(cv, real, T * D);
+            ar = K3C_CARVE(cv, real, T);
+            mx = K3C_CARVE(cv, real, T * D);
+            mr = K3C_CARVE(cv, real, T);
+            memset(&am, 0, sizeof am);
+            memset(&mm, 0, sizeof mm);
             if (NS) {
-                am.src = K3C_CARVE(cv, int, NS); am.saved = K3C_CARVE(cv, real, mix_saved); am.out = K3C_CARVE(cv, real, T * D);
-                mm.src = K3C_CARVE(cv, int, NS); mm.saved = K3C_CARVE(cv, real, mix_saved); mm.out = K3C_CARVE(cv, real, T * D);
+                am.src = K3C_CARVE(cv, int, NS);
+                am.saved = K3C_CARVE(cv, real, mix_saved);
+                am.out = K3C_CARVE(cv, real, T * D);
+                mm.src = K3C_CARVE(cv, int, NS);
+                mm.saved = K3C_CARVE(cv, real, mix_saved);
+                mm.out = K3C_CARVE(cv, real, T * D);
             }
-            if (rec) { slot.have = 1; slot.ax = ax; slot.ar = ar; slot.mx = mx; slot.mr = mr; slot.am = am; slot.mm = mm; }
+            if (rec) {
+                slot.have = 1;
+                slot.ax = ax;
+                slot.ar = ar;
+                slot.mx = mx;
+                slot.mr = mr;
+                slot.am = am;
+                slot.mm = mm;
+            }
         }
         int kda = c->mixer[l] == K3C_MIXER_KDA, moe = c->ffn[l] == K3C_FFN_MOE;
         int *sm = kda ? &slot_kda : &slot_mla, *sf = &slot_ffn[moe];
         if (!rec || *sm < 0) {
-            if (kda) k3c_kda_alloc(m, T, cv, cv->measure ? &kd : &a->kda[l]);
-            else k3c_mla_alloc(m, T, cv, cv->measure ? &ml : &a->mla[l]);
+            if (kda)
+                k3c_kda_alloc(m, T, cv, cv->measure ? &kd : &a->kda[l]);
+            else
+                k3c_mla_alloc(m, T, cv, cv->measure ? &ml : &a->mla[l]);
             if (rec) *sm = l;
         } else if (!cv->measure) {
-            if (kda) a->kda[l] = a->kda[*sm]; else a->mla[l] = a->mla[*sm];
+            if (kda)
+                a->kda[l] = a->kda[*sm];
+            else
+                a->mla[l] = a->mla[*sm];
         }
         if (!rec || *sf < 0) {
             k3c_ffn_alloc(m, l, T, cv, cv->measure ? &ff : &a->ffn[l]);
@@ -87,16 +126,33 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver 
             a->ffn[l] = a->ffn[*sf];
         }
         if (!cv->measure) {
-            a->pmid[l] = pm; a->pend[l] = pe; a->axn[l] = ax; a->arstd[l] = ar; a->mxn[l] = mx; a->mrstd[l] = mr;
-            a->amix[l] = am; a->mmix[l] = mm;
+            a->pmid[l] = pm;
+            a->pend[l] = pe;
+            a->axn[l] = ax;
+            a->arstd[l] = ar;
+            a->mxn[l] = mx;
+            a->mrstd[l] = mr;
+            a->amix[l] = am;
+            a->mmix[l] = mm;
         }
     }
     k3c_mix fm = {0};
-    if (NS) { fm.src = K3C_CARVE(cv, int, NS); fm.saved = K3C_CARVE(cv, real, mix_saved); fm.out = K3C_CARVE(cv, real, T * D); }
+    if (NS) {
+        fm.src = K3C_CARVE(cv, int, NS);
+        fm.saved = K3C_CARVE(cv, real, mix_saved);
+        fm.out = K3C_CARVE(cv, real, T * D);
+    }
     real *hn = K3C_CARVE(cv, real, T * D), *rf = K3C_CARVE(cv, real, T);
     real *lg = K3C_CARVE(cv, real, T * c->vocab_size), *lse = K3C_CARVE(cv, real, T);
     void *scr = k3c_carve_bytes(cv, scratch_bytes(m, T, n_docs));
-    if (!cv->measure) { a->fmix = fm; a->hn = hn; a->rfin = rf; a->logits = lg; a->lse = lse; a->st.scratch = scr; }
+    if (!cv->measure) {
+        a->fmix = fm;
+        a->hn = hn;
+        a->rfin = rf;
+        a->logits = lg;
+        a->lse = lse;
+        a->st.scratch = scr;
+    }
 }
 
 /* Backward buffers: gradients of every stream tensor, two [T, D] scratch rows, then per-layer scratch. */
@@ -105,12 +161,17 @@ static void carve_backward(const k3c_model *m, int64_t T, k3c_carver *cv, k3c_ac
     int L = (int)c->num_layers;
     int64_t D = c->hidden_size;
     a->demb = K3C_CARVE(cv, real, T * D);
-    a->dpmid = K3C_CARVE(cv, real *, L); a->dpend = K3C_CARVE(cv, real *, L);
+    a->dpmid = K3C_CARVE(cv, real *, L);
+    a->dpend = K3C_CARVE(cv, real *, L);
     for (int l = 0; l < L; l++) {
         real *x = K3C_CARVE(cv, real, T * D), *y = K3C_CARVE(cv, real, T * D);
-        if (!cv->measure) { a->dpmid[l] = x; a->dpend[l] = y; }
+        if (!cv->measure) {
+            a->dpmid[l] = x;
+            a->dpend[l] = y;
+        }
     }
-    a->dxn = K3C_CARVE(cv, real, T * D); a->din = K3C_CARVE(cv, real, T * D);
+    a->dxn = K3C_CARVE(cv, real, T * D);
+    a->din = K3C_CARVE(cv, real, T * D);
 }
 
 static size_t layer_tmp_bytes(const k3c_model *m, int64_t T) {
@@ -188,8 +249,10 @@ static int layer_fwd(k3c_acts *a, int l, k3c_err *err) {
     if (a->boundary[l]) Rsrc[nR++] = P;
     k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
     CHECK_RC(st->be->rmsnorm_fwd(&rs, a->ain[l], w + o->input_norm, a->axn[l], a->arstd[l], err));
-    if (c->mixer[l] == K3C_MIXER_KDA) CHECK_RC(k3c_kda_layer_fwd(st, l, a->axn[l], &a->kda[l], a->pmid[l], err));
-    else CHECK_RC(k3c_mla_layer_fwd(st, l, a->axn[l], &a->mla[l], a->pmid[l], err));
+    if (c->mixer[l] == K3C_MIXER_KDA)
+        CHECK_RC(k3c_kda_layer_fwd(st, l, a->axn[l], &a->kda[l], a->pmid[l], err));
+    else
+        CHECK_RC(k3c_mla_layer_fwd(st, l, a->axn[l], &a->mla[l], a->pmid[l], err));
     if (!a->boundary[l]) CHECK_RC(st->be->add(T * D, src_ptr(a, P), a->pmid[l], err));
     if (S > 0) {
         set_sources(&a->mmix[l], Rsrc, nR, K3C_SRC_MID(l));
@@ -223,7 +286,7 @@ static int run_layers(k3c_acts *a, k3c_err *err) {
 }
 
 int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, k3c_acts **acts_out, double *loss,
-                         real **logits_out, k3c_err *err) {
+                      real **logits_out, k3c_err *err) {
     const k3c_config *c = &m->cfg;
     int64_t T = b->T, D = c->hidden_size, V = c->vocab_size;
     if (T <= 0) return k3c_errf(err, K3C_EINVAL, "forward: empty batch");
@@ -235,7 +298,8 @@ int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, 
             if (b->cu_seqlens[d + 1] < b->cu_seqlens[d])
                 return k3c_errf(err, K3C_EINVAL, "forward: cu_seqlens[%d] < cu_seqlens[%d]", d + 1, d);
     }
-    if (max_sources(c) > K3C_ATTNRES_MAX_SOURCES) return k3c_errf(err, K3C_EUNSUPPORTED, "forward: too many AttnRes blocks");
+    if (max_sources(c) > K3C_ATTNRES_MAX_SOURCES)
+        return k3c_errf(err, K3C_EUNSUPPORTED, "forward: too many AttnRes blocks");
     const k3c_backend *be = k3c_model_be(m);
     CHECK_RC(be->sync(err)); /* the host writes the batch into memory the previous step's ops may still read */
     k3c_acts *a = k3c_arena_calloc(arena, sizeof *a);
@@ -246,12 +310,20 @@ int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, 
                         k3c_model_plan_bytes(m, T, b->n_docs));
     a->T = T;
     int n_docs = b->cu_seqlens ? b->n_docs : 1;
-    a->st = (k3c_step){.m = m, .be = be, .T = T, .n_docs = n_docs, .cu = b->cu_seqlens ? a->cu : NULL,
-                       .scratch = a->st.scratch, .w = m->w, .g = m->g};
+    a->st = (k3c_step){.m = m,
+                       .be = be,
+                       .T = T,
+                       .n_docs = n_docs,
+                       .cu = b->cu_seqlens ? a->cu : NULL,
+                       .scratch = a->st.scratch,
+                       .w = m->w,
+                       .g = m->g};
     if (b->cu_seqlens) memcpy(a->cu, b->cu_seqlens, sizeof(int32_t) * (size_t)(n_docs + 1));
     memcpy(a->ids, b->ids, sizeof(int32_t) * (size_t)T);
-    if (b->targets) memcpy(a->targets, b->targets, sizeof(int32_t) * (size_t)T);
-    else next_token_targets(b, a->targets);
+    if (b->targets)
+        memcpy(a->targets, b->targets, sizeof(int32_t) * (size_t)T);
+    else
+        next_token_targets(b, a->targets);
     k3c_embedding_sizes es = {T, V, D};
     CHECK_RC(be->embedding_fwd(&es, a->ids, (const real *)m->w + m->table.glob.embed, a->emb, err));
     CHECK_RC(run_layers(a, err));

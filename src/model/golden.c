@@ -27,7 +27,10 @@ static int gather(const k3c_model *m, const char *name, double *buf, int64_t n) 
     char a[512], b[512];
     int64_t k;
     const real *src = slice(m, name, &k);
-    if (src && k == n) { for (int64_t i = 0; i < n; i++) buf[i] = (double)src[i]; return 1; }
+    if (src && k == n) {
+        for (int64_t i = 0; i < n; i++) buf[i] = (double)src[i];
+        return 1;
+    }
     if (replace(name, "forget_gate.", "", a, sizeof a)) return gather(m, a, buf, n);
     if (replace(name, "self_attn.conv1d.weight", "self_attn.q_conv1d.weight", a, sizeof a)) {
         static const char *qkv[3] = {"q", "k", "v"};
@@ -68,8 +71,8 @@ static int gather(const k3c_model *m, const char *name, double *buf, int64_t n) 
     return 0;
 }
 
-int k3c_golden_grads(const k3c_model *m, const k3c_safetensors *golden, k3c_golden_row *rows, int max_rows,
-                        int *n_rows, k3c_err *err) {
+int k3c_golden_grads(const k3c_model *m, const k3c_safetensors *golden, k3c_golden_row *rows, int max_rows, int *n_rows,
+                     k3c_err *err) {
     int nr = 0;
     for (int i = 0; i < k3c_st_count(golden); i++) {
         const k3c_st_tensor *t = k3c_st_at(golden, i);
@@ -77,8 +80,13 @@ int k3c_golden_grads(const k3c_model *m, const k3c_safetensors *golden, k3c_gold
         if (strstr(t->name, "e_score_correction_bias")) continue; /* selection only: no gradient */
         int64_t n = 1;
         for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
-        double *ref = malloc(sizeof(double) * (size_t)(n ? n : 1)), *ours = malloc(sizeof(double) * (size_t)(n ? n : 1));
-        if (!ref || !ours) { free(ref); free(ours); return k3c_errf(err, K3C_ENOMEM, "golden: out of memory"); }
+        double *ref = malloc(sizeof(double) * (size_t)(n ? n : 1)),
+               *ours = malloc(sizeof(double) * (size_t)(n ? n : 1));
+        if (!ref || !ours) {
+            free(ref);
+            free(ours);
+            return k3c_errf(err, K3C_ENOMEM, "golden: out of memory");
+        }
         int rc = k3c_st_read_f64(t, ref, (size_t)n, err);
         if (!rc && !gather(m, t->name + 5, ours, n))
             rc = k3c_errf(err, K3C_ENOTFOUND, "%s: no k3c parameter matches golden tensor %s", t->file, t->name);

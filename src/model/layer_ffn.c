@@ -7,7 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK_RC(expr) do { int rc_ = (expr); if (rc_) return rc_; } while (0)
+#define CHECK_RC(expr)                                                                                                 \
+    do {                                                                                                               \
+        int rc_ = (expr);                                                                                              \
+        if (rc_) return rc_;                                                                                           \
+    } while (0)
 
 typedef struct {
     int64_t T, D, E, k, inter, lat, shw; /* lat: expert width (latent ℓ or D); shw: fused shared width */
@@ -16,9 +20,15 @@ typedef struct {
 
 static ffn_shape shape_of(const k3c_model *m, int l, int64_t T) {
     const k3c_config *c = &m->cfg;
-    ffn_shape s = {T, c->hidden_size, c->num_experts, c->top_k, c->moe_intermediate_size,
-                   c->latent_dim > 0 ? c->latent_dim : c->hidden_size, c->moe_intermediate_size * c->num_shared_experts,
-                   c->ffn[l] == K3C_FFN_MOE, c->latent_dim > 0};
+    ffn_shape s = {T,
+                   c->hidden_size,
+                   c->num_experts,
+                   c->top_k,
+                   c->moe_intermediate_size,
+                   c->latent_dim > 0 ? c->latent_dim : c->hidden_size,
+                   c->moe_intermediate_size * c->num_shared_experts,
+                   c->ffn[l] == K3C_FFN_MOE,
+                   c->latent_dim > 0};
     if (!s.moe) s.inter = c->intermediate_size;
     return s;
 }
@@ -37,8 +47,14 @@ size_t k3c_ffn_scratch(const k3c_model *m, int l, int64_t T) {
     ffn_shape s = shape_of(m, l, T);
     const k3c_backend *be = k3c_model_be(m);
     size_t a = 0, b = 0;
-    if (!s.moe || s.shw > 0) { k3c_mlp_sizes ms = mlp_sizes(m, &s); a = be->mlp_workspace(&ms); }
-    if (s.moe) { k3c_moe_sizes es = moe_sizes(m, &s); b = be->moe_workspace(&es); }
+    if (!s.moe || s.shw > 0) {
+        k3c_mlp_sizes ms = mlp_sizes(m, &s);
+        a = be->mlp_workspace(&ms);
+    }
+    if (s.moe) {
+        k3c_moe_sizes es = moe_sizes(m, &s);
+        b = be->moe_workspace(&es);
+    }
     return a > b ? a : b;
 }
 
@@ -59,7 +75,10 @@ void k3c_ffn_alloc(const k3c_model *m, int l, int64_t T, k3c_carver *c, k3c_ffn_
     if (s.latent) a->zin = K3C_CARVE(c, real, T * s.lat);
     a->moe_saved = k3c_carve_bytes(c, be->moe_saved_bytes(&es));
     a->u = K3C_CARVE(c, real, T * s.lat);
-    if (s.latent && m->cfg.latent_norm) { a->un = K3C_CARVE(c, real, T * s.lat); a->ru = K3C_CARVE(c, real, T); }
+    if (s.latent && m->cfg.latent_norm) {
+        a->un = K3C_CARVE(c, real, T * s.lat);
+        a->ru = K3C_CARVE(c, real, T);
+    }
     if (s.shw > 0) a->ys = K3C_CARVE(c, real, T * s.D);
 }
 
@@ -69,12 +88,17 @@ static int record_routes(const k3c_step *st, int l, const ffn_shape *s, const k3
     k3c_route_stats *r = &st->m->route[l];
     CHECK_RC(st->be->sync(err));
     if (r->T != s->T) {
-        free(r->topk_ids); free(r->scores); free(r->cutoff);
+        free(r->topk_ids);
+        free(r->scores);
+        free(r->cutoff);
         r->topk_ids = malloc(sizeof(int32_t) * (size_t)(s->T * s->k));
         r->scores = malloc(sizeof(float) * (size_t)(s->T * s->E));
         r->cutoff = malloc(sizeof(float) * (size_t)s->T);
         r->T = s->T;
-        if (!r->topk_ids || !r->scores || !r->cutoff) { r->T = 0; return k3c_errf(err, K3C_ENOMEM, "route stats"); }
+        if (!r->topk_ids || !r->scores || !r->cutoff) {
+            r->T = 0;
+            return k3c_errf(err, K3C_ENOMEM, "route stats");
+        }
     }
     r->k = s->k;
     r->n = s->E;
@@ -93,7 +117,8 @@ int k3c_ffn_layer_fwd(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, real
     int64_t T = s.T;
     if (!s.moe) {
         k3c_mlp_sizes ms = mlp_sizes(m, &s);
-        int rc = st->be->mlp_fwd(st->be->ctx, &ms, xn, w + o->mlp_gate, w + o->mlp_up, w + o->mlp_down, y, a->mlp_saved, st->scratch, err);
+        int rc = st->be->mlp_fwd(st->be->ctx, &ms, xn, w + o->mlp_gate, w + o->mlp_up, w + o->mlp_down, y, a->mlp_saved,
+                                 st->scratch, err);
         return rc ? k3c_err_wrap(err, "layer %d: dense MLP", l) : K3C_OK;
     }
     CHECK_RC(k3c_lin(st, T, s.D, s.E, xn, w + o->router, a->logits, 0, err));
@@ -108,7 +133,8 @@ int k3c_ffn_layer_fwd(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, real
     }
     k3c_moe_sizes es = moe_sizes(m, &s);
     real *u = s.latent ? a->u : y;
-    rc = st->be->moe_fwd(st->be->ctx, &es, xin, a->ids, a->topw, w + o->w1, w + o->w3, w + o->w2, u, a->moe_saved, st->scratch, err);
+    rc = st->be->moe_fwd(st->be->ctx, &es, xin, a->ids, a->topw, w + o->w1, w + o->w3, w + o->w2, u, a->moe_saved,
+                         st->scratch, err);
     if (rc) return k3c_err_wrap(err, "layer %d: routed experts", l);
     if (s.latent) {
         const real *un = u;
@@ -134,8 +160,8 @@ size_t k3c_ffn_bwd_bytes(const k3c_model *m, int l, int64_t T) {
     return s.moe ? sizeof(real) * (size_t)(T * (s.k + s.E + 3 * s.lat)) + 8 * 64 : 0;
 }
 
-int k3c_ffn_layer_bwd(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, const real *dy, real *dxn,
-                         k3c_arena *tmp, k3c_err *err) {
+int k3c_ffn_layer_bwd(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, const real *dy, real *dxn, k3c_arena *tmp,
+                      k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
     const k3c_layer_offsets *o = &m->table.layer[l];
@@ -148,8 +174,8 @@ int k3c_ffn_layer_bwd(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, cons
         k3c_mlp_sizes ms = mlp_sizes(m, &s);
         size_t og = s.moe ? o->shared_gate : o->mlp_gate, ou = s.moe ? o->shared_up : o->mlp_up;
         size_t od = s.moe ? o->shared_down : o->mlp_down;
-        rc = st->be->mlp_bwd(st->be->ctx, &ms, xn, w + og, w + ou, w + od, a->mlp_saved, dy, dxn, g + og, g + ou, g + od,
-                             st->scratch, err);
+        rc = st->be->mlp_bwd(st->be->ctx, &ms, xn, w + og, w + ou, w + od, a->mlp_saved, dy, dxn, g + og, g + ou,
+                             g + od, st->scratch, err);
         if (rc) return k3c_err_wrap(err, "layer %d: MLP backward", l);
         if (!s.moe) return K3C_OK;
     }
@@ -166,7 +192,8 @@ int k3c_ffn_layer_bwd(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, cons
     real *dxin = dxn;
     if (s.latent) {
         const real *un = c->latent_norm ? a->un : a->u;
-        CHECK_RC(k3c_lin_bwd(st, T, s.lat, s.D, un, w + o->latent_up, dy, c->latent_norm ? dun : du, g + o->latent_up, err));
+        CHECK_RC(
+            k3c_lin_bwd(st, T, s.lat, s.D, un, w + o->latent_up, dy, c->latent_norm ? dun : du, g + o->latent_up, err));
         if (c->latent_norm) {
             k3c_rmsnorm_sizes ns = {T, s.lat, c->rms_norm_eps};
             CHECK_RC(st->be->rmsnorm_bwd(&ns, a->u, w + o->latent_norm, a->ru, dun, du, g + o->latent_norm, err));

@@ -3,7 +3,11 @@
 #include "base/real.h"
 #include "model/layers.h"
 
-#define CHECK_RC(expr) do { int rc_ = (expr); if (rc_) return rc_; } while (0)
+#define CHECK_RC(expr)                                                                                                 \
+    do {                                                                                                               \
+        int rc_ = (expr);                                                                                              \
+        if (rc_) return rc_;                                                                                           \
+    } while (0)
 
 typedef struct {
     int64_t T, D, H, dk, P, W;
@@ -17,7 +21,13 @@ static kda_shape shape_of(const k3c_model *m, int64_t T) {
 
 static k3c_kda_dims core_dims(const k3c_model *m, int64_t T, int n_docs) {
     const k3c_config *c = &m->cfg;
-    k3c_kda_dims d = {T, c->kda_heads, c->kda_head_dim, c->kda_head_dim, n_docs, m->kda_chunk, 0,
+    k3c_kda_dims d = {T,
+                      c->kda_heads,
+                      c->kda_head_dim,
+                      c->kda_head_dim,
+                      n_docs,
+                      m->kda_chunk,
+                      0,
                       c->kda_gate == K3C_GATE_LOWER_BOUND ? c->gate_lower_bound : 0};
     return d;
 }
@@ -32,15 +42,24 @@ size_t k3c_kda_scratch(const k3c_model *m, int64_t T, int n_docs) {
 
 void k3c_kda_alloc(const k3c_model *m, int64_t T, k3c_carver *c, k3c_kda_acts *a) {
     kda_shape s = shape_of(m, T);
-    a->qh = K3C_CARVE(c, real, T * s.P); a->kh = K3C_CARVE(c, real, T * s.P); a->vh = K3C_CARVE(c, real, T * s.P);
-    a->qn = K3C_CARVE(c, real, T * s.P); a->kn = K3C_CARVE(c, real, T * s.P); a->vc = K3C_CARVE(c, real, T * s.P);
-    a->rq = K3C_CARVE(c, real, T * s.H); a->rk = K3C_CARVE(c, real, T * s.H);
-    a->blog = K3C_CARVE(c, real, T * s.H); a->beta = K3C_CARVE(c, real, T * s.H);
-    a->fa = K3C_CARVE(c, real, T * s.dk); a->z = K3C_CARVE(c, real, T * s.P); a->g = K3C_CARVE(c, real, T * s.P);
+    a->qh = K3C_CARVE(c, real, T * s.P);
+    a->kh = K3C_CARVE(c, real, T * s.P);
+    a->vh = K3C_CARVE(c, real, T * s.P);
+    a->qn = K3C_CARVE(c, real, T * s.P);
+    a->kn = K3C_CARVE(c, real, T * s.P);
+    a->vc = K3C_CARVE(c, real, T * s.P);
+    a->rq = K3C_CARVE(c, real, T * s.H);
+    a->rk = K3C_CARVE(c, real, T * s.H);
+    a->blog = K3C_CARVE(c, real, T * s.H);
+    a->beta = K3C_CARVE(c, real, T * s.H);
+    a->fa = K3C_CARVE(c, real, T * s.dk);
+    a->z = K3C_CARVE(c, real, T * s.P);
+    a->g = K3C_CARVE(c, real, T * s.P);
     a->o = K3C_CARVE(c, real, T * s.P);
     a->ga = m->cfg.kda_full_rank_gate ? NULL : K3C_CARVE(c, real, T * s.dk);
     a->gl = K3C_CARVE(c, real, T * s.P);
-    a->y1 = K3C_CARVE(c, real, T * s.P); a->ro = K3C_CARVE(c, real, T * s.H);
+    a->y1 = K3C_CARVE(c, real, T * s.P);
+    a->ro = K3C_CARVE(c, real, T * s.H);
 }
 
 int k3c_kda_layer_fwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, real *y, k3c_err *err) {
@@ -85,8 +104,8 @@ size_t k3c_kda_bwd_bytes(const k3c_model *m, int64_t T) {
     return sizeof(real) * (size_t)(T * (7 * s.P + 3 * s.dk + 2 * s.H)) + 16 * 64;
 }
 
-int k3c_kda_layer_bwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, const real *dy, real *dxn,
-                         k3c_arena *tmp, k3c_err *err) {
+int k3c_kda_layer_bwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, const real *dy, real *dxn, k3c_arena *tmp,
+                      k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
     const k3c_layer_offsets *o = &m->table.layer[l];
@@ -123,7 +142,8 @@ int k3c_kda_layer_bwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, cons
     CHECK_RC(st->be->zero(dz, T * s.P, err));
     CHECK_RC(st->be->zero(dlow, T * s.dk, err));
     k3c_kda_gate_dims gd = {T, s.H, s.dk, c->kda_gate, c->gate_lower_bound};
-    CHECK_RC(st->be->kda_gate_bwd(&gd, a->z, w + o->dt_bias, w + o->A_log, dgate, dz, g + o->dt_bias, g + o->A_log, err));
+    CHECK_RC(
+        st->be->kda_gate_bwd(&gd, a->z, w + o->dt_bias, w + o->A_log, dgate, dz, g + o->dt_bias, g + o->A_log, err));
     CHECK_RC(k3c_lin_bwd(st, T, s.dk, s.P, a->fa, w + o->f_b, dz, dlow, g + o->f_b, err));
     CHECK_RC(k3c_lin_bwd(st, T, s.D, s.dk, xn, w + o->f_a, dlow, dxn, g + o->f_a, err));
     /* q, k: L2 norm, then conv + SiLU, then projection; v: conv + SiLU, projection */
@@ -142,8 +162,8 @@ int k3c_kda_layer_bwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, cons
             dc = dconv;
         }
         CHECK_RC(st->be->zero(dpre, T * s.P, err));
-        CHECK_RC(st->be->short_conv_bwd(&cd, st->cu, pre[i], w + Wc[i], NULL, dc, dpre, g + Wc[i], NULL, st->scratch,
-                                       err));
+        CHECK_RC(
+            st->be->short_conv_bwd(&cd, st->cu, pre[i], w + Wc[i], NULL, dc, dpre, g + Wc[i], NULL, st->scratch, err));
         CHECK_RC(k3c_lin_bwd(st, T, s.D, s.P, xn, w + Wp[i], dpre, dxn, g + Wp[i], err));
     }
     return K3C_OK;

@@ -6,7 +6,11 @@
 
 #include <string.h>
 
-#define CHECK_RC(expr) do { int rc_ = (expr); if (rc_) return rc_; } while (0)
+#define CHECK_RC(expr)                                                                                                 \
+    do {                                                                                                               \
+        int rc_ = (expr);                                                                                              \
+        if (rc_) return rc_;                                                                                           \
+    } while (0)
 
 typedef struct {
     int64_t T, D, H, nope, rope, dqk, dv, r, rkv;
@@ -14,8 +18,15 @@ typedef struct {
 
 static mla_shape shape_of(const k3c_model *m, int64_t T) {
     const k3c_config *c = &m->cfg;
-    mla_shape s = {T, c->hidden_size, c->mla_heads, c->qk_nope_dim, c->qk_rope_dim, c->qk_nope_dim + c->qk_rope_dim,
-                   c->v_head_dim, c->q_lora_rank, c->kv_lora_rank};
+    mla_shape s = {T,
+                   c->hidden_size,
+                   c->mla_heads,
+                   c->qk_nope_dim,
+                   c->qk_rope_dim,
+                   c->qk_nope_dim + c->qk_rope_dim,
+                   c->v_head_dim,
+                   c->q_lora_rank,
+                   c->kv_lora_rank};
     return s;
 }
 
@@ -36,15 +47,24 @@ void k3c_mla_alloc(const k3c_model *m, int64_t T, k3c_carver *c, k3c_mla_acts *a
     mla_shape s = shape_of(m, T);
     memset(a, 0, sizeof *a);
     if (s.r > 0) {
-        a->qa = K3C_CARVE(c, real, T * s.r); a->qan = K3C_CARVE(c, real, T * s.r); a->rqa = K3C_CARVE(c, real, T);
+        a->qa = K3C_CARVE(c, real, T * s.r);
+        a->qan = K3C_CARVE(c, real, T * s.r);
+        a->rqa = K3C_CARVE(c, real, T);
     }
     a->q = K3C_CARVE(c, real, T * s.H * s.dqk);
     a->kva = K3C_CARVE(c, real, T * (s.rkv + s.rope));
-    a->c = K3C_CARVE(c, real, T * s.rkv); a->cn = K3C_CARVE(c, real, T * s.rkv); a->rc = K3C_CARVE(c, real, T);
+    a->c = K3C_CARVE(c, real, T * s.rkv);
+    a->cn = K3C_CARVE(c, real, T * s.rkv);
+    a->rc = K3C_CARVE(c, real, T);
     a->kv = K3C_CARVE(c, real, T * s.H * (s.nope + s.dv));
-    a->k = K3C_CARVE(c, real, T * s.H * s.dqk); a->v = K3C_CARVE(c, real, T * s.H * s.dv);
-    a->o = K3C_CARVE(c, real, T * s.H * s.dv); a->lse = K3C_CARVE(c, real, T * s.H);
-    if (m->cfg.mla_output_gate) { a->gl = K3C_CARVE(c, real, T * s.H * s.dv); a->og = K3C_CARVE(c, real, T * s.H * s.dv); }
+    a->k = K3C_CARVE(c, real, T * s.H * s.dqk);
+    a->v = K3C_CARVE(c, real, T * s.H * s.dv);
+    a->o = K3C_CARVE(c, real, T * s.H * s.dv);
+    a->lse = K3C_CARVE(c, real, T * s.H);
+    if (m->cfg.mla_output_gate) {
+        a->gl = K3C_CARVE(c, real, T * s.H * s.dv);
+        a->og = K3C_CARVE(c, real, T * s.H * s.dv);
+    }
 }
 
 int k3c_mla_layer_fwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real *y, k3c_err *err) {
@@ -93,8 +113,8 @@ size_t k3c_mla_bwd_bytes(const k3c_model *m, int64_t T) {
     return sizeof(real) * (size_t)n + 16 * 64;
 }
 
-int k3c_mla_layer_bwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, const real *dy, real *dxn,
-                         k3c_arena *tmp, k3c_err *err) {
+int k3c_mla_layer_bwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, const real *dy, real *dxn, k3c_arena *tmp,
+                      k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
     const k3c_layer_offsets *o = &m->table.layer[l];
@@ -109,7 +129,8 @@ int k3c_mla_layer_bwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, cons
     real *dcn = TMP(T * s.rkv), *dqa = s.r > 0 ? TMP(T * s.r) : NULL, *dqan = s.r > 0 ? TMP(T * s.r) : NULL;
 #undef TMP
     if (!dout || !d_o || !dq || !dk || !dv || !dkv || !dkva || !dc || !dcn || (s.r > 0 && (!dqa || !dqan)))
-        return k3c_errf(err, K3C_ENOMEM, "layer %d: MLA backward scratch (arena %zu of %zu used)", l, tmp->used, tmp->cap);
+        return k3c_errf(err, K3C_ENOMEM, "layer %d: MLA backward scratch (arena %zu of %zu used)", l, tmp->used,
+                        tmp->cap);
     const real *out = c->mla_output_gate ? a->og : a->o;
     CHECK_RC(k3c_lin_bwd(st, T, H * s.dv, s.D, out, w + o->o_proj, dy, dout, g + o->o_proj, err));
     if (c->mla_output_gate) {

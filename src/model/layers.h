@@ -17,7 +17,10 @@ typedef struct {
 } k3c_carver;
 
 static inline void *k3c_carve_bytes(k3c_carver *c, size_t n) {
-    if (c->measure) { c->bytes += (n + 63) / 64 * 64; return NULL; }
+    if (c->measure) {
+        c->bytes += (n + 63) / 64 * 64;
+        return NULL;
+    }
     void *p = k3c_arena_alloc(c->a, n);
     if (!p) c->oom = 1;
     return p;
@@ -31,59 +34,59 @@ typedef struct {
     int64_t T;
     int n_docs;
     const int32_t *cu;
-    void *scratch;        /* op workspaces (largest need of any op in the step) */
+    void *scratch; /* op workspaces (largest need of any op in the step) */
     size_t scratch_bytes;
-    const real *w;        /* parameters */
-    real *g;              /* gradients */
+    const real *w; /* parameters */
+    real *g;       /* gradients */
 } k3c_step;
 
 typedef struct {
-    real *qh, *kh, *vh;         /* projections before the short conv [T, P] */
-    real *qn, *kn, *vc;         /* conv + SiLU (q, k then L2-normalised) [T, P] */
-    real *rq, *rk;              /* L2 rstd [T·H] */
-    real *blog, *beta;          /* β logits and β [T, H] */
-    real *fa, *z, *g;           /* gate: f_a output [T, dk], f_b output z [T, P], log-decay g [T, P] */
-    real *o;                    /* KDA core output [T, P] */
-    real *ga, *gl;              /* output gate: low-rank inner [T, dk], logits [T, P] */
-    real *y1, *ro;              /* gated RMSNorm output [T, P] and its rstd [T·H] */
+    real *qh, *kh, *vh; /* projections before the short conv [T, P] */
+    real *qn, *kn, *vc; /* conv + SiLU (q, k then L2-normalised) [T, P] */
+    real *rq, *rk;      /* L2 rstd [T·H] */
+    real *blog, *beta;  /* β logits and β [T, H] */
+    real *fa, *z, *g;   /* gate: f_a output [T, dk], f_b output z [T, P], log-decay g [T, P] */
+    real *o;            /* KDA core output [T, P] */
+    real *ga, *gl;      /* output gate: low-rank inner [T, dk], logits [T, P] */
+    real *y1, *ro;      /* gated RMSNorm output [T, P] and its rstd [T·H] */
 } k3c_kda_acts;
 
 typedef struct {
-    real *qa, *qan, *rqa;       /* q LoRA: q_a output [T, r], normalised, rstd [T] */
-    real *q;                    /* queries [T, H, dqk] */
-    real *kva, *c, *cn, *rc;    /* kv_a output [T, r_kv + rope], latent copy / normalised [T, r_kv], rstd [T] */
-    real *kv;                   /* kv_b output [T, H, nope + dv] */
-    real *k, *v;                /* per-head keys [T, H, dqk] (shared k_pe slot concatenated), values [T, H, dv] */
-    real *o, *lse;              /* attention output [T, H, dv], log-sum-exp [T, H] */
-    real *gl, *og;              /* output gate logits [T, H·dv], gated output [T, H·dv] */
+    real *qa, *qan, *rqa;    /* q LoRA: q_a output [T, r], normalised, rstd [T] */
+    real *q;                 /* queries [T, H, dqk] */
+    real *kva, *c, *cn, *rc; /* kv_a output [T, r_kv + rope], latent copy / normalised [T, r_kv], rstd [T] */
+    real *kv;                /* kv_b output [T, H, nope + dv] */
+    real *k, *v;             /* per-head keys [T, H, dqk] (shared k_pe slot concatenated), values [T, H, dv] */
+    real *o, *lse;           /* attention output [T, H, dv], log-sum-exp [T, H] */
+    real *gl, *og;           /* output gate logits [T, H·dv], gated output [T, H·dv] */
 } k3c_mla_acts;
 
 typedef struct {
-    void *mlp_saved;            /* dense MLP / shared experts saved pre-activations */
-    real *logits;               /* router logits [T, n] */
-    int32_t *ids;               /* top-k [T, k] */
-    real *topw, *cutoff;        /* weights [T, k], QB cutoffs [T] */
-    real *zin;                  /* latent input z = W↓ x [T, ℓ] (K3) */
+    void *mlp_saved;     /* dense MLP / shared experts saved pre-activations */
+    real *logits;        /* router logits [T, n] */
+    int32_t *ids;        /* top-k [T, k] */
+    real *topw, *cutoff; /* weights [T, k], QB cutoffs [T] */
+    real *zin;           /* latent input z = W↓ x [T, ℓ] (K3) */
     void *moe_saved;
-    real *u, *un, *ru;          /* routed output [T, ℓ], normalised, rstd [T] */
-    real *ys;                   /* shared experts output [T, D] */
+    real *u, *un, *ru; /* routed output [T, ℓ], normalised, rstd [T] */
+    real *ys;          /* shared experts output [T, D] */
 } k3c_ffn_acts;
 
-#define K3C_LAYERS_API(real, S)                                                                                       \
-    size_t k3c_kda_scratch_##S(const k3c_model *m, int64_t T, int n_docs);                                            \
-    void k3c_kda_alloc_##S(const k3c_model *m, int64_t T, k3c_carver *c, k3c_kda_acts *a);                            \
+#define K3C_LAYERS_API(real, S)                                                                                        \
+    size_t k3c_kda_scratch_##S(const k3c_model *m, int64_t T, int n_docs);                                             \
+    void k3c_kda_alloc_##S(const k3c_model *m, int64_t T, k3c_carver *c, k3c_kda_acts *a);                             \
     int k3c_kda_layer_fwd_##S(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, real *y, k3c_err *err);            \
     int k3c_kda_layer_bwd_##S(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, const real *dy, real *dxn,         \
                               k3c_arena *tmp, k3c_err *err);                                                           \
-    size_t k3c_kda_bwd_bytes_##S(const k3c_model *m, int64_t T);                                                      \
-    size_t k3c_mla_scratch_##S(const k3c_model *m, int64_t T, int n_docs);                                            \
-    void k3c_mla_alloc_##S(const k3c_model *m, int64_t T, k3c_carver *c, k3c_mla_acts *a);                            \
+    size_t k3c_kda_bwd_bytes_##S(const k3c_model *m, int64_t T);                                                       \
+    size_t k3c_mla_scratch_##S(const k3c_model *m, int64_t T, int n_docs);                                             \
+    void k3c_mla_alloc_##S(const k3c_model *m, int64_t T, k3c_carver *c, k3c_mla_acts *a);                             \
     int k3c_mla_layer_fwd_##S(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real *y, k3c_err *err);            \
     int k3c_mla_layer_bwd_##S(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, const real *dy, real *dxn,         \
                               k3c_arena *tmp, k3c_err *err);                                                           \
-    size_t k3c_mla_bwd_bytes_##S(const k3c_model *m, int64_t T);                                                      \
-    size_t k3c_ffn_scratch_##S(const k3c_model *m, int l, int64_t T);                                                 \
-    void k3c_ffn_alloc_##S(const k3c_model *m, int l, int64_t T, k3c_carver *c, k3c_ffn_acts *a);                     \
+    size_t k3c_mla_bwd_bytes_##S(const k3c_model *m, int64_t T);                                                       \
+    size_t k3c_ffn_scratch_##S(const k3c_model *m, int l, int64_t T);                                                  \
+    void k3c_ffn_alloc_##S(const k3c_model *m, int l, int64_t T, k3c_carver *c, k3c_ffn_acts *a);                      \
     int k3c_ffn_layer_fwd_##S(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, real *y, k3c_err *err);            \
     int k3c_ffn_layer_bwd_##S(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, const real *dy, real *dxn,         \
                               k3c_arena *tmp, k3c_err *err);                                                           \

@@ -103,17 +103,18 @@ void k3c_model_init(k3c_model *m, uint64_t seed, double std) {
     for (int i = 0; i < m->table.n; i++) {
         const k3c_param *p = &m->table.p[i];
         real *x = w + p->offset;
-        uint64_t s = seed * 1000003u + (uint64_t)i; /* one stream per tensor: init does not depend on order or threads */
+        uint64_t s =
+            seed * 1000003u + (uint64_t)i; /* one stream per tensor: init does not depend on order or threads */
         const char *n = p->name;
         if (p->kind == K3C_PK_ROUTER_BIAS || ends_with(n, "res_proj.weight")) {
-            memset(x, 0, (size_t)p->numel * sizeof *x);  /* QB starts from b = 0; AttnRes queries 0 → uniform mix */
+            memset(x, 0, (size_t)p->numel * sizeof *x); /* QB starts from b = 0; AttnRes queries 0 → uniform mix */
         } else if (ends_with(n, "norm.weight")) {
             for (int64_t j = 0; j < p->numel; j++) x[j] = 1;
         } else if (ends_with(n, "A_log")) {
-            for (int64_t j = 0; j < p->numel; j++)  /* lower-bound gate: A = 0 (fla safe_gate); softplus: log U(1,16) */
-                x[j] = j >= p->used ? 0
+            for (int64_t j = 0; j < p->numel; j++) /* lower-bound gate: A = 0 (fla safe_gate); softplus: log U(1,16) */
+                x[j] = j >= p->used                          ? 0
                        : c->kda_gate == K3C_GATE_LOWER_BOUND ? 0
-                       : (real)log(1.0 + 15.0 * k3c_uniform_at(s, (uint64_t)j));
+                                                             : (real)log(1.0 + 15.0 * k3c_uniform_at(s, (uint64_t)j));
         } else if (ends_with(n, "dt_bias")) {
             for (int64_t j = 0; j < p->numel; j++) { /* fla: softplus⁻¹(dt), dt = exp(U(log 1e-3, log 0.1)) ≥ 1e-4 */
                 double dt = exp(log(1e-3) + (log(0.1) - log(1e-3)) * k3c_uniform_at(s, (uint64_t)j));
@@ -157,10 +158,12 @@ static int load_one(k3c_model *m, const k3c_checkpoint *ck, const k3c_st_tensor 
     for (int i = 0; same && i < p->ndim; i++) same = t->shape[i] == p->shape[i];
     if (!same) {
         char want[96] = "", got[96] = "";
-        for (int i = 0; i < p->ndim; i++) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? "," : "", (long long)p->shape[i]);
-        for (int i = 0; i < t->ndim; i++) snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? "," : "", (long long)t->shape[i]);
-        return k3c_errf(err, K3C_EFORMAT, "%s: tensor %s has shape [%s], the config implies [%s]", t->file, t->name, got,
-                        want);
+        for (int i = 0; i < p->ndim; i++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? "," : "", (long long)p->shape[i]);
+        for (int i = 0; i < t->ndim; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? "," : "", (long long)t->shape[i]);
+        return k3c_errf(err, K3C_EFORMAT, "%s: tensor %s has shape [%s], the config implies [%s]", t->file, t->name,
+                        got, want);
     }
 #if K3C_REAL_DOUBLE
     return k3c_st_read_f64(t, dst, n, err);
@@ -176,7 +179,10 @@ int k3c_model_load(k3c_model *m, const k3c_checkpoint *ck, k3c_err *err) {
     if (!base) return k3c_errf(err, K3C_ENOMEM, "load: out of memory");
     for (int i = 0; i < tab->n; i++) base[i + 1] = base[i] + (size_t)(tab->p[i].stack ? tab->p[i].stack : 1);
     unsigned char *seen = calloc(base[tab->n] + 1, 1);
-    if (!seen) { free(base); return k3c_errf(err, K3C_ENOMEM, "load: out of memory"); }
+    if (!seen) {
+        free(base);
+        return k3c_errf(err, K3C_ENOMEM, "load: out of memory");
+    }
     int rc = K3C_OK;
     for (int i = 0; i < k3c_ckpt_count(ck) && !rc; i++) {
         const k3c_st_tensor *t = k3c_ckpt_at(ck, i);
@@ -187,9 +193,16 @@ int k3c_model_load(k3c_model *m, const k3c_checkpoint *ck, k3c_err *err) {
         char name[K3C_PARAM_NAME + 32];
         snprintf(name, sizeof name, "%.*s%s", (int)(strlen(t->name) - (packed ? strlen("_packed") : 0)), t->name, "");
         int e, j = k3c_params_lookup(tab, name, &e);
-        if (j < 0) { rc = k3c_errf(err, K3C_EFORMAT, "%s: unexpected tensor %s (not in the model the config describes)", t->file, t->name); break; }
+        if (j < 0) {
+            rc = k3c_errf(err, K3C_EFORMAT, "%s: unexpected tensor %s (not in the model the config describes)", t->file,
+                          t->name);
+            break;
+        }
         size_t slot = base[j] + (size_t)(e > 0 ? e : 0);
-        if (seen[slot]) { rc = k3c_errf(err, K3C_EFORMAT, "%s: tensor %s given twice", t->file, t->name); break; }
+        if (seen[slot]) {
+            rc = k3c_errf(err, K3C_EFORMAT, "%s: tensor %s given twice", t->file, t->name);
+            break;
+        }
         seen[slot] = 1;
         rc = load_one(m, ck, t, &tab->p[j], e, packed, err);
     }
@@ -210,16 +223,19 @@ int k3c_model_save(const k3c_model *m, const char *path, k3c_err *err) {
     int n = 0;
     for (int i = 0; i < tab->n; i++) n += (int)(tab->p[i].stack ? tab->p[i].stack : 1);
     k3c_st_entry *ent = calloc((size_t)n, sizeof *ent);
-    char (*names)[K3C_PARAM_NAME + 16] = calloc((size_t)n, sizeof *names);
+    char(*names)[K3C_PARAM_NAME + 16] = calloc((size_t)n, sizeof *names);
     float *conv = NULL;
 #if K3C_REAL_DOUBLE
     conv = malloc(tab->total * sizeof *conv);
-    if (conv) for (size_t i = 0; i < tab->total; i++) conv[i] = (float)((const double *)m->w)[i];
+    if (conv)
+        for (size_t i = 0; i < tab->total; i++) conv[i] = (float)((const double *)m->w)[i];
 #else
     const float *src = m->w;
 #endif
     if (!ent || !names || (K3C_REAL_DOUBLE && !conv)) {
-        free(ent); free(names); free(conv);
+        free(ent);
+        free(names);
+        free(conv);
         return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", path);
     }
 #if K3C_REAL_DOUBLE

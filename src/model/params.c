@@ -21,7 +21,10 @@ static size_t add(builder *b, const char *leaf, int kind, int ndim, int64_t d0, 
     if (t->n == t->cap) {
         int cap = t->cap ? 2 * t->cap : 256;
         k3c_param *p = realloc(t->p, (size_t)cap * sizeof *p);
-        if (!p) { b->oom = 1; return K3C_NOPARAM; }
+        if (!p) {
+            b->oom = 1;
+            return K3C_NOPARAM;
+        }
         t->p = p;
         t->cap = cap;
     }
@@ -31,7 +34,10 @@ static size_t add(builder *b, const char *leaf, int kind, int ndim, int64_t d0, 
     int64_t d[4] = {d0, d1, d2, d3};
     p->ndim = ndim;
     p->numel = 1;
-    for (int i = 0; i < ndim; i++) { p->shape[i] = d[i]; p->numel *= d[i]; }
+    for (int i = 0; i < ndim; i++) {
+        p->shape[i] = d[i];
+        p->numel *= d[i];
+    }
     p->used = p->numel;
     p->kind = (uint8_t)kind;
     p->layer = b->layer;
@@ -49,9 +55,12 @@ static k3c_param *last(builder *b) { return b->oom || b->t->n == 0 ? &b->scratch
 static void kda_params(builder *b, k3c_layer_offsets *o) {
     const k3c_config *c = b->cfg;
     int64_t D = c->hidden_size, H = c->kda_heads, dk = c->kda_head_dim, P = H * dk, W = c->conv_kernel;
-    o->q_proj = MAT("self_attn.q_proj.weight", P, D); last(b)->head_rows = dk;
-    o->k_proj = MAT("self_attn.k_proj.weight", P, D); last(b)->head_rows = dk;
-    o->v_proj = MAT("self_attn.v_proj.weight", P, D); last(b)->head_rows = dk;
+    o->q_proj = MAT("self_attn.q_proj.weight", P, D);
+    last(b)->head_rows = dk;
+    o->k_proj = MAT("self_attn.k_proj.weight", P, D);
+    last(b)->head_rows = dk;
+    o->v_proj = MAT("self_attn.v_proj.weight", P, D);
+    last(b)->head_rows = dk;
     o->q_conv = add(b, "self_attn.q_conv1d.weight", K3C_PK_VECTOR, 3, P, 1, W, 0);
     o->k_conv = add(b, "self_attn.k_conv1d.weight", K3C_PK_VECTOR, 3, P, 1, W, 0);
     o->v_conv = add(b, "self_attn.v_conv1d.weight", K3C_PK_VECTOR, 3, P, 1, W, 0);
@@ -82,9 +91,11 @@ static void mla_params(builder *b, k3c_layer_offsets *o) {
     if (c->q_lora_rank > 0) {
         o->q_a = MAT("self_attn.q_a_proj.weight", c->q_lora_rank, D);
         o->q_a_norm = VEC("self_attn.q_a_layernorm.weight", c->q_lora_rank);
-        o->q_b = MAT("self_attn.q_b_proj.weight", H * dqk, c->q_lora_rank); last(b)->head_rows = dqk;
+        o->q_b = MAT("self_attn.q_b_proj.weight", H * dqk, c->q_lora_rank);
+        last(b)->head_rows = dqk;
     } else {
-        o->q_proj = MAT("self_attn.q_proj.weight", H * dqk, D); last(b)->head_rows = dqk;
+        o->q_proj = MAT("self_attn.q_proj.weight", H * dqk, D);
+        last(b)->head_rows = dqk;
     }
     o->kv_a = MAT("self_attn.kv_a_proj_with_mqa.weight", c->kv_lora_rank + c->qk_rope_dim, D);
     o->kv_a_norm = VEC("self_attn.kv_a_layernorm.weight", c->kv_lora_rank);
@@ -164,8 +175,10 @@ int k3c_params_build(const k3c_config *cfg, k3c_param_table *t, k3c_err *err) {
             o->mlp_res_norm = VEC("mlp_res_norm.weight", D);
             o->mlp_res_proj = add(b, "mlp_res_proj.weight", K3C_PK_VECTOR, 2, 1, D, 0, 0);
         }
-        if (cfg->mixer[l] == K3C_MIXER_KDA) kda_params(b, o);
-        else mla_params(b, o);
+        if (cfg->mixer[l] == K3C_MIXER_KDA)
+            kda_params(b, o);
+        else
+            mla_params(b, o);
         ffn_params(b, o, cfg->ffn[l] == K3C_FFN_MOE);
     }
     b->layer = -1;
@@ -178,7 +191,10 @@ int k3c_params_build(const k3c_config *cfg, k3c_param_table *t, k3c_err *err) {
     }
     b->scope[0] = 0;
     g->lm_head = add(b, "lm_head.weight", K3C_PK_HEAD, 2, V, D, 0, 0);
-    if (b->oom || build_index(t)) { k3c_params_free(t); return k3c_errf(err, K3C_ENOMEM, "params: out of memory"); }
+    if (b->oom || build_index(t)) {
+        k3c_params_free(t);
+        return k3c_errf(err, K3C_ENOMEM, "params: out of memory");
+    }
     return K3C_OK;
 }
 
@@ -233,7 +249,8 @@ static int find_exact(const k3c_param_table *t, const char *name) {
 int k3c_params_lookup(const k3c_param_table *t, const char *name, int *expert) {
     char alt[K3C_PARAM_NAME + 32], pat[K3C_PARAM_NAME + 32];
     const char *dense = strstr(name, ".block_sparse_moe.");
-    if (dense && (strstr(dense, "_moe.gate_proj.") || strstr(dense, "_moe.up_proj.") || strstr(dense, "_moe.down_proj."))) {
+    if (dense &&
+        (strstr(dense, "_moe.gate_proj.") || strstr(dense, "_moe.up_proj.") || strstr(dense, "_moe.down_proj."))) {
         /* transformers saves the dense layer-0 MLP under block_sparse_moe.* (golden/README.md) */
         snprintf(alt, sizeof alt, "%.*s.mlp.%s", (int)(dense - name), name, dense + strlen(".block_sparse_moe."));
         name = alt;

@@ -20,15 +20,15 @@ typedef enum {
 typedef struct {
     char name[K3C_PARAM_NAME]; /* checkpoint name; for stacked experts the pattern "...experts.%d.w1.weight" */
     int ndim;
-    int64_t shape[4];          /* stored (checkpoint) shape; stacked experts: the per-expert shape */
-    int64_t stack;             /* 0, or E: the tensor is E consecutive per-expert slices */
-    int64_t numel;             /* total elements (all slices) */
-    size_t offset;             /* element offset into the flat buffer */
-    uint8_t kind;              /* k3c_param_kind */
-    int64_t head_rows;         /* Per-Head Muon: rows per head block (0 = orthogonalise the whole matrix) */
-    int layer;                 /* -1 for global tensors */
-    uint8_t mxfp4;             /* stored as MXFP4 (weight_packed + weight_scale) in the source checkpoint */
-    int64_t used;              /* leading elements the model reads (A_log padding: only the first H); = numel else */
+    int64_t shape[4];  /* stored (checkpoint) shape; stacked experts: the per-expert shape */
+    int64_t stack;     /* 0, or E: the tensor is E consecutive per-expert slices */
+    int64_t numel;     /* total elements (all slices) */
+    size_t offset;     /* element offset into the flat buffer */
+    uint8_t kind;      /* k3c_param_kind */
+    int64_t head_rows; /* Per-Head Muon: rows per head block (0 = orthogonalise the whole matrix) */
+    int layer;         /* -1 for global tensors */
+    uint8_t mxfp4;     /* stored as MXFP4 (weight_packed + weight_scale) in the source checkpoint */
+    int64_t used;      /* leading elements the model reads (A_log padding: only the first H); = numel else */
 } k3c_param;
 
 /* Offsets (elements into the flat buffer; K3C_NOPARAM when absent) of one decoder layer. */

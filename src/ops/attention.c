@@ -52,8 +52,10 @@ static int64_t doc_of(const attn_plan *p, int64_t i) {
     int64_t lo = 0, hi = p->n_docs - 1;
     while (lo < hi) {
         int64_t mid = (lo + hi + 1) / 2;
-        if (p->cu[mid] <= i) lo = mid;
-        else hi = mid - 1;
+        if (p->cu[mid] <= i)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     return lo;
 }
@@ -88,9 +90,18 @@ typedef uint64_t rbits;
 #define LN2_LO 1.90821492927058770002e-10
 /* Taylor coefficients 1/k!, Horner form, written out so the compiler vectorises it */
 #define EXP_POLY(r)                                                                                                    \
-    (1 + r * (1 + r * (1 / 2. + r * (1 / 6. + r * (1 / 24. + r * (1 / 120. + r * (1 / 720. + r * (1 / 5040. +        \
-     r * (1 / 40320. + r * (1 / 362880. + r * (1 / 3628800. + r * (1 / 39916800. + r * (1 / 479001600. +            \
-     r * (1 / 6227020800.))))))))))))))
+    (1 +                                                                                                               \
+     r * (1 + r * (1 / 2. +                                                                                            \
+                   r * (1 / 6. +                                                                                       \
+                        r * (1 / 24. +                                                                                 \
+                             r * (1 / 120. +                                                                           \
+                                  r * (1 / 720. +                                                                      \
+                                       r * (1 / 5040. +                                                                \
+                                            r * (1 / 40320. +                                                          \
+                                                 r * (1 / 362880. +                                                    \
+                                                      r * (1 / 3628800. + r * (1 / 39916800. +                         \
+                                                                               r * (1 / 479001600. +                   \
+                                                                                    r * (1 / 6227020800.))))))))))))))
 #else
 typedef uint32_t rbits;
 #define EXP_LO (-87.0f)
@@ -101,8 +112,7 @@ typedef uint32_t rbits;
 #define LN2_HI 0.693359375f
 #define LN2_LO (-2.12194440e-4f)
 #define EXP_POLY(r)                                                                                                    \
-    (1 + r * (1 + r * (0.5f + r * (1 / 6.f + r * (1 / 24.f + r * (1 / 120.f + r * (1 / 720.f +                       \
-     r * (1 / 5040.f))))))))
+    (1 + r * (1 + r * (0.5f + r * (1 / 6.f + r * (1 / 24.f + r * (1 / 120.f + r * (1 / 720.f + r * (1 / 5040.f))))))))
 #endif
 
 /* Requires EXP_LO <= x <= EXP_HI (see shift_clamp: clamping here would keep gcc from vectorising the caller). */
@@ -223,7 +233,7 @@ size_t k3c_attention_workspace(const k3c_attention_sizes *s) {
 }
 
 int k3c_attention_fwd(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,
-                         const real *v, real *o, real *lse, void *ws, k3c_err *err) {
+                      const real *v, real *o, real *lse, void *ws, k3c_err *err) {
     attn_plan p;
     int32_t one[2];
     int rc = make_plan(s, cu_seqlens, one, &p, "attention_fwd", err);
@@ -275,8 +285,8 @@ static void bwd_kv_block(const attn_plan *p, int64_t h, int64_t kb, const real *
             while (p->cu[d + 1] <= i) d++;
             const int64_t a = max64(p->cu[d], j0) - j0, b = min64(i - j0, nk - 1);
             if (a > b) continue;
-            row_probs(p, q + (i * H + h) * dqk, dout + (i * H + h) * dv, lse[i * H + h], Dr[i * H + h], kT, vT, nk,
-                      a, b, pr, ds);
+            row_probs(p, q + (i * H + h) * dqk, dout + (i * H + h) * dv, lse[i * H + h], Dr[i * H + h], kT, vT, nk, a,
+                      b, pr, ds);
             for (int64_t jj = a; jj <= b; jj++)
                 PT[jj * KV_ROWS + (i - i0)] = pr[jj], ST[jj * KV_ROWS + (i - i0)] = p->scale * ds[jj];
         }
@@ -318,15 +328,15 @@ static void bwd_q_block(const attn_plan *p, int64_t h, int64_t qb, const real *q
 }
 
 int k3c_attention_bwd(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,
-                         const real *v, const real *o, const real *lse, const real *dout, real *dq, real *dk, real *dv,
-                         void *ws, k3c_err *err) {
+                      const real *v, const real *o, const real *lse, const real *dout, real *dq, real *dk, real *dv,
+                      void *ws, k3c_err *err) {
     attn_plan p;
     int32_t one[2];
     int rc = make_plan(s, cu_seqlens, one, &p, "attention_bwd", err);
     if (rc) return rc;
     if (p.T == 0 || (!dq && !dk && !dv)) return K3C_OK;
-    if (!ws) return k3c_errf(err, K3C_EINVAL, "attention_bwd: workspace of %zu bytes required",
-                             k3c_attention_workspace(s));
+    if (!ws)
+        return k3c_errf(err, K3C_EINVAL, "attention_bwd: workspace of %zu bytes required", k3c_attention_workspace(s));
     real *Dr = ws;
     const int64_t TH = p.T * p.H;
 #pragma omp parallel for schedule(static)
@@ -373,7 +383,7 @@ static void naive_probs(const attn_plan *p, int64_t h, const real *q, const real
 }
 
 int k3c_attention_naive_fwd(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,
-                               const real *v, real *o, real *lse, void *ws, k3c_err *err) {
+                            const real *v, real *o, real *lse, void *ws, k3c_err *err) {
     attn_plan p;
     int32_t one[2];
     int rc = make_plan(s, cu_seqlens, one, &p, "attention_naive_fwd", err);
@@ -391,8 +401,8 @@ int k3c_attention_naive_fwd(const k3c_attention_sizes *s, const int32_t *cu_seql
 
 /* dS = P ⊙ (dP − rowsum(P ⊙ dP)): the row sum is taken from P and dP here, not from O, so it checks the flash D. */
 int k3c_attention_naive_bwd(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,
-                               const real *v, const real *o, const real *lse, const real *dout, real *dq, real *dk,
-                               real *dv, void *ws, k3c_err *err) {
+                            const real *v, const real *o, const real *lse, const real *dout, real *dq, real *dk,
+                            real *dv, void *ws, k3c_err *err) {
     attn_plan p;
     int32_t one[2];
     int rc = make_plan(s, cu_seqlens, one, &p, "attention_naive_bwd", err);
@@ -427,7 +437,7 @@ int k3c_attention_naive_bwd(const k3c_attention_sizes *s, const int32_t *cu_seql
 #define QK_BLOCK 128
 
 int k3c_attention_max_logit(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,
-                               float *smax, k3c_err *err) {
+                            float *smax, k3c_err *err) {
     int64_t H = s->H, dqk = s->dqk, T = s->T;
     int nd = cu_seqlens ? (int)s->n_docs : 1, fail = 0;
 #pragma omp parallel for schedule(dynamic, 1) reduction(| : fail)

@@ -26,28 +26,28 @@ typedef struct {
     int block_q, block_k; /* tile sizes, 0 = K3C_ATTN_DEFAULT_BLOCK, at most K3C_ATTN_MAX_BLOCK; need not divide T */
 } k3c_attention_sizes;
 
-#define K3C_ATTENTION_API(real, S)                                                                                     \
-    /* Workspace bytes of the backward (D = rowsum(dO ⊙ O): T·H reals); the forward needs none (ws may be NULL). */    \
-    size_t k3c_attention_workspace_##S(const k3c_attention_sizes *s);                                                  \
-    /* Workspace bytes of the materialised reference, forward and backward: two T×T matrices. */                       \
-    size_t k3c_attention_naive_workspace_##S(const k3c_attention_sizes *s);                                            \
-    /* Online-softmax forward over query blocks × key blocks, OpenMP over (head, query block); writes o and lse. */    \
-    int k3c_attention_fwd_##S(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,   \
-                              const real *v, real *o, real *lse, void *ws, k3c_err *err);                              \
+#define K3C_ATTENTION_API(real, S)                                                                                          \
+    /* Workspace bytes of the backward (D = rowsum(dO ⊙ O): T·H reals); the forward needs none (ws may be NULL). */      \
+    size_t k3c_attention_workspace_##S(const k3c_attention_sizes *s);                                                       \
+    /* Workspace bytes of the materialised reference, forward and backward: two T×T matrices. */                           \
+    size_t k3c_attention_naive_workspace_##S(const k3c_attention_sizes *s);                                                 \
+    /* Online-softmax forward over query blocks × key blocks, OpenMP over (head, query block); writes o and lse. */        \
+    int k3c_attention_fwd_##S(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,        \
+                              const real *v, real *o, real *lse, void *ws, k3c_err *err);                                   \
     /* Recomputes P = exp(scale q·k − lse); dq, dk, dv (each may be NULL) are ADDED to. Two race-free passes: (head,   \
-       key block) for dk, dv, then (head, query block) for dq. ws: k3c_attention_workspace bytes. */                   \
-    int k3c_attention_bwd_##S(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,   \
-                              const real *v, const real *o, const real *lse, const real *dout, real *dq, real *dk,     \
-                              real *dv, void *ws, k3c_err *err);                                                       \
+       key block) for dk, dv, then (head, query block) for dq. ws: k3c_attention_workspace bytes. */ \
+    int k3c_attention_bwd_##S(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,        \
+                              const real *v, const real *o, const real *lse, const real *dout, real *dq, real *dk,          \
+                              real *dv, void *ws, k3c_err *err);                                                            \
     /* S_max of QK-Clip (§10.2): smax[h] (overwritten) = the largest s->scale · q_i·k_j of head h over the causal,     \
-       document-masked pairs j ≤ i. K3C_ENUMERIC if a head's maximum is not finite (T > 0). */                       \
-    int k3c_attention_max_logit_##S(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q,          \
-                                    const real *k, float *smax, k3c_err *err);                                        \
-    /* Reference: materialises the masked T×T softmax per head (tests and benchmarks only). Same outputs. */           \
-    int k3c_attention_naive_fwd_##S(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q,            \
-                                    const real *k, const real *v, real *o, real *lse, void *ws, k3c_err *err);         \
-    int k3c_attention_naive_bwd_##S(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q,            \
-                                    const real *k, const real *v, const real *o, const real *lse, const real *dout,    \
+       document-masked pairs j ≤ i. K3C_ENUMERIC if a head's maximum is not finite (T > 0). */ \
+    int k3c_attention_max_logit_##S(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q,                 \
+                                    const real *k, float *smax, k3c_err *err);                                              \
+    /* Reference: materialises the masked T×T softmax per head (tests and benchmarks only). Same outputs. */               \
+    int k3c_attention_naive_fwd_##S(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q,                 \
+                                    const real *k, const real *v, real *o, real *lse, void *ws, k3c_err *err);              \
+    int k3c_attention_naive_bwd_##S(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q,                 \
+                                    const real *k, const real *v, const real *o, const real *lse, const real *dout,         \
                                     real *dq, real *dk, real *dv, void *ws, k3c_err *err);
 
 K3C_DECLARE_REAL(K3C_ATTENTION_API)

@@ -53,7 +53,7 @@ static void mix_weights(const k3c_attnres_sizes *s, const real *const *v, const 
 }
 
 int k3c_attnres_fwd(const k3c_attnres_sizes *s, const real *const *v, const real *w, const real *gamma, real *h,
-                       real *saved, k3c_err *err) {
+                    real *saved, k3c_err *err) {
     if (check_sizes(s, "attnres_fwd", err)) return K3C_EINVAL;
     const int64_t T = s->tokens, N = s->sources, D = s->dim;
 #pragma omp parallel for schedule(static) if (T * N * D > PAR_MIN_WORK)
@@ -77,8 +77,8 @@ int k3c_attnres_fwd(const k3c_attnres_sizes *s, const real *const *v, const real
 /* Per token (§5.4): dp_i = dh·v_i, dz_i = α_i (dp_i − Σ_j α_j dp_j),
  * dv_i += α_i dh + dz_i·rstd_i·(ŵ − z_i·k_i/D) with k_i = v_i·rstd_i; dŵ = Σ_t Σ_i dz_i k_i via one GEMM per source. */
 int k3c_attnres_bwd(const k3c_attnres_sizes *s, const real *const *v, const real *w, const real *gamma,
-                       const real *saved, const real *dh, real *const *dv, real *dw, real *dgamma, void *ws,
-                       k3c_err *err) {
+                    const real *saved, const real *dh, real *const *dv, real *dw, real *dgamma, void *ws,
+                    k3c_err *err) {
     if (check_sizes(s, "attnres_bwd", err)) return K3C_EINVAL;
     if (!ws) return k3c_errf(err, K3C_EINVAL, "attnres_bwd: no workspace (k3c_attnres_workspace bytes)");
     const int64_t T = s->tokens, N = s->sources, D = s->dim;

@@ -18,105 +18,105 @@
 #include "ops/moe.h"
 #include "ops/short_conv.h"
 
-#define K3C_BACKEND_STRUCT(real, S)                                                                                    \
-    typedef struct k3c_backend_##S {                                                                                   \
-        const char *name; /* "cpu" or "cuda" */                                                                       \
-        void *ctx;        /* backend state (CUDA: device, cuBLASLt handle, TF32 policy); NULL on the CPU */           \
-        /* memory the host can also address: zeroed, 64-byte aligned, NULL when out of memory */                  \
-        void *(*alloc)(size_t bytes);                                                                                  \
-        void (*free)(void *p);                                                                                         \
-        int (*sync)(k3c_err *err);                                                                                     \
-        /* moves and elementwise (ops/elementwise.c) */                                                               \
-        int (*zero)(real *x, int64_t n, k3c_err *err);                                                                 \
-        int (*add)(int64_t n, const real *x, real *y, k3c_err *err);                                                   \
-        int (*copy2d)(int64_t rows, int64_t cols, const real *src, int64_t ld_src, real *dst, int64_t ld_dst,         \
-                      int accumulate, k3c_err *err);                                                                   \
-        int (*sigmoid)(int64_t n, const real *x, real *y, k3c_err *err);                                               \
-        int (*sigmoid_bwd)(int64_t n, const real *y, const real *dy, real *dx, k3c_err *err);                          \
-        /* ops/basic.h */                                                                                              \
-        int (*embedding_fwd)(const k3c_embedding_sizes *s, const int32_t *ids, const real *E, real *y, k3c_err *err);  \
-        int (*embedding_bwd)(const k3c_embedding_sizes *s, const int32_t *ids, const real *dy, real *dE,              \
-                             k3c_err *err);                                                                            \
-        int (*rmsnorm_fwd)(const k3c_rmsnorm_sizes *s, const real *x, const real *w, real *y, real *rstd,             \
-                           k3c_err *err);                                                                              \
-        int (*rmsnorm_bwd)(const k3c_rmsnorm_sizes *s, const real *x, const real *w, const real *rstd,                \
-                           const real *dy, real *dx, real *dw, k3c_err *err);                                          \
-        int (*gated_rmsnorm_fwd)(const k3c_rmsnorm_sizes *s, const real *o, const real *gate, const real *w, real *y, \
-                                 real *rstd, k3c_err *err);                                                            \
-        int (*gated_rmsnorm_bwd)(const k3c_rmsnorm_sizes *s, const real *o, const real *gate, const real *w,          \
-                                 const real *rstd, const real *dy, real *do_, real *dgate, real *dw, k3c_err *err);    \
-        int (*linear_fwd)(void *ctx, const k3c_linear_sizes *s, const real *x, const real *W, real *y, k3c_err *err);  \
-        int (*linear_bwd)(void *ctx, const k3c_linear_sizes *s, const real *x, const real *W, const real *dy,         \
-                          real *dx, real *dW, k3c_err *err);                                                           \
-        int (*sigmoid_gate_fwd)(int64_t n, const real *x, const real *z, real *y, k3c_err *err);                       \
-        int (*sigmoid_gate_bwd)(int64_t n, const real *x, const real *z, const real *dy, real *dx, real *dz,          \
-                                k3c_err *err);                                                                         \
-        int (*xent_fwd)(const k3c_xent_sizes *s, const real *logits, const int32_t *targets, const uint8_t *mask,     \
-                        real *lse, double *loss, int64_t *count, k3c_err *err);                                        \
-        int (*xent_bwd)(const k3c_xent_sizes *s, const real *logits, const int32_t *targets, const uint8_t *mask,     \
-                        const real *lse, double dloss, real *dlogits, k3c_err *err);                                   \
-        /* ops/l2norm.h, ops/short_conv.h */                                                                           \
-        int (*l2norm_fwd)(const k3c_l2norm_dims *d, const real *x, real *y, real *rstd, k3c_err *err);                 \
-        int (*l2norm_bwd)(const k3c_l2norm_dims *d, const real *y, const real *rstd, const real *dy, real *dx,        \
-                          k3c_err *err);                                                                               \
-        int (*short_conv_fwd)(const k3c_short_conv_dims *d, const int32_t *cu_seqlens, const real *x, const real *w,  \
-                              const real *state_in, real *y, real *state_out, k3c_err *err);                           \
-        size_t (*short_conv_bwd_workspace)(const k3c_short_conv_dims *d);                                              \
-        int (*short_conv_bwd)(const k3c_short_conv_dims *d, const int32_t *cu_seqlens, const real *x, const real *w,  \
-                              const real *state_in, const real *dy, real *dx, real *dw, real *dstate_in, void *ws,     \
-                              k3c_err *err);                                                                           \
+#define K3C_BACKEND_STRUCT(real, S)                                                                                      \
+    typedef struct k3c_backend_##S {                                                                                     \
+        const char *name; /* "cpu" or "cuda" */                                                                          \
+        void *ctx;        /* backend state (CUDA: device, cuBLASLt handle, TF32 policy); NULL on the CPU */              \
+        /* memory the host can also address: zeroed, 64-byte aligned, NULL when out of memory */                         \
+        void *(*alloc)(size_t bytes);                                                                                    \
+        void (*free)(void *p);                                                                                           \
+        int (*sync)(k3c_err * err);                                                                                      \
+        /* moves and elementwise (ops/elementwise.c) */                                                                  \
+        int (*zero)(real * x, int64_t n, k3c_err *err);                                                                  \
+        int (*add)(int64_t n, const real *x, real *y, k3c_err *err);                                                     \
+        int (*copy2d)(int64_t rows, int64_t cols, const real *src, int64_t ld_src, real *dst, int64_t ld_dst,            \
+                      int accumulate, k3c_err *err);                                                                     \
+        int (*sigmoid)(int64_t n, const real *x, real *y, k3c_err *err);                                                 \
+        int (*sigmoid_bwd)(int64_t n, const real *y, const real *dy, real *dx, k3c_err *err);                            \
+        /* ops/basic.h */                                                                                                \
+        int (*embedding_fwd)(const k3c_embedding_sizes *s, const int32_t *ids, const real *E, real *y, k3c_err *err);    \
+        int (*embedding_bwd)(const k3c_embedding_sizes *s, const int32_t *ids, const real *dy, real *dE,                 \
+                             k3c_err *err);                                                                              \
+        int (*rmsnorm_fwd)(const k3c_rmsnorm_sizes *s, const real *x, const real *w, real *y, real *rstd,                \
+                           k3c_err *err);                                                                                \
+        int (*rmsnorm_bwd)(const k3c_rmsnorm_sizes *s, const real *x, const real *w, const real *rstd, const real *dy,   \
+                           real *dx, real *dw, k3c_err *err);                                                            \
+        int (*gated_rmsnorm_fwd)(const k3c_rmsnorm_sizes *s, const real *o, const real *gate, const real *w, real *y,    \
+                                 real *rstd, k3c_err *err);                                                              \
+        int (*gated_rmsnorm_bwd)(const k3c_rmsnorm_sizes *s, const real *o, const real *gate, const real *w,             \
+                                 const real *rstd, const real *dy, real *do_, real *dgate, real *dw, k3c_err *err);      \
+        int (*linear_fwd)(void *ctx, const k3c_linear_sizes *s, const real *x, const real *W, real *y, k3c_err *err);    \
+        int (*linear_bwd)(void *ctx, const k3c_linear_sizes *s, const real *x, const real *W, const real *dy,            \
+                          real *dx, real *dW, k3c_err *err);                                                             \
+        int (*sigmoid_gate_fwd)(int64_t n, const real *x, const real *z, real *y, k3c_err *err);                         \
+        int (*sigmoid_gate_bwd)(int64_t n, const real *x, const real *z, const real *dy, real *dx, real *dz,             \
+                                k3c_err *err);                                                                           \
+        int (*xent_fwd)(const k3c_xent_sizes *s, const real *logits, const int32_t *targets, const uint8_t *mask,        \
+                        real *lse, double *loss, int64_t *count, k3c_err *err);                                          \
+        int (*xent_bwd)(const k3c_xent_sizes *s, const real *logits, const int32_t *targets, const uint8_t *mask,        \
+                        const real *lse, double dloss, real *dlogits, k3c_err *err);                                     \
+        /* ops/l2norm.h, ops/short_conv.h */                                                                             \
+        int (*l2norm_fwd)(const k3c_l2norm_dims *d, const real *x, real *y, real *rstd, k3c_err *err);                   \
+        int (*l2norm_bwd)(const k3c_l2norm_dims *d, const real *y, const real *rstd, const real *dy, real *dx,           \
+                          k3c_err *err);                                                                                 \
+        int (*short_conv_fwd)(const k3c_short_conv_dims *d, const int32_t *cu_seqlens, const real *x, const real *w,     \
+                              const real *state_in, real *y, real *state_out, k3c_err *err);                             \
+        size_t (*short_conv_bwd_workspace)(const k3c_short_conv_dims *d);                                                \
+        int (*short_conv_bwd)(const k3c_short_conv_dims *d, const int32_t *cu_seqlens, const real *x, const real *w,     \
+                              const real *state_in, const real *dy, real *dx, real *dw, real *dstate_in, void *ws,       \
+                              k3c_err *err);                                                                             \
         /* ops/kda.h: kda_fwd / kda_bwd are the chunked algorithm (d->chunk > 0) or the token recurrence (0) where the \
-           backend has it; the CUDA backend always runs its chunk-64 kernels */                                        \
-        int (*kda_gate_fwd)(const k3c_kda_gate_dims *d, const real *z, const real *dt_bias, const real *A_log,        \
-                            real *g, k3c_err *err);                                                                    \
-        int (*kda_gate_bwd)(const k3c_kda_gate_dims *d, const real *z, const real *dt_bias, const real *A_log,        \
-                            const real *dg, real *dz, real *ddt_bias, real *dA_log, k3c_err *err);                     \
-        size_t (*kda_fwd_workspace)(const k3c_kda_dims *d);                                                            \
-        size_t (*kda_bwd_workspace)(const k3c_kda_dims *d);                                                            \
-        int (*kda_fwd)(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k, const real *v, \
-                       const real *g, const real *beta, const real *h0, real *o, real *ht, void *ws, k3c_err *err);    \
-        int (*kda_bwd)(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k, const real *v, \
-                       const real *g, const real *beta, const real *h0, const real *dout, const real *dht, real *dq,   \
-                       real *dk, real *dv, real *dg, real *dbeta, real *dh0, void *ws, k3c_err *err);                  \
-        /* ops/attention.h */                                                                                          \
-        size_t (*attention_fwd_workspace)(const k3c_attention_sizes *s);                                               \
-        size_t (*attention_bwd_workspace)(const k3c_attention_sizes *s);                                               \
-        int (*attention_fwd)(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,   \
-                             const real *v, real *o, real *lse, void *ws, k3c_err *err);                               \
-        int (*attention_bwd)(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,   \
-                             const real *v, const real *o, const real *lse, const real *dout, real *dq, real *dk,      \
-                             real *dv, void *ws, k3c_err *err);                                                        \
-        int (*attention_max_logit)(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q,            \
-                                   const real *k, float *smax, k3c_err *err);                                          \
-        /* ops/moe.h (router, routed experts, dense GLU MLP) */                                                        \
-        int (*router_fwd)(const k3c_router_sizes *s, const real *logits, const real *bias, int32_t *topk_ids,         \
-                          real *topk_w, real *cutoff, k3c_err *err);                                                   \
-        int (*router_bwd)(const k3c_router_sizes *s, const real *logits, const int32_t *topk_ids,                     \
-                          const real *dtopk_w, real *dlogits, k3c_err *err);                                           \
-        size_t (*moe_saved_bytes)(const k3c_moe_sizes *s);                                                             \
-        size_t (*moe_workspace)(const k3c_moe_sizes *s);                                                               \
-        int (*moe_fwd)(void *ctx, const k3c_moe_sizes *s, const real *x, const int32_t *topk_ids, const real *topk_w, \
-                       const real *w1, const real *w3, const real *w2, real *y, void *saved, void *ws, k3c_err *err);  \
-        int (*moe_bwd)(void *ctx, const k3c_moe_sizes *s, const real *x, const int32_t *topk_ids, const real *topk_w, \
-                       const real *w1, const real *w3, const real *w2, const void *saved, const real *dy, real *dx,    \
-                       real *dw1, real *dw3, real *dw2, real *dtopk_w, void *ws, k3c_err *err);                        \
-        size_t (*mlp_saved_bytes)(const k3c_mlp_sizes *s);                                                             \
-        size_t (*mlp_workspace)(const k3c_mlp_sizes *s);                                                               \
-        int (*mlp_fwd)(void *ctx, const k3c_mlp_sizes *s, const real *x, const real *w_gate, const real *w_up,        \
-                       const real *w_down, real *y, void *saved, void *ws, k3c_err *err);                              \
-        int (*mlp_bwd)(void *ctx, const k3c_mlp_sizes *s, const real *x, const real *w_gate, const real *w_up,        \
-                       const real *w_down, const void *saved, const real *dy, real *dx, real *dw_gate, real *dw_up,    \
-                       real *dw_down, void *ws, k3c_err *err);                                                         \
-        /* ops/attnres.h */                                                                                            \
-        size_t (*attnres_saved_elems)(const k3c_attnres_sizes *s);                                                     \
-        size_t (*attnres_workspace)(const k3c_attnres_sizes *s);                                                       \
-        int (*attnres_fwd)(const k3c_attnres_sizes *s, const real *const *v, const real *w, const real *gamma,        \
-                           real *h, real *saved, k3c_err *err);                                                        \
-        int (*attnres_bwd)(const k3c_attnres_sizes *s, const real *const *v, const real *w, const real *gamma,        \
-                           const real *saved, const real *dh, real *const *dv, real *dw, real *dgamma, void *ws,       \
-                           k3c_err *err);                                                                              \
-    } k3c_backend_##S;                                                                                                 \
-    /* The CPU reference of this precision (a constant table). */                                                     \
+           backend has it; the CUDA backend always runs its chunk-64 kernels */ \
+        int (*kda_gate_fwd)(const k3c_kda_gate_dims *d, const real *z, const real *dt_bias, const real *A_log,           \
+                            real *g, k3c_err *err);                                                                      \
+        int (*kda_gate_bwd)(const k3c_kda_gate_dims *d, const real *z, const real *dt_bias, const real *A_log,           \
+                            const real *dg, real *dz, real *ddt_bias, real *dA_log, k3c_err *err);                       \
+        size_t (*kda_fwd_workspace)(const k3c_kda_dims *d);                                                              \
+        size_t (*kda_bwd_workspace)(const k3c_kda_dims *d);                                                              \
+        int (*kda_fwd)(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k, const real *v,    \
+                       const real *g, const real *beta, const real *h0, real *o, real *ht, void *ws, k3c_err *err);      \
+        int (*kda_bwd)(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k, const real *v,    \
+                       const real *g, const real *beta, const real *h0, const real *dout, const real *dht, real *dq,     \
+                       real *dk, real *dv, real *dg, real *dbeta, real *dh0, void *ws, k3c_err *err);                    \
+        /* ops/attention.h */                                                                                            \
+        size_t (*attention_fwd_workspace)(const k3c_attention_sizes *s);                                                 \
+        size_t (*attention_bwd_workspace)(const k3c_attention_sizes *s);                                                 \
+        int (*attention_fwd)(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,      \
+                             const real *v, real *o, real *lse, void *ws, k3c_err *err);                                 \
+        int (*attention_bwd)(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,      \
+                             const real *v, const real *o, const real *lse, const real *dout, real *dq, real *dk,        \
+                             real *dv, void *ws, k3c_err *err);                                                          \
+        int (*attention_max_logit)(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q,               \
+                                   const real *k, float *smax, k3c_err *err);                                            \
+        /* ops/moe.h (router, routed experts, dense GLU MLP) */                                                          \
+        int (*router_fwd)(const k3c_router_sizes *s, const real *logits, const real *bias, int32_t *topk_ids,            \
+                          real *topk_w, real *cutoff, k3c_err *err);                                                     \
+        int (*router_bwd)(const k3c_router_sizes *s, const real *logits, const int32_t *topk_ids, const real *dtopk_w,   \
+                          real *dlogits, k3c_err *err);                                                                  \
+        size_t (*moe_saved_bytes)(const k3c_moe_sizes *s);                                                               \
+        size_t (*moe_workspace)(const k3c_moe_sizes *s);                                                                 \
+        int (*moe_fwd)(void *ctx, const k3c_moe_sizes *s, const real *x, const int32_t *topk_ids, const real *topk_w,    \
+                       const real *w1, const real *w3, const real *w2, real *y, void *saved, void *ws, k3c_err *err);    \
+        int (*moe_bwd)(void *ctx, const k3c_moe_sizes *s, const real *x, const int32_t *topk_ids, const real *topk_w,    \
+                       const real *w1, const real *w3, const real *w2, const void *saved, const real *dy, real *dx,      \
+                       real *dw1, real *dw3, real *dw2, real *dtopk_w, void *ws, k3c_err *err);                          \
+        size_t (*mlp_saved_bytes)(const k3c_mlp_sizes *s);                                                               \
+        size_t (*mlp_workspace)(const k3c_mlp_sizes *s);                                                                 \
+        int (*mlp_fwd)(void *ctx, const k3c_mlp_sizes *s, const real *x, const real *w_gate, const real *w_up,           \
+                       const real *w_down, real *y, void *saved, void *ws, k3c_err *err);                                \
+        int (*mlp_bwd)(void *ctx, const k3c_mlp_sizes *s, const real *x, const real *w_gate, const real *w_up,           \
+                       const real *w_down, const void *saved, const real *dy, real *dx, real *dw_gate, real *dw_up,      \
+                       real *dw_down, void *ws, k3c_err *err);                                                           \
+        /* ops/attnres.h */                                                                                              \
+        size_t (*attnres_saved_elems)(const k3c_attnres_sizes *s);                                                       \
+        size_t (*attnres_workspace)(const k3c_attnres_sizes *s);                                                         \
+        int (*attnres_fwd)(const k3c_attnres_sizes *s, const real *const *v, const real *w, const real *gamma,           \
+                           real *h, real *saved, k3c_err *err);                                                          \
+        int (*attnres_bwd)(const k3c_attnres_sizes *s, const real *const *v, const real *w, const real *gamma,           \
+                           const real *saved, const real *dh, real *const *dv, real *dw, real *dgamma, void *ws,         \
+                           k3c_err *err);                                                                                \
+    } k3c_backend_##S;                                                                                                   \
+    /* The CPU reference of this precision (a constant table). */                                                        \
     const k3c_backend_##S *k3c_backend_cpu_##S(void);
 
 K3C_DECLARE_REAL(K3C_BACKEND_STRUCT)

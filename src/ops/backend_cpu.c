@@ -5,17 +5,32 @@
 
 static void *cpu_alloc(size_t bytes) { return k3c_aligned_alloc(bytes); }
 static void cpu_free(void *p) { k3c_aligned_free(p); }
-static int cpu_sync(k3c_err *err) { (void)err; return K3C_OK; }
+static int cpu_sync(k3c_err *err) {
+    (void)err;
+    return K3C_OK;
+}
 
-static int zero(real *x, int64_t n, k3c_err *err) { (void)err; k3c_zero(x, n); return K3C_OK; }
-static int add(int64_t n, const real *x, real *y, k3c_err *err) { (void)err; k3c_add(n, x, y); return K3C_OK; }
+static int zero(real *x, int64_t n, k3c_err *err) {
+    (void)err;
+    k3c_zero(x, n);
+    return K3C_OK;
+}
+static int add(int64_t n, const real *x, real *y, k3c_err *err) {
+    (void)err;
+    k3c_add(n, x, y);
+    return K3C_OK;
+}
 static int copy2d(int64_t rows, int64_t cols, const real *src, int64_t ld_src, real *dst, int64_t ld_dst, int acc,
                   k3c_err *err) {
     (void)err;
     k3c_copy2d(rows, cols, src, ld_src, dst, ld_dst, acc);
     return K3C_OK;
 }
-static int sigmoid(int64_t n, const real *x, real *y, k3c_err *err) { (void)err; k3c_sigmoid(n, x, y); return K3C_OK; }
+static int sigmoid(int64_t n, const real *x, real *y, k3c_err *err) {
+    (void)err;
+    k3c_sigmoid(n, x, y);
+    return K3C_OK;
+}
 static int sigmoid_bwd(int64_t n, const real *y, const real *dy, real *dx, k3c_err *err) {
     (void)err;
     k3c_sigmoid_bwd(n, y, dy, dx);
@@ -46,12 +61,15 @@ static int kda_fwd(const k3c_kda_dims *d, const int32_t *cu, const real *q, cons
 static int kda_bwd(const k3c_kda_dims *d, const int32_t *cu, const real *q, const real *k, const real *v, const real *g,
                    const real *beta, const real *h0, const real *dout, const real *dht, real *dq, real *dk, real *dv,
                    real *dg, real *dbeta, real *dh0, void *ws, k3c_err *err) {
-    return d->chunk ? k3c_kda_chunk_bwd(d, cu, q, k, v, g, beta, h0, dout, dht, dq, dk, dv, dg, dbeta, dh0, ws, err)
-                    : k3c_kda_recurrent_bwd(d, cu, q, k, v, g, beta, h0, dout, dht, dq, dk, dv, dg, dbeta, dh0, ws,
-                                               err);
+    return d->chunk
+               ? k3c_kda_chunk_bwd(d, cu, q, k, v, g, beta, h0, dout, dht, dq, dk, dv, dg, dbeta, dh0, ws, err)
+               : k3c_kda_recurrent_bwd(d, cu, q, k, v, g, beta, h0, dout, dht, dq, dk, dv, dg, dbeta, dh0, ws, err);
 }
 
-static size_t attention_fwd_ws(const k3c_attention_sizes *s) { (void)s; return 0; }
+static size_t attention_fwd_ws(const k3c_attention_sizes *s) {
+    (void)s;
+    return 0;
+}
 
 static int moe_fwd(void *ctx, const k3c_moe_sizes *s, const real *x, const int32_t *ids, const real *w, const real *w1,
                    const real *w3, const real *w2, real *y, void *saved, void *ws, k3c_err *err) {
@@ -78,29 +96,56 @@ static int mlp_bwd(void *ctx, const k3c_mlp_sizes *s, const real *x, const real 
 
 static const k3c_backend cpu_table = {
     .name = "cpu",
-    .alloc = cpu_alloc, .free = cpu_free, .sync = cpu_sync,
-    .zero = zero, .add = add, .copy2d = copy2d, .sigmoid = sigmoid, .sigmoid_bwd = sigmoid_bwd,
-    .embedding_fwd = k3c_embedding_fwd, .embedding_bwd = k3c_embedding_bwd,
-    .rmsnorm_fwd = k3c_rmsnorm_fwd, .rmsnorm_bwd = k3c_rmsnorm_bwd,
-    .gated_rmsnorm_fwd = k3c_gated_rmsnorm_fwd, .gated_rmsnorm_bwd = k3c_gated_rmsnorm_bwd,
-    .linear_fwd = linear_fwd, .linear_bwd = linear_bwd,
-    .sigmoid_gate_fwd = k3c_sigmoid_gate_fwd, .sigmoid_gate_bwd = k3c_sigmoid_gate_bwd,
-    .xent_fwd = k3c_xent_fwd, .xent_bwd = k3c_xent_bwd,
-    .l2norm_fwd = k3c_l2norm_fwd, .l2norm_bwd = k3c_l2norm_bwd,
-    .short_conv_fwd = k3c_short_conv_fwd, .short_conv_bwd_workspace = k3c_short_conv_bwd_workspace,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .sync = cpu_sync,
+    .zero = zero,
+    .add = add,
+    .copy2d = copy2d,
+    .sigmoid = sigmoid,
+    .sigmoid_bwd = sigmoid_bwd,
+    .embedding_fwd = k3c_embedding_fwd,
+    .embedding_bwd = k3c_embedding_bwd,
+    .rmsnorm_fwd = k3c_rmsnorm_fwd,
+    .rmsnorm_bwd = k3c_rmsnorm_bwd,
+    .gated_rmsnorm_fwd = k3c_gated_rmsnorm_fwd,
+    .gated_rmsnorm_bwd = k3c_gated_rmsnorm_bwd,
+    .linear_fwd = linear_fwd,
+    .linear_bwd = linear_bwd,
+    .sigmoid_gate_fwd = k3c_sigmoid_gate_fwd,
+    .sigmoid_gate_bwd = k3c_sigmoid_gate_bwd,
+    .xent_fwd = k3c_xent_fwd,
+    .xent_bwd = k3c_xent_bwd,
+    .l2norm_fwd = k3c_l2norm_fwd,
+    .l2norm_bwd = k3c_l2norm_bwd,
+    .short_conv_fwd = k3c_short_conv_fwd,
+    .short_conv_bwd_workspace = k3c_short_conv_bwd_workspace,
     .short_conv_bwd = k3c_short_conv_bwd,
-    .kda_gate_fwd = k3c_kda_gate_fwd, .kda_gate_bwd = k3c_kda_gate_bwd,
-    .kda_fwd_workspace = kda_fwd_ws, .kda_bwd_workspace = kda_bwd_ws, .kda_fwd = kda_fwd, .kda_bwd = kda_bwd,
-    .attention_fwd_workspace = attention_fwd_ws, .attention_bwd_workspace = k3c_attention_workspace,
-    .attention_fwd = k3c_attention_fwd, .attention_bwd = k3c_attention_bwd,
+    .kda_gate_fwd = k3c_kda_gate_fwd,
+    .kda_gate_bwd = k3c_kda_gate_bwd,
+    .kda_fwd_workspace = kda_fwd_ws,
+    .kda_bwd_workspace = kda_bwd_ws,
+    .kda_fwd = kda_fwd,
+    .kda_bwd = kda_bwd,
+    .attention_fwd_workspace = attention_fwd_ws,
+    .attention_bwd_workspace = k3c_attention_workspace,
+    .attention_fwd = k3c_attention_fwd,
+    .attention_bwd = k3c_attention_bwd,
     .attention_max_logit = k3c_attention_max_logit,
-    .router_fwd = k3c_router_fwd, .router_bwd = k3c_router_bwd,
-    .moe_saved_bytes = k3c_moe_saved_bytes, .moe_workspace = k3c_moe_workspace, .moe_fwd = moe_fwd,
+    .router_fwd = k3c_router_fwd,
+    .router_bwd = k3c_router_bwd,
+    .moe_saved_bytes = k3c_moe_saved_bytes,
+    .moe_workspace = k3c_moe_workspace,
+    .moe_fwd = moe_fwd,
     .moe_bwd = moe_bwd,
-    .mlp_saved_bytes = k3c_mlp_saved_bytes, .mlp_workspace = k3c_mlp_workspace, .mlp_fwd = mlp_fwd,
+    .mlp_saved_bytes = k3c_mlp_saved_bytes,
+    .mlp_workspace = k3c_mlp_workspace,
+    .mlp_fwd = mlp_fwd,
     .mlp_bwd = mlp_bwd,
-    .attnres_saved_elems = k3c_attnres_saved_elems, .attnres_workspace = k3c_attnres_workspace,
-    .attnres_fwd = k3c_attnres_fwd, .attnres_bwd = k3c_attnres_bwd,
+    .attnres_saved_elems = k3c_attnres_saved_elems,
+    .attnres_workspace = k3c_attnres_workspace,
+    .attnres_fwd = k3c_attnres_fwd,
+    .attnres_bwd = k3c_attnres_bwd,
 };
 
 const k3c_backend *k3c_backend_cpu(void) { return &cpu_table; }

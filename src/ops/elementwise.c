@@ -20,7 +20,7 @@ void k3c_add(int64_t n, const real *x, real *y) {
 }
 
 void k3c_copy2d(int64_t rows, int64_t cols, const real *src, int64_t ld_src, real *dst, int64_t ld_dst,
-                   int accumulate) {
+                int accumulate) {
 #pragma omp parallel for schedule(static) if (rows * cols > 65536)
     for (int64_t r = 0; r < rows; r++) {
         const real *s = src + r * ld_src;

@@ -6,8 +6,7 @@
 #include <string.h>
 
 static int check_ids(const k3c_embedding_sizes *s, const int32_t *ids, const char *op, k3c_err *err) {
-    if (!s || s->T < 0 || s->V <= 0 || s->D <= 0)
-        return k3c_errf(err, K3C_EINVAL, "%s: bad sizes", op);
+    if (!s || s->T < 0 || s->V <= 0 || s->D <= 0) return k3c_errf(err, K3C_EINVAL, "%s: bad sizes", op);
     for (int64_t t = 0; t < s->T; t++)
         if (ids[t] < 0 || ids[t] >= s->V)
             return k3c_errf(err, K3C_EINVAL, "%s: token %lld has id %d outside [0, %lld)", op, (long long)t, ids[t],

@@ -10,8 +10,7 @@ int k3c_sigmoid_gate_fwd(int64_t n, const real *x, const real *z, real *y, k3c_e
     return K3C_OK;
 }
 
-int k3c_sigmoid_gate_bwd(int64_t n, const real *x, const real *z, const real *dy, real *dx, real *dz,
-                            k3c_err *err) {
+int k3c_sigmoid_gate_bwd(int64_t n, const real *x, const real *z, const real *dy, real *dx, real *dz, k3c_err *err) {
     if (n < 0) return k3c_errf(err, K3C_EINVAL, "sigmoid_gate_bwd: negative size %lld", (long long)n);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {

@@ -10,8 +10,8 @@ static int check_sizes(const k3c_glu_sizes *s, const char *op, k3c_err *err) {
     if (!s || s->rows < 0 || s->inter < 0) return k3c_errf(err, K3C_EINVAL, "%s: bad sizes", op);
     if (s->act.act == K3C_ACT_SILU) return 0;
     if (s->act.act == K3C_ACT_SITU && s->act.beta1 > 0 && s->act.beta2 > 0) return 0;
-    return k3c_errf(err, K3C_EINVAL, "%s: activation %d with betas (%g, %g): need SiLU, or SiTU with betas > 0",
-                    op, s->act.act, s->act.beta1, s->act.beta2);
+    return k3c_errf(err, K3C_EINVAL, "%s: activation %d with betas (%g, %g): need SiLU, or SiTU with betas > 0", op,
+                    s->act.act, s->act.beta1, s->act.beta2);
 }
 
 /* tanh for float: libm's tanhf (via expm1f) dominated the CPU profile of a SiTU model. One expf for |x| ≥ 0.125
@@ -67,7 +67,7 @@ int k3c_glu_fwd(const k3c_glu_sizes *s, const real *gate, const real *up, real *
 }
 
 int k3c_glu_bwd(const k3c_glu_sizes *s, const real *gate, const real *up, const real *dh, real *dgate, real *dup,
-                   k3c_err *err) {
+                k3c_err *err) {
     if (check_sizes(s, "glu_bwd", err)) return K3C_EINVAL;
     const int64_t n = s->rows * s->inter;
     const real b1 = (real)s->act.beta1, b2 = (real)s->act.beta2;

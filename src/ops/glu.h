@@ -30,8 +30,7 @@ typedef struct {
  * Backward: dgate += dh ⊙ c(up) ⊙ act'(gate), dup += dh ⊙ act(gate) ⊙ c'(up) (exact derivatives of §8; recomputed from
  *           gate/up, nothing saved). Either gradient may be NULL. Returns K3C_EINVAL on bad sizes / betas. */
 #define K3C_GLU_API(real, S)                                                                                           \
-    int k3c_glu_fwd_##S(const k3c_glu_sizes *s, const real *gate, const real *up, real *h,                             \
-                        k3c_err *err);                                                                                 \
+    int k3c_glu_fwd_##S(const k3c_glu_sizes *s, const real *gate, const real *up, real *h, k3c_err *err);              \
     int k3c_glu_bwd_##S(const k3c_glu_sizes *s, const real *gate, const real *up, const real *dh, real *dgate,         \
                         real *dup, k3c_err *err);
 K3C_DECLARE_REAL(K3C_GLU_API)

@@ -20,7 +20,7 @@
 
 #define K3C_KDA_SUBTILE 16 /* rows of an intra-chunk tile (§3.3): the bound is only safe over 16 tokens */
 #define K3C_KDA_MAX_CHUNK 256
-#define K3C_KDA_MIN_BOUND (-5.5) /* most negative gate_lower_bound the factored tiles accept in float32 (§3.3) */
+#define K3C_KDA_MIN_BOUND (-5.5)  /* most negative gate_lower_bound the factored tiles accept in float32 (§3.3) */
 #define K3C_KDA_MAX_HEAD_DIM 1024 /* dk, dv limit (per-token vectors of the recurrence live on the stack) */
 
 typedef struct {
@@ -47,48 +47,48 @@ typedef struct {
     double g_min; /* lower-bound form only; 0 = −5 */
 } k3c_kda_gate_dims;
 
-#define K3C_KDA_API(real, S)                                                                                           \
-    /* ---- token recurrence (§3.1 step 7; the reference, and the decode step: T = n_docs tokens, cu = 0,1,..,n) */    \
-    /* Workspace bytes of the forward: the running states when ht is NULL (ws may be NULL when ht is given). */        \
-    size_t k3c_kda_recurrent_fwd_workspace_##S(const k3c_kda_dims *d);                                                 \
-    /* o [T,H,dv]; ht (may be NULL, may be the same pointer as h0 for in-place decoding). OpenMP over (doc, head). */  \
-    int k3c_kda_recurrent_fwd_##S(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,      \
-                                  const real *v, const real *g, const real *beta, const real *h0, real *o, real *ht,   \
-                                  void *ws, k3c_err *err);                                                             \
+#define K3C_KDA_API(real, S)                                                                                                  \
+    /* ---- token recurrence (§3.1 step 7; the reference, and the decode step: T = n_docs tokens, cu = 0,1,..,n) */          \
+    /* Workspace bytes of the forward: the running states when ht is NULL (ws may be NULL when ht is given). */               \
+    size_t k3c_kda_recurrent_fwd_workspace_##S(const k3c_kda_dims *d);                                                        \
+    /* o [T,H,dv]; ht (may be NULL, may be the same pointer as h0 for in-place decoding). OpenMP over (doc, head). */         \
+    int k3c_kda_recurrent_fwd_##S(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,             \
+                                  const real *v, const real *g, const real *beta, const real *h0, real *o, real *ht,          \
+                                  void *ws, k3c_err *err);                                                                    \
     /* Workspace bytes of the recurrent backward: a state checkpoint every d->chunk tokens plus the states of one      \
-       segment per (doc, head), recomputed forward from its checkpoint (the recurrence is never run backwards). */     \
-    size_t k3c_kda_recurrent_bwd_workspace_##S(const k3c_kda_dims *d);                                                 \
+       segment per (doc, head), recomputed forward from its checkpoint (the recurrence is never run backwards). */      \
+    size_t k3c_kda_recurrent_bwd_workspace_##S(const k3c_kda_dims *d);                                                        \
     /* Token-level backward (§3.4 "token-level reference backward"). dout [T,H,dv], dht [n_docs,H,dk,dv]; adds into    \
-       dq dk dv dg [like their inputs], dbeta [T,H], dh0 [n_docs,H,dk,dv] (each may be NULL). */                       \
-    int k3c_kda_recurrent_bwd_##S(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,      \
-                                  const real *v, const real *g, const real *beta, const real *h0, const real *dout,    \
-                                  const real *dht, real *dq, real *dk, real *dv, real *dg, real *dbeta, real *dh0,     \
-                                  void *ws, k3c_err *err);                                                             \
-                                                                                                                       \
+       dq dk dv dg [like their inputs], dbeta [T,H], dh0 [n_docs,H,dk,dv] (each may be NULL). */     \
+    int k3c_kda_recurrent_bwd_##S(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,             \
+                                  const real *v, const real *g, const real *beta, const real *h0, const real *dout,           \
+                                  const real *dht, real *dq, real *dk, real *dv, real *dg, real *dbeta, real *dh0,            \
+                                  void *ws, k3c_err *err);                                                                    \
+                                                                                                                              \
     /* ---- chunkwise WY/UT form (§3.2; training and prefill). Per chunk: BLAS GEMMs, triangular solves for (I+L)⁻¹.   \
        On the CPU, chunk 16 is the fastest setting (bench/bench_kda_cpu.c). Workspace sizes depend on every field but  \
-       scale and gate_lower_bound: recompute them when chunk changes. */                                               \
-    size_t k3c_kda_chunk_fwd_workspace_##S(const k3c_kda_dims *d);                                                     \
-    /* Same contract as k3c_kda_recurrent_fwd (ht may be NULL or alias h0). OpenMP over (doc, head). */                \
-    int k3c_kda_chunk_fwd_##S(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,          \
-                              const real *v, const real *g, const real *beta, const real *h0, real *o, real *ht,       \
-                              void *ws, k3c_err *err);                                                                 \
+       scale and gate_lower_bound: recompute them when chunk changes. */  \
+    size_t k3c_kda_chunk_fwd_workspace_##S(const k3c_kda_dims *d);                                                            \
+    /* Same contract as k3c_kda_recurrent_fwd (ht may be NULL or alias h0). OpenMP over (doc, head). */                       \
+    int k3c_kda_chunk_fwd_##S(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,                 \
+                              const real *v, const real *g, const real *beta, const real *h0, real *o, real *ht,              \
+                              void *ws, k3c_err *err);                                                                        \
     /* Workspace bytes of the chunk backward: the state entering every chunk (recomputed by a forward state pass) and  \
-       per-(doc, head) chunk scratch. */                                                                               \
-    size_t k3c_kda_chunk_bwd_workspace_##S(const k3c_kda_dims *d);                                                     \
+       per-(doc, head) chunk scratch. */      \
+    size_t k3c_kda_chunk_bwd_workspace_##S(const k3c_kda_dims *d);                                                            \
     /* §3.4 stages 1–5 (intra terms, reverse state pass, WY / inverse backward, pairwise terms, reverse cumsum of dG). \
-       Same arguments and accumulation contract as k3c_kda_recurrent_bwd. */                                           \
-    int k3c_kda_chunk_bwd_##S(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,          \
-                              const real *v, const real *g, const real *beta, const real *h0, const real *dout,        \
-                              const real *dht, real *dq, real *dk, real *dv, real *dg, real *dbeta, real *dh0,         \
-                              void *ws, k3c_err *err);                                                                 \
-                                                                                                                       \
-    /* ---- forget gate (§3.1 step 6): g[T, H·dk] from z[T, H·dk]. */                                                  \
-    int k3c_kda_gate_fwd_##S(const k3c_kda_gate_dims *d, const real *z, const real *dt_bias, const real *A_log,        \
-                             real *g, k3c_err *err);                                                                   \
+       Same arguments and accumulation contract as k3c_kda_recurrent_bwd. */   \
+    int k3c_kda_chunk_bwd_##S(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,                 \
+                              const real *v, const real *g, const real *beta, const real *h0, const real *dout,               \
+                              const real *dht, real *dq, real *dk, real *dv, real *dg, real *dbeta, real *dh0,                \
+                              void *ws, k3c_err *err);                                                                        \
+                                                                                                                              \
+    /* ---- forget gate (§3.1 step 6): g[T, H·dk] from z[T, H·dk]. */                                                      \
+    int k3c_kda_gate_fwd_##S(const k3c_kda_gate_dims *d, const real *z, const real *dt_bias, const real *A_log,               \
+                             real *g, k3c_err *err);                                                                          \
     /* §3.4 stage 6: adds dz [T, H·dk], ddt_bias [H·dk] (Σ over tokens), dA_log [H] (Σ over tokens and channels); each \
-       may be NULL. Deterministic (reductions in a fixed order). */                                                    \
-    int k3c_kda_gate_bwd_##S(const k3c_kda_gate_dims *d, const real *z, const real *dt_bias, const real *A_log,        \
+       may be NULL. Deterministic (reductions in a fixed order). */ \
+    int k3c_kda_gate_bwd_##S(const k3c_kda_gate_dims *d, const real *z, const real *dt_bias, const real *A_log,               \
                              const real *dg, real *dz, real *ddt_bias, real *dA_log, k3c_err *err);
 
 K3C_DECLARE_REAL(K3C_KDA_API)

@@ -21,8 +21,8 @@
 #define GEMM_ONE_THREAD_MNK (65536 * 4)
 
 /* C[M,N] = alpha op(A) op(B) + beta C, row-major; tolerates empty shapes. */
-static void gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, real alpha, const real *A, int64_t lda,
-                 const real *B, int64_t ldb, real beta, real *C, int64_t ldc) {
+static void gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, real alpha, const real *A, int64_t lda, const real *B,
+                 int64_t ldb, real beta, real *C, int64_t ldc) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
         for (int64_t i = 0; i < M; i++)
@@ -87,7 +87,10 @@ static inline real kexp(real x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    union { uint32_t u; float f; } sc = {(uint32_t)((int32_t)n + 127) << 23};
+    union {
+        uint32_t u;
+        float f;
+    } sc = {(uint32_t)((int32_t)n + 127) << 23};
     return x < -87.0f ? 0.0f : p * sc.f;
 }
 #endif
@@ -102,19 +105,20 @@ typedef struct {
 } chunk_in;
 
 typedef struct {
-    double *G;                /* [m, dk]: chunk-local cumsum, in double in both builds: G_i − G_j of nearby rows must
+    double *G;     /* [m, dk]: chunk-local cumsum, in double in both builds: G_i − G_j of nearby rows must
                                  not lose |G|·eps (|G| reaches 64·5 = 320 in a saturated 64-chunk) */
-    real *Eg, *Ed;            /* [m, dk]: Γ = e^G, e^{G_last − G} */
+    real *Eg, *Ed; /* [m, dk]: Γ = e^G, e^{G_last − G} */
     real *W, *T1, *T2, *Fc, *Yc; /* [m, dk]: W = (I+L)⁻¹ Diag(β)(K⊙Γ); temporaries; tile column factor and operand */
-    real *U, *Vn;             /* [m, dv]: U = (I+L)⁻¹ Diag(β) V; Ṽ = U − W S */
-    real *A, *Lk, *L;         /* [m, m]: A = s·pair(Q,K) incl. diagonal; Lk = pair(K,K) strict; L = Diag(β) Lk */
-    real *Fr, *Xr, *Tt;       /* tile: row factor [bc, dk], row operands [2bc, dk] (Q⊙F; K⊙F), output [2bc, m] */
+    real *U, *Vn;                /* [m, dv]: U = (I+L)⁻¹ Diag(β) V; Ṽ = U − W S */
+    real *A, *Lk, *L;            /* [m, m]: A = s·pair(Q,K) incl. diagonal; Lk = pair(K,K) strict; L = Diag(β) Lk */
+    real *Fr, *Xr, *Tt;          /* tile: row factor [bc, dk], row operands [2bc, dk] (Q⊙F; K⊙F), output [2bc, m] */
     real *dQ, *dK, *dG, *dW, *Cc, *Rq; /* backward: [m, dk] ×5, Rq [2bc, dk] */
-    real *dVn;                /* [m, dv] */
-    real *dA, *dL;            /* [m, m] */
+    real *dVn;                         /* [m, dv] */
+    real *dA, *dL;                     /* [m, m] */
 } chunk_ws;
 
-#define ROW_DK 19 /* reals per row and per dk of chunk scratch (counting the [bc, dk] tile buffers as rows and G as
+#define ROW_DK                                                                                                         \
+    19 /* reals per row and per dk of chunk scratch (counting the [bc, dk] tile buffers as rows and G as
                      two reals) */
 #define ROW_DV 3
 #define ROW_M 7
@@ -155,8 +159,7 @@ static void tile_operands(const chunk_in *c, chunk_ws *w, int64_t a, int64_t b, 
     const double *Gr = w->G + ref * dk;
     expfac(mb, dk, w->G + a * dk, Gr, 1, w->Fr);
     expfac(c1 - c0, dk, w->G + c0 * dk, Gr, -1, w->Fc);
-    for (int64_t i = 0; i < mb; i++)
-        SIMD for (int64_t e = 0; e < dk; e++) {
+    for (int64_t i = 0; i < mb; i++) SIMD for (int64_t e = 0; e < dk; e++) {
             w->Xr[i * dk + e] = c->q[(a + i) * c->ldk + e] * w->Fr[i * dk + e];
             w->Xr[(mb + i) * dk + e] = c->k[(a + i) * c->ldk + e] * w->Fr[i * dk + e];
         }
@@ -164,8 +167,8 @@ static void tile_operands(const chunk_in *c, chunk_ws *w, int64_t a, int64_t b, 
         SIMD for (int64_t e = 0; e < dk; e++) w->Yc[j * dk + e] = c->k[(c0 + j) * c->ldk + e] * w->Fc[j * dk + e];
 }
 
-static void tile_fwd_factored(const chunk_in *c, chunk_ws *w, int64_t a, int64_t b, int64_t c0, int64_t c1,
-                              int64_t ref, int diag) {
+static void tile_fwd_factored(const chunk_in *c, chunk_ws *w, int64_t a, int64_t b, int64_t c0, int64_t c1, int64_t ref,
+                              int diag) {
     const int64_t mb = b - a, nc = c1 - c0, m = c->m;
     tile_operands(c, w, a, b, c0, c1, ref);
     gemm(0, 1, 2 * mb, nc, c->dk, 1, w->Xr, c->dk, w->Yc, c->dk, 0, w->Tt, nc);
@@ -207,8 +210,10 @@ static void intra_fwd(const chunk_in *c, chunk_ws *w) {
     for (int64_t a = 0; a < n; a += BC) {
         const int64_t b = a + BC < n ? a + BC : n;
         if (a > 0) tile_fwd_factored(c, w, a, b, 0, a, a, 0);
-        if (c->factored) tile_fwd_factored(c, w, a, b, a, b, a + BC / 2 < b - 1 ? a + BC / 2 : b - 1, 1);
-        else tile_fwd_pairwise(c, w, a, b);
+        if (c->factored)
+            tile_fwd_factored(c, w, a, b, a, b, a + BC / 2 < b - 1 ? a + BC / 2 : b - 1, 1);
+        else
+            tile_fwd_pairwise(c, w, a, b);
     }
 }
 
@@ -217,11 +222,10 @@ static void intra_fwd(const chunk_in *c, chunk_ws *w) {
 static void chunk_prepare(const chunk_in *c, chunk_ws *w) {
     const int64_t n = c->n, m = c->m, dk = c->dk, dv = c->dv;
     for (int64_t r = 0; r < n; r++)
-        SIMD for (int64_t e = 0; e < dk; e++)
-            w->G[r * dk + e] = (r ? w->G[(r - 1) * dk + e] : 0) + (double)c->g[r * c->ldk + e];
+        SIMD for (int64_t e = 0; e < dk; e++) w->G[r * dk + e] =
+            (r ? w->G[(r - 1) * dk + e] : 0) + (double)c->g[r * c->ldk + e];
     const double *Gl = w->G + (n - 1) * dk;
-    for (int64_t r = 0; r < n; r++)
-        SIMD for (int64_t e = 0; e < dk; e++) {
+    for (int64_t r = 0; r < n; r++) SIMD for (int64_t e = 0; e < dk; e++) {
             w->Eg[r * dk + e] = kexp((real)w->G[r * dk + e]);
             w->Ed[r * dk + e] = kexp((real)(Gl[e] - w->G[r * dk + e]));
         }
@@ -279,16 +283,14 @@ static void tile_bwd_factored(const chunk_in *c, chunk_ws *w, int64_t a, int64_t
     gemm(0, 0, mb, dk, nc, 1, dL, m, w->Yc, dk, 0, w->Rq + mb * dk, dk);
     gemm(1, 0, nc, dk, mb, 1, dA, m, w->Xr, dk, 0, w->Cc, dk);
     gemm(1, 0, nc, dk, mb, 1, dL, m, w->Xr + mb * dk, dk, 1, w->Cc, dk);
-    for (int64_t i = 0; i < mb; i++)
-        SIMD for (int64_t e = 0; e < dk; e++) {
+    for (int64_t i = 0; i < mb; i++) SIMD for (int64_t e = 0; e < dk; e++) {
             const int64_t x = (a + i) * dk + e;
             const real f = w->Fr[i * dk + e], rq = f * w->Rq[i * dk + e], rk = f * w->Rq[(mb + i) * dk + e];
             w->dQ[x] += rq;
             w->dK[x] += rk;
             w->dG[x] += c->q[(a + i) * c->ldk + e] * rq + c->k[(a + i) * c->ldk + e] * rk;
         }
-    for (int64_t j = 0; j < nc; j++)
-        SIMD for (int64_t e = 0; e < dk; e++) {
+    for (int64_t j = 0; j < nc; j++) SIMD for (int64_t e = 0; e < dk; e++) {
             const int64_t x = (c0 + j) * dk + e;
             const real cc = w->Fc[j * dk + e] * w->Cc[j * dk + e];
             w->dK[x] += cc;
@@ -318,8 +320,7 @@ static void tile_bwd_pairwise(const chunk_in *c, chunk_ws *w, int64_t a, int64_t
             }
         }
     }
-    for (int64_t i = 0; i < mb; i++)
-        SIMD for (int64_t e = 0; e < dk; e++) {
+    for (int64_t i = 0; i < mb; i++) SIMD for (int64_t e = 0; e < dk; e++) {
             const int64_t x = (a + i) * dk + e;
             const real qv = c->q[(a + i) * c->ldk + e], kv = c->k[(a + i) * c->ldk + e];
             const real rq = w->Rq[i * dk + e], rk = w->Rq[(mb + i) * dk + e], cc = w->Cc[i * dk + e];
@@ -345,8 +346,10 @@ static void intra_bwd(const chunk_in *c, chunk_ws *w) {
     for (int64_t a = 0; a < n; a += BC) {
         const int64_t b = a + BC < n ? a + BC : n;
         if (a > 0) tile_bwd_factored(c, w, a, b, 0, a, a);
-        if (c->factored) tile_bwd_factored(c, w, a, b, a, b, a + BC / 2 < b - 1 ? a + BC / 2 : b - 1);
-        else tile_bwd_pairwise(c, w, a, b);
+        if (c->factored)
+            tile_bwd_factored(c, w, a, b, a, b, a + BC / 2 < b - 1 ? a + BC / 2 : b - 1);
+        else
+            tile_bwd_pairwise(c, w, a, b);
     }
 }
 
@@ -360,8 +363,7 @@ static void chunk_bwd_outputs(const chunk_in *c, chunk_ws *w, const real *h, con
             for (int64_t j = i + 1; j < n; j++) w->dA[i * m + j] = 0;
         gemm(1, 0, n, dv, n, 1, w->A, m, dO, c->ldv, 0, w->dVn, dv);
         gemm(0, 1, n, dk, dv, c->scale, dO, c->ldv, h, dv, 0, w->T2, dk); /* s dO hᵀ */
-        for (int64_t i = 0; i < n; i++)
-            SIMD for (int64_t e = 0; e < dk; e++) {
+        for (int64_t i = 0; i < n; i++) SIMD for (int64_t e = 0; e < dk; e++) {
                 const real dq = w->T2[i * dk + e] * w->Eg[i * dk + e];
                 w->dQ[i * dk + e] += dq;
                 w->dG[i * dk + e] += c->q[i * c->ldk + e] * dq;
@@ -397,8 +399,8 @@ static void chunk_bwd_state(const chunk_in *c, chunk_ws *w, real *dS, const real
     }
     if (dO) {
         for (int64_t i = 0; i < n; i++)
-            SIMD for (int64_t e = 0; e < dk; e++)
-                w->T2[i * dk + e] = c->scale * c->q[i * c->ldk + e] * w->Eg[i * dk + e];
+            SIMD for (int64_t e = 0; e < dk; e++) w->T2[i * dk + e] =
+                c->scale * c->q[i * c->ldk + e] * w->Eg[i * dk + e];
         gemm(1, 0, dk, dv, n, 1, w->T2, dk, dO, c->ldv, 1, dS, dv);
     }
     gemm(1, 0, dk, dv, n, -1, w->W, dk, w->dVn, dv, 1, dS, dv);
@@ -417,8 +419,8 @@ static void chunk_bwd_wy(const chunk_in *c, chunk_ws *w, const real *h, real *dv
     for (int64_t i = 0; i < n; i++) {
         const real bi = c->beta[i * c->ldb];
         real db = 0;
-        _Pragma("omp simd reduction(+ : db)") for (int64_t e = 0; e < DV; e++)
-            db += w->dVn[i * DV + e] * c->v[i * c->ldv + e];
+        _Pragma("omp simd reduction(+ : db)") for (int64_t e = 0; e < DV; e++) db +=
+            w->dVn[i * DV + e] * c->v[i * c->ldv + e];
         if (dv) SIMD for (int64_t e = 0; e < DV; e++) dv[i * c->ldv + e] += bi * w->dVn[i * DV + e];
         _Pragma("omp simd reduction(+ : db)") for (int64_t e = 0; e < dk; e++) {
             const int64_t x = i * dk + e;
@@ -432,7 +434,8 @@ static void chunk_bwd_wy(const chunk_in *c, chunk_ws *w, const real *h, real *dv
             if (j < i) {
                 db += *dl * w->Lk[i * m + j];
                 *dl *= bi;
-            } else *dl = 0;
+            } else
+                *dl = 0;
         }
         if (dbeta) dbeta[i * c->ldb] += db;
     }
@@ -497,8 +500,8 @@ static int ck_check(const k3c_kda_dims *d, const int32_t *cu, const real *g, voi
             if (!(g[i] >= lb) && i < bad) bad = i;
         if (bad < n)
             return k3c_errf(err, K3C_EINVAL, "%s: g[%lld] = %g below gate_lower_bound %g (token %lld, head %lld)", op,
-                            (long long)bad, (double)g[bad], d->gate_lower_bound,
-                            (long long)(bad / (d->H * d->dk)), (long long)(bad / d->dk % d->H));
+                            (long long)bad, (double)g[bad], d->gate_lower_bound, (long long)(bad / (d->H * d->dk)),
+                            (long long)(bad / d->dk % d->H));
     }
     return 0;
 }
@@ -507,14 +510,25 @@ static int ck_check(const k3c_kda_dims *d, const int32_t *cu, const real *g, voi
 static chunk_in chunk_at(const k3c_kda_dims *d, int64_t h, int64_t t, int64_t n, int64_t m, const real *q,
                          const real *k, const real *v, const real *g, const real *beta) {
     const int64_t H = d->H, xk = (t * H + h) * d->dk;
-    chunk_in c = {n, m, d->dk, d->dv, H * d->dk, H * d->dv, H, q + xk, k + xk, v + (t * H + h) * d->dv, g + xk,
-                  beta + t * H + h, (real)k3c_kda_scale_(d), d->gate_lower_bound < 0};
+    chunk_in c = {n,
+                  m,
+                  d->dk,
+                  d->dv,
+                  H * d->dk,
+                  H * d->dv,
+                  H,
+                  q + xk,
+                  k + xk,
+                  v + (t * H + h) * d->dv,
+                  g + xk,
+                  beta + t * H + h,
+                  (real)k3c_kda_scale_(d),
+                  d->gate_lower_bound < 0};
     return c;
 }
 
-int k3c_kda_chunk_fwd(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,
-                         const real *v, const real *g, const real *beta, const real *h0, real *o, real *ht, void *ws,
-                         k3c_err *err) {
+int k3c_kda_chunk_fwd(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k, const real *v,
+                      const real *g, const real *beta, const real *h0, real *o, real *ht, void *ws, k3c_err *err) {
     int rc = ck_check(d, cu_seqlens, g, ws, "kda_chunk_fwd", err);
     if (rc) return rc;
     const int nd = k3c_kda_ndocs_(d, cu_seqlens);
@@ -526,8 +540,10 @@ int k3c_kda_chunk_fwd(const k3c_kda_dims *d, const int32_t *cu_seqlens, const re
         const int64_t h = it % H, m = l.pre_rows[doc + 1] - l.pre_rows[doc];
         const int64_t t0 = k3c_kda_bos_(cu_seqlens, d->T, doc), t1 = k3c_kda_bos_(cu_seqlens, d->T, doc + 1);
         real *S = ht ? ht + it * SS : l.fixed + it * 2 * SS;
-        if (!h0) memset(S, 0, (size_t)SS * sizeof(real));
-        else if (h0 + it * SS != S) memcpy(S, h0 + it * SS, (size_t)SS * sizeof(real));
+        if (!h0)
+            memset(S, 0, (size_t)SS * sizeof(real));
+        else if (h0 + it * SS != S)
+            memcpy(S, h0 + it * SS, (size_t)SS * sizeof(real));
         chunk_ws w = carve(l.rows + (h * l.rows_total + l.pre_rows[doc]) * l.rowsize, m, d->dk, d->dv);
         for (int64_t t = t0; t < t1; t += l.C) {
             const chunk_in c = chunk_at(d, h, t, t + l.C < t1 ? l.C : t1 - t, m, q, k, v, g, beta);
@@ -543,8 +559,7 @@ int k3c_kda_chunk_fwd(const k3c_kda_dims *d, const int32_t *cu_seqlens, const re
 /* Adds a chunk's dQ, dK and the reverse cumsum of dG (§3.4 stage 5) into the strided outputs. */
 static void chunk_bwd_emit(const chunk_in *c, const chunk_ws *w, real *dq, real *dk, real *dg) {
     const int64_t n = c->n, DK = c->dk;
-    for (int64_t i = 0; i < n; i++)
-        SIMD for (int64_t e = 0; e < DK; e++) {
+    for (int64_t i = 0; i < n; i++) SIMD for (int64_t e = 0; e < DK; e++) {
             if (dq) dq[i * c->ldk + e] += w->dQ[i * DK + e];
             if (dk) dk[i * c->ldk + e] += w->dK[i * DK + e];
         }
@@ -558,10 +573,9 @@ static void chunk_bwd_emit(const chunk_in *c, const chunk_ws *w, real *dq, real 
     }
 }
 
-int k3c_kda_chunk_bwd(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,
-                         const real *v, const real *g, const real *beta, const real *h0, const real *dout,
-                         const real *dht, real *dq, real *dk, real *dv, real *dg, real *dbeta, real *dh0, void *ws,
-                         k3c_err *err) {
+int k3c_kda_chunk_bwd(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k, const real *v,
+                      const real *g, const real *beta, const real *h0, const real *dout, const real *dht, real *dq,
+                      real *dk, real *dv, real *dg, real *dbeta, real *dh0, void *ws, k3c_err *err) {
     int rc = ck_check(d, cu_seqlens, g, ws, "kda_chunk_bwd", err);
     if (rc) return rc;
     const int nd = k3c_kda_ndocs_(d, cu_seqlens);
@@ -576,8 +590,10 @@ int k3c_kda_chunk_bwd(const k3c_kda_dims *d, const int32_t *cu_seqlens, const re
         real *hs = l.states + (h * l.nc_total + l.pre_nc[doc]) * SS, *S = l.fixed + it * 2 * SS, *dS = S + SS;
         chunk_ws w = carve(l.rows + (h * l.rows_total + l.pre_rows[doc]) * l.rowsize, m, DK, DV);
         /* Forward state pass: the state entering every chunk. */
-        if (h0) memcpy(S, h0 + it * SS, (size_t)SS * sizeof(real));
-        else memset(S, 0, (size_t)SS * sizeof(real));
+        if (h0)
+            memcpy(S, h0 + it * SS, (size_t)SS * sizeof(real));
+        else
+            memset(S, 0, (size_t)SS * sizeof(real));
         for (int64_t ci = 0; ci < nc; ci++) {
             const int64_t t = t0 + ci * l.C;
             memcpy(hs + ci * SS, S, (size_t)SS * sizeof(real));
@@ -587,8 +603,10 @@ int k3c_kda_chunk_bwd(const k3c_kda_dims *d, const int32_t *cu_seqlens, const re
             chunk_vnew(&c, &w, S);
             chunk_state_step(&c, &w, S);
         }
-        if (dht) memcpy(dS, dht + it * SS, (size_t)SS * sizeof(real));
-        else memset(dS, 0, (size_t)SS * sizeof(real));
+        if (dht)
+            memcpy(dS, dht + it * SS, (size_t)SS * sizeof(real));
+        else
+            memset(dS, 0, (size_t)SS * sizeof(real));
         for (int64_t ci = nc - 1; ci >= 0; ci--) {
             const int64_t t = t0 + ci * l.C, n = t + l.C < t1 ? l.C : t1 - t;
             const chunk_in c = chunk_at(d, h, t, n, m, q, k, v, g, beta);

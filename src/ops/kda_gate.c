@@ -26,7 +26,7 @@ static int gate_check(const k3c_kda_gate_dims *d, const char *op, k3c_err *err) 
 static real gate_gmin(const k3c_kda_gate_dims *d) { return d->g_min != 0 ? (real)d->g_min : (real)-5; }
 
 int k3c_kda_gate_fwd(const k3c_kda_gate_dims *d, const real *z, const real *dt_bias, const real *A_log, real *g,
-                        k3c_err *err) {
+                     k3c_err *err) {
     int rc = gate_check(d, "kda_gate_fwd", err);
     if (rc) return rc;
     const int64_t P = d->H * d->dk;
@@ -44,8 +44,8 @@ int k3c_kda_gate_fwd(const k3c_kda_gate_dims *d, const real *z, const real *dt_b
 
 /* Parallel over heads: each head owns its dt_bias channels and its A_log entry, and sums over tokens in order, so the
  * reductions are deterministic and race-free. */
-int k3c_kda_gate_bwd(const k3c_kda_gate_dims *d, const real *z, const real *dt_bias, const real *A_log,
-                        const real *dg, real *dz, real *ddt_bias, real *dA_log, k3c_err *err) {
+int k3c_kda_gate_bwd(const k3c_kda_gate_dims *d, const real *z, const real *dt_bias, const real *A_log, const real *dg,
+                     real *dz, real *ddt_bias, real *dA_log, k3c_err *err) {
     int rc = gate_check(d, "kda_gate_bwd", err);
     if (rc) return rc;
     const int64_t P = d->H * d->dk, dk = d->dk;

@@ -32,8 +32,7 @@ static void kda_step(int64_t dk, int64_t dv, real *S, const real *q, const real 
         real ki = k[i], *row = S + i * dv;
         SIMD for (int64_t j = 0; j < dv; j++) row[j] += ki * r[j];
     }
-    if (o)
-        SIMD for (int64_t j = 0; j < dv; j++) o[j] = p[j] + kq * r[j];
+    if (o) SIMD for (int64_t j = 0; j < dv; j++) o[j] = p[j] + kq * r[j];
 }
 
 size_t k3c_kda_recurrent_fwd_workspace(const k3c_kda_dims *d) {
@@ -41,9 +40,8 @@ size_t k3c_kda_recurrent_fwd_workspace(const k3c_kda_dims *d) {
     return (size_t)(nd * d->H * d->dk * d->dv) * sizeof(real);
 }
 
-int k3c_kda_recurrent_fwd(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,
-                             const real *v, const real *g, const real *beta, const real *h0, real *o, real *ht,
-                             void *ws, k3c_err *err) {
+int k3c_kda_recurrent_fwd(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k, const real *v,
+                          const real *g, const real *beta, const real *h0, real *o, real *ht, void *ws, k3c_err *err) {
     int rc = k3c_kda_check_(d, cu_seqlens, "kda_recurrent_fwd", err);
     if (rc) return rc;
     if (!ht && !ws) return k3c_errf(err, K3C_EINVAL, "kda_recurrent_fwd: ws is NULL and ht is NULL");
@@ -56,8 +54,10 @@ int k3c_kda_recurrent_fwd(const k3c_kda_dims *d, const int32_t *cu_seqlens, cons
         const int doc = (int)(it / H);
         const int64_t h = it % H;
         real *S = ht ? ht + it * SS : (real *)ws + it * SS;
-        if (!h0) memset(S, 0, (size_t)SS * sizeof(real));
-        else if (h0 + it * SS != S) memcpy(S, h0 + it * SS, (size_t)SS * sizeof(real));
+        if (!h0)
+            memset(S, 0, (size_t)SS * sizeof(real));
+        else if (h0 + it * SS != S)
+            memcpy(S, h0 + it * SS, (size_t)SS * sizeof(real));
         const int64_t t1 = k3c_kda_bos_(cu_seqlens, d->T, doc + 1);
         for (int64_t t = k3c_kda_bos_(cu_seqlens, d->T, doc); t < t1; t++) {
             const int64_t xk = (t * H + h) * dk, xv = (t * H + h) * dv;
@@ -138,8 +138,8 @@ static void kda_step_bwd(int64_t dk, int64_t dv, const real *Sp, const real *Sc,
         real vr = x->v[j] - r[j];
         if (dvv) dvv[j] += x->beta * dd[j];
         dbs += dd[j] * vr;
-        r[j] = x->beta * vr;         /* r is now δ */
-        dd[j] = -x->beta * dd[j];    /* dd is now dr */
+        r[j] = x->beta * vr;      /* r is now δ */
+        dd[j] = -x->beta * dd[j]; /* dd is now dr */
     }
     if (dbeta) *dbeta += dbs;
     for (int64_t i = 0; i < dk; i++) { /* dk = dS δ + P dr; dP = dS + k drᵀ; dg = Σ P⊙dP; dS_prev = α dP */
@@ -157,10 +157,9 @@ static void kda_step_bwd(int64_t dk, int64_t dv, const real *Sp, const real *Sc,
     }
 }
 
-int k3c_kda_recurrent_bwd(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k,
-                             const real *v, const real *g, const real *beta, const real *h0, const real *dout,
-                             const real *dht, real *dq, real *dk, real *dv, real *dg, real *dbeta, real *dh0,
-                             void *ws, k3c_err *err) {
+int k3c_kda_recurrent_bwd(const k3c_kda_dims *d, const int32_t *cu_seqlens, const real *q, const real *k, const real *v,
+                          const real *g, const real *beta, const real *h0, const real *dout, const real *dht, real *dq,
+                          real *dk, real *dv, real *dg, real *dbeta, real *dh0, void *ws, k3c_err *err) {
     int rc = k3c_kda_check_(d, cu_seqlens, "kda_recurrent_bwd", err);
     if (rc) return rc;
     if (!ws) return k3c_errf(err, K3C_EINVAL, "kda_recurrent_bwd: ws is NULL (k3c_kda_recurrent_bwd_workspace bytes)");
@@ -179,8 +178,10 @@ int k3c_kda_recurrent_bwd(const k3c_kda_dims *d, const int32_t *cu_seqlens, cons
         real *st = w.rows + (h * w.nrows_total + w.pre_rows[doc]) * SS; /* states of one segment */
         real *dS = st + (w.pre_rows[doc + 1] - w.pre_rows[doc] - 1) * SS;
         /* Forward: checkpoint the state entering every segment. */
-        if (h0) memcpy(st, h0 + it * SS, (size_t)SS * sizeof(real));
-        else memset(st, 0, (size_t)SS * sizeof(real));
+        if (h0)
+            memcpy(st, h0 + it * SS, (size_t)SS * sizeof(real));
+        else
+            memset(st, 0, (size_t)SS * sizeof(real));
         for (int64_t s = 0; s < nseg; s++) {
             memcpy(ck + s * SS, st, (size_t)SS * sizeof(real));
             if (s == nseg - 1) break;
@@ -188,8 +189,10 @@ int k3c_kda_recurrent_bwd(const k3c_kda_dims *d, const int32_t *cu_seqlens, cons
                 kda_step(DK, DV, st, q, k + (t * H + h) * DK, v + (t * H + h) * DV, g + (t * H + h) * DK,
                          beta[t * H + h], scale, NULL);
         }
-        if (dht) memcpy(dS, dht + it * SS, (size_t)SS * sizeof(real));
-        else memset(dS, 0, (size_t)SS * sizeof(real));
+        if (dht)
+            memcpy(dS, dht + it * SS, (size_t)SS * sizeof(real));
+        else
+            memset(dS, 0, (size_t)SS * sizeof(real));
         /* Backward, segment by segment from the last: recompute the segment's states, then walk its tokens back. */
         for (int64_t s = nseg - 1; s >= 0; s--) {
             const int64_t a = t0 + s * seg, b = a + seg < t1 ? a + seg : t1;

@@ -27,8 +27,7 @@ int k3c_l2norm_fwd(const k3c_l2norm_dims *d, const real *x, real *y, real *rstd,
     return 0;
 }
 
-int k3c_l2norm_bwd(const k3c_l2norm_dims *d, const real *y, const real *rstd, const real *dy, real *dx,
-                      k3c_err *err) {
+int k3c_l2norm_bwd(const k3c_l2norm_dims *d, const real *y, const real *rstd, const real *dy, real *dx, k3c_err *err) {
     int rc = l2_check(d, "l2norm_bwd", err);
     if (rc) return rc;
     if (!dx) return 0;

@@ -13,9 +13,9 @@ typedef struct {
 } k3c_l2norm_dims;
 
 #define K3C_L2NORM_API(real, S)                                                                                        \
-    /* y[rows, dim] (may alias x); rstd[rows] = 1/sqrt(Σx² + eps) (may be NULL). Sums in double. */                    \
+    /* y[rows, dim] (may alias x); rstd[rows] = 1/sqrt(Σx² + eps) (may be NULL). Sums in double. */                  \
     int k3c_l2norm_fwd_##S(const k3c_l2norm_dims *d, const real *x, real *y, real *rstd, k3c_err *err);                \
-    /* dx += rstd · (dy − y (y·dy)), from the saved y and rstd (exact, eps included). */                               \
+    /* dx += rstd · (dy − y (y·dy)), from the saved y and rstd (exact, eps included). */                           \
     int k3c_l2norm_bwd_##S(const k3c_l2norm_dims *d, const real *y, const real *rstd, const real *dy, real *dx,        \
                            k3c_err *err);
 

@@ -50,8 +50,8 @@ void k3c_moe_gather(int64_t rows, int64_t top_k, int64_t dim, const int32_t *per
         memcpy(xperm + r * dim, x + (int64_t)(perm[r] / top_k) * dim, (size_t)dim * sizeof(real));
 }
 
-void k3c_moe_combine(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *pos, const real *w,
-                        const real *yperm, real *y) {
+void k3c_moe_combine(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *pos, const real *w, const real *yperm,
+                     real *y) {
 #pragma omp parallel for schedule(static) if (tokens * top_k * dim > PAR_MIN_WORK)
     for (int64_t t = 0; t < tokens; t++) {
         real *yt = y + t * dim;
@@ -146,15 +146,15 @@ static void *carve(carver *c, size_t bytes) {
 }
 
 typedef struct {
-    int64_t *offsets; /* [E + 1] */
+    int64_t *offsets;    /* [E + 1] */
     int32_t *perm, *pos; /* [S] */
-    real *G, *U;      /* [S, I] gate / up pre-activations in permuted order */
+    real *G, *U;         /* [S, I] gate / up pre-activations in permuted order */
 } moe_saved;
 
 typedef struct {
-    real *X, *Y;      /* [S, D]: gathered x; fwd: expert outputs; bwd: gathered dy */
+    real *X, *Y;       /* [S, D]: gathered x; fwd: expert outputs; bwd: gathered dy */
     real *H, *dH, *dU; /* [S, I] */
-    real *p, *dp;     /* [S] permuted router weights and their gradients */
+    real *p, *dp;      /* [S] permuted router weights and their gradients */
 } moe_scratch;
 
 /* BLAS takes int sizes, and the plan int32 rows */
@@ -226,7 +226,7 @@ static int moe_front(const k3c_moe_sizes *s, const real *x, const int32_t *ids, 
 }
 
 int k3c_moe_fwd(const k3c_moe_sizes *s, const real *x, const int32_t *topk_ids, const real *topk_w, const real *w1,
-                   const real *w3, const real *w2, real *y, void *saved, void *ws, k3c_err *err) {
+                const real *w3, const real *w2, real *y, void *saved, void *ws, k3c_err *err) {
     if (moe_check(s, "moe_fwd", err)) return K3C_EINVAL;
     if (!ws) return k3c_errf(err, K3C_EINVAL, "moe_fwd: no workspace (k3c_moe_workspace bytes)");
     const int64_t D = s->dim, I = s->inter;
@@ -246,8 +246,8 @@ int k3c_moe_fwd(const k3c_moe_sizes *s, const real *x, const int32_t *topk_ids, 
 }
 
 int k3c_moe_bwd(const k3c_moe_sizes *s, const real *x, const int32_t *topk_ids, const real *topk_w, const real *w1,
-                   const real *w3, const real *w2, const void *saved, const real *dy, real *dx, real *dw1, real *dw3,
-                   real *dw2, real *dtopk_w, void *ws, k3c_err *err) {
+                const real *w3, const real *w2, const void *saved, const real *dy, real *dx, real *dw1, real *dw3,
+                real *dw2, real *dtopk_w, void *ws, k3c_err *err) {
     if (moe_check(s, "moe_bwd", err)) return K3C_EINVAL;
     if (!ws) return k3c_errf(err, K3C_EINVAL, "moe_bwd: no workspace (k3c_moe_workspace bytes)");
     const int64_t T = s->tokens, k = s->top_k, D = s->dim, I = s->inter;
@@ -273,8 +273,9 @@ int k3c_moe_bwd(const k3c_moe_sizes *s, const real *x, const int32_t *topk_ids, 
         const int64_t r0 = sv.offsets[e], n = sv.offsets[e + 1] - r0;
         if (n == 0) continue;
         /* dX overwrites this expert's rows of the gathered x, which are dead once dW1/dW3 are formed */
-        expert_grads g = {dw1 ? dw1 + e * I * D : NULL, dw3 ? dw3 + e * I * D : NULL, dw2 ? dw2 + e * D * I : NULL,
-                          sc.dp + r0, dx ? sc.X + r0 * D : NULL, 0};
+        expert_grads g = {dw1 ? dw1 + e * I * D : NULL, dw3 ? dw3 + e * I * D : NULL,
+                          dw2 ? dw2 + e * D * I : NULL, sc.dp + r0,
+                          dx ? sc.X + r0 * D : NULL,    0};
         expert_bwd(n, D, I, &s->act, sc.X + r0 * D, w1 + e * I * D, w3 + e * I * D, w2 + e * D * I, sv.G + r0 * I,
                    sv.U + r0 * I, sc.p + r0, sc.Y + r0 * D, &g, sc.H + r0 * I, sc.dH + r0 * I, sc.dU + r0 * I);
     }
@@ -317,7 +318,7 @@ size_t k3c_mlp_workspace(const k3c_mlp_sizes *s) {
 }
 
 int k3c_mlp_fwd(const k3c_mlp_sizes *s, const real *x, const real *w_gate, const real *w_up, const real *w_down,
-                   real *y, void *saved, void *ws, k3c_err *err) {
+                real *y, void *saved, void *ws, k3c_err *err) {
     if (mlp_check(s, "mlp_fwd", err)) return K3C_EINVAL;
     if (!ws) return k3c_errf(err, K3C_EINVAL, "mlp_fwd: no workspace (k3c_mlp_workspace bytes)");
     if (s->tokens == 0) return 0;
@@ -330,8 +331,8 @@ int k3c_mlp_fwd(const k3c_mlp_sizes *s, const real *x, const real *w_gate, const
 }
 
 int k3c_mlp_bwd(const k3c_mlp_sizes *s, const real *x, const real *w_gate, const real *w_up, const real *w_down,
-                   const void *saved, const real *dy, real *dx, real *dw_gate, real *dw_up, real *dw_down, void *ws,
-                   k3c_err *err) {
+                const void *saved, const real *dy, real *dx, real *dw_gate, real *dw_up, real *dw_down, void *ws,
+                k3c_err *err) {
     if (mlp_check(s, "mlp_bwd", err)) return K3C_EINVAL;
     if (!ws) return k3c_errf(err, K3C_EINVAL, "mlp_bwd: no workspace (k3c_mlp_workspace bytes)");
     if (s->tokens == 0) return 0;

@@ -80,8 +80,7 @@ typedef struct {
     size_t k3c_moe_saved_bytes_##S(const k3c_moe_sizes *s);                                                            \
     size_t k3c_moe_workspace_##S(const k3c_moe_sizes *s);                                                              \
     int k3c_moe_fwd_##S(const k3c_moe_sizes *s, const real *x, const int32_t *topk_ids, const real *topk_w,            \
-                        const real *w1, const real *w3, const real *w2, real *y, void *saved, void *ws,                \
-                        k3c_err *err);                                                                                 \
+                        const real *w1, const real *w3, const real *w2, real *y, void *saved, void *ws, k3c_err *err); \
     int k3c_moe_bwd_##S(const k3c_moe_sizes *s, const real *x, const int32_t *topk_ids, const real *topk_w,            \
                         const real *w1, const real *w3, const real *w2, const void *saved, const real *dy, real *dx,   \
                         real *dw1, real *dw3, real *dw2, real *dtopk_w, void *ws, k3c_err *err);
@@ -103,11 +102,10 @@ typedef struct {
     size_t k3c_mlp_saved_bytes_##S(const k3c_mlp_sizes *s);                                                            \
     size_t k3c_mlp_workspace_##S(const k3c_mlp_sizes *s);                                                              \
     int k3c_mlp_fwd_##S(const k3c_mlp_sizes *s, const real *x, const real *w_gate, const real *w_up,                   \
-                        const real *w_down, real *y, void *saved, void *ws,                                            \
-                        k3c_err *err);                                                                                 \
+                        const real *w_down, real *y, void *saved, void *ws, k3c_err *err);                             \
     int k3c_mlp_bwd_##S(const k3c_mlp_sizes *s, const real *x, const real *w_gate, const real *w_up,                   \
-                        const real *w_down, const void *saved, const real *dy, real *dx, real *dw_gate,                \
-                        real *dw_up, real *dw_down, void *ws, k3c_err *err);
+                        const real *w_down, const void *saved, const real *dy, real *dx, real *dw_gate, real *dw_up,   \
+                        real *dw_down, void *ws, k3c_err *err);
 K3C_DECLARE_REAL(K3C_MLP_API)
 
 #endif

@@ -29,20 +29,20 @@ static int check_args(const uint8_t *packed, const uint8_t *scale, int64_t rows,
 
 /* ldexp, not float bits built from s << 23: that would turn s = 0 into +0 instead of 2^−127. */
 #define MXFP4_DECODE_BODY(T, LDEXP)                                                                                    \
-    int rc = check_args(packed, scale, rows, cols, out, err);                                                        \
-    if (rc) return rc;                                                                                               \
-    const int64_t groups = cols / K3C_MXFP4_GROUP, half = cols / 2;                                                  \
-    _Pragma("omp parallel for schedule(static)") for (int64_t r = 0; r < rows; r++) {                                \
-        const uint8_t *p = packed + r * half;                                                                        \
-        T *o = out + r * cols;                                                                                       \
-        for (int64_t g = 0; g < groups; g++) {                                                                       \
-            T mult = LDEXP((T)1, (int)scale[r * groups + g] - 127);                                                  \
-            for (int64_t b = g * (K3C_MXFP4_GROUP / 2); b < (g + 1) * (K3C_MXFP4_GROUP / 2); b++) {                  \
-                o[2 * b] = (T)e2m1_lut[p[b] & 15u] * mult;                                                           \
-                o[2 * b + 1] = (T)e2m1_lut[p[b] >> 4] * mult;                                                        \
-            }                                                                                                        \
-        }                                                                                                            \
-    }                                                                                                                \
+    int rc = check_args(packed, scale, rows, cols, out, err);                                                          \
+    if (rc) return rc;                                                                                                 \
+    const int64_t groups = cols / K3C_MXFP4_GROUP, half = cols / 2;                                                    \
+    _Pragma("omp parallel for schedule(static)") for (int64_t r = 0; r < rows; r++) {                                  \
+        const uint8_t *p = packed + r * half;                                                                          \
+        T *o = out + r * cols;                                                                                         \
+        for (int64_t g = 0; g < groups; g++) {                                                                         \
+            T mult = LDEXP((T)1, (int)scale[r * groups + g] - 127);                                                    \
+            for (int64_t b = g * (K3C_MXFP4_GROUP / 2); b < (g + 1) * (K3C_MXFP4_GROUP / 2); b++) {                    \
+                o[2 * b] = (T)e2m1_lut[p[b] & 15u] * mult;                                                             \
+                o[2 * b + 1] = (T)e2m1_lut[p[b] >> 4] * mult;                                                          \
+            }                                                                                                          \
+        }                                                                                                              \
+    }                                                                                                                  \
     return 0;
 
 int k3c_mxfp4_decode_f32(const uint8_t *packed, const uint8_t *scale, int64_t rows, int64_t cols, float *out,

@@ -83,7 +83,7 @@ int k3c_rmsnorm_fwd(const k3c_rmsnorm_sizes *s, const real *x, const real *w, re
 }
 
 int k3c_rmsnorm_bwd(const k3c_rmsnorm_sizes *s, const real *x, const real *w, const real *rstd, const real *dy,
-                       real *dx, real *dw, k3c_err *err) {
+                    real *dx, real *dw, k3c_err *err) {
     int rc = check_sizes(s, "rmsnorm_bwd", err);
     if (rc) return rc;
     if (!rstd) return k3c_errf(err, K3C_EINVAL, "rmsnorm_bwd: rstd (saved by the forward) is required");
@@ -93,15 +93,15 @@ int k3c_rmsnorm_bwd(const k3c_rmsnorm_sizes *s, const real *x, const real *w, co
 }
 
 int k3c_gated_rmsnorm_fwd(const k3c_rmsnorm_sizes *s, const real *o, const real *gate, const real *w, real *y,
-                             real *rstd, k3c_err *err) {
+                          real *rstd, k3c_err *err) {
     int rc = check_sizes(s, "gated_rmsnorm_fwd", err);
     if (rc) return rc;
     rms_fwd(s, o, gate, w, y, rstd);
     return K3C_OK;
 }
 
-int k3c_gated_rmsnorm_bwd(const k3c_rmsnorm_sizes *s, const real *o, const real *gate, const real *w,
-                             const real *rstd, const real *dy, real *do_, real *dgate, real *dw, k3c_err *err) {
+int k3c_gated_rmsnorm_bwd(const k3c_rmsnorm_sizes *s, const real *o, const real *gate, const real *w, const real *rstd,
+                          const real *dy, real *do_, real *dgate, real *dw, k3c_err *err) {
     int rc = check_sizes(s, "gated_rmsnorm_bwd", err);
     if (rc) return rc;
     if (!rstd) return k3c_errf(err, K3C_EINVAL, "gated_rmsnorm_bwd: rstd (saved by the forward) is required");

@@ -5,7 +5,7 @@
 
 #include <string.h>
 
-#define CBLOCK 32 /* channels per task in the parameter-gradient pass */
+#define CBLOCK 32          /* channels per task in the parameter-gradient pass */
 #define PAR_MIN_WORK 32768 /* elements below which a loop runs on one thread */
 
 static int sc_check(const k3c_short_conv_dims *d, const int32_t *cu, const char *op, k3c_err *err) {
@@ -26,8 +26,10 @@ static int doc_of(const int32_t *cu, int n_docs, int64_t t) {
     int lo = 0, hi = n_docs - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (cu[mid] <= t) lo = mid;
-        else hi = mid - 1;
+        if (cu[mid] <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     return lo;
 }
@@ -63,7 +65,7 @@ static void preact(const k3c_short_conv_dims *d, const int32_t *cu, const real *
 }
 
 int k3c_short_conv_fwd(const k3c_short_conv_dims *d, const int32_t *cu_seqlens, const real *x, const real *w,
-                          const real *state_in, real *y, real *state_out, k3c_err *err) {
+                       const real *state_in, real *y, real *state_out, k3c_err *err) {
     int rc = sc_check(d, cu_seqlens, "short_conv_fwd", err);
     if (rc) return rc;
     const int64_t C = d->C, W = d->W;
@@ -75,7 +77,7 @@ int k3c_short_conv_fwd(const k3c_short_conv_dims *d, const int32_t *cu_seqlens, 
         for (int64_t c = 0; c < C; c++) a[c] = a[c] * sigm(a[c]);
     }
     if (!state_out || W == 1) return 0;
-    /* New entry j comes from position t1 − W + 1 + j, i.e. old entry j + len when before the start: ascending j never
+        /* New entry j comes from position t1 − W + 1 + j, i.e. old entry j + len when before the start: ascending j never
      * reads an entry it has already overwritten, so state_out may alias state_in. */
 #pragma omp parallel for schedule(static) if ((int64_t)nd * C * W > PAR_MIN_WORK)
     for (int64_t dc = 0; dc < (int64_t)nd * C; dc++) {
@@ -122,8 +124,8 @@ static void conv_bwd_params(const k3c_short_conv_dims *d, const int32_t *cu, con
 }
 
 int k3c_short_conv_bwd(const k3c_short_conv_dims *d, const int32_t *cu_seqlens, const real *x, const real *w,
-                          const real *state_in, const real *dy, real *dx, real *dw, real *dstate_in, void *ws,
-                          k3c_err *err) {
+                       const real *state_in, const real *dy, real *dx, real *dw, real *dstate_in, void *ws,
+                       k3c_err *err) {
     int rc = sc_check(d, cu_seqlens, "short_conv_bwd", err);
     if (rc) return rc;
     if (!ws && d->T > 0) return k3c_errf(err, K3C_EINVAL, "short_conv_bwd: ws is NULL");

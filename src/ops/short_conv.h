@@ -23,16 +23,16 @@ typedef struct {
     int n_docs; /* ignored when cu_seqlens is NULL */
 } k3c_short_conv_dims;
 
-#define K3C_SHORT_CONV_API(real, S)                                                                                    \
+#define K3C_SHORT_CONV_API(real, S)                                                                                          \
     /* y[T, C]; state_out [n_docs, C, W−1] (may be NULL, may be the same pointer as state_in) receives the last W−1    \
-       inputs of each document (older ones from state_in when the document is shorter than W−1). */                    \
-    int k3c_short_conv_fwd_##S(const k3c_short_conv_dims *d, const int32_t *cu_seqlens, const real *x, const real *w,  \
-                               const real *state_in, real *y, real *state_out, k3c_err *err);                          \
-    /* Workspace bytes of the backward (the pre-activation gradient: T·C reals). */                                    \
-    size_t k3c_short_conv_bwd_workspace_##S(const k3c_short_conv_dims *d);                                             \
-    /* Recomputes a_t; adds dx [T, C], dw [C, W] and dstate_in [n_docs, C, W−1] (each may be NULL). Deterministic. */  \
-    int k3c_short_conv_bwd_##S(const k3c_short_conv_dims *d, const int32_t *cu_seqlens, const real *x, const real *w,  \
-                               const real *state_in, const real *dy, real *dx, real *dw, real *dstate_in, void *ws,    \
+       inputs of each document (older ones from state_in when the document is shorter than W−1). */ \
+    int k3c_short_conv_fwd_##S(const k3c_short_conv_dims *d, const int32_t *cu_seqlens, const real *x, const real *w,        \
+                               const real *state_in, real *y, real *state_out, k3c_err *err);                                \
+    /* Workspace bytes of the backward (the pre-activation gradient: T·C reals). */                                         \
+    size_t k3c_short_conv_bwd_workspace_##S(const k3c_short_conv_dims *d);                                                   \
+    /* Recomputes a_t; adds dx [T, C], dw [C, W] and dstate_in [n_docs, C, W−1] (each may be NULL). Deterministic. */      \
+    int k3c_short_conv_bwd_##S(const k3c_short_conv_dims *d, const int32_t *cu_seqlens, const real *x, const real *w,        \
+                               const real *state_in, const real *dy, real *dx, real *dw, real *dstate_in, void *ws,          \
                                k3c_err *err);
 
 K3C_DECLARE_REAL(K3C_SHORT_CONV_API)

@@ -10,8 +10,7 @@ static inline int counted(const int32_t *targets, const uint8_t *mask, int64_t t
 /* Validates sizes and targets; returns the number of counted positions through *count. */
 static int check_targets(const k3c_xent_sizes *s, const int32_t *targets, const uint8_t *mask, const char *op,
                          int64_t *count, k3c_err *err) {
-    if (!s || s->T < 0 || s->V <= 0 || !(s->norm >= 0))
-        return k3c_errf(err, K3C_EINVAL, "%s: bad sizes", op);
+    if (!s || s->T < 0 || s->V <= 0 || !(s->norm >= 0)) return k3c_errf(err, K3C_EINVAL, "%s: bad sizes", op);
     int64_t n = 0;
     for (int64_t t = 0; t < s->T; t++) {
         if (!counted(targets, mask, t)) continue;
@@ -24,12 +23,10 @@ static int check_targets(const k3c_xent_sizes *s, const int32_t *targets, const 
     return K3C_OK;
 }
 
-static double divisor(const k3c_xent_sizes *s, int64_t count) {
-    return s->norm > 0 ? s->norm : (double)count;
-}
+static double divisor(const k3c_xent_sizes *s, int64_t count) { return s->norm > 0 ? s->norm : (double)count; }
 
-int k3c_xent_fwd(const k3c_xent_sizes *s, const real *logits, const int32_t *targets, const uint8_t *mask,
-                    real *lse, double *loss, int64_t *count, k3c_err *err) {
+int k3c_xent_fwd(const k3c_xent_sizes *s, const real *logits, const int32_t *targets, const uint8_t *mask, real *lse,
+                 double *loss, int64_t *count, k3c_err *err) {
     int64_t n = 0;
     int rc = check_targets(s, targets, mask, "xent_fwd", &n, err);
     if (rc) return rc;
@@ -52,7 +49,7 @@ int k3c_xent_fwd(const k3c_xent_sizes *s, const real *logits, const int32_t *tar
 }
 
 int k3c_xent_bwd(const k3c_xent_sizes *s, const real *logits, const int32_t *targets, const uint8_t *mask,
-                    const real *lse, double dloss, real *dlogits, k3c_err *err) {
+                 const real *lse, double dloss, real *dlogits, k3c_err *err) {
     int64_t n = 0;
     int rc = check_targets(s, targets, mask, "xent_bwd", &n, err);
     if (rc || !dlogits || n == 0) return rc;

@@ -11,10 +11,10 @@ const char *k3c_plan_recompute_name(int rc) { return rc >= 0 && rc <= 2 ? rc_nam
 const char *k3c_plan_optimizer_name(int opt) { return opt >= 0 && opt <= 1 ? opt_names[opt] : "?"; }
 
 void k3c_plan_hw_default(k3c_plan_hw *hw) {
-    hw->gpu_mem_gb = 141;   /* H200 */
+    hw->gpu_mem_gb = 141; /* H200 */
     hw->nvlink_gbs = 900;
     hw->ib_gbps = 400;
-    hw->peak_tflops = 989;  /* dense BF16 (PEERS.md §8) */
+    hw->peak_tflops = 989; /* dense BF16 (PEERS.md §8) */
     hw->compute_eff = 0.5;
     hw->hbm_gbs = 4800;
     hw->gpus_per_node = 8;
@@ -46,9 +46,7 @@ int64_t k3c_plan_micro_batches(const k3c_plan_layout *lay) {
     return lay->global_batch_tokens / per;
 }
 
-double k3c_plan_bubble(int64_t pp, int64_t m) {
-    return m > 0 ? (double)(pp - 1) / (double)(m + pp - 1) : 1.0;
-}
+double k3c_plan_bubble(int64_t pp, int64_t m) { return m > 0 ? (double)(pp - 1) / (double)(m + pp - 1) : 1.0; }
 
 static int has_kind(const k3c_config *cfg, int mixer, int ffn) {
     for (int64_t l = 0; l < cfg->num_layers; l++)
@@ -110,7 +108,8 @@ int k3c_plan_check_layout(const k3c_config *cfg, const k3c_plan_layout *lay, int
     if (lay->seq % (lay->tp * lay->cp))
         return k3c_errf(err, K3C_EINVAL,
                         "layout: sequence %lld is not divisible by TP×CP = %lld (sequence parallelism splits tokens "
-                        "over both)", (long long)lay->seq, (long long)(lay->tp * lay->cp));
+                        "over both)",
+                        (long long)lay->seq, (long long)(lay->tp * lay->cp));
     if (lay->zero < 0 || lay->zero > 3) return k3c_errf(err, K3C_EINVAL, "layout: ZeRO stage must be 0..3");
     if (lay->recompute < 0 || lay->recompute > 2)
         return k3c_errf(err, K3C_EINVAL, "layout: recomputation must be none, selective or full");
@@ -122,7 +121,8 @@ int k3c_plan_check_layout(const k3c_config *cfg, const k3c_plan_layout *lay, int
     if (!k3c_plan_micro_batches(lay))
         return k3c_errf(err, K3C_EINVAL,
                         "layout: global batch %lld tokens is not a positive multiple of micro-batch × seq × EP × DP = "
-                        "%lld × %lld × %lld × %lld", (long long)lay->global_batch_tokens, (long long)lay->micro_batch,
-                        (long long)lay->seq, (long long)lay->ep, (long long)lay->dp);
+                        "%lld × %lld × %lld × %lld",
+                        (long long)lay->global_batch_tokens, (long long)lay->micro_batch, (long long)lay->seq,
+                        (long long)lay->ep, (long long)lay->dp);
     return K3C_OK;
 }

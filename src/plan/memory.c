@@ -7,9 +7,7 @@
 #define U 2.0
 #define F 4.0
 
-double k3c_plan_opt_bytes(int optimizer, int is_matrix) {
-    return optimizer == K3C_OPT_MUON && is_matrix ? 8.0 : 12.0;
-}
+double k3c_plan_opt_bytes(int optimizer, int is_matrix) { return optimizer == K3C_OPT_MUON && is_matrix ? 8.0 : 12.0; }
 
 int64_t k3c_plan_dp_group_dense(const k3c_plan_layout *lay) { return lay->cp * lay->ep * lay->dp; }
 int64_t k3c_plan_dp_group_expert(const k3c_plan_layout *lay) { return lay->tp * lay->cp * lay->dp; }
@@ -30,7 +28,7 @@ static void add_params(k3c_plan_stage_params *p, const k3c_plan_layer_sum *s, co
 }
 
 void k3c_plan_stage_params_of(const k3c_plan_model *m, const k3c_plan_layout *lay, int64_t s,
-                           k3c_plan_stage_params *p) {
+                              k3c_plan_stage_params *p) {
     int64_t first, count;
     k3c_plan_stage_layers(m->layers, lay->pp, s, &first, &count);
     double wex = k3c_plan_expert_weight_bytes(m->cfg, lay->experts_mxfp4);
@@ -72,8 +70,8 @@ void k3c_plan_stage_memory(const k3c_plan_model *m, const k3c_plan_layout *lay, 
     double gn = (double)k3c_plan_dp_group_dense(lay), ge = (double)k3c_plan_dp_group_expert(lay);
     double wex = k3c_plan_expert_weight_bytes(m->cfg, lay->experts_mxfp4), gb = (double)lay->grad_bytes;
     double tr_ne = p.ne - p.frozen;
-    double opt_ne = p.ne_mat * k3c_plan_opt_bytes(lay->optimizer, 1) +
-                    (tr_ne - p.ne_mat) * k3c_plan_opt_bytes(lay->optimizer, 0);
+    double opt_ne =
+        p.ne_mat * k3c_plan_opt_bytes(lay->optimizer, 1) + (tr_ne - p.ne_mat) * k3c_plan_opt_bytes(lay->optimizer, 0);
     double opt_ex = p.ex * k3c_plan_opt_bytes(lay->optimizer, 1);
     int z = lay->zero;
     o->weights = z >= 3 ? U * p.ne / gn + wex * p.ex / ge : U * p.ne + wex * p.ex;
@@ -86,7 +84,7 @@ void k3c_plan_stage_memory(const k3c_plan_model *m, const k3c_plan_layout *lay, 
     double per_token = 0;
     for (int64_t l = first; l < first + count; l++) per_token += m->layer[l].act[lay->recompute];
     per_token += m->layer[first].sources_in * (double)m->cfg->hidden_size * U; /* AttnRes sources received */
-    int64_t mb = k3c_plan_micro_batches(lay); /* ≥ 1 for a checked layout */
+    int64_t mb = k3c_plan_micro_batches(lay);                                  /* ≥ 1 for a checked layout */
     o->in_flight = lay->pp - s < mb ? lay->pp - s : mb;
     o->stash_per_mb = tok * per_token;
     o->activations = (double)o->in_flight * o->stash_per_mb;

@@ -56,10 +56,14 @@ double k3c_plan_layer_act_bytes(const k3c_config *cfg, int l, int recompute) {
         k3c_plan_attnres_mix_sources(cfg, l, &a, &m);
         keep += (a > 0) * d * U + d * U + (double)(a + m) * F; /* partial sums P and the softmax weights */
     }
-    if (cfg->mixer[l] == K3C_MIXER_KDA) kda_act(cfg, &keep, &drop);
-    else mla_act(cfg, &keep, &drop);
-    if (cfg->ffn[l] == K3C_FFN_MOE) moe_act(cfg, &keep, &drop);
-    else dense_act(cfg, &keep, &drop);
+    if (cfg->mixer[l] == K3C_MIXER_KDA)
+        kda_act(cfg, &keep, &drop);
+    else
+        mla_act(cfg, &keep, &drop);
+    if (cfg->ffn[l] == K3C_FFN_MOE)
+        moe_act(cfg, &keep, &drop);
+    else
+        dense_act(cfg, &keep, &drop);
     return recompute == K3C_RC_NONE ? keep + drop : keep;
 }
 
@@ -83,9 +87,11 @@ static void fill_layer(const k3c_config *cfg, int l, double keys, k3c_plan_layer
     for (int r = 0; r < 3; r++) s->act[r] = k3c_plan_layer_act_bytes(cfg, l, r);
     s->mla = cfg->mixer[l] == K3C_MIXER_MLA;
     s->moe = cfg->ffn[l] == K3C_FFN_MOE;
-    if (s->mla) s->latent = (double)(cfg->kv_lora_rank + cfg->qk_rope_dim);
-    else s->kda_states = (double)cfg->kda_heads * (double)(cfg->kda_head_dim * cfg->kda_head_dim) /
-                         K3C_PLAN_KDA_CHUNK * U; /* [NT, H, d_k, d_v] entering states, bf16 */
+    if (s->mla)
+        s->latent = (double)(cfg->kv_lora_rank + cfg->qk_rope_dim);
+    else
+        s->kda_states = (double)cfg->kda_heads * (double)(cfg->kda_head_dim * cfg->kda_head_dim) / K3C_PLAN_KDA_CHUNK *
+                        U; /* [NT, H, d_k, d_v] entering states, bf16 */
     s->sources_in = (double)k3c_plan_attnres_sources(cfg, l);
 }
 

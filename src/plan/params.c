@@ -5,13 +5,11 @@
 #include <string.h>
 
 static const char *const comp_names[K3C_PC_COUNT] = {
-    "embedding", "lm_head", "norms",  "kda",   "mla",    "attnres",   "dense_mlp",
+    "embedding", "lm_head", "norms",  "kda",    "mla",    "attnres",   "dense_mlp",
     "router",    "latent",  "shared", "routed", "vision", "projector",
 };
 
-const char *k3c_plan_comp_name(int comp) {
-    return comp >= 0 && comp < K3C_PC_COUNT ? comp_names[comp] : "?";
-}
+const char *k3c_plan_comp_name(int comp) { return comp >= 0 && comp < K3C_PC_COUNT ? comp_names[comp] : "?"; }
 
 static int is_k3(const k3c_config *cfg) { return strcmp(cfg->model_type, "kimi_k3") == 0; }
 
@@ -30,9 +28,9 @@ void k3c_plan_count_add(k3c_plan_count *acc, const k3c_plan_count *x) {
     acc->tensors += x->tensors;
 }
 
-#define NEED(cond, field, what)                                                                                     \
-    do {                                                                                                            \
-        if (!(cond)) return k3c_errf(err, K3C_ECONFIG, "config: %s %s", field, what);                               \
+#define NEED(cond, field, what)                                                                                        \
+    do {                                                                                                               \
+        if (!(cond)) return k3c_errf(err, K3C_ECONFIG, "config: %s %s", field, what);                                  \
     } while (0)
 
 int k3c_plan_check_config(const k3c_config *cfg, k3c_err *err) {
@@ -77,18 +75,20 @@ int k3c_plan_check_config(const k3c_config *cfg, k3c_err *err) {
 static void count_kda(const k3c_config *cfg, k3c_plan_count *o) {
     int64_t d = cfg->hidden_size, H = cfg->kda_heads, dk = cfg->kda_head_dim, P = H * dk;
     int k3 = is_k3(cfg);
-    for (int i = 0; i < 3; i++) add(o, K3C_PC_KDA, P * d, 1, 0);                    /* q/k/v_proj */
-    for (int i = 0; i < 3; i++) add(o, K3C_PC_KDA, P * cfg->conv_kernel, 0, k3);    /* q/k/v_conv1d [P,1,W] */
-    add(o, K3C_PC_KDA, dk * d, 1, 0);                                               /* f_a_proj */
-    add(o, K3C_PC_KDA, P * dk, 1, 0);                                               /* f_b_proj */
-    add(o, K3C_PC_KDA, H * d, 1, 0);                                                /* b_proj */
+    for (int i = 0; i < 3; i++) add(o, K3C_PC_KDA, P * d, 1, 0);                 /* q/k/v_proj */
+    for (int i = 0; i < 3; i++) add(o, K3C_PC_KDA, P * cfg->conv_kernel, 0, k3); /* q/k/v_conv1d [P,1,W] */
+    add(o, K3C_PC_KDA, dk * d, 1, 0);                                            /* f_a_proj */
+    add(o, K3C_PC_KDA, P * dk, 1, 0);                                            /* f_b_proj */
+    add(o, K3C_PC_KDA, H * d, 1, 0);                                             /* b_proj */
     /* A_log: Kimi Linear [1,1,H,1]; the K3 release pads it to head_dim (only the first H entries are used). */
     add(o, K3C_PC_KDA, k3 && dk > H ? dk : H, 0, 1);
-    add(o, K3C_PC_KDA, P, 0, 1);                                                    /* dt_bias [P] */
-    add(o, K3C_PC_KDA, dk, 0, k3);                                                  /* o_norm [d_v], shared by heads */
-    if (cfg->kda_full_rank_gate) add(o, K3C_PC_KDA, P * d, 1, 0);                   /* g_proj */
-    else add(o, K3C_PC_KDA, dk * d, 1, 0), add(o, K3C_PC_KDA, P * dk, 1, 0);        /* g_a_proj, g_b_proj */
-    add(o, K3C_PC_KDA, d * P, 1, 0);                                                /* o_proj */
+    add(o, K3C_PC_KDA, P, 0, 1);   /* dt_bias [P] */
+    add(o, K3C_PC_KDA, dk, 0, k3); /* o_norm [d_v], shared by heads */
+    if (cfg->kda_full_rank_gate)
+        add(o, K3C_PC_KDA, P * d, 1, 0); /* g_proj */
+    else
+        add(o, K3C_PC_KDA, dk * d, 1, 0), add(o, K3C_PC_KDA, P * dk, 1, 0); /* g_a_proj, g_b_proj */
+    add(o, K3C_PC_KDA, d * P, 1, 0);                                        /* o_proj */
 }
 
 static void count_mla(const k3c_config *cfg, k3c_plan_count *o) {
@@ -99,19 +99,19 @@ static void count_mla(const k3c_config *cfg, k3c_plan_count *o) {
         add(o, K3C_PC_MLA, ql, 0, 0);          /* q_a_layernorm */
         add(o, K3C_PC_MLA, H * qd * ql, 1, 0); /* q_b_proj */
     } else {
-        add(o, K3C_PC_MLA, H * qd * d, 1, 0);  /* q_proj */
+        add(o, K3C_PC_MLA, H * qd * d, 1, 0); /* q_proj */
     }
-    add(o, K3C_PC_MLA, (kvl + cfg->qk_rope_dim) * d, 1, 0);                   /* kv_a_proj_with_mqa */
-    add(o, K3C_PC_MLA, kvl, 0, 0);                                            /* kv_a_layernorm */
-    add(o, K3C_PC_MLA, H * (cfg->qk_nope_dim + cfg->v_head_dim) * kvl, 1, 0); /* kv_b_proj */
+    add(o, K3C_PC_MLA, (kvl + cfg->qk_rope_dim) * d, 1, 0);                      /* kv_a_proj_with_mqa */
+    add(o, K3C_PC_MLA, kvl, 0, 0);                                               /* kv_a_layernorm */
+    add(o, K3C_PC_MLA, H * (cfg->qk_nope_dim + cfg->v_head_dim) * kvl, 1, 0);    /* kv_b_proj */
     if (cfg->mla_output_gate) add(o, K3C_PC_MLA, H * cfg->v_head_dim * d, 1, 0); /* g_proj */
-    add(o, K3C_PC_MLA, d * H * cfg->v_head_dim, 1, 0);                        /* o_proj */
+    add(o, K3C_PC_MLA, d * H * cfg->v_head_dim, 1, 0);                           /* o_proj */
 }
 
 static void count_moe(const k3c_config *cfg, k3c_plan_count *o) {
     int64_t d = cfg->hidden_size, n = cfg->num_experts, lat = cfg->latent_dim, m = cfg->moe_intermediate_size;
-    add(o, K3C_PC_ROUTER, n * d, 1, 0);   /* gate.weight */
-    add(o, K3C_PC_ROUTER, n, 0, 1);       /* gate.e_score_correction_bias: selection only, QB-updated */
+    add(o, K3C_PC_ROUTER, n * d, 1, 0); /* gate.weight */
+    add(o, K3C_PC_ROUTER, n, 0, 1);     /* gate.e_score_correction_bias: selection only, QB-updated */
     o->frozen += n;
     if (lat > 0) {
         add(o, K3C_PC_LATENT, lat * d, 1, 0); /* routed_expert_down_proj */
@@ -135,17 +135,21 @@ int k3c_plan_layer_count(const k3c_config *cfg, int l, k3c_plan_count *o) {
     add(o, K3C_PC_NORM, d, 0, 0); /* post_attention_layernorm */
     if (cfg->attn_res_block > 0)  /* self_attention_res_{norm,proj}, mlp_res_{norm,proj}: [d] and [1, d] */
         for (int i = 0; i < 4; i++) add(o, K3C_PC_ATTNRES, d, 0, 0);
-    if (cfg->mixer[l] == K3C_MIXER_KDA) count_kda(cfg, o);
-    else count_mla(cfg, o);
-    if (cfg->ffn[l] == K3C_FFN_MOE) count_moe(cfg, o);
-    else for (int i = 0; i < 3; i++) add(o, K3C_PC_DENSE, cfg->intermediate_size * d, 1, 0);
+    if (cfg->mixer[l] == K3C_MIXER_KDA)
+        count_kda(cfg, o);
+    else
+        count_mla(cfg, o);
+    if (cfg->ffn[l] == K3C_FFN_MOE)
+        count_moe(cfg, o);
+    else
+        for (int i = 0; i < 3; i++) add(o, K3C_PC_DENSE, cfg->intermediate_size * d, 1, 0);
     return K3C_OK;
 }
 
 static void count_vision(const k3c_vision_config *v, k3c_plan_count *o) {
     int64_t h = v->hidden;
     add(o, K3C_PC_VISION, h * 3 * v->patch_size * v->patch_size, 1, 0); /* patch_embed.proj [h, 3, p, p] */
-    add(o, K3C_PC_VISION, v->pos_emb_h * v->pos_emb_w * h, 0, 0);        /* patch_embed.pos_emb [H, W, h] */
+    add(o, K3C_PC_VISION, v->pos_emb_h * v->pos_emb_w * h, 0, 0);       /* patch_embed.pos_emb [H, W, h] */
     for (int64_t b = 0; b < v->layers; b++) {
         add(o, K3C_PC_VISION, 3 * v->qkv_hidden * h, 1, 0); /* wqkv */
         add(o, K3C_PC_VISION, h * v->qkv_hidden, 1, 0);     /* wo */
@@ -154,11 +158,11 @@ static void count_vision(const k3c_vision_config *v, k3c_plan_count *o) {
         add(o, K3C_PC_VISION, h, 0, 0);                     /* norm0 */
         add(o, K3C_PC_VISION, h, 0, 0);                     /* norm1 */
     }
-    add(o, K3C_PC_VISION, h, 0, 0); /* encoder.final_layernorm */
+    add(o, K3C_PC_VISION, h, 0, 0);                                      /* encoder.final_layernorm */
     int64_t in = v->mm_hidden * v->merge_kernel[0] * v->merge_kernel[1]; /* 2×2 merged patches */
-    add(o, K3C_PC_PROJECTOR, in * in, 1, 0);             /* mm_projector.proj.0 */
-    add(o, K3C_PC_PROJECTOR, v->text_hidden * in, 1, 0); /* mm_projector.proj.2 */
-    add(o, K3C_PC_PROJECTOR, v->text_hidden, 0, 0);      /* mm_projector.post_norm */
+    add(o, K3C_PC_PROJECTOR, in * in, 1, 0);                             /* mm_projector.proj.0 */
+    add(o, K3C_PC_PROJECTOR, v->text_hidden * in, 1, 0);                 /* mm_projector.proj.2 */
+    add(o, K3C_PC_PROJECTOR, v->text_hidden, 0, 0);                      /* mm_projector.post_norm */
 }
 
 void k3c_plan_head_count(const k3c_config *cfg, k3c_plan_count *first, k3c_plan_count *last) {

@@ -38,11 +38,11 @@ typedef struct {
     int64_t total[K3C_PC_COUNT];  /* stored logical parameters */
     int64_t active[K3C_PC_COUNT]; /* used per text token: k of n routed experts, lm_head, no embedding lookup */
     int64_t total_all, text_total, vision_total, active_all;
-    int64_t trainable;            /* total_all − frozen */
+    int64_t trainable; /* total_all − frozen */
     int64_t frozen;
     int64_t tensors;
-    int64_t f32, mxfp4, bf16;     /* release dtype split of the logical parameters (sums to total_all) */
-    double ckpt_bytes;            /* tensor bytes in the release dtypes (MXFP4 = 0.5 + 1/group bytes per weight) */
+    int64_t f32, mxfp4, bf16; /* release dtype split of the logical parameters (sums to total_all) */
+    double ckpt_bytes;        /* tensor bytes in the release dtypes (MXFP4 = 0.5 + 1/group bytes per weight) */
 } k3c_plan_params;
 
 /* Checks the fields the planner relies on (positive sizes, a complete layer plan, k ≤ n, ...). */
@@ -66,7 +66,7 @@ typedef struct {
     double mla_core;          /* of fwd[MLA]: the context-dependent score + value products, all MLA layers */
     double kda_core;          /* of fwd[KDA]: the chunked recurrence (paper Eq. 13), all KDA layers */
     double fwd_total;
-    double model_total;       /* forward + backward = 3 × fwd_total: the model FLOPs of one trained token */
+    double model_total; /* forward + backward = 3 × fwd_total: the model FLOPs of one trained token */
 } k3c_plan_flops;
 
 /* Training / prefill FLOPs per token for causal sequences of seq tokens (MLA averages (seq+1)/2 keys per query). */
@@ -104,17 +104,17 @@ typedef struct {
 } k3c_plan_layout;
 
 typedef struct {
-    double gpu_mem_gb;   /* usable memory per GPU, 1e9 bytes */
-    double nvlink_gbs;   /* GB/s per GPU inside a node */
-    double ib_gbps;      /* Gb/s per GPU across nodes */
-    double peak_tflops;  /* dense BF16 peak per GPU */
-    double compute_eff;  /* fraction of peak the kernels reach (for the step-time estimate) */
-    double hbm_gbs;      /* memory bandwidth per GPU, GB/s (serving) */
+    double gpu_mem_gb;  /* usable memory per GPU, 1e9 bytes */
+    double nvlink_gbs;  /* GB/s per GPU inside a node */
+    double ib_gbps;     /* Gb/s per GPU across nodes */
+    double peak_tflops; /* dense BF16 peak per GPU */
+    double compute_eff; /* fraction of peak the kernels reach (for the step-time estimate) */
+    double hbm_gbs;     /* memory bandwidth per GPU, GB/s (serving) */
     int64_t gpus_per_node;
 } k3c_plan_hw;
 
-void k3c_plan_hw_default(k3c_plan_hw *hw);           /* H200: 141 GB, 900 GB/s, 400 Gb/s, 989 TF, 0.5, 4800 GB/s, 8 */
-void k3c_plan_layout_default(k3c_plan_layout *lay);  /* 1×1×1×1×1, ZeRO-1, selective, b 1, seq 4096, 2^26 tok, AdamW */
+void k3c_plan_hw_default(k3c_plan_hw *hw);          /* H200: 141 GB, 900 GB/s, 400 Gb/s, 989 TF, 0.5, 4800 GB/s, 8 */
+void k3c_plan_layout_default(k3c_plan_layout *lay); /* 1×1×1×1×1, ZeRO-1, selective, b 1, seq 4096, 2^26 tok, AdamW */
 int64_t k3c_plan_gpus(const k3c_plan_layout *lay);
 
 /* Layers of stage s: [*first, *first + *count). Stages get ⌈L/PP⌉ or ⌊L/PP⌋ layers, the larger ones first. */
@@ -130,24 +130,24 @@ int64_t k3c_plan_micro_batches(const k3c_plan_layout *lay);
 /* ---------------------------------------------------------------- per-layer summary (model.c)
  * Everything the layout evaluation needs from one decoder layer, computed once per (config, sequence length). */
 typedef struct {
-    double ne_tp, ne_rep, ex;     /* parameters: TP-sharded non-expert, TP-replicated non-expert, routed experts */
-    double mat_tp, mat_rep;       /* hidden matrices among ne_tp / ne_rep (Muon-eligible; experts all are) */
-    double frozen;                /* replicated and never trained (router correction bias) */
-    double fwd;                   /* forward FLOPs per token (training form, causal keys (seq+1)/2) */
-    double act[3];                /* bytes per token kept for backward, per recompute policy (before TP/CP split) */
-    double kda_states;            /* bytes per GPU-local token of the chunk states the KDA kernels materialise */
-    double latent;                /* MLA: values per token of the latent KV gathered over CP (kv_lora + rope) */
-    double sources_in;            /* AttnRes sources completed before this layer */
+    double ne_tp, ne_rep, ex; /* parameters: TP-sharded non-expert, TP-replicated non-expert, routed experts */
+    double mat_tp, mat_rep;   /* hidden matrices among ne_tp / ne_rep (Muon-eligible; experts all are) */
+    double frozen;            /* replicated and never trained (router correction bias) */
+    double fwd;               /* forward FLOPs per token (training form, causal keys (seq+1)/2) */
+    double act[3];            /* bytes per token kept for backward, per recompute policy (before TP/CP split) */
+    double kda_states;        /* bytes per GPU-local token of the chunk states the KDA kernels materialise */
+    double latent;            /* MLA: values per token of the latent KV gathered over CP (kv_lora + rope) */
+    double sources_in;        /* AttnRes sources completed before this layer */
     int mla, moe;
 } k3c_plan_layer_sum;
 
 typedef struct {
     const k3c_config *cfg;
     int64_t seq, layers;
-    k3c_plan_layer_sum *layer;    /* [layers] */
-    k3c_plan_layer_sum first;     /* embedding, vision tower, projector: on the first stage */
-    k3c_plan_layer_sum last;      /* final norm, output AttnRes, lm_head: on the last stage */
-    double sources_out;           /* AttnRes sources read by the output mix */
+    k3c_plan_layer_sum *layer; /* [layers] */
+    k3c_plan_layer_sum first;  /* embedding, vision tower, projector: on the first stage */
+    k3c_plan_layer_sum last;   /* final norm, output AttnRes, lm_head: on the last stage */
+    double sources_out;        /* AttnRes sources read by the output mix */
     k3c_plan_flops flops;
 } k3c_plan_model;
 
@@ -164,8 +164,8 @@ void k3c_plan_attnres_mix_sources(const k3c_config *cfg, int64_t l, int64_t *att
 
 /* ---------------------------------------------------------------- memory (memory.c), bytes per GPU */
 typedef struct {
-    int64_t stage;       /* the pipeline stage reported (the one needing the most memory) */
-    int64_t layers;      /* decoder layers on it */
+    int64_t stage;  /* the pipeline stage reported (the one needing the most memory) */
+    int64_t layers; /* decoder layers on it */
     double weights, grads, optimizer, activations, working, total;
     int64_t in_flight;   /* micro-batches whose activations the stage holds at once (1F1B) */
     double stash_per_mb; /* activation bytes of one micro-batch on this GPU */
@@ -183,7 +183,7 @@ typedef struct {
     double max_layer_bytes; /* largest layer's bf16 / MXFP4 weights on the GPU (the ZeRO-3 gather buffer) */
 } k3c_plan_stage_params;
 void k3c_plan_stage_params_of(const k3c_plan_model *m, const k3c_plan_layout *lay, int64_t stage,
-                           k3c_plan_stage_params *p);
+                              k3c_plan_stage_params *p);
 /* Bytes per routed-expert weight: 2 (bf16) or MXFP4's 0.5 + 1/group. */
 double k3c_plan_expert_weight_bytes(const k3c_config *cfg, int mxfp4);
 void k3c_plan_stage_memory(const k3c_plan_model *m, const k3c_plan_layout *lay, int64_t stage, k3c_plan_memory *out);
@@ -195,7 +195,7 @@ typedef enum { K3C_COMM_TP, K3C_COMM_CP, K3C_COMM_EP, K3C_COMM_PP, K3C_COMM_DP, 
 const char *k3c_plan_comm_name(int kind);
 
 typedef struct {
-    double mb_bytes[K3C_COMM_COUNT];   /* sent per GPU per micro-batch (forward + backward + recomputation) */
+    double mb_bytes[K3C_COMM_COUNT]; /* sent per GPU per micro-batch (forward + backward + recomputation) */
     double mb_seconds[K3C_COMM_COUNT];
     double step_bytes[K3C_COMM_COUNT]; /* sent per GPU once per step (DP gradient / parameter sync) */
     double step_seconds[K3C_COMM_COUNT];
@@ -221,12 +221,12 @@ double k3c_plan_bubble(int64_t pp, int64_t micro_batches);
 /* ---------------------------------------------------------------- evaluation and search (search.c) */
 typedef struct {
     k3c_plan_layout layout;
-    k3c_plan_memory mem;          /* heaviest stage */
-    k3c_plan_comm comm;           /* slowest stage */
+    k3c_plan_memory mem; /* heaviest stage */
+    k3c_plan_comm comm;  /* slowest stage */
     int64_t slow_stage;
-    int64_t micro_batches;        /* per pipeline per step */
-    double mb_compute_s;          /* one micro-batch's forward + backward (+ recomputation) on the slowest stage */
-    double step_s;                /* (m + PP − 1) × (compute + comm per micro-batch) + per-step DP sync */
+    int64_t micro_batches; /* per pipeline per step */
+    double mb_compute_s;   /* one micro-batch's forward + backward (+ recomputation) on the slowest stage */
+    double step_s;         /* (m + PP − 1) × (compute + comm per micro-batch) + per-step DP sync */
     double compute_s, comm_s, bubble_s; /* step_s = compute_s + comm_s + bubble_s */
     double comm_kind_s[K3C_COMM_COUNT]; /* comm_s split by kind (m × per micro-batch + per step) */
     double comm_kind_bytes[K3C_COMM_COUNT];
@@ -243,14 +243,14 @@ int k3c_plan_evaluate(const k3c_config *cfg, const k3c_plan_layout *lay, const k
 typedef struct {
     int64_t gpus;
     k3c_plan_layout fixed;
-    int top;                /* how many best layouts to keep */
+    int top; /* how many best layouts to keep */
 } k3c_plan_search_opts;
 
 typedef struct {
-    k3c_plan_eval *best;    /* top entries, fastest first (caller-provided array of opts.top) */
+    k3c_plan_eval *best; /* top entries, fastest first (caller-provided array of opts.top) */
     int n_best;
     int64_t tried, valid, fitting;
-    double min_mem;         /* smallest per-GPU memory seen among valid layouts (to explain "nothing fits") */
+    double min_mem; /* smallest per-GPU memory seen among valid layouts (to explain "nothing fits") */
 } k3c_plan_search_result;
 
 int k3c_plan_search(const k3c_config *cfg, const k3c_plan_search_opts *opts, const k3c_plan_hw *hw,
@@ -259,18 +259,18 @@ int k3c_plan_search(const k3c_config *cfg, const k3c_plan_search_opts *opts, con
 /* ---------------------------------------------------------------- serving (serve.c) */
 typedef struct {
     int64_t tp, pp, ep, dp;
-    int64_t context, batch;    /* tokens per sequence in cache, concurrent sequences (whole deployment) */
-    int experts_mxfp4;         /* routed experts as MXFP4 (default: as the checkpoint stores them) */
+    int64_t context, batch; /* tokens per sequence in cache, concurrent sequences (whole deployment) */
+    int experts_mxfp4;      /* routed experts as MXFP4 (default: as the checkpoint stores them) */
 } k3c_plan_serve_layout;
 
 typedef struct {
     k3c_plan_serve_layout layout;
     int stage;
-    double weights, kv_cache, kda_state, working, total;   /* bytes per GPU, heaviest stage */
-    double kv_bytes_per_token;                             /* MLA latent cache, whole model, per token of context */
-    double kda_bytes_per_seq;                              /* KDA states + conv tails, whole model, per sequence */
+    double weights, kv_cache, kda_state, working, total; /* bytes per GPU, heaviest stage */
+    double kv_bytes_per_token;                           /* MLA latent cache, whole model, per token of context */
+    double kda_bytes_per_seq;                            /* KDA states + conv tails, whole model, per sequence */
     double decode_flops_per_token;
-    double step_s, tokens_per_s, read_bytes;               /* one decode step of the whole batch */
+    double step_s, tokens_per_s, read_bytes; /* one decode step of the whole batch */
     int fits;
 } k3c_plan_serve_eval;
 

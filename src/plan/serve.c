@@ -101,7 +101,8 @@ int k3c_plan_serve_evaluate(const k3c_config *cfg, const k3c_plan_serve_layout *
         o->read_bytes += st.read;
     }
     for (int l = 0; l < cfg->num_layers; l++) {
-        if (cfg->mixer[l] == K3C_MIXER_MLA) o->kv_bytes_per_token += (double)(cfg->kv_lora_rank + cfg->qk_rope_dim) * 2;
+        if (cfg->mixer[l] == K3C_MIXER_MLA)
+            o->kv_bytes_per_token += (double)(cfg->kv_lora_rank + cfg->qk_rope_dim) * 2;
         else {
             double H = (double)cfg->kda_heads, dk = (double)cfg->kda_head_dim;
             o->kda_bytes_per_seq += H * dk * dk * 4 + 3 * H * dk * (double)(cfg->conv_kernel - 1) * 2;

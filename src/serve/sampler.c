@@ -7,7 +7,8 @@
 
 static int32_t argmax(const float *x, int64_t n) {
     int32_t best = 0;
-    for (int64_t i = 1; i < n; i++) if (x[i] > x[best]) best = (int32_t)i;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = (int32_t)i;
     return best;
 }
 
@@ -22,8 +23,14 @@ int32_t k3c_sample(const k3c_sampler *s, const float *logits, int64_t V, uint64_
     if (s->temperature <= 0) return argmax(logits, V);
     float mx = logits[argmax(logits, V)];
     double z = 0;
-    for (int64_t i = 0; i < V; i++) { p[i] = (float)exp((logits[i] - mx) / s->temperature); z += p[i]; }
-    for (int64_t i = 0; i < V; i++) { p[i] = (float)(p[i] / z); idx[i] = (int32_t)i; }
+    for (int64_t i = 0; i < V; i++) {
+        p[i] = (float)exp((logits[i] - mx) / s->temperature);
+        z += p[i];
+    }
+    for (int64_t i = 0; i < V; i++) {
+        p[i] = (float)(p[i] / z);
+        idx[i] = (int32_t)i;
+    }
     int64_t keep = V;
     if (s->top_p < 1) {
         qsort_r(idx, (size_t)V, sizeof *idx, by_prob_desc, p);

@@ -46,7 +46,10 @@ static int merge_linear(const k3c_tok *t, const unsigned char *s, size_t n, k3c_
         uint32_t best = NO_RANK;
         size_t bi = 0;
         for (size_t i = 0; i + 1 < m; i++)
-            if (rank[i] < best) { best = rank[i]; bi = i; }
+            if (rank[i] < best) {
+                best = rank[i];
+                bi = i;
+            }
         if (best == NO_RANK) break;
         /* parts bi and bi+1 merge: drop start[bi+1], then re-rank the pairs that now end or start at bi */
         memmove(start + bi + 1, start + bi + 2, (m - bi - 2) * sizeof *start);
@@ -56,7 +59,8 @@ static int merge_linear(const k3c_tok *t, const unsigned char *s, size_t n, k3c_
         if (bi > 0) rank[bi - 1] = rank_of(t, s + start[bi - 1], start[bi + 1] - start[bi - 1]);
     }
     for (size_t i = 0; i + 1 < m; i++)
-        if (k3c_tok_ids_push(out, (int32_t)rank_of(t, s + start[i], start[i + 1] - start[i])) != K3C_OK) return K3C_ENOMEM;
+        if (k3c_tok_ids_push(out, (int32_t)rank_of(t, s + start[i], start[i + 1] - start[i])) != K3C_OK)
+            return K3C_ENOMEM;
     return K3C_OK;
 }
 
@@ -68,7 +72,10 @@ typedef struct {
 
 static void heap_push(heap *h, uint64_t k) {
     size_t i = h->n++;
-    while (i > 0 && h->a[(i - 1) / 2] > k) { h->a[i] = h->a[(i - 1) / 2]; i = (i - 1) / 2; }
+    while (i > 0 && h->a[(i - 1) / 2] > k) {
+        h->a[i] = h->a[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
     h->a[i] = k;
 }
 

@@ -73,7 +73,11 @@ static int encode_window(const k3c_tok *t, const unsigned char *s, size_t n, int
     long run = 0;
     for (size_t i = 0; i < n; i += len) {
         int sp = is_pyspace(s, n, i, &len);
-        if (sp != cur_space) { run = 1; cur_space = sp; continue; }
+        if (sp != cur_space) {
+            run = 1;
+            cur_space = sp;
+            continue;
+        }
         if (++run > RELEASE_MAX_RUN_CHARS) {
             int rc = encode_plain(t, s + start, i - start, allow, out);
             if (rc != K3C_OK) return rc;
@@ -99,7 +103,7 @@ static int encode_release(const k3c_tok *t, const unsigned char *s, size_t n, in
 int k3c_tok_encode(const k3c_tok *t, const void *text, size_t n, int flags, k3c_tok_ids *out, k3c_err *err) {
     int allow = (flags & K3C_TOK_ALLOW_SPECIAL) != 0;
     int rc = t->release_chunking && !(flags & K3C_TOK_NO_CHUNKING) ? encode_release(t, text, n, allow, out)
-                                                                     : encode_plain(t, text, n, allow, out);
+                                                                   : encode_plain(t, text, n, allow, out);
     if (rc != K3C_OK) return k3c_errf(err, rc, "encode: out of memory (%zu bytes of text)", n);
     return K3C_OK;
 }
@@ -107,7 +111,8 @@ int k3c_tok_encode(const k3c_tok *t, const void *text, size_t n, int flags, k3c_
 int k3c_tok_encode_segments(const k3c_tok *t, const k3c_tok_segment *segs, size_t nseg, k3c_tok_ids *out,
                             size_t *seg_end, k3c_err *err) {
     for (size_t i = 0; i < nseg; i++) {
-        int rc = k3c_tok_encode(t, segs[i].text, segs[i].len, segs[i].allow_special ? K3C_TOK_ALLOW_SPECIAL : 0, out, err);
+        int rc =
+            k3c_tok_encode(t, segs[i].text, segs[i].len, segs[i].allow_special ? K3C_TOK_ALLOW_SPECIAL : 0, out, err);
         if (rc != K3C_OK) {
             k3c_err_wrap(err, "segment %zu", i);
             return rc;

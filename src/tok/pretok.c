@@ -19,7 +19,10 @@ static inline uchar at(const unsigned char *s, size_t n, size_t i) {
     return c;
 }
 
-static inline int is_letter(unsigned f) { unsigned g = f & UNI_GROUP; return g >= UNI_LU && g <= UNI_LO; }
+static inline int is_letter(unsigned f) {
+    unsigned g = f & UNI_GROUP;
+    return g >= UNI_LU && g <= UNI_LO;
+}
 static inline int is_number(unsigned f) { return (f & UNI_GROUP) == UNI_N; }
 static inline int is_white(unsigned f) { return (f & UNI_WHITE) != 0; }
 static inline int is_newline(uint32_t cp) { return cp == '\r' || cp == '\n'; }
@@ -63,7 +66,8 @@ static size_t contraction(const unsigned char *s, size_t n, size_t i) {
     if (fold_eq(a, 's') || fold_eq(a, 't') || fold_eq(a, 'm') || fold_eq(a, 'd')) return i + 1 + a.len;
     if (i + 1 + a.len >= n) return i;
     uchar b = at(s, n, i + 1 + a.len);
-    if ((fold_eq(a, 'r') && fold_eq(b, 'e')) || (fold_eq(a, 'v') && fold_eq(b, 'e')) || (fold_eq(a, 'l') && fold_eq(b, 'l')))
+    if ((fold_eq(a, 'r') && fold_eq(b, 'e')) || (fold_eq(a, 'v') && fold_eq(b, 'e')) ||
+        (fold_eq(a, 'l') && fold_eq(b, 'l')))
         return i + 1 + a.len + b.len;
     return i;
 }
@@ -107,9 +111,12 @@ static size_t kimi_lower_word(const unsigned char *s, size_t n, size_t j) {
         k += c.len;
     }
     size_t e;
-    if (k < n && kimi_b(at(s, n, k).f)) e = run_end(s, n, k, kimi_b);
-    else if (last_ab_end) e = last_ab_end;
-    else return 0;
+    if (k < n && kimi_b(at(s, n, k).f))
+        e = run_end(s, n, k, kimi_b);
+    else if (last_ab_end)
+        e = last_ab_end;
+    else
+        return 0;
     return contraction(s, n, e);
 }
 
@@ -168,8 +175,14 @@ size_t k3c_tok_pretok_next(k3c_tok_pattern pat, const unsigned char *s, size_t n
 }
 
 int k3c_tok_pattern_parse(const char *name, k3c_tok_pattern *out) {
-    if (strcmp(name, "kimi") == 0) { *out = K3C_TOK_PATTERN_KIMI; return K3C_OK; }
-    if (strcmp(name, "cl100k") == 0) { *out = K3C_TOK_PATTERN_CL100K; return K3C_OK; }
+    if (strcmp(name, "kimi") == 0) {
+        *out = K3C_TOK_PATTERN_KIMI;
+        return K3C_OK;
+    }
+    if (strcmp(name, "cl100k") == 0) {
+        *out = K3C_TOK_PATTERN_CL100K;
+        return K3C_OK;
+    }
     return K3C_EINVAL;
 }
 

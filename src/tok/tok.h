@@ -48,14 +48,15 @@ int k3c_tok_add_special(k3c_tok *t, const char *str, size_t len, int32_t id, k3c
 int k3c_tok_load_specials_json(k3c_tok *t, const char *path, const char *table, k3c_err *err);
 /* The Kimi tokenizer: tiktoken.model + a special table (table NULL = "kimi_k3"), Kimi pattern, and the release's
  * long-input chunking switched on (see k3c_tok_set_release_chunking). */
-int k3c_tok_load_kimi(const char *model_path, const char *specials_json, const char *table, k3c_tok **out, k3c_err *err);
+int k3c_tok_load_kimi(const char *model_path, const char *specials_json, const char *table, k3c_tok **out,
+                      k3c_err *err);
 /* tokenization_kimi.py's encode cuts the text into 400,000-character windows and cuts runs of more than 25,000
  * consecutive str.isspace() / non-space characters, encoding each piece on its own; on = do the same (default off). */
 void k3c_tok_set_release_chunking(k3c_tok *t, int on);
 
 k3c_tok_pattern k3c_tok_get_pattern(const k3c_tok *t);
-int32_t k3c_tok_n_ranks(const k3c_tok *t);    /* largest rank + 1 */
-int32_t k3c_tok_n_vocab(const k3c_tok *t);    /* largest id (rank or special) + 1: the model's vocab size */
+int32_t k3c_tok_n_ranks(const k3c_tok *t); /* largest rank + 1 */
+int32_t k3c_tok_n_vocab(const k3c_tok *t); /* largest id (rank or special) + 1: the model's vocab size */
 int k3c_tok_n_specials(const k3c_tok *t);
 int32_t k3c_tok_special_id(const k3c_tok *t, const char *str); /* -1 if not a special token */
 /* The i-th special token in id order (0 <= i < n_specials). */
@@ -110,11 +111,12 @@ int k3c_tok_save(const k3c_tok *t, const char *path, k3c_err *err);
 
 /* Strict standard base64 (RFC 4648 alphabet, '=' padding, canonical); out needs 3*(n/4) bytes. 0 or K3C_EFORMAT. */
 int k3c_base64_decode(const char *s, size_t n, unsigned char *out, size_t *out_len);
-size_t k3c_base64_encode(const unsigned char *in, size_t n, char *out); /* out needs 4*ceil(n/3) bytes; returns length */
+size_t k3c_base64_encode(const unsigned char *in, size_t n,
+                         char *out); /* out needs 4*ceil(n/3) bytes; returns length */
 
 /* ---------------------------------------------------------------- training */
 typedef struct {
-    int32_t vocab_size;          /* ranks to learn, including the 256 single bytes (>= 256) */
+    int32_t vocab_size; /* ranks to learn, including the 256 single bytes (>= 256) */
     k3c_tok_pattern pattern;
     const char *const *specials; /* spellings given the ids right after the learned ranks (vocab_size, vocab_size + 1,
                                   * ... unless the corpus ran out of pairs); cut out of the corpus before counting */

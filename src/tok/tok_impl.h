@@ -15,7 +15,9 @@ struct k3c_tok {
     int32_t n_ranks;
     int32_t n_tokens; /* ranks in use (n_ranks minus gaps) */
     int32_t cap_ranks;
-    struct { uint32_t off, len; } *span;
+    struct {
+        uint32_t off, len;
+    } * span;
     unsigned char *blob;
     size_t blob_len, blob_cap;
     uint64_t *slots; /* open addressing on the bytes: (hash >> 32) << 32 | (rank + 1), 0 = empty */

@@ -59,7 +59,10 @@ static int pieces_add(piece_set *ps, const unsigned char *p, size_t n) {
     size_t mask = ps->n_slots - 1, i = tok_hash(p, n) & mask;
     for (; ps->slots[i]; i = (i + 1) & mask) {
         int32_t k = ps->slots[i] - 1;
-        if (ps->len[k] == n && memcmp(ps->blob + ps->off[k], p, n) == 0) { ps->count[k]++; return K3C_OK; }
+        if (ps->len[k] == n && memcmp(ps->blob + ps->off[k], p, n) == 0) {
+            ps->count[k]++;
+            return K3C_OK;
+        }
     }
     if (ps->n == ps->cap) {
         int32_t cap = ps->cap ? ps->cap * 2 : 4096;
@@ -114,7 +117,10 @@ static int count_pieces(piece_set *ps, const k3c_tok_train_opts *o, const unsign
     size_t start = 0, i = 0;
     for (;;) {
         size_t sl = i < n ? special_at(o, first, s, n, i) : 0;
-        if (i < n && sl == 0) { i++; continue; }
+        if (i < n && sl == 0) {
+            i++;
+            continue;
+        }
         for (size_t p = start; p < i;) { /* the ordinary run [start, i) */
             size_t e = k3c_tok_pretok_next(o->pattern, s + start, i - start, p - start) + start;
             if (pieces_add(ps, s + p, e - p) != K3C_OK) return K3C_ENOMEM;
@@ -203,7 +209,10 @@ static int hpush(maxheap *h, hentry e) {
         h->cap = cap;
     }
     size_t i = h->n++;
-    while (i > 0 && hbefore(e, h->a[(i - 1) / 2])) { h->a[i] = h->a[(i - 1) / 2]; i = (i - 1) / 2; }
+    while (i > 0 && hbefore(e, h->a[(i - 1) / 2])) {
+        h->a[i] = h->a[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
     h->a[i] = e;
     return K3C_OK;
 }
@@ -226,13 +235,13 @@ static hentry hpop(maxheap *h) {
 /* ---------------------------------------------------------------- the training state */
 typedef struct {
     piece_set ps;
-    int32_t *sym;     /* each word's current symbols, at woff[w], wlen[w] of them */
+    int32_t *sym; /* each word's current symbols, at woff[w], wlen[w] of them */
     size_t *woff;
     uint32_t *wlen;
-    int32_t *stamp;   /* last merge that visited the word */
+    int32_t *stamp; /* last merge that visited the word */
     pair_map pm;
     maxheap heap;
-    ilist grown;      /* pairs whose count rose during the current merge */
+    ilist grown; /* pairs whose count rose during the current merge */
     k3c_tok *tok;
 } trainer;
 
@@ -243,7 +252,8 @@ static int bump(trainer *tr, int32_t a, int32_t b, int64_t delta, int32_t w) {
     pair *p = &tr->pm.p[k];
     p->count += delta;
     if (delta > 0) {
-        if ((p->where.n == 0 || p->where.v[p->where.n - 1] != w) && ilist_push(&p->where, w) != K3C_OK) return K3C_ENOMEM;
+        if ((p->where.n == 0 || p->where.v[p->where.n - 1] != w) && ilist_push(&p->where, w) != K3C_OK)
+            return K3C_ENOMEM;
         if (ilist_push(&tr->grown, k) != K3C_OK) return K3C_ENOMEM;
     }
     return K3C_OK;
@@ -390,7 +400,10 @@ int k3c_tok_train(const char *const *texts, const size_t *lens, int ntexts, cons
     k3c_tok *t = tr.tok;
     tr.tok = NULL;
     trainer_free(&tr);
-    if (rc != K3C_OK) { k3c_tok_free(t); return rc; }
+    if (rc != K3C_OK) {
+        k3c_tok_free(t);
+        return rc;
+    }
     *out = t;
     return K3C_OK;
 }

@@ -26,8 +26,10 @@ static inline unsigned uni_flags(uint32_t cp) {
     int lo = 0, hi = k3c_uni_nruns - 1; /* last run whose start <= cp */
     while (lo < hi) {
         int mid = (lo + hi + 1) >> 1;
-        if (k3c_uni_runs[mid] <= key) lo = mid;
-        else hi = mid - 1;
+        if (k3c_uni_runs[mid] <= key)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     return k3c_uni_runs[lo] & 0xFF;
 }
@@ -36,7 +38,10 @@ static inline unsigned uni_flags(uint32_t cp) {
  * shortest-form sequence decodes alone as 0x110000 + byte, so every input splits and round-trips exactly. */
 static inline size_t uni_next(const unsigned char *s, size_t n, size_t i, uint32_t *cp) {
     unsigned c = s[i];
-    if (c < 0x80) { *cp = c; return 1; }
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    }
     size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
     if (len == 0 || c > 0xF4 || i + len > n) goto bad;
     uint32_t v = c & (0x3F >> (len - 1));
@@ -44,7 +49,8 @@ static inline size_t uni_next(const unsigned char *s, size_t n, size_t i, uint32
         if ((s[i + k] & 0xC0) != 0x80) goto bad;
         v = v << 6 | (s[i + k] & 0x3F);
     }
-    if ((len == 3 && (v < 0x800 || (v >= 0xD800 && v < 0xE000))) || (len == 4 && (v < 0x10000 || v > 0x10FFFF))) goto bad;
+    if ((len == 3 && (v < 0x800 || (v >= 0xD800 && v < 0xE000))) || (len == 4 && (v < 0x10000 || v > 0x10FFFF)))
+        goto bad;
     *cp = v;
     return len;
 bad:

@@ -25,7 +25,11 @@ int k3c_base64_decode(const char *s, size_t n, unsigned char *out, size_t *out_l
         int v[4], pad = 0;
         for (int k = 0; k < 4; k++) {
             unsigned char c = (unsigned char)s[i + k];
-            if (c == '=' && i + 4 == n && k >= 2) { v[k] = 0; pad++; continue; }
+            if (c == '=' && i + 4 == n && k >= 2) {
+                v[k] = 0;
+                pad++;
+                continue;
+            }
             if (pad) return K3C_EFORMAT; /* data after padding */
             if ((v[k] = b64_value(c)) < 0) return K3C_EFORMAT;
         }
@@ -62,7 +66,10 @@ int tok_new(k3c_tok_pattern pat, k3c_tok **out, k3c_err *err) {
     t->slots = calloc(t->n_slots, sizeof *t->slots);
     t->n_sp_slots = 64;
     t->sp_slots = calloc(t->n_sp_slots, sizeof *t->sp_slots);
-    if (!t->slots || !t->sp_slots) { k3c_tok_free(t); return k3c_errf(err, K3C_ENOMEM, "tokenizer: out of memory"); }
+    if (!t->slots || !t->sp_slots) {
+        k3c_tok_free(t);
+        return k3c_errf(err, K3C_ENOMEM, "tokenizer: out of memory");
+    }
     for (int b = 0; b < 256; b++) t->byte_rank[b] = -1;
     *out = t;
     return K3C_OK;
@@ -113,8 +120,14 @@ static int reserve_ranks(k3c_tok *t, int32_t need) {
 
 int tok_add_rank(k3c_tok *t, const unsigned char *p, size_t n, int32_t rank, int32_t *existing) {
     int32_t r0 = tok_lookup(t, p, n);
-    if (r0 >= 0) { if (existing) *existing = r0; return 1; }
-    if (rank < t->n_ranks && t->span[rank].len != 0) { if (existing) *existing = rank; return 2; }
+    if (r0 >= 0) {
+        if (existing) *existing = r0;
+        return 1;
+    }
+    if (rank < t->n_ranks && t->span[rank].len != 0) {
+        if (existing) *existing = rank;
+        return 2;
+    }
     if (reserve_ranks(t, rank + 1) != K3C_OK) return K3C_ENOMEM;
     if (t->blob_len + n > t->blob_cap) {
         size_t cap = t->blob_cap ? t->blob_cap * 2 : 65536;
@@ -159,16 +172,19 @@ static int parse_line(k3c_tok *t, const char *line, size_t n, long lineno, const
     size_t tl;
     if (blen == 0) return k3c_errf(err, K3C_EFORMAT, "%s:%ld: empty token", name, lineno);
     if (k3c_base64_decode(line, blen, buf, &tl) != K3C_OK)
-        return k3c_errf(err, K3C_EFORMAT, "%s:%ld: bad base64 '%.*s'", name, lineno, (int)(blen > 80 ? 80 : blen), line);
+        return k3c_errf(err, K3C_EFORMAT, "%s:%ld: bad base64 '%.*s'", name, lineno, (int)(blen > 80 ? 80 : blen),
+                        line);
     const char *r = sp + 1, *end = line + n;
     if (r == end) return k3c_errf(err, K3C_EFORMAT, "%s:%ld: missing rank after the token", name, lineno);
     int64_t rank = 0;
     for (const char *q = r; q < end; q++) {
         if (*q < '0' || *q > '9' || rank > INT32_MAX / 10)
-            return k3c_errf(err, K3C_EFORMAT, "%s:%ld: bad rank '%.*s'", name, lineno, (int)(end - r > 40 ? 40 : end - r), r);
+            return k3c_errf(err, K3C_EFORMAT, "%s:%ld: bad rank '%.*s'", name, lineno,
+                            (int)(end - r > 40 ? 40 : end - r), r);
         rank = rank * 10 + (*q - '0');
     }
-    if (rank >= INT32_MAX) return k3c_errf(err, K3C_EFORMAT, "%s:%ld: rank %lld too large", name, lineno, (long long)rank);
+    if (rank >= INT32_MAX)
+        return k3c_errf(err, K3C_EFORMAT, "%s:%ld: rank %lld too large", name, lineno, (long long)rank);
     if (!(flags & K3C_TOK_LOAD_ALLOW_GAPS) && rank != t->n_ranks)
         return k3c_errf(err, K3C_EFORMAT, "%s:%ld: rank %lld out of order: ranks must be 0, 1, 2, ... (expected %d)",
                         name, lineno, (long long)rank, t->n_ranks);
@@ -188,9 +204,15 @@ int k3c_tok_parse(const char *text, size_t n, const char *name, k3c_tok_pattern 
     if (rc != K3C_OK) return rc;
     size_t longest = 0;
     for (size_t i = 0, ls = 0; i <= n; i++)
-        if (i == n || text[i] == '\n') { if (i - ls > longest) longest = i - ls; ls = i + 1; }
+        if (i == n || text[i] == '\n') {
+            if (i - ls > longest) longest = i - ls;
+            ls = i + 1;
+        }
     unsigned char *buf = malloc(longest / 4 * 3 + 4);
-    if (!buf) { k3c_tok_free(t); return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", name); }
+    if (!buf) {
+        k3c_tok_free(t);
+        return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", name);
+    }
     long lineno = 0;
     for (size_t i = 0; i < n && rc == K3C_OK;) {
         const char *nl = memchr(text + i, '\n', n - i);
@@ -203,7 +225,10 @@ int k3c_tok_parse(const char *text, size_t n, const char *name, k3c_tok_pattern 
     free(buf);
     if (rc == K3C_OK && t->n_ranks == 0) rc = k3c_errf(err, K3C_EFORMAT, "%s: no ranks", name);
     if (rc == K3C_OK) rc = tok_finish_ranks(t, name, err);
-    if (rc != K3C_OK) { k3c_tok_free(t); return rc; }
+    if (rc != K3C_OK) {
+        k3c_tok_free(t);
+        return rc;
+    }
     *out = t;
     return K3C_OK;
 }
@@ -269,7 +294,10 @@ int k3c_tok_add_special(k3c_tok *t, const char *str, size_t len, int32_t id, k3c
     if (sp_find(t, str, len) >= 0)
         return k3c_errf(err, K3C_EINVAL, "special token '%.*s' defined twice", (int)len, str);
     char *copy = malloc(len + 1);
-    if (!copy || sp_reserve(t) != K3C_OK) { free(copy); return k3c_errf(err, K3C_ENOMEM, "special tokens: out of memory"); }
+    if (!copy || sp_reserve(t) != K3C_OK) {
+        free(copy);
+        return k3c_errf(err, K3C_ENOMEM, "special tokens: out of memory");
+    }
     memcpy(copy, str, len);
     copy[len] = 0;
     int at = t->n_sp; /* keep the table sorted by id */
@@ -301,14 +329,17 @@ static int add_special_entry(k3c_tok *t, const char *key, const k3c_json *v, con
     int key_is_id = *key && *end == 0 && errno == 0 && id >= 0 && id < INT32_MAX;
     const k3c_json *content = v->type == K3C_JSON_OBJECT ? k3c_json_get(v, "content") : NULL;
     int rc;
-    if (key_is_id && v->type == K3C_JSON_STRING) rc = k3c_tok_add_special(t, v->string, v->len, (int32_t)id, err);
+    if (key_is_id && v->type == K3C_JSON_STRING)
+        rc = k3c_tok_add_special(t, v->string, v->len, (int32_t)id, err);
     else if (key_is_id && content && content->type == K3C_JSON_STRING)
         rc = k3c_tok_add_special(t, content->string, content->len, (int32_t)id, err);
     else if (v->type == K3C_JSON_NUMBER && v->is_integer && v->integer >= 0 && v->integer < INT32_MAX)
         rc = k3c_tok_add_special(t, key, strlen(key), (int32_t)v->integer, err);
     else
-        return k3c_errf(err, K3C_EFORMAT, "%s: entry '%s': expected \"id\": \"spelling\", \"id\": {\"content\": ...} or "
-                        "\"spelling\": id", where, key);
+        return k3c_errf(err, K3C_EFORMAT,
+                        "%s: entry '%s': expected \"id\": \"spelling\", \"id\": {\"content\": ...} or "
+                        "\"spelling\": id",
+                        where, key);
     if (rc != K3C_OK) k3c_err_wrap(err, "%s", where);
     return rc;
 }
@@ -321,16 +352,22 @@ int k3c_tok_load_specials_json(k3c_tok *t, const char *path, const char *table, 
     if (!obj || obj->type != K3C_JSON_OBJECT)
         rc = k3c_errf(err, K3C_EFORMAT, "%s: %s%s%s is not an object", path, table ? "key '" : "the document",
                       table ? table : "", table ? "'" : "");
-    for (size_t i = 0; rc == K3C_OK && i < obj->n; i++) rc = add_special_entry(t, obj->keys[i], &obj->items[i], path, err);
+    for (size_t i = 0; rc == K3C_OK && i < obj->n; i++)
+        rc = add_special_entry(t, obj->keys[i], &obj->items[i], path, err);
     k3c_json_free(doc);
     return rc;
 }
 
-int k3c_tok_load_kimi(const char *model_path, const char *specials_json, const char *table, k3c_tok **out, k3c_err *err) {
+int k3c_tok_load_kimi(const char *model_path, const char *specials_json, const char *table, k3c_tok **out,
+                      k3c_err *err) {
     int rc = k3c_tok_load(model_path, K3C_TOK_PATTERN_KIMI, 0, out, err);
     if (rc != K3C_OK) return rc;
     if (specials_json) rc = k3c_tok_load_specials_json(*out, specials_json, table ? table : "kimi_k3", err);
-    if (rc != K3C_OK) { k3c_tok_free(*out); *out = NULL; return rc; }
+    if (rc != K3C_OK) {
+        k3c_tok_free(*out);
+        *out = NULL;
+        return rc;
+    }
     k3c_tok_set_release_chunking(*out, 1);
     return K3C_OK;
 }
@@ -363,8 +400,10 @@ static int sp_index_of_id(const k3c_tok *t, int32_t id) {
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
         if (t->sp_id[mid] == id) return mid;
-        if (t->sp_id[mid] < id) lo = mid + 1;
-        else hi = mid - 1;
+        if (t->sp_id[mid] < id)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
     }
     return -1;
 }

@@ -43,8 +43,14 @@ void k3c_optim_defaults(k3c_optim *o) {
 }
 
 int k3c_optim_parse_matrix(const char *name, int *out, k3c_err *err) {
-    if (name && strcmp(name, "muon") == 0) { *out = K3C_MATRIX_MUON; return K3C_OK; }
-    if (name && strcmp(name, "adamw") == 0) { *out = K3C_MATRIX_ADAMW; return K3C_OK; }
+    if (name && strcmp(name, "muon") == 0) {
+        *out = K3C_MATRIX_MUON;
+        return K3C_OK;
+    }
+    if (name && strcmp(name, "adamw") == 0) {
+        *out = K3C_MATRIX_ADAMW;
+        return K3C_OK;
+    }
     return k3c_errf(err, K3C_EINVAL, "optimizer: matrix optimizer '%s' is not one of muon, adamw",
                     name ? name : "(null)");
 }

@@ -66,7 +66,10 @@ int k3c_train_ckpt_save(const char *out_dir, int64_t step, const k3c_train_ckpt 
     if (mkdir(tmp, 0755) != 0) return k3c_errf(err, K3C_EIO, "%s: cannot create: %s", tmp, strerror(errno));
     snprintf(p, sizeof p, "%s/config.json", tmp);
     int rc = k3c_config_save(&ck->model->cfg, p, err);
-    if (!rc) { snprintf(p, sizeof p, "%s/model.safetensors", tmp); rc = k3c_model_save_f32(ck->model, p, err); }
+    if (!rc) {
+        snprintf(p, sizeof p, "%s/model.safetensors", tmp);
+        rc = k3c_model_save_f32(ck->model, p, err);
+    }
     if (!rc) {
         snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp);
         k3c_st_entry e = {"state", K3C_F32, 1, {(int64_t)ck->optim_numel}, ck->optim_state};
@@ -93,7 +96,10 @@ int k3c_train_ckpt_save(const char *out_dir, int64_t step, const k3c_train_ckpt 
         snprintf(p, sizeof p, "%s/k3c_tokenizer.json", tmp);
         rc = k3c_write_file_atomic(p, body, (size_t)len, err);
     }
-    if (rc) { remove_tree(tmp); return k3c_err_wrap(err, "checkpoint %s", fin); }
+    if (rc) {
+        remove_tree(tmp);
+        return k3c_err_wrap(err, "checkpoint %s", fin);
+    }
     remove_tree(fin); /* a re-run of the same step replaces it */
     if (rename(tmp, fin) != 0) return k3c_errf(err, K3C_EIO, "%s: rename failed: %s", fin, strerror(errno));
     char name[64];
@@ -112,7 +118,10 @@ int k3c_train_ckpt_latest(const char *out_dir, char *path, size_t n, k3c_err *er
     int rc = k3c_read_file(p, &text, &len, err);
     if (rc) return rc;
     while (len && (text[len - 1] == '\n' || text[len - 1] == ' ')) text[--len] = 0;
-    if (!len || strchr(text, '/')) { free(text); return k3c_errf(err, K3C_EFORMAT, "%s: malformed", p); }
+    if (!len || strchr(text, '/')) {
+        free(text);
+        return k3c_errf(err, K3C_EFORMAT, "%s: malformed", p);
+    }
     snprintf(path, n, "%s/%s", out_dir, text);
     free(text);
     return K3C_OK;
@@ -125,8 +134,10 @@ int k3c_train_ckpt_load_state(const char *dir, float *optim_state, size_t numel,
     int rc = k3c_st_open(p, &st, err);
     if (rc) return rc;
     const k3c_st_tensor *t = k3c_st_find(st, "state");
-    if (!t) rc = k3c_errf(err, K3C_EFORMAT, "%s: no tensor 'state'", p);
-    else rc = k3c_st_read_f32(t, optim_state, numel, err);
+    if (!t)
+        rc = k3c_errf(err, K3C_EFORMAT, "%s: no tensor 'state'", p);
+    else
+        rc = k3c_st_read_f32(t, optim_state, numel, err);
     k3c_st_close(st);
     if (rc) return rc;
     snprintf(p, sizeof p, "%s/trainer_state.json", dir);

@@ -7,12 +7,12 @@
 #include "model/model.h"
 
 typedef struct {
-    const k3c_model *model;       /* float32 model (the router biases inside are the QB state) */
+    const k3c_model *model; /* float32 model (the router biases inside are the QB state) */
     const float *optim_state;
     size_t optim_numel;
-    const char *trainer_state;    /* JSON text */
-    const char *vocab;            /* tokenizer file to copy (its .specials.json too, when present); NULL = none */
-    const char *pattern;          /* its pre-tokeniser ("cl100k" / "kimi"), written to k3c_tokenizer.json */
+    const char *trainer_state; /* JSON text */
+    const char *vocab;         /* tokenizer file to copy (its .specials.json too, when present); NULL = none */
+    const char *pattern;       /* its pre-tokeniser ("cl100k" / "kimi"), written to k3c_tokenizer.json */
 } k3c_train_ckpt;
 
 /* Writes the checkpoint of `step` under out_dir, updates out_dir/latest, keeps the newest `keep` checkpoints. */

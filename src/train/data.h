@@ -58,12 +58,12 @@ void k3c_shard_copy(const k3c_shard *s, int64_t d, int64_t from, int64_t n, int3
  * numbered across the shards in manifest order. */
 typedef struct {
     char dir[1024];
-    char source[64];       /* the manifest's source name */
-    char vocab[1024];      /* the vocabulary the shards were encoded with */
+    char source[64];            /* the manifest's source name */
+    char vocab[1024];           /* the vocabulary the shards were encoded with */
     int64_t vocab_size, eod_id; /* eod_id -1 when documents carry no end token */
     int n_shards;
     k3c_shard **shards;
-    int64_t *doc_base;     /* n_shards + 1: first global document of each shard */
+    int64_t *doc_base; /* n_shards + 1: first global document of each shard */
     int64_t n_docs, n_tokens;
 } k3c_shard_set;
 
@@ -83,18 +83,19 @@ int k3c_data_format_parse(const char *name, int *out, k3c_err *err); /* "auto" "
 int k3c_doc_split_parse(const char *name, int *out, k3c_err *err);   /* "blank" "file" "line" */
 
 typedef struct {
-    const char *vocab_path;      /* tiktoken file; "<vocab>.specials.json" is loaded when present */
+    const char *vocab_path; /* tiktoken file; "<vocab>.specials.json" is loaded when present */
     k3c_tok_pattern pattern;
-    const char *const *inputs;   /* files or directories (every regular file below, in sorted order); .gz is decompressed */
+    const char *const
+        *inputs; /* files or directories (every regular file below, in sorted order); .gz is decompressed */
     int n_inputs;
-    const char *out_dir;         /* created if missing */
-    const char *source;          /* NULL = the out_dir's last component */
-    int format;                  /* k3c_data_format: auto = JSONL for *.jsonl / *.ndjson (optionally .gz), else text */
-    int doc_split;               /* k3c_doc_split, for text files */
-    const char *jsonl_field;     /* NULL = "text" */
-    const char *eod;             /* spelling of the special appended to every document; NULL = "<|endoftext|>", "" = none */
-    double val_fraction;         /* each document goes to val with this probability (a pure function of seed and its index) */
-    int64_t shard_tokens;        /* a shard is closed before it would pass this many tokens; 0 = 16M */
+    const char *out_dir;     /* created if missing */
+    const char *source;      /* NULL = the out_dir's last component */
+    int format;              /* k3c_data_format: auto = JSONL for *.jsonl / *.ndjson (optionally .gz), else text */
+    int doc_split;           /* k3c_doc_split, for text files */
+    const char *jsonl_field; /* NULL = "text" */
+    const char *eod;         /* spelling of the special appended to every document; NULL = "<|endoftext|>", "" = none */
+    double val_fraction;  /* each document goes to val with this probability (a pure function of seed and its index) */
+    int64_t shard_tokens; /* a shard is closed before it would pass this many tokens; 0 = 16M */
     uint64_t seed;
     /* optional progress: bytes of input consumed so far (of total), tokens written so far */
     void (*progress)(void *ctx, int64_t bytes_done, int64_t bytes_total, int64_t tokens);
@@ -103,8 +104,8 @@ typedef struct {
 
 typedef struct {
     int n_files;
-    int64_t bytes;               /* input bytes after decompression */
-    int64_t docs[2], tokens[2];  /* [0] train, [1] val */
+    int64_t bytes;              /* input bytes after decompression */
+    int64_t docs[2], tokens[2]; /* [0] train, [1] val */
     int shards[2];
     int64_t vocab_size, eod_id;
     double seconds;
@@ -136,8 +137,8 @@ int k3c_batch_alloc(k3c_batch *b, int64_t T, k3c_err *err); /* 1 <= T <= INT32_M
 void k3c_batch_free(k3c_batch *b);
 
 typedef struct {
-    const char *name;  /* NULL = the manifest's source name; names must be distinct */
-    const char *dir;   /* a directory written by k3c_data_prepare */
+    const char *name; /* NULL = the manifest's source name; names must be distinct */
+    const char *dir;  /* a directory written by k3c_data_prepare */
 } k3c_data_source;
 
 /* Per source: the epoch, the position in that epoch's permutation, and tokens already emitted of that document. */
@@ -147,8 +148,8 @@ typedef struct {
 
 /* The whole loader state: plain data, safe to store as bytes. */
 typedef struct {
-    uint64_t magic;        /* K3C_LOADER_STATE_MAGIC */
-    uint32_t version;      /* K3C_LOADER_STATE_VERSION */
+    uint64_t magic;   /* K3C_LOADER_STATE_MAGIC */
+    uint32_t version; /* K3C_LOADER_STATE_VERSION */
     int32_t n_sources;
     uint64_t seed;
     uint64_t counter;      /* mixture draws so far: draw i is k3c_uniform_at(mix seed, i) */
@@ -187,8 +188,8 @@ int k3c_loader_state_from_json(k3c_loader *ld, const char *json, size_t n, k3c_e
 /* Validation: a fixed order (sources in order, documents in shard order), the same batches on every pass; when the
  * split is used up it starts again from its first document, so every batch is full. */
 typedef struct {
-    int32_t source;  /* -1 = every source's val split, one after another */
-    int32_t cur;     /* source being read */
+    int32_t source; /* -1 = every source's val split, one after another */
+    int32_t cur;    /* source being read */
     int64_t doc, offset;
 } k3c_val_iter;
 

@@ -48,7 +48,8 @@ static uint64_t sources_hash(const k3c_loader *ld) {
 
 int k3c_batch_alloc(k3c_batch *b, int64_t T, k3c_err *err) {
     memset(b, 0, sizeof *b);
-    if (T < 1 || T >= INT32_MAX) return k3c_errf(err, K3C_EINVAL, "batch: %lld tokens per step (1 .. 2^31 - 2)", (long long)T);
+    if (T < 1 || T >= INT32_MAX)
+        return k3c_errf(err, K3C_EINVAL, "batch: %lld tokens per step (1 .. 2^31 - 2)", (long long)T);
     b->T = T;
     b->ids = malloc((size_t)T * sizeof *b->ids);
     b->targets = malloc((size_t)T * sizeof *b->targets);
@@ -98,7 +99,8 @@ static int open_source(k3c_loader *ld, int i, const k3c_data_source *s, k3c_err 
     if (!rc) rc = k3c_shard_set_open(s->dir, "val", &L->val, err);
     if (rc) return rc;
     snprintf(L->name, sizeof L->name, "%s", s->name && *s->name ? s->name : L->train->source);
-    if (!L->name[0]) return k3c_errf(err, K3C_EINVAL, "%s: the source has no name (manifest \"source\" is empty)", s->dir);
+    if (!L->name[0])
+        return k3c_errf(err, K3C_EINVAL, "%s: the source has no name (manifest \"source\" is empty)", s->dir);
     for (int j = 0; j < i; j++)
         if (strcmp(ld->src[j].name, L->name) == 0)
             return k3c_errf(err, K3C_EINVAL, "%s: source name \"%s\" used twice", s->dir, L->name);
@@ -128,8 +130,12 @@ int k3c_loader_open(const k3c_data_source *src, int n, const double *weights, ui
         k3c_loader_close(ld);
         return rc;
     }
-    ld->st = (k3c_loader_state){.magic = K3C_LOADER_STATE_MAGIC, .version = K3C_LOADER_STATE_VERSION, .n_sources = n,
-                                .seed = seed, .sources_hash = sources_hash(ld), .cur_source = -1};
+    ld->st = (k3c_loader_state){.magic = K3C_LOADER_STATE_MAGIC,
+                                .version = K3C_LOADER_STATE_VERSION,
+                                .n_sources = n,
+                                .seed = seed,
+                                .sources_hash = sources_hash(ld),
+                                .cur_source = -1};
     *out = ld;
     return K3C_OK;
 }
@@ -149,15 +155,16 @@ int k3c_loader_set_weights(k3c_loader *ld, const double *w, k3c_err *err) {
     for (int i = 0; i < ld->n; i++) {
         nw[i] = w ? w[i] : 0;
         if (!isfinite(nw[i]) || nw[i] < 0)
-            return k3c_errf(err, K3C_EINVAL, "loader: source %s: weight %g (must be finite and >= 0)", ld->src[i].name, nw[i]);
+            return k3c_errf(err, K3C_EINVAL, "loader: source %s: weight %g (must be finite and >= 0)", ld->src[i].name,
+                            nw[i]);
         sum += nw[i];
     }
     if (sum == 0) /* all zero = uniform over the sources that have training data */
         for (int i = 0; i < ld->n; i++) sum += nw[i] = ld->src[i].train->n_tokens > 0;
     for (int i = 0; i < ld->n; i++)
         if (nw[i] > 0 && ld->src[i].train->n_tokens == 0)
-            return k3c_errf(err, K3C_EINVAL, "loader: source %s (%s) has weight %g but no training tokens", ld->src[i].name,
-                            ld->src[i].train->dir, nw[i]);
+            return k3c_errf(err, K3C_EINVAL, "loader: source %s (%s) has weight %g but no training tokens",
+                            ld->src[i].name, ld->src[i].train->dir, nw[i]);
     if (sum == 0) return k3c_errf(err, K3C_EINVAL, "loader: no source has training tokens");
     for (int i = 0; i < ld->n; i++) ld->weight[i] = nw[i] / sum;
     return K3C_OK;
@@ -238,16 +245,18 @@ static int check_cursor(k3c_loader *ld, const k3c_loader_state *st, int i, k3c_e
     const lsrc *L = &ld->src[i];
     const int64_t n = L->train->n_docs;
     if (c->epoch < 0 || c->pos < 0 || c->offset < 0 || (n > 0 && c->pos >= n) || (n == 0 && (c->pos || c->offset)))
-        return k3c_errf(err, K3C_EINVAL, "loader state: source %s: cursor (epoch %lld, pos %lld) outside its %lld documents",
-                        L->name, (long long)c->epoch, (long long)c->pos, (long long)n);
+        return k3c_errf(err, K3C_EINVAL,
+                        "loader state: source %s: cursor (epoch %lld, pos %lld) outside its %lld documents", L->name,
+                        (long long)c->epoch, (long long)c->pos, (long long)n);
     if (c->offset == 0) return K3C_OK;
     if (st->cur_source != i)
-        return k3c_errf(err, K3C_EINVAL, "loader state: source %s is inside a document but is not the current source", L->name);
+        return k3c_errf(err, K3C_EINVAL, "loader state: source %s is inside a document but is not the current source",
+                        L->name);
     ensure_perm(ld, i, c->epoch);
     const int64_t len = k3c_shard_set_doc_len(L->train, L->perm[c->pos]);
     if (c->offset >= len)
-        return k3c_errf(err, K3C_EINVAL, "loader state: source %s: offset %lld past its document's %lld tokens", L->name,
-                        (long long)c->offset, (long long)len);
+        return k3c_errf(err, K3C_EINVAL, "loader state: source %s: offset %lld past its document's %lld tokens",
+                        L->name, (long long)c->offset, (long long)len);
     return K3C_OK;
 }
 
@@ -261,7 +270,8 @@ int k3c_loader_set_state(k3c_loader *ld, const k3c_loader_state *st, k3c_err *er
         return k3c_errf(err, K3C_EINVAL, "loader state: corrupt (current source %d, steps %lld)", st->cur_source,
                         (long long)st->steps);
     if (st->cur_source >= 0 && ld->src[st->cur_source].train->n_docs == 0)
-        return k3c_errf(err, K3C_EINVAL, "loader state: current source %s has no documents", ld->src[st->cur_source].name);
+        return k3c_errf(err, K3C_EINVAL, "loader state: current source %s has no documents",
+                        ld->src[st->cur_source].name);
     const k3c_loader_state old = ld->st;
     ld->st.seed = st->seed; /* the permutations the cursors index are those of the state's seed */
     for (int i = 0; i < ld->n; i++) ld->src[i].perm_epoch = -1;
@@ -282,11 +292,14 @@ int k3c_loader_state_to_json(const k3c_loader *ld, char **json, k3c_err *err) {
     k3c_sbuf s;
     k3c_sbuf_init(&s);
     /* the seed is a string: JSON numbers are doubles and a 64-bit seed does not fit in 53 bits */
-    k3c_sbuf_printf(&s, "{\"version\": %u, \"seed\": \"%llu\", \"counter\": %llu, \"steps\": %lld, \"tokens\": %lld, \"current\": ",
-                    st->version, (unsigned long long)st->seed, (unsigned long long)st->counter, (long long)st->steps,
-                    (long long)st->tokens);
-    if (st->cur_source >= 0) k3c_sbuf_json_string(&s, ld->src[st->cur_source].name, strlen(ld->src[st->cur_source].name));
-    else k3c_sbuf_printf(&s, "null");
+    k3c_sbuf_printf(
+        &s, "{\"version\": %u, \"seed\": \"%llu\", \"counter\": %llu, \"steps\": %lld, \"tokens\": %lld, \"current\": ",
+        st->version, (unsigned long long)st->seed, (unsigned long long)st->counter, (long long)st->steps,
+        (long long)st->tokens);
+    if (st->cur_source >= 0)
+        k3c_sbuf_json_string(&s, ld->src[st->cur_source].name, strlen(ld->src[st->cur_source].name));
+    else
+        k3c_sbuf_printf(&s, "null");
     k3c_sbuf_printf(&s, ", \"sources\": [");
     for (int i = 0; i < ld->n; i++) {
         k3c_sbuf_printf(&s, "%s{\"name\": ", i ? ", " : "");
@@ -317,7 +330,8 @@ static int find_source(const k3c_loader *ld, const char *name) {
 }
 
 static int state_from(const k3c_loader *ld, const k3c_json *r, k3c_loader_state *st, k3c_err *err) {
-    const k3c_json *seed = k3c_json_get(r, "seed"), *cur = k3c_json_get(r, "current"), *srcs = k3c_json_get(r, "sources");
+    const k3c_json *seed = k3c_json_get(r, "seed"), *cur = k3c_json_get(r, "current"),
+                   *srcs = k3c_json_get(r, "sources");
     int64_t ver = 0, counter = 0;
     char *end = NULL;
     if (!jint(r, "version", &ver) || ver != K3C_LOADER_STATE_VERSION)
@@ -335,11 +349,13 @@ static int state_from(const k3c_loader *ld, const k3c_json *r, k3c_loader_state 
         if (i < 0) return k3c_errf(err, K3C_EINVAL, "loader state: sources[%zu]: not a source of this loader", k);
         k3c_loader_cursor *c = &st->cursor[i];
         if (!jint(e, "epoch", &c->epoch) || !jint(e, "pos", &c->pos) || !jint(e, "offset", &c->offset))
-            return k3c_errf(err, K3C_EFORMAT, "loader state: source %s: needs integers epoch, pos, offset >= 0", ld->src[i].name);
+            return k3c_errf(err, K3C_EFORMAT, "loader state: source %s: needs integers epoch, pos, offset >= 0",
+                            ld->src[i].name);
     }
     st->cur_source = -1;
     if (cur && cur->type == K3C_JSON_STRING && (st->cur_source = find_source(ld, cur->string)) < 0)
-        return k3c_errf(err, K3C_EINVAL, "loader state: current source \"%s\" is not a source of this loader", cur->string);
+        return k3c_errf(err, K3C_EINVAL, "loader state: current source \"%s\" is not a source of this loader",
+                        cur->string);
     if (!cur || (cur->type != K3C_JSON_STRING && cur->type != K3C_JSON_NULL))
         return k3c_errf(err, K3C_EFORMAT, "loader state: \"current\" must be a source name or null");
     return K3C_OK;
@@ -349,7 +365,9 @@ int k3c_loader_state_from_json(k3c_loader *ld, const char *json, size_t n, k3c_e
     k3c_json *r = NULL;
     int rc = k3c_json_parse(json, n, "loader state", &r, err);
     if (rc) return rc;
-    k3c_loader_state st = {.magic = K3C_LOADER_STATE_MAGIC, .version = K3C_LOADER_STATE_VERSION, .n_sources = ld->n,
+    k3c_loader_state st = {.magic = K3C_LOADER_STATE_MAGIC,
+                           .version = K3C_LOADER_STATE_VERSION,
+                           .n_sources = ld->n,
                            .sources_hash = sources_hash(ld)};
     for (int i = 0; i < ld->n; i++) st.cursor[i].epoch = -1; /* marks sources the JSON did not name */
     rc = r->type == K3C_JSON_OBJECT ? state_from(ld, r, &st, err)

@@ -26,8 +26,10 @@ void k3c_metrics_write(FILE *f, const k3c_metrics_row *r) {
         for (int k = 0; k < 3; k++) {
             fprintf(f, ",\"%s\":[", key[k]);
             for (int i = 0; i < r->n_moe; i++) {
-                if (k == 0) fprintf(f, "%s%d", i ? "," : "", r->moe_layer[i]);
-                else fprintf(f, "%s%.5g", i ? "," : "", k == 1 ? r->layer_max_ratio[i] : r->layer_cv[i]);
+                if (k == 0)
+                    fprintf(f, "%s%d", i ? "," : "", r->moe_layer[i]);
+                else
+                    fprintf(f, "%s%.5g", i ? "," : "", k == 1 ? r->layer_max_ratio[i] : r->layer_cv[i]);
             }
             fprintf(f, "]");
         }
@@ -55,7 +57,10 @@ int k3c_metrics_plot(const char *jsonl, const char *png, k3c_err *err) {
     snprintf(dat, sizeof dat, "%s.dat", png);
     snprintf(tmp_png, sizeof tmp_png, "%s.tmp.png", png);
     FILE *f = fopen(dat, "w");
-    if (!f) { free(text); return k3c_errf(err, K3C_EIO, "%s: cannot write", dat); }
+    if (!f) {
+        free(text);
+        return k3c_errf(err, K3C_EIO, "%s: cannot write", dat);
+    }
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
         k3c_json *o;
         if (k3c_json_parse(line, strlen(line), jsonl, &o, NULL)) continue;
@@ -71,7 +76,8 @@ int k3c_metrics_plot(const char *jsonl, const char *png, k3c_err *err) {
              "set output '%s'; set datafile missing 'nan'; set multiplot layout 1,3; set xlabel 'step'; set grid; "
              "set title 'loss'; plot '%s' u 1:2 w l t 'train', '' u 1:3 w lp pt 7 t 'validation'; "
              "set title 'learning rate'; set yrange [0:*]; set offsets 0,0,graph 0.1,0; plot '%s' u 1:4 w l notitle; "
-             "set title 'max/mean expert load (worst layer)'; set offsets 0,0,0,0; set yrange [1:*]; plot '%s' u 1:5 w l notitle; unset multiplot\" "
+             "set title 'max/mean expert load (worst layer)'; set offsets 0,0,0,0; set yrange [1:*]; plot '%s' u 1:5 w "
+             "l notitle; unset multiplot\" "
              ">/dev/null 2>&1",
              tmp_png, dat, dat, dat);
     int sys = system(cmd);

@@ -61,21 +61,21 @@ typedef enum { K3C_MATRIX_MUON = 0, K3C_MATRIX_ADAMW = 1 } k3c_matrix_optimizer;
 
 typedef struct {
     /* hyper-parameters (k3c_optim_defaults sets the Moonlight values of TRAINING.md §1.3) */
-    double lr;           /* peak lr, for the caller's schedule; k3c_optim_step takes the current lr */
+    double lr; /* peak lr, for the caller's schedule; k3c_optim_step takes the current lr */
     double beta1, beta2, eps;
     double weight_decay; /* λ = 0.1 */
     int decay_vectors;   /* 0 */
     double muon_momentum;
     int nesterov;
     int ns_steps;
-    double muon_scale;   /* 0.2 */
-    int per_head;        /* honour k3c_param.head_rows (1, K3) or orthogonalise whole matrices (0, Moonlight) */
-    int matrix_optimizer;/* k3c_matrix_optimizer */
+    double muon_scale;    /* 0.2 */
+    int per_head;         /* honour k3c_param.head_rows (1, K3) or orthogonalise whole matrices (0, Moonlight) */
+    int matrix_optimizer; /* k3c_matrix_optimizer */
     /* filled by k3c_optim_init (read-only for callers) */
     int n_entries;
-    size_t *state_off;   /* [n_entries]: float offset of entry i's state (Muon: momentum; AdamW: m, then v) */
-    size_t state_numel;  /* floats of optimizer state */
-    float *ws;           /* Newton–Schulz workspace for the largest matrix */
+    size_t *state_off;  /* [n_entries]: float offset of entry i's state (Muon: momentum; AdamW: m, then v) */
+    size_t state_numel; /* floats of optimizer state */
+    float *ws;          /* Newton–Schulz workspace for the largest matrix */
     size_t ws_numel;
 } k3c_optim;
 

@@ -19,8 +19,7 @@ typedef struct k3c_optim_backend {
                         const float *g, float *state, double lr, int64_t step, k3c_err *err);
     /* *norm = k3c_clip_grad_norm(t, g, max_norm) (max_norm ≤ 0: no clipping, the norm only). Waits for the device:
      * the host needs the norm (it is logged and decides the clip). */
-    int (*clip_grad_norm)(void *inst, const k3c_param_table *t, float *g, double max_norm, double *norm,
-                          k3c_err *err);
+    int (*clip_grad_norm)(void *inst, const k3c_param_table *t, float *g, double max_norm, double *norm, k3c_err *err);
 } k3c_optim_backend;
 
 #endif

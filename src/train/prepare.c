@@ -22,18 +22,26 @@ extern char **environ;
 int k3c_data_format_parse(const char *name, int *out, k3c_err *err) {
     static const char *const names[] = {"auto", "text", "jsonl"};
     for (int i = 0; i < 3; i++)
-        if (name && strcmp(name, names[i]) == 0) { *out = i; return K3C_OK; }
+        if (name && strcmp(name, names[i]) == 0) {
+            *out = i;
+            return K3C_OK;
+        }
     return k3c_errf(err, K3C_EINVAL, "format: '%s' is not one of auto, text, jsonl", name ? name : "(null)");
 }
 
 int k3c_doc_split_parse(const char *name, int *out, k3c_err *err) {
     static const char *const names[] = {"blank", "file", "line"};
     for (int i = 0; i < 3; i++)
-        if (name && strcmp(name, names[i]) == 0) { *out = i; return K3C_OK; }
+        if (name && strcmp(name, names[i]) == 0) {
+            *out = i;
+            return K3C_OK;
+        }
     return k3c_errf(err, K3C_EINVAL, "doc-split: '%s' is not one of blank, file, line", name ? name : "(null)");
 }
 
-static const char *split_name(int s) { return s == K3C_DOC_SPLIT_FILE ? "file" : s == K3C_DOC_SPLIT_LINE ? "line" : "blank"; }
+static const char *split_name(int s) {
+    return s == K3C_DOC_SPLIT_FILE ? "file" : s == K3C_DOC_SPLIT_LINE ? "line" : "blank";
+}
 
 /* splitmix64: independent sub-seeds (split assignment vs. the loader's streams) from one user seed */
 static uint64_t mix64(uint64_t x) {
@@ -121,7 +129,10 @@ static int read_gzip(const char *path, char **data, size_t *n, k3c_err *err) {
     while (!rc) {
         if (len == cap) {
             char *nb = realloc(buf, 2 * cap + 1);
-            if (!nb) { rc = K3C_ENOMEM; break; }
+            if (!nb) {
+                rc = K3C_ENOMEM;
+                break;
+            }
             buf = nb, cap *= 2;
         }
         ssize_t k = read(pfd[0], buf + len, cap - len);
@@ -134,8 +145,12 @@ static int read_gzip(const char *path, char **data, size_t *n, k3c_err *err) {
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
     if (!rc && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
         rc = k3c_errf(err, K3C_EFORMAT, "%s: gzip -dc failed (corrupt or truncated .gz file)", path);
-    else if (rc) k3c_errf(err, rc, "%s: out of memory decompressing", path);
-    if (rc) { free(buf); return rc; }
+    else if (rc)
+        k3c_errf(err, rc, "%s: out of memory decompressing", path);
+    if (rc) {
+        free(buf);
+        return rc;
+    }
     buf[len] = 0;
     *data = buf, *n = len;
     return K3C_OK;
@@ -227,9 +242,15 @@ static int next_jsonl(doc_iter *it, doc *d, k3c_err *err) {
             return k3c_errf(err, K3C_EFORMAT, "%s: field \"%s\" %s", where, it->field,
                             f ? "is not a string" : "missing (choose another with --jsonl-field)");
         }
-        if (f->len == 0) { k3c_json_free(v); continue; }
+        if (f->len == 0) {
+            k3c_json_free(v);
+            continue;
+        }
         d->owned = malloc(f->len + 1);
-        if (!d->owned) { k3c_json_free(v); return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", where); }
+        if (!d->owned) {
+            k3c_json_free(v);
+            return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", where);
+        }
         memcpy(d->owned, f->string, f->len + 1);
         d->p = d->owned, d->n = f->len;
         k3c_json_free(v);
@@ -286,7 +307,8 @@ static int builder_flush(builder *b, k3c_err *err) {
 static int builder_add(builder *b, const int32_t *ids, int64_t n, k3c_err *err) {
     int rc = b->nd > 0 && b->n + n > b->limit ? builder_flush(b, err) : K3C_OK;
     if (rc) return rc;
-    if (grow((void **)&b->tok, &b->cap, b->n + n, sizeof *b->tok) || grow((void **)&b->off, &b->cap_d, b->nd + 2, sizeof *b->off))
+    if (grow((void **)&b->tok, &b->cap, b->n + n, sizeof *b->tok) ||
+        grow((void **)&b->off, &b->cap_d, b->nd + 2, sizeof *b->off))
         return k3c_errf(err, K3C_ENOMEM, "out of memory (%lld tokens pending)", (long long)b->n);
     memcpy(b->tok + b->n, ids, (size_t)n * sizeof *ids);
     b->off[b->nd] = (uint64_t)b->n;
@@ -352,7 +374,10 @@ static int encode_batch(run *r, doc *docs, int nd, k3c_err *err) {
         if (!rcs[i] && r->eod_id >= 0) rcs[i] = k3c_tok_ids_push(&ids[i], r->eod_id);
     }
     for (int i = 0; i < nd && !rc; i++) {
-        if (rcs[i]) { rc = k3c_errf(err, rcs[i], "encoding a document of %zu bytes: out of memory", docs[i].n); break; }
+        if (rcs[i]) {
+            rc = k3c_errf(err, rcs[i], "encoding a document of %zu bytes: out of memory", docs[i].n);
+            break;
+        }
         int val = k3c_uniform_at(r->split_seed, (uint64_t)r->next_doc++) < r->o->val_fraction;
         rc = builder_add(&r->b[val], ids[i].ids, (int64_t)ids[i].n, err);
     }
@@ -376,15 +401,22 @@ static int process_file(run *r, int fi, int64_t disk_size, k3c_err *err) {
     size_t n;
     int rc = read_input(path, &buf, &n, err);
     if (rc) return rc;
-    doc_iter it = {path, r->o->jsonl_field ? r->o->jsonl_field : "text", buf, n, 0,
-                   format_of(path, r->o->format), r->o->doc_split, 0};
+    doc_iter it = {
+        path, r->o->jsonl_field ? r->o->jsonl_field : "text", buf, n, 0, format_of(path, r->o->format), r->o->doc_split,
+        0};
     doc *batch = calloc(BATCH_DOCS, sizeof *batch);
-    if (!batch) { free(buf); return k3c_errf(err, K3C_ENOMEM, "out of memory"); }
+    if (!batch) {
+        free(buf);
+        return k3c_errf(err, K3C_ENOMEM, "out of memory");
+    }
     int nb = 0, more = 1;
     size_t bytes = 0;
     while (!rc && more) {
         int k = next_doc(&it, &batch[nb], err);
-        if (k < 0) { rc = k; break; }
+        if (k < 0) {
+            rc = k;
+            break;
+        }
         more = k;
         if (k) bytes += batch[nb++].n;
         if (nb == BATCH_DOCS || bytes >= BATCH_BYTES || (!more && nb)) {
@@ -410,7 +442,8 @@ static int mkdir_p(const char *dir, k3c_err *err) {
         if (*s != '/' && *s != 0) continue;
         char c = *s;
         *s = 0;
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) return k3c_errf(err, K3C_EIO, "%s: cannot create: %s", p, strerror(errno));
+        if (mkdir(p, 0755) != 0 && errno != EEXIST)
+            return k3c_errf(err, K3C_EIO, "%s: cannot create: %s", p, strerror(errno));
         if (!(*s = c)) break;
     }
     struct stat st;
@@ -422,8 +455,8 @@ static void manifest_split(k3c_sbuf *s, const builder *b) {
     k3c_sbuf_printf(s, "    \"%s\": {\"docs\": %lld, \"tokens\": %lld, \"shards\": [", b->split, (long long)b->docs,
                     (long long)b->tokens);
     for (int i = 0; i < b->n_shards; i++)
-        k3c_sbuf_printf(s, "%s\n      {\"file\": \"%s-%05d%s\", \"docs\": %lld, \"tokens\": %lld}", i ? "," : "", b->split, i,
-                        K3C_SHARD_EXT, (long long)b->rec[i][0], (long long)b->rec[i][1]);
+        k3c_sbuf_printf(s, "%s\n      {\"file\": \"%s-%05d%s\", \"docs\": %lld, \"tokens\": %lld}", i ? "," : "",
+                        b->split, i, K3C_SHARD_EXT, (long long)b->rec[i][0], (long long)b->rec[i][1]);
     k3c_sbuf_printf(s, "%s]}", b->n_shards ? "\n    " : "");
 }
 
@@ -438,15 +471,21 @@ static int write_manifest(run *r, const char *source, k3c_err *err) {
     k3c_sbuf_printf(&s, ",\n  \"vocab\": ");
     k3c_sbuf_json_string(&s, vabs, strlen(vabs));
     k3c_sbuf_printf(&s, ",\n  \"vocab_size\": %d,\n  \"pattern\": \"%s\",\n  \"token_bytes\": %d,\n  \"eod\": ",
-                    k3c_tok_n_vocab(r->tok), k3c_tok_pattern_name(o->pattern), k3c_tok_n_vocab(r->tok) <= 65536 ? 2 : 4);
-    if (r->eod_id >= 0) k3c_sbuf_json_string(&s, o->eod ? o->eod : "<|endoftext|>", strlen(o->eod ? o->eod : "<|endoftext|>"));
-    else k3c_sbuf_printf(&s, "null");
-    k3c_sbuf_printf(&s, ",\n  \"eod_id\": %d,\n  \"seed\": %llu,\n  \"val_fraction\": ", r->eod_id, (unsigned long long)o->seed);
+                    k3c_tok_n_vocab(r->tok), k3c_tok_pattern_name(o->pattern),
+                    k3c_tok_n_vocab(r->tok) <= 65536 ? 2 : 4);
+    if (r->eod_id >= 0)
+        k3c_sbuf_json_string(&s, o->eod ? o->eod : "<|endoftext|>", strlen(o->eod ? o->eod : "<|endoftext|>"));
+    else
+        k3c_sbuf_printf(&s, "null");
+    k3c_sbuf_printf(&s, ",\n  \"eod_id\": %d,\n  \"seed\": %llu,\n  \"val_fraction\": ", r->eod_id,
+                    (unsigned long long)o->seed);
     k3c_sbuf_json_number(&s, o->val_fraction);
     k3c_sbuf_printf(&s, ",\n  \"doc_split\": \"%s\",\n  \"jsonl_field\": ", split_name(o->doc_split));
-    k3c_sbuf_json_string(&s, o->jsonl_field ? o->jsonl_field : "text", strlen(o->jsonl_field ? o->jsonl_field : "text"));
+    k3c_sbuf_json_string(&s, o->jsonl_field ? o->jsonl_field : "text",
+                         strlen(o->jsonl_field ? o->jsonl_field : "text"));
     k3c_sbuf_printf(&s, ",\n  \"docs\": %lld,\n  \"tokens\": %lld,\n  \"bytes\": %lld,\n  \"files\": [",
-                    (long long)(r->b[0].docs + r->b[1].docs), (long long)(r->b[0].tokens + r->b[1].tokens), (long long)r->res->bytes);
+                    (long long)(r->b[0].docs + r->b[1].docs), (long long)(r->b[0].tokens + r->b[1].tokens),
+                    (long long)r->res->bytes);
     for (int i = 0; i < r->files.n; i++) {
         k3c_sbuf_printf(&s, "%s\n    {\"path\": ", i ? "," : "");
         k3c_sbuf_json_string(&s, r->files.p[i], strlen(r->files.p[i]));
@@ -460,7 +499,8 @@ static int write_manifest(run *r, const char *source, k3c_err *err) {
     manifest_split(&s, &r->b[1]);
     k3c_sbuf_printf(&s, "\n  }\n}\n");
     int rc;
-    if (!s.ok) rc = k3c_errf(err, K3C_ENOMEM, "manifest: out of memory");
+    if (!s.ok)
+        rc = k3c_errf(err, K3C_ENOMEM, "manifest: out of memory");
     else {
         char path[4200];
         snprintf(path, sizeof path, "%s/manifest.json", o->out_dir);
@@ -482,7 +522,8 @@ static int load_vocab(run *r, k3c_err *err) {
     if (!*eod) return K3C_OK;
     r->eod_id = k3c_tok_special_id(r->tok, eod);
     if (r->eod_id < 0)
-        return k3c_errf(err, K3C_ENOTFOUND, "%s: no special token \"%s\" (specials come from %s; choose another with --eod, or --eod none)",
+        return k3c_errf(err, K3C_ENOTFOUND,
+                        "%s: no special token \"%s\" (specials come from %s; choose another with --eod, or --eod none)",
                         o->vocab_path, eod, side);
     return K3C_OK;
 }
@@ -516,7 +557,9 @@ static int run_all(run *r, const char *source, k3c_err *err) {
     }
     r->split_seed = mix64(o->seed ^ 0x73706c6974ull /* "split" */);
     for (int i = 0; i < 2; i++) {
-        r->b[i] = (builder){.dir = o->out_dir, .split = i ? "val" : "train", .vocab = k3c_tok_n_vocab(r->tok),
+        r->b[i] = (builder){.dir = o->out_dir,
+                            .split = i ? "val" : "train",
+                            .vocab = k3c_tok_n_vocab(r->tok),
                             .limit = o->shard_tokens ? o->shard_tokens : DEFAULT_SHARD_TOKENS};
     }
     for (int i = 0; !rc && i < r->files.n; i++) {
@@ -525,8 +568,10 @@ static int run_all(run *r, const char *source, k3c_err *err) {
         r->disk_done += sz;
         report(r, r->disk_done);
     }
-    if (!rc && r->b[0].docs + r->b[1].docs == 0) rc = k3c_errf(err, K3C_ENOTFOUND, "prepare: the inputs hold no documents");
-    if (!rc && o->val_fraction > 0 && r->b[1].docs == 0 && r->b[0].docs >= 2) rc = builder_move_last(&r->b[0], &r->b[1], err);
+    if (!rc && r->b[0].docs + r->b[1].docs == 0)
+        rc = k3c_errf(err, K3C_ENOTFOUND, "prepare: the inputs hold no documents");
+    if (!rc && o->val_fraction > 0 && r->b[1].docs == 0 && r->b[0].docs >= 2)
+        rc = builder_move_last(&r->b[0], &r->b[1], err);
     for (int i = 0; !rc && i < 2; i++) rc = builder_flush(&r->b[i], err);
     for (int i = 0; !rc && i < 2; i++) remove_stale(&r->b[i]);
     if (!rc) rc = write_manifest(r, source, err);
@@ -545,13 +590,15 @@ int k3c_data_prepare(const k3c_prepare_opts *o, k3c_prepare_result *res, k3c_err
     for (size_t l = strlen(d); l > 1 && d[l - 1] == '/'; l--) d[l - 1] = 0;
     const char *name = o->source && *o->source ? d : strrchr(d, '/') ? strrchr(d, '/') + 1 : d;
     if (strlen(name) >= sizeof source) /* the loader and the run config keep names in 64 bytes */
-        return k3c_errf(err, K3C_EINVAL, "prepare: source name '%s' longer than %zu bytes (use --source)", name, sizeof source - 1);
+        return k3c_errf(err, K3C_EINVAL, "prepare: source name '%s' longer than %zu bytes (use --source)", name,
+                        sizeof source - 1);
     memcpy(source, name, strlen(name) + 1);
     run r = {.o = o, .res = res};
     rc = run_all(&r, source, err);
     if (!rc) {
         res->n_files = r.files.n;
-        for (int i = 0; i < 2; i++) res->docs[i] = r.b[i].docs, res->tokens[i] = r.b[i].tokens, res->shards[i] = r.b[i].n_shards;
+        for (int i = 0; i < 2; i++)
+            res->docs[i] = r.b[i].docs, res->tokens[i] = r.b[i].tokens, res->shards[i] = r.b[i].n_shards;
         res->vocab_size = k3c_tok_n_vocab(r.tok);
         res->eod_id = r.eod_id;
     }

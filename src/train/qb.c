@@ -21,7 +21,11 @@ static int check_sizes(const char *op, int64_t m, int64_t n, int64_t k, k3c_err 
     return K3C_OK;
 }
 
-static void swapf(float *a, float *b) { float t = *a; *a = *b; *b = t; }
+static void swapf(float *a, float *b) {
+    float t = *a;
+    *a = *b;
+    *b = t;
+}
 
 /* The kth smallest (0-based) of a[0..n) (reordered in place): quickselect with median-of-three pivots. The value is a
  * pure function of the multiset, so the result is deterministic whatever the pivots. */
@@ -37,11 +41,18 @@ static float select_kth(float *a, int64_t n, int64_t k) {
         while (i <= j) {
             while (a[i] < pivot) i++;
             while (pivot < a[j]) j--;
-            if (i <= j) { swapf(&a[i], &a[j]); i++; j--; }
+            if (i <= j) {
+                swapf(&a[i], &a[j]);
+                i++;
+                j--;
+            }
         }
-        if (k <= j) hi = j;
-        else if (k >= i) lo = i;
-        else return a[k];
+        if (k <= j)
+            hi = j;
+        else if (k >= i)
+            lo = i;
+        else
+            return a[k];
     }
     return a[k];
 }
@@ -84,8 +95,8 @@ int64_t k3c_qb_exact(const float *s, const float *alpha, const uint8_t *mask, in
 }
 
 int k3c_qb_hist_begin(k3c_qb_hist *h, const float *b, int64_t n, int64_t bins, int64_t *counts, k3c_err *err) {
-    if (n < 1 || bins < 1) return k3c_errf(err, K3C_EINVAL, "qb_hist: bad n = %lld or bins = %lld", (long long)n,
-                                           (long long)bins);
+    if (n < 1 || bins < 1)
+        return k3c_errf(err, K3C_EINVAL, "qb_hist: bad n = %lld or bins = %lld", (long long)n, (long long)bins);
     double bmin = INFINITY, bmax = -INFINITY;
     for (int64_t j = 0; j < n; j++) {
         if (!isfinite(b[j])) return k3c_errf(err, K3C_ENUMERIC, "qb_hist: bias[%lld] = %g", (long long)j, (double)b[j]);
@@ -113,7 +124,10 @@ int k3c_qb_hist_add(const k3c_qb_hist *h, const float *s, const float *alpha, co
         for (int64_t i = 0; i < m; i++) {
             if (mask && !mask[i]) continue;
             const double r = (double)alpha[i] - (double)s[i * n + j];
-            if (!isfinite(r)) { bad = 1; continue; }
+            if (!isfinite(r)) {
+                bad = 1;
+                continue;
+            }
             double x = floor((r - h->lo) * inv_w);
             int64_t bin = x < 0 ? 0 : x >= (double)B ? B - 1 : (int64_t)x;
             row[bin]++;
@@ -136,8 +150,9 @@ int64_t k3c_qb_hist_readout(const k3c_qb_hist *h, int64_t k, float *b_raw, k3c_e
         const int64_t *row = h->counts + j * B;
         int64_t c = 0, bin = 0;
         while (bin < B && c + row[bin] < target) c += row[bin++];
-        if (bin == B) return k3c_errf(err, K3C_EINVAL, "qb_hist: expert %lld holds fewer counts than expert 0 (%lld)",
-                                      (long long)j, (long long)tokens);
+        if (bin == B)
+            return k3c_errf(err, K3C_EINVAL, "qb_hist: expert %lld holds fewer counts than expert 0 (%lld)",
+                            (long long)j, (long long)tokens);
         double frac = (q - (double)c) / (double)row[bin];
         frac = frac < 0 ? 0 : frac > 1 ? 1 : frac;
         b_raw[j] = (float)(h->lo + ((double)bin + frac) * h->width);

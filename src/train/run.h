@@ -11,20 +11,20 @@
 
 typedef struct {
     char name[64];
-    int64_t seq_len;          /* longest document piece (the stage's context length) */
-    int64_t tokens_per_step;  /* tokens per optimizer step */
+    int64_t seq_len;         /* longest document piece (the stage's context length) */
+    int64_t tokens_per_step; /* tokens per optimizer step */
     int64_t steps;
-    double lr, min_lr_ratio;  /* peak lr of the stage's schedule and its floor */
+    double lr, min_lr_ratio; /* peak lr of the stage's schedule and its floor */
     int64_t warmup;
-    int schedule;             /* k3c_sched_kind */
+    int schedule;                        /* k3c_sched_kind */
     double mixture[K3C_RUN_MAX_SOURCES]; /* weight per data source (run order); all 0 = uniform */
 } k3c_stage;
 
 typedef struct {
-    char path[1024];          /* the config file (errors name it) */
-    char model_config[1024];  /* HF config.json of the model to train */
-    char vocab[1024];         /* tokenizer (tiktoken file, + .specials.json), copied into checkpoints */
-    char pattern[16];         /* pre-tokeniser: "cl100k" or "kimi" */
+    char path[1024];         /* the config file (errors name it) */
+    char model_config[1024]; /* HF config.json of the model to train */
+    char vocab[1024];        /* tokenizer (tiktoken file, + .specials.json), copied into checkpoints */
+    char pattern[16];        /* pre-tokeniser: "cl100k" or "kimi" */
     char out_dir[1024];
     int n_sources;
     char source_name[K3C_RUN_MAX_SOURCES][64];
@@ -33,14 +33,14 @@ typedef struct {
     k3c_stage stage[K3C_RUN_MAX_STAGES];
     uint64_t seed;
     double init_std;
-    int kda_chunk;            /* 16, 64 or 0 (token recurrence) */
-    int threads;              /* 0 = OpenMP default */
-    int recompute;            /* 1 = recompute every layer's activations in the backward ("recompute": "all") */
+    int kda_chunk; /* 16, 64 or 0 (token recurrence) */
+    int threads;   /* 0 = OpenMP default */
+    int recompute; /* 1 = recompute every layer's activations in the backward ("recompute": "all") */
     /* optimizer */
     char matrix_optimizer[16]; /* "muon" or "adamw" */
     double weight_decay, beta1, beta2, eps, grad_clip, qk_clip_tau;
     /* balancing: "exact", "histogram" or "off" (then the router bias stays frozen) */
-    int qb_mode;              /* -1 off, else k3c_qb_mode */
+    int qb_mode; /* -1 off, else k3c_qb_mode */
     int64_t log_every, eval_every, eval_batches, checkpoint_every, keep_checkpoints;
 } k3c_run_config;
 
@@ -51,11 +51,11 @@ int k3c_run_config_load(const char *path, k3c_run_config *rc, k3c_err *err);
 
 /* Options of one `k3c train` invocation. */
 typedef struct {
-    int resume;             /* continue from out_dir/latest */
-    int64_t max_steps;      /* stop after this many steps in total (0 = run every stage); for tests */
-    FILE *progress;         /* progress bar (drawn only when a terminal; NULL = none) */
-    FILE *log;              /* per-step lines (NULL = none) */
-    const void *backend;    /* the k3c_backend_f32 (ops/backend.h) the model runs on; NULL = the CPU reference */
+    int resume;          /* continue from out_dir/latest */
+    int64_t max_steps;   /* stop after this many steps in total (0 = run every stage); for tests */
+    FILE *progress;      /* progress bar (drawn only when a terminal; NULL = none) */
+    FILE *log;           /* per-step lines (NULL = none) */
+    const void *backend; /* the k3c_backend_f32 (ops/backend.h) the model runs on; NULL = the CPU reference */
     /* optimizer step and gradient clipping on the backend's memory (train/optim_backend.h; needs backend); NULL = the
      * CPU functions, reading that memory from the host */
     const struct k3c_optim_backend *optim;

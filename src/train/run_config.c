@@ -22,21 +22,27 @@ static int keys_known(ctx *c, const k3c_json *o, const char *where, const char *
     return 0;
 }
 
-static int get_num(ctx *c, const k3c_json *o, const char *where, const char *key, double def, int required, double *out) {
+static int get_num(ctx *c, const k3c_json *o, const char *where, const char *key, double def, int required,
+                   double *out) {
     const k3c_json *v = k3c_json_get(o, key);
     if (!v) {
         if (required) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: missing", c->file, where, key);
         *out = def;
         return 0;
     }
-    if (v->type != K3C_JSON_NUMBER) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected a number", c->file, where, key);
+    if (v->type != K3C_JSON_NUMBER)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected a number", c->file, where, key);
     *out = v->number;
     return 0;
 }
 
-static int get_int(ctx *c, const k3c_json *o, const char *where, const char *key, int64_t def, int required, int64_t *out) {
+static int get_int(ctx *c, const k3c_json *o, const char *where, const char *key, int64_t def, int required,
+                   int64_t *out) {
     const k3c_json *v = k3c_json_get(o, key);
-    if (!v && !required) { *out = def; return 0; }
+    if (!v && !required) {
+        *out = def;
+        return 0;
+    }
     if (!v) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: missing", c->file, where, key);
     if (v->type != K3C_JSON_NUMBER || !v->is_integer)
         return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected an integer", c->file, where, key);
@@ -62,9 +68,13 @@ static int get_path(ctx *c, const k3c_json *o, const char *where, const char *ke
     return 0;
 }
 
-static int get_str(ctx *c, const k3c_json *o, const char *where, const char *key, const char *def, char *out, size_t n) {
+static int get_str(ctx *c, const k3c_json *o, const char *where, const char *key, const char *def, char *out,
+                   size_t n) {
     const k3c_json *v = k3c_json_get(o, key);
-    if (!v) { snprintf(out, n, "%s", def); return 0; }
+    if (!v) {
+        snprintf(out, n, "%s", def);
+        return 0;
+    }
     if (v->type != K3C_JSON_STRING || v->len >= n)
         return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected a string (< %zu bytes)", c->file, where, key, n);
     snprintf(out, n, "%s", v->string);
@@ -74,9 +84,10 @@ static int get_str(ctx *c, const k3c_json *o, const char *where, const char *key
 static int parse_stage(ctx *c, const k3c_json *s, int i, const k3c_run_config *rc, int64_t default_tps, k3c_stage *st) {
     char where[64];
     snprintf(where, sizeof where, "stages[%d].", i);
-    if (s->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: stages[%d]: expected an object", c->file, i);
-    static const char *const keys[] = {"name", "seq_len", "tokens_per_step", "steps", "lr", "min_lr_ratio", "warmup",
-                                       "schedule", "mixture", NULL};
+    if (s->type != K3C_JSON_OBJECT)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: stages[%d]: expected an object", c->file, i);
+    static const char *const keys[] = {"name",         "seq_len", "tokens_per_step", "steps",   "lr",
+                                       "min_lr_ratio", "warmup",  "schedule",        "mixture", NULL};
     int rc_ = keys_known(c, s, where, keys);
     char sched[16];
     if (!rc_) rc_ = get_str(c, s, where, "name", "", st->name, sizeof st->name);
@@ -88,32 +99,45 @@ static int parse_stage(ctx *c, const k3c_json *s, int i, const k3c_run_config *r
     if (!rc_) rc_ = get_int(c, s, where, "warmup", 0, 0, &st->warmup);
     if (!rc_) rc_ = get_str(c, s, where, "schedule", "cosine", sched, sizeof sched);
     if (!rc_ && k3c_schedule_parse(sched, &st->schedule, NULL))
-        rc_ = k3c_errf(c->err, K3C_ECONFIG, "%s: %sschedule: '%s' is not cosine, linear or constant", c->file, where, sched);
+        rc_ = k3c_errf(c->err, K3C_ECONFIG, "%s: %sschedule: '%s' is not cosine, linear or constant", c->file, where,
+                       sched);
     if (rc_) return rc_;
     if (!st->name[0]) snprintf(st->name, sizeof st->name, "stage%d", i);
-    if (st->seq_len <= 0) return k3c_errf(c->err, K3C_ECONFIG, "%s: %sseq_len: %lld, must be positive", c->file, where, (long long)st->seq_len);
+    if (st->seq_len <= 0)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %sseq_len: %lld, must be positive", c->file, where,
+                        (long long)st->seq_len);
     if (st->tokens_per_step <= 0)
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: %stokens_per_step: %lld, must be positive", c->file, where, (long long)st->tokens_per_step);
-    if (st->steps <= 0) return k3c_errf(c->err, K3C_ECONFIG, "%s: %ssteps: %lld, must be positive", c->file, where, (long long)st->steps);
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %stokens_per_step: %lld, must be positive", c->file, where,
+                        (long long)st->tokens_per_step);
+    if (st->steps <= 0)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %ssteps: %lld, must be positive", c->file, where,
+                        (long long)st->steps);
     if (st->seq_len > st->tokens_per_step)
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: %sseq_len %lld exceeds tokens_per_step %lld (a step holds whole pieces)",
-                        c->file, where, (long long)st->seq_len, (long long)st->tokens_per_step);
+        return k3c_errf(c->err, K3C_ECONFIG,
+                        "%s: %sseq_len %lld exceeds tokens_per_step %lld (a step holds whole pieces)", c->file, where,
+                        (long long)st->seq_len, (long long)st->tokens_per_step);
     if (!(st->lr > 0)) return k3c_errf(c->err, K3C_ECONFIG, "%s: %slr: %g, must be > 0", c->file, where, st->lr);
     if (st->min_lr_ratio < 0 || st->min_lr_ratio > 1)
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: %smin_lr_ratio: %g, must be in [0, 1]", c->file, where, st->min_lr_ratio);
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %smin_lr_ratio: %g, must be in [0, 1]", c->file, where,
+                        st->min_lr_ratio);
     if (st->warmup < 0 || st->warmup > st->steps)
         return k3c_errf(c->err, K3C_ECONFIG, "%s: %swarmup: %lld, must be in [0, steps = %lld]", c->file, where,
                         (long long)st->warmup, (long long)st->steps);
     const k3c_json *mix = k3c_json_get(s, "mixture");
     if (mix) {
-        if (mix->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: %smixture: expected an object", c->file, where);
+        if (mix->type != K3C_JSON_OBJECT)
+            return k3c_errf(c->err, K3C_ECONFIG, "%s: %smixture: expected an object", c->file, where);
         double total = 0;
         for (size_t j = 0; j < mix->n; j++) {
             int k = -1;
-            for (int q = 0; q < rc->n_sources; q++) if (strcmp(rc->source_name[q], mix->keys[j]) == 0) k = q;
-            if (k < 0) return k3c_errf(c->err, K3C_ECONFIG, "%s: %smixture.%s: no data source of that name", c->file, where, mix->keys[j]);
+            for (int q = 0; q < rc->n_sources; q++)
+                if (strcmp(rc->source_name[q], mix->keys[j]) == 0) k = q;
+            if (k < 0)
+                return k3c_errf(c->err, K3C_ECONFIG, "%s: %smixture.%s: no data source of that name", c->file, where,
+                                mix->keys[j]);
             if (mix->items[j].type != K3C_JSON_NUMBER || !(mix->items[j].number >= 0))
-                return k3c_errf(c->err, K3C_ECONFIG, "%s: %smixture.%s: weight must be a number ≥ 0", c->file, where, mix->keys[j]);
+                return k3c_errf(c->err, K3C_ECONFIG, "%s: %smixture.%s: weight must be a number ≥ 0", c->file, where,
+                                mix->keys[j]);
             st->mixture[k] = mix->items[j].number;
             total += st->mixture[k];
         }
@@ -124,9 +148,26 @@ static int parse_stage(ctx *c, const k3c_json *s, int i, const k3c_run_config *r
 
 static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
     if (r->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: expected a JSON object", c->file);
-    static const char *const keys[] = {"model", "tokenizer", "pattern", "out_dir", "data", "stages", "seed", "init_std",
-                                       "kda_chunk", "threads", "optimizer", "balancing", "tokens_per_step", "log_every",
-                                       "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "recompute", NULL};
+    static const char *const keys[] = {"model",
+                                       "tokenizer",
+                                       "pattern",
+                                       "out_dir",
+                                       "data",
+                                       "stages",
+                                       "seed",
+                                       "init_std",
+                                       "kda_chunk",
+                                       "threads",
+                                       "optimizer",
+                                       "balancing",
+                                       "tokens_per_step",
+                                       "log_every",
+                                       "eval_every",
+                                       "eval_batches",
+                                       "checkpoint_every",
+                                       "keep_checkpoints",
+                                       "recompute",
+                                       NULL};
     int e = keys_known(c, r, "", keys);
     int64_t v;
     if (!e) e = get_path(c, r, "", "model", 1, rc->model_config, sizeof rc->model_config);
@@ -137,7 +178,8 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
     if (!e) e = get_num(c, r, "", "init_std", 0.02, 0, &rc->init_std);
     if (!e) e = get_int(c, r, "", "kda_chunk", 64, 0, &v), rc->kda_chunk = (int)v;
     if (!e && rc->kda_chunk != 0 && rc->kda_chunk != 16 && rc->kda_chunk != 64)
-        e = k3c_errf(c->err, K3C_ECONFIG, "%s: kda_chunk: %d, must be 16, 64 or 0 (token recurrence)", c->file, rc->kda_chunk);
+        e = k3c_errf(c->err, K3C_ECONFIG, "%s: kda_chunk: %d, must be 16, 64 or 0 (token recurrence)", c->file,
+                     rc->kda_chunk);
     if (!e) e = get_int(c, r, "", "threads", 0, 0, &v), rc->threads = (int)v;
     if (!e) e = get_int(c, r, "", "log_every", 1, 0, &rc->log_every);
     if (!e) e = get_int(c, r, "", "eval_every", 100, 0, &rc->eval_every);
@@ -145,11 +187,15 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
     if (!e) e = get_int(c, r, "", "checkpoint_every", 0, 0, &rc->checkpoint_every);
     if (!e) e = get_int(c, r, "", "keep_checkpoints", 2, 0, &rc->keep_checkpoints);
     if (e) return e;
-    if (rc->log_every <= 0 || rc->eval_every < 0 || rc->eval_batches < 0 || rc->checkpoint_every < 0 || rc->keep_checkpoints < 1)
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: log_every > 0; eval_every, eval_batches, checkpoint_every ≥ 0; keep_checkpoints ≥ 1", c->file);
+    if (rc->log_every <= 0 || rc->eval_every < 0 || rc->eval_batches < 0 || rc->checkpoint_every < 0 ||
+        rc->keep_checkpoints < 1)
+        return k3c_errf(c->err, K3C_ECONFIG,
+                        "%s: log_every > 0; eval_every, eval_batches, checkpoint_every ≥ 0; keep_checkpoints ≥ 1",
+                        c->file);
     const k3c_json *data = k3c_json_get(r, "data");
     if (!data || data->type != K3C_JSON_OBJECT || data->n == 0 || data->n > K3C_RUN_MAX_SOURCES)
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: data: expected an object of 1..%d sources {name: shard dir}", c->file, K3C_RUN_MAX_SOURCES);
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: data: expected an object of 1..%d sources {name: shard dir}", c->file,
+                        K3C_RUN_MAX_SOURCES);
     rc->n_sources = (int)data->n;
     for (size_t i = 0; i < data->n; i++) {
         if (strlen(data->keys[i]) >= sizeof rc->source_name[0])
@@ -159,8 +205,10 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
     }
     const k3c_json *opt = k3c_json_get(r, "optimizer");
     if (opt) {
-        static const char *const okeys[] = {"matrix", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "qk_clip_tau", NULL};
-        if (opt->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: optimizer: expected an object", c->file);
+        static const char *const okeys[] = {"matrix", "weight_decay", "beta1",       "beta2",
+                                            "eps",    "grad_clip",    "qk_clip_tau", NULL};
+        if (opt->type != K3C_JSON_OBJECT)
+            return k3c_errf(c->err, K3C_ECONFIG, "%s: optimizer: expected an object", c->file);
         if ((e = keys_known(c, opt, "optimizer.", okeys))) return e;
     }
     static const k3c_json empty = {.type = K3C_JSON_OBJECT};
@@ -168,7 +216,8 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
     int m;
     if (!e) e = get_str(c, o, "optimizer.", "matrix", "muon", rc->matrix_optimizer, sizeof rc->matrix_optimizer);
     if (!e && k3c_optim_parse_matrix(rc->matrix_optimizer, &m, NULL))
-        e = k3c_errf(c->err, K3C_ECONFIG, "%s: optimizer.matrix: '%s' is not muon or adamw", c->file, rc->matrix_optimizer);
+        e = k3c_errf(c->err, K3C_ECONFIG, "%s: optimizer.matrix: '%s' is not muon or adamw", c->file,
+                     rc->matrix_optimizer);
     if (!e) e = get_num(c, o, "optimizer.", "weight_decay", 0.1, 0, &rc->weight_decay);
     if (!e) e = get_num(c, o, "optimizer.", "beta1", 0.9, 0, &rc->beta1);
     if (!e) e = get_num(c, o, "optimizer.", "beta2", 0.95, 0, &rc->beta2);
@@ -182,15 +231,20 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
         return k3c_errf(c->err, K3C_ECONFIG, "%s: recompute: '%s' is not none or all", c->file, bal);
     rc->recompute = strcmp(bal, "all") == 0;
     if ((e = get_str(c, r, "", "balancing", "exact", bal, sizeof bal))) return e;
-    if (strcmp(bal, "exact") == 0) rc->qb_mode = K3C_QB_EXACT;
-    else if (strcmp(bal, "histogram") == 0) rc->qb_mode = K3C_QB_HISTOGRAM;
-    else if (strcmp(bal, "off") == 0) rc->qb_mode = -1;
-    else return k3c_errf(c->err, K3C_ECONFIG, "%s: balancing: '%s' is not exact, histogram or off", c->file, bal);
+    if (strcmp(bal, "exact") == 0)
+        rc->qb_mode = K3C_QB_EXACT;
+    else if (strcmp(bal, "histogram") == 0)
+        rc->qb_mode = K3C_QB_HISTOGRAM;
+    else if (strcmp(bal, "off") == 0)
+        rc->qb_mode = -1;
+    else
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: balancing: '%s' is not exact, histogram or off", c->file, bal);
     int64_t tps;
     if ((e = get_int(c, r, "", "tokens_per_step", 0, 0, &tps))) return e;
     const k3c_json *stages = k3c_json_get(r, "stages");
     if (!stages || stages->type != K3C_JSON_ARRAY || stages->n == 0 || stages->n > K3C_RUN_MAX_STAGES)
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: stages: expected an array of 1..%d stages", c->file, K3C_RUN_MAX_STAGES);
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: stages: expected an array of 1..%d stages", c->file,
+                        K3C_RUN_MAX_STAGES);
     rc->n_stages = (int)stages->n;
     for (int i = 0; i < rc->n_stages; i++)
         if ((e = parse_stage(c, &stages->items[i], i, rc, tps, &rc->stage[i]))) return e;

@@ -23,7 +23,10 @@ double k3c_schedule_lr(const k3c_schedule *s, int64_t step) {
 int k3c_schedule_parse(const char *name, int *kind, k3c_err *err) {
     static const char *names[] = {"cosine", "linear", "constant"};
     for (int i = 0; i < 3; i++)
-        if (name && strcmp(name, names[i]) == 0) { *kind = i; return K3C_OK; }
+        if (name && strcmp(name, names[i]) == 0) {
+            *kind = i;
+            return K3C_OK;
+        }
     return k3c_errf(err, K3C_EINVAL, "schedule: '%s' is not one of cosine, linear, constant", name ? name : "(null)");
 }
 

@@ -39,8 +39,10 @@ static void ws_flush(wstream *w) {
     while (!w->failed && off < w->n) {
         ssize_t k = write(w->fd, w->buf + off, w->n - off);
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) w->failed = errno ? errno : EIO;
-        else off += (size_t)k;
+        if (k <= 0)
+            w->failed = errno ? errno : EIO;
+        else
+            off += (size_t)k;
     }
     w->n = 0;
 }
@@ -56,11 +58,14 @@ static void ws_put(wstream *w, const void *p, size_t n, int hash) {
     }
 }
 
-static int check_contents(const char *path, const int32_t *tokens, int64_t n_tokens, const uint64_t *off, int64_t n_docs,
-                          int64_t vocab, k3c_err *err) {
-    if (vocab < 1 || vocab > INT32_MAX) return k3c_errf(err, K3C_EINVAL, "%s: vocab size %lld out of range", path, (long long)vocab);
+static int check_contents(const char *path, const int32_t *tokens, int64_t n_tokens, const uint64_t *off,
+                          int64_t n_docs, int64_t vocab, k3c_err *err) {
+    if (vocab < 1 || vocab > INT32_MAX)
+        return k3c_errf(err, K3C_EINVAL, "%s: vocab size %lld out of range", path, (long long)vocab);
     if (n_docs < 0 || n_tokens < 0) return k3c_errf(err, K3C_EINVAL, "%s: negative document or token count", path);
-    if (off[0] != 0) return k3c_errf(err, K3C_EINVAL, "%s: bad offsets: offsets[0] = %llu, must be 0", path, (unsigned long long)off[0]);
+    if (off[0] != 0)
+        return k3c_errf(err, K3C_EINVAL, "%s: bad offsets: offsets[0] = %llu, must be 0", path,
+                        (unsigned long long)off[0]);
     for (int64_t d = 0; d < n_docs; d++)
         if (off[d + 1] < off[d])
             return k3c_errf(err, K3C_EINVAL, "%s: bad offsets: doc %lld ends before it starts (%llu < %llu)", path,
@@ -70,8 +75,8 @@ static int check_contents(const char *path, const int32_t *tokens, int64_t n_tok
                         (unsigned long long)off[n_docs], (long long)n_tokens);
     for (int64_t i = 0; i < n_tokens; i++)
         if (tokens[i] < 0 || tokens[i] >= vocab)
-            return k3c_errf(err, K3C_EINVAL, "%s: token %d at position %lld outside [0, vocab size %lld)", path, tokens[i],
-                            (long long)i, (long long)vocab);
+            return k3c_errf(err, K3C_EINVAL, "%s: token %d at position %lld outside [0, vocab size %lld)", path,
+                            tokens[i], (long long)i, (long long)vocab);
     return K3C_OK;
 }
 
@@ -123,8 +128,10 @@ int k3c_shard_write(const char *path, const int32_t *tokens, int64_t n_tokens, c
     }
     w->h = K3C_FNV1A64_INIT, w->n = 0, w->failed = 0;
     write_body(w, tokens, n_tokens, offsets, n_docs, vocab_size);
-    if (w->failed) rc = k3c_errf(err, K3C_EIO, "%s: write failed: %s", tmp, strerror(w->failed));
-    else if (fsync(w->fd) != 0) rc = k3c_errf(err, K3C_EIO, "%s: fsync failed: %s", tmp, strerror(errno));
+    if (w->failed)
+        rc = k3c_errf(err, K3C_EIO, "%s: write failed: %s", tmp, strerror(w->failed));
+    else if (fsync(w->fd) != 0)
+        rc = k3c_errf(err, K3C_EIO, "%s: fsync failed: %s", tmp, strerror(errno));
     if (close(w->fd) != 0 && !rc) rc = k3c_errf(err, K3C_EIO, "%s: close failed: %s", tmp, strerror(errno));
     free(w);
     if (!rc && rename(tmp, path) != 0) rc = k3c_errf(err, K3C_EIO, "%s: rename failed: %s", path, strerror(errno));
@@ -144,11 +151,23 @@ int k3c_shard_write(const char *path, const int32_t *tokens, int64_t n_tokens, c
 
 /* ---------------------------------------------------------------- reader */
 
-static uint32_t get_u32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static uint64_t get_u64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static uint32_t get_u32(const unsigned char *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static uint64_t get_u64(const unsigned char *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
 
 static uint32_t token_at(const k3c_shard *s, int64_t i) {
-    if (s->token_bytes == 2) { uint16_t v; memcpy(&v, s->tokens + 2 * i, 2); return v; }
+    if (s->token_bytes == 2) {
+        uint16_t v;
+        memcpy(&v, s->tokens + 2 * i, 2);
+        return v;
+    }
     uint32_t v;
     memcpy(&v, s->tokens + 4 * i, 4);
     return v;
@@ -160,26 +179,33 @@ static int check_header(k3c_shard *s, const unsigned char *m, size_t size, k3c_e
     const size_t min = K3C_SHARD_HEADER_BYTES + 16;
     if (memcmp(m, K3C_SHARD_MAGIC, size < 8 ? size : 8) != 0)
         return k3c_errf(err, K3C_EFORMAT, "%s: not a k3c shard (wrong magic, expected \"%s\")", p, K3C_SHARD_MAGIC);
-    if (size < min) return k3c_errf(err, K3C_EFORMAT, "%s: truncated shard: %zu bytes, even an empty shard has %zu", p, size, min);
+    if (size < min)
+        return k3c_errf(err, K3C_EFORMAT, "%s: truncated shard: %zu bytes, even an empty shard has %zu", p, size, min);
     s->version = get_u32(m + 8);
     s->token_bytes = get_u32(m + 12);
     if (s->version != K3C_SHARD_VERSION)
-        return k3c_errf(err, K3C_EFORMAT, "%s: unsupported shard version %u (this build reads %u)", p, s->version, K3C_SHARD_VERSION);
+        return k3c_errf(err, K3C_EFORMAT, "%s: unsupported shard version %u (this build reads %u)", p, s->version,
+                        K3C_SHARD_VERSION);
     if (s->token_bytes != 2 && s->token_bytes != 4)
-        return k3c_errf(err, K3C_EFORMAT, "%s: corrupt shard header: token width %u (must be 2 or 4)", p, s->token_bytes);
+        return k3c_errf(err, K3C_EFORMAT, "%s: corrupt shard header: token width %u (must be 2 or 4)", p,
+                        s->token_bytes);
     uint64_t vocab = get_u64(m + 16), nd = get_u64(m + 24), nt = get_u64(m + 32);
     if (vocab < 1 || vocab > INT32_MAX || (s->token_bytes == 2 && vocab > 65536))
         return k3c_errf(err, K3C_EFORMAT, "%s: corrupt shard header: vocab size %llu with %u-byte tokens", p,
                         (unsigned long long)vocab, s->token_bytes);
     if (nd > size / 8 || nt > size / s->token_bytes)
-        return k3c_errf(err, K3C_EFORMAT, "%s: truncated or corrupt shard: header claims %llu docs and %llu tokens, file has %zu bytes",
+        return k3c_errf(err, K3C_EFORMAT,
+                        "%s: truncated or corrupt shard: header claims %llu docs and %llu tokens, file has %zu bytes",
                         p, (unsigned long long)nd, (unsigned long long)nt, size);
     const uint64_t want = K3C_SHARD_HEADER_BYTES + 8 * (nd + 1) + s->token_bytes * nt + 8;
     if (want > size)
-        return k3c_errf(err, K3C_EFORMAT, "%s: truncated shard (or corrupt header): header (%llu docs, %llu tokens) implies %llu bytes, file has %zu",
-                        p, (unsigned long long)nd, (unsigned long long)nt, (unsigned long long)want, size);
+        return k3c_errf(
+            err, K3C_EFORMAT,
+            "%s: truncated shard (or corrupt header): header (%llu docs, %llu tokens) implies %llu bytes, file has %zu",
+            p, (unsigned long long)nd, (unsigned long long)nt, (unsigned long long)want, size);
     if (want < size)
-        return k3c_errf(err, K3C_EFORMAT, "%s: corrupt shard: %llu bytes after the checksum (header implies %llu bytes)", p,
+        return k3c_errf(err, K3C_EFORMAT,
+                        "%s: corrupt shard: %llu bytes after the checksum (header implies %llu bytes)", p,
                         (unsigned long long)(size - want), (unsigned long long)want);
     s->vocab_size = (int64_t)vocab, s->n_docs = (int64_t)nd, s->n_tokens = (int64_t)nt;
     s->offsets = (const uint64_t *)(m + K3C_SHARD_HEADER_BYTES);
@@ -196,11 +222,13 @@ static int check_body(const k3c_shard *s, const unsigned char *m, size_t size, k
     for (int i = 40; i < K3C_SHARD_HEADER_BYTES; i++)
         if (m[i]) return k3c_errf(err, K3C_EFORMAT, "%s: corrupt shard header: reserved byte %d is not zero", p, i);
     const uint64_t *off = s->offsets;
-    if (off[0] != 0) return k3c_errf(err, K3C_EFORMAT, "%s: bad offsets: offsets[0] = %llu, must be 0", p, (unsigned long long)off[0]);
+    if (off[0] != 0)
+        return k3c_errf(err, K3C_EFORMAT, "%s: bad offsets: offsets[0] = %llu, must be 0", p,
+                        (unsigned long long)off[0]);
     for (int64_t d = 0; d < s->n_docs; d++)
         if (off[d + 1] < off[d])
-            return k3c_errf(err, K3C_EFORMAT, "%s: bad offsets: doc %lld ends before it starts (%llu < %llu)", p, (long long)d,
-                            (unsigned long long)off[d + 1], (unsigned long long)off[d]);
+            return k3c_errf(err, K3C_EFORMAT, "%s: bad offsets: doc %lld ends before it starts (%llu < %llu)", p,
+                            (long long)d, (unsigned long long)off[d + 1], (unsigned long long)off[d]);
     if (off[s->n_docs] != (uint64_t)s->n_tokens)
         return k3c_errf(err, K3C_EFORMAT, "%s: bad offsets: the last offset is %llu but the shard has %lld tokens", p,
                         (unsigned long long)off[s->n_docs], (long long)s->n_tokens);
@@ -208,8 +236,8 @@ static int check_body(const k3c_shard *s, const unsigned char *m, size_t size, k
         uint32_t t = token_at(s, i);
         if ((int64_t)t < s->vocab_size) continue;
         while (off[d + 1] <= (uint64_t)i) d++;
-        return k3c_errf(err, K3C_EFORMAT, "%s: token %u at position %lld (doc %lld) >= vocab size %lld", p, t, (long long)i,
-                        (long long)d, (long long)s->vocab_size);
+        return k3c_errf(err, K3C_EFORMAT, "%s: token %u at position %lld (doc %lld) >= vocab size %lld", p, t,
+                        (long long)i, (long long)d, (long long)s->vocab_size);
     }
     return K3C_OK;
 }
@@ -221,9 +249,12 @@ int k3c_shard_open(const char *path, k3c_shard **out, k3c_err *err) {
     snprintf(s->path, sizeof s->path, "%s", path);
     int fd = open(path, O_RDONLY), rc = K3C_OK;
     struct stat st;
-    if (fd < 0) rc = k3c_errf(err, K3C_EIO, "%s: cannot open shard: %s", path, strerror(errno));
-    else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) rc = k3c_errf(err, K3C_EIO, "%s: not a regular file", path);
-    else if (st.st_size == 0) rc = k3c_errf(err, K3C_EFORMAT, "%s: truncated shard: the file is empty", path);
+    if (fd < 0)
+        rc = k3c_errf(err, K3C_EIO, "%s: cannot open shard: %s", path, strerror(errno));
+    else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        rc = k3c_errf(err, K3C_EIO, "%s: not a regular file", path);
+    else if (st.st_size == 0)
+        rc = k3c_errf(err, K3C_EFORMAT, "%s: truncated shard: the file is empty", path);
     if (!rc) {
         s->map_len = (size_t)st.st_size;
         s->map = mmap(NULL, s->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -282,18 +313,18 @@ static int open_entry(k3c_shard_set *s, const k3c_json *e, const char *mpath, in
     int64_t docs, toks;
     if (!json_str(e, "file", file, sizeof file) || !json_int(e, "docs", &docs) || !json_int(e, "tokens", &toks) ||
         strchr(file, '/'))
-        return k3c_errf(err, K3C_EFORMAT, "%s: shard entry %d needs \"file\" (a name in the directory), \"docs\", \"tokens\"",
-                        mpath, i);
+        return k3c_errf(err, K3C_EFORMAT,
+                        "%s: shard entry %d needs \"file\" (a name in the directory), \"docs\", \"tokens\"", mpath, i);
     snprintf(path, sizeof path, "%s/%s", s->dir, file);
     int rc = k3c_shard_open(path, &s->shards[i], err);
     if (rc) return rc;
     const k3c_shard *sh = s->shards[i];
     if (sh->n_docs != docs || sh->n_tokens != toks)
-        return k3c_errf(err, K3C_EFORMAT, "%s: has %lld docs / %lld tokens but %s lists %lld / %lld (stale shard?)", path,
-                        (long long)sh->n_docs, (long long)sh->n_tokens, mpath, (long long)docs, (long long)toks);
+        return k3c_errf(err, K3C_EFORMAT, "%s: has %lld docs / %lld tokens but %s lists %lld / %lld (stale shard?)",
+                        path, (long long)sh->n_docs, (long long)sh->n_tokens, mpath, (long long)docs, (long long)toks);
     if (sh->vocab_size != s->vocab_size)
-        return k3c_errf(err, K3C_EFORMAT, "%s: vocab size %lld but %s says %lld", path, (long long)sh->vocab_size, mpath,
-                        (long long)s->vocab_size);
+        return k3c_errf(err, K3C_EFORMAT, "%s: vocab size %lld but %s says %lld", path, (long long)sh->vocab_size,
+                        mpath, (long long)s->vocab_size);
     s->doc_base[i + 1] = s->doc_base[i] + docs;
     s->n_docs += docs;
     s->n_tokens += toks;
@@ -358,8 +389,10 @@ void k3c_shard_set_locate(const k3c_shard_set *s, int64_t d, const k3c_shard **s
     int lo = 0, hi = s->n_shards - 1;
     while (lo < hi) { /* the last shard whose first document is <= d */
         int mid = (lo + hi + 1) / 2;
-        if (s->doc_base[mid] <= d) lo = mid;
-        else hi = mid - 1;
+        if (s->doc_base[mid] <= d)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     *sh = s->shards[lo];
     *local = d - s->doc_base[lo];

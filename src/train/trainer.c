@@ -30,14 +30,14 @@ typedef struct {
     k3c_arena arena;
     size_t arena_cap;
     k3c_loader *loader;
-    k3c_batch batch;     /* the loader's buffers for one step */
-    float *s_max;        /* [layers, mla_heads] */
+    k3c_batch batch; /* the loader's buffers for one step */
+    float *s_max;    /* [layers, mla_heads] */
     void *qb_ws;
     size_t qb_ws_bytes;
     int64_t step, tokens; /* completed optimizer steps, tokens consumed */
     FILE *metrics;
     int n_mla;
-    int moe_layer[K3C_MAX_LAYERS];  /* per-layer load telemetry of the last step */
+    int moe_layer[K3C_MAX_LAYERS]; /* per-layer load telemetry of the last step */
     double layer_ratio[K3C_MAX_LAYERS], layer_cv[K3C_MAX_LAYERS];
     int n_moe;
 } trainer;
@@ -49,7 +49,10 @@ static const k3c_backend_f32 *backend_of(const trainer *tr) {
 static int stage_of(const k3c_run_config *rc, int64_t step, int64_t *stage_step) {
     int64_t s = step;
     for (int i = 0; i < rc->n_stages; i++) {
-        if (s < rc->stage[i].steps) { *stage_step = s; return i; }
+        if (s < rc->stage[i].steps) {
+            *stage_step = s;
+            return i;
+        }
         s -= rc->stage[i].steps;
     }
     *stage_step = s;
@@ -161,7 +164,8 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     }
     if (e) return e;
     row->qk_clipped = 0;
-    if (tr->n_mla && (e = k3c_qk_clip(&tr->m.cfg, &tr->m.table, tr->m.w, tr->s_max, rc->qk_clip_tau, &row->qk_clipped, err)))
+    if (tr->n_mla &&
+        (e = k3c_qk_clip(&tr->m.cfg, &tr->m.table, tr->m.w, tr->s_max, rc->qk_clip_tau, &row->qk_clipped, err)))
         return e;
     load_telemetry(tr, &row->max_load_ratio, &row->load_cv);
     if (rc->qb_mode >= 0 && (e = balance(tr, err))) return e;
@@ -179,7 +183,10 @@ static int validate(trainer *tr, const k3c_stage *st, double *val, k3c_err *err)
     for (int64_t i = 0; i < tr->rc->eval_batches; i++) {
         k3c_model_batch b;
         int e = next_batch(tr, st, 1, &it, &b, err);
-        if (e == K3C_ENOTFOUND) { *val = NAN; return K3C_OK; } /* no validation split */
+        if (e == K3C_ENOTFOUND) {
+            *val = NAN;
+            return K3C_OK;
+        } /* no validation split */
         if (e) return e;
         k3c_arena_reset(&tr->arena, 0);
         k3c_acts *acts;
@@ -208,7 +215,15 @@ static double unigram_entropy(const k3c_loader *ld) {
         for (int64_t d = 0; set && d < set->n_docs; d++) {
             const k3c_shard *sh;
             int64_t local, n = k3c_shard_set_doc_len(set, d);
-            if (n > cap) { free(buf); cap = n; buf = malloc(sizeof *buf * (size_t)cap); if (!buf) { cap = 0; break; } }
+            if (n > cap) {
+                free(buf);
+                cap = n;
+                buf = malloc(sizeof *buf * (size_t)cap);
+                if (!buf) {
+                    cap = 0;
+                    break;
+                }
+            }
             k3c_shard_set_locate(set, d, &sh, &local);
             k3c_shard_copy(sh, local, 0, n, buf);
             for (int64_t t = 0; t < n; t++) count[buf[t]]++;
@@ -217,7 +232,10 @@ static double unigram_entropy(const k3c_loader *ld) {
     }
     double h = 0;
     for (int64_t v = 0; count && v < V; v++)
-        if (count[v]) { double p = (double)count[v] / (double)total; h -= p * log(p); }
+        if (count[v]) {
+            double p = (double)count[v] / (double)total;
+            h -= p * log(p);
+        }
     free(count);
     free(buf);
     return total ? h : NAN;
@@ -235,7 +253,10 @@ static int save(trainer *tr, k3c_err *err) {
     k3c_sbuf_json_string(&sb, ls, strlen(ls));
     k3c_sbuf_printf(&sb, "}\n");
     free(ls);
-    if (!sb.ok) { k3c_sbuf_free(&sb); return k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory"); }
+    if (!sb.ok) {
+        k3c_sbuf_free(&sb);
+        return k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory");
+    }
     k3c_train_ckpt ck = {&tr->m, tr->ostate, tr->opt.state_numel, sb.buf, tr->rc->vocab, tr->rc->pattern};
     e = k3c_train_ckpt_save(tr->rc->out_dir, tr->step, &ck, (int)tr->rc->keep_checkpoints, err);
     k3c_sbuf_free(&sb);
@@ -253,10 +274,14 @@ static int truncate_metrics(const char *path, int64_t step, k3c_err *err) {
         next = strchr(line, '\n');
         if (next) *next++ = 0;
         long long st;
-        if (sscanf(line, "{\"step\":%lld", &st) == 1 && st <= step) { k3c_sbuf_append(&out, line, strlen(line)); k3c_sbuf_append(&out, "\n", 1); }
+        if (sscanf(line, "{\"step\":%lld", &st) == 1 && st <= step) {
+            k3c_sbuf_append(&out, line, strlen(line));
+            k3c_sbuf_append(&out, "\n", 1);
+        }
     }
     free(text);
-    int e = out.ok ? k3c_write_file_atomic(path, out.buf ? out.buf : "", out.len, err) : k3c_errf(err, K3C_ENOMEM, "%s", path);
+    int e = out.ok ? k3c_write_file_atomic(path, out.buf ? out.buf : "", out.len, err)
+                   : k3c_errf(err, K3C_ENOMEM, "%s", path);
     k3c_sbuf_free(&out);
     return e;
 }
@@ -265,7 +290,8 @@ static int truncate_metrics(const char *path, int64_t step, k3c_err *err) {
  * the first checkpoint). */
 static int check_tokenizer(const k3c_run_config *rc, int64_t data_vocab, k3c_err *err) {
     k3c_tok_pattern pat;
-    if (k3c_tok_pattern_parse(rc->pattern, &pat)) return k3c_errf(err, K3C_ECONFIG, "%s: pattern: '%s' is not cl100k or kimi", rc->path, rc->pattern);
+    if (k3c_tok_pattern_parse(rc->pattern, &pat))
+        return k3c_errf(err, K3C_ECONFIG, "%s: pattern: '%s' is not cl100k or kimi", rc->path, rc->pattern);
     k3c_tok *tok;
     int e = k3c_tok_load(rc->vocab, pat, 0, &tok, err);
     if (e) return k3c_err_wrap(err, "%s: tokenizer", rc->path);
@@ -338,7 +364,8 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     tr->ostate = tr->ostate_be ? tr->ostate_be->alloc(sizeof(float) * n_state) : calloc(n_state, sizeof(float));
     tr->n_mla = k3c_config_num_mla(&cfg);
     if (!tr->ostate) return k3c_errf(err, K3C_ENOMEM, "trainer: out of memory");
-    if (tr->ostate_be && ((e = tr->ostate_be->zero(tr->ostate, (int64_t)n_state, err)) || (e = tr->ostate_be->sync(err))))
+    if (tr->ostate_be &&
+        ((e = tr->ostate_be->zero(tr->ostate, (int64_t)n_state, err)) || (e = tr->ostate_be->sync(err))))
         return e;
     k3c_data_source src[K3C_RUN_MAX_SOURCES];
     for (int i = 0; i < rc->n_sources; i++) src[i] = (k3c_data_source){rc->source_name[i], rc->source_dir[i]};
@@ -355,7 +382,8 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     if (o->resume && (e = resume(tr, err))) return e;
     /* the step runs on the backend; the optimizer, QB and checkpoints read its (host-addressable) memory */
     if ((e = k3c_model_use_backend_f32(&tr->m, o->backend, err))) return e;
-    tr->s_max = backend_of(tr)->alloc(sizeof(float) * (size_t)(cfg.num_layers * (cfg.mla_heads > 0 ? cfg.mla_heads : 1)));
+    tr->s_max =
+        backend_of(tr)->alloc(sizeof(float) * (size_t)(cfg.num_layers * (cfg.mla_heads > 0 ? cfg.mla_heads : 1)));
     if (!tr->s_max) return k3c_errf(err, K3C_ENOMEM, "trainer: out of memory");
     if (tr->n_mla) tr->m.mla_smax = tr->s_max; /* every forward records S_max for QK-Clip */
     if (ob) {
@@ -415,12 +443,14 @@ int k3c_train_run(const k3c_run_config *rc, const k3c_train_opts *o, k3c_train_r
         row.tokens = tr.tokens;
         row.tokens_per_s = (double)(tr.tokens - tokens0) / (k3c_now() - t0);
         int last = tr.step == stop;
-        if (rc->eval_every > 0 && (tr.step % rc->eval_every == 0 || last) && (e = validate(&tr, &rc->stage[s], &row.val_loss, err)))
+        if (rc->eval_every > 0 && (tr.step % rc->eval_every == 0 || last) &&
+            (e = validate(&tr, &rc->stage[s], &row.val_loss, err)))
             break;
         if (tr.step % rc->log_every == 0 || last || isfinite(row.val_loss)) k3c_metrics_write(tr.metrics, &row);
-        if (o->log) fprintf(o->log, "step %lld stage %s loss %.4f lr %.2e gnorm %.3f load %.2f %.0f tok/s\n",
-                            (long long)tr.step, rc->stage[s].name, row.loss, row.lr, row.grad_norm, row.max_load_ratio,
-                            row.tokens_per_s);
+        if (o->log)
+            fprintf(o->log, "step %lld stage %s loss %.4f lr %.2e gnorm %.3f load %.2f %.0f tok/s\n",
+                    (long long)tr.step, rc->stage[s].name, row.loss, row.lr, row.grad_norm, row.max_load_ratio,
+                    row.tokens_per_s);
         char extra[160];
         snprintf(extra, sizeof extra, "%s loss %.3f%s", rc->stage[s].name, row.loss, "");
         k3c_progress_update(&bar, tr.step, (double)(rc->stage[s].tokens_per_step), extra);

@@ -31,11 +31,11 @@ static double rel_err(const float *x, const float *ref, size_t n, const float *b
 /* ---------------------------------------------------------------- AttnRes
  * The dv slots of a case: own buffer, NULL, or an alias of an earlier slot (a source read twice). */
 static int dv_slot(int N, int i) {
-    if (N == 2 && i == 1) return -1;        /* NULL */
-    if (N >= 3 && i == 2) return 1;         /* aliases slot 1 (adjacent) */
-    if (N >= 4 && i == 3) return -1;        /* NULL */
-    if (N >= 9 && i == 8) return 0;         /* aliases slot 0 (distant) */
-    if (N > 130 && i == 130) return 1;      /* aliases slot 1 across the 128-source launch groups */
+    if (N == 2 && i == 1) return -1;   /* NULL */
+    if (N >= 3 && i == 2) return 1;    /* aliases slot 1 (adjacent) */
+    if (N >= 4 && i == 3) return -1;   /* NULL */
+    if (N >= 9 && i == 8) return 0;    /* aliases slot 0 (distant) */
+    if (N > 130 && i == 130) return 1; /* aliases slot 1 across the 128-source launch groups */
     return i;
 }
 
@@ -98,8 +98,8 @@ static grads cpu_bwd(harness &h, const k3c_attnres_sizes &s, const std::vector<s
 static void test_attnres(harness &h, k3c_rng *r, int T, int D, int N, attnres_opts o = {}) {
     k3c_attnres_sizes s = {T, D, N, 1e-5};
     const size_t td = (size_t)T * D, tn = (size_t)T * N;
-    const std::string shape = fmt("T%d D%d N%d%s%s%s", T, D, N, o.dv ? "" : " dv=NULL", o.dw ? "" : " dw=NULL",
-                                  o.dgamma ? "" : " dg=NULL");
+    const std::string shape =
+        fmt("T%d D%d N%d%s%s%s", T, D, N, o.dv ? "" : " dv=NULL", o.dw ? "" : " dw=NULL", o.dgamma ? "" : " dg=NULL");
     std::vector<std::vector<float>> v(N);
     std::vector<const float *> vh(N), vd(N);
     std::vector<dbuf *> vbuf(N);
@@ -119,8 +119,9 @@ static void test_attnres(harness &h, k3c_rng *r, int T, int D, int N, attnres_op
          "cpu attnres_fwd");
     dbuf gh(h, td * 4), gs(h, 2 * tn * 4);
     gh.poison(h), gs.poison(h);
-    h.ok(k3c_attnres_fwd_cuda(&s, vd.data(), w_d->as<float>(), g_d->as<float>(), gh.as<float>(), gs.as<float>(),
-                              &h.err), "attnres_fwd_cuda");
+    h.ok(
+        k3c_attnres_fwd_cuda(&s, vd.data(), w_d->as<float>(), g_d->as<float>(), gh.as<float>(), gs.as<float>(), &h.err),
+        "attnres_fwd_cuda");
     std::vector<float> t = download<float>(h, gh), sv = download<float>(h, gs);
     h.compare("attnres_fwd", shape, "h", t.data(), href.data(), td, 1e-5);
     h.compare("attnres_fwd", shape, "rstd", sv.data(), sref.data(), tn, 1e-5);
@@ -158,7 +159,8 @@ static void test_attnres(harness &h, k3c_rng *r, int T, int D, int N, attnres_op
         h.ok(k3c_attnres_bwd_cuda(&s, vd.data(), w_d->as<float>(), g_d->as<float>(),
                                   use_saved ? sref_d->as<float>() : nullptr, ddh->as<float>(),
                                   o.dv ? pd.data() : nullptr, o.dw ? gdw->as<float>() : nullptr,
-                                  o.dgamma ? gdg->as<float>() : nullptr, gws.p, &h.err), "attnres_bwd_cuda");
+                                  o.dgamma ? gdg->as<float>() : nullptr, gws.p, &h.err),
+             "attnres_bwd_cuda");
         /* Against the float32 op: 1e-4, because dz_i = α_i (dp_i − Σ_j α_j dp_j) cancels and so amplifies the last-bit
          * differences of dp (and, recomputing, of rstd and α): D-long sums in another order. Measured over 5 seeds:
          * at most 2e-5 here, while the CPU float32 op is itself up to 2.5e-4 from float64 on such draws (dgamma at
@@ -202,23 +204,23 @@ static void test_attnres_edges(harness &h) {
     float dummy = 0.f;
     const float *v1[1] = {&dummy};
     k3c_attnres_sizes bad0 = {4, 8, 0, 1e-6}, bad257 = {4, 8, 257, 1e-6}, badeps = {4, 8, 1, -1.0};
-    expect(h, "attnres_fwd_cuda", shape, "N=0", k3c_attnres_fwd_cuda(&bad0, v1, nullptr, nullptr, nullptr, nullptr,
-                                                                     &h.err) == K3C_EINVAL);
-    expect(h, "attnres_fwd_cuda", shape, "N=257", k3c_attnres_fwd_cuda(&bad257, v1, nullptr, nullptr, nullptr, nullptr,
-                                                                       &h.err) == K3C_EINVAL);
-    expect(h, "attnres_bwd_cuda", shape, "eps<0", k3c_attnres_bwd_cuda(&badeps, v1, nullptr, nullptr, nullptr, nullptr,
-                                                                       nullptr, nullptr, nullptr, nullptr,
-                                                                       &h.err) == K3C_EINVAL);
+    expect(h, "attnres_fwd_cuda", shape, "N=0",
+           k3c_attnres_fwd_cuda(&bad0, v1, nullptr, nullptr, nullptr, nullptr, &h.err) == K3C_EINVAL);
+    expect(h, "attnres_fwd_cuda", shape, "N=257",
+           k3c_attnres_fwd_cuda(&bad257, v1, nullptr, nullptr, nullptr, nullptr, &h.err) == K3C_EINVAL);
+    expect(h, "attnres_bwd_cuda", shape, "eps<0",
+           k3c_attnres_bwd_cuda(&badeps, v1, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                &h.err) == K3C_EINVAL);
     /* T = 0: nothing read or written, dw unchanged, no workspace needed */
     std::vector<float> w0 = {1.f, 2.f, 3.f};
     dbuf *dw = upload(h, w0), *g = upload(h, w0);
     const float *vz[2] = {g->as<float>(), g->as<float>()};
     k3c_attnres_sizes z = {0, 3, 2, 1e-6};
-    expect(h, "attnres_fwd_cuda", shape, "T=0", k3c_attnres_fwd_cuda(&z, vz, g->as<float>(), g->as<float>(), nullptr,
-                                                                     nullptr, &h.err) == 0);
-    expect(h, "attnres_bwd_cuda", shape, "T=0", k3c_attnres_bwd_cuda(&z, vz, g->as<float>(), g->as<float>(), nullptr,
-                                                                     nullptr, nullptr, dw->as<float>(), nullptr,
-                                                                     nullptr, &h.err) == 0);
+    expect(h, "attnres_fwd_cuda", shape, "T=0",
+           k3c_attnres_fwd_cuda(&z, vz, g->as<float>(), g->as<float>(), nullptr, nullptr, &h.err) == 0);
+    expect(h, "attnres_bwd_cuda", shape, "T=0",
+           k3c_attnres_bwd_cuda(&z, vz, g->as<float>(), g->as<float>(), nullptr, nullptr, nullptr, dw->as<float>(),
+                                nullptr, nullptr, &h.err) == 0);
     expect(h, "attnres_bwd_cuda", shape, "T=0 dw", download<float>(h, *dw) == w0);
     delete dw, delete g;
 }
@@ -281,8 +283,7 @@ static void test_max_logit(harness &h, k3c_rng *r, const ml_case &c) {
         delete dk;
         dk = upload(h, k);
         const int rc_cpu = k3c_attention_max_logit_f32(&s, cu_h, q.data(), k.data(), ref.data(), &h.err);
-        const int rc = k3c_attention_max_logit_cuda(&s, cud, dq2->as<float>(), dk->as<float>(), gm.as<float>(),
-                                                    &h.err);
+        const int rc = k3c_attention_max_logit_cuda(&s, cud, dq2->as<float>(), dk->as<float>(), gm.as<float>(), &h.err);
         expect(h, "attention_max_logit", shape, "inf→ENUMERIC", rc == K3C_ENUMERIC && rc_cpu == K3C_ENUMERIC);
         delete dq2;
     }
@@ -377,7 +378,8 @@ static void time_attnres(harness &h) {
             cudaEventRecord(a, cudaStreamPerThread);
             if (pass == 0)
                 h.ok(k3c_attnres_fwd_cuda(&s, vp.data(), w.as<float>(), g.as<float>(), out.as<float>(), sv.as<float>(),
-                                          &h.err), "attnres_fwd (timing)");
+                                          &h.err),
+                     "attnres_fwd (timing)");
             else
                 h.ok(k3c_attnres_bwd_cuda(&s, vp.data(), w.as<float>(), g.as<float>(), sv.as<float>(), dh.as<float>(),
                                           gp.data(), dw.as<float>(), dg.as<float>(), ws.p, &h.err),
@@ -391,8 +393,8 @@ static void time_attnres(harness &h) {
         }
         std::sort(ms.begin(), ms.end());
         const double bytes = 4.0 * td * (pass == 0 ? 2 * N + 1 : 2 * N + 2 + 2 * N);
-        printf("TIMING attnres_%s_cuda T%d D%d N%d: %.3f ms (%.2f TB/s of the minimum traffic)\n",
-               pass ? "bwd" : "fwd", T, D, N, ms[1], bytes / (ms[1] * 1e-3) / 1e12);
+        printf("TIMING attnres_%s_cuda T%d D%d N%d: %.3f ms (%.2f TB/s of the minimum traffic)\n", pass ? "bwd" : "fwd",
+               T, D, N, ms[1], bytes / (ms[1] * 1e-3) / 1e12);
         fflush(stdout);
     }
     for (auto *b : vb) delete b;
@@ -431,8 +433,8 @@ static void test_moves(harness &h, k3c_rng *r) {
     struct cc {
         int64_t rows, cols, lds, ldd;
     };
-    for (cc c : {cc{37, 53, 61, 59}, cc{1000, 3, 5, 7}, cc{1, 77, 0, 0}, cc{5, 64, 64, 64}, cc{0, 9, 9, 9},
-                 cc{7, 0, 3, 3}})
+    for (cc c :
+         {cc{37, 53, 61, 59}, cc{1000, 3, 5, 7}, cc{1, 77, 0, 0}, cc{5, 64, 64, 64}, cc{0, 9, 9, 9}, cc{7, 0, 3, 3}})
         for (int acc = 0; acc < 2; acc++) {
             const size_t ns = (size_t)std::max<int64_t>(c.rows * std::max(c.lds, c.cols), 1),
                          nd = (size_t)std::max<int64_t>(c.rows * std::max(c.ldd, c.cols), 1);
@@ -442,12 +444,14 @@ static void test_moves(harness &h, k3c_rng *r) {
             h.ok(k3c_copy2d_cuda(c.rows, c.cols, gs->as<float>(), c.lds, gd->as<float>(), c.ldd, acc, &h.err),
                  "copy2d_cuda");
             std::vector<float> t = download<float>(h, *gd);
-            h.compare(acc ? "copy2d (+=)" : "copy2d (=)",
-                      fmt("%lldx%lld ld %lld/%lld", (long long)c.rows, (long long)c.cols, (long long)c.lds,
-                          (long long)c.ldd), "dst", t.data(), ref.data(), nd, 0.0);
+            h.compare(
+                acc ? "copy2d (+=)" : "copy2d (=)",
+                fmt("%lldx%lld ld %lld/%lld", (long long)c.rows, (long long)c.cols, (long long)c.lds, (long long)c.ldd),
+                "dst", t.data(), ref.data(), nd, 0.0);
             delete gs, delete gd;
         }
-    expect(h, "copy2d_cuda", "edges", "ld<cols", k3c_copy2d_cuda(3, 8, nullptr, 4, nullptr, 8, 0, &h.err) == K3C_EINVAL);
+    expect(h, "copy2d_cuda", "edges", "ld<cols",
+           k3c_copy2d_cuda(3, 8, nullptr, 4, nullptr, 8, 0, &h.err) == K3C_EINVAL);
     expect(h, "add_cuda", "edges", "n<0", k3c_add_cuda(-1, nullptr, nullptr, &h.err) == K3C_EINVAL);
 }
 
@@ -471,8 +475,10 @@ int main(int argc, char **argv) {
             for (int dqk : {48, 192}) {
                 ml_case c = {T, H, dqk, {}};
                 if (idx++ % 2 == 0) { /* documents with an empty one (T = 1: the empty one first) */
-                    if (T == 1) c.cu = {0, 0, 1};
-                    else c.cu = {0, T / 3, T / 3, T - 1 - T / 7, T - 1, T};
+                    if (T == 1)
+                        c.cu = {0, 0, 1};
+                    else
+                        c.cu = {0, T / 3, T / 3, T - 1 - T / 7, T - 1, T};
                 }
                 test_max_logit(h, &r, c);
             }

@@ -33,7 +33,8 @@ static void test_rmsnorm(harness &h, k3c_rng *r, int64_t rows, int64_t D, bool g
     if (gated) {
         h.ok(k3c_gated_rmsnorm_fwd_f32(&s, x.data(), g.data(), w.data(), y.data(), rstd.data(), &h.err), "cpu fwd");
         h.ok(k3c_gated_rmsnorm_bwd_f32(&s, x.data(), g.data(), w.data(), rstd.data(), dy.data(), dx.data(), dg.data(),
-                                       dw.data(), &h.err), "cpu bwd");
+                                       dw.data(), &h.err),
+             "cpu bwd");
     } else {
         h.ok(k3c_rmsnorm_fwd_f32(&s, x.data(), w.data(), y.data(), rstd.data(), &h.err), "cpu fwd");
         h.ok(k3c_rmsnorm_bwd_f32(&s, x.data(), w.data(), rstd.data(), dy.data(), dx.data(), dw.data(), &h.err),
@@ -45,7 +46,8 @@ static void test_rmsnorm(harness &h, k3c_rng *r, int64_t rows, int64_t D, bool g
         gy.poison(h);
         if (gated)
             h.ok(k3c_gated_rmsnorm_fwd_cuda(&s, gx.as<float>(), gg.as<float>(), gw.as<float>(), gy.as<float>(), rs,
-                                            &h.err), fop);
+                                            &h.err),
+                 fop);
         else
             h.ok(k3c_rmsnorm_fwd_cuda(&s, gx.as<float>(), gw.as<float>(), gy.as<float>(), rs, &h.err), fop);
     };
@@ -69,10 +71,12 @@ static void test_rmsnorm(harness &h, k3c_rng *r, int64_t rows, int64_t D, bool g
               *pdw = want_dw ? gdw.as<float>() : nullptr;
         if (gated)
             h.ok(k3c_gated_rmsnorm_bwd_cuda(&s, gx.as<float>(), gg.as<float>(), gw.as<float>(), grs_cpu.as<float>(),
-                                            gdy.as<float>(), pdx, pdg, pdw, &h.err), bop);
+                                            gdy.as<float>(), pdx, pdg, pdw, &h.err),
+                 bop);
         else
             h.ok(k3c_rmsnorm_bwd_cuda(&s, gx.as<float>(), gw.as<float>(), grs_cpu.as<float>(), gdy.as<float>(), pdx,
-                                      pdw, &h.err), bop);
+                                      pdw, &h.err),
+                 bop);
         const std::string sh = shape + fmt(" pass%d", pass);
         if (want_dx) t = dl(h, gdx), h.compare(bop, sh, "dx", t.data(), dx.data(), n, TOL, dx0.data());
         if (want_dg) t = dl(h, gdg), h.compare(bop, sh, "dgate", t.data(), dg.data(), n, TOL, dg0.data());
@@ -148,8 +152,7 @@ static void test_l2norm_edges(harness &h) {
  * V − 1 appear. */
 static std::vector<int32_t> make_ids(k3c_rng *r, int64_t T, int64_t V, double hot) {
     std::vector<int32_t> ids((size_t)T);
-    for (auto &id : ids)
-        id = (int32_t)(k3c_rng_uniform(r) * (k3c_rng_uniform(r) < hot ? std::min<int64_t>(20, V) : V));
+    for (auto &id : ids) id = (int32_t)(k3c_rng_uniform(r) * (k3c_rng_uniform(r) < hot ? std::min<int64_t>(20, V) : V));
     if (T > 1) ids[0] = (int32_t)(V - 1), ids[(size_t)T - 1] = 0;
     return ids;
 }
@@ -220,7 +223,9 @@ int main(int argc, char **argv) {
     for (int64_t rows : {1, 37, 1000})
         for (int64_t D : {16, 32, 48, 128, 7168 / 8})
             test_rmsnorm(h, &r, rows, D, false, fmt("rows%lld D%lld", (long long)rows, (long long)D));
-    struct { int64_t T, H, dv; } gc[] = {{1, 3, 32}, {37, 2, 48}, {250, 4, 128}, {1000, 1, 16}, {37, 1, 7168 / 8}};
+    struct {
+        int64_t T, H, dv;
+    } gc[] = {{1, 3, 32}, {37, 2, 48}, {250, 4, 128}, {1000, 1, 16}, {37, 1, 7168 / 8}};
     for (auto &c : gc)
         test_rmsnorm(h, &r, c.T * c.H, c.dv, true,
                      fmt("T%lld H%lld dv%lld", (long long)c.T, (long long)c.H, (long long)c.dv));

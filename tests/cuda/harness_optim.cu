@@ -42,23 +42,23 @@ struct table {
 
 static void build_hand_table(table &tb) {
     tb.add("model.embed_tokens.weight", K3C_PK_EMBED, 37, 24);
-    tb.add("q_proj.weight", K3C_PK_MATRIX, 48, 24, 0, 12);            /* 4 heads 12×24; whole 48×24 transposed */
-    tb.add("k_proj.weight", K3C_PK_MATRIX, 48, 24, 0, 12);            /* same shape: grouped with q_proj */
+    tb.add("q_proj.weight", K3C_PK_MATRIX, 48, 24, 0, 12); /* 4 heads 12×24; whole 48×24 transposed */
+    tb.add("k_proj.weight", K3C_PK_MATRIX, 48, 24, 0, 12); /* same shape: grouped with q_proj */
     tb.add("v_proj.weight", K3C_PK_MATRIX, 48, 24, 0, 12);
-    tb.add("g_proj.weight", K3C_PK_MATRIX, 48, 24, 0, 12);            /* 16 blocks of 12×24 in the group */
+    tb.add("g_proj.weight", K3C_PK_MATRIX, 48, 24, 0, 12); /* 16 blocks of 12×24 in the group */
     tb.add("o_proj.weight", K3C_PK_MATRIX, 24, 40);
     tb.add("input_layernorm.weight", K3C_PK_VECTOR, 24, 0);
-    tb.add("A_log", K3C_PK_VECTOR, 16, 0, 0, 0, 5);                    /* padding beyond 5 stays as loaded */
+    tb.add("A_log", K3C_PK_VECTOR, 16, 0, 0, 0, 5); /* padding beyond 5 stays as loaded */
     tb.add("gate.e_score_correction_bias", K3C_PK_ROUTER_BIAS, 8, 0);
-    tb.add("experts.%d.w1.weight", K3C_PK_MATRIX, 20, 24, 6);         /* 6 experts, wide */
-    tb.add("experts.%d.w2.weight", K3C_PK_MATRIX, 24, 20, 6);         /* 6 experts, tall (transposed) */
-    tb.add("experts.%d.w3.weight", K3C_PK_MATRIX, 32, 24, 4, 8);      /* heads inside expert slices */
-    tb.add("kv_b_proj.weight", K3C_PK_MATRIX, 48, 16, 0, 16);         /* square 16×16 blocks */
+    tb.add("experts.%d.w1.weight", K3C_PK_MATRIX, 20, 24, 6);    /* 6 experts, wide */
+    tb.add("experts.%d.w2.weight", K3C_PK_MATRIX, 24, 20, 6);    /* 6 experts, tall (transposed) */
+    tb.add("experts.%d.w3.weight", K3C_PK_MATRIX, 32, 24, 4, 8); /* heads inside expert slices */
+    tb.add("kv_b_proj.weight", K3C_PK_MATRIX, 48, 16, 0, 16);    /* square 16×16 blocks */
     tb.add("odd.weight", K3C_PK_MATRIX, 33, 17, 0, 11);
     tb.add("big.weight", K3C_PK_MATRIX, 200, 130, 0, 40);
     tb.add("tall.weight", K3C_PK_MATRIX, 70, 6, 0, 35);
     tb.add("one_row.weight", K3C_PK_MATRIX, 1, 9);
-    tb.add("lm_head.weight", K3C_PK_HEAD, 300, 250);                   /* 75000: three grad-norm blocks */
+    tb.add("lm_head.weight", K3C_PK_HEAD, 300, 250); /* 75000: three grad-norm blocks */
     tb.add("bias", K3C_PK_VECTOR, 7, 0);
 }
 
@@ -139,7 +139,8 @@ static size_t largest_need(const k3c_optim &o, const k3c_param_table &t) {
         const k3c_param &p = t.p[i];
         if (!is_muon(o, p)) continue;
         const size_t R = (size_t)(o.per_head && p.head_rows > 0 ? p.head_rows : p.shape[0]), C = (size_t)p.shape[1];
-        const size_t r = R < C ? R : C, c = R < C ? C : R, need = 2 * ((r * c + 63) / 64 * 64) + 2 * ((r * r + 63) / 64 * 64);
+        const size_t r = R < C ? R : C, c = R < C ? C : R,
+                     need = 2 * ((r * c + 63) / 64 * 64) + 2 * ((r * r + 63) / 64 * 64);
         if (need > best) best = need;
     }
     return best;
@@ -211,7 +212,9 @@ static void test_clip(harness &h, k3c_cuda_ctx &ctx, k3c_rng *rng, const k3c_par
         h.check_le("clip_grad_norm", fmt("%s %s", tname, what[k]), "norm", fabs(n - pre) / pre, TOL_EXACT);
         std::vector<float> gd = download<float>(h, dg);
         h.compare("clip_grad_norm", fmt("%s %s", tname, what[k]), "g", gd.data(), g.data(), g.size(), TOL_EXACT);
-        if (k > 0) h.check_le("clip_grad_norm", fmt("%s %s", tname, what[k]), "touched", (double)bit_diffs(gd.data(), g0.data(), g0.size()), 0);
+        if (k > 0)
+            h.check_le("clip_grad_norm", fmt("%s %s", tname, what[k]), "touched",
+                       (double)bit_diffs(gd.data(), g0.data(), g0.size()), 0);
     }
     /* a NaN gradient: the norm is non-finite and g stays as it was (the caller skips the step) */
     std::vector<float> gn = g0;
@@ -221,9 +224,11 @@ static void test_clip(harness &h, k3c_cuda_ctx &ctx, k3c_rng *rng, const k3c_par
     h.ok(k3c_cuda_h2d(dg.p, gn.data(), gn.size() * 4, &h.err), "h2d g");
     h.ok(k3c_clip_grad_norm_cuda(&oc, &t, dg.as<float>(), 1.0, &n, &h.err), "k3c_clip_grad_norm_cuda (nan)");
     h.check_le("clip_grad_norm", fmt("%s nan", tname), "finite", isfinite(n) ? 1.0 : 0.0, 0);
-    h.check_le("clip_grad_norm", fmt("%s nan", tname), "cpu_fin", isfinite(k3c_clip_grad_norm(&t, gn.data(), 1.0)) ? 1.0 : 0.0, 0);
+    h.check_le("clip_grad_norm", fmt("%s nan", tname), "cpu_fin",
+               isfinite(k3c_clip_grad_norm(&t, gn.data(), 1.0)) ? 1.0 : 0.0, 0);
     std::vector<float> gd = download<float>(h, dg);
-    h.check_le("clip_grad_norm", fmt("%s nan", tname), "touched", (double)bit_diffs(gd.data(), gn.data(), gn.size()), 0);
+    h.check_le("clip_grad_norm", fmt("%s nan", tname), "touched", (double)bit_diffs(gd.data(), gn.data(), gn.size()),
+               0);
     k3c_optim_cuda_free(&oc);
     k3c_optim_free(&o);
 }
@@ -279,7 +284,8 @@ static void time_steps(harness &h, k3c_cuda_ctx &ctx, k3c_rng *rng, const k3c_pa
             auto t0 = std::chrono::steady_clock::now();
             h.ok(k3c_clip_grad_norm_cuda(&oc, &t, dg.as<float>(), 1e30, &n, &h.err), "clip");
             h.ok(k3c_optim_step_cuda(&oc, &o, &t, dw.as<float>(), dg.as<float>(), dst.as<float>(), 1e-5, 10 + it,
-                                     &h.err), "step");
+                                     &h.err),
+                 "step");
             h.ok(k3c_cuda_sync(&h.err), "sync");
             const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
             if (it > 0 && ms < best) best = ms;
@@ -300,10 +306,14 @@ int main(int argc, char **argv) {
     const k3c_param_table &t = hand.t;
     /* name, matrix optimizer, per_head, nesterov, ns_steps, decay_vectors, batched, tight_ws */
     const optim_cfg cfgs[] = {
-        {"muon ph1", K3C_MATRIX_MUON, 1, 1, 5, 0, 1, 0},      {"muon ph0", K3C_MATRIX_MUON, 0, 1, 5, 0, 1, 0},
-        {"muon ph1 loop", K3C_MATRIX_MUON, 1, 0, 5, 1, 0, 0}, {"muon ph0 loop", K3C_MATRIX_MUON, 0, 1, 5, 0, 0, 0},
-        {"muon ns0", K3C_MATRIX_MUON, 1, 1, 0, 0, 1, 0},      {"adamw ph1", K3C_MATRIX_ADAMW, 1, 1, 5, 0, 1, 0},
-        {"adamw ph0 dv", K3C_MATRIX_ADAMW, 0, 1, 5, 1, 1, 0}, {"muon ph1 tight", K3C_MATRIX_MUON, 1, 1, 5, 0, 1, 1},
+        {"muon ph1", K3C_MATRIX_MUON, 1, 1, 5, 0, 1, 0},
+        {"muon ph0", K3C_MATRIX_MUON, 0, 1, 5, 0, 1, 0},
+        {"muon ph1 loop", K3C_MATRIX_MUON, 1, 0, 5, 1, 0, 0},
+        {"muon ph0 loop", K3C_MATRIX_MUON, 0, 1, 5, 0, 0, 0},
+        {"muon ns0", K3C_MATRIX_MUON, 1, 1, 0, 0, 1, 0},
+        {"adamw ph1", K3C_MATRIX_ADAMW, 1, 1, 5, 0, 1, 0},
+        {"adamw ph0 dv", K3C_MATRIX_ADAMW, 0, 1, 5, 1, 1, 0},
+        {"muon ph1 tight", K3C_MATRIX_MUON, 1, 1, 5, 0, 1, 1},
         {"muon ph1 tight ns2", K3C_MATRIX_MUON, 1, 0, 2, 0, 1, 1},
     };
     for (const optim_cfg &c : cfgs) run_case(h, ctx, &rng, t, c, 3, 0, t.n, true, "optim_step");

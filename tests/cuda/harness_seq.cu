@@ -42,14 +42,16 @@ static void test_short_conv(harness &h, k3c_rng *r, const sc_case &c) {
 
     std::vector<float> x = randn(r, TC), w = randn(r, CW, 0.6), st = randn(r, S), y(TC), so(S);
     h.ok(k3c_short_conv_fwd_f32(&d, cu, x.data(), w.data(), sin ? st.data() : nullptr, y.data(),
-                                sout ? so.data() : nullptr, &h.err), "cpu short_conv_fwd");
+                                sout ? so.data() : nullptr, &h.err),
+         "cpu short_conv_fwd");
     dptr gx = up(h, x), gw = up(h, w), gst = up(h, st), gcu = c.cu.empty() ? nullptr : up(h, c.cu);
     const int32_t *dcu = gcu ? gcu->as<int32_t>() : nullptr;
     const float *dsin = sin ? gst->as<float>() : nullptr;
     {
         dptr gy = fresh(h, TC * 4), gso = fresh(h, S * 4);
         h.ok(k3c_short_conv_fwd_cuda(&d, dcu, gx->as<float>(), gw->as<float>(), dsin, gy->as<float>(),
-                                     sout ? gso->as<float>() : nullptr, &h.err), "short_conv_fwd_cuda");
+                                     sout ? gso->as<float>() : nullptr, &h.err),
+             "short_conv_fwd_cuda");
         std::vector<float> t = dl(h, gy);
         h.compare("short_conv_fwd", shape, "y", t.data(), y.data(), TC, 1e-5);
         if (sout) { /* a copy of inputs: exact */
@@ -60,7 +62,8 @@ static void test_short_conv(harness &h, k3c_rng *r, const sc_case &c) {
     if (sin) { /* in place: state_out is state_in */
         dptr gy = fresh(h, TC * 4), gio = up(h, st);
         h.ok(k3c_short_conv_fwd_cuda(&d, dcu, gx->as<float>(), gw->as<float>(), gio->as<float>(), gy->as<float>(),
-                                     gio->as<float>(), &h.err), "short_conv_fwd_cuda (in place)");
+                                     gio->as<float>(), &h.err),
+             "short_conv_fwd_cuda (in place)");
         std::vector<float> t = dl(h, gy);
         h.compare("short_conv_fwd inplace", shape, "y", t.data(), y.data(), TC, 1e-5);
         t = dl(h, gio);
@@ -72,7 +75,8 @@ static void test_short_conv(harness &h, k3c_rng *r, const sc_case &c) {
     std::vector<float> rdx = dx0, rdw = dw0, rds = ds0;
     std::vector<unsigned char> ws(k3c_short_conv_bwd_workspace_f32(&d) + 64);
     h.ok(k3c_short_conv_bwd_f32(&d, cu, x.data(), w.data(), sin ? st.data() : nullptr, dy.data(), rdx.data(),
-                                rdw.data(), rds.data(), ws.data(), &h.err), "cpu short_conv_bwd");
+                                rdw.data(), rds.data(), ws.data(), &h.err),
+         "cpu short_conv_bwd");
     dptr gdy = up(h, dy), gws = fresh(h, k3c_short_conv_bwd_workspace_cuda(&d));
     for (int run = 0; run < 3; run++) {
         dptr gdx = up(h, dx0), gdw = up(h, dw0), gds = up(h, ds0);
@@ -80,7 +84,8 @@ static void test_short_conv(harness &h, k3c_rng *r, const sc_case &c) {
               *pds = run != 1 ? gds->as<float>() : nullptr;
         gws->poison(h);
         h.ok(k3c_short_conv_bwd_cuda(&d, dcu, gx->as<float>(), gw->as<float>(), dsin, gdy->as<float>(), pdx, pdw, pds,
-                                     gws->p, &h.err), "short_conv_bwd_cuda");
+                                     gws->p, &h.err),
+             "short_conv_bwd_cuda");
         const char *op = run == 0   ? "short_conv_bwd"
                          : run == 1 ? "short_conv_bwd (dw only)"
                                     : "short_conv_bwd (ds only)";
@@ -136,7 +141,7 @@ static void test_gate(harness &h, k3c_rng *r, const gate_case &c) {
                 const size_t ch = (size_t)hh * c.dk + j, i = (size_t)t * P + ch;
                 const double u = z[i] + (c.with_bias ? bias[ch] : 0.0), s = sigm(a * u);
                 const double dl = c.form == K3C_GATE_LOWER_BOUND ? gm * s * (1 - s) * a * u
-                                                                : -a * (fmax(u, 0.0) + log1p(exp(-fabs(u))));
+                                                                 : -a * (fmax(u, 0.0) + log1p(exp(-fabs(u))));
                 sum += fabs(dg[i] * dl);
             }
         dAbase[hh] = (float)(rdA[hh] - sum);
@@ -145,13 +150,16 @@ static void test_gate(harness &h, k3c_rng *r, const gate_case &c) {
     for (int run = 0; run < 2; run++) { /* run 1: dz NULL (the reductions alone) */
         dptr gdz = up(h, dz0), gdb = up(h, db0), gdA = up(h, dA0);
         h.ok(k3c_kda_gate_bwd_cuda(&d, gz->as<float>(), dpb, dpa, gdg->as<float>(), run ? nullptr : gdz->as<float>(),
-                                   gdb->as<float>(), gdA->as<float>(), &h.err), "kda_gate_bwd_cuda");
+                                   gdb->as<float>(), gdA->as<float>(), &h.err),
+             "kda_gate_bwd_cuda");
         const char *op = run ? "kda_gate_bwd (no dz)" : "kda_gate_bwd";
         if (!run) t = dl(h, gdz), h.compare(op, shape, "dz", t.data(), rdz.data(), n, 1e-5, dz0.data());
         t = dl(h, gdb), h.compare(op, shape, "ddt_bias", t.data(), rdb.data(), P, 1e-5, db0.data());
         t = dl(h, gdA);
-        if (c.with_alog) h.compare(op, shape, "dA_log/Σ|.|", t.data(), rdA.data(), c.H, 1e-5, dAbase.data());
-        else h.compare(op, shape, "dA_log untouched", t.data(), dA0.data(), c.H, 0.0);
+        if (c.with_alog)
+            h.compare(op, shape, "dA_log/Σ|.|", t.data(), rdA.data(), c.H, 1e-5, dAbase.data());
+        else
+            h.compare(op, shape, "dA_log untouched", t.data(), dA0.data(), c.H, 0.0);
     }
 }
 
@@ -171,12 +179,15 @@ static void test_sigmoid(harness &h, k3c_rng *r, int64_t n) {
     for (int run = 0; run < 2; run++) { /* run 1: dz NULL */
         dptr gdx = up(h, dx0), gdz = up(h, dz0);
         h.ok(k3c_sigmoid_gate_bwd_cuda(n, gx->as<float>(), gz->as<float>(), gdy->as<float>(), gdx->as<float>(),
-                                       run ? nullptr : gdz->as<float>(), &h.err), "sigmoid_gate_bwd_cuda");
+                                       run ? nullptr : gdz->as<float>(), &h.err),
+             "sigmoid_gate_bwd_cuda");
         const char *op = run ? "sigmoid_gate_bwd (no dz)" : "sigmoid_gate_bwd";
         t = dl(h, gdx), h.compare(op, shape, "dx", t.data(), rdx.data(), n, 1e-5, dx0.data());
         t = dl(h, gdz);
-        if (!run) h.compare(op, shape, "dz", t.data(), rdz.data(), n, 1e-5, dz0.data());
-        else h.compare(op, shape, "dz untouched", t.data(), dz0.data(), n, 0.0);
+        if (!run)
+            h.compare(op, shape, "dz", t.data(), rdz.data(), n, 1e-5, dz0.data());
+        else
+            h.compare(op, shape, "dz untouched", t.data(), dz0.data(), n, 0.0);
     }
 
     /* sigmoid, out of place and in place; its backward from the forward's output (dx += dy·y·(1 − y)) */
@@ -203,8 +214,8 @@ struct xent_case {
 static void test_xent(harness &h, k3c_rng *r, const xent_case &c) {
     const k3c_xent_sizes s = {c.T, c.V, c.norm};
     const size_t TV = (size_t)c.T * c.V;
-    const std::string shape = fmt("T%d V%d %s norm%g%s", c.T, c.V, c.with_mask ? "mask" : "nomask", c.norm,
-                                  c.none_counted ? " none" : "");
+    const std::string shape =
+        fmt("T%d V%d %s norm%g%s", c.T, c.V, c.with_mask ? "mask" : "nomask", c.norm, c.none_counted ? " none" : "");
     std::vector<float> logits = randn(r, TV, 3.0);
     for (int t = 0; t < c.T; t++) /* row offsets from −40 to +40: the max subtraction matters */
         for (int j = 0; j < c.V; j++) logits[(size_t)t * c.V + j] += (float)(20 * (t % 5) - 40);
@@ -238,10 +249,13 @@ static void test_xent(harness &h, k3c_rng *r, const xent_case &c) {
     h.ok(k3c_xent_bwd_f32(&s, logits.data(), tg.data(), pm, lse.data(), dloss, rd.data(), &h.err), "cpu xent_bwd");
     dptr gls = up(h, lse), gd = up(h, d0);
     h.ok(k3c_xent_bwd_cuda(&s, gl->as<float>(), gt->as<int32_t>(), dpm, gls->as<float>(), dloss, gd->as<float>(),
-                           &h.err), "xent_bwd_cuda");
+                           &h.err),
+         "xent_bwd_cuda");
     t = dl(h, gd);
-    if (c.none_counted) h.compare("xent_bwd", shape, "untouched", t.data(), d0.data(), TV, 0.0);
-    else h.compare("xent_bwd", shape, "dlogits", t.data(), rd.data(), TV, 1e-5, d0.data());
+    if (c.none_counted)
+        h.compare("xent_bwd", shape, "untouched", t.data(), d0.data(), TV, 0.0);
+    else
+        h.compare("xent_bwd", shape, "dlogits", t.data(), rd.data(), TV, 1e-5, d0.data());
 
     /* a counted target >= V is K3C_EINVAL, as on the CPU */
     if (!c.none_counted) {
@@ -251,8 +265,8 @@ static void test_xent(harness &h, k3c_rng *r, const xent_case &c) {
         bm[c.T / 2] = 1;
         dptr gbt = up(h, bad), gbm = up(h, bm);
         const uint8_t *dbm = c.with_mask ? gbm->as<uint8_t>() : nullptr;
-        const int rc = k3c_xent_fwd_cuda(&s, gl->as<float>(), gbt->as<int32_t>(), dbm, glse->as<float>(), &gloss,
-                                         &gcount, &h.err);
+        const int rc =
+            k3c_xent_fwd_cuda(&s, gl->as<float>(), gbt->as<int32_t>(), dbm, glse->as<float>(), &gloss, &gcount, &h.err);
         float got = (float)rc, want = (float)K3C_EINVAL;
         h.compare("xent_fwd (bad target)", shape, "rc", &got, &want, 1, 0.0);
         if (rc == K3C_EINVAL) printf("  (message: %s)\n", h.err.msg);
@@ -306,12 +320,14 @@ static void time_seq(harness &h) {
         const double tc = (double)T * C * 4;
         time_op(h, "short_conv_fwd T16384 C4096 W4 8 docs +state", 2 * tc, [&] {
             h.ok(k3c_short_conv_fwd_cuda(&d, gcu->as<int32_t>(), x->as<float>(), w->as<float>(), st->as<float>(),
-                                         y->as<float>(), nullptr, &h.err), "short_conv_fwd_cuda");
+                                         y->as<float>(), nullptr, &h.err),
+                 "short_conv_fwd_cuda");
         });
         time_op(h, "short_conv_bwd T16384 C4096 W4 8 docs dx dw dstate", 4 * tc, [&] {
             h.ok(k3c_short_conv_bwd_cuda(&d, gcu->as<int32_t>(), x->as<float>(), w->as<float>(), st->as<float>(),
                                          y->as<float>(), dx->as<float>(), dw->as<float>(), ds->as<float>(), ws->p,
-                                         &h.err), "short_conv_bwd_cuda");
+                                         &h.err),
+                 "short_conv_bwd_cuda");
         });
     }
     { /* KDA gate: T 16384, H 32, dk 128 */
@@ -345,11 +361,13 @@ static void time_seq(harness &h) {
         int64_t count;
         time_op(h, "xent_fwd T4096 V163840 (synchronises)", tv, [&] {
             h.ok(k3c_xent_fwd_cuda(&s, lg->as<float>(), gt->as<int32_t>(), nullptr, lse->as<float>(), &loss, &count,
-                                   &h.err), "xent_fwd_cuda");
+                                   &h.err),
+                 "xent_fwd_cuda");
         });
         time_op(h, "xent_bwd T4096 V163840", 3 * tv, [&] {
             h.ok(k3c_xent_bwd_cuda(&s, lg->as<float>(), gt->as<int32_t>(), nullptr, lse->as<float>(), 1.0,
-                                   d->as<float>(), &h.err), "xent_bwd_cuda");
+                                   d->as<float>(), &h.err),
+                 "xent_bwd_cuda");
         });
     }
 }
@@ -381,8 +399,8 @@ int main(int argc, char **argv) {
                     test_gate(h, &r, {300, H, dk, form, form == K3C_GATE_LOWER_BOUND ? -5.0 : 0.0, 1, 1});
         test_gate(h, &r, {77, 4, 32, K3C_GATE_LOWER_BOUND, 0.0, 0, 1}); /* g_min 0 = −5, no dt_bias */
         test_gate(h, &r, {77, 1, 128, K3C_GATE_SOFTPLUS, 0.0, 1, 0});   /* no A_log: a = 1, dA_log untouched */
-        test_gate(h, &r, {1, 4, 48, K3C_GATE_LOWER_BOUND, -3.0, 1, 1});  /* one token, dk not a multiple of 32 */
-        test_gate(h, &r, {2000, 2, 128, K3C_GATE_SOFTPLUS, 0.0, 1, 1});  /* long token reduction */
+        test_gate(h, &r, {1, 4, 48, K3C_GATE_LOWER_BOUND, -3.0, 1, 1}); /* one token, dk not a multiple of 32 */
+        test_gate(h, &r, {2000, 2, 128, K3C_GATE_SOFTPLUS, 0.0, 1, 1}); /* long token reduction */
     }
     if (want("sigmoid"))
         for (int64_t n : {1, 777, 100003}) test_sigmoid(h, &r, n);

@@ -29,12 +29,15 @@ struct harness {
         }
     }
     /* ‖x − ref‖ / ‖ref‖ over n values; every x must be finite (outputs are poisoned with NaN before each run). */
-    void compare(const char *op, const std::string &shape, const char *what, const float *x, const float *ref,
-                 size_t n, double tol, const float *base = nullptr) {
+    void compare(const char *op, const std::string &shape, const char *what, const float *x, const float *ref, size_t n,
+                 double tol, const float *base = nullptr) {
         size_t bad = 0;
         double num = 0, den = 0;
         for (size_t i = 0; i < n; i++) {
-            if (!isfinite(x[i])) { bad++; continue; }
+            if (!isfinite(x[i])) {
+                bad++;
+                continue;
+            }
             const double b = base ? base[i] : 0.0, d = (double)x[i] - ref[i];
             num += d * d, den += ((double)ref[i] - b) * ((double)ref[i] - b);
         }
@@ -53,8 +56,8 @@ struct harness {
         const bool pass = value <= limit;
         pass ? passed++ : failed++;
         char line[512];
-        snprintf(line, sizeof line, "%-22s %-34s %-6s value   %.3e  max %.0e  %s", op, shape.c_str(), what, value, limit,
-                 pass ? "PASS" : "FAIL");
+        snprintf(line, sizeof line, "%-22s %-34s %-6s value   %.3e  max %.0e  %s", op, shape.c_str(), what, value,
+                 limit, pass ? "PASS" : "FAIL");
         table.push_back(line);
         printf("%s\n", line);
         fflush(stdout);

@@ -27,7 +27,8 @@ static void test_gemm(harness &h, k3c_cuda_ctx *ctx, k3c_rng *r) {
         h.ok(k3c_matmul_f32(ta, tb, M, N, K, 0.5, A.data(), B.data(), 0.25, ref.data(), &h.err), "cpu matmul");
         dbuf *dA = upload(h, Ab), *dB = upload(h, Bb), *dC = upload(h, C0);
         h.ok(k3c_gemm_bf16_cuda(ctx, ta, tb, M, N, K, 0.5f, dA->as<uint16_t>(), dB->as<uint16_t>(), 0.25f, dC->p, 1,
-                                &h.err), "gemm bf16");
+                                &h.err),
+             "gemm bf16");
         std::vector<float> got = download<float>(h, *dC);
         const std::string shape = fmt("%lldx%lldx%lld t%d%d", (long long)M, (long long)N, (long long)K, ta, tb);
         h.compare("gemm_bf16 (f32 out)", shape, "C", got.data(), ref.data(), got.size(), 1e-4);
@@ -35,7 +36,8 @@ static void test_gemm(harness &h, k3c_cuda_ctx *ctx, k3c_rng *r) {
         dbuf dCb(h, M * N * 2);
         dCb.poison(h);
         h.ok(k3c_gemm_bf16_cuda(ctx, ta, tb, M, N, K, 1.f, dA->as<uint16_t>(), dB->as<uint16_t>(), 0.f, dCb.p, 0,
-                                &h.err), "gemm bf16 out");
+                                &h.err),
+             "gemm bf16 out");
         std::vector<uint16_t> gb = download<uint16_t>(h, dCb);
         std::vector<float> gf(gb.size()), ref1(gb.size(), 0.f);
         for (size_t i = 0; i < gb.size(); i++) gf[i] = k3c_bf16_to_f32(gb[i]);
@@ -46,7 +48,8 @@ static void test_gemm(harness &h, k3c_cuda_ctx *ctx, k3c_rng *r) {
         h.ok(k3c_matmul_f32(ta, tb, M, N, K, 0.7, Af.data(), Bf.data(), 0.3, reff.data(), &h.err), "cpu matmul");
         dbuf *dAf = upload(h, Af), *dBf = upload(h, Bf), *dCf = upload(h, Cf);
         h.ok(k3c_matmul_cuda(ctx, ta, tb, M, N, K, 0.7, dAf->as<float>(), dBf->as<float>(), 0.3, dCf->as<float>(), 0,
-                             &h.err), "matmul f32");
+                             &h.err),
+             "matmul f32");
         std::vector<float> gotf = download<float>(h, *dCf);
         h.compare("matmul_f32", shape, "C", gotf.data(), reff.data(), gotf.size(), 1e-4);
         delete dA, delete dB, delete dC, delete dAf, delete dBf, delete dCf;
@@ -78,8 +81,10 @@ static kda_inputs make_kda(const kda_case &c, k3c_rng *r) {
     x.g.resize(tk);
     for (auto &g : x.g) {
         const double z = k3c_rng_normal(r);
-        if (c.lb < 0) g = (float)(c.lb * sigm(c.saturated ? 6.0 + 0.5 * z : 1.5 * z));
-        else g = (float)(-exp(3.0 * k3c_rng_uniform(r)) * log1p(exp(z))); /* −a·softplus(u), a ∈ [1, 20] */
+        if (c.lb < 0)
+            g = (float)(c.lb * sigm(c.saturated ? 6.0 + 0.5 * z : 1.5 * z));
+        else
+            g = (float)(-exp(3.0 * k3c_rng_uniform(r)) * log1p(exp(z))); /* −a·softplus(u), a ∈ [1, 20] */
     }
     x.beta.resize((size_t)c.T * c.H);
     for (auto &b : x.beta) b = (float)sigm(k3c_rng_normal(r));
@@ -126,8 +131,9 @@ static void test_kda_fwd(harness &h, k3c_rng *r, const kda_case &c) {
     const std::string shape = kda_shape(c);
 
     o.poison(h), ht.poison(h);
-    h.ok(k3c_kda_chunk_fwd_cuda(&d, cud, q->as<float>(), k->as<float>(), v->as<float>(), g->as<float>(),
-                                b->as<float>(), h0d, o.as<float>(), ht.as<float>(), dws.p, &h.err), "kda_chunk_fwd_cuda");
+    h.ok(k3c_kda_chunk_fwd_cuda(&d, cud, q->as<float>(), k->as<float>(), v->as<float>(), g->as<float>(), b->as<float>(),
+                                h0d, o.as<float>(), ht.as<float>(), dws.p, &h.err),
+         "kda_chunk_fwd_cuda");
     h.ok(k3c_cuda_sync(&h.err), "sync kda_chunk_fwd_cuda");
     std::vector<float> og = download<float>(h, o), hg = download<float>(h, ht);
     h.compare("kda_chunk_fwd", shape, "o", og.data(), o_ref.data(), tv, 1e-2);
@@ -153,7 +159,8 @@ static void test_kda_fwd(harness &h, k3c_rng *r, const kda_case &c) {
         ob.poison(h), ht.poison(h);
         h.ok(k3c_kda_chunk_fwd_bf16_cuda(&d, cud, qd->as<uint16_t>(), kd->as<uint16_t>(), vd->as<uint16_t>(),
                                          g->as<float>(), b->as<float>(), h0d, ob.as<uint16_t>(), ht.as<float>(), dws.p,
-                                         &h.err), "kda_chunk_fwd_bf16_cuda");
+                                         &h.err),
+             "kda_chunk_fwd_bf16_cuda");
         std::vector<uint16_t> obh = download<uint16_t>(h, ob);
         std::vector<float> of(obh.size());
         for (size_t i = 0; i < of.size(); i++) of[i] = k3c_bf16_to_f32(obh[i]);
@@ -233,8 +240,10 @@ static void test_kda_bwd(harness &h, k3c_rng *r, const kda_case &c) {
                                    c.with_h0 ? xr.h0.data() : nullptr, dor.data(), dht.data(), rq.data(), rk.data(),
                                    rv.data(), rg.data(), rb.data(), nullptr, ws.data(), &h.err),
              "cpu kda_chunk_bwd (bf16 inputs)");
-        t = download<float>(h, *gb), h.compare("kda_chunk_bwd~bf16in", shape, "dbeta", t.data(), rb.data(), tb, 1e-2, db0.data());
-        t = download<float>(h, *gg), h.compare("kda_chunk_bwd~bf16in", shape, "dg", t.data(), rg.data(), tk, 1e-2, dg0.data());
+        t = download<float>(h, *gb),
+        h.compare("kda_chunk_bwd~bf16in", shape, "dbeta", t.data(), rb.data(), tb, 1e-2, db0.data());
+        t = download<float>(h, *gg),
+        h.compare("kda_chunk_bwd~bf16in", shape, "dg", t.data(), rg.data(), tk, 1e-2, dg0.data());
     }
     delete q, delete k, delete v, delete g, delete b, delete h0, delete cu, delete ddo, delete ddht;
     delete gq, delete gk, delete gv, delete gg, delete gb, delete gh;
@@ -260,23 +269,27 @@ static void test_attention(harness &h, k3c_rng *r, const attn_case &c) {
     std::vector<float> dq0 = randn(r, tq), dk0 = randn(r, tq), dv0 = randn(r, tv);
     std::vector<float> dq = dq0, dk = dk0, dv = dv0;
     h.ok(k3c_attention_bwd_f32(&s, cu_h, q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(),
-                               dk.data(), dv.data(), ws.data(), &h.err), "cpu attention_bwd");
+                               dk.data(), dv.data(), ws.data(), &h.err),
+         "cpu attention_bwd");
 
     dbuf *dq_ = upload(h, q), *dk_ = upload(h, k), *dv_ = upload(h, v), *ddo = upload(h, dout);
     dbuf *cu = c.cu.empty() ? nullptr : upload(h, c.cu);
     const int32_t *cud = cu ? cu->as<int32_t>() : nullptr;
-    dbuf go(h, tv * 4), gl(h, tl * 4), wf(h, k3c_attention_fwd_workspace_cuda(&s)), wb(h, k3c_attention_workspace_cuda(&s));
-    const std::string shape = fmt("T%d H%d dqk%d dv%d docs%d", c.T, c.H, c.dqk, c.dv,
-                                  c.cu.empty() ? 1 : (int)c.cu.size() - 1);
+    dbuf go(h, tv * 4), gl(h, tl * 4), wf(h, k3c_attention_fwd_workspace_cuda(&s)),
+        wb(h, k3c_attention_workspace_cuda(&s));
+    const std::string shape =
+        fmt("T%d H%d dqk%d dv%d docs%d", c.T, c.H, c.dqk, c.dv, c.cu.empty() ? 1 : (int)c.cu.size() - 1);
     go.poison(h), gl.poison(h);
     h.ok(k3c_attention_fwd_cuda(&s, cud, dq_->as<float>(), dk_->as<float>(), dv_->as<float>(), go.as<float>(),
-                                gl.as<float>(), wf.p, &h.err), "attention_fwd_cuda");
+                                gl.as<float>(), wf.p, &h.err),
+         "attention_fwd_cuda");
     std::vector<float> og = download<float>(h, go), lg = download<float>(h, gl);
     h.compare("attention_fwd", shape, "o", og.data(), o.data(), tv, 1e-2);
     h.compare("attention_fwd", shape, "lse", lg.data(), lse.data(), tl, 1e-2);
     go.poison(h), gl.poison(h);
     h.ok(k3c_attention_fwd_f16_cuda(&s, cud, dq_->as<float>(), dk_->as<float>(), dv_->as<float>(), go.as<float>(),
-                                    gl.as<float>(), wf.p, &h.err), "attention_fwd_f16_cuda");
+                                    gl.as<float>(), wf.p, &h.err),
+         "attention_fwd_f16_cuda");
     og = download<float>(h, go), lg = download<float>(h, gl);
     h.compare("attention_fwd_f16", shape, "o", og.data(), o.data(), tv, TOL_F16);
     h.compare("attention_fwd_f16", shape, "lse", lg.data(), lse.data(), tl, TOL_F16);
@@ -321,7 +334,8 @@ static void test_router(harness &h, k3c_rng *r, const router_case &c) {
     std::vector<int32_t> ids(tk);
     std::vector<float> w(tk), cut(c.T);
     h.ok(k3c_router_fwd_f32(&s, logits.data(), c.with_bias ? bias.data() : nullptr, ids.data(), w.data(), cut.data(),
-                            &h.err), "cpu router_fwd");
+                            &h.err),
+         "cpu router_fwd");
     std::vector<float> dw = randn(r, tk), dl0 = randn(r, tn), dl = dl0;
     h.ok(k3c_router_bwd_f32(&s, logits.data(), ids.data(), dw.data(), dl.data(), &h.err), "cpu router_bwd");
     dbuf *dlg = upload(h, logits), *db = upload(h, bias), *ddw = upload(h, dw), *gdl = upload(h, dl0);
@@ -329,7 +343,8 @@ static void test_router(harness &h, k3c_rng *r, const router_case &c) {
     gid.poison(h), gw.poison(h), gc.poison(h);
     h.ok(k3c_cuda_fill_u8(flag.p, 0, 4, &h.err), "zero flag");
     h.ok(k3c_router_fwd_cuda(&s, dlg->as<float>(), c.with_bias ? db->as<float>() : nullptr, gid.as<int32_t>(),
-                             gw.as<float>(), gc.as<float>(), flag.as<int>(), &h.err), "router_fwd_cuda");
+                             gw.as<float>(), gc.as<float>(), flag.as<int>(), &h.err),
+         "router_fwd_cuda");
     const std::string shape = fmt("T%d n%d k%d renorm%d bias%d", c.T, c.n, c.k, c.renorm, c.with_bias);
     std::vector<int32_t> gi = download<int32_t>(h, gid), fl = download<int32_t>(h, flag);
     std::vector<float> gwv = download<float>(h, gw), gcv = download<float>(h, gc);
@@ -388,7 +403,8 @@ static void test_moe(harness &h, k3c_cuda_ctx *ctx, k3c_rng *r, const moe_case &
     goff.poison(h), gperm.poison(h), gpos.poison(h);
     std::vector<int64_t> offh(c.E + 1);
     h.ok(k3c_moe_plan_cuda(c.T, c.k, c.E, dids->as<int32_t>(), goff.as<int64_t>(), gperm.as<int32_t>(),
-                           gpos.as<int32_t>(), offh.data(), &h.err), "moe_plan_cuda");
+                           gpos.as<int32_t>(), offh.data(), &h.err),
+         "moe_plan_cuda");
     const int64_t rows = off[c.E];
     std::vector<int64_t> go = download<int64_t>(h, goff);
     std::vector<float> gof(go.begin(), go.end()), rof(off.begin(), off.end()), ohf(offh.begin(), offh.end());
@@ -409,7 +425,8 @@ static void test_moe(harness &h, k3c_cuda_ctx *ctx, k3c_rng *r, const moe_case &
         h.ok(k3c_moe_gather_cuda(rows, c.k, c.D, gperm.as<int32_t>(), dx->as<float>(), gxp.as<float>(), &h.err),
              "moe_gather_cuda");
         h.ok(k3c_moe_combine_cuda(c.T, c.k, c.D, gpos.as<int32_t>(), dw->as<float>(), gxp.as<float>(), gy.as<float>(),
-                                  &h.err), "moe_combine_cuda");
+                                  &h.err),
+             "moe_combine_cuda");
         std::vector<float> t = download<float>(h, gxp);
         h.compare("moe_gather", shape, "xperm", t.data(), xp.data(), xp.size(), 0.0);
         t = download<float>(h, gy);
@@ -420,7 +437,8 @@ static void test_moe(harness &h, k3c_cuda_ctx *ctx, k3c_rng *r, const moe_case &
     std::vector<float> y(TD);
     std::vector<unsigned char> ws(k3c_moe_workspace_f32(&s) + 64);
     h.ok(k3c_moe_fwd_f32(&s, x.data(), ids.data(), w.data(), w1.data(), w3.data(), w2.data(), y.data(), nullptr,
-                         ws.data(), &h.err), "cpu moe_fwd");
+                         ws.data(), &h.err),
+         "cpu moe_fwd");
     std::vector<float> dy = randn(r, TD), dx0 = randn(r, TD), dw10 = randn(r, W), dw30 = randn(r, W),
                        dw20 = randn(r, W), dp0 = randn(r, S);
     std::vector<float> rdx = dx0, rdw1 = dw10, rdw3 = dw30, rdw2 = dw20, rdp = dp0;
@@ -431,7 +449,8 @@ static void test_moe(harness &h, k3c_cuda_ctx *ctx, k3c_rng *r, const moe_case &
     dbuf gy(h, TD * 4), sv(h, k3c_moe_saved_bytes_cuda(&s)), gws(h, k3c_moe_workspace_cuda(&s));
     gy.poison(h), sv.poison(h), gws.poison(h);
     h.ok(k3c_moe_fwd_cuda(ctx, &s, dx->as<float>(), dids->as<int32_t>(), dw->as<float>(), d1->as<float>(),
-                          d3->as<float>(), d2->as<float>(), gy.as<float>(), sv.p, gws.p, 0, &h.err), "moe_fwd_cuda");
+                          d3->as<float>(), d2->as<float>(), gy.as<float>(), sv.p, gws.p, 0, &h.err),
+         "moe_fwd_cuda");
     std::vector<float> t = download<float>(h, gy);
     h.compare("moe_fwd", shape, "y", t.data(), y.data(), TD, 1e-4);
     for (int use_saved = 1; use_saved >= 0; use_saved--) {
@@ -441,7 +460,8 @@ static void test_moe(harness &h, k3c_cuda_ctx *ctx, k3c_rng *r, const moe_case &
         h.ok(k3c_moe_bwd_cuda(ctx, &s, dx->as<float>(), dids->as<int32_t>(), dw->as<float>(), d1->as<float>(),
                               d3->as<float>(), d2->as<float>(), use_saved ? sv.p : nullptr, ddy->as<float>(),
                               gdx->as<float>(), g1->as<float>(), g3->as<float>(), g2->as<float>(), gp2->as<float>(),
-                              gws.p, 0, &h.err), "moe_bwd_cuda");
+                              gws.p, 0, &h.err),
+             "moe_bwd_cuda");
         const char *op = use_saved ? "moe_bwd (saved)" : "moe_bwd (recompute)";
         t = download<float>(h, *gdx), h.compare(op, shape, "dx", t.data(), rdx.data(), TD, 1e-4, dx0.data());
         t = download<float>(h, *g1), h.compare(op, shape, "dw1", t.data(), rdw1.data(), W, 1e-4, dw10.data());
@@ -477,7 +497,8 @@ static void test_glu(harness &h, k3c_rng *r, int situ) {
     gh.poison(h);
     h.ok(k3c_glu_fwd_cuda(&s, dgv->as<float>(), duv->as<float>(), gh.as<float>(), &h.err), "glu_fwd_cuda");
     h.ok(k3c_glu_bwd_cuda(&s, dgv->as<float>(), duv->as<float>(), ddh->as<float>(), gdg->as<float>(), gdu->as<float>(),
-                          &h.err), "glu_bwd_cuda");
+                          &h.err),
+         "glu_bwd_cuda");
     const std::string shape = fmt("N%d I%d %s", N, I, situ ? "situ 4/25" : "silu");
     std::vector<float> t = download<float>(h, gh);
     h.compare("glu_fwd", shape, "h", t.data(), hh.data(), n, 1e-4);
@@ -508,8 +529,8 @@ static void time_moe(harness &h, k3c_cuda_ctx *ctx) {
     moe_fill_kernel<<<4096, 256>>>(w3.as<float>(), W, 1.f / sqrtf((float)D), 3);
     moe_fill_kernel<<<4096, 256>>>(w2.as<float>(), W, 1.f / sqrtf((float)I), 4);
     moe_fill_kernel<<<4096, 256>>>(lg.as<float>(), T * E, 1.f, 5);
-    h.ok(k3c_router_fwd_cuda(&rs, lg.as<float>(), nullptr, ids.as<int32_t>(), tw.as<float>(), nullptr, nullptr,
-                             &h.err), "router (timing)");
+    h.ok(k3c_router_fwd_cuda(&rs, lg.as<float>(), nullptr, ids.as<int32_t>(), tw.as<float>(), nullptr, nullptr, &h.err),
+         "router (timing)");
     const double flops = 2.0 * T * k * 3.0 * D * I;
     for (int tf32 = 0; tf32 < 2; tf32++) {
         std::vector<float> ms;
@@ -530,8 +551,8 @@ static void time_moe(harness &h, k3c_cuda_ctx *ctx) {
         std::sort(ms.begin(), ms.end());
         const double m = ms[1];
         printf("TIMING moe_fwd_cuda %s T16384 D3584 I3072 E64 k8 situ: %.2f ms, %.1f TFLOP/s (%.1f%% of the 716 "
-               "TFLOP/s bf16 dense anchor)\n", tf32 ? "tf32" : "fp32", m, flops / (m * 1e-3) / 1e12,
-               100.0 * flops / (m * 1e-3) / 716e12);
+               "TFLOP/s bf16 dense anchor)\n",
+               tf32 ? "tf32" : "fp32", m, flops / (m * 1e-3) / 1e12, 100.0 * flops / (m * 1e-3) / 716e12);
         fflush(stdout);
     }
 }

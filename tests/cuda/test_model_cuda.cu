@@ -28,20 +28,22 @@ static float *bf16_copy(const float *x, size_t n) {
 }
 
 static int emu_kda_fwd(const k3c_kda_dims *d, const int32_t *cu, const float *q, const float *k, const float *v,
-                       const float *g, const float *beta, const float *h0, float *o, float *ht, void *ws, k3c_err *err) {
+                       const float *g, const float *beta, const float *h0, float *o, float *ht, void *ws,
+                       k3c_err *err) {
     const size_t nk = (size_t)(d->T * d->H * d->dk), nv = (size_t)(d->T * d->H * d->dv);
     float *qb = bf16_copy(q, nk), *kb = bf16_copy(k, nk), *vb = bf16_copy(v, nv);
-    int rc = qb && kb && vb ? k3c_backend_cpu_f32()->kda_fwd(d, cu, qb, kb, vb, g, beta, h0, o, ht, ws, err) : K3C_ENOMEM;
+    int rc =
+        qb && kb && vb ? k3c_backend_cpu_f32()->kda_fwd(d, cu, qb, kb, vb, g, beta, h0, o, ht, ws, err) : K3C_ENOMEM;
     free(qb), free(kb), free(vb);
     return rc;
 }
 static int emu_kda_bwd(const k3c_kda_dims *d, const int32_t *cu, const float *q, const float *k, const float *v,
-                       const float *g, const float *beta, const float *h0, const float *dout, const float *dht, float *dq,
-                       float *dk, float *dv, float *dg, float *dbeta, float *dh0, void *ws, k3c_err *err) {
+                       const float *g, const float *beta, const float *h0, const float *dout, const float *dht,
+                       float *dq, float *dk, float *dv, float *dg, float *dbeta, float *dh0, void *ws, k3c_err *err) {
     const size_t nk = (size_t)(d->T * d->H * d->dk), nv = (size_t)(d->T * d->H * d->dv);
     float *qb = bf16_copy(q, nk), *kb = bf16_copy(k, nk), *vb = bf16_copy(v, nv), *ob = bf16_copy(dout, nv);
     int rc = qb && kb && vb && ob ? k3c_backend_cpu_f32()->kda_bwd(d, cu, qb, kb, vb, g, beta, h0, ob, dht, dq, dk, dv,
-                                                                    dg, dbeta, dh0, ws, err)
+                                                                   dg, dbeta, dh0, ws, err)
                                   : K3C_ENOMEM;
     free(qb), free(kb), free(vb), free(ob);
     return rc;
@@ -83,8 +85,8 @@ static int hy_kda_fwd(const k3c_kda_dims *d, const int32_t *cu, const float *q, 
     return rc ? rc : emu_kda_fwd(d, cu, q, k, v, g, beta, h0, o, ht, ws, err);
 }
 static int hy_kda_bwd(const k3c_kda_dims *d, const int32_t *cu, const float *q, const float *k, const float *v,
-                      const float *g, const float *beta, const float *h0, const float *dout, const float *dht, float *dq,
-                      float *dk, float *dv, float *dg, float *dbeta, float *dh0, void *ws, k3c_err *err) {
+                      const float *g, const float *beta, const float *h0, const float *dout, const float *dht,
+                      float *dq, float *dk, float *dv, float *dg, float *dbeta, float *dh0, void *ws, k3c_err *err) {
     const int rc = synced();
     return rc ? rc : emu_kda_bwd(d, cu, q, k, v, g, beta, h0, dout, dht, dq, dk, dv, dg, dbeta, dh0, ws, err);
 }
@@ -114,7 +116,10 @@ static k3c_backend_f32 hybrid_backend(const k3c_backend_f32 &gpu, int swap_kda, 
 static double rel(const float *x, const float *ref, size_t n, size_t *bad) {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!isfinite(x[i])) { (*bad)++; continue; }
+        if (!isfinite(x[i])) {
+            (*bad)++;
+            continue;
+        }
         const double d = (double)x[i] - ref[i];
         num += d * d, den += (double)ref[i] * ref[i];
     }
@@ -124,7 +129,7 @@ static double rel(const float *x, const float *ref, size_t n, size_t *bad) {
 struct step_out {
     double loss = 0;
     std::vector<float> logits, grads, smax;
-    std::vector<int32_t> ids; /* first MoE layer's top-k */
+    std::vector<int32_t> ids;               /* first MoE layer's top-k */
     std::vector<std::vector<float>> stream; /* residual stream after each sublayer: pmid[0], pend[0], pmid[1], ... */
 };
 
@@ -182,8 +187,8 @@ static double tensor_rel(const step_out &x, const step_out &ref, const k3c_param
     return rel(x.grads.data() + p.offset, ref.grads.data() + p.offset, (size_t)p.numel, bad);
 }
 
-static void check_routes(harness &h, const std::string &shape, const char *label, const k3c_model &m,
-                         const step_out &c, const step_out &g) {
+static void check_routes(harness &h, const std::string &shape, const char *label, const k3c_model &m, const step_out &c,
+                         const step_out &g) {
     /* the same expert SET per token (the order of equal-weight picks is free) in ≥ 97% of tokens */
     const int64_t k = m.cfg.top_k, T = (int64_t)c.ids.size() / k;
     int64_t same = 0;
@@ -220,7 +225,8 @@ static void compare_model(harness &h, k3c_cuda_backend &cb, const char *label, k
     }
     h.ok(k3c_model_use_backend_f32(&gpu, &cb.table, &h.err), "use cuda backend");
     run_step(h, gpu, b, H, g);
-    printf("  %s: loss cpu %.7f cuda %.7f%s\n", label, c.loss, g.loss, strict ? fmt(" (fp16 %.7f)", g16.loss).c_str() : "");
+    printf("  %s: loss cpu %.7f cuda %.7f%s\n", label, c.loss, g.loss,
+           strict ? fmt(" (fp16 %.7f)", g16.loss).c_str() : "");
     const float gl = (float)g.loss, cl = (float)c.loss, gl16 = (float)g16.loss;
     h.compare("model loss", shape, "loss", &gl, &cl, 1, TOL);
     size_t bad = 0, b16 = 0, b0 = 0;
@@ -273,15 +279,17 @@ static void compare_model(harness &h, k3c_cuda_backend &cb, const char *label, k
     std::sort(floor_ratio.begin(), floor_ratio.end());
     const double rms_ratio = ss16 > 0 ? sqrt(ss / ss16) : (ss > 0 ? INFINITY : 0);
     printf("  %s: fp16 kernels worst rel %.3e (%s); bf16/fp16: RMS over tensors %.2f, worst tensor %.2f (%s); "
-           "bf16 error / floor: median %.2f, max %.2f\n", label, worst16, worst16_name.c_str(), rms_ratio, worst_ratio,
-           ratio_name.c_str(), floor_ratio.empty() ? 0.0 : floor_ratio[floor_ratio.size() / 2],
+           "bf16 error / floor: median %.2f, max %.2f\n",
+           label, worst16, worst16_name.c_str(), rms_ratio, worst_ratio, ratio_name.c_str(),
+           floor_ratio.empty() ? 0.0 : floor_ratio[floor_ratio.size() / 2],
            floor_ratio.empty() ? 0.0 : floor_ratio.back());
     h.check_le("model grads (fp16 kernels)", shape, "grad", b16 ? NAN : worst16, TOL);
     h.check_le("model grads bf16/fp16 (RMS)", shape, "grad", bad ? NAN : rms_ratio, PRECISION_RATIO);
 }
 
 /* Per-tensor gradient error over its bf16-operand floor: the median and the worst tensor. */
-static void ratio_summary(const k3c_model &m, const step_out &g, const step_out &c, const step_out &e, const char *what) {
+static void ratio_summary(const k3c_model &m, const step_out &g, const step_out &c, const step_out &e,
+                          const char *what) {
     std::vector<double> r;
     double worst = 0;
     std::string name;
