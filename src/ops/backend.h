@@ -26,6 +26,9 @@
         void *(*alloc)(size_t bytes);                                                                                    \
         void (*free)(void *p);                                                                                           \
         int (*sync)(k3c_err * err);                                                                                      \
+        /* host <-> backend memory (CPU: memcpy). upload is ordered on the stream; download waits for it. */             \
+        int (*upload)(void *dst, const void *host_src, size_t bytes, k3c_err *err);                                      \
+        int (*download)(void *host_dst, const void *src, size_t bytes, k3c_err *err);                                    \
         /* moves and elementwise (ops/elementwise.c) */                                                                  \
         int (*zero)(real * x, int64_t n, k3c_err *err);                                                                  \
         int (*add)(int64_t n, const real *x, real *y, k3c_err *err);                                                     \

@@ -3,10 +3,18 @@
 #include "base/real.h"
 #include "ops/backend.h"
 
+#include <string.h>
+
 static void *cpu_alloc(size_t bytes) { return k3c_aligned_alloc(bytes); }
 static void cpu_free(void *p) { k3c_aligned_free(p); }
 static int cpu_sync(k3c_err *err) {
     (void)err;
+    return K3C_OK;
+}
+
+static int cpu_copy(void *dst, const void *src, size_t bytes, k3c_err *err) {
+    (void)err;
+    if (bytes) memcpy(dst, src, bytes);
     return K3C_OK;
 }
 
@@ -99,6 +107,8 @@ static const k3c_backend cpu_table = {
     .alloc = cpu_alloc,
     .free = cpu_free,
     .sync = cpu_sync,
+    .upload = cpu_copy,
+    .download = cpu_copy,
     .zero = zero,
     .add = add,
     .copy2d = copy2d,
