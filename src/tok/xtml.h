@@ -77,7 +77,7 @@ typedef struct {
 typedef enum {
     K3C_CHAT_DELTA_REASONING,  /* text, len */
     K3C_CHAT_DELTA_CONTENT,    /* text, len */
-    K3C_CHAT_DELTA_CALL_BEGIN, /* name, index: a tool call started (its arguments follow in CALL) */
+    K3C_CHAT_DELTA_CALL_BEGIN, /* name, index: a tool call started (CALL follows, unless the output is cut off) */
     K3C_CHAT_DELTA_CALL,       /* name, index, arguments (JSON text): a tool call is complete */
     K3C_CHAT_DELTA_FINISHED,
 } k3c_chat_delta_kind;
