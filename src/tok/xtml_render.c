@@ -163,7 +163,7 @@ static void attr(builder *b, const char *key, const char *val, size_t n) {
     k3c_sbuf_init(&t);
     k3c_sbuf_append(&t, " ", 1);
     k3c_sbuf_append(&t, key, strlen(key));
-    text(b, t.buf);
+    seg(b, t.buf ? t.buf : "", t.len, 0);
     text(b, "=\"");
     t.len = 0;
     for (size_t i = 0; i < n; i++) {
@@ -684,7 +684,7 @@ static int render_xtml(builder *b, const k3c_json *messages, const k3c_json *too
         else
             k3c_sbuf_append(&t, "null", 4);
         k3c_sbuf_append(&t, "\n```", 4);
-        system_note(b, "response-format", t.buf);
+        system_note(b, "response-format", t.buf ? t.buf : "");
         k3c_sbuf_free(&t);
     }
     if (o->add_generation_prompt) {
@@ -780,7 +780,7 @@ static int render_k2(builder *b, const k3c_json *messages, const k3c_json *tools
                     k3c_sbuf t;
                     k3c_sbuf_init(&t);
                     k3c_sbuf_printf(&t, "functions.%s:%zu", fname->string, k);
-                    text(b, t.buf);
+                    seg(b, t.buf ? t.buf : "", t.len, 0);
                     k3c_sbuf_free(&t);
                 }
                 mark(b, "<|tool_call_argument_begin|>");
