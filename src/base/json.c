@@ -620,3 +620,94 @@ void k3c_sbuf_json_number(k3c_sbuf *s, double x) {
     }
     k3c_sbuf_append(s, buf, strlen(buf));
 }
+
+/* Python's repr(float) (CPython's 'r' format): the shortest round-trip digits, positional with a ".0" when the value is
+ * integral and 1e-4 <= |x| < 1e16, else d.ddde+XX. Chat renderers (XTML, K2) must reproduce Python's json.dumps bytes. */
+void k3c_sbuf_json_number_py(k3c_sbuf *s, double x) {
+    if (!isfinite(x)) {
+        k3c_sbuf_append(s, "null", 4);
+        return;
+    }
+    char buf[48];
+    for (int p = 0; p < 17; p++) {
+        snprintf(buf, sizeof buf, "%.*e", p, x);
+        if (strtod(buf, NULL) == x) break;
+    }
+    const char *q = buf;
+    if (*q == '-') k3c_sbuf_append(s, q++, 1);
+    char dig[24];
+    int nd = 0;
+    for (; *q && *q != 'e'; q++)
+        if (*q != '.') dig[nd++] = *q;
+    int decpt = atoi(q + 1) + 1; /* value = 0.DIGITS x 10^decpt */
+    if (decpt > 16 || decpt < -3) {
+        k3c_sbuf_append(s, dig, 1);
+        if (nd > 1) {
+            k3c_sbuf_append(s, ".", 1);
+            k3c_sbuf_append(s, dig + 1, (size_t)nd - 1);
+        }
+        k3c_sbuf_printf(s, "e%c%02d", decpt - 1 < 0 ? '-' : '+', abs(decpt - 1));
+    } else if (decpt <= 0) {
+        k3c_sbuf_append(s, "0.", 2);
+        for (int i = 0; i < -decpt; i++) k3c_sbuf_append(s, "0", 1);
+        k3c_sbuf_append(s, dig, (size_t)nd);
+    } else if (decpt >= nd) {
+        k3c_sbuf_append(s, dig, (size_t)nd);
+        for (int i = nd; i < decpt; i++) k3c_sbuf_append(s, "0", 1);
+        k3c_sbuf_append(s, ".0", 2);
+    } else {
+        k3c_sbuf_append(s, dig, (size_t)decpt);
+        k3c_sbuf_append(s, ".", 1);
+        k3c_sbuf_append(s, dig + decpt, (size_t)(nd - decpt));
+    }
+}
+
+static int key_cmp(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b); /* UTF-8 byte order = code point order */
+}
+
+/* Python's json.dumps(v, ensure_ascii=False, ...): integers as written, other numbers as repr(float), non-ASCII raw. */
+void k3c_sbuf_json_value(k3c_sbuf *s, const k3c_json *v, int flags) {
+    const char *comma = (flags & K3C_JSON_W_SPACED) ? ", " : ",", *colon = (flags & K3C_JSON_W_SPACED) ? ": " : ":";
+    switch (v->type) {
+    case K3C_JSON_NULL: k3c_sbuf_append(s, "null", 4); break;
+    case K3C_JSON_BOOL: v->boolean ? k3c_sbuf_append(s, "true", 4) : k3c_sbuf_append(s, "false", 5); break;
+    case K3C_JSON_NUMBER:
+        if (v->is_integer)
+            k3c_sbuf_printf(s, "%lld", (long long)v->integer);
+        else
+            k3c_sbuf_json_number_py(s, v->number);
+        break;
+    case K3C_JSON_STRING: k3c_sbuf_json_string(s, v->string, v->len); break;
+    case K3C_JSON_ARRAY:
+        k3c_sbuf_append(s, "[", 1);
+        for (size_t i = 0; i < v->n; i++) {
+            if (i) k3c_sbuf_append(s, comma, strlen(comma));
+            k3c_sbuf_json_value(s, &v->items[i], flags);
+        }
+        k3c_sbuf_append(s, "]", 1);
+        break;
+    case K3C_JSON_OBJECT: {
+        /* Sorting permutes key pointers; each key's value is found again by its (unique) position. */
+        const char **order = malloc((v->n ? v->n : 1) * sizeof *order);
+        if (!order) {
+            s->ok = 0;
+            return;
+        }
+        for (size_t i = 0; i < v->n; i++) order[i] = v->keys[i];
+        if (flags & K3C_JSON_W_SORT_KEYS) qsort(order, v->n, sizeof *order, key_cmp);
+        k3c_sbuf_append(s, "{", 1);
+        for (size_t i = 0; i < v->n; i++) {
+            size_t j = 0;
+            while (v->keys[j] != order[i]) j++;
+            if (i) k3c_sbuf_append(s, comma, strlen(comma));
+            k3c_sbuf_json_string(s, order[i], strlen(order[i]));
+            k3c_sbuf_append(s, colon, strlen(colon));
+            k3c_sbuf_json_value(s, &v->items[j], flags);
+        }
+        k3c_sbuf_append(s, "}", 1);
+        free(order);
+        break;
+    }
+    }
+}

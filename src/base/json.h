@@ -51,5 +51,12 @@ void k3c_sbuf_append(k3c_sbuf *s, const char *str, size_t n);
 void k3c_sbuf_printf(k3c_sbuf *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void k3c_sbuf_json_string(k3c_sbuf *s, const char *str, size_t n); /* quoted and escaped */
 void k3c_sbuf_json_number(k3c_sbuf *s, double x);                  /* shortest round-trip form ("%.17g" fallback) */
+void k3c_sbuf_json_number_py(k3c_sbuf *s, double x);               /* Python's repr(float): "1.0", "1e+16", "1e-05" */
+
+/* Writes v the way Python's json.dumps(v, ensure_ascii=False) does (what chat templates hash and the model saw):
+ * integers as written, other numbers as repr(float), non-ASCII raw; keys in document order unless SORT_KEYS;
+ * "," and ":" unless SPACED (", " and ": ", Python's default separators). */
+enum { K3C_JSON_W_SORT_KEYS = 1, K3C_JSON_W_SPACED = 2 };
+void k3c_sbuf_json_value(k3c_sbuf *s, const k3c_json *v, int flags);
 
 #endif

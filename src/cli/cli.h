@@ -51,5 +51,6 @@ int cmd_golden_check(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_xtml(int argc, char **argv);
 
 #endif
