@@ -44,138 +44,10 @@
 
 /* ================================================================ reading helpers */
 
-typedef struct {
-    const char *file; /* name for errors */
-    k3c_err *err;
-} pctx;
-
-/* One place a field may be spelled: key inside obj, whose path (for messages) is `path` ("" or "text_config."). */
-typedef struct {
-    const k3c_json *obj;
-    const char *path;
-    const char *key;
-} spot;
-
-#define SPOT(o, p, k) ((spot){(o), (p), (k)})
-#define NOSPOT ((spot){NULL, "", NULL})
-
-enum { F_INT, F_NUM, F_BOOL };
-enum { OPT = 0, REQ = 1, NULL_ZERO = 2 }; /* NULL_ZERO: an explicit null is present and means 0 (q_lora_rank) */
-
-static const char *type_name(const k3c_json *v) {
-    static const char *names[] = {"null", "a boolean", "a number", "a string", "an array", "an object"};
-    return names[v->type];
-}
-
-static int bad_type(pctx *c, spot s, const char *want, const k3c_json *v) {
-    int fraction = v->type == K3C_JSON_NUMBER && strcmp(want, "an integer") == 0;
-    return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected %s, got %s", c->file, s.path, s.key, want,
-                    fraction ? "a number with a fraction or exponent" : type_name(v));
-}
-
-/* Converts v (present, not null) to the requested kind into *d (and *i for integers / booleans). */
-static int convert(pctx *c, spot s, int kind, const k3c_json *v, int64_t *i, double *d) {
-    if (kind == F_INT) {
-        if (v->type != K3C_JSON_NUMBER || !v->is_integer) return bad_type(c, s, "an integer", v);
-        *i = v->integer;
-        *d = (double)v->integer;
-    } else if (kind == F_NUM) {
-        if (v->type != K3C_JSON_NUMBER) return bad_type(c, s, "a number", v);
-        if (!isfinite(v->number)) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: not finite", c->file, s.path, s.key);
-        *d = v->number;
-        *i = 0;
-    } else {
-        if (v->type != K3C_JSON_BOOL) return bad_type(c, s, "true or false", v);
-        *i = v->boolean;
-        *d = v->boolean;
-    }
-    return 0;
-}
-
-/* Reads a field that may be spelled at a or b (b.key NULL: one spelling). When both are present they must agree.
- * *present says whether any spelling was found (JSON null counts as absent unless flags has NULL_ZERO). */
-static int read_field(pctx *c, int kind, int flags, spot a, spot b, int64_t *iout, double *dout, int *present) {
-    spot sp[2] = {a, b};
-    int found = 0, nulls = 0;
-    int64_t i0 = 0;
-    double d0 = 0;
-    spot first = a;
-    for (int k = 0; k < 2; k++) {
-        if (!sp[k].key || !sp[k].obj) continue;
-        const k3c_json *v = k3c_json_get(sp[k].obj, sp[k].key);
-        if (!v) continue;
-        int64_t i = 0;
-        double d = 0;
-        if (v->type == K3C_JSON_NULL) {
-            nulls++;
-            if (!(flags & NULL_ZERO)) continue;
-        } else if (convert(c, sp[k], kind, v, &i, &d)) {
-            return c->err ? c->err->code : K3C_ECONFIG;
-        }
-        if (!found) {
-            i0 = i;
-            d0 = d;
-            first = sp[k];
-            found = 1;
-            continue;
-        }
-        if (i != i0 || d != d0)
-            return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s (%.17g) and %s%s (%.17g) disagree", c->file, first.path,
-                            first.key, d0, sp[k].path, sp[k].key, d);
-    }
-    if (!found && (flags & REQ)) {
-        if (b.key && b.obj)
-            return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s (or %s%s): %s", c->file, a.path, a.key, b.path, b.key,
-                            nulls ? "null" : "missing");
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: %s", c->file, a.path, a.key, nulls ? "null" : "missing");
-    }
-    if (iout) *iout = found ? i0 : 0;
-    if (dout) *dout = found ? d0 : 0;
-    if (present) *present = found;
-    return 0;
-}
-
-static int get_int(pctx *c, int flags, spot a, spot b, int64_t *out, int *present) {
-    return read_field(c, F_INT, flags, a, b, out, NULL, present);
-}
-static int get_num(pctx *c, int flags, spot a, spot b, double *out, int *present) {
-    return read_field(c, F_NUM, flags, a, b, NULL, out, present);
-}
-static int get_bool(pctx *c, int flags, spot a, spot b, int *out, int *present) {
-    int64_t v = 0;
-    int rc = read_field(c, F_BOOL, flags, a, b, &v, NULL, present);
-    *out = (int)v;
-    return rc;
-}
-
-/* A string field (NULL when absent or null). */
-static int get_str(pctx *c, int flags, spot s, const char **out) {
-    *out = NULL;
-    const k3c_json *v = s.obj ? k3c_json_get(s.obj, s.key) : NULL;
-    if (!v || v->type == K3C_JSON_NULL) {
-        if (flags & REQ)
-            return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: %s", c->file, s.path, s.key, v ? "null" : "missing");
-        return 0;
-    }
-    if (v->type != K3C_JSON_STRING) return bad_type(c, s, "a string", v);
-    *out = v->string;
-    return 0;
-}
-
-/* An object field (NULL when absent or null). */
-static int get_obj(pctx *c, spot s, const k3c_json **out) {
-    *out = NULL;
-    const k3c_json *v = s.obj ? k3c_json_get(s.obj, s.key) : NULL;
-    if (!v || v->type == K3C_JSON_NULL) return 0;
-    if (v->type != K3C_JSON_OBJECT) return bad_type(c, s, "an object", v);
-    *out = v;
-    return 0;
-}
-
 /* If the string at s is present it must equal `want` (settings k3c implements only one way). */
-static int expect_str(pctx *c, spot s, const char *want) {
+static int expect_str(k3c_json_ctx *c, k3c_json_spot s, const char *want) {
     const char *v;
-    int rc = get_str(c, OPT, s, &v);
+    int rc = k3c_json_get_str(c, K3C_JSON_OPT, s, &v);
     if (rc) return rc;
     if (v && strcmp(v, want) != 0)
         return k3c_errf(c->err, K3C_EUNSUPPORTED, "%s: %s%s: \"%s\" is not supported (k3c implements \"%s\")", c->file,
@@ -184,9 +56,9 @@ static int expect_str(pctx *c, spot s, const char *want) {
 }
 
 /* If the boolean at s is present it must equal `want`. */
-static int expect_bool(pctx *c, spot s, int want) {
+static int expect_bool(k3c_json_ctx *c, k3c_json_spot s, int want) {
     int v, present;
-    int rc = get_bool(c, OPT, s, NOSPOT, &v, &present);
+    int rc = k3c_json_get_bool(c, K3C_JSON_OPT, s, K3C_NOSPOT, &v, &present);
     if (rc) return rc;
     if (present && v != want)
         return k3c_errf(c->err, K3C_EUNSUPPORTED, "%s: %s%s: %s is not supported", c->file, s.path, s.key,
@@ -199,17 +71,17 @@ static int expect_bool(pctx *c, spot s, int want) {
 #define UNSET 0xFF
 
 /* Marks each one-based layer of lac[key] as `kind` in owner[]; a layer claimed twice breaks the partition. */
-static int read_layer_list(pctx *c, const k3c_json *lac, const char *path, const char *key, int64_t L, uint8_t kind,
-                           uint8_t *owner) {
-    spot s = SPOT(lac, path, key);
+static int read_layer_list(k3c_json_ctx *c, const k3c_json *lac, const char *path, const char *key, int64_t L,
+                           uint8_t kind, uint8_t *owner) {
+    k3c_json_spot s = K3C_SPOT(lac, path, key);
     const k3c_json *v = k3c_json_get(lac, key);
     if (!v || v->type == K3C_JSON_NULL) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: missing", c->file, path, key);
-    if (v->type != K3C_JSON_ARRAY) return bad_type(c, s, "an array of one-based layer numbers", v);
+    if (v->type != K3C_JSON_ARRAY) return k3c_json_bad_type(c, s, "an array of one-based layer numbers", v);
     for (size_t i = 0; i < v->n; i++) {
         const k3c_json *e = &v->items[i];
         if (e->type != K3C_JSON_NUMBER || !e->is_integer)
             return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s[%zu]: expected an integer, got %s", c->file, path, key, i,
-                            type_name(e));
+                            k3c_json_type_name(e));
         if (e->integer < 1 || e->integer > L)
             return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s[%zu]: layer %lld outside 1..%lld (the lists are one-based)",
                             c->file, path, key, i, (long long)e->integer, (long long)L);
@@ -224,7 +96,7 @@ static int read_layer_list(pctx *c, const k3c_json *lac, const char *path, const
     return 0;
 }
 
-static int plan_from_lists(pctx *c, const k3c_json *lac, const char *path, int64_t L, uint8_t *mixer) {
+static int plan_from_lists(k3c_json_ctx *c, const k3c_json *lac, const char *path, int64_t L, uint8_t *mixer) {
     memset(mixer, UNSET, (size_t)L);
     int rc = read_layer_list(c, lac, path, "kda_layers", L, K3C_MIXER_KDA, mixer);
     if (!rc) rc = read_layer_list(c, lac, path, "full_attn_layers", L, K3C_MIXER_MLA, mixer);
@@ -239,12 +111,12 @@ static int plan_from_lists(pctx *c, const k3c_json *lac, const char *path, int64
 }
 
 /* Reads a per-layer string array (layer_types / mlp_layer_types) of length L whose entries are names[0] or names[1]. */
-static int read_type_list(pctx *c, const k3c_json *obj, const char *path, const char *key, int64_t L,
+static int read_type_list(k3c_json_ctx *c, const k3c_json *obj, const char *path, const char *key, int64_t L,
                           const char *const names[2], uint8_t *out, int *present) {
     *present = 0;
     const k3c_json *v = k3c_json_get(obj, key);
     if (!v || v->type == K3C_JSON_NULL) return 0;
-    if (v->type != K3C_JSON_ARRAY) return bad_type(c, SPOT(obj, path, key), "an array of strings", v);
+    if (v->type != K3C_JSON_ARRAY) return k3c_json_bad_type(c, K3C_SPOT(obj, path, key), "an array of strings", v);
     if ((int64_t)v->n != L)
         return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: %zu entries but num_hidden_layers is %lld", c->file, path, key,
                         v->n, (long long)L);
@@ -252,7 +124,7 @@ static int read_type_list(pctx *c, const k3c_json *obj, const char *path, const 
         const k3c_json *e = &v->items[i];
         if (e->type != K3C_JSON_STRING)
             return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s[%zu]: expected a string, got %s", c->file, path, key, i,
-                            type_name(e));
+                            k3c_json_type_name(e));
         if (strcmp(e->string, names[0]) == 0)
             out[i] = 0;
         else if (strcmp(e->string, names[1]) == 0)
@@ -272,18 +144,18 @@ int k3c_config_layer_is_moe(const k3c_config *cfg, int64_t l) {
 /* ================================================================ the text model (kimi_linear, flat or text_config) */
 
 typedef struct {
-    pctx *c;
+    k3c_json_ctx *c;
     const k3c_json *t;   /* the text config object */
     const char *tp;      /* its path: "" or "text_config." */
     const k3c_json *lac; /* linear_attn_config (may be NULL) */
     char lp[64];         /* its path */
 } text_ctx;
 
-#define T(k) SPOT(x->t, x->tp, (k))
-#define LAC(k) SPOT(x->lac, x->lp, (k))
+#define T(k) K3C_SPOT(x->t, x->tp, (k))
+#define LAC(k) K3C_SPOT(x->lac, x->lp, (k))
 
 static int parse_mixer_plan(text_ctx *x, k3c_config *cfg) {
-    pctx *c = x->c;
+    k3c_json_ctx *c = x->c;
     int64_t L = cfg->num_layers;
     int has_lists = x->lac && (k3c_json_get(x->lac, "full_attn_layers") || k3c_json_get(x->lac, "kda_layers"));
     uint8_t from_types[K3C_MAX_LAYERS];
@@ -307,7 +179,7 @@ static int parse_mixer_plan(text_ctx *x, k3c_config *cfg) {
 }
 
 static int parse_ffn_plan(text_ctx *x, k3c_config *cfg) {
-    pctx *c = x->c;
+    k3c_json_ctx *c = x->c;
     for (int64_t l = 0; l < cfg->num_layers; l++)
         cfg->ffn[l] = k3c_config_layer_is_moe(cfg, l) ? K3C_FFN_MOE : K3C_FFN_DENSE;
     static const char *const ffn_names[2] = {"dense", "sparse"};
@@ -326,54 +198,59 @@ static int parse_ffn_plan(text_ctx *x, k3c_config *cfg) {
 }
 
 static int parse_kda(text_ctx *x, k3c_config *cfg, int need) {
-    pctx *c = x->c;
-    int f = need ? REQ : OPT, rc, present;
-    if ((rc = get_int(c, f, LAC("num_heads"), T("linear_num_heads"), &cfg->kda_heads, NULL)) ||
-        (rc = get_int(c, f, LAC("head_dim"), T("linear_head_dim"), &cfg->kda_head_dim, NULL)) ||
-        (rc = get_int(c, f, LAC("short_conv_kernel_size"), T("linear_conv_kernel_dim"), &cfg->conv_kernel, NULL)) ||
-        (rc = get_num(c, OPT, LAC("gate_lower_bound"), NOSPOT, &cfg->gate_lower_bound, &present)))
+    k3c_json_ctx *c = x->c;
+    int f = need ? K3C_JSON_REQ : K3C_JSON_OPT, rc, present;
+    if ((rc = k3c_json_get_int(c, f, LAC("num_heads"), T("linear_num_heads"), &cfg->kda_heads, NULL)) ||
+        (rc = k3c_json_get_int(c, f, LAC("head_dim"), T("linear_head_dim"), &cfg->kda_head_dim, NULL)) ||
+        (rc = k3c_json_get_int(c, f, LAC("short_conv_kernel_size"), T("linear_conv_kernel_dim"), &cfg->conv_kernel,
+                               NULL)) ||
+        (rc = k3c_json_get_num(c, K3C_JSON_OPT, LAC("gate_lower_bound"), K3C_NOSPOT, &cfg->gate_lower_bound, &present)))
         return rc;
     cfg->kda_gate = present ? K3C_GATE_LOWER_BOUND : K3C_GATE_SOFTPLUS;
-    return get_bool(c, OPT, LAC("use_full_rank_gate"), NOSPOT, &cfg->kda_full_rank_gate, NULL);
+    return k3c_json_get_bool(c, K3C_JSON_OPT, LAC("use_full_rank_gate"), K3C_NOSPOT, &cfg->kda_full_rank_gate, NULL);
 }
 
 static int parse_mla(text_ctx *x, k3c_config *cfg, int need) {
-    pctx *c = x->c;
-    int f = need ? REQ : OPT, rc;
-    if ((rc = get_int(c, f, T("num_attention_heads"), NOSPOT, &cfg->mla_heads, NULL)) ||
-        (rc = get_int(c, f, T("num_key_value_heads"), NOSPOT, &cfg->mla_kv_heads, NULL)) ||
-        (rc = get_int(c, f | NULL_ZERO, T("q_lora_rank"), NOSPOT, &cfg->q_lora_rank, NULL)) ||
-        (rc = get_int(c, f, T("kv_lora_rank"), NOSPOT, &cfg->kv_lora_rank, NULL)) ||
-        (rc = get_int(c, f, T("qk_nope_head_dim"), NOSPOT, &cfg->qk_nope_dim, NULL)) ||
-        (rc = get_int(c, f, T("qk_rope_head_dim"), NOSPOT, &cfg->qk_rope_dim, NULL)) ||
-        (rc = get_int(c, f, T("v_head_dim"), NOSPOT, &cfg->v_head_dim, NULL)) ||
-        (rc = get_bool(c, OPT, T("mla_use_output_gate"), NOSPOT, &cfg->mla_output_gate, NULL)))
+    k3c_json_ctx *c = x->c;
+    int f = need ? K3C_JSON_REQ : K3C_JSON_OPT, rc;
+    if ((rc = k3c_json_get_int(c, f, T("num_attention_heads"), K3C_NOSPOT, &cfg->mla_heads, NULL)) ||
+        (rc = k3c_json_get_int(c, f, T("num_key_value_heads"), K3C_NOSPOT, &cfg->mla_kv_heads, NULL)) ||
+        (rc = k3c_json_get_int(c, f | K3C_JSON_NULL_ZERO, T("q_lora_rank"), K3C_NOSPOT, &cfg->q_lora_rank, NULL)) ||
+        (rc = k3c_json_get_int(c, f, T("kv_lora_rank"), K3C_NOSPOT, &cfg->kv_lora_rank, NULL)) ||
+        (rc = k3c_json_get_int(c, f, T("qk_nope_head_dim"), K3C_NOSPOT, &cfg->qk_nope_dim, NULL)) ||
+        (rc = k3c_json_get_int(c, f, T("qk_rope_head_dim"), K3C_NOSPOT, &cfg->qk_rope_dim, NULL)) ||
+        (rc = k3c_json_get_int(c, f, T("v_head_dim"), K3C_NOSPOT, &cfg->v_head_dim, NULL)) ||
+        (rc = k3c_json_get_bool(c, K3C_JSON_OPT, T("mla_use_output_gate"), K3C_NOSPOT, &cfg->mla_output_gate, NULL)))
         return rc;
     /* k3c's MLA is NoPE (the 64-dim k_pe slot is never rotated, §7 #2): a config asking for RoPE is not ours. */
     return expect_bool(c, T("mla_use_nope"), 1);
 }
 
 static int parse_moe(text_ctx *x, k3c_config *cfg) {
-    pctx *c = x->c;
+    k3c_json_ctx *c = x->c;
     int rc, present;
-    if ((rc = get_int(c, OPT, T("num_experts"), T("n_routed_experts"), &cfg->num_experts, &present))) return rc;
+    if ((rc = k3c_json_get_int(c, K3C_JSON_OPT, T("num_experts"), T("n_routed_experts"), &cfg->num_experts, &present)))
+        return rc;
     if (present && cfg->num_experts < 1)
         return k3c_errf(c->err, K3C_ECONFIG, "%s: %snum_experts: must be >= 1 (got %lld; omit it for a dense model)",
                         c->file, x->tp, (long long)cfg->num_experts);
     if (!present) return 0; /* a dense model: every MoE field stays 0 */
     int64_t freq = 1;
     int has_freq;
-    if ((rc = get_int(c, REQ, T("num_experts_per_token"), T("num_experts_per_tok"), &cfg->top_k, NULL)) ||
-        (rc = get_int(c, REQ, T("num_shared_experts"), NOSPOT, &cfg->num_shared_experts, NULL)) ||
-        (rc = get_int(c, REQ, T("moe_intermediate_size"), NOSPOT, &cfg->moe_intermediate_size, NULL)) ||
-        (rc = get_bool(c, REQ, T("moe_renormalize"), T("norm_topk_prob"), &cfg->renormalize, NULL)) ||
-        (rc = get_num(c, REQ, T("routed_scaling_factor"), NOSPOT, &cfg->routed_scaling_factor, NULL)) ||
-        (rc = get_int(c, REQ, T("num_expert_group"), T("n_group"), &cfg->num_expert_group, NULL)) ||
-        (rc = get_int(c, REQ, T("topk_group"), NOSPOT, &cfg->topk_group, NULL)) ||
-        (rc = get_int(c, REQ, T("first_k_dense_replace"), NOSPOT, &cfg->first_k_dense, NULL)) ||
-        (rc = get_int(c, OPT, T("moe_layer_freq"), NOSPOT, &freq, &has_freq)) ||
-        (rc = get_int(c, OPT, T("routed_expert_hidden_size"), NOSPOT, &cfg->latent_dim, NULL)) ||
-        (rc = get_bool(c, OPT, T("latent_moe_use_norm"), NOSPOT, &cfg->latent_norm, NULL)) ||
+    if ((rc = k3c_json_get_int(c, K3C_JSON_REQ, T("num_experts_per_token"), T("num_experts_per_tok"), &cfg->top_k,
+                               NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_REQ, T("num_shared_experts"), K3C_NOSPOT, &cfg->num_shared_experts, NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_REQ, T("moe_intermediate_size"), K3C_NOSPOT, &cfg->moe_intermediate_size,
+                               NULL)) ||
+        (rc = k3c_json_get_bool(c, K3C_JSON_REQ, T("moe_renormalize"), T("norm_topk_prob"), &cfg->renormalize, NULL)) ||
+        (rc = k3c_json_get_num(c, K3C_JSON_REQ, T("routed_scaling_factor"), K3C_NOSPOT, &cfg->routed_scaling_factor,
+                               NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_REQ, T("num_expert_group"), T("n_group"), &cfg->num_expert_group, NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_REQ, T("topk_group"), K3C_NOSPOT, &cfg->topk_group, NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_REQ, T("first_k_dense_replace"), K3C_NOSPOT, &cfg->first_k_dense, NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_OPT, T("moe_layer_freq"), K3C_NOSPOT, &freq, &has_freq)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_OPT, T("routed_expert_hidden_size"), K3C_NOSPOT, &cfg->latent_dim, NULL)) ||
+        (rc = k3c_json_get_bool(c, K3C_JSON_OPT, T("latent_moe_use_norm"), K3C_NOSPOT, &cfg->latent_norm, NULL)) ||
         (rc = expect_str(c, T("moe_router_activation_func"), "sigmoid")))
         return rc;
     cfg->moe_layer_freq = has_freq ? freq : 1;
@@ -381,9 +258,9 @@ static int parse_moe(text_ctx *x, k3c_config *cfg) {
 }
 
 static int parse_act(text_ctx *x, k3c_config *cfg) {
-    pctx *c = x->c;
+    k3c_json_ctx *c = x->c;
     const char *act;
-    int rc = get_str(c, REQ, T("hidden_act"), &act);
+    int rc = k3c_json_get_str(c, K3C_JSON_REQ, T("hidden_act"), &act);
     if (rc) return rc;
     if (strcmp(act, "silu") == 0)
         cfg->act = K3C_ACT_SILU;
@@ -393,24 +270,25 @@ static int parse_act(text_ctx *x, k3c_config *cfg) {
         return k3c_errf(c->err, K3C_ECONFIG,
                         "%s: %shidden_act: unknown activation \"%s\" (expected \"silu\" or \"situ\")", c->file, x->tp,
                         act);
-    int f = cfg->act == K3C_ACT_SITU ? REQ : OPT;
-    if ((rc = get_num(c, f, T("activation_situ_beta"), NOSPOT, &cfg->situ_beta, NULL))) return rc;
-    return get_num(c, f, T("activation_situ_linear_beta"), NOSPOT, &cfg->situ_linear_beta, NULL);
+    int f = cfg->act == K3C_ACT_SITU ? K3C_JSON_REQ : K3C_JSON_OPT;
+    if ((rc = k3c_json_get_num(c, f, T("activation_situ_beta"), K3C_NOSPOT, &cfg->situ_beta, NULL))) return rc;
+    return k3c_json_get_num(c, f, T("activation_situ_linear_beta"), K3C_NOSPOT, &cfg->situ_linear_beta, NULL);
 }
 
 /* Everything a kimi_linear text config holds (the flat kimi_linear file, or kimi_k3's text_config). */
-static int parse_text(pctx *c, const k3c_json *t, const char *tp, k3c_config *cfg) {
+static int parse_text(k3c_json_ctx *c, const k3c_json *t, const char *tp, k3c_config *cfg) {
     text_ctx xs = {c, t, tp, NULL, {0}}, *x = &xs;
     snprintf(x->lp, sizeof x->lp, "%slinear_attn_config.", tp);
     int rc;
-    if ((rc = get_obj(c, T("linear_attn_config"), &x->lac))) return rc;
-    if ((rc = get_int(c, REQ, T("vocab_size"), NOSPOT, &cfg->vocab_size, NULL)) ||
-        (rc = get_int(c, REQ, T("hidden_size"), NOSPOT, &cfg->hidden_size, NULL)) ||
-        (rc = get_int(c, REQ, T("num_hidden_layers"), NOSPOT, &cfg->num_layers, NULL)) ||
-        (rc = get_int(c, REQ, T("intermediate_size"), NOSPOT, &cfg->intermediate_size, NULL)) ||
-        (rc = get_int(c, REQ, T("model_max_length"), T("max_position_embeddings"), &cfg->max_positions, NULL)) ||
-        (rc = get_num(c, REQ, T("rms_norm_eps"), NOSPOT, &cfg->rms_norm_eps, NULL)) ||
-        (rc = get_int(c, OPT, T("attn_res_block_size"), NOSPOT, &cfg->attn_res_block, NULL)))
+    if ((rc = k3c_json_get_obj(c, T("linear_attn_config"), &x->lac))) return rc;
+    if ((rc = k3c_json_get_int(c, K3C_JSON_REQ, T("vocab_size"), K3C_NOSPOT, &cfg->vocab_size, NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_REQ, T("hidden_size"), K3C_NOSPOT, &cfg->hidden_size, NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_REQ, T("num_hidden_layers"), K3C_NOSPOT, &cfg->num_layers, NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_REQ, T("intermediate_size"), K3C_NOSPOT, &cfg->intermediate_size, NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_REQ, T("model_max_length"), T("max_position_embeddings"),
+                               &cfg->max_positions, NULL)) ||
+        (rc = k3c_json_get_num(c, K3C_JSON_REQ, T("rms_norm_eps"), K3C_NOSPOT, &cfg->rms_norm_eps, NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_OPT, T("attn_res_block_size"), K3C_NOSPOT, &cfg->attn_res_block, NULL)))
         return rc;
     if (cfg->num_layers < 1 || cfg->num_layers > K3C_MAX_LAYERS)
         return k3c_errf(c->err, K3C_ECONFIG, "%s: %snum_hidden_layers: %lld outside 1..%d (K3C_MAX_LAYERS)", c->file,
@@ -421,7 +299,8 @@ static int parse_text(pctx *c, const k3c_json *t, const char *tp, k3c_config *cf
     int nmla = k3c_config_num_mla(cfg);
     if ((rc = parse_kda(x, cfg, nmla < cfg->num_layers)) || (rc = parse_mla(x, cfg, nmla > 0))) return rc;
     int has_eps;
-    if ((rc = get_num(c, OPT, T("mla_norm_eps"), NOSPOT, &cfg->mla_norm_eps, &has_eps))) return rc;
+    if ((rc = k3c_json_get_num(c, K3C_JSON_OPT, T("mla_norm_eps"), K3C_NOSPOT, &cfg->mla_norm_eps, &has_eps)))
+        return rc;
     if (!has_eps) cfg->mla_norm_eps = strcmp(cfg->model_type, KIMI_K3) == 0 ? cfg->rms_norm_eps : 1e-6;
     return 0;
 }
@@ -429,11 +308,11 @@ static int parse_text(pctx *c, const k3c_json *t, const char *tp, k3c_config *cf
 /* ================================================================ quantization_config (§3.3) and vision_config (§3.4) */
 
 /* Reads one quantization_config object into (*mxfp4, *group). Only compressed-tensors MXFP4 is understood. */
-static int parse_quant(pctx *c, const k3c_json *q, const char *path, int *mxfp4, int64_t *group) {
+static int parse_quant(k3c_json_ctx *c, const k3c_json *q, const char *path, int *mxfp4, int64_t *group) {
     const char *method, *format;
     int rc;
-    if ((rc = get_str(c, REQ, SPOT(q, path, "quant_method"), &method)) ||
-        (rc = get_str(c, REQ, SPOT(q, path, "format"), &format)))
+    if ((rc = k3c_json_get_str(c, K3C_JSON_REQ, K3C_SPOT(q, path, "quant_method"), &method)) ||
+        (rc = k3c_json_get_str(c, K3C_JSON_REQ, K3C_SPOT(q, path, "format"), &format)))
         return rc;
     if (strcmp(method, "compressed-tensors") != 0 || strcmp(format, MXFP4_FORMAT) != 0)
         return k3c_errf(c->err, K3C_EUNSUPPORTED,
@@ -442,22 +321,22 @@ static int parse_quant(pctx *c, const k3c_json *q, const char *path, int *mxfp4,
     const k3c_json *groups;
     char gpath[160], wpath[192];
     snprintf(gpath, sizeof gpath, "%sconfig_groups", path);
-    if ((rc = get_obj(c, SPOT(q, path, "config_groups"), &groups))) return rc;
+    if ((rc = k3c_json_get_obj(c, K3C_SPOT(q, path, "config_groups"), &groups))) return rc;
     if (!groups || groups->n == 0) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s: missing or empty", c->file, gpath);
     *group = 0;
     for (size_t g = 0; g < groups->n; g++) {
         const k3c_json *gr = &groups->items[g], *w;
         snprintf(gpath, sizeof gpath, "%sconfig_groups.%s.", path, groups->keys[g]);
-        if (gr->type != K3C_JSON_OBJECT) return bad_type(c, SPOT(groups, gpath, ""), "an object", gr);
-        if ((rc = expect_str(c, SPOT(gr, gpath, "format"), MXFP4_FORMAT)) ||
-            (rc = get_obj(c, SPOT(gr, gpath, "weights"), &w)))
+        if (gr->type != K3C_JSON_OBJECT) return k3c_json_bad_type(c, K3C_SPOT(groups, gpath, ""), "an object", gr);
+        if ((rc = expect_str(c, K3C_SPOT(gr, gpath, "format"), MXFP4_FORMAT)) ||
+            (rc = k3c_json_get_obj(c, K3C_SPOT(gr, gpath, "weights"), &w)))
             return rc;
         if (!w) return k3c_errf(c->err, K3C_ECONFIG, "%s: %sweights: missing", c->file, gpath);
         snprintf(wpath, sizeof wpath, "%sweights.", gpath);
         int64_t bits, gs;
-        if ((rc = get_int(c, REQ, SPOT(w, wpath, "num_bits"), NOSPOT, &bits, NULL)) ||
-            (rc = get_int(c, REQ, SPOT(w, wpath, "group_size"), NOSPOT, &gs, NULL)) ||
-            (rc = expect_str(c, SPOT(w, wpath, "type"), "float")))
+        if ((rc = k3c_json_get_int(c, K3C_JSON_REQ, K3C_SPOT(w, wpath, "num_bits"), K3C_NOSPOT, &bits, NULL)) ||
+            (rc = k3c_json_get_int(c, K3C_JSON_REQ, K3C_SPOT(w, wpath, "group_size"), K3C_NOSPOT, &gs, NULL)) ||
+            (rc = expect_str(c, K3C_SPOT(w, wpath, "type"), "float")))
             return rc;
         if (bits != 4)
             return k3c_errf(c->err, K3C_EUNSUPPORTED, "%s: %snum_bits: %lld (MXFP4 has 4)", c->file, wpath,
@@ -472,10 +351,10 @@ static int parse_quant(pctx *c, const k3c_json *q, const char *path, int *mxfp4,
 }
 
 /* quantization_config may sit at the top level and/or inside text_config (§3.3); when both exist they must agree. */
-static int parse_quant_both(pctx *c, const k3c_json *root, const k3c_json *text, k3c_config *cfg) {
+static int parse_quant_both(k3c_json_ctx *c, const k3c_json *root, const k3c_json *text, k3c_config *cfg) {
     const k3c_json *qa = NULL, *qb = NULL;
-    int rc = get_obj(c, SPOT(root, "", "quantization_config"), &qa);
-    if (!rc && text != root) rc = get_obj(c, SPOT(text, "text_config.", "quantization_config"), &qb);
+    int rc = k3c_json_get_obj(c, K3C_SPOT(root, "", "quantization_config"), &qa);
+    if (!rc && text != root) rc = k3c_json_get_obj(c, K3C_SPOT(text, "text_config.", "quantization_config"), &qb);
     if (rc) return rc;
     int ma = 0, mb = 0;
     int64_t ga = 0, gb = 0;
@@ -506,22 +385,22 @@ static const struct {
 };
 static const char *const vision_no_bias[] = {"attn_bias", "linear_bias", "patch_embed_proj_bias"};
 
-static int parse_vision(pctx *c, const k3c_json *v, k3c_vision_config *vc) {
+static int parse_vision(k3c_json_ctx *c, const k3c_json *v, k3c_vision_config *vc) {
     const char *p = "vision_config.";
-#define V(k) SPOT(v, p, (k))
+#define V(k) K3C_SPOT(v, p, (k))
     int rc;
-    if ((rc = get_int(c, REQ, V("patch_size"), NOSPOT, &vc->patch_size, NULL)) ||
-        (rc = get_int(c, REQ, V("vt_hidden_size"), NOSPOT, &vc->hidden, NULL)) ||
-        (rc = get_int(c, REQ, V("vt_intermediate_size"), NOSPOT, &vc->intermediate, NULL)) ||
-        (rc = get_int(c, REQ, V("vt_num_attention_heads"), NOSPOT, &vc->heads, NULL)) ||
-        (rc = get_int(c, REQ, V("vt_num_hidden_layers"), NOSPOT, &vc->layers, NULL)) ||
-        (rc = get_int(c, REQ, V("qkv_hidden_size"), NOSPOT, &vc->qkv_hidden, NULL)) ||
-        (rc = get_int(c, REQ, V("mm_hidden_size"), NOSPOT, &vc->mm_hidden, NULL)) ||
-        (rc = get_int(c, REQ, V("text_hidden_size"), NOSPOT, &vc->text_hidden, NULL)) ||
-        (rc = get_int(c, REQ, V("init_pos_emb_height"), NOSPOT, &vc->pos_emb_h, NULL)) ||
-        (rc = get_int(c, REQ, V("init_pos_emb_width"), NOSPOT, &vc->pos_emb_w, NULL)) ||
-        (rc = get_int(c, REQ, V("init_pos_emb_time"), NOSPOT, &vc->pos_emb_t, NULL)) ||
-        (rc = get_num(c, REQ, V("projector_ln_eps"), NOSPOT, &vc->ln_eps, NULL)))
+    if ((rc = k3c_json_get_int(c, K3C_JSON_REQ, V("patch_size"), K3C_NOSPOT, &vc->patch_size, NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_REQ, V("vt_hidden_size"), K3C_NOSPOT, &vc->hidden, NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_REQ, V("vt_intermediate_size"), K3C_NOSPOT, &vc->intermediate, NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_REQ, V("vt_num_attention_heads"), K3C_NOSPOT, &vc->heads, NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_REQ, V("vt_num_hidden_layers"), K3C_NOSPOT, &vc->layers, NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_REQ, V("qkv_hidden_size"), K3C_NOSPOT, &vc->qkv_hidden, NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_REQ, V("mm_hidden_size"), K3C_NOSPOT, &vc->mm_hidden, NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_REQ, V("text_hidden_size"), K3C_NOSPOT, &vc->text_hidden, NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_REQ, V("init_pos_emb_height"), K3C_NOSPOT, &vc->pos_emb_h, NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_REQ, V("init_pos_emb_width"), K3C_NOSPOT, &vc->pos_emb_w, NULL)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_REQ, V("init_pos_emb_time"), K3C_NOSPOT, &vc->pos_emb_t, NULL)) ||
+        (rc = k3c_json_get_num(c, K3C_JSON_REQ, V("projector_ln_eps"), K3C_NOSPOT, &vc->ln_eps, NULL)))
         return rc;
     for (size_t i = 0; i < sizeof vision_fixed / sizeof *vision_fixed; i++)
         if ((rc = expect_str(c, V(vision_fixed[i].key), vision_fixed[i].value))) return rc;
@@ -543,17 +422,20 @@ static int parse_vision(pctx *c, const k3c_json *v, k3c_vision_config *vc) {
 /* ================================================================ top level */
 
 /* Token ids and tie_word_embeddings: kimi_k3 keeps them in text_config and/or at the top level (they must agree). */
-static int parse_ids(pctx *c, const k3c_json *root, const k3c_json *text, k3c_config *cfg) {
-    spot top_b = SPOT(root, "", "bos_token_id"), top_e = SPOT(root, "", "eos_token_id"),
-         top_p = SPOT(root, "", "pad_token_id"), top_t = SPOT(root, "", "tie_word_embeddings");
+static int parse_ids(k3c_json_ctx *c, const k3c_json *root, const k3c_json *text, k3c_config *cfg) {
+    k3c_json_spot top_b = K3C_SPOT(root, "", "bos_token_id"), top_e = K3C_SPOT(root, "", "eos_token_id"),
+                  top_p = K3C_SPOT(root, "", "pad_token_id"), top_t = K3C_SPOT(root, "", "tie_word_embeddings");
     int k3 = text != root;
     const char *tp = k3 ? "text_config." : "";
     int rc, pb, pe, pp;
-    if ((rc = get_int(c, OPT, SPOT(text, tp, "bos_token_id"), k3 ? top_b : NOSPOT, &cfg->bos_token_id, &pb)) ||
-        (rc = get_int(c, OPT, SPOT(text, tp, "eos_token_id"), k3 ? top_e : NOSPOT, &cfg->eos_token_id, &pe)) ||
-        (rc = get_int(c, OPT, SPOT(text, tp, "pad_token_id"), k3 ? top_p : NOSPOT, &cfg->pad_token_id, &pp)) ||
-        (rc = get_bool(c, REQ, SPOT(text, tp, "tie_word_embeddings"), k3 ? top_t : NOSPOT, &cfg->tie_word_embeddings,
-                       NULL)))
+    if ((rc = k3c_json_get_int(c, K3C_JSON_OPT, K3C_SPOT(text, tp, "bos_token_id"), k3 ? top_b : K3C_NOSPOT,
+                               &cfg->bos_token_id, &pb)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_OPT, K3C_SPOT(text, tp, "eos_token_id"), k3 ? top_e : K3C_NOSPOT,
+                               &cfg->eos_token_id, &pe)) ||
+        (rc = k3c_json_get_int(c, K3C_JSON_OPT, K3C_SPOT(text, tp, "pad_token_id"), k3 ? top_p : K3C_NOSPOT,
+                               &cfg->pad_token_id, &pp)) ||
+        (rc = k3c_json_get_bool(c, K3C_JSON_REQ, K3C_SPOT(text, tp, "tie_word_embeddings"), k3 ? top_t : K3C_NOSPOT,
+                                &cfg->tie_word_embeddings, NULL)))
         return rc;
     if (!pb) cfg->bos_token_id = -1;
     if (!pe) cfg->eos_token_id = -1;
@@ -561,19 +443,19 @@ static int parse_ids(pctx *c, const k3c_json *root, const k3c_json *text, k3c_co
     return 0;
 }
 
-static int parse_root(pctx *c, const k3c_json *root, k3c_config *cfg) {
+static int parse_root(k3c_json_ctx *c, const k3c_json *root, k3c_config *cfg) {
     if (root->type != K3C_JSON_OBJECT)
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: expected a JSON object, got %s", c->file, type_name(root));
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: expected a JSON object, got %s", c->file, k3c_json_type_name(root));
     const char *mt;
-    int rc = get_str(c, REQ, SPOT(root, "", "model_type"), &mt);
+    int rc = k3c_json_get_str(c, K3C_JSON_REQ, K3C_SPOT(root, "", "model_type"), &mt);
     if (rc) return rc;
     const k3c_json *text = root, *vision = NULL;
     if (strcmp(mt, KIMI_K3) == 0) {
         snprintf(cfg->tensor_prefix, sizeof cfg->tensor_prefix, "%s", K3_PREFIX);
-        if ((rc = get_obj(c, SPOT(root, "", "text_config"), &text))) return rc;
+        if ((rc = k3c_json_get_obj(c, K3C_SPOT(root, "", "text_config"), &text))) return rc;
         if (!text) return k3c_errf(c->err, K3C_ECONFIG, "%s: text_config: missing", c->file);
-        if ((rc = expect_str(c, SPOT(text, "text_config.", "model_type"), KIMI_LINEAR)) ||
-            (rc = get_obj(c, SPOT(root, "", "vision_config"), &vision)))
+        if ((rc = expect_str(c, K3C_SPOT(text, "text_config.", "model_type"), KIMI_LINEAR)) ||
+            (rc = k3c_json_get_obj(c, K3C_SPOT(root, "", "vision_config"), &vision)))
             return rc;
     } else if (strcmp(mt, KIMI_LINEAR) == 0) {
         if (k3c_json_get(root, "text_config") || k3c_json_get(root, "vision_config"))
@@ -600,7 +482,7 @@ int k3c_config_parse(const char *json, size_t n, const char *name_for_errors, k3
     k3c_json *root = NULL;
     int rc = k3c_json_parse(json, n, name, &root, err);
     if (rc) return rc;
-    pctx c = {name, err};
+    k3c_json_ctx c = {name, err};
     rc = parse_root(&c, root, cfg);
     k3c_json_free(root);
     if (rc) memset(cfg, 0, sizeof *cfg);
