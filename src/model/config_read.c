@@ -1,5 +1,5 @@
-/* config.c — the strict reader, validator and writer of Hugging Face config.json files for kimi_linear and kimi_k3
- * checkpoints, and the layer plan they imply (spec/CHECKPOINTS.md §2 kimi_linear, §3 kimi_k3, §4 layer kinds).
+/* config_read.c — the strict reader of Hugging Face config.json files for kimi_linear and kimi_k3 checkpoints
+ * (k3c_config_load / k3c_config_parse) and the layer plan they imply (spec/CHECKPOINTS.md §2, §3, §4 layer kinds).
  *
  * Both spellings of a kimi_linear text config are read: the released remote-code one (`linear_attn_config` with one-based
  * `kda_layers` / `full_attn_layers`, `num_experts`, `num_experts_per_token`, `moe_renormalize`, `model_max_length`, ...) and
@@ -31,16 +31,9 @@
  */
 #include "model/config.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-#define KIMI_LINEAR "kimi_linear"
-#define KIMI_K3 "kimi_k3"
-#define K3_PREFIX "language_model."
-#define MXFP4_FORMAT "mxfp4-pack-quantized"
-#define MXFP4_GROUP 32 /* OCP MX block size: one E8M0 scale per 32 elements (CHECKPOINTS.md §6) */
 
 /* ================================================================ reading helpers */
 
@@ -135,10 +128,6 @@ static int read_type_list(k3c_json_ctx *c, const k3c_json *obj, const char *path
     }
     *present = 1;
     return 0;
-}
-
-int k3c_config_layer_is_moe(const k3c_config *cfg, int64_t l) {
-    return cfg->num_experts > 0 && l >= cfg->first_k_dense && cfg->moe_layer_freq > 0 && l % cfg->moe_layer_freq == 0;
 }
 
 /* ================================================================ the text model (kimi_linear, flat or text_config) */
@@ -301,7 +290,7 @@ static int parse_text(k3c_json_ctx *c, const k3c_json *t, const char *tp, k3c_co
     int has_eps;
     if ((rc = k3c_json_get_num(c, K3C_JSON_OPT, T("mla_norm_eps"), K3C_NOSPOT, &cfg->mla_norm_eps, &has_eps)))
         return rc;
-    if (!has_eps) cfg->mla_norm_eps = strcmp(cfg->model_type, KIMI_K3) == 0 ? cfg->rms_norm_eps : 1e-6;
+    if (!has_eps) cfg->mla_norm_eps = strcmp(cfg->model_type, K3C_CFG_KIMI_K3) == 0 ? cfg->rms_norm_eps : 1e-6;
     return 0;
 }
 
@@ -314,10 +303,10 @@ static int parse_quant(k3c_json_ctx *c, const k3c_json *q, const char *path, int
     if ((rc = k3c_json_get_str(c, K3C_JSON_REQ, K3C_SPOT(q, path, "quant_method"), &method)) ||
         (rc = k3c_json_get_str(c, K3C_JSON_REQ, K3C_SPOT(q, path, "format"), &format)))
         return rc;
-    if (strcmp(method, "compressed-tensors") != 0 || strcmp(format, MXFP4_FORMAT) != 0)
+    if (strcmp(method, "compressed-tensors") != 0 || strcmp(format, K3C_CFG_MXFP4_FORMAT) != 0)
         return k3c_errf(c->err, K3C_EUNSUPPORTED,
                         "%s: %squant_method/format: \"%s\" / \"%s\" is not supported (k3c reads compressed-tensors %s)",
-                        c->file, path, method, format, MXFP4_FORMAT);
+                        c->file, path, method, format, K3C_CFG_MXFP4_FORMAT);
     const k3c_json *groups;
     char gpath[160], wpath[192];
     snprintf(gpath, sizeof gpath, "%sconfig_groups", path);
@@ -328,7 +317,7 @@ static int parse_quant(k3c_json_ctx *c, const k3c_json *q, const char *path, int
         const k3c_json *gr = &groups->items[g], *w;
         snprintf(gpath, sizeof gpath, "%sconfig_groups.%s.", path, groups->keys[g]);
         if (gr->type != K3C_JSON_OBJECT) return k3c_json_bad_type(c, K3C_SPOT(groups, gpath, ""), "an object", gr);
-        if ((rc = expect_str(c, K3C_SPOT(gr, gpath, "format"), MXFP4_FORMAT)) ||
+        if ((rc = expect_str(c, K3C_SPOT(gr, gpath, "format"), K3C_CFG_MXFP4_FORMAT)) ||
             (rc = k3c_json_get_obj(c, K3C_SPOT(gr, gpath, "weights"), &w)))
             return rc;
         if (!w) return k3c_errf(c->err, K3C_ECONFIG, "%s: %sweights: missing", c->file, gpath);
@@ -370,10 +359,9 @@ static int parse_quant_both(k3c_json_ctx *c, const k3c_json *root, const k3c_jso
     return 0;
 }
 
-/* vision_config string/bool settings k3c implements one way only (§3.4); a different value is a different model. */
-static const struct {
-    const char *key, *value;
-} vision_fixed[] = {
+/* vision_config string/bool settings k3c implements one way only (§3.4); a different value is a different model. The
+ * writer (config_write.c) writes the same tables. */
+const k3c_cfg_fixed k3c_vision_fixed[K3C_VISION_FIXED] = {
     {"merge_type", "sd2_tpool"},
     {"mm_projector_type", "patchmergerv2"},
     {"mlp_type", "mlp2"},
@@ -383,7 +371,7 @@ static const struct {
     {"pos_emb_type", "divided_fixed"},
     {"pos_emb_interpolation_mode", "bilinear"},
 };
-static const char *const vision_no_bias[] = {"attn_bias", "linear_bias", "patch_embed_proj_bias"};
+const char *const k3c_vision_no_bias[K3C_VISION_NO_BIAS] = {"attn_bias", "linear_bias", "patch_embed_proj_bias"};
 
 static int parse_vision(k3c_json_ctx *c, const k3c_json *v, k3c_vision_config *vc) {
     const char *p = "vision_config.";
@@ -402,10 +390,10 @@ static int parse_vision(k3c_json_ctx *c, const k3c_json *v, k3c_vision_config *v
         (rc = k3c_json_get_int(c, K3C_JSON_REQ, V("init_pos_emb_time"), K3C_NOSPOT, &vc->pos_emb_t, NULL)) ||
         (rc = k3c_json_get_num(c, K3C_JSON_REQ, V("projector_ln_eps"), K3C_NOSPOT, &vc->ln_eps, NULL)))
         return rc;
-    for (size_t i = 0; i < sizeof vision_fixed / sizeof *vision_fixed; i++)
-        if ((rc = expect_str(c, V(vision_fixed[i].key), vision_fixed[i].value))) return rc;
-    for (size_t i = 0; i < sizeof vision_no_bias / sizeof *vision_no_bias; i++)
-        if ((rc = expect_bool(c, V(vision_no_bias[i]), 0))) return rc;
+    for (size_t i = 0; i < K3C_VISION_FIXED; i++)
+        if ((rc = expect_str(c, V(k3c_vision_fixed[i].key), k3c_vision_fixed[i].value))) return rc;
+    for (size_t i = 0; i < K3C_VISION_NO_BIAS; i++)
+        if ((rc = expect_bool(c, V(k3c_vision_no_bias[i]), 0))) return rc;
     const k3c_json *mk = k3c_json_get(v, "merge_kernel_size");
     if (!mk) return k3c_errf(c->err, K3C_ECONFIG, "%s: vision_config.merge_kernel_size: missing", c->file);
     if (mk->type != K3C_JSON_ARRAY || mk->n != 2 || mk->items[0].type != K3C_JSON_NUMBER || !mk->items[0].is_integer ||
@@ -450,14 +438,14 @@ static int parse_root(k3c_json_ctx *c, const k3c_json *root, k3c_config *cfg) {
     int rc = k3c_json_get_str(c, K3C_JSON_REQ, K3C_SPOT(root, "", "model_type"), &mt);
     if (rc) return rc;
     const k3c_json *text = root, *vision = NULL;
-    if (strcmp(mt, KIMI_K3) == 0) {
-        snprintf(cfg->tensor_prefix, sizeof cfg->tensor_prefix, "%s", K3_PREFIX);
+    if (strcmp(mt, K3C_CFG_KIMI_K3) == 0) {
+        snprintf(cfg->tensor_prefix, sizeof cfg->tensor_prefix, "%s", K3C_CFG_K3_PREFIX);
         if ((rc = k3c_json_get_obj(c, K3C_SPOT(root, "", "text_config"), &text))) return rc;
         if (!text) return k3c_errf(c->err, K3C_ECONFIG, "%s: text_config: missing", c->file);
-        if ((rc = expect_str(c, K3C_SPOT(text, "text_config.", "model_type"), KIMI_LINEAR)) ||
+        if ((rc = expect_str(c, K3C_SPOT(text, "text_config.", "model_type"), K3C_CFG_KIMI_LINEAR)) ||
             (rc = k3c_json_get_obj(c, K3C_SPOT(root, "", "vision_config"), &vision)))
             return rc;
-    } else if (strcmp(mt, KIMI_LINEAR) == 0) {
+    } else if (strcmp(mt, K3C_CFG_KIMI_LINEAR) == 0) {
         if (k3c_json_get(root, "text_config") || k3c_json_get(root, "vision_config"))
             return k3c_errf(c->err, K3C_ECONFIG,
                             "%s: model_type \"kimi_linear\" is a flat text config; "
@@ -509,444 +497,4 @@ int k3c_config_load(const char *path, k3c_config *cfg, k3c_err *err) {
     free(text);
     free(file);
     return rc;
-}
-
-/* ================================================================ validation */
-
-int k3c_config_num_mla(const k3c_config *cfg) {
-    int n = 0;
-    for (int64_t l = 0; l < cfg->num_layers && l < K3C_MAX_LAYERS; l++) n += cfg->mixer[l] == K3C_MIXER_MLA;
-    return n;
-}
-
-int k3c_config_num_moe(const k3c_config *cfg) {
-    int n = 0;
-    for (int64_t l = 0; l < cfg->num_layers && l < K3C_MAX_LAYERS; l++) n += cfg->ffn[l] == K3C_FFN_MOE;
-    return n;
-}
-
-typedef struct {
-    const char *file, *tp; /* tp: "text_config." for kimi_k3 */
-    k3c_err *err;
-    int rc;
-} vctx;
-
-/* Records the first failure: "file: <tp>field: must be ... (got v)". */
-static void need(vctx *v, int ok, const char *field, const char *rule, double got) {
-    if (ok || v->rc) return;
-    v->rc = k3c_errf(v->err, K3C_ECONFIG, "%s: %s%s: must be %s (got %.17g)", v->file, v->tp, field, rule, got);
-}
-#define POS(v, x, field) need((v), (x) > 0, (field), "positive", (double)(x))
-
-static void validate_kda(vctx *v, const k3c_config *cfg, int any) {
-    if (any) {
-        POS(v, cfg->kda_heads, "linear_attn_config.num_heads");
-        POS(v, cfg->kda_head_dim, "linear_attn_config.head_dim");
-        POS(v, cfg->conv_kernel, "linear_attn_config.short_conv_kernel_size");
-    }
-    need(v, cfg->kda_heads >= 0 && cfg->kda_head_dim >= 0 && cfg->conv_kernel >= 0, "linear_attn_config",
-         "non-negative sizes", (double)cfg->kda_heads);
-    need(v, cfg->kda_gate == K3C_GATE_SOFTPLUS || cfg->kda_gate == K3C_GATE_LOWER_BOUND, "linear_attn_config.gate",
-         "softplus (0) or lower bound (1)", cfg->kda_gate);
-    if (cfg->kda_gate == K3C_GATE_LOWER_BOUND)
-        need(v, cfg->gate_lower_bound >= -5.0 && cfg->gate_lower_bound < 0, "linear_attn_config.gate_lower_bound",
-             "in [-5, 0)", cfg->gate_lower_bound);
-    else
-        need(v, cfg->gate_lower_bound == 0, "linear_attn_config.gate_lower_bound", "unset (0) with the softplus gate",
-             cfg->gate_lower_bound);
-    need(v, cfg->kda_full_rank_gate == 0 || cfg->kda_full_rank_gate == 1, "linear_attn_config.use_full_rank_gate",
-         "0 or 1", cfg->kda_full_rank_gate);
-}
-
-static void validate_mla(vctx *v, const k3c_config *cfg, int any) {
-    if (any) {
-        POS(v, cfg->mla_heads, "num_attention_heads");
-        POS(v, cfg->kv_lora_rank, "kv_lora_rank");
-        POS(v, cfg->qk_nope_dim, "qk_nope_head_dim");
-        POS(v, cfg->qk_rope_dim, "qk_rope_head_dim");
-        POS(v, cfg->v_head_dim, "v_head_dim");
-        /* MLA shares one latent across heads; k3c has no grouped-query MLA. */
-        need(v, cfg->mla_kv_heads == cfg->mla_heads, "num_key_value_heads", "equal to num_attention_heads (MLA)",
-             (double)cfg->mla_kv_heads);
-        POS(v, cfg->mla_norm_eps, "mla_norm_eps");
-    }
-    need(v, cfg->q_lora_rank >= 0, "q_lora_rank", "null (0) or positive", (double)cfg->q_lora_rank);
-    need(v,
-         cfg->mla_heads >= 0 && cfg->kv_lora_rank >= 0 && cfg->qk_nope_dim >= 0 && cfg->qk_rope_dim >= 0 &&
-             cfg->v_head_dim >= 0 && cfg->mla_kv_heads >= 0,
-         "num_attention_heads/kv_lora_rank/...", "non-negative", 0);
-    need(v, cfg->mla_output_gate == 0 || cfg->mla_output_gate == 1, "mla_use_output_gate", "0 or 1",
-         cfg->mla_output_gate);
-}
-
-static void validate_moe(vctx *v, const k3c_config *cfg) {
-    need(v, cfg->num_experts >= 0, "num_experts", "non-negative", (double)cfg->num_experts);
-    if (cfg->num_experts > 0) {
-        need(v, cfg->top_k >= 1 && cfg->top_k <= cfg->num_experts, "num_experts_per_token", "in 1..num_experts",
-             (double)cfg->top_k);
-        need(v, cfg->num_shared_experts >= 0, "num_shared_experts", "non-negative", (double)cfg->num_shared_experts);
-        POS(v, cfg->moe_intermediate_size, "moe_intermediate_size");
-        POS(v, cfg->routed_scaling_factor, "routed_scaling_factor");
-        POS(v, cfg->num_expert_group, "num_expert_group");
-        need(v, cfg->num_expert_group > 0 && cfg->num_experts % cfg->num_expert_group == 0, "num_expert_group",
-             "a divisor of num_experts", (double)cfg->num_expert_group);
-        need(v, cfg->topk_group >= 1 && cfg->topk_group <= cfg->num_expert_group, "topk_group",
-             "in 1..num_expert_group", (double)cfg->topk_group);
-        need(v, cfg->first_k_dense >= 0, "first_k_dense_replace", "non-negative", (double)cfg->first_k_dense);
-        POS(v, cfg->moe_layer_freq, "moe_layer_freq");
-        need(v, cfg->latent_dim >= 0, "routed_expert_hidden_size", "non-negative", (double)cfg->latent_dim);
-        need(v, cfg->renormalize == 0 || cfg->renormalize == 1, "moe_renormalize", "0 or 1", cfg->renormalize);
-    }
-    need(v, !cfg->latent_norm || cfg->latent_dim > 0, "latent_moe_use_norm", "false without routed_expert_hidden_size",
-         cfg->latent_norm);
-    vctx q = *v; /* quantization_config may sit at the top level or in text_config: name it without a prefix */
-    q.tp = "";
-    if (cfg->experts_mxfp4) {
-        need(&q, cfg->num_experts > 0, "quantization_config", "absent without routed experts",
-             (double)cfg->num_experts);
-        need(&q, cfg->mxfp4_group == MXFP4_GROUP, "quantization_config.config_groups.*.weights.group_size",
-             "32 (the MXFP4 block)", (double)cfg->mxfp4_group);
-        int64_t in1 = cfg->latent_dim > 0 ? cfg->latent_dim : cfg->hidden_size;
-        need(v, in1 % MXFP4_GROUP == 0 && cfg->moe_intermediate_size % MXFP4_GROUP == 0, "moe_intermediate_size",
-             "such that every expert input width is a multiple of 32 (MXFP4 groups)",
-             (double)cfg->moe_intermediate_size);
-    } else {
-        need(&q, cfg->mxfp4_group == 0, "quantization_config.group_size", "0 without MXFP4", (double)cfg->mxfp4_group);
-    }
-    v->rc = q.rc;
-}
-
-static void validate_plan(vctx *v, const k3c_config *cfg) {
-    for (int64_t l = 0; l < cfg->num_layers && !v->rc; l++) {
-        if (cfg->mixer[l] > K3C_MIXER_MLA)
-            v->rc = k3c_errf(v->err, K3C_ECONFIG, "%s: layer %lld: mixer %d is neither KDA nor MLA", v->file,
-                             (long long)l, cfg->mixer[l]);
-        else if (cfg->ffn[l] != (k3c_config_layer_is_moe(cfg, l) ? K3C_FFN_MOE : K3C_FFN_DENSE))
-            v->rc = k3c_errf(v->err, K3C_ECONFIG,
-                             "%s: layer %lld: ffn %s contradicts num_experts / first_k_dense_replace / moe_layer_freq",
-                             v->file, (long long)l, cfg->ffn[l] == K3C_FFN_MOE ? "MoE" : "dense");
-    }
-}
-
-static void validate_vision(vctx *v, const k3c_config *cfg) {
-    const k3c_vision_config *vc = &cfg->vision;
-    if (!vc->present) return;
-    vctx vv = *v;
-    vv.tp = "vision_config.";
-    POS(&vv, vc->patch_size, "patch_size");
-    POS(&vv, vc->hidden, "vt_hidden_size");
-    POS(&vv, vc->intermediate, "vt_intermediate_size");
-    POS(&vv, vc->heads, "vt_num_attention_heads");
-    POS(&vv, vc->layers, "vt_num_hidden_layers");
-    POS(&vv, vc->qkv_hidden, "qkv_hidden_size");
-    need(&vv, vc->heads > 0 && vc->qkv_hidden % vc->heads == 0, "qkv_hidden_size",
-         "a multiple of vt_num_attention_heads", (double)vc->qkv_hidden);
-    POS(&vv, vc->mm_hidden, "mm_hidden_size");
-    need(&vv, vc->text_hidden == cfg->hidden_size, "text_hidden_size", "equal to the text hidden_size",
-         (double)vc->text_hidden);
-    POS(&vv, vc->merge_kernel[0], "merge_kernel_size[0]");
-    POS(&vv, vc->merge_kernel[1], "merge_kernel_size[1]");
-    POS(&vv, vc->pos_emb_h, "init_pos_emb_height");
-    POS(&vv, vc->pos_emb_w, "init_pos_emb_width");
-    POS(&vv, vc->pos_emb_t, "init_pos_emb_time");
-    POS(&vv, vc->ln_eps, "projector_ln_eps");
-    need(&vv, strcmp(cfg->model_type, KIMI_K3) == 0, "present", "only with model_type kimi_k3", 1);
-    v->rc = vv.rc;
-}
-
-static void validate_ids(vctx *v, const k3c_config *cfg) {
-    const int64_t ids[3] = {cfg->bos_token_id, cfg->eos_token_id, cfg->pad_token_id};
-    static const char *names[3] = {"bos_token_id", "eos_token_id", "pad_token_id"};
-    for (int i = 0; i < 3; i++)
-        need(v, ids[i] >= -1 && ids[i] < cfg->vocab_size, names[i], "-1 (absent) or a token id below vocab_size",
-             (double)ids[i]);
-}
-
-int k3c_config_validate(const k3c_config *cfg, const char *name_for_errors, k3c_err *err) {
-    const char *file = name_for_errors ? name_for_errors : "config";
-    if (!cfg) return k3c_errf(err, K3C_EINVAL, "%s: NULL config", file);
-    int k3 = strcmp(cfg->model_type, KIMI_K3) == 0;
-    if (!k3 && strcmp(cfg->model_type, KIMI_LINEAR) != 0)
-        return k3c_errf(err, K3C_ECONFIG, "%s: model_type: unknown \"%.31s\"", file, cfg->model_type);
-    if (strcmp(cfg->tensor_prefix, k3 ? K3_PREFIX : "") != 0)
-        return k3c_errf(err, K3C_ECONFIG, "%s: tensor prefix \"%.31s\" does not match model_type %s", file,
-                        cfg->tensor_prefix, cfg->model_type);
-    vctx v = {file, k3 ? "text_config." : "", err, 0};
-    need(&v, cfg->num_layers >= 1 && cfg->num_layers <= K3C_MAX_LAYERS, "num_hidden_layers",
-         "in 1..512 (K3C_MAX_LAYERS)", (double)cfg->num_layers);
-    if (v.rc) return v.rc;
-    POS(&v, cfg->vocab_size, "vocab_size");
-    POS(&v, cfg->hidden_size, "hidden_size");
-    POS(&v, cfg->max_positions, k3 ? "max_position_embeddings" : "model_max_length");
-    need(&v, cfg->rms_norm_eps > 0 && cfg->rms_norm_eps < 1, "rms_norm_eps", "in (0, 1)", cfg->rms_norm_eps);
-    need(&v, cfg->tie_word_embeddings == 0 || cfg->tie_word_embeddings == 1, "tie_word_embeddings", "0 or 1",
-         cfg->tie_word_embeddings);
-    int nmla = k3c_config_num_mla(cfg), nmoe = k3c_config_num_moe(cfg);
-    if (nmoe < cfg->num_layers) POS(&v, cfg->intermediate_size, "intermediate_size");
-    validate_plan(&v, cfg);
-    validate_kda(&v, cfg, nmla < cfg->num_layers);
-    validate_mla(&v, cfg, nmla > 0);
-    validate_moe(&v, cfg);
-    need(&v, cfg->act == K3C_ACT_SILU || cfg->act == K3C_ACT_SITU, "hidden_act", "silu (0) or situ (1)", cfg->act);
-    if (cfg->act == K3C_ACT_SITU) {
-        POS(&v, cfg->situ_beta, "activation_situ_beta");
-        POS(&v, cfg->situ_linear_beta, "activation_situ_linear_beta");
-    }
-    need(&v, cfg->attn_res_block >= 0, "attn_res_block_size", "positive or absent", (double)cfg->attn_res_block);
-    validate_ids(&v, cfg);
-    validate_vision(&v, cfg);
-    return v.rc;
-}
-
-/* ================================================================ writing (released spelling) */
-
-/* A minimal pretty JSON writer: one key per line, arrays of numbers on one line. */
-typedef struct {
-    k3c_sbuf *s;
-    int depth;
-    int first[8];
-} jw;
-
-static void jw_key(jw *w, const char *key) {
-    k3c_sbuf_printf(w->s, "%s\n%*s", w->first[w->depth] ? "" : ",", 2 * w->depth, "");
-    w->first[w->depth] = 0;
-    k3c_sbuf_json_string(w->s, key, strlen(key));
-    k3c_sbuf_append(w->s, ": ", 2);
-}
-/* Opens an object member (or, at depth 0, the root, which has no key). */
-static void jw_open(jw *w, const char *key, char bracket) {
-    if (w->depth > 0) jw_key(w, key);
-    k3c_sbuf_append(w->s, &bracket, 1);
-    w->first[++w->depth] = 1;
-}
-static void jw_close(jw *w, char bracket) {
-    int empty = w->first[w->depth];
-    w->depth--;
-    if (!empty) k3c_sbuf_printf(w->s, "\n%*s", 2 * w->depth, "");
-    k3c_sbuf_append(w->s, &bracket, 1);
-}
-static void jw_int(jw *w, const char *key, int64_t x) {
-    jw_key(w, key);
-    k3c_sbuf_printf(w->s, "%lld", (long long)x);
-}
-static void jw_num(jw *w, const char *key, double x) {
-    jw_key(w, key);
-    k3c_sbuf_json_number(w->s, x);
-}
-static void jw_bool(jw *w, const char *key, int b) {
-    jw_key(w, key);
-    k3c_sbuf_printf(w->s, "%s", b ? "true" : "false");
-}
-static void jw_null(jw *w, const char *key) {
-    jw_key(w, key);
-    k3c_sbuf_append(w->s, "null", 4);
-}
-static void jw_str(jw *w, const char *key, const char *v) {
-    jw_key(w, key);
-    k3c_sbuf_json_string(w->s, v, strlen(v));
-}
-static void jw_strs(jw *w, const char *key, const char *const *v, int n) {
-    jw_key(w, key);
-    k3c_sbuf_append(w->s, "[", 1);
-    for (int i = 0; i < n; i++) {
-        if (i) k3c_sbuf_append(w->s, ", ", 2);
-        k3c_sbuf_json_string(w->s, v[i], strlen(v[i]));
-    }
-    k3c_sbuf_append(w->s, "]", 1);
-}
-
-/* Writes the one-based layer numbers whose mixer is `kind`. */
-static void jw_layers(jw *w, const char *key, const k3c_config *cfg, int kind) {
-    jw_key(w, key);
-    k3c_sbuf_append(w->s, "[", 1);
-    int n = 0;
-    for (int64_t l = 0; l < cfg->num_layers; l++)
-        if (cfg->mixer[l] == kind) k3c_sbuf_printf(w->s, "%s%lld", n++ ? ", " : "", (long long)(l + 1));
-    k3c_sbuf_append(w->s, "]", 1);
-}
-
-static void jw_ids(jw *w, const k3c_config *cfg) {
-    if (cfg->bos_token_id >= 0) jw_int(w, "bos_token_id", cfg->bos_token_id);
-    if (cfg->eos_token_id >= 0) jw_int(w, "eos_token_id", cfg->eos_token_id);
-    if (cfg->pad_token_id >= 0) jw_int(w, "pad_token_id", cfg->pad_token_id);
-    jw_bool(w, "tie_word_embeddings", cfg->tie_word_embeddings);
-}
-
-static void write_linear_attn(jw *w, const k3c_config *cfg) {
-    jw_open(w, "linear_attn_config", '{');
-    if (cfg->kda_heads) jw_int(w, "num_heads", cfg->kda_heads);
-    if (cfg->kda_head_dim) jw_int(w, "head_dim", cfg->kda_head_dim);
-    if (cfg->conv_kernel) jw_int(w, "short_conv_kernel_size", cfg->conv_kernel);
-    if (cfg->kda_gate == K3C_GATE_LOWER_BOUND) jw_num(w, "gate_lower_bound", cfg->gate_lower_bound);
-    if (cfg->kda_full_rank_gate) jw_bool(w, "use_full_rank_gate", 1);
-    jw_layers(w, "full_attn_layers", cfg, K3C_MIXER_MLA);
-    jw_layers(w, "kda_layers", cfg, K3C_MIXER_KDA);
-    jw_close(w, '}');
-}
-
-static void write_mla(jw *w, const k3c_config *cfg) {
-    if (k3c_config_num_mla(cfg) == 0 && cfg->mla_heads == 0) return;
-    jw_int(w, "num_attention_heads", cfg->mla_heads);
-    jw_int(w, "num_key_value_heads", cfg->mla_kv_heads);
-    if (cfg->q_lora_rank)
-        jw_int(w, "q_lora_rank", cfg->q_lora_rank);
-    else
-        jw_null(w, "q_lora_rank");
-    jw_int(w, "kv_lora_rank", cfg->kv_lora_rank);
-    jw_int(w, "qk_nope_head_dim", cfg->qk_nope_dim);
-    jw_int(w, "qk_rope_head_dim", cfg->qk_rope_dim);
-    jw_int(w, "v_head_dim", cfg->v_head_dim);
-    jw_bool(w, "mla_use_nope", 1);
-    if (cfg->mla_output_gate) jw_bool(w, "mla_use_output_gate", 1);
-}
-
-static void write_moe(jw *w, const k3c_config *cfg) {
-    if (cfg->num_experts == 0) return;
-    jw_int(w, "num_experts", cfg->num_experts);
-    jw_int(w, "num_experts_per_token", cfg->top_k);
-    jw_int(w, "num_shared_experts", cfg->num_shared_experts);
-    jw_int(w, "moe_intermediate_size", cfg->moe_intermediate_size);
-    if (cfg->latent_dim) jw_int(w, "routed_expert_hidden_size", cfg->latent_dim);
-    if (cfg->latent_norm) jw_bool(w, "latent_moe_use_norm", 1);
-    jw_str(w, "moe_router_activation_func", "sigmoid");
-    jw_bool(w, "moe_renormalize", cfg->renormalize);
-    jw_num(w, "routed_scaling_factor", cfg->routed_scaling_factor);
-    jw_bool(w, "use_grouped_topk", 1);
-    jw_int(w, "num_expert_group", cfg->num_expert_group);
-    jw_int(w, "topk_group", cfg->topk_group);
-    jw_int(w, "first_k_dense_replace", cfg->first_k_dense);
-    jw_int(w, "moe_layer_freq", cfg->moe_layer_freq);
-}
-
-/* The compressed-tensors block of the K3 release (§3.3), with the group size k3c holds. */
-static void write_quant(jw *w, const k3c_config *cfg) {
-    static const char *const targets[] = {"Linear"};
-    static const char *const ignore[] = {"re:.*self_attn.*",
-                                         "re:.*shared_experts.*",
-                                         "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
-                                         "re:.*lm_head.*",
-                                         "re:.*vision_tower.*",
-                                         "re:.*mm_projector.*",
-                                         "re:.*block_sparse_moe\\.gate$",
-                                         "re:.*routed_expert_(up|down)_proj$"};
-    jw_open(w, "quantization_config", '{');
-    jw_str(w, "quant_method", "compressed-tensors");
-    jw_str(w, "format", MXFP4_FORMAT);
-    jw_str(w, "quantization_status", "compressed");
-    jw_open(w, "config_groups", '{');
-    jw_open(w, "group_0", '{');
-    jw_str(w, "format", MXFP4_FORMAT);
-    jw_strs(w, "targets", targets, 1);
-    jw_null(w, "input_activations");
-    jw_null(w, "output_activations");
-    jw_open(w, "weights", '{');
-    jw_int(w, "num_bits", 4);
-    jw_str(w, "type", "float");
-    jw_bool(w, "symmetric", 1);
-    jw_str(w, "strategy", "group");
-    jw_int(w, "group_size", cfg->mxfp4_group);
-    jw_str(w, "scale_dtype", "torch.uint8");
-    jw_bool(w, "dynamic", 0);
-    jw_close(w, '}');
-    jw_close(w, '}');
-    jw_close(w, '}');
-    jw_strs(w, "ignore", ignore, (int)(sizeof ignore / sizeof *ignore));
-    jw_close(w, '}');
-}
-
-/* The text-model keys (flat kimi_linear file or kimi_k3's text_config). */
-static void write_text(jw *w, const k3c_config *cfg, int k3) {
-    jw_int(w, "vocab_size", cfg->vocab_size);
-    jw_int(w, "hidden_size", cfg->hidden_size);
-    jw_int(w, "num_hidden_layers", cfg->num_layers);
-    jw_int(w, "intermediate_size", cfg->intermediate_size);
-    jw_int(w, k3 ? "max_position_embeddings" : "model_max_length", cfg->max_positions);
-    jw_num(w, "rms_norm_eps", cfg->rms_norm_eps);
-    if (cfg->mla_norm_eps != (k3 ? cfg->rms_norm_eps : 1e-6)) jw_num(w, "mla_norm_eps", cfg->mla_norm_eps);
-    jw_str(w, "hidden_act", cfg->act == K3C_ACT_SITU ? "situ" : "silu");
-    if (cfg->act == K3C_ACT_SITU || cfg->situ_beta) jw_num(w, "activation_situ_beta", cfg->situ_beta);
-    if (cfg->act == K3C_ACT_SITU || cfg->situ_linear_beta)
-        jw_num(w, "activation_situ_linear_beta", cfg->situ_linear_beta);
-    write_mla(w, cfg);
-    write_moe(w, cfg);
-    if (cfg->attn_res_block) jw_int(w, "attn_res_block_size", cfg->attn_res_block);
-    jw_int(w, "num_nextn_predict_layers", 0);
-    jw_ids(w, cfg);
-    write_linear_attn(w, cfg);
-}
-
-static void write_vision(jw *w, const k3c_vision_config *vc) {
-    jw_open(w, "vision_config", '{');
-    jw_int(w, "patch_size", vc->patch_size);
-    jw_int(w, "vt_hidden_size", vc->hidden);
-    jw_int(w, "vt_intermediate_size", vc->intermediate);
-    jw_int(w, "vt_num_attention_heads", vc->heads);
-    jw_int(w, "vt_num_hidden_layers", vc->layers);
-    jw_int(w, "qkv_hidden_size", vc->qkv_hidden);
-    jw_int(w, "mm_hidden_size", vc->mm_hidden);
-    jw_int(w, "text_hidden_size", vc->text_hidden);
-    jw_key(w, "merge_kernel_size");
-    k3c_sbuf_printf(w->s, "[%lld, %lld]", (long long)vc->merge_kernel[0], (long long)vc->merge_kernel[1]);
-    for (size_t i = 0; i < sizeof vision_fixed / sizeof *vision_fixed; i++)
-        jw_str(w, vision_fixed[i].key, vision_fixed[i].value);
-    jw_num(w, "projector_ln_eps", vc->ln_eps);
-    jw_int(w, "init_pos_emb_height", vc->pos_emb_h);
-    jw_int(w, "init_pos_emb_width", vc->pos_emb_w);
-    jw_int(w, "init_pos_emb_time", vc->pos_emb_t);
-    for (size_t i = 0; i < sizeof vision_no_bias / sizeof *vision_no_bias; i++) jw_bool(w, vision_no_bias[i], 0);
-    jw_close(w, '}');
-}
-
-int k3c_config_to_json(const k3c_config *cfg, k3c_sbuf *out, k3c_err *err) {
-    int rc = k3c_config_validate(cfg, "config", err);
-    if (rc) return rc;
-    int k3 = strcmp(cfg->model_type, KIMI_K3) == 0;
-    jw w = {out, 0, {0}};
-    jw_open(&w, NULL, '{');
-    static const char *const arch_k3[] = {"KimiK3ForConditionalGeneration"}, *const arch_kl[] = {
-                                                                                 "KimiLinearForCausalLM"};
-    jw_strs(&w, "architectures", k3 ? arch_k3 : arch_kl, 1);
-    jw_str(&w, "model_type", cfg->model_type);
-    if (k3) {
-        jw_ids(&w, cfg);
-        jw_open(&w, "text_config", '{');
-        jw_str(&w, "model_type", KIMI_LINEAR);
-        jw_strs(&w, "architectures", arch_kl, 1);
-    }
-    write_text(&w, cfg, k3);
-    if (cfg->experts_mxfp4) write_quant(&w, cfg);
-    if (k3) jw_close(&w, '}');
-    if (cfg->vision.present) write_vision(&w, &cfg->vision);
-    jw_close(&w, '}');
-    k3c_sbuf_append(out, "\n", 1);
-    return out->ok ? 0 : k3c_errf(err, K3C_ENOMEM, "config: out of memory writing JSON");
-}
-
-int k3c_config_save(const k3c_config *cfg, const char *path, k3c_err *err) {
-    if (!cfg || !path) return k3c_errf(err, K3C_EINVAL, "k3c_config_save: NULL argument");
-    k3c_sbuf s;
-    k3c_sbuf_init(&s);
-    int rc = k3c_config_to_json(cfg, &s, err);
-    if (rc)
-        k3c_err_wrap(err, "%s", path);
-    else
-        rc = k3c_write_file_atomic(path, s.buf, s.len, err);
-    k3c_sbuf_free(&s);
-    return rc;
-}
-
-/* ================================================================ plan strings */
-
-void k3c_config_plan_string(const k3c_config *cfg, int ffn, char *buf, size_t n) {
-    if (!n) return;
-    size_t p = 0;
-    for (int64_t l = 0; l < cfg->num_layers && l < K3C_MAX_LAYERS; l++) {
-        if (p + 5 >= n) { /* room for " ..." and the NUL */
-            snprintf(buf + p, n - p, "...");
-            return;
-        }
-        if (l && l % 4 == 0) buf[p++] = ' ';
-        buf[p++] = ffn ? (cfg->ffn[l] == K3C_FFN_MOE ? 'E' : 'D') : (cfg->mixer[l] == K3C_MIXER_MLA ? 'M' : 'K');
-    }
-    buf[p] = 0;
 }
