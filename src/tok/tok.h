@@ -50,6 +50,15 @@ int k3c_tok_load_specials_json(k3c_tok *t, const char *path, const char *table, 
  * long-input chunking switched on (see k3c_tok_set_release_chunking). */
 int k3c_tok_load_kimi(const char *model_path, const char *specials_json, const char *table, k3c_tok **out,
                       k3c_err *err);
+/* A vocabulary file plus the special tokens of its sidecar "<path>.specials.json" when that exists (what k3c_tok_save
+ * writes); on failure *out is NULL. */
+int k3c_tok_load_with_specials(const char *path, k3c_tok_pattern pat, int flags, k3c_tok **out, k3c_err *err);
+/* The tokenizer a k3c model or checkpoint directory carries: K3C_TOK_DIR_VOCAB (+ its sidecar) pre-tokenised with the
+ * pattern K3C_TOK_DIR_SPEC names ({"pattern": "cl100k" | "kimi"}; cl100k when the file is absent). pattern, when not
+ * NULL, overrides the file. */
+#define K3C_TOK_DIR_VOCAB "tiktoken.model"
+#define K3C_TOK_DIR_SPEC "k3c_tokenizer.json"
+int k3c_tok_load_dir(const char *dir, const char *pattern, k3c_tok **out, k3c_err *err);
 /* tokenization_kimi.py's encode cuts the text into 400,000-character windows and cuts runs of more than 25,000
  * consecutive str.isspace() / non-space characters, encoding each piece on its own; on = do the same (default off). */
 void k3c_tok_set_release_chunking(k3c_tok *t, int on);
