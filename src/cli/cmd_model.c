@@ -3,8 +3,7 @@
 #include "cli.h"
 #include "model/golden.h"
 #include "model/model.h"
-#include "base/json.h"
-#include "serve/sampler.h"
+#include "serve/generate.h"
 #include "tok/tok.h"
 
 #include <unistd.h>
@@ -204,69 +203,44 @@ int cmd_golden_check(int argc, char **argv) {
     return rc;
 }
 
-/* The tokenizer a k3c checkpoint carries: tiktoken.model (+ .specials.json) and k3c_tokenizer.json {"pattern": ...}. */
-static int load_model_tokenizer(const char *dir, const char *pattern_opt, k3c_tok **tok, k3c_err *err) {
-    char p[4200], pattern[32] = "cl100k";
-    snprintf(p, sizeof p, "%s/k3c_tokenizer.json", dir);
-    k3c_json *j = NULL;
-    char *text;
-    size_t n;
-    if (!pattern_opt && access(p, R_OK) == 0 && !k3c_read_file(p, &text, &n, err)) {
-        if (!k3c_json_parse(text, n, p, &j, err)) {
-            const k3c_json *v = k3c_json_get(j, "pattern");
-            if (v && v->type == K3C_JSON_STRING) snprintf(pattern, sizeof pattern, "%s", v->string);
-            k3c_json_free(j);
-        }
-        free(text);
-    }
-    if (pattern_opt) snprintf(pattern, sizeof pattern, "%s", pattern_opt);
-    k3c_tok_pattern pat;
-    if (k3c_tok_pattern_parse(pattern, &pat))
-        return k3c_errf(err, K3C_EINVAL, "unknown tokenizer pattern '%s'", pattern);
-    snprintf(p, sizeof p, "%s/tiktoken.model", dir);
-    int rc = k3c_tok_load(p, pat, 0, tok, err);
-    if (rc) return rc;
-    snprintf(p, sizeof p, "%s/tiktoken.model.specials.json", dir);
-    if (access(p, R_OK) == 0 && (rc = k3c_tok_load_specials_json(*tok, p, NULL, err))) {
-        k3c_tok_free(*tok);
-        *tok = NULL;
-    }
-    return rc;
+/* Streams each generated id: as text through the tokenizer (specials are not printed), or as ids. */
+typedef struct {
+    const k3c_tok *tok;
+} gen_out;
+
+static int print_token(void *ctx, int32_t id, int64_t i) {
+    const gen_out *g = ctx;
+    const unsigned char *bytes;
+    size_t nb;
+    if (!g->tok)
+        printf("%s%d", i ? " " : "", id);
+    else if (!k3c_tok_is_special(g->tok, id) && !k3c_tok_token_bytes(g->tok, id, &bytes, &nb, NULL))
+        fwrite(bytes, 1, nb, stdout);
+    fflush(stdout);
+    return 0;
 }
 
-/* Decoding loop shared by --ids and --prompt: appends n tokens to seq (length *len); prints ids or streams text. */
-static int decode_loop(k3c_model *m, int32_t *seq, int64_t *len, long long n, const k3c_sampler *smp,
-                       const k3c_tok *tok, int32_t stop_id, k3c_err *err) {
-    k3c_arena arena = {0};
-    int64_t V = m->cfg.vocab_size;
-    float *pw = malloc(sizeof(float) * (size_t)V);
-    int32_t *iw = malloc(sizeof(int32_t) * (size_t)V);
-    int rc = pw && iw ? k3c_model_arena_init_f32(m, k3c_model_plan_bytes_f32(m, *len + n, 1), &arena, err)
-                      : k3c_errf(err, K3C_ENOMEM, "out of memory");
-    for (long long i = 0; !rc && i < n; i++) {
-        k3c_arena_reset(&arena, 0);
-        k3c_model_batch b = {*len, 1, seq, NULL, NULL, 0};
-        k3c_acts *acts;
-        float *logits;
-        rc = k3c_model_forward_f32(m, &b, &arena, &acts, NULL, &logits, err);
-        if (rc) break;
-        int32_t next = k3c_sample(smp, logits + (*len - 1) * V, V, (uint64_t)*len, pw, iw);
-        seq[(*len)++] = next;
-        if (tok) {
-            const unsigned char *bytes;
-            size_t nb;
-            if (next == stop_id) break;
-            if (!k3c_tok_is_special(tok, next) && !k3c_tok_token_bytes(tok, next, &bytes, &nb, NULL))
-                fwrite(bytes, 1, nb, stdout);
-        } else {
-            printf("%s%d", i ? " " : "", next);
-        }
-        fflush(stdout);
+/* Encodes --prompt with the directory's tokenizer (echoing it) or reads --ids; seq gets room for n more ids. */
+static int generate_prompt(const k3c_serve *s, const char *prompt, const char *ids_path, const char *name, long long n,
+                           int32_t **seq, int64_t *len, k3c_err *err) {
+    int32_t *ids = NULL;
+    int64_t B = 1, T = 0;
+    int rc;
+    if (prompt) {
+        k3c_tok_ids v = {0};
+        rc = k3c_tok_encode(s->tok, prompt, strlen(prompt), 0, &v, err);
+        if (!rc && v.n == 0) rc = k3c_errf(err, K3C_EINVAL, "the prompt encodes to no tokens");
+        ids = v.ids;
+        T = (int64_t)v.n;
+        if (!rc) printf("%s", prompt);
+    } else {
+        rc = read_ids(ids_path, name ? name : "prompt_ids", &ids, &B, &T, err);
     }
-    if (!rc) printf("\n");
-    k3c_model_arena_free_f32(m, &arena);
-    free(pw);
-    free(iw);
+    *seq = rc ? NULL : malloc(sizeof(int32_t) * (size_t)(B * T + n));
+    if (!rc && !*seq) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
+    if (!rc) memcpy(*seq, ids, sizeof(int32_t) * (size_t)(B * T));
+    *len = B * T; /* a [B, T] file is generated from as one sequence */
+    free(ids);
     return rc;
 }
 
@@ -302,39 +276,23 @@ int cmd_generate(int argc, char **argv) {
     const char *device = cli_opt(argc, argv, "--device");
     if (cli_device_check("generate", device)) return 2;
     k3c_err err = {0};
-    k3c_model m;
+    k3c_serve sv;
     cli_device dev = {0};
-    if (k3c_model_open_f32(dir, 0, &m, &err)) return cli_fail("generate", &err);
-    m.kda_chunk = chunk;
-    k3c_tok *tok = NULL;
-    int32_t *prompt_ids = NULL, stop = -1;
-    int64_t B = 1, T = 0;
+    if (k3c_serve_open(dir, prompt != NULL, cli_opt(argc, argv, "--pattern"), &sv, &err))
+        return cli_fail("generate", &err);
+    sv.model.kda_chunk = chunk;
+    int32_t *seq = NULL;
+    int64_t len = 0;
     int rc = cli_device_open(device, &dev, &err);
-    if (!rc) rc = cli_device_use(&dev, &m, &err);
-    if (!rc && prompt) {
-        k3c_tok_ids v = {0};
-        rc = load_model_tokenizer(dir, cli_opt(argc, argv, "--pattern"), &tok, &err);
-        if (!rc) rc = k3c_tok_encode(tok, prompt, strlen(prompt), 0, &v, &err);
-        if (!rc && v.n == 0) rc = k3c_errf(&err, K3C_EINVAL, "the prompt encodes to no tokens");
-        prompt_ids = v.ids;
-        T = (int64_t)v.n;
-        if (!rc) stop = k3c_tok_special_id(tok, "<|endoftext|>");
-        if (!rc) printf("%s", prompt);
-    } else if (!rc) {
-        rc = read_ids(ids_path, name ? name : "prompt_ids", &prompt_ids, &B, &T, &err);
-    }
-    int32_t *seq = rc ? NULL : malloc(sizeof(int32_t) * (size_t)(B * T + n));
-    if (!rc && !seq) rc = k3c_errf(&err, K3C_ENOMEM, "out of memory");
-    if (!rc) {
-        memcpy(seq, prompt_ids, sizeof(int32_t) * (size_t)(B * T));
-        int64_t len = B * T;
-        k3c_sampler smp = {temp, top_p, (uint64_t)seed};
-        rc = decode_loop(&m, seq, &len, n, &smp, tok, stop, &err);
-    }
-    free(prompt_ids);
+    if (!rc) rc = cli_device_use(&dev, &sv.model, &err);
+    if (!rc) rc = generate_prompt(&sv, prompt, ids_path, name, n, &seq, &len, &err);
+    gen_out out = {sv.tok};
+    k3c_gen_opts go = {
+        {temp, top_p, (uint64_t)seed}, n, sv.tok ? k3c_tok_special_id(sv.tok, "<|endoftext|>") : -1, print_token, &out};
+    if (!rc) rc = k3c_generate(&sv.model, seq, len, &go, &len, &err);
+    if (!rc) printf("\n");
     free(seq);
-    k3c_tok_free(tok);
-    k3c_model_free_f32(&m);
+    k3c_serve_close(&sv);
     cli_device_release(&dev);
     return rc ? cli_fail("generate", &err) : 0;
 }
