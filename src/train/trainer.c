@@ -459,14 +459,6 @@ int k3c_train_run(const k3c_run_config *rc, const k3c_train_opts *o, k3c_train_r
     res->steps = tr.step;
     res->wall_s = k3c_now() - t0;
     if (tr.loader) res->unigram_entropy = unigram_entropy(tr.loader);
-    if (!e) {
-        char a[4200], b[4200];
-        snprintf(a, sizeof a, "%s/metrics.jsonl", rc->out_dir);
-        snprintf(b, sizeof b, "%s/metrics.png", rc->out_dir);
-        if (tr.metrics) fflush(tr.metrics);
-        k3c_err perr = {0};
-        if (k3c_metrics_plot(a, b, &perr) && o->log) fprintf(o->log, "note: %s\n", perr.msg);
-    }
     teardown(&tr);
     return e;
 }
