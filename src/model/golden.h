@@ -1,9 +1,10 @@
-/* golden.h — comparison of a model's gradients with a golden safetensors file (grad.<name> tensors under checkpoint
- * names or transformers' internal Kimi-Linear names). Spec: shared/golden/README.md. */
+/* golden.h — checks against golden files written by other code: a model's gradients (grad.<name> tensors under
+ * checkpoint names or transformers' internal Kimi-Linear names) and the KDA core. Spec: shared/golden/README.md. */
 #ifndef K3C_MODEL_GOLDEN_H
 #define K3C_MODEL_GOLDEN_H
 
 #include "model/model.h"
+#include "ops/kda.h"
 
 typedef struct {
     char name[192];
@@ -16,5 +17,31 @@ typedef struct {
     int k3c_golden_grads_##S(const k3c_model *m, const k3c_safetensors *golden, k3c_golden_row *rows, int max_rows,    \
                              int *n_rows, k3c_err *err);
 K3C_DECLARE_REAL(K3C_GOLDEN_API)
+
+/* ---------------------------------------------------------------- KDA core (golden_kda.c) */
+enum { K3C_KDA_CHECK_TENSORS = 8, K3C_KDA_CHECK_RUNS = 5 };
+extern const char *const k3c_kda_check_tensor[K3C_KDA_CHECK_TENSORS]; /* "o", "ht", "dq", "dk", "dv", "dg", ... */
+
+/* One implementation of the core: the token recurrence, or chunked (16 / 64) with pairwise or factored tiles. */
+typedef struct {
+    const char *name; /* "recurrent", "c16 pair", "c64 pair", "c16 fact", "c64 fact" */
+    int chunk;        /* 0 = recurrence */
+    double bound;     /* gate_lower_bound: 0 = pairwise tiles, -5 = factored */
+    int ran;          /* 0: not selected, or some g is below the bound the factored tiles need */
+    int status;       /* non-zero: this implementation failed (why says how); the others still ran */
+    k3c_err why;
+    double rel[K3C_KDA_CHECK_TENSORS]; /* ||x - ref|| / ||ref|| per k3c_kda_check_tensor; -1 = no reference */
+} k3c_kda_check_run;
+
+typedef struct {
+    k3c_kda_dims dims; /* T = B · T_doc tokens, n_docs = B */
+    double g_min;      /* smallest gate in the file (or 0) */
+    k3c_kda_check_run run[K3C_KDA_CHECK_RUNS];
+} k3c_kda_check;
+
+/* Runs the float64 CPU KDA forward and backward on path (laid out like shared/golden/kda_fp64_small.safetensors: q k v
+ * g beta [h0] do [dht] with shapes [B,T,H,d], [B,T,H], [B,H,dk,dv]; references o ht dq dk dv dg dbeta dh0) for every
+ * implementation (only = -1) or the one with chunk `only` (0, 16, 64). Errors: the file cannot be read. */
+int k3c_kda_golden_check(const char *path, int only, k3c_kda_check *out, k3c_err *err);
 
 #endif
