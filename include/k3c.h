@@ -168,6 +168,8 @@ const k3c_st_tensor *k3c_ckpt_find(const k3c_checkpoint *c, const char *name);
 /* Copies a tensor to float / double, converting from any floating dtype; checks the element count. */
 int k3c_st_read_f32(const k3c_st_tensor *t, float *dst, size_t n, k3c_err *err);
 int k3c_st_read_f64(const k3c_st_tensor *t, double *dst, size_t n, k3c_err *err);
+/* Reads the I32 tensor `name` of shape [B, T] or [T] (B = 1) of a safetensors file into a malloc'd copy (free()). */
+int k3c_st_read_ids(const char *path, const char *name, int32_t **ids, int64_t *B, int64_t *T, k3c_err *err);
 
 typedef struct {
     const char *name;

@@ -12,24 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Reads an I32 tensor `name` ([B, T] or [T]) from a safetensors file. */
-static int read_ids(const char *path, const char *name, int32_t **ids, int64_t *B, int64_t *T, k3c_err *err) {
-    k3c_safetensors *st;
-    int rc = k3c_st_open(path, &st, err);
-    if (rc) return rc;
-    const k3c_st_tensor *t = k3c_st_find(st, name);
-    if (!t || t->dtype != K3C_I32 || t->ndim < 1 || t->ndim > 2) {
-        k3c_st_close(st);
-        return k3c_errf(err, K3C_EFORMAT, "%s: needs an I32 tensor '%s' of shape [B, T] or [T]", path, name);
-    }
-    *B = t->ndim == 2 ? t->shape[0] : 1;
-    *T = t->shape[t->ndim - 1];
-    *ids = malloc(t->nbytes ? t->nbytes : 4);
-    if (*ids) memcpy(*ids, t->data, t->nbytes);
-    k3c_st_close(st);
-    return *ids ? K3C_OK : k3c_errf(err, K3C_ENOMEM, "out of memory");
-}
-
 static int32_t *doc_offsets(int64_t B, int64_t T) {
     int32_t *cu = malloc(sizeof(int32_t) * (size_t)(B + 1));
     if (cu)
@@ -78,7 +60,7 @@ int cmd_logits(int argc, char **argv) {
     m.kda_chunk = chunk;
     int rc = cli_device_open(device, &dev, &err);
     if (!rc) rc = cli_device_use(&dev, &m, &err);
-    if (!rc) rc = read_ids(ids_path, name ? name : "input_ids", &ids, &B, &T, &err);
+    if (!rc) rc = k3c_st_read_ids(ids_path, name ? name : "input_ids", &ids, &B, &T, &err);
     k3c_arena arena = {0};
     if (!rc && !(cu = doc_offsets(B, T))) rc = k3c_errf(&err, K3C_ENOMEM, "out of memory");
     if (!rc) rc = k3c_model_arena_init_f32(&m, k3c_model_plan_bytes_f32(&m, B * T, (int)B), &arena, &err);
@@ -99,79 +81,49 @@ int cmd_logits(int argc, char **argv) {
     return rc ? cli_fail("logits", &err) : 0;
 }
 
-static double rel_err_f(const float *x, const k3c_st_tensor *ref, double *work, size_t n) {
-    if (k3c_st_read_f64(ref, work, n, NULL)) return INFINITY; /* wrong size or dtype: report as a failure */
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = x[i] - work[i];
-        num += d * d;
-        den += work[i] * work[i];
+/* Prints the comparison (every gradient with verbose, else only failures); returns the number of failures. */
+static int print_golden(const k3c_golden_report *r, int grads_ok, double tol_out, double tol_grad, int verbose) {
+    int fails = 0;
+    if (r->has_logits) {
+        printf("%-64s rel %.3e %s\n", "logits", r->logits_rel, r->logits_rel <= tol_out ? "ok" : "FAIL");
+        fails += !(r->logits_rel <= tol_out);
     }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
+    if (r->has_loss) {
+        printf("%-64s rel %.3e %s (k3c %.8f, golden %.8f)\n", "loss", r->loss_rel,
+               r->loss_rel <= tol_out ? "ok" : "FAIL", r->loss, r->loss_ref);
+        fails += !(r->loss_rel <= tol_out);
+    }
+    if (!grads_ok) return fails;
+    double worst = 0;
+    for (int i = 0; i < r->n_rows; i++) {
+        const k3c_golden_row *g = &r->rows[i];
+        int zero = g->ref_norm == 0;
+        int ok = zero ? g->abs_err <= 1e-6 : g->rel_err <= tol_grad;
+        if (!zero && g->rel_err > worst) worst = g->rel_err;
+        fails += !ok;
+        if (verbose || !ok)
+            printf("%-64s %s %.3e %s\n", g->name, zero ? "abs" : "rel", zero ? g->abs_err : g->rel_err,
+                   ok ? "ok" : "FAIL");
+    }
+    printf("%d gradients compared, worst relative error %.3e (tolerance %.0e), %d failures\n", r->n_rows, worst,
+           tol_grad, fails);
+    return fails;
 }
 
-/* Forward + backward on the golden's input_ids; prints logits / loss / gradient errors. Returns the exit code. */
+/* Forward + backward on the golden's input_ids (k3c_golden_check); prints the errors. Returns the exit code. */
 static int golden_check(const char *dir, const char *gpath, int chunk, const char *device, double tol_out,
                         double tol_grad, int verbose, k3c_err *err) {
     k3c_model m;
     cli_device dev = {0};
     if (k3c_model_open_f32(dir, 1, &m, err)) return -1;
     m.kda_chunk = chunk;
-    k3c_safetensors *gs = NULL;
-    int32_t *ids = NULL, *cu = NULL;
-    int64_t B = 0, T = 0;
+    k3c_golden_report r = {.rows = calloc(4096, sizeof(k3c_golden_row)), .max_rows = 4096};
     int rc = cli_device_open(device, &dev, err);
     if (!rc) rc = cli_device_use(&dev, &m, err);
-    if (!rc) rc = k3c_st_open(gpath, &gs, err);
-    if (!rc) rc = read_ids(gpath, "input_ids", &ids, &B, &T, err);
-    if (!rc && !(cu = doc_offsets(B, T))) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
-    k3c_arena arena = {0};
-    if (!rc) rc = k3c_model_arena_init_f32(&m, k3c_model_plan_bytes_f32(&m, B * T, (int)B), &arena, err);
-    k3c_model_batch b = {B * T, (int)B, ids, cu, NULL, 0};
-    k3c_acts *acts;
-    float *logits = NULL;
-    double loss = 0;
-    int fails = 0;
-    if (!rc) rc = k3c_model_forward_f32(&m, &b, &arena, &acts, &loss, &logits, err);
-    if (!rc) rc = k3c_model_backward_f32(&m, acts, 1.0, err);
-    if (!rc) {
-        const k3c_st_tensor *gl = k3c_st_find(gs, "logits"), *gloss = k3c_st_find(gs, "loss");
-        size_t n = (size_t)(B * T * m.cfg.vocab_size);
-        double *work = malloc(sizeof(double) * n);
-        if (gl && work) {
-            double e = rel_err_f(logits, gl, work, n);
-            printf("%-64s rel %.3e %s\n", "logits", e, e <= tol_out ? "ok" : "FAIL");
-            fails += !(e <= tol_out);
-        }
-        if (gloss && work) {
-            double e = k3c_st_read_f64(gloss, work, 1, NULL) ? INFINITY : fabs(loss - work[0]) / fabs(work[0]);
-            printf("%-64s rel %.3e %s (k3c %.8f, golden %.8f)\n", "loss", e, e <= tol_out ? "ok" : "FAIL", loss,
-                   work[0]);
-            fails += !(e <= tol_out);
-        }
-        free(work);
-        k3c_golden_row *rows = calloc(4096, sizeof *rows);
-        int nr = 0;
-        rc = rows ? k3c_golden_grads_f32(&m, gs, rows, 4096, &nr, err) : k3c_errf(err, K3C_ENOMEM, "out of memory");
-        double worst = 0;
-        for (int i = 0; !rc && i < nr; i++) {
-            int zero = rows[i].ref_norm == 0;
-            int ok = zero ? rows[i].abs_err <= 1e-6 : rows[i].rel_err <= tol_grad;
-            if (!zero && rows[i].rel_err > worst) worst = rows[i].rel_err;
-            fails += !ok;
-            if (verbose || !ok)
-                printf("%-64s %s %.3e %s\n", rows[i].name, zero ? "abs" : "rel",
-                       zero ? rows[i].abs_err : rows[i].rel_err, ok ? "ok" : "FAIL");
-        }
-        if (!rc)
-            printf("%d gradients compared, worst relative error %.3e (tolerance %.0e), %d failures\n", nr, worst,
-                   tol_grad, fails);
-        free(rows);
-    }
-    k3c_model_arena_free_f32(&m, &arena);
-    free(ids);
-    free(cu);
-    k3c_st_close(gs);
+    if (!rc && !r.rows) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
+    if (!rc) rc = k3c_golden_check_f32(&m, gpath, &r, err);
+    int fails = print_golden(&r, !rc, tol_out, tol_grad, verbose);
+    free(r.rows);
     k3c_model_free_f32(&m);
     cli_device_release(&dev);
     return rc ? -1 : fails ? 1 : 0;
@@ -234,7 +186,7 @@ static int generate_prompt(const k3c_serve *s, const char *prompt, const char *i
         T = (int64_t)v.n;
         if (!rc) printf("%s", prompt);
     } else {
-        rc = read_ids(ids_path, name ? name : "prompt_ids", &ids, &B, &T, err);
+        rc = k3c_st_read_ids(ids_path, name ? name : "prompt_ids", &ids, &B, &T, err);
     }
     *seq = rc ? NULL : malloc(sizeof(int32_t) * (size_t)(B * T + n));
     if (!rc && !*seq) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");

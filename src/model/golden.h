@@ -13,9 +13,24 @@ typedef struct {
     double ref_norm;
 } k3c_golden_row;
 
+/* What k3c_golden_check measured. The caller provides rows[max_rows] for the gradients. */
+typedef struct {
+    int64_t B, T;                    /* the golden's input_ids: B documents of T tokens */
+    int has_logits;                  /* the golden has "logits": */
+    double logits_rel;               /*   ‖ours − ref‖ / ‖ref‖ (INFINITY: unreadable or another size) */
+    int has_loss;                    /* the golden has "loss": */
+    double loss, loss_ref, loss_rel; /*   ours, the golden's, |ours − ref| / |ref| */
+    k3c_golden_row *rows;            /* one per grad.* tensor (e_score_correction_bias excepted) */
+    int max_rows, n_rows;
+} k3c_golden_report;
+
 #define K3C_GOLDEN_API(real, S)                                                                                        \
     int k3c_golden_grads_##S(const k3c_model *m, const k3c_safetensors *golden, k3c_golden_row *rows, int max_rows,    \
-                             int *n_rows, k3c_err *err);
+                             int *n_rows, k3c_err *err);                                                               \
+    /* Forward + backward of m (opened with gradients) on the golden file's input_ids, then logits, loss and every   \
+       gradient against it. The outputs are compared before the gradients: has_logits / has_loss hold even when the  \
+       gradient comparison fails. */ \
+    int k3c_golden_check_##S(k3c_model *m, const char *golden_path, k3c_golden_report *r, k3c_err *err);
 K3C_DECLARE_REAL(K3C_GOLDEN_API)
 
 /* ---------------------------------------------------------------- KDA core (golden_kda.c) */
