@@ -3,6 +3,7 @@
  * (reproduces greedy_ids), clear errors for a missing model and for a --device this build lacks. */
 #include "test.h"
 
+#include "model/golden.h"
 #include "serve/generate.h"
 
 static int run(const char *cmd, char *out, size_t n) {
@@ -155,9 +156,37 @@ static void generate_library(void) {
     k3c_serve_close(&sv);
 }
 
+/* k3c_golden_check (the library behind golden-check) in float64: logits, loss and every gradient of the Kimi-Linear
+ * golden within the float32 CLI's tolerances; a golden without input_ids is an error naming the file. */
+static void golden_check_library(void) {
+    const char *dir = test_shared("golden/kimi_linear_tiny_a");
+    char gpath[1200];
+    snprintf(gpath, sizeof gpath, "%s/golden.safetensors", dir);
+    k3c_err err = {0};
+    k3c_model m;
+    if (k3c_model_open_f64(dir, 1, &m, &err)) {
+        CHECK(0, "open: %s", err.msg);
+        return;
+    }
+    k3c_golden_report r = {.rows = calloc(4096, sizeof(k3c_golden_row)), .max_rows = 4096};
+    CHECK_OK(k3c_golden_check_f64(&m, gpath, &r, &err), &err);
+    CHECK(r.has_logits && r.logits_rel <= 1e-4 && r.has_loss && r.loss_rel <= 1e-4 && r.loss_ref > 0,
+          "outputs: logits %g, loss %g (golden %g)", r.logits_rel, r.loss_rel, r.loss_ref);
+    double worst = 0;
+    for (int i = 0; i < r.n_rows; i++)
+        if (r.rows[i].ref_norm > 0 && r.rows[i].rel_err > worst) worst = r.rows[i].rel_err;
+    CHECK(r.n_rows > 20 && worst <= 1e-3, "%d gradients, worst %g", r.n_rows, worst);
+    const char *cfg = test_shared("golden/kimi_linear_tiny_a/config.json");
+    CHECK(k3c_golden_check_f64(&m, cfg, &r, &err) != K3C_OK && strstr(err.msg, "config.json"), "not a golden: %s",
+          err.msg);
+    free(r.rows);
+    k3c_model_free_f64(&m);
+}
+
 int main(void) {
     golden_check_cli();
     logits_and_generate_cli();
     generate_library();
+    golden_check_library();
     return test_summary();
 }
