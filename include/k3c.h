@@ -40,7 +40,7 @@ int k3c_errf(k3c_err *err, int code, const char *fmt, ...) __attribute__((format
 int k3c_err_wrap(k3c_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 const char *k3c_status_name(int code);
 
-/* ---------------------------------------------------------------- dtypes and tensor views */
+/* ---------------------------------------------------------------- dtypes */
 typedef enum { K3C_F64, K3C_F32, K3C_BF16, K3C_F16, K3C_I64, K3C_I32, K3C_U8, K3C_DTYPE_COUNT } k3c_dtype;
 
 size_t k3c_dtype_size(k3c_dtype t);
@@ -55,22 +55,7 @@ uint16_t k3c_f32_to_f16(float f);
 int k3c_convert_to_f32(k3c_dtype t, const void *src, float *dst, size_t n);
 int k3c_convert_to_f64(k3c_dtype t, const void *src, double *dst, size_t n);
 
-#define K3C_MAX_DIMS 8
-typedef enum { K3C_DEV_CPU = 0, K3C_DEV_CUDA = 1 } k3c_device;
-
-typedef struct {
-    void *data;
-    k3c_dtype dtype;
-    int ndim;
-    int64_t shape[K3C_MAX_DIMS];
-    int64_t stride[K3C_MAX_DIMS]; /* in elements */
-    k3c_device device;
-} k3c_tensor;
-
-/* A contiguous row-major view over data. */
-k3c_tensor k3c_tensor_view(void *data, k3c_dtype dtype, int ndim, const int64_t *shape);
-int64_t k3c_tensor_numel(const k3c_tensor *t);
-int k3c_tensor_is_contiguous(const k3c_tensor *t);
+#define K3C_MAX_DIMS 8 /* safetensors tensors have at most this many dimensions */
 
 /* ---------------------------------------------------------------- arena / workspace
  * One block, bump allocation with 64-byte alignment, marks to release back to, peak tracking. */
@@ -109,13 +94,6 @@ double k3c_normal_at(uint64_t seed, uint64_t i);
 int k3c_num_threads(void);
 void k3c_set_num_threads(int n);
 double k3c_now(void); /* monotonic seconds */
-
-typedef enum { K3C_LOG_ERROR = 0, K3C_LOG_WARN = 1, K3C_LOG_INFO = 2, K3C_LOG_DEBUG = 3 } k3c_log_level;
-typedef struct {
-    int level; /* messages above this level are dropped */
-    FILE *out; /* NULL = stderr */
-} k3c_logger;
-void k3c_log(const k3c_logger *lg, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* A one-line progress bar: "label [#####.....] 12/100 45.0 tok/s ETA 0:02:13 | extra". Silent unless `out` is a
  * terminal (or force is set); the last state is always available through k3c_progress_line. */
