@@ -4,7 +4,6 @@
 #include "test.h"
 
 #include "model/golden.h"
-#include "serve/generate.h"
 
 static int run(const char *cmd, char *out, size_t n) {
     FILE *p = popen(cmd, "r");
@@ -141,7 +140,7 @@ static void generate_library(void) {
         memcpy(seq, t->data, t->nbytes);
         seen s = {{0}, 0, run == 2 ? 1 : 0};
         k3c_gen_opts o = {{0, 1, 0}, 16, run == 1 ? want[2] : -1, collect, &s};
-        CHECK_OK(k3c_generate(&sv.model, seq, np, &o, &len, &err), &err);
+        CHECK_OK(k3c_generate(sv.model, seq, np, &o, &len, &err), &err);
         int64_t want_len = run == 0 ? 16 : run == 1 ? 3 : 1;
         int streamed = run == 1 ? 2 : (int)want_len;
         CHECK(len == np + want_len && s.n == streamed, "run %d: length %lld, %d streamed", run, (long long)(len - np),
@@ -150,7 +149,7 @@ static void generate_library(void) {
             CHECK(s.ids[i] == want[i] && seq[np + i] == want[i], "run %d id %d: %d", run, i, s.ids[i]);
     }
     k3c_gen_opts bad = {{0, 1, 0}, 4, -1, NULL, NULL};
-    CHECK(k3c_generate(&sv.model, seq, 0, &bad, &len, &err) == K3C_EINVAL, "an empty prompt is an error");
+    CHECK(k3c_generate(sv.model, seq, 0, &bad, &len, &err) == K3C_EINVAL, "an empty prompt is an error");
     free(seq);
     k3c_st_close(st);
     k3c_serve_close(&sv);

@@ -12,7 +12,6 @@
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/optim.h"
-#include "train/run.h"
 
 #include <dirent.h>
 #include <signal.h>

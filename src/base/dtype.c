@@ -1,5 +1,5 @@
 /* dtype.c — element types and bf16/f16 conversion (DESIGN.md "Precision policy"). */
-#include "k3c.h"
+#include "base/base.h"
 
 #include <math.h>
 #include <string.h>

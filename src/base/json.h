@@ -3,7 +3,7 @@
 #ifndef K3C_JSON_H
 #define K3C_JSON_H
 
-#include "k3c.h"
+#include "base/base.h"
 
 typedef enum {
     K3C_JSON_NULL,

@@ -1,5 +1,5 @@
 /* util.c — threads, monotonic time, progress bar, atomic file writes (DESIGN.md "base"). */
-#include "k3c.h"
+#include "base/base.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -3,7 +3,7 @@
 #ifndef K3C_CLI_H
 #define K3C_CLI_H
 
-#include "k3c.h"
+#include "base/base.h"
 #include "model/model.h"
 
 typedef struct {

@@ -3,7 +3,6 @@
 #include "cli.h"
 #include "model/golden.h"
 #include "model/model.h"
-#include "serve/generate.h"
 #include "tok/tok.h"
 
 #include <unistd.h>
@@ -232,16 +231,16 @@ int cmd_generate(int argc, char **argv) {
     cli_device dev = {0};
     if (k3c_serve_open(dir, prompt != NULL, cli_opt(argc, argv, "--pattern"), &sv, &err))
         return cli_fail("generate", &err);
-    sv.model.kda_chunk = chunk;
+    sv.model->kda_chunk = chunk;
     int32_t *seq = NULL;
     int64_t len = 0;
     int rc = cli_device_open(device, &dev, &err);
-    if (!rc) rc = cli_device_use(&dev, &sv.model, &err);
+    if (!rc) rc = cli_device_use(&dev, sv.model, &err);
     if (!rc) rc = generate_prompt(&sv, prompt, ids_path, name, n, &seq, &len, &err);
     gen_out out = {sv.tok};
     k3c_gen_opts go = {
         {temp, top_p, (uint64_t)seed}, n, sv.tok ? k3c_tok_special_id(sv.tok, "<|endoftext|>") : -1, print_token, &out};
-    if (!rc) rc = k3c_generate(&sv.model, seq, len, &go, &len, &err);
+    if (!rc) rc = k3c_generate(sv.model, seq, len, &go, &len, &err);
     if (!rc) printf("\n");
     free(seq);
     k3c_serve_close(&sv);

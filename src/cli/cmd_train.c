@@ -1,7 +1,6 @@
 /* cmd_train.c — `k3c train --config RUN.json`: runs (or resumes) a staged pre-training run with a progress bar, metrics
  * JSONL, periodic validation and atomic checkpoints (src/train/run.h), then plots the metrics to PNG (plot.c). */
 #include "cli.h"
-#include "train/run.h"
 
 #include <math.h>
 #include <string.h>

@@ -4,7 +4,7 @@
 #define K3C_MODEL_CONFIG_H
 
 #include "base/json.h"
-#include "k3c.h"
+#include "base/base.h"
 
 /* The spellings the reader, the validator and the writer share. */
 #define K3C_CFG_KIMI_LINEAR "kimi_linear"

@@ -1,22 +1,25 @@
 /* generate.c — k3c_serve_open (model + tokenizer of a directory) and k3c_generate, the decode loop behind `k3c generate`:
  * recompute the prefix, sample the next id from the last row of logits, append, hand it to the caller's callback. */
-#include "serve/generate.h"
+#include "model/model.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 int k3c_serve_open(const char *dir, int with_tok, const char *pattern, k3c_serve *s, k3c_err *err) {
     memset(s, 0, sizeof *s);
-    int rc = k3c_model_open_f32(dir, 0, &s->model, err);
-    if (rc) return rc;
-    if (with_tok && (rc = k3c_tok_load_dir(dir, pattern, &s->tok, err))) k3c_model_free_f32(&s->model);
+    if (!(s->model = calloc(1, sizeof *s->model))) return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", dir);
+    int rc = k3c_model_open_f32(dir, 0, s->model, err);
+    if (!rc && with_tok) rc = k3c_tok_load_dir(dir, pattern, &s->tok, err);
+    if (rc) k3c_serve_close(s);
     return rc;
 }
 
 void k3c_serve_close(k3c_serve *s) {
     k3c_tok_free(s->tok);
+    if (s->model) k3c_model_free_f32(s->model); /* frees what open loaded, also after a partial open */
+    free(s->model);
     s->tok = NULL;
-    k3c_model_free_f32(&s->model);
+    s->model = NULL;
 }
 
 static int gen_check(const k3c_model *m, const int32_t *seq, int64_t n_prompt, const k3c_gen_opts *o, k3c_err *err) {

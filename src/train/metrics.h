@@ -3,7 +3,7 @@
 #ifndef K3C_TRAIN_METRICS_H
 #define K3C_TRAIN_METRICS_H
 
-#include "k3c.h"
+#include "base/base.h"
 
 typedef struct {
     int64_t step, tokens;

@@ -3,7 +3,6 @@
 #include "base/json.h"
 #include "train/optim.h"
 #include "train/qb.h"
-#include "train/run.h"
 
 #include <stdlib.h>
 #include <string.h>

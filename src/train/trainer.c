@@ -9,7 +9,6 @@
 #include "train/optim.h"
 #include "train/optim_backend.h"
 #include "train/qb.h"
-#include "train/run.h"
 #include "tok/tok.h"
 
 #include <errno.h>
