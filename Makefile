@@ -1,4 +1,4 @@
-# k3c — build: `make` (CPU library + CLI), `make cuda` (nvcc, sm_90), `make mpi` (OpenMPI), `make test`, `make test-asan`,
+# k3c — build: `make` (CPU library + CLI), `make cuda` (nvcc, sm_90), `make test`, `make test-asan`,
 # `make run` (train the tiny K3 model on a real corpus, then generate). Sources are found by wildcard: add a file, not a rule.
 CC      ?= gcc
 NVCC    ?= nvcc
@@ -25,7 +25,7 @@ LIB_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(ONE_SRC)) \
 CLI_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_SRC))
 LIB     := $(BUILD)/libk3c.a
 
-.PHONY: all setup test test-asan cuda mpi run bench clean
+.PHONY: all setup test test-asan cuda run bench clean
 all: $(LIB) k3c
 
 $(BUILD)/obj/%.o: %.c
@@ -85,9 +85,6 @@ build/cuda/obj/%.o: %.cu
 cuda:
 	@$(MAKE) --no-print-directory BUILD=build/cuda EXTRA_CFLAGS="-DK3C_CUDA -I$(CUDA_HOME)/include" \
 	    EXTRA_DEPS="$(CU_OBJ)" EXTRA_LDLIBS="$(CU_OBJ) -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++" $(CU_OBJ) build/cuda/k3c
-
-mpi:
-	@$(MAKE) --no-print-directory BUILD=build/mpi CC=mpicc EXTRA_CFLAGS="-DK3C_MPI" build/mpi/k3c
 
 # ---------------------------------------------------------------- the main job
 run: setup all

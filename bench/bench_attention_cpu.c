@@ -2,7 +2,7 @@
  * forward+backward, H = 4, dqk = 24, dv = 16, T = 1024 and 4096. Spec: ARCHITECTURE.md §4.2. Not part of make test. */
 
 /* Usage: bench_attention_cpu [reps]  (best of reps, default 3; one document of length T; threads: OMP_NUM_THREADS) */
-#include "k3c.h"
+#include "base/base.h"
 #include "ops/attention.h"
 
 #include <stdio.h>

@@ -2,7 +2,7 @@
  * tiles under the lower-bound gate and pairwise diagonal tiles), forward and forward+backward (ARCHITECTURE.md §3.2).
  * Usage: bench_kda_cpu [reps [filter]]   (prints a table: ms per call and tokens/s; filter: run only the
  * implementations whose name contains it) */
-#include "k3c.h"
+#include "base/base.h"
 #include "ops/kda.h"
 
 #include <stdlib.h>

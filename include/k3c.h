@@ -1,5 +1,5 @@
-/* k3c.h — the one public header of k3c, the Kimi-K3-class sparse MoE engine in C.
- * Base services (errors, tensors, arena, rng, timing, progress), safetensors, and the model config (spec/CHECKPOINTS.md). */
+/* k3c.h — the public API of libk3c, the Kimi-K3-class sparse MoE engine in C: errors, arena, safetensors and checkpoint
+ * reading, the model config, the model (open / forward / backward / free), tokenizer, generation and training. */
 #ifndef K3C_H
 #define K3C_H
 
@@ -40,37 +40,14 @@ int k3c_errf(k3c_err *err, int code, const char *fmt, ...) __attribute__((format
 int k3c_err_wrap(k3c_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 const char *k3c_status_name(int code);
 
-/* ---------------------------------------------------------------- dtypes and tensor views */
+/* ---------------------------------------------------------------- dtypes */
 typedef enum { K3C_F64, K3C_F32, K3C_BF16, K3C_F16, K3C_I64, K3C_I32, K3C_U8, K3C_DTYPE_COUNT } k3c_dtype;
 
 size_t k3c_dtype_size(k3c_dtype t);
 const char *k3c_dtype_name(k3c_dtype t);               /* safetensors spelling: "F32", "BF16", ... */
 int k3c_dtype_parse(const char *name, k3c_dtype *out); /* 0 or K3C_EFORMAT */
 
-float k3c_bf16_to_f32(uint16_t h);
-uint16_t k3c_f32_to_bf16(float f); /* round to nearest even; NaN stays NaN */
-float k3c_f16_to_f32(uint16_t h);
-uint16_t k3c_f32_to_f16(float f);
-/* Converts n elements of any floating dtype (F64 F32 BF16 F16) to float / double. */
-int k3c_convert_to_f32(k3c_dtype t, const void *src, float *dst, size_t n);
-int k3c_convert_to_f64(k3c_dtype t, const void *src, double *dst, size_t n);
-
-#define K3C_MAX_DIMS 8
-typedef enum { K3C_DEV_CPU = 0, K3C_DEV_CUDA = 1 } k3c_device;
-
-typedef struct {
-    void *data;
-    k3c_dtype dtype;
-    int ndim;
-    int64_t shape[K3C_MAX_DIMS];
-    int64_t stride[K3C_MAX_DIMS]; /* in elements */
-    k3c_device device;
-} k3c_tensor;
-
-/* A contiguous row-major view over data. */
-k3c_tensor k3c_tensor_view(void *data, k3c_dtype dtype, int ndim, const int64_t *shape);
-int64_t k3c_tensor_numel(const k3c_tensor *t);
-int k3c_tensor_is_contiguous(const k3c_tensor *t);
+#define K3C_MAX_DIMS 8 /* safetensors tensors have at most this many dimensions */
 
 /* ---------------------------------------------------------------- arena / workspace
  * One block, bump allocation with 64-byte alignment, marks to release back to, peak tracking. */
@@ -87,56 +64,9 @@ void *k3c_arena_calloc(k3c_arena *a, size_t bytes);
 size_t k3c_arena_mark(const k3c_arena *a);
 void k3c_arena_reset(k3c_arena *a, size_t mark);
 void k3c_arena_free(k3c_arena *a);
-void *k3c_aligned_alloc(size_t bytes); /* 64-aligned, zeroed; free with k3c_aligned_free */
-void k3c_aligned_free(void *p);
-
-/* ---------------------------------------------------------------- rng
- * Counter-based (Philox-4x32-10): value i of stream `seed` is a pure function of (seed, i), so initialisation is
- * reproducible regardless of thread count and a checkpoint only needs (seed, counter). */
-typedef struct {
-    uint64_t seed;
-    uint64_t counter;
-} k3c_rng;
-
-void k3c_philox(uint64_t seed, uint64_t counter, uint32_t out[4]);
-uint64_t k3c_rng_u64(k3c_rng *r);
-double k3c_rng_uniform(k3c_rng *r);               /* [0, 1) with 53 random bits */
-double k3c_rng_normal(k3c_rng *r);                /* standard normal (Box-Muller on two uniforms) */
-double k3c_uniform_at(uint64_t seed, uint64_t i); /* stateless: the i-th uniform of stream seed */
-double k3c_normal_at(uint64_t seed, uint64_t i);
-
-/* ---------------------------------------------------------------- threads, time, logging, progress */
+/* ---------------------------------------------------------------- threads (OpenMP) */
 int k3c_num_threads(void);
 void k3c_set_num_threads(int n);
-double k3c_now(void); /* monotonic seconds */
-
-typedef enum { K3C_LOG_ERROR = 0, K3C_LOG_WARN = 1, K3C_LOG_INFO = 2, K3C_LOG_DEBUG = 3 } k3c_log_level;
-typedef struct {
-    int level; /* messages above this level are dropped */
-    FILE *out; /* NULL = stderr */
-} k3c_logger;
-void k3c_log(const k3c_logger *lg, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-/* A one-line progress bar: "label [#####.....] 12/100 45.0 tok/s ETA 0:02:13 | extra". Silent unless `out` is a
- * terminal (or force is set); the last state is always available through k3c_progress_line. */
-typedef struct {
-    char label[32];
-    int64_t total, done;
-    double t0, last_draw;
-    double units;          /* items counted for the rate (e.g. tokens) */
-    const char *unit_name; /* e.g. "tok" */
-    int enabled;
-    FILE *out;
-} k3c_progress;
-void k3c_progress_init(k3c_progress *p, const char *label, int64_t total, const char *unit_name, FILE *out, int force);
-void k3c_progress_update(k3c_progress *p, int64_t done, double units, const char *extra);
-void k3c_progress_finish(k3c_progress *p, const char *extra);
-int k3c_progress_line(const k3c_progress *p, const char *extra, char *buf, size_t n);
-
-/* Atomic file writes: write to "<path>.tmp.<pid>", fsync, rename over path, fsync the directory. */
-int k3c_write_file_atomic(const char *path, const void *data, size_t n, k3c_err *err);
-/* Reads a whole file (NUL-terminated for convenience); free with free(). */
-int k3c_read_file(const char *path, char **data, size_t *n, k3c_err *err);
 
 /* ---------------------------------------------------------------- safetensors (spec/CHECKPOINTS.md §1.2) */
 typedef struct {
@@ -168,6 +98,8 @@ const k3c_st_tensor *k3c_ckpt_find(const k3c_checkpoint *c, const char *name);
 /* Copies a tensor to float / double, converting from any floating dtype; checks the element count. */
 int k3c_st_read_f32(const k3c_st_tensor *t, float *dst, size_t n, k3c_err *err);
 int k3c_st_read_f64(const k3c_st_tensor *t, double *dst, size_t n, k3c_err *err);
+/* Reads the I32 tensor `name` of shape [B, T] or [T] (B = 1) of a safetensors file into a malloc'd copy (free()). */
+int k3c_st_read_ids(const char *path, const char *name, int32_t **ids, int64_t *B, int64_t *T, k3c_err *err);
 
 typedef struct {
     const char *name;
@@ -250,6 +182,221 @@ int k3c_config_save(const k3c_config *cfg, const char *path, k3c_err *err);
 int k3c_config_validate(const k3c_config *cfg, const char *name_for_errors, k3c_err *err);
 int k3c_config_num_mla(const k3c_config *cfg);
 int k3c_config_num_moe(const k3c_config *cfg);
+
+/* ---------------------------------------------------------------- model (spec/ARCHITECTURE.md §1, §3–§9)
+ * A Kimi-Linear / Kimi-K3 model: config → layer plan → parameters under checkpoint names → forward to logits and loss →
+ * backward to every parameter gradient. Every function exists for float32 (_f32) and float64 (_f64) parameters. */
+typedef struct k3c_model k3c_model; /* defined in the library (src/model/model.h) */
+
+/* A batch: T tokens packed as documents (cu_seqlens: n_docs + 1 offsets). targets[t] = the id to predict at t (−1 =
+ * not counted); NULL targets = next token inside each document. */
+typedef struct {
+    int64_t T;
+    int n_docs;
+    const int32_t *ids;
+    const int32_t *cu_seqlens;
+    const int32_t *targets;
+    double loss_norm; /* divisor of the summed loss (0 = the number of counted targets in this batch) */
+} k3c_model_batch;
+
+/* Per-step activations, planned up front from the batch shape (k3c_model_plan_bytes) and carved from one arena. */
+typedef struct k3c_acts k3c_acts;
+
+#define K3C_MODEL_API(real, S)                                                                                            \
+    /* Creates a model with zeroed parameters (and gradients when with_grad). */                                          \
+    int k3c_model_create_##S(const k3c_config *cfg, int with_grad, k3c_model *m, k3c_err *err);                           \
+    /* Random initialisation for training from scratch (seed; std = initializer_range). */                                \
+    void k3c_model_init_##S(k3c_model *m, uint64_t seed, double std);                                                     \
+    /* Loads every tensor of a checkpoint dir (F32/BF16/F16/F64; MXFP4 experts decoded exactly). Every parameter must   \
+       be present and every tensor known; mismatches are errors naming the tensor. */ \
+    int k3c_model_load_##S(k3c_model *m, const k3c_checkpoint *ck, k3c_err *err);                                         \
+    /* Writes <dir>/model.safetensors (F32, checkpoint names, per-expert tensors) atomically. */                          \
+    int k3c_model_save_##S(const k3c_model *m, const char *path, k3c_err *err);                                           \
+    void k3c_model_free_##S(k3c_model *m);                                                                                \
+    /* config.json + checkpoint of a directory → a loaded model. */                                                     \
+    int k3c_model_open_##S(const char *dir, int with_grad, k3c_model *m, k3c_err *err);                                   \
+    /* Moves w and g into memory of backend `be` (a const k3c_backend_##S *, ops/backend.h; NULL = the CPU) and runs \
+       every later forward and backward there. The host can still read and write w and g (after be->sync). */    \
+    int k3c_model_use_backend_##S(k3c_model *m, const void *be, k3c_err *err);                                            \
+    /* An activation arena of `bytes` (k3c_model_plan_bytes or more) in the backend's memory; release it with         \
+       k3c_model_arena_free. */   \
+    int k3c_model_arena_init_##S(const k3c_model *m, size_t bytes, k3c_arena *a, k3c_err *err);                           \
+    void k3c_model_arena_free_##S(const k3c_model *m, k3c_arena *a);                                                      \
+    /* Bytes of activations a forward+backward over T tokens needs. */                                                    \
+    size_t k3c_model_plan_bytes_##S(const k3c_model *m, int64_t T, int n_docs);                                           \
+    /* Forward to logits [T, V] (written to *logits_out if non-NULL, pointing into the arena) and the mean loss.       \
+       `arena` must hold k3c_model_plan_bytes; activations stay there for the backward. */  \
+    int k3c_model_forward_##S(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, k3c_acts **acts, double *loss,    \
+                              real **logits_out, k3c_err *err);                                                           \
+    /* Backward of the loss of the last forward: ADDS every parameter gradient into m->g (dloss = 1 · scale). */         \
+    int k3c_model_backward_##S(k3c_model *m, k3c_acts *acts, double scale, k3c_err *err);
+
+K3C_MODEL_API(float, f32)
+K3C_MODEL_API(double, f64)
+
+/* ---------------------------------------------------------------- tokenizer (spec/CHECKPOINTS.md §8)
+ * Byte-level BPE in the tiktoken format with a separate special-token table and the cl100k or Kimi pre-tokeniser.
+ * A k3c_tok is read-only once loaded: any number of threads may encode and decode with it. */
+typedef enum {
+    K3C_TOK_PATTERN_KIMI = 0,   /* tokenization_kimi.py pat_str (K2, K3, Kimi Linear) */
+    K3C_TOK_PATTERN_CL100K = 1, /* tiktoken cl100k_base (GPT-4) */
+} k3c_tok_pattern;
+
+int k3c_tok_pattern_parse(const char *name, k3c_tok_pattern *out); /* "kimi" / "cl100k"; 0 or K3C_EINVAL */
+const char *k3c_tok_pattern_name(k3c_tok_pattern p);
+typedef struct k3c_tok k3c_tok;
+
+enum {
+    /* ranks may have gaps and come in any order (default: line k holds rank k, as in every released file) */
+    K3C_TOK_LOAD_ALLOW_GAPS = 1,
+};
+
+/* Reads a tiktoken rank file (`base64(bytes) SP rank` per line; blank lines skipped). Errors name the file and line:
+ * bad base64, empty token, missing or malformed rank, line without a space, duplicate token or rank, ranks out of order
+ * (unless K3C_TOK_LOAD_ALLOW_GAPS), and a vocabulary missing one of the 256 single bytes. */
+int k3c_tok_load(const char *path, k3c_tok_pattern pat, int flags, k3c_tok **out, k3c_err *err);
+void k3c_tok_free(k3c_tok *t);
+/* A vocabulary file plus the special tokens of its sidecar "<path>.specials.json" when that exists (what k3c_tok_save
+ * writes); on failure *out is NULL. */
+int k3c_tok_load_with_specials(const char *path, k3c_tok_pattern pat, int flags, k3c_tok **out, k3c_err *err);
+/* The tokenizer a k3c model or checkpoint directory carries: K3C_TOK_DIR_VOCAB (+ its sidecar) pre-tokenised with the
+ * pattern K3C_TOK_DIR_SPEC names ({"pattern": "cl100k" | "kimi"}; cl100k when the file is absent). pattern, when not
+ * NULL, overrides the file. */
+#define K3C_TOK_DIR_VOCAB "tiktoken.model"
+#define K3C_TOK_DIR_SPEC "k3c_tokenizer.json"
+int k3c_tok_load_dir(const char *dir, const char *pattern, k3c_tok **out, k3c_err *err);
+int32_t k3c_tok_n_vocab(const k3c_tok *t); /* largest id (rank or special) + 1: the model's vocab size */
+int32_t k3c_tok_special_id(const k3c_tok *t, const char *str); /* -1 if not a special token */
+int k3c_tok_is_special(const k3c_tok *t, int32_t id);
+/* The bytes of one id (rank or special); K3C_EINVAL for an unknown id. Useful for streaming decoders. */
+int k3c_tok_token_bytes(const k3c_tok *t, int32_t id, const unsigned char **bytes, size_t *len, k3c_err *err);
+/* A growable id list; zero-initialise, append with the encoders, release with k3c_tok_ids_free. */
+typedef struct {
+    int32_t *ids;
+    size_t n, cap;
+} k3c_tok_ids;
+void k3c_tok_ids_free(k3c_tok_ids *v);
+int k3c_tok_ids_push(k3c_tok_ids *v, int32_t id);
+
+enum {
+    K3C_TOK_ALLOW_SPECIAL = 1, /* special-token spellings in the text become their ids (else they are plain text) */
+    K3C_TOK_NO_CHUNKING = 2,   /* plain tiktoken: ignore the release chunking even when it is on */
+};
+
+/* Appends the ids of text[0..n) to out. */
+int k3c_tok_encode(const k3c_tok *t, const void *text, size_t n, int flags, k3c_tok_ids *out, k3c_err *err);
+/* The exact bytes of ids in a new malloc'd buffer (*len bytes plus a NUL for convenience; free with free()). Unknown
+ * ids are K3C_EINVAL naming the id and its position. */
+int k3c_tok_decode(const k3c_tok *t, const int32_t *ids, size_t n, char **bytes, size_t *len, k3c_err *err);
+
+/* ---------------------------------------------------------------- generation */
+/* Next-token choice from logits: greedy, or temperature + nucleus (top-p) sampling with a counter-based random
+ * stream, so a (seed, position) pair always draws the same token. */
+typedef struct {
+    double temperature; /* 0 = greedy */
+    double top_p;       /* 1 = no nucleus cut */
+    uint64_t seed;
+} k3c_sampler;
+
+/* Picks a token id from logits[V]; `position` selects the random draw. work: V floats + V ints of scratch. */
+int32_t k3c_sample(const k3c_sampler *s, const float *logits, int64_t V, uint64_t position, float *work_p,
+                   int32_t *work_idx);
+
+/* A model opened for serving. */
+typedef struct {
+    k3c_model *model; /* float32 weights, no gradients */
+    k3c_tok *tok;     /* the directory's tokenizer (k3c_tok_load_dir), or NULL when not asked for */
+} k3c_serve;
+
+/* Opens <dir>: config.json + checkpoint and, when with_tok, the tokenizer (pattern NULL: the one k3c_tokenizer.json
+ * names). On failure nothing stays open. */
+int k3c_serve_open(const char *dir, int with_tok, const char *pattern, k3c_serve *s, k3c_err *err);
+void k3c_serve_close(k3c_serve *s);
+
+/* Called with every generated id (i counts from 0); a non-zero return stops the generation (not an error). */
+typedef int (*k3c_token_fn)(void *ctx, int32_t id, int64_t i);
+
+typedef struct {
+    k3c_sampler sampler;
+    int64_t max_new;       /* ids to generate at most */
+    int32_t stop_id;       /* -1: none; else generation ends once it is sampled (it is appended, not passed on) */
+    k3c_token_fn on_token; /* NULL: no streaming */
+    void *ctx;
+} k3c_gen_opts;
+
+/* Appends up to o->max_new sampled ids to the prompt: seq holds n_prompt ids and has room for n_prompt + max_new;
+ * *n_seq receives the final length. Each step runs the whole prefix forward (the latent-cache decoder comes with
+ * serving); sample draws are keyed by position, so a (seed, prompt) pair always gives the same continuation. */
+int k3c_generate(k3c_model *m, int32_t *seq, int64_t n_prompt, const k3c_gen_opts *o, int64_t *n_seq, k3c_err *err);
+
+/* ---------------------------------------------------------------- training (spec/TRAINING.md §1)
+ * A run: the run config (model, data sources, staged context, optimizer, balancing, checkpoints) and the trainer that
+ * executes it with checkpoints that resume bit-exactly. */
+#define K3C_RUN_MAX_STAGES 16
+#define K3C_RUN_MAX_SOURCES 16
+
+typedef struct {
+    char name[64];
+    int64_t seq_len;         /* longest document piece (the stage's context length) */
+    int64_t tokens_per_step; /* tokens per optimizer step */
+    int64_t steps;
+    double lr, min_lr_ratio; /* peak lr of the stage's schedule and its floor */
+    int64_t warmup;
+    int schedule;                        /* k3c_sched_kind */
+    double mixture[K3C_RUN_MAX_SOURCES]; /* weight per data source (run order); all 0 = uniform */
+} k3c_stage;
+
+typedef struct {
+    char path[1024];         /* the config file (errors name it) */
+    char model_config[1024]; /* HF config.json of the model to train */
+    char vocab[1024];        /* tokenizer (tiktoken file, + .specials.json), copied into checkpoints */
+    char pattern[16];        /* pre-tokeniser: "cl100k" or "kimi" */
+    char out_dir[1024];
+    int n_sources;
+    char source_name[K3C_RUN_MAX_SOURCES][64];
+    char source_dir[K3C_RUN_MAX_SOURCES][1024];
+    int n_stages;
+    k3c_stage stage[K3C_RUN_MAX_STAGES];
+    uint64_t seed;
+    double init_std;
+    int kda_chunk; /* 16, 64 or 0 (token recurrence) */
+    int threads;   /* 0 = OpenMP default */
+    int recompute; /* 1 = recompute every layer's activations in the backward ("recompute": "all") */
+    /* optimizer */
+    char matrix_optimizer[16]; /* "muon" or "adamw" */
+    double weight_decay, beta1, beta2, eps, grad_clip, qk_clip_tau;
+    /* balancing: "exact", "histogram" or "off" (then the router bias stays frozen) */
+    int qb_mode; /* -1 off, else k3c_qb_mode */
+    int64_t log_every, eval_every, eval_batches, checkpoint_every, keep_checkpoints;
+} k3c_run_config;
+
+/* Reads a run config JSON strictly: unknown keys, impossible stages (steps ≤ 0, seq_len > tokens_per_step, a mixture
+ * naming an unknown source, negative weights, ...) are errors naming the file and field. Relative paths are taken
+ * relative to the config file's directory. */
+int k3c_run_config_load(const char *path, k3c_run_config *rc, k3c_err *err);
+
+/* Options of one `k3c train` invocation. */
+typedef struct {
+    int resume;          /* continue from out_dir/latest */
+    int64_t max_steps;   /* stop after this many steps in total (0 = run every stage); for tests */
+    FILE *progress;      /* progress bar (drawn only when a terminal; NULL = none) */
+    FILE *log;           /* per-step lines (NULL = none) */
+    const void *backend; /* the k3c_backend_f32 (ops/backend.h) the model runs on; NULL = the CPU reference */
+    /* optimizer step and gradient clipping on the backend's memory (train/optim_backend.h; needs backend); NULL = the
+     * CPU functions, reading that memory from the host */
+    const struct k3c_optim_backend *optim;
+} k3c_train_opts;
+
+typedef struct {
+    int64_t steps;
+    double last_loss, last_val_loss, tokens_per_s, wall_s;
+    double max_load_ratio;  /* max/mean expert load of the last step, worst layer */
+    double unigram_entropy; /* nats/token of the training tokens' unigram distribution (the context-free baseline) */
+} k3c_train_result;
+
+/* Runs (or resumes) the training described by rc; writes checkpoints and metrics.jsonl into rc->out_dir (`k3c train`
+ * then plots metrics.png). */
+int k3c_train_run(const k3c_run_config *rc, const k3c_train_opts *opts, k3c_train_result *res, k3c_err *err);
 
 #ifdef __cplusplus
 }

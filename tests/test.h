@@ -3,7 +3,7 @@
 #ifndef K3C_TEST_H
 #define K3C_TEST_H
 
-#include "k3c.h"
+#include "base/base.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* test_base.c — base services: dtype conversion, arena alignment/peak, counter-based rng, tensor views, atomic writes. */
+/* test_base.c — base services: dtype conversion, arena alignment/peak, counter-based rng, atomic writes. */
 #include "test.h"
 
 static void test_bf16_f16(void) {
@@ -63,15 +63,7 @@ static void test_rng(void) {
           "philox KAT got %08x %08x %08x %08x", o[0], o[1], o[2], o[3]);
 }
 
-static void test_tensor_and_files(void) {
-    float buf[24];
-    int64_t shape[3] = {2, 3, 4};
-    k3c_tensor t = k3c_tensor_view(buf, K3C_F32, 3, shape);
-    CHECK(k3c_tensor_numel(&t) == 24 && t.stride[0] == 12 && t.stride[2] == 1, "view strides");
-    CHECK(k3c_tensor_is_contiguous(&t), "contiguous");
-    t.stride[2] = 2;
-    CHECK(!k3c_tensor_is_contiguous(&t), "strided view");
-
+static void test_files(void) {
     const char *dir = test_tmpdir("base");
     char path[4200];
     snprintf(path, sizeof path, "%s/x.bin", dir);
@@ -100,7 +92,7 @@ int main(void) {
     test_bf16_f16();
     test_arena();
     test_rng();
-    test_tensor_and_files();
+    test_files();
     test_progress();
     return test_summary();
 }

@@ -3,6 +3,8 @@
  * (reproduces greedy_ids), clear errors for a missing model and for a --device this build lacks. */
 #include "test.h"
 
+#include "model/golden.h"
+
 static int run(const char *cmd, char *out, size_t n) {
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
@@ -104,8 +106,86 @@ static void logits_and_generate_cli(void) {
           "--device cpu: greedy ids differ (%d): %s", rc, out);
 }
 
+typedef struct {
+    int32_t ids[32];
+    int n, stop_after;
+} seen;
+
+static int collect(void *ctx, int32_t id, int64_t i) {
+    seen *s = ctx;
+    if (s->n < 32 && i == s->n) s->ids[s->n++] = id;
+    return s->stop_after && s->n >= s->stop_after;
+}
+
+/* k3c_generate through the library: the greedy ids the CLI prints, streamed in order; a stop id ends generation
+ * without being streamed; a callback's non-zero return ends it too. */
+static void generate_library(void) {
+    static const int32_t want[16] = {413, 960, 1151, 279, 192, 223, 193, 264, 36, 345, 2027, 1638, 1187, 320, 972, 587};
+    const char *dir = test_shared("golden/k3_tiny_a");
+    char gpath[1200];
+    snprintf(gpath, sizeof gpath, "%s/golden.safetensors", dir);
+    k3c_err err = {0};
+    k3c_serve sv;
+    k3c_safetensors *st = NULL;
+    if (k3c_serve_open(dir, 0, NULL, &sv, &err)) {
+        CHECK(0, "serve_open: %s", err.msg);
+        return;
+    }
+    CHECK_OK(k3c_st_open(gpath, &st, &err), &err);
+    const k3c_st_tensor *t = st ? k3c_st_find(st, "prompt_ids") : NULL;
+    CHECK(t && t->dtype == K3C_I32, "golden prompt_ids");
+    int64_t np = t ? (int64_t)(t->nbytes / 4) : 0, len = 0;
+    int32_t *seq = malloc(sizeof(int32_t) * (size_t)(np + 16));
+    for (int run = 0; t && seq && run < 3; run++) {
+        memcpy(seq, t->data, t->nbytes);
+        seen s = {{0}, 0, run == 2 ? 1 : 0};
+        k3c_gen_opts o = {{0, 1, 0}, 16, run == 1 ? want[2] : -1, collect, &s};
+        CHECK_OK(k3c_generate(sv.model, seq, np, &o, &len, &err), &err);
+        int64_t want_len = run == 0 ? 16 : run == 1 ? 3 : 1;
+        int streamed = run == 1 ? 2 : (int)want_len;
+        CHECK(len == np + want_len && s.n == streamed, "run %d: length %lld, %d streamed", run, (long long)(len - np),
+              s.n);
+        for (int i = 0; i < s.n && i < 16; i++)
+            CHECK(s.ids[i] == want[i] && seq[np + i] == want[i], "run %d id %d: %d", run, i, s.ids[i]);
+    }
+    k3c_gen_opts bad = {{0, 1, 0}, 4, -1, NULL, NULL};
+    CHECK(k3c_generate(sv.model, seq, 0, &bad, &len, &err) == K3C_EINVAL, "an empty prompt is an error");
+    free(seq);
+    k3c_st_close(st);
+    k3c_serve_close(&sv);
+}
+
+/* k3c_golden_check (the library behind golden-check) in float64: logits, loss and every gradient of the Kimi-Linear
+ * golden within the float32 CLI's tolerances; a golden without input_ids is an error naming the file. */
+static void golden_check_library(void) {
+    const char *dir = test_shared("golden/kimi_linear_tiny_a");
+    char gpath[1200];
+    snprintf(gpath, sizeof gpath, "%s/golden.safetensors", dir);
+    k3c_err err = {0};
+    k3c_model m;
+    if (k3c_model_open_f64(dir, 1, &m, &err)) {
+        CHECK(0, "open: %s", err.msg);
+        return;
+    }
+    k3c_golden_report r = {.rows = calloc(4096, sizeof(k3c_golden_row)), .max_rows = 4096};
+    CHECK_OK(k3c_golden_check_f64(&m, gpath, &r, &err), &err);
+    CHECK(r.has_logits && r.logits_rel <= 1e-4 && r.has_loss && r.loss_rel <= 1e-4 && r.loss_ref > 0,
+          "outputs: logits %g, loss %g (golden %g)", r.logits_rel, r.loss_rel, r.loss_ref);
+    double worst = 0;
+    for (int i = 0; i < r.n_rows; i++)
+        if (r.rows[i].ref_norm > 0 && r.rows[i].rel_err > worst) worst = r.rows[i].rel_err;
+    CHECK(r.n_rows > 20 && worst <= 1e-3, "%d gradients, worst %g", r.n_rows, worst);
+    const char *cfg = test_shared("golden/kimi_linear_tiny_a/config.json");
+    CHECK(k3c_golden_check_f64(&m, cfg, &r, &err) != K3C_OK && strstr(err.msg, "config.json"), "not a golden: %s",
+          err.msg);
+    free(r.rows);
+    k3c_model_free_f64(&m);
+}
+
 int main(void) {
     golden_check_cli();
     logits_and_generate_cli();
+    generate_library();
+    golden_check_library();
     return test_summary();
 }

@@ -295,10 +295,7 @@ static k3c_tok *make_vocab(const char *dir, char *vocab, size_t n) {
     if (t) CHECK_OK(k3c_tok_save(t, vocab, &err), &err);
     k3c_tok_free(t);
     t = NULL;
-    CHECK_OK(k3c_tok_load(vocab, K3C_TOK_PATTERN_KIMI, 0, &t, &err), &err);
-    char side[600];
-    snprintf(side, sizeof side, "%s.specials.json", vocab);
-    if (t) CHECK_OK(k3c_tok_load_specials_json(t, side, NULL, &err), &err);
+    CHECK_OK(k3c_tok_load_with_specials(vocab, K3C_TOK_PATTERN_KIMI, 0, &t, &err), &err);
     return t;
 }
 

@@ -273,6 +273,57 @@ static void test_file(void) {
     CHECK(rc == K3C_EIO && strstr(err.msg, "missing.json"), "missing file: %s", err.msg);
 }
 
+/* The typed getters (k3c_json_get_*): values, defaults, two spellings and messages naming file and field. */
+static void test_getters(void) {
+    k3c_json *v = parse_ok("{\"n\": 3, \"m\": 3, \"k\": 4, \"x\": 1.5, \"s\": \"a\", \"b\": true, \"z\": null, "
+                           "\"o\": {}, \"f\": 2.5}");
+    if (!v) return;
+    k3c_err err = {0};
+    k3c_json_ctx c = {"t.json", &err};
+    int64_t i = -1;
+    double d = -1;
+    int b = -1, present = -1;
+    const char *str = NULL;
+    const k3c_json *o = NULL;
+    CHECK(k3c_json_get_int(&c, K3C_JSON_REQ, K3C_SPOT(v, "", "n"), K3C_SPOT(v, "", "m"), &i, &present) == 0 && i == 3 &&
+              present == 1,
+          "agreeing spellings: %lld %s", (long long)i, err.msg);
+    CHECK(k3c_json_get_int(&c, K3C_JSON_OPT, K3C_SPOT(v, "", "n"), K3C_SPOT(v, "p.", "k"), &i, NULL) == K3C_ECONFIG &&
+              strstr(err.msg, "t.json: n (3) and p.k (4) disagree"),
+          "disagreeing spellings: '%s'", err.msg);
+    CHECK(k3c_json_get_int(&c, K3C_JSON_OPT, K3C_SPOT(v, "", "q"), K3C_NOSPOT, &i, &present) == 0 && i == 0 &&
+              present == 0,
+          "absent optional: %lld %d", (long long)i, present);
+    CHECK(k3c_json_get_int(&c, K3C_JSON_REQ, K3C_SPOT(v, "a.", "q"), K3C_NOSPOT, &i, NULL) == K3C_ECONFIG &&
+              strcmp(err.msg, "t.json: a.q: missing") == 0,
+          "missing: '%s'", err.msg);
+    CHECK(k3c_json_get_int(&c, K3C_JSON_REQ, K3C_SPOT(v, "", "z"), K3C_NOSPOT, &i, NULL) == K3C_ECONFIG &&
+              strcmp(err.msg, "t.json: z: null") == 0,
+          "null: '%s'", err.msg);
+    CHECK(k3c_json_get_int(&c, K3C_JSON_REQ | K3C_JSON_NULL_ZERO, K3C_SPOT(v, "", "z"), K3C_NOSPOT, &i, &present) ==
+                  0 &&
+              i == 0 && present == 1,
+          "null as zero: %s", err.msg);
+    CHECK(k3c_json_get_int(&c, K3C_JSON_OPT, K3C_SPOT(v, "", "f"), K3C_NOSPOT, &i, NULL) == K3C_ECONFIG &&
+              strstr(err.msg, "t.json: f: expected an integer, got a number with a fraction or exponent"),
+          "fraction: '%s'", err.msg);
+    CHECK(k3c_json_get_num(&c, K3C_JSON_OPT, K3C_SPOT(v, "", "x"), K3C_NOSPOT, &d, NULL) == 0 && d == 1.5, "num");
+    CHECK(k3c_json_get_num(&c, K3C_JSON_OPT, K3C_SPOT(v, "", "s"), K3C_NOSPOT, &d, NULL) == K3C_ECONFIG &&
+              strstr(err.msg, "t.json: s: expected a number, got a string"),
+          "num of a string: '%s'", err.msg);
+    CHECK(k3c_json_get_bool(&c, K3C_JSON_REQ, K3C_SPOT(v, "", "b"), K3C_NOSPOT, &b, NULL) == 0 && b == 1, "bool");
+    CHECK(k3c_json_get_bool(&c, K3C_JSON_REQ, K3C_SPOT(v, "", "n"), K3C_NOSPOT, &b, NULL) == K3C_ECONFIG &&
+              strstr(err.msg, "expected true or false, got a number"),
+          "bool of a number: '%s'", err.msg);
+    CHECK(k3c_json_get_str(&c, K3C_JSON_REQ, K3C_SPOT(v, "", "s"), &str) == 0 && str && strcmp(str, "a") == 0, "str");
+    CHECK(k3c_json_get_str(&c, K3C_JSON_REQ, K3C_SPOT(v, "", "o"), &str) == K3C_ECONFIG &&
+              strstr(err.msg, "t.json: o: expected a string, got an object"),
+          "str of an object: '%s'", err.msg);
+    CHECK(k3c_json_get_obj(&c, K3C_SPOT(v, "", "o"), &o) == 0 && o && o->type == K3C_JSON_OBJECT, "obj");
+    CHECK(k3c_json_get_obj(&c, K3C_SPOT(v, "", "z"), &o) == 0 && o == NULL, "null obj is absent");
+    k3c_json_free(v);
+}
+
 int main(void) {
     test_valid();
     test_integers();
@@ -281,5 +332,6 @@ int main(void) {
     test_limits();
     test_writer();
     test_file();
+    test_getters();
     return test_summary();
 }

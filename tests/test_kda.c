@@ -2,6 +2,7 @@
  * finite differences, chunk-vs-recurrence agreement, float32 agreement, decoding, argument checks, `k3c check-kda`. */
 #include "test.h"
 
+#include "model/golden.h"
 #include "ops/kda.h"
 #include "ops/l2norm.h"
 
@@ -590,6 +591,29 @@ static void test_cli(void) {
     k3c_st_close(st);
 }
 
+/* k3c_kda_golden_check (the library behind check-kda): every implementation runs on the golden (its gates are above
+ * the factored bound) within 1e-5 of every reference; --chunk 16 runs the two 16-row ones; a missing file errors. */
+static void test_golden_check_lib(void) {
+    const char *path = test_shared("golden/kda_fp64_small.safetensors");
+    k3c_kda_check c;
+    k3c_err err = {0};
+    CHECK_OK(k3c_kda_golden_check(path, -1, &c, &err), &err);
+    CHECK(c.dims.n_docs == 2 && c.dims.T == 74 && c.g_min < 0 && c.g_min >= -5, "dims B %d T %lld, g_min %g",
+          c.dims.n_docs, (long long)c.dims.T, c.g_min);
+    for (int r = 0; r < K3C_KDA_CHECK_RUNS; r++) {
+        CHECK(c.run[r].ran && c.run[r].status == 0, "%s did not run: %s", c.run[r].name, c.run[r].why.msg);
+        for (int i = 0; i < K3C_KDA_CHECK_TENSORS; i++)
+            CHECK(c.run[r].rel[i] >= 0 && c.run[r].rel[i] <= 1e-5, "%s %s: %g", c.run[r].name, k3c_kda_check_tensor[i],
+                  c.run[r].rel[i]);
+    }
+    CHECK_OK(k3c_kda_golden_check(path, 16, &c, &err), &err);
+    int ran = 0;
+    for (int r = 0; r < K3C_KDA_CHECK_RUNS; r++) ran += c.run[r].ran ? 1 << r : 0;
+    CHECK(ran == (1 << 1 | 1 << 3), "--chunk 16 ran %#x", ran);
+    CHECK(k3c_kda_golden_check("build/no/such.safetensors", -1, &c, &err) == K3C_ENOTFOUND && strstr(err.msg, "such"),
+          "missing file: %s", err.msg);
+}
+
 int main(void) {
     test_golden();
     test_core_cases();
@@ -599,5 +623,6 @@ int main(void) {
     test_gate();
     test_l2norm();
     test_cli();
+    test_golden_check_lib();
     return test_summary();
 }

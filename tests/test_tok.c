@@ -1033,6 +1033,34 @@ static size_t count_ids(const k3c_tok *t, const char *text, size_t n) {
     return m;
 }
 
+/* k3c_tok_load_dir: a model directory's tiktoken.model + sidecar, the pattern k3c_tokenizer.json names (cl100k when
+ * it is absent), an override, and a malformed k3c_tokenizer.json reported by name. */
+static void test_load_dir(const k3c_tok *t, const char *dir) {
+    char p[4300];
+    k3c_err err = {0};
+    k3c_tok *d = NULL;
+    snprintf(p, sizeof p, "%s/" K3C_TOK_DIR_VOCAB, dir);
+    CHECK_OK(k3c_tok_save(t, p, &err), &err);
+    CHECK_OK(k3c_tok_load_dir(dir, NULL, &d, &err), &err);
+    CHECK(d && k3c_tok_get_pattern(d) == K3C_TOK_PATTERN_CL100K && k3c_tok_n_vocab(d) == k3c_tok_n_vocab(t),
+          "directory without k3c_tokenizer.json: cl100k with the specials");
+    k3c_tok_free(d);
+    snprintf(p, sizeof p, "%s/" K3C_TOK_DIR_SPEC, dir);
+    const char *kimi = "{\"vocab\": \"tiktoken.model\", \"pattern\": \"kimi\"}\n", *bad = "{\"pattern\": 3}\n";
+    CHECK_OK(k3c_write_file_atomic(p, kimi, strlen(kimi), &err), &err);
+    CHECK_OK(k3c_tok_load_dir(dir, NULL, &d, &err), &err);
+    CHECK(d && k3c_tok_get_pattern(d) == K3C_TOK_PATTERN_KIMI, "k3c_tokenizer.json names the pattern");
+    k3c_tok_free(d);
+    CHECK_OK(k3c_tok_load_dir(dir, "cl100k", &d, &err), &err);
+    CHECK(d && k3c_tok_get_pattern(d) == K3C_TOK_PATTERN_CL100K, "an explicit pattern overrides the file");
+    k3c_tok_free(d);
+    CHECK_OK(k3c_write_file_atomic(p, bad, strlen(bad), &err), &err);
+    CHECK(k3c_tok_load_dir(dir, NULL, &d, &err) == K3C_ECONFIG && !d && strstr(err.msg, K3C_TOK_DIR_SPEC) &&
+              strstr(err.msg, "pattern"),
+          "malformed k3c_tokenizer.json: '%s'", err.msg);
+    CHECK(k3c_tok_load_dir(dir, "nope", &d, &err) == K3C_EINVAL && !d, "unknown pattern");
+}
+
 static void test_trainer(const char *text, size_t n) {
     /* against the from-scratch reference on 40 KB */
     k3c_tok *ref = reference_train(text, 40000, 700), *t = train(text, 40000, 700, NULL, 0);
@@ -1085,10 +1113,8 @@ static void test_trainer(const char *text, size_t n) {
     free(f1);
     free(f2);
     k3c_tok *back = NULL;
-    CHECK_OK(k3c_tok_load(p1, PK, 0, &back, &err), &err);
-    char side[4300];
-    snprintf(side, sizeof side, "%s.specials.json", p1);
-    if (back) CHECK_OK(k3c_tok_load_specials_json(back, side, NULL, &err), &err);
+    CHECK_OK(k3c_tok_load_with_specials(p1, PK, 0, &back, &err), &err);
+    test_load_dir(t, dir);
     if (back) {
         CHECK(same_ranks(back, t) && k3c_tok_special_id(back, "<|endoftext|>") == 1000 && k3c_tok_n_vocab(back) == 1002,
               "the saved vocabulary loads back equal");

@@ -12,7 +12,6 @@
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/optim.h"
-#include "train/run.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -592,10 +591,9 @@ static void test_checkpoints(const fixture *fx) {
     snprintf(p, sizeof p, "%s/tiktoken.model", dir);
     CHECK(files_equal(p, fx->tok), "tiktoken.model is not a copy of the run's tokenizer");
     k3c_tok *t = NULL;
-    CHECK_OK(k3c_tok_load(p, K3C_TOK_PATTERN_CL100K, 0, &t, &err), &err);
-    snprintf(p, sizeof p, "%s/tiktoken.model.specials.json", dir);
+    CHECK_OK(k3c_tok_load_dir(dir, NULL, &t, &err), &err);
     if (t) {
-        CHECK_OK(k3c_tok_load_specials_json(t, p, NULL, &err), &err);
+        CHECK(k3c_tok_get_pattern(t) == K3C_TOK_PATTERN_CL100K, "checkpoint tokenizer pattern");
         CHECK(k3c_tok_n_vocab(t) == VOCAB && k3c_tok_n_specials(t) == 13 &&
                   k3c_tok_special_id(t, "<|endoftext|>") == VOCAB_RANKS,
               "checkpoint tokenizer: vocab %d specials %d", k3c_tok_n_vocab(t), k3c_tok_n_specials(t));
@@ -640,7 +638,7 @@ static void test_checkpoints(const fixture *fx) {
           "lr schedule: step %d off by %.3g (relative); step 1 lr %g (want 0.01), step 10 lr %g (want 0.0005)",
           worst_step, worst, n ? rows[0].lr : NAN, n >= N_STEPS ? rows[N_STEPS - 1].lr : NAN);
     out_path(fx, "A_exact", "metrics.png", p, sizeof p);
-    if (system("command -v gnuplot >/dev/null 2>&1") == 0) CHECK(exists(p), "metrics.png missing");
+    CHECK(!exists(p), "the library drew metrics.png (plotting belongs to `k3c train`)");
 }
 
 /* A new run (no resume) started in an out dir that still holds a finished run's checkpoints (step_8, step_10): either
@@ -1035,6 +1033,21 @@ static void test_loss_decreases(const fixture *fx) {
                r.unigram_entropy, r.tokens_per_s);
 }
 
+/* `k3c train` (the CLI) trains, then plots the trainer's metrics.jsonl to metrics.png when gnuplot exists. */
+static void test_cli_train(const fixture *fx) {
+    char cfg[1200], p[1300], cmd[3000];
+    run_params rp = defaults("C");
+    rp.stage1 = NULL;
+    rp.ckpt_every = 0;
+    write_run(fx, "run_C", &rp, cfg, sizeof cfg);
+    snprintf(cmd, sizeof cmd, "%s train --config '%s' --quiet >/dev/null 2>&1", test_k3c_bin(), cfg);
+    CHECK(system(cmd) == 0, "%s failed", cmd);
+    out_path(fx, "C", "metrics.jsonl", p, sizeof p);
+    CHECK(exists(p), "k3c train wrote no metrics.jsonl");
+    out_path(fx, "C", "metrics.png", p, sizeof p);
+    if (system("command -v gnuplot >/dev/null 2>&1") == 0) CHECK(exists(p), "k3c train drew no metrics.png");
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "--child") == 0) return child_main(argv[2], atoi(argv[3]));
     fixture fx;
@@ -1061,6 +1074,7 @@ int main(int argc, char **argv) {
     test_bad_data(&fx);
     double t5 = k3c_now();
     test_loss_decreases(&fx);
+    test_cli_train(&fx);
     double t6 = k3c_now();
     if (test_failed_ == 0) replace_tree(fx.dir, NULL); /* kept for inspection when something failed */
     if (getenv("K3C_TEST_VERBOSE"))

@@ -1,5 +1,5 @@
 /* arena.c — workspaces: one 64-byte-aligned block, bump allocation, marks and peak tracking (DESIGN.md "memory"). */
-#include "k3c.h"
+#include "base/base.h"
 
 #include <stdlib.h>
 #include <string.h>

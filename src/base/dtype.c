@@ -1,5 +1,5 @@
-/* dtype.c — element types, bf16/f16 conversion and tensor views (DESIGN.md "Precision policy"). */
-#include "k3c.h"
+/* dtype.c — element types and bf16/f16 conversion (DESIGN.md "Precision policy"). */
+#include "base/base.h"
 
 #include <math.h>
 #include <string.h>
@@ -84,33 +84,3 @@ uint16_t k3c_f32_to_f16(float f) {
 
 int k3c_convert_to_f32(k3c_dtype t, const void *src, float *dst, size_t n) { CONVERT_BODY(float) }
 int k3c_convert_to_f64(k3c_dtype t, const void *src, double *dst, size_t n){CONVERT_BODY(double)}
-
-k3c_tensor k3c_tensor_view(void *data, k3c_dtype dtype, int ndim, const int64_t *shape) {
-    k3c_tensor t;
-    memset(&t, 0, sizeof t);
-    t.data = data;
-    t.dtype = dtype;
-    t.ndim = ndim;
-    int64_t s = 1;
-    for (int i = ndim - 1; i >= 0; i--) {
-        t.shape[i] = shape[i];
-        t.stride[i] = s;
-        s *= shape[i];
-    }
-    return t;
-}
-
-int64_t k3c_tensor_numel(const k3c_tensor *t) {
-    int64_t n = 1;
-    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
-    return n;
-}
-
-int k3c_tensor_is_contiguous(const k3c_tensor *t) {
-    int64_t s = 1;
-    for (int i = t->ndim - 1; i >= 0; i--) {
-        if (t->shape[i] != 1 && t->stride[i] != s) return 0;
-        s *= t->shape[i];
-    }
-    return 1;
-}

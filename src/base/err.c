@@ -1,5 +1,5 @@
 /* err.c — error values with messages (DESIGN.md "Errors"): set by the library, printed only by cli/. */
-#include "k3c.h"
+#include "base/base.h"
 
 #include <stdarg.h>
 #include <string.h>

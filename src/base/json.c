@@ -1,5 +1,5 @@
-/* json.c — a strict RFC 8259 JSON reader (exact int64 integers, UTF-8 validated, duplicate keys rejected) and the
- * k3c_sbuf text writer with round-trip number formatting; used by configs and safetensors headers (CHECKPOINTS.md §1.2). */
+/* json.c — a strict RFC 8259 JSON reader (exact int64 integers, UTF-8 validated, duplicate keys rejected), the typed
+ * field getters every config reader uses, and the k3c_sbuf text writer with round-trip number formatting (CHECKPOINTS.md §1.2). */
 #include "base/json.h"
 
 #include <errno.h>
@@ -528,6 +528,121 @@ const k3c_json *k3c_json_get(const k3c_json *obj, const char *key) {
     for (size_t i = 0; i < obj->n; i++)
         if (strcmp(obj->keys[i], key) == 0) return &obj->items[i];
     return NULL;
+}
+
+/* ------------------------------------------------------------------ typed field getters */
+
+enum { F_INT, F_NUM, F_BOOL };
+
+const char *k3c_json_type_name(const k3c_json *v) {
+    static const char *names[] = {"null", "a boolean", "a number", "a string", "an array", "an object"};
+    return names[v->type];
+}
+
+int k3c_json_bad_type(const k3c_json_ctx *c, k3c_json_spot s, const char *want, const k3c_json *v) {
+    int fraction = v->type == K3C_JSON_NUMBER && strcmp(want, "an integer") == 0;
+    return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected %s, got %s", c->file, s.path, s.key, want,
+                    fraction ? "a number with a fraction or exponent" : k3c_json_type_name(v));
+}
+
+/* Converts v (present, not null) to the requested kind into *d (and *i for integers / booleans). */
+static int convert(const k3c_json_ctx *c, k3c_json_spot s, int kind, const k3c_json *v, int64_t *i, double *d) {
+    if (kind == F_INT) {
+        if (v->type != K3C_JSON_NUMBER || !v->is_integer) return k3c_json_bad_type(c, s, "an integer", v);
+        *i = v->integer;
+        *d = (double)v->integer;
+    } else if (kind == F_NUM) {
+        if (v->type != K3C_JSON_NUMBER) return k3c_json_bad_type(c, s, "a number", v);
+        if (!isfinite(v->number)) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: not finite", c->file, s.path, s.key);
+        *d = v->number;
+        *i = 0;
+    } else {
+        if (v->type != K3C_JSON_BOOL) return k3c_json_bad_type(c, s, "true or false", v);
+        *i = v->boolean;
+        *d = v->boolean;
+    }
+    return 0;
+}
+
+static int missing(const k3c_json_ctx *c, k3c_json_spot a, k3c_json_spot b, int nulls) {
+    if (b.key && b.obj)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s (or %s%s): %s", c->file, a.path, a.key, b.path, b.key,
+                        nulls ? "null" : "missing");
+    return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: %s", c->file, a.path, a.key, nulls ? "null" : "missing");
+}
+
+/* Reads a field of `kind` spelled at a or b (see json.h). */
+static int read_field(const k3c_json_ctx *c, int kind, int flags, k3c_json_spot a, k3c_json_spot b, int64_t *iout,
+                      double *dout, int *present) {
+    k3c_json_spot sp[2] = {a, b}, first = a;
+    int found = 0, nulls = 0;
+    int64_t i0 = 0;
+    double d0 = 0;
+    for (int k = 0; k < 2; k++) {
+        if (!sp[k].key || !sp[k].obj) continue;
+        const k3c_json *v = k3c_json_get(sp[k].obj, sp[k].key);
+        if (!v) continue;
+        int64_t i = 0;
+        double d = 0;
+        if (v->type == K3C_JSON_NULL) {
+            nulls++;
+            if (!(flags & K3C_JSON_NULL_ZERO)) continue;
+        } else if (convert(c, sp[k], kind, v, &i, &d)) {
+            return c->err ? c->err->code : K3C_ECONFIG;
+        }
+        if (!found) {
+            i0 = i;
+            d0 = d;
+            first = sp[k];
+            found = 1;
+            continue;
+        }
+        if (i != i0 || d != d0)
+            return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s (%.17g) and %s%s (%.17g) disagree", c->file, first.path,
+                            first.key, d0, sp[k].path, sp[k].key, d);
+    }
+    if (!found && (flags & K3C_JSON_REQ)) return missing(c, a, b, nulls);
+    if (iout) *iout = found ? i0 : 0;
+    if (dout) *dout = found ? d0 : 0;
+    if (present) *present = found;
+    return 0;
+}
+
+int k3c_json_get_int(const k3c_json_ctx *c, int flags, k3c_json_spot a, k3c_json_spot b, int64_t *out, int *present) {
+    return read_field(c, F_INT, flags, a, b, out, NULL, present);
+}
+
+int k3c_json_get_num(const k3c_json_ctx *c, int flags, k3c_json_spot a, k3c_json_spot b, double *out, int *present) {
+    return read_field(c, F_NUM, flags, a, b, NULL, out, present);
+}
+
+int k3c_json_get_bool(const k3c_json_ctx *c, int flags, k3c_json_spot a, k3c_json_spot b, int *out, int *present) {
+    int64_t v = 0;
+    int rc = read_field(c, F_BOOL, flags, a, b, &v, NULL, present);
+    *out = (int)v;
+    return rc;
+}
+
+int k3c_json_get_str(const k3c_json_ctx *c, int flags, k3c_json_spot s, const char **out) {
+    *out = NULL;
+    const k3c_json *v = s.obj ? k3c_json_get(s.obj, s.key) : NULL;
+    if (!v || v->type == K3C_JSON_NULL) {
+        if (flags & K3C_JSON_REQ)
+            return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: %s", c->file, s.path, s.key, v ? "null" : "missing");
+        return 0;
+    }
+    if (v->type != K3C_JSON_STRING) return k3c_json_bad_type(c, s, "a string", v);
+    *out = v->string;
+    return 0;
+}
+
+int k3c_json_get_obj(const k3c_json_ctx *c, k3c_json_spot s, const k3c_json **out) {
+    *out = NULL;
+    const k3c_json *v = s.obj ? k3c_json_get(s.obj, s.key) : NULL;
+    if (!v || v->type == K3C_JSON_NULL) return 0;
+    if (v->type != K3C_JSON_OBJECT) return k3c_json_bad_type(c, s, "an object", v);
+    *out = v;
+    return 0;
 }
 
 /* ------------------------------------------------------------------ writer */

@@ -3,7 +3,7 @@
 #ifndef K3C_JSON_H
 #define K3C_JSON_H
 
-#include "k3c.h"
+#include "base/base.h"
 
 typedef enum {
     K3C_JSON_NULL,
@@ -38,6 +38,37 @@ void k3c_json_free(k3c_json *v);
 int k3c_utf8_valid(const char *s, size_t n);
 
 const k3c_json *k3c_json_get(const k3c_json *obj, const char *key); /* NULL if absent or obj not an object */
+
+/* ---------------------------------------------------------------- typed field getters
+ * The one reader of config fields (model config.json, run configs): every message names the file and the field,
+ * "<file>: <path><key>: <reason>", e.g. "config.json: text_config.hidden_size: expected an integer, got a string".
+ * A field may have two spellings (a, b; b.key NULL for one): when both are present they must agree. JSON null counts
+ * as absent unless flags has K3C_JSON_NULL_ZERO (then it reads as 0). *present (may be NULL) says whether it was found;
+ * an absent optional field leaves *out 0 (numbers, booleans) or NULL (strings, objects). */
+typedef struct {
+    const char *file; /* name for messages */
+    k3c_err *err;
+} k3c_json_ctx;
+
+typedef struct {
+    const k3c_json *obj; /* NULL: this spelling is not available */
+    const char *path;    /* "" or "text_config." */
+    const char *key;
+} k3c_json_spot;
+
+#define K3C_SPOT(o, p, k) ((k3c_json_spot){(o), (p), (k)})
+#define K3C_NOSPOT ((k3c_json_spot){NULL, "", NULL})
+
+enum { K3C_JSON_OPT = 0, K3C_JSON_REQ = 1, K3C_JSON_NULL_ZERO = 2 };
+
+int k3c_json_get_int(const k3c_json_ctx *c, int flags, k3c_json_spot a, k3c_json_spot b, int64_t *out, int *present);
+int k3c_json_get_num(const k3c_json_ctx *c, int flags, k3c_json_spot a, k3c_json_spot b, double *out, int *present);
+int k3c_json_get_bool(const k3c_json_ctx *c, int flags, k3c_json_spot a, k3c_json_spot b, int *out, int *present);
+int k3c_json_get_str(const k3c_json_ctx *c, int flags, k3c_json_spot s, const char **out);
+int k3c_json_get_obj(const k3c_json_ctx *c, k3c_json_spot s, const k3c_json **out); /* absent: *out NULL, 0 */
+const char *k3c_json_type_name(const k3c_json *v); /* "null", "a boolean", "a number", ... */
+/* "<file>: <path><key>: expected <want>, got <v's type>"; returns K3C_ECONFIG. */
+int k3c_json_bad_type(const k3c_json_ctx *c, k3c_json_spot s, const char *want, const k3c_json *v);
 
 /* A growable string for writing JSON (and other text). All appends are no-ops after an allocation failure (ok = 0). */
 typedef struct {

@@ -34,6 +34,7 @@
 #define k3c_gated_rmsnorm_fwd k3c_gated_rmsnorm_fwd_f64
 #define k3c_glu_bwd k3c_glu_bwd_f64
 #define k3c_glu_fwd k3c_glu_fwd_f64
+#define k3c_golden_check k3c_golden_check_f64
 #define k3c_golden_grads k3c_golden_grads_f64
 #define k3c_kda_alloc k3c_kda_alloc_f64
 #define k3c_kda_bwd_bytes k3c_kda_bwd_bytes_f64
@@ -130,6 +131,7 @@
 #define k3c_gated_rmsnorm_fwd k3c_gated_rmsnorm_fwd_f32
 #define k3c_glu_bwd k3c_glu_bwd_f32
 #define k3c_glu_fwd k3c_glu_fwd_f32
+#define k3c_golden_check k3c_golden_check_f32
 #define k3c_golden_grads k3c_golden_grads_f32
 #define k3c_kda_alloc k3c_kda_alloc_f32
 #define k3c_kda_bwd_bytes k3c_kda_bwd_bytes_f32

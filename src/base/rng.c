@@ -1,6 +1,6 @@
 /* rng.c — counter-based Philox-4x32-10 (Salmon et al., SC'11): value i of a stream is a pure function of (seed, i),
  * so parallel initialisation is reproducible and a checkpoint stores only (seed, counter). */
-#include "k3c.h"
+#include "base/base.h"
 
 #include <math.h>
 

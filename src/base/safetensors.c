@@ -384,6 +384,24 @@ int k3c_st_read_f64(const k3c_st_tensor *t, double *dst, size_t n, k3c_err *err)
     READ_BODY(double, k3c_convert_to_f64)
 }
 
+int k3c_st_read_ids(const char *path, const char *name, int32_t **ids, int64_t *B, int64_t *T, k3c_err *err) {
+    *ids = NULL;
+    k3c_safetensors *st;
+    int rc = k3c_st_open(path, &st, err);
+    if (rc) return rc;
+    const k3c_st_tensor *t = k3c_st_find(st, name);
+    if (!t || t->dtype != K3C_I32 || t->ndim < 1 || t->ndim > 2) {
+        k3c_st_close(st);
+        return k3c_errf(err, K3C_EFORMAT, "%s: needs an I32 tensor '%s' of shape [B, T] or [T]", path, name);
+    }
+    *B = t->ndim == 2 ? t->shape[0] : 1;
+    *T = t->shape[t->ndim - 1];
+    *ids = malloc(t->nbytes ? t->nbytes : 4);
+    if (*ids) memcpy(*ids, t->data, t->nbytes);
+    k3c_st_close(st);
+    return *ids ? K3C_OK : k3c_errf(err, K3C_ENOMEM, "out of memory");
+}
+
 /* ------------------------------------------------------------------ checkpoint directories */
 
 struct k3c_checkpoint {

@@ -1,10 +1,9 @@
-/* util.c — threads, monotonic time, levelled logging, progress bar, atomic file writes (DESIGN.md "base"). */
-#include "k3c.h"
+/* util.c — threads, monotonic time, progress bar, atomic file writes (DESIGN.md "base"). */
+#include "base/base.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -34,19 +33,6 @@ double k3c_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-void k3c_log(const k3c_logger *lg, int level, const char *fmt, ...) {
-    int max = lg ? lg->level : K3C_LOG_INFO;
-    if (level > max) return;
-    static const char *tag[] = {"error", "warn", "info", "debug"};
-    FILE *out = lg && lg->out ? lg->out : stderr;
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(out, "[%s] ", tag[level < 0 ? 0 : level > 3 ? 3 : level]);
-    vfprintf(out, fmt, ap);
-    fputc('\n', out);
-    va_end(ap);
 }
 
 void k3c_progress_init(k3c_progress *p, const char *label, int64_t total, const char *unit_name, FILE *out, int force) {

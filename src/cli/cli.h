@@ -3,7 +3,7 @@
 #ifndef K3C_CLI_H
 #define K3C_CLI_H
 
-#include "k3c.h"
+#include "base/base.h"
 #include "model/model.h"
 
 typedef struct {
@@ -26,6 +26,10 @@ const char *cli_positional(int argc, char **argv, int i, const char *const *valu
 /* Prints "k3c <cmd>: <message>" to stderr and returns exit code 1 (2 for usage errors). */
 int cli_fail(const char *cmd, const k3c_err *err);
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Reads a trainer's metrics.jsonl and draws loss / validation loss, lr and load balance against step into png
+ * (gnuplot, atomically; src/cli/plot.c). K3C_ENOTFOUND when gnuplot is not installed. */
+int cli_plot_metrics(const char *jsonl, const char *png, k3c_err *err);
 
 /* --device cpu|cuda (src/cli/device.c): open the named backend (NULL or "cpu": the CPU, backend stays NULL), move
  * models onto it, and release it after every model and arena on it is freed. */

@@ -177,10 +177,7 @@ static int peek(int argc, char **argv) {
     int rc = k3c_shard_set_open(dir, split ? split : "train", &s, &err);
     if (!rc && pat && k3c_tok_pattern_parse(pat, &p) != K3C_OK)
         rc = k3c_errf(&err, K3C_EINVAL, "unknown --pattern '%s'", pat);
-    if (!rc) rc = k3c_tok_load(vocab ? vocab : s->vocab, p, 0, &t, &err);
-    char side[1100];
-    snprintf(side, sizeof side, "%s.specials.json", vocab ? vocab : s ? s->vocab : "");
-    if (!rc && access(side, R_OK) == 0) rc = k3c_tok_load_specials_json(t, side, NULL, &err);
+    if (!rc) rc = k3c_tok_load_with_specials(vocab ? vocab : s->vocab, p, 0, &t, &err);
     if (!rc) rc = peek_docs(s, t, ndocs, &err);
     k3c_tok_free(t);
     k3c_shard_set_close(s);

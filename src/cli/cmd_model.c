@@ -3,8 +3,6 @@
 #include "cli.h"
 #include "model/golden.h"
 #include "model/model.h"
-#include "base/json.h"
-#include "serve/sampler.h"
 #include "tok/tok.h"
 
 #include <unistd.h>
@@ -12,24 +10,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Reads an I32 tensor `name` ([B, T] or [T]) from a safetensors file. */
-static int read_ids(const char *path, const char *name, int32_t **ids, int64_t *B, int64_t *T, k3c_err *err) {
-    k3c_safetensors *st;
-    int rc = k3c_st_open(path, &st, err);
-    if (rc) return rc;
-    const k3c_st_tensor *t = k3c_st_find(st, name);
-    if (!t || t->dtype != K3C_I32 || t->ndim < 1 || t->ndim > 2) {
-        k3c_st_close(st);
-        return k3c_errf(err, K3C_EFORMAT, "%s: needs an I32 tensor '%s' of shape [B, T] or [T]", path, name);
-    }
-    *B = t->ndim == 2 ? t->shape[0] : 1;
-    *T = t->shape[t->ndim - 1];
-    *ids = malloc(t->nbytes ? t->nbytes : 4);
-    if (*ids) memcpy(*ids, t->data, t->nbytes);
-    k3c_st_close(st);
-    return *ids ? K3C_OK : k3c_errf(err, K3C_ENOMEM, "out of memory");
-}
 
 static int32_t *doc_offsets(int64_t B, int64_t T) {
     int32_t *cu = malloc(sizeof(int32_t) * (size_t)(B + 1));
@@ -79,7 +59,7 @@ int cmd_logits(int argc, char **argv) {
     m.kda_chunk = chunk;
     int rc = cli_device_open(device, &dev, &err);
     if (!rc) rc = cli_device_use(&dev, &m, &err);
-    if (!rc) rc = read_ids(ids_path, name ? name : "input_ids", &ids, &B, &T, &err);
+    if (!rc) rc = k3c_st_read_ids(ids_path, name ? name : "input_ids", &ids, &B, &T, &err);
     k3c_arena arena = {0};
     if (!rc && !(cu = doc_offsets(B, T))) rc = k3c_errf(&err, K3C_ENOMEM, "out of memory");
     if (!rc) rc = k3c_model_arena_init_f32(&m, k3c_model_plan_bytes_f32(&m, B * T, (int)B), &arena, &err);
@@ -100,79 +80,49 @@ int cmd_logits(int argc, char **argv) {
     return rc ? cli_fail("logits", &err) : 0;
 }
 
-static double rel_err_f(const float *x, const k3c_st_tensor *ref, double *work, size_t n) {
-    if (k3c_st_read_f64(ref, work, n, NULL)) return INFINITY; /* wrong size or dtype: report as a failure */
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = x[i] - work[i];
-        num += d * d;
-        den += work[i] * work[i];
+/* Prints the comparison (every gradient with verbose, else only failures); returns the number of failures. */
+static int print_golden(const k3c_golden_report *r, int grads_ok, double tol_out, double tol_grad, int verbose) {
+    int fails = 0;
+    if (r->has_logits) {
+        printf("%-64s rel %.3e %s\n", "logits", r->logits_rel, r->logits_rel <= tol_out ? "ok" : "FAIL");
+        fails += !(r->logits_rel <= tol_out);
     }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
+    if (r->has_loss) {
+        printf("%-64s rel %.3e %s (k3c %.8f, golden %.8f)\n", "loss", r->loss_rel,
+               r->loss_rel <= tol_out ? "ok" : "FAIL", r->loss, r->loss_ref);
+        fails += !(r->loss_rel <= tol_out);
+    }
+    if (!grads_ok) return fails;
+    double worst = 0;
+    for (int i = 0; i < r->n_rows; i++) {
+        const k3c_golden_row *g = &r->rows[i];
+        int zero = g->ref_norm == 0;
+        int ok = zero ? g->abs_err <= 1e-6 : g->rel_err <= tol_grad;
+        if (!zero && g->rel_err > worst) worst = g->rel_err;
+        fails += !ok;
+        if (verbose || !ok)
+            printf("%-64s %s %.3e %s\n", g->name, zero ? "abs" : "rel", zero ? g->abs_err : g->rel_err,
+                   ok ? "ok" : "FAIL");
+    }
+    printf("%d gradients compared, worst relative error %.3e (tolerance %.0e), %d failures\n", r->n_rows, worst,
+           tol_grad, fails);
+    return fails;
 }
 
-/* Forward + backward on the golden's input_ids; prints logits / loss / gradient errors. Returns the exit code. */
+/* Forward + backward on the golden's input_ids (k3c_golden_check); prints the errors. Returns the exit code. */
 static int golden_check(const char *dir, const char *gpath, int chunk, const char *device, double tol_out,
                         double tol_grad, int verbose, k3c_err *err) {
     k3c_model m;
     cli_device dev = {0};
     if (k3c_model_open_f32(dir, 1, &m, err)) return -1;
     m.kda_chunk = chunk;
-    k3c_safetensors *gs = NULL;
-    int32_t *ids = NULL, *cu = NULL;
-    int64_t B = 0, T = 0;
+    k3c_golden_report r = {.rows = calloc(4096, sizeof(k3c_golden_row)), .max_rows = 4096};
     int rc = cli_device_open(device, &dev, err);
     if (!rc) rc = cli_device_use(&dev, &m, err);
-    if (!rc) rc = k3c_st_open(gpath, &gs, err);
-    if (!rc) rc = read_ids(gpath, "input_ids", &ids, &B, &T, err);
-    if (!rc && !(cu = doc_offsets(B, T))) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
-    k3c_arena arena = {0};
-    if (!rc) rc = k3c_model_arena_init_f32(&m, k3c_model_plan_bytes_f32(&m, B * T, (int)B), &arena, err);
-    k3c_model_batch b = {B * T, (int)B, ids, cu, NULL, 0};
-    k3c_acts *acts;
-    float *logits = NULL;
-    double loss = 0;
-    int fails = 0;
-    if (!rc) rc = k3c_model_forward_f32(&m, &b, &arena, &acts, &loss, &logits, err);
-    if (!rc) rc = k3c_model_backward_f32(&m, acts, 1.0, err);
-    if (!rc) {
-        const k3c_st_tensor *gl = k3c_st_find(gs, "logits"), *gloss = k3c_st_find(gs, "loss");
-        size_t n = (size_t)(B * T * m.cfg.vocab_size);
-        double *work = malloc(sizeof(double) * n);
-        if (gl && work) {
-            double e = rel_err_f(logits, gl, work, n);
-            printf("%-64s rel %.3e %s\n", "logits", e, e <= tol_out ? "ok" : "FAIL");
-            fails += !(e <= tol_out);
-        }
-        if (gloss && work) {
-            double e = k3c_st_read_f64(gloss, work, 1, NULL) ? INFINITY : fabs(loss - work[0]) / fabs(work[0]);
-            printf("%-64s rel %.3e %s (k3c %.8f, golden %.8f)\n", "loss", e, e <= tol_out ? "ok" : "FAIL", loss,
-                   work[0]);
-            fails += !(e <= tol_out);
-        }
-        free(work);
-        k3c_golden_row *rows = calloc(4096, sizeof *rows);
-        int nr = 0;
-        rc = rows ? k3c_golden_grads_f32(&m, gs, rows, 4096, &nr, err) : k3c_errf(err, K3C_ENOMEM, "out of memory");
-        double worst = 0;
-        for (int i = 0; !rc && i < nr; i++) {
-            int zero = rows[i].ref_norm == 0;
-            int ok = zero ? rows[i].abs_err <= 1e-6 : rows[i].rel_err <= tol_grad;
-            if (!zero && rows[i].rel_err > worst) worst = rows[i].rel_err;
-            fails += !ok;
-            if (verbose || !ok)
-                printf("%-64s %s %.3e %s\n", rows[i].name, zero ? "abs" : "rel",
-                       zero ? rows[i].abs_err : rows[i].rel_err, ok ? "ok" : "FAIL");
-        }
-        if (!rc)
-            printf("%d gradients compared, worst relative error %.3e (tolerance %.0e), %d failures\n", nr, worst,
-                   tol_grad, fails);
-        free(rows);
-    }
-    k3c_model_arena_free_f32(&m, &arena);
-    free(ids);
-    free(cu);
-    k3c_st_close(gs);
+    if (!rc && !r.rows) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
+    if (!rc) rc = k3c_golden_check_f32(&m, gpath, &r, err);
+    int fails = print_golden(&r, !rc, tol_out, tol_grad, verbose);
+    free(r.rows);
     k3c_model_free_f32(&m);
     cli_device_release(&dev);
     return rc ? -1 : fails ? 1 : 0;
@@ -204,69 +154,44 @@ int cmd_golden_check(int argc, char **argv) {
     return rc;
 }
 
-/* The tokenizer a k3c checkpoint carries: tiktoken.model (+ .specials.json) and k3c_tokenizer.json {"pattern": ...}. */
-static int load_model_tokenizer(const char *dir, const char *pattern_opt, k3c_tok **tok, k3c_err *err) {
-    char p[4200], pattern[32] = "cl100k";
-    snprintf(p, sizeof p, "%s/k3c_tokenizer.json", dir);
-    k3c_json *j = NULL;
-    char *text;
-    size_t n;
-    if (!pattern_opt && access(p, R_OK) == 0 && !k3c_read_file(p, &text, &n, err)) {
-        if (!k3c_json_parse(text, n, p, &j, err)) {
-            const k3c_json *v = k3c_json_get(j, "pattern");
-            if (v && v->type == K3C_JSON_STRING) snprintf(pattern, sizeof pattern, "%s", v->string);
-            k3c_json_free(j);
-        }
-        free(text);
-    }
-    if (pattern_opt) snprintf(pattern, sizeof pattern, "%s", pattern_opt);
-    k3c_tok_pattern pat;
-    if (k3c_tok_pattern_parse(pattern, &pat))
-        return k3c_errf(err, K3C_EINVAL, "unknown tokenizer pattern '%s'", pattern);
-    snprintf(p, sizeof p, "%s/tiktoken.model", dir);
-    int rc = k3c_tok_load(p, pat, 0, tok, err);
-    if (rc) return rc;
-    snprintf(p, sizeof p, "%s/tiktoken.model.specials.json", dir);
-    if (access(p, R_OK) == 0 && (rc = k3c_tok_load_specials_json(*tok, p, NULL, err))) {
-        k3c_tok_free(*tok);
-        *tok = NULL;
-    }
-    return rc;
+/* Streams each generated id: as text through the tokenizer (specials are not printed), or as ids. */
+typedef struct {
+    const k3c_tok *tok;
+} gen_out;
+
+static int print_token(void *ctx, int32_t id, int64_t i) {
+    const gen_out *g = ctx;
+    const unsigned char *bytes;
+    size_t nb;
+    if (!g->tok)
+        printf("%s%d", i ? " " : "", id);
+    else if (!k3c_tok_is_special(g->tok, id) && !k3c_tok_token_bytes(g->tok, id, &bytes, &nb, NULL))
+        fwrite(bytes, 1, nb, stdout);
+    fflush(stdout);
+    return 0;
 }
 
-/* Decoding loop shared by --ids and --prompt: appends n tokens to seq (length *len); prints ids or streams text. */
-static int decode_loop(k3c_model *m, int32_t *seq, int64_t *len, long long n, const k3c_sampler *smp,
-                       const k3c_tok *tok, int32_t stop_id, k3c_err *err) {
-    k3c_arena arena = {0};
-    int64_t V = m->cfg.vocab_size;
-    float *pw = malloc(sizeof(float) * (size_t)V);
-    int32_t *iw = malloc(sizeof(int32_t) * (size_t)V);
-    int rc = pw && iw ? k3c_model_arena_init_f32(m, k3c_model_plan_bytes_f32(m, *len + n, 1), &arena, err)
-                      : k3c_errf(err, K3C_ENOMEM, "out of memory");
-    for (long long i = 0; !rc && i < n; i++) {
-        k3c_arena_reset(&arena, 0);
-        k3c_model_batch b = {*len, 1, seq, NULL, NULL, 0};
-        k3c_acts *acts;
-        float *logits;
-        rc = k3c_model_forward_f32(m, &b, &arena, &acts, NULL, &logits, err);
-        if (rc) break;
-        int32_t next = k3c_sample(smp, logits + (*len - 1) * V, V, (uint64_t)*len, pw, iw);
-        seq[(*len)++] = next;
-        if (tok) {
-            const unsigned char *bytes;
-            size_t nb;
-            if (next == stop_id) break;
-            if (!k3c_tok_is_special(tok, next) && !k3c_tok_token_bytes(tok, next, &bytes, &nb, NULL))
-                fwrite(bytes, 1, nb, stdout);
-        } else {
-            printf("%s%d", i ? " " : "", next);
-        }
-        fflush(stdout);
+/* Encodes --prompt with the directory's tokenizer (echoing it) or reads --ids; seq gets room for n more ids. */
+static int generate_prompt(const k3c_serve *s, const char *prompt, const char *ids_path, const char *name, long long n,
+                           int32_t **seq, int64_t *len, k3c_err *err) {
+    int32_t *ids = NULL;
+    int64_t B = 1, T = 0;
+    int rc;
+    if (prompt) {
+        k3c_tok_ids v = {0};
+        rc = k3c_tok_encode(s->tok, prompt, strlen(prompt), 0, &v, err);
+        if (!rc && v.n == 0) rc = k3c_errf(err, K3C_EINVAL, "the prompt encodes to no tokens");
+        ids = v.ids;
+        T = (int64_t)v.n;
+        if (!rc) printf("%s", prompt);
+    } else {
+        rc = k3c_st_read_ids(ids_path, name ? name : "prompt_ids", &ids, &B, &T, err);
     }
-    if (!rc) printf("\n");
-    k3c_model_arena_free_f32(m, &arena);
-    free(pw);
-    free(iw);
+    *seq = rc ? NULL : malloc(sizeof(int32_t) * (size_t)(B * T + n));
+    if (!rc && !*seq) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
+    if (!rc) memcpy(*seq, ids, sizeof(int32_t) * (size_t)(B * T));
+    *len = B * T; /* a [B, T] file is generated from as one sequence */
+    free(ids);
     return rc;
 }
 
@@ -302,39 +227,23 @@ int cmd_generate(int argc, char **argv) {
     const char *device = cli_opt(argc, argv, "--device");
     if (cli_device_check("generate", device)) return 2;
     k3c_err err = {0};
-    k3c_model m;
+    k3c_serve sv;
     cli_device dev = {0};
-    if (k3c_model_open_f32(dir, 0, &m, &err)) return cli_fail("generate", &err);
-    m.kda_chunk = chunk;
-    k3c_tok *tok = NULL;
-    int32_t *prompt_ids = NULL, stop = -1;
-    int64_t B = 1, T = 0;
+    if (k3c_serve_open(dir, prompt != NULL, cli_opt(argc, argv, "--pattern"), &sv, &err))
+        return cli_fail("generate", &err);
+    sv.model->kda_chunk = chunk;
+    int32_t *seq = NULL;
+    int64_t len = 0;
     int rc = cli_device_open(device, &dev, &err);
-    if (!rc) rc = cli_device_use(&dev, &m, &err);
-    if (!rc && prompt) {
-        k3c_tok_ids v = {0};
-        rc = load_model_tokenizer(dir, cli_opt(argc, argv, "--pattern"), &tok, &err);
-        if (!rc) rc = k3c_tok_encode(tok, prompt, strlen(prompt), 0, &v, &err);
-        if (!rc && v.n == 0) rc = k3c_errf(&err, K3C_EINVAL, "the prompt encodes to no tokens");
-        prompt_ids = v.ids;
-        T = (int64_t)v.n;
-        if (!rc) stop = k3c_tok_special_id(tok, "<|endoftext|>");
-        if (!rc) printf("%s", prompt);
-    } else if (!rc) {
-        rc = read_ids(ids_path, name ? name : "prompt_ids", &prompt_ids, &B, &T, &err);
-    }
-    int32_t *seq = rc ? NULL : malloc(sizeof(int32_t) * (size_t)(B * T + n));
-    if (!rc && !seq) rc = k3c_errf(&err, K3C_ENOMEM, "out of memory");
-    if (!rc) {
-        memcpy(seq, prompt_ids, sizeof(int32_t) * (size_t)(B * T));
-        int64_t len = B * T;
-        k3c_sampler smp = {temp, top_p, (uint64_t)seed};
-        rc = decode_loop(&m, seq, &len, n, &smp, tok, stop, &err);
-    }
-    free(prompt_ids);
+    if (!rc) rc = cli_device_use(&dev, sv.model, &err);
+    if (!rc) rc = generate_prompt(&sv, prompt, ids_path, name, n, &seq, &len, &err);
+    gen_out out = {sv.tok};
+    k3c_gen_opts go = {
+        {temp, top_p, (uint64_t)seed}, n, sv.tok ? k3c_tok_special_id(sv.tok, "<|endoftext|>") : -1, print_token, &out};
+    if (!rc) rc = k3c_generate(sv.model, seq, len, &go, &len, &err);
+    if (!rc) printf("\n");
     free(seq);
-    k3c_tok_free(tok);
-    k3c_model_free_f32(&m);
+    k3c_serve_close(&sv);
     cli_device_release(&dev);
     return rc ? cli_fail("generate", &err) : 0;
 }

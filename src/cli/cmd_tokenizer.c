@@ -133,10 +133,8 @@ static int open_vocab(int argc, char **argv, const char *cmd, k3c_tok **t, k3c_e
     *t = NULL;
     if (!vocab) return cli_usage_error(cmd, "needs --vocab FILE");
     if (!parse_pattern(argc, argv, &pat)) return cli_usage_error(cmd, "unknown --pattern");
-    int rc = k3c_tok_load(vocab, pat, cli_flag(argc, argv, "--allow-gaps") ? K3C_TOK_LOAD_ALLOW_GAPS : 0, t, err);
-    char side[4096];
-    snprintf(side, sizeof side, "%s.specials.json", vocab);
-    if (rc == K3C_OK && !sj && access(side, R_OK) == 0) sj = side;
+    int flags = cli_flag(argc, argv, "--allow-gaps") ? K3C_TOK_LOAD_ALLOW_GAPS : 0;
+    int rc = sj ? k3c_tok_load(vocab, pat, flags, t, err) : k3c_tok_load_with_specials(vocab, pat, flags, t, err);
     if (rc == K3C_OK && sj) rc = k3c_tok_load_specials_json(*t, sj, cli_opt(argc, argv, "--table"), err);
     if (rc == K3C_OK) k3c_tok_set_release_chunking(*t, cli_flag(argc, argv, "--chunking"));
     if (rc != K3C_OK) {

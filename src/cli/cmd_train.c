@@ -1,7 +1,6 @@
 /* cmd_train.c — `k3c train --config RUN.json`: runs (or resumes) a staged pre-training run with a progress bar, metrics
- * JSONL + PNG, periodic validation and atomic checkpoints (src/train/run.h). */
+ * JSONL, periodic validation and atomic checkpoints (src/train/run.h), then plots the metrics to PNG (plot.c). */
 #include "cli.h"
-#include "train/run.h"
 
 #include <math.h>
 #include <string.h>
@@ -42,6 +41,11 @@ int cmd_train(int argc, char **argv) {
     int failed = k3c_train_run(&rc, &o, &r, &err);
     cli_device_release(&dev);
     if (failed) return cli_fail("train", &err);
+    char jsonl[4200], png[4200];
+    snprintf(jsonl, sizeof jsonl, "%s/metrics.jsonl", rc.out_dir);
+    snprintf(png, sizeof png, "%s/metrics.png", rc.out_dir);
+    k3c_err perr = {0};
+    if (cli_plot_metrics(jsonl, png, &perr) && o.log) fprintf(o.log, "note: %s\n", perr.msg);
     printf("trained %lld steps in %.1f s: loss %.4f, validation loss %.4f, %.0f tokens/s, max/mean expert load %.2f\n",
            (long long)r.steps, r.wall_s, r.last_loss, r.last_val_loss, r.tokens_per_s, r.max_load_ratio);
     printf("summary: validation loss %.4f nats/token vs unigram entropy %.4f nats/token of the corpus (same tokenizer):"

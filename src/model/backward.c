@@ -1,14 +1,9 @@
 /* backward.c — the whole-model backward: cross-entropy → lm_head → final norm → output mix → per layer in reverse (FFN,
  * its depth mix, the token mixer, its depth mix), accumulating every parameter gradient into m->g.
  * Spec: ARCHITECTURE.md §1.2 (RMSNorm backward), §5.4 (AttnRes gradients), §3.4, §4.2, §9.2. */
+#include "base/check.h"
 #include "base/real.h"
 #include "model/acts.h"
-
-#define CHECK_RC(expr)                                                                                                 \
-    do {                                                                                                               \
-        int rc_ = (expr);                                                                                              \
-        if (rc_) return rc_;                                                                                           \
-    } while (0)
 
 void k3c_acts_carve_backward(const k3c_model *m, k3c_carver *cv, k3c_acts *a);
 real *k3c_acts_src(const k3c_acts *a, int s);
@@ -92,8 +87,9 @@ int k3c_model_backward(k3c_model *m, k3c_acts *a, double scale, k3c_err *err) {
     const k3c_config *c = &m->cfg;
     int64_t T = a->T, D = c->hidden_size, V = c->vocab_size;
     k3c_arena_reset(a->arena, a->tmp_mark);
-    k3c_carver cv = {.a = a->arena};
+    k3c_carver cv = k3c_carver_arena(a->arena);
     k3c_acts_carve_backward(m, &cv, a);
+    k3c_arena_take(a->arena, &cv);
     if (cv.oom) return k3c_errf(err, K3C_ENOMEM, "backward: activation arena too small");
     const k3c_backend *be = a->st.be;
     CHECK_RC(be->zero(a->demb, T * D, err));

@@ -1,10 +1,26 @@
-/* config.h — internal helpers around the k3c_config of include/k3c.h: the released-spelling JSON writer used by
- * k3c_config_save (also for `k3c inspect --json`) and the compact layer-plan strings (spec/CHECKPOINTS.md §2–4). */
+/* config.h — internal to the model config (config_read.c, config_check.c, config_write.c) around the k3c_config of
+ * include/k3c.h: shared spellings, the released-spelling JSON writer (also for `k3c inspect --json`), plan strings. */
 #ifndef K3C_MODEL_CONFIG_H
 #define K3C_MODEL_CONFIG_H
 
 #include "base/json.h"
-#include "k3c.h"
+#include "base/base.h"
+
+/* The spellings the reader, the validator and the writer share. */
+#define K3C_CFG_KIMI_LINEAR "kimi_linear"
+#define K3C_CFG_KIMI_K3 "kimi_k3"
+#define K3C_CFG_K3_PREFIX "language_model."
+#define K3C_CFG_MXFP4_FORMAT "mxfp4-pack-quantized"
+#define K3C_CFG_MXFP4_GROUP 32 /* OCP MX block size: one E8M0 scale per 32 elements (CHECKPOINTS.md §6) */
+
+/* vision_config settings k3c implements one way only (§3.4): read as "must equal", written as is. */
+typedef struct {
+    const char *key, *value;
+} k3c_cfg_fixed;
+#define K3C_VISION_FIXED 8
+#define K3C_VISION_NO_BIAS 3
+extern const k3c_cfg_fixed k3c_vision_fixed[K3C_VISION_FIXED];
+extern const char *const k3c_vision_no_bias[K3C_VISION_NO_BIAS]; /* booleans that must be false */
 
 /* Appends cfg as a config.json in the released spelling (what k3c_config_save writes); validates cfg first. */
 int k3c_config_to_json(const k3c_config *cfg, k3c_sbuf *out, k3c_err *err);

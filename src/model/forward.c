@@ -1,16 +1,11 @@
 /* forward.c — the whole-model forward: embedding → per layer (depth mix → RMSNorm → KDA/MLA; depth mix → RMSNorm → FFN)
  * → output mix → final RMSNorm → lm_head → cross-entropy; activations planned up front and carved from one arena.
  * Spec: ARCHITECTURE.md §1.1 (pre-norm residual), §5.3 (Block AttnRes control flow, K3). */
+#include "base/check.h"
 #include "base/real.h"
 #include "model/acts.h"
 
 #include <string.h>
-
-#define CHECK_RC(expr)                                                                                                 \
-    do {                                                                                                               \
-        int rc_ = (expr);                                                                                              \
-        if (rc_) return rc_;                                                                                           \
-    } while (0)
 
 static real *src_ptr(const k3c_acts *a, int s) {
     return s == K3C_SRC_EMB ? a->emb : s % 2 ? a->pend[s / 2] : a->pmid[s / 2];
@@ -40,7 +35,7 @@ static int max_sources(const k3c_config *c) {
     return c->attn_res_block > 0 ? (int)((c->num_layers + c->attn_res_block - 1) / c->attn_res_block) + 1 : 0;
 }
 
-/* Carves every forward buffer (measure mode: only counts). */
+/* Carves every forward buffer (a measuring carver, base NULL, only counts). */
 static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver *cv, k3c_acts *a) {
     const k3c_config *c = &m->cfg;
     int L = (int)c->num_layers, NS = max_sources(c);
@@ -109,23 +104,23 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver 
         int *sm = kda ? &slot_kda : &slot_mla, *sf = &slot_ffn[moe];
         if (!rec || *sm < 0) {
             if (kda)
-                k3c_kda_alloc(m, T, cv, cv->measure ? &kd : &a->kda[l]);
+                k3c_kda_alloc(m, T, cv, !cv->base ? &kd : &a->kda[l]);
             else
-                k3c_mla_alloc(m, T, cv, cv->measure ? &ml : &a->mla[l]);
+                k3c_mla_alloc(m, T, cv, !cv->base ? &ml : &a->mla[l]);
             if (rec) *sm = l;
-        } else if (!cv->measure) {
+        } else if (cv->base) {
             if (kda)
                 a->kda[l] = a->kda[*sm];
             else
                 a->mla[l] = a->mla[*sm];
         }
         if (!rec || *sf < 0) {
-            k3c_ffn_alloc(m, l, T, cv, cv->measure ? &ff : &a->ffn[l]);
+            k3c_ffn_alloc(m, l, T, cv, !cv->base ? &ff : &a->ffn[l]);
             if (rec) *sf = l;
-        } else if (!cv->measure) {
+        } else if (cv->base) {
             a->ffn[l] = a->ffn[*sf];
         }
-        if (!cv->measure) {
+        if (cv->base) {
             a->pmid[l] = pm;
             a->pend[l] = pe;
             a->axn[l] = ax;
@@ -144,8 +139,8 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver 
     }
     real *hn = K3C_CARVE(cv, real, T * D), *rf = K3C_CARVE(cv, real, T);
     real *lg = K3C_CARVE(cv, real, T * c->vocab_size), *lse = K3C_CARVE(cv, real, T);
-    void *scr = k3c_carve_bytes(cv, scratch_bytes(m, T, n_docs));
-    if (!cv->measure) {
+    void *scr = k3c_carve(cv, scratch_bytes(m, T, n_docs));
+    if (cv->base) {
         a->fmix = fm;
         a->hn = hn;
         a->rfin = rf;
@@ -165,7 +160,7 @@ static void carve_backward(const k3c_model *m, int64_t T, k3c_carver *cv, k3c_ac
     a->dpend = K3C_CARVE(cv, real *, L);
     for (int l = 0; l < L; l++) {
         real *x = K3C_CARVE(cv, real, T * D), *y = K3C_CARVE(cv, real, T * D);
-        if (!cv->measure) {
+        if (cv->base) {
             a->dpmid[l] = x;
             a->dpend[l] = y;
         }
@@ -186,12 +181,12 @@ static size_t layer_tmp_bytes(const k3c_model *m, int64_t T) {
 }
 
 size_t k3c_model_plan_bytes(const k3c_model *m, int64_t T, int n_docs) {
-    k3c_carver cv = {.measure = 1};
+    k3c_carver cv = k3c_carver_measure(64);
     k3c_acts dummy;
-    cv.bytes = sizeof(k3c_acts) + 64;
+    cv.off = sizeof(k3c_acts) + 64;
     carve_forward(m, T, n_docs, &cv, &dummy);
     carve_backward(m, T, &cv, &dummy);
-    return cv.bytes + layer_tmp_bytes(m, T) + 4096;
+    return cv.off + layer_tmp_bytes(m, T) + 4096;
 }
 
 /* h = Mix(sources) with the layer's (or the output's) pseudo-query and key norm. */
@@ -303,8 +298,9 @@ int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, 
     const k3c_backend *be = k3c_model_be(m);
     CHECK_RC(be->sync(err)); /* the host writes the batch into memory the previous step's ops may still read */
     k3c_acts *a = k3c_arena_calloc(arena, sizeof *a);
-    k3c_carver cv = {.a = arena};
+    k3c_carver cv = k3c_carver_arena(arena);
     if (a) carve_forward(m, T, b->n_docs, &cv, a);
+    k3c_arena_take(arena, &cv);
     if (!a || cv.oom)
         return k3c_errf(err, K3C_ENOMEM, "forward: activation arena too small (%zu bytes; plan %zu)", arena->cap,
                         k3c_model_plan_bytes(m, T, b->n_docs));

@@ -4,6 +4,7 @@
 #include "base/real.h"
 #include "model/golden.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,4 +112,67 @@ int k3c_golden_grads(const k3c_model *m, const k3c_safetensors *golden, k3c_gold
     }
     *n_rows = nr;
     return K3C_OK;
+}
+
+static double rel_err(const real *x, const k3c_st_tensor *ref, double *work, size_t n) {
+    if (k3c_st_read_f64(ref, work, n, NULL)) return INFINITY; /* wrong size or dtype: report as a failure */
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = x[i] - work[i];
+        num += d * d;
+        den += work[i] * work[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* The logits and loss against the golden's "logits" and "loss" (each only when present). */
+static int compare_outputs(const k3c_safetensors *gs, const real *logits, double loss, size_t n, k3c_golden_report *r,
+                           k3c_err *err) {
+    const k3c_st_tensor *gl = k3c_st_find(gs, "logits"), *gloss = k3c_st_find(gs, "loss");
+    double *work = malloc(sizeof(double) * (n ? n : 1));
+    if (!work) return k3c_errf(err, K3C_ENOMEM, "golden: out of memory");
+    if ((r->has_logits = gl != NULL)) r->logits_rel = rel_err(logits, gl, work, n);
+    if ((r->has_loss = gloss != NULL)) {
+        r->loss = loss;
+        r->loss_rel = k3c_st_read_f64(gloss, work, 1, NULL) ? INFINITY : fabs(loss - work[0]) / fabs(work[0]);
+        r->loss_ref = work[0];
+    }
+    free(work);
+    return 0;
+}
+
+/* Forward + backward of the golden's input_ids (rows = documents), then outputs and gradients against it. */
+static int check_run(k3c_model *m, const k3c_safetensors *gs, const int32_t *ids, const int32_t *cu,
+                     k3c_golden_report *r, k3c_err *err) {
+    k3c_arena arena = {0};
+    int64_t B = r->B, T = r->T;
+    int rc = k3c_model_arena_init(m, k3c_model_plan_bytes(m, B * T, (int)B), &arena, err);
+    k3c_model_batch b = {B * T, (int)B, ids, cu, NULL, 0};
+    k3c_acts *acts;
+    real *logits = NULL;
+    double loss = 0;
+    if (!rc) rc = k3c_model_forward(m, &b, &arena, &acts, &loss, &logits, err);
+    if (!rc) rc = k3c_model_backward(m, acts, 1.0, err);
+    if (!rc) rc = compare_outputs(gs, logits, loss, (size_t)(B * T * m->cfg.vocab_size), r, err);
+    if (!rc) rc = k3c_golden_grads(m, gs, r->rows, r->max_rows, &r->n_rows, err);
+    k3c_model_arena_free(m, &arena);
+    return rc;
+}
+
+int k3c_golden_check(k3c_model *m, const char *golden_path, k3c_golden_report *r, k3c_err *err) {
+    r->has_logits = r->has_loss = 0;
+    r->n_rows = 0;
+    if (!r->rows || r->max_rows < 1) return k3c_errf(err, K3C_EINVAL, "golden: no rows to fill");
+    k3c_safetensors *gs = NULL;
+    int32_t *ids = NULL, *cu = NULL;
+    int rc = k3c_st_open(golden_path, &gs, err);
+    if (!rc) rc = k3c_st_read_ids(golden_path, "input_ids", &ids, &r->B, &r->T, err);
+    if (!rc && !(cu = malloc(sizeof(int32_t) * (size_t)(r->B + 1))))
+        rc = k3c_errf(err, K3C_ENOMEM, "golden: out of memory");
+    for (int64_t b = 0; !rc && b <= r->B; b++) cu[b] = (int32_t)(b * r->T);
+    if (!rc) rc = check_run(m, gs, ids, cu, r, err);
+    free(ids);
+    free(cu);
+    k3c_st_close(gs);
+    return rc;
 }

@@ -1,17 +1,12 @@
 /* layer_ffn.c — the FFN of one decoder layer, forward and backward: the dense GLU MLP (layer 0), or the MoE: sigmoid router
  * with the selection-only bias, routed experts (on the latent z = W↓x with RMSNorm and W↑ in K3's Stable LatentMoE),
  * and shared experts on the full-width x. Spec: ARCHITECTURE.md §6.2, §8, §9.2. */
+#include "base/check.h"
 #include "base/real.h"
 #include "model/layers.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-#define CHECK_RC(expr)                                                                                                 \
-    do {                                                                                                               \
-        int rc_ = (expr);                                                                                              \
-        if (rc_) return rc_;                                                                                           \
-    } while (0)
 
 typedef struct {
     int64_t T, D, E, k, inter, lat, shw; /* lat: expert width (latent ℓ or D); shw: fused shared width */
@@ -64,7 +59,7 @@ void k3c_ffn_alloc(const k3c_model *m, int l, int64_t T, k3c_carver *c, k3c_ffn_
     memset(a, 0, sizeof *a);
     if (!s.moe || s.shw > 0) {
         k3c_mlp_sizes ms = mlp_sizes(m, &s);
-        a->mlp_saved = k3c_carve_bytes(c, be->mlp_saved_bytes(&ms));
+        a->mlp_saved = k3c_carve(c, be->mlp_saved_bytes(&ms));
     }
     if (!s.moe) return;
     k3c_moe_sizes es = moe_sizes(m, &s);
@@ -73,7 +68,7 @@ void k3c_ffn_alloc(const k3c_model *m, int l, int64_t T, k3c_carver *c, k3c_ffn_
     a->topw = K3C_CARVE(c, real, T * s.k);
     a->cutoff = K3C_CARVE(c, real, T);
     if (s.latent) a->zin = K3C_CARVE(c, real, T * s.lat);
-    a->moe_saved = k3c_carve_bytes(c, be->moe_saved_bytes(&es));
+    a->moe_saved = k3c_carve(c, be->moe_saved_bytes(&es));
     a->u = K3C_CARVE(c, real, T * s.lat);
     if (s.latent && m->cfg.latent_norm) {
         a->un = K3C_CARVE(c, real, T * s.lat);

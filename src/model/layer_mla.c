@@ -1,16 +1,11 @@
 /* layer_mla.c — the gated NoPE multi-head latent attention mixer of one decoder layer, forward and backward: q (LoRA or
  * single projection), kv_a → [latent (RMSNorm) ; shared k_pe], kv_b → per-head k_nope, v; causal attention with document
  * masks; optional sigmoid output gate; o_proj. Spec: ARCHITECTURE.md §4.2 (no rotation anywhere), CHECKPOINTS.md §7. */
+#include "base/check.h"
 #include "base/real.h"
 #include "model/layers.h"
 
 #include <string.h>
-
-#define CHECK_RC(expr)                                                                                                 \
-    do {                                                                                                               \
-        int rc_ = (expr);                                                                                              \
-        if (rc_) return rc_;                                                                                           \
-    } while (0)
 
 typedef struct {
     int64_t T, D, H, nope, rope, dqk, dv, r, rkv;

@@ -5,27 +5,22 @@
 #ifndef K3C_MODEL_LAYERS_H
 #define K3C_MODEL_LAYERS_H
 
+#include "base/carve.h"
 #include "model/model.h"
 #include "ops/backend.h"
 
-/* Carves buffers from an arena; with measure set it only counts bytes (for planning) and returns NULL. */
-typedef struct {
-    k3c_arena *a;
-    int measure;
-    size_t bytes; /* measure mode: bytes counted so far */
-    int oom;
-} k3c_carver;
-
-static inline void *k3c_carve_bytes(k3c_carver *c, size_t n) {
-    if (c->measure) {
-        c->bytes += (n + 63) / 64 * 64;
-        return NULL;
-    }
-    void *p = k3c_arena_alloc(c->a, n);
-    if (!p) c->oom = 1;
-    return p;
+/* Activations are carved (base/carve.h) from the free tail of the step's arena, 64-aligned like k3c_arena_alloc, so the
+ * pieces land where successive arena allocations would; k3c_arena_take then marks what was carved as used. */
+static inline k3c_carver k3c_carver_arena(const k3c_arena *a) {
+    size_t start = (a->used + 63) & ~(size_t)63;
+    if (start > a->cap) start = a->cap;
+    return k3c_carver_at(a->base + start, a->cap - start, 64);
 }
-#define K3C_CARVE(c, type, count) ((type *)k3c_carve_bytes((c), (size_t)(count) * sizeof(type)))
+static inline void k3c_arena_take(k3c_arena *a, const k3c_carver *c) {
+    if (c->oom) return;
+    a->used = (size_t)(c->base - a->base) + c->off;
+    if (a->used > a->peak) a->peak = a->used;
+}
 
 /* What a step's layers share: the model, the batch layout, a scratch region for op workspaces, the error. */
 typedef struct {

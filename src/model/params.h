@@ -4,7 +4,7 @@
 #ifndef K3C_MODEL_PARAMS_H
 #define K3C_MODEL_PARAMS_H
 
-#include "k3c.h"
+#include "base/base.h"
 
 #define K3C_NOPARAM ((size_t)-1)
 #define K3C_PARAM_NAME 160

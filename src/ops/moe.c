@@ -1,8 +1,10 @@
 /* moe.c — routed experts (plan → gather → per-expert GLU MLP → weighted combine) and the dense GLU MLP, fwd and bwd.
  * Implements spec/ARCHITECTURE.md §9.2 (u = Σ p_i E_i(z) and its backward), with §8 for the expert activation. */
+#include "base/carve.h"
 #include "base/real.h"
 #include "ops/moe.h"
 
+#include <stdint.h>
 #include <string.h>
 
 /* Below this many element operations a parallel region costs more than it saves (tiny models, FD tests). */
@@ -133,17 +135,9 @@ static void expert_bwd(int64_t n, int64_t D, int64_t I, const k3c_glu_act *act, 
 /* ---------------------------------------------------------------- buffers carved from saved / ws */
 static size_t al64(size_t b) { return (b + 63) & ~(size_t)63; }
 
-/* Bump-carves 64-aligned pieces; with a NULL base it only measures (no arithmetic on a null pointer). */
-typedef struct {
-    unsigned char *base;
-    size_t off;
-} carver;
-
-static void *carve(carver *c, size_t bytes) {
-    void *r = c->base ? c->base + c->off : NULL;
-    c->off += al64(bytes);
-    return r;
-}
+/* Layouts are carved with base/carve.h over memory the caller sized with the same layout (a NULL base only measures),
+ * so the cap is not checked here. */
+static k3c_carver carver_at(void *base) { return k3c_carver_at(base, SIZE_MAX, 64); }
 
 typedef struct {
     int64_t *offsets;    /* [E + 1] */
@@ -173,30 +167,30 @@ static int moe_check(const k3c_moe_sizes *s, const char *op, k3c_err *err) {
 
 static size_t moe_saved_layout(const k3c_moe_sizes *s, void *base, moe_saved *sv) {
     const size_t S = (size_t)(s->tokens * s->top_k), SI = S * (size_t)s->inter * sizeof(real);
-    carver p = {base, 0};
+    k3c_carver p = carver_at(base);
     moe_saved tmp;
     if (!sv) sv = &tmp;
-    sv->offsets = carve(&p, (size_t)(s->experts + 1) * sizeof(int64_t));
-    sv->perm = carve(&p, S * sizeof(int32_t));
-    sv->pos = carve(&p, S * sizeof(int32_t));
-    sv->G = carve(&p, SI);
-    sv->U = carve(&p, SI);
+    sv->offsets = k3c_carve(&p, (size_t)(s->experts + 1) * sizeof(int64_t));
+    sv->perm = k3c_carve(&p, S * sizeof(int32_t));
+    sv->pos = k3c_carve(&p, S * sizeof(int32_t));
+    sv->G = k3c_carve(&p, SI);
+    sv->U = k3c_carve(&p, SI);
     return p.off;
 }
 
 static size_t moe_scratch_layout(const k3c_moe_sizes *s, void *base, moe_scratch *sc) {
     const size_t S = (size_t)(s->tokens * s->top_k);
     const size_t SD = S * (size_t)s->dim * sizeof(real), SI = S * (size_t)s->inter * sizeof(real);
-    carver p = {base, 0};
+    k3c_carver p = carver_at(base);
     moe_scratch tmp;
     if (!sc) sc = &tmp;
-    sc->X = carve(&p, SD);
-    sc->Y = carve(&p, SD);
-    sc->H = carve(&p, SI);
-    sc->dH = carve(&p, SI);
-    sc->dU = carve(&p, SI);
-    sc->p = carve(&p, S * sizeof(real));
-    sc->dp = carve(&p, S * sizeof(real));
+    sc->X = k3c_carve(&p, SD);
+    sc->Y = k3c_carve(&p, SD);
+    sc->H = k3c_carve(&p, SI);
+    sc->dH = k3c_carve(&p, SI);
+    sc->dU = k3c_carve(&p, SI);
+    sc->p = k3c_carve(&p, S * sizeof(real));
+    sc->dp = k3c_carve(&p, S * sizeof(real));
     return p.off;
 }
 
@@ -323,8 +317,8 @@ int k3c_mlp_fwd(const k3c_mlp_sizes *s, const real *x, const real *w_gate, const
     if (!ws) return k3c_errf(err, K3C_EINVAL, "mlp_fwd: no workspace (k3c_mlp_workspace bytes)");
     if (s->tokens == 0) return 0;
     const size_t b = mlp_ti_bytes(s);
-    carver p = {ws, 0}, q = {saved ? saved : (unsigned char *)ws + 3 * b, 0};
-    real *H = carve(&p, b), *G = carve(&q, b), *U = carve(&q, b);
+    k3c_carver p = carver_at(ws), q = carver_at(saved ? saved : (unsigned char *)ws + 3 * b);
+    real *H = k3c_carve(&p, b), *G = k3c_carve(&q, b), *U = k3c_carve(&q, b);
     expert_gate_up(s->tokens, s->dim, s->inter, x, w_gate, w_up, G, U);
     expert_down(s->tokens, s->dim, s->inter, &s->act, G, U, w_down, H, y);
     return 0;
@@ -337,8 +331,9 @@ int k3c_mlp_bwd(const k3c_mlp_sizes *s, const real *x, const real *w_gate, const
     if (!ws) return k3c_errf(err, K3C_EINVAL, "mlp_bwd: no workspace (k3c_mlp_workspace bytes)");
     if (s->tokens == 0) return 0;
     const size_t b = mlp_ti_bytes(s);
-    carver p = {ws, 0}, q = {saved ? (unsigned char *)saved : (unsigned char *)ws + 3 * b, 0};
-    real *H = carve(&p, b), *dH = carve(&p, b), *dU = carve(&p, b), *G = carve(&q, b), *U = carve(&q, b);
+    k3c_carver p = carver_at(ws), q = carver_at(saved ? (unsigned char *)saved : (unsigned char *)ws + 3 * b);
+    real *H = k3c_carve(&p, b), *dH = k3c_carve(&p, b), *dU = k3c_carve(&p, b), *G = k3c_carve(&q, b),
+         *U = k3c_carve(&q, b);
     if (!saved) expert_gate_up(s->tokens, s->dim, s->inter, x, w_gate, w_up, G, U);
     expert_grads g = {dw_gate, dw_up, dw_down, NULL, dx, 1};
     expert_bwd(s->tokens, s->dim, s->inter, &s->act, x, w_gate, w_up, w_down, G, U, NULL, dy, &g, H, dH, dU);

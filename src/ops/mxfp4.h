@@ -3,7 +3,7 @@
 #ifndef K3C_OPS_MXFP4_H
 #define K3C_OPS_MXFP4_H
 
-#include "k3c.h"
+#include "base/base.h"
 
 #define K3C_MXFP4_GROUP 32
 

@@ -14,6 +14,6 @@
 #define K3C_OPS_H
 
 #include "base/real_decl.h"
-#include "k3c.h"
+#include "base/base.h"
 
 #endif

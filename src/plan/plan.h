@@ -3,7 +3,7 @@
 #ifndef K3C_PLAN_H
 #define K3C_PLAN_H
 
-#include "k3c.h"
+#include "base/base.h"
 
 /* ---------------------------------------------------------------- parameters (params.c) */
 typedef enum {

@@ -1,6 +1,6 @@
 /* sampler.c — greedy and temperature/top-p sampling over a logit row (softmax in double, nucleus = the smallest set of
  * most likely tokens whose mass reaches top_p). */
-#include "serve/sampler.h"
+#include "base/base.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -8,36 +8,17 @@
 #ifndef K3C_TOK_H
 #define K3C_TOK_H
 
-#include "k3c.h"
+#include "base/base.h"
 
 /* ---------------------------------------------------------------- pre-tokenisation patterns */
-typedef enum {
-    K3C_TOK_PATTERN_KIMI = 0,   /* tokenization_kimi.py pat_str (K2, K3, Kimi Linear) */
-    K3C_TOK_PATTERN_CL100K = 1, /* tiktoken cl100k_base (GPT-4) */
-} k3c_tok_pattern;
-
-int k3c_tok_pattern_parse(const char *name, k3c_tok_pattern *out); /* "kimi" / "cl100k"; 0 or K3C_EINVAL */
-const char *k3c_tok_pattern_name(k3c_tok_pattern p);
 
 /* End offset of the pre-token that starts at byte i of s[0..n) (i < n); the pieces tile the text exactly.
  * Invalid UTF-8 bytes are single characters of no class (they group with punctuation). */
 size_t k3c_tok_pretok_next(k3c_tok_pattern pat, const unsigned char *s, size_t n, size_t i);
 
 /* ---------------------------------------------------------------- the tokenizer object */
-typedef struct k3c_tok k3c_tok;
-
-enum {
-    /* ranks may have gaps and come in any order (default: line k holds rank k, as in every released file) */
-    K3C_TOK_LOAD_ALLOW_GAPS = 1,
-};
-
-/* Reads a tiktoken rank file (`base64(bytes) SP rank` per line; blank lines skipped). Errors name the file and line:
- * bad base64, empty token, missing or malformed rank, line without a space, duplicate token or rank, ranks out of order
- * (unless K3C_TOK_LOAD_ALLOW_GAPS), and a vocabulary missing one of the 256 single bytes. */
-int k3c_tok_load(const char *path, k3c_tok_pattern pat, int flags, k3c_tok **out, k3c_err *err);
 int k3c_tok_parse(const char *text, size_t n, const char *name, k3c_tok_pattern pat, int flags, k3c_tok **out,
                   k3c_err *err);
-void k3c_tok_free(k3c_tok *t);
 
 /* Adds one special token. Its id must not be a rank and neither id nor spelling may repeat. */
 int k3c_tok_add_special(k3c_tok *t, const char *str, size_t len, int32_t id, k3c_err *err);
@@ -56,32 +37,12 @@ void k3c_tok_set_release_chunking(k3c_tok *t, int on);
 
 k3c_tok_pattern k3c_tok_get_pattern(const k3c_tok *t);
 int32_t k3c_tok_n_ranks(const k3c_tok *t); /* largest rank + 1 */
-int32_t k3c_tok_n_vocab(const k3c_tok *t); /* largest id (rank or special) + 1: the model's vocab size */
 int k3c_tok_n_specials(const k3c_tok *t);
-int32_t k3c_tok_special_id(const k3c_tok *t, const char *str); /* -1 if not a special token */
 /* The i-th special token in id order (0 <= i < n_specials). */
 void k3c_tok_special_at(const k3c_tok *t, int i, const char **str, size_t *len, int32_t *id);
-int k3c_tok_is_special(const k3c_tok *t, int32_t id);
-/* The bytes of one id (rank or special); K3C_EINVAL for an unknown id. Useful for streaming decoders. */
-int k3c_tok_token_bytes(const k3c_tok *t, int32_t id, const unsigned char **bytes, size_t *len, k3c_err *err);
 int32_t k3c_tok_rank_of(const k3c_tok *t, const void *bytes, size_t len); /* -1 if those bytes are not a token */
 
 /* ---------------------------------------------------------------- encoding and decoding */
-/* A growable id list; zero-initialise, append with the encoders, release with k3c_tok_ids_free. */
-typedef struct {
-    int32_t *ids;
-    size_t n, cap;
-} k3c_tok_ids;
-void k3c_tok_ids_free(k3c_tok_ids *v);
-int k3c_tok_ids_push(k3c_tok_ids *v, int32_t id);
-
-enum {
-    K3C_TOK_ALLOW_SPECIAL = 1, /* special-token spellings in the text become their ids (else they are plain text) */
-    K3C_TOK_NO_CHUNKING = 2,   /* plain tiktoken: ignore the release chunking even when it is on */
-};
-
-/* Appends the ids of text[0..n) to out. */
-int k3c_tok_encode(const k3c_tok *t, const void *text, size_t n, int flags, k3c_tok_ids *out, k3c_err *err);
 
 /* A chat-template segment (spec/CHECKPOINTS.md §9.2): markup segments allow special tokens, content segments do not.
  * Each segment is encoded on its own (BPE never merges across segments) and the ids are concatenated. */
@@ -99,10 +60,6 @@ int k3c_tok_encode_segments(const k3c_tok *t, const k3c_tok_segment *segs, size_
  * token, else repeatedly merge the adjacent pair whose concatenation has the lowest rank (leftmost on ties).
  * algo: 0 = automatic, 1 = linear rescans (short pieces), 2 = heap (long pieces); all give the same ids. */
 int k3c_tok_encode_piece(const k3c_tok *t, const void *piece, size_t len, int algo, k3c_tok_ids *out, k3c_err *err);
-
-/* The exact bytes of ids in a new malloc'd buffer (*len bytes plus a NUL for convenience; free with free()). Unknown
- * ids are K3C_EINVAL naming the id and its position. */
-int k3c_tok_decode(const k3c_tok *t, const int32_t *ids, size_t n, char **bytes, size_t *len, k3c_err *err);
 
 /* ---------------------------------------------------------------- files */
 /* Writes the ranks as a tiktoken file (atomically) and, when there are specials, "<path>.specials.json" with

@@ -1,5 +1,6 @@
 /* checkpoint.c — training checkpoints written atomically (temporary directory + rename + `latest` pointer) so that a
  * crash at any point leaves the previous checkpoint loadable; the model part is a plain Hugging Face directory. */
+#include "tok/tok.h"
 #include "train/checkpoint.h"
 
 #include <dirent.h>
@@ -80,20 +81,20 @@ int k3c_train_ckpt_save(const char *out_dir, int64_t step, const k3c_train_ckpt 
         rc = k3c_write_file_atomic(p, ck->trainer_state, strlen(ck->trainer_state), err);
     }
     if (!rc && ck->vocab && ck->vocab[0]) {
-        snprintf(p, sizeof p, "%s/tiktoken.model", tmp);
+        snprintf(p, sizeof p, "%s/" K3C_TOK_DIR_VOCAB, tmp);
         rc = copy_file(ck->vocab, p, err);
         char src[4200];
         snprintf(src, sizeof src, "%s.specials.json", ck->vocab);
         if (!rc && access(src, R_OK) == 0) {
-            snprintf(p, sizeof p, "%s/tiktoken.model.specials.json", tmp);
+            snprintf(p, sizeof p, "%s/" K3C_TOK_DIR_VOCAB ".specials.json", tmp);
             rc = copy_file(src, p, err);
         }
     }
     if (!rc && ck->vocab && ck->vocab[0]) {
         char body[96];
-        int len = snprintf(body, sizeof body, "{\"vocab\": \"tiktoken.model\", \"pattern\": \"%s\"}\n",
+        int len = snprintf(body, sizeof body, "{\"vocab\": \"" K3C_TOK_DIR_VOCAB "\", \"pattern\": \"%s\"}\n",
                            ck->pattern ? ck->pattern : "cl100k");
-        snprintf(p, sizeof p, "%s/k3c_tokenizer.json", tmp);
+        snprintf(p, sizeof p, "%s/" K3C_TOK_DIR_SPEC, tmp);
         rc = k3c_write_file_atomic(p, body, (size_t)len, err);
     }
     if (rc) {

@@ -3,7 +3,7 @@
 #ifndef K3C_TRAIN_DATA_H
 #define K3C_TRAIN_DATA_H
 
-#include "k3c.h"
+#include "base/base.h"
 #include "tok/tok.h"
 
 /* ================================================================ shards

@@ -1,9 +1,9 @@
-/* metrics.h — training metrics as JSON Lines (one object per logged step) and a PNG plot of the curves drawn by gnuplot.
+/* metrics.h — training metrics as JSON Lines (one object per logged step; `k3c train` plots them, src/cli/plot.c).
  * Spec: the run experience of the trainer (metrics JSONL + PNG plots). */
 #ifndef K3C_TRAIN_METRICS_H
 #define K3C_TRAIN_METRICS_H
 
-#include "k3c.h"
+#include "base/base.h"
 
 typedef struct {
     int64_t step, tokens;
@@ -20,8 +20,5 @@ typedef struct {
 
 /* Appends one JSON line to f (flushed). */
 void k3c_metrics_write(FILE *f, const k3c_metrics_row *r);
-/* Reads metrics.jsonl and draws loss / val loss, lr, and load balance against step into a PNG (gnuplot, atomically).
- * K3C_ENOTFOUND when gnuplot is not installed. */
-int k3c_metrics_plot(const char *jsonl, const char *png, k3c_err *err);
 
 #endif

@@ -3,7 +3,7 @@
 #ifndef K3C_TRAIN_OPTIM_H
 #define K3C_TRAIN_OPTIM_H
 
-#include "k3c.h"
+#include "base/base.h"
 #include "model/params.h"
 
 /* Everything here works on float32 buffers laid out like the parameter table: w, g are table.total floats. */

@@ -512,19 +512,18 @@ static int write_manifest(run *r, const char *source, k3c_err *err) {
 
 static int load_vocab(run *r, k3c_err *err) {
     const k3c_prepare_opts *o = r->o;
-    int rc = k3c_tok_load(o->vocab_path, o->pattern, 0, &r->tok, err);
-    char side[4200];
-    snprintf(side, sizeof side, "%s.specials.json", o->vocab_path);
-    if (!rc && access(side, R_OK) == 0) rc = k3c_tok_load_specials_json(r->tok, side, NULL, err);
+    int rc = k3c_tok_load_with_specials(o->vocab_path, o->pattern, 0, &r->tok, err);
     if (rc) return rc;
     const char *eod = o->eod ? o->eod : "<|endoftext|>";
     r->eod_id = -1;
     if (!*eod) return K3C_OK;
     r->eod_id = k3c_tok_special_id(r->tok, eod);
     if (r->eod_id < 0)
-        return k3c_errf(err, K3C_ENOTFOUND,
-                        "%s: no special token \"%s\" (specials come from %s; choose another with --eod, or --eod none)",
-                        o->vocab_path, eod, side);
+        return k3c_errf(
+            err, K3C_ENOTFOUND,
+            "%s: no special token \"%s\" (specials come from %s.specials.json; choose another with --eod, or "
+            "--eod none)",
+            o->vocab_path, eod, o->vocab_path);
     return K3C_OK;
 }
 

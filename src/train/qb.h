@@ -3,7 +3,7 @@
 #ifndef K3C_TRAIN_QB_H
 #define K3C_TRAIN_QB_H
 
-#include "k3c.h"
+#include "base/base.h"
 
 /* Inputs, for one MoE layer and one optimizer step (the whole global batch, §7.2 item 5):
  *   s     [m, n]  unbiased sigmoid scores (fp32)

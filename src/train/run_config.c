@@ -3,15 +3,11 @@
 #include "base/json.h"
 #include "train/optim.h"
 #include "train/qb.h"
-#include "train/run.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    const char *file;
-    k3c_err *err;
-} ctx;
+typedef k3c_json_ctx ctx; /* the file name for messages and the error */
 
 static int keys_known(ctx *c, const k3c_json *o, const char *where, const char *const *allowed) {
     for (size_t i = 0; i < o->n; i++) {
@@ -22,47 +18,36 @@ static int keys_known(ctx *c, const k3c_json *o, const char *where, const char *
     return 0;
 }
 
+/* Optional fields (absent or null) take `def`; the typed reading and its messages are base/json's. */
 static int get_num(ctx *c, const k3c_json *o, const char *where, const char *key, double def, int required,
                    double *out) {
-    const k3c_json *v = k3c_json_get(o, key);
-    if (!v) {
-        if (required) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: missing", c->file, where, key);
-        *out = def;
-        return 0;
-    }
-    if (v->type != K3C_JSON_NUMBER)
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected a number", c->file, where, key);
-    *out = v->number;
-    return 0;
+    int present;
+    int e =
+        k3c_json_get_num(c, required ? K3C_JSON_REQ : K3C_JSON_OPT, K3C_SPOT(o, where, key), K3C_NOSPOT, out, &present);
+    if (!e && !present) *out = def;
+    return e;
 }
 
 static int get_int(ctx *c, const k3c_json *o, const char *where, const char *key, int64_t def, int required,
                    int64_t *out) {
-    const k3c_json *v = k3c_json_get(o, key);
-    if (!v && !required) {
-        *out = def;
-        return 0;
-    }
-    if (!v) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: missing", c->file, where, key);
-    if (v->type != K3C_JSON_NUMBER || !v->is_integer)
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected an integer", c->file, where, key);
-    *out = v->integer;
-    return 0;
+    int present;
+    int e =
+        k3c_json_get_int(c, required ? K3C_JSON_REQ : K3C_JSON_OPT, K3C_SPOT(o, where, key), K3C_NOSPOT, out, &present);
+    if (!e && !present) *out = def;
+    return e;
 }
 
 /* A path relative to the config file's directory (absolute paths unchanged). */
 static int get_path(ctx *c, const k3c_json *o, const char *where, const char *key, int required, char *out, size_t n) {
-    const k3c_json *v = k3c_json_get(o, key);
-    if (!v) {
-        if (required) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: missing", c->file, where, key);
-        out[0] = 0;
-        return 0;
-    }
-    if (v->type != K3C_JSON_STRING || !v->len)
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected a non-empty string", c->file, where, key);
+    const char *v;
+    int e = k3c_json_get_str(c, required ? K3C_JSON_REQ : K3C_JSON_OPT, K3C_SPOT(o, where, key), &v);
+    if (e) return e;
+    out[0] = 0;
+    if (!v) return 0;
+    if (!v[0]) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected a non-empty string", c->file, where, key);
     const char *slash = strrchr(c->file, '/');
-    int len = v->string[0] == '/' || !slash ? snprintf(out, n, "%s", v->string)
-                                            : snprintf(out, n, "%.*s/%s", (int)(slash - c->file), c->file, v->string);
+    int len = v[0] == '/' || !slash ? snprintf(out, n, "%s", v)
+                                    : snprintf(out, n, "%.*s/%s", (int)(slash - c->file), c->file, v);
     if (len < 0 || (size_t)len >= n) /* a truncated path could name another directory */
         return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: path longer than %zu bytes", c->file, where, key, n - 1);
     return 0;
@@ -70,14 +55,13 @@ static int get_path(ctx *c, const k3c_json *o, const char *where, const char *ke
 
 static int get_str(ctx *c, const k3c_json *o, const char *where, const char *key, const char *def, char *out,
                    size_t n) {
-    const k3c_json *v = k3c_json_get(o, key);
-    if (!v) {
-        snprintf(out, n, "%s", def);
-        return 0;
-    }
-    if (v->type != K3C_JSON_STRING || v->len >= n)
+    const char *v;
+    int e = k3c_json_get_str(c, K3C_JSON_OPT, K3C_SPOT(o, where, key), &v);
+    if (e) return e;
+    if (!v) v = def;
+    if (strlen(v) >= n)
         return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected a string (< %zu bytes)", c->file, where, key, n);
-    snprintf(out, n, "%s", v->string);
+    snprintf(out, n, "%s", v);
     return 0;
 }
 

@@ -9,7 +9,6 @@
 #include "train/optim.h"
 #include "train/optim_backend.h"
 #include "train/qb.h"
-#include "train/run.h"
 #include "tok/tok.h"
 
 #include <errno.h>
@@ -293,14 +292,9 @@ static int check_tokenizer(const k3c_run_config *rc, int64_t data_vocab, k3c_err
     if (k3c_tok_pattern_parse(rc->pattern, &pat))
         return k3c_errf(err, K3C_ECONFIG, "%s: pattern: '%s' is not cl100k or kimi", rc->path, rc->pattern);
     k3c_tok *tok;
-    int e = k3c_tok_load(rc->vocab, pat, 0, &tok, err);
-    if (e) return k3c_err_wrap(err, "%s: tokenizer", rc->path);
-    char sp[1100];
-    snprintf(sp, sizeof sp, "%s.specials.json", rc->vocab);
-    if (access(sp, R_OK) == 0) e = k3c_tok_load_specials_json(tok, sp, NULL, err);
-    int64_t nv = e ? 0 : k3c_tok_n_vocab(tok);
+    if (k3c_tok_load_with_specials(rc->vocab, pat, 0, &tok, err)) return k3c_err_wrap(err, "%s: tokenizer", rc->path);
+    int64_t nv = k3c_tok_n_vocab(tok);
     k3c_tok_free(tok);
-    if (e) return e;
     if (nv != data_vocab)
         return k3c_errf(err, K3C_ECONFIG, "%s: tokenizer %s has %lld ids but the data was encoded with %lld", rc->path,
                         rc->vocab, (long long)nv, (long long)data_vocab);
@@ -464,14 +458,6 @@ int k3c_train_run(const k3c_run_config *rc, const k3c_train_opts *o, k3c_train_r
     res->steps = tr.step;
     res->wall_s = k3c_now() - t0;
     if (tr.loader) res->unigram_entropy = unigram_entropy(tr.loader);
-    if (!e) {
-        char a[4200], b[4200];
-        snprintf(a, sizeof a, "%s/metrics.jsonl", rc->out_dir);
-        snprintf(b, sizeof b, "%s/metrics.png", rc->out_dir);
-        if (tr.metrics) fflush(tr.metrics);
-        k3c_err perr = {0};
-        if (k3c_metrics_plot(a, b, &perr) && o->log) fprintf(o->log, "note: %s\n", perr.msg);
-    }
     teardown(&tr);
     return e;
 }

@@ -1,0 +1,61 @@
+/* plot.c — the training curves of `k3c train` as a PNG: gnuplot draws loss / validation loss, learning rate and the worst
+ * MoE layer's max/mean expert load against step from the metrics.jsonl the trainer writes (part of the CLI). */
+#include "base/json.h"
+#include "cli.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static double field(const k3c_json *o, const char *k) {
+    const k3c_json *v = k3c_json_get(o, k);
+    return v && v->type == K3C_JSON_NUMBER ? v->number : NAN;
+}
+
+int cli_plot_metrics(const char *jsonl, const char *png, k3c_err *err) {
+    /* the paths go into a shell command line inside single quotes: refuse what would break out of them */
+    if (strpbrk(png, "'\"\\$`\n"))
+        return k3c_errf(err, K3C_EINVAL, "%s: quotes, backslashes, $ or ` in the path: no plot written", png);
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0)
+        return k3c_errf(err, K3C_ENOTFOUND, "gnuplot not installed (apt-get install gnuplot-nox): no plot written");
+    char *text;
+    size_t n;
+    int rc = k3c_read_file(jsonl, &text, &n, err);
+    if (rc) return rc;
+    char dat[4200], tmp_png[4200];
+    snprintf(dat, sizeof dat, "%s.dat", png);
+    snprintf(tmp_png, sizeof tmp_png, "%s.tmp.png", png);
+    FILE *f = fopen(dat, "w");
+    if (!f) {
+        free(text);
+        return k3c_errf(err, K3C_EIO, "%s: cannot write", dat);
+    }
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        k3c_json *o;
+        if (k3c_json_parse(line, strlen(line), jsonl, &o, NULL)) continue;
+        fprintf(f, "%g %g %g %g %g\n", field(o, "step"), field(o, "loss"), field(o, "val_loss"), field(o, "lr"),
+                field(o, "max_load_ratio"));
+        k3c_json_free(o);
+    }
+    fclose(f);
+    free(text);
+    char cmd[20000];
+    snprintf(cmd, sizeof cmd,
+             "gnuplot -e \"set terminal png size 1200,400 noenhanced; "
+             "set output '%s'; set datafile missing 'nan'; set multiplot layout 1,3; set xlabel 'step'; set grid; "
+             "set title 'loss'; plot '%s' u 1:2 w l t 'train', '' u 1:3 w lp pt 7 t 'validation'; "
+             "set title 'learning rate'; set yrange [0:*]; set offsets 0,0,graph 0.1,0; plot '%s' u 1:4 w l notitle; "
+             "set title 'max/mean expert load (worst layer)'; set offsets 0,0,0,0; set yrange [1:*]; plot '%s' u 1:5 w "
+             "l notitle; unset multiplot\" "
+             ">/dev/null 2>&1",
+             tmp_png, dat, dat, dat);
+    int sys = system(cmd);
+    unlink(dat);
+    if (sys != 0 || access(tmp_png, R_OK) != 0) {
+        unlink(tmp_png);
+        return k3c_errf(err, K3C_EIO, "%s: gnuplot failed", png);
+    }
+    if (rename(tmp_png, png) != 0) return k3c_errf(err, K3C_EIO, "%s: rename failed", png);
+    return K3C_OK;
+}
