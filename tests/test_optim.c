@@ -1,7 +1,9 @@
 /* test_optim.c — AdamW, Newton–Schulz / (Per-Head) Muon, the combined optimizer over a parameter table, gradient-norm
  * clipping, the learning-rate schedule and QK-Clip. Spec: ARCHITECTURE.md §10, TRAINING.md §1.3. */
 #include "test.h"
-#include "train/optim.h"
+#include "ops/optim.h"
+#include "ops/qk_clip.h"
+#include "train/schedule.h"
 
 #include <omp.h>
 

@@ -1,7 +1,7 @@
 /* test_qb.c — Quantile Balancing: Fig. 5, convergence on a strongly skewed router, histogram vs exact, separability
  * over micro-batches, padding masks, and load telemetry. Spec: ARCHITECTURE.md §7.2–§7.4. */
 #include "test.h"
-#include "train/qb.h"
+#include "ops/quantile_balance.h"
 
 /* Reference routing: top-k of s + b per token (descending, ties to the lower expert index, as the router op), and the
  * cutoff α = the (k+1)-th largest biased score. */

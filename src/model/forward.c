@@ -4,6 +4,7 @@
 #include "base/real.h"
 #include "model/acts.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define CHECK_RC(expr)                                                                                                 \
@@ -29,7 +30,7 @@ static size_t scratch_bytes(const k3c_model *m, int64_t T, int n_docs) {
         k3c_attnres_sizes s = {
             T, c->hidden_size,
             K3C_ATTNRES_MAX_SOURCES < c->num_layers + 2 ? K3C_ATTNRES_MAX_SOURCES : c->num_layers + 2, c->rms_norm_eps};
-        size_t r = k3c_model_be(m)->attnres_workspace(&s);
+        size_t r = k3c_model_backend(m)->attnres_workspace(&s);
         if (r > need) need = r;
     }
     return need;
@@ -67,7 +68,7 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver 
     k3c_mla_acts ml;
     k3c_ffn_acts ff;
     k3c_attnres_sizes ms = {T, D, NS, c->rms_norm_eps};
-    size_t mix_saved = NS ? k3c_model_be(m)->attnres_saved_elems(&ms) : 0;
+    size_t mix_saved = NS ? k3c_model_backend(m)->attnres_saved_elems(&ms) : 0;
     /* Layers that recompute share one set of activation buffers per kind (carved on first use). */
     struct {
         int have;
@@ -217,6 +218,22 @@ static void next_token_targets(const k3c_model_batch *b, int32_t *tg) {
     }
 }
 
+/* The batch into backend memory (the host cannot address it on a device): offsets, ids and targets (next-token
+ * targets are built on the host first). */
+static int upload_batch(const k3c_backend *be, const k3c_model_batch *b, int n_docs, k3c_acts *a, k3c_err *err) {
+    const size_t T = (size_t)b->T;
+    if (b->cu_seqlens) CHECK_RC(be->upload(a->cu, b->cu_seqlens, sizeof(int32_t) * (size_t)(n_docs + 1), err));
+    CHECK_RC(be->upload(a->ids, b->ids, sizeof(int32_t) * T, err));
+    if (b->targets) return be->upload(a->targets, b->targets, sizeof(int32_t) * T, err);
+    int32_t *tg = malloc(sizeof(int32_t) * T);
+    if (!tg) return k3c_errf(err, K3C_ENOMEM, "forward: out of memory");
+    next_token_targets(b, tg);
+    int rc = be->upload(a->targets, tg, sizeof(int32_t) * T, err);
+    if (!rc) rc = be->sync(err); /* tg is freed next */
+    free(tg);
+    return rc;
+}
+
 /* The depth-mix sources before layer l (§5.3): completed blocks R (the embedding, then each block's last P) and the
  * running partial sum P; a pure function of l, so a recomputed layer sees the same sources. */
 static void sources_before(const k3c_config *c, int l, int *Rsrc, int *nR, int *P) {
@@ -300,8 +317,7 @@ int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, 
     }
     if (max_sources(c) > K3C_ATTNRES_MAX_SOURCES)
         return k3c_errf(err, K3C_EUNSUPPORTED, "forward: too many AttnRes blocks");
-    const k3c_backend *be = k3c_model_be(m);
-    CHECK_RC(be->sync(err)); /* the host writes the batch into memory the previous step's ops may still read */
+    const k3c_backend *be = k3c_model_backend(m);
     k3c_acts *a = k3c_arena_calloc(arena, sizeof *a);
     k3c_carver cv = {.a = arena};
     if (a) carve_forward(m, T, b->n_docs, &cv, a);
@@ -318,12 +334,7 @@ int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, 
                        .scratch = a->st.scratch,
                        .w = m->w,
                        .g = m->g};
-    if (b->cu_seqlens) memcpy(a->cu, b->cu_seqlens, sizeof(int32_t) * (size_t)(n_docs + 1));
-    memcpy(a->ids, b->ids, sizeof(int32_t) * (size_t)T);
-    if (b->targets)
-        memcpy(a->targets, b->targets, sizeof(int32_t) * (size_t)T);
-    else
-        next_token_targets(b, a->targets);
+    CHECK_RC(upload_batch(be, b, n_docs, a, err));
     k3c_embedding_sizes es = {T, V, D};
     CHECK_RC(be->embedding_fwd(&es, a->ids, (const real *)m->w + m->table.glob.embed, a->emb, err));
     CHECK_RC(run_layers(a, err));
@@ -336,7 +347,7 @@ int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, 
     a->loss_norm = b->loss_norm;
     double l = 0;
     CHECK_RC(be->xent_fwd(&xs, a->logits, a->targets, NULL, a->lse, &l, NULL, err));
-    CHECK_RC(be->sync(err)); /* logits and the route stats are read by the host next */
+    CHECK_RC(be->sync(err)); /* the loss is read by the host next */
     if (loss) *loss = l;
     if (logits_out) *logits_out = a->logits;
     a->tmp_mark = k3c_arena_mark(arena);

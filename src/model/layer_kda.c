@@ -33,7 +33,7 @@ static k3c_kda_dims core_dims(const k3c_model *m, int64_t T, int n_docs) {
 }
 
 size_t k3c_kda_scratch(const k3c_model *m, int64_t T, int n_docs) {
-    const k3c_backend *be = k3c_model_be(m);
+    const k3c_backend *be = k3c_model_backend(m);
     k3c_kda_dims d = core_dims(m, T, n_docs);
     k3c_short_conv_dims cd = {T, shape_of(m, T).P, (int)m->cfg.conv_kernel, n_docs};
     size_t a = be->kda_fwd_workspace(&d), b = be->kda_bwd_workspace(&d), c = be->short_conv_bwd_workspace(&cd);

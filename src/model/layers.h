@@ -93,11 +93,6 @@ typedef struct {
     size_t k3c_ffn_bwd_bytes_##S(const k3c_model *m, int l, int64_t T);
 K3C_DECLARE_REAL(K3C_LAYERS_API)
 
-/* The backend of a model: its own, or the CPU reference of this precision. */
-static inline const k3c_backend *k3c_model_be(const k3c_model *m) {
-    return m->backend ? (const k3c_backend *)m->backend : k3c_backend_cpu();
-}
-
 /* y[T, out] = x[T, in] Wᵀ (+ y when acc); the backward adds dx += dy W, dW += dyᵀ x. */
 static inline int k3c_lin(const k3c_step *st, int64_t T, int64_t in, int64_t out, const real *x, const real *W, real *y,
                           int acc, k3c_err *err) {

@@ -56,9 +56,6 @@ typedef struct {
     FILE *progress;      /* progress bar (drawn only when a terminal; NULL = none) */
     FILE *log;           /* per-step lines (NULL = none) */
     const void *backend; /* the k3c_backend_f32 (ops/backend.h) the model runs on; NULL = the CPU reference */
-    /* optimizer step and gradient clipping on the backend's memory (train/optim_backend.h; needs backend); NULL = the
-     * CPU functions, reading that memory from the host */
-    const struct k3c_optim_backend *optim;
 } k3c_train_opts;
 
 typedef struct {
