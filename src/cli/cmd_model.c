@@ -3,6 +3,7 @@
 #include "cli.h"
 #include "model/golden.h"
 #include "model/model.h"
+#include "ops/backend.h"
 #include "base/json.h"
 #include "serve/sampler.h"
 #include "tok/tok.h"
@@ -55,6 +56,20 @@ static int kda_mode(int argc, char **argv, int *chunk) {
     return 0;
 }
 
+/* n logits of the last forward in host memory (a copy downloaded from the model's backend; free it). */
+static float *host_logits(const k3c_model *m, const float *logits, size_t n, k3c_err *err) {
+    float *h = malloc(sizeof(float) * n + 1);
+    if (!h) {
+        k3c_errf(err, K3C_ENOMEM, "out of memory");
+        return NULL;
+    }
+    if (k3c_model_backend_f32(m)->download(h, logits, sizeof(float) * n, err)) {
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
 int cmd_logits(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         printf("usage: k3c logits --model DIR --ids FILE --out FILE [--name input_ids] [--kda 64|16|recurrent]\n"
@@ -87,8 +102,11 @@ int cmd_logits(int argc, char **argv) {
     k3c_acts *acts;
     float *logits;
     double loss;
+    float *hl = NULL;
     if (!rc) rc = k3c_model_forward_f32(&m, &b, &arena, &acts, &loss, &logits, &err);
-    if (!rc) rc = k3c_write_file_atomic(out, logits, sizeof(float) * (size_t)(B * T * m.cfg.vocab_size), &err);
+    if (!rc && !(hl = host_logits(&m, logits, (size_t)(B * T * m.cfg.vocab_size), &err))) rc = err.code;
+    if (!rc) rc = k3c_write_file_atomic(out, hl, sizeof(float) * (size_t)(B * T * m.cfg.vocab_size), &err);
+    free(hl);
     if (!rc)
         printf("wrote %s: [%lld, %lld, %lld] float32 logits (mean next-token loss %.6f)\n", out, (long long)B,
                (long long)T, (long long)m.cfg.vocab_size, loss);
@@ -139,8 +157,10 @@ static int golden_check(const char *dir, const char *gpath, int chunk, const cha
         const k3c_st_tensor *gl = k3c_st_find(gs, "logits"), *gloss = k3c_st_find(gs, "loss");
         size_t n = (size_t)(B * T * m.cfg.vocab_size);
         double *work = malloc(sizeof(double) * n);
-        if (gl && work) {
-            double e = rel_err_f(logits, gl, work, n);
+        float *hl = gl ? host_logits(&m, logits, n, err) : NULL;
+        if (gl && !hl) rc = err->code;
+        if (gl && hl && work) {
+            double e = rel_err_f(hl, gl, work, n);
             printf("%-64s rel %.3e %s\n", "logits", e, e <= tol_out ? "ok" : "FAIL");
             fails += !(e <= tol_out);
         }
@@ -151,6 +171,7 @@ static int golden_check(const char *dir, const char *gpath, int chunk, const cha
             fails += !(e <= tol_out);
         }
         free(work);
+        free(hl);
         k3c_golden_row *rows = calloc(4096, sizeof *rows);
         int nr = 0;
         rc = rows ? k3c_golden_grads_f32(&m, gs, rows, 4096, &nr, err) : k3c_errf(err, K3C_ENOMEM, "out of memory");
@@ -249,8 +270,11 @@ static int decode_loop(k3c_model *m, int32_t *seq, int64_t *len, long long n, co
         k3c_acts *acts;
         float *logits;
         rc = k3c_model_forward_f32(m, &b, &arena, &acts, NULL, &logits, err);
+        float *last = rc ? NULL : host_logits(m, logits + (*len - 1) * V, (size_t)V, err); /* the last row only */
+        if (!rc && !last) rc = err->code;
         if (rc) break;
-        int32_t next = k3c_sample(smp, logits + (*len - 1) * V, V, (uint64_t)*len, pw, iw);
+        int32_t next = k3c_sample(smp, last, V, (uint64_t)*len, pw, iw);
+        free(last);
         seq[(*len)++] = next;
         if (tok) {
             const unsigned char *bytes;

@@ -92,7 +92,8 @@ int k3c_model_backward(k3c_model *m, k3c_acts *a, double scale, k3c_err *err) {
     const k3c_config *c = &m->cfg;
     int64_t T = a->T, D = c->hidden_size, V = c->vocab_size;
     k3c_arena_reset(a->arena, a->tmp_mark);
-    k3c_carver cv = {.a = a->arena};
+    k3c_arena_reset(&m->meta, a->meta_mark);
+    k3c_carver cv = {.a = a->arena, .host = &m->meta};
     k3c_acts_carve_backward(m, &cv, a);
     if (cv.oom) return k3c_errf(err, K3C_ENOMEM, "backward: activation arena too small");
     const k3c_backend *be = a->st.be;

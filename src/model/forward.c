@@ -50,20 +50,20 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver 
     a->cu = K3C_CARVE(cv, int32_t, n_docs + 1);
     a->targets = K3C_CARVE(cv, int32_t, T);
     a->emb = K3C_CARVE(cv, real, T * D);
-    a->pmid = K3C_CARVE(cv, real *, L);
-    a->pend = K3C_CARVE(cv, real *, L);
-    a->axn = K3C_CARVE(cv, real *, L);
-    a->arstd = K3C_CARVE(cv, real *, L);
-    a->mxn = K3C_CARVE(cv, real *, L);
-    a->mrstd = K3C_CARVE(cv, real *, L);
-    a->ain = K3C_CARVE(cv, const real *, L);
-    a->min = K3C_CARVE(cv, const real *, L);
-    a->amix = K3C_CARVE(cv, k3c_mix, L);
-    a->mmix = K3C_CARVE(cv, k3c_mix, L);
-    a->boundary = K3C_CARVE(cv, int, L);
-    a->kda = K3C_CARVE(cv, k3c_kda_acts, L);
-    a->mla = K3C_CARVE(cv, k3c_mla_acts, L);
-    a->ffn = K3C_CARVE(cv, k3c_ffn_acts, L);
+    a->pmid = K3C_CARVE_HOST(cv, real *, L);
+    a->pend = K3C_CARVE_HOST(cv, real *, L);
+    a->axn = K3C_CARVE_HOST(cv, real *, L);
+    a->arstd = K3C_CARVE_HOST(cv, real *, L);
+    a->mxn = K3C_CARVE_HOST(cv, real *, L);
+    a->mrstd = K3C_CARVE_HOST(cv, real *, L);
+    a->ain = K3C_CARVE_HOST(cv, const real *, L);
+    a->min = K3C_CARVE_HOST(cv, const real *, L);
+    a->amix = K3C_CARVE_HOST(cv, k3c_mix, L);
+    a->mmix = K3C_CARVE_HOST(cv, k3c_mix, L);
+    a->boundary = K3C_CARVE_HOST(cv, int, L);
+    a->kda = K3C_CARVE_HOST(cv, k3c_kda_acts, L);
+    a->mla = K3C_CARVE_HOST(cv, k3c_mla_acts, L);
+    a->ffn = K3C_CARVE_HOST(cv, k3c_ffn_acts, L);
     k3c_kda_acts kd;
     k3c_mla_acts ml;
     k3c_ffn_acts ff;
@@ -89,10 +89,10 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver 
             memset(&am, 0, sizeof am);
             memset(&mm, 0, sizeof mm);
             if (NS) {
-                am.src = K3C_CARVE(cv, int, NS);
+                am.src = K3C_CARVE_HOST(cv, int, NS);
                 am.saved = K3C_CARVE(cv, real, mix_saved);
                 am.out = K3C_CARVE(cv, real, T * D);
-                mm.src = K3C_CARVE(cv, int, NS);
+                mm.src = K3C_CARVE_HOST(cv, int, NS);
                 mm.saved = K3C_CARVE(cv, real, mix_saved);
                 mm.out = K3C_CARVE(cv, real, T * D);
             }
@@ -139,7 +139,7 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver 
     }
     k3c_mix fm = {0};
     if (NS) {
-        fm.src = K3C_CARVE(cv, int, NS);
+        fm.src = K3C_CARVE_HOST(cv, int, NS);
         fm.saved = K3C_CARVE(cv, real, mix_saved);
         fm.out = K3C_CARVE(cv, real, T * D);
     }
@@ -162,8 +162,8 @@ static void carve_backward(const k3c_model *m, int64_t T, k3c_carver *cv, k3c_ac
     int L = (int)c->num_layers;
     int64_t D = c->hidden_size;
     a->demb = K3C_CARVE(cv, real, T * D);
-    a->dpmid = K3C_CARVE(cv, real *, L);
-    a->dpend = K3C_CARVE(cv, real *, L);
+    a->dpmid = K3C_CARVE_HOST(cv, real *, L);
+    a->dpend = K3C_CARVE_HOST(cv, real *, L);
     for (int l = 0; l < L; l++) {
         real *x = K3C_CARVE(cv, real, T * D), *y = K3C_CARVE(cv, real, T * D);
         if (!cv->measure) {
@@ -184,6 +184,22 @@ static size_t layer_tmp_bytes(const k3c_model *m, int64_t T) {
         if (f > need) need = f;
     }
     return need;
+}
+
+/* The host block of a step's bookkeeping (k3c_acts, pointer tables, per-layer structs): the host reads and writes
+ * them, so they never live in the activation arena (backend memory). Reused by every forward of the model. */
+static int ensure_meta(k3c_model *m, int64_t T, int n_docs, k3c_err *err) {
+    k3c_carver cv = {.measure = 1};
+    k3c_acts dummy;
+    carve_forward(m, T, n_docs, &cv, &dummy);
+    carve_backward(m, T, &cv, &dummy);
+    const size_t need = cv.host_bytes + sizeof(k3c_acts) + 128;
+    if (m->meta.cap < need) {
+        k3c_arena_free(&m->meta);
+        CHECK_RC(k3c_arena_init(&m->meta, need, err));
+    }
+    k3c_arena_reset(&m->meta, 0);
+    return K3C_OK;
 }
 
 size_t k3c_model_plan_bytes(const k3c_model *m, int64_t T, int n_docs) {
@@ -318,8 +334,9 @@ int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, 
     if (max_sources(c) > K3C_ATTNRES_MAX_SOURCES)
         return k3c_errf(err, K3C_EUNSUPPORTED, "forward: too many AttnRes blocks");
     const k3c_backend *be = k3c_model_backend(m);
-    k3c_acts *a = k3c_arena_calloc(arena, sizeof *a);
-    k3c_carver cv = {.a = arena};
+    CHECK_RC(ensure_meta(m, T, b->n_docs, err));
+    k3c_acts *a = k3c_arena_calloc(&m->meta, sizeof *a);
+    k3c_carver cv = {.a = arena, .host = &m->meta};
     if (a) carve_forward(m, T, b->n_docs, &cv, a);
     if (!a || cv.oom)
         return k3c_errf(err, K3C_ENOMEM, "forward: activation arena too small (%zu bytes; plan %zu)", arena->cap,
@@ -351,6 +368,7 @@ int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, 
     if (loss) *loss = l;
     if (logits_out) *logits_out = a->logits;
     a->tmp_mark = k3c_arena_mark(arena);
+    a->meta_mark = k3c_arena_mark(&m->meta);
     a->arena = arena;
     *acts_out = a;
     return K3C_OK;

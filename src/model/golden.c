@@ -3,6 +3,7 @@
  * onto k3c's parameters. Spec: shared/golden/README.md (the mapping), CHECKPOINTS.md §5. */
 #include "base/real.h"
 #include "model/golden.h"
+#include "ops/backend.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -71,8 +72,26 @@ static int gather(const k3c_model *m, const char *name, double *buf, int64_t n) 
     return 0;
 }
 
+/* Compares through a view of the model whose gradients are a host copy: the backend's memory may not be
+ * host-addressable. */
+static int compare(const k3c_model *m, const k3c_safetensors *golden, k3c_golden_row *rows, int max_rows, int *n_rows,
+                   k3c_err *err);
+
 int k3c_golden_grads(const k3c_model *m, const k3c_safetensors *golden, k3c_golden_row *rows, int max_rows, int *n_rows,
                      k3c_err *err) {
+    const size_t bytes = m->table.total * sizeof(real);
+    k3c_model host = *m;
+    host.g = malloc(bytes + 1);
+    if (!host.g) return k3c_errf(err, K3C_ENOMEM, "golden: out of memory");
+    int rc = m->g ? k3c_model_backend(m)->download(host.g, m->g, bytes, err)
+                  : k3c_errf(err, K3C_EINVAL, "golden: the model has no gradients");
+    if (!rc) rc = compare(&host, golden, rows, max_rows, n_rows, err);
+    free(host.g);
+    return rc;
+}
+
+static int compare(const k3c_model *m, const k3c_safetensors *golden, k3c_golden_row *rows, int max_rows, int *n_rows,
+                   k3c_err *err) {
     int nr = 0;
     for (int i = 0; i < k3c_st_count(golden); i++) {
         const k3c_st_tensor *t = k3c_st_at(golden, i);

@@ -8,11 +8,13 @@
 #include "model/model.h"
 #include "ops/backend.h"
 
-/* Carves buffers from an arena; with measure set it only counts bytes (for planning) and returns NULL. */
+/* Carves buffers from an arena; with measure set it only counts bytes (for planning) and returns NULL. Tensors come
+ * from `a` (backend memory, which the host may not address); the host's own bookkeeping (pointer tables, per-layer
+ * structs) from `host` (host memory, K3C_CARVE_HOST). */
 typedef struct {
-    k3c_arena *a;
+    k3c_arena *a, *host;
     int measure;
-    size_t bytes; /* measure mode: bytes counted so far */
+    size_t bytes, host_bytes; /* measure mode: bytes counted so far */
     int oom;
 } k3c_carver;
 
@@ -26,6 +28,17 @@ static inline void *k3c_carve_bytes(k3c_carver *c, size_t n) {
     return p;
 }
 #define K3C_CARVE(c, type, count) ((type *)k3c_carve_bytes((c), (size_t)(count) * sizeof(type)))
+
+static inline void *k3c_carve_host_bytes(k3c_carver *c, size_t n) {
+    if (c->measure) {
+        c->host_bytes += (n + 63) / 64 * 64;
+        return NULL;
+    }
+    void *p = k3c_arena_alloc(c->host, n);
+    if (!p) c->oom = 1;
+    return p;
+}
+#define K3C_CARVE_HOST(c, type, count) ((type *)k3c_carve_host_bytes((c), (size_t)(count) * sizeof(type)))
 
 /* What a step's layers share: the model, the batch layout, a scratch region for op workspaces, the error. */
 typedef struct {

@@ -37,6 +37,7 @@ void k3c_model_free(k3c_model *m) {
         be->free(m->g);
     }
     k3c_params_free(&m->table);
+    k3c_arena_free(&m->meta);
     memset(m, 0, sizeof *m);
 }
 

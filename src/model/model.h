@@ -50,6 +50,8 @@ typedef struct {
     int kda_chunk;                     /* 0 = token recurrence, else chunk size (16 or 64) */
     uint8_t recompute[K3C_MAX_LAYERS]; /* 1 = keep only the layer's residual-stream outputs; the backward re-runs its
                                           forward (activation memory of one layer instead of all of them) */
+    k3c_arena meta;        /* host memory of the last forward's bookkeeping (its k3c_acts, pointer tables), reused by
+                              every forward: one model runs one step at a time */
     k3c_step_stats *stats; /* NULL, or where every forward records route statistics and S_max (owned by the caller,
                               in this model's backend memory; float models only) */
     const void *backend;   /* the k3c_backend_f32/_f64 (ops/backend.h) that runs the ops and owns w, g and the arenas

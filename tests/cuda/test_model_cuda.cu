@@ -133,37 +133,49 @@ struct step_out {
     std::vector<std::vector<float>> stream; /* residual stream after each sublayer: pmid[0], pend[0], pmid[1], ... */
 };
 
-/* One forward + backward of m on the batch (m already on its backend); copies the results to the host. */
+/* n floats (or int32) of backend memory into a host vector (download waits for the backend). */
+template <class T>
+static void fetch(harness &h, const k3c_backend_f32 *be, const T *src, size_t n, std::vector<T> &dst) {
+    dst.resize(n);
+    if (n) h.ok(be->download(dst.data(), src, sizeof(T) * n, &h.err), "download");
+}
+
+/* One forward + backward of m on the batch (m already on its backend); downloads the results to the host. S_max and
+ * the routing come from the step statistics the forward writes in backend memory. */
 static void run_step(harness &h, k3c_model &m, const k3c_model_batch &b, int n_mla_heads, step_out &out) {
-    const k3c_backend_f32 *be = m.backend ? (const k3c_backend_f32 *)m.backend : k3c_backend_cpu_f32();
-    const size_t smax_n = (size_t)m.cfg.num_layers * (size_t)(n_mla_heads > 0 ? n_mla_heads : 1);
-    float *smax = (float *)be->alloc(sizeof(float) * smax_n);
-    if (!smax) h.ok(K3C_ENOMEM, "alloc smax");
-    m.mla_smax = smax;
-    memset(m.g, 0, sizeof(float) * m.table.total);
+    const k3c_backend_f32 *be = k3c_model_backend_f32(&m);
+    k3c_step_stats stats;
+    h.ok(k3c_step_stats_init_f32(&m, b.T, &stats, &h.err), "step statistics");
+    m.stats = &stats;
+    h.ok(be->zero((float *)m.g, (int64_t)m.table.total, &h.err), "zero gradients");
     k3c_arena arena{};
     h.ok(k3c_model_arena_init_f32(&m, k3c_model_plan_bytes_f32(&m, b.T, b.n_docs), &arena, &h.err), "arena");
     k3c_acts *acts;
     float *logits;
     h.ok(k3c_model_forward_f32(&m, &b, &arena, &acts, &out.loss, &logits, &h.err), "forward");
-    out.logits.assign(logits, logits + (size_t)b.T * (size_t)m.cfg.vocab_size);
+    fetch(h, be, (const float *)logits, (size_t)b.T * (size_t)m.cfg.vocab_size, out.logits);
     const size_t TD = (size_t)b.T * (size_t)m.cfg.hidden_size;
     for (int l = 0; l < m.cfg.num_layers; l++)
         if (!m.recompute[l]) {
-            out.stream.emplace_back(acts->pmid[l], acts->pmid[l] + TD);
-            out.stream.emplace_back(acts->pend[l], acts->pend[l] + TD);
+            out.stream.emplace_back(), fetch(h, be, (const float *)acts->pmid[l], TD, out.stream.back());
+            out.stream.emplace_back(), fetch(h, be, (const float *)acts->pend[l], TD, out.stream.back());
         }
     h.ok(k3c_model_backward_f32(&m, acts, 1.0, &h.err), "backward");
-    out.grads.assign((float *)m.g, (float *)m.g + m.table.total);
-    out.smax.assign(smax, smax + smax_n);
+    fetch(h, be, (const float *)m.g, m.table.total, out.grads);
+    const size_t smax_n = (size_t)m.cfg.num_layers * (size_t)(n_mla_heads > 0 ? n_mla_heads : 1);
+    if (stats.smax)
+        fetch(h, be, (const float *)stats.smax, smax_n, out.smax);
+    else
+        out.smax.assign(smax_n, 0.0f);
     for (int l = 0; l < m.cfg.num_layers; l++)
-        if (m.route[l].T) {
-            out.ids.assign(m.route[l].topk_ids, m.route[l].topk_ids + m.route[l].T * m.route[l].k);
+        if (stats.route[l].T) {
+            fetch(h, be, (const int32_t *)stats.route[l].topk_ids, (size_t)(stats.route[l].T * stats.route[l].k),
+                  out.ids);
             break;
         }
     k3c_model_arena_free_f32(&m, &arena);
-    m.mla_smax = nullptr;
-    be->free(smax);
+    m.stats = nullptr;
+    k3c_step_stats_free_f32(&m, &stats);
 }
 
 static int mla_heads(const k3c_config &c) { return k3c_config_num_mla(&c) > 0 ? (int)c.mla_heads : 0; }
