@@ -67,7 +67,8 @@ typedef struct k3c_acts k3c_acts;
 #define K3C_MODEL_API(real, S)                                                                                            \
     /* Creates a model with zeroed parameters (and gradients when with_grad). */                                          \
     int k3c_model_create_##S(const k3c_config *cfg, int with_grad, k3c_model *m, k3c_err *err);                           \
-    /* Random initialisation for training from scratch (seed; std = initializer_range). */                                \
+    /* Random initialisation for training from scratch (seed; std = initializer_range). Writes w from the host: call \
+       it (and k3c_model_load) before k3c_model_use_backend moves the model to a device. */    \
     void k3c_model_init_##S(k3c_model *m, uint64_t seed, double std);                                                     \
     /* Loads every tensor of a checkpoint dir (F32/BF16/F16/F64; MXFP4 experts decoded exactly). Every parameter must   \
        be present and every tensor known; mismatches are errors naming the tensor. */ \
