@@ -113,6 +113,7 @@ __global__ void range_kernel(const float *b, int64_t n, int64_t bins, double *ra
 __global__ void count_kernel(const float *logits, const float *cutoff, int64_t m, int64_t n, const double *range,
                              unsigned long long *counts, int32_t *flag) {
     __shared__ unsigned long long row[K3C_QB_BINS];
+    if (*flag) return; /* a non-finite bias: no range to bin into (the whole block returns) */
     const int64_t j = blockIdx.x;
     for (int b = threadIdx.x; b < K3C_QB_BINS; b += blockDim.x) row[b] = 0;
     __syncthreads();
