@@ -205,7 +205,8 @@ typedef struct k3c_acts k3c_acts;
 #define K3C_MODEL_API(real, S)                                                                                            \
     /* Creates a model with zeroed parameters (and gradients when with_grad). */                                          \
     int k3c_model_create_##S(const k3c_config *cfg, int with_grad, k3c_model *m, k3c_err *err);                           \
-    /* Random initialisation for training from scratch (seed; std = initializer_range). */                                \
+    /* Random initialisation for training from scratch (seed; std = initializer_range). Writes w from the host: call   \
+       it (and k3c_model_load) before k3c_model_use_backend moves the model to a device. */  \
     void k3c_model_init_##S(k3c_model *m, uint64_t seed, double std);                                                     \
     /* Loads every tensor of a checkpoint dir (F32/BF16/F16/F64; MXFP4 experts decoded exactly). Every parameter must   \
        be present and every tensor known; mismatches are errors naming the tensor. */ \
@@ -216,8 +217,13 @@ typedef struct k3c_acts k3c_acts;
     /* config.json + checkpoint of a directory → a loaded model. */                                                     \
     int k3c_model_open_##S(const char *dir, int with_grad, k3c_model *m, k3c_err *err);                                   \
     /* Moves w and g into memory of backend `be` (a const k3c_backend_##S *, ops/backend.h; NULL = the CPU) and runs \
-       every later forward and backward there. The host can still read and write w and g (after be->sync). */    \
+       every later forward and backward there. The host reads and writes them through be->download / be->upload. */    \
     int k3c_model_use_backend_##S(k3c_model *m, const void *be, k3c_err *err);                                            \
+    /* The backend the model runs on (its own, or the CPU reference of this precision). */                                \
+    const struct k3c_backend_##S *k3c_model_backend_##S(const k3c_model *m);                                              \
+    /* Copies bytes of the model's backend memory (e.g. the logits a forward returned) into host memory; waits for the \
+       backend. */  \
+    int k3c_model_download_##S(const k3c_model *m, void *host_dst, const void *src, size_t bytes, k3c_err *err);          \
     /* An activation arena of `bytes` (k3c_model_plan_bytes or more) in the backend's memory; release it with         \
        k3c_model_arena_free. */   \
     int k3c_model_arena_init_##S(const k3c_model *m, size_t bytes, k3c_arena *a, k3c_err *err);                           \
@@ -382,9 +388,6 @@ typedef struct {
     FILE *progress;      /* progress bar (drawn only when a terminal; NULL = none) */
     FILE *log;           /* per-step lines (NULL = none) */
     const void *backend; /* the k3c_backend_f32 (ops/backend.h) the model runs on; NULL = the CPU reference */
-    /* optimizer step and gradient clipping on the backend's memory (train/optim_backend.h; needs backend); NULL = the
-     * CPU functions, reading that memory from the host */
-    const struct k3c_optim_backend *optim;
 } k3c_train_opts;
 
 typedef struct {

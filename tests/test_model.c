@@ -219,6 +219,7 @@ static void recompute_same(void) {
     double *g[3] = {NULL, NULL, NULL}, loss[3];
     float smax[3][64];
     size_t plan[3], total = 0;
+    const int n_smax = (int)(cfg.num_layers * cfg.mla_heads);
     for (int mode = 0; mode < 3; mode++) {
         k3c_model m;
         CHECK_OK(k3c_model_create_f32(&cfg, 1, &m, &err), &err);
@@ -226,7 +227,10 @@ static void recompute_same(void) {
         m.kda_chunk = 16;
         for (int l = 0; l < cfg.num_layers; l++) m.recompute[l] = mode == 2 || (mode == 1 && l % 2 == 1);
         for (int i = 0; i < 64; i++) smax[mode][i] = 0;
-        m.mla_smax = smax[mode]; /* QK-Clip statistics must not depend on recomputation either */
+        k3c_step_stats stats; /* QK-Clip statistics must not depend on recomputation either */
+        CHECK_OK(k3c_step_stats_init_f32(&m, 40, &stats, &err), &err);
+        CHECK(stats.smax && n_smax <= 64, "step statistics have no room for S_max (%d heads)", n_smax);
+        m.stats = &stats;
         plan[mode] = k3c_model_plan_bytes_f32(&m, 40, 3);
         k3c_arena ar;
         CHECK_OK(k3c_arena_init(&ar, plan[mode], &err), &err);
@@ -236,7 +240,9 @@ static void recompute_same(void) {
         total = m.table.total;
         g[mode] = malloc(total * sizeof(double));
         for (size_t i = 0; i < total; i++) g[mode][i] = ((float *)m.g)[i];
+        if (stats.smax && n_smax <= 64) memcpy(smax[mode], stats.smax, sizeof(float) * (size_t)n_smax);
         k3c_arena_free(&ar);
+        k3c_step_stats_free_f32(&m, &stats);
         k3c_model_free_f32(&m);
     }
     for (int mode = 1; mode < 3; mode++) {
@@ -255,9 +261,11 @@ static void recompute_same(void) {
     k3c_model_init_f32(&m, 3, 0.3);
     m.kda_chunk = 16;
     float smax_b[64] = {0};
-    m.mla_smax = smax_b;
     void *w0 = m.w;
     CHECK_OK(k3c_model_use_backend_f32(&m, &copy, &err), &err);
+    k3c_step_stats stats_b; /* in the backend's memory: the host reads it through download */
+    CHECK_OK(k3c_step_stats_init_f32(&m, 40, &stats_b, &err), &err);
+    m.stats = &stats_b;
     CHECK(m.backend == &copy && m.w != w0, "use_backend did not move the parameters");
     k3c_arena ar;
     CHECK_OK(k3c_model_arena_init_f32(&m, plan[0], &ar, &err), &err);
@@ -265,7 +273,11 @@ static void recompute_same(void) {
     double loss_b;
     CHECK_OK(k3c_model_forward_f32(&m, &b, &ar, &acts, &loss_b, NULL, &err), &err);
     CHECK_OK(k3c_model_backward_f32(&m, acts, 1.0, &err), &err);
+    if (stats_b.smax && n_smax <= 64)
+        CHECK_OK(copy.download(smax_b, stats_b.smax, sizeof(float) * (size_t)n_smax, &err), &err);
     k3c_model_arena_free_f32(&m, &ar);
+    k3c_step_stats_free_f32(&m, &stats_b);
+    m.stats = NULL;
     CHECK_OK(k3c_model_use_backend_f32(&m, NULL, &err), &err);
     int same = loss_b == loss[0] && memcmp(smax_b, smax[0], sizeof smax_b) == 0;
     for (size_t i = 0; i < total; i++) same &= ((float *)m.g)[i] == g[0][i];

@@ -1,7 +1,10 @@
 /* test_optim.c — AdamW, Newton–Schulz / (Per-Head) Muon, the combined optimizer over a parameter table, gradient-norm
  * clipping, the learning-rate schedule and QK-Clip. Spec: ARCHITECTURE.md §10, TRAINING.md §1.3. */
 #include "test.h"
-#include "train/optim.h"
+#include "ops/backend.h"
+#include "ops/optim.h"
+#include "ops/qk_clip.h"
+#include "train/schedule.h"
 
 #include <omp.h>
 
@@ -553,6 +556,64 @@ static void test_qk_clip(void) {
     CHECK(k3c_qk_clip_layer(&cfg, &lay[1], w, smax, 0.0, &nc, &err) == K3C_EINVAL, "tau 0 accepted");
 }
 
+/* The CPU backend table's training entries (ops/backend.h) are the direct functions: optimizer step, clipping and
+ * QK-Clip over the tiny K3 test model's parameter table give the same bits. */
+static void test_backend_entries(void) {
+    k3c_err err = {0};
+    k3c_config cfg;
+    k3c_param_table t;
+    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err) || k3c_params_build(&cfg, &t, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    const k3c_backend_f32 *be = k3c_backend_cpu_f32();
+    k3c_optim o;
+    k3c_optim_defaults(&o);
+    CHECK_OK(k3c_optim_init(&o, &t, &err), &err);
+    const size_t n = t.total, ns = o.state_numel;
+    float *w = malloc(4 * n), *w2 = malloc(4 * n), *g = malloc(4 * n), *g2 = malloc(4 * n);
+    float *st = calloc(ns, 4), *st2 = calloc(ns, 4);
+    fill_normal(w, (int64_t)n, 71);
+    fill_normal(g, (int64_t)n, 72);
+    memcpy(w2, w, 4 * n);
+    memcpy(g2, g, 4 * n);
+    void *inst = (void *)1;
+    CHECK_OK(be->optim_open(be->ctx, &o, &t, &inst, &err), &err);
+    double norm = 0;
+    for (int step = 1; step <= 2; step++) {
+        const double ref = k3c_clip_grad_norm(&t, g, 0.5);
+        CHECK_OK(k3c_optim_step(&o, &t, w, g, st, 1e-2, step, &err), &err);
+        CHECK_OK(be->clip_grad_norm(inst, &t, g2, 0.5, &norm, &err), &err);
+        CHECK_OK(be->optim_step(inst, &o, &t, 0, t.n, w2, g2, st2, 1e-2, step, &err), &err);
+        CHECK(norm == ref && ref > 0.5, "step %d: table grad norm %.9g vs %.9g", step, norm, ref);
+    }
+    CHECK(memcmp(w, w2, 4 * n) == 0 && memcmp(g, g2, 4 * n) == 0 && memcmp(st, st2, 4 * ns) == 0,
+          "the table's optimizer differs from k3c_optim_step");
+    CHECK_OK(be->clip_grad_norm(inst, &t, g2, 0, &norm, &err), &err);
+    CHECK(norm == k3c_grad_norm(&t, g) && memcmp(g, g2, 4 * n) == 0, "max_norm 0: not the plain norm, or g changed");
+    be->optim_close(inst);
+    /* QK-Clip: S_max in [50, 200) around τ = 100 */
+    const size_t nh = (size_t)(cfg.num_layers * cfg.mla_heads);
+    float *smax = malloc(4 * (nh ? nh : 1));
+    for (size_t i = 0; i < nh; i++) smax[i] = (float)(50 + 150 * k3c_uniform_at(73, i));
+    memcpy(w2, w, 4 * n);
+    int nc = 0;
+    int32_t nt = 0;
+    CHECK_OK(k3c_qk_clip(&cfg, &t, w, smax, 100.0, &nc, &err), &err);
+    CHECK_OK(be->qk_clip(be->ctx, &cfg, &t, w2, smax, 100.0, &nt, &err), &err);
+    CHECK(nc > 0 && nt == nc && memcmp(w, w2, 4 * n) == 0, "table qk_clip: %d heads vs %d, or other weights", nt, nc);
+    for (int l = 0; l < cfg.num_layers; l++) /* the first MLA layer's first head (KDA layers' rows are not read) */
+        if (cfg.mixer[l] == K3C_MIXER_MLA) {
+            smax[(size_t)l * (size_t)cfg.mla_heads] = NAN;
+            break;
+        }
+    CHECK(be->qk_clip(be->ctx, &cfg, &t, w2, smax, 100.0, &nt, &err) == K3C_ENUMERIC && nt == -1,
+          "table qk_clip accepted a NaN S_max (count %d)", nt);
+    free(w), free(w2), free(g), free(g2), free(st), free(st2), free(smax);
+    k3c_optim_free(&o);
+    k3c_params_free(&t);
+}
+
 int main(void) {
     test_adamw_hand();
     test_ns5();
@@ -563,5 +624,6 @@ int main(void) {
     test_clip();
     test_schedule();
     test_qk_clip();
+    test_backend_entries();
     return test_summary();
 }

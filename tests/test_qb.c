@@ -1,7 +1,8 @@
 /* test_qb.c — Quantile Balancing: Fig. 5, convergence on a strongly skewed router, histogram vs exact, separability
  * over micro-batches, padding masks, and load telemetry. Spec: ARCHITECTURE.md §7.2–§7.4. */
 #include "test.h"
-#include "train/qb.h"
+#include "ops/backend.h"
+#include "ops/quantile_balance.h"
 
 /* Reference routing: top-k of s + b per token (descending, ties to the lower expert index, as the router op), and the
  * cutoff α = the (k+1)-th largest biased score. */
@@ -322,6 +323,39 @@ static void test_telemetry(void) {
     CHECK(k3c_moe_load_stats(bad, NULL, 1, 2, 3, loads, &st, &err) == K3C_EINVAL, "id 3 of 3 experts accepted");
 }
 
+/* The CPU backend table's quantile_balance entry takes the router logits: it equals k3c_qb_update on the scores
+ * s = (float)sigmoid(double logit), in both modes, for a skewed router. */
+static void test_backend_entry(void) {
+    enum { M = 600, N = 12, K = 3 };
+    static float logit[M * N], s[M * N], alpha[M];
+    float b[N], bt[N], b0[N];
+    const k3c_backend_f32 *be = k3c_backend_cpu_f32();
+    for (int i = 0; i < M * N; i++) {
+        logit[i] = (float)(2 * k3c_normal_at(91, (uint64_t)i) + (i % N < 3 ? 1.5 : 0)); /* three hot experts */
+        s[i] = (float)k3c_sigmoid_d((double)logit[i]);
+    }
+    for (int j = 0; j < N; j++) b0[j] = (float)(0.01 * j);
+    int32_t *ids = malloc(sizeof(int32_t) * M * K);
+    route(s, b0, M, N, K, ids, alpha);
+    free(ids);
+    for (int mode = K3C_QB_EXACT; mode <= K3C_QB_HISTOGRAM; mode++) {
+        k3c_err err = {0};
+        memcpy(b, b0, sizeof b);
+        memcpy(bt, b0, sizeof bt);
+        void *ws = malloc(be->quantile_balance_workspace(mode, M, N)), *ws_ref = malloc(k3c_qb_workspace(mode, M, N));
+        CHECK(k3c_qb_update(mode, s, alpha, NULL, M, N, K, b, ws_ref, &err) == M, "%s", err.msg);
+        CHECK_OK(be->quantile_balance(be->ctx, mode, logit, alpha, M, N, K, bt, ws, &err), &err);
+        CHECK(memcmp(b, bt, sizeof b) == 0 && memcmp(b, b0, sizeof b) != 0,
+              "mode %d: the table's quantile_balance differs from k3c_qb_update (or did nothing)", mode);
+        logit[5] = NAN;
+        CHECK(be->quantile_balance(be->ctx, mode, logit, alpha, M, N, K, bt, ws, &err) == K3C_ENUMERIC,
+              "mode %d: NaN logit accepted", mode);
+        logit[5] = 0.5f;
+        free(ws);
+        free(ws_ref);
+    }
+}
+
 int main(void) {
     test_fig5();
     test_skewed();
@@ -329,5 +363,6 @@ int main(void) {
     test_histogram();
     test_histogram_hand();
     test_telemetry();
+    test_backend_entry();
     return test_summary();
 }

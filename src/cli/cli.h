@@ -41,9 +41,6 @@ int cli_device_check(const char *cmd, const char *name); /* 0, or prints a usage
 int cli_device_open(const char *name, cli_device *d, k3c_err *err);
 int cli_device_use(const cli_device *d, k3c_model *m, k3c_err *err);
 void cli_device_release(cli_device *d);
-struct k3c_optim_backend;
-/* The device's optimizer backend for k3c_train_opts.optim (step and clipping on the GPU); NULL for the CPU. */
-const struct k3c_optim_backend *cli_device_optim(const cli_device *d);
 
 /* One line per command, defined next to each command's implementation. */
 int cmd_inspect(int argc, char **argv);

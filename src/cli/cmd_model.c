@@ -68,7 +68,12 @@ int cmd_logits(int argc, char **argv) {
     float *logits;
     double loss;
     if (!rc) rc = k3c_model_forward_f32(&m, &b, &arena, &acts, &loss, &logits, &err);
-    if (!rc) rc = k3c_write_file_atomic(out, logits, sizeof(float) * (size_t)(B * T * m.cfg.vocab_size), &err);
+    size_t n = (size_t)(B * T * m.cfg.vocab_size);
+    float *host = rc ? NULL : malloc(sizeof(float) * n + 1);
+    if (!rc && !host) rc = k3c_errf(&err, K3C_ENOMEM, "out of memory");
+    if (!rc) rc = k3c_model_download_f32(&m, host, logits, sizeof(float) * n, &err);
+    if (!rc) rc = k3c_write_file_atomic(out, host, sizeof(float) * n, &err);
+    free(host);
     if (!rc)
         printf("wrote %s: [%lld, %lld, %lld] float32 logits (mean next-token loss %.6f)\n", out, (long long)B,
                (long long)T, (long long)m.cfg.vocab_size, loss);

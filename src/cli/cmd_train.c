@@ -1,5 +1,5 @@
 /* cmd_train.c — `k3c train --config RUN.json`: runs (or resumes) a staged pre-training run with a progress bar, metrics
- * JSONL, periodic validation and atomic checkpoints (src/train/run.h), then plots the metrics to PNG (plot.c). */
+ * JSONL, periodic validation and atomic checkpoints (k3c_train_run in k3c.h), then plots the metrics to PNG (plot.c). */
 #include "cli.h"
 
 #include <math.h>
@@ -31,12 +31,8 @@ int cmd_train(int argc, char **argv) {
     if (k3c_run_config_load(path, &rc, &err)) return cli_fail("train", &err);
     cli_device dev;
     if (cli_device_open(device, &dev, &err)) return cli_fail("train", &err);
-    k3c_train_opts o = {cli_flag(argc, argv, "--resume"),
-                        max_steps,
-                        cli_flag(argc, argv, "--quiet") ? NULL : stderr,
-                        cli_flag(argc, argv, "--log") ? stdout : NULL,
-                        dev.backend,
-                        cli_device_optim(&dev)};
+    k3c_train_opts o = {cli_flag(argc, argv, "--resume"), max_steps, cli_flag(argc, argv, "--quiet") ? NULL : stderr,
+                        cli_flag(argc, argv, "--log") ? stdout : NULL, dev.backend};
     k3c_train_result r;
     int failed = k3c_train_run(&rc, &o, &r, &err);
     cli_device_release(&dev);

@@ -1,5 +1,5 @@
-/* device.c — `--device cpu|cuda` of the model commands: opens the CUDA backend (ops/backend.h) and its optimizer
- * (train/optim_backend.h) in a build made with `make cuda`, a clear error in a CPU-only build. Issue 5 (the CLI switch). */
+/* device.c — `--device cpu|cuda` of the model commands: opens the CUDA backend (ops/backend.h, its table holds the
+ * training-step entries too) in a build made with `make cuda`, a clear error in a CPU-only build. Issue 5. */
 #include "cli.h"
 
 #include <stdlib.h>
@@ -7,12 +7,10 @@
 
 #ifdef K3C_CUDA
 #include "cuda/cuda_ops.h"
-#include "cuda/cuda_optim.h"
 
-/* The handle of --device cuda: the backend first, so the handle is also a k3c_cuda_backend. */
+/* The handle of --device cuda. */
 typedef struct {
     k3c_cuda_backend b;
-    k3c_optim_backend optim;
 } cuda_device;
 #endif
 
@@ -32,7 +30,6 @@ int cli_device_open(const char *name, cli_device *d, k3c_err *err) {
         free(cd);
         return rc;
     }
-    k3c_cuda_optim_backend(&cd->b, &cd->optim);
     d->handle = cd;
     d->backend = &cd->b.table;
     return K3C_OK;
@@ -45,15 +42,6 @@ int cli_device_open(const char *name, cli_device *d, k3c_err *err) {
 
 int cli_device_use(const cli_device *d, k3c_model *m, k3c_err *err) {
     return d->backend ? k3c_model_use_backend_f32(m, d->backend, err) : K3C_OK;
-}
-
-const struct k3c_optim_backend *cli_device_optim(const cli_device *d) {
-#ifdef K3C_CUDA
-    return d->handle ? &((const cuda_device *)d->handle)->optim : NULL;
-#else
-    (void)d;
-    return NULL;
-#endif
 }
 
 void cli_device_release(cli_device *d) {

@@ -1,10 +1,11 @@
-/* backend.cu — the CUDA backend's op table (ops/backend.h, float): every op a model step calls, run by its CUDA twin on
- * the calling thread's stream, with parameters and activations in managed memory. Issue 5; DESIGN.md "Ops". */
+/* backend.cu — the CUDA backend's op table (ops/backend.h, float): every op a model or training step calls, run by its
+ * CUDA twin on the calling thread's stream, with parameters and activations in device memory. Issue 5; DESIGN.md "Ops". */
 #include "cuda/common.cuh"
 
 extern "C" {
 #include "cuda/cuda_mix.h"
 #include "cuda/cuda_norms.h"
+#include "cuda/cuda_optim.h"
 #include "cuda/cuda_seq.h"
 }
 
@@ -12,18 +13,19 @@ namespace {
 
 k3c_cuda_backend *self(void *ctx) { return static_cast<k3c_cuda_backend *>(ctx); }
 
-/* Managed memory: the host may read and write it (checkpoints, the optimizer, tests) once the stream is synchronised. */
-void *managed_alloc(size_t bytes) {
+/* Device memory, zeroed: the host reaches it only through upload / download (ops/backend.h). The memset is ordered on
+ * the stream, before any op the caller enqueues on it. */
+void *device_alloc(size_t bytes) {
     void *p = nullptr;
     bytes = (bytes + 63) / 64 * 64 + 64;
-    if (cudaMallocManaged(&p, bytes) != cudaSuccess) return nullptr;
-    if (cudaMemset(p, 0, bytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+    if (cudaMalloc(&p, bytes) != cudaSuccess) return nullptr;
+    if (cudaMemsetAsync(p, 0, bytes, K3C_STREAM) != cudaSuccess) {
         cudaFree(p);
         return nullptr;
     }
     return p;
 }
-void managed_free(void *p) {
+void device_free(void *p) { /* cudaFree waits for the device, so no op still reads p */
     if (p) cudaFree(p);
 }
 int stream_sync(k3c_err *err) {
@@ -127,17 +129,11 @@ extern "C" int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int tf32, 
     memset(b, 0, sizeof *b);
     int rc = k3c_cuda_init(&b->cu, device, 0, err);
     if (rc) return rc;
-    int managed = 0;
-    if (cudaDeviceGetAttribute(&managed, cudaDevAttrConcurrentManagedAccess, device) != cudaSuccess || !managed) {
-        k3c_cuda_destroy(&b->cu);
-        return k3c_errf(err, K3C_EUNSUPPORTED, "cuda backend: device %d lacks concurrent managed memory access",
-                        device);
-    }
     b->tf32 = tf32;
     k3c_backend_f32 &t = b->table;
     t.name = "cuda";
     t.ctx = b;
-    t.alloc = managed_alloc, t.free = managed_free, t.sync = stream_sync;
+    t.alloc = device_alloc, t.free = device_free, t.sync = stream_sync;
     t.upload = upload, t.download = download;
     t.zero = zero, t.add = k3c_add_cuda, t.copy2d = k3c_copy2d_cuda;
     t.sigmoid = k3c_sigmoid_cuda, t.sigmoid_bwd = k3c_sigmoid_bwd_cuda;
@@ -162,6 +158,9 @@ extern "C" int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int tf32, 
     t.mlp_saved_bytes = mlp_saved_bytes, t.mlp_workspace = mlp_workspace, t.mlp_fwd = mlp_fwd, t.mlp_bwd = mlp_bwd;
     t.attnres_saved_elems = k3c_attnres_saved_elems_f32, t.attnres_workspace = k3c_attnres_workspace_cuda;
     t.attnres_fwd = k3c_attnres_fwd_cuda, t.attnres_bwd = k3c_attnres_bwd_cuda;
+    k3c_cuda_optim_entries(b);
+    t.quantile_balance_workspace = k3c_quantile_balance_workspace_cuda, t.quantile_balance = k3c_quantile_balance_cuda;
+    t.qk_clip = k3c_qk_clip_cuda;
     return K3C_OK;
 }
 

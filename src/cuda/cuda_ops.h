@@ -181,11 +181,11 @@ int k3c_moe_bwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const float *x, 
                      k3c_err *err);
 
 /* ---------------------------------------------------------------- the backend table (backend.cu)
- * Every op a model step calls (ops/backend.h), on device `device`: parameters, gradients and activation arenas in
- * managed memory; GEMMs through cuBLASLt in fp32 (tf32 = 1 allows TF32 tensor cores); KDA always on the chunk-64
- * kernels (bf16 q/k/v inside), attention on the bf16 flash kernels, or both on their fp16 variants after
- * k3c_cuda_backend_use_fp16(b, 1). k3c_model_use_backend_f32(m, &b->table, err) moves a model there. Requires
- * concurrent managed access (Linux, Pascal or newer). */
+ * Every op a model or training step calls (ops/backend.h), on device `device`: parameters, gradients, optimizer
+ * state and activation arenas in device memory (cudaMalloc; the host reaches them through the table's upload and
+ * download); GEMMs through cuBLASLt in fp32 (tf32 = 1 allows TF32 tensor cores); KDA always on the chunk-64 kernels
+ * (bf16 q/k/v inside), attention on the bf16 flash kernels, or both on their fp16 variants after
+ * k3c_cuda_backend_use_fp16(b, 1). k3c_model_use_backend_f32(m, &b->table, err) moves a model there. */
 #include "ops/backend.h"
 typedef struct {
     k3c_cuda_ctx cu;

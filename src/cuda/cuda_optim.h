@@ -1,7 +1,8 @@
-/* cuda_optim.h — the optimizer step (AdamW + Per-Head Muon with Newton–Schulz-5) and gradient-norm clipping on the GPU:
- * device twins of k3c_optim_step[_entries], k3c_grad_norm and k3c_clip_grad_norm (train/optim.h). ARCHITECTURE.md §10.
+/* cuda_optim.h — the training-step ops on the GPU: the optimizer step (AdamW + Per-Head Muon with Newton–Schulz-5) and
+ * gradient-norm clipping (device twins of k3c_optim_step[_entries], k3c_grad_norm and k3c_clip_grad_norm of
+ * ops/optim.h, in optim.cu), quantile balancing (quantile_balance.cu) and QK-Clip (qk_clip.cu). ARCHITECTURE.md §7, §10.
  *
- * w, g and state are DEVICE (or managed) pointers laid out exactly as for the CPU functions: the k3c_optim state layout
+ * w, g and state are DEVICE pointers laid out exactly as for the CPU functions: the k3c_optim state layout
  * (Muon: momentum; AdamW: m, then v) is unchanged, so optimizer checkpoints are the same whichever device stepped.
  * Semantics are the CPU ones: AdamW is elementwise with the CPU's float operations in the CPU's order (no FMA
  * contraction), so it matches bit for bit; Muon's momentum / Nesterov / update are elementwise the same, the Frobenius
@@ -20,8 +21,9 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "train/optim.h"
-#include "train/optim_backend.h"
+#include "ops/optim.h"
+#include "ops/qk_clip.h"
+#include "ops/quantile_balance.h"
 
 typedef struct {
     k3c_cuda_ctx *cu;             /* cuBLASLt handle of the NS GEMMs (not owned) */
@@ -58,8 +60,19 @@ int k3c_grad_norm_cuda(k3c_optim_cuda *oc, const k3c_param_table *t, const float
 int k3c_clip_grad_norm_cuda(k3c_optim_cuda *oc, const k3c_param_table *t, float *g, double max_norm, double *norm,
                             k3c_err *err);
 
-/* The trainer's hook (train/optim_backend.h) on backend b: workspace from b's allocator, GEMMs on its cuBLASLt. */
-void k3c_cuda_optim_backend(k3c_cuda_backend *b, k3c_optim_backend *ob);
+/* Sets the optimizer entries of b's table (optim_open/close/step, clip_grad_norm): the instance is a k3c_optim_cuda
+ * with its workspace from b's allocator and its GEMMs on b's cuBLASLt. */
+void k3c_cuda_optim_entries(k3c_cuda_backend *b);
+
+/* The table's quantile_balance entry (ops/backend.h): k3c_qb_update over s = sigmoid(logits), asynchronous, b
+ * unchanged for a non-finite input. ws: k3c_quantile_balance_workspace_cuda bytes of device memory. */
+size_t k3c_quantile_balance_workspace_cuda(int mode, int64_t m, int64_t n);
+int k3c_quantile_balance_cuda(void *ctx, int mode, const float *logits, const float *cutoff, int64_t m, int64_t n,
+                              int64_t k, float *b, void *ws, k3c_err *err);
+/* The table's qk_clip entry: k3c_qk_clip with S_max and the count in device memory (*n_clipped = −1 for a non-finite
+ * S_max, that layer untouched). Asynchronous. */
+int k3c_qk_clip_cuda(void *ctx, const k3c_config *cfg, const k3c_param_table *t, float *w, const float *s_max,
+                     double tau, int32_t *n_clipped, k3c_err *err);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
 /* optim.cu — the optimizer on the GPU: AdamW, (Per-Head) Muon with Newton–Schulz-5 on batched fp32 GEMMs, and
- * deterministic gradient-norm clipping; twins of train/adamw.c, muon.c, schedule.c. ARCHITECTURE.md §10.1, §10.3. */
+ * deterministic gradient-norm clipping; twins of ops/adamw.c, muon.c, grad_norm.c. ARCHITECTURE.md §10.1, §10.3. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -400,7 +400,7 @@ extern "C" int k3c_clip_grad_norm_cuda(k3c_optim_cuda *oc, const k3c_param_table
     return K3C_OK;
 }
 
-/* ================================================================ the trainer's hook */
+/* ================================================================ the backend table's optimizer entries */
 namespace {
 
 int ob_open(void *ctx, const k3c_optim *o, const k3c_param_table *t, void **inst, k3c_err *err) {
@@ -431,11 +431,10 @@ int ob_clip(void *inst, const k3c_param_table *t, float *g, double max_norm, dou
 
 } // namespace
 
-extern "C" void k3c_cuda_optim_backend(k3c_cuda_backend *b, k3c_optim_backend *ob) {
-    memset(ob, 0, sizeof *ob);
-    ob->ctx = b;
-    ob->open = ob_open;
-    ob->close = ob_close;
-    ob->step_entries = ob_step;
-    ob->clip_grad_norm = ob_clip;
+extern "C" void k3c_cuda_optim_entries(k3c_cuda_backend *b) {
+    k3c_backend_f32 &t = b->table;
+    t.optim_open = ob_open;
+    t.optim_close = ob_close;
+    t.optim_step = ob_step;
+    t.clip_grad_norm = ob_clip;
 }

@@ -39,8 +39,9 @@ struct k3c_acts {
     double loss_norm;
     /* backward buffers, carved after the forward's */
     real *demb, **dpmid, **dpend;
-    real *dxn, *din; /* [T, D] scratch per sublayer */
-    size_t tmp_mark; /* arena mark where the backward's buffers start */
+    real *dxn, *din;  /* [T, D] scratch per sublayer */
+    size_t tmp_mark;  /* arena mark where the backward's buffers start */
+    size_t meta_mark; /* the same in the model's host block (k3c_model.meta) */
     k3c_arena *arena;
 };
 

@@ -5,7 +5,7 @@
 #include "base/real.h"
 #include "model/acts.h"
 
-void k3c_acts_carve_backward(const k3c_model *m, k3c_carver *cv, k3c_acts *a);
+void k3c_acts_carve_backward(const k3c_model *m, k3c_acts_carver *cv, k3c_acts *a);
 real *k3c_acts_src(const k3c_acts *a, int s);
 int k3c_acts_layer_fwd(k3c_acts *a, int l, k3c_err *err);
 
@@ -87,10 +87,11 @@ int k3c_model_backward(k3c_model *m, k3c_acts *a, double scale, k3c_err *err) {
     const k3c_config *c = &m->cfg;
     int64_t T = a->T, D = c->hidden_size, V = c->vocab_size;
     k3c_arena_reset(a->arena, a->tmp_mark);
-    k3c_carver cv = k3c_carver_arena(a->arena);
+    k3c_arena_reset(&m->meta, a->meta_mark);
+    k3c_acts_carver cv = k3c_acts_carver_at(a->arena, &m->meta);
     k3c_acts_carve_backward(m, &cv, a);
-    k3c_arena_take(a->arena, &cv);
-    if (cv.oom) return k3c_errf(err, K3C_ENOMEM, "backward: activation arena too small");
+    if (k3c_acts_carver_take(&cv, a->arena, &m->meta))
+        return k3c_errf(err, K3C_ENOMEM, "backward: activation arena too small");
     const k3c_backend *be = a->st.be;
     CHECK_RC(be->zero(a->demb, T * D, err));
     for (int l = 0; l < c->num_layers; l++) {

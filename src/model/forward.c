@@ -5,6 +5,7 @@
 #include "base/real.h"
 #include "model/acts.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static real *src_ptr(const k3c_acts *a, int s) {
@@ -24,7 +25,7 @@ static size_t scratch_bytes(const k3c_model *m, int64_t T, int n_docs) {
         k3c_attnres_sizes s = {
             T, c->hidden_size,
             K3C_ATTNRES_MAX_SOURCES < c->num_layers + 2 ? K3C_ATTNRES_MAX_SOURCES : c->num_layers + 2, c->rms_norm_eps};
-        size_t r = k3c_model_be(m)->attnres_workspace(&s);
+        size_t r = k3c_model_backend(m)->attnres_workspace(&s);
         if (r > need) need = r;
     }
     return need;
@@ -35,34 +36,34 @@ static int max_sources(const k3c_config *c) {
     return c->attn_res_block > 0 ? (int)((c->num_layers + c->attn_res_block - 1) / c->attn_res_block) + 1 : 0;
 }
 
-/* Carves every forward buffer (a measuring carver, base NULL, only counts). */
-static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver *cv, k3c_acts *a) {
+/* Carves every forward buffer (measure mode: only counts). */
+static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_acts_carver *cv, k3c_acts *a) {
     const k3c_config *c = &m->cfg;
     int L = (int)c->num_layers, NS = max_sources(c);
     int64_t D = c->hidden_size;
-    a->ids = K3C_CARVE(cv, int32_t, T);
-    a->cu = K3C_CARVE(cv, int32_t, n_docs + 1);
-    a->targets = K3C_CARVE(cv, int32_t, T);
-    a->emb = K3C_CARVE(cv, real, T * D);
-    a->pmid = K3C_CARVE(cv, real *, L);
-    a->pend = K3C_CARVE(cv, real *, L);
-    a->axn = K3C_CARVE(cv, real *, L);
-    a->arstd = K3C_CARVE(cv, real *, L);
-    a->mxn = K3C_CARVE(cv, real *, L);
-    a->mrstd = K3C_CARVE(cv, real *, L);
-    a->ain = K3C_CARVE(cv, const real *, L);
-    a->min = K3C_CARVE(cv, const real *, L);
-    a->amix = K3C_CARVE(cv, k3c_mix, L);
-    a->mmix = K3C_CARVE(cv, k3c_mix, L);
-    a->boundary = K3C_CARVE(cv, int, L);
-    a->kda = K3C_CARVE(cv, k3c_kda_acts, L);
-    a->mla = K3C_CARVE(cv, k3c_mla_acts, L);
-    a->ffn = K3C_CARVE(cv, k3c_ffn_acts, L);
+    a->ids = K3C_CARVE_DEV(cv, int32_t, T);
+    a->cu = K3C_CARVE_DEV(cv, int32_t, n_docs + 1);
+    a->targets = K3C_CARVE_DEV(cv, int32_t, T);
+    a->emb = K3C_CARVE_DEV(cv, real, T * D);
+    a->pmid = K3C_CARVE_HOST(cv, real *, L);
+    a->pend = K3C_CARVE_HOST(cv, real *, L);
+    a->axn = K3C_CARVE_HOST(cv, real *, L);
+    a->arstd = K3C_CARVE_HOST(cv, real *, L);
+    a->mxn = K3C_CARVE_HOST(cv, real *, L);
+    a->mrstd = K3C_CARVE_HOST(cv, real *, L);
+    a->ain = K3C_CARVE_HOST(cv, const real *, L);
+    a->min = K3C_CARVE_HOST(cv, const real *, L);
+    a->amix = K3C_CARVE_HOST(cv, k3c_mix, L);
+    a->mmix = K3C_CARVE_HOST(cv, k3c_mix, L);
+    a->boundary = K3C_CARVE_HOST(cv, int, L);
+    a->kda = K3C_CARVE_HOST(cv, k3c_kda_acts, L);
+    a->mla = K3C_CARVE_HOST(cv, k3c_mla_acts, L);
+    a->ffn = K3C_CARVE_HOST(cv, k3c_ffn_acts, L);
     k3c_kda_acts kd;
     k3c_mla_acts ml;
     k3c_ffn_acts ff;
     k3c_attnres_sizes ms = {T, D, NS, c->rms_norm_eps};
-    size_t mix_saved = NS ? k3c_model_be(m)->attnres_saved_elems(&ms) : 0;
+    size_t mix_saved = NS ? k3c_model_backend(m)->attnres_saved_elems(&ms) : 0;
     /* Layers that recompute share one set of activation buffers per kind (carved on first use). */
     struct {
         int have;
@@ -71,24 +72,24 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver 
     } slot = {0};
     int slot_kda = -1, slot_mla = -1, slot_ffn[2] = {-1, -1};
     for (int l = 0; l < L; l++) {
-        real *pm = K3C_CARVE(cv, real, T * D), *pe = K3C_CARVE(cv, real, T * D);
+        real *pm = K3C_CARVE_DEV(cv, real, T * D), *pe = K3C_CARVE_DEV(cv, real, T * D);
         int rec = m->recompute[l], fresh = !rec || !slot.have;
         real *ax = slot.ax, *ar = slot.ar, *mx = slot.mx, *mr = slot.mr;
         k3c_mix am = slot.am, mm = slot.mm;
         if (fresh) {
-            ax = K3C_CARVE(cv, real, T * D);
-            ar = K3C_CARVE(cv, real, T);
-            mx = K3C_CARVE(cv, real, T * D);
-            mr = K3C_CARVE(cv, real, T);
+            ax = K3C_CARVE_DEV(cv, real, T * D);
+            ar = K3C_CARVE_DEV(cv, real, T);
+            mx = K3C_CARVE_DEV(cv, real, T * D);
+            mr = K3C_CARVE_DEV(cv, real, T);
             memset(&am, 0, sizeof am);
             memset(&mm, 0, sizeof mm);
             if (NS) {
-                am.src = K3C_CARVE(cv, int, NS);
-                am.saved = K3C_CARVE(cv, real, mix_saved);
-                am.out = K3C_CARVE(cv, real, T * D);
-                mm.src = K3C_CARVE(cv, int, NS);
-                mm.saved = K3C_CARVE(cv, real, mix_saved);
-                mm.out = K3C_CARVE(cv, real, T * D);
+                am.src = K3C_CARVE_HOST(cv, int, NS);
+                am.saved = K3C_CARVE_DEV(cv, real, mix_saved);
+                am.out = K3C_CARVE_DEV(cv, real, T * D);
+                mm.src = K3C_CARVE_HOST(cv, int, NS);
+                mm.saved = K3C_CARVE_DEV(cv, real, mix_saved);
+                mm.out = K3C_CARVE_DEV(cv, real, T * D);
             }
             if (rec) {
                 slot.have = 1;
@@ -104,23 +105,23 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver 
         int *sm = kda ? &slot_kda : &slot_mla, *sf = &slot_ffn[moe];
         if (!rec || *sm < 0) {
             if (kda)
-                k3c_kda_alloc(m, T, cv, !cv->base ? &kd : &a->kda[l]);
+                k3c_kda_alloc(m, T, cv, k3c_acts_measuring(cv) ? &kd : &a->kda[l]);
             else
-                k3c_mla_alloc(m, T, cv, !cv->base ? &ml : &a->mla[l]);
+                k3c_mla_alloc(m, T, cv, k3c_acts_measuring(cv) ? &ml : &a->mla[l]);
             if (rec) *sm = l;
-        } else if (cv->base) {
+        } else if (!k3c_acts_measuring(cv)) {
             if (kda)
                 a->kda[l] = a->kda[*sm];
             else
                 a->mla[l] = a->mla[*sm];
         }
         if (!rec || *sf < 0) {
-            k3c_ffn_alloc(m, l, T, cv, !cv->base ? &ff : &a->ffn[l]);
+            k3c_ffn_alloc(m, l, T, cv, k3c_acts_measuring(cv) ? &ff : &a->ffn[l]);
             if (rec) *sf = l;
-        } else if (cv->base) {
+        } else if (!k3c_acts_measuring(cv)) {
             a->ffn[l] = a->ffn[*sf];
         }
-        if (cv->base) {
+        if (!k3c_acts_measuring(cv)) {
             a->pmid[l] = pm;
             a->pend[l] = pe;
             a->axn[l] = ax;
@@ -133,14 +134,14 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver 
     }
     k3c_mix fm = {0};
     if (NS) {
-        fm.src = K3C_CARVE(cv, int, NS);
-        fm.saved = K3C_CARVE(cv, real, mix_saved);
-        fm.out = K3C_CARVE(cv, real, T * D);
+        fm.src = K3C_CARVE_HOST(cv, int, NS);
+        fm.saved = K3C_CARVE_DEV(cv, real, mix_saved);
+        fm.out = K3C_CARVE_DEV(cv, real, T * D);
     }
-    real *hn = K3C_CARVE(cv, real, T * D), *rf = K3C_CARVE(cv, real, T);
-    real *lg = K3C_CARVE(cv, real, T * c->vocab_size), *lse = K3C_CARVE(cv, real, T);
-    void *scr = k3c_carve(cv, scratch_bytes(m, T, n_docs));
-    if (cv->base) {
+    real *hn = K3C_CARVE_DEV(cv, real, T * D), *rf = K3C_CARVE_DEV(cv, real, T);
+    real *lg = K3C_CARVE_DEV(cv, real, T * c->vocab_size), *lse = K3C_CARVE_DEV(cv, real, T);
+    void *scr = k3c_carve(&cv->dev, scratch_bytes(m, T, n_docs));
+    if (!k3c_acts_measuring(cv)) {
         a->fmix = fm;
         a->hn = hn;
         a->rfin = rf;
@@ -151,22 +152,22 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_carver 
 }
 
 /* Backward buffers: gradients of every stream tensor, two [T, D] scratch rows, then per-layer scratch. */
-static void carve_backward(const k3c_model *m, int64_t T, k3c_carver *cv, k3c_acts *a) {
+static void carve_backward(const k3c_model *m, int64_t T, k3c_acts_carver *cv, k3c_acts *a) {
     const k3c_config *c = &m->cfg;
     int L = (int)c->num_layers;
     int64_t D = c->hidden_size;
-    a->demb = K3C_CARVE(cv, real, T * D);
-    a->dpmid = K3C_CARVE(cv, real *, L);
-    a->dpend = K3C_CARVE(cv, real *, L);
+    a->demb = K3C_CARVE_DEV(cv, real, T * D);
+    a->dpmid = K3C_CARVE_HOST(cv, real *, L);
+    a->dpend = K3C_CARVE_HOST(cv, real *, L);
     for (int l = 0; l < L; l++) {
-        real *x = K3C_CARVE(cv, real, T * D), *y = K3C_CARVE(cv, real, T * D);
-        if (cv->base) {
+        real *x = K3C_CARVE_DEV(cv, real, T * D), *y = K3C_CARVE_DEV(cv, real, T * D);
+        if (!k3c_acts_measuring(cv)) {
             a->dpmid[l] = x;
             a->dpend[l] = y;
         }
     }
-    a->dxn = K3C_CARVE(cv, real, T * D);
-    a->din = K3C_CARVE(cv, real, T * D);
+    a->dxn = K3C_CARVE_DEV(cv, real, T * D);
+    a->din = K3C_CARVE_DEV(cv, real, T * D);
 }
 
 static size_t layer_tmp_bytes(const k3c_model *m, int64_t T) {
@@ -180,13 +181,29 @@ static size_t layer_tmp_bytes(const k3c_model *m, int64_t T) {
     return need;
 }
 
-size_t k3c_model_plan_bytes(const k3c_model *m, int64_t T, int n_docs) {
-    k3c_carver cv = k3c_carver_measure(64);
+/* The host block of a step's bookkeeping (k3c_acts, pointer tables, per-layer structs): the host reads and writes
+ * them, so they never live in the activation arena (backend memory). Reused by every forward of the model. */
+static int ensure_meta(k3c_model *m, int64_t T, int n_docs, k3c_err *err) {
+    k3c_acts_carver cv = k3c_acts_carver_measure();
     k3c_acts dummy;
-    cv.off = sizeof(k3c_acts) + 64;
     carve_forward(m, T, n_docs, &cv, &dummy);
     carve_backward(m, T, &cv, &dummy);
-    return cv.off + layer_tmp_bytes(m, T) + 4096;
+    const size_t need = cv.host.off + sizeof(k3c_acts) + 128;
+    if (m->meta.cap < need) {
+        k3c_arena_free(&m->meta);
+        CHECK_RC(k3c_arena_init(&m->meta, need, err));
+    }
+    k3c_arena_reset(&m->meta, 0);
+    return K3C_OK;
+}
+
+size_t k3c_model_plan_bytes(const k3c_model *m, int64_t T, int n_docs) {
+    k3c_acts_carver cv = k3c_acts_carver_measure();
+    k3c_acts dummy;
+    cv.dev.off = sizeof(k3c_acts) + 64;
+    carve_forward(m, T, n_docs, &cv, &dummy);
+    carve_backward(m, T, &cv, &dummy);
+    return cv.dev.off + layer_tmp_bytes(m, T) + 4096;
 }
 
 /* h = Mix(sources) with the layer's (or the output's) pseudo-query and key norm. */
@@ -210,6 +227,22 @@ static void next_token_targets(const k3c_model_batch *b, int32_t *tg) {
         int64_t s = b->cu_seqlens ? b->cu_seqlens[d] : 0, e = b->cu_seqlens ? b->cu_seqlens[d + 1] : b->T;
         for (int64_t t = s; t < e; t++) tg[t] = t + 1 < e ? b->ids[t + 1] : -1;
     }
+}
+
+/* The batch into backend memory (the host cannot address it on a device): offsets, ids and targets (next-token
+ * targets are built on the host first). */
+static int upload_batch(const k3c_backend *be, const k3c_model_batch *b, int n_docs, k3c_acts *a, k3c_err *err) {
+    const size_t T = (size_t)b->T;
+    if (b->cu_seqlens) CHECK_RC(be->upload(a->cu, b->cu_seqlens, sizeof(int32_t) * (size_t)(n_docs + 1), err));
+    CHECK_RC(be->upload(a->ids, b->ids, sizeof(int32_t) * T, err));
+    if (b->targets) return be->upload(a->targets, b->targets, sizeof(int32_t) * T, err);
+    int32_t *tg = malloc(sizeof(int32_t) * T);
+    if (!tg) return k3c_errf(err, K3C_ENOMEM, "forward: out of memory");
+    next_token_targets(b, tg);
+    int rc = be->upload(a->targets, tg, sizeof(int32_t) * T, err);
+    if (!rc) rc = be->sync(err); /* tg is freed next */
+    free(tg);
+    return rc;
 }
 
 /* The depth-mix sources before layer l (§5.3): completed blocks R (the embedding, then each block's last P) and the
@@ -295,13 +328,12 @@ int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, 
     }
     if (max_sources(c) > K3C_ATTNRES_MAX_SOURCES)
         return k3c_errf(err, K3C_EUNSUPPORTED, "forward: too many AttnRes blocks");
-    const k3c_backend *be = k3c_model_be(m);
-    CHECK_RC(be->sync(err)); /* the host writes the batch into memory the previous step's ops may still read */
-    k3c_acts *a = k3c_arena_calloc(arena, sizeof *a);
-    k3c_carver cv = k3c_carver_arena(arena);
+    const k3c_backend *be = k3c_model_backend(m);
+    CHECK_RC(ensure_meta(m, T, b->n_docs, err));
+    k3c_acts *a = k3c_arena_calloc(&m->meta, sizeof *a);
+    k3c_acts_carver cv = k3c_acts_carver_at(arena, &m->meta);
     if (a) carve_forward(m, T, b->n_docs, &cv, a);
-    k3c_arena_take(arena, &cv);
-    if (!a || cv.oom)
+    if (!a || k3c_acts_carver_take(&cv, arena, &m->meta))
         return k3c_errf(err, K3C_ENOMEM, "forward: activation arena too small (%zu bytes; plan %zu)", arena->cap,
                         k3c_model_plan_bytes(m, T, b->n_docs));
     a->T = T;
@@ -314,12 +346,7 @@ int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, 
                        .scratch = a->st.scratch,
                        .w = m->w,
                        .g = m->g};
-    if (b->cu_seqlens) memcpy(a->cu, b->cu_seqlens, sizeof(int32_t) * (size_t)(n_docs + 1));
-    memcpy(a->ids, b->ids, sizeof(int32_t) * (size_t)T);
-    if (b->targets)
-        memcpy(a->targets, b->targets, sizeof(int32_t) * (size_t)T);
-    else
-        next_token_targets(b, a->targets);
+    CHECK_RC(upload_batch(be, b, n_docs, a, err));
     k3c_embedding_sizes es = {T, V, D};
     CHECK_RC(be->embedding_fwd(&es, a->ids, (const real *)m->w + m->table.glob.embed, a->emb, err));
     CHECK_RC(run_layers(a, err));
@@ -332,10 +359,11 @@ int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, 
     a->loss_norm = b->loss_norm;
     double l = 0;
     CHECK_RC(be->xent_fwd(&xs, a->logits, a->targets, NULL, a->lse, &l, NULL, err));
-    CHECK_RC(be->sync(err)); /* logits and the route stats are read by the host next */
+    CHECK_RC(be->sync(err)); /* the loss is read by the host next */
     if (loss) *loss = l;
     if (logits_out) *logits_out = a->logits;
     a->tmp_mark = k3c_arena_mark(arena);
+    a->meta_mark = k3c_arena_mark(&m->meta);
     a->arena = arena;
     *acts_out = a;
     return K3C_OK;
@@ -343,5 +371,5 @@ int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, 
 
 /* Exposed to backward.c (same precision). */
 int k3c_acts_layer_fwd(k3c_acts *a, int l, k3c_err *err) { return layer_fwd(a, l, err); }
-void k3c_acts_carve_backward(const k3c_model *m, k3c_carver *cv, k3c_acts *a) { carve_backward(m, a->T, cv, a); }
+void k3c_acts_carve_backward(const k3c_model *m, k3c_acts_carver *cv, k3c_acts *a) { carve_backward(m, a->T, cv, a); }
 real *k3c_acts_src(const k3c_acts *a, int s) { return src_ptr(a, s); }

@@ -3,6 +3,7 @@
  * onto k3c's parameters. Spec: shared/golden/README.md (the mapping), CHECKPOINTS.md §5. */
 #include "base/real.h"
 #include "model/golden.h"
+#include "ops/backend.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -72,8 +73,26 @@ static int gather(const k3c_model *m, const char *name, double *buf, int64_t n) 
     return 0;
 }
 
+/* Compares through a view of the model whose gradients are a host copy: the backend's memory may not be
+ * host-addressable. */
+static int compare(const k3c_model *m, const k3c_safetensors *golden, k3c_golden_row *rows, int max_rows, int *n_rows,
+                   k3c_err *err);
+
 int k3c_golden_grads(const k3c_model *m, const k3c_safetensors *golden, k3c_golden_row *rows, int max_rows, int *n_rows,
                      k3c_err *err) {
+    const size_t bytes = m->table.total * sizeof(real);
+    k3c_model host = *m;
+    host.g = malloc(bytes + 1);
+    if (!host.g) return k3c_errf(err, K3C_ENOMEM, "golden: out of memory");
+    int rc = m->g ? k3c_model_backend(m)->download(host.g, m->g, bytes, err)
+                  : k3c_errf(err, K3C_EINVAL, "golden: the model has no gradients");
+    if (!rc) rc = compare(&host, golden, rows, max_rows, n_rows, err);
+    free(host.g);
+    return rc;
+}
+
+static int compare(const k3c_model *m, const k3c_safetensors *golden, k3c_golden_row *rows, int max_rows, int *n_rows,
+                   k3c_err *err) {
     int nr = 0;
     for (int i = 0; i < k3c_st_count(golden); i++) {
         const k3c_st_tensor *t = k3c_st_at(golden, i);
@@ -126,12 +145,24 @@ static double rel_err(const real *x, const k3c_st_tensor *ref, double *work, siz
 }
 
 /* The logits and loss against the golden's "logits" and "loss" (each only when present). */
-static int compare_outputs(const k3c_safetensors *gs, const real *logits, double loss, size_t n, k3c_golden_report *r,
-                           k3c_err *err) {
+static int compare_outputs(const k3c_model *m, const k3c_safetensors *gs, const real *logits, double loss, size_t n,
+                           k3c_golden_report *r, k3c_err *err) {
     const k3c_st_tensor *gl = k3c_st_find(gs, "logits"), *gloss = k3c_st_find(gs, "loss");
     double *work = malloc(sizeof(double) * (n ? n : 1));
     if (!work) return k3c_errf(err, K3C_ENOMEM, "golden: out of memory");
-    if ((r->has_logits = gl != NULL)) r->logits_rel = rel_err(logits, gl, work, n);
+    real *host = gl ? malloc(sizeof(real) * (n ? n : 1)) : NULL;
+    if (gl && !host) {
+        free(work);
+        return k3c_errf(err, K3C_ENOMEM, "golden: out of memory");
+    }
+    int rc = gl ? k3c_model_download(m, host, logits, sizeof(real) * n, err) : 0;
+    if (rc) {
+        free(work);
+        free(host);
+        return rc;
+    }
+    if ((r->has_logits = gl != NULL)) r->logits_rel = rel_err(host, gl, work, n);
+    free(host);
     if ((r->has_loss = gloss != NULL)) {
         r->loss = loss;
         r->loss_rel = k3c_st_read_f64(gloss, work, 1, NULL) ? INFINITY : fabs(loss - work[0]) / fabs(work[0]);
@@ -153,7 +184,7 @@ static int check_run(k3c_model *m, const k3c_safetensors *gs, const int32_t *ids
     double loss = 0;
     if (!rc) rc = k3c_model_forward(m, &b, &arena, &acts, &loss, &logits, err);
     if (!rc) rc = k3c_model_backward(m, acts, 1.0, err);
-    if (!rc) rc = compare_outputs(gs, logits, loss, (size_t)(B * T * m->cfg.vocab_size), r, err);
+    if (!rc) rc = compare_outputs(m, gs, logits, loss, (size_t)(B * T * m->cfg.vocab_size), r, err);
     if (!rc) rc = k3c_golden_grads(m, gs, r->rows, r->max_rows, &r->n_rows, err);
     k3c_model_arena_free(m, &arena);
     return rc;

@@ -40,7 +40,7 @@ static k3c_moe_sizes moe_sizes(const k3c_model *m, const ffn_shape *s) {
 
 size_t k3c_ffn_scratch(const k3c_model *m, int l, int64_t T) {
     ffn_shape s = shape_of(m, l, T);
-    const k3c_backend *be = k3c_model_be(m);
+    const k3c_backend *be = k3c_model_backend(m);
     size_t a = 0, b = 0;
     if (!s.moe || s.shw > 0) {
         k3c_mlp_sizes ms = mlp_sizes(m, &s);
@@ -53,54 +53,51 @@ size_t k3c_ffn_scratch(const k3c_model *m, int l, int64_t T) {
     return a > b ? a : b;
 }
 
-void k3c_ffn_alloc(const k3c_model *m, int l, int64_t T, k3c_carver *c, k3c_ffn_acts *a) {
+void k3c_ffn_alloc(const k3c_model *m, int l, int64_t T, k3c_acts_carver *c, k3c_ffn_acts *a) {
     ffn_shape s = shape_of(m, l, T);
-    const k3c_backend *be = k3c_model_be(m);
+    const k3c_backend *be = k3c_model_backend(m);
     memset(a, 0, sizeof *a);
     if (!s.moe || s.shw > 0) {
         k3c_mlp_sizes ms = mlp_sizes(m, &s);
-        a->mlp_saved = k3c_carve(c, be->mlp_saved_bytes(&ms));
+        a->mlp_saved = k3c_carve(&c->dev, be->mlp_saved_bytes(&ms));
     }
     if (!s.moe) return;
     k3c_moe_sizes es = moe_sizes(m, &s);
-    a->logits = K3C_CARVE(c, real, T * s.E);
-    a->ids = K3C_CARVE(c, int32_t, T * s.k);
-    a->topw = K3C_CARVE(c, real, T * s.k);
-    a->cutoff = K3C_CARVE(c, real, T);
-    if (s.latent) a->zin = K3C_CARVE(c, real, T * s.lat);
-    a->moe_saved = k3c_carve(c, be->moe_saved_bytes(&es));
-    a->u = K3C_CARVE(c, real, T * s.lat);
+    a->logits = K3C_CARVE_DEV(c, real, T * s.E);
+    a->ids = K3C_CARVE_DEV(c, int32_t, T * s.k);
+    a->topw = K3C_CARVE_DEV(c, real, T * s.k);
+    a->cutoff = K3C_CARVE_DEV(c, real, T);
+    if (s.latent) a->zin = K3C_CARVE_DEV(c, real, T * s.lat);
+    a->moe_saved = k3c_carve(&c->dev, be->moe_saved_bytes(&es));
+    a->u = K3C_CARVE_DEV(c, real, T * s.lat);
     if (s.latent && m->cfg.latent_norm) {
-        a->un = K3C_CARVE(c, real, T * s.lat);
-        a->ru = K3C_CARVE(c, real, T);
+        a->un = K3C_CARVE_DEV(c, real, T * s.lat);
+        a->ru = K3C_CARVE_DEV(c, real, T);
     }
-    if (s.shw > 0) a->ys = K3C_CARVE(c, real, T * s.D);
+    if (s.shw > 0) a->ys = K3C_CARVE_DEV(c, real, T * s.D);
 }
 
-/* Keeps the step's routing (scores, selection, cutoffs) in float, in host memory, for quantile balancing and load
- * telemetry (waits for the backend: the router's outputs are read here). */
+/* The step statistics of this layer's routing (QB and telemetry read them after the backward), written on the backend
+ * by its own ops (plain copies), so the forward does not wait for the device. */
 static int record_routes(const k3c_step *st, int l, const ffn_shape *s, const k3c_ffn_acts *a, k3c_err *err) {
-    k3c_route_stats *r = &st->m->route[l];
-    CHECK_RC(st->be->sync(err));
-    if (r->T != s->T) {
-        free(r->topk_ids);
-        free(r->scores);
-        free(r->cutoff);
-        r->topk_ids = malloc(sizeof(int32_t) * (size_t)(s->T * s->k));
-        r->scores = malloc(sizeof(float) * (size_t)(s->T * s->E));
-        r->cutoff = malloc(sizeof(float) * (size_t)s->T);
-        r->T = s->T;
-        if (!r->topk_ids || !r->scores || !r->cutoff) {
-            r->T = 0;
-            return k3c_errf(err, K3C_ENOMEM, "route stats");
-        }
-    }
-    r->k = s->k;
-    r->n = s->E;
-    memcpy(r->topk_ids, a->ids, sizeof(int32_t) * (size_t)(s->T * s->k));
-    for (int64_t i = 0; i < s->T * s->E; i++) r->scores[i] = (float)k3c_sigmoid_d((double)a->logits[i]);
+    k3c_step_stats *ss = st->m->stats;
+    if (!ss) return K3C_OK;
+    if (s->T > ss->cap_T)
+        return k3c_errf(err, K3C_EINVAL, "step statistics hold %lld tokens, the batch has %lld", (long long)ss->cap_T,
+                        (long long)s->T);
+    k3c_route_stats *r = &ss->route[l];
+    r->T = s->T, r->k = s->k, r->n = s->E;
+#if K3C_REAL_DOUBLE /* double models run on the CPU reference only, whose memory the host addresses */
+    for (int64_t i = 0; i < s->T * s->k; i++) r->topk_ids[i] = a->ids[i];
+    for (int64_t i = 0; i < s->T * s->E; i++) r->logits[i] = (float)a->logits[i];
     for (int64_t t = 0; t < s->T; t++) r->cutoff[t] = (float)a->cutoff[t];
+    (void)err;
     return K3C_OK;
+#else /* ids are moved as 32-bit words: copy2d is a bit-exact copy */
+    CHECK_RC(st->be->copy2d(1, s->T * s->k, (const float *)a->ids, 0, (float *)r->topk_ids, 0, 0, err));
+    CHECK_RC(st->be->copy2d(1, s->T * s->E, a->logits, 0, r->logits, 0, 0, err));
+    return st->be->copy2d(1, s->T, a->cutoff, 0, r->cutoff, 0, 0, err);
+#endif
 }
 
 int k3c_ffn_layer_fwd(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, real *y, k3c_err *err) {

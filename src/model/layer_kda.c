@@ -28,33 +28,33 @@ static k3c_kda_dims core_dims(const k3c_model *m, int64_t T, int n_docs) {
 }
 
 size_t k3c_kda_scratch(const k3c_model *m, int64_t T, int n_docs) {
-    const k3c_backend *be = k3c_model_be(m);
+    const k3c_backend *be = k3c_model_backend(m);
     k3c_kda_dims d = core_dims(m, T, n_docs);
     k3c_short_conv_dims cd = {T, shape_of(m, T).P, (int)m->cfg.conv_kernel, n_docs};
     size_t a = be->kda_fwd_workspace(&d), b = be->kda_bwd_workspace(&d), c = be->short_conv_bwd_workspace(&cd);
     return a > b ? (a > c ? a : c) : (b > c ? b : c);
 }
 
-void k3c_kda_alloc(const k3c_model *m, int64_t T, k3c_carver *c, k3c_kda_acts *a) {
+void k3c_kda_alloc(const k3c_model *m, int64_t T, k3c_acts_carver *c, k3c_kda_acts *a) {
     kda_shape s = shape_of(m, T);
-    a->qh = K3C_CARVE(c, real, T * s.P);
-    a->kh = K3C_CARVE(c, real, T * s.P);
-    a->vh = K3C_CARVE(c, real, T * s.P);
-    a->qn = K3C_CARVE(c, real, T * s.P);
-    a->kn = K3C_CARVE(c, real, T * s.P);
-    a->vc = K3C_CARVE(c, real, T * s.P);
-    a->rq = K3C_CARVE(c, real, T * s.H);
-    a->rk = K3C_CARVE(c, real, T * s.H);
-    a->blog = K3C_CARVE(c, real, T * s.H);
-    a->beta = K3C_CARVE(c, real, T * s.H);
-    a->fa = K3C_CARVE(c, real, T * s.dk);
-    a->z = K3C_CARVE(c, real, T * s.P);
-    a->g = K3C_CARVE(c, real, T * s.P);
-    a->o = K3C_CARVE(c, real, T * s.P);
-    a->ga = m->cfg.kda_full_rank_gate ? NULL : K3C_CARVE(c, real, T * s.dk);
-    a->gl = K3C_CARVE(c, real, T * s.P);
-    a->y1 = K3C_CARVE(c, real, T * s.P);
-    a->ro = K3C_CARVE(c, real, T * s.H);
+    a->qh = K3C_CARVE_DEV(c, real, T * s.P);
+    a->kh = K3C_CARVE_DEV(c, real, T * s.P);
+    a->vh = K3C_CARVE_DEV(c, real, T * s.P);
+    a->qn = K3C_CARVE_DEV(c, real, T * s.P);
+    a->kn = K3C_CARVE_DEV(c, real, T * s.P);
+    a->vc = K3C_CARVE_DEV(c, real, T * s.P);
+    a->rq = K3C_CARVE_DEV(c, real, T * s.H);
+    a->rk = K3C_CARVE_DEV(c, real, T * s.H);
+    a->blog = K3C_CARVE_DEV(c, real, T * s.H);
+    a->beta = K3C_CARVE_DEV(c, real, T * s.H);
+    a->fa = K3C_CARVE_DEV(c, real, T * s.dk);
+    a->z = K3C_CARVE_DEV(c, real, T * s.P);
+    a->g = K3C_CARVE_DEV(c, real, T * s.P);
+    a->o = K3C_CARVE_DEV(c, real, T * s.P);
+    a->ga = m->cfg.kda_full_rank_gate ? NULL : K3C_CARVE_DEV(c, real, T * s.dk);
+    a->gl = K3C_CARVE_DEV(c, real, T * s.P);
+    a->y1 = K3C_CARVE_DEV(c, real, T * s.P);
+    a->ro = K3C_CARVE_DEV(c, real, T * s.H);
 }
 
 int k3c_kda_layer_fwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, real *y, k3c_err *err) {

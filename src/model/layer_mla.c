@@ -33,32 +33,32 @@ static k3c_attention_sizes attn_sizes(const mla_shape *s, int n_docs) {
 size_t k3c_mla_scratch(const k3c_model *m, int64_t T, int n_docs) {
     mla_shape s = shape_of(m, T);
     k3c_attention_sizes as = attn_sizes(&s, n_docs);
-    const k3c_backend *be = k3c_model_be(m);
+    const k3c_backend *be = k3c_model_backend(m);
     size_t f = be->attention_fwd_workspace(&as), b = be->attention_bwd_workspace(&as);
     return f > b ? f : b;
 }
 
-void k3c_mla_alloc(const k3c_model *m, int64_t T, k3c_carver *c, k3c_mla_acts *a) {
+void k3c_mla_alloc(const k3c_model *m, int64_t T, k3c_acts_carver *c, k3c_mla_acts *a) {
     mla_shape s = shape_of(m, T);
     memset(a, 0, sizeof *a);
     if (s.r > 0) {
-        a->qa = K3C_CARVE(c, real, T * s.r);
-        a->qan = K3C_CARVE(c, real, T * s.r);
-        a->rqa = K3C_CARVE(c, real, T);
+        a->qa = K3C_CARVE_DEV(c, real, T * s.r);
+        a->qan = K3C_CARVE_DEV(c, real, T * s.r);
+        a->rqa = K3C_CARVE_DEV(c, real, T);
     }
-    a->q = K3C_CARVE(c, real, T * s.H * s.dqk);
-    a->kva = K3C_CARVE(c, real, T * (s.rkv + s.rope));
-    a->c = K3C_CARVE(c, real, T * s.rkv);
-    a->cn = K3C_CARVE(c, real, T * s.rkv);
-    a->rc = K3C_CARVE(c, real, T);
-    a->kv = K3C_CARVE(c, real, T * s.H * (s.nope + s.dv));
-    a->k = K3C_CARVE(c, real, T * s.H * s.dqk);
-    a->v = K3C_CARVE(c, real, T * s.H * s.dv);
-    a->o = K3C_CARVE(c, real, T * s.H * s.dv);
-    a->lse = K3C_CARVE(c, real, T * s.H);
+    a->q = K3C_CARVE_DEV(c, real, T * s.H * s.dqk);
+    a->kva = K3C_CARVE_DEV(c, real, T * (s.rkv + s.rope));
+    a->c = K3C_CARVE_DEV(c, real, T * s.rkv);
+    a->cn = K3C_CARVE_DEV(c, real, T * s.rkv);
+    a->rc = K3C_CARVE_DEV(c, real, T);
+    a->kv = K3C_CARVE_DEV(c, real, T * s.H * (s.nope + s.dv));
+    a->k = K3C_CARVE_DEV(c, real, T * s.H * s.dqk);
+    a->v = K3C_CARVE_DEV(c, real, T * s.H * s.dv);
+    a->o = K3C_CARVE_DEV(c, real, T * s.H * s.dv);
+    a->lse = K3C_CARVE_DEV(c, real, T * s.H);
     if (m->cfg.mla_output_gate) {
-        a->gl = K3C_CARVE(c, real, T * s.H * s.dv);
-        a->og = K3C_CARVE(c, real, T * s.H * s.dv);
+        a->gl = K3C_CARVE_DEV(c, real, T * s.H * s.dv);
+        a->og = K3C_CARVE_DEV(c, real, T * s.H * s.dv);
     }
 }
 
@@ -91,7 +91,8 @@ int k3c_mla_layer_fwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real
     k3c_attention_sizes as = attn_sizes(&s, st->n_docs);
     CHECK_RC(st->be->attention_fwd(&as, st->cu, a->q, a->k, a->v, a->o, a->lse, st->scratch, err));
     /* S_max of QK-Clip (§10.2) from the queries and keys while they are live (recomputed layers share buffers) */
-    if (m->mla_smax) CHECK_RC(st->be->attention_max_logit(&as, st->cu, a->q, a->k, m->mla_smax + (size_t)l * H, err));
+    if (m->stats && m->stats->smax)
+        CHECK_RC(st->be->attention_max_logit(&as, st->cu, a->q, a->k, m->stats->smax + (size_t)l * H, err));
     const real *out = a->o;
     if (c->mla_output_gate) {
         CHECK_RC(k3c_lin(st, T, s.D, H * s.dv, xn, w + o->g_proj, a->gl, 0, err));

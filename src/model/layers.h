@@ -9,17 +9,42 @@
 #include "model/model.h"
 #include "ops/backend.h"
 
-/* Activations are carved (base/carve.h) from the free tail of the step's arena, 64-aligned like k3c_arena_alloc, so the
- * pieces land where successive arena allocations would; k3c_arena_take then marks what was carved as used. */
+/* A step's buffers are planned twice by the same code: once with measuring carvers (base/carve.h), then carved for
+ * real. Tensors come from the free tail of the step's arena (backend memory, which the host may not address), the
+ * host's own bookkeeping (pointer tables, per-layer structs) from the model's host block; both are 64-aligned like
+ * k3c_arena_alloc, so the pieces land where successive arena allocations would. */
+typedef struct {
+    k3c_carver dev, host;
+} k3c_acts_carver;
+
+#define K3C_CARVE_DEV(c, type, count) K3C_CARVE(&(c)->dev, type, count)
+#define K3C_CARVE_HOST(c, type, count) K3C_CARVE(&(c)->host, type, count)
+
 static inline k3c_carver k3c_carver_arena(const k3c_arena *a) {
     size_t start = (a->used + 63) & ~(size_t)63;
     if (start > a->cap) start = a->cap;
     return k3c_carver_at(a->base + start, a->cap - start, 64);
 }
+/* Marks what c carved from a as used (after the carving, before any other allocation from a). */
 static inline void k3c_arena_take(k3c_arena *a, const k3c_carver *c) {
     if (c->oom) return;
     a->used = (size_t)(c->base - a->base) + c->off;
     if (a->used > a->peak) a->peak = a->used;
+}
+static inline k3c_acts_carver k3c_acts_carver_measure(void) {
+    k3c_acts_carver c = {k3c_carver_measure(64), k3c_carver_measure(64)};
+    return c;
+}
+static inline k3c_acts_carver k3c_acts_carver_at(const k3c_arena *dev, const k3c_arena *host) {
+    k3c_acts_carver c = {k3c_carver_arena(dev), k3c_carver_arena(host)};
+    return c;
+}
+static inline int k3c_acts_measuring(const k3c_acts_carver *c) { return c->dev.base == NULL; }
+/* Takes both carvings; K3C_ENOMEM-worthy (returns 1) when either did not fit. */
+static inline int k3c_acts_carver_take(k3c_acts_carver *c, k3c_arena *dev, k3c_arena *host) {
+    k3c_arena_take(dev, &c->dev);
+    k3c_arena_take(host, &c->host);
+    return c->dev.oom || c->host.oom;
 }
 
 /* What a step's layers share: the model, the batch layout, a scratch region for op workspaces, the error. */
@@ -69,29 +94,24 @@ typedef struct {
 
 #define K3C_LAYERS_API(real, S)                                                                                        \
     size_t k3c_kda_scratch_##S(const k3c_model *m, int64_t T, int n_docs);                                             \
-    void k3c_kda_alloc_##S(const k3c_model *m, int64_t T, k3c_carver *c, k3c_kda_acts *a);                             \
+    void k3c_kda_alloc_##S(const k3c_model *m, int64_t T, k3c_acts_carver *c, k3c_kda_acts *a);                        \
     int k3c_kda_layer_fwd_##S(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, real *y, k3c_err *err);            \
     int k3c_kda_layer_bwd_##S(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, const real *dy, real *dxn,         \
                               k3c_arena *tmp, k3c_err *err);                                                           \
     size_t k3c_kda_bwd_bytes_##S(const k3c_model *m, int64_t T);                                                       \
     size_t k3c_mla_scratch_##S(const k3c_model *m, int64_t T, int n_docs);                                             \
-    void k3c_mla_alloc_##S(const k3c_model *m, int64_t T, k3c_carver *c, k3c_mla_acts *a);                             \
+    void k3c_mla_alloc_##S(const k3c_model *m, int64_t T, k3c_acts_carver *c, k3c_mla_acts *a);                        \
     int k3c_mla_layer_fwd_##S(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real *y, k3c_err *err);            \
     int k3c_mla_layer_bwd_##S(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, const real *dy, real *dxn,         \
                               k3c_arena *tmp, k3c_err *err);                                                           \
     size_t k3c_mla_bwd_bytes_##S(const k3c_model *m, int64_t T);                                                       \
     size_t k3c_ffn_scratch_##S(const k3c_model *m, int l, int64_t T);                                                  \
-    void k3c_ffn_alloc_##S(const k3c_model *m, int l, int64_t T, k3c_carver *c, k3c_ffn_acts *a);                      \
+    void k3c_ffn_alloc_##S(const k3c_model *m, int l, int64_t T, k3c_acts_carver *c, k3c_ffn_acts *a);                 \
     int k3c_ffn_layer_fwd_##S(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, real *y, k3c_err *err);            \
     int k3c_ffn_layer_bwd_##S(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, const real *dy, real *dxn,         \
                               k3c_arena *tmp, k3c_err *err);                                                           \
     size_t k3c_ffn_bwd_bytes_##S(const k3c_model *m, int l, int64_t T);
 K3C_DECLARE_REAL(K3C_LAYERS_API)
-
-/* The backend of a model: its own, or the CPU reference of this precision. */
-static inline const k3c_backend *k3c_model_be(const k3c_model *m) {
-    return m->backend ? (const k3c_backend *)m->backend : k3c_backend_cpu();
-}
 
 /* y[T, out] = x[T, in] Wᵀ (+ y when acc); the backward adds dx += dy W, dW += dyᵀ x. */
 static inline int k3c_lin(const k3c_step *st, int64_t T, int64_t in, int64_t out, const real *x, const real *W, real *y,

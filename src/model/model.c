@@ -4,12 +4,17 @@
 #include "model/model.h"
 #include "ops/backend.h"
 #include "ops/mxfp4.h"
+#include "base/carve.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-static const k3c_backend *backend_of(const k3c_model *m) {
+const k3c_backend *k3c_model_backend(const k3c_model *m) {
     return m->backend ? (const k3c_backend *)m->backend : k3c_backend_cpu();
+}
+
+int k3c_model_download(const k3c_model *m, void *host_dst, const void *src, size_t bytes, k3c_err *err) {
+    return k3c_model_backend(m)->download(host_dst, src, bytes, err);
 }
 
 int k3c_model_create(const k3c_config *cfg, int with_grad, k3c_model *m, k3c_err *err) {
@@ -22,8 +27,7 @@ int k3c_model_create(const k3c_config *cfg, int with_grad, k3c_model *m, k3c_err
     size_t bytes = m->table.total * sizeof(real);
     m->w = k3c_aligned_alloc(bytes);
     m->g = with_grad ? k3c_aligned_alloc(bytes) : NULL;
-    m->route = calloc((size_t)cfg->num_layers, sizeof *m->route);
-    if (!m->w || (with_grad && !m->g) || !m->route) {
+    if (!m->w || (with_grad && !m->g)) {
         k3c_model_free(m);
         return k3c_errf(err, K3C_ENOMEM, "model: cannot allocate %zu bytes of parameters", bytes);
     }
@@ -31,24 +35,18 @@ int k3c_model_create(const k3c_config *cfg, int with_grad, k3c_model *m, k3c_err
 }
 
 void k3c_model_free(k3c_model *m) {
-    const k3c_backend *be = backend_of(m);
+    const k3c_backend *be = k3c_model_backend(m);
     if (be->sync(NULL) == K3C_OK || !m->backend) { /* never free memory a device may still be using */
         be->free(m->w);
         be->free(m->g);
     }
-    if (m->route)
-        for (int l = 0; l < m->cfg.num_layers; l++) {
-            free(m->route[l].topk_ids);
-            free(m->route[l].scores);
-            free(m->route[l].cutoff);
-        }
-    free(m->route);
     k3c_params_free(&m->table);
+    k3c_arena_free(&m->meta);
     memset(m, 0, sizeof *m);
 }
 
 int k3c_model_use_backend(k3c_model *m, const void *bev, k3c_err *err) {
-    const k3c_backend *from = backend_of(m), *to = bev ? (const k3c_backend *)bev : k3c_backend_cpu();
+    const k3c_backend *from = k3c_model_backend(m), *to = bev ? (const k3c_backend *)bev : k3c_backend_cpu();
     if (from == to) return K3C_OK;
     int rc = from->sync(err);
     if (rc) return rc;
@@ -60,8 +58,18 @@ int k3c_model_use_backend(k3c_model *m, const void *bev, k3c_err *err) {
         return k3c_errf(err, K3C_ENOMEM, "model: cannot allocate %zu bytes of parameters on the %s backend", bytes,
                         to->name);
     }
-    memcpy(w, m->w, bytes);
-    if (g) memcpy(g, m->g, bytes);
+    /* through the host: either side may be memory the other cannot address */
+    real *host = malloc(bytes);
+    rc = host ? K3C_OK : k3c_errf(err, K3C_ENOMEM, "model: cannot stage %zu bytes of parameters", bytes);
+    if (!rc && !(rc = from->download(host, m->w, bytes, err))) rc = to->upload(w, host, bytes, err);
+    if (!rc && g && !(rc = from->download(host, m->g, bytes, err))) rc = to->upload(g, host, bytes, err);
+    if (!rc) rc = to->sync(err); /* host is freed next */
+    free(host);
+    if (rc) {
+        to->free(w);
+        if (g) to->free(g);
+        return rc;
+    }
     from->free(m->w);
     from->free(m->g);
     m->w = w;
@@ -71,16 +79,53 @@ int k3c_model_use_backend(k3c_model *m, const void *bev, k3c_err *err) {
 }
 
 int k3c_model_arena_init(const k3c_model *m, size_t cap, k3c_arena *a, k3c_err *err) {
-    void *mem = backend_of(m)->alloc(cap);
+    void *mem = k3c_model_backend(m)->alloc(cap);
     if (!mem) return k3c_errf(err, K3C_ENOMEM, "model: cannot allocate %zu bytes of activations", cap);
     k3c_arena_init_from(a, mem, cap);
     return K3C_OK;
 }
 
 void k3c_model_arena_free(const k3c_model *m, k3c_arena *a) {
-    const k3c_backend *be = backend_of(m);
+    const k3c_backend *be = k3c_model_backend(m);
     if (a->base && (be->sync(NULL) == K3C_OK || !m->backend)) be->free(a->base);
     memset(a, 0, sizeof *a);
+}
+
+/* One plan for measuring and carving: the topk_ids of every MoE layer and qk_clipped first (the telemetry the host
+ * downloads each step, one contiguous range), then logits, cutoffs and S_max. */
+static void stats_plan(const k3c_model *m, int64_t T, k3c_carver *c, k3c_step_stats *s) {
+    const k3c_config *cfg = &m->cfg;
+    const int64_t n = cfg->num_experts, k = cfg->top_k;
+    for (int l = 0; l < cfg->num_layers; l++)
+        if (cfg->ffn[l] == K3C_FFN_MOE) s->route[l].topk_ids = K3C_CARVE(c, int32_t, T * k);
+    s->qk_clipped = K3C_CARVE(c, int32_t, 1);
+    s->telemetry_bytes = c->off;
+    for (int l = 0; l < cfg->num_layers; l++)
+        if (cfg->ffn[l] == K3C_FFN_MOE) {
+            s->route[l].logits = K3C_CARVE(c, float, T *n);
+            s->route[l].cutoff = K3C_CARVE(c, float, T);
+        }
+    const int64_t heads = k3c_config_num_mla(cfg) ? cfg->mla_heads : 0;
+    s->smax = heads ? K3C_CARVE(c, float, cfg->num_layers *heads) : NULL;
+}
+
+int k3c_step_stats_init(const k3c_model *m, int64_t T, k3c_step_stats *s, k3c_err *err) {
+    memset(s, 0, sizeof *s);
+    k3c_carver c = k3c_carver_measure(64);
+    stats_plan(m, T, &c, s);
+    memset(s, 0, sizeof *s);
+    s->mem = k3c_model_backend(m)->alloc(c.off);
+    if (!s->mem) return k3c_errf(err, K3C_ENOMEM, "step statistics: cannot allocate %zu bytes", c.off);
+    c = k3c_carver_at(s->mem, c.off, 64);
+    stats_plan(m, T, &c, s);
+    s->cap_T = T;
+    return K3C_OK;
+}
+
+void k3c_step_stats_free(const k3c_model *m, k3c_step_stats *s) {
+    const k3c_backend *be = k3c_model_backend(m);
+    if (s->mem && (be->sync(NULL) == K3C_OK || !m->backend)) be->free(s->mem);
+    memset(s, 0, sizeof *s);
 }
 
 static int ends_with(const char *s, const char *suffix) {
@@ -224,23 +269,19 @@ int k3c_model_save(const k3c_model *m, const char *path, k3c_err *err) {
     for (int i = 0; i < tab->n; i++) n += (int)(tab->p[i].stack ? tab->p[i].stack : 1);
     k3c_st_entry *ent = calloc((size_t)n, sizeof *ent);
     char(*names)[K3C_PARAM_NAME + 16] = calloc((size_t)n, sizeof *names);
-    float *conv = NULL;
-#if K3C_REAL_DOUBLE
-    conv = malloc(tab->total * sizeof *conv);
-    if (conv)
-        for (size_t i = 0; i < tab->total; i++) conv[i] = (float)((const double *)m->w)[i];
-#else
-    const float *src = m->w;
-#endif
-    if (!ent || !names || (K3C_REAL_DOUBLE && !conv)) {
+    /* the parameters may be backend memory the host cannot address: download them first */
+    real *host = malloc(tab->total * sizeof *host + 1);
+    float *conv = K3C_REAL_DOUBLE ? malloc(tab->total * sizeof *conv + 1) : (float *)host;
+    if (!ent || !names || !host || !conv) {
         free(ent);
         free(names);
-        free(conv);
+        if (conv != (float *)host) free(conv);
+        free(host);
         return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", path);
     }
-#if K3C_REAL_DOUBLE
+    int rc = k3c_model_backend(m)->download(host, m->w, tab->total * sizeof *host, err);
+    for (size_t i = 0; K3C_REAL_DOUBLE && i < tab->total; i++) conv[i] = (float)host[i];
     const float *src = conv;
-#endif
     int k = 0;
     for (int i = 0; i < tab->n; i++) {
         const k3c_param *p = &tab->p[i];
@@ -254,10 +295,11 @@ int k3c_model_save(const k3c_model *m, const char *path, k3c_err *err) {
         }
     }
     static const char *const meta[] = {"format", "pt", "producer", "k3c", NULL};
-    int rc = k3c_st_write(path, ent, n, meta, err);
+    if (!rc) rc = k3c_st_write(path, ent, n, meta, err);
     free(ent);
     free(names);
-    free(conv);
+    if (conv != (float *)host) free(conv);
+    free(host);
     return rc;
 }
 

@@ -6,13 +6,28 @@
 #include "base/real_decl.h"
 #include "model/params.h"
 
-/* Per-MoE-layer routing statistics of the last forward (inputs of quantile balancing and load telemetry). */
+/* Per-MoE-layer routing statistics of one forward (inputs of quantile balancing and load telemetry), in backend
+ * memory. */
 typedef struct {
-    int64_t T, k, n;
+    int64_t T, k, n;   /* T = tokens of the last forward (0: not an MoE layer, or nothing recorded yet) */
     int32_t *topk_ids; /* [T, k] */
-    float *scores;     /* [T, n] sigmoid router scores s (unbiased) */
+    float *logits;     /* [T, n] router logits (QB takes the unbiased scores s = sigmoid(logits) from them) */
     float *cutoff;     /* [T] (k+1)-th biased score α_i */
 } k3c_route_stats;
+
+/* What a forward records for the step that follows it (QB, QK-Clip, telemetry): a caller-owned struct whose buffers
+ * live in the backend's memory (k3c_step_stats_init), written by the forward's ops on the backend's stream, never
+ * read by the model itself, so the forward needs no host synchronisation for them. The topk_ids of every MoE layer
+ * come first and contiguous, followed by qk_clipped, so the host can fetch the telemetry with one download
+ * (telemetry_bytes from mem). */
+typedef struct {
+    int64_t cap_T; /* tokens the buffers hold */
+    k3c_route_stats route[K3C_MAX_LAYERS];
+    float *smax;         /* [num_layers, mla_heads] largest scaled logit per MLA head (QK-Clip's S_max); NULL: none */
+    int32_t *qk_clipped; /* [1] written by the backend's qk_clip */
+    void *mem;
+    size_t telemetry_bytes;
+} k3c_step_stats;
 
 /* The struct behind k3c.h's k3c_model: parameters, plan and the backend that runs them. */
 typedef struct k3c_model {
@@ -24,12 +39,19 @@ typedef struct k3c_model {
     int kda_chunk;                     /* 0 = token recurrence, else chunk size (16 or 64) */
     uint8_t recompute[K3C_MAX_LAYERS]; /* 1 = keep only the layer's residual-stream outputs; the backward re-runs its
                                           forward (activation memory of one layer instead of all of them) */
-    k3c_route_stats *route; /* [num_layers] (entries of non-MoE layers stay empty); written by every forward, so one
-                               model runs one forward at a time (threads parallelise inside the ops) */
-    float *mla_smax;        /* NULL, or [num_layers, mla_heads]: each forward stores every MLA head's largest scaled
-                               logit (S_max of QK-Clip) here; set by the trainer, owned by the caller */
-    const void *backend;    /* the k3c_backend_f32/_f64 (ops/backend.h) that runs the ops and owns w, g and the arenas
+    k3c_arena meta;        /* host memory of the last forward's bookkeeping (its k3c_acts, pointer tables), reused by
+                              every forward: one model runs one step at a time */
+    k3c_step_stats *stats; /* NULL, or where every forward records route statistics and S_max (owned by the caller,
+                              in this model's backend memory; float models only) */
+    const void *backend;   /* the k3c_backend_f32/_f64 (ops/backend.h) that runs the ops and owns w, g and the arenas
                                of k3c_model_arena_init; NULL = the CPU reference of this precision */
 } k3c_model;
+
+/* Step statistics for forwards of up to T tokens in the model's backend memory (with S_max when the model has MLA
+ * layers); free them with k3c_step_stats_free while that backend is still the model's. */
+int k3c_step_stats_init_f32(const k3c_model *m, int64_t T, k3c_step_stats *s, k3c_err *err);
+void k3c_step_stats_free_f32(const k3c_model *m, k3c_step_stats *s);
+int k3c_step_stats_init_f64(const k3c_model *m, int64_t T, k3c_step_stats *s, k3c_err *err);
+void k3c_step_stats_free_f64(const k3c_model *m, k3c_step_stats *s);
 
 #endif

@@ -1,10 +1,11 @@
 /* backend.h — the table of ops a model step calls, one per backend with one signature: the CPU reference (float and
  * double, ops/backend_cpu.c) and CUDA (float, cuda/backend.cu). DESIGN.md "Ops" (two backends, one signature).
  *
- * A model step (src/model) calls ops only through this table and never touches tensor memory itself, so the same step
- * code runs on either backend. Memory comes from the backend's alloc: host memory on the CPU, CUDA managed memory on
- * the GPU (so checkpoint I/O, the optimizer and tests can still read and write parameters from the host). Ops are
- * ordered on the backend's stream; `sync` waits for them before the host reads anything an op wrote.
+ * A model step (src/model) and a training step (src/train) call ops only through this table and never touch tensor
+ * memory themselves, so the same step code runs on either backend. Memory comes from the backend's alloc: host memory
+ * on the CPU, device memory (cudaMalloc) on the GPU, which the host cannot address: everything the host reads or
+ * writes (checkpoints, logits, telemetry, tests) goes through upload / download. Ops are ordered on the backend's
+ * stream; download (and `sync`) wait for them.
  * The GEMM-based ops take the backend's ctx (the CUDA one holds the cuBLASLt handle); the CPU ignores it. */
 #ifndef K3C_OPS_BACKEND_H
 #define K3C_OPS_BACKEND_H
@@ -16,13 +17,17 @@
 #include "ops/kda.h"
 #include "ops/l2norm.h"
 #include "ops/moe.h"
+#include "ops/optim.h"
+#include "ops/qk_clip.h"
+#include "ops/quantile_balance.h"
 #include "ops/short_conv.h"
 
 #define K3C_BACKEND_STRUCT(real, S)                                                                                      \
     typedef struct k3c_backend_##S {                                                                                     \
         const char *name; /* "cpu" or "cuda" */                                                                          \
         void *ctx;        /* backend state (CUDA: device, cuBLASLt handle, TF32 policy); NULL on the CPU */              \
-        /* memory the host can also address: zeroed, 64-byte aligned, NULL when out of memory */                         \
+        /* backend memory: zeroed, 64-byte aligned, NULL when out of memory. Host memory on the CPU; on CUDA device \
+           memory the host must not dereference (use upload / download) */    \
         void *(*alloc)(size_t bytes);                                                                                    \
         void (*free)(void *p);                                                                                           \
         int (*sync)(k3c_err * err);                                                                                      \
@@ -118,6 +123,29 @@
         int (*attnres_bwd)(const k3c_attnres_sizes *s, const real *const *v, const real *w, const real *gamma,           \
                            const real *saved, const real *dh, real *const *dv, real *dw, real *dgamma, void *ws,         \
                            k3c_err *err);                                                                                \
+        /* The training step (ops/optim.h, ops/quantile_balance.h, ops/qk_clip.h) on float32 parameter tables (w, g, \
+           state: float whatever `real` is; the trainer is float). optim_open makes the backend's instance for o over \
+           t once after k3c_optim_init (CPU: none, *inst = NULL). optim_step: k3c_optim_step_entries; asynchronous. \
+           clip_grad_norm: *norm = the pre-clip norm (max_norm <= 0: the norm only); waits for the device (the host \
+           logs the norm). */   \
+        int (*optim_open)(void *ctx, const k3c_optim *o, const k3c_param_table *t, void **inst, k3c_err *err);           \
+        void (*optim_close)(void *inst);                                                                                 \
+        int (*optim_step)(void *inst, k3c_optim *o, const k3c_param_table *t, int first, int last, float *w,             \
+                          const float *g, float *state, double lr, int64_t step, k3c_err *err);                          \
+        int (*clip_grad_norm)(void *inst, const k3c_param_table *t, float *g, double max_norm, double *norm,             \
+                              k3c_err *err);                                                                             \
+        /* One router's bias update from one step's route statistics: k3c_qb_update over the scores                  \
+           s = sigmoid(logits) (computed in double, rounded to float: the router's rule) with logits [m, n],         \
+           cutoff [m], b [n] in and out, every token counted; ws: quantile_balance_workspace bytes of backend memory. \
+           Asynchronous. */   \
+        size_t (*quantile_balance_workspace)(int mode, int64_t m, int64_t n);                                            \
+        int (*quantile_balance)(void *ctx, int mode, const float *logits, const float *cutoff, int64_t m, int64_t n,     \
+                                int64_t k, float *b, void *ws, k3c_err *err);                                            \
+        /* k3c_qk_clip over every MLA layer of t (s_max [num_layers, mla_heads]); *n_clipped (backend memory) gets the \
+           heads scaled, or -1 for a non-finite S_max (the CPU also returns K3C_ENUMERIC; CUDA leaves those heads  \
+           untouched and reports it only through *n_clipped, the host reads it with the step's telemetry). */ \
+        int (*qk_clip)(void *ctx, const k3c_config *cfg, const k3c_param_table *t, float *w, const float *s_max,         \
+                       double tau, int32_t *n_clipped, k3c_err *err);                                                    \
     } k3c_backend_##S;                                                                                                   \
     /* The CPU reference of this precision (a constant table). */                                                        \
     const k3c_backend_##S *k3c_backend_cpu_##S(void);

@@ -55,6 +55,46 @@ static int linear_bwd(void *ctx, const k3c_linear_sizes *s, const real *x, const
     return k3c_linear_bwd(s, x, W, dy, dx, dW, err);
 }
 
+/* ---------------------------------------------------------------- the training step (float tables) */
+static int optim_open(void *ctx, const k3c_optim *o, const k3c_param_table *t, void **inst, k3c_err *err) {
+    (void)ctx, (void)o, (void)t, (void)err;
+    *inst = NULL; /* k3c_optim_init already allocated the Newton–Schulz workspace */
+    return K3C_OK;
+}
+static void optim_close(void *inst) { (void)inst; }
+static int optim_step(void *inst, k3c_optim *o, const k3c_param_table *t, int first, int last, float *w, const float *g,
+                      float *state, double lr, int64_t step, k3c_err *err) {
+    (void)inst;
+    return k3c_optim_step_entries(o, t, first, last, w, g, state, lr, step, err);
+}
+static int clip_grad_norm(void *inst, const k3c_param_table *t, float *g, double max_norm, double *norm, k3c_err *err) {
+    (void)inst, (void)err;
+    *norm = max_norm > 0 ? k3c_clip_grad_norm(t, g, max_norm) : k3c_grad_norm(t, g);
+    return K3C_OK;
+}
+/* The router logits in, the unbiased scores s = sigmoid(logit) computed in double and rounded to float (the router's
+ * own rule) in front of k3c_qb_update's workspace. */
+static size_t scores_bytes(int64_t m, int64_t n) { return ((size_t)(m * n) * sizeof(float) + 63) / 64 * 64; }
+static size_t quantile_balance_workspace(int mode, int64_t m, int64_t n) {
+    return scores_bytes(m, n) + k3c_qb_workspace(mode, m, n);
+}
+static int quantile_balance(void *ctx, int mode, const float *logits, const float *cutoff, int64_t m, int64_t n,
+                            int64_t k, float *b, void *ws, k3c_err *err) {
+    (void)ctx;
+    float *s = ws;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < m * n; i++) s[i] = (float)k3c_sigmoid_d((double)logits[i]);
+    int64_t rc = k3c_qb_update(mode, s, cutoff, NULL, m, n, k, b, (char *)ws + scores_bytes(m, n), err);
+    return rc < 0 ? (int)rc : K3C_OK;
+}
+static int qk_clip(void *ctx, const k3c_config *cfg, const k3c_param_table *t, float *w, const float *s_max, double tau,
+                   int32_t *n_clipped, k3c_err *err) {
+    (void)ctx;
+    int n = 0, rc = k3c_qk_clip(cfg, t, w, s_max, tau, &n, err);
+    *n_clipped = rc == K3C_ENUMERIC ? -1 : n;
+    return rc;
+}
+
 static size_t kda_fwd_ws(const k3c_kda_dims *d) {
     return d->chunk ? k3c_kda_chunk_fwd_workspace(d) : k3c_kda_recurrent_fwd_workspace(d);
 }
@@ -156,6 +196,13 @@ static const k3c_backend cpu_table = {
     .attnres_workspace = k3c_attnres_workspace,
     .attnres_fwd = k3c_attnres_fwd,
     .attnres_bwd = k3c_attnres_bwd,
+    .optim_open = optim_open,
+    .optim_close = optim_close,
+    .optim_step = optim_step,
+    .clip_grad_norm = clip_grad_norm,
+    .quantile_balance_workspace = quantile_balance_workspace,
+    .quantile_balance = quantile_balance,
+    .qk_clip = qk_clip,
 };
 
 const k3c_backend *k3c_backend_cpu(void) { return &cpu_table; }

@@ -39,23 +39,27 @@ int k3c_generate(k3c_model *m, int32_t *seq, int64_t n_prompt, const k3c_gen_opt
     if (rc) return rc;
     int64_t V = m->cfg.vocab_size, len = n_prompt;
     k3c_arena arena = {0};
-    float *pw = malloc(sizeof(float) * (size_t)V);
+    float *pw = malloc(sizeof(float) * (size_t)V), *last = malloc(sizeof(float) * (size_t)V);
     int32_t *iw = malloc(sizeof(int32_t) * (size_t)V);
-    rc = pw && iw ? k3c_model_arena_init_f32(m, k3c_model_plan_bytes_f32(m, n_prompt + o->max_new, 1), &arena, err)
-                  : k3c_errf(err, K3C_ENOMEM, "generate: out of memory");
+    rc = pw && iw && last
+             ? k3c_model_arena_init_f32(m, k3c_model_plan_bytes_f32(m, n_prompt + o->max_new, 1), &arena, err)
+             : k3c_errf(err, K3C_ENOMEM, "generate: out of memory");
     for (int64_t i = 0; !rc && i < o->max_new; i++) {
         k3c_arena_reset(&arena, 0);
         k3c_model_batch b = {len, 1, seq, NULL, NULL, 0};
         k3c_acts *acts;
         float *logits;
         if ((rc = k3c_model_forward_f32(m, &b, &arena, &acts, NULL, &logits, err))) break;
-        int32_t next = k3c_sample(&o->sampler, logits + (len - 1) * V, V, (uint64_t)len, pw, iw);
+        /* the last row only, into host memory (the sampler runs on the host) */
+        if ((rc = k3c_model_download_f32(m, last, logits + (len - 1) * V, sizeof(float) * (size_t)V, err))) break;
+        int32_t next = k3c_sample(&o->sampler, last, V, (uint64_t)len, pw, iw);
         seq[len++] = next;
         if (next == o->stop_id || (o->on_token && o->on_token(o->ctx, next, i))) break;
     }
     *n_seq = len;
     k3c_model_arena_free_f32(m, &arena);
     free(pw);
+    free(last);
     free(iw);
     return rc;
 }

@@ -1,8 +1,10 @@
 /* run_config.c — the strict reader of a training run config (JSON): model, tokenizer, data sources, staged context
  * lengths with their schedules and mixtures, optimizer, balancing, logging and checkpoint cadence. Spec: TRAINING.md §1. */
 #include "base/json.h"
-#include "train/optim.h"
-#include "train/qb.h"
+#include "ops/optim.h"
+#include "ops/qk_clip.h"
+#include "train/schedule.h"
+#include "ops/quantile_balance.h"
 
 #include <stdlib.h>
 #include <string.h>

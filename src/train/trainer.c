@@ -1,14 +1,18 @@
 /* trainer.c — the training loop: packed batches → forward/backward → clipping → Per-Head Muon + AdamW → QK-Clip →
  * quantile balancing of every MoE router → metrics, validation, checkpoints; stages change context length, schedule and
- * mixture. Spec: TRAINING.md §1–§2, ARCHITECTURE.md §7.2 (QB after the optimizer step), §10. */
+ * mixture. Spec: TRAINING.md §1–§2, ARCHITECTURE.md §7.2 (QB after the optimizer step), §10.
+ *
+ * Every step op runs through the model's backend table (ops/backend.h), the same code on the CPU and a device. The host
+ * waits for the device twice per step: for the loss (end of the forward) and the gradient norm (it decides the clip and
+ * is logged); after QB it downloads the step's telemetry (the MoE layers' routed expert ids and the QK-Clip count, one
+ * contiguous range of the step statistics) for the load metrics. */
+#include "base/check.h"
 #include "base/json.h"
 #include "ops/backend.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/metrics.h"
-#include "train/optim.h"
-#include "train/optim_backend.h"
-#include "train/qb.h"
+#include "train/schedule.h"
 #include "tok/tok.h"
 
 #include <errno.h>
@@ -22,15 +26,16 @@ typedef struct {
     const k3c_run_config *rc;
     k3c_model m;
     k3c_optim opt;
-    float *ostate;
-    const k3c_backend_f32 *ostate_be; /* where ostate was allocated (NULL: calloc) */
-    const k3c_optim_backend *ob;      /* NULL: the CPU optimizer and clipping */
-    void *ob_inst;
+    const k3c_backend_f32 *be; /* the model's backend, once it has moved there */
+    float *ostate;             /* optimizer state in the backend's memory */
+    void *opt_inst;            /* the backend's optimizer instance (optim_open) */
+    float *resume_state;       /* host copy of a resumed optimizer state, until it is uploaded */
+    k3c_step_stats stats;      /* what each forward records for QK-Clip, QB and telemetry */
+    unsigned char *telemetry;  /* host copy of stats' telemetry range */
     k3c_arena arena;
     size_t arena_cap;
     k3c_loader *loader;
     k3c_batch batch; /* the loader's buffers for one step */
-    float *s_max;    /* [layers, mla_heads] */
     void *qb_ws;
     size_t qb_ws_bytes;
     int64_t step, tokens; /* completed optimizer steps, tokens consumed */
@@ -40,10 +45,6 @@ typedef struct {
     double layer_ratio[K3C_MAX_LAYERS], layer_cv[K3C_MAX_LAYERS];
     int n_moe;
 } trainer;
-
-static const k3c_backend_f32 *backend_of(const trainer *tr) {
-    return tr->m.backend ? (const k3c_backend_f32 *)tr->m.backend : k3c_backend_cpu_f32();
-}
 
 static int stage_of(const k3c_run_config *rc, int64_t step, int64_t *stage_step) {
     int64_t s = step;
@@ -81,7 +82,17 @@ static int next_batch(trainer *tr, const k3c_stage *st, int val, k3c_val_iter *i
     return ensure_arena(tr, b->T, b->n_docs, err);
 }
 
+/* The step statistics and the activation arena for a batch of T tokens. */
 static int ensure_arena(trainer *tr, int64_t T, int n_docs, k3c_err *err) {
+    if (T > tr->stats.cap_T) {
+        k3c_step_stats_free_f32(&tr->m, &tr->stats);
+        free(tr->telemetry);
+        tr->telemetry = NULL;
+        CHECK_RC(k3c_step_stats_init_f32(&tr->m, T, &tr->stats, err));
+        tr->telemetry = malloc(tr->stats.telemetry_bytes);
+        if (!tr->telemetry) return k3c_errf(err, K3C_ENOMEM, "trainer: out of memory");
+        tr->m.stats = &tr->stats;
+    }
     size_t need = k3c_model_plan_bytes_f32(&tr->m, T, n_docs);
     if (need <= tr->arena_cap) return K3C_OK;
     k3c_model_arena_free_f32(&tr->m, &tr->arena);
@@ -89,18 +100,21 @@ static int ensure_arena(trainer *tr, int64_t T, int n_docs, k3c_err *err) {
     return k3c_model_arena_init_f32(&tr->m, tr->arena_cap, &tr->arena, err);
 }
 
-/* Router load statistics of the last forward: per MoE layer, and the worst layer. */
-static void load_telemetry(trainer *tr, double *max_ratio, double *cv) {
+/* Router load statistics of the last forward (per MoE layer, and the worst layer) from the downloaded telemetry: the
+ * host computes the per-expert counts from the routed ids (T·k words per layer, small next to the step). */
+static int load_telemetry(trainer *tr, double *max_ratio, double *cv, k3c_err *err) {
     const k3c_config *c = &tr->m.cfg;
     *max_ratio = NAN;
     *cv = NAN;
+    CHECK_RC(tr->be->download(tr->telemetry, tr->stats.mem, tr->stats.telemetry_bytes, err));
     int64_t *loads = malloc(sizeof(int64_t) * (size_t)(c->num_experts > 0 ? c->num_experts : 1));
     tr->n_moe = 0;
     for (int l = 0; loads && l < c->num_layers; l++) {
-        const k3c_route_stats *r = &tr->m.route[l];
+        const k3c_route_stats *r = &tr->stats.route[l];
         k3c_load_stats st;
         if (c->ffn[l] != K3C_FFN_MOE || r->T == 0) continue;
-        if (k3c_moe_load_stats(r->topk_ids, NULL, r->T, r->k, r->n, loads, &st, NULL)) continue;
+        const int32_t *ids = (const int32_t *)(tr->telemetry + ((char *)r->topk_ids - (char *)tr->stats.mem));
+        if (k3c_moe_load_stats(ids, NULL, r->T, r->k, r->n, loads, &st, NULL)) continue;
         tr->moe_layer[tr->n_moe] = l;
         tr->layer_ratio[tr->n_moe] = st.max_over_mean;
         tr->layer_cv[tr->n_moe++] = st.cv;
@@ -108,26 +122,27 @@ static void load_telemetry(trainer *tr, double *max_ratio, double *cv) {
         if (!(st.cv <= *cv)) *cv = st.cv;
     }
     free(loads);
+    return K3C_OK;
 }
 
-/* Quantile balancing after the optimizer step, from this step's scores and cutoffs (§7.2): the new bias routes the
+/* Quantile balancing after the optimizer step, from this step's router logits and cutoffs (§7.2): the new bias routes the
  * next batch, never this one. */
 static int balance(trainer *tr, k3c_err *err) {
     const k3c_config *c = &tr->m.cfg;
     float *w = tr->m.w;
     for (int l = 0; l < c->num_layers; l++) {
-        const k3c_route_stats *r = &tr->m.route[l];
+        const k3c_route_stats *r = &tr->stats.route[l];
         if (c->ffn[l] != K3C_FFN_MOE || r->T == 0) continue;
-        size_t need = k3c_qb_workspace(tr->rc->qb_mode, r->T, r->n);
+        size_t need = tr->be->quantile_balance_workspace(tr->rc->qb_mode, r->T, r->n);
         if (need > tr->qb_ws_bytes) {
-            free(tr->qb_ws);
-            tr->qb_ws = malloc(need);
+            if (tr->qb_ws) tr->be->free(tr->qb_ws);
+            tr->qb_ws = tr->be->alloc(need);
             tr->qb_ws_bytes = tr->qb_ws ? need : 0;
             if (!tr->qb_ws) return k3c_errf(err, K3C_ENOMEM, "quantile balancing workspace");
         }
-        int64_t rc = k3c_qb_update(tr->rc->qb_mode, r->scores, r->cutoff, NULL, r->T, r->n, r->k,
-                                   w + tr->m.table.layer[l].router_bias, tr->qb_ws, err);
-        if (rc < 0) return k3c_err_wrap(err, "layer %d: quantile balancing", l);
+        if (tr->be->quantile_balance(tr->be->ctx, tr->rc->qb_mode, r->logits, r->cutoff, r->T, r->n, r->k,
+                                     w + tr->m.table.layer[l].router_bias, tr->qb_ws, err))
+            return k3c_err_wrap(err, "layer %d: quantile balancing", l);
     }
     return K3C_OK;
 }
@@ -137,37 +152,32 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     k3c_model_batch b;
     int e = next_batch(tr, st, 0, NULL, &b, err);
     if (e) return e;
-    if ((e = backend_of(tr)->zero(tr->m.g, (int64_t)tr->m.table.total, err))) return e; /* where the backward adds */
+    const k3c_backend_f32 *be = tr->be;
+    if ((e = be->zero(tr->m.g, (int64_t)tr->m.table.total, err))) return e; /* where the backward adds */
     k3c_arena_reset(&tr->arena, 0);
     k3c_acts *acts;
     double loss;
     if ((e = k3c_model_forward_f32(&tr->m, &b, &tr->arena, &acts, &loss, NULL, err))) return e;
     if (!isfinite(loss)) return k3c_errf(err, K3C_ENUMERIC, "step %lld: loss is %g", (long long)tr->step + 1, loss);
     if ((e = k3c_model_backward_f32(&tr->m, acts, 1.0, err))) return e;
-    if (tr->ob) { /* on the backend; waits for it (the norm is logged) */
-        if ((e = tr->ob->clip_grad_norm(tr->ob_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm, err)))
-            return e;
-    } else {
-        row->grad_norm = rc->grad_clip > 0 ? k3c_clip_grad_norm(&tr->m.table, tr->m.g, rc->grad_clip)
-                                           : k3c_grad_norm(&tr->m.table, tr->m.g);
-    }
+    if ((e = be->clip_grad_norm(tr->opt_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm, err))) return e;
     k3c_schedule sch = {st->schedule, st->lr, st->warmup, st->steps, st->min_lr_ratio};
     row->lr = k3c_schedule_lr(&sch, stage_step + 1); /* schedules count steps from 1 */
-    if (tr->ob) {
-        e = tr->ob->step_entries(tr->ob_inst, &tr->opt, &tr->m.table, 0, tr->m.table.n, tr->m.w, tr->m.g, tr->ostate,
-                                 row->lr, tr->step + 1, err);
-        /* QK-Clip and QB below read S_max and router statistics and write w from the host: the step must be done */
-        if (!e) e = backend_of(tr)->sync(err);
-    } else {
-        e = k3c_optim_step(&tr->opt, &tr->m.table, tr->m.w, tr->m.g, tr->ostate, row->lr, tr->step + 1, err);
-    }
-    if (e) return e;
-    row->qk_clipped = 0;
-    if (tr->n_mla &&
-        (e = k3c_qk_clip(&tr->m.cfg, &tr->m.table, tr->m.w, tr->s_max, rc->qk_clip_tau, &row->qk_clipped, err)))
+    if ((e = be->optim_step(tr->opt_inst, &tr->opt, &tr->m.table, 0, tr->m.table.n, tr->m.w, tr->m.g, tr->ostate,
+                            row->lr, tr->step + 1, err)))
         return e;
-    load_telemetry(tr, &row->max_load_ratio, &row->load_cv);
+    if (tr->n_mla && (e = be->qk_clip(be->ctx, &tr->m.cfg, &tr->m.table, tr->m.w, tr->stats.smax, rc->qk_clip_tau,
+                                      tr->stats.qk_clipped, err)))
+        return e;
     if (rc->qb_mode >= 0 && (e = balance(tr, err))) return e;
+    if ((e = load_telemetry(tr, &row->max_load_ratio, &row->load_cv, err))) return e;
+    row->qk_clipped = 0;
+    if (tr->n_mla) {
+        int32_t n;
+        memcpy(&n, tr->telemetry + ((char *)tr->stats.qk_clipped - (char *)tr->stats.mem), sizeof n);
+        if (n < 0) return k3c_errf(err, K3C_ENUMERIC, "step %lld: QK-Clip: non-finite S_max", (long long)tr->step + 1);
+        row->qk_clipped = n;
+    }
     tr->step++;
     tr->tokens += b.T;
     row->loss = loss;
@@ -242,9 +252,14 @@ static double unigram_entropy(const k3c_loader *ld) {
 
 static int save(trainer *tr, k3c_err *err) {
     char *ls = NULL;
-    int e = backend_of(tr)->sync(err); /* the host reads w and the optimizer state */
+    float *state = malloc(sizeof(float) * (tr->opt.state_numel ? tr->opt.state_numel : 1));
+    if (!state) return k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory");
+    int e = tr->be->download(state, tr->ostate, sizeof(float) * tr->opt.state_numel, err); /* after the step's ops */
     if (!e) e = k3c_loader_state_to_json(tr->loader, &ls, err);
-    if (e) return e;
+    if (e) {
+        free(state);
+        return e;
+    }
     k3c_sbuf sb;
     k3c_sbuf_init(&sb);
     k3c_sbuf_printf(&sb, "{\"step\": %lld, \"tokens\": %lld, \"seed\": %llu, \"loader\": ", (long long)tr->step,
@@ -254,11 +269,13 @@ static int save(trainer *tr, k3c_err *err) {
     free(ls);
     if (!sb.ok) {
         k3c_sbuf_free(&sb);
+        free(state);
         return k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory");
     }
-    k3c_train_ckpt ck = {&tr->m, tr->ostate, tr->opt.state_numel, sb.buf, tr->rc->vocab, tr->rc->pattern};
+    k3c_train_ckpt ck = {&tr->m, state, tr->opt.state_numel, sb.buf, tr->rc->vocab, tr->rc->pattern};
     e = k3c_train_ckpt_save(tr->rc->out_dir, tr->step, &ck, (int)tr->rc->keep_checkpoints, err);
     k3c_sbuf_free(&sb);
+    free(state);
     return e;
 }
 
@@ -309,8 +326,10 @@ static int resume(trainer *tr, k3c_err *err) {
     if ((e = k3c_ckpt_open(dir, &ck, err))) return e;
     e = k3c_model_load_f32(&tr->m, ck, err);
     k3c_ckpt_close(ck);
-    char *state = NULL;
-    if (!e) e = k3c_train_ckpt_load_state(dir, tr->ostate, tr->opt.state_numel, &state, err);
+    char *state = NULL; /* the optimizer state waits on the host until the model has moved to its backend */
+    tr->resume_state = e ? NULL : malloc(sizeof(float) * (tr->opt.state_numel ? tr->opt.state_numel : 1));
+    if (!e && !tr->resume_state) e = k3c_errf(err, K3C_ENOMEM, "resume: out of memory");
+    if (!e) e = k3c_train_ckpt_load_state(dir, tr->resume_state, tr->opt.state_numel, &state, err);
     if (e) return k3c_err_wrap(err, "resume from %s", dir);
     k3c_json *j = NULL;
     e = k3c_json_parse(state, strlen(state), "trainer_state.json", &j, err);
@@ -328,12 +347,26 @@ static int resume(trainer *tr, k3c_err *err) {
     return e;
 }
 
+/* The optimizer's state next to w and g in the backend's memory (zero = step 0, or the resumed state) and its
+ * backend instance. */
+static int optim_state(trainer *tr, k3c_err *err) {
+    tr->be = k3c_model_backend_f32(&tr->m);
+    const size_t n_state = tr->opt.state_numel ? tr->opt.state_numel : 1;
+    tr->ostate = tr->be->alloc(sizeof(float) * n_state);
+    if (!tr->ostate) return k3c_errf(err, K3C_ENOMEM, "trainer: cannot allocate the optimizer state");
+    CHECK_RC(tr->be->zero(tr->ostate, (int64_t)n_state, err));
+    if (tr->resume_state) {
+        CHECK_RC(tr->be->upload(tr->ostate, tr->resume_state, sizeof(float) * tr->opt.state_numel, err));
+        CHECK_RC(tr->be->sync(err)); /* the host copy is freed next */
+        free(tr->resume_state);
+        tr->resume_state = NULL;
+    }
+    return tr->be->optim_open(tr->be->ctx, &tr->opt, &tr->m.table, &tr->opt_inst, err);
+}
+
 static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o, k3c_err *err) {
-    const k3c_optim_backend *ob = o->optim;
     memset(tr, 0, sizeof *tr);
     tr->rc = rc;
-    if (ob && !o->backend)
-        return k3c_errf(err, K3C_EINVAL, "trainer: an optimizer backend needs the model backend whose memory it uses");
     if (rc->threads > 0) k3c_set_num_threads(rc->threads);
     if (mkdir(rc->out_dir, 0755) != 0 && errno != EEXIST)
         return k3c_errf(err, K3C_EIO, "%s: cannot create: %s", rc->out_dir, strerror(errno));
@@ -351,16 +384,7 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     tr->opt.eps = rc->eps;
     if ((e = k3c_optim_parse_matrix(rc->matrix_optimizer, &tr->opt.matrix_optimizer, err))) return e;
     if ((e = k3c_optim_init(&tr->opt, &tr->m.table, err))) return e;
-    /* on a backend the state lives in its memory, next to w and g, where the backend optimizer steps it; zero = step 0,
-     * finished before a resume writes it from the host */
-    const size_t n_state = tr->opt.state_numel ? tr->opt.state_numel : 1;
-    tr->ostate_be = o->backend;
-    tr->ostate = tr->ostate_be ? tr->ostate_be->alloc(sizeof(float) * n_state) : calloc(n_state, sizeof(float));
     tr->n_mla = k3c_config_num_mla(&cfg);
-    if (!tr->ostate) return k3c_errf(err, K3C_ENOMEM, "trainer: out of memory");
-    if (tr->ostate_be &&
-        ((e = tr->ostate_be->zero(tr->ostate, (int64_t)n_state, err)) || (e = tr->ostate_be->sync(err))))
-        return e;
     k3c_data_source src[K3C_RUN_MAX_SOURCES];
     for (int i = 0; i < rc->n_sources; i++) src[i] = (k3c_data_source){rc->source_name[i], rc->source_dir[i]};
     if ((e = k3c_loader_open(src, rc->n_sources, rc->stage[0].mixture, rc->seed, &tr->loader, err))) return e;
@@ -374,16 +398,9 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
         return k3c_errf(err, K3C_EINVAL, "%s already holds a run (%s exists): use --resume, or another out_dir",
                         rc->out_dir, p);
     if (o->resume && (e = resume(tr, err))) return e;
-    /* the step runs on the backend; the optimizer, QB and checkpoints read its (host-addressable) memory */
-    if ((e = k3c_model_use_backend_f32(&tr->m, o->backend, err))) return e;
-    tr->s_max =
-        backend_of(tr)->alloc(sizeof(float) * (size_t)(cfg.num_layers * (cfg.mla_heads > 0 ? cfg.mla_heads : 1)));
-    if (!tr->s_max) return k3c_errf(err, K3C_ENOMEM, "trainer: out of memory");
-    if (tr->n_mla) tr->m.mla_smax = tr->s_max; /* every forward records S_max for QK-Clip */
-    if (ob) {
-        if ((e = ob->open(ob->ctx, &tr->opt, &tr->m.table, &tr->ob_inst, err))) return e;
-        tr->ob = ob;
-    }
+    e = k3c_model_use_backend_f32(&tr->m, o->backend, err);
+    if (!e) e = optim_state(tr, err);
+    if (e) return e;
     snprintf(p, sizeof p, "%s/metrics.jsonl", rc->out_dir);
     if (o->resume && (e = truncate_metrics(p, tr->step, err))) return e;
     tr->metrics = fopen(p, o->resume ? "a" : "w");
@@ -392,17 +409,19 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
 }
 
 static void teardown(trainer *tr) {
-    if (tr->ob) tr->ob->close(tr->ob_inst);
-    k3c_model_arena_free_f32(&tr->m, &tr->arena); /* before the model: its backend owns the arena and S_max */
-    if (tr->s_max) backend_of(tr)->free(tr->s_max);
+    /* before the model: its backend owns the arena, the statistics, the state and the workspaces */
+    const k3c_backend_f32 *be = k3c_model_backend_f32(&tr->m);
+    if (tr->opt_inst) be->optim_close(tr->opt_inst);
+    k3c_model_arena_free_f32(&tr->m, &tr->arena);
+    k3c_step_stats_free_f32(&tr->m, &tr->stats);
+    if (be->sync(NULL) == K3C_OK) { /* never free memory a device may still use (the CPU's sync always succeeds) */
+        if (tr->ostate) be->free(tr->ostate);
+        if (tr->qb_ws) be->free(tr->qb_ws);
+    }
     k3c_model_free_f32(&tr->m);
     k3c_optim_free(&tr->opt);
-    if (tr->ostate_be) {
-        if (tr->ostate) tr->ostate_be->free(tr->ostate);
-    } else {
-        free(tr->ostate);
-    }
-    free(tr->qb_ws);
+    free(tr->resume_state);
+    free(tr->telemetry);
     k3c_loader_close(tr->loader);
     k3c_batch_free(&tr->batch);
     if (tr->metrics) fclose(tr->metrics);

@@ -1,6 +1,9 @@
-/* harness_optim.cu — the GPU optimizer (src/cuda/optim.cu) against the CPU one (train/adamw.c, muon.c, schedule.c):
- * AdamW, (Per-Head) Muon with NS5, entry sub-ranges, the trainer hook, gradient-norm clipping. ARCHITECTURE.md §10.
+/* harness_optim.cu — the GPU training-step ops against the CPU ones: the optimizer (src/cuda/optim.cu vs ops/adamw.c,
+ * muon.c, grad_norm.c: AdamW, (Per-Head) Muon with NS5, entry sub-ranges, gradient-norm clipping), the backend table's
+ * training entries in device memory, quantile balancing and QK-Clip (cuda/quantile_balance.cu, qk_clip.cu vs the CPU
+ * table's entries). ARCHITECTURE.md §7, §10.
  * Usage: harness_optim [seed]. Needs configs/k3_test_tiny.json and configs/k3_tiny.json (skipped when absent). */
+#include <algorithm>
 #include <chrono>
 
 #include "harness_util.h"
@@ -233,38 +236,159 @@ static void test_clip(harness &h, k3c_cuda_ctx &ctx, k3c_rng *rng, const k3c_par
     k3c_optim_free(&o);
 }
 
-/* The trainer's path: k3c_cuda_optim_backend on a k3c_cuda_backend, buffers in its managed memory. */
-static void test_hook(harness &h, k3c_rng *rng, const k3c_param_table &t) {
-    k3c_cuda_backend *b = (k3c_cuda_backend *)calloc(1, sizeof *b);
-    h.ok(k3c_cuda_backend_init(b, 0, 0, &h.err), "k3c_cuda_backend_init");
-    k3c_optim_backend ob;
-    k3c_cuda_optim_backend(b, &ob);
+/* n floats of host data into fresh memory of table be (the CUDA table's memory is device memory). */
+static float *put(harness &h, const k3c_backend_f32 *be, const float *src, size_t n) {
+    float *p = (float *)be->alloc(sizeof(float) * (n ? n : 1));
+    if (!p) h.ok(k3c_errf(&h.err, K3C_ENOMEM, "backend alloc"), "alloc");
+    if (n) h.ok(be->upload(p, src, sizeof(float) * n, &h.err), "upload");
+    return p;
+}
+template <class T> static std::vector<T> get(harness &h, const k3c_backend_f32 *be, const T *src, size_t n) {
+    std::vector<T> v(n);
+    if (n) h.ok(be->download(v.data(), src, sizeof(T) * n, &h.err), "download");
+    return v;
+}
+
+/* The trainer's path: the CUDA table's optimizer entries (optim_open, clip_grad_norm, optim_step) on its device memory
+ * against the CPU table's. */
+static void test_table(harness &h, k3c_cuda_backend *b, k3c_rng *rng, const k3c_param_table &t) {
+    const k3c_backend_f32 *gpu = &b->table, *cpu = k3c_backend_cpu_f32();
     k3c_optim o;
     k3c_optim_defaults(&o);
     h.ok(k3c_optim_init(&o, &t, &h.err), "k3c_optim_init");
-    void *inst = nullptr;
-    h.ok(ob.open(ob.ctx, &o, &t, &inst, &h.err), "hook open");
-    float *w = (float *)b->table.alloc(t.total * 4), *g = (float *)b->table.alloc(t.total * 4);
-    float *st = (float *)b->table.alloc(o.state_numel * 4);
-    if (!w || !g || !st) h.ok(k3c_errf(&h.err, K3C_ENOMEM, "managed alloc"), "hook alloc");
+    void *inst = nullptr, *cinst = nullptr;
+    h.ok(gpu->optim_open(gpu->ctx, &o, &t, &inst, &h.err), "optim_open (cuda)");
+    h.ok(cpu->optim_open(cpu->ctx, &o, &t, &cinst, &h.err), "optim_open (cpu)");
     std::vector<float> w0 = randn(rng, t.total, 0.05), g0 = randn(rng, t.total, 0.3), st0(o.state_numel);
     fill_state(rng, o, t, st0);
-    memcpy(w, w0.data(), t.total * 4), memcpy(g, g0.data(), t.total * 4), memcpy(st, st0.data(), o.state_numel * 4);
+    float *w = put(h, gpu, w0.data(), t.total), *g = put(h, gpu, g0.data(), t.total);
+    float *st = put(h, gpu, st0.data(), o.state_numel);
     std::vector<float> wr = w0, gr = g0, sr = st0;
-    const double pre = k3c_clip_grad_norm(&t, gr.data(), 1.0);
-    h.ok(k3c_optim_step(&o, &t, wr.data(), gr.data(), sr.data(), 1e-2, 3, &h.err), "cpu step");
-    double n = NAN;
-    h.ok(ob.clip_grad_norm(inst, &t, g, 1.0, &n, &h.err), "hook clip");
-    h.ok(ob.step_entries(inst, &o, &t, 0, t.n, w, g, st, 1e-2, 3, &h.err), "hook step");
-    h.ok(b->table.sync(&h.err), "backend sync");
-    h.check_le("hook(managed)", "clip 1.0", "norm", fabs(n - pre) / pre, TOL_EXACT);
-    compare_all(h, "hook(managed)", "muon ph1", o, t, std::vector<float>(w, w + t.total), wr, w0,
-                std::vector<float>(st, st + o.state_numel), sr, st0, false);
-    ob.close(inst);
-    b->table.free(w), b->table.free(g), b->table.free(st);
+    double pre = NAN, n = NAN;
+    h.ok(cpu->clip_grad_norm(cinst, &t, gr.data(), 1.0, &pre, &h.err), "clip (cpu table)");
+    h.ok(cpu->optim_step(cinst, &o, &t, 0, t.n, wr.data(), gr.data(), sr.data(), 1e-2, 3, &h.err), "step (cpu table)");
+    h.ok(gpu->clip_grad_norm(inst, &t, g, 1.0, &n, &h.err), "clip (cuda table)");
+    h.ok(gpu->optim_step(inst, &o, &t, 0, t.n, w, g, st, 1e-2, 3, &h.err), "step (cuda table)");
+    h.check_le("table optim", "clip 1.0", "norm", fabs(n - pre) / pre, TOL_EXACT);
+    compare_all(h, "table optim", "muon ph1", o, t, get(h, gpu, w, t.total), wr, w0, get(h, gpu, st, o.state_numel), sr,
+                st0, false);
+    gpu->optim_close(inst), cpu->optim_close(cinst);
+    gpu->free(w), gpu->free(g), gpu->free(st);
     k3c_optim_free(&o);
-    k3c_cuda_backend_destroy(b);
-    free(b);
+}
+
+/* ---------------------------------------------------------------- quantile balancing
+ * Tolerance: ‖b_gpu − b_cpu‖ / ‖b_cpu − b0‖ ≤ 1e-5. The order statistic, the bins and the centring are the CPU's
+ * operations (agreement is normally bitwise: the count of differing floats is printed); only exp in double may differ
+ * from glibc's by an ulp, which can move a score by one float ulp in rare cases. */
+static const double TOL_QB = 1e-5;
+
+/* Router outputs of m random tokens: logits ~ N(0, sd²) (with some exact ties), cutoff = the (k+1)-th largest biased
+ * score s + b, as the router writes it. */
+static void route_inputs(k3c_rng *r, int64_t m, int64_t n, int64_t k, double sd, const std::vector<float> &b,
+                         std::vector<float> &logits, std::vector<float> &cutoff) {
+    logits = randn(r, (size_t)(m * n), sd);
+    for (size_t i = 0; i < logits.size(); i += 97) logits[i] = 0.25f; /* repeated values: ties in the order statistic */
+    cutoff.assign((size_t)m, 0.0f);
+    std::vector<float> z((size_t)n);
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t j = 0; j < n; j++) {
+            const double x = logits[(size_t)(i * n + j)];
+            const float s = (float)(x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x)));
+            z[(size_t)j] = s + b[(size_t)j];
+        }
+        std::nth_element(z.begin(), z.begin() + k, z.end(), [](float a, float c) { return a > c; });
+        cutoff[(size_t)i] = z[(size_t)k];
+    }
+}
+
+static void test_quantile_balance(harness &h, k3c_cuda_backend *bk, k3c_rng *rng) {
+    const k3c_backend_f32 *gpu = &bk->table, *cpu = k3c_backend_cpu_f32();
+    struct shape {
+        int64_t m, n, k;
+        double sd;
+    } shapes[] = {{4096, 64, 6, 1.5}, {1000, 8, 2, 0.5}, {777, 33, 5, 3.0}, {3, 16, 1, 1.0}, {20000, 4, 1, 0.05}};
+    for (const shape &sh : shapes)
+        for (int mode = K3C_QB_EXACT; mode <= K3C_QB_HISTOGRAM; mode++) {
+            const std::string name = fmt("%s m=%lld n=%lld k=%lld", mode ? "hist" : "exact", (long long)sh.m,
+                                         (long long)sh.n, (long long)sh.k);
+            std::vector<float> b0 = randn(rng, (size_t)sh.n, 0.05), lg, cut;
+            route_inputs(rng, sh.m, sh.n, sh.k, sh.sd, b0, lg, cut);
+            std::vector<float> bc = b0, wsc(cpu->quantile_balance_workspace(mode, sh.m, sh.n) / 4 + 1);
+            h.ok(cpu->quantile_balance(cpu->ctx, mode, lg.data(), cut.data(), sh.m, sh.n, sh.k, bc.data(), wsc.data(),
+                                       &h.err),
+                 "quantile_balance (cpu table)");
+            float *dl = put(h, gpu, lg.data(), lg.size()), *dc = put(h, gpu, cut.data(), cut.size());
+            float *db = put(h, gpu, b0.data(), b0.size());
+            void *ws = gpu->alloc(gpu->quantile_balance_workspace(mode, sh.m, sh.n));
+            if (!ws) h.ok(k3c_errf(&h.err, K3C_ENOMEM, "qb workspace"), "alloc");
+            h.ok(gpu->quantile_balance(gpu->ctx, mode, dl, dc, sh.m, sh.n, sh.k, db, ws, &h.err),
+                 "quantile_balance (cuda table)");
+            std::vector<float> bg = get(h, gpu, db, b0.size());
+            h.compare("quantile_balance", name, "b", bg.data(), bc.data(), bc.size(), TOL_QB, b0.data());
+            printf("  quantile_balance %s: %zu of %lld bias values differ bitwise from the CPU\n", name.c_str(),
+                   bit_diffs(bg.data(), bc.data(), bc.size()), (long long)sh.n);
+            /* a non-finite logit: the CPU reports K3C_ENUMERIC, the device leaves the bias as it was */
+            lg[lg.size() / 2] = NAN;
+            h.ok(gpu->upload(dl, lg.data(), sizeof(float) * lg.size(), &h.err), "upload");
+            h.ok(gpu->quantile_balance(gpu->ctx, mode, dl, dc, sh.m, sh.n, sh.k, db, ws, &h.err), "qb nan (cuda)");
+            std::vector<float> bn = get(h, gpu, db, b0.size()), bcn = bc;
+            h.check_le("quantile_balance", name + " nan", "changed", (double)bit_diffs(bn.data(), bg.data(), bg.size()),
+                       0);
+            k3c_err e{};
+            const int rc = cpu->quantile_balance(cpu->ctx, mode, lg.data(), cut.data(), sh.m, sh.n, sh.k, bcn.data(),
+                                                 wsc.data(), &e);
+            h.check_le("quantile_balance", name + " nan", "cpu_ok", rc == K3C_ENUMERIC ? 0.0 : 1.0, 0);
+            gpu->free(dl), gpu->free(dc), gpu->free(db), gpu->free(ws);
+        }
+}
+
+/* ---------------------------------------------------------------- QK-Clip
+ * Tolerance: bitwise (γ and sqrt γ in double, one float multiply per element, as on the CPU); the number of heads
+ * clipped equal. A non-finite S_max: the CPU returns K3C_ENUMERIC, the device reports −1 and leaves that layer as is. */
+static void test_qk_clip(harness &h, k3c_cuda_backend *bk, k3c_rng *rng, const char *path) {
+    const k3c_backend_f32 *gpu = &bk->table, *cpu = k3c_backend_cpu_f32();
+    k3c_config cfg;
+    k3c_param_table t{};
+    k3c_err e{};
+    if (k3c_config_load(path, &cfg, &e) || k3c_params_build(&cfg, &t, &e) || !k3c_config_num_mla(&cfg)) {
+        printf("SKIP qk_clip %s: %s\n", path, e.msg[0] ? e.msg : "no MLA layer");
+        k3c_params_free(&t);
+        return;
+    }
+    const size_t ns = (size_t)(cfg.num_layers * cfg.mla_heads);
+    for (int bad = 0; bad < 2; bad++) {
+        std::vector<float> w0 = randn(rng, t.total, 0.05), smax(ns);
+        for (size_t i = 0; i < ns; i++) smax[i] = (float)(50.0 + 150.0 * k3c_rng_uniform(rng)); /* τ = 100: ~2/3 */
+        int bad_layer = -1;
+        for (int l = 0; bad && l < cfg.num_layers && bad_layer < 0; l++)
+            if (cfg.mixer[l] == K3C_MIXER_MLA) bad_layer = l;
+        if (bad) smax[(size_t)bad_layer * (size_t)cfg.mla_heads] = INFINITY;
+        std::vector<float> wc = w0;
+        int32_t nc = 0;
+        const int rc = cpu->qk_clip(cpu->ctx, &cfg, &t, wc.data(), smax.data(), 100.0, &nc, &e);
+        float *dw = put(h, gpu, w0.data(), t.total), *ds = put(h, gpu, smax.data(), ns);
+        int32_t *dn = (int32_t *)gpu->alloc(sizeof(int32_t));
+        if (!dn) h.ok(k3c_errf(&h.err, K3C_ENOMEM, "alloc"), "alloc");
+        h.ok(gpu->qk_clip(gpu->ctx, &cfg, &t, dw, ds, 100.0, dn, &h.err), "qk_clip (cuda table)");
+        std::vector<float> wg = get(h, gpu, dw, t.total);
+        const int32_t ng = get(h, gpu, dn, 1)[0];
+        const std::string name = fmt("%s%s", path, bad ? " inf" : "");
+        if (!bad) {
+            h.check_le("qk_clip", name, "bits", (double)bit_diffs(wg.data(), wc.data(), t.total), 0);
+            h.check_le("qk_clip", name, "count", fabs((double)ng - nc) + (nc > 0 ? 0 : 1), 0);
+            h.check_le("qk_clip", name, "changed", bit_diffs(wg.data(), w0.data(), t.total) > 0 ? 0.0 : 1.0, 0);
+        } else { /* the first MLA layer is the bad one: the CPU touched nothing, the device only later layers */
+            const k3c_layer_offsets &o = t.layer[bad_layer];
+            const size_t q = cfg.q_lora_rank > 0 ? o.q_b : o.q_proj;
+            h.check_le("qk_clip", name, "cpu_err", rc == K3C_ENUMERIC && nc == -1 ? 0.0 : 1.0, 0);
+            h.check_le("qk_clip", name, "count", ng == -1 ? 0.0 : 1.0, 0);
+            h.check_le("qk_clip", name, "layer", (double)bit_diffs(wg.data() + q, w0.data() + q, 16), 0);
+            h.check_le("qk_clip", name, "layer_kv", (double)bit_diffs(wg.data() + o.kv_b, w0.data() + o.kv_b, 16), 0);
+        }
+        gpu->free(dw), gpu->free(ds), gpu->free(dn);
+    }
+    k3c_params_free(&t);
 }
 
 /* ms per optimizer step (clip + step, synchronised) on a model's table, batched and looped GEMMs. */
@@ -321,7 +445,12 @@ int main(int argc, char **argv) {
     run_case(h, ctx, &rng, t, cfgs[0], 3, 2, 12, true, "optim_step_entries");
     run_case(h, ctx, &rng, t, cfgs[5], 2, 7, 15, true, "optim_step_entries");
     test_clip(h, ctx, &rng, t, "hand");
-    test_hook(h, &rng, t);
+    k3c_cuda_backend *bk = (k3c_cuda_backend *)calloc(1, sizeof *bk);
+    h.ok(k3c_cuda_backend_init(bk, 0, 0, &h.err), "k3c_cuda_backend_init");
+    test_table(h, bk, &rng, t);
+    test_quantile_balance(h, bk, &rng);
+    test_qk_clip(h, bk, &rng, "configs/k3_test_tiny.json");
+    test_qk_clip(h, bk, &rng, "configs/k3_tiny.json");
     /* the model tables the trainer steps */
     const char *models[2] = {"configs/k3_test_tiny.json", "configs/k3_tiny.json"};
     for (int mi = 0; mi < 2; mi++) {
@@ -339,6 +468,8 @@ int main(int argc, char **argv) {
         time_steps(h, ctx, &rng, mt, models[mi]);
         k3c_params_free(&mt);
     }
+    k3c_cuda_backend_destroy(bk);
+    free(bk);
     k3c_cuda_destroy(&ctx);
     return h.summary();
 }

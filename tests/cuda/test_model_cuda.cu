@@ -75,31 +75,97 @@ static k3c_backend_f32 emulation_backend() {
     return b;
 }
 
-/* Attribution (argv "attribute"): the GPU model with one kernel family swapped for its bf16-operand CPU emulation
- * (managed memory: the host op runs after a device synchronisation). If swapping KDA brings the GPU to the floor, the
- * KDA kernels' own intermediates are where the excess error comes from; likewise attention. */
-static int synced(void) { return cudaDeviceSynchronize() == cudaSuccess ? K3C_OK : K3C_EDEVICE; }
+/* Attribution (argv "attribute"): the GPU model with one kernel family swapped for its bf16-operand CPU emulation.
+ * Backend memory is device memory, so each swapped op stages its operands through the host: every buffer (outputs
+ * too, the ops may accumulate) is downloaded, the CPU op runs on the copies, the outputs are uploaded back. If swapping
+ * KDA brings the GPU to the floor, the KDA kernels' own intermediates are where the excess error comes from; likewise
+ * attention. */
+struct staging {
+    std::vector<std::vector<char>> host;
+    std::vector<std::pair<void *, size_t>> outs; /* device pointer, index into host */
+    int rc = K3C_OK;
+    staging() { /* the ops enqueued before this one have written its inputs */
+        if (cudaDeviceSynchronize() != cudaSuccess) rc = K3C_EDEVICE;
+    }
+    template <class T> T *in(const T *dev, size_t n) {
+        if (!dev || rc) return nullptr;
+        host.emplace_back(sizeof(T) * n + 1);
+        if (cudaMemcpy(host.back().data(), dev, sizeof(T) * n, cudaMemcpyDeviceToHost) != cudaSuccess) rc = K3C_EDEVICE;
+        return reinterpret_cast<T *>(host.back().data());
+    }
+    template <class T> T *out(T *dev, size_t n) {
+        T *h = in(dev, n);
+        if (h) outs.emplace_back((void *)dev, host.size() - 1);
+        return h;
+    }
+    void *scratch(size_t bytes) {
+        host.emplace_back(bytes + 64);
+        return host.back().data();
+    }
+    int flush(int op_rc) {
+        for (auto &o : outs)
+            if (!rc && !op_rc &&
+                cudaMemcpy(o.first, host[o.second].data(), host[o.second].size() - 1, cudaMemcpyHostToDevice) !=
+                    cudaSuccess)
+                rc = K3C_EDEVICE;
+        return op_rc ? op_rc : rc;
+    }
+};
+
+static size_t n_states(const k3c_kda_dims *d, const int32_t *cu) {
+    return (size_t)(cu ? d->n_docs : 1) * (size_t)(d->H * d->dk * d->dv);
+}
 static int hy_kda_fwd(const k3c_kda_dims *d, const int32_t *cu, const float *q, const float *k, const float *v,
                       const float *g, const float *beta, const float *h0, float *o, float *ht, void *ws, k3c_err *err) {
-    const int rc = synced();
-    return rc ? rc : emu_kda_fwd(d, cu, q, k, v, g, beta, h0, o, ht, ws, err);
+    staging s;
+    const size_t nk = (size_t)(d->T * d->H * d->dk), nv = (size_t)(d->T * d->H * d->dv), ns = n_states(d, cu);
+    const int32_t *hc = s.in(cu, (size_t)d->n_docs + 1);
+    const float *hq = s.in(q, nk), *hk = s.in(k, nk), *hv = s.in(v, nv), *hg = s.in(g, nk);
+    const float *hb = s.in(beta, (size_t)(d->T * d->H)), *hh0 = s.in(h0, ns);
+    float *ho = s.out(o, nv), *hht = s.out(ht, ns);
+    void *hws = s.scratch(k3c_backend_cpu_f32()->kda_fwd_workspace(d));
+    if (s.rc) return s.rc;
+    return s.flush(emu_kda_fwd(d, hc, hq, hk, hv, hg, hb, hh0, ho, hht, ws ? hws : nullptr, err));
 }
 static int hy_kda_bwd(const k3c_kda_dims *d, const int32_t *cu, const float *q, const float *k, const float *v,
                       const float *g, const float *beta, const float *h0, const float *dout, const float *dht,
                       float *dq, float *dk, float *dv, float *dg, float *dbeta, float *dh0, void *ws, k3c_err *err) {
-    const int rc = synced();
-    return rc ? rc : emu_kda_bwd(d, cu, q, k, v, g, beta, h0, dout, dht, dq, dk, dv, dg, dbeta, dh0, ws, err);
+    staging s;
+    const size_t nk = (size_t)(d->T * d->H * d->dk), nv = (size_t)(d->T * d->H * d->dv), ns = n_states(d, cu);
+    const size_t nb = (size_t)(d->T * d->H);
+    const int32_t *hc = s.in(cu, (size_t)d->n_docs + 1);
+    const float *hq = s.in(q, nk), *hk = s.in(k, nk), *hv = s.in(v, nv), *hg = s.in(g, nk), *hb = s.in(beta, nb);
+    const float *hh0 = s.in(h0, ns), *hdo = s.in(dout, nv), *hdht = s.in(dht, ns);
+    float *hdq = s.out(dq, nk), *hdk = s.out(dk, nk), *hdv = s.out(dv, nv), *hdg = s.out(dg, nk);
+    float *hdb = s.out(dbeta, nb), *hdh0 = s.out(dh0, ns);
+    void *hws = s.scratch(k3c_backend_cpu_f32()->kda_bwd_workspace(d));
+    if (s.rc) return s.rc;
+    return s.flush(
+        emu_kda_bwd(d, hc, hq, hk, hv, hg, hb, hh0, hdo, hdht, hdq, hdk, hdv, hdg, hdb, hdh0, ws ? hws : nullptr, err));
 }
-static int hy_attn_fwd(const k3c_attention_sizes *s, const int32_t *cu, const float *q, const float *k, const float *v,
+static int hy_attn_fwd(const k3c_attention_sizes *a, const int32_t *cu, const float *q, const float *k, const float *v,
                        float *o, float *lse, void *ws, k3c_err *err) {
-    const int rc = synced();
-    return rc ? rc : emu_attn_fwd(s, cu, q, k, v, o, lse, ws, err);
+    staging s;
+    const size_t nk = (size_t)(a->T * a->H * a->dqk), nv = (size_t)(a->T * a->H * a->dv);
+    const int32_t *hc = s.in(cu, (size_t)a->n_docs + 1);
+    const float *hq = s.in(q, nk), *hk = s.in(k, nk), *hv = s.in(v, nv);
+    float *ho = s.out(o, nv), *hl = s.out(lse, (size_t)(a->T * a->H));
+    void *hws = s.scratch(k3c_backend_cpu_f32()->attention_fwd_workspace(a));
+    if (s.rc) return s.rc;
+    return s.flush(emu_attn_fwd(a, hc, hq, hk, hv, ho, hl, ws ? hws : nullptr, err));
 }
-static int hy_attn_bwd(const k3c_attention_sizes *s, const int32_t *cu, const float *q, const float *k, const float *v,
+static int hy_attn_bwd(const k3c_attention_sizes *a, const int32_t *cu, const float *q, const float *k, const float *v,
                        const float *o, const float *lse, const float *dout, float *dq, float *dk, float *dv, void *ws,
                        k3c_err *err) {
-    const int rc = synced();
-    return rc ? rc : emu_attn_bwd(s, cu, q, k, v, o, lse, dout, dq, dk, dv, ws, err);
+    staging s;
+    const size_t nk = (size_t)(a->T * a->H * a->dqk), nv = (size_t)(a->T * a->H * a->dv);
+    const int32_t *hc = s.in(cu, (size_t)a->n_docs + 1);
+    const float *hq = s.in(q, nk), *hk = s.in(k, nk), *hv = s.in(v, nv), *ho = s.in(o, nv);
+    const float *hl = s.in(lse, (size_t)(a->T * a->H)), *hdo = s.in(dout, nv);
+    float *hdq = s.out(dq, nk), *hdk = s.out(dk, nk), *hdv = s.out(dv, nv);
+    void *hws = s.scratch(k3c_backend_cpu_f32()->attention_bwd_workspace(a));
+    if (s.rc) return s.rc;
+    return s.flush(emu_attn_bwd(a, hc, hq, hk, hv, ho, hl, hdo, hdq, hdk, hdv, ws ? hws : nullptr, err));
 }
 static k3c_backend_f32 hybrid_backend(const k3c_backend_f32 &gpu, int swap_kda, int swap_attn) {
     k3c_backend_f32 b = gpu;
@@ -133,37 +199,49 @@ struct step_out {
     std::vector<std::vector<float>> stream; /* residual stream after each sublayer: pmid[0], pend[0], pmid[1], ... */
 };
 
-/* One forward + backward of m on the batch (m already on its backend); copies the results to the host. */
+/* n floats (or int32) of backend memory into a host vector (download waits for the backend). */
+template <class T>
+static void fetch(harness &h, const k3c_backend_f32 *be, const T *src, size_t n, std::vector<T> &dst) {
+    dst.resize(n);
+    if (n) h.ok(be->download(dst.data(), src, sizeof(T) * n, &h.err), "download");
+}
+
+/* One forward + backward of m on the batch (m already on its backend); downloads the results to the host. S_max and
+ * the routing come from the step statistics the forward writes in backend memory. */
 static void run_step(harness &h, k3c_model &m, const k3c_model_batch &b, int n_mla_heads, step_out &out) {
-    const k3c_backend_f32 *be = m.backend ? (const k3c_backend_f32 *)m.backend : k3c_backend_cpu_f32();
-    const size_t smax_n = (size_t)m.cfg.num_layers * (size_t)(n_mla_heads > 0 ? n_mla_heads : 1);
-    float *smax = (float *)be->alloc(sizeof(float) * smax_n);
-    if (!smax) h.ok(K3C_ENOMEM, "alloc smax");
-    m.mla_smax = smax;
-    memset(m.g, 0, sizeof(float) * m.table.total);
+    const k3c_backend_f32 *be = k3c_model_backend_f32(&m);
+    k3c_step_stats stats;
+    h.ok(k3c_step_stats_init_f32(&m, b.T, &stats, &h.err), "step statistics");
+    m.stats = &stats;
+    h.ok(be->zero((float *)m.g, (int64_t)m.table.total, &h.err), "zero gradients");
     k3c_arena arena{};
     h.ok(k3c_model_arena_init_f32(&m, k3c_model_plan_bytes_f32(&m, b.T, b.n_docs), &arena, &h.err), "arena");
     k3c_acts *acts;
     float *logits;
     h.ok(k3c_model_forward_f32(&m, &b, &arena, &acts, &out.loss, &logits, &h.err), "forward");
-    out.logits.assign(logits, logits + (size_t)b.T * (size_t)m.cfg.vocab_size);
+    fetch(h, be, (const float *)logits, (size_t)b.T * (size_t)m.cfg.vocab_size, out.logits);
     const size_t TD = (size_t)b.T * (size_t)m.cfg.hidden_size;
     for (int l = 0; l < m.cfg.num_layers; l++)
         if (!m.recompute[l]) {
-            out.stream.emplace_back(acts->pmid[l], acts->pmid[l] + TD);
-            out.stream.emplace_back(acts->pend[l], acts->pend[l] + TD);
+            out.stream.emplace_back(), fetch(h, be, (const float *)acts->pmid[l], TD, out.stream.back());
+            out.stream.emplace_back(), fetch(h, be, (const float *)acts->pend[l], TD, out.stream.back());
         }
     h.ok(k3c_model_backward_f32(&m, acts, 1.0, &h.err), "backward");
-    out.grads.assign((float *)m.g, (float *)m.g + m.table.total);
-    out.smax.assign(smax, smax + smax_n);
+    fetch(h, be, (const float *)m.g, m.table.total, out.grads);
+    const size_t smax_n = (size_t)m.cfg.num_layers * (size_t)(n_mla_heads > 0 ? n_mla_heads : 1);
+    if (stats.smax)
+        fetch(h, be, (const float *)stats.smax, smax_n, out.smax);
+    else
+        out.smax.assign(smax_n, 0.0f);
     for (int l = 0; l < m.cfg.num_layers; l++)
-        if (m.route[l].T) {
-            out.ids.assign(m.route[l].topk_ids, m.route[l].topk_ids + m.route[l].T * m.route[l].k);
+        if (stats.route[l].T) {
+            fetch(h, be, (const int32_t *)stats.route[l].topk_ids, (size_t)(stats.route[l].T * stats.route[l].k),
+                  out.ids);
             break;
         }
     k3c_model_arena_free_f32(&m, &arena);
-    m.mla_smax = nullptr;
-    be->free(smax);
+    m.stats = nullptr;
+    k3c_step_stats_free_f32(&m, &stats);
 }
 
 static int mla_heads(const k3c_config &c) { return k3c_config_num_mla(&c) > 0 ? (int)c.mla_heads : 0; }

@@ -1,7 +1,7 @@
-/* qb.h — Quantile Balancing of the MoE router bias (exact order-statistic rule and the separable histogram estimator)
+/* quantile_balance.h — Quantile Balancing of the MoE router bias (exact order-statistic rule and the separable histogram estimator)
  * and expert-load telemetry. Spec: ARCHITECTURE.md §7.1–§7.4 (K3 report Eq. 13–14, App. C, App. D). */
-#ifndef K3C_TRAIN_QB_H
-#define K3C_TRAIN_QB_H
+#ifndef K3C_OPS_QUANTILE_BALANCE_H
+#define K3C_OPS_QUANTILE_BALANCE_H
 
 #include "base/base.h"
 

@@ -1,7 +1,8 @@
-/* optim.h — AdamW, Per-Head Muon (Newton–Schulz-5), k3c_optim over a parameter table, gradient clipping, lr schedule
- * and QK-Clip. Spec: ARCHITECTURE.md §10.1–§10.3 (Muon, MuonClip, Per-Head Muon), TRAINING.md §1.1, §1.3 (defaults). */
-#ifndef K3C_TRAIN_OPTIM_H
-#define K3C_TRAIN_OPTIM_H
+/* optim.h — AdamW, Per-Head Muon (Newton–Schulz-5), k3c_optim over a parameter table and gradient-norm clipping: the
+ * optimizer ops of a training step (CPU here; CUDA twins in cuda/optim.cu). Spec: ARCHITECTURE.md §10.1, §10.3,
+ * TRAINING.md §1.3 (defaults). Below the backend table (ops/backend.h), so every backend's step shares this layout. */
+#ifndef K3C_OPS_OPTIM_H
+#define K3C_OPS_OPTIM_H
 
 #include "base/base.h"
 #include "model/params.h"
@@ -107,39 +108,5 @@ double k3c_grad_norm(const k3c_param_table *t, const float *g);
  * max_norm / (norm + 1e-6) (torch's clip_grad_norm_). A non-finite norm is returned with g untouched (skip the
  * step). */
 double k3c_clip_grad_norm(const k3c_param_table *t, float *g, double max_norm);
-
-/* ================================================================ learning-rate schedule
- * step is the 1-based update index. Warmup: lr = peak · step / warmup_steps for step ≤ warmup_steps. After warmup,
- * p = (step − warmup) / (total − warmup) clamped to [0, 1] (p = 1 when total ≤ warmup), lr_min = min_lr_ratio · peak:
- *   COSINE: lr_min + (peak − lr_min) · ½(1 + cos πp)      (K3: cosine with 1% warmup, TRAINING.md §1.1)
- *   LINEAR: peak − (peak − lr_min) · p                    (annealing / cooldown stages)
- *   CONSTANT: peak */
-typedef enum { K3C_SCHED_COSINE = 0, K3C_SCHED_LINEAR = 1, K3C_SCHED_CONSTANT = 2 } k3c_sched_kind;
-
-typedef struct {
-    int kind; /* k3c_sched_kind */
-    double peak_lr;
-    int64_t warmup_steps, total_steps;
-    double min_lr_ratio;
-} k3c_schedule;
-
-double k3c_schedule_lr(const k3c_schedule *s, int64_t step);
-/* "cosine" / "linear" / "constant" → k3c_sched_kind; K3C_EINVAL otherwise. */
-int k3c_schedule_parse(const char *name, int *kind, k3c_err *err);
-
-/* ================================================================ QK-Clip for MLA (§10.2)
- * After the optimizer step, for each head h with S_max^h > τ, γ = τ / S_max^h:
- *   q nope rows of head h (q_b_proj, or q_proj when q_lora_rank = 0) × sqrt(γ); q rope rows × γ;
- *   k nope rows of head h in kv_b_proj × sqrt(γ); value rows and the shared k_pe (kv_a_proj_with_mqa) untouched.
- * Layouts (ARCHITECTURE.md §4.2): q rows per head [nope | rope], kv_b rows per head [k_nope | v]. */
-#define K3C_QK_CLIP_TAU 100.0
-
-/* One MLA layer: s_max [mla_heads]. *n_clipped (may be NULL) gets the number of heads scaled. K3C_ENUMERIC for a
- * non-finite S_max, K3C_EINVAL for τ ≤ 0 or missing offsets. */
-int k3c_qk_clip_layer(const k3c_config *cfg, const k3c_layer_offsets *o, float *w, const float *s_max, double tau,
-                      int *n_clipped, k3c_err *err);
-/* Every MLA layer of t: s_max [num_layers, mla_heads] indexed by decoder layer (rows of KDA layers are not read). */
-int k3c_qk_clip(const k3c_config *cfg, const k3c_param_table *t, float *w, const float *s_max, double tau,
-                int *n_clipped, k3c_err *err);
 
 #endif

@@ -1,6 +1,6 @@
 /* muon.c — Muon: momentum, Nesterov, the quintic Newton–Schulz orthogonalisation (NS5) and the Per-Head split of a
  * weight into row blocks that are orthogonalised separately. Spec: ARCHITECTURE.md §10.1 and §10.3. */
-#include "train/optim.h"
+#include "ops/optim.h"
 
 #include <cblas.h>
 #include <math.h>

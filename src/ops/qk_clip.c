@@ -1,6 +1,6 @@
 /* qk_clip.c — QK-Clip (the "clip" of MuonClip) for MLA layers: after the optimizer step, heads whose largest scaled
  * logit exceeded τ get query/key rows shrunk so that logit scales by γ = τ / S_max. Spec: ARCHITECTURE.md §10.2. */
-#include "train/optim.h"
+#include "ops/qk_clip.h"
 
 #include <math.h>
 
