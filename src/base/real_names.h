@@ -76,6 +76,7 @@
 #define k3c_model_plan_bytes k3c_model_plan_bytes_f64
 #define k3c_model_save k3c_model_save_f64
 #define k3c_model_use_backend k3c_model_use_backend_f64
+#define k3c_model_check_backend k3c_model_check_backend_f64
 #define k3c_moe_bwd k3c_moe_bwd_f64
 #define k3c_moe_combine k3c_moe_combine_f64
 #define k3c_moe_fwd k3c_moe_fwd_f64
@@ -172,6 +173,7 @@
 #define k3c_model_plan_bytes k3c_model_plan_bytes_f32
 #define k3c_model_save k3c_model_save_f32
 #define k3c_model_use_backend k3c_model_use_backend_f32
+#define k3c_model_check_backend k3c_model_check_backend_f32
 #define k3c_moe_bwd k3c_moe_bwd_f32
 #define k3c_moe_combine k3c_moe_combine_f32
 #define k3c_moe_fwd k3c_moe_fwd_f32

@@ -62,6 +62,9 @@ typedef struct k3c_acts k3c_acts;
     /* Moves w and g into memory of backend `be` (a const k3c_backend_##S *, ops/backend.h; NULL = the CPU) and runs \
        every later forward and backward there. The host can still read and write w and g (after be->sync). */    \
     int k3c_model_use_backend_##S(k3c_model *m, const void *be, k3c_err *err);                                            \
+    /* K3C_EUNSUPPORTED naming the backend and the setting when backend `be` (NULL = the CPU) would ignore a setting of \
+       m (its kda_chunk); use_backend and every KDA layer forward ask it. */ \
+    int k3c_model_check_backend_##S(const k3c_model *m, const void *be, k3c_err *err);                                    \
     /* An activation arena of `bytes` (k3c_model_plan_bytes or more) in the backend's memory; release it with         \
        k3c_model_arena_free. */   \
     int k3c_model_arena_init_##S(const k3c_model *m, size_t bytes, k3c_arena *a, k3c_err *err);                           \
