@@ -2,12 +2,6 @@
  * the calling thread's stream, with parameters and activations in managed memory. Issue 5; DESIGN.md "Ops". */
 #include "cuda/common.cuh"
 
-extern "C" {
-#include "cuda/cuda_mix.h"
-#include "cuda/cuda_norms.h"
-#include "cuda/cuda_seq.h"
-}
-
 namespace {
 
 k3c_cuda_backend *self(void *ctx) { return static_cast<k3c_cuda_backend *>(ctx); }

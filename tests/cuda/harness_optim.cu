@@ -3,7 +3,7 @@
  * Usage: harness_optim [seed]. Needs configs/k3_test_tiny.json and configs/k3_tiny.json (skipped when absent). */
 #include <chrono>
 
-#include "harness_util.h"
+#include "cuda/testing.cuh"
 #include "cuda/cuda_optim.h"
 
 /* Tolerances (relative to the CHANGE of each buffer over the steps, ‖x − ref‖ / ‖ref − x0‖):
