@@ -348,12 +348,15 @@ static void setup(const bo_case *c, bo_io *io, k3c_rng *r) {
         acc_t(io, "dk", A * B * C, 1, r, 0);
         acc_t(io, "dv", A * B * D, 1, r, 0);
         break;
-    case OP_MAX_LOGIT:
+    case OP_MAX_LOGIT: {
+        /* With one token S_max is one dot product, whose zero-mean terms may cancel to their rounding noise: there q
+         * and k get a common offset of 1, so the float-vs-double comparison measures the op, not the cancellation. */
         cu_t(io, c);
-        in_t(io, "q", A * B * C, r, 1.0);
-        in_t(io, "k", A * B * C, r, 1.0);
+        bo_tensor *q = in_t(io, "q", A * B * C, r, 1.0), *k = in_t(io, "k", A * B * C, r, 1.0);
+        for (size_t i = 0; A == 1 && i < A * B * C; i++) q->h[i] += 1, k->h[i] += 1;
         add_t(io, "smax", BO_T_F32, B, 0, 0);
         break;
+    }
     case OP_ROUTER:
         in_t(io, "logits", A * B, r, 1.0);
         in_t(io, "bias", B, r, 0.3)->absent = !(f & F_BIAS);
@@ -519,6 +522,18 @@ static void add_rows(bo_rows *R) {
                 row(R, OP_RMSNORM, gc[i][0] * gc[i][1], gc[i][2], 0, 0, 0, fl, W, 1e-5)->x = 1e-6;
             }
     }
+    /* edges (harness_norms *_edges): no rows runs and leaves everything as it was; bad sizes are K3C_EINVAL */
+    row(R, OP_RMSNORM, 0, 16, 0, 0, 0, 0, W, 1e-5)->x = 1e-6;
+    row(R, OP_RMSNORM, 0, 16, 0, 0, 0, F_GATED, W, 1e-5)->x = 1e-6;
+    row(R, OP_L2NORM, 0, 32, 0, 0, 0, 0, W, 1e-5);
+    row(R, OP_EMBEDDING, 0, 10, 8, 0, 0, 0, W, 1e-5);
+    row(R, OP_RMSNORM, 4, 0, 0, 0, 0, 0, 0, 0)->want_rc = K3C_EINVAL;
+    bo_case *e = row(R, OP_RMSNORM, 4, 16, 0, 0, 0, F_GATED, 0, 0);
+    e->want_rc = K3C_EINVAL, e->x = NAN;
+    row(R, OP_L2NORM, 4, 0, 0, 0, 0, 0, 0, 0)->want_rc = K3C_EINVAL;
+    e = row(R, OP_L2NORM, 4, 32, 0, 0, 0, 0, 0, 0);
+    e->want_rc = K3C_EINVAL, e->x = -1;
+    row(R, OP_EMBEDDING, 4, 0, 8, 0, 0, 0, 0, 0)->want_rc = K3C_EINVAL;
     /* L2 norm (harness_norms test_l2norm): a zero row, eps, in place */
     for (int64_t dk = 32; dk <= 128; dk *= 4) {
         row(R, OP_L2NORM, 1 * 2, dk, 0, 0, 0, F_ZEROROW, W, 1e-5);
@@ -682,8 +697,9 @@ static void add_rows(bo_rows *R) {
     /* AttnRes (harness_mix test_attnres): NULL and aliased dv entries, gradient subsets, 200 sources (two 128-source
      * groups), many token chunks; every case with the saved statistics and recomputing them. Old CUDA tolerances:
      * 1e-5 forward, 1e-4 backward. dw, dγ sum softmax-weighted deviations from the mean score, which cancel: a single
-     * token in float32 keeps 3e-5 of them (measured), so the float backward's tolerance is 1e-4 as well; with one token
-     * nothing averages the cancellation of two scores (up to 1.2e-4 measured over 20 seeds): 1e-3. */
+     * token in float32 keeps 3e-5 of them (measured), so the float backward's tolerance is 1e-4 as well. With one token
+     * nothing averages them: for two sources dŵ ∝ s₁ − s₂, which float keeps to u·|s| / |s₁ − s₂|, unbounded as a draw
+     * makes the scores close (1.1e-3 seen in 30 seeds): 1e-2 there, the CUDA comparison staying at 1e-4. */
     {
         static const int64_t Ts[3] = {1, 50, 333}, Ds[3] = {16, 128, 200}, Ns[4] = {1, 2, 5, 9};
         int64_t more[4][4] = {
@@ -693,7 +709,7 @@ static void add_rows(bo_rows *R) {
                 for (int j = 0; j < 3; j++)
                     for (int k = 0; k < 4; k++) {
                         bo_case *c = row(R, OP_ATTNRES, Ts[i], Ds[j], Ns[k], 0, 0, sv ? F_NOSAVED : 0, W, 1e-5);
-                        c->x = 1e-5, c->tol_cuda_bwd = 1e-4, c->tol_cpu_bwd = Ts[i] == 1 ? 1e-3 : K;
+                        c->x = 1e-5, c->tol_cuda_bwd = 1e-4, c->tol_cpu_bwd = Ts[i] == 1 ? 1e-2 : K;
                     }
             for (int i = 0; i < 4; i++) {
                 bo_case *c = row(R, OP_ATTNRES, more[i][0], more[i][1], more[i][2], 0, 0,
@@ -798,10 +814,10 @@ static void run_case(bo_backend *b, bo_backend *ref, const bo_case *c, const bo_
     if (c->want_rc) { /* an error row: the status and the message naming the first bad element */
         int rc = run(b, c, &x, 0);
         int first = c->bad[0] >= 0 ? c->bad[0] : c->bad[1];
-        char want[64];
-        if (c->op == OP_EMBEDDING)
+        char want[64] = ""; /* size errors: the status alone */
+        if (first >= 0 && c->op == OP_EMBEDDING)
             snprintf(want, sizeof want, "token %d has id %d ", first, c->bad[0] >= 0 ? -7 : (int)c->b);
-        else
+        else if (first >= 0)
             snprintf(want, sizeof want, "position %d has target %d ", first, (int)c->b);
         int pass = rc == c->want_rc && strstr(x.msg, want) != NULL;
         pass ? b->passed[c->op]++ : b->failed[c->op]++;
