@@ -1,4 +1,5 @@
-# k3c — build: `make` (CPU library + CLI), `make cuda` (nvcc, sm_90), `make test`, `make test-asan`,
+# k3c — build: `make` (CPU library + CLI), `make cuda` (nvcc, sm_90), `make cuda-tests` (the CUDA test and benchmark
+# programs), `make test`, `make test-asan`,
 # `make run` (train the tiny K3 model on a real corpus, then generate). Sources are found by wildcard: add a file, not a rule.
 CC      ?= gcc
 NVCC    ?= nvcc
@@ -25,7 +26,7 @@ LIB_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(ONE_SRC)) \
 CLI_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_SRC))
 LIB     := $(BUILD)/libk3c.a
 
-.PHONY: all setup test test-asan cuda run bench clean
+.PHONY: all setup test test-asan cuda cuda-tests run bench clean
 all: $(LIB) k3c
 
 $(BUILD)/obj/%.o: %.c
@@ -82,9 +83,28 @@ build/cuda/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 -include $(CU_OBJ:.o=.d)
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+CUDA_MAKE = $(MAKE) --no-print-directory BUILD=build/cuda EXTRA_CFLAGS="-DK3C_CUDA -I$(CUDA_HOME)/include" \
+	    EXTRA_DEPS="$(CU_OBJ)" EXTRA_LDLIBS="$(CU_OBJ) build/cuda/libk3c.a $(CUDA_LIBS)"
 cuda:
-	@$(MAKE) --no-print-directory BUILD=build/cuda EXTRA_CFLAGS="-DK3C_CUDA -I$(CUDA_HOME)/include" \
-	    EXTRA_DEPS="$(CU_OBJ)" EXTRA_LDLIBS="$(CU_OBJ) -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++" $(CU_OBJ) build/cuda/k3c
+	@+$(CUDA_MAKE) $(CU_OBJ) build/cuda/k3c
+
+# The CUDA test and benchmark programs, built here (no GPU needed) and run on the GPU machine (tools/device_cuda.sh):
+# build/cuda/tests/test_backend_ops (tests/test_backend_ops.c with -DK3C_CUDA: the CUDA table against the CPU),
+# build/cuda/tests/cuda/* and build/cuda/bench/cuda/* (nvcc with the one NVFLAGS), all linking the objects of `make cuda`.
+CU_PROG_SRC := $(shell find tests/cuda bench/cuda -name '*.cu' 2>/dev/null | LC_ALL=C sort)
+CU_PROG_BIN := $(patsubst %.cu,build/cuda/%,$(CU_PROG_SRC))
+CU_PROG_LIBS := build/cuda/libk3c.a -L$(OPENBLAS_LIB) -Xlinker -rpath,$(OPENBLAS_LIB) -lopenblas -lgomp -lpthread -lm \
+	    $(CUDA_LIBS)
+build/cuda/tests/cuda/%: build/cuda/obj/tests/cuda/%.o $(CU_OBJ) build/cuda/libk3c.a
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) $< $(CU_OBJ) $(CU_PROG_LIBS) -o $@
+build/cuda/bench/cuda/%: build/cuda/obj/bench/cuda/%.o $(CU_OBJ) build/cuda/libk3c.a
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) $< $(CU_OBJ) $(CU_PROG_LIBS) -o $@
+.SECONDARY: $(patsubst %.cu,build/cuda/obj/%.o,$(CU_PROG_SRC)) # kept: relinking must not recompile
+cuda-tests: cuda
+	@+$(CUDA_MAKE) build/cuda/tests/test_backend_ops $(CU_PROG_BIN)
 
 # ---------------------------------------------------------------- the main job
 run: setup all

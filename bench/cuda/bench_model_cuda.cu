@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "harness_util.h"
+#include "cuda/testing.cuh"
 
 extern "C" {
 #include "model/model.h"

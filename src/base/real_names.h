@@ -81,6 +81,7 @@
 #define k3c_model_download k3c_model_download_f64
 #define k3c_step_stats_init k3c_step_stats_init_f64
 #define k3c_step_stats_free k3c_step_stats_free_f64
+#define k3c_model_check_backend k3c_model_check_backend_f64
 #define k3c_moe_bwd k3c_moe_bwd_f64
 #define k3c_moe_combine k3c_moe_combine_f64
 #define k3c_moe_fwd k3c_moe_fwd_f64
@@ -182,6 +183,7 @@
 #define k3c_model_download k3c_model_download_f32
 #define k3c_step_stats_init k3c_step_stats_init_f32
 #define k3c_step_stats_free k3c_step_stats_free_f32
+#define k3c_model_check_backend k3c_model_check_backend_f32
 #define k3c_moe_bwd k3c_moe_bwd_f32
 #define k3c_moe_combine k3c_moe_combine_f32
 #define k3c_moe_fwd k3c_moe_fwd_f32

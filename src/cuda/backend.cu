@@ -3,10 +3,7 @@
 #include "cuda/common.cuh"
 
 extern "C" {
-#include "cuda/cuda_mix.h"
-#include "cuda/cuda_norms.h"
 #include "cuda/cuda_optim.h"
-#include "cuda/cuda_seq.h"
 }
 
 namespace {
@@ -41,6 +38,15 @@ int download(void *dst, const void *src, size_t bytes, k3c_err *err) {
     K3C_CU(cudaStreamSynchronize(K3C_STREAM));
     return K3C_OK;
 }
+/* KDA runs on the chunk-64 kernels only (no recurrence, no chunk 16); attention on fixed 64-row tiles. */
+int cuda_supports(k3c_backend_feature f, int64_t v) {
+    switch (f) {
+    case K3C_FEATURE_KDA_CHUNK: return v == 64;
+    case K3C_FEATURE_ATTENTION_BLOCK: return v == 0 || v == 64;
+    }
+    return 0;
+}
+
 int zero(float *x, int64_t n, k3c_err *err) {
     if (n > 0) K3C_CU(cudaMemsetAsync(x, 0, sizeof(float) * (size_t)n, K3C_STREAM));
     return K3C_OK;
@@ -134,7 +140,7 @@ extern "C" int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int tf32, 
     t.name = "cuda";
     t.ctx = b;
     t.alloc = device_alloc, t.free = device_free, t.sync = stream_sync;
-    t.upload = upload, t.download = download;
+    t.upload = upload, t.download = download, t.supports = cuda_supports;
     t.zero = zero, t.add = k3c_add_cuda, t.copy2d = k3c_copy2d_cuda;
     t.sigmoid = k3c_sigmoid_cuda, t.sigmoid_bwd = k3c_sigmoid_bwd_cuda;
     t.embedding_fwd = k3c_embedding_fwd_cuda, t.embedding_bwd = k3c_embedding_bwd_cuda;

@@ -1,5 +1,5 @@
-/* cuda_ops.h — the CUDA backend's C interface: device memory, the cuBLASLt context and GEMMs, and the CUDA twins of the
- * CPU ops (KDA chunked / recurrent, MLA attention). DESIGN.md "Ops", "Precision policy"; ARCHITECTURE.md §3, §4.
+/* cuda_ops.h — the CUDA backend's one C interface: device memory, the cuBLASLt context and GEMMs, the CUDA twin of every
+ * CPU op (src/cuda/<op>.cu beside src/ops/<op>.c) and the backend table. DESIGN.md "Ops", "Precision policy"; ARCHITECTURE.md §1–§10.
  *
  * Conventions (beyond src/ops/ops.h):
  *  - A twin k3c_<op>_<fwd|bwd>_cuda takes the CPU op's arguments in float, every array (cu_seqlens included) a DEVICE
@@ -12,6 +12,7 @@
 #ifndef K3C_CUDA_OPS_H
 #define K3C_CUDA_OPS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,7 +22,11 @@
 extern "C" {
 #endif
 #include "ops/attention.h"
+#include "ops/attnres.h"
+#include "ops/basic.h"
 #include "ops/kda.h"
+#include "ops/l2norm.h"
+#include "ops/short_conv.h"
 
 /* ---------------------------------------------------------------- device plumbing (device.cu) */
 typedef struct {
@@ -144,7 +149,7 @@ int k3c_attention_bwd_f16_cuda(const k3c_attention_sizes *s, const int32_t *cu_s
                                const float *v, const float *o, const float *lse, const float *dout, float *dq,
                                float *dk, float *dv, void *ws, k3c_err *err);
 
-/* ---------------------------------------------------------------- MoE (moe.cu)
+/* ---------------------------------------------------------------- router, GLU, MoE (router.cu, glu.cu, moe.cu)
  * fp32 twins of ops/moe.h and ops/glu.h (every array a device pointer). Selection and the GLU use the CPU float op's
  * formulas (its tanh included), so ids agree exactly and values within rounding. */
 #include "ops/moe.h"
@@ -179,6 +184,134 @@ int k3c_moe_bwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const float *x, 
                      const float *topk_w, const float *w1, const float *w3, const float *w2, const void *saved,
                      const float *dy, float *dx, float *dw1, float *dw3, float *dw2, float *dtopk_w, void *ws, int tf32,
                      k3c_err *err);
+
+/* ================================================================ the fp32 twins of the sequence ops (short_conv.cu,
+ * kda_gate.cu, gates.cu, xent.cu). Backward twins ADD into every gradient they are given (NULL = not needed), as the
+ * CPU ops do. Sizes are checked on the host; cu_seqlens lives on the device and is NOT validated (it must hold n_docs + 1
+ * non-decreasing offsets from 0 to T, as the CPU op checks). Every parameter-gradient reduction is deterministic. */
+#include "ops/basic.h"
+#include "ops/kda.h"
+#include "ops/short_conv.h"
+
+/* ---------------------------------------------------------------- short convolution + SiLU (ops/short_conv.h)
+ * Forward: y [T, C]; state_in / state_out [n_docs, C, W−1] optional, state_out may be the same pointer as state_in. */
+int k3c_short_conv_fwd_cuda(const k3c_short_conv_dims *d, const int32_t *cu_seqlens, const float *x, const float *w,
+                            const float *state_in, float *y, float *state_out, k3c_err *err);
+/* Workspace bytes of the backward: the pre-activation gradient (T·C floats) plus per-segment partial sums of dw
+ * (one segment = 256 tokens or more; ⌈T / segment⌉ · C · W floats), each part 256-byte aligned. */
+size_t k3c_short_conv_bwd_workspace_cuda(const k3c_short_conv_dims *d);
+/* Adds dx [T, C], dw [C, W], dstate_in [n_docs, C, W−1] (each may be NULL). dw: each (token segment, channel) sums its
+ * tokens in order, then each weight sums its segments in order (deterministic; the CPU sums all tokens in one run, so
+ * the two agree within float rounding of that order). ws: k3c_short_conv_bwd_workspace_cuda bytes (may be NULL when
+ * T = 0). */
+int k3c_short_conv_bwd_cuda(const k3c_short_conv_dims *d, const int32_t *cu_seqlens, const float *x, const float *w,
+                            const float *state_in, const float *dy, float *dx, float *dw, float *dstate_in, void *ws,
+                            k3c_err *err);
+
+/* ---------------------------------------------------------------- KDA forget gate (ops/kda.h), both forms */
+int k3c_kda_gate_fwd_cuda(const k3c_kda_gate_dims *d, const float *z, const float *dt_bias, const float *A_log,
+                          float *g, k3c_err *err);
+/* Adds dz [T, H·dk], ddt_bias [H·dk] (Σ over tokens), dA_log [H] (Σ over tokens and channels, in double; only when
+ * A_log is given). One cluster of 8 blocks per head (sm_90 thread-block clusters, distributed shared memory for the
+ * partial sums): deterministic. dz must not overlap z or dg. */
+int k3c_kda_gate_bwd_cuda(const k3c_kda_gate_dims *d, const float *z, const float *dt_bias, const float *A_log,
+                          const float *dg, float *dz, float *ddt_bias, float *dA_log, k3c_err *err);
+
+/* ---------------------------------------------------------------- sigmoid gate and sigmoid (ops/basic.h) */
+int k3c_sigmoid_gate_fwd_cuda(int64_t n, const float *x, const float *z, float *y, k3c_err *err);
+int k3c_sigmoid_gate_bwd_cuda(int64_t n, const float *x, const float *z, const float *dy, float *dx, float *dz,
+                              k3c_err *err);
+/* y = σ(x) (y may alias x). Returns int, unlike the CPU k3c_sigmoid (launch errors need a channel). */
+int k3c_sigmoid_cuda(int64_t n, const float *x, float *y, k3c_err *err);
+/* dx += dy · y · (1 − y), y = σ(x) being the forward's OUTPUT (dx may be NULL: nothing to do). */
+int k3c_sigmoid_bwd_cuda(int64_t n, const float *y, const float *dy, float *dx, k3c_err *err);
+
+/* ---------------------------------------------------------------- masked cross-entropy (ops/basic.h)
+ * Forward: lse [T] on the device; loss and count are HOST pointers (count may be NULL). One block per row (online max /
+ * sum, the sum in double), then one block sums the counted rows in double in a fixed order. SYNCHRONISES (to return
+ * the loss and to report a counted target >= V as K3C_EINVAL naming it; lse is written even then) and ALLOCATES
+ * T·8 + 32 bytes of stream-ordered scratch (cudaMallocAsync / cudaFreeAsync, no device-wide synchronisation). */
+int k3c_xent_fwd_cuda(const k3c_xent_sizes *s, const float *logits, const int32_t *targets, const uint8_t *mask,
+                      float *lse, double *loss, int64_t *count, k3c_err *err);
+/* dlogits[t, :] += (softmax − onehot(target)) · dloss / divisor on counted rows. Does not synchronise, so it cannot
+ * report a counted target >= V (the forward does): such a row is skipped and not counted. With s->norm = 0 the divisor
+ * (the count) is computed on the device into 8 bytes of stream-ordered scratch (cudaMallocAsync / cudaFreeAsync). */
+int k3c_xent_bwd_cuda(const k3c_xent_sizes *s, const float *logits, const int32_t *targets, const uint8_t *mask,
+                      const float *lse, double dloss, float *dlogits, k3c_err *err);
+
+/* ================================================================ embedding, RMSNorm, L2 norm (embedding.cu, rmsnorm.cu,
+ * l2norm.cu). Size checks, NULL-gradient rules and formulas are the CPU op's; reductions the CPU does in double are done
+ * in double. None needs a workspace: parameter gradients (dw) are reduced by a column kernel whose summation order is
+ * fixed by the launch shape alone; only the embedding backward uses atomicAdd. */
+#include "ops/basic.h"
+#include "ops/l2norm.h"
+
+/* y[t,:] = E[ids[t],:]. SYNCHRONISES: the ids are validated on the device first and the result is read back, so an id
+ * outside [0, V) returns K3C_EINVAL naming the first bad token and its id, as the CPU op does. On that error y is not
+ * gathered, but its first element has served as the device flag and is left unspecified. Needs T < 2^31 − 2^24. */
+int k3c_embedding_fwd_cuda(const k3c_embedding_sizes *s, const int32_t *ids, const float *E, float *y, k3c_err *err);
+/* dE[ids[t],:] += dy[t,:] with atomicAdd (order among repeated ids is not fixed). It does not synchronise, so it cannot
+ * report bad ids: tokens whose id is outside [0, V) are skipped (the forward has already rejected them). */
+int k3c_embedding_bwd_cuda(const k3c_embedding_sizes *s, const int32_t *ids, const float *dy, float *dE, k3c_err *err);
+
+/* y = w ⊙ x · r per row, r = 1/sqrt(mean(x²) + eps) summed in double; rstd (may be NULL) saves r. y may alias x. */
+int k3c_rmsnorm_fwd_cuda(const k3c_rmsnorm_sizes *s, const float *x, const float *w, float *y, float *rstd,
+                         k3c_err *err);
+/* dx += r (w⊙dy − x̂ mean(x̂⊙w⊙dy)); dw += Σ_rows dy⊙x̂. rstd required; dx and dw may each be NULL. */
+int k3c_rmsnorm_bwd_cuda(const k3c_rmsnorm_sizes *s, const float *x, const float *w, const float *rstd, const float *dy,
+                         float *dx, float *dw, k3c_err *err);
+/* y = RMSNorm_w(o) ⊙ σ(gate) over rows = T·H of width D = dv; rstd may be NULL. */
+int k3c_gated_rmsnorm_fwd_cuda(const k3c_rmsnorm_sizes *s, const float *o, const float *gate, const float *w, float *y,
+                               float *rstd, k3c_err *err);
+/* dgate += dy ⊙ w⊙x̂ ⊙ σ(1−σ); RMSNorm backward of dy ⊙ σ(gate) into do_, dw. rstd required; do_, dgate, dw each may be
+ * NULL. */
+int k3c_gated_rmsnorm_bwd_cuda(const k3c_rmsnorm_sizes *s, const float *o, const float *gate, const float *w,
+                               const float *rstd, const float *dy, float *do_, float *dgate, float *dw, k3c_err *err);
+
+/* y = x / sqrt(Σx² + eps) per row (eps 0 = 1e-6, sums in double); y may alias x (the model normalises q, k in place);
+ * rstd may be NULL. */
+int k3c_l2norm_fwd_cuda(const k3c_l2norm_dims *d, const float *x, float *y, float *rstd, k3c_err *err);
+/* dx += rstd · (dy − y (y·dy)). dx NULL = nothing to do; otherwise rstd is required (K3C_EINVAL if NULL). */
+int k3c_l2norm_bwd_cuda(const k3c_l2norm_dims *d, const float *y, const float *rstd, const float *dy, float *dx,
+                        k3c_err *err);
+
+/* ================================================================ AttnRes (attnres.cu), QK-Clip S_max (attention_max_logit.cu),
+ * activation moves (elementwise.cu). Backward ADDS into every gradient it is given. */
+#include "ops/attention.h"
+#include "ops/attnres.h"
+
+/* ---------------------------------------------------------------- AttnRes (ops/attnres.h)
+ * v and dv are HOST arrays of `sources` DEVICE pointers (dv itself, or any dv[i], may be NULL; a dv[i] may alias
+ * another dv[j] and then receives both contributions; no dv[i] may alias a source or dh). saved has the CPU layout
+ * (k3c_attnres_saved_elems_f32 floats: rstd [T, N] then α [T, N]); the forward writes it when non-NULL, the backward
+ * reads it when non-NULL and otherwise recomputes rstd and α from v (as the CPU op).
+ * ws: k3c_attnres_workspace_cuda bytes (256-aligned): the per-(token, source) coefficients of dv (α, dz·rstd,
+ * dz·rstd²·z/D) and per-token-chunk partial sums of dŵ in double, so dw and dgamma are reduced over tokens in a fixed
+ * order (deterministic, no atomics). It may be NULL only when T = 0 or no gradient is requested. Its size is not the
+ * CPU op's k3c_attnres_workspace_f32. */
+size_t k3c_attnres_workspace_cuda(const k3c_attnres_sizes *s);
+int k3c_attnres_fwd_cuda(const k3c_attnres_sizes *s, const float *const *v, const float *w, const float *gamma,
+                         float *h, float *saved, k3c_err *err);
+int k3c_attnres_bwd_cuda(const k3c_attnres_sizes *s, const float *const *v, const float *w, const float *gamma,
+                         const float *saved, const float *dh, float *const *dv, float *dw, float *dgamma, void *ws,
+                         k3c_err *err);
+
+/* ---------------------------------------------------------------- QK-Clip S_max (ops/attention.h)
+ * Twin of k3c_attention_max_logit_f32: smax[h] (H floats, DEVICE, overwritten) = max of s->scale · q_i·k_j over the
+ * causal pairs j ≤ i inside each document (q, k [T, H, dqk], fp32 dot products). T = 0: smax = −inf, returns 0 without
+ * synchronising. Otherwise it SYNCHRONISES the stream once: it copies smax and cu_seqlens back to check them and
+ * returns K3C_EINVAL for malformed cu_seqlens (not from 0 to T, decreasing) and K3C_ENUMERIC when a head's maximum is
+ * not finite (smax is written either way). Needs no workspace; T ≤ 2^30, H ≤ 65535. */
+int k3c_attention_max_logit_cuda(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const float *q,
+                                 const float *k, float *smax, k3c_err *err);
+
+/* ---------------------------------------------------------------- activation moves (ops/basic.h k3c_zero / add / copy2d)
+ * x = 0 (n floats); y += x (x may equal y); dst[r·ld_dst + c] = src[r·ld_src + c] (accumulate = 0) or += (1) for
+ * r < rows, c < cols; ld_src, ld_dst ≥ cols when rows > 1; src and dst must not overlap. */
+int k3c_zero_cuda(float *x, int64_t n, k3c_err *err);
+int k3c_add_cuda(int64_t n, const float *x, float *y, k3c_err *err);
+int k3c_copy2d_cuda(int64_t rows, int64_t cols, const float *src, int64_t ld_src, float *dst, int64_t ld_dst,
+                    int accumulate, k3c_err *err);
 
 /* ---------------------------------------------------------------- the backend table (backend.cu)
  * Every op a model or training step calls (ops/backend.h), on device `device`: parameters, gradients, optimizer

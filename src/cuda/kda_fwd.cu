@@ -1,14 +1,15 @@
 /* kda_fwd.cu — chunked KDA forward on tensor cores: per-(chunk, head) intra kernel (cumsum, L and A on 16-row
  * sub-tiles, (I+L)⁻¹, WY/UT w and u) and a per-(document, head, dv block) sequential state pass that also emits o.
  * ARCHITECTURE.md §3.2 (steps 1–6), §3.3 (the lower-bound gate and the 16-row sub-tiles). */
+#include <stdint.h>
+
+#include "base/carve.h"
 #include "cuda/kda_internal.cuh"
 
 namespace k3c_cu {
 namespace K3C_ELEM_NS {
 
 /* ---------------------------------------------------------------- plan */
-static size_t align_up(size_t x) { return (x + 255) & ~(size_t)255; }
-
 size_t kda_plan_layout(const k3c_kda_dims *d, void *ws, int want_inputs, int want_bwd, kda_plan *p) {
     kda_plan q = {};
     q.T = (int)d->T, q.H = (int)d->H, q.DK = (int)d->dk, q.DV = (int)d->dv;
@@ -19,37 +20,32 @@ size_t kda_plan_layout(const k3c_kda_dims *d, void *ws, int want_inputs, int wan
      * fp16's 65504, so the fp16 variant computes those tiles elementwise. */
     q.bounded = !K3C_CU_F16 && d->gate_lower_bound < 0;
     const size_t tk = (size_t)q.T * q.H * q.DK, tv = (size_t)q.T * q.H * q.DV, ta = (size_t)q.T * q.H * KDA_C;
-    size_t off = 0;
-    unsigned char *base = (unsigned char *)ws;
-#define K3C_TAKE(ptr, type, count)                                                                                     \
-    do {                                                                                                               \
-        if (base) ptr = (type *)(base + off);                                                                          \
-        off += align_up((size_t)(count) * sizeof(type));                                                               \
-    } while (0)
-    K3C_TAKE(q.coff, int, q.N + 1);
+    /* 256-byte pieces: every operand starts where the tensor-core loads and cuBLASLt expect it. ws is this plan's
+     * measured size, so the cap is not checked here. */
+    k3c_carver c = ws ? k3c_carver_at(ws, SIZE_MAX, 256) : k3c_carver_measure(256);
+    q.coff = K3C_CARVE(&c, int, q.N + 1);
     if (want_inputs) {
-        K3C_TAKE(q.qb, elem, tk);
-        K3C_TAKE(q.kb, elem, tk);
-        K3C_TAKE(q.vb, elem, tv);
+        q.qb = K3C_CARVE(&c, elem, tk);
+        q.kb = K3C_CARVE(&c, elem, tk);
+        q.vb = K3C_CARVE(&c, elem, tv);
     }
-    K3C_TAKE(q.w, elem, tk);
-    K3C_TAKE(q.u, elem, tv);
-    K3C_TAKE(q.qg, elem, tk);
-    K3C_TAKE(q.kg, elem, tk);
-    K3C_TAKE(q.A, elem, ta);
-    K3C_TAKE(q.gamma, float, (size_t)q.NCmax *q.H *q.DK);
+    q.w = K3C_CARVE(&c, elem, tk);
+    q.u = K3C_CARVE(&c, elem, tv);
+    q.qg = K3C_CARVE(&c, elem, tk);
+    q.kg = K3C_CARVE(&c, elem, tk);
+    q.A = K3C_CARVE(&c, elem, ta);
+    q.gamma = K3C_CARVE(&c, float, (size_t)q.NCmax *q.H *q.DK);
     if (want_bwd) {
-        K3C_TAKE(q.Tinv, float, ta);
-        K3C_TAKE(q.vnew, elem, tv);
-        K3C_TAKE(q.hs, elem, (size_t)q.NCmax * q.H * q.DK * q.DV);
-        K3C_TAKE(q.dh, elem, (size_t)q.NCmax * q.H * q.DK * q.DV);
-        K3C_TAKE(q.dvn, elem, tv);
-        if (want_inputs) K3C_TAKE(q.dob, elem, tv);
-        K3C_TAKE(q.gscale, float, 4);
+        q.Tinv = K3C_CARVE(&c, float, ta);
+        q.vnew = K3C_CARVE(&c, elem, tv);
+        q.hs = K3C_CARVE(&c, elem, (size_t)q.NCmax * q.H * q.DK * q.DV);
+        q.dh = K3C_CARVE(&c, elem, (size_t)q.NCmax * q.H * q.DK * q.DV);
+        q.dvn = K3C_CARVE(&c, elem, tv);
+        if (want_inputs) q.dob = K3C_CARVE(&c, elem, tv);
+        q.gscale = K3C_CARVE(&c, float, 4);
     }
-#undef K3C_TAKE
     if (p) *p = q;
-    return off;
+    return c.off;
 }
 
 int kda_check_dims(const k3c_kda_dims *d, const char *op, k3c_err *err) {

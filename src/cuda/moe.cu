@@ -1,45 +1,14 @@
-/* moe.cu — CUDA twins (fp32) of the sigmoid router, the dispatch plan, gather / combine, the SiLU/SiTU-GLU and the
- * routed-expert MoE op. Implements spec/ARCHITECTURE.md §6.2 (router), §8 (GLU), §9.2 (u = Σ p_i E_i(z)); ops/moe.h. */
+/* moe.cu — fp32 CUDA twin of the routed-expert MoE op: the dispatch plan, gather / combine and the per-expert GLU MLPs
+ * through cuBLASLt, forward and backward. Implements ARCHITECTURE.md §9.2 (u = Σ p_i E_i(z)); ops/moe.h. */
 #include <limits.h>
+#include <stdint.h>
 
 #include <vector>
 
-#include "cuda/common.cuh"
+#include "base/carve.h"
+#include "cuda/glu.cuh"
 
-/* ================================================================ shared device math (bitwise the CPU float formulas) */
 namespace {
-
-/* The CPU float op's tanh (glu.c tanh_glu): odd Taylor polynomial below 0.125, one expf above; copying it keeps the
- * twins within rounding of each other rather than within the two tanh approximations' difference. */
-__device__ __forceinline__ float tanh_glu(float x) {
-    float a = fabsf(x);
-    if (a < 0.125f) {
-        float x2 = x * x;
-        return x * (1.0f + x2 * (-1.0f / 3 + x2 * (2.0f / 15 + x2 * (-17.0f / 315 + x2 * (62.0f / 2835)))));
-    }
-    float e = expf(-2.0f * a), t = (1.0f - e) / (1.0f + e);
-    return x < 0 ? -t : t;
-}
-__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-struct glu_params {
-    int situ;
-    float b1, b2;
-};
-
-/* a = act(g), c = c(u) and their derivatives (glu.c glu_point). */
-__device__ __forceinline__ void glu_point(const glu_params &q, float g, float u, float &a, float &c, float &da,
-                                          float &dc) {
-    float sg = sigm(g);
-    if (!q.situ) {
-        a = g * sg, da = sg + g * sg * (1.0f - sg), c = u, dc = 1.0f;
-    } else {
-        float t = tanh_glu(g / q.b1), tau = tanh_glu(u / q.b2);
-        a = q.b1 * t * sg;
-        da = (1.0f - t * t) * sg + q.b1 * t * sg * (1.0f - sg);
-        c = q.b2 * tau, dc = 1.0f - tau * tau;
-    }
-}
 
 __device__ __forceinline__ float block_sum(float v, float *red) {
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -50,76 +19,6 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
     float s = 0.f;
     for (int w = 0; w < nw; w++) s += red[w]; /* fixed order: deterministic */
     return s;
-}
-
-/* ================================================================ router */
-/* (v, i) ranks before (w, j) when v > w, or v == w and i < j (§6.2: ties to the lower index). */
-__device__ __forceinline__ bool ranks_before(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
-
-/* One warp per token: k + 1 rounds of a warp arg-max, each over the experts ranking after the previous pick, so no
- * per-token marking is needed and the order is the CPU's. */
-__global__ void router_fwd_kernel(int64_t T, int n, int k, int renorm, float scale, const float *logits,
-                                  const float *bias, int32_t *ids, float *w, float *cutoff, int *nonfinite) {
-    const int lane = threadIdx.x & 31;
-    const int64_t t = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (t >= T) return;
-    const float *lg = logits + t * n;
-    bool bad = false;
-    for (int e = lane; e < n; e += 32) {
-        float v = sigm(lg[e]) + (bias ? bias[e] : 0.f);
-        bad |= !isfinite(lg[e]) || !isfinite(v);
-    }
-    if (__any_sync(0xffffffffu, bad)) {
-        if (lane == 0 && nonfinite) atomicExch(nonfinite, 1);
-        return;
-    }
-    float pv = 0.f, sum = 0.f; /* the previous pick (none in round 0) */
-    int pi = 0;
-    const int rounds = k < n ? k + 1 : k;
-    for (int j = 0; j < rounds; j++) {
-        float bv = -INFINITY;
-        int bi = INT_MAX;
-        for (int e = lane; e < n; e += 32) {
-            float v = sigm(lg[e]) + (bias ? bias[e] : 0.f);
-            if ((j == 0 || ranks_before(pv, pi, v, e)) && ranks_before(v, e, bv, bi)) bv = v, bi = e;
-        }
-        for (int o = 16; o; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ranks_before(ov, oi, bv, bi)) bv = ov, bi = oi;
-        }
-        pv = bv, pi = bi;
-        if (lane == 0) {
-            if (j < k)
-                ids[t * k + j] = bi, sum += sigm(lg[bi]);
-            else if (cutoff)
-                cutoff[t] = bv;
-        }
-    }
-    if (lane != 0) return;
-    if (cutoff && k == n) cutoff[t] = -INFINITY;
-    const float mult = renorm ? scale / (sum + 1e-20f) : scale;
-    for (int j = 0; j < k; j++) w[t * k + j] = sigm(lg[ids[t * k + j]]) * mult;
-}
-
-/* One thread per token (ids of a token are distinct, so its dlogits entries have one writer). */
-__global__ void router_bwd_kernel(int64_t T, int n, int k, int renorm, float rsf, const float *logits,
-                                  const int32_t *ids, const float *dp, float *dlogits) {
-    const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (t >= T) return;
-    const int32_t *id = ids + t * k;
-    const float *lg = logits + t * n, *d = dp + t * k;
-    float sum = 0.f, dot = 0.f;
-    for (int j = 0; j < k; j++)
-        if (id[j] >= 0 && id[j] < n) sum += sigm(lg[id[j]]);
-    const float denom = sum + 1e-20f;
-    for (int j = 0; j < k; j++)
-        if (id[j] >= 0 && id[j] < n) dot += d[j] * sigm(lg[id[j]]) / denom;
-    for (int j = 0; j < k; j++) {
-        if (id[j] < 0 || id[j] >= n) continue;
-        const float sc = sigm(lg[id[j]]), ds = renorm ? rsf * (d[j] - dot) / denom : rsf * d[j];
-        dlogits[t * n + id[j]] += ds * sc * (1.0f - sc);
-    }
 }
 
 /* ================================================================ plan: stable counting sort in one block
@@ -214,27 +113,6 @@ __global__ void combine_kernel(int k, int64_t D, const int32_t *pos, const float
     }
 }
 
-/* h = act(g) ⊙ c(u) over rows × I; rowmap (optional): rows whose entry is < 0 are skipped (padding). */
-__global__ void glu_fwd_kernel(int64_t n, int64_t I, glu_params q, const float *g, const float *u, float *h,
-                               const int32_t *rowmap) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        if (rowmap && rowmap[i / I] < 0) continue;
-        float a, c, da, dc;
-        glu_point(q, g[i], u[i], a, c, da, dc);
-        h[i] = a * c;
-    }
-}
-
-__global__ void glu_bwd_kernel(int64_t n, glu_params q, const float *g, const float *u, const float *dh, float *dg,
-                               float *du) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float a, c, da, dc;
-        glu_point(q, g[i], u[i], a, c, da, dc);
-        if (dg) dg[i] += dh[i] * c * da;
-        if (du) du[i] += dh[i] * a * dc;
-    }
-}
-
 /* The fused middle of the expert backward, one block per padded row r of slot s = pperm[r] (p = topk_w[s]):
  *   dtopk_w[s] += ⟨dH_r, h_r⟩ with h = glu(G, U);  H_r = p·h_r (W2's effective input);
  *   dH_r ← p·dH_r ⊙ c ⊙ act' (= dG, in place);  dU_r = p·dH_r ⊙ act ⊙ c'. */
@@ -261,52 +139,12 @@ __global__ void expert_mid_bwd_kernel(int64_t I, glu_params q, const int32_t *pp
     if (threadIdx.x == 0 && dtopk_w) dtopk_w[s] += dot;
 }
 
-int glu_params_of(const k3c_glu_act *a, glu_params *q, const char *op, k3c_err *err) {
-    if (a->act == K3C_ACT_SILU) {
-        *q = {0, 0.f, 0.f};
-        return 0;
-    }
-    if (a->act == K3C_ACT_SITU && a->beta1 > 0 && a->beta2 > 0) {
-        *q = {1, (float)a->beta1, (float)a->beta2};
-        return 0;
-    }
-    return k3c_errf(err, K3C_EINVAL, "%s: activation %d with betas (%g, %g): need SiLU, or SiTU with betas > 0", op,
-                    a->act, a->beta1, a->beta2);
-}
-
 unsigned grid_for(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
     return (unsigned)(b < 65536 ? (b > 0 ? b : 1) : 65536);
 }
 
 } // namespace
-
-/* ================================================================ C entry points: router, plan, gather, combine, GLU */
-extern "C" int k3c_router_fwd_cuda(const k3c_router_sizes *s, const float *logits, const float *bias, int32_t *topk_ids,
-                                   float *topk_w, float *cutoff, int *nonfinite, k3c_err *err) {
-    if (!s || s->tokens < 0 || s->experts < 1 || s->experts > INT32_MAX || s->top_k < 1 || s->top_k > s->experts ||
-        s->top_k > K3C_ROUTER_MAX_TOPK)
-        return k3c_errf(err, K3C_EINVAL, "router_fwd_cuda: bad sizes (need 1 <= k <= min(n, %d))", K3C_ROUTER_MAX_TOPK);
-    if (s->tokens == 0) return 0;
-    const int per_block = 8;
-    router_fwd_kernel<<<(unsigned)((s->tokens + per_block - 1) / per_block), 32 * per_block, 0, K3C_STREAM>>>(
-        s->tokens, (int)s->experts, (int)s->top_k, s->renormalize && s->top_k > 1, (float)s->scale, logits, bias,
-        topk_ids, topk_w, cutoff, nonfinite);
-    K3C_CU_LAUNCHED("router_fwd");
-    return 0;
-}
-
-extern "C" int k3c_router_bwd_cuda(const k3c_router_sizes *s, const float *logits, const int32_t *topk_ids,
-                                   const float *dtopk_w, float *dlogits, k3c_err *err) {
-    if (!s || s->tokens < 0 || s->experts < 1 || s->experts > INT32_MAX || s->top_k < 1 || s->top_k > s->experts)
-        return k3c_errf(err, K3C_EINVAL, "router_bwd_cuda: bad sizes");
-    if (s->tokens == 0 || !dlogits) return 0;
-    router_bwd_kernel<<<(unsigned)((s->tokens + 127) / 128), 128, 0, K3C_STREAM>>>(
-        s->tokens, (int)s->experts, (int)s->top_k, s->renormalize && s->top_k > 1, (float)s->scale, logits, topk_ids,
-        dtopk_w, dlogits);
-    K3C_CU_LAUNCHED("router_bwd");
-    return 0;
-}
 
 extern "C" int k3c_moe_plan_cuda(int64_t tokens, int64_t top_k, int64_t experts, const int32_t *topk_ids,
                                  int64_t *offsets, int32_t *perm, int32_t *pos, int64_t *offsets_host, k3c_err *err) {
@@ -349,45 +187,14 @@ extern "C" int k3c_moe_combine_cuda(int64_t tokens, int64_t top_k, int64_t dim, 
     return 0;
 }
 
-extern "C" int k3c_glu_fwd_cuda(const k3c_glu_sizes *s, const float *gate, const float *up, float *h, k3c_err *err) {
-    glu_params q;
-    if (!s || s->rows < 0 || s->inter < 0) return k3c_errf(err, K3C_EINVAL, "glu_fwd_cuda: bad sizes");
-    if (glu_params_of(&s->act, &q, "glu_fwd_cuda", err)) return K3C_EINVAL;
-    const int64_t n = s->rows * s->inter;
-    if (n == 0) return 0;
-    glu_fwd_kernel<<<grid_for(n, 256), 256, 0, K3C_STREAM>>>(n, s->inter, q, gate, up, h, nullptr);
-    K3C_CU_LAUNCHED("glu_fwd");
-    return 0;
-}
-
-extern "C" int k3c_glu_bwd_cuda(const k3c_glu_sizes *s, const float *gate, const float *up, const float *dh,
-                                float *dgate, float *dup, k3c_err *err) {
-    glu_params q;
-    if (!s || s->rows < 0 || s->inter < 0) return k3c_errf(err, K3C_EINVAL, "glu_bwd_cuda: bad sizes");
-    if (glu_params_of(&s->act, &q, "glu_bwd_cuda", err)) return K3C_EINVAL;
-    const int64_t n = s->rows * s->inter;
-    if (n == 0 || (!dgate && !dup)) return 0;
-    glu_bwd_kernel<<<grid_for(n, 256), 256, 0, K3C_STREAM>>>(n, q, gate, up, dh, dgate, dup);
-    K3C_CU_LAUNCHED("glu_bwd");
-    return 0;
-}
-
 /* ================================================================ the routed-expert op */
 namespace {
 
 const int64_t ROW_ALIGN = 64; /* rows; 64 floats = 256 bytes */
 
-size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
-
-struct carver {
-    unsigned char *base;
-    size_t off;
-    template <typename T> T *take(size_t n) {
-        T *r = base ? (T *)(base + off) : nullptr;
-        off += al256(n * sizeof(T));
-        return r;
-    }
-};
+/* 256-byte pieces (base/carve.h): base NULL measures; otherwise base holds the measured size, so the cap is not
+ * checked. */
+k3c_carver carver_of(void *base) { return base ? k3c_carver_at(base, SIZE_MAX, 256) : k3c_carver_measure(256); }
 
 /* S = T·k slots, Sp = S + 64·E padded rows (each expert's start rounded up to 64 rows). */
 struct moe_dims {
@@ -412,28 +219,28 @@ struct moe_scratch_d {
 };
 
 size_t saved_layout(const moe_dims &m, void *base, moe_saved_d *sv) {
-    carver c = {(unsigned char *)base, 0};
+    k3c_carver c = carver_of(base);
     moe_saved_d t;
     if (!sv) sv = &t;
-    sv->offsets = c.take<int64_t>(m.E + 1);
-    sv->ppos = c.take<int32_t>(m.S);
-    sv->pperm = c.take<int32_t>(m.Sp);
-    sv->G = c.take<float>(m.Sp * m.I);
-    sv->U = c.take<float>(m.Sp * m.I);
+    sv->offsets = K3C_CARVE(&c, int64_t, m.E + 1);
+    sv->ppos = K3C_CARVE(&c, int32_t, m.S);
+    sv->pperm = K3C_CARVE(&c, int32_t, m.Sp);
+    sv->G = K3C_CARVE(&c, float, m.Sp *m.I);
+    sv->U = K3C_CARVE(&c, float, m.Sp *m.I);
     return c.off;
 }
 size_t scratch_layout(const moe_dims &m, void *base, moe_scratch_d *sc) {
-    carver c = {(unsigned char *)base, 0};
+    k3c_carver c = carver_of(base);
     moe_scratch_d t;
     if (!sc) sc = &t;
-    sc->perm = c.take<int32_t>(m.S);
-    sc->pos = c.take<int32_t>(m.S);
-    sc->delta = c.take<int32_t>(m.E);
-    sc->X = c.take<float>(m.Sp * m.D);
-    sc->Y = c.take<float>(m.Sp * m.D);
-    sc->H = c.take<float>(m.Sp * m.I);
-    sc->dH = c.take<float>(m.Sp * m.I);
-    sc->dU = c.take<float>(m.Sp * m.I);
+    sc->perm = K3C_CARVE(&c, int32_t, m.S);
+    sc->pos = K3C_CARVE(&c, int32_t, m.S);
+    sc->delta = K3C_CARVE(&c, int32_t, m.E);
+    sc->X = K3C_CARVE(&c, float, m.Sp *m.D);
+    sc->Y = K3C_CARVE(&c, float, m.Sp *m.D);
+    sc->H = K3C_CARVE(&c, float, m.Sp *m.I);
+    sc->dH = K3C_CARVE(&c, float, m.Sp *m.I);
+    sc->dU = K3C_CARVE(&c, float, m.Sp *m.I);
     return c.off;
 }
 

@@ -82,6 +82,7 @@ int k3c_kda_layer_fwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, real
     k3c_kda_gate_dims gd = {T, s.H, s.dk, c->kda_gate, c->gate_lower_bound};
     CHECK_RC(st->be->kda_gate_fwd(&gd, a->z, w + o->dt_bias, w + o->A_log, a->g, err));
     k3c_kda_dims kd = core_dims(m, T, st->n_docs);
+    CHECK_RC(k3c_model_check_backend(m, st->be, err)); /* kda_chunk may have changed since the backend was bound */
     CHECK_RC(st->be->kda_fwd(&kd, st->cu, a->qn, a->kn, a->vc, a->g, a->beta, NULL, a->o, NULL, st->scratch, err));
     if (c->kda_full_rank_gate) {
         CHECK_RC(k3c_lin(st, T, s.D, s.P, xn, w + o->g_proj, a->gl, 0, err));

@@ -45,10 +45,23 @@ void k3c_model_free(k3c_model *m) {
     memset(m, 0, sizeof *m);
 }
 
+int k3c_model_check_backend(const k3c_model *m, const void *bev, k3c_err *err) {
+    const k3c_backend *be = bev ? (const k3c_backend *)bev : k3c_backend_cpu();
+    int kda = 0;
+    for (int l = 0; l < m->cfg.num_layers; l++) kda |= m->cfg.mixer[l] == K3C_MIXER_KDA;
+    if (kda && !be->supports(K3C_FEATURE_KDA_CHUNK, m->kda_chunk))
+        return k3c_errf(err, K3C_EUNSUPPORTED, "model: the %s backend does not support %s = %d%s", be->name,
+                        k3c_backend_feature_name(K3C_FEATURE_KDA_CHUNK), m->kda_chunk,
+                        m->kda_chunk ? "" : " (token recurrence)");
+    return K3C_OK;
+}
+
 int k3c_model_use_backend(k3c_model *m, const void *bev, k3c_err *err) {
     const k3c_backend *from = k3c_model_backend(m), *to = bev ? (const k3c_backend *)bev : k3c_backend_cpu();
+    int rc = k3c_model_check_backend(m, to, err);
+    if (rc) return rc;
     if (from == to) return K3C_OK;
-    int rc = from->sync(err);
+    rc = from->sync(err);
     if (rc) return rc;
     size_t bytes = m->table.total * sizeof(real);
     real *w = to->alloc(bytes), *g = m->g ? to->alloc(bytes) : NULL;

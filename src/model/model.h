@@ -53,5 +53,9 @@ int k3c_step_stats_init_f32(const k3c_model *m, int64_t T, k3c_step_stats *s, k3
 void k3c_step_stats_free_f32(const k3c_model *m, k3c_step_stats *s);
 int k3c_step_stats_init_f64(const k3c_model *m, int64_t T, k3c_step_stats *s, k3c_err *err);
 void k3c_step_stats_free_f64(const k3c_model *m, k3c_step_stats *s);
+/* K3C_EUNSUPPORTED naming the backend and the setting when backend `be` (NULL = the CPU) would ignore a setting of m
+ * (its kda_chunk); use_backend and every KDA layer forward ask it. */
+int k3c_model_check_backend_f32(const k3c_model *m, const void *be, k3c_err *err);
+int k3c_model_check_backend_f64(const k3c_model *m, const void *be, k3c_err *err);
 
 #endif

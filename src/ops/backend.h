@@ -22,6 +22,22 @@
 #include "ops/quantile_balance.h"
 #include "ops/short_conv.h"
 
+/* Settings carried in an op's sizes that a backend may implement only in part. supports(f, value) is 1 when the
+ * backend computes what the setting asks for, 0 when it would compute something else or fail; a caller that binds a
+ * model to a backend asks first, so an ignored setting is an error instead of a silent change of algorithm. */
+typedef enum {
+    K3C_FEATURE_KDA_CHUNK = 1,   /* the model's kda_chunk (k3c_kda_dims.chunk): 0 = token recurrence, else the chunk */
+    K3C_FEATURE_ATTENTION_BLOCK, /* k3c_attention_sizes.block_q / block_k: 0 = the backend's default tile */
+} k3c_backend_feature;
+
+static inline const char *k3c_backend_feature_name(k3c_backend_feature f) {
+    switch (f) {
+    case K3C_FEATURE_KDA_CHUNK: return "kda_chunk";
+    case K3C_FEATURE_ATTENTION_BLOCK: return "attention block";
+    }
+    return "unknown feature";
+}
+
 #define K3C_BACKEND_STRUCT(real, S)                                                                                      \
     typedef struct k3c_backend_##S {                                                                                     \
         const char *name; /* "cpu" or "cuda" */                                                                          \
@@ -34,6 +50,8 @@
         /* host <-> backend memory (CPU: memcpy). upload is ordered on the stream; download waits for it. */             \
         int (*upload)(void *dst, const void *host_src, size_t bytes, k3c_err *err);                                      \
         int (*download)(void *host_dst, const void *src, size_t bytes, k3c_err *err);                                    \
+        /* 1 when this backend honours feature f set to value (see k3c_backend_feature), else 0 */                       \
+        int (*supports)(k3c_backend_feature f, int64_t value);                                                           \
         /* moves and elementwise (ops/elementwise.c) */                                                                  \
         int (*zero)(real * x, int64_t n, k3c_err *err);                                                                  \
         int (*add)(int64_t n, const real *x, real *y, k3c_err *err);                                                     \
@@ -74,7 +92,7 @@
                               const real *state_in, const real *dy, real *dx, real *dw, real *dstate_in, void *ws,       \
                               k3c_err *err);                                                                             \
         /* ops/kda.h: kda_fwd / kda_bwd are the chunked algorithm (d->chunk > 0) or the token recurrence (0) where the \
-           backend has it; the CUDA backend always runs its chunk-64 kernels */ \
+           backend has it (supports(K3C_FEATURE_KDA_CHUNK, chunk)); the CUDA backend has only its chunk-64 kernels */ \
         int (*kda_gate_fwd)(const k3c_kda_gate_dims *d, const real *z, const real *dt_bias, const real *A_log,           \
                             real *g, k3c_err *err);                                                                      \
         int (*kda_gate_bwd)(const k3c_kda_gate_dims *d, const real *z, const real *dt_bias, const real *A_log,           \

@@ -18,6 +18,16 @@ static int cpu_copy(void *dst, const void *src, size_t bytes, k3c_err *err) {
     return K3C_OK;
 }
 
+/* The CPU ops take every setting their sizes allow: any KDA chunk that is a multiple of 16 up to the maximum, or the
+ * recurrence; any attention tile up to the maximum. */
+static int cpu_supports(k3c_backend_feature f, int64_t v) {
+    switch (f) {
+    case K3C_FEATURE_KDA_CHUNK: return v == 0 || (v > 0 && v % 16 == 0 && v <= K3C_KDA_MAX_CHUNK);
+    case K3C_FEATURE_ATTENTION_BLOCK: return v >= 0 && v <= K3C_ATTN_MAX_BLOCK;
+    }
+    return 0;
+}
+
 static int zero(real *x, int64_t n, k3c_err *err) {
     (void)err;
     k3c_zero(x, n);
@@ -149,6 +159,7 @@ static const k3c_backend cpu_table = {
     .sync = cpu_sync,
     .upload = cpu_copy,
     .download = cpu_copy,
+    .supports = cpu_supports,
     .zero = zero,
     .add = add,
     .copy2d = copy2d,

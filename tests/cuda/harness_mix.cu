@@ -5,8 +5,8 @@
 
 #include <algorithm>
 
-#include "cuda/cuda_mix.h"
-#include "harness_util.h"
+#include "cuda/cuda_ops.h"
+#include "cuda/testing.cuh"
 
 extern "C" {
 #include "ops/basic.h"

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 
-#include "cuda/cuda_norms.h"
-#include "harness_util.h"
+#include "cuda/cuda_ops.h"
+#include "cuda/testing.cuh"
 
 /* Tolerances: 0 for pure copies and for gradients that must stay untouched; 1e-5 relative (fp32) elsewhere: the twins
  * repeat the CPU's float operations, only double-precision sums change order, and the embedding backward's atomicAdd

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "harness_util.h"
+#include "cuda/testing.cuh"
 #include "cuda/cuda_optim.h"
 
 /* Tolerances (relative to the CHANGE of each buffer over the steps, ‖x − ref‖ / ‖ref − x0‖):

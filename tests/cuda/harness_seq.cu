@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <memory>
 
-#include "harness_util.h"
+#include "cuda/testing.cuh"
 
-#include "cuda/cuda_seq.h"
+#include "cuda/cuda_ops.h"
 
 typedef std::unique_ptr<dbuf> dptr;
 template <typename T> static dptr up(harness &h, const std::vector<T> &v) {

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "harness_util.h"
+#include "cuda/testing.cuh"
 
 extern "C" {
 #include "ops/basic.h"

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "harness_util.h"
+#include "cuda/testing.cuh"
 
 #define K3C_REAL_DOUBLE 0
 extern "C" {

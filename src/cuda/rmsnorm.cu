@@ -1,9 +1,8 @@
-/* norms.cu — CUDA twins (fp32) of the token embedding (gather / scatter-add), RMSNorm (plain, per head, sigmoid-gated)
- * and the row-wise L2 norm. ARCHITECTURE.md §1.1, §1.2, §1.3, §3.1 steps 4 and 8, §3.4 items 7–8; cuda/cuda_norms.h. */
+/* rmsnorm.cu — fp32 CUDA twins of RMSNorm (plain, per head) and the sigmoid-gated RMSNorm, forward and backward
+ * (ops/rmsnorm.c). ARCHITECTURE.md §1.2, §3.1 step 8, §3.4 items 7–8; declarations in cuda/cuda_ops.h. */
 #include <limits.h>
 
 #include "cuda/common.cuh"
-#include "cuda/cuda_norms.h"
 
 /* The formulas below are the CPU float ops' (ops/embedding.c, rmsnorm.c, l2norm.c) operation by operation, including
  * where they widen to double. nvcc would fuse a float product into a following add (the CPU build does not contract),
@@ -34,43 +33,6 @@ __device__ __forceinline__ float eff_dy(const float *dy, const float *gate, int6
 unsigned blocks_for(int64_t n, int64_t per_block) {
     const int64_t b = (n + per_block - 1) / per_block;
     return (unsigned)(b < (1 << 20) ? (b > 0 ? b : 1) : (1 << 20)); /* the kernels stride over the rest */
-}
-
-/* ================================================================ embedding */
-/* first_bad ← min over tokens t with ids[t] ∉ [0, V) (left as initialised when all are valid). A thread's tokens
- * ascend, so its first bad one is its smallest. */
-__global__ void embed_check_kernel(int64_t T, int64_t V, const int32_t *ids, int *first_bad) {
-    __shared__ int blk;
-    if (threadIdx.x == 0) blk = INT_MAX;
-    __syncthreads();
-    for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < T; t += (int64_t)gridDim.x * blockDim.x) {
-        const int32_t id = ids[t];
-        if (id < 0 || id >= V) {
-            atomicMin(&blk, (int)t);
-            break;
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0 && blk != INT_MAX) atomicMin(first_bad, blk);
-}
-
-/* One block per token (striding): y[t,:] = E[ids[t],:]. Ids were validated before the launch. */
-__global__ void embed_gather_kernel(int64_t T, int64_t D, const int32_t *ids, const float *E, float *y) {
-    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-        const float *src = E + (int64_t)ids[t] * D;
-        float *dst = y + t * D;
-        for (int64_t c = threadIdx.x; c < D; c += blockDim.x) dst[c] = src[c];
-    }
-}
-
-__global__ void embed_scatter_kernel(int64_t T, int64_t V, int64_t D, const int32_t *ids, const float *dy, float *dE) {
-    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-        const int32_t id = ids[t];
-        if (id < 0 || id >= V) continue; /* see cuda_norms.h: the backward cannot report, so it skips */
-        float *dst = dE + (int64_t)id * D;
-        const float *src = dy + t * D;
-        for (int64_t c = threadIdx.x; c < D; c += blockDim.x) atomicAdd(dst + c, src[c]);
-    }
 }
 
 /* ================================================================ RMSNorm (gate == NULL: plain; otherwise gated) */
@@ -179,80 +141,7 @@ int rms_bwd(const k3c_rmsnorm_sizes *s, const float *x, const float *gate, const
     return 0;
 }
 
-/* ================================================================ L2 norm */
-/* One warp per row: rs = 1/sqrt(Σx² + eps) in double, rounded to float; y = x·rs. x and y may be the same array. */
-__global__ void l2_fwd_kernel(int64_t rows, int64_t n, double eps, const float *x, float *y, float *rstd) {
-    const int lane = threadIdx.x & 31;
-    for (int64_t r = blockIdx.x * (int64_t)WARPS + (threadIdx.x >> 5); r < rows; r += (int64_t)gridDim.x * WARPS) {
-        double ss = 0;
-        for (int64_t i = lane; i < n; i += 32) ss += (double)x[r * n + i] * x[r * n + i];
-        ss = warp_sum(ss);
-        const float rs = (float)(1.0 / sqrt(ss + eps));
-        for (int64_t i = lane; i < n; i += 32) y[r * n + i] = x[r * n + i] * rs;
-        if (rstd && lane == 0) rstd[r] = rs;
-    }
-}
-
-/* dx += rs · (dy − y·(float)(y·dy)), the dot in double. */
-__global__ void l2_bwd_kernel(int64_t rows, int64_t n, const float *y, const float *rstd, const float *dy, float *dx) {
-    const int lane = threadIdx.x & 31;
-    for (int64_t r = blockIdx.x * (int64_t)WARPS + (threadIdx.x >> 5); r < rows; r += (int64_t)gridDim.x * WARPS) {
-        double yd = 0;
-        for (int64_t i = lane; i < n; i += 32) yd += (double)y[r * n + i] * dy[r * n + i];
-        const float ydf = (float)warp_sum(yd), rs = rstd[r];
-        for (int64_t i = lane; i < n; i += 32) {
-            const int64_t k = r * n + i;
-            dx[k] += __fmul_rn(rs, dy[k] - __fmul_rn(y[k], ydf));
-        }
-    }
-}
-
-int l2_check(const k3c_l2norm_dims *d, const char *op, k3c_err *err) {
-    if (!d || d->rows < 0 || d->dim <= 0 || d->eps < 0)
-        return k3c_errf(err, K3C_EINVAL, "%s: bad sizes (rows >= 0, dim > 0, eps >= 0)", op);
-    return 0;
-}
-
 } // namespace
-
-/* ================================================================ C entry points */
-extern "C" int k3c_embedding_fwd_cuda(const k3c_embedding_sizes *s, const int32_t *ids, const float *E, float *y,
-                                      k3c_err *err) {
-    /* y[0] doubles as the device flag, initialised to the byte pattern 0x7F7F7F7F, which no token index reaches. */
-    const int none = 0x7F7F7F7F;
-    const int64_t bound = ((int64_t)1 << 31) - ((int64_t)1 << 24); /* < 0x7F7F7F7F */
-    if (!s || s->T < 0 || s->V <= 0 || s->D <= 0) return k3c_errf(err, K3C_EINVAL, "embedding_fwd_cuda: bad sizes");
-    if (s->T >= bound)
-        return k3c_errf(err, K3C_EINVAL, "embedding_fwd_cuda: %lld tokens (the CUDA twin takes fewer than %lld)",
-                        (long long)s->T, (long long)bound);
-    if (s->T == 0) return 0;
-    int *flag = reinterpret_cast<int *>(y);
-    K3C_CU(cudaMemsetAsync(flag, 0x7F, sizeof(int), K3C_STREAM));
-    embed_check_kernel<<<blocks_for(s->T, 256), 256, 0, K3C_STREAM>>>(s->T, s->V, ids, flag);
-    K3C_CU_LAUNCHED("embedding_check");
-    int bad = none;
-    K3C_CU(cudaMemcpyAsync(&bad, flag, sizeof(int), cudaMemcpyDeviceToHost, K3C_STREAM));
-    K3C_CU(cudaStreamSynchronize(K3C_STREAM));
-    if (bad != none) {
-        int32_t id = 0;
-        K3C_CU(cudaMemcpyAsync(&id, ids + bad, sizeof(int32_t), cudaMemcpyDeviceToHost, K3C_STREAM));
-        K3C_CU(cudaStreamSynchronize(K3C_STREAM));
-        return k3c_errf(err, K3C_EINVAL, "embedding_fwd_cuda: token %d has id %d outside [0, %lld)", bad, id,
-                        (long long)s->V);
-    }
-    embed_gather_kernel<<<blocks_for(s->T, 1), 128, 0, K3C_STREAM>>>(s->T, s->D, ids, E, y);
-    K3C_CU_LAUNCHED("embedding_gather");
-    return 0;
-}
-
-extern "C" int k3c_embedding_bwd_cuda(const k3c_embedding_sizes *s, const int32_t *ids, const float *dy, float *dE,
-                                      k3c_err *err) {
-    if (!s || s->T < 0 || s->V <= 0 || s->D <= 0) return k3c_errf(err, K3C_EINVAL, "embedding_bwd_cuda: bad sizes");
-    if (s->T == 0 || !dE) return 0;
-    embed_scatter_kernel<<<blocks_for(s->T, 1), 128, 0, K3C_STREAM>>>(s->T, s->V, s->D, ids, dy, dE);
-    K3C_CU_LAUNCHED("embedding_scatter");
-    return 0;
-}
 
 extern "C" int k3c_rmsnorm_fwd_cuda(const k3c_rmsnorm_sizes *s, const float *x, const float *w, float *y, float *rstd,
                                     k3c_err *err) {
@@ -273,23 +162,4 @@ extern "C" int k3c_gated_rmsnorm_bwd_cuda(const k3c_rmsnorm_sizes *s, const floa
                                           const float *rstd, const float *dy, float *do_, float *dgate, float *dw,
                                           k3c_err *err) {
     return rms_bwd(s, o, gate, w, rstd, dy, do_, dgate, dw, "gated_rmsnorm_bwd_cuda", err);
-}
-
-extern "C" int k3c_l2norm_fwd_cuda(const k3c_l2norm_dims *d, const float *x, float *y, float *rstd, k3c_err *err) {
-    int rc = l2_check(d, "l2norm_fwd_cuda", err);
-    if (rc || d->rows == 0) return rc;
-    const double eps = d->eps > 0 ? d->eps : 1e-6;
-    l2_fwd_kernel<<<blocks_for(d->rows, WARPS), 32 * WARPS, 0, K3C_STREAM>>>(d->rows, d->dim, eps, x, y, rstd);
-    K3C_CU_LAUNCHED("l2norm_fwd");
-    return 0;
-}
-
-extern "C" int k3c_l2norm_bwd_cuda(const k3c_l2norm_dims *d, const float *y, const float *rstd, const float *dy,
-                                   float *dx, k3c_err *err) {
-    int rc = l2_check(d, "l2norm_bwd_cuda", err);
-    if (rc || !dx || d->rows == 0) return rc;
-    if (!rstd) return k3c_errf(err, K3C_EINVAL, "l2norm_bwd_cuda: rstd (saved by the forward) is required");
-    l2_bwd_kernel<<<blocks_for(d->rows, WARPS), 32 * WARPS, 0, K3C_STREAM>>>(d->rows, d->dim, y, rstd, dy, dx);
-    K3C_CU_LAUNCHED("l2norm_bwd");
-    return 0;
 }

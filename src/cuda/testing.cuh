@@ -1,7 +1,7 @@
-/* harness_util.h — helpers of the CUDA op harness (tests/cuda/op_harness.cu): device buffers with checked transfers,
- * output poisoning, fresh random inputs and the result table. DESIGN.md "Ops" (one harness, every backend, stated tolerances). */
-#ifndef K3C_TESTS_CUDA_HARNESS_UTIL_H
-#define K3C_TESTS_CUDA_HARNESS_UTIL_H
+/* testing.cuh — helpers of the CUDA test and benchmark programs (tests/cuda, bench/cuda): device buffers with checked
+ * transfers, output poisoning, fresh random inputs and the result table. DESIGN.md "Ops" (one harness, every backend, stated tolerances). */
+#ifndef K3C_CUDA_TESTING_CUH
+#define K3C_CUDA_TESTING_CUH
 
 #include <math.h>
 #include <stdarg.h>

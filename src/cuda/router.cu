@@ -1,0 +1,108 @@
+/* router.cu — fp32 CUDA twin of the sigmoid top-k router (selection with ties to the lower index, renormalised weights)
+ * and its backward (ops/router.c). ARCHITECTURE.md §6.2; declarations in cuda/cuda_ops.h. */
+#include <limits.h>
+
+#include "cuda/common.cuh"
+
+namespace {
+
+/* The CPU float op's sigmoid (router.c), so the selection agrees exactly. */
+__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* ================================================================ router */
+/* (v, i) ranks before (w, j) when v > w, or v == w and i < j (§6.2: ties to the lower index). */
+__device__ __forceinline__ bool ranks_before(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
+
+/* One warp per token: k + 1 rounds of a warp arg-max, each over the experts ranking after the previous pick, so no
+ * per-token marking is needed and the order is the CPU's. */
+__global__ void router_fwd_kernel(int64_t T, int n, int k, int renorm, float scale, const float *logits,
+                                  const float *bias, int32_t *ids, float *w, float *cutoff, int *nonfinite) {
+    const int lane = threadIdx.x & 31;
+    const int64_t t = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (t >= T) return;
+    const float *lg = logits + t * n;
+    bool bad = false;
+    for (int e = lane; e < n; e += 32) {
+        float v = sigm(lg[e]) + (bias ? bias[e] : 0.f);
+        bad |= !isfinite(lg[e]) || !isfinite(v);
+    }
+    if (__any_sync(0xffffffffu, bad)) {
+        if (lane == 0 && nonfinite) atomicExch(nonfinite, 1);
+        return;
+    }
+    float pv = 0.f, sum = 0.f; /* the previous pick (none in round 0) */
+    int pi = 0;
+    const int rounds = k < n ? k + 1 : k;
+    for (int j = 0; j < rounds; j++) {
+        float bv = -INFINITY;
+        int bi = INT_MAX;
+        for (int e = lane; e < n; e += 32) {
+            float v = sigm(lg[e]) + (bias ? bias[e] : 0.f);
+            if ((j == 0 || ranks_before(pv, pi, v, e)) && ranks_before(v, e, bv, bi)) bv = v, bi = e;
+        }
+        for (int o = 16; o; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ranks_before(ov, oi, bv, bi)) bv = ov, bi = oi;
+        }
+        pv = bv, pi = bi;
+        if (lane == 0) {
+            if (j < k)
+                ids[t * k + j] = bi, sum += sigm(lg[bi]);
+            else if (cutoff)
+                cutoff[t] = bv;
+        }
+    }
+    if (lane != 0) return;
+    if (cutoff && k == n) cutoff[t] = -INFINITY;
+    const float mult = renorm ? scale / (sum + 1e-20f) : scale;
+    for (int j = 0; j < k; j++) w[t * k + j] = sigm(lg[ids[t * k + j]]) * mult;
+}
+
+/* One thread per token (ids of a token are distinct, so its dlogits entries have one writer). */
+__global__ void router_bwd_kernel(int64_t T, int n, int k, int renorm, float rsf, const float *logits,
+                                  const int32_t *ids, const float *dp, float *dlogits) {
+    const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    const int32_t *id = ids + t * k;
+    const float *lg = logits + t * n, *d = dp + t * k;
+    float sum = 0.f, dot = 0.f;
+    for (int j = 0; j < k; j++)
+        if (id[j] >= 0 && id[j] < n) sum += sigm(lg[id[j]]);
+    const float denom = sum + 1e-20f;
+    for (int j = 0; j < k; j++)
+        if (id[j] >= 0 && id[j] < n) dot += d[j] * sigm(lg[id[j]]) / denom;
+    for (int j = 0; j < k; j++) {
+        if (id[j] < 0 || id[j] >= n) continue;
+        const float sc = sigm(lg[id[j]]), ds = renorm ? rsf * (d[j] - dot) / denom : rsf * d[j];
+        dlogits[t * n + id[j]] += ds * sc * (1.0f - sc);
+    }
+}
+
+} // namespace
+
+extern "C" int k3c_router_fwd_cuda(const k3c_router_sizes *s, const float *logits, const float *bias, int32_t *topk_ids,
+                                   float *topk_w, float *cutoff, int *nonfinite, k3c_err *err) {
+    if (!s || s->tokens < 0 || s->experts < 1 || s->experts > INT32_MAX || s->top_k < 1 || s->top_k > s->experts ||
+        s->top_k > K3C_ROUTER_MAX_TOPK)
+        return k3c_errf(err, K3C_EINVAL, "router_fwd_cuda: bad sizes (need 1 <= k <= min(n, %d))", K3C_ROUTER_MAX_TOPK);
+    if (s->tokens == 0) return 0;
+    const int per_block = 8;
+    router_fwd_kernel<<<(unsigned)((s->tokens + per_block - 1) / per_block), 32 * per_block, 0, K3C_STREAM>>>(
+        s->tokens, (int)s->experts, (int)s->top_k, s->renormalize && s->top_k > 1, (float)s->scale, logits, bias,
+        topk_ids, topk_w, cutoff, nonfinite);
+    K3C_CU_LAUNCHED("router_fwd");
+    return 0;
+}
+
+extern "C" int k3c_router_bwd_cuda(const k3c_router_sizes *s, const float *logits, const int32_t *topk_ids,
+                                   const float *dtopk_w, float *dlogits, k3c_err *err) {
+    if (!s || s->tokens < 0 || s->experts < 1 || s->experts > INT32_MAX || s->top_k < 1 || s->top_k > s->experts)
+        return k3c_errf(err, K3C_EINVAL, "router_bwd_cuda: bad sizes");
+    if (s->tokens == 0 || !dlogits) return 0;
+    router_bwd_kernel<<<(unsigned)((s->tokens + 127) / 128), 128, 0, K3C_STREAM>>>(
+        s->tokens, (int)s->experts, (int)s->top_k, s->renormalize && s->top_k > 1, (float)s->scale, logits, topk_ids,
+        dtopk_w, dlogits);
+    K3C_CU_LAUNCHED("router_bwd");
+    return 0;
+}
