@@ -15,9 +15,9 @@ int cmd_train(int argc, char **argv) {
                "  --resume        continue bit-exactly from OUT/latest\n"
                "  --max-steps N   stop after N steps in total (the schedule still follows the config)\n"
                "  --quiet         no progress bar;  --log  print one line per step to stdout\n"
-               "  --device cuda   forward, backward, gradient clipping and the optimizer step on the GPU\n"
-               "                  (build/cuda/k3c from `make cuda`); quantile balancing, QK-Clip and checkpoints\n"
-               "                  read its memory from the host\n");
+               "  --device cuda   the whole step on the GPU: forward, backward, clipping, the optimizer, quantile\n"
+               "                  balancing and QK-Clip (build/cuda/k3c from `make cuda`; needs kda_chunk 64);\n"
+               "                  checkpoints are downloaded from device memory\n");
         return 0;
     }
     const char *path = cli_opt(argc, argv, "--config");
