@@ -78,9 +78,13 @@ int k3c_tok_ids_push(k3c_tok_ids *v, int32_t id);
 enum {
     K3C_TOK_ALLOW_SPECIAL = 1, /* special-token spellings in the text become their ids (else they are plain text) */
     K3C_TOK_NO_CHUNKING = 2,   /* plain tiktoken: ignore the release chunking even when it is on */
+    K3C_TOK_STRICT_UTF8 = 4,   /* refuse text that is not valid UTF-8: K3C_EFORMAT naming the first bad byte's offset */
 };
 
-/* Appends the ids of text[0..n) to out. */
+/* Appends the ids of text[0..n) to out. Memory is bounded whatever the text: a pre-token longer than 1 MiB is merged
+ * in stretches cut where no token can span, which gives exactly the ids of merging it whole; only a piece with no such
+ * place in 1 MiB (megabytes of one repeated character) is cut regardless. Invalid UTF-8 is encoded byte by byte
+ * unless K3C_TOK_STRICT_UTF8; k3c_utf8_check finds it first for callers that want to warn. */
 int k3c_tok_encode(const k3c_tok *t, const void *text, size_t n, int flags, k3c_tok_ids *out, k3c_err *err);
 
 /* A chat-template segment (spec/CHECKPOINTS.md §9.2): markup segments allow special tokens, content segments do not.
@@ -99,6 +103,12 @@ int k3c_tok_encode_segments(const k3c_tok *t, const k3c_tok_segment *segs, size_
  * token, else repeatedly merge the adjacent pair whose concatenation has the lowest rank (leftmost on ties).
  * algo: 0 = automatic, 1 = linear rescans (short pieces), 2 = heap (long pieces); all give the same ids. */
 int k3c_tok_encode_piece(const k3c_tok *t, const void *piece, size_t len, int algo, k3c_tok_ids *out, k3c_err *err);
+
+/* Offset of the first byte of s[0..n) that does not start a valid shortest-form UTF-8 sequence (a stray continuation
+ * byte, an overlong form, a surrogate, a code point past U+10FFFF, a sequence cut short), or n if all of it is valid. */
+size_t k3c_utf8_check(const void *s, size_t n);
+/* A malloc'd copy of s[0..n) with each such byte replaced by U+FFFD (EF BF BD); *n_bad (may be NULL) counts them. */
+int k3c_utf8_replace(const void *s, size_t n, char **out, size_t *out_len, size_t *n_bad, k3c_err *err);
 
 /* The exact bytes of ids in a new malloc'd buffer (*len bytes plus a NUL for convenience; free with free()). Unknown
  * ids are K3C_EINVAL naming the id and its position. */

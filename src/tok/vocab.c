@@ -144,6 +144,7 @@ int tok_add_rank(k3c_tok *t, const unsigned char *p, size_t n, int32_t rank, int
     t->span[rank].len = (uint32_t)n;
     t->blob_len += n;
     t->n_tokens++;
+    if (n > t->max_len) t->max_len = n;
     if (rank >= t->n_ranks) t->n_ranks = rank + 1;
     uint64_t h = tok_hash(p, n);
     size_t mask = t->n_slots - 1, i = h & mask;
