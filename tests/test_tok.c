@@ -905,6 +905,11 @@ static void test_long_piece(const k3c_tok *k3) {
     CHECK_OK(k3c_tok_encode_piece(k3, s, n, 2, &b, &err), &err);
     CHECK(a.n == b.n && memcmp(a.ids, b.ids, a.n * sizeof *a.ids) == 0, "3 MiB piece: stretches %zu ids, whole %zu",
           a.n, b.n);
+    /* 3 MiB of one letter has no place where no token spans: cut regardless, still byte-exact */
+    memset(s, 'a', n);
+    a.n = 0;
+    CHECK_OK(k3c_tok_encode(k3, s, n, K3C_TOK_NO_CHUNKING, &a, &err), &err);
+    check_round_trip(k3, a.ids, a.n, s, n, "3 MiB of 'a'");
     k3c_tok_ids_free(&a);
     k3c_tok_ids_free(&b);
     free(s);
@@ -980,7 +985,11 @@ static void test_invalid_utf8(const k3c_tok *k3) {
     /* the CLI warns by default with the offset and refuses with --invalid-utf8 error */
     char path[] = "/tmp/k3c_test_utf8_XXXXXX", cmd[2048];
     int fd = mkstemp(path);
-    if (fd < 0 || write(fd, "abc d\xe9" "f", 7) != 7) CHECK(0, "cannot write %s", path);
+    if (fd < 0 || write(fd,
+                        "abc d\xe9"
+                        "f",
+                        7) != 7)
+        CHECK(0, "cannot write %s", path);
     if (fd >= 0) close(fd);
     const char *vocab = test_shared("golden/kimi_tokenizer/tiktoken.model");
     snprintf(cmd, sizeof cmd, "%s tokenizer encode --vocab %s --input %s 2>&1 >/dev/null", test_k3c_bin(), vocab, path);

@@ -77,7 +77,8 @@ static int encode_long_piece(const k3c_tok *t, const unsigned char *s, size_t n,
 static int encode_ordinary(const k3c_tok *t, const unsigned char *s, size_t n, k3c_tok_ids *out) {
     for (size_t i = 0; i < n;) {
         size_t e = k3c_tok_pretok_next(t->pattern, s, n, i);
-        int rc = e - i > PIECE_MAX ? encode_long_piece(t, s + i, e - i, out) : tok_bpe_piece(t, s + i, e - i, 0, out);
+        int rc = e - i > PIECE_MAX && e - i > t->max_len ? encode_long_piece(t, s + i, e - i, out)
+                                                         : tok_bpe_piece(t, s + i, e - i, 0, out);
         if (rc != K3C_OK) return rc;
         i = e;
     }
