@@ -208,6 +208,9 @@ static void test_loader(void) {
     expect_load_error("QUE= 300\n", 0, -1, "mini.tiktoken:257:", "out of order");
     expect_load_error("QUE= 256\nQUI= 256\n", K3C_TOK_LOAD_ALLOW_GAPS, -1, "mini.tiktoken:258:", "duplicate rank");
     expect_load_error("", K3C_TOK_LOAD_ALLOW_GAPS, 0, "mini.tiktoken", "0x00 has no rank");
+    /* fuzz_tiktoken: one gapped rank near 2^30 made the loader allocate 8 GB for its rank table */
+    expect_load_error("QUE= 685266685\n", K3C_TOK_LOAD_ALLOW_GAPS, -1,
+                      "mini.tiktoken:257:", "past the file's line count");
     k3c_err err = {0};
     k3c_tok *t = NULL;
     CHECK(k3c_tok_load("build/no/such/vocab.tiktoken", K3C_TOK_PATTERN_KIMI, 0, &t, &err) == K3C_EIO && !t,

@@ -27,7 +27,8 @@ size_t k3c_tok_pretok_next(k3c_tok_pattern pat, const unsigned char *s, size_t n
 typedef struct k3c_tok k3c_tok;
 
 enum {
-    /* ranks may have gaps and come in any order (default: line k holds rank k, as in every released file) */
+    /* ranks may have gaps and come in any order (default: line k holds rank k, as in every released file); the largest
+     * rank may exceed the number of lines by at most 2^20 */
     K3C_TOK_LOAD_ALLOW_GAPS = 1,
 };
 
