@@ -1,6 +1,6 @@
 # k3c — build: `make` (CPU library + CLI), `make cuda` (nvcc, sm_90), `make cuda-tests` (the CUDA test and benchmark
-# programs), `make test`, `make test-asan`,
-# `make run` (train the tiny K3 model on a real corpus, then generate). Sources are found by wildcard: add a file, not a rule.
+# programs), `make test`, `make test-asan`, `make run` (train the tiny K3 model on a real corpus, then generate),
+# `make fuzz` (libFuzzer targets in fuzz/, each run FUZZ_SECONDS). Sources are found by wildcard: add a file, not a rule.
 CC      ?= gcc
 NVCC    ?= nvcc
 BUILD   ?= build
@@ -26,7 +26,7 @@ LIB_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(ONE_SRC)) \
 CLI_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_SRC))
 LIB     := $(BUILD)/libk3c.a
 
-.PHONY: all setup test test-asan cuda cuda-tests run bench clean
+.PHONY: all setup test test-asan cuda cuda-tests run bench clean fuzz fuzz-build
 all: $(LIB) k3c
 
 $(BUILD)/obj/%.o: %.c
@@ -72,6 +72,23 @@ test-asan: setup
 	    bash tools/run_tests.sh build/asan $(patsubst $(BUILD)/%,build/asan/%,$(TEST_BIN))
 
 bench: all $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+
+# ---------------------------------------------------------------- fuzzing (clang, libFuzzer + ASan + UBSan)
+# The library is rebuilt with clang and the sanitizers in build/fuzz; each fuzz/fuzz_NAME.c becomes build/fuzz/bin/
+# fuzz_NAME; tools/fuzz.sh seeds build/fuzz/corpus/NAME from the golden data and configs, runs every target for
+# FUZZ_SECONDS and prints the executions per target (a crash stops the run and leaves its input in build/fuzz/crashes).
+FUZZ_SECONDS ?= 600
+FUZZ_SRC := $(shell find fuzz -name 'fuzz_*.c' 2>/dev/null | LC_ALL=C sort)
+FUZZ_BIN := $(patsubst fuzz/%.c,build/fuzz/bin/%,$(FUZZ_SRC))
+build/fuzz/bin/%: fuzz/%.c fuzz/fuzz.h build/fuzz/libk3c.a
+	@mkdir -p $(dir $@)
+	clang -std=c11 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fopenmp -D_GNU_SOURCE \
+	    -DK3C_REAL_DOUBLE=0 -Iinclude -Isrc $< -o $@ build/fuzz/libk3c.a $(LDLIBS)
+fuzz-build:
+	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang OPT="-O1 -fno-omit-frame-pointer" EXTRA_CFLAGS=-Wno-error \
+	    SAN="-fsanitize=fuzzer-no-link,address,undefined" build/fuzz/libk3c.a $(FUZZ_BIN)
+fuzz: fuzz-build
+	@bash tools/fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BIN)
 
 # ---------------------------------------------------------------- CUDA (compiles without a GPU)
 CU_SRC  := $(shell find src/cuda -name '*.cu' 2>/dev/null | LC_ALL=C sort)

@@ -253,7 +253,8 @@ const char *k3c_tok_pattern_name(k3c_tok_pattern p);
 typedef struct k3c_tok k3c_tok;
 
 enum {
-    /* ranks may have gaps and come in any order (default: line k holds rank k, as in every released file) */
+    /* ranks may have gaps and come in any order (default: line k holds rank k, as in every released file); the largest
+     * rank may exceed the number of lines by at most 2^20 */
     K3C_TOK_LOAD_ALLOW_GAPS = 1,
 };
 
@@ -287,9 +288,13 @@ int k3c_tok_ids_push(k3c_tok_ids *v, int32_t id);
 enum {
     K3C_TOK_ALLOW_SPECIAL = 1, /* special-token spellings in the text become their ids (else they are plain text) */
     K3C_TOK_NO_CHUNKING = 2,   /* plain tiktoken: ignore the release chunking even when it is on */
+    K3C_TOK_STRICT_UTF8 = 4,   /* refuse text that is not valid UTF-8: K3C_EFORMAT naming the first bad byte's offset */
 };
 
-/* Appends the ids of text[0..n) to out. */
+/* Appends the ids of text[0..n) to out. Memory is bounded whatever the text: a pre-token longer than 1 MiB is merged
+ * in stretches cut where no token can span, which gives exactly the ids of merging it whole; only a piece with no such
+ * place in 1 MiB (megabytes of one repeated character) is cut regardless. Invalid UTF-8 is encoded byte by byte
+ * unless K3C_TOK_STRICT_UTF8; k3c_utf8_check finds it first for callers that want to warn. */
 int k3c_tok_encode(const k3c_tok *t, const void *text, size_t n, int flags, k3c_tok_ids *out, k3c_err *err);
 /* The exact bytes of ids in a new malloc'd buffer (*len bytes plus a NUL for convenience; free with free()). Unknown
  * ids are K3C_EINVAL naming the id and its position. */

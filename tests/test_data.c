@@ -476,6 +476,29 @@ static void test_prepare_split(const char *dir, const char *vocab, const k3c_tok
           (long long)r3.docs[1]);
 }
 
+/* Invalid UTF-8 is counted with its place (file offset for text, line and text offset for JSONL) or refused. */
+static void test_prepare_utf8(const char *dir, const char *vocab) {
+    char f[512], out[512];
+    snprintf(out, sizeof out, "%s/putf8", dir);
+    k3c_err err = {0};
+    k3c_prepare_result r;
+    const char *in[] = {f};
+    snprintf(f, sizeof f, "%s/latin1.txt", dir);
+    write_text(f, "fine text\n\ncaf\xe9 au lait\n\nmore \xff\xfe\n");
+    CHECK_OK(prep(vocab, in, 1, out, 0, 0, 0, 0, &r, &err), &err);
+    CHECK(r.invalid_utf8_docs == 2 && contains(r.invalid_utf8_first, "latin1.txt: byte 14"), "%lld docs, first at %s",
+          (long long)r.invalid_utf8_docs, r.invalid_utf8_first);
+    k3c_prepare_opts o = {
+        .vocab_path = vocab, .inputs = in, .n_inputs = 1, .out_dir = out, .eod = "", .strict_utf8 = 1};
+    CHECK(k3c_data_prepare(&o, &r, &err) == K3C_EFORMAT && contains(err.msg, "latin1.txt: byte 14"), "strict: %s",
+          err.msg);
+    snprintf(f, sizeof f, "%s/ok.jsonl", dir);
+    write_text(f, "{\"text\": \"caf\\u00e9\"}\n");
+    o.strict_utf8 = 1;
+    CHECK_OK(k3c_data_prepare(&o, &r, &err), &err);
+    CHECK(r.invalid_utf8_docs == 0, "valid JSONL counted as invalid");
+}
+
 static void test_prepare_errors(const char *dir, const char *vocab, const k3c_tok *t) {
     char f[512], out[512];
     snprintf(out, sizeof out, "%s/perr", dir);
@@ -912,6 +935,7 @@ int main(void) {
         test_prepare_roundtrip(dir, vocab, t);
         test_prepare_split(dir, vocab, t);
         test_prepare_errors(dir, vocab, t);
+        test_prepare_utf8(dir, vocab);
         test_prepare_loader(dir, vocab, t);
     }
     make_sources(dir);

@@ -14,7 +14,7 @@ static void usage(FILE *out) {
         "usage: k3c data prepare --vocab FILE [--pattern kimi|cl100k] --input PATH... --out DIR [--source NAME]\n"
         "                        [--format auto|text|jsonl] [--doc-split blank|file|line] [--jsonl-field text]\n"
         "                        [--eod SPELLING|none] [--val-fraction 0.01] [--shard-tokens N] [--seed S]\n"
-        "                        [--threads N] [--progress]\n"
+        "                        [--threads N] [--progress] [--invalid-utf8 warn|error]\n"
         "       k3c data info DIR...\n"
         "       k3c data peek DIR [--split train|val] [--docs 3] [--vocab FILE [--pattern P]]\n\n"
         "prepare  reads files (a directory means every file below it, in name order; .gz is decompressed), cuts\n"
@@ -24,7 +24,9 @@ static void usage(FILE *out) {
         "         end-of-document special (--eod, default <|endoftext|> from VOCAB.specials.json), sends each\n"
         "         document to val with probability --val-fraction (deterministic in --seed), and writes\n"
         "         DIR/train-NNNNN.k3cshard, DIR/val-NNNNN.k3cshard (at most --shard-tokens tokens each, default\n"
-        "         16M; documents are never split) and DIR/manifest.json.\n"
+        "         16M; documents are never split) and DIR/manifest.json. Documents that are not valid UTF-8 are\n"
+        "         encoded byte by byte with a warning naming the first place (--invalid-utf8 warn, the default)\n"
+        "         or refused (error).\n"
         "info     validates every shard of each DIR (checksums, offsets, token range) and prints the counts.\n"
         "peek     decodes the first documents of a split (with --vocab, else with the manifest's vocabulary).\n");
 }
@@ -77,6 +79,9 @@ static int parse_prepare(int argc, char **argv, k3c_prepare_opts *o) {
     if (!(o->val_fraction >= 0 && o->val_fraction <= 1))
         return cli_usage_error(cmd, "--val-fraction must be in [0, 1]");
     if (shard <= 0) return cli_usage_error(cmd, "--shard-tokens must be positive");
+    if ((v = cli_opt(argc, argv, "--invalid-utf8")) && strcmp(v, "warn") != 0 && strcmp(v, "error") != 0)
+        return cli_usage_error(cmd, "--invalid-utf8 takes warn or error");
+    o->strict_utf8 = v && strcmp(v, "error") == 0;
     o->shard_tokens = shard;
     o->seed = (uint64_t)seed;
     if (threads > 0) k3c_set_num_threads((int)threads);
@@ -111,6 +116,10 @@ static int prepare(int argc, char **argv) {
            (long long)r.tokens[0], r.shards[0], (long long)r.docs[1], (long long)r.tokens[1], r.shards[1]);
     printf("vocab size %lld, end-of-document id %lld; wrote %s/manifest.json\n", (long long)r.vocab_size,
            (long long)r.eod_id, o.out_dir);
+    if (r.invalid_utf8_docs)
+        fprintf(stderr,
+                "k3c data prepare: warning: %lld document%s not valid UTF-8 (encoded byte by byte), first at %s\n",
+                (long long)r.invalid_utf8_docs, r.invalid_utf8_docs == 1 ? " is" : "s are", r.invalid_utf8_first);
     if (o.val_fraction > 0 && r.docs[1] == 0)
         fprintf(stderr, "k3c data prepare: warning: no validation documents (only one document in the corpus?)\n");
     return 0;

@@ -20,7 +20,8 @@ static void usage(FILE *out) {
         "usage: k3c tokenizer train --input FILE... --vocab-size N --out FILE [--pattern kimi|cl100k]\n"
         "                           [--specials a,b,...]\n"
         "       k3c tokenizer encode --vocab FILE [--pattern kimi|cl100k] [--specials-json FILE [--table NAME]]\n"
-        "                           [--allow-special] [--chunking] (--text STR | --input FILE)\n"
+        "                           [--allow-special] [--chunking] [--invalid-utf8 warn|error|replace]\n"
+        "                           (--text STR | --input FILE)\n"
         "       k3c tokenizer decode --vocab FILE [--specials-json FILE [--table NAME]] (--ids \"1 2 3\" | --input "
         "FILE)\n"
         "       k3c tokenizer info --vocab FILE [--specials-json FILE [--table NAME]]\n\n"
@@ -31,6 +32,9 @@ static void usage(FILE *out) {
         "        Specials come from --specials-json (an object: \"id\": \"spelling\", \"id\": {\"content\": ...} or\n"
         "        \"spelling\": id; --table picks a nested object, e.g. kimi_k3), else from VOCAB.specials.json.\n"
         "        --chunking applies the Kimi release's 400k-character windows / 25k-character runs.\n"
+        "        Text that is not valid UTF-8 is encoded byte by byte with a warning naming the first bad byte's\n"
+        "        offset (--invalid-utf8 warn, the default), refused (error), or has each bad byte replaced by\n"
+        "        U+FFFD first (replace).\n"
         "decode  writes the exact bytes of the ids (separated by spaces, commas or newlines) to stdout.\n"
         "--pattern defaults to kimi (K2/K3 pre-tokenisation); use cl100k for GPT-4's.\n",
         DEFAULT_SPECIALS);
@@ -162,10 +166,29 @@ static int encode(int argc, char **argv) {
         k3c_tok_free(t);
         return cli_usage_error("tokenizer encode", "needs --text STR or --input FILE");
     }
+    const char *mode = cli_opt(argc, argv, "--invalid-utf8");
+    if (!mode) mode = "warn";
+    if (strcmp(mode, "warn") != 0 && strcmp(mode, "error") != 0 && strcmp(mode, "replace") != 0) {
+        free(data);
+        k3c_tok_free(t);
+        return cli_usage_error("tokenizer encode", "--invalid-utf8 takes warn, error or replace");
+    }
+    const char *src = text ? text : data;
+    size_t bad = rc == K3C_OK ? k3c_utf8_check(src, n) : n;
+    if (bad < n && strcmp(mode, "warn") == 0) {
+        size_t count = 0;
+        for (size_t i = bad; i < n; i = i + 1 + k3c_utf8_check(src + i + 1, n - i - 1)) count++;
+        fprintf(stderr, "k3c tokenizer encode: warning: invalid UTF-8 at byte %zu (%zu invalid byte%s in all)\n", bad,
+                count, count == 1 ? "" : "s");
+    }
+    char *fixed = NULL;
+    if (bad < n && strcmp(mode, "replace") == 0 && (rc = k3c_utf8_replace(src, n, &fixed, &n, NULL, &err)) == K3C_OK)
+        src = fixed;
+    int flags = (cli_flag(argc, argv, "--allow-special") ? K3C_TOK_ALLOW_SPECIAL : 0) |
+                (strcmp(mode, "error") == 0 ? K3C_TOK_STRICT_UTF8 : 0);
     k3c_tok_ids ids = {0};
-    if (rc == K3C_OK)
-        rc = k3c_tok_encode(t, text ? text : data, n,
-                            cli_flag(argc, argv, "--allow-special") ? K3C_TOK_ALLOW_SPECIAL : 0, &ids, &err);
+    if (rc == K3C_OK) rc = k3c_tok_encode(t, src, n, flags, &ids, &err);
+    free(fixed);
     for (size_t i = 0; rc == K3C_OK && i < ids.n; i++) printf(i ? " %d" : "%d", ids.ids[i]);
     if (rc == K3C_OK) printf("\n");
     k3c_tok_ids_free(&ids);

@@ -133,6 +133,12 @@ static int merge_heap(const k3c_tok *t, const unsigned char *s, size_t n, k3c_to
     return rc;
 }
 
+int tok_bpe_merge(const k3c_tok *t, const unsigned char *s, size_t n, k3c_tok_ids *out) {
+    if (n == 0) return K3C_OK;
+    if (n == 1) return k3c_tok_ids_push(out, t->byte_rank[s[0]]);
+    return n <= LINEAR_MAX ? merge_linear(t, s, n, out) : merge_heap(t, s, n, out);
+}
+
 int tok_bpe_piece(const k3c_tok *t, const unsigned char *s, size_t n, int algo, k3c_tok_ids *out) {
     if (n == 0) return K3C_OK;
     if (n == 1) return k3c_tok_ids_push(out, t->byte_rank[s[0]]);

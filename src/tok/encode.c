@@ -33,10 +33,52 @@ static int find_special(const k3c_tok *t, const unsigned char *s, size_t n, size
     return 0;
 }
 
+/* Pre-tokens longer than PIECE_MAX bytes are merged in stretches of at most PIECE_MAX bytes, so encoding takes bounded
+ * memory whatever the input. A stretch ends at the first place at least PIECE_MAX / 4 bytes in where no token can span
+ * (safe_cut): there the merges of the whole piece and of the two sides alone are the same, so the ids are exactly the
+ * unbounded ones. Only a piece with no such place in PIECE_MAX bytes (e.g. megabytes of one repeated letter) is cut
+ * at PIECE_MAX regardless, the one case where ids differ from merging the whole piece at once. */
+#define PIECE_MAX ((size_t)1 << 20)
+
+/* 1 if no part of the piece's BPE can ever span byte p (0 < p < n). Every part is a token, so the first part across
+ * p would merge a token ending at p with a token starting at p into a token. rights (max_len bytes of scratch) caches
+ * whether s[p, p + r) is a token: 0 unknown, 1 yes, 2 no. */
+static int safe_cut(const k3c_tok *t, const unsigned char *s, size_t n, size_t p, unsigned char *rights) {
+    size_t L = t->max_len;
+    memset(rights, 0, L + 1);
+    for (size_t l = 1; l < L && l <= p; l++) {
+        if (tok_lookup(t, s + p - l, l) < 0) continue;
+        for (size_t r = 1; l + r <= L && p + r <= n; r++) {
+            if (!rights[r]) rights[r] = tok_lookup(t, s + p, r) >= 0 ? 1 : 2;
+            if (rights[r] == 1 && tok_lookup(t, s + p - l, l + r) >= 0) return 0;
+        }
+    }
+    return 1;
+}
+
+static int encode_long_piece(const k3c_tok *t, const unsigned char *s, size_t n, k3c_tok_ids *out) {
+    unsigned char *rights = malloc(t->max_len + 1);
+    if (!rights) return K3C_ENOMEM;
+    int rc = K3C_OK;
+    size_t start = 0;
+    while (rc == K3C_OK && n - start > PIECE_MAX) {
+        size_t cut = start + PIECE_MAX / 4;
+        while (cut < start + PIECE_MAX && !safe_cut(t, s, n, cut, rights)) cut++;
+        if (cut == start + PIECE_MAX) /* no safe place: cut at a character start (only the ids near it may differ) */
+            for (int k = 0; k < 3 && (s[cut] & 0xC0) == 0x80; k++) cut--;
+        rc = tok_bpe_merge(t, s + start, cut - start, out);
+        start = cut;
+    }
+    if (rc == K3C_OK) rc = tok_bpe_merge(t, s + start, n - start, out);
+    free(rights);
+    return rc;
+}
+
 static int encode_ordinary(const k3c_tok *t, const unsigned char *s, size_t n, k3c_tok_ids *out) {
     for (size_t i = 0; i < n;) {
         size_t e = k3c_tok_pretok_next(t->pattern, s, n, i);
-        int rc = tok_bpe_piece(t, s + i, e - i, 0, out);
+        int rc = e - i > PIECE_MAX && e - i > t->max_len ? encode_long_piece(t, s + i, e - i, out)
+                                                         : tok_bpe_piece(t, s + i, e - i, 0, out);
         if (rc != K3C_OK) return rc;
         i = e;
     }
@@ -100,7 +142,53 @@ static int encode_release(const k3c_tok *t, const unsigned char *s, size_t n, in
     return K3C_OK;
 }
 
+size_t k3c_utf8_check(const void *s, size_t n) {
+    const unsigned char *p = s;
+    uint32_t cp;
+    for (size_t i = 0; i < n;) {
+        size_t l = uni_next(p, n, i, &cp);
+        if (cp > 0x10FFFF) return i;
+        i += l;
+    }
+    return n;
+}
+
+int k3c_utf8_replace(const void *s, size_t n, char **out, size_t *out_len, size_t *n_bad, k3c_err *err) {
+    const unsigned char *p = s;
+    size_t bad = 0, o = 0;
+    uint32_t cp;
+    for (size_t i = 0; i < n;) {
+        size_t l = uni_next(p, n, i, &cp);
+        bad += cp > 0x10FFFF;
+        i += l;
+    }
+    if (n_bad) *n_bad = bad;
+    char *b = malloc(n + 2 * bad + 1);
+    if (!b) return k3c_errf(err, K3C_ENOMEM, "utf8_replace: cannot allocate %zu bytes", n + 2 * bad + 1);
+    for (size_t i = 0; i < n;) {
+        size_t l = uni_next(p, n, i, &cp);
+        if (cp > 0x10FFFF) {
+            memcpy(b + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+        } else {
+            memcpy(b + o, p + i, l);
+            o += l;
+        }
+        i += l;
+    }
+    b[o] = 0;
+    *out = b;
+    if (out_len) *out_len = o;
+    return K3C_OK;
+}
+
 int k3c_tok_encode(const k3c_tok *t, const void *text, size_t n, int flags, k3c_tok_ids *out, k3c_err *err) {
+    if (flags & K3C_TOK_STRICT_UTF8) {
+        size_t bad = k3c_utf8_check(text, n);
+        if (bad < n)
+            return k3c_errf(err, K3C_EFORMAT, "encode: invalid UTF-8 at byte %zu (0x%02X)", bad,
+                            ((const unsigned char *)text)[bad]);
+    }
     int allow = (flags & K3C_TOK_ALLOW_SPECIAL) != 0;
     int rc = t->release_chunking && !(flags & K3C_TOK_NO_CHUNKING) ? encode_release(t, text, n, allow, out)
                                                                    : encode_plain(t, text, n, allow, out);

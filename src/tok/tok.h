@@ -43,7 +43,6 @@ void k3c_tok_special_at(const k3c_tok *t, int i, const char **str, size_t *len, 
 int32_t k3c_tok_rank_of(const k3c_tok *t, const void *bytes, size_t len); /* -1 if those bytes are not a token */
 
 /* ---------------------------------------------------------------- encoding and decoding */
-
 /* A chat-template segment (spec/CHECKPOINTS.md §9.2): markup segments allow special tokens, content segments do not.
  * Each segment is encoded on its own (BPE never merges across segments) and the ids are concatenated. */
 typedef struct {
@@ -60,6 +59,12 @@ int k3c_tok_encode_segments(const k3c_tok *t, const k3c_tok_segment *segs, size_
  * token, else repeatedly merge the adjacent pair whose concatenation has the lowest rank (leftmost on ties).
  * algo: 0 = automatic, 1 = linear rescans (short pieces), 2 = heap (long pieces); all give the same ids. */
 int k3c_tok_encode_piece(const k3c_tok *t, const void *piece, size_t len, int algo, k3c_tok_ids *out, k3c_err *err);
+
+/* Offset of the first byte of s[0..n) that does not start a valid shortest-form UTF-8 sequence (a stray continuation
+ * byte, an overlong form, a surrogate, a code point past U+10FFFF, a sequence cut short), or n if all of it is valid. */
+size_t k3c_utf8_check(const void *s, size_t n);
+/* A malloc'd copy of s[0..n) with each such byte replaced by U+FFFD (EF BF BD); *n_bad (may be NULL) counts them. */
+int k3c_utf8_replace(const void *s, size_t n, char **out, size_t *out_len, size_t *n_bad, k3c_err *err);
 
 /* ---------------------------------------------------------------- files */
 /* Writes the ranks as a tiktoken file (atomically) and, when there are specials, "<path>.specials.json" with

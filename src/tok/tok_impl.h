@@ -14,6 +14,7 @@ struct k3c_tok {
     /* ranks: the bytes of rank r are blob[span[r].off ..][0 .. span[r].len); len 0 marks a gap */
     int32_t n_ranks;
     int32_t n_tokens; /* ranks in use (n_ranks minus gaps) */
+    size_t max_len;   /* longest token in bytes */
     int32_t cap_ranks;
     struct {
         uint32_t off, len;
@@ -75,5 +76,7 @@ int tok_finish_ranks(k3c_tok *t, const char *name, k3c_err *err);
 
 /* BPE of one pre-token appended to out (algo as in k3c_tok_encode_piece); 0, K3C_ENOMEM or K3C_EINVAL. */
 int tok_bpe_piece(const k3c_tok *t, const unsigned char *s, size_t n, int algo, k3c_tok_ids *out);
+/* The merges alone on s[0..n) (no whole-piece shortcut): one stretch of a pre-token cut where no token can span. */
+int tok_bpe_merge(const k3c_tok *t, const unsigned char *s, size_t n, k3c_tok_ids *out);
 
 #endif

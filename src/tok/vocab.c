@@ -144,6 +144,7 @@ int tok_add_rank(k3c_tok *t, const unsigned char *p, size_t n, int32_t rank, int
     t->span[rank].len = (uint32_t)n;
     t->blob_len += n;
     t->n_tokens++;
+    if (n > t->max_len) t->max_len = n;
     if (rank >= t->n_ranks) t->n_ranks = rank + 1;
     uint64_t h = tok_hash(p, n);
     size_t mask = t->n_slots - 1, i = h & mask;
@@ -163,9 +164,12 @@ int tok_finish_ranks(k3c_tok *t, const char *name, k3c_err *err) {
     return K3C_OK;
 }
 
+/* With K3C_TOK_LOAD_ALLOW_GAPS, ranks may run at most this far past the number of lines (all gaps together). */
+#define MAX_GAP (1 << 20)
+
 /* One `base64 SP rank` line (without its LF). */
 static int parse_line(k3c_tok *t, const char *line, size_t n, long lineno, const char *name, int flags,
-                      unsigned char *buf, k3c_err *err) {
+                      int64_t max_rank, unsigned char *buf, k3c_err *err) {
     const char *sp = memchr(line, ' ', n);
     if (!sp) return k3c_errf(err, K3C_EFORMAT, "%s:%ld: line without a space (expected 'base64 rank')", name, lineno);
     size_t blen = (size_t)(sp - line);
@@ -185,6 +189,9 @@ static int parse_line(k3c_tok *t, const char *line, size_t n, long lineno, const
     }
     if (rank >= INT32_MAX)
         return k3c_errf(err, K3C_EFORMAT, "%s:%ld: rank %lld too large", name, lineno, (long long)rank);
+    if (rank > max_rank) /* the rank table is sized by the largest rank: a tiny file must not ask for gigabytes */
+        return k3c_errf(err, K3C_EFORMAT, "%s:%ld: rank %lld is more than %d past the file's line count", name, lineno,
+                        (long long)rank, MAX_GAP);
     if (!(flags & K3C_TOK_LOAD_ALLOW_GAPS) && rank != t->n_ranks)
         return k3c_errf(err, K3C_EFORMAT, "%s:%ld: rank %lld out of order: ranks must be 0, 1, 2, ... (expected %d)",
                         name, lineno, (long long)rank, t->n_ranks);
@@ -203,10 +210,12 @@ int k3c_tok_parse(const char *text, size_t n, const char *name, k3c_tok_pattern 
     int rc = tok_new(pat, &t, err);
     if (rc != K3C_OK) return rc;
     size_t longest = 0;
+    int64_t lines = 0;
     for (size_t i = 0, ls = 0; i <= n; i++)
         if (i == n || text[i] == '\n') {
             if (i - ls > longest) longest = i - ls;
             ls = i + 1;
+            lines++;
         }
     unsigned char *buf = malloc(longest / 4 * 3 + 4);
     if (!buf) {
@@ -219,7 +228,7 @@ int k3c_tok_parse(const char *text, size_t n, const char *name, k3c_tok_pattern 
         size_t e = nl ? (size_t)(nl - text) : n, le = e;
         lineno++;
         if (le > i && text[le - 1] == '\r') le--; /* tolerate CRLF files */
-        if (le > i) rc = parse_line(t, text + i, le - i, lineno, name, flags, buf, err);
+        if (le > i) rc = parse_line(t, text + i, le - i, lineno, name, flags, lines + MAX_GAP, buf, err);
         i = e + 1;
     }
     free(buf);

@@ -100,6 +100,7 @@ typedef struct {
     /* optional progress: bytes of input consumed so far (of total), tokens written so far */
     void (*progress)(void *ctx, int64_t bytes_done, int64_t bytes_total, int64_t tokens);
     void *progress_ctx;
+    int strict_utf8; /* 1 = a document that is not valid UTF-8 is an error; 0 = encoded byte by byte and counted */
 } k3c_prepare_opts;
 
 typedef struct {
@@ -109,6 +110,9 @@ typedef struct {
     int shards[2];
     int64_t vocab_size, eod_id;
     double seconds;
+    int64_t invalid_utf8_docs; /* documents that are not valid UTF-8 (strict_utf8 = 0) */
+    /* where the first one is: "FILE: byte N" (text files) or "FILE:LINE: byte N of the text" (JSONL) */
+    char invalid_utf8_first[4352];
 } k3c_prepare_result;
 
 /* Encodes every document (in parallel over documents, OpenMP), appends the end-of-document token, splits documents

@@ -175,6 +175,7 @@ typedef struct {
     const char *p;
     size_t n;
     char *owned; /* JSONL strings are decoded copies */
+    long line;   /* JSONL: the line it came from */
 } doc;
 
 typedef struct {
@@ -207,21 +208,21 @@ static int next_text(doc_iter *it, doc *d) {
     if (it->split == K3C_DOC_SPLIT_FILE) {
         int ok = it->pos == 0 && !blank_line(it->buf, it->n);
         it->pos = it->n;
-        *d = (doc){it->buf, it->n, NULL};
+        *d = (doc){it->buf, it->n, NULL, 0};
         return ok;
     }
     while (next_line(it, &a, &b)) {
         if (blank_line(it->buf + a, b - a)) continue;
         if (it->split == K3C_DOC_SPLIT_LINE) {
             if (b > a && it->buf[b - 1] == '\r') b--;
-            *d = (doc){it->buf + a, b - a, NULL};
+            *d = (doc){it->buf + a, b - a, NULL, 0};
             return 1;
         }
         size_t start = a, end = b, save;
         for (save = it->pos; next_line(it, &a, &b) && !blank_line(it->buf + a, b - a); save = it->pos) end = b;
         it->pos = save; /* the blank line (or EOF) that ended the paragraph is skipped by the next call */
         if (end > start && it->buf[end - 1] == '\r') end--;
-        *d = (doc){it->buf + start, end - start, NULL};
+        *d = (doc){it->buf + start, end - start, NULL, 0};
         return 1;
     }
     return 0;
@@ -252,7 +253,7 @@ static int next_jsonl(doc_iter *it, doc *d, k3c_err *err) {
             return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", where);
         }
         memcpy(d->owned, f->string, f->len + 1);
-        d->p = d->owned, d->n = f->len;
+        d->p = d->owned, d->n = f->len, d->line = it->line;
         k3c_json_free(v);
         return 1;
     }
@@ -360,7 +361,7 @@ typedef struct {
 
 /* Encodes a batch of documents in parallel (the tokenizer is read-only, so threads share it), then assigns them to
  * splits in document order, so the shards do not depend on the thread count. */
-static int encode_batch(run *r, doc *docs, int nd, k3c_err *err) {
+static int encode_batch(run *r, const doc_iter *it, doc *docs, int nd, k3c_err *err) {
     k3c_tok_ids *ids = calloc((size_t)nd, sizeof *ids);
     int *rcs = calloc((size_t)nd, sizeof *rcs), rc = K3C_OK;
     if (!ids || !rcs) {
@@ -377,6 +378,19 @@ static int encode_batch(run *r, doc *docs, int nd, k3c_err *err) {
         if (rcs[i]) {
             rc = k3c_errf(err, rcs[i], "encoding a document of %zu bytes: out of memory", docs[i].n);
             break;
+        }
+        size_t bad = k3c_utf8_check(docs[i].p, docs[i].n);
+        if (bad < docs[i].n) { /* reported, not printed: strict = an error, else counted with the first place */
+            char where[sizeof r->res->invalid_utf8_first];
+            if (docs[i].owned)
+                snprintf(where, sizeof where, "%s:%ld: byte %zu of the text", it->path, docs[i].line, bad);
+            else
+                snprintf(where, sizeof where, "%s: byte %zu", it->path, (size_t)(docs[i].p - it->buf) + bad);
+            if (r->o->strict_utf8) {
+                rc = k3c_errf(err, K3C_EFORMAT, "%s: invalid UTF-8", where);
+                break;
+            }
+            if (r->res->invalid_utf8_docs++ == 0) memcpy(r->res->invalid_utf8_first, where, sizeof where);
         }
         int val = k3c_uniform_at(r->split_seed, (uint64_t)r->next_doc++) < r->o->val_fraction;
         rc = builder_add(&r->b[val], ids[i].ids, (int64_t)ids[i].n, err);
@@ -420,7 +434,7 @@ static int process_file(run *r, int fi, int64_t disk_size, k3c_err *err) {
         more = k;
         if (k) bytes += batch[nb++].n;
         if (nb == BATCH_DOCS || bytes >= BATCH_BYTES || (!more && nb)) {
-            rc = encode_batch(r, batch, nb, err);
+            rc = encode_batch(r, &it, batch, nb, err);
             r->file_docs[fi] += nb;
             for (int i = 0; i < nb; i++) free(batch[i].owned);
             nb = 0, bytes = 0;
