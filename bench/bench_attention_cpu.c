@@ -1,5 +1,5 @@
 /* bench_attention_cpu.c — ms of causal MLA attention on the CPU (float32), flash vs materialised reference, forward and
- * forward+backward, H = 4, dqk = 24, dv = 16, T = 1024 and 4096. Spec: ARCHITECTURE.md §4.2. Not part of make test. */
+ * forward+backward, H = 4, dqk = 24, dv = 16, T = 1024 and 4096. Spec: docs/MODEL.md §4.2. Not part of make test. */
 
 /* Usage: bench_attention_cpu [reps]  (best of reps, default 3; one document of length T; threads: OMP_NUM_THREADS) */
 #include "base/base.h"

@@ -1,5 +1,5 @@
 /* bench_kda_cpu.c — timings of the CPU KDA core in float32: token recurrence vs chunked WY form (chunk 64, factored
- * tiles under the lower-bound gate and pairwise diagonal tiles), forward and forward+backward (ARCHITECTURE.md §3.2).
+ * tiles under the lower-bound gate and pairwise diagonal tiles), forward and forward+backward (docs/MODEL.md §3.2).
  * Usage: bench_kda_cpu [reps [filter]]   (prints a table: ms per call and tokens/s; filter: run only the
  * implementations whose name contains it) */
 #include "base/base.h"

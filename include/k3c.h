@@ -68,7 +68,7 @@ void k3c_arena_free(k3c_arena *a);
 int k3c_num_threads(void);
 void k3c_set_num_threads(int n);
 
-/* ---------------------------------------------------------------- safetensors (spec/CHECKPOINTS.md §1.2) */
+/* ---------------------------------------------------------------- safetensors (docs/FORMATS.md §1.2) */
 typedef struct {
     const char *name;
     k3c_dtype dtype;
@@ -111,7 +111,7 @@ typedef struct {
 /* Writes one safetensors file atomically. meta: NULL or alternating key, value strings ending with NULL. */
 int k3c_st_write(const char *path, const k3c_st_entry *entries, int n, const char *const *meta, k3c_err *err);
 
-/* ---------------------------------------------------------------- config (spec/CHECKPOINTS.md §2–4) */
+/* ---------------------------------------------------------------- config (docs/FORMATS.md §2–4) */
 #define K3C_MAX_LAYERS 512
 
 typedef enum { K3C_MIXER_KDA = 0, K3C_MIXER_MLA = 1 } k3c_mixer;
@@ -183,7 +183,7 @@ int k3c_config_validate(const k3c_config *cfg, const char *name_for_errors, k3c_
 int k3c_config_num_mla(const k3c_config *cfg);
 int k3c_config_num_moe(const k3c_config *cfg);
 
-/* ---------------------------------------------------------------- model (spec/ARCHITECTURE.md §1, §3–§9)
+/* ---------------------------------------------------------------- model (docs/MODEL.md §1, §3–§9)
  * A Kimi-Linear / Kimi-K3 model: config → layer plan → parameters under checkpoint names → forward to logits and loss →
  * backward to every parameter gradient. Every function exists for float32 (_f32) and float64 (_f64) parameters. */
 typedef struct k3c_model k3c_model; /* defined in the library (src/model/model.h) */
@@ -240,7 +240,7 @@ typedef struct k3c_acts k3c_acts;
 K3C_MODEL_API(float, f32)
 K3C_MODEL_API(double, f64)
 
-/* ---------------------------------------------------------------- tokenizer (spec/CHECKPOINTS.md §8)
+/* ---------------------------------------------------------------- tokenizer (docs/FORMATS.md §8)
  * Byte-level BPE in the tiktoken format with a separate special-token table and the cl100k or Kimi pre-tokeniser.
  * A k3c_tok is read-only once loaded: any number of threads may encode and decode with it. */
 typedef enum {
@@ -340,7 +340,7 @@ typedef struct {
  * serving); sample draws are keyed by position, so a (seed, prompt) pair always gives the same continuation. */
 int k3c_generate(k3c_model *m, int32_t *seq, int64_t n_prompt, const k3c_gen_opts *o, int64_t *n_seq, k3c_err *err);
 
-/* ---------------------------------------------------------------- training (spec/TRAINING.md §1)
+/* ---------------------------------------------------------------- training (docs/TRAINING.md §1)
  * A run: the run config (model, data sources, staged context, optimizer, balancing, checkpoints) and the trainer that
  * executes it with checkpoints that resume bit-exactly. */
 #define K3C_RUN_MAX_STAGES 16

@@ -1,5 +1,5 @@
 /* backend_ops_exec.h — the one precision-generic runner of tests/test_backend_ops.c: uploads a case's tensors into a
- * backend's memory, calls the op entries of its table (ops/backend.h), downloads the results. DESIGN.md "Ops".
+ * backend's memory, calls the op entries of its table (ops/backend.h), downloads the results. docs/CODE.md "Ops".
  *
  * Included once per table type with BO_REAL (float / double), BO_BE (k3c_backend_f32 / _f64) and BO_FN(name) (a
  * suffix) defined. Only the table's memory API touches backend memory (alloc / free / upload / download), never the

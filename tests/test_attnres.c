@@ -1,5 +1,5 @@
 /* test_attnres.c — the AttnRes depth mix: forward against plain loops and float64 finite differences for every source,
- * the pseudo-query w and the key-norm weight γ, N = 1..9 (spec/ARCHITECTURE.md §5.1, §5.4, §12). */
+ * the pseudo-query w and the key-norm weight γ, N = 1..9 (docs/MODEL.md §5.1, §5.4, §12). */
 #include "ops/attnres.h"
 #include "test.h"
 

@@ -1,6 +1,6 @@
 /* test_backend_ops.c — one table-driven harness for every op entry of the backend table (ops/backend.h), forward and
  * backward: the CPU float table against the CPU double one, and (built with -DK3C_CUDA, a GPU present) the CUDA table
- * against the CPU float one. DESIGN.md "Ops" (one signature, every backend, stated tolerances); issue 11.
+ * against the CPU float one. docs/CODE.md "Ops" (one signature, every backend, stated tolerances); issue 11.
  *
  * A case is a row of the table below: op, shape, variant flags, tolerances. Inputs are fresh seeded random numbers
  * (the seed is printed; argv[1] or K3C_SEED sets it, 20261203 by default so make test is reproducible), rounded to float so every backend reads the same values.

@@ -1,4 +1,4 @@
-/* test_config.c — the strict config.json reader (spec/CHECKPOINTS.md §2–4): the three golden configs, both spellings of
+/* test_config.c — the strict config.json reader (docs/FORMATS.md §2–4): the three golden configs, both spellings of
  * kimi_linear (released remote code / transformers 5.x), save→load round trips, and malformed configs. */
 #include "test.h"
 

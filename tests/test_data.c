@@ -1,4 +1,4 @@
-/* test_data.c — the data pipeline (TRAINING.md §2, §7.1): K3CSHARD round trips and every corruption error, `prepare`
+/* test_data.c — the data pipeline (docs/TRAINING.md §2, §7.1): K3CSHARD round trips and every corruption error, `prepare`
  * on text / JSONL / .gz corpora with a tiny trained vocabulary, and the packed loader's invariants, determinism,
  * resume, mixtures and validation order. */
 #include "test.h"

@@ -1,4 +1,4 @@
-/* test_inspect.c — `k3c inspect` end to end (spec/CHECKPOINTS.md §2–6): the two golden model dirs (tensor count, dtype
+/* test_inspect.c — `k3c inspect` end to end (docs/FORMATS.md §2–6): the two golden model dirs (tensor count, dtype
  * histogram, logical parameter count, layer plan, clean cross-check), --json, a mismatched config, and bad inputs. */
 #include "test.h"
 

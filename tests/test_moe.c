@@ -1,5 +1,5 @@
 /* test_moe.c — SiLU/SiTU-GLU, the sigmoid router (top-k, bias, cutoff, weights), the dispatch plan, routed experts and
- * the dense GLU MLP: forward vs plain loops, float64 finite differences (ARCHITECTURE.md §6.2, §8, §9, §12). */
+ * the dense GLU MLP: forward vs plain loops, float64 finite differences (docs/MODEL.md §6.2, §8, §9, §12). */
 #include "ops/moe.h"
 #include "test.h"
 

@@ -1,5 +1,5 @@
 /* test_mxfp4.c — MXFP4 decode: hand-made bytes at known positions (nibble order, s = 0, 254, 255), shape checks,
- * and one real expert tensor of the k3_tiny_a golden against values computed independently (spec/CHECKPOINTS.md §6). */
+ * and one real expert tensor of the k3_tiny_a golden against values computed independently (docs/FORMATS.md §6). */
 #include "ops/mxfp4.h"
 #include "test.h"
 

@@ -1,5 +1,5 @@
 /* test_optim.c — AdamW, Newton–Schulz / (Per-Head) Muon, the combined optimizer over a parameter table, gradient-norm
- * clipping, the learning-rate schedule and QK-Clip. Spec: ARCHITECTURE.md §10, TRAINING.md §1.3. */
+ * clipping, the learning-rate schedule and QK-Clip. Spec: docs/MODEL.md §10, docs/TRAINING.md §1.3. */
 #include "test.h"
 #include "ops/backend.h"
 #include "ops/optim.h"

@@ -70,7 +70,7 @@ static void test_k3_params(void) {
     CHECK(p.text_total == 2779484478208LL, "K3 text %lld", (long long)p.text_total);
     CHECK(p.vision_total == 447358976LL, "K3 vision + projector %lld", (long long)p.vision_total);
     CHECK(p.active_all == 104189614848LL, "K3 active %lld", (long long)p.active_all);
-    /* CHECKPOINTS.md §1.1 (Hub API): U8 = the logical routed weights = 92 × 896 × 33,030,144; F32; BF16; tensors */
+    /* docs/FORMATS.md §1.1 (Hub API): U8 = the logical routed weights = 92 × 896 × 33,030,144; F32; BF16; tensors */
     CHECK(p.total[K3C_PC_ROUTED] == 2722740830208LL && p.mxfp4 == 2722740830208LL, "routed");
     CHECK(p.active[K3C_PC_ROUTED] == 92LL * 16 * 33030144, "active routed");
     CHECK(p.f32 == 11122432 && p.bf16 == 57179884544LL, "dtypes f32 %lld bf16 %lld", (long long)p.f32,
@@ -345,7 +345,7 @@ static void test_serve(void) {
     k3c_plan_serve_layout L = {8, 1, 8, 1, 1 << 20, 1, 1};
     k3c_plan_serve_eval e;
     CHECK_OK(k3c_plan_serve_evaluate(&c, &L, &hw, &e, &err), &err);
-    /* ARCHITECTURE.md §2.2: 24 MLA layers × 576 × 2 B per token; 69 × (6 MiB state + 3·12288·3 bf16 conv tails) */
+    /* docs/MODEL.md §2.2: 24 MLA layers × 576 × 2 B per token; 69 × (6 MiB state + 3·12288·3 bf16 conv tails) */
     CHECK_NEAR(e.kv_bytes_per_token, 27648, "latent cache per token");
     CHECK_NEAR(e.kda_bytes_per_seq, 69.0 * (96 * 128 * 128 * 4 + 3 * 12288 * 3 * 2), "kda state per sequence");
     CHECK_NEAR(e.kv_cache, 27648.0 * (1 << 20), "one 1M sequence's cache on every GPU of its TP group");

@@ -1,5 +1,5 @@
 /* test_qb.c — Quantile Balancing: Fig. 5, convergence on a strongly skewed router, histogram vs exact, separability
- * over micro-batches, padding masks, and load telemetry. Spec: ARCHITECTURE.md §7.2–§7.4. */
+ * over micro-batches, padding masks, and load telemetry. Spec: docs/MODEL.md §7.2–§7.4. */
 #include "test.h"
 #include "ops/backend.h"
 #include "ops/quantile_balance.h"

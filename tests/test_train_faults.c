@@ -1,5 +1,5 @@
 /* test_train_faults.c — the trainer end to end, part 2 of 2: crash safety (a half-written checkpoint, SIGKILLs), errors
- * on bad configs, shards, tokenizers; the loss going down; `k3c train` (TRAINING.md §1–§2). See train_fixture.h. */
+ * on bad configs, shards, tokenizers; the loss going down; `k3c train` (docs/TRAINING.md §1–§2). See train_fixture.h. */
 #include "train_fixture.h"
 
 #include <signal.h>

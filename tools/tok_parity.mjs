@@ -1,4 +1,4 @@
-// tok_parity.mjs — expected cl100k ids from the npm package gpt-tokenizer (TRAINING.md §7.4) for tests/test_tok_parity.c.
+// tok_parity.mjs — expected cl100k ids from the npm package gpt-tokenizer (docs/TRAINING.md §7.4) for tests/test_tok_parity.c.
 // Usage: node tools/tok_parity.mjs NPM_PREFIX DOCS.bin DOCS.idx OUT.bin
 //   DOCS.idx: one "start end allow" line per document (byte offsets into DOCS.bin; allow 1 = special tokens allowed).
 //   OUT.bin: per document, uint32 LE count then that many uint32 LE ids.

@@ -1,6 +1,6 @@
 /* bench_cuda.cu — times the CUDA ops against the issue-5 anchors (fla chunk_kda, PyTorch SDPA flash, cuBLAS, copy) on
  * random device data: CUDA events after warm-up, median of many runs. Prints one table row per case; bench/RESULTS.md
- * records them. DESIGN.md "cuda/"; ARCHITECTURE.md §3.2 (KDA FLOPs), §4.2 (MLA dims). */
+ * records them. docs/CODE.md "cuda/"; docs/MODEL.md §3.2 (KDA FLOPs), §4.2 (MLA dims). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* arena.c — workspaces: one 64-byte-aligned block, bump allocation, marks and peak tracking (DESIGN.md "memory"). */
+/* arena.c — workspaces: one 64-byte-aligned block, bump allocation, marks and peak tracking (docs/CODE.md "memory"). */
 #include "base/base.h"
 
 #include <stdlib.h>

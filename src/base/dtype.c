@@ -1,4 +1,4 @@
-/* dtype.c — element types and bf16/f16 conversion (DESIGN.md "Precision policy"). */
+/* dtype.c — element types and bf16/f16 conversion (docs/CODE.md "Precision policy"). */
 #include "base/base.h"
 
 #include <math.h>

@@ -1,4 +1,4 @@
-/* err.c — error values with messages (DESIGN.md "Errors"): set by the library, printed only by cli/. */
+/* err.c — error values with messages (docs/CODE.md "Errors"): set by the library, printed only by cli/. */
 #include "base/base.h"
 
 #include <stdarg.h>

@@ -1,5 +1,5 @@
 /* json.c — a strict RFC 8259 JSON reader (exact int64 integers, UTF-8 validated, duplicate keys rejected), the typed
- * field getters every config reader uses, and the k3c_sbuf text writer with round-trip number formatting (CHECKPOINTS.md §1.2). */
+ * field getters every config reader uses, and the k3c_sbuf text writer with round-trip number formatting (docs/FORMATS.md §1.2). */
 #include "base/json.h"
 
 #include <errno.h>

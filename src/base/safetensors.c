@@ -1,5 +1,5 @@
 /* safetensors.c — the validating mmap reader, sharded checkpoint directories (index.json + shards) and the atomic
- * streaming writer for the safetensors format (spec/CHECKPOINTS.md §1.2; rules of the official huggingface/safetensors). */
+ * streaming writer for the safetensors format (docs/FORMATS.md §1.2; rules of the official huggingface/safetensors). */
 #include "base/json.h"
 
 #include <errno.h>

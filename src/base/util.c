@@ -1,4 +1,4 @@
-/* util.c — threads, monotonic time, progress bar, atomic file writes (DESIGN.md "base"). */
+/* util.c — threads, monotonic time, progress bar, atomic file writes (docs/CODE.md "base"). */
 #include "base/base.h"
 
 #include <errno.h>

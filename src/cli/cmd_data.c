@@ -1,5 +1,5 @@
 /* cmd_data.c — `k3c data prepare|info|peek`: tokenise text / JSONL corpora into K3CSHARD train / val shards, check a
- * prepared directory, and print its first documents. Spec: TRAINING.md §7.1 (offline corpora), §2 (documents). */
+ * prepared directory, and print its first documents. Spec: docs/TRAINING.md §7.1 (offline corpora), §2 (documents). */
 #include "cli.h"
 
 #include "train/data.h"

@@ -1,5 +1,5 @@
 /* cmd_inspect.c — `k3c inspect <checkpoint dir> [--json]`: the config summary, tensor count, dtype histogram, logical
- * parameter count and a name/shape cross-check against the config's inventory (spec/CHECKPOINTS.md §2–6). */
+ * parameter count and a name/shape cross-check against the config's inventory (docs/FORMATS.md §2–6). */
 #include "cli.h"
 #include "model/config.h"
 #include "model/params.h"
@@ -160,7 +160,7 @@ static void free_wants(want_set *s) {
 }
 
 /* transformers saves the dense layer-0 MLP as block_sparse_moe.{gate,up,down}_proj; the release calls it mlp.*
- * (CHECKPOINTS.md §5.1): map the former onto the latter before looking it up. */
+ * (docs/FORMATS.md §5.1): map the former onto the latter before looking it up. */
 static const char *canonical_name(const char *name, char *buf, size_t n) {
     static const char *const leaves[] = {"gate_proj.", "up_proj.", "down_proj."};
     const char *at = strstr(name, ".block_sparse_moe.");

@@ -1,5 +1,5 @@
 /* cmd_tokenizer.c — `k3c tokenizer train|encode|decode|info`: learn a byte-level BPE in the tiktoken format, encode text
- * to ids and decode ids to bytes with a tiktoken vocabulary and its special tokens (spec/CHECKPOINTS.md §8). */
+ * to ids and decode ids to bytes with a tiktoken vocabulary and its special tokens (docs/FORMATS.md §8). */
 #include "cli.h"
 
 #include "tok/tok.h"
@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 /* The trainer's default specials: a document separator first (id = vocab size), then K3's named chat/media tokens so
- * XTML (spec/CHECKPOINTS.md §9.2) can run on k3c's own models. */
+ * XTML (docs/FORMATS.md §9.2) can run on k3c's own models. */
 static const char *const DEFAULT_SPECIALS =
     "<|endoftext|>,[BOS],[EOS],<|end_of_msg|>,<|open|>,<|close|>,<|sep|>,<|media_begin|>,<|media_content|>,"
     "<|media_end|>,<|media_pad|>,[UNK],[PAD]";

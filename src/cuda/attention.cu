@@ -1,6 +1,6 @@
 /* attention.cu — causal softmax attention with packed-document masks (gated NoPE MLA core), FlashAttention-2 style on
  * elem tensor cores with fp32 softmax: forward (o, lse), backward as two race-free passes (dq; dk and dv).
- * ARCHITECTURE.md §4.2 (d_qk 192 = 128 + 64, d_v 128, scale (d_qk)^−1/2), §11 (fp32 softmax statistics). */
+ * docs/MODEL.md §4.2 (d_qk 192 = 128 + 64, d_v 128, scale (d_qk)^−1/2), §11 (fp32 softmax statistics). */
 #include <math.h>
 
 #include "cuda/common.cuh"

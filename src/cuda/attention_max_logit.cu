@@ -1,5 +1,5 @@
 /* attention_max_logit.cu — fp32 CUDA twin of k3c_attention_max_logit: the per-head maximum causal attention logit
- * S_max that QK-Clip reads (ops/attention.c). ARCHITECTURE.md §10.2; declarations in cuda/cuda_ops.h. */
+ * S_max that QK-Clip reads (ops/attention.c). docs/MODEL.md §10.2; declarations in cuda/cuda_ops.h. */
 #include <limits.h>
 #include <math.h>
 

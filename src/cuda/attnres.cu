@@ -1,5 +1,5 @@
 /* attnres.cu — fp32 CUDA twin of the AttnRes depth mix (softmax over sources of RMS-normalised values), forward and a
- * deterministic backward (ops/attnres.c). ARCHITECTURE.md §5.1, §5.3, §5.4; declarations in cuda/cuda_ops.h. */
+ * deterministic backward (ops/attnres.c). docs/MODEL.md §5.1, §5.3, §5.4; declarations in cuda/cuda_ops.h. */
 #include <limits.h>
 #include <math.h>
 

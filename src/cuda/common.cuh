@@ -1,5 +1,5 @@
 /* common.cuh — shared CUDA helpers for src/cuda: return-code checking, bf16 packing, ldmatrix / mma.sync / cp.async
- * wrappers over the 16-bit element type (bf16, or fp16 for the precise variant) and per-document chunk indexing. Implements the device plumbing of DESIGN.md "Precision policy" (bf16 storage,
+ * wrappers over the 16-bit element type (bf16, or fp16 for the precise variant) and per-document chunk indexing. Implements the device plumbing of docs/CODE.md "Precision policy" (bf16 storage,
  * fp32 accumulation); the fragment layouts are those of PTX mma.m16n8k16 (row.col, bf16 or fp16 → f32). */
 #ifndef K3C_CUDA_COMMON_CUH
 #define K3C_CUDA_COMMON_CUH

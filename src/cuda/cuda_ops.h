@@ -1,5 +1,5 @@
 /* cuda_ops.h — the CUDA backend's one C interface: device memory, the cuBLASLt context and GEMMs, the CUDA twin of every
- * CPU op (src/cuda/<op>.cu beside src/ops/<op>.c) and the backend table. DESIGN.md "Ops", "Precision policy"; ARCHITECTURE.md §1–§10.
+ * CPU op (src/cuda/<op>.cu beside src/ops/<op>.c) and the backend table. docs/CODE.md "Ops", "Precision policy"; docs/MODEL.md §1–§10.
  *
  * Conventions (beyond src/ops/ops.h):
  *  - A twin k3c_<op>_<fwd|bwd>_cuda takes the CPU op's arguments in float, every array (cu_seqlens included) a DEVICE

@@ -1,6 +1,6 @@
 /* cuda_optim.h — the training-step ops on the GPU: the optimizer step (AdamW + Per-Head Muon with Newton–Schulz-5) and
  * gradient-norm clipping (device twins of k3c_optim_step[_entries], k3c_grad_norm and k3c_clip_grad_norm of
- * ops/optim.h, in optim.cu), quantile balancing (quantile_balance.cu) and QK-Clip (qk_clip.cu). ARCHITECTURE.md §7, §10.
+ * ops/optim.h, in optim.cu), quantile balancing (quantile_balance.cu) and QK-Clip (qk_clip.cu). docs/MODEL.md §7, §10.
  *
  * w, g and state are DEVICE pointers laid out exactly as for the CPU functions: the k3c_optim state layout
  * (Muon: momentum; AdamW: m, then v) is unchanged, so optimizer checkpoints are the same whichever device stepped.

@@ -1,5 +1,5 @@
 /* device.cu — CUDA device plumbing: context (properties, cuBLASLt handle + workspace), checked allocation and copies,
- * bf16 conversions and a 16-byte-wide copy kernel. DESIGN.md "cuda/" and "Precision policy". */
+ * bf16 conversions and a 16-byte-wide copy kernel. docs/CODE.md "cuda/" and "Precision policy". */
 #include <cublasLt.h>
 #include <string.h>
 

@@ -1,5 +1,5 @@
 /* elementwise.cu — fp32 CUDA twins of the activation moves zero, add and the strided 2-D copy (ops/elementwise.c).
- * DESIGN.md "Ops"; declarations in cuda/cuda_ops.h. */
+ * docs/CODE.md "Ops"; declarations in cuda/cuda_ops.h. */
 #include "cuda/common.cuh"
 
 namespace {

@@ -1,5 +1,5 @@
 /* embedding.cu — fp32 CUDA twin of the token embedding: the gather (with the CPU op's bad-id error) and the scatter-add
- * backward (ops/embedding.c). ARCHITECTURE.md §1.1; declarations in cuda/cuda_ops.h. */
+ * backward (ops/embedding.c). docs/MODEL.md §1.1; declarations in cuda/cuda_ops.h. */
 #include <limits.h>
 
 #include "cuda/common.cuh"

@@ -1,5 +1,5 @@
 /* gates.cu — fp32 CUDA twins of the sigmoid output gate and the plain sigmoid, forward and backward (ops/gates.c,
- * ops/basic.h). ARCHITECTURE.md §4.2; declarations in cuda/cuda_ops.h. */
+ * ops/basic.h). docs/MODEL.md §4.2; declarations in cuda/cuda_ops.h. */
 #include <limits.h>
 
 #include "cuda/kernels.cuh"

@@ -1,5 +1,5 @@
 /* gemm.cu — dense GEMMs through cuBLASLt: row-major C = alpha op(A) op(B) + beta C in bf16 (fp32 accumulation) and
- * float (fp32 or TF32). DESIGN.md "cuda/ … cuBLASLt", "Precision policy" (bf16 storage, fp32 accumulation). */
+ * float (fp32 or TF32). docs/CODE.md "cuda/", "Precision policy" (bf16 storage, fp32 accumulation). */
 #include <cublasLt.h>
 
 #include "cuda/common.cuh"

@@ -1,5 +1,5 @@
 /* glu.cuh — the SiLU / SiTU GLU pointwise math and kernels (bitwise the CPU float formulas of ops/glu.c), shared by the
- * GLU twin (glu.cu) and the routed experts (moe.cu). ARCHITECTURE.md §8. */
+ * GLU twin (glu.cu) and the routed experts (moe.cu). docs/MODEL.md §8. */
 #ifndef K3C_CUDA_GLU_CUH
 #define K3C_CUDA_GLU_CUH
 

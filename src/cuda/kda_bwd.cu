@@ -1,6 +1,6 @@
 /* kda_bwd.cu — chunked KDA backward: forward recompute (kda_fwd.cu kernels, keeping T, Ṽ and the entering states), a
  * reverse state pass per (document, head, dv block) for dṼ and the state gradients, and a per-(chunk, head) kernel for
- * dq, dk, dv, dg, dβ (WY / inverse backward, intra-chunk pairwise terms, reverse cumsum of dG). ARCHITECTURE.md §3.4. */
+ * dq, dk, dv, dg, dβ (WY / inverse backward, intra-chunk pairwise terms, reverse cumsum of dG). docs/MODEL.md §3.4. */
 #include "cuda/kda_internal.cuh"
 
 namespace k3c_cu {

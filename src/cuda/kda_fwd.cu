@@ -1,6 +1,6 @@
 /* kda_fwd.cu — chunked KDA forward on tensor cores: per-(chunk, head) intra kernel (cumsum, L and A on 16-row
  * sub-tiles, (I+L)⁻¹, WY/UT w and u) and a per-(document, head, dv block) sequential state pass that also emits o.
- * ARCHITECTURE.md §3.2 (steps 1–6), §3.3 (the lower-bound gate and the 16-row sub-tiles). */
+ * docs/MODEL.md §3.2 (steps 1–6), §3.3 (the lower-bound gate and the 16-row sub-tiles). */
 #include <stdint.h>
 
 #include "base/carve.h"

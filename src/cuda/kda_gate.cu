@@ -1,5 +1,5 @@
 /* kda_gate.cu — fp32 CUDA twin of the KDA forget gate (softplus and lower-bound forms), forward and backward
- * (ops/kda_gate.c term by term). ARCHITECTURE.md §3.1 step 6, §3.4 stage 6; declarations in cuda/cuda_ops.h. */
+ * (ops/kda_gate.c term by term). docs/MODEL.md §3.1 step 6, §3.4 stage 6; declarations in cuda/cuda_ops.h. */
 #include <cooperative_groups.h>
 #include <limits.h>
 

@@ -1,5 +1,5 @@
 /* kda_internal.cuh — the pieces shared by the KDA forward (kda_fwd.cu) and backward (kda_bwd.cu): workspace plan and the
- * launchers of the chunk-parallel intra kernel and the sequential state pass. ARCHITECTURE.md §3.2–§3.4. */
+ * launchers of the chunk-parallel intra kernel and the sequential state pass. docs/MODEL.md §3.2–§3.4. */
 #ifndef K3C_CUDA_KDA_INTERNAL_CUH
 #define K3C_CUDA_KDA_INTERNAL_CUH
 

@@ -1,5 +1,5 @@
 /* kda_recurrent.cu — the token-recurrent KDA forward in fp32 (decode steps and the reference on the device): one block
- * per (document, head, 32 state columns). ARCHITECTURE.md §3.1 step 7, §3.5. */
+ * per (document, head, 32 state columns). docs/MODEL.md §3.1 step 7, §3.5. */
 #include "cuda/common.cuh"
 
 namespace k3c_cu {

@@ -1,5 +1,5 @@
 /* kernels.cuh — device helpers shared by the fp32 op twins split out of one file (short_conv.cu, kda_gate.cu, gates.cu,
- * xent.cu, elementwise.cu): the CPU's sigmoid / softplus, deterministic block reductions and grid sizing. DESIGN.md "Ops". */
+ * xent.cu, elementwise.cu): the CPU's sigmoid / softplus, deterministic block reductions and grid sizing. docs/CODE.md "Ops". */
 #ifndef K3C_CUDA_KERNELS_CUH
 #define K3C_CUDA_KERNELS_CUH
 

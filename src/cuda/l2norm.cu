@@ -1,5 +1,5 @@
 /* l2norm.cu — fp32 CUDA twin of the row-wise L2 norm (KDA q, k), forward and backward (ops/l2norm.c).
- * ARCHITECTURE.md §1.3, §3.1 step 4; declarations in cuda/cuda_ops.h. */
+ * docs/MODEL.md §1.3, §3.1 step 4; declarations in cuda/cuda_ops.h. */
 #include <limits.h>
 
 #include "cuda/common.cuh"

@@ -1,5 +1,5 @@
 /* moe.cu — fp32 CUDA twin of the routed-expert MoE op: the dispatch plan, gather / combine and the per-expert GLU MLPs
- * through cuBLASLt, forward and backward. Implements ARCHITECTURE.md §9.2 (u = Σ p_i E_i(z)); ops/moe.h. */
+ * through cuBLASLt, forward and backward. Implements docs/MODEL.md §9.2 (u = Σ p_i E_i(z)); ops/moe.h. */
 #include <limits.h>
 #include <stdint.h>
 

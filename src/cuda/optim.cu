@@ -1,5 +1,5 @@
 /* optim.cu — the optimizer on the GPU: AdamW, (Per-Head) Muon with Newton–Schulz-5 on batched fp32 GEMMs, and
- * deterministic gradient-norm clipping; twins of ops/adamw.c, muon.c, grad_norm.c. ARCHITECTURE.md §10.1, §10.3. */
+ * deterministic gradient-norm clipping; twins of ops/adamw.c, muon.c, grad_norm.c. docs/MODEL.md §10.1, §10.3. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /* qk_clip.cu — QK-Clip on the GPU: the CUDA twin of k3c_qk_clip (ops/qk_clip.c), the backend table's qk_clip entry.
- * Scales the query/key rows of MLA heads whose S_max exceeded τ after the optimizer step. ARCHITECTURE.md §10.2.
+ * Scales the query/key rows of MLA heads whose S_max exceeded τ after the optimizer step. docs/MODEL.md §10.2.
  *
  * S_max stays on the device (the forward wrote it there): each kernel reads it, so the host never waits. γ, sqrt(γ) and
  * the row products are the CPU's operations in the CPU's precision (IEEE division and square root in double, one

@@ -1,5 +1,5 @@
 /* quantile_balance.cu — Quantile Balancing on the GPU: the CUDA twin of the backend table's quantile_balance entry
- * (k3c_qb_update of ops/quantile_balance.c over s = sigmoid(router logits)), exact and histogram. ARCHITECTURE.md
+ * (k3c_qb_update of ops/quantile_balance.c over s = sigmoid(router logits)), exact and histogram. docs/MODEL.md
  * §7.2–§7.3.
  *
  * Everything stays on the device, so the trainer never waits for a router: scores s_ij = (float)sigmoid(double logit)

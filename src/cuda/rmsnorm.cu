@@ -1,5 +1,5 @@
 /* rmsnorm.cu — fp32 CUDA twins of RMSNorm (plain, per head) and the sigmoid-gated RMSNorm, forward and backward
- * (ops/rmsnorm.c). ARCHITECTURE.md §1.2, §3.1 step 8, §3.4 items 7–8; declarations in cuda/cuda_ops.h. */
+ * (ops/rmsnorm.c). docs/MODEL.md §1.2, §3.1 step 8, §3.4 items 7–8; declarations in cuda/cuda_ops.h. */
 #include <limits.h>
 
 #include "cuda/common.cuh"

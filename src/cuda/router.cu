@@ -1,5 +1,5 @@
 /* router.cu — fp32 CUDA twin of the sigmoid top-k router (selection with ties to the lower index, renormalised weights)
- * and its backward (ops/router.c). ARCHITECTURE.md §6.2; declarations in cuda/cuda_ops.h. */
+ * and its backward (ops/router.c). docs/MODEL.md §6.2; declarations in cuda/cuda_ops.h. */
 #include <limits.h>
 
 #include "cuda/common.cuh"

@@ -1,5 +1,5 @@
 /* short_conv.cu — fp32 CUDA twin of the causal short convolution + SiLU, forward and backward (ops/short_conv.c term by
- * term). ARCHITECTURE.md §3.1 step 2, §3.4 "Short-conv backward"; declarations in cuda/cuda_ops.h. */
+ * term). docs/MODEL.md §3.1 step 2, §3.4 "Short-conv backward"; declarations in cuda/cuda_ops.h. */
 #include <limits.h>
 
 #include "cuda/kernels.cuh"

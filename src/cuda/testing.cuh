@@ -1,5 +1,5 @@
 /* testing.cuh — helpers of the CUDA test and benchmark programs (tests/cuda, bench/cuda): device buffers with checked
- * transfers, output poisoning, fresh random inputs and the result table. DESIGN.md "Ops" (one harness, every backend, stated tolerances). */
+ * transfers, output poisoning, fresh random inputs and the result table. docs/CODE.md "Ops" (one harness, every backend, stated tolerances). */
 #ifndef K3C_CUDA_TESTING_CUH
 #define K3C_CUDA_TESTING_CUH
 

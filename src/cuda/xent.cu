@@ -1,5 +1,5 @@
 /* xent.cu — fp32 CUDA twin of the masked cross-entropy, forward (loss, lse) and backward (ops/xent.c term by term).
- * TRAINING.md §5.3; declarations in cuda/cuda_ops.h. */
+ * docs/TRAINING.md §5.3; declarations in cuda/cuda_ops.h. */
 #include <limits.h>
 
 #include "cuda/kernels.cuh"

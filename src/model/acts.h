@@ -1,5 +1,5 @@
 /* acts.h — internal to src/model: the activations of one forward pass kept for its backward, including the Block
- * AttnRes bookkeeping (which tensors each depth mix read). Spec: ARCHITECTURE.md §5.3 (control flow), §5.4. */
+ * AttnRes bookkeeping (which tensors each depth mix read). Spec: docs/MODEL.md §5.3 (control flow), §5.4. */
 #ifndef K3C_MODEL_ACTS_H
 #define K3C_MODEL_ACTS_H
 

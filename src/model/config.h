@@ -11,7 +11,7 @@
 #define K3C_CFG_KIMI_K3 "kimi_k3"
 #define K3C_CFG_K3_PREFIX "language_model."
 #define K3C_CFG_MXFP4_FORMAT "mxfp4-pack-quantized"
-#define K3C_CFG_MXFP4_GROUP 32 /* OCP MX block size: one E8M0 scale per 32 elements (CHECKPOINTS.md §6) */
+#define K3C_CFG_MXFP4_GROUP 32 /* OCP MX block size: one E8M0 scale per 32 elements (docs/FORMATS.md §6) */
 
 /* vision_config settings k3c implements one way only (§3.4): read as "must equal", written as is. */
 typedef struct {

@@ -1,5 +1,5 @@
 /* config_check.c — k3c_config_validate (dimensions positive, the plan complete, MoE / MLA / KDA / vision fields
- * consistent), the §4 MoE layer rule and the plan counts; part of the model config (spec/CHECKPOINTS.md §2–4). */
+ * consistent), the §4 MoE layer rule and the plan counts; part of the model config (docs/FORMATS.md §2–4). */
 #include "model/config.h"
 
 #include <math.h>

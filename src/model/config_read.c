@@ -1,12 +1,12 @@
 /* config_read.c — the strict reader of Hugging Face config.json files for kimi_linear and kimi_k3 checkpoints
- * (k3c_config_load / k3c_config_parse) and the layer plan they imply (spec/CHECKPOINTS.md §2, §3, §4 layer kinds).
+ * (k3c_config_load / k3c_config_parse) and the layer plan they imply (docs/FORMATS.md §2, §3, §4 layer kinds).
  *
  * Both spellings of a kimi_linear text config are read: the released remote-code one (`linear_attn_config` with one-based
  * `kda_layers` / `full_attn_layers`, `num_experts`, `num_experts_per_token`, `moe_renormalize`, `model_max_length`, ...) and
  * the transformers-5.x one (`layer_types`, `mlp_layer_types`, `linear_num_heads`, `linear_head_dim`,
  * `linear_conv_kernel_dim`, `n_routed_experts`, `num_experts_per_tok`, `norm_topk_prob`, `n_group`,
  * `max_position_embeddings`). Where a config carries both spellings of one field they must agree. Unknown keys are
- * metadata and are ignored; `head_dim` (top level) is never read (CHECKPOINTS.md §7 #16).
+ * metadata and are ignored; `head_dim` (top level) is never read (docs/FORMATS.md §7 #16).
  *
  * Defaults — used only where a released or transformers-written config omits the key (everything else is required):
  *
@@ -25,7 +25,7 @@
  *   quantization_config               none         unquantized checkpoint
  *   vision_config                     none         text-only checkpoint
  *   num_experts                       none         every layer dense (§4 "MoE iff num_experts set")
- *   mla_norm_eps (k3c extension key)  1e-6 (kimi_linear) / rms_norm_eps (kimi_k3)  ARCHITECTURE.md §1.3; written by
+ *   mla_norm_eps (k3c extension key)  1e-6 (kimi_linear) / rms_norm_eps (kimi_k3)  docs/MODEL.md §1.3; written by
  *                                     k3c_config_save only when a caller changed it, so save→load is exact
  *   q_lora_rank: null                 0            single q_proj (§2); the key itself is required with MLA layers
  */

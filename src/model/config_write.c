@@ -1,5 +1,5 @@
 /* config_write.c — k3c_config_save / k3c_config_to_json (config.json in the released spelling, read back to an equal
- * struct) and the compact layer-plan strings; part of the model config (spec/CHECKPOINTS.md §2–4). */
+ * struct) and the compact layer-plan strings; part of the model config (docs/FORMATS.md §2–4). */
 #include "model/config.h"
 
 #include <string.h>

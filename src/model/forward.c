@@ -1,6 +1,6 @@
 /* forward.c — the whole-model forward: embedding → per layer (depth mix → RMSNorm → KDA/MLA; depth mix → RMSNorm → FFN)
  * → output mix → final RMSNorm → lm_head → cross-entropy; activations planned up front and carved from one arena.
- * Spec: ARCHITECTURE.md §1.1 (pre-norm residual), §5.3 (Block AttnRes control flow, K3). */
+ * Spec: docs/MODEL.md §1.1 (pre-norm residual), §5.3 (Block AttnRes control flow, K3). */
 #include "base/check.h"
 #include "base/real.h"
 #include "model/acts.h"

@@ -1,6 +1,6 @@
 /* golden.c — compares a model's gradients with a golden file written by other code: maps the golden's tensor names
  * (checkpoint names, or transformers' internal Kimi-Linear names: fused conv1d, forget_gate.*, experts.gate_up_proj, ...)
- * onto k3c's parameters. Spec: shared/golden/README.md (the mapping), CHECKPOINTS.md §5. */
+ * onto k3c's parameters. Spec: shared/golden/README.md (the mapping), docs/FORMATS.md §5. */
 #include "base/real.h"
 #include "model/golden.h"
 #include "ops/backend.h"

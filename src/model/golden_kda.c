@@ -1,5 +1,5 @@
 /* golden_kda.c — k3c_kda_golden_check: the CPU Kimi Delta Attention (token recurrence and chunked WY form, pairwise and
- * factored tiles) forward and backward in float64 against a golden file (ARCHITECTURE.md §3, §12); behind `check-kda`. */
+ * factored tiles) forward and backward in float64 against a golden file (docs/MODEL.md §3, §12); behind `check-kda`. */
 #include "model/golden.h"
 
 #include <math.h>

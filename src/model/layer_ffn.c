@@ -1,6 +1,6 @@
 /* layer_ffn.c — the FFN of one decoder layer, forward and backward: the dense GLU MLP (layer 0), or the MoE: sigmoid router
  * with the selection-only bias, routed experts (on the latent z = W↓x with RMSNorm and W↑ in K3's Stable LatentMoE),
- * and shared experts on the full-width x. Spec: ARCHITECTURE.md §6.2, §8, §9.2. */
+ * and shared experts on the full-width x. Spec: docs/MODEL.md §6.2, §8, §9.2. */
 #include "base/check.h"
 #include "base/real.h"
 #include "model/layers.h"

@@ -1,5 +1,5 @@
 /* layer_kda.c — the KDA token mixer of one decoder layer, forward and backward: q/k/v projections, short conv + SiLU,
- * L2 norm, β, the forget gate, the delta-rule core, gated head-wise RMSNorm, o_proj. Spec: ARCHITECTURE.md §3.1, §3.4. */
+ * L2 norm, β, the forget gate, the delta-rule core, gated head-wise RMSNorm, o_proj. Spec: docs/MODEL.md §3.1, §3.4. */
 #include "base/check.h"
 #include "base/real.h"
 #include "model/layers.h"

@@ -1,6 +1,6 @@
 /* layer_mla.c — the gated NoPE multi-head latent attention mixer of one decoder layer, forward and backward: q (LoRA or
  * single projection), kv_a → [latent (RMSNorm) ; shared k_pe], kv_b → per-head k_nope, v; causal attention with document
- * masks; optional sigmoid output gate; o_proj. Spec: ARCHITECTURE.md §4.2 (no rotation anywhere), CHECKPOINTS.md §7. */
+ * masks; optional sigmoid output gate; o_proj. Spec: docs/MODEL.md §4.2 (no rotation anywhere), docs/FORMATS.md §7. */
 #include "base/check.h"
 #include "base/real.h"
 #include "model/layers.h"

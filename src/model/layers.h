@@ -1,7 +1,7 @@
 /* layers.h — internal to src/model: the activations each sublayer saves for its backward, and the per-layer forward /
  * backward of the KDA mixer, the gated MLA mixer and the FFN (dense or latent MoE). Include after base/real.h: these
  * structs are built on the `real` of the including file (every file here is compiled once per precision).
- * Spec: ARCHITECTURE.md §3.1 (KDA layer), §4.2 (gated NoPE MLA), §6.2 + §9.2 (MoE), §8 (SiTU). */
+ * Spec: docs/MODEL.md §3.1 (KDA layer), §4.2 (gated NoPE MLA), §6.2 + §9.2 (MoE), §8 (SiTU). */
 #ifndef K3C_MODEL_LAYERS_H
 #define K3C_MODEL_LAYERS_H
 

@@ -1,5 +1,5 @@
 /* model.c — model lifetime: parameters in one flat buffer under checkpoint names; random init for training from scratch
- * (ARCHITECTURE.md §3.1 init table, §5.1, §10), loading from Hugging Face checkpoints (CHECKPOINTS.md §5–§7), saving. */
+ * (docs/MODEL.md §3.1 init table, §5.1, §10), loading from Hugging Face checkpoints (docs/FORMATS.md §5–§7), saving. */
 #include "base/real.h"
 #include "model/model.h"
 #include "ops/backend.h"

@@ -1,5 +1,5 @@
 /* model.h — internal to the library: the k3c_model struct behind include/k3c.h's model API (config, parameter table,
- * weights and gradients on any backend, ops/backend.h) and its routing statistics. Spec: ARCHITECTURE.md §1, §3–§9. */
+ * weights and gradients on any backend, ops/backend.h) and its routing statistics. Spec: docs/MODEL.md §1, §3–§9. */
 #ifndef K3C_MODEL_MODEL_H
 #define K3C_MODEL_MODEL_H
 

@@ -1,5 +1,5 @@
 /* params.c — builds the parameter inventory of a Kimi-Linear / Kimi-K3 model from its config, in checkpoint order and
- * under checkpoint names (CHECKPOINTS.md §5.1–5.2), with the optimizer metadata of ARCHITECTURE.md §10. */
+ * under checkpoint names (docs/FORMATS.md §5.1–5.2), with the optimizer metadata of docs/MODEL.md §10. */
 #include "model/params.h"
 
 #include <stdarg.h>
@@ -67,7 +67,7 @@ static void kda_params(builder *b, k3c_layer_offsets *o) {
     o->f_a = MAT("self_attn.f_a_proj.weight", dk, D);
     o->f_b = MAT("self_attn.f_b_proj.weight", P, dk);
     if (strcmp(c->model_type, "kimi_k3") == 0) {
-        /* K3 stores A_log padded to max(head_dim, H) entries; only the first H are read (CHECKPOINTS.md §7 #1). */
+        /* K3 stores A_log padded to max(head_dim, H) entries; only the first H are read (docs/FORMATS.md §7 #1). */
         o->A_log = VEC("self_attn.A_log", dk > H ? dk : H);
         last(b)->used = H;
     } else {

@@ -1,6 +1,6 @@
 /* params.h — the parameter inventory of a model: every tensor under its checkpoint name with shape, offset into one flat
  * buffer, and optimizer metadata; per-layer offset tables that forward/backward bind to weights or gradients.
- * Spec: CHECKPOINTS.md §5 (tensor names and shapes), ARCHITECTURE.md §10 (which tensors Muon / AdamW / QK-Clip touch). */
+ * Spec: docs/FORMATS.md §5 (tensor names and shapes), docs/MODEL.md §10 (which tensors Muon / AdamW / QK-Clip touch). */
 #ifndef K3C_MODEL_PARAMS_H
 #define K3C_MODEL_PARAMS_H
 

@@ -1,5 +1,5 @@
 /* adamw.c — AdamW and the combined optimizer k3c_optim that sends each parameter entry to Muon or AdamW and lays out
- * their state. Spec: ARCHITECTURE.md §10.1 (which tensors each optimizer covers), TRAINING.md §1.3 (defaults). */
+ * their state. Spec: docs/MODEL.md §10.1 (which tensors each optimizer covers), docs/TRAINING.md §1.3 (defaults). */
 #include "ops/optim.h"
 
 #include <math.h>

@@ -1,5 +1,5 @@
 /* attention.c — causal document-masked attention for gated NoPE MLA: flash-style forward (online softmax over query ×
- * key tiles), FlashAttention-2 style backward, and a materialised reference. Spec: ARCHITECTURE.md §4.2, §11. */
+ * key tiles), FlashAttention-2 style backward, and a materialised reference. Spec: docs/MODEL.md §4.2, §11. */
 #include "base/real.h"
 #include "ops/attention.h"
 

@@ -1,5 +1,5 @@
 /* attention.h — causal document-masked softmax attention for (gated NoPE) MLA: flash-style forward, FlashAttention-2
- * style backward (memory linear in T), materialised reference. Spec: ARCHITECTURE.md §4, §11; TRAINING.md §2. */
+ * style backward (memory linear in T), materialised reference. Spec: docs/MODEL.md §4, §11; docs/TRAINING.md §2. */
 
 /* Layout (token-major, src/ops/ops.h): q, k [T, H, dqk]; v [T, H, dv]; o [T, H, dv]; lse [T, H] (natural log of the
  * softmax denominator of each (token, head), scores already scaled). Token i attends to the tokens j of its own

@@ -1,5 +1,5 @@
 /* attnres.c — the AttnRes depth mix h = Σ_i softmax_i((γ⊙w)·v_i/rms(v_i)) v_i over N sources, forward and backward.
- * Implements spec/ARCHITECTURE.md §5.1 (the mix), §5.3 (used by Block AttnRes) and §5.4 (gradients). */
+ * Implements docs/MODEL.md §5.1 (the mix), §5.3 (used by Block AttnRes) and §5.4 (gradients). */
 #include "base/real.h"
 #include "ops/attnres.h"
 

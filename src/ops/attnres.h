@@ -1,5 +1,5 @@
 /* attnres.h — the (Block) Attention-Residual depth mix: softmax over N sources of their RMS-normalised keys against a
- * learned pseudo-query, forward and backward. Implements spec/ARCHITECTURE.md §5.1, §5.3, §5.4. */
+ * learned pseudo-query, forward and backward. Implements docs/MODEL.md §5.1, §5.3, §5.4. */
 #ifndef K3C_OPS_ATTNRES_H
 #define K3C_OPS_ATTNRES_H
 

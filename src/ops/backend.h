@@ -1,5 +1,5 @@
 /* backend.h — the table of ops a model step calls, one per backend with one signature: the CPU reference (float and
- * double, ops/backend_cpu.c) and CUDA (float, cuda/backend.cu). DESIGN.md "Ops" (two backends, one signature).
+ * double, ops/backend_cpu.c) and CUDA (float, cuda/backend.cu). docs/CODE.md "Ops" (two backends, one signature).
  *
  * A model step (src/model) and a training step (src/train) call ops only through this table and never touch tensor
  * memory themselves, so the same step code runs on either backend. Memory comes from the backend's alloc: host memory

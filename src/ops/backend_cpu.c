@@ -1,5 +1,5 @@
 /* backend_cpu.c — the CPU reference's op table (ops/backend.h): the src/ops functions of this precision, with thin
- * adapters where a signature differs (void helpers, the ignored ctx, the KDA algorithm choice). DESIGN.md "Ops". */
+ * adapters where a signature differs (void helpers, the ignored ctx, the KDA algorithm choice). docs/CODE.md "Ops". */
 #include "base/real.h"
 #include "ops/backend.h"
 

@@ -1,5 +1,5 @@
 /* basic.h — basic CPU ops: embedding, RMSNorm (plain, per head, gated), linear / matmul, sigmoid gate, SiLU, softmax,
- * masked cross-entropy. Spec: ARCHITECTURE.md §1.2, §1.3, §3.1 step 8, §3.4 item 8, §4.2; TRAINING.md §5.3 (masks). */
+ * masked cross-entropy. Spec: docs/MODEL.md §1.2, §1.3, §3.1 step 8, §3.4 item 8, §4.2; docs/TRAINING.md §5.3 (masks). */
 
 /* Every op follows src/ops/ops.h: sizes struct (const pointer), row-major token-major arrays, returns 0 or a k3c_status
  * with `err` filled; backward ADDS into every gradient it is given, NULL gradient = not needed. Symbols exist as _f32

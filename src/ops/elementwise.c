@@ -1,5 +1,5 @@
 /* elementwise.c — the sigmoid backward and the activation moves (zero, add, strided 2-D copy) a model step needs
- * between ops. DESIGN.md "Ops" (a model step calls ops only, so every backend can run it). */
+ * between ops. docs/CODE.md "Ops" (a model step calls ops only, so every backend can run it). */
 #include "base/real.h"
 #include "ops/basic.h"
 

@@ -1,5 +1,5 @@
 /* embedding.c — token embedding gather (forward) and scatter-add (backward) over a table E[V, D].
- * Spec: ARCHITECTURE.md §1.1 (model.embed_tokens feeds the first decoder layer). */
+ * Spec: docs/MODEL.md §1.1 (model.embed_tokens feeds the first decoder layer). */
 #include "base/real.h"
 #include "ops/basic.h"
 

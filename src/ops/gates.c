@@ -1,5 +1,5 @@
 /* gates.c — the sigmoid output gate y = x ⊙ σ(z) of gated MLA and elementwise sigmoid / SiLU with backward.
- * Spec: ARCHITECTURE.md §4.2 (gate and its backward), §4.3, §3.1 step 2 (SiLU after the short conv). */
+ * Spec: docs/MODEL.md §4.2 (gate and its backward), §4.3, §3.1 step 2 (SiLU after the short conv). */
 #include "base/real.h"
 #include "ops/basic.h"
 

@@ -1,5 +1,5 @@
 /* glu.c — SiLU-GLU and SiTU-GLU activations h = act(g) ⊙ c(u), forward and exact backward.
- * Implements spec/ARCHITECTURE.md §8 (derivatives as in NeMo's _situ_bwd_core). */
+ * Implements docs/MODEL.md §8 (derivatives as in NeMo's _situ_bwd_core). */
 #include "base/real.h"
 #include "ops/glu.h"
 

@@ -1,5 +1,5 @@
 /* glu.h — the gated activations of every FFN: SiLU-GLU (SwiGLU, Kimi Linear) and SiTU-GLU (K3), forward and backward.
- * Implements spec/ARCHITECTURE.md §8 (SiTU / SiTU-GLU); follows the op convention of ops/ops.h. */
+ * Implements docs/MODEL.md §8 (SiTU / SiTU-GLU); follows the op convention of ops/ops.h. */
 #ifndef K3C_OPS_GLU_H
 #define K3C_OPS_GLU_H
 

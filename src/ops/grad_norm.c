@@ -1,5 +1,5 @@
 /* grad_norm.c — the global gradient norm over a parameter table and torch-style clipping: the CPU reference of the
- * backend table's clip_grad_norm entry (CUDA twin in cuda/optim.cu). Spec: ARCHITECTURE.md §11, TRAINING.md §1.3. */
+ * backend table's clip_grad_norm entry (CUDA twin in cuda/optim.cu). Spec: docs/MODEL.md §11, docs/TRAINING.md §1.3. */
 #include "ops/optim.h"
 
 #include <math.h>

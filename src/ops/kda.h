@@ -1,5 +1,5 @@
 /* kda.h — Kimi Delta Attention on the CPU: the gated delta-rule core (token recurrence and WY/UT chunkwise form,
- * forward and backward) and the forget-gate activation. Spec: ARCHITECTURE.md §3.1 steps 6–7, §3.2–3.4.
+ * forward and backward) and the forget-gate activation. Spec: docs/MODEL.md §3.1 steps 6–7, §3.2–3.4.
  *
  * Layout (token-major over a packed batch, src/ops/ops.h): q, k [T, H, dk]; v, o [T, H, dv]; g [T, H, dk] = log-decay
  * (natural log, ≤ 0, already activated); beta [T, H]; states h0, ht [n_docs, H, dk, dv]. cu_seqlens holds n_docs + 1

@@ -1,5 +1,5 @@
 /* kda_chunk.c — the KDA chunkwise-parallel (WY/UT) algorithm, forward and backward, with 16-row intra-chunk tiles.
- * Spec: ARCHITECTURE.md §3.2 steps 1–6, §3.3 (tile references, lower-bound gate), §3.4 stages 1–5. */
+ * Spec: docs/MODEL.md §3.2 steps 1–6, §3.3 (tile references, lower-bound gate), §3.4 stages 1–5. */
 #include "base/real.h"
 #include "ops/kda.h"
 

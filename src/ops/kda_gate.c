@@ -1,5 +1,5 @@
 /* kda_gate.c — the KDA forget-gate activation, softplus and lower-bound forms, forward and backward.
- * Spec: ARCHITECTURE.md §3.1 step 6, §3.4 stage 6. */
+ * Spec: docs/MODEL.md §3.1 step 6, §3.4 stage 6. */
 #include "base/real.h"
 #include "ops/kda.h"
 

@@ -1,5 +1,5 @@
 /* kda_recurrent.c — the KDA token recurrence, forward and token-level backward (the CPU reference and the decode step).
- * Spec: ARCHITECTURE.md §3.1 step 7 (step form), §3.4 "Token-level reference backward", §3.5. */
+ * Spec: docs/MODEL.md §3.1 step 7 (step form), §3.4 "Token-level reference backward", §3.5. */
 #include "base/real.h"
 #include "ops/kda.h"
 

@@ -1,5 +1,5 @@
 /* l2norm.c — row-wise L2 normalisation y = x / sqrt(Σx² + eps), forward and backward.
- * Spec: ARCHITECTURE.md §3.1 step 4 (eps 1e-6), §3.4 stage 7 (fla l2norm_bwd_kernel). */
+ * Spec: docs/MODEL.md §3.1 step 4 (eps 1e-6), §3.4 stage 7 (fla l2norm_bwd_kernel). */
 #include "base/real.h"
 #include "ops/l2norm.h"
 

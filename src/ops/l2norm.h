@@ -1,5 +1,5 @@
 /* l2norm.h — row-wise L2 normalisation y = x / sqrt(Σx² + eps) (KDA q and k per head), forward and backward.
- * Spec: ARCHITECTURE.md §3.1 step 4, §3.4 stage 7. Symbols exist as _f32 and _f64; no workspace. */
+ * Spec: docs/MODEL.md §3.1 step 4, §3.4 stage 7. Symbols exist as _f32 and _f64; no workspace. */
 #ifndef K3C_OPS_L2NORM_H
 #define K3C_OPS_L2NORM_H
 

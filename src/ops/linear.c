@@ -1,5 +1,5 @@
 /* linear.c — the bias-free linear layer y = x Wᵀ with the checkpoint layout W[out, in], its backward, and a row-major
- * GEMM helper, all through cblas_rgemm (OpenBLAS). Spec: ARCHITECTURE.md §1.1, §3.1 step 1, §4.2 (projections). */
+ * GEMM helper, all through cblas_rgemm (OpenBLAS). Spec: docs/MODEL.md §1.1, §3.1 step 1, §4.2 (projections). */
 #include "base/real.h"
 #include "ops/basic.h"
 

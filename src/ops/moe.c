@@ -1,5 +1,5 @@
 /* moe.c — routed experts (plan → gather → per-expert GLU MLP → weighted combine) and the dense GLU MLP, fwd and bwd.
- * Implements spec/ARCHITECTURE.md §9.2 (u = Σ p_i E_i(z) and its backward), with §8 for the expert activation. */
+ * Implements docs/MODEL.md §9.2 (u = Σ p_i E_i(z) and its backward), with §8 for the expert activation. */
 #include "base/carve.h"
 #include "base/real.h"
 #include "ops/moe.h"

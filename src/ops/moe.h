@@ -1,5 +1,5 @@
 /* moe.h — the Kimi sigmoid router, the routed-expert MoE op (dispatch → per-expert GLU MLP → weighted combine) and the
- * dense GLU MLP (layer 0, shared experts). Implements spec/ARCHITECTURE.md §6.2, §7.2 (the cutoff α), §8, §9. */
+ * dense GLU MLP (layer 0, shared experts). Implements docs/MODEL.md §6.2, §7.2 (the cutoff α), §8, §9. */
 #ifndef K3C_OPS_MOE_H
 #define K3C_OPS_MOE_H
 
@@ -10,7 +10,7 @@
  * The model computes logits = x W_rᵀ itself (full hidden x, also in K3's latent MoE), then:
  *   s = σ(logits);  T = TopK_k(s + bias);  p_i = s_i / (Σ_{j∈T} s_j + 1e-20) · scale   (renormalise && k > 1)
  *                                          p_i = s_i · scale                            (otherwise)
- * Selection uses the biased score, weights the UNbiased s (CHECKPOINTS.md §7 #4).
+ * Selection uses the biased score, weights the UNbiased s (docs/FORMATS.md §7 #4).
  * Order of the k outputs per token: descending biased score; ties go to the LOWER expert index (so selection is a pure
  * function of the scores, the same on every backend and rank).
  * cutoff (optional, [T]): the (k+1)-th largest biased score per token = the QB cutoff α_i of §7.2 (same tie rule);

@@ -1,5 +1,5 @@
 /* muon.c — Muon: momentum, Nesterov, the quintic Newton–Schulz orthogonalisation (NS5) and the Per-Head split of a
- * weight into row blocks that are orthogonalised separately. Spec: ARCHITECTURE.md §10.1 and §10.3. */
+ * weight into row blocks that are orthogonalised separately. Spec: docs/MODEL.md §10.1 and §10.3. */
 #include "ops/optim.h"
 
 #include <cblas.h>

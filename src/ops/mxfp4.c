@@ -1,5 +1,5 @@
 /* mxfp4.c — MXFP4 decode (E2M1 nibbles × UE8M0 group scales) to float and double.
- * Implements spec/CHECKPOINTS.md §6; nibble order per §7 #11 (low nibble = even column). */
+ * Implements docs/FORMATS.md §6; nibble order per §7 #11 (low nibble = even column). */
 #include "ops/mxfp4.h"
 
 #include <math.h>

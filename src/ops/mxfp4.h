@@ -1,5 +1,5 @@
 /* mxfp4.h — decoding of MXFP4 ("mxfp4-pack-quantized") routed-expert weights: E2M1 nibbles with one UE8M0 scale per 32
- * inputs. Implements spec/CHECKPOINTS.md §6 (and §7 #11: low nibble = even column). */
+ * inputs. Implements docs/FORMATS.md §6 (and §7 #11: low nibble = even column). */
 #ifndef K3C_OPS_MXFP4_H
 #define K3C_OPS_MXFP4_H
 

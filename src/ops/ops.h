@@ -1,6 +1,6 @@
 /* ops.h — the op convention shared by every CPU op (src/ops) and its CUDA twin (src/cuda), and the list of op headers.
  *
- * Convention (DESIGN.md "Ops"):
+ * Convention (docs/CODE.md "Ops"):
  *  - An op is k3c_<op>_fwd / k3c_<op>_bwd, written once on `real` (base/real.h) and compiled as _f32 and _f64.
  *  - Arguments: a small const struct of sizes, then contiguous row-major arrays, then an optional workspace
  *    (`void *ws`, size from k3c_<op>_workspace(sizes) in bytes). No allocation inside an op. Returns 0 or a k3c_status.

@@ -1,6 +1,6 @@
 /* optim.h — AdamW, Per-Head Muon (Newton–Schulz-5), k3c_optim over a parameter table and gradient-norm clipping: the
- * optimizer ops of a training step (CPU here; CUDA twins in cuda/optim.cu). Spec: ARCHITECTURE.md §10.1, §10.3,
- * TRAINING.md §1.3 (defaults). Below the backend table (ops/backend.h), so every backend's step shares this layout. */
+ * optimizer ops of a training step (CPU here; CUDA twins in cuda/optim.cu). Spec: docs/MODEL.md §10.1, §10.3,
+ * docs/TRAINING.md §1.3 (defaults). Below the backend table (ops/backend.h), so every backend's step shares this layout. */
 #ifndef K3C_OPS_OPTIM_H
 #define K3C_OPS_OPTIM_H
 
@@ -61,7 +61,7 @@ int k3c_muon_update(const k3c_muon_hp *hp, float *w, const float *g, float *mom,
 typedef enum { K3C_MATRIX_MUON = 0, K3C_MATRIX_ADAMW = 1 } k3c_matrix_optimizer;
 
 typedef struct {
-    /* hyper-parameters (k3c_optim_defaults sets the Moonlight values of TRAINING.md §1.3) */
+    /* hyper-parameters (k3c_optim_defaults sets the Moonlight values of docs/TRAINING.md §1.3) */
     double lr; /* peak lr, for the caller's schedule; k3c_optim_step takes the current lr */
     double beta1, beta2, eps;
     double weight_decay; /* λ = 0.1 */

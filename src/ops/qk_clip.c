@@ -1,5 +1,5 @@
 /* qk_clip.c — QK-Clip (the "clip" of MuonClip) for MLA layers: after the optimizer step, heads whose largest scaled
- * logit exceeded τ get query/key rows shrunk so that logit scales by γ = τ / S_max. Spec: ARCHITECTURE.md §10.2. */
+ * logit exceeded τ get query/key rows shrunk so that logit scales by γ = τ / S_max. Spec: docs/MODEL.md §10.2. */
 #include "ops/qk_clip.h"
 
 #include <math.h>

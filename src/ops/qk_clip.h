@@ -1,5 +1,5 @@
 /* qk_clip.h — QK-Clip (the "clip" of MuonClip) for MLA layers after the optimizer step: CPU reference of the backend
- * table's qk_clip entry (CUDA twin: cuda/qk_clip.cu). Spec: ARCHITECTURE.md §10.2. */
+ * table's qk_clip entry (CUDA twin: cuda/qk_clip.cu). Spec: docs/MODEL.md §10.2. */
 #ifndef K3C_OPS_QK_CLIP_H
 #define K3C_OPS_QK_CLIP_H
 
@@ -10,7 +10,7 @@
  * After the optimizer step, for each head h with S_max^h > τ, γ = τ / S_max^h:
  *   q nope rows of head h (q_b_proj, or q_proj when q_lora_rank = 0) × sqrt(γ); q rope rows × γ;
  *   k nope rows of head h in kv_b_proj × sqrt(γ); value rows and the shared k_pe (kv_a_proj_with_mqa) untouched.
- * Layouts (ARCHITECTURE.md §4.2): q rows per head [nope | rope], kv_b rows per head [k_nope | v]. */
+ * Layouts (docs/MODEL.md §4.2): q rows per head [nope | rope], kv_b rows per head [k_nope | v]. */
 #define K3C_QK_CLIP_TAU 100.0
 
 /* One MLA layer: s_max [mla_heads]. *n_clipped (may be NULL) gets the number of heads scaled. K3C_ENUMERIC for a

@@ -1,5 +1,5 @@
 /* quantile_balance.c — Quantile Balancing: the exact per-expert order-statistic bias update, the separable histogram estimator with
- * in-bin interpolation, and expert-load telemetry. Spec: ARCHITECTURE.md §7.2 (exact rule), §7.3 (App. D), §7.4. */
+ * in-bin interpolation, and expert-load telemetry. Spec: docs/MODEL.md §7.2 (exact rule), §7.3 (App. D), §7.4. */
 #include "ops/quantile_balance.h"
 
 #include <math.h>

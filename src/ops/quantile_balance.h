@@ -1,5 +1,5 @@
 /* quantile_balance.h — Quantile Balancing of the MoE router bias (exact order-statistic rule and the separable histogram estimator)
- * and expert-load telemetry. Spec: ARCHITECTURE.md §7.1–§7.4 (K3 report Eq. 13–14, App. C, App. D). */
+ * and expert-load telemetry. Spec: docs/MODEL.md §7.1–§7.4 (K3 report Eq. 13–14, App. C, App. D). */
 #ifndef K3C_OPS_QUANTILE_BALANCE_H
 #define K3C_OPS_QUANTILE_BALANCE_H
 

@@ -1,5 +1,5 @@
 /* rmsnorm.c — RMSNorm over rows with one shared weight vector (plain, per head) and the sigmoid-gated KDA output form.
- * Spec: ARCHITECTURE.md §1.2 (forward, backward), §1.3 (eps), §3.1 step 8 and §3.4 item 8 (gated form). */
+ * Spec: docs/MODEL.md §1.2 (forward, backward), §1.3 (eps), §3.1 step 8 and §3.4 item 8 (gated form). */
 #include "base/real.h"
 #include "ops/basic.h"
 

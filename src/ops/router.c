@@ -1,5 +1,5 @@
 /* router.c — the Kimi sigmoid router: top-k over biased sigmoid scores, (renormalised) unbiased weights, the QB cutoff.
- * Implements spec/ARCHITECTURE.md §6.2 (forward and weight gradient) and the cutoff α_i of §7.2. */
+ * Implements docs/MODEL.md §6.2 (forward and weight gradient) and the cutoff α_i of §7.2. */
 #include "base/real.h"
 #include "ops/moe.h"
 

@@ -1,5 +1,5 @@
 /* short_conv.c — depthwise causal short convolution + SiLU with packed-document resets and decode conv state.
- * Spec: ARCHITECTURE.md §3.1 step 2, §3.4 "Short-conv backward", §3.5. */
+ * Spec: docs/MODEL.md §3.1 step 2, §3.4 "Short-conv backward", §3.5. */
 #include "base/real.h"
 #include "ops/short_conv.h"
 

@@ -1,5 +1,5 @@
 /* short_conv.h — depthwise causal convolution (kernel W, no bias) followed by SiLU, with zero padding before every
- * packed-document start and an optional conv state for decoding. Spec: ARCHITECTURE.md §3.1 step 2, §3.4 "Short-conv
+ * packed-document start and an optional conv state for decoding. Spec: docs/MODEL.md §3.1 step 2, §3.4 "Short-conv
  * backward", §3.5. Symbols exist as _f32 and _f64.
  *
  *   a_t[c] = Σ_{j=0..W−1} w[c, j] · x_{t−W+1+j}[c],   y_t[c] = SiLU(a_t[c])   (w[c, W−1] multiplies the current token)

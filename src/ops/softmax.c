@@ -1,5 +1,5 @@
 /* softmax.c — max-subtracted softmax over the rows of a matrix and its backward (used by AttnRes mixes and tests).
- * Spec: ARCHITECTURE.md §5 (depth softmax), §11 (softmax statistics in at least fp32). */
+ * Spec: docs/MODEL.md §5 (depth softmax), §11 (softmax statistics in at least fp32). */
 #include "base/real.h"
 #include "ops/basic.h"
 

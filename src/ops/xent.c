@@ -1,5 +1,5 @@
 /* xent.c — masked mean cross-entropy over vocabulary logits (the LM loss), max-subtracted, with its backward.
- * Spec: TRAINING.md §2 packing table (boundary targets masked) and §5.3 (loss masks); ARCHITECTURE.md §11. */
+ * Spec: docs/TRAINING.md §2 packing table (boundary targets masked) and §5.3 (loss masks); docs/MODEL.md §11. */
 #include "base/real.h"
 #include "ops/basic.h"
 

@@ -1,5 +1,5 @@
 /* comm.c — per-stage communication (docs/PLAN.md §5): TP sequence-parallel gathers, CP latent-KV / KDA-state gathers,
- * EP dispatch + combine (ARCHITECTURE.md §9.2), PP sends with AttnRes sources (§5.2), DP sync under ZeRO 0–3. */
+ * EP dispatch + combine (docs/MODEL.md §9.2), PP sends with AttnRes sources (§5.2), DP sync under ZeRO 0–3. */
 #include "plan/plan.h"
 
 #include <string.h>

@@ -1,5 +1,5 @@
 /* flops.c — FLOPs per token by component: projections (2 per weight), MLA scores/values (quadratic in context),
- * KDA chunked recurrence (Kimi Linear paper Eq. 13; ARCHITECTURE.md §3.2), AttnRes mixes (§5.4), MoE (§9), MFU. */
+ * KDA chunked recurrence (Kimi Linear paper Eq. 13; docs/MODEL.md §3.2), AttnRes mixes (§5.4), MoE (§9), MFU. */
 #include "plan/plan.h"
 
 #include <string.h>
@@ -15,7 +15,7 @@ int64_t k3c_plan_attnres_sources(const k3c_config *cfg, int64_t l) {
     return S > 0 ? (l + S - 1) / S : 0;
 }
 
-/* Sources read by the two mixes of layer l (ARCHITECTURE.md §5.3): layer 0's attention input is the embedding
+/* Sources read by the two mixes of layer l (docs/MODEL.md §5.3): layer 0's attention input is the embedding
  * itself (no mix); otherwise R ∪ {P}, and the MLP mix sees R after the block-start append. */
 void k3c_plan_attnres_mix_sources(const k3c_config *cfg, int64_t l, int64_t *attn, int64_t *mlp) {
     *attn = *mlp = 0;
@@ -31,7 +31,7 @@ static int64_t attnres_mix_sources(const k3c_config *cfg, int64_t l) {
     return a + m;
 }
 
-/* Per-token cost of one depth mix over n sources: ≈ 3·n·d forward (ARCHITECTURE.md §5.4). */
+/* Per-token cost of one depth mix over n sources: ≈ 3·n·d forward (docs/MODEL.md §5.4). */
 static double attnres_flops(const k3c_config *cfg, int64_t sources) {
     return 3.0 * (double)sources * (double)cfg->hidden_size;
 }

@@ -14,7 +14,7 @@ void k3c_plan_hw_default(k3c_plan_hw *hw) {
     hw->gpu_mem_gb = 141; /* H200 */
     hw->nvlink_gbs = 900;
     hw->ib_gbps = 400;
-    hw->peak_tflops = 989; /* dense BF16 (PEERS.md §8) */
+    hw->peak_tflops = 989; /* dense BF16 (docs/PLAN.md §5) */
     hw->compute_eff = 0.5;
     hw->hbm_gbs = 4800;
     hw->gpus_per_node = 8;

@@ -1,5 +1,5 @@
 /* model.c — the per-layer summary the layout evaluation reads (parameters by sharding class, FLOPs, activation bytes
- * per recomputation policy), from the tensor inventory (CHECKPOINTS.md §5) and ARCHITECTURE.md §3.4, §4, §5, §9. */
+ * per recomputation policy), from the tensor inventory (docs/FORMATS.md §5) and docs/MODEL.md §3.4, §4, §5, §9. */
 #include "plan/plan.h"
 
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* params.c — exact parameter accounting of a kimi_linear / kimi_k3 config, tensor by tensor as the checkpoint stores
- * them (spec/CHECKPOINTS.md §1.1, §5.1, §5.2; ARCHITECTURE.md §2): totals, active per token, dtypes, tensor count. */
+ * them (docs/FORMATS.md §1.1, §5.1, §5.2; docs/MODEL.md §2): totals, active per token, dtypes, tensor count. */
 #include "plan/plan.h"
 
 #include <string.h>

@@ -1,5 +1,5 @@
 /* plan.h — `k3c plan`: exact parameter accounting, FLOPs, per-GPU memory, communication and layout search for a
- * Kimi-K3-class model on TP×CP×PP×EP×DP GPUs (spec/ARCHITECTURE.md §2–5, §9–10; spec/CHECKPOINTS.md §1.1, §3, §5). */
+ * Kimi-K3-class model on TP×CP×PP×EP×DP GPUs (docs/MODEL.md §2–5, §9–10; docs/FORMATS.md §1.1, §3, §5). */
 #ifndef K3C_PLAN_H
 #define K3C_PLAN_H
 

@@ -1,5 +1,5 @@
 /* serve.c — serving plan on TP×PP×EP×DP GPUs: weights in the checkpoint's dtypes, MLA latent cache (576 values per
- * token per layer), KDA recurrent states and conv tails (ARCHITECTURE.md §2.2, §3.5, §4.1), decode-step estimate. */
+ * token per layer), KDA recurrent states and conv tails (docs/MODEL.md §2.2, §3.5, §4.1), decode-step estimate. */
 #include "plan/plan.h"
 
 #include <math.h>

@@ -1,4 +1,4 @@
-/* bpe.c — byte-pair merging of one pre-token with tiktoken's rule (spec/CHECKPOINTS.md §8.1): repeatedly merge the
+/* bpe.c — byte-pair merging of one pre-token with tiktoken's rule (docs/FORMATS.md §8.1): repeatedly merge the
  * adjacent pair whose concatenation has the lowest rank, leftmost on ties; linear rescans for short pieces, a heap for long. */
 #include "tok/tok_impl.h"
 

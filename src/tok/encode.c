@@ -1,4 +1,4 @@
-/* encode.c — text → ids and ids → bytes (spec/CHECKPOINTS.md §8.1, §9.2): allowed special tokens are cut out first,
+/* encode.c — text → ids and ids → bytes (docs/FORMATS.md §8.1, §9.2): allowed special tokens are cut out first,
  * each ordinary run is pre-tokenised and BPE'd piece by piece; segment lists for chat templates; the Kimi release's
  * long-input chunking. */
 #include "tok/tok_impl.h"

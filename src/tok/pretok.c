@@ -1,5 +1,5 @@
-/* pretok.c — hand-written matchers for the cl100k and Kimi pre-tokenisation regexes (spec/CHECKPOINTS.md §8.1, §8.3;
- * TRAINING.md §7.4): each alternative is tried in order at the current position with the regex's exact backtracking result. */
+/* pretok.c — hand-written matchers for the cl100k and Kimi pre-tokenisation regexes (docs/FORMATS.md §8.1, §8.3;
+ * docs/TRAINING.md §7.4): each alternative is tried in order at the current position with the regex's exact backtracking result. */
 #include "tok/tok.h"
 #include "tok/unicode.h"
 

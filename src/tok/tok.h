@@ -1,5 +1,5 @@
 /* tok.h — k3c's tokenizer: byte-level BPE in the tiktoken format with a separate special-token table, the cl100k and
- * Kimi (K2/K3) pre-tokenisers, segment-wise encoding for chat templates, and a BPE trainer (spec/CHECKPOINTS.md §8, §9.2).
+ * Kimi (K2/K3) pre-tokenisers, segment-wise encoding for chat templates, and a BPE trainer (docs/FORMATS.md §8, §9.2).
  *
  * Model: a vocabulary maps byte strings to ranks (rank = token id = merge priority, lower merges first); special tokens
  * live in their own table with ids that no rank uses. Encoding = cut the text at allowed special-token spellings, cut
@@ -43,7 +43,7 @@ void k3c_tok_special_at(const k3c_tok *t, int i, const char **str, size_t *len, 
 int32_t k3c_tok_rank_of(const k3c_tok *t, const void *bytes, size_t len); /* -1 if those bytes are not a token */
 
 /* ---------------------------------------------------------------- encoding and decoding */
-/* A chat-template segment (spec/CHECKPOINTS.md §9.2): markup segments allow special tokens, content segments do not.
+/* A chat-template segment (docs/FORMATS.md §9.2): markup segments allow special tokens, content segments do not.
  * Each segment is encoded on its own (BPE never merges across segments) and the ids are concatenated. */
 typedef struct {
     const char *text;

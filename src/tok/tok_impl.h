@@ -1,4 +1,4 @@
-/* tok_impl.h — the inside of k3c_tok shared by vocab.c, bpe.c, encode.c and train.c (spec/CHECKPOINTS.md §8.3:
+/* tok_impl.h — the inside of k3c_tok shared by vocab.c, bpe.c, encode.c and train.c (docs/FORMATS.md §8.3:
  * bytes → rank hash map for encoding, rank → bytes for decoding, specials in a separate table). Not for other modules. */
 #ifndef K3C_TOK_IMPL_H
 #define K3C_TOK_IMPL_H

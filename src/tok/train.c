@@ -1,4 +1,4 @@
-/* train.c — learns a byte-level BPE vocabulary in the tiktoken format from a corpus (spec/CHECKPOINTS.md §8.3: "train a
+/* train.c — learns a byte-level BPE vocabulary in the tiktoken format from a corpus (docs/FORMATS.md §8.3: "train a
  * byte-level BPE in C and write it in the same .tiktoken format; reserve special ids above the merge ranks").
  *
  * Classic incremental BPE: count the distinct pre-token pieces once, then repeatedly merge the most frequent adjacent

@@ -1,4 +1,4 @@
-/* unicode.h — code-point classes for the hand-written pre-tokenisers (spec/CHECKPOINTS.md §8.1, §8.3): general-category
+/* unicode.h — code-point classes for the hand-written pre-tokenisers (docs/FORMATS.md §8.1, §8.3): general-category
  * groups, Script=Han, White_Space and Python's isspace, looked up from the generated table in unicode_tables.c. */
 #ifndef K3C_TOK_UNICODE_H
 #define K3C_TOK_UNICODE_H

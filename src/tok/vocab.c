@@ -1,5 +1,5 @@
 /* vocab.c — the tokenizer's tables: tiktoken rank files (load, save), base64, the bytes → rank hash map and the special
- * token table with its JSON forms (spec/CHECKPOINTS.md §8.1–8.3; tiktoken `load.py` format). */
+ * token table with its JSON forms (docs/FORMATS.md §8.1–8.3; tiktoken `load.py` format). */
 #include "tok/tok_impl.h"
 
 #include "base/json.h"

@@ -1,6 +1,6 @@
 /* xtml.h — chat prompts for Kimi models: render OpenAI-style messages + tools to the exact prompt and its segments, and
  * parse (also while streaming) model output back into reasoning, content and typed tool calls. Two formats: K3's XTML
- * (spec/CHECKPOINTS.md §9.2) and the K2-style envelope Kimi Linear uses (§9.1). */
+ * (docs/FORMATS.md §9.2) and the K2-style envelope Kimi Linear uses (§9.1). */
 #ifndef K3C_XTML_H
 #define K3C_XTML_H
 

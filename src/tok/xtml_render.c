@@ -1,5 +1,5 @@
 /* xtml_render.c — k3c_chat_render: OpenAI-style messages + tools + options to the prompt string and its segments.
- * XTML (K3, a byte-exact port of the release's encoding_k3.py as spec/CHECKPOINTS.md §9.2 describes it) and the
+ * XTML (K3, a byte-exact port of the release's encoding_k3.py as docs/FORMATS.md §9.2 describes it) and the
  * K2-style envelope of Kimi Linear (§9.1, its chat_template.jinja). */
 #include "tok/xtml.h"
 

@@ -1,5 +1,5 @@
 /* data.h — the training data pipeline: token shards (a checksummed binary format), `k3c data prepare` (text / JSONL
- * corpora → shards), and the packed loader (cu_seqlens batches, mixtures, resumable state). Spec: TRAINING.md §2, §7.1. */
+ * corpora → shards), and the packed loader (cu_seqlens batches, mixtures, resumable state). Spec: docs/TRAINING.md §2, §7.1. */
 #ifndef K3C_TRAIN_DATA_H
 #define K3C_TRAIN_DATA_H
 
@@ -120,7 +120,7 @@ typedef struct {
  * DIR/{train,val}-NNNNN.k3cshard and DIR/manifest.json (written last). */
 int k3c_data_prepare(const k3c_prepare_opts *o, k3c_prepare_result *res, k3c_err *err);
 
-/* ================================================================ the packed loader (TRAINING.md §2)
+/* ================================================================ the packed loader (docs/TRAINING.md §2)
  * A step asks for exactly T tokens with pieces of at most S tokens. Documents are taken whole or in pieces: a piece
  * is min(S, rest of the document, room left in the step); each piece is its own sequence for the model (KDA state,
  * conv tails and the MLA mask reset at its start). A document cut by the end of a step continues in the next one. */

@@ -1,6 +1,6 @@
 /* loader.c — the packed loader: exactly T tokens per step from whole documents or pieces of at most S tokens, with
  * cu_seqlens and next-token targets (-1 at piece ends), shuffled per epoch, mixed over sources by weight, a small
- * plain state for bit-exact resume, and a fixed-order validation iterator. Spec: TRAINING.md §2, §1.4 (stages). */
+ * plain state for bit-exact resume, and a fixed-order validation iterator. Spec: docs/TRAINING.md §2, §1.4 (stages). */
 #include "base/json.h"
 #include "train/data.h"
 

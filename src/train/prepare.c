@@ -1,5 +1,5 @@
 /* prepare.c — `k3c data prepare`: text / JSONL corpora (optionally gzip'd) → documents → token ids (+ end-of-document
- * token) → train / val K3CSHARD files and manifest.json. Spec: TRAINING.md §7.1 (offline corpora), §2 (documents). */
+ * token) → train / val K3CSHARD files and manifest.json. Spec: docs/TRAINING.md §7.1 (offline corpora), §2 (documents). */
 #include "base/json.h"
 #include "train/data.h"
 

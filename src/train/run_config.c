@@ -1,5 +1,5 @@
 /* run_config.c — the strict reader of a training run config (JSON): model, tokenizer, data sources, staged context
- * lengths with their schedules and mixtures, optimizer, balancing, logging and checkpoint cadence. Spec: TRAINING.md §1. */
+ * lengths with their schedules and mixtures, optimizer, balancing, logging and checkpoint cadence. Spec: docs/TRAINING.md §1. */
 #include "base/json.h"
 #include "ops/optim.h"
 #include "ops/qk_clip.h"

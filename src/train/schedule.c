@@ -1,5 +1,5 @@
 /* schedule.c — the learning-rate schedule (linear warmup, then cosine / linear / constant).
- * Spec: TRAINING.md §1.1 (cosine with 1% warmup), §1.4 (stages with their own lr). */
+ * Spec: docs/TRAINING.md §1.1 (cosine with 1% warmup), §1.4 (stages with their own lr). */
 #include "train/schedule.h"
 
 #include <math.h>

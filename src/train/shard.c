@@ -1,5 +1,5 @@
 /* shard.c — the K3CSHARD token shard (writer, mmapped validating reader) and shard sets (a prepared directory's
- * manifest.json and the shards of one split). Spec: TRAINING.md §2 (packing input), §7.1 (offline corpora). */
+ * manifest.json and the shards of one split). Spec: docs/TRAINING.md §2 (packing input), §7.1 (offline corpora). */
 #include "base/json.h"
 #include "train/data.h"
 

@@ -1,6 +1,6 @@
 /* trainer.c — the training loop: packed batches → forward/backward → clipping → Per-Head Muon + AdamW → QK-Clip →
  * quantile balancing of every MoE router → metrics, validation, checkpoints; stages change context length, schedule and
- * mixture. Spec: TRAINING.md §1–§2, ARCHITECTURE.md §7.2 (QB after the optimizer step), §10.
+ * mixture. Spec: docs/TRAINING.md §1–§2, docs/MODEL.md §7.2 (QB after the optimizer step), §10.
  *
  * Every step op runs through the model's backend table (ops/backend.h), the same code on the CPU and a device. The host
  * waits for the device twice per step: for the loss (end of the forward) and the gradient norm (it decides the clip and

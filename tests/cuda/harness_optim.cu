@@ -1,7 +1,7 @@
 /* harness_optim.cu — the GPU training-step ops against the CPU ones: the optimizer (src/cuda/optim.cu vs ops/adamw.c,
  * muon.c, grad_norm.c: AdamW, (Per-Head) Muon with NS5, entry sub-ranges, gradient-norm clipping), the backend table's
  * training entries in device memory, quantile balancing and QK-Clip (cuda/quantile_balance.cu, qk_clip.cu vs the CPU
- * table's entries). ARCHITECTURE.md §7, §10.
+ * table's entries). docs/MODEL.md §7, §10.
  * Usage: harness_optim [seed]. Needs configs/k3_test_tiny.json and configs/k3_tiny.json (skipped when absent). */
 #include <algorithm>
 #include <chrono>

@@ -1,6 +1,6 @@
 /* op_harness.cu — runs every CUDA op against its CPU float32 twin from libk3c.a on fresh random inputs (seed printed),
  * outputs poisoned with NaN before each run; bf16 paths within 1e-2 relative, their fp16 variants within 2e-3, fp32
- * paths within 1e-4. Issue 5; DESIGN.md "Ops" (one harness over every backend). Built and run by tools/device_cuda.sh only (needs a GPU). */
+ * paths within 1e-4. Issue 5; docs/CODE.md "Ops" (one harness over every backend). Built and run by tools/device_cuda.sh only (needs a GPU). */
 #include <time.h>
 
 #include <algorithm>
