@@ -242,7 +242,7 @@ int k3c_xent_bwd_cuda(const k3c_xent_sizes *s, const float *logits, const int32_
 /* ================================================================ embedding, RMSNorm, L2 norm (embedding.cu, rmsnorm.cu,
  * l2norm.cu). Size checks, NULL-gradient rules and formulas are the CPU op's; reductions the CPU does in double are done
  * in double. None needs a workspace: parameter gradients (dw) are reduced by a column kernel whose summation order is
- * fixed by the launch shape alone; only the embedding backward uses atomicAdd. */
+ * fixed by the launch shape alone; the embedding backward sums each row's tokens in token order, like the CPU. */
 #include "ops/basic.h"
 #include "ops/l2norm.h"
 

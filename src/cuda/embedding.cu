@@ -41,13 +41,42 @@ __global__ void embed_gather_kernel(int64_t T, int64_t D, const int32_t *ids, co
     }
 }
 
-__global__ void embed_scatter_kernel(int64_t T, int64_t V, int64_t D, const int32_t *ids, const float *dy, float *dE) {
-    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-        const int32_t id = ids[t];
-        if (id < 0 || id >= V) continue; /* see cuda_norms.h: the backward cannot report, so it skips */
-        float *dst = dE + (int64_t)id * D;
-        const float *src = dy + t * D;
-        for (int64_t c = threadIdx.x; c < D; c += blockDim.x) atomicAdd(dst + c, src[c]);
+/* dE[v,:] += dy[t,:] for every token t with ids[t] = v, in ascending t, as the CPU op does. Block b owns the vocabulary
+ * rows [b·EMB_ROWS, (b+1)·EMB_ROWS): it scans the ids in chunks, lists the chunk's tokens that fall in its rows in token
+ * order (warp ballots, warps in order), then adds their dy rows with thread c owning columns c, c + blockDim, ... So each
+ * element of dE is summed by one thread in token order: no atomics, the same bits on every run (a float atomicAdd
+ * commits in whatever order the hardware schedules). Ids outside [0, V) fall in no block: the backward cannot report,
+ * so it skips them (the forward refuses them). */
+constexpr int EMB_ROWS = 32, EMB_THREADS = 256;
+
+__global__ void __launch_bounds__(EMB_THREADS)
+    embed_scatter_kernel(int64_t T, int64_t V, int64_t D, const int32_t *ids, const float *dy, float *dE) {
+    __shared__ int64_t list[EMB_THREADS];
+    __shared__ int warp_base[EMB_THREADS / 32 + 1];
+    const int64_t v0 = (int64_t)blockIdx.x * EMB_ROWS, v1 = v0 + EMB_ROWS < V ? v0 + EMB_ROWS : V;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int64_t base = 0; base < T; base += EMB_THREADS) {
+        const int64_t t = base + threadIdx.x;
+        const int32_t id = t < T ? ids[t] : -1;
+        const bool mine = id >= v0 && id < v1;
+        const unsigned ballot = __ballot_sync(0xffffffffu, mine);
+        if (lane == 0) warp_base[warp + 1] = __popc(ballot);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            warp_base[0] = 0;
+            for (int w = 1; w <= EMB_THREADS / 32; w++) warp_base[w] += warp_base[w - 1];
+        }
+        __syncthreads();
+        if (mine) list[warp_base[warp] + __popc(ballot & ((1u << lane) - 1))] = t;
+        __syncthreads();
+        const int n = warp_base[EMB_THREADS / 32];
+        for (int i = 0; i < n; i++) {
+            const int64_t tt = list[i];
+            float *dst = dE + (int64_t)ids[tt] * D;
+            const float *src = dy + tt * D;
+            for (int64_t c = threadIdx.x; c < D; c += EMB_THREADS) dst[c] += src[c];
+        }
+        __syncthreads(); /* list and warp_base are refilled by the next chunk */
     }
 }
 
@@ -86,7 +115,9 @@ extern "C" int k3c_embedding_bwd_cuda(const k3c_embedding_sizes *s, const int32_
                                       k3c_err *err) {
     if (!s || s->T < 0 || s->V <= 0 || s->D <= 0) return k3c_errf(err, K3C_EINVAL, "embedding_bwd_cuda: bad sizes");
     if (s->T == 0 || !dE) return 0;
-    embed_scatter_kernel<<<blocks_for(s->T, 1), 128, 0, K3C_STREAM>>>(s->T, s->V, s->D, ids, dy, dE);
+    const int64_t blocks = (s->V + EMB_ROWS - 1) / EMB_ROWS;
+    if (blocks > INT_MAX) return k3c_errf(err, K3C_EINVAL, "embedding_bwd_cuda: vocabulary of %lld", (long long)s->V);
+    embed_scatter_kernel<<<(unsigned)blocks, EMB_THREADS, 0, K3C_STREAM>>>(s->T, s->V, s->D, ids, dy, dE);
     K3C_CU_LAUNCHED("embedding_scatter");
     return 0;
 }
