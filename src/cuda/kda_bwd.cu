@@ -199,8 +199,12 @@ template <int DK> struct cbwd_layout {
     static constexpr int LDK = DK + 8, LDG = DK + 8, LDD = DK + 4, LDL = 65, LDT = KDA_C + 8, LDS = 40;
     static constexpr int G = 0, DG = G + 64 * LDG * 4, Q = DG + 64 * LDD * 4, K = Q + 64 * LDK * 2,
                          TF = K + 64 * LDK * 2, TB = TF + 64 * LDL * 4, SM = TB + 64 * LDT * 2;
-    /* small vectors: β, dβ, Σ_rows k⊙dKs, rowsum(h⊙dh) */
-    static constexpr int BS = SM, DBS = BS + 64 * 4, CSUM = DBS + 64 * 4, HDH = CSUM + DK * 4, R1 = HDH + DK * 4;
+    /* small vectors: β, dβ, then per-warp partial slots so that every sum is taken in a fixed order (no float
+     * atomics: their commit order varies run to run). DBSP: dβ of the diagonal tiles, DK/32 slots of 64 (one per
+     * 32-channel warp of a row block); CSUM: Σ_rows k⊙dKs, 4 slots of DK (one per warp 4–7); HDH: rowsum(h⊙dh),
+     * 256/DK slots of DK (one per thread). Slots are summed slot 0 first at the end of the kernel. */
+    static constexpr int BS = SM, DBS = BS + 64 * 4, DBSP = DBS + 64 * 4, CSUM = DBSP + (DK / 32) * 64 * 4,
+                         HDH = CSUM + 4 * DK * 4, R1 = HDH + 256 * 4;
     /* R1: the slab tiles of phase A, then DA and DT (fp32 C×C) */
     static constexpr int SLAB = 4 * 64 * LDS * 2 + 2 * DK * LDS * 2, CC = 2 * 64 * LDL * 4;
     static constexpr int R2 = R1 + (SLAB > CC ? SLAB : CC);
@@ -224,7 +228,7 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
     float *Gs = (float *)(smem + Ly::G), *dGs = (float *)(smem + Ly::DG), *Tf = (float *)(smem + Ly::TF);
     elem *Qs = (elem *)(smem + Ly::Q), *Ks = (elem *)(smem + Ly::K), *Tb = (elem *)(smem + Ly::TB);
     float *bs = (float *)(smem + Ly::BS), *dbs = (float *)(smem + Ly::DBS), *csum = (float *)(smem + Ly::CSUM),
-          *hdh = (float *)(smem + Ly::HDH);
+          *hdh = (float *)(smem + Ly::HDH), *dbsp = (float *)(smem + Ly::DBSP);
     elem *dOs = (elem *)(smem + Ly::R1), *Vts = dOs + 64 * LDS, *dVts = Vts + 64 * LDS, *Ys = dVts + 64 * LDS;
     elem *hsS = Ys + 64 * LDS, *dhS = hsS + DK * LDS;
     float *DA = (float *)(smem + Ly::R1), *DT = DA + 64 * LDL;
@@ -256,7 +260,7 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
         Tb[r * LDT + cc] = to_e(t);
     }
     if (tid < 64) bs[tid] = tid < L.len ? a.beta[row0 + tid * rs] : 0.f, dbs[tid] = 0.f;
-    for (int i = tid; i < DK; i += 256) csum[i] = 0.f, hdh[i] = 0.f;
+    /* csum, hdh, dbsp need no zeroing: every slot is stored exactly once before the final sums */
     __syncthreads();
     for (int col = tid; col < DK; col += 256) {
         float s = 0.f;
@@ -369,8 +373,8 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
                 }
         }
     }
-    __syncthreads(); /* R1 slab tiles dead */
-    atomicAdd(&hdh[tid % DK], hdh_part);
+    __syncthreads();     /* R1 slab tiles dead */
+    hdh[tid] = hdh_part; /* slot tid / DK of channel tid % DK */
 
     /* ---- phase B: X = β⊙K⊙Γ and dW in elem (for the tensor cores), dA parked in fp32; the state terms of dq, dk, dG */
     for (int e = tid; e < 64 * (DK / 2); e += 256) {
@@ -422,11 +426,12 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
                 cs0 += __shfl_xor_sync(0xffffffffu, cs0, o);
                 cs1 += __shfl_xor_sync(0xffffffffu, cs1, o);
             }
-            if (g8 == 0) atomicAdd(&csum[nt * 8 + 2 * t4], cs0), atomicAdd(&csum[nt * 8 + 2 * t4 + 1], cs1);
+            if (g8 == 0) csum[wr * DK + nt * 8 + 2 * t4] = cs0, csum[wr * DK + nt * 8 + 2 * t4 + 1] = cs1;
         }
         dbv0 += __shfl_xor_sync(0xffffffffu, dbv0, 1), dbv0 += __shfl_xor_sync(0xffffffffu, dbv0, 2);
         dbv1 += __shfl_xor_sync(0xffffffffu, dbv1, 1), dbv1 += __shfl_xor_sync(0xffffffffu, dbv1, 2);
-        if (t4 == 0) atomicAdd(&dbs[r0w + g8], dbv0), atomicAdd(&dbs[r0w + g8 + 8], dbv1);
+        /* rows r0w + g8 (+8) belong to this warp alone: one adder per address */
+        if (t4 == 0) dbs[r0w + g8] += dbv0, dbs[r0w + g8 + 8] += dbv1;
     }
     __syncthreads();
 
@@ -482,7 +487,7 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
             }
         db0 += __shfl_xor_sync(0xffffffffu, db0, 1), db0 += __shfl_xor_sync(0xffffffffu, db0, 2);
         db1 += __shfl_xor_sync(0xffffffffu, db1, 1), db1 += __shfl_xor_sync(0xffffffffu, db1, 2);
-        if (t4 == 0) atomicAdd(&dbs[r0w + g8], db0), atomicAdd(&dbs[r0w + g8 + 8], db1);
+        if (t4 == 0) dbs[r0w + g8] += db0, dbs[r0w + g8 + 8] += db1; /* one adder per row, after phase B's */
     }
     __syncthreads();
 
@@ -587,7 +592,7 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
                 }
             pb0 += __shfl_xor_sync(0xffffffffu, pb0, 1), pb0 += __shfl_xor_sync(0xffffffffu, pb0, 2);
             pb1 += __shfl_xor_sync(0xffffffffu, pb1, 1), pb1 += __shfl_xor_sync(0xffffffffu, pb1, 2);
-            if (t4 == 0) atomicAdd(&dbs[r0w + g8], pb0), atomicAdd(&dbs[r0w + g8 + 8], pb1);
+            if (t4 == 0) dbs[r0w + g8] += pb0, dbs[r0w + g8 + 8] += pb1; /* one adder per row */
         }
     } else {
         for (int ab = wr + 1; ab < 4; ab++) {
@@ -663,7 +668,7 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
             float pb = ki * rk;
 #pragma unroll
             for (int o = 16; o; o >>= 1) pb += __shfl_xor_sync(0xffffffffu, pb, o);
-            if (lane == 0) atomicAdd(&dbs[i], pb);
+            if (lane == 0) dbsp[((combo % DK) >> 5) * 64 + i] = pb; /* DK/32 warps share row i: own slot each */
         }
 #pragma unroll
         for (int jj = 0; jj < 16; jj++) {
@@ -675,7 +680,12 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
     __syncthreads();
     /* ---- last-row terms, reverse cumsum into dg, dβ */
     for (int d = tid; d < DK; d += 256) {
-        float s = dGs[63 * LDD + d] + csum[d] + ex2(Gs[63 * LDG + d]) * hdh[d];
+        float cs = csum[d], hd = hdh[d];
+#pragma unroll
+        for (int w = 1; w < 4; w++) cs += csum[w * DK + d];
+#pragma unroll
+        for (int p = 1; p < P; p++) hd += hdh[p * DK + d];
+        float s = dGs[63 * LDD + d] + cs + ex2(Gs[63 * LDG + d]) * hd;
         dGs[63 * LDD + d] = s;
         s = 0.f;
         for (int i = 63; i >= 0; i--) {
@@ -683,7 +693,12 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
             if (i < L.len) a.dg[(row0 + i * rs) * DK + d] += s;
         }
     }
-    if (tid < L.len) a.dbeta[row0 + tid * rs] += dbs[tid];
+    if (tid < L.len) {
+        float db = dbs[tid];
+#pragma unroll
+        for (int p = 0; p < DK / 32; p++) db += dbsp[p * 64 + tid];
+        a.dbeta[row0 + tid * rs] += db;
+    }
 }
 
 /* ---------------------------------------------------------------- host side */
