@@ -19,7 +19,6 @@
 #include "test.h"
 
 #include <stdint.h>
-#include <time.h>
 
 #include "model/model.h"
 #include "ops/backend.h"

@@ -1,54 +1,63 @@
 #!/usr/bin/env bash
-# device_cuda.sh — runs the CUDA test and benchmark programs that `make cuda-tests` built (issue 5, CUDA backend;
-# issue 11: one build). It compiles nothing. The GPU machine has the CUDA runtime but not Debian's OpenBLAS, so build
-# here, then `tools/device_cuda.sh pack` (the golden checkpoint and the non-CUDA shared libraries the programs link,
-# under devrun/), carry build/cuda and devrun, and run there:
-#   tools/device_cuda.sh [what]   # what = all | harness | bench; logs under $OUT (or devrun/out)
-# The programs read the golden checkpoint from ../shared (test_model_cuda: devrun/golden/k3_tiny_a when ../shared is
-# absent). SEED repeats a run's random inputs (default: a fresh one, printed).
+# device_cuda.sh — carries the CUDA test and benchmark programs that `make cuda-tests` built to a GPU machine and runs
+# them there (issue 11: one build; nothing is compiled here). The GPU machine has the CUDA runtime but not Debian's
+# OpenBLAS, and build/cuda is far larger than a device call may carry, so:
+#   tools/device_cuda.sh pack     # here: devrun/bin (stripped, xz), devrun/lib (the non-CUDA shared libraries they
+#                                 # link), devrun/golden/k3_tiny_a; carry devrun (about 40 MB)
+#   tools/device_cuda.sh [what]   # there: what = all | harness | bench; logs under $OUT (or devrun/out)
+# SEED repeats a run's random inputs (default: a fresh one, printed). `k3c` (with --device cuda) is in devrun/bin too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
 
 if [ "$what" = pack ]; then
-    mkdir -p devrun/golden/k3_tiny_a devrun/lib
-    cp ../shared/golden/k3_tiny_a/config.json ../shared/golden/k3_tiny_a/model.safetensors devrun/golden/k3_tiny_a/
-    # every library the programs need except the CUDA runtime's and the C library's own
-    ldd build/cuda/k3c build/cuda/tests/test_backend_ops build/cuda/tests/cuda/* | awk '$3 ~ /^\// { print $3 }' |
-        sort -u | grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so|libcu|libnv' |
-        while read -r l; do cp -L "$l" devrun/lib/; done
-    ls devrun/lib
+    progs=(build/cuda/k3c build/cuda/tests/test_backend_ops build/cuda/tests/cuda/* build/cuda/bench/cuda/*)
+    rm -rf devrun/bin devrun/lib && mkdir -p devrun/bin devrun/lib devrun/golden/k3_tiny_a
+    for p in "${progs[@]}"; do strip -o "devrun/bin/$(basename "$p")" "$p" && xz -T2 -6 -f "devrun/bin/$(basename "$p")"; done
+    cp ../shared/golden/k3_tiny_a/config.json devrun/golden/k3_tiny_a/
+    gzip -c ../shared/golden/k3_tiny_a/model.safetensors >devrun/golden/k3_tiny_a/model.safetensors.gz
+    # every library the programs need except the CUDA runtime's and the C and C++ runtimes (the GPU machine's are newer)
+    ldd "${progs[@]}" | awk '$3 ~ /^\// { print $3 }' | sort -u |
+        grep -Ev '/(libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|libcu|libnv' |
+        while read -r l; do cp -L "$l" devrun/lib/ && gzip -f "devrun/lib/$(basename "$l")"; done
+    du -sh devrun
     exit 0
 fi
 
+# ---------------------------------------------------------------- there: unpack once, then run
+for f in devrun/bin/*.xz devrun/lib/*.gz devrun/golden/k3_tiny_a/*.gz; do
+    [ -e "$f" ] || continue
+    case $f in *.xz) xz -d -f "$f" ;; *.gz) gunzip -f "$f" ;; esac
+done
+chmod +x devrun/bin/* 2>/dev/null || true
 OUT=${OUT:-devrun/out}
 mkdir -p "$OUT"
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
     [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
 done
-[ -d devrun/lib ] && export LD_LIBRARY_PATH="$PWD/devrun/lib:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$PWD/devrun/lib:${LD_LIBRARY_PATH:-}"
+[ -d ../shared/golden ] || export K3C_SHARED="$PWD/devrun" # devrun/golden/k3_tiny_a stands in for ../shared
 seed=${SEED:-$(date +%s)}
 echo "seed $seed"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt" || true
-B=build/cuda
-[ -x $B/tests/test_backend_ops ] || { echo "build/cuda/tests missing: run make cuda-tests first" >&2; exit 2; }
-golden=../shared/golden/k3_tiny_a
-[ -d "$golden" ] || golden=devrun/golden/k3_tiny_a
+B=devrun/bin
+[ -x $B/test_backend_ops ] || { echo "devrun/bin missing: run make cuda-tests and tools/device_cuda.sh pack" >&2; exit 2; }
+golden=${K3C_SHARED:-../shared}/golden/k3_tiny_a
 status=0
 if [ "$what" = all ] || [ "$what" = harness ]; then
     # the table-driven harness (every op of the backend table, CUDA against the CPU), then the programs of tests/cuda
-    $B/tests/test_backend_ops "$seed" 2>&1 | tee "$OUT/test_backend_ops.log" || status=1
-    for t in $B/tests/cuda/*; do
-        n=$(basename "$t")
+    $B/test_backend_ops "$seed" 2>&1 | tee "$OUT/test_backend_ops.log" || status=1
+    for t in $(cd tests/cuda && ls *.cu); do
+        n=${t%.cu}
         if [ "$n" = test_model_cuda ]; then
-            "$t" "$seed" "$golden" 2>&1 | tee "$OUT/$n.log" || status=1
+            $B/$n "$seed" "$golden" 2>&1 | tee "$OUT/$n.log" || status=1
         else
-            "$t" "$seed" 2>&1 | tee "$OUT/$n.log" || status=1
+            $B/$n "$seed" 2>&1 | tee "$OUT/$n.log" || status=1
         fi
     done
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
-    $B/bench/cuda/bench_cuda ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1
-    $B/bench/cuda/bench_model_cuda 2>&1 | tee "$OUT/bench_model.log" || status=1
+    $B/bench_cuda ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1
+    $B/bench_model_cuda 2>&1 | tee "$OUT/bench_model.log" || status=1
 fi
 exit $status
