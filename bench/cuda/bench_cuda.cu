@@ -236,6 +236,10 @@ int main(int argc, char **argv) {
         bench_kda(16384, 1.89, 8.71);
         bench_kda(65536, 7.44, 34.3);
     }
+    if (strstr(only, "long")) { /* flatness of tokens/s up to 1M tokens (issue 16 item 6); no anchor at these lengths */
+        bench_kda(262144, NAN, NAN);
+        bench_kda(1048576, NAN, NAN);
+    }
     if (strstr(only, "attn")) {
         bench_attn(16384, 192, 5.30, 31.8);
         bench_attn(16384, 128, 3.80, 14.4);

@@ -1,6 +1,7 @@
 /* bench_model_cuda.cu — one whole-model training step (forward + backward, no optimizer) of a config on the CUDA backend
  * and on the CPU reference: ms per step and tokens/s, median of several steps after warm-up. Issue 5 (benchmarks).
- * Usage: bench_model_cuda [config.json] [tokens] [docs] [tf32 0|1] [cpu 0|1: also time the CPU reference] */
+ * Usage: bench_model_cuda [config.json] [tokens] [docs] [tf32 0|1] [cpu 0|1: also time the CPU reference]
+ *        [recompute 0|1: keep only layer outputs, re-run layers in the backward] — long sequences: docs 1, recompute 1. */
 #include <algorithm>
 #include <chrono>
 
@@ -15,9 +16,12 @@ static double now_ms() {
 }
 
 /* Median ms of `reps` forward+backward steps (after one warm-up step). */
-static double time_steps(harness &h, k3c_model &m, const k3c_model_batch &b, int reps) {
+static double time_steps(harness &h, k3c_model &m, const k3c_model_batch &b, int reps, double *arena_gib = nullptr,
+                         double *used_gib = nullptr) {
     k3c_arena arena{};
-    h.ok(k3c_model_arena_init_f32(&m, k3c_model_plan_bytes_f32(&m, b.T, b.n_docs), &arena, &h.err), "arena");
+    const size_t bytes = k3c_model_plan_bytes_f32(&m, b.T, b.n_docs);
+    if (arena_gib) *arena_gib = (double)bytes / (1u << 30);
+    h.ok(k3c_model_arena_init_f32(&m, bytes, &arena, &h.err), "arena");
     std::vector<double> t;
     for (int i = 0; i <= reps; i++) {
         const double t0 = now_ms();
@@ -28,6 +32,9 @@ static double time_steps(harness &h, k3c_model &m, const k3c_model_batch &b, int
         h.ok(k3c_model_backward_f32(&m, acts, 1.0, &h.err), "backward"); /* ends with a synchronisation */
         if (i) t.push_back(now_ms() - t0);
     }
+    size_t free_b = 0, total_b = 0;
+    if (used_gib && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+        *used_gib = (double)(total_b - free_b) / (1u << 30);
     k3c_model_arena_free_f32(&m, &arena);
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
@@ -39,6 +46,8 @@ int main(int argc, char **argv) {
     const int docs = argc > 3 ? atoi(argv[3]) : 16;
     const int tf32 = argc > 4 ? atoi(argv[4]) : 1;
     const int with_cpu = argc > 5 ? atoi(argv[5]) : 1;
+    const int recompute = argc > 6 ? atoi(argv[6]) : 0;
+    const int reps = T >= 262144 ? 3 : 10; /* a 1M-token step takes tens of seconds */
     harness h;
     k3c_config cfg;
     h.ok(k3c_config_load(cfg_path, &cfg, &h.err), "config");
@@ -53,14 +62,22 @@ int main(int argc, char **argv) {
     h.ok(k3c_model_create_f32(&cfg, 1, &m, &h.err), "create");
     k3c_model_init_f32(&m, 1, 0.02);
     m.kda_chunk = 64;
+    for (int l = 0; l < cfg.num_layers; l++) m.recompute[l] = (uint8_t)recompute;
     const double cpu_ms = with_cpu ? time_steps(h, m, b, 2) : NAN;
     h.ok(k3c_model_use_backend_f32(&m, &cb.table, &h.err), "to cuda");
-    const double gpu_ms = time_steps(h, m, b, 10);
-    k3c_cuda_backend_use_fp16(&cb, 1);
-    h.ok(k3c_model_use_backend_f32(&m, &cb.table, &h.err), "to cuda (fp16 kernels)");
-    const double f16_ms = time_steps(h, m, b, 10);
-    printf("\n==== whole-model training step (forward + backward), %s, %lld tokens in %d documents ====\n", cfg_path,
-           (long long)T, docs);
+    double arena_gib = 0, used_gib = NAN;
+    const double gpu_ms = time_steps(h, m, b, reps, &arena_gib, &used_gib);
+    double f16_ms = NAN; /* the fp16-kernel variant only at training lengths: a long step takes tens of seconds */
+    if (T < 262144) {
+        k3c_cuda_backend_use_fp16(&cb, 1);
+        h.ok(k3c_model_use_backend_f32(&m, &cb.table, &h.err), "to cuda (fp16 kernels)");
+        f16_ms = time_steps(h, m, b, reps);
+    }
+    printf(
+        "\n==== whole-model training step (forward + backward), %s, %lld tokens in %d documents, recompute %d ====\n",
+        cfg_path, (long long)T, docs, recompute);
+    printf("memory: activation arena %.2f GiB; device memory in use at the end of the steps %.2f GiB\n", arena_gib,
+           used_gib);
     printf("%-28s %12s %14s\n", "backend", "ms/step", "tokens/s");
     printf("%-28s %12.2f %14.0f\n", "cpu (this host, OpenMP)", cpu_ms, T / cpu_ms * 1e3);
     printf("%-28s %12.2f %14.0f\n", tf32 ? "cuda (tf32 GEMMs)" : "cuda (fp32 GEMMs)", gpu_ms, T / gpu_ms * 1e3);
