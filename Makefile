@@ -11,6 +11,14 @@ CFLAGS  := -std=c11 $(OPT) $(SAN) -g -fopenmp -Wall -Wextra -Werror -Wno-unused-
 OPENBLAS_LIB := /usr/lib/x86_64-linux-gnu/openblas-openmp
 LDLIBS  := -L$(OPENBLAS_LIB) -Wl,-rpath,$(OPENBLAS_LIB) -lopenblas -lm -lpthread $(EXTRA_LDLIBS)
 LDFLAGS := -fopenmp $(SAN)
+# MPI (src/dist/comm_mpi.c only): include and link flags from OpenMPI's wrapper or pkg-config, so the library builds
+# with the plain compiler; `make K3C_MPI=0` (or no MPI installed) builds the communicator without it.
+K3C_MPI ?= $(if $(shell command -v mpicc 2>/dev/null || pkg-config --exists ompi-c 2>/dev/null && echo y),1,0)
+ifeq ($(K3C_MPI),1)
+MPI_CFLAGS := -DK3C_MPI $(shell mpicc --showme:compile 2>/dev/null || pkg-config --cflags ompi-c)
+MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null || pkg-config --libs ompi-c)
+LDLIBS     += $(MPI_LIBS)
+endif
 
 # Library sources: every .c under src/ except the CLI. Files that include base/real.h are compiled twice (float, double).
 LIB_SRC  := $(filter-out src/cli/%,$(shell find src -name '*.c' | LC_ALL=C sort))
@@ -32,6 +40,7 @@ all: $(LIB) k3c
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/obj/src/dist/comm_mpi.o: CFLAGS += $(MPI_CFLAGS)
 $(BUILD)/obj/%.f32.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DK3C_REAL_DOUBLE=0 -c $< -o $@
@@ -101,7 +110,7 @@ build/cuda/obj/%.o: %.cu
 	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 -include $(CU_OBJ:.o=.d)
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
-CUDA_MAKE = $(MAKE) --no-print-directory BUILD=build/cuda EXTRA_CFLAGS="-DK3C_CUDA -I$(CUDA_HOME)/include" \
+CUDA_MAKE = $(MAKE) --no-print-directory BUILD=build/cuda K3C_MPI=0 EXTRA_CFLAGS="-DK3C_CUDA -I$(CUDA_HOME)/include" \
 	    EXTRA_DEPS="$(CU_OBJ)" EXTRA_LDLIBS="$(CU_OBJ) build/cuda/libk3c.a $(CUDA_LIBS)"
 cuda:
 	@+$(CUDA_MAKE) $(CU_OBJ) build/cuda/k3c

@@ -1,0 +1,43 @@
+/* mpi_launch.h — how a test program checks itself on several MPI ranks: run as a plain program, it launches itself
+ * under `mpirun -np N` (oversubscribed: CI has 2 cores; --allow-run-as-root as root; one OpenMP thread per rank), each
+ * rank runs the checks and prints "rank R: N passed, N failed", and the launcher adds those to its own counts.
+ * Include after test.h. */
+#ifndef K3C_TEST_MPI_LAUNCH_H
+#define K3C_TEST_MPI_LAUNCH_H
+
+#include "dist/comm.h"
+
+/* The closing line of one rank (the launcher parses it; "N passed, N failed" alone is the launcher's). */
+static inline void test_rank_summary(int rank) {
+    printf("rank %d: %d passed, %d failed\n", rank, test_passed_, test_failed_);
+    fflush(stdout);
+}
+
+/* Runs `self args` on np ranks; echoes the output (prefixed "  np=N | ") and adds every rank's counts. Fails when
+ * mpirun is missing, a rank reports no summary, or mpirun exits non-zero. */
+static inline void test_mpirun(const char *self, int np, const char *args) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
+             "mpirun --oversubscribe %s -np %d '%s' %s 2>&1",
+             geteuid() == 0 ? "--allow-run-as-root" : "", np, self, args);
+    FILE *p = popen(cmd, "r");
+    CHECK(p != NULL, "cannot run %s", cmd);
+    if (!p) return;
+    char line[4096];
+    int ranks = 0;
+    while (fgets(line, sizeof line, p)) {
+        int r, ok, bad;
+        if (sscanf(line, "rank %d: %d passed, %d failed", &r, &ok, &bad) == 3) {
+            test_passed_ += ok;
+            test_failed_ += bad;
+            ranks++;
+        }
+        printf("  np=%d | %s", np, line);
+    }
+    int st = pclose(p);
+    CHECK(ranks == np, "np=%d: %d of %d ranks reported", np, ranks, np);
+    CHECK(st == 0, "np=%d: mpirun exited with status %d", np, st);
+}
+
+#endif
