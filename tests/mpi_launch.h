@@ -13,14 +13,34 @@ static inline void test_rank_summary(int rank) {
     fflush(stdout);
 }
 
+/* The mpirun prefix for np ranks: oversubscribed, as root where needed, one thread per rank, no single-copy transport
+ * (containers forbid the ptrace it needs). */
+static inline void test_mpirun_prefix(int np, char *buf, size_t n) {
+    snprintf(buf, n,
+             "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
+             "mpirun --oversubscribe %s -np %d",
+             geteuid() == 0 ? "--allow-run-as-root" : "", np);
+}
+
+/* Runs `prog args` on np ranks, output (stdout and stderr) into out[n]; returns mpirun's exit status (-1: not run). */
+static inline int test_mpirun_capture(int np, const char *prog, const char *args, char *out, size_t n) {
+    char pre[256], cmd[8192];
+    test_mpirun_prefix(np, pre, sizeof pre);
+    snprintf(cmd, sizeof cmd, "%s '%s' %s 2>&1", pre, prog, args);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t len = fread(out, 1, n - 1, p);
+    out[len] = 0;
+    while (fgetc(p) != EOF) {} /* the rest is dropped */
+    return pclose(p);
+}
+
 /* Runs `self args` on np ranks; echoes the output (prefixed "  np=N | ") and adds every rank's counts. Fails when
  * mpirun is missing, a rank reports no summary, or mpirun exits non-zero. */
 static inline void test_mpirun(const char *self, int np, const char *args) {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd,
-             "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
-             "mpirun --oversubscribe %s -np %d '%s' %s 2>&1",
-             geteuid() == 0 ? "--allow-run-as-root" : "", np, self, args);
+    char pre[256], cmd[8192];
+    test_mpirun_prefix(np, pre, sizeof pre);
+    snprintf(cmd, sizeof cmd, "%s '%s' %s 2>&1", pre, self, args);
     FILE *p = popen(cmd, "r");
     CHECK(p != NULL, "cannot run %s", cmd);
     if (!p) return;

@@ -57,6 +57,9 @@ int k3c_comm_mpi_launched(void);
 int k3c_comm_mpi_world(k3c_comm **out, k3c_err *err);
 /* Finalises MPI if it was initialised and is not yet finalised (after every MPI communicator is freed). */
 void k3c_comm_mpi_finalize(void);
+/* Ends every rank of the MPI job with exit code `code` (a rank that failed alone would leave the others waiting in a
+ * collective); returns only when MPI is not running. */
+void k3c_comm_mpi_abort(int code);
 /* The world the process runs in: MPI when launched by mpirun and built with MPI, else self. */
 int k3c_comm_world(k3c_comm **out, k3c_err *err);
 

@@ -251,7 +251,16 @@ void k3c_comm_mpi_finalize(void) {
     if (inited && !done) MPI_Finalize();
 }
 
+void k3c_comm_mpi_abort(int code) {
+    int inited = 0, done = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&done);
+    if (inited && !done) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 #else /* built without MPI */
+
+void k3c_comm_mpi_abort(int code) {}
 
 int k3c_comm_mpi_available(void) { return 0; }
 
