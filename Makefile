@@ -1,6 +1,7 @@
 # k3c — build: `make` (CPU library + CLI), `make cuda` (nvcc, sm_90), `make cuda-tests` (the CUDA test and benchmark
 # programs), `make test`, `make test-asan`, `make run` (train the tiny K3 model on a real corpus, then generate),
-# `make fuzz` (libFuzzer targets in fuzz/, each run FUZZ_SECONDS). Sources are found by wildcard: add a file, not a rule.
+# `make fuzz` (libFuzzer targets in fuzz/, each run FUZZ_SECONDS), `make nccl` (the NCCL communicator and its test).
+# Sources are found by wildcard: add a file, not a rule.
 CC      ?= gcc
 NVCC    ?= nvcc
 BUILD   ?= build
@@ -34,7 +35,7 @@ LIB_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(ONE_SRC)) \
 CLI_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_SRC))
 LIB     := $(BUILD)/libk3c.a
 
-.PHONY: all setup test test-asan cuda cuda-tests run bench clean fuzz fuzz-build
+.PHONY: all setup test test-asan cuda cuda-tests nccl run bench clean fuzz fuzz-build
 all: $(LIB) k3c
 
 $(BUILD)/obj/%.o: %.c
@@ -131,6 +132,18 @@ build/cuda/bench/cuda/%: build/cuda/obj/bench/cuda/%.o $(CU_OBJ) build/cuda/libk
 .SECONDARY: $(patsubst %.cu,build/cuda/obj/%.o,$(CU_PROG_SRC)) # kept: relinking must not recompile
 cuda-tests: cuda
 	@+$(CUDA_MAKE) build/cuda/tests/test_backend_ops $(CU_PROG_BIN)
+
+# ---------------------------------------------------------------- NCCL (compiles without a GPU; not part of `make cuda`)
+# The NCCL communicator (src/dist/comm_nccl.cu) and its test build/nccl/test_comm_nccl, linked with the CPU library (MPI
+# bootstraps the multi-rank case) and -lnccl: run it alone (one rank) or under mpirun with one GPU per rank.
+NCCL_HOME ?= $(CUDA_HOME)
+build/nccl/comm_nccl.o: src/dist/comm_nccl.cu src/dist/comm.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -I$(NCCL_HOME)/include -c $< -o $@
+build/nccl/test_comm_nccl: tests/nccl/test_comm_nccl.c build/nccl/comm_nccl.o $(LIB) tests/test.h
+	$(CC) $(CFLAGS) -DK3C_REAL_DOUBLE=1 -Itests -I$(CUDA_HOME)/include $< build/nccl/comm_nccl.o -o $@ $(LIB) $(LDFLAGS) \
+	    $(LDLIBS) -L$(NCCL_HOME)/lib64 -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcudart -lstdc++
+nccl: $(LIB) build/nccl/test_comm_nccl
 
 # ---------------------------------------------------------------- the main job
 run: setup all
