@@ -111,6 +111,26 @@ static void copy_at_step2(const fixture *fx, const char *dst, const char *src) {
     write_text(q, "step_00000002\n");
 }
 
+/* `k3c plan` prints the recommended layout as a "parallel" block that a run config accepts as it is. */
+static void plan_block(const fixture *fx) {
+    char cmd[1024], line[1024], block[1024] = "", path[1400];
+    snprintf(cmd, sizeof cmd, "%s plan configs/k3_test_tiny.json --gpus 4 --seq 64 --global-batch-tokens 4096 2>&1",
+             test_k3c_bin());
+    FILE *p = popen(cmd, "r");
+    while (p && fgets(line, sizeof line, p))
+        if (!strncmp(line, "run config: \"parallel\": ", 24)) snprintf(block, sizeof block, "%s", line + 24);
+    if (p) pclose(p);
+    block[strcspn(block, "\n")] = 0;
+    CHECK(block[0] == '{', "k3c plan printed no run-config block");
+    write_cfg(fx, "planned", block, path, sizeof path);
+    k3c_run_config rc;
+    k3c_err err = {0};
+    CHECK_OK(k3c_run_config_load(path, &rc, &err), &err);
+    const k3c_parallel *q = &rc.parallel;
+    CHECK(q->dp * q->ep * q->tp * q->pp * q->cp == 4, "planned block %s: %lld×%lld×%lld×%lld×%lld", block,
+          (long long)q->dp, (long long)q->ep, (long long)q->tp, (long long)q->pp, (long long)q->cp);
+}
+
 int main(void) {
     fixture fx;
     if (build_fixture(&fx, "dist_train")) {
@@ -168,6 +188,7 @@ int main(void) {
     write_cfg(&fx, "bad", "{\"dp\": 1, \"zero\": 1}", bad, sizeof bad);
     CHECK(train(bad, 0, 0, NULL, &r, &err) == K3C_ECONFIG && contains(err.msg, "parallel.zero: unknown key"),
           "unknown key: %s", err.msg);
+    plan_block(&fx);
     printf("%d passed, %d failed\n", test_passed_, test_failed_);
     return test_failed_ ? 1 : 0;
 }

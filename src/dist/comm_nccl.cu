@@ -107,15 +107,14 @@ int n_reduce_scatter(k3c_comm *c, const void *send, void *recv, const int64_t *c
     for (int p = 0; r == ncclSuccess && p < c->size; p++) {
         if (p == c->rank) mine = off;
         void *dst = p == c->rank ? (send == recv ? (void *)(s + off * es) : recv) : nullptr;
-        r = ncclReduce(s + off * es, dst, (size_t)counts[p], nccl_type(t), nccl_op(op), p, st(c)->comm,
-                       st(c)->stream);
+        r = ncclReduce(s + off * es, dst, (size_t)counts[p], nccl_type(t), nccl_op(op), p, st(c)->comm, st(c)->stream);
         off += (size_t)counts[p];
     }
     ncclResult_t r2 = ncclGroupEnd();
     if (r == ncclSuccess) r = r2;
     if (r == ncclSuccess && send == recv && mine && counts[c->rank]) {
-        cudaError_t e = cudaMemcpyAsync(recv, s + mine * es, (size_t)counts[c->rank] * es, cudaMemcpyDeviceToDevice,
-                                        st(c)->stream);
+        cudaError_t e =
+            cudaMemcpyAsync(recv, s + mine * es, (size_t)counts[c->rank] * es, cudaMemcpyDeviceToDevice, st(c)->stream);
         if (e != cudaSuccess) return cuda_fail(err, "reduce_scatter", e);
     }
     return finish(c, "reduce_scatter", r, req, err);
@@ -149,8 +148,7 @@ int n_alltoall(k3c_comm *c, const void *send, const int64_t *scounts, const int6
         if (scounts[p])
             r = ncclSend(s + (size_t)sdispls[p] * es, (size_t)scounts[p], nccl_type(t), p, st(c)->comm, st(c)->stream);
         if (r == ncclSuccess && rcounts[p])
-            r = ncclRecv(rv + (size_t)rdispls[p] * es, (size_t)rcounts[p], nccl_type(t), p, st(c)->comm,
-                         st(c)->stream);
+            r = ncclRecv(rv + (size_t)rdispls[p] * es, (size_t)rcounts[p], nccl_type(t), p, st(c)->comm, st(c)->stream);
     }
     ncclResult_t r2 = ncclGroupEnd();
     return finish(c, "alltoall", r == ncclSuccess ? r2 : r, req, err);
@@ -228,8 +226,8 @@ void n_free(k3c_comm *c) {
     free(c);
 }
 
-const k3c_comm_ops nccl_ops = {"nccl",  n_allreduce, n_reduce_scatter, n_allgather, n_alltoall, n_send,
-                               n_recv,  n_bcast,     n_barrier,        n_split,     n_wait,     n_free};
+const k3c_comm_ops nccl_ops = {"nccl", n_allreduce, n_reduce_scatter, n_allgather, n_alltoall, n_send,
+                               n_recv, n_bcast,     n_barrier,        n_split,     n_wait,     n_free};
 
 /* Rank 0 writes the id to path (temporary file + rename: readers never see half of it); the others wait for it. */
 int file_rendezvous(const char *path, int rank, ncclUniqueId *id, k3c_err *err) {
@@ -267,11 +265,11 @@ extern "C" int k3c_comm_nccl(k3c_comm *boot, const char *rendezvous, int rank, i
     memset(&id, 0, sizeof id);
     ncclResult_t r = rank == 0 ? ncclGetUniqueId(&id) : ncclSuccess;
     if (r != ncclSuccess) return nccl_fail(err, "unique id", r);
-    int e = boot ? k3c_comm_bcast(boot, &id, (int64_t)sizeof id, K3C_U8, 0, nullptr, err)
-                 : rendezvous ? file_rendezvous(rendezvous, rank, &id, err)
-                              : (size == 1 ? K3C_OK
-                                           : k3c_errf(err, K3C_EINVAL, "NCCL: %d ranks need MPI or a rendezvous file",
-                                                      size));
+    int e =
+        boot ? k3c_comm_bcast(boot, &id, (int64_t)sizeof id, K3C_U8, 0, nullptr, err)
+        : rendezvous
+            ? file_rendezvous(rendezvous, rank, &id, err)
+            : (size == 1 ? K3C_OK : k3c_errf(err, K3C_EINVAL, "NCCL: %d ranks need MPI or a rendezvous file", size));
     if (e) return e;
     ncclComm_t comm;
     if ((r = ncclCommInitRank(&comm, size, id, rank)) != ncclSuccess) return nccl_fail(err, "init", r);

@@ -64,7 +64,8 @@ static void run_all(k3c_comm *c) {
     CHECK(memcmp(x, y, sizeof(double) * (size_t)tot) == 0, "allgather in place changed the data");
     /* all-to-all: rank r sends p + r + 1 elements to p */
     int64_t sc[8], sd[8], rc[8], rd[8], st = 0, rt = 0;
-    for (int p = 0; p < R; p++) sc[p] = me + p + 1, sd[p] = st, st += sc[p], rc[p] = p + me + 1, rd[p] = rt, rt += rc[p];
+    for (int p = 0; p < R; p++)
+        sc[p] = me + p + 1, sd[p] = st, st += sc[p], rc[p] = p + me + 1, rd[p] = rt, rt += rc[p];
     for (int p = 0; p < R; p++)
         for (int i = 0; i < sc[p]; i++) x[sd[p] + i] = me * 1000.0 + p * 10.0 + i;
     double *da = dev(x, (size_t)st), *db = dev(NULL, (size_t)rt);
