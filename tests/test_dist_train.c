@@ -12,10 +12,11 @@
 
 #define TOL 1e-5
 
-/* Two stages of 2 steps (seq_len 32 then 64 at 128 tokens per step: at least 2 pieces per step), lr 1e-3. */
+/* Two stages of 2 steps with their own schedules and mixtures, seq_len 32 at 128 tokens per step (at least 4 pieces
+ * per step, one for each of 4 ranks), lr 1e-3. */
 static const char *const ST0 = "{\"name\": \"s32\", \"seq_len\": 32, \"steps\": 2, \"lr\": 0.001, \"warmup\": 1, "
                                "\"schedule\": \"cosine\", \"mixture\": {\"a\": 0.8, \"b\": 0.2}}";
-static const char *const ST1 = "{\"name\": \"s64\", \"seq_len\": 64, \"steps\": 2, \"lr\": 0.001, \"schedule\": "
+static const char *const ST1 = "{\"name\": \"s32b\", \"seq_len\": 32, \"steps\": 2, \"lr\": 0.001, \"schedule\": "
                                "\"linear\", \"mixture\": {\"a\": 0.2, \"b\": 0.8}}";
 
 static void write_cfg(const fixture *fx, const char *name, const char *parallel, char *path, size_t n) {
@@ -168,6 +169,22 @@ int main(void) {
     st = k3c_mpi(2, res2, "--resume", out, sizeof out);
     CHECK(st == 0, "one-process checkpoint resumed at dp2 exited %d:\n%s", st, out);
     check_close(&fx, "res2", "one", 4, "one-process checkpoint resumed at dp2");
+
+    /* expert parallelism: ep2 on 2 ranks, dp2×ep2 on 4, and a dp2×ep2 checkpoint resumed by one process */
+    char ep2[1400], dpep[1400], res3[1400];
+    write_cfg(&fx, "ep2", "{\"ep\": 2}", ep2, sizeof ep2);
+    st = k3c_mpi(2, ep2, "", out, sizeof out);
+    CHECK(st == 0, "mpirun -np 2 k3c train (ep2) exited %d:\n%s", st, out);
+    check_close(&fx, "ep2", "one", 4, "ep2 vs one process");
+    write_cfg(&fx, "dpep", "{\"dp\": 2, \"ep\": 2}", dpep, sizeof dpep);
+    st = k3c_mpi(4, dpep, "", out, sizeof out);
+    CHECK(st == 0, "mpirun -np 4 k3c train (dp2×ep2) exited %d:\n%s", st, out);
+    check_close(&fx, "dpep", "one", 2, "dp2×ep2 vs one process");
+    check_close(&fx, "dpep", "one", 4, "dp2×ep2 vs one process");
+    write_cfg(&fx, "res3", NULL, res3, sizeof res3);
+    copy_at_step2(&fx, "res3", "dpep");
+    CHECK_OK(train(res3, 1, 0, NULL, &r, &err), &err);
+    check_close(&fx, "res3", "one", 4, "dp2×ep2 checkpoint resumed by one process");
 
     /* impossible layouts: the world size, the experts */
     write_cfg(&fx, "bad", "{\"dp\": 2}", bad, sizeof bad);

@@ -63,8 +63,7 @@ void k3c_comm_mpi_abort(int code);
 /* NCCL (device memory, one GPU per rank; src/dist/comm_nccl.cu, built by `make nccl`, linked with -lnccl): the
  * unique id travels over `boot` (e.g. the MPI world; then rank and size are boot's) or, boot NULL, through the file
  * `rendezvous` that rank 0 writes (a path every rank sees; NULL with size 1: a one-rank communicator). */
-int k3c_comm_nccl(k3c_comm *boot, const char *rendezvous, int rank, int size, int device, k3c_comm **out,
-                  k3c_err *err);
+int k3c_comm_nccl(k3c_comm *boot, const char *rendezvous, int rank, int size, int device, k3c_comm **out, k3c_err *err);
 /* The world the process runs in: MPI when launched by mpirun and built with MPI, else self. */
 int k3c_comm_world(k3c_comm **out, k3c_err *err);
 

@@ -13,7 +13,7 @@
 /* ---------------------------------------------------------------- layout (layout.c)
  * p as read from the run config (all zero: no "parallel" block, then dp = the world size). Checks, naming `file`: every
  * degree ≥ 1, dp·ep·tp·pp·cp = world, ep divides the routed experts, tp divides every head count, pp divides the
- * layers; then K3C_EUNSUPPORTED for the kinds not built yet (everything but dp). *out gets the resolved layout. */
+ * layers; then K3C_EUNSUPPORTED for the kinds not built yet (tp, pp, cp). *out gets the resolved layout. */
 int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world, const char *file, k3c_parallel *out,
                          k3c_err *err);
 

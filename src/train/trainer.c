@@ -9,6 +9,7 @@
 #include "base/check.h"
 #include "base/json.h"
 #include "dist/dp.h"
+#include "dist/ep.h"
 #include "ops/backend.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
@@ -47,6 +48,8 @@ typedef struct {
     int n_moe;
     k3c_dp *dp; /* data parallelism over opts->comm (dist/dp.h); NULL: this process alone */
     k3c_dp dp_store;
+    k3c_comm *ep_comm; /* expert parallelism (dist/ep.h): the EP group; NULL: every rank holds every expert */
+    k3c_ep ep;
 } trainer;
 
 static int stage_of(const k3c_run_config *rc, int64_t step, int64_t *stage_step) {
@@ -369,11 +372,17 @@ static int resume(trainer *tr, k3c_err *err) {
 
 /* The optimizer's state next to w and g in the backend's memory (zero = step 0, or the resumed state) and its
  * backend instance. */
-static int optim_state(trainer *tr, void *comm, k3c_err *err) {
+static int optim_state(trainer *tr, void *comm, int64_t ep, k3c_err *err) {
     tr->be = k3c_model_backend_f32(&tr->m);
     if (comm) {
         CHECK_RC(k3c_dp_init(&tr->dp_store, comm, tr->be, &tr->opt, &tr->m.table, err));
         tr->dp = &tr->dp_store;
+    }
+    if (ep > 1) { /* EP groups: ep consecutive ranks (EP inside DP, docs/PARALLEL.md) */
+        k3c_comm *c = comm;
+        CHECK_RC(k3c_comm_split(c, c->rank / (int)ep, c->rank, &tr->ep_comm, err));
+        CHECK_RC(k3c_ep_init(&tr->ep, tr->ep_comm, tr->be, &tr->m.cfg, err));
+        tr->m.experts = &tr->ep.exchange;
     }
     const k3c_optim *o = tr->dp ? &tr->dp->shard : &tr->opt; /* ZeRO-1: this rank's shard of the state */
     const size_t n_state = o->state_numel ? o->state_numel : 1;
@@ -403,7 +412,7 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     k3c_comm *comm = o->comm;
     k3c_parallel lay; /* the "parallel" block against the ranks there are (one without a communicator) */
     if ((e = k3c_parallel_resolve(&rc->parallel, &cfg, comm ? comm->size : 1, rc->path, &lay, err))) return e;
-    if (lay.dp == 1) comm = NULL; /* alone: the single-process step */
+    if (lay.dp * lay.ep == 1) comm = NULL; /* alone: the single-process step */
     tr->m.kda_chunk = rc->kda_chunk;
     for (int l = 0; l < cfg.num_layers; l++) tr->m.recompute[l] = (uint8_t)rc->recompute;
     k3c_model_init_f32(&tr->m, rc->seed, rc->init_std);
@@ -429,7 +438,7 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
                         rc->out_dir, p);
     if (o->resume && (e = resume(tr, err))) return e;
     e = k3c_model_use_backend_f32(&tr->m, o->backend, err);
-    if (!e) e = optim_state(tr, comm, err);
+    if (!e) e = optim_state(tr, comm, lay.ep, err);
     if (e) return e;
     if (tr->dp && tr->dp->rank != 0) return K3C_OK; /* rank 0 writes the metrics */
     snprintf(p, sizeof p, "%s/metrics.jsonl", rc->out_dir);
@@ -451,6 +460,10 @@ static void teardown(trainer *tr) {
     }
     k3c_model_free_f32(&tr->m);
     if (tr->dp) k3c_dp_free(tr->dp);
+    if (tr->ep_comm) {
+        k3c_ep_free(&tr->ep);
+        k3c_comm_free(tr->ep_comm);
+    }
     k3c_optim_free(&tr->opt);
     free(tr->resume_state);
     free(tr->telemetry);
