@@ -1,10 +1,12 @@
-/* test_dist_dp.c — data parallelism with ZeRO-1 (src/dist/dp.c) equals one process: the tiny K3 model
- * (configs/k3_test_tiny.json: KDA + MLA, 4 experts, AttnRes) trained for 3 steps on one global batch of packed
- * documents, once whole on every rank (the reference: the trainer's single-process step) and once split over the
- * ranks (the trainer's data-parallel step). fp32; relative difference of a tensor = max |x − ref| / max |ref| per
- * parameter-table entry, tolerance 1e-5 for the loss, every gradient of step 1 (after the sum over ranks) and every
- * weight, router bias and optimizer-state entry after 3 steps (Muon + AdamW with clipping active, QK-Clip clipping
- * heads, quantile balancing exact and histogram). Runs on the self communicator here and on 2 and 4 MPI ranks. */
+/* test_dist_dp.c — data parallelism with ZeRO-1 (src/dist/dp.c) and expert parallelism (src/dist/ep.c) equal one
+ * process: the tiny K3 model (configs/k3_test_tiny.json: KDA + MLA, 4 experts top-2, AttnRes) trained for 3 steps on
+ * one global batch of packed documents, once whole on every rank (the reference: the trainer's single-process step)
+ * and once split over the ranks (the trainer's parallel step) at every layout of the ranks: dp = N, ep = N, dp2×ep2.
+ * fp32; relative difference of a tensor = ‖x − ref‖₂ / ‖ref‖₂ per parameter-table entry (test_rel_err), tolerance
+ * 1e-5 for the loss, every gradient of step 1 (after the sum over ranks) and every weight and optimizer-state entry
+ * after 3 steps (Muon + AdamW with clipping active, QK-Clip clipping heads, exact quantile balancing; router biases
+ * on the scale of the scores, see compare()); histogram balancing over one step. In float64 the data split's loss and
+ * gradients equal the whole batch's to 1e-12. Runs on the self communicator here and on 2 and 4 MPI ranks. */
 #include "test.h"
 
 #include "base/check.h"
