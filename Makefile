@@ -140,7 +140,7 @@ NCCL_HOME ?= $(CUDA_HOME)
 build/nccl/comm_nccl.o: src/dist/comm_nccl.cu src/dist/comm.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -I$(NCCL_HOME)/include -c $< -o $@
-build/nccl/test_comm_nccl: tests/nccl/test_comm_nccl.c build/nccl/comm_nccl.o $(LIB) tests/test.h
+build/nccl/test_comm_nccl: tests/nccl/nccl_comm.c build/nccl/comm_nccl.o $(LIB) tests/test.h
 	$(CC) $(CFLAGS) -DK3C_REAL_DOUBLE=1 -Itests -I$(CUDA_HOME)/include $< build/nccl/comm_nccl.o -o $@ $(LIB) $(LDFLAGS) \
 	    $(LDLIBS) -L$(NCCL_HOME)/lib64 -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcudart -lstdc++
 nccl: $(LIB) build/nccl/test_comm_nccl

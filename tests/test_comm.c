@@ -187,6 +187,9 @@ static void t_errors(k3c_comm *c) {
 }
 
 static void run_all(k3c_comm *c) {
+    if (c->size == 1)
+        CHECK(c->rank == 0 && !strcmp(c->ops->name, "self"), "a one-rank world is the self communicator: %s",
+              c->ops->name);
     for (int async = 0; async < 2; async++) {
         t_allreduce(c, async);
         t_reduce_scatter(c, async);
@@ -200,29 +203,5 @@ static void run_all(k3c_comm *c) {
 }
 
 int main(int argc, char **argv) {
-    k3c_err err = {0};
-    k3c_comm *c = NULL;
-    if (k3c_comm_mpi_launched()) { /* one rank of the relaunch */
-        CHECK_OK(k3c_comm_mpi_world(&c, &err), &err);
-        if (c) {
-            run_all(c);
-            test_rank_summary(c->rank);
-            k3c_comm_free(c);
-        }
-        k3c_comm_mpi_finalize();
-        return test_failed_ ? 1 : 0;
-    }
-    CHECK_OK(k3c_comm_self(&c, &err), &err);
-    if (c) {
-        CHECK(c->size == 1 && c->rank == 0 && !strcmp(c->ops->name, "self"), "self communicator");
-        run_all(c);
-        k3c_comm_free(c);
-    }
-    CHECK(k3c_comm_mpi_available(), "this build has no MPI (libopenmpi-dev is a dependency: tools/setup.sh)");
-    if (k3c_comm_mpi_available()) {
-        test_mpirun(argv[0], 2, "");
-        test_mpirun(argv[0], 4, "");
-    }
-    printf("%d passed, %d failed\n", test_passed_, test_failed_);
-    return test_failed_ ? 1 : 0;
+    return test_mpi_main(argv[0], run_all);
 }

@@ -435,29 +435,6 @@ static void run_all(k3c_comm *comm) {
 }
 
 int main(int argc, char **argv) {
-    k3c_err err = {0};
-    k3c_comm *c = NULL;
-    if (k3c_comm_mpi_launched()) {
-        CHECK_OK(k3c_comm_mpi_world(&c, &err), &err);
-        if (c) {
-            run_all(c);
-            test_rank_summary(c->rank);
-            k3c_comm_free(c);
-        }
-        k3c_comm_mpi_finalize();
-        return test_failed_ ? 1 : 0;
-    }
-    layouts();
-    CHECK_OK(k3c_comm_self(&c, &err), &err);
-    if (c) {
-        run_all(c);
-        k3c_comm_free(c);
-    }
-    CHECK(k3c_comm_mpi_available(), "this build has no MPI (libopenmpi-dev is a dependency: tools/setup.sh)");
-    if (k3c_comm_mpi_available()) {
-        test_mpirun(argv[0], 2, "");
-        test_mpirun(argv[0], 4, "");
-    }
-    printf("%d passed, %d failed\n", test_passed_, test_failed_);
-    return test_failed_ ? 1 : 0;
+    if (!k3c_comm_mpi_launched()) layouts(); /* the parent only: no communication */
+    return test_mpi_main(argv[0], run_all);
 }
