@@ -195,6 +195,14 @@ int main(void) {
     st = k3c_mpi(3, bad, "", out, sizeof out);
     CHECK(st != 0 && contains(out, "parallel.ep = 3 does not divide the model's 4 routed experts"), "ep3: exit %d:\n%s",
           st, out);
+    run_params long_docs = defaults("bad"); /* pieces of 128 tokens: one per step, too few for 2 ranks */
+    long_docs.stage0 = "{\"name\": \"s128\", \"seq_len\": 128, \"steps\": 2, \"lr\": 0.001}";
+    long_docs.stage1 = NULL;
+    long_docs.extra = ", \"parallel\": {\"dp\": 2}";
+    write_run(&fx, "bad", &long_docs, bad, sizeof bad);
+    st = k3c_mpi(2, bad, "", out, sizeof out);
+    CHECK(st != 0 && contains(out, "document pieces for 2 ranks") && contains(out, "seq_len"),
+          "dp2 with one piece per step: exit %d:\n%s", st, out);
     err = (k3c_err){0};
     write_cfg(&fx, "bad", "{\"dp\": 2}", bad, sizeof bad);
     CHECK(train(bad, 0, 0, NULL, &r, &err) == K3C_ECONFIG && contains(err.msg, "(mpirun -np 2)"),
