@@ -1,6 +1,7 @@
 # k3c — build: `make` (CPU library + CLI), `make cuda` (nvcc, sm_90), `make cuda-tests` (the CUDA test and benchmark
 # programs), `make test`, `make test-asan`, `make run` (train the tiny K3 model on a real corpus, then generate),
-# `make fuzz` (libFuzzer targets in fuzz/, each run FUZZ_SECONDS). Sources are found by wildcard: add a file, not a rule.
+# `make fuzz` (libFuzzer targets in fuzz/, each run FUZZ_SECONDS), `make nccl` (the NCCL communicator and its test).
+# Sources are found by wildcard: add a file, not a rule.
 CC      ?= gcc
 NVCC    ?= nvcc
 BUILD   ?= build
@@ -11,6 +12,14 @@ CFLAGS  := -std=c11 $(OPT) $(SAN) -g -fopenmp -Wall -Wextra -Werror -Wno-unused-
 OPENBLAS_LIB := /usr/lib/x86_64-linux-gnu/openblas-openmp
 LDLIBS  := -L$(OPENBLAS_LIB) -Wl,-rpath,$(OPENBLAS_LIB) -lopenblas -lm -lpthread $(EXTRA_LDLIBS)
 LDFLAGS := -fopenmp $(SAN)
+# MPI (src/dist/comm_mpi.c only): include and link flags from OpenMPI's wrapper or pkg-config, so the library builds
+# with the plain compiler; `make K3C_MPI=0` (or no MPI installed) builds the communicator without it.
+K3C_MPI ?= $(if $(shell command -v mpicc 2>/dev/null || pkg-config --exists ompi-c 2>/dev/null && echo y),1,0)
+ifeq ($(K3C_MPI),1)
+MPI_CFLAGS := -DK3C_MPI $(shell mpicc --showme:compile 2>/dev/null || pkg-config --cflags ompi-c)
+MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null || pkg-config --libs ompi-c)
+LDLIBS     += $(MPI_LIBS)
+endif
 
 # Library sources: every .c under src/ except the CLI. Files that include base/real.h are compiled twice (float, double).
 LIB_SRC  := $(filter-out src/cli/%,$(shell find src -name '*.c' | LC_ALL=C sort))
@@ -26,12 +35,13 @@ LIB_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(ONE_SRC)) \
 CLI_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_SRC))
 LIB     := $(BUILD)/libk3c.a
 
-.PHONY: all setup test test-asan cuda cuda-tests run bench clean fuzz fuzz-build
+.PHONY: all setup test test-asan cuda cuda-tests nccl run bench clean fuzz fuzz-build
 all: $(LIB) k3c
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/obj/src/dist/comm_mpi.o: CFLAGS += $(MPI_CFLAGS)
 $(BUILD)/obj/%.f32.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DK3C_REAL_DOUBLE=0 -c $< -o $@
@@ -101,7 +111,7 @@ build/cuda/obj/%.o: %.cu
 	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 -include $(CU_OBJ:.o=.d)
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
-CUDA_MAKE = $(MAKE) --no-print-directory BUILD=build/cuda EXTRA_CFLAGS="-DK3C_CUDA -I$(CUDA_HOME)/include" \
+CUDA_MAKE = $(MAKE) --no-print-directory BUILD=build/cuda K3C_MPI=0 EXTRA_CFLAGS="-DK3C_CUDA -I$(CUDA_HOME)/include" \
 	    EXTRA_DEPS="$(CU_OBJ)" EXTRA_LDLIBS="$(CU_OBJ) build/cuda/libk3c.a $(CUDA_LIBS)"
 cuda:
 	@+$(CUDA_MAKE) $(CU_OBJ) build/cuda/k3c
@@ -122,6 +132,18 @@ build/cuda/bench/cuda/%: build/cuda/obj/bench/cuda/%.o $(CU_OBJ) build/cuda/libk
 .SECONDARY: $(patsubst %.cu,build/cuda/obj/%.o,$(CU_PROG_SRC)) # kept: relinking must not recompile
 cuda-tests: cuda
 	@+$(CUDA_MAKE) build/cuda/tests/test_backend_ops $(CU_PROG_BIN)
+
+# ---------------------------------------------------------------- NCCL (compiles without a GPU; not part of `make cuda`)
+# The NCCL communicator (src/dist/comm_nccl.cu) and its test build/nccl/test_comm_nccl, linked with the CPU library (MPI
+# bootstraps the multi-rank case) and -lnccl: run it alone (one rank) or under mpirun with one GPU per rank.
+NCCL_HOME ?= $(CUDA_HOME)
+build/nccl/comm_nccl.o: src/dist/comm_nccl.cu src/dist/comm.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -I$(NCCL_HOME)/include -c $< -o $@
+build/nccl/test_comm_nccl: tests/nccl/nccl_comm.c build/nccl/comm_nccl.o $(LIB) tests/test.h
+	$(CC) $(CFLAGS) -DK3C_REAL_DOUBLE=1 -Itests -I$(CUDA_HOME)/include $< build/nccl/comm_nccl.o -o $@ $(LIB) $(LDFLAGS) \
+	    $(LDLIBS) -L$(NCCL_HOME)/lib64 -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcudart -lstdc++
+nccl: $(LIB) build/nccl/test_comm_nccl
 
 # ---------------------------------------------------------------- the main job
 run: setup all

@@ -357,6 +357,12 @@ typedef struct {
     double mixture[K3C_RUN_MAX_SOURCES]; /* weight per data source (run order); all 0 = uniform */
 } k3c_stage;
 
+/* The run's parallel layout ("parallel" in the run config): degrees of data, expert, tensor, pipeline and context
+ * parallelism; their product is the number of ranks (docs/PARALLEL.md). All zero: no block (dp = the world size). */
+typedef struct {
+    int64_t dp, ep, tp, pp, cp;
+} k3c_parallel;
+
 typedef struct {
     char path[1024];         /* the config file (errors name it) */
     char model_config[1024]; /* HF config.json of the model to train */
@@ -379,6 +385,7 @@ typedef struct {
     /* balancing: "exact", "histogram" or "off" (then the router bias stays frozen) */
     int qb_mode; /* -1 off, else k3c_qb_mode */
     int64_t log_every, eval_every, eval_batches, checkpoint_every, keep_checkpoints;
+    k3c_parallel parallel;
 } k3c_run_config;
 
 /* Reads a run config JSON strictly: unknown keys, impossible stages (steps ≤ 0, seq_len > tokens_per_step, a mixture
@@ -393,6 +400,8 @@ typedef struct {
     FILE *progress;      /* progress bar (drawn only when a terminal; NULL = none) */
     FILE *log;           /* per-step lines (NULL = none) */
     const void *backend; /* the k3c_backend_f32 (ops/backend.h) the model runs on; NULL = the CPU reference */
+    void *comm;          /* the k3c_comm (src/dist/comm.h) of every rank of the run; NULL = this process alone. Rank 0
+                            writes metrics and checkpoints */
 } k3c_train_opts;
 
 typedef struct {

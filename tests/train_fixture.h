@@ -308,7 +308,7 @@ static int train(const char *cfg, int resume, int64_t max_steps, FILE *log, k3c_
     k3c_run_config rc;
     int e = k3c_run_config_load(cfg, &rc, err);
     if (e) return e;
-    k3c_train_opts o = {resume, max_steps, NULL, log, NULL};
+    k3c_train_opts o = {resume, max_steps, NULL, log, NULL, NULL};
     return k3c_train_run(&rc, &o, res, err);
 }
 

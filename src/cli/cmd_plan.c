@@ -452,6 +452,13 @@ static int run_serve(const k3c_config *cfg, const plan_opts *o, k3c_sbuf *j) {
     }
     return 0;
 }
+/* The layout as the run config's "parallel" block (docs/PARALLEL.md), ready to paste, and its launch line. */
+static void print_run_block(const k3c_plan_layout *L) {
+    printf("run config: \"parallel\": {\"dp\": %lld, \"ep\": %lld, \"tp\": %lld, \"pp\": %lld, \"cp\": %lld}\n"
+           "launch: mpirun -np %lld k3c train --config RUN.json\n\n",
+           (long long)L->dp, (long long)L->ep, (long long)L->tp, (long long)L->pp, (long long)L->cp,
+           (long long)k3c_plan_gpus(L));
+}
 
 static int run_train(const k3c_config *cfg, const plan_opts *o, k3c_sbuf *j) {
     k3c_err err = {0};
@@ -508,6 +515,7 @@ static int run_train(const k3c_config *cfg, const plan_opts *o, k3c_sbuf *j) {
             printf("best ");
         }
         print_eval(&best[0], o);
+        print_run_block(&best[0].layout);
         if (!best[0].fits)
             fprintf(stderr, "k3c plan: warning: this layout needs %.1f GB per GPU, over %.0f GB\n",
                     gb(best[0].mem.total), o->hw.gpu_mem_gb);

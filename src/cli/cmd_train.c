@@ -2,6 +2,8 @@
  * JSONL, periodic validation and atomic checkpoints (k3c_train_run in k3c.h), then plots the metrics to PNG (plot.c). */
 #include "cli.h"
 
+#include "dist/comm.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -17,7 +19,11 @@ int cmd_train(int argc, char **argv) {
                "  --quiet         no progress bar;  --log  print one line per step to stdout\n"
                "  --device cuda   the whole step on the GPU: forward, backward, clipping, the optimizer, quantile\n"
                "                  balancing and QK-Clip (build/cuda/k3c from `make cuda`; needs kda_chunk 64);\n"
-               "                  checkpoints are downloaded from device memory\n");
+               "                  checkpoints are downloaded from device memory\n\n"
+               "Parallel: `mpirun -np N k3c train --config RUN.json` trains on N ranks; the run config's\n"
+               "\"parallel\": {\"dp\": N} block (absent: dp = N) is checked against N and the model. Every rank\n"
+               "loads the same global batch and trains on its share; rank 0 prints and writes metrics and\n"
+               "checkpoints, which any layout can resume (docs/PARALLEL.md)\n");
         return 0;
     }
     const char *path = cli_opt(argc, argv, "--config");
@@ -31,12 +37,30 @@ int cmd_train(int argc, char **argv) {
     if (k3c_run_config_load(path, &rc, &err)) return cli_fail("train", &err);
     cli_device dev;
     if (cli_device_open(device, &dev, &err)) return cli_fail("train", &err);
-    k3c_train_opts o = {cli_flag(argc, argv, "--resume"), max_steps, cli_flag(argc, argv, "--quiet") ? NULL : stderr,
-                        cli_flag(argc, argv, "--log") ? stdout : NULL, dev.backend};
+    k3c_comm *world = NULL; /* MPI when started by mpirun, else this process alone */
+    if (k3c_comm_world(&world, &err)) {
+        cli_device_release(&dev);
+        return cli_fail("train", &err);
+    }
+    int quiet = world->rank != 0; /* rank 0 speaks for the run */
+    k3c_train_opts o = {cli_flag(argc, argv, "--resume"),
+                        max_steps,
+                        cli_flag(argc, argv, "--quiet") || quiet ? NULL : stderr,
+                        cli_flag(argc, argv, "--log") && !quiet ? stdout : NULL,
+                        dev.backend,
+                        world->size > 1 ? world : NULL};
     k3c_train_result r;
     int failed = k3c_train_run(&rc, &o, &r, &err);
     cli_device_release(&dev);
-    if (failed) return cli_fail("train", &err);
+    if (failed) {
+        int code = cli_fail("train", &err);
+        if (world->size > 1) k3c_comm_mpi_abort(code); /* the other ranks may be waiting for this one */
+        k3c_comm_free(world);
+        return code;
+    }
+    k3c_comm_free(world);
+    k3c_comm_mpi_finalize();
+    if (quiet) return 0;
     char jsonl[4200], png[4200];
     snprintf(jsonl, sizeof jsonl, "%s/metrics.jsonl", rc.out_dir);
     snprintf(png, sizeof png, "%s/metrics.png", rc.out_dir);

@@ -125,8 +125,10 @@ int k3c_ffn_layer_fwd(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, real
     }
     k3c_moe_sizes es = moe_sizes(m, &s);
     real *u = s.latent ? a->u : y;
-    rc = st->be->moe_fwd(st->be->ctx, &es, xin, a->ids, a->topw, w + o->w1, w + o->w3, w + o->w2, u, a->moe_saved,
-                         st->scratch, err);
+    const k3c_expert_exchange *ex = m->experts; /* expert parallelism: the experts on their ranks */
+    rc = ex ? ex->fwd(ex->ctx, l, (int)sizeof(real), &es, xin, a->ids, a->topw, w + o->w1, w + o->w3, w + o->w2, u, err)
+            : st->be->moe_fwd(st->be->ctx, &es, xin, a->ids, a->topw, w + o->w1, w + o->w3, w + o->w2, u, a->moe_saved,
+                              st->scratch, err);
     if (rc) return k3c_err_wrap(err, "layer %d: routed experts", l);
     if (s.latent) {
         const real *un = u;
@@ -195,8 +197,11 @@ int k3c_ffn_layer_bwd(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, cons
         dxin = dz;
     }
     k3c_moe_sizes es = moe_sizes(m, &s);
-    rc = st->be->moe_bwd(st->be->ctx, &es, xin, a->ids, a->topw, w + o->w1, w + o->w3, w + o->w2, a->moe_saved, du_moe,
-                         dxin, g + o->w1, g + o->w3, g + o->w2, dtopw, st->scratch, err);
+    const k3c_expert_exchange *ex = m->experts;
+    rc = ex ? ex->bwd(ex->ctx, l, (int)sizeof(real), &es, xin, a->ids, a->topw, w + o->w1, w + o->w3, w + o->w2, du_moe,
+                      dxin, g + o->w1, g + o->w3, g + o->w2, dtopw, err)
+            : st->be->moe_bwd(st->be->ctx, &es, xin, a->ids, a->topw, w + o->w1, w + o->w3, w + o->w2, a->moe_saved,
+                              du_moe, dxin, g + o->w1, g + o->w3, g + o->w2, dtopw, st->scratch, err);
     if (rc) return k3c_err_wrap(err, "layer %d: routed experts backward", l);
     if (s.latent) CHECK_RC(k3c_lin_bwd(st, T, s.D, s.lat, xn, w + o->latent_down, dz, dxn, g + o->latent_down, err));
     k3c_router_sizes rs = {T, s.E, s.k, c->renormalize, c->routed_scaling_factor};

@@ -5,6 +5,7 @@
 
 #include "base/real_decl.h"
 #include "model/params.h"
+#include "ops/moe.h"
 
 /* Per-MoE-layer routing statistics of one forward (inputs of quantile balancing and load telemetry), in backend
  * memory. */
@@ -29,6 +30,19 @@ typedef struct {
     size_t telemetry_bytes;
 } k3c_step_stats;
 
+/* Routed experts that live on other ranks (expert parallelism, src/dist/ep.c): replaces the backend's moe_fwd /
+ * moe_bwd of every MoE layer with the same contract (ops/moe.h: y overwritten; dx, dw*, dtopk_w added), exchanging
+ * token rows with the ranks that hold the experts. Float32 models only (real_bytes 4); layer l keeps what its
+ * backward needs until the next forward of l. */
+typedef struct {
+    int (*fwd)(void *ctx, int l, int real_bytes, const k3c_moe_sizes *s, const void *x, const int32_t *ids,
+               const void *w, const void *w1, const void *w3, const void *w2, void *y, k3c_err *err);
+    int (*bwd)(void *ctx, int l, int real_bytes, const k3c_moe_sizes *s, const void *x, const int32_t *ids,
+               const void *w, const void *w1, const void *w3, const void *w2, const void *dy, void *dx, void *dw1,
+               void *dw3, void *dw2, void *dw, k3c_err *err);
+    void *ctx;
+} k3c_expert_exchange;
+
 /* The struct behind k3c.h's k3c_model: parameters, plan and the backend that runs them. */
 typedef struct k3c_model {
     k3c_config cfg;
@@ -45,6 +59,7 @@ typedef struct k3c_model {
                               in this model's backend memory; float models only) */
     const void *backend;   /* the k3c_backend_f32/_f64 (ops/backend.h) that runs the ops and owns w, g and the arenas
                                of k3c_model_arena_init; NULL = the CPU reference of this precision */
+    const k3c_expert_exchange *experts; /* NULL, or expert parallelism: the routed experts of every MoE layer */
 } k3c_model;
 
 /* Step statistics for forwards of up to T tokens in the model's backend memory (with S_max when the model has MLA

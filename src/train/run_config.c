@@ -67,6 +67,24 @@ static int get_str(ctx *c, const k3c_json *o, const char *where, const char *key
     return 0;
 }
 
+/* "parallel": {"dp", "ep", "tp", "pp", "cp"}, each ≥ 1 (absent keys 1); checked against the world and the model when
+ * the run starts (dist/layout.c). No block leaves every degree 0. */
+static int parse_parallel(ctx *c, const k3c_json *p, k3c_parallel *out) {
+    static const char *const keys[] = {"dp", "ep", "tp", "pp", "cp", NULL};
+    int64_t *deg[] = {&out->dp, &out->ep, &out->tp, &out->pp, &out->cp};
+    memset(out, 0, sizeof *out);
+    if (!p) return 0;
+    if (p->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: parallel: expected an object", c->file);
+    int e = keys_known(c, p, "parallel.", keys);
+    for (int i = 0; !e && i < 5; i++) {
+        e = get_int(c, p, "parallel.", keys[i], 1, 0, deg[i]);
+        if (!e && (*deg[i] < 1 || *deg[i] > 65536))
+            e = k3c_errf(c->err, K3C_ECONFIG, "%s: parallel.%s: %lld, must be 1..65536", c->file, keys[i],
+                         (long long)*deg[i]);
+    }
+    return e;
+}
+
 static int parse_stage(ctx *c, const k3c_json *s, int i, const k3c_run_config *rc, int64_t default_tps, k3c_stage *st) {
     char where[64];
     snprintf(where, sizeof where, "stages[%d].", i);
@@ -153,6 +171,7 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
                                        "checkpoint_every",
                                        "keep_checkpoints",
                                        "recompute",
+                                       "parallel",
                                        NULL};
     int e = keys_known(c, r, "", keys);
     int64_t v;
@@ -225,6 +244,7 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
         rc->qb_mode = -1;
     else
         return k3c_errf(c->err, K3C_ECONFIG, "%s: balancing: '%s' is not exact, histogram or off", c->file, bal);
+    if ((e = parse_parallel(c, k3c_json_get(r, "parallel"), &rc->parallel))) return e;
     int64_t tps;
     if ((e = get_int(c, r, "", "tokens_per_step", 0, 0, &tps))) return e;
     const k3c_json *stages = k3c_json_get(r, "stages");

@@ -8,6 +8,8 @@
  * contiguous range of the step statistics) for the load metrics. */
 #include "base/check.h"
 #include "base/json.h"
+#include "dist/dp.h"
+#include "dist/ep.h"
 #include "ops/backend.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
@@ -44,6 +46,10 @@ typedef struct {
     int moe_layer[K3C_MAX_LAYERS]; /* per-layer load telemetry of the last step */
     double layer_ratio[K3C_MAX_LAYERS], layer_cv[K3C_MAX_LAYERS];
     int n_moe;
+    k3c_dp *dp; /* data parallelism over opts->comm (dist/dp.h); NULL: this process alone */
+    k3c_dp dp_store;
+    k3c_comm *ep_comm; /* expert parallelism (dist/ep.h): the EP group; NULL: every rank holds every expert */
+    k3c_ep ep;
 } trainer;
 
 static int stage_of(const k3c_run_config *rc, int64_t step, int64_t *stage_step) {
@@ -79,7 +85,8 @@ static int next_batch(trainer *tr, const k3c_stage *st, int val, k3c_val_iter *i
     if (e) return e;
     k3c_batch *b = &tr->batch;
     *mb = (k3c_model_batch){b->T, b->n_docs, b->ids, b->cu_seqlens, b->targets, 0};
-    return ensure_arena(tr, b->T, b->n_docs, err);
+    if (tr->dp && !val && (e = k3c_dp_split_batch(tr->dp, mb, err))) return e; /* this rank's share */
+    return ensure_arena(tr, mb->T, mb->n_docs, err);
 }
 
 /* The step statistics and the activation arena for a batch of T tokens. */
@@ -133,14 +140,18 @@ static int balance(trainer *tr, k3c_err *err) {
     for (int l = 0; l < c->num_layers; l++) {
         const k3c_route_stats *r = &tr->stats.route[l];
         if (c->ffn[l] != K3C_FFN_MOE || r->T == 0) continue;
-        size_t need = tr->be->quantile_balance_workspace(tr->rc->qb_mode, r->T, r->n);
+        const float *logits = r->logits, *cutoff = r->cutoff;
+        int64_t T = r->T; /* data parallelism: the whole batch's statistics, so every rank sets the same bias */
+        if (tr->dp && k3c_dp_gather_route(tr->dp, r, r->n, (float **)&logits, (float **)&cutoff, &T, err))
+            return k3c_err_wrap(err, "layer %d: quantile balancing", l);
+        size_t need = tr->be->quantile_balance_workspace(tr->rc->qb_mode, T, r->n);
         if (need > tr->qb_ws_bytes) {
             if (tr->qb_ws) tr->be->free(tr->qb_ws);
             tr->qb_ws = tr->be->alloc(need);
             tr->qb_ws_bytes = tr->qb_ws ? need : 0;
             if (!tr->qb_ws) return k3c_errf(err, K3C_ENOMEM, "quantile balancing workspace");
         }
-        if (tr->be->quantile_balance(tr->be->ctx, tr->rc->qb_mode, r->logits, r->cutoff, r->T, r->n, r->k,
+        if (tr->be->quantile_balance(tr->be->ctx, tr->rc->qb_mode, logits, cutoff, T, r->n, r->k,
                                      w + tr->m.table.layer[l].router_bias, tr->qb_ws, err))
             return k3c_err_wrap(err, "layer %d: quantile balancing", l);
     }
@@ -158,13 +169,20 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     k3c_acts *acts;
     double loss;
     if ((e = k3c_model_forward_f32(&tr->m, &b, &tr->arena, &acts, &loss, NULL, err))) return e;
+    if (tr->dp && (e = k3c_dp_sum(tr->dp, &loss, err))) return e; /* the ranks' shares of the global mean */
     if (!isfinite(loss)) return k3c_errf(err, K3C_ENUMERIC, "step %lld: loss is %g", (long long)tr->step + 1, loss);
     if ((e = k3c_model_backward_f32(&tr->m, acts, 1.0, err))) return e;
+    if (tr->dp && (e = k3c_dp_reduce_grads(tr->dp, tr->m.g, tr->m.table.total, err))) return e;
     if ((e = be->clip_grad_norm(tr->opt_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm, err))) return e;
     k3c_schedule sch = {st->schedule, st->lr, st->warmup, st->steps, st->min_lr_ratio};
     row->lr = k3c_schedule_lr(&sch, stage_step + 1); /* schedules count steps from 1 */
-    if ((e = be->optim_step(tr->opt_inst, &tr->opt, &tr->m.table, 0, tr->m.table.n, tr->m.w, tr->m.g, tr->ostate,
-                            row->lr, tr->step + 1, err)))
+    e = tr->dp ? k3c_dp_optim_step(tr->dp, be, tr->opt_inst, &tr->m.table, tr->m.w, tr->m.g, tr->ostate, row->lr,
+                                   tr->step + 1, err)
+               : be->optim_step(tr->opt_inst, &tr->opt, &tr->m.table, 0, tr->m.table.n, tr->m.w, tr->m.g, tr->ostate,
+                                row->lr, tr->step + 1, err);
+    if (e) return e;
+    if (tr->n_mla && tr->dp &&
+        (e = k3c_dp_max_smax(tr->dp, tr->stats.smax, tr->m.cfg.num_layers * tr->m.cfg.mla_heads, err)))
         return e;
     if (tr->n_mla && (e = be->qk_clip(be->ctx, &tr->m.cfg, &tr->m.table, tr->m.w, tr->stats.smax, rc->qk_clip_tau,
                                       tr->stats.qk_clipped, err)))
@@ -254,7 +272,12 @@ static int save(trainer *tr, k3c_err *err) {
     char *ls = NULL;
     float *state = malloc(sizeof(float) * (tr->opt.state_numel ? tr->opt.state_numel : 1));
     if (!state) return k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory");
-    int e = tr->be->download(state, tr->ostate, sizeof(float) * tr->opt.state_numel, err); /* after the step's ops */
+    int e = tr->dp ? k3c_dp_gather_state(tr->dp, tr->ostate, state, err) /* every owner's shard */
+                   : tr->be->download(state, tr->ostate, sizeof(float) * tr->opt.state_numel, err); /* after the ops */
+    if (!e && tr->dp && tr->dp->rank != 0) { /* rank 0 writes the checkpoint: the single-process layout */
+        free(state);
+        return K3C_OK;
+    }
     if (!e) e = k3c_loader_state_to_json(tr->loader, &ls, err);
     if (e) {
         free(state);
@@ -349,19 +372,31 @@ static int resume(trainer *tr, k3c_err *err) {
 
 /* The optimizer's state next to w and g in the backend's memory (zero = step 0, or the resumed state) and its
  * backend instance. */
-static int optim_state(trainer *tr, k3c_err *err) {
+static int optim_state(trainer *tr, void *comm, int64_t ep, k3c_err *err) {
     tr->be = k3c_model_backend_f32(&tr->m);
-    const size_t n_state = tr->opt.state_numel ? tr->opt.state_numel : 1;
+    if (comm) {
+        CHECK_RC(k3c_dp_init(&tr->dp_store, comm, tr->be, &tr->opt, &tr->m.table, err));
+        tr->dp = &tr->dp_store;
+    }
+    if (ep > 1) { /* EP groups: ep consecutive ranks (EP inside DP, docs/PARALLEL.md) */
+        k3c_comm *c = comm;
+        CHECK_RC(k3c_comm_split(c, c->rank / (int)ep, c->rank, &tr->ep_comm, err));
+        CHECK_RC(k3c_ep_init(&tr->ep, tr->ep_comm, tr->be, &tr->m.cfg, err));
+        tr->m.experts = &tr->ep.exchange;
+    }
+    const k3c_optim *o = tr->dp ? &tr->dp->shard : &tr->opt; /* ZeRO-1: this rank's shard of the state */
+    const size_t n_state = o->state_numel ? o->state_numel : 1;
     tr->ostate = tr->be->alloc(sizeof(float) * n_state);
     if (!tr->ostate) return k3c_errf(err, K3C_ENOMEM, "trainer: cannot allocate the optimizer state");
     CHECK_RC(tr->be->zero(tr->ostate, (int64_t)n_state, err));
     if (tr->resume_state) {
-        CHECK_RC(tr->be->upload(tr->ostate, tr->resume_state, sizeof(float) * tr->opt.state_numel, err));
+        const float *mine = tr->resume_state + (tr->dp ? tr->dp->s_displ[tr->dp->rank] : 0);
+        CHECK_RC(tr->be->upload(tr->ostate, mine, sizeof(float) * o->state_numel, err));
         CHECK_RC(tr->be->sync(err)); /* the host copy is freed next */
         free(tr->resume_state);
         tr->resume_state = NULL;
     }
-    return tr->be->optim_open(tr->be->ctx, &tr->opt, &tr->m.table, &tr->opt_inst, err);
+    return tr->be->optim_open(tr->be->ctx, o, &tr->m.table, &tr->opt_inst, err);
 }
 
 static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o, k3c_err *err) {
@@ -374,6 +409,10 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     int e = k3c_config_load(rc->model_config, &cfg, err);
     if (!e) e = k3c_model_create_f32(&cfg, 1, &tr->m, err);
     if (e) return e;
+    k3c_comm *comm = o->comm;
+    k3c_parallel lay; /* the "parallel" block against the ranks there are (one without a communicator) */
+    if ((e = k3c_parallel_resolve(&rc->parallel, &cfg, comm ? comm->size : 1, rc->path, &lay, err))) return e;
+    if (lay.dp * lay.ep == 1) comm = NULL; /* alone: the single-process step */
     tr->m.kda_chunk = rc->kda_chunk;
     for (int l = 0; l < cfg.num_layers; l++) tr->m.recompute[l] = (uint8_t)rc->recompute;
     k3c_model_init_f32(&tr->m, rc->seed, rc->init_std);
@@ -399,8 +438,9 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
                         rc->out_dir, p);
     if (o->resume && (e = resume(tr, err))) return e;
     e = k3c_model_use_backend_f32(&tr->m, o->backend, err);
-    if (!e) e = optim_state(tr, err);
+    if (!e) e = optim_state(tr, comm, lay.ep, err);
     if (e) return e;
+    if (tr->dp && tr->dp->rank != 0) return K3C_OK; /* rank 0 writes the metrics */
     snprintf(p, sizeof p, "%s/metrics.jsonl", rc->out_dir);
     if (o->resume && (e = truncate_metrics(p, tr->step, err))) return e;
     tr->metrics = fopen(p, o->resume ? "a" : "w");
@@ -419,6 +459,11 @@ static void teardown(trainer *tr) {
         if (tr->qb_ws) be->free(tr->qb_ws);
     }
     k3c_model_free_f32(&tr->m);
+    if (tr->dp) k3c_dp_free(tr->dp);
+    if (tr->ep_comm) {
+        k3c_ep_free(&tr->ep);
+        k3c_comm_free(tr->ep_comm);
+    }
     k3c_optim_free(&tr->opt);
     free(tr->resume_state);
     free(tr->telemetry);
@@ -459,7 +504,8 @@ int k3c_train_run(const k3c_run_config *rc, const k3c_train_opts *o, k3c_train_r
         if (rc->eval_every > 0 && (tr.step % rc->eval_every == 0 || last) &&
             (e = validate(&tr, &rc->stage[s], &row.val_loss, err)))
             break;
-        if (tr.step % rc->log_every == 0 || last || isfinite(row.val_loss)) k3c_metrics_write(tr.metrics, &row);
+        if (tr.metrics && (tr.step % rc->log_every == 0 || last || isfinite(row.val_loss)))
+            k3c_metrics_write(tr.metrics, &row);
         if (o->log)
             fprintf(o->log, "step %lld stage %s loss %.4f lr %.2e gnorm %.3f load %.2f %.0f tok/s\n",
                     (long long)tr.step, rc->stage[s].name, row.loss, row.lr, row.grad_norm, row.max_load_ratio,

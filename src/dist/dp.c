@@ -1,0 +1,181 @@
+/* dp.c — data parallelism with ZeRO-1: batch split at document boundaries with the global loss normalisation, gradient
+ * sum, optimizer state sharded by whole table entries with the parameters all-gathered after the step, global S_max
+ * and router statistics. Spec: docs/PARALLEL.md "Data parallelism (ZeRO-1)", docs/TRAINING.md §1.5. */
+#include "dist/dp.h"
+
+#include "base/check.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Owners: consecutive entries, rank r taking entries until the running element count reaches (r + 1)/size of the
+ * table, so each rank updates (and stores state for) about 1/size of the parameters; an entry is never split. */
+static void assign_owners(const k3c_param_table *t, int size, int *first) {
+    int i = 0;
+    size_t done = 0;
+    for (int r = 0; r < size; r++) {
+        first[r] = i;
+        size_t goal = (size_t)((double)t->total * (r + 1) / size);
+        while (i < t->n && (r == size - 1 || done + (size_t)t->p[i].numel / 2 < goal)) done += (size_t)t->p[i++].numel;
+    }
+    first[size] = t->n;
+}
+
+static size_t entry_end(const k3c_param_table *t, int i) { return i < t->n ? t->p[i].offset : t->total; }
+
+static size_t state_end(const k3c_optim *o, int i) { return i < o->n_entries ? o->state_off[i] : o->state_numel; }
+
+int k3c_dp_init(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_optim *o, const k3c_param_table *t,
+                k3c_err *err) {
+    memset(dp, 0, sizeof *dp);
+    if (strcmp(be->name, "cpu"))
+        return k3c_errf(err, K3C_EUNSUPPORTED,
+                        "data parallelism on the %s backend needs a device communicator (NCCL); the %s communicator "
+                        "moves host memory",
+                        be->name, comm->ops->name);
+    for (int i = 0; i < t->n; i++)
+        if (t->p[i].offset != (i ? t->p[i - 1].offset + (size_t)t->p[i - 1].numel : 0))
+            return k3c_errf(err, K3C_EINVAL, "data parallelism: parameter %s is not contiguous with the one before",
+                            t->p[i].name);
+    dp->comm = comm;
+    dp->rank = comm->rank;
+    dp->size = comm->size;
+    int R = dp->size, *first = malloc(sizeof(int) * (size_t)(R + 1));
+    dp->w_count = calloc((size_t)R * 6, sizeof(int64_t));
+    dp->T_all = calloc((size_t)R, sizeof(int64_t));
+    dp->shard = *o;
+    dp->shard.state_off = malloc(sizeof(size_t) * (size_t)(t->n > 0 ? t->n : 1));
+    if (!first || !dp->w_count || !dp->T_all || !dp->shard.state_off) {
+        free(first);
+        k3c_dp_free(dp);
+        return k3c_errf(err, K3C_ENOMEM, "data parallelism: out of memory");
+    }
+    dp->w_displ = dp->w_count + R;
+    dp->s_count = dp->w_count + 2 * R;
+    dp->s_displ = dp->w_count + 3 * R;
+    dp->ones = dp->w_count + 4 * R;
+    dp->iota = dp->w_count + 5 * R;
+    for (int r = 0; r < R; r++) dp->ones[r] = 1, dp->iota[r] = r;
+    assign_owners(t, R, first);
+    for (int r = 0; r < R; r++) {
+        dp->w_displ[r] = (int64_t)entry_end(t, first[r]);
+        dp->w_count[r] = (int64_t)entry_end(t, first[r + 1]) - dp->w_displ[r];
+        dp->s_displ[r] = (int64_t)state_end(o, first[r]);
+        dp->s_count[r] = (int64_t)state_end(o, first[r + 1]) - dp->s_displ[r];
+    }
+    dp->first = first[dp->rank];
+    dp->last = first[dp->rank + 1];
+    free(first);
+    /* the shard's state offsets count from its first entry; entries of other owners are never stepped here */
+    for (int i = 0; i < t->n; i++)
+        dp->shard.state_off[i] = i >= dp->first && i < dp->last ? o->state_off[i] - (size_t)dp->s_displ[dp->rank] : 0;
+    dp->shard.state_numel = (size_t)dp->s_count[dp->rank];
+    return K3C_OK;
+}
+
+void k3c_dp_free(k3c_dp *dp) {
+    free(dp->w_count);
+    free(dp->T_all);
+    free(dp->shard.state_off); /* the workspace belongs to the full optimizer */
+    free(dp->cu);
+    free(dp->route_buf);
+    memset(dp, 0, sizeof *dp);
+}
+
+/* Rank r's first piece: the boundary nearest r·T/size that leaves at least one piece to every rank. */
+static int split_point(const int32_t *cu, int n_docs, int64_t T, int r, int size, int lo) {
+    int best = lo;
+    double goal = (double)T * r / size;
+    for (int d = lo; d <= n_docs - (size - r); d++)
+        if (fabs(cu[d] - goal) < fabs(cu[best] - goal)) best = d;
+    return best;
+}
+
+int k3c_dp_split_batch(k3c_dp *dp, k3c_model_batch *b, k3c_err *err) {
+    int R = dp->size, n = b->cu_seqlens ? b->n_docs : 1;
+    if (n < R)
+        return k3c_errf(err, K3C_EINVAL,
+                        "data parallelism: the batch has %d document pieces for %d ranks (each rank needs a whole "
+                        "piece: lower the stage's seq_len or raise tokens_per_step)",
+                        n, R);
+    if (!b->targets || !b->cu_seqlens)
+        return k3c_errf(err, K3C_EINVAL, "data parallelism: the batch needs explicit targets and cu_seqlens");
+    int64_t counted = 0;
+    for (int64_t t = 0; t < b->T; t++) counted += b->targets[t] >= 0;
+    if (!counted) return k3c_errf(err, K3C_EINVAL, "data parallelism: the batch has no counted target");
+    int d0 = 0, d1 = n;
+    for (int r = 1; r <= dp->rank; r++) d0 = split_point(b->cu_seqlens, n, b->T, r, R, d0 + 1);
+    if (dp->rank < R - 1) d1 = split_point(b->cu_seqlens, n, b->T, dp->rank + 1, R, d0 + 1);
+    if (d1 - d0 + 1 > dp->cu_cap) {
+        free(dp->cu);
+        dp->cu_cap = d1 - d0 + 1;
+        dp->cu = malloc(sizeof(int32_t) * (size_t)dp->cu_cap);
+        if (!dp->cu) {
+            dp->cu_cap = 0;
+            return k3c_errf(err, K3C_ENOMEM, "data parallelism: out of memory");
+        }
+    }
+    int32_t t0 = b->cu_seqlens[d0];
+    for (int d = d0; d <= d1; d++) dp->cu[d - d0] = b->cu_seqlens[d] - t0;
+    b->T = b->cu_seqlens[d1] - t0;
+    b->n_docs = d1 - d0;
+    b->ids += t0;
+    b->targets += t0;
+    b->cu_seqlens = dp->cu;
+    b->loss_norm = (double)counted;
+    dp->T_local = b->T;
+    return k3c_comm_allgather(dp->comm, &dp->T_local, dp->T_all, dp->ones, dp->iota, K3C_I64, NULL, err);
+}
+
+int k3c_dp_sum(k3c_dp *dp, double *x, k3c_err *err) {
+    return k3c_comm_allreduce(dp->comm, x, x, 1, K3C_F64, K3C_COMM_SUM, NULL, err);
+}
+
+int k3c_dp_reduce_grads(k3c_dp *dp, float *g, size_t n, k3c_err *err) {
+    return k3c_comm_allreduce(dp->comm, g, g, (int64_t)n, K3C_F32, K3C_COMM_SUM, NULL, err);
+}
+
+int k3c_dp_optim_step(k3c_dp *dp, const k3c_backend_f32 *be, void *inst, const k3c_param_table *t, float *w,
+                      const float *g, float *state_shard, double lr, int64_t step, k3c_err *err) {
+    CHECK_RC(be->optim_step(inst, &dp->shard, t, dp->first, dp->last, w, g, state_shard, lr, step, err));
+    CHECK_RC(be->sync(err)); /* the owners' updates are read by the all-gather */
+    return k3c_comm_allgather(dp->comm, NULL, w, dp->w_count, dp->w_displ, K3C_F32, NULL, err);
+}
+
+int k3c_dp_max_smax(k3c_dp *dp, float *smax, int64_t n, k3c_err *err) {
+    return k3c_comm_allreduce(dp->comm, smax, smax, n, K3C_F32, K3C_COMM_MAX, NULL, err);
+}
+
+int k3c_dp_gather_route(k3c_dp *dp, const k3c_route_stats *r, int64_t n, float **logits, float **cutoff, int64_t *T,
+                        k3c_err *err) {
+    int R = dp->size;
+    int64_t total = 0;
+    for (int i = 0; i < R; i++) total += dp->T_all[i];
+    size_t need = (size_t)total * (size_t)(n + 1);
+    if (need > dp->route_cap) {
+        free(dp->route_buf);
+        dp->route_buf = malloc(sizeof(float) * (need ? need : 1));
+        dp->route_cap = dp->route_buf ? need : 0;
+        if (!dp->route_buf)
+            return k3c_errf(err, K3C_ENOMEM, "data parallelism: router statistics of %lld tokens", (long long)total);
+    }
+    int64_t *cnt = malloc(sizeof(int64_t) * 3 * (size_t)R); /* logits counts, displacements; cutoff displacements */
+    if (!cnt) return k3c_errf(err, K3C_ENOMEM, "data parallelism: out of memory");
+    int64_t *dsp = cnt + R, *tok = cnt + 2 * R, off = 0;
+    for (int i = 0; i < R; i++) cnt[i] = dp->T_all[i] * n, dsp[i] = off * n, tok[i] = off, off += dp->T_all[i];
+    k3c_comm_req *q = NULL; /* the logits travel while the cutoffs are gathered */
+    int e = k3c_comm_allgather(dp->comm, r->logits, dp->route_buf, cnt, dsp, K3C_F32, &q, err);
+    if (!e) e = k3c_comm_allgather(dp->comm, r->cutoff, dp->route_buf + total * n, dp->T_all, tok, K3C_F32, NULL, err);
+    int e2 = k3c_comm_wait(q, e ? NULL : err);
+    free(cnt);
+    if (e || e2) return e ? e : e2;
+    *logits = dp->route_buf;
+    *cutoff = dp->route_buf + total * n;
+    *T = total;
+    return K3C_OK;
+}
+
+int k3c_dp_gather_state(k3c_dp *dp, const float *state_shard, float *full, k3c_err *err) {
+    return k3c_comm_allgather(dp->comm, state_shard, full, dp->s_count, dp->s_displ, K3C_F32, NULL, err);
+}

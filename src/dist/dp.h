@@ -1,0 +1,66 @@
+/* dp.h — data parallelism with ZeRO-1 for the trainer: the run config's "parallel" layout checked against the world
+ * and the model, the global batch split at document boundaries, gradients summed over the ranks, the optimizer state
+ * sharded by whole parameter-table entries (one owner rank per entry: Per-Head Muon's head blocks and expert slices
+ * never straddle ranks), parameters all-gathered after the step, QK-Clip's S_max and quantile balancing's router
+ * statistics taken over the global batch. Spec: docs/PARALLEL.md "Data parallelism (ZeRO-1)". */
+#ifndef K3C_DIST_DP_H
+#define K3C_DIST_DP_H
+
+#include "dist/comm.h"
+#include "model/model.h"
+#include "ops/backend.h"
+
+/* ---------------------------------------------------------------- layout (layout.c)
+ * p as read from the run config (all zero: no "parallel" block, then dp = the world size). Checks, naming `file`: every
+ * degree ≥ 1, dp·ep·tp·pp·cp = world, ep divides the routed experts, tp divides every head count, pp divides the
+ * layers; then K3C_EUNSUPPORTED for the kinds not built yet (tp, pp, cp). *out gets the resolved layout. */
+int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world, const char *file, k3c_parallel *out,
+                         k3c_err *err);
+
+/* ---------------------------------------------------------------- data parallelism with ZeRO-1 (dp.c) */
+typedef struct {
+    k3c_comm *comm; /* the data-parallel group (not owned) */
+    int rank, size;
+    int first, last;      /* this rank's table entries [first, last) */
+    int64_t *w_count;     /* [size] elements of w each rank owns (its entries' contiguous range) */
+    int64_t *w_displ;     /* [size] where that range starts */
+    int64_t *s_count;     /* [size] optimizer-state floats each rank holds */
+    int64_t *s_displ;     /* [size] where they sit in the full state (the single-process layout) */
+    int64_t *ones, *iota; /* [size] 1, 1, …; 0, 1, … (counts of one-element gathers) */
+    k3c_optim shard;      /* the optimizer restricted to [first, last): state offsets relative to this shard */
+    int32_t *cu;          /* the local batch's cu_seqlens */
+    int cu_cap;
+    int64_t T_local;  /* tokens of this rank's part of the last training batch */
+    int64_t *T_all;   /* [size] tokens of every rank's part */
+    float *route_buf; /* gathered router logits and cutoffs of one layer (host memory) */
+    size_t route_cap;
+} k3c_dp;
+
+/* o: the optimizer initialised for t (full layout); the shard shares its workspace. Only host-memory backends
+ * (be->name "cpu"): the MPI communicator moves host memory. */
+int k3c_dp_init(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_optim *o, const k3c_param_table *t,
+                k3c_err *err);
+void k3c_dp_free(k3c_dp *dp);
+
+/* b (the global batch every rank loaded) becomes this rank's part: consecutive whole document pieces, the split
+ * points the piece boundaries nearest to equal token shares; loss_norm = the counted targets of the whole batch, so
+ * the ranks' losses and gradients add up to the single-process mean. K3C_EINVAL when the batch has fewer pieces than
+ * ranks. */
+int k3c_dp_split_batch(k3c_dp *dp, k3c_model_batch *b, k3c_err *err);
+/* *x ← the sum of x over the ranks (the loss). */
+int k3c_dp_sum(k3c_dp *dp, double *x, k3c_err *err);
+/* g ← Σ_ranks g (every rank gets the whole sum, so clipping sees the global gradient). */
+int k3c_dp_reduce_grads(k3c_dp *dp, float *g, size_t n, k3c_err *err);
+/* The optimizer step of this rank's entries on its state shard, then every rank's updated entries gathered into w. */
+int k3c_dp_optim_step(k3c_dp *dp, const k3c_backend_f32 *be, void *inst, const k3c_param_table *t, float *w,
+                      const float *g, float *state_shard, double lr, int64_t step, k3c_err *err);
+/* S_max [n] ← its maximum over the ranks (QK-Clip then clips the same heads on every rank). */
+int k3c_dp_max_smax(k3c_dp *dp, float *smax, int64_t n, k3c_err *err);
+/* One MoE layer's router statistics of the whole batch, in rank (= token) order: *logits [T, n] and *cutoff [T] in
+ * dp's buffer (valid until the next call), *T the global token count; r: this rank's statistics (T_local tokens). */
+int k3c_dp_gather_route(k3c_dp *dp, const k3c_route_stats *r, int64_t n, float **logits, float **cutoff, int64_t *T,
+                        k3c_err *err);
+/* The full optimizer state (single-process layout, every rank gets it) from the shards: for checkpoints. */
+int k3c_dp_gather_state(k3c_dp *dp, const float *state_shard, float *full, k3c_err *err);
+
+#endif

@@ -1,0 +1,219 @@
+/* ep.c — expert parallelism: dropless dispatch of every routed slot's token row to the rank holding its expert, the
+ * local experts run on what arrived (the backend's routed-expert op with k = 1), the outputs sent back and combined
+ * with the gate weights on the token's own rank; the backward sends the weighted output gradients the same way and
+ * returns the input gradients. Spec: docs/PARALLEL.md "Expert parallelism", docs/MODEL.md §9.2. */
+#include "dist/ep.h"
+
+#include "base/check.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* *p holds at least n elements of `size` bytes (grown, contents dropped; 64-aligned, zeroed). */
+static int grow(void **p, size_t *cap, size_t n, size_t size, k3c_err *err) {
+    if (n <= *cap && *p) return K3C_OK;
+    k3c_aligned_free(*p);
+    *p = k3c_aligned_alloc((n ? n : 1) * size);
+    *cap = *p ? n : 0;
+    return *p ? K3C_OK : k3c_errf(err, K3C_ENOMEM, "expert parallelism: %zu bytes", n * size);
+}
+
+/* Exchanges rows: send[scount[p]·width] to each p, recv[rcount[p]·width] from each p, in rank order. */
+static int exchange(k3c_ep *ep, const void *send, const int64_t *scount, void *recv, const int64_t *rcount,
+                    int64_t width, k3c_dtype t, k3c_err *err) {
+    int P = ep->size;
+    int64_t *sc = ep->tmp, *sd = sc + P, *rc = sd + P, *rd = rc + P, so = 0, ro = 0;
+    for (int p = 0; p < P; p++) {
+        sc[p] = scount[p] * width, sd[p] = so, so += sc[p];
+        rc[p] = rcount[p] * width, rd[p] = ro, ro += rc[p];
+    }
+    return k3c_comm_alltoall(ep->comm, send, sc, sd, recv, rc, rd, t, NULL, err);
+}
+
+/* The send order of this layer's live slots (grouped by the rank of their expert) and the row counts both ways. */
+static int plan(k3c_ep *ep, k3c_ep_layer *L, int64_t T, int64_t k, const int32_t *ids, k3c_err *err) {
+    int P = ep->size;
+    size_t S = (size_t)(T * k);
+    CHECK_RC(grow((void **)&L->order, &L->cap_slots, S, sizeof(int32_t) * 2, err));
+    L->pos = L->order + L->cap_slots;
+    int64_t *off = ep->tmp; /* [P + 1] running offsets */
+    memset(L->scount, 0, sizeof(int64_t) * (size_t)P);
+    for (size_t i = 0; i < S; i++) {
+        if (ids[i] < -1 || ids[i] >= ep->E)
+            return k3c_errf(err, K3C_EINVAL, "expert parallelism: expert id %d outside [-1, %lld)", ids[i],
+                            (long long)ep->E);
+        if (ids[i] >= 0) L->scount[ids[i] / ep->local]++;
+    }
+    off[0] = 0;
+    for (int p = 0; p < P; p++) off[p + 1] = off[p] + L->scount[p];
+    for (size_t i = 0; i < S; i++) { /* stable: ascending slot id inside a destination */
+        L->pos[i] = -1;
+        if (ids[i] < 0) continue;
+        int64_t row = off[ids[i] / ep->local]++;
+        L->pos[i] = (int32_t)row;
+        L->order[row] = (int32_t)i;
+    }
+    int64_t *one = ep->tmp + P + 1, *iota = one + P; /* one count per peer */
+    for (int p = 0; p < P; p++) one[p] = 1, iota[p] = p;
+    CHECK_RC(k3c_comm_alltoall(ep->comm, L->scount, one, iota, L->rcount, one, iota, K3C_I64, NULL, err));
+    L->R = 0;
+    for (int p = 0; p < P; p++) L->R += L->rcount[p];
+    return K3C_OK;
+}
+
+/* The local experts' op sizes for R received rows (one slot each) and its workspace. */
+static int local_sizes(k3c_ep *ep, const k3c_moe_sizes *s, int64_t R, k3c_moe_sizes *ls, k3c_err *err) {
+    *ls = (k3c_moe_sizes){R, s->dim, s->inter, ep->local, 1, s->act};
+    return grow(&ep->ws, &ep->ws_bytes, ep->be->moe_workspace(ls), 1, err);
+}
+
+static int ep_fwd(void *ctx, int l, int real_bytes, const k3c_moe_sizes *s, const void *xv, const int32_t *ids,
+                  const void *wv, const void *w1, const void *w3, const void *w2, void *yv, k3c_err *err) {
+    k3c_ep *ep = ctx;
+    if (real_bytes != (int)sizeof(float) || l < 0 || l >= ep->n_layers || s->experts != ep->E)
+        return k3c_errf(err, K3C_EUNSUPPORTED, "expert parallelism: float32 models of %lld experts only",
+                        (long long)ep->E);
+    const float *x = xv, *w = wv;
+    float *y = yv;
+    k3c_ep_layer *L = &ep->layer[l];
+    const int64_t T = s->tokens, k = s->top_k, D = s->dim;
+    L->T = T, L->k = k, L->D = D;
+    CHECK_RC(plan(ep, L, T, k, ids, err));
+    const int64_t nsend = T * k, R = L->R; /* rows out (live or not: dead slots have no row) and rows in */
+    /* rows: the sent rows and their expert ids, later the local outputs and unit gate weights */
+    CHECK_RC(grow((void **)&ep->rows, &ep->rows_cap, (size_t)((nsend > R ? nsend : R) * (D + 1)), sizeof(float), err));
+    CHECK_RC(grow((void **)&L->xr, &L->cap_xr, (size_t)(R * D + R), sizeof(float), err));
+    CHECK_RC(grow((void **)&L->back, &L->cap_back, (size_t)(nsend * D), sizeof(float), err));
+    L->idr = (int32_t *)(L->xr + R * D);
+    int64_t live = 0;
+    for (int p = 0; p < ep->size; p++) live += L->scount[p];
+    int32_t *sid = (int32_t *)(ep->rows + live * D); /* the local expert id of each row, after the rows */
+    for (int64_t r = 0; r < live; r++) {
+        int32_t slot = L->order[r], e = ids[slot];
+        memcpy(ep->rows + r * D, x + (slot / k) * D, sizeof(float) * (size_t)D);
+        sid[r] = (int32_t)(e % ep->local);
+    }
+    CHECK_RC(exchange(ep, ep->rows, L->scount, L->xr, L->rcount, D, K3C_F32, err));
+    CHECK_RC(exchange(ep, sid, L->scount, L->idr, L->rcount, 1, K3C_I32, err));
+    k3c_moe_sizes ls;
+    CHECK_RC(local_sizes(ep, s, R, &ls, err));
+    CHECK_RC(grow(&L->saved, &L->cap_saved, ep->be->moe_saved_bytes(&ls), 1, err));
+    float *ones = ep->rows + R * D, *out = ep->rows; /* the sent rows are no longer needed */
+    for (int64_t r = 0; r < R; r++) ones[r] = 1.0f;
+    const size_t off = (size_t)(ep->rank * ep->local * s->inter * D);
+    if (R)
+        CHECK_RC(ep->be->moe_fwd(ep->be->ctx, &ls, L->xr, L->idr, ones, (const float *)w1 + off,
+                                 (const float *)w3 + off, (const float *)w2 + off, out, L->saved, ep->ws, err));
+    CHECK_RC(exchange(ep, out, L->rcount, L->back, L->scount, D, K3C_F32, err));
+    /* combine in slot order, as the one-process op does (ops/moe.c k3c_moe_combine) */
+    for (int64_t t = 0; t < T; t++) {
+        float *yt = y + t * D;
+        memset(yt, 0, sizeof(float) * (size_t)D);
+        for (int64_t j = 0; j < k; j++) {
+            int32_t r = L->pos[t * k + j];
+            if (r < 0) continue;
+            const float p = w[t * k + j], *src = L->back + (int64_t)r * D;
+            for (int64_t d = 0; d < D; d++) yt[d] += p * src[d];
+        }
+    }
+    return K3C_OK;
+}
+
+static int ep_bwd(void *ctx, int l, int real_bytes, const k3c_moe_sizes *s, const void *xv, const int32_t *ids,
+                  const void *wv, const void *w1, const void *w3, const void *w2, const void *dyv, void *dxv, void *dw1,
+                  void *dw3, void *dw2, void *dwv, k3c_err *err) {
+    k3c_ep *ep = ctx;
+    const k3c_ep_layer *L = l >= 0 && l < ep->n_layers ? &ep->layer[l] : NULL;
+    if (real_bytes != (int)sizeof(float) || !L || L->T != s->tokens || L->k != s->top_k || L->D != s->dim)
+        return k3c_errf(err, K3C_EINVAL, "expert parallelism: layer %d backward without its forward", l);
+    const float *w = wv, *dy = dyv;
+    float *dx = dxv, *dw = dwv;
+    const int64_t T = L->T, k = L->k, D = L->D, R = L->R;
+    int64_t live = 0;
+    for (int p = 0; p < ep->size; p++) live += L->scount[p];
+    /* the gate weights' gradient from the expert outputs (before back is reused) */
+    for (int64_t i = 0; dw && i < T * k; i++) {
+        int32_t r = L->pos[i];
+        if (r < 0) continue;
+        const float *o = L->back + (int64_t)r * D, *g = dy + (i / k) * D;
+        float acc = 0;
+        for (int64_t d = 0; d < D; d++) acc += g[d] * o[d];
+        dw[i] += acc;
+    }
+    CHECK_RC(grow((void **)&ep->rows2, &ep->rows2_cap, (size_t)(R * D + R), sizeof(float), err));
+    for (int64_t r = 0; r < live; r++) { /* each slot's output gradient: its gate weight times the token's dy */
+        int32_t slot = L->order[r];
+        const float p = w[slot], *g = dy + (slot / k) * D;
+        float *o = ep->rows + r * D;
+        for (int64_t d = 0; d < D; d++) o[d] = p * g[d];
+    }
+    CHECK_RC(exchange(ep, ep->rows, L->scount, ep->rows2, L->rcount, D, K3C_F32, err));
+    k3c_moe_sizes ls;
+    CHECK_RC(local_sizes(ep, s, R, &ls, err));
+    float *dxr = ep->rows, *ones = ep->rows2 + R * D;
+    memset(dxr, 0, sizeof(float) * (size_t)(R * D));
+    for (int64_t r = 0; r < R; r++) ones[r] = 1.0f;
+    const size_t off = (size_t)(ep->rank * ep->local * s->inter * D);
+    if (R)
+        CHECK_RC(ep->be->moe_bwd(ep->be->ctx, &ls, L->xr, L->idr, ones, (const float *)w1 + off,
+                                 (const float *)w3 + off, (const float *)w2 + off, L->saved, ep->rows2, dxr,
+                                 (float *)dw1 + off, (float *)dw3 + off, (float *)dw2 + off, NULL, ep->ws, err));
+    CHECK_RC(exchange(ep, dxr, L->rcount, L->back, L->scount, D, K3C_F32, err));
+    for (int64_t t = 0; dx && t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            int32_t r = L->pos[t * k + j];
+            if (r < 0) continue;
+            const float *src = L->back + (int64_t)r * D;
+            for (int64_t d = 0; d < D; d++) dx[t * D + d] += src[d];
+        }
+    (void)xv;
+    return K3C_OK;
+}
+
+int k3c_ep_init(k3c_ep *ep, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_config *cfg, k3c_err *err) {
+    memset(ep, 0, sizeof *ep);
+    if (cfg->num_experts < 1 || cfg->num_experts % comm->size)
+        return k3c_errf(err, K3C_ECONFIG, "expert parallelism: %d ranks do not divide the %lld routed experts",
+                        comm->size, (long long)cfg->num_experts);
+    if (strcmp(be->name, "cpu"))
+        return k3c_errf(err, K3C_EUNSUPPORTED, "expert parallelism on the %s backend needs a device communicator",
+                        be->name);
+    ep->comm = comm;
+    ep->rank = comm->rank;
+    ep->size = comm->size;
+    ep->E = cfg->num_experts;
+    ep->local = ep->E / ep->size;
+    ep->be = be;
+    ep->n_layers = (int)cfg->num_layers;
+    ep->layer = calloc((size_t)ep->n_layers, sizeof *ep->layer);
+    ep->tmp = calloc((size_t)(4 * ep->size + 1), sizeof(int64_t));
+    int64_t *counts = calloc((size_t)(2 * ep->size * ep->n_layers), sizeof(int64_t));
+    if (!ep->layer || !ep->tmp || !counts) {
+        free(counts);
+        k3c_ep_free(ep);
+        return k3c_errf(err, K3C_ENOMEM, "expert parallelism: out of memory");
+    }
+    for (int l = 0; l < ep->n_layers; l++) {
+        ep->layer[l].scount = counts + (size_t)(2 * l * ep->size);
+        ep->layer[l].rcount = ep->layer[l].scount + ep->size;
+    }
+    ep->exchange = (k3c_expert_exchange){ep_fwd, ep_bwd, ep};
+    return K3C_OK;
+}
+
+void k3c_ep_free(k3c_ep *ep) {
+    for (int l = 0; ep->layer && l < ep->n_layers; l++) {
+        k3c_ep_layer *L = &ep->layer[l];
+        k3c_aligned_free(L->order);
+        k3c_aligned_free(L->xr);
+        k3c_aligned_free(L->back);
+        k3c_aligned_free(L->saved);
+    }
+    if (ep->layer) free(ep->layer[0].scount);
+    free(ep->layer);
+    free(ep->tmp);
+    k3c_aligned_free(ep->ws);
+    k3c_aligned_free(ep->rows);
+    k3c_aligned_free(ep->rows2);
+    memset(ep, 0, sizeof *ep);
+}

@@ -1,0 +1,45 @@
+/* ep.h — expert parallelism: the routed experts of every MoE layer split over the ranks of an EP group, tokens
+ * dispatched to their experts' ranks and the outputs combined back with all-to-all(v), dropless (every routed slot is
+ * computed). Plugs into the model as its k3c_expert_exchange. Spec: docs/PARALLEL.md "Expert parallelism". */
+#ifndef K3C_DIST_EP_H
+#define K3C_DIST_EP_H
+
+#include "dist/comm.h"
+#include "model/model.h"
+#include "ops/backend.h"
+
+/* What one MoE layer's forward keeps for its backward. */
+typedef struct {
+    int64_t T, k, D; /* tokens, slots per token, row width of the last forward */
+    int32_t *order;  /* [T·k] slot ids in send order (grouped by destination rank, ascending slot id inside) */
+    int32_t *pos;    /* [T·k] row of each slot in the send order */
+    int64_t *scount; /* [P] rows sent to each rank */
+    int64_t *rcount; /* [P] rows received from each rank */
+    int64_t R;       /* rows received (computed here) */
+    float *xr;       /* [R, D] received token rows */
+    int32_t *idr;    /* [R] their local expert ids */
+    float *back;     /* [T·k, D] expert outputs of this rank's slots, in send order */
+    void *saved;     /* the local expert op's saved buffer for R rows */
+    size_t cap_slots, cap_xr, cap_back, cap_saved;
+} k3c_ep_layer;
+
+typedef struct {
+    k3c_comm *comm; /* the EP group (not owned) */
+    int rank, size;
+    int64_t E, local;          /* experts in the model, experts per rank */
+    const k3c_backend_f32 *be; /* runs the local experts (host memory: the MPI communicator) */
+    k3c_ep_layer *layer;       /* [num_layers] */
+    int n_layers;
+    int64_t *tmp; /* [4·P] displacements */
+    void *ws;     /* the local expert op's workspace */
+    size_t ws_bytes;
+    float *rows, *rows2; /* exchange buffers */
+    size_t rows_cap, rows2_cap;
+    k3c_expert_exchange exchange; /* what the model calls: set m->experts = &ep->exchange */
+} k3c_ep;
+
+/* ep over `comm` (its size divides cfg's routed experts; rank r holds experts [r·E/P, (r+1)·E/P)). */
+int k3c_ep_init(k3c_ep *ep, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_config *cfg, k3c_err *err);
+void k3c_ep_free(k3c_ep *ep);
+
+#endif

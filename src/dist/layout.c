@@ -1,0 +1,46 @@
+/* layout.c — the run config's "parallel" block checked against the world size and the model before a parallel run
+ * starts: clear errors for impossible layouts, then for the kinds of parallelism not built yet.
+ * Spec: docs/PARALLEL.md "Launch". */
+#include "dist/dp.h"
+
+#include "model/config.h"
+
+int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world, const char *file, k3c_parallel *out,
+                         k3c_err *err) {
+    int given = p->dp || p->ep || p->tp || p->pp || p->cp;
+    *out = given ? *p : (k3c_parallel){world, 1, 1, 1, 1};
+    const int64_t d[5] = {out->dp, out->ep, out->tp, out->pp, out->cp};
+    int64_t prod = 1;
+    for (int i = 0; i < 5; i++) {
+        if (d[i] < 1) return k3c_errf(err, K3C_ECONFIG, "%s: parallel: every degree must be at least 1", file);
+        prod *= d[i];
+    }
+    if (prod != world)
+        return k3c_errf(err, K3C_ECONFIG,
+                        "%s: parallel: dp×ep×tp×pp×cp = %lld×%lld×%lld×%lld×%lld = %lld ranks, but the run has %d "
+                        "(mpirun -np %lld)",
+                        file, (long long)out->dp, (long long)out->ep, (long long)out->tp, (long long)out->pp,
+                        (long long)out->cp, (long long)prod, world, (long long)prod);
+    if (out->ep > 1 && (cfg->num_experts < 1 || cfg->num_experts % out->ep))
+        return k3c_errf(err, K3C_ECONFIG, "%s: parallel.ep = %lld does not divide the model's %lld routed experts",
+                        file, (long long)out->ep, (long long)cfg->num_experts);
+    if (out->tp > 1) {
+        const int64_t heads[2] = {cfg->kda_heads, k3c_config_num_mla(cfg) ? cfg->mla_heads : 0};
+        const char *what[2] = {"KDA heads", "MLA heads"};
+        for (int i = 0; i < 2; i++)
+            if (heads[i] % out->tp)
+                return k3c_errf(err, K3C_ECONFIG, "%s: parallel.tp = %lld does not divide the model's %lld %s", file,
+                                (long long)out->tp, (long long)heads[i], what[i]);
+    }
+    if (cfg->num_layers % out->pp)
+        return k3c_errf(err, K3C_ECONFIG, "%s: parallel.pp = %lld does not divide the model's %lld layers", file,
+                        (long long)out->pp, (long long)cfg->num_layers);
+    const char *name[5] = {"dp", "ep", "tp", "pp", "cp"};
+    for (int i = 2; i < 5; i++) /* dp and ep run; tp, pp and cp not yet */
+        if (d[i] > 1)
+            return k3c_errf(err, K3C_EUNSUPPORTED,
+                            "%s: parallel.%s = %lld: this layout fits the model, but k3c runs data and expert "
+                            "parallelism only so far (docs/PARALLEL.md)",
+                            file, name[i], (long long)d[i]);
+    return K3C_OK;
+}

@@ -1,0 +1,440 @@
+/* test_dist_dp.c — data parallelism with ZeRO-1 (src/dist/dp.c) and expert parallelism (src/dist/ep.c) equal one
+ * process: the tiny K3 model (configs/k3_test_tiny.json: KDA + MLA, 4 experts top-2, AttnRes) trained for 3 steps on
+ * one global batch of packed documents, once whole on every rank (the reference: the trainer's single-process step)
+ * and once split over the ranks (the trainer's parallel step) at every layout of the ranks: dp = N, ep = N, dp2×ep2.
+ * fp32; relative difference of a tensor = ‖x − ref‖₂ / ‖ref‖₂ per parameter-table entry (test_rel_err), tolerance
+ * 1e-5 for the loss, every gradient of step 1 (after the sum over ranks) and every weight and optimizer-state entry
+ * after 3 steps (Muon + AdamW with clipping active, QK-Clip clipping heads, exact quantile balancing; router biases
+ * on the scale of the scores, see compare()); histogram balancing over one step. In float64 the data split's loss and
+ * gradients equal the whole batch's to 1e-12. Runs on the self communicator here and on 2 and 4 MPI ranks. */
+#include "test.h"
+
+#include "base/check.h"
+#include "dist/dp.h"
+#include "dist/ep.h"
+#include "model/config.h"
+#include "mpi_launch.h"
+
+#define T_BATCH 160
+#define STEPS 3
+#define TOL 1e-5
+#define GRAD_CLIP 0.05 /* below the tiny model's gradient norm, so clipping scales every step */
+#define QK_TAU 0.05    /* below its S_max, so QK-Clip scales heads */
+#define LR 1e-3        /* a usual peak learning rate; 1e-2 would move the tiny model further per step */
+
+typedef struct {
+    k3c_model m;
+    k3c_optim opt;
+    const k3c_backend_f32 *be;
+    float *state;
+    k3c_step_stats stats;
+    k3c_arena ar;
+    void *qb_ws;
+    size_t qb_ws_bytes;
+    k3c_dp dp; /* used when dist */
+    int dist;
+    k3c_comm *ep_comm; /* expert parallelism over ep ranks (consecutive world ranks) when ep > 1 */
+    k3c_ep ep;
+} runner;
+
+typedef struct {
+    int32_t ids[T_BATCH], targets[T_BATCH], cu[T_BATCH + 1];
+    int n_docs;
+} batch;
+
+/* Documents of 1..29 tokens (a one-token document has no counted target), ids from a fixed LCG. */
+static void make_batch(batch *b) {
+    uint64_t s = 12345;
+    int t = 0;
+    b->n_docs = 0;
+    b->cu[0] = 0;
+    while (t < T_BATCH) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        int len = 1 + (int)((s >> 33) % 29);
+        if (t + len > T_BATCH) len = T_BATCH - t;
+        for (int i = 0; i < len; i++) {
+            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+            b->ids[t + i] = (int32_t)((s >> 35) % 32);
+        }
+        for (int i = 0; i < len; i++) b->targets[t + i] = i + 1 < len ? b->ids[t + i + 1] : -1;
+        t += len;
+        b->cu[++b->n_docs] = t;
+    }
+}
+
+/* The same documents in reverse order: the same loss, gradients and updates in exact arithmetic, other fp32 sums. */
+static void reverse_docs(const batch *a, batch *b) {
+    int t = 0;
+    b->n_docs = a->n_docs;
+    b->cu[0] = 0;
+    for (int d = a->n_docs - 1; d >= 0; d--) {
+        int len = a->cu[d + 1] - a->cu[d];
+        memcpy(b->ids + t, a->ids + a->cu[d], sizeof(int32_t) * (size_t)len);
+        memcpy(b->targets + t, a->targets + a->cu[d], sizeof(int32_t) * (size_t)len);
+        t += len;
+        b->cu[a->n_docs - d] = t;
+    }
+}
+
+static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep, k3c_err *err) {
+    memset(r, 0, sizeof *r);
+    CHECK_RC(k3c_model_create_f32(cfg, 1, &r->m, err));
+    k3c_model_init_f32(&r->m, 7, 0.1);
+    r->m.kda_chunk = 16;
+    r->be = k3c_model_backend_f32(&r->m);
+    k3c_optim_defaults(&r->opt);
+    CHECK_RC(k3c_optim_init(&r->opt, &r->m.table, err));
+    size_t n_state = r->opt.state_numel;
+    if (comm) {
+        CHECK_RC(k3c_dp_init(&r->dp, comm, r->be, &r->opt, &r->m.table, err));
+        r->dist = 1;
+        n_state = r->dp.shard.state_numel;
+    }
+    if (ep > 1) { /* the EP group: ranks that share rank / ep (EP innermost, as docs/PLAN.md orders ranks) */
+        CHECK_RC(k3c_comm_split(comm, comm->rank / ep, comm->rank, &r->ep_comm, err));
+        CHECK_RC(k3c_ep_init(&r->ep, r->ep_comm, r->be, cfg, err));
+        r->m.experts = &r->ep.exchange;
+    }
+    r->state = calloc(n_state ? n_state : 1, sizeof(float));
+    CHECK_RC(k3c_step_stats_init_f32(&r->m, T_BATCH, &r->stats, err));
+    r->m.stats = &r->stats;
+    return k3c_arena_init(&r->ar, k3c_model_plan_bytes_f32(&r->m, T_BATCH, T_BATCH), err);
+}
+
+static void runner_free(runner *r) {
+    k3c_arena_free(&r->ar);
+    k3c_step_stats_free_f32(&r->m, &r->stats);
+    if (r->dist) k3c_dp_free(&r->dp);
+    if (r->ep_comm) {
+        k3c_ep_free(&r->ep);
+        k3c_comm_free(r->ep_comm);
+    }
+    k3c_model_free_f32(&r->m);
+    k3c_optim_free(&r->opt);
+    free(r->state);
+    free(r->qb_ws);
+}
+
+/* One training step in the trainer's order (src/train/trainer.c train_step): the data-parallel hooks where dist. */
+static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double *loss, float *g_out, double *norm,
+                int *clipped, k3c_err *err) {
+    const k3c_backend_f32 *be = r->be;
+    k3c_dp *dp = r->dist ? &r->dp : NULL;
+    k3c_model_batch b = {T_BATCH, gb->n_docs, gb->ids, gb->cu, gb->targets, 0};
+    if (dp) CHECK_RC(k3c_dp_split_batch(dp, &b, err));
+    CHECK_RC(be->zero(r->m.g, (int64_t)r->m.table.total, err));
+    k3c_arena_reset(&r->ar, 0);
+    k3c_acts *acts;
+    CHECK_RC(k3c_model_forward_f32(&r->m, &b, &r->ar, &acts, loss, NULL, err));
+    if (dp) CHECK_RC(k3c_dp_sum(dp, loss, err));
+    CHECK_RC(k3c_model_backward_f32(&r->m, acts, 1.0, err));
+    if (dp) CHECK_RC(k3c_dp_reduce_grads(dp, r->m.g, r->m.table.total, err));
+    if (g_out) memcpy(g_out, r->m.g, sizeof(float) * r->m.table.total);
+    CHECK_RC(be->clip_grad_norm(NULL, &r->m.table, r->m.g, GRAD_CLIP, norm, err));
+    if (dp)
+        CHECK_RC(k3c_dp_optim_step(dp, be, NULL, &r->m.table, r->m.w, r->m.g, r->state, LR, step_no, err));
+    else
+        CHECK_RC(
+            be->optim_step(NULL, &r->opt, &r->m.table, 0, r->m.table.n, r->m.w, r->m.g, r->state, LR, step_no, err));
+    const k3c_config *c = &r->m.cfg;
+    if (dp) CHECK_RC(k3c_dp_max_smax(dp, r->stats.smax, c->num_layers * c->mla_heads, err));
+    CHECK_RC(be->qk_clip(NULL, c, &r->m.table, r->m.w, r->stats.smax, QK_TAU, r->stats.qk_clipped, err));
+    *clipped = *r->stats.qk_clipped;
+    for (int l = 0; l < c->num_layers; l++) {
+        const k3c_route_stats *rs = &r->stats.route[l];
+        if (c->ffn[l] != K3C_FFN_MOE) continue;
+        float *logits = rs->logits, *cutoff = rs->cutoff;
+        int64_t T = rs->T;
+        if (dp) CHECK_RC(k3c_dp_gather_route(dp, rs, rs->n, &logits, &cutoff, &T, err));
+        size_t need = be->quantile_balance_workspace(qb_mode, T, rs->n);
+        if (need > r->qb_ws_bytes) {
+            free(r->qb_ws);
+            r->qb_ws = calloc(1, need);
+            r->qb_ws_bytes = need;
+        }
+        CHECK_RC(be->quantile_balance(NULL, qb_mode, logits, cutoff, T, rs->n, rs->k,
+                                      (float *)r->m.w + r->m.table.layer[l].router_bias, r->qb_ws, err));
+    }
+    return K3C_OK;
+}
+
+/* Largest per-entry relative difference of x against ref over the table entries of kind `kind` (−1: all). */
+static double max_rel(const k3c_param_table *t, const float *x, const float *ref, int kind, const char **worst) {
+    double m = 0;
+    for (int i = 0; i < t->n; i++) {
+        const k3c_param *p = &t->p[i];
+        if (kind >= 0 && p->kind != kind) continue;
+        double rel = test_rel_err_f(x + p->offset, ref + p->offset, (size_t)p->numel);
+        if (rel > m) m = rel, *worst = p->name;
+    }
+    return m;
+}
+
+/* The same over the optimizer state, entry by entry (state_off layout). */
+static double max_rel_state(const k3c_optim *o, const float *x, const float *ref) {
+    double m = 0;
+    for (int i = 0; i < o->n_entries; i++) {
+        size_t a = o->state_off[i], b = i + 1 < o->n_entries ? o->state_off[i + 1] : o->state_numel;
+        double rel = test_rel_err_f(x + a, ref + a, b - a);
+        if (rel > m) m = rel;
+    }
+    return m;
+}
+
+/* Runs `steps` steps of the reference and the parallel runner from the same state; returns 0 on a failed step. */
+static int run_both(runner *ref, runner *par, const batch *gb, int steps, int qb_mode, float *g_ref, float *g_par,
+                    double *loss_rel, double *norm1, int *clipped) {
+    k3c_err err = {0};
+    for (int64_t s = 1; s <= steps; s++) {
+        double l_ref, l_par, n_ref, n_par;
+        int c_ref, c_par;
+        int ok = step(ref, gb, s, qb_mode, &l_ref, s == 1 ? g_ref : NULL, &n_ref, &c_ref, &err) == K3C_OK;
+        CHECK(ok, "reference step %lld: %s", (long long)s, err.msg);
+        ok = ok && step(par, gb, s, qb_mode, &l_par, s == 1 ? g_par : NULL, &n_par, &c_par, &err) == K3C_OK;
+        CHECK(ok, "parallel step %lld: %s", (long long)s, err.msg);
+        if (!ok) return 0;
+        *loss_rel = fmax(*loss_rel, fabs(l_par - l_ref) / fabs(l_ref));
+        CHECK(c_par == c_ref, "step %lld: QK-Clip scaled %d heads, one process %d", (long long)s, c_par, c_ref);
+        *clipped += c_ref;
+        if (s == 1) *norm1 = n_ref;
+    }
+    return 1;
+}
+
+/* The single process against itself on the same documents in reverse order (exact arithmetic: the same step): how
+ * far fp32 summation order alone moves the 3-step result. Printed for context, not checked. */
+static double fp32_floor(const k3c_config *cfg, const batch *gb, const runner *ref, int qb_mode) {
+    k3c_err err = {0};
+    batch rb;
+    reverse_docs(gb, &rb);
+    runner r2;
+    double l, nn, d = NAN;
+    int cc, ok = runner_init(&r2, cfg, NULL, 1, &err) == K3C_OK;
+    for (int64_t s = 1; ok && s <= STEPS; s++) ok = step(&r2, &rb, s, qb_mode, &l, NULL, &nn, &cc, &err) == K3C_OK;
+    const char *worst;
+    if (ok) d = max_rel(&ref->m.table, r2.m.w, ref->m.w, -1, &worst);
+    runner_free(&r2);
+    return d;
+}
+
+/* Exact QB: 3 steps, loss, step-1 gradients, then every weight, router bias and optimizer-state entry within TOL.
+ * A router bias is a mean-free offset on sigmoid scores in (0, 1), computed from differences of those scores, that
+ * shrinks towards 0 as the router balances: its own magnitude is no scale for its error (relative to itself the fp32
+ * floor below reaches 1.7e-5), the scores it shifts are, so biases are compared on that scale (absolute, scale 1);
+ * the relative figure is printed too.
+ * Histogram QB is a step function of the scores (a score one ulp across a bin edge moves the bias by up to a bin
+ * width, and the next step routes differently), so it is compared over one step: loss, gradients and weights within
+ * TOL, router biases within one bin width (the estimator's resolution, docs/MODEL.md §7.3). */
+static void compare(k3c_comm *comm, int ep, int qb_mode) {
+    k3c_err err = {0};
+    k3c_config cfg;
+    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    batch gb;
+    make_batch(&gb);
+    runner ref, par;
+    int ok = runner_init(&ref, &cfg, NULL, 1, &err) == K3C_OK;
+    ok = ok && runner_init(&par, &cfg, comm, ep, &err) == K3C_OK;
+    CHECK(ok, "setup: %s", err.msg);
+    if (!ok) return;
+    const int steps = qb_mode == K3C_QB_EXACT ? STEPS : 1;
+    const k3c_param_table *t = &ref.m.table;
+    size_t n = t->total;
+    float *g_ref = malloc(sizeof(float) * n), *g_par = malloc(sizeof(float) * n), *b0 = malloc(sizeof(float) * n);
+    memcpy(b0, ref.m.w, sizeof(float) * n); /* the biases before the step set the histogram range */
+    double loss_rel = 0, norm1 = 0;
+    int clipped = 0, bias_moved = 0;
+    if (!run_both(&ref, &par, &gb, steps, qb_mode, g_ref, g_par, &loss_rel, &norm1, &clipped)) goto out;
+    const char *wg = "-", *ww = "-", *wb = "-";
+    double g_rel = max_rel(t, g_par, g_ref, -1, &wg), w_rel = 0, b_rel = 0, b_abs = 0, b_bins = 0;
+    for (int i = 0; i < t->n; i++) { /* weights other than the router biases */
+        const k3c_param *p = &t->p[i];
+        double r = test_rel_err_f((float *)par.m.w + p->offset, (float *)ref.m.w + p->offset, (size_t)p->numel);
+        if (p->kind != K3C_PK_ROUTER_BIAS && r > w_rel) w_rel = r, ww = p->name;
+    }
+    b_rel = max_rel(t, par.m.w, ref.m.w, K3C_PK_ROUTER_BIAS, &wb);
+    for (int l = 0; l < cfg.num_layers; l++) {
+        if (cfg.ffn[l] != K3C_FFN_MOE) continue;
+        const float *bp = (float *)par.m.w + t->layer[l].router_bias, *br = (float *)ref.m.w + t->layer[l].router_bias,
+                    *bb = b0 + t->layer[l].router_bias;
+        float lo = bb[0], hi = bb[0];
+        for (int j = 0; j < cfg.num_experts; j++) lo = fminf(lo, bb[j]), hi = fmaxf(hi, bb[j]);
+        double width = (hi - lo + 2.0) / K3C_QB_BINS; /* k3c_qb_hist_begin's range */
+        for (int j = 0; j < cfg.num_experts; j++) {
+            b_abs = fmax(b_abs, fabs((double)bp[j] - br[j]));
+            b_bins = fmax(b_bins, fabs((double)bp[j] - br[j]) / width);
+            bias_moved |= br[j] != 0;
+        }
+    }
+    CHECK(loss_rel <= TOL, "loss: relative difference %.3e", loss_rel);
+    CHECK(g_rel <= TOL, "step-1 gradients: relative difference %.3e (%s)", g_rel, wg);
+    CHECK(w_rel <= TOL, "weights after %d steps: relative difference %.3e (%s)", steps, w_rel, ww);
+    if (qb_mode == K3C_QB_EXACT) /* on the scale of the scores the bias shifts (see the comment above) */
+        CHECK(b_abs <= TOL, "router biases after %d steps: difference %.3e (relative to themselves %.3e, %s)", steps,
+              b_abs, b_rel, wb);
+    else
+        CHECK(b_bins <= 1.0, "router biases after one step: %.3g histogram bins apart", b_bins);
+    /* the test must exercise what it claims: clipping, QK-Clip and balancing all acted */
+    CHECK(norm1 > GRAD_CLIP && clipped > 0 && bias_moved, "clipping (norm %.3g), QK-Clip (%d heads) or QB did not act",
+          norm1, clipped);
+    float *st = malloc(sizeof(float) * ref.opt.state_numel);
+    CHECK_OK(k3c_dp_gather_state(&par.dp, par.state, st, &err), &err);
+    double s_rel = max_rel_state(&ref.opt, st, ref.state);
+    CHECK(s_rel <= TOL, "optimizer state after %d steps: relative difference %.3e", steps, s_rel);
+    /* ZeRO-1 keeps every rank's weights identical: the all-gathered w has no spread across ranks */
+    float *lo = malloc(sizeof(float) * n), *hi = malloc(sizeof(float) * n);
+    CHECK_OK(k3c_comm_allreduce(comm, par.m.w, lo, (int64_t)n, K3C_F32, K3C_COMM_MIN, NULL, &err), &err);
+    CHECK_OK(k3c_comm_allreduce(comm, par.m.w, hi, (int64_t)n, K3C_F32, K3C_COMM_MAX, NULL, &err), &err);
+    CHECK(memcmp(lo, hi, sizeof(float) * n) == 0, "weights differ between ranks");
+    CHECK(par.dp.shard.state_numel < ref.opt.state_numel || comm->size == 1,
+          "ZeRO-1: rank %d holds %zu of %zu state floats", comm->rank, par.dp.shard.state_numel, ref.opt.state_numel);
+    if (comm->rank == 0) {
+        printf("dp=%d ep=%d qb=%s, %d step%s: relative differences loss %.2e, step-1 gradients %.2e, weights %.2e, "
+               "router biases %.2e (absolute %.2e, %.2g bins), optimizer state %.2e; ZeRO-1 state %zu of %zu floats on "
+               "rank 0\n",
+               comm->size / ep, ep, qb_mode ? "histogram" : "exact", steps, steps > 1 ? "s" : "", loss_rel, g_rel,
+               w_rel, b_rel, b_abs, b_bins, s_rel, par.dp.shard.state_numel, ref.opt.state_numel);
+        if (qb_mode == K3C_QB_EXACT && comm->size > 1)
+            printf("  fp32 floor: one process on the documents reversed differs from itself by %.2e\n",
+                   fp32_floor(&cfg, &gb, &ref, qb_mode));
+    }
+    free(st);
+    free(lo);
+    free(hi);
+out:
+    free(g_ref);
+    free(g_par);
+    free(b0);
+    runner_free(&ref);
+    runner_free(&par);
+}
+
+/* In float64 the decomposition itself is checked: the ranks' losses (each over its share, normalised by the global
+ * count of targets) and gradients summed over the ranks equal the whole batch's to 1e-12. */
+static void f64_exact(k3c_comm *comm) {
+    k3c_err err = {0};
+    k3c_config cfg;
+    k3c_model whole, part;
+    k3c_optim o;
+    k3c_dp dp;
+    batch gb;
+    make_batch(&gb);
+    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err) || k3c_model_create_f64(&cfg, 1, &whole, &err) ||
+        k3c_model_create_f64(&cfg, 1, &part, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    k3c_optim_defaults(&o);
+    CHECK_OK(k3c_optim_init(&o, &whole.table, &err), &err);
+    CHECK_OK(k3c_dp_init(&dp, comm, k3c_backend_cpu_f32(), &o, &whole.table, &err), &err);
+    k3c_model *m[2] = {&whole, &part};
+    double loss[2];
+    for (int i = 0; i < 2; i++) {
+        k3c_model_init_f64(m[i], 7, 0.1);
+        m[i]->kda_chunk = 16;
+        k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0};
+        if (i) CHECK_OK(k3c_dp_split_batch(&dp, &b, &err), &err);
+        k3c_arena ar;
+        k3c_acts *acts;
+        CHECK_OK(k3c_arena_init(&ar, k3c_model_plan_bytes_f64(m[i], b.T, b.n_docs), &err), &err);
+        CHECK_OK(k3c_model_forward_f64(m[i], &b, &ar, &acts, &loss[i], NULL, &err), &err);
+        CHECK_OK(k3c_model_backward_f64(m[i], acts, 1.0, &err), &err);
+        k3c_arena_free(&ar);
+    }
+    CHECK_OK(k3c_dp_sum(&dp, &loss[1], &err), &err);
+    CHECK_OK(k3c_comm_allreduce(comm, part.g, part.g, (int64_t)part.table.total, K3C_F64, K3C_COMM_SUM, NULL, &err),
+             &err);
+    double g_rel = 0;
+    for (int i = 0; i < whole.table.n; i++) {
+        const k3c_param *p = &whole.table.p[i];
+        g_rel =
+            fmax(g_rel, test_rel_err_d((double *)part.g + p->offset, (double *)whole.g + p->offset, (size_t)p->numel));
+    }
+    double l_rel = fabs(loss[1] - loss[0]) / fabs(loss[0]);
+    CHECK(l_rel <= 1e-12 && g_rel <= 1e-12, "float64: loss %.3e, gradients %.3e relative", l_rel, g_rel);
+    if (comm->rank == 0)
+        printf("dp=%d float64: loss %.2e, gradients %.2e (relative differences; the decomposition is exact)\n",
+               comm->size, l_rel, g_rel);
+    k3c_dp_free(&dp);
+    k3c_optim_free(&o);
+    k3c_model_free_f64(&whole);
+    k3c_model_free_f64(&part);
+}
+
+/* The batch split: consecutive whole pieces covering the batch, and a clear error for fewer pieces than ranks. */
+static void split_rules(k3c_comm *comm) {
+    k3c_err err = {0};
+    batch gb;
+    make_batch(&gb);
+    k3c_config cfg;
+    k3c_model m;
+    k3c_optim o;
+    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err) || k3c_model_create_f32(&cfg, 0, &m, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    k3c_optim_defaults(&o);
+    k3c_dp dp;
+    CHECK_OK(k3c_optim_init(&o, &m.table, &err), &err);
+    CHECK_OK(k3c_dp_init(&dp, comm, k3c_backend_cpu_f32(), &o, &m.table, &err), &err);
+    k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0};
+    CHECK_OK(k3c_dp_split_batch(&dp, &b, &err), &err);
+    int64_t sum = 0, start = b.ids - gb.ids, before = 0;
+    for (int r = 0; r < comm->size; r++) sum += dp.T_all[r], before += r < comm->rank ? dp.T_all[r] : 0;
+    CHECK(sum == T_BATCH && start == before && b.cu_seqlens[0] == 0 && b.cu_seqlens[b.n_docs] == b.T,
+          "split: %lld tokens in all, this rank's start %lld vs %lld", (long long)sum, (long long)start,
+          (long long)before);
+    k3c_model_batch one = {T_BATCH, 1, gb.ids, (int32_t[]){0, T_BATCH}, gb.targets, 0};
+    if (comm->size > 1)
+        CHECK(k3c_dp_split_batch(&dp, &one, &err) == K3C_EINVAL && strstr(err.msg, "document pieces"),
+              "one piece for %d ranks: %s", comm->size, err.msg);
+    k3c_dp_free(&dp);
+    k3c_optim_free(&o);
+    k3c_model_free_f32(&m);
+}
+
+/* The run config's parallel block against the world and the model. */
+static void layouts(void) {
+    k3c_err err = {0};
+    k3c_config cfg;
+    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    k3c_parallel out;
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){0}, &cfg, 4, "run.json", &out, &err) == 0 && out.dp == 4 && out.ep == 1,
+          "no block: dp = world (%s)", err.msg);
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){2, 1, 1, 1, 1}, &cfg, 4, "run.json", &out, &err) == K3C_ECONFIG &&
+              strstr(err.msg, "run.json") && strstr(err.msg, "4"),
+          "product vs world: %s", err.msg);
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 3, 1, 1, 1}, &cfg, 3, "run.json", &out, &err) == K3C_ECONFIG &&
+              strstr(err.msg, "4 routed experts"),
+          "ep not dividing experts: %s", err.msg);
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 4, 1, 1}, &cfg, 4, "run.json", &out, &err) == K3C_ECONFIG &&
+              strstr(err.msg, "heads"),
+          "tp not dividing heads: %s", err.msg);
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 3, 1}, &cfg, 3, "run.json", &out, &err) == K3C_ECONFIG &&
+              strstr(err.msg, "layers"),
+          "pp not dividing layers: %s", err.msg);
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 1, 2}, &cfg, 2, "run.json", &out, &err) == K3C_EUNSUPPORTED &&
+              strstr(err.msg, "cp"),
+          "a valid layout not built yet: %s", err.msg);
+}
+
+/* Every layout of the ranks there are: dp = size, then ep = size, then dp2×ep2 on 4 ranks. */
+static void run_all(k3c_comm *comm) {
+    split_rules(comm);
+    f64_exact(comm);
+    for (int ep = 1; ep <= comm->size; ep *= 2) {
+        if (ep > 1 && ep < comm->size && ep != 2) continue;
+        compare(comm, ep, K3C_QB_EXACT);
+        compare(comm, ep, K3C_QB_HISTOGRAM);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (!k3c_comm_mpi_launched()) layouts(); /* the parent only: no communication */
+    return test_mpi_main(argv[0], run_all);
+}

@@ -1,0 +1,219 @@
+/* test_dist_train.c — the parallel launch end to end: `mpirun -np N k3c train --config RUN.json` with a "parallel"
+ * block on the trainer fixture (tiny K3 model, real tokenizer and shards; tests/train_fixture.h), against the same run
+ * in one process: the checkpoints after 2 and 4 steps equal within 1e-5 (per-tensor relative, fp32; router biases
+ * absolute, see ckpt_diff), a dp2 run resumed from
+ * its own checkpoint continues bit for bit, a dp2 checkpoint resumed by one process (and a one-process checkpoint
+ * resumed at dp2) continues like the single process, and impossible layouts fail with messages naming the field. */
+#include "test.h"
+
+#pragma GCC diagnostic ignored "-Wunused-function" /* the fixture's helpers this test does not need */
+#include "train_fixture.h"
+#include "mpi_launch.h"
+
+#define TOL 1e-5
+
+/* Two stages of 2 steps with their own schedules and mixtures, seq_len 32 at 128 tokens per step (at least 4 pieces
+ * per step, one for each of 4 ranks), lr 1e-3. */
+static const char *const ST0 = "{\"name\": \"s32\", \"seq_len\": 32, \"steps\": 2, \"lr\": 0.001, \"warmup\": 1, "
+                               "\"schedule\": \"cosine\", \"mixture\": {\"a\": 0.8, \"b\": 0.2}}";
+static const char *const ST1 = "{\"name\": \"s32b\", \"seq_len\": 32, \"steps\": 2, \"lr\": 0.001, \"schedule\": "
+                               "\"linear\", \"mixture\": {\"a\": 0.2, \"b\": 0.8}}";
+
+static void write_cfg(const fixture *fx, const char *name, const char *parallel, char *path, size_t n) {
+    run_params p = defaults(name);
+    char extra[256];
+    snprintf(extra, sizeof extra, "%s%s", parallel ? ", \"parallel\": " : "", parallel ? parallel : "");
+    p.stage0 = ST0;
+    p.stage1 = ST1;
+    p.ckpt_every = 1;
+    p.keep = 10;
+    p.eval_every = 0;
+    p.extra = extra;
+    write_run(fx, name, &p, path, n);
+}
+
+/* `mpirun -np np k3c train --config cfg args`; returns the exit status, output in out. */
+static int k3c_mpi(int np, const char *cfg, const char *args, char *out, size_t n) {
+    char a[2048];
+    snprintf(a, sizeof a, "train --config '%s' --quiet %s", cfg, args);
+    return test_mpirun_capture(np, test_k3c_bin(), a, out, n);
+}
+
+/* Largest per-tensor relative difference between the models (router biases apart) and the optimizer states of two
+ * checkpoints; *bias_diff the largest absolute difference of a router bias. A router bias is a mean-free offset on
+ * sigmoid scores in (0, 1), computed from differences of those scores, and shrinks towards 0 as the router balances:
+ * its own magnitude is no scale for its error, the scores it shifts are (scale 1). */
+static double ckpt_diff(const fixture *fx, const char *x, const char *y, int step, double *state_diff,
+                        double *bias_diff) {
+    char a[1300], b[1300], rel[64];
+    snprintf(rel, sizeof rel, "step_%08d", step);
+    out_path(fx, x, rel, a, sizeof a);
+    out_path(fx, y, rel, b, sizeof b);
+    k3c_err err = {0};
+    k3c_model ma, mb;
+    double d = INFINITY;
+    *state_diff = *bias_diff = INFINITY;
+    if (k3c_model_open_f32(a, 0, &ma, &err)) {
+        CHECK(0, "%s", err.msg);
+        return d;
+    }
+    if (k3c_model_open_f32(b, 0, &mb, &err)) {
+        CHECK(0, "%s", err.msg);
+        k3c_model_free_f32(&ma);
+        return d;
+    }
+    d = *bias_diff = 0;
+    for (int i = 0; i < ma.table.n; i++) {
+        const k3c_param *p = &ma.table.p[i];
+        const float *x = (float *)ma.w + p->offset, *y = (float *)mb.w + p->offset;
+        if (p->kind != K3C_PK_ROUTER_BIAS) {
+            d = fmax(d, test_rel_err_f(x, y, (size_t)p->numel));
+            continue;
+        }
+        for (int64_t j = 0; j < p->numel; j++) *bias_diff = fmax(*bias_diff, fabs((double)x[j] - y[j]));
+    }
+    float *sa = malloc(sizeof(float) * fx->optim_numel), *sb = malloc(sizeof(float) * fx->optim_numel);
+    char *ta = NULL, *tb = NULL;
+    if (!k3c_train_ckpt_load_state(a, sa, fx->optim_numel, &ta, &err) &&
+        !k3c_train_ckpt_load_state(b, sb, fx->optim_numel, &tb, &err))
+        *state_diff = test_rel_err_f(sa, sb, fx->optim_numel);
+    else
+        CHECK(0, "optimizer state: %s", err.msg);
+    free(sa);
+    free(sb);
+    free(ta);
+    free(tb);
+    k3c_model_free_f32(&ma);
+    k3c_model_free_f32(&mb);
+    return d;
+}
+
+static void check_close(const fixture *fx, const char *x, const char *y, int step, const char *what) {
+    double sd, bd, d = ckpt_diff(fx, x, y, step, &sd, &bd);
+    CHECK(d <= TOL && sd <= TOL && bd <= TOL,
+          "%s: step %d weights differ by %.3e, optimizer state by %.3e (relative), router biases by %.3e", what, step,
+          d, sd, bd);
+    printf("%s, step %d: weights %.2e, optimizer state %.2e (largest per-tensor relative differences), router biases "
+           "%.2e (absolute)\n",
+           what, step, d, sd, bd);
+}
+
+/* Out dir `dst` becomes run `src` as it was after step 2 (its later checkpoints removed, `latest` pointing at 2). */
+static void copy_at_step2(const fixture *fx, const char *dst, const char *src) {
+    char p[1400], q[1500];
+    out_path(fx, dst, "", p, sizeof p);
+    out_path(fx, src, "", q, sizeof q);
+    replace_tree(p, q);
+    for (int s = 3; s <= 4; s++) {
+        snprintf(q, sizeof q, "%s/step_%08d", p, s);
+        replace_tree(q, NULL);
+    }
+    snprintf(q, sizeof q, "%s/latest", p);
+    write_text(q, "step_00000002\n");
+}
+
+/* `k3c plan` prints the recommended layout as a "parallel" block that a run config accepts as it is. */
+static void plan_block(const fixture *fx) {
+    char cmd[1024], line[1024], block[1024] = "", path[1400];
+    snprintf(cmd, sizeof cmd, "%s plan configs/k3_test_tiny.json --gpus 4 --seq 64 --global-batch-tokens 4096 2>&1",
+             test_k3c_bin());
+    FILE *p = popen(cmd, "r");
+    while (p && fgets(line, sizeof line, p))
+        if (!strncmp(line, "run config: \"parallel\": ", 24)) snprintf(block, sizeof block, "%s", line + 24);
+    if (p) pclose(p);
+    block[strcspn(block, "\n")] = 0;
+    CHECK(block[0] == '{', "k3c plan printed no run-config block");
+    write_cfg(fx, "planned", block, path, sizeof path);
+    k3c_run_config rc;
+    k3c_err err = {0};
+    CHECK_OK(k3c_run_config_load(path, &rc, &err), &err);
+    const k3c_parallel *q = &rc.parallel;
+    CHECK(q->dp * q->ep * q->tp * q->pp * q->cp == 4, "planned block %s: %lld×%lld×%lld×%lld×%lld", block,
+          (long long)q->dp, (long long)q->ep, (long long)q->tp, (long long)q->pp, (long long)q->cp);
+}
+
+int main(void) {
+    fixture fx;
+    if (build_fixture(&fx, "dist_train")) {
+        printf("%d passed, %d failed\n", test_passed_, test_failed_ + 1);
+        return 1;
+    }
+    static char out[1 << 16];
+    char one[1400], dp2[1400], dp2b[1400], res1[1400], res2[1400], bad[1400];
+    k3c_err err = {0};
+    k3c_train_result r;
+    write_cfg(&fx, "one", NULL, one, sizeof one);
+    CHECK_OK(train(one, 0, 0, NULL, &r, &err), &err); /* 4 steps, a checkpoint after each */
+
+    write_cfg(&fx, "dp2", "{\"dp\": 2}", dp2, sizeof dp2);
+    int st = k3c_mpi(2, dp2, "", out, sizeof out);
+    CHECK(st == 0, "mpirun -np 2 k3c train (dp2) exited %d:\n%s", st, out);
+    check_close(&fx, "dp2", "one", 2, "dp2 vs one process");
+    check_close(&fx, "dp2", "one", 4, "dp2 vs one process");
+
+    /* dp2 stopped after 2 steps and resumed at dp2: bit for bit the uninterrupted dp2 run */
+    write_cfg(&fx, "dp2b", "{\"dp\": 2}", dp2b, sizeof dp2b);
+    st = k3c_mpi(2, dp2b, "--max-steps 2", out, sizeof out);
+    if (!st) st = k3c_mpi(2, dp2b, "--resume", out, sizeof out);
+    CHECK(st == 0, "dp2 resume exited %d:\n%s", st, out);
+    check_same_final_at(&fx, "dp2b", "dp2", 4, "dp2 resumed at dp2");
+
+    /* a dp2 checkpoint resumed by one process, and a one-process checkpoint resumed at dp2 */
+    write_cfg(&fx, "res1", NULL, res1, sizeof res1);
+    copy_at_step2(&fx, "res1", "dp2b");
+    CHECK_OK(train(res1, 1, 0, NULL, &r, &err), &err);
+    check_close(&fx, "res1", "one", 4, "dp2 checkpoint resumed by one process");
+
+    write_cfg(&fx, "res2", "{\"dp\": 2}", res2, sizeof res2);
+    copy_at_step2(&fx, "res2", "one");
+    st = k3c_mpi(2, res2, "--resume", out, sizeof out);
+    CHECK(st == 0, "one-process checkpoint resumed at dp2 exited %d:\n%s", st, out);
+    check_close(&fx, "res2", "one", 4, "one-process checkpoint resumed at dp2");
+
+    /* expert parallelism: ep2 on 2 ranks, dp2×ep2 on 4, and a dp2×ep2 checkpoint resumed by one process */
+    char ep2[1400], dpep[1400], res3[1400];
+    write_cfg(&fx, "ep2", "{\"ep\": 2}", ep2, sizeof ep2);
+    st = k3c_mpi(2, ep2, "", out, sizeof out);
+    CHECK(st == 0, "mpirun -np 2 k3c train (ep2) exited %d:\n%s", st, out);
+    check_close(&fx, "ep2", "one", 4, "ep2 vs one process");
+    write_cfg(&fx, "dpep", "{\"dp\": 2, \"ep\": 2}", dpep, sizeof dpep);
+    st = k3c_mpi(4, dpep, "", out, sizeof out);
+    CHECK(st == 0, "mpirun -np 4 k3c train (dp2×ep2) exited %d:\n%s", st, out);
+    check_close(&fx, "dpep", "one", 2, "dp2×ep2 vs one process");
+    check_close(&fx, "dpep", "one", 4, "dp2×ep2 vs one process");
+    write_cfg(&fx, "res3", NULL, res3, sizeof res3);
+    copy_at_step2(&fx, "res3", "dpep");
+    CHECK_OK(train(res3, 1, 0, NULL, &r, &err), &err);
+    check_close(&fx, "res3", "one", 4, "dp2×ep2 checkpoint resumed by one process");
+
+    /* impossible layouts: the world size, the experts */
+    write_cfg(&fx, "bad", "{\"dp\": 2}", bad, sizeof bad);
+    st = k3c_mpi(4, bad, "", out, sizeof out);
+    CHECK(st != 0 && contains(out, "bad.json: parallel: dp×ep×tp×pp×cp = 2×1×1×1×1 = 2 ranks, but the run has 4"),
+          "dp2 on 4 ranks: exit %d:\n%s", st, out);
+    write_cfg(&fx, "bad", "{\"ep\": 3}", bad, sizeof bad);
+    st = k3c_mpi(3, bad, "", out, sizeof out);
+    CHECK(st != 0 && contains(out, "parallel.ep = 3 does not divide the model's 4 routed experts"), "ep3: exit %d:\n%s",
+          st, out);
+    run_params long_docs = defaults("bad"); /* pieces of 128 tokens: one per step, too few for 2 ranks */
+    long_docs.stage0 = "{\"name\": \"s128\", \"seq_len\": 128, \"steps\": 2, \"lr\": 0.001}";
+    long_docs.stage1 = NULL;
+    long_docs.extra = ", \"parallel\": {\"dp\": 2}";
+    write_run(&fx, "bad", &long_docs, bad, sizeof bad);
+    st = k3c_mpi(2, bad, "", out, sizeof out);
+    CHECK(st != 0 && contains(out, "document pieces for 2 ranks") && contains(out, "seq_len"),
+          "dp2 with one piece per step: exit %d:\n%s", st, out);
+    err = (k3c_err){0};
+    write_cfg(&fx, "bad", "{\"dp\": 2}", bad, sizeof bad);
+    CHECK(train(bad, 0, 0, NULL, &r, &err) == K3C_ECONFIG && contains(err.msg, "(mpirun -np 2)"),
+          "dp2 without mpirun: %s", err.msg);
+    write_cfg(&fx, "bad", "{\"dp\": 0}", bad, sizeof bad);
+    CHECK(train(bad, 0, 0, NULL, &r, &err) == K3C_ECONFIG && contains(err.msg, "parallel.dp: 0, must be 1..65536"),
+          "dp 0: %s", err.msg);
+    write_cfg(&fx, "bad", "{\"dp\": 1, \"zero\": 1}", bad, sizeof bad);
+    CHECK(train(bad, 0, 0, NULL, &r, &err) == K3C_ECONFIG && contains(err.msg, "parallel.zero: unknown key"),
+          "unknown key: %s", err.msg);
+    plan_block(&fx);
+    printf("%d passed, %d failed\n", test_passed_, test_failed_);
+    return test_failed_ ? 1 : 0;
+}
