@@ -52,4 +52,7 @@ int64_t k3c_eng_ws_rows(const k3c_eng_ws *ws);
 int k3c_eng_forward(const k3c_weights *w, k3c_eng_ws *ws, const int32_t *ids, const k3c_eng_seg *segs, int nseg,
                     const int64_t *out_rows, int64_t n_out, float *logits, k3c_err *err);
 
+/* The logits row behind event i of the last k3c_engine_step (tests compare them with cold runs). */
+const float *k3c_engine_event_logits(const k3c_engine *e, int i);
+
 #endif
