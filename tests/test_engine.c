@@ -186,7 +186,206 @@ static void random_k3_exact(void) {
     k3c_model_free_f64(&m64);
 }
 
+/* ---------------------------------------------------------------- the engine API */
+
+#define MAXQ 8
+#define MAXT 64
+
+/* What each sequence produced: ids, finish reason and the logits row behind every id. */
+typedef struct {
+    int64_t id;
+    int n, finish;
+    int32_t tok[MAXT];
+    float *logits; /* [MAXT, V] */
+} run_out;
+
+/* Submits prompts[i] (lengths len[i], settings req[i]) to e, steps until all finished, collects everything. */
+static int run_engine(k3c_engine *e, int nq, const int32_t *const *prompts, const int64_t *len, const k3c_request *req,
+                      int64_t V, run_out *out, k3c_err *err) {
+    for (int i = 0; i < nq; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        out[i].logits = malloc(sizeof(float) * (size_t)(MAXT * V));
+        if (k3c_engine_submit(e, prompts[i], len[i], &req[i], &out[i].id, err)) return -1;
+    }
+    k3c_engine_event ev[MAXQ];
+    for (int n_ev, guard = 0; k3c_engine_pending(e) > 0 && guard < 1000; guard++) { /* a prompt chunk has no event */
+        if (k3c_engine_step(e, ev, MAXQ, &n_ev, err)) return -1;
+        for (int j = 0; j < n_ev; j++)
+            for (int i = 0; i < nq; i++)
+                if (out[i].id == ev[j].seq && out[i].n < MAXT) {
+                    memcpy(out[i].logits + out[i].n * V, k3c_engine_event_logits(e, j), sizeof(float) * (size_t)V);
+                    out[i].tok[out[i].n++] = ev[j].token.id;
+                    out[i].finish = ev[j].finish;
+                }
+    }
+    return k3c_engine_pending(e) == 0 ? 0 : k3c_errf(err, K3C_EINVAL, "engine did not finish");
+}
+
+static void free_runs(run_out *o, int n) {
+    for (int i = 0; i < n; i++) free(o[i].logits);
+}
+
+/* Greedy ids of the K3 golden's prompt through the engine API. */
+static void golden_greedy(const k3c_model *m, const k3c_safetensors *gs) {
+    k3c_err err = {0};
+    int64_t np, ng;
+    int32_t *prompt = read_i32(gs, "prompt_ids", &np), *want = read_i32(gs, "greedy_ids", &ng);
+    k3c_engine *e;
+    CHECK_OK(k3c_engine_open(m, NULL, &e, &err), &err);
+    k3c_request r = {.sampler = {.top_p = 1}, .max_new = ng};
+    run_out o;
+    const int32_t *pp[1] = {prompt};
+    CHECK_OK(run_engine(e, 1, pp, &np, &r, m->cfg.vocab_size, &o, &err), &err);
+    CHECK(o.n == ng && !memcmp(o.tok, want, sizeof(int32_t) * (size_t)ng) && o.finish == K3C_FINISH_LENGTH,
+          "greedy continuation differs from the golden's greedy_ids (%d ids)", o.n);
+    free_runs(&o, 1);
+    k3c_engine_close(e);
+    free(prompt);
+    free(want);
+}
+
+/* Three sequences of different lengths and settings through two slots (the third joins when one leaves; prompt chunks
+ * of 8 run beside decode rows) produce the ids of solo runs and logits within TOL_LOGITS of them (a row's products
+ * depend on the other rows only through the BLAS kernel chosen for the batch size: a few 1e-6). */
+static void batching(const k3c_model *m, const int32_t *ids) {
+    k3c_err err = {0};
+    const int64_t V = m->cfg.vocab_size, len[3] = {5, 30, 17};
+    const int32_t *pr[3] = {ids, ids + 3, ids + 11};
+    k3c_request req[3] = {{.sampler = {.top_p = 1}, .max_new = 3},
+                          {.sampler = {.temperature = 0.9, .top_p = 0.9, .seed = 5, .top_k = 50}, .max_new = 9},
+                          {.sampler = {.top_p = 1, .repetition_penalty = 1.3, .logprobs = 2}, .max_new = 6}};
+    k3c_engine_opts bo = {.max_seqs = 2, .prefill_chunk = 8, .max_ctx = 64}, so = bo;
+    so.max_seqs = 1; /* the same prompt chunks: only the company in the batch differs */
+    k3c_engine *eb, *es;
+    run_out ob[3], os[3];
+    CHECK_OK(k3c_engine_open(m, &bo, &eb, &err), &err);
+    CHECK_OK(k3c_engine_open(m, &so, &es, &err), &err);
+    CHECK_OK(run_engine(eb, 3, pr, len, req, V, ob, &err), &err);
+    for (int i = 0; i < 3; i++) CHECK_OK(run_engine(es, 1, pr + i, len + i, req + i, V, os + i, &err), &err);
+    double worst = 0;
+    for (int i = 0; i < 3; i++) {
+        CHECK(ob[i].n == req[i].max_new && ob[i].n == os[i].n && !memcmp(ob[i].tok, os[i].tok, sizeof(int32_t) * 9),
+              "sequence %d: batched ids differ from its solo run", i);
+        for (int t = 0; t < ob[i].n; t++) {
+            double *r = malloc(sizeof(double) * (size_t)V);
+            for (int64_t v = 0; v < V; v++) r[v] = os[i].logits[t * V + v];
+            double e = worst_row(ob[i].logits + t * V, r, 1, V);
+            if (!(e <= worst)) worst = e;
+            free(r);
+        }
+    }
+    CHECK_LE(worst, TOL_LOGITS, "batched vs solo logits, worst row");
+    free_runs(ob, 3);
+    free_runs(os, 3);
+    k3c_engine_close(eb);
+    k3c_engine_close(es);
+}
+
+/* Prefix cache: after prompt A (20 ids), prompt B sharing A's first 13 ids resumes from the snapshot at 8 (13 is no
+ * snapshot boundary) and produces exactly the logits of a cold engine, whose prompt chunks end at the same multiples of
+ * 8; prompt C extending A's prompt resumes at its end (20), where the cold run's chunk [16, 24) is split as [16, 20)
+ * + [20, 24): the same ids, logits within TOL_LOGITS (the chunked KDA sums in another order). */
+static void prefix_cache(const k3c_model *m, const int32_t *ids) {
+    k3c_err err = {0};
+    const int64_t V = m->cfg.vocab_size;
+    int32_t B[22], C[25];
+    memcpy(B, ids, sizeof(int32_t) * 13);
+    for (int t = 13; t < 22; t++) B[t] = ids[40 - t];
+    memcpy(C, ids, sizeof(int32_t) * 20);
+    for (int t = 20; t < 25; t++) C[t] = ids[t + 7];
+    const int32_t *pa[1] = {ids}, *pb[1] = {B}, *pc[1] = {C};
+    const int64_t la = 20, lb = 22, lc = 25;
+    k3c_request r = {.sampler = {.top_p = 1}, .max_new = 4};
+    k3c_engine_opts o = {.max_seqs = 2, .snapshot_every = 8, .max_ctx = 64};
+    k3c_engine *warm, *cold;
+    run_out oa, ob, oc, xb, xc;
+    CHECK_OK(k3c_engine_open(m, &o, &warm, &err), &err);
+    CHECK_OK(run_engine(warm, 1, pa, &la, &r, V, &oa, &err), &err);
+    CHECK_OK(run_engine(warm, 1, pb, &lb, &r, V, &ob, &err), &err);
+    k3c_engine_stats st;
+    k3c_engine_get_stats(warm, &st);
+    CHECK(st.prefix_hits == 1 && st.prefix_tokens_reused == 8, "B resumes from the snapshot at 8 (hits %lld, %lld ids)",
+          (long long)st.prefix_hits, (long long)st.prefix_tokens_reused);
+    CHECK_OK(run_engine(warm, 1, pc, &lc, &r, V, &oc, &err), &err);
+    k3c_engine_get_stats(warm, &st);
+    CHECK(st.prefix_hits == 2 && st.prefix_tokens_reused == 28, "C resumes at A's prompt end (%lld ids reused)",
+          (long long)st.prefix_tokens_reused);
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(k3c_engine_open(m, &o, &cold, &err), &err);
+        run_out *x = i ? &xc : &xb, *w = i ? &oc : &ob;
+        CHECK_OK(run_engine(cold, 1, i ? pc : pb, i ? &lc : &lb, &r, V, x, &err), &err);
+        CHECK(x->n == w->n && !memcmp(x->tok, w->tok, sizeof(int32_t) * (size_t)x->n), "prompt %c: resumed ids differ",
+              i ? 'C' : 'B');
+        double *r = malloc(sizeof(double) * (size_t)(x->n * V));
+        for (int64_t j = 0; j < x->n * V; j++) r[j] = x->logits[j];
+        double e = worst_row(w->logits, r, x->n, V);
+        free(r);
+        if (i == 0)
+            CHECK(e == 0, "prompt B: resumed logits must equal the cold run's bit for bit (%.3e)", e);
+        else
+            CHECK_LE(e, TOL_LOGITS, "prompt C: resumed vs cold logits, worst row");
+        k3c_engine_close(cold);
+    }
+    free_runs(&oa, 1), free_runs(&ob, 1), free_runs(&oc, 1), free_runs(&xb, 1), free_runs(&xc, 1);
+    k3c_engine_close(warm);
+}
+
+/* Cancel and bad submissions. */
+static void api_edges(const k3c_model *m, const int32_t *ids) {
+    k3c_err err = {0};
+    k3c_engine *e;
+    k3c_engine_opts o = {.max_seqs = 2, .max_ctx = 32};
+    CHECK_OK(k3c_engine_open(m, &o, &e, &err), &err);
+    k3c_request r = {.sampler = {.top_p = 1}, .max_new = 5};
+    int64_t a, b, c;
+    CHECK_OK(k3c_engine_submit(e, ids, 6, &r, &a, &err), &err);
+    CHECK_OK(k3c_engine_submit(e, ids, 9, &r, &b, &err), &err);
+    CHECK_OK(k3c_engine_submit(e, ids, 4, &r, &c, &err), &err);
+    k3c_engine_event ev[2];
+    int n;
+    CHECK_OK(k3c_engine_step(e, ev, 2, &n, &err), &err);
+    CHECK(n == 2, "two slots: two events (%d)", n);
+    CHECK_OK(k3c_engine_cancel(e, a, &err), &err);
+    CHECK_OK(k3c_engine_cancel(e, c, &err), &err); /* still waiting */
+    CHECK(k3c_engine_cancel(e, a, &err) == K3C_ENOTFOUND, "a cancelled id is unknown");
+    int left = 0;
+    while (k3c_engine_step(e, ev, 2, &n, &err) == 0 && n > 0)
+        for (int j = 0; j < n; j++) left += ev[j].seq == b ? 1 : 1000;
+    CHECK(left == 4 && k3c_engine_pending(e) == 0, "only b continues (%d events)", left);
+    int32_t bad[2] = {0, (int32_t)m->cfg.vocab_size};
+    CHECK(k3c_engine_submit(e, bad, 2, &r, &a, &err) == K3C_EINVAL, "an id outside the vocabulary is refused");
+    CHECK(k3c_engine_submit(e, ids, 0, &r, &a, &err) == K3C_EINVAL, "an empty prompt is refused");
+    CHECK(k3c_engine_submit(e, ids, 32, &r, &a, &err) == K3C_EINVAL, "a prompt filling max_ctx is refused");
+    CHECK(k3c_engine_step(e, ev, 1, &n, &err) == K3C_EINVAL, "an event buffer smaller than max_seqs is refused");
+    k3c_engine_close(e);
+}
+
+static void engine_api(void) {
+    const char *dir = test_shared("golden/k3_tiny_a");
+    char gpath[512];
+    snprintf(gpath, sizeof gpath, "%s/golden.safetensors", dir);
+    k3c_err err = {0};
+    k3c_model m;
+    k3c_safetensors *gs;
+    if (k3c_model_open_f32(dir, 0, &m, &err) || k3c_st_open(gpath, &gs, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    int64_t n;
+    int32_t *ids = read_i32(gs, "input_ids", &n);
+    golden_greedy(&m, gs);
+    if (ids && n >= 48) {
+        batching(&m, ids);
+        prefix_cache(&m, ids);
+        api_edges(&m, ids);
+    }
+    free(ids);
+    k3c_st_close(gs);
+    k3c_model_free_f32(&m);
+}
+
 int main(void) {
+    engine_api();
     golden_exact("golden/kimi_linear_tiny_a");
     golden_exact("golden/k3_tiny_a");
     random_k3_exact();

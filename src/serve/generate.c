@@ -85,9 +85,9 @@ int k3c_generate(k3c_model *m, int32_t *seq, int64_t n_prompt, const k3c_gen_opt
     CHECK_RC(k3c_engine_open(m, &eo, &e, err));
     rc = k3c_engine_submit(e, seq, n_prompt, &r, &id, err);
     k3c_engine_event ev;
-    int n_ev = 1, stop = 0;
-    while (!rc && !stop && n_ev > 0) {
-        if ((rc = k3c_engine_step(e, &ev, 1, &n_ev, err)) || n_ev == 0) break;
+    int n_ev, stop = 0;
+    while (!rc && !stop && k3c_engine_pending(e) > 0) { /* a step of a long prompt's prefill has no event */
+        if ((rc = k3c_engine_step(e, &ev, 1, &n_ev, err)) || n_ev == 0) continue;
         seq[(*n_seq)++] = ev.token.id;
         stop = emit(o, &ev.token, *n_seq - n_prompt - 1) || ev.finish;
     }
