@@ -104,6 +104,21 @@ static void logits_and_generate_cli(void) {
     rc = run(cmd, out, sizeof out);
     CHECK(rc == 0 && strstr(out, "413 960 1151 279 192 223 193 264 36 345 2027 1638 1187 320 972 587"),
           "--device cpu: greedy ids differ (%d): %s", rc, out);
+    /* the sampler flags: logprobs on stderr (the greedy id is the top one), settings out of range are usage errors */
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids %s --greedy 2 --logprobs 3 2>&1", test_k3c_bin(), dir,
+             gpath);
+    rc = run(cmd, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "[0] id 413 logprob ") && strstr(out, " top 413:") && strstr(out, "[1] id 960"),
+          "--logprobs 3 (%d): %s", rc, out);
+    snprintf(cmd, sizeof cmd,
+             "%s generate --model %s --ids %s --max-new 4 --top-k 5 --min-p 0.05 --repetition-penalty 1.2 "
+             "--presence-penalty 0.5 --frequency-penalty 0.1 --seed 3 2>&1",
+             test_k3c_bin(), dir, gpath);
+    rc = run(cmd, out, sizeof out);
+    CHECK(rc == 0, "every sampler flag together (%d): %s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids %s --greedy 1 --min-p 2 2>&1", test_k3c_bin(), dir, gpath);
+    rc = run(cmd, out, sizeof out);
+    CHECK(rc == 2 && strstr(out, "min-p"), "--min-p 2 is a usage error (%d): %s", rc, out);
 }
 
 typedef struct {
