@@ -154,7 +154,8 @@ static void generate_library(void) {
     for (int run = 0; t && seq && run < 3; run++) {
         memcpy(seq, t->data, t->nbytes);
         seen s = {{0}, 0, run == 2 ? 1 : 0};
-        k3c_gen_opts o = {.sampler = {.top_p = 1}, .max_new = 16, .stop_id = run == 1 ? want[2] : -1, .on_token = collect, .ctx = &s};
+        k3c_gen_opts o = {
+            .sampler = {.top_p = 1}, .max_new = 16, .stop_id = run == 1 ? want[2] : -1, .on_token = collect, .ctx = &s};
         CHECK_OK(k3c_generate(sv.model, seq, np, &o, &len, &err), &err);
         int64_t want_len = run == 0 ? 16 : run == 1 ? 3 : 1;
         int streamed = run == 1 ? 2 : (int)want_len;

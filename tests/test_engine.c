@@ -107,7 +107,8 @@ static void exact_vs_forward(const char *name, k3c_model *m, k3c_model *m64, con
         const char *what;
         const int64_t *p;
         int n;
-    } sched[] = {{"token by token", one, 1}, {"one prefill", all, 1}, {"prefill 7, decode 3, prefill 11, ...", split, 9}};
+    } sched[] = {
+        {"token by token", one, 1}, {"one prefill", all, 1}, {"prefill 7, decode 3, prefill 11, ...", split, 9}};
     for (int s = 0; ref && s < 3; s++) {
         float *got = engine_logits(&w, ids, T, sched[s].p, sched[s].n, &err);
         CHECK(got, "%s: %s", name, err.msg);

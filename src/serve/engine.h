@@ -8,8 +8,8 @@
 /* Sizes the state and the step buffers derive from the config. */
 typedef struct {
     int L, n_kda, n_mla;
-    int idx[K3C_MAX_LAYERS]; /* layer l's index among the layers of its mixer kind */
-    int64_t D, V, H, dk, P, W; /* KDA: heads, head dim, P = H·dk, conv kernel */
+    int idx[K3C_MAX_LAYERS];            /* layer l's index among the layers of its mixer kind */
+    int64_t D, V, H, dk, P, W;          /* KDA: heads, head dim, P = H·dk, conv kernel */
     int64_t Hm, nope, rope, dv, rkv, r; /* MLA */
     int64_t kda_floats;                 /* per KDA layer: S [H, dk, dk] then conv tails [3][P, W−1] */
     int64_t lat_w;                      /* per cached token per MLA layer: rkv + rope (normalised latent, shared key) */

@@ -195,8 +195,8 @@ static int kda_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, co
 
 /* One (segment, head): queries qlat [len, lat_w] at positions pos0.. attend over the cache [0, pos0+len) with an online
  * softmax over key tiles (MQA: every head reads the one cached [c_KV; k_pe] per token); out [len, rkv]. */
-static void attend(const k3c_eng_dims *d, const float *cache, int64_t pos0, const float *qlat, int64_t len,
-                   float scale, float *out, float *scr) {
+static void attend(const k3c_eng_dims *d, const float *cache, int64_t pos0, const float *qlat, int64_t len, float scale,
+                   float *out, float *scr) {
     const int64_t lw = d->lat_w, rkv = d->rkv;
     float *Sb = scr, *acc = Sb + ATT_BQ * ATT_BK, *mx = acc + ATT_BQ * rkv, *sum = mx + ATT_BQ;
     for (int64_t q0 = 0; q0 < len; q0 += ATT_BQ) {
@@ -211,8 +211,10 @@ static void attend(const k3c_eng_dims *d, const float *cache, int64_t pos0, cons
                 const int64_t p = pos0 + q0 + i; /* the query's position: keys j <= p */
                 float *s = Sb + i * ATT_BK, m = mx[i];
                 for (int64_t j = 0; j < nk; j++)
-                    if (k0 + j > p) s[j] = -INFINITY;
-                    else if (s[j] > m) m = s[j];
+                    if (k0 + j > p)
+                        s[j] = -INFINITY;
+                    else if (s[j] > m)
+                        m = s[j];
                 const float corr = mx[i] == -INFINITY ? 0.0f : expf(mx[i] - m);
                 float z = 0;
                 for (int64_t j = 0; j < nk; j++) z += s[j] = k0 + j > p ? 0.0f : expf(s[j] - m);
@@ -308,7 +310,8 @@ static int ffn_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
     const k3c_config *c = &ws->w->cfg;
     const eng_bufs *b = &ws->b;
     const int64_t D = ws->d.D;
-    if (c->ffn[l] == K3C_FFN_DENSE) return glu_mlp(c, b, &L->mlp_gate, &L->mlp_up, &L->mlp_down, b->xn, n, b->y, 0, err);
+    if (c->ffn[l] == K3C_FFN_DENSE)
+        return glu_mlp(c, b, &L->mlp_gate, &L->mlp_up, &L->mlp_down, b->xn, n, b->y, 0, err);
     const int64_t E = c->num_experts, k = c->top_k, lat = c->latent_dim > 0 ? c->latent_dim : D;
     k3c_qmat_mul(&L->router, b->xn, n, b->rlog, 0);
     k3c_router_sizes rs = {n, E, k, c->renormalize, c->routed_scaling_factor};

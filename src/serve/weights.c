@@ -175,7 +175,7 @@ static int need(const k3c_qmat *q, int64_t rows, int64_t cols, int l, const char
 
 #define NEEDV(p, l, name)                                                                                              \
     do {                                                                                                               \
-        if (!(p)) return k3c_errf(err, K3C_EINVAL, "engine weights: layer %d: %s missing", l, name);                 \
+        if (!(p)) return k3c_errf(err, K3C_EINVAL, "engine weights: layer %d: %s missing", l, name);                   \
     } while (0)
 
 static int check_layer(const k3c_config *c, const k3c_weights_layer *L, int l, k3c_err *err) {

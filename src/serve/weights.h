@@ -25,20 +25,20 @@ typedef struct {
     const float *o_norm;                   /* [dk] */
 
     /* MLA (MODEL.md §4.2), NoPE: the shared key slot is never rotated */
-    k3c_qmat q_a, q_b;        /* [q_lora_rank, D], [H·dqk, q_lora_rank] (q_lora_rank 0: q_proj above) */
-    const float *q_a_norm;    /* [q_lora_rank] */
-    k3c_qmat kv_a;            /* [kv_lora_rank + qk_rope, D] */
-    const float *kv_a_norm;   /* [kv_lora_rank] */
-    k3c_qmat kv_b;            /* [H·(nope + dv), kv_lora_rank]: per head k_nope rows then v rows (as stored) */
-    k3c_qmat *uk_t;           /* [H] absorbed key side: W_UK,hᵀ [kv_lora_rank, nope] (k3c_weights_absorb makes them) */
-    k3c_qmat *uv;             /* [H] absorbed value side: W_UV,h [dv, kv_lora_rank], row views into kv_b */
-    k3c_qmat o_proj;          /* both mixers: [D, P] or [D, H·dv] */
+    k3c_qmat q_a, q_b;      /* [q_lora_rank, D], [H·dqk, q_lora_rank] (q_lora_rank 0: q_proj above) */
+    const float *q_a_norm;  /* [q_lora_rank] */
+    k3c_qmat kv_a;          /* [kv_lora_rank + qk_rope, D] */
+    const float *kv_a_norm; /* [kv_lora_rank] */
+    k3c_qmat kv_b;          /* [H·(nope + dv), kv_lora_rank]: per head k_nope rows then v rows (as stored) */
+    k3c_qmat *uk_t;         /* [H] absorbed key side: W_UK,hᵀ [kv_lora_rank, nope] (k3c_weights_absorb makes them) */
+    k3c_qmat *uv;           /* [H] absorbed value side: W_UV,h [dv, kv_lora_rank], row views into kv_b */
+    k3c_qmat o_proj;        /* both mixers: [D, P] or [D, H·dv] */
 
     /* FFN: dense GLU MLP, or MoE (router + routed experts on the latent + fused shared experts) */
-    k3c_qmat mlp_gate, mlp_up, mlp_down; /* [I, D], [I, D], [D, I] */
-    k3c_qmat router;                     /* [E, D] */
-    const float *router_bias;            /* [E] e_score_correction_bias (selection only) */
-    k3c_qmat *w1, *w2, *w3;              /* [E] per expert: gate [I, lat], down [lat, I], up [I, lat] */
+    k3c_qmat mlp_gate, mlp_up, mlp_down;          /* [I, D], [I, D], [D, I] */
+    k3c_qmat router;                              /* [E, D] */
+    const float *router_bias;                     /* [E] e_score_correction_bias (selection only) */
+    k3c_qmat *w1, *w2, *w3;                       /* [E] per expert: gate [I, lat], down [lat, I], up [I, lat] */
     k3c_qmat shared_gate, shared_up, shared_down; /* [S·I, D], [S·I, D], [D, S·I] */
     k3c_qmat latent_down, latent_up;              /* K3 LatentMoE: [lat, D], [D, lat] */
     const float *latent_norm;                     /* [lat] */
@@ -48,9 +48,9 @@ typedef struct {
  * what the builder allocates itself (view arrays, absorbed copies, converted vectors) is listed in owned[]. */
 struct k3c_weights {
     k3c_config cfg;
-    k3c_qmat embed;   /* [V, D], read by k3c_qmat_row */
-    k3c_qmat lm_head; /* [V, D] (the embedding when tied) */
-    const float *final_norm;                 /* [D] */
+    k3c_qmat embed;                           /* [V, D], read by k3c_qmat_row */
+    k3c_qmat lm_head;                         /* [V, D] (the embedding when tied) */
+    const float *final_norm;                  /* [D] */
     const float *out_res_norm, *out_res_proj; /* [D], AttnRes models only */
     k3c_weights_layer *layer;                 /* [num_layers] */
     void **owned;
