@@ -44,7 +44,6 @@ typedef struct {
 typedef struct k3c_eng_ws k3c_eng_ws;
 int k3c_eng_ws_init(const k3c_weights *w, int64_t max_rows, k3c_eng_ws **out, k3c_err *err);
 void k3c_eng_ws_free(k3c_eng_ws *ws);
-int64_t k3c_eng_ws_rows(const k3c_eng_ws *ws);
 
 /* Runs ids[0..n) (n = Σ len, segments in row order, each state advanced by its len tokens and its cache extended) and
  * writes logits [n_out, V] of the rows out_rows[0..n_out) (NULL: every row, n_out = n). A segment of one token runs

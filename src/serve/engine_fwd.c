@@ -55,7 +55,7 @@ struct k3c_eng_ws {
     const k3c_weights *w;
     k3c_eng_dims d;
     int64_t max_rows;
-    int nthr, ns;
+    int nthr;
     size_t att_floats;
     eng_bufs b;
     void *mem;
@@ -85,7 +85,7 @@ static void plan(const k3c_config *c, const k3c_eng_dims *d, int64_t n, int nthr
     if (d->n_mla) {
         int64_t Hm = d->Hm;
         b->qa = F(n * (d->r > 0 ? d->r : 1)), b->q = F(n * Hm * (d->nope + d->rope)), b->kva = F(n * d->lat_w);
-        b->cn = F(n * d->rkv), b->qlat = F(Hm * n * d->lat_w), b->qtmp = F(n * (d->nope > d->rkv ? d->nope : d->rkv));
+        b->cn = F(n * d->rkv), b->qlat = F(Hm * n * d->lat_w), b->qtmp = F(n * d->nope);
         b->olat = F(Hm * n * d->rkv), b->vh = F(n * d->dv), b->mo = F(n * Hm * d->dv), b->mg = F(n * Hm * d->dv);
         b->att = F((int64_t)nthr * (int64_t)att);
     }
@@ -109,7 +109,6 @@ int k3c_eng_ws_init(const k3c_weights *w, int64_t max_rows, k3c_eng_ws **out, k3
     k3c_eng_dims_of(&w->cfg, &ws->d);
     ws->max_rows = max_rows;
     ws->nthr = k3c_num_threads();
-    ws->ns = max_sources(&w->cfg);
     ws->att_floats = (size_t)(ATT_BQ * ATT_BK + ATT_BQ * ws->d.rkv + 2 * ATT_BQ);
     k3c_carver m = k3c_carver_measure(64);
     plan(&w->cfg, &ws->d, max_rows, ws->nthr, ws->att_floats, &m, &ws->b);
@@ -128,8 +127,6 @@ void k3c_eng_ws_free(k3c_eng_ws *ws) {
     k3c_aligned_free(ws->mem);
     free(ws);
 }
-
-int64_t k3c_eng_ws_rows(const k3c_eng_ws *ws) { return ws->max_rows; }
 
 /* ---------------------------------------------------------------- KDA (§3.1) */
 
