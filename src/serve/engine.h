@@ -47,7 +47,8 @@ void k3c_eng_ws_free(k3c_eng_ws *ws);
 
 /* Runs ids[0..n) (n = Σ len, segments in row order, each state advanced by its len tokens and its cache extended) and
  * writes logits [n_out, V] of the rows out_rows[0..n_out) (NULL: every row, n_out = n). A segment of one token runs
- * the KDA recurrence, a longer one the chunked form; attention is blocked over each sequence's latent cache. */
+ * the KDA recurrence, a longer one the chunked form; attention is blocked over each sequence's latent cache. A state
+ * appears in at most one segment of a step. On an error the states of the step may be partly advanced. */
 int k3c_eng_forward(const k3c_weights *w, k3c_eng_ws *ws, const int32_t *ids, const k3c_eng_seg *segs, int nseg,
                     const int64_t *out_rows, int64_t n_out, float *logits, k3c_err *err);
 
