@@ -18,23 +18,6 @@ static int32_t *doc_offsets(int64_t B, int64_t T) {
     return cu;
 }
 
-static int kda_mode(int argc, char **argv, int *chunk) {
-    const char *k = cli_opt(argc, argv, "--kda");
-    if (!k || strcmp(k, "64") == 0) {
-        *chunk = 64;
-        return 1;
-    }
-    if (strcmp(k, "16") == 0) {
-        *chunk = 16;
-        return 1;
-    }
-    if (strcmp(k, "recurrent") == 0) {
-        *chunk = 0;
-        return 1;
-    }
-    return 0;
-}
-
 int cmd_logits(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         printf("usage: k3c logits --model DIR --ids FILE --out FILE [--name input_ids] [--kda 64|16|recurrent]\n"
@@ -47,7 +30,7 @@ int cmd_logits(int argc, char **argv) {
     const char *out = cli_opt(argc, argv, "--out"), *name = cli_opt(argc, argv, "--name");
     int chunk;
     if (!dir || !ids_path || !out) return cli_usage_error("logits", "--model, --ids and --out are required");
-    if (!kda_mode(argc, argv, &chunk)) return cli_usage_error("logits", "--kda must be 64, 16 or recurrent");
+    if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("logits", "--kda must be 64, 16 or recurrent");
     const char *device = cli_opt(argc, argv, "--device");
     if (cli_device_check("logits", device)) return 2;
     k3c_err err = {0};
@@ -149,7 +132,7 @@ int cmd_golden_check(int argc, char **argv) {
     if (!cli_opt_double(argc, argv, "--tol-out", 1e-4, &tol_out) ||
         !cli_opt_double(argc, argv, "--tol-grad", 1e-3, &tol_grad))
         return 2;
-    if (!kda_mode(argc, argv, &chunk)) return cli_usage_error("golden-check", "--kda must be 64, 16 or recurrent");
+    if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("golden-check", "--kda must be 64, 16 or recurrent");
     const char *device = cli_opt(argc, argv, "--device");
     if (cli_device_check("golden-check", device)) return 2;
     k3c_err err = {0};
@@ -228,7 +211,7 @@ int cmd_generate(int argc, char **argv) {
     }
     if (n < 0 || temp < 0 || !(top_p > 0 && top_p <= 1))
         return cli_usage_error("generate", "need max-new ≥ 0, temperature ≥ 0, 0 < top-p ≤ 1");
-    if (!kda_mode(argc, argv, &chunk)) return cli_usage_error("generate", "--kda must be 64, 16 or recurrent");
+    if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("generate", "--kda must be 64, 16 or recurrent");
     const char *device = cli_opt(argc, argv, "--device");
     if (cli_device_check("generate", device)) return 2;
     k3c_err err = {0};
