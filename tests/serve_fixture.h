@@ -54,7 +54,7 @@ static int serve_model_dir(const char *dir) {
     CHECK_OK(rc, &err);
     if (rc) return rc;
     int32_t vocab = k3c_tok_n_vocab(t);
-    char p[4200];
+    char p[4400];
     snprintf(p, sizeof p, "%s/tiktoken.model", dir);
     CHECK_OK(rc = k3c_tok_save(t, p, &err), &err);
     k3c_tok_free(t);

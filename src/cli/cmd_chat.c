@@ -47,7 +47,7 @@ static void request_body(k3c_sbuf *b, const k3c_sbuf *history, const char *tools
 
 /* Appends the assistant message (content, reasoning, tool calls) to the history. */
 static void remember(k3c_sbuf *h, const k3c_turn_msg *m) {
-    k3c_sbuf_append(h, ",{\"role\":\"assistant\",\"content\":", 32);
+    k3c_sbuf_append(h, ",{\"role\":\"assistant\",\"content\":", 31);
     k3c_sbuf_json_string(h, m->content.buf ? m->content.buf : "", m->content.len);
     if (m->reasoning.len) {
         k3c_sbuf_append(h, ",\"reasoning_content\":", 21);
@@ -143,7 +143,7 @@ static int chat_loop(k3c_serve *sv, const char *system, const char *tools, const
         if (n == 0) continue;
         if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
         size_t mark = history.len;
-        k3c_sbuf_append(&history, ",{\"role\":\"user\",\"content\":", 27);
+        k3c_sbuf_append(&history, ",{\"role\":\"user\",\"content\":", 26);
         k3c_sbuf_json_string(&history, line, (size_t)n);
         k3c_sbuf_append(&history, "}", 1);
         if ((rc = turn(sched, &lim, stop_ids, n_stop, &history, tools, opts, err))) {

@@ -91,7 +91,7 @@ void k3c_sse_text(k3c_sbuf *s, k3c_api_meta *m, const char *text, size_t n) {
     head(s, m, chunk_object(m));
     k3c_sbuf_append(s, "{\"index\":0,\"text\":", 18);
     k3c_sbuf_json_string(s, text, n);
-    k3c_sbuf_append(s, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n", 43);
+    k3c_sbuf_append(s, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n", 42);
 }
 
 void k3c_sse_finish(k3c_sbuf *s, k3c_api_meta *m, const char *finish_reason, int include_usage, int64_t prompt,
