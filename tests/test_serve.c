@@ -271,6 +271,32 @@ static void hang_up(int port) {
     http_resp_free(&r);
 }
 
+static int run_cmd(const char *cmd, char *out, size_t n) {
+    FILE *p = popen(cmd, "r");
+    size_t got = p ? fread(out, 1, n - 1, p) : 0;
+    out[got] = 0;
+    int st = p ? pclose(p) : -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* `k3c generate --stop`: the text stops right before the stop string, a prefix of the unstopped text. */
+static void generate_stop(const char *dir) {
+    char cmd[4600], full[8192], cut[8192];
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt 'Hello world' --greedy 24 2>&1", test_k3c_bin(), dir);
+    int rc = run_cmd(cmd, full, sizeof full);
+    CHECK(rc == 0 && strlen(full) > 13, "generate: %s", full);
+    /* stop at the third character of the continuation, whatever the model wrote */
+    char stop[8] = {0};
+    memcpy(stop, full + 13, 2);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt 'Hello world' --greedy 24 --stop '%s' 2>&1",
+             test_k3c_bin(), dir, stop);
+    rc = run_cmd(cmd, cut, sizeof cut);
+    size_t n = strlen(cut);
+    CHECK(rc == 0 && n >= 12 && cut[n - 1] == '\n' && !strstr(cut + 11, stop) && !strncmp(full, cut, n - 1) &&
+              n - 1 <= 13,
+          "--stop '%s': '%s' vs '%s'", stop, cut, full);
+}
+
 static void chat_cli(const char *dir) {
     char cmd[4600], out[8192];
     snprintf(cmd, sizeof cmd,
@@ -321,5 +347,6 @@ int main(void) {
     }
     if (g_out) fclose(g_out);
     chat_cli(dir);
+    generate_stop(dir);
     return test_summary();
 }

@@ -3,6 +3,7 @@
 #include "cli.h"
 #include "model/golden.h"
 #include "model/model.h"
+#include "serve/stop.h"
 #include "tok/tok.h"
 
 #include <unistd.h>
@@ -142,21 +143,28 @@ int cmd_golden_check(int argc, char **argv) {
     return rc;
 }
 
-/* Streams each generated id: as text through the tokenizer (specials are not printed), or as ids. */
+/* Streams each generated id: as text through the stop-string layer (whole characters only, specials not printed,
+ * ending at --stop), or as ids. */
 typedef struct {
-    const k3c_tok *tok;
+    k3c_stopper stop; /* text mode: stop.tok set */
+    int failed;
+    k3c_err err;
 } gen_out;
 
+static void print_text(void *ctx, const char *s, size_t n) {
+    (void)ctx;
+    fwrite(s, 1, n, stdout);
+}
+
 static int print_token(void *ctx, int32_t id, int64_t i) {
-    const gen_out *g = ctx;
-    const unsigned char *bytes;
-    size_t nb;
-    if (!g->tok)
+    gen_out *g = ctx;
+    int rc = 0;
+    if (!g->stop.tok)
         printf("%s%d", i ? " " : "", id);
-    else if (!k3c_tok_is_special(g->tok, id) && !k3c_tok_token_bytes(g->tok, id, &bytes, &nb, NULL))
-        fwrite(bytes, 1, nb, stdout);
+    else if ((rc = k3c_stopper_feed(&g->stop, id, &g->err)) < 0)
+        g->failed = 1;
     fflush(stdout);
-    return 0;
+    return rc != 0;
 }
 
 /* Encodes --prompt with the directory's tokenizer (echoing it) or reads --ids; seq gets room for n more ids. */
@@ -187,10 +195,11 @@ int cmd_generate(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         printf("usage: k3c generate --model DIR (--prompt TEXT | --ids FILE [--name prompt_ids])\n"
                "                    [--max-new N] [--greedy N] [--temperature T] [--top-p P] [--seed S]\n"
-               "                    [--pattern cl100k|kimi] [--kda 64|16|recurrent] [--device cpu|cuda]\n"
+               "                    [--stop TEXT] [--pattern cl100k|kimi] [--kda 64|16|recurrent] [--device cpu|cuda]\n"
                "--prompt encodes TEXT with the checkpoint's tokenizer (tiktoken.model) and prints the continuation;\n"
                "--ids reads I32 token ids from a safetensors file and prints the new ids. --greedy N = --max-new N\n"
-               "--temperature 0. Sampling: temperature (default 0.8) and nucleus top-p (default 0.95), seeded.\n"
+               "--temperature 0. Sampling: temperature (default 0.8) and nucleus top-p (default 0.95), seeded. --stop ends\n"
+               "the text before TEXT (prompt mode).\n"
                "Each step recomputes the prefix; the latent-cache decoder comes with serving.\n");
         return 0;
     }
@@ -225,10 +234,15 @@ int cmd_generate(int argc, char **argv) {
     int rc = cli_device_open(device, &dev, &err);
     if (!rc) rc = cli_device_use(&dev, sv.model, &err);
     if (!rc) rc = generate_prompt(&sv, prompt, ids_path, name, n, &seq, &len, &err);
-    gen_out out = {sv.tok};
+    gen_out out = {0};
+    const char *stop = cli_opt(argc, argv, "--stop");
+    if (!rc && sv.tok) rc = k3c_stopper_init(&out.stop, sv.tok, &stop, stop != NULL, 0, print_text, NULL, &err);
     k3c_gen_opts go = {
         {temp, top_p, (uint64_t)seed}, n, sv.tok ? k3c_tok_special_id(sv.tok, "<|endoftext|>") : -1, print_token, &out};
     if (!rc) rc = k3c_generate(sv.model, seq, len, &go, &len, &err);
+    if (!rc && out.failed) rc = (err = out.err).code;
+    if (out.stop.tok) k3c_stopper_finish(&out.stop);
+    k3c_stopper_free(&out.stop);
     if (!rc) printf("\n");
     free(seq);
     k3c_serve_close(&sv);
