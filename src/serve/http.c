@@ -7,6 +7,7 @@
 #include <microhttpd.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 void k3c_server_opts_default(k3c_server_opts *o) {
     *o = (k3c_server_opts){.host = "127.0.0.1",
@@ -157,9 +158,10 @@ int k3c_server_port(const k3c_server *s) { return s->port; }
 void k3c_server_stop(k3c_server *s) {
     if (!s) return;
     atomic_store(&s->stopping, 1);
-    MHD_quiesce_daemon(s->daemon);       /* no new connections */
-    if (s->sched) k3c_sched_close(s->sched); /* generations end; streams send their closing events */
-    MHD_stop_daemon(s->daemon);          /* waits for every connection thread */
+    MHD_socket listen_fd = MHD_quiesce_daemon(s->daemon); /* no new connections */
+    if (s->sched) k3c_sched_close(s->sched);               /* generations end; streams send their closing events */
+    MHD_stop_daemon(s->daemon);                            /* waits for every connection thread */
+    if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd); /* ours after a quiesce, once the threads are gone */
     k3c_sched_free(s->sched);
     k3c_metrics_free(s->metrics);
     free(s);
