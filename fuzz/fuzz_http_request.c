@@ -6,10 +6,22 @@
 
 #include "fuzz.h"
 
-static const char *const SPECIALS[] = {"<|endoftext|>", "[EOS]", "<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>",
-                                       "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>",
-                                       "<|im_middle|>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
-                                       "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"};
+static const char *const SPECIALS[] = {"<|endoftext|>",
+                                       "[EOS]",
+                                       "<|open|>",
+                                       "<|close|>",
+                                       "<|sep|>",
+                                       "<|end_of_msg|>",
+                                       "<|im_end|>",
+                                       "<|im_user|>",
+                                       "<|im_assistant|>",
+                                       "<|im_system|>",
+                                       "<|im_middle|>",
+                                       "<|tool_calls_section_begin|>",
+                                       "<|tool_calls_section_end|>",
+                                       "<|tool_call_begin|>",
+                                       "<|tool_call_argument_begin|>",
+                                       "<|tool_call_end|>"};
 
 /* A small BPE with the chat markers, trained once. */
 static k3c_tok *tokenizer(void) {
@@ -18,7 +30,9 @@ static k3c_tok *tokenizer(void) {
     const char *text = "Hello world! message role=\"user\" think response tools call argument key=\"city\" "
                        "{\"city\": \"Paris\"} café 東京 get_weather You are a helpful assistant. Hello world!";
     size_t n = strlen(text);
-    k3c_tok_train_opts o = {.vocab_size = 300, .pattern = K3C_TOK_PATTERN_KIMI, .specials = SPECIALS,
+    k3c_tok_train_opts o = {.vocab_size = 300,
+                            .pattern = K3C_TOK_PATTERN_KIMI,
+                            .specials = SPECIALS,
                             .n_specials = (int)(sizeof SPECIALS / sizeof *SPECIALS)};
     k3c_err err = {0};
     if (k3c_tok_train(&text, &n, 1, &o, &t, &err)) abort();

@@ -90,8 +90,7 @@ static int http_read(int fd, http_resp *r) {
     return 0;
 }
 
-static int http_do(int port, const char *method, const char *path, const char *auth, const char *body,
-                   http_resp *r) {
+static int http_do(int port, const char *method, const char *path, const char *auth, const char *body, http_resp *r) {
     int fd = http_connect(port);
     memset(r, 0, sizeof *r);
     if (fd < 0) return -1;

@@ -10,12 +10,22 @@
 #include "model/model.h"
 #include "tok/tok.h"
 
-
-static const char *const SERVE_SPECIALS[] = {
-    "<|endoftext|>",   "[EOS]",       "<|open|>",      "<|close|>",         "<|sep|>",
-    "<|end_of_msg|>",  "<|im_end|>",  "<|im_user|>",   "<|im_assistant|>",  "<|im_system|>",
-    "<|im_middle|>",   "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
-    "<|tool_call_argument_begin|>", "<|tool_call_end|>"};
+static const char *const SERVE_SPECIALS[] = {"<|endoftext|>",
+                                             "[EOS]",
+                                             "<|open|>",
+                                             "<|close|>",
+                                             "<|sep|>",
+                                             "<|end_of_msg|>",
+                                             "<|im_end|>",
+                                             "<|im_user|>",
+                                             "<|im_assistant|>",
+                                             "<|im_system|>",
+                                             "<|im_middle|>",
+                                             "<|tool_calls_section_begin|>",
+                                             "<|tool_calls_section_end|>",
+                                             "<|tool_call_begin|>",
+                                             "<|tool_call_argument_begin|>",
+                                             "<|tool_call_end|>"};
 #define SERVE_N_SPECIALS (int)(sizeof SERVE_SPECIALS / sizeof *SERVE_SPECIALS)
 #define SERVE_RANKS 420
 
@@ -26,14 +36,20 @@ static void serve_write(const char *path, const char *text) {
 
 /* Text with words, markup, JSON and multi-byte characters, so the vocabulary has merges of each. */
 static char *serve_corpus(size_t *n) {
-    static const char *const parts[] = {
-        "Hello world! The weather in Paris is 18°C and clear. ", "message role=\"user\" ", "think response tools call ",
-        "argument key=\"city\" type=\"string\" ", "{\"city\": \"Paris\", \"units\": \"c\"} ", "Über café naïve 東京 ",
-        "get_weather returns the current weather for a city. ", "You are a helpful assistant. ", "tool=\"get_weather\" "};
+    static const char *const parts[] = {"Hello world! The weather in Paris is 18°C and clear. ",
+                                        "message role=\"user\" ",
+                                        "think response tools call ",
+                                        "argument key=\"city\" type=\"string\" ",
+                                        "{\"city\": \"Paris\", \"units\": \"c\"} ",
+                                        "Über café naïve 東京 ",
+                                        "get_weather returns the current weather for a city. ",
+                                        "You are a helpful assistant. ",
+                                        "tool=\"get_weather\" "};
     k3c_sbuf s;
     k3c_sbuf_init(&s);
     for (int r = 0; r < 60; r++)
-        for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) k3c_sbuf_append(&s, parts[(i * 7 + (size_t)r) % 9], strlen(parts[(i * 7 + (size_t)r) % 9]));
+        for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+            k3c_sbuf_append(&s, parts[(i * 7 + (size_t)r) % 9], strlen(parts[(i * 7 + (size_t)r) % 9]));
     *n = s.len;
     return s.buf;
 }

@@ -77,7 +77,7 @@ static const k3c_json *path(const k3c_json *j, const char *a, const char *b) {
 }
 
 #define TOOLS                                                                                                          \
-    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Current weather\","             \
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Current weather\","              \
     "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}}]"
 
 static void streamed_chat(int port) {
@@ -170,8 +170,8 @@ static void whole_answers(int port) {
         http_resp_free(&r);
     }
     CHECK(http_do(port, "POST", "/v1/completions", KEY, "{\"prompt\":[5,6,7],\"max_tokens\":3,\"stream\":true}", &r) ==
-                  0 && r.status == 200 && strstr(r.body, "\"text_completion\"") &&
-              strstr(r.body, "data: [DONE]\n\n"),
+                  0 &&
+              r.status == 200 && strstr(r.body, "\"text_completion\"") && strstr(r.body, "data: [DONE]\n\n"),
           "streamed completion from ids: %s", r.body ? r.body : "");
     http_resp_free(&r);
 }
@@ -332,8 +332,8 @@ int main(void) {
         double e401 = metric(port, "k3c_requests_total{endpoint=\"/v1/chat/completions\",status=\"401\"} ");
         double hist = metric(port, "k3c_request_duration_seconds_count{endpoint=\"/v1/completions\"} ");
         CHECK(chat1 - (chat0 < 0 ? 0 : chat0) == 2 && gen1 > gen0 && e401 == 2 && hist >= 5,
-              "metrics moved: chat %g→%g, tokens %g→%g, 401s %g, completions timed %g", chat0, chat1, gen0, gen1,
-              e401, hist);
+              "metrics moved: chat %g→%g, tokens %g→%g, 401s %g, completions timed %g", chat0, chat1, gen0, gen1, e401,
+              hist);
     }
     if (g_pid > 0) {
         kill(g_pid, SIGTERM);
@@ -342,8 +342,7 @@ int main(void) {
         char rest[4096];
         size_t n = g_out ? fread(rest, 1, sizeof rest - 1, g_out) : 0;
         rest[n] = 0;
-        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(rest, "stopped"), "clean stop (status %d): %s", st,
-              rest);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(rest, "stopped"), "clean stop (status %d): %s", st, rest);
     }
     if (g_out) fclose(g_out);
     chat_cli(dir);

@@ -51,8 +51,8 @@ static void stop_strings(void) {
     CHECK(feed_bytes(&st, "P!") == 0, "'<STOP!' is not a stop");
     CHECK(feed_bytes(&st, " EN") == 0, "'EN' held");
     k3c_stopper_finish(&st);
-    CHECK(k.out.len == 11 && !memcmp(k.out.buf, "x <STOP! EN", 11),
-          "released at the end: '%.*s'", (int)k.out.len, k.out.buf);
+    CHECK(k.out.len == 11 && !memcmp(k.out.buf, "x <STOP! EN", 11), "released at the end: '%.*s'", (int)k.out.len,
+          k.out.buf);
     k3c_stopper_free(&st);
     /* the earlier of two stop strings wins, even when the later one completes in the same token */
     k.out.len = 0;
@@ -82,7 +82,10 @@ static void stop_strings(void) {
     k.out.len = 0;
     CHECK_OK(k3c_stopper_init(&st, g_tok, NULL, 0, 0, collect, &k, &err), &err);
     CHECK(k3c_stopper_feed(&st, 0xA9, &err) == 0 && k3c_stopper_feed(&st, 'a', &err) == 0 && k.out.len == 4 &&
-              !memcmp(k.out.buf, "\xEF\xBF\xBD" "a", 4),
+              !memcmp(k.out.buf,
+                      "\xEF\xBF\xBD"
+                      "a",
+                      4),
           "a stray continuation byte is replaced, not held");
     k3c_stopper_free(&st);
     /* a stop string with a multi-byte character split inside it */
@@ -180,13 +183,14 @@ static void validation(void) {
                  "invalid_value", "top_p");
     expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1.5}", 400,
                  "invalid_type", "max_tokens");
-    expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", 400,
-                 "invalid_value", "n");
-    expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"a\",\"b\",\"c\","
-                               "\"d\",\"e\"]}",
+    expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", 400, "invalid_value",
+                 "n");
+    expect_error(K3C_API_CHAT,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"a\",\"b\",\"c\","
+                 "\"d\",\"e\"]}",
                  400, "invalid_value", "stop");
-    expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":7}", 400,
-                 "invalid_type", "stop");
+    expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":7}", 400, "invalid_type",
+                 "stop");
     expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":{}}", 400,
                  "invalid_type", "tools");
     expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", 400,
@@ -297,8 +301,10 @@ static void canned_stream(void) {
         }
         k3c_json_free(j);
     }
-    CHECK(bad == 0 && done == 1 && role == 1 && call == 1 && usage == 1 && fin, "SSE: %d events, %d bad, %d done, "
-          "%d role, %d call, %d usage", events, bad, done, role, call, usage);
+    CHECK(bad == 0 && done == 1 && role == 1 && call == 1 && usage == 1 && fin,
+          "SSE: %d events, %d bad, %d done, "
+          "%d role, %d call, %d usage",
+          events, bad, done, role, call, usage);
     CHECK(reasoning.len == 18 && content.len == 12 && !memcmp(content.buf, "Let me look.", 12),
           "streamed reasoning + content add up");
     k3c_sbuf_free(&reasoning);
@@ -325,8 +331,9 @@ static void error_body(void) {
     k3c_sbuf s;
     k3c_sbuf_init(&s);
     k3c_api_error_json(&s, &e);
-    CHECK(!strcmp(s.buf, "{\"error\":{\"message\":\"bad key \\\"x\\\"\",\"type\":\"authentication_error\",\"param\":null,"
-                         "\"code\":\"invalid_api_key\"}}"),
+    CHECK(!strcmp(s.buf,
+                  "{\"error\":{\"message\":\"bad key \\\"x\\\"\",\"type\":\"authentication_error\",\"param\":null,"
+                  "\"code\":\"invalid_api_key\"}}"),
           "error body: %s", s.buf);
     k3c_sbuf_free(&s);
 }

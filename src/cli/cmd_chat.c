@@ -102,8 +102,9 @@ static int turn(k3c_sched *sched, const k3c_api_limits *lim, const int32_t *stop
 static int chat_opts(int argc, char **argv, k3c_sbuf *o) {
     double temp, top_p;
     long long seed, max_tokens;
-    if (!cli_opt_double(argc, argv, "--temperature", 0.6, &temp) || !cli_opt_double(argc, argv, "--top-p", 0.95, &top_p) ||
-        !cli_opt_int(argc, argv, "--seed", 0, &seed) || !cli_opt_int(argc, argv, "--max-tokens", 512, &max_tokens))
+    if (!cli_opt_double(argc, argv, "--temperature", 0.6, &temp) ||
+        !cli_opt_double(argc, argv, "--top-p", 0.95, &top_p) || !cli_opt_int(argc, argv, "--seed", 0, &seed) ||
+        !cli_opt_int(argc, argv, "--max-tokens", 512, &max_tokens))
         return 0;
     k3c_sbuf_printf(o, ",\"temperature\":%.17g,\"top_p\":%.17g,\"seed\":%lld,\"max_tokens\":%lld", temp, top_p, seed,
                     max_tokens);
@@ -119,8 +120,9 @@ static int chat_opts(int argc, char **argv, k3c_sbuf *o) {
 static int chat_loop(k3c_serve *sv, const char *system, const char *tools, const char *opts, k3c_err *err) {
     const k3c_config *cfg = &sv->model->cfg;
     int64_t nv = k3c_tok_n_vocab(sv->tok);
-    k3c_api_limits lim = {sv->tok, k3c_turn_format(cfg), "k3c", nv < cfg->vocab_size ? nv : cfg->vocab_size,
-                          cfg->max_positions, cfg->max_positions};
+    k3c_api_limits lim = {
+        sv->tok,           k3c_turn_format(cfg), "k3c", nv < cfg->vocab_size ? nv : cfg->vocab_size, cfg->max_positions,
+        cfg->max_positions};
     int32_t stop_ids[K3C_SCHED_MAX_STOP_IDS] = {0};
     int n_stop = k3c_turn_stop_ids(sv->tok, cfg, stop_ids, K3C_SCHED_MAX_STOP_IDS);
     k3c_sched *sched;
@@ -160,11 +162,12 @@ static int chat_loop(k3c_serve *sv, const char *system, const char *tools, const
 
 int cmd_chat(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
-        printf("usage: k3c chat --model DIR [--system TEXT] [--tools FILE.json] [--temperature 0.6] [--top-p 0.95]\n"
-               "                [--seed 0] [--max-tokens 512] [--stop TEXT] [--no-thinking] [--pattern cl100k|kimi]\n"
-               "                [--kda 64|16|recurrent]\n"
-               "Reads one user message per line from stdin (/exit ends) and streams the reply: reasoning dimmed\n"
-               "(\"reasoning: \" when not on a terminal), tool calls as JSON. --tools: a JSON array of OpenAI tools.\n");
+        printf(
+            "usage: k3c chat --model DIR [--system TEXT] [--tools FILE.json] [--temperature 0.6] [--top-p 0.95]\n"
+            "                [--seed 0] [--max-tokens 512] [--stop TEXT] [--no-thinking] [--pattern cl100k|kimi]\n"
+            "                [--kda 64|16|recurrent]\n"
+            "Reads one user message per line from stdin (/exit ends) and streams the reply: reasoning dimmed\n"
+            "(\"reasoning: \" when not on a terminal), tool calls as JSON. --tools: a JSON array of OpenAI tools.\n");
         return 0;
     }
     const char *dir = cli_opt(argc, argv, "--model"), *tools_path = cli_opt(argc, argv, "--tools");
@@ -180,7 +183,8 @@ int cmd_chat(int argc, char **argv) {
     size_t tn;
     k3c_json *tj = NULL;
     int rc = tools_path ? k3c_json_parse_file(tools_path, &tj, &err) : 0;
-    if (!rc && tj && tj->type != K3C_JSON_ARRAY) rc = k3c_errf(&err, K3C_EINVAL, "%s: expected a JSON array of tools", tools_path);
+    if (!rc && tj && tj->type != K3C_JSON_ARRAY)
+        rc = k3c_errf(&err, K3C_EINVAL, "%s: expected a JSON array of tools", tools_path);
     k3c_json_free(tj);
     if (!rc && tools_path) rc = k3c_read_file(tools_path, &tools, &tn, &err);
     k3c_serve sv = {0};

@@ -115,6 +115,16 @@ static void on_done(void *ctx, k3c_finish why, int64_t n_gen, const k3c_err *err
     call_unref(c);
 }
 
+/* Waits on the call's condition for at most 200 ms (mu held): long enough to be idle, short enough to notice a
+ * client that hung up. */
+static void wait_a_while(api_stream *c) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 200 * 1000 * 1000;
+    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+    pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+}
+
 long k3c_api_stream_read(api_stream *c, char *buf, size_t max) {
     pthread_mutex_lock(&c->mu);
     long got = 0;
@@ -128,11 +138,7 @@ long k3c_api_stream_read(api_stream *c, char *buf, size_t max) {
             break;
         }
         if (c->done) break;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 200 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
-        pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        wait_a_while(c);
         if (!c->done && c->out_off == c->out.len && client_gone(c->client_fd)) {
             got = -1;
             break;
@@ -196,11 +202,7 @@ static int wait_done(api_stream *c) {
     int gone = 0;
     pthread_mutex_lock(&c->mu);
     while (!c->done) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 200 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
-        pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        wait_a_while(c);
         if (!c->done && !gone && client_gone(c->client_fd)) {
             gone = 1;
             pthread_mutex_unlock(&c->mu);
@@ -256,8 +258,7 @@ static int tokenize(k3c_server *s, k3c_api_kind kind, const char *body, size_t n
         reply_json(r, 200);
         k3c_sbuf_append(&r->body, "{\"tokens\":[", 11);
         for (size_t i = 0; i < q.prompt.n; i++) k3c_sbuf_printf(&r->body, "%s%d", i ? "," : "", q.prompt.ids[i]);
-        k3c_sbuf_printf(&r->body, "],\"count\":%zu,\"max_model_len\":%lld}", q.prompt.n,
-                        (long long)s->lim.max_context);
+        k3c_sbuf_printf(&r->body, "],\"count\":%zu,\"max_model_len\":%lld}", q.prompt.n, (long long)s->lim.max_context);
     } else {
         reply_json(r, 200);
         k3c_sbuf_append(&r->body, "{\"prompt\":", 10);
@@ -321,7 +322,10 @@ static int handle(k3c_server *s, const char *method, const char *path, const cha
     }
     if (!strcmp(path, "/health")) {
         reply_json(r, ready ? 200 : 503);
-        k3c_sbuf_printf(&r->body, "{\"status\":\"%s\"}", ready ? "ok" : atomic_load(&s->stopping) ? "stopping" : "loading");
+        k3c_sbuf_printf(&r->body, "{\"status\":\"%s\"}",
+                        ready                       ? "ok"
+                        : atomic_load(&s->stopping) ? "stopping"
+                                                    : "loading");
         return 0;
     }
     if (!strcmp(path, "/metrics")) {
@@ -355,14 +359,19 @@ void k3c_api_handle(k3c_server *s, const char *method, const char *path, const c
 /* ---------------------------------------------------------------- model hand-over */
 
 int k3c_server_ready(k3c_server *s, k3c_serve *sv, k3c_err *err) {
-    if (!sv->tok) return k3c_errf(err, K3C_EINVAL, "serve: the model directory has no tokenizer (%s)", K3C_TOK_DIR_VOCAB);
+    if (!sv->tok)
+        return k3c_errf(err, K3C_EINVAL, "serve: the model directory has no tokenizer (%s)", K3C_TOK_DIR_VOCAB);
     const k3c_config *cfg = &sv->model->cfg;
     int rc = k3c_sched_new(sv->model, s->o.slots, s->o.queue_max, &s->sched, err);
     if (rc) return rc;
     s->sv = sv;
     int64_t nv = k3c_tok_n_vocab(sv->tok);
-    s->lim = (k3c_api_limits){sv->tok,     k3c_turn_format(cfg), s->model_name, nv < cfg->vocab_size ? nv : cfg->vocab_size,
-                              cfg->max_positions, s->o.max_tokens_cap};
+    s->lim = (k3c_api_limits){sv->tok,
+                              k3c_turn_format(cfg),
+                              s->model_name,
+                              nv < cfg->vocab_size ? nv : cfg->vocab_size,
+                              cfg->max_positions,
+                              s->o.max_tokens_cap};
     s->n_stop_ids = k3c_turn_stop_ids(sv->tok, cfg, s->stop_ids, K3C_SCHED_MAX_STOP_IDS);
     atomic_store(&s->ready, 1);
     return 0;

@@ -158,7 +158,7 @@ int k3c_server_port(const k3c_server *s) { return s->port; }
 void k3c_server_stop(k3c_server *s) {
     if (!s) return;
     atomic_store(&s->stopping, 1);
-    MHD_socket listen_fd = MHD_quiesce_daemon(s->daemon); /* no new connections */
+    MHD_socket listen_fd = MHD_quiesce_daemon(s->daemon);  /* no new connections */
     if (s->sched) k3c_sched_close(s->sched);               /* generations end; streams send their closing events */
     MHD_stop_daemon(s->daemon);                            /* waits for every connection thread */
     if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd); /* ours after a quiesce, once the threads are gone */

@@ -6,8 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const ENDPOINTS[] = {"/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize",
-                                        "/detokenize", "/health", "/metrics", "other"};
+static const char *const ENDPOINTS[] = {
+    "/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/health", "/metrics",
+    "other"};
 #define N_EP (int)(sizeof ENDPOINTS / sizeof *ENDPOINTS)
 static const int STATUSES[] = {200, 400, 401, 404, 405, 413, 415, 429, 500, 503};
 #define N_ST (int)(sizeof STATUSES / sizeof *STATUSES)

@@ -38,7 +38,8 @@ static int num_in(const k3c_json *o, const char *key, double lo, double hi, doub
     const k3c_json *v = field(o, key);
     if (!v) return 0;
     if (v->type != K3C_JSON_NUMBER) return BAD_TYPE(e, key, "a number");
-    if (!(v->number >= lo && v->number <= hi)) return BAD_VALUE(e, key, "'%s' must be in [%g, %g] (got %g)", key, lo, hi, v->number);
+    if (!(v->number >= lo && v->number <= hi))
+        return BAD_VALUE(e, key, "'%s' must be in [%g, %g] (got %g)", key, lo, hi, v->number);
     *out = v->number;
     return 0;
 }
@@ -78,7 +79,8 @@ static int read_stop(const k3c_json *o, k3c_api_req *r, k3c_api_error *e) {
     if (!v) return 0;
     const k3c_json *items = v->type == K3C_JSON_ARRAY ? v->items : v;
     size_t n = v->type == K3C_JSON_ARRAY ? v->n : 1;
-    if (v->type != K3C_JSON_ARRAY && v->type != K3C_JSON_STRING) return BAD_TYPE(e, "stop", "a string or an array of strings");
+    if (v->type != K3C_JSON_ARRAY && v->type != K3C_JSON_STRING)
+        return BAD_TYPE(e, "stop", "a string or an array of strings");
     if (n > 4) return BAD_VALUE(e, "stop", "'stop' takes at most 4 strings (got %zu)", n);
     for (size_t i = 0; i < n; i++) {
         if (items[i].type != K3C_JSON_STRING) return BAD_TYPE(e, "stop", "a string or an array of strings");
@@ -137,7 +139,8 @@ static int check_ids(const k3c_json *a, const char *key, const k3c_api_limits *l
             k3c_tok_token_bytes(lim->tok, (int32_t)v->integer, &b, &nb, NULL))
             return BAD_VALUE(e, key, "token id %lld at position %zu is not in the vocabulary (0..%lld)",
                              (long long)v->integer, i, (long long)lim->n_vocab - 1);
-        if (k3c_tok_ids_push(out, (int32_t)v->integer)) return k3c_api_fail(e, 500, "server_error", NULL, "", "out of memory");
+        if (k3c_tok_ids_push(out, (int32_t)v->integer))
+            return k3c_api_fail(e, 500, "server_error", NULL, "", "out of memory");
     }
     return 0;
 }
@@ -217,8 +220,7 @@ static int parse_chat(const k3c_json *o, const k3c_api_limits *lim, k3c_api_req 
     k3c_chat_prompt pr = {0};
     if (!rc && k3c_json_parse(opts.buf, opts.len, "options", &oj, &err))
         rc = k3c_api_fail(e, 500, "server_error", NULL, "", "%s", err.msg);
-    if (!rc && k3c_chat_render(msgs, tools, oj, &pr, &err))
-        rc = BAD_VALUE(e, "messages", "%s", err.msg);
+    if (!rc && k3c_chat_render(msgs, tools, oj, &pr, &err)) rc = BAD_VALUE(e, "messages", "%s", err.msg);
     k3c_tok_segment *segs = rc ? NULL : calloc(pr.nseg ? pr.nseg : 1, sizeof *segs);
     if (!rc && !segs) rc = k3c_api_fail(e, 500, "server_error", NULL, "", "out of memory");
     for (size_t i = 0; !rc && i < pr.nseg; i++)
@@ -228,8 +230,8 @@ static int parse_chat(const k3c_json *o, const k3c_api_limits *lim, k3c_api_req 
     if (!rc) {
         r->parse.format = lim->format;
         /* the generation prompt opened the think channel: XTML with thinking on, K2 ending in <think> */
-        r->parse.in_think = lim->format == K3C_CHAT_XTML ? thinking
-                                                         : pr.len >= 7 && !memcmp(pr.text + pr.len - 7, "<think>", 7);
+        r->parse.in_think =
+            lim->format == K3C_CHAT_XTML ? thinking : pr.len >= 7 && !memcmp(pr.text + pr.len - 7, "<think>", 7);
     }
     free(segs);
     k3c_chat_prompt_free(&pr);
@@ -249,11 +251,13 @@ static int parse_completion(const k3c_json *o, const k3c_api_limits *lim, k3c_ap
     if (!p)
         return k3c_api_fail(e, 400, "invalid_request_error", "missing_required_parameter", "prompt",
                             "Missing required parameter: 'prompt'");
-    if (p->type == K3C_JSON_ARRAY && p->n == 1 && (p->items[0].type == K3C_JSON_STRING || p->items[0].type == K3C_JSON_ARRAY))
+    if (p->type == K3C_JSON_ARRAY && p->n == 1 &&
+        (p->items[0].type == K3C_JSON_STRING || p->items[0].type == K3C_JSON_ARRAY))
         p = &p->items[0];
     if (p->type == K3C_JSON_STRING) {
         k3c_err err = {0};
-        if (k3c_tok_encode(lim->tok, p->string, p->len, 0, &r->prompt, &err)) return BAD_VALUE(e, "prompt", "%s", err.msg);
+        if (k3c_tok_encode(lim->tok, p->string, p->len, 0, &r->prompt, &err))
+            return BAD_VALUE(e, "prompt", "%s", err.msg);
         return 0;
     }
     if (p->type != K3C_JSON_ARRAY) return BAD_TYPE(e, "prompt", "a string or an array of token ids");
@@ -300,7 +304,8 @@ int k3c_api_parse(k3c_api_kind kind, const char *body, size_t n, const k3c_api_l
         return k3c_api_fail(e, 400, "invalid_request_error", "invalid_json", "",
                             "We could not parse the JSON body of your request (%s)", err.msg);
     if (r->root->type != K3C_JSON_OBJECT)
-        return k3c_api_fail(e, 400, "invalid_request_error", "invalid_json", "", "The request body must be a JSON object");
+        return k3c_api_fail(e, 400, "invalid_request_error", "invalid_json", "",
+                            "The request body must be a JSON object");
     const k3c_json *o = r->root;
     if (kind == K3C_API_TOKENIZE) return parse_tokenize(o, lim, r, e);
     if (kind == K3C_API_DETOKENIZE) return parse_detokenize(o, lim, r, e);

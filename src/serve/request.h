@@ -14,8 +14,9 @@ typedef enum { K3C_API_CHAT, K3C_API_COMPLETION, K3C_API_TOKENIZE, K3C_API_DETOK
 typedef struct {
     int status;
     const char *type; /* "invalid_request_error", "authentication_error", "not_found_error", "server_error", ... */
-    const char *code; /* "invalid_type", "invalid_value", "missing_required_parameter", "context_length_exceeded", ... */
-    char param[64];   /* "" when no single parameter is to blame */
+    const char
+        *code;      /* "invalid_type", "invalid_value", "missing_required_parameter", "context_length_exceeded", ... */
+    char param[64]; /* "" when no single parameter is to blame */
     char message[768];
 } k3c_api_error;
 

@@ -57,8 +57,8 @@ static void chat_event_begin(k3c_sbuf *s, k3c_api_meta *m) {
     m->role_sent = 1;
 }
 static void chat_event_end(k3c_sbuf *s, const char *finish) {
-    k3c_sbuf_printf(s, "},\"logprobs\":null,\"finish_reason\":%s%s%s}]}\n\n", finish ? "\"" : "", finish ? finish : "null",
-                    finish ? "\"" : "");
+    k3c_sbuf_printf(s, "},\"logprobs\":null,\"finish_reason\":%s%s%s}]}\n\n", finish ? "\"" : "",
+                    finish ? finish : "null", finish ? "\"" : "");
 }
 
 static void tool_call_json(k3c_sbuf *s, k3c_api_meta *m, int index, const char *name, const char *arguments) {
@@ -102,7 +102,8 @@ void k3c_sse_finish(k3c_sbuf *s, k3c_api_meta *m, const char *finish_reason, int
     } else {
         k3c_sbuf_append(s, "data: ", 6);
         head(s, m, chunk_object(m));
-        k3c_sbuf_printf(s, "{\"index\":0,\"text\":\"\",\"logprobs\":null,\"finish_reason\":\"%s\"}]}\n\n", finish_reason);
+        k3c_sbuf_printf(s, "{\"index\":0,\"text\":\"\",\"logprobs\":null,\"finish_reason\":\"%s\"}]}\n\n",
+                        finish_reason);
     }
     if (include_usage) {
         k3c_sbuf_append(s, "data: ", 6);
@@ -120,8 +121,8 @@ void k3c_sse_error(k3c_sbuf *s, const k3c_api_error *e) {
     k3c_sbuf_append(s, "\n\ndata: [DONE]\n\n", 16);
 }
 
-void k3c_api_chat_json(k3c_sbuf *s, k3c_api_meta *m, const k3c_turn_msg *r, const char *finish_reason,
-                       int64_t prompt, int64_t completion) {
+void k3c_api_chat_json(k3c_sbuf *s, k3c_api_meta *m, const k3c_turn_msg *r, const char *finish_reason, int64_t prompt,
+                       int64_t completion) {
     head(s, m, "chat.completion");
     k3c_sbuf_append(s, "{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":", 51);
     k3c_sbuf_json_string(s, r->content.buf ? r->content.buf : "", r->content.len);

@@ -11,10 +11,10 @@ typedef struct {
     char id[48]; /* "chatcmpl-…" / "cmpl-…" */
     long long created;
     const char *model;
-    int chat;        /* chat.completion(.chunk) rather than text_completion */
-    int role_sent;   /* the first chunk (role "assistant") went out */
-    int n_calls;     /* tool calls streamed so far: their OpenAI index */
-    int64_t serial;  /* counter for tool call ids */
+    int chat;       /* chat.completion(.chunk) rather than text_completion */
+    int role_sent;  /* the first chunk (role "assistant") went out */
+    int n_calls;    /* tool calls streamed so far: their OpenAI index */
+    int64_t serial; /* counter for tool call ids */
 } k3c_api_meta;
 
 void k3c_api_meta_init(k3c_api_meta *m, int chat, const char *model, uint64_t unique);
@@ -33,8 +33,8 @@ void k3c_sse_finish(k3c_sbuf *s, k3c_api_meta *m, const char *finish_reason, int
 void k3c_sse_error(k3c_sbuf *s, const k3c_api_error *e);
 
 /* Whole responses. */
-void k3c_api_chat_json(k3c_sbuf *s, k3c_api_meta *m, const k3c_turn_msg *r, const char *finish_reason,
-                       int64_t prompt, int64_t completion);
+void k3c_api_chat_json(k3c_sbuf *s, k3c_api_meta *m, const k3c_turn_msg *r, const char *finish_reason, int64_t prompt,
+                       int64_t completion);
 void k3c_api_completion_json(k3c_sbuf *s, k3c_api_meta *m, const char *text, size_t n, const char *finish_reason,
                              int64_t prompt, int64_t completion);
 

@@ -74,10 +74,10 @@ static void run_job(k3c_sched *s, k3c_sched_job *j) {
         rc = k3c_generate(s->m, j->seq, j->req.n_prompt, &o, &len, &err);
     }
     pthread_mutex_unlock(&s->model_mu);
-    k3c_finish why = rc                              ? K3C_FINISH_ERROR
-                     : atomic_load(&j->cancelled)    ? K3C_FINISH_CANCELLED
-                     : j->stop_hit                   ? K3C_FINISH_STOP
-                                                     : K3C_FINISH_LENGTH;
+    k3c_finish why = rc                           ? K3C_FINISH_ERROR
+                     : atomic_load(&j->cancelled) ? K3C_FINISH_CANCELLED
+                     : j->stop_hit                ? K3C_FINISH_STOP
+                                                  : K3C_FINISH_LENGTH;
     j->sink.on_done(j->sink.ctx, why, j->n_gen, rc ? &err : NULL);
 }
 
@@ -162,10 +162,12 @@ void k3c_sched_free(k3c_sched *s) {
 int k3c_sched_submit(k3c_sched *s, const k3c_sched_req *r, const k3c_sched_sink *sink, k3c_sched_job **job,
                      k3c_err *err) {
     *job = NULL;
-    if (!r->prompt || r->n_prompt < 1 || r->max_new < 0 || r->n_stop_ids < 0 || r->n_stop_ids > K3C_SCHED_MAX_STOP_IDS ||
-        !sink->on_token || !sink->on_done)
-        return k3c_errf(err, K3C_EINVAL, "scheduler: a request needs a prompt of at least one id, max_new >= 0, at "
-                                         "most %d stop ids and both callbacks", K3C_SCHED_MAX_STOP_IDS);
+    if (!r->prompt || r->n_prompt < 1 || r->max_new < 0 || r->n_stop_ids < 0 ||
+        r->n_stop_ids > K3C_SCHED_MAX_STOP_IDS || !sink->on_token || !sink->on_done)
+        return k3c_errf(err, K3C_EINVAL,
+                        "scheduler: a request needs a prompt of at least one id, max_new >= 0, at "
+                        "most %d stop ids and both callbacks",
+                        K3C_SCHED_MAX_STOP_IDS);
     k3c_sched_job *j = calloc(1, sizeof *j);
     size_t n = (size_t)(r->n_prompt + r->max_new);
     if (!j || !(j->seq = malloc(sizeof(int32_t) * n))) {

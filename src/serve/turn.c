@@ -50,8 +50,8 @@ static void turn_text(void *ctx, const char *s, size_t n) {
     turn_delta(t, &d);
 }
 
-int k3c_turn_init(k3c_turn *t, const k3c_tok *tok, const k3c_chat_parse_opts *chat, const char *const *stops,
-                  int nstop, k3c_chat_delta_fn on_delta, k3c_text_fn on_text, void *ctx, k3c_err *err) {
+int k3c_turn_init(k3c_turn *t, const k3c_tok *tok, const k3c_chat_parse_opts *chat, const char *const *stops, int nstop,
+                  k3c_chat_delta_fn on_delta, k3c_text_fn on_text, void *ctx, k3c_err *err) {
     memset(t, 0, sizeof *t);
     t->on_delta = on_delta;
     t->on_text = on_text;

@@ -22,15 +22,15 @@ typedef struct {
     k3c_chat_delta_fn on_delta;
     k3c_text_fn on_text;
     void *ctx;
-    int raw;         /* the output broke the chat markup: the rest of it is content as it stands */
+    int raw;          /* the output broke the chat markup: the rest of it is content as it stands */
     k3c_turn_msg msg; /* chat: the message so far */
 } k3c_turn;
 
 /* chat NULL: completion (special tokens are not spelled out; text goes to on_text). Else the parser's deltas go to
  * on_delta (NULL: only collected in t->msg). Output that breaks the markup (a model's slip, e.g. a tool-call end
  * without its start) is not an error: from there on the text is content as it stands. */
-int k3c_turn_init(k3c_turn *t, const k3c_tok *tok, const k3c_chat_parse_opts *chat, const char *const *stops,
-                  int nstop, k3c_chat_delta_fn on_delta, k3c_text_fn on_text, void *ctx, k3c_err *err);
+int k3c_turn_init(k3c_turn *t, const k3c_tok *tok, const k3c_chat_parse_opts *chat, const char *const *stops, int nstop,
+                  k3c_chat_delta_fn on_delta, k3c_text_fn on_text, void *ctx, k3c_err *err);
 /* One generated id (is_stop: an end-of-turn id, not shown). Returns 1 when generation should end (a stop string),
  * 0 to go on, negative on failure (an id the tokenizer does not know, out of memory). */
 int k3c_turn_token(k3c_turn *t, int32_t id, int is_stop, k3c_err *err);
