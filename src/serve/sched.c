@@ -63,22 +63,21 @@ static int gen_token(void *ctx, int32_t id, int64_t i) {
     return is_stop || r;
 }
 
-static void run_job(k3c_sched *s, k3c_sched_job *j) {
-    k3c_err err = {0};
+/* Runs a job on the engine; returns how it finished (err filled for K3C_FINISH_ERROR). */
+static k3c_finish run_job(k3c_sched *s, k3c_sched_job *j, k3c_err *err) {
     int rc = 0;
     pthread_mutex_lock(&s->model_mu);
     if (!atomic_load(&j->cancelled) && j->req.max_new > 0) {
         const k3c_gen_params *p = &j->req.params;
         k3c_gen_opts o = {{p->temperature, p->top_p, p->seed}, j->req.max_new, -1, gen_token, j};
         int64_t len = 0;
-        rc = k3c_generate(s->m, j->seq, j->req.n_prompt, &o, &len, &err);
+        rc = k3c_generate(s->m, j->seq, j->req.n_prompt, &o, &len, err);
     }
     pthread_mutex_unlock(&s->model_mu);
-    k3c_finish why = rc                           ? K3C_FINISH_ERROR
-                     : atomic_load(&j->cancelled) ? K3C_FINISH_CANCELLED
-                     : j->stop_hit                ? K3C_FINISH_STOP
-                                                  : K3C_FINISH_LENGTH;
-    j->sink.on_done(j->sink.ctx, why, j->n_gen, rc ? &err : NULL);
+    return rc                           ? K3C_FINISH_ERROR
+           : atomic_load(&j->cancelled) ? K3C_FINISH_CANCELLED
+           : j->stop_hit                ? K3C_FINISH_STOP
+                                        : K3C_FINISH_LENGTH;
 }
 
 static void *worker(void *arg) {
@@ -98,11 +97,13 @@ static void *worker(void *arg) {
         s->n_running++;
         if (s->closing) atomic_store(&j->cancelled, 1);
         pthread_mutex_unlock(&s->mu);
-        run_job(s, j);
+        k3c_err err = {0};
+        k3c_finish why = run_job(s, j, &err);
         pthread_mutex_lock(&s->mu);
-        s->running[slot] = NULL;
+        s->running[slot] = NULL; /* free before on_done: a caller may submit its next request from there on */
         s->n_running--;
         pthread_mutex_unlock(&s->mu);
+        j->sink.on_done(j->sink.ctx, why, j->n_gen, why == K3C_FINISH_ERROR ? &err : NULL);
         job_unref(j);
         pthread_mutex_lock(&s->mu);
     }
