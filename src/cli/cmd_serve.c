@@ -54,7 +54,7 @@ int cmd_serve(int argc, char **argv) {
     snprintf(path, sizeof path, "%s", dir);
     for (size_t n = strlen(path); n > 1 && path[n - 1] == '/'; n--) path[n - 1] = 0;
     const char *slash = strrchr(path, '/'), *name = cli_opt(argc, argv, "--name");
-    snprintf(model_name, sizeof model_name, "%s", name ? name : slash && slash[1] ? slash + 1 : path);
+    snprintf(model_name, sizeof model_name, "%.255s", name ? name : slash && slash[1] ? slash + 1 : path);
     o.model_name = model_name;
     /* signals go to sigwait below: block them before any thread starts, so every thread inherits the mask */
     sigset_t sigs;
