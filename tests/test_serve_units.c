@@ -168,6 +168,23 @@ static void validation(void) {
           "ids prompt, max_tokens capped");
     k3c_api_req_free(&q);
 
+    /* the K2 envelope (Kimi Linear): rendered with its markers; XTML-only options are refused */
+    k3c_api_limits k2 = lim;
+    k2.format = K3C_CHAT_K2;
+    const char *k2body = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"tools\":[{\"type\":"
+                         "\"function\",\"function\":{\"name\":\"f\",\"parameters\":{}}}]}";
+    CHECK(k3c_api_parse(K3C_API_CHAT, k2body, strlen(k2body), &k2, &q, &e) == 0 && q.parse.format == K3C_CHAT_K2 &&
+              q.has_tools,
+          "K2 request: %s", e.message);
+    int32_t im_user = k3c_tok_special_id(g_tok, "<|im_user|>"), seen = 0;
+    for (size_t i = 0; i < q.prompt.n; i++) seen |= q.prompt.ids[i] == im_user;
+    CHECK(seen, "the K2 prompt holds <|im_user|>");
+    k3c_api_req_free(&q);
+    const char *k2bad = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"reasoning_effort\":\"low\"}";
+    CHECK(k3c_api_parse(K3C_API_CHAT, k2bad, strlen(k2bad), &k2, &q, &e) == 0, "effort is dropped for K2: %s",
+          e.message);
+    k3c_api_req_free(&q);
+
     expect_error(K3C_API_CHAT, "{\"messages\": [", 400, "invalid_json", "");
     expect_error(K3C_API_CHAT, "[1,2]", 400, "invalid_json", "");
     expect_error(K3C_API_CHAT, "{}", 400, "missing_required_parameter", "messages");
