@@ -10,7 +10,7 @@ SAN     ?=
 CFLAGS  := -std=c11 $(OPT) $(SAN) -g -fopenmp -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE \
            -Iinclude -Isrc -I/usr/include/x86_64-linux-gnu/openblas-openmp -MMD -MP $(EXTRA_CFLAGS)
 OPENBLAS_LIB := /usr/lib/x86_64-linux-gnu/openblas-openmp
-LDLIBS  := -L$(OPENBLAS_LIB) -Wl,-rpath,$(OPENBLAS_LIB) -lopenblas -lm -lpthread $(EXTRA_LDLIBS)
+LDLIBS  := -L$(OPENBLAS_LIB) -Wl,-rpath,$(OPENBLAS_LIB) -lopenblas -lmicrohttpd -lm -lpthread $(EXTRA_LDLIBS)
 LDFLAGS := -fopenmp $(SAN)
 # MPI (src/dist/comm_mpi.c only): include and link flags from OpenMPI's wrapper or pkg-config, so the library builds
 # with the plain compiler; `make K3C_MPI=0` (or no MPI installed) builds the communicator without it.

@@ -63,4 +63,16 @@ for i, o in enumerate(outputs):
 lines = [json.dumps({"text": e["rendered"]}) for e in examples[:4]]
 put("jsonl", 0, "\n".join(lines) + "\n")
 put("jsonl", 1, '{"text": "hello world"}\n\n{"text": "caf\\u00e9 \\ud83d\\ude00", "id": 2}\n')
+# request bodies of the server (fuzz_http_request): first byte = endpoint (0 chat, 1 completion, 2 tokenize,
+# 3 detokenize) + 4 for the K2 format
+for i, e in enumerate(examples):
+    body = {"model": "tiny", "messages": e["messages"], "max_tokens": 16, "stream": True, "temperature": 0.7}
+    if e.get("tools"):
+        body["tools"] = e["tools"]
+    put("http_request", i, bytes([4 * (i % 2)]) + json.dumps(body).encode())
+requests = [(1, {"prompt": "Hello world", "max_tokens": 8, "stop": ["\n", "END"], "seed": 3, "logprobs": 2}),
+            (1, {"prompt": [1, 2, 3], "top_k": 40, "min_p": 0.1, "presence_penalty": 0.5}),
+            (2, {"prompt": "Hello <|open|>", "add_special": True}), (3, {"tokens": [72, 101, 108, 108, 111]})]
+for i, (k, body) in enumerate(requests):
+    put("http_request", 100 + i, bytes([k]) + json.dumps(body).encode())
 print("corpora in %s: %s" % (out, ", ".join("%s %d" % (d, len(os.listdir(os.path.join(out, d)))) for d in sorted(os.listdir(out)))))

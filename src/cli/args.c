@@ -90,3 +90,9 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) {
     va_end(ap);
     return 2;
 }
+
+int cli_kda_chunk(int argc, char **argv, int *chunk) {
+    const char *k = cli_opt(argc, argv, "--kda");
+    *chunk = !k || !strcmp(k, "64") ? 64 : !strcmp(k, "16") ? 16 : !strcmp(k, "recurrent") ? 0 : -1;
+    return *chunk >= 0;
+}

@@ -20,6 +20,8 @@ int cli_flag(int argc, char **argv, const char *name);
 /* Parses an integer / double option with a default; on a bad number prints an error and returns 0. */
 int cli_opt_int(int argc, char **argv, const char *name, long long def, long long *out);
 int cli_opt_double(int argc, char **argv, const char *name, double def, double *out);
+/* --kda 64|16|recurrent (default 64) → the KDA chunk (0 = the token recurrence); 0 when the value is none of these. */
+int cli_kda_chunk(int argc, char **argv, int *chunk);
 /* The i-th positional argument (not an option or an option's value); options taking values are listed in
  * value_opts (NULL-terminated). */
 const char *cli_positional(int argc, char **argv, int i, const char *const *value_opts);
@@ -53,5 +55,7 @@ int cmd_generate(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_xtml(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 
 #endif

@@ -3,6 +3,7 @@
 #include "cli.h"
 #include "model/golden.h"
 #include "model/model.h"
+#include "serve/stop.h"
 #include "tok/tok.h"
 
 #include <unistd.h>
@@ -18,23 +19,6 @@ static int32_t *doc_offsets(int64_t B, int64_t T) {
     return cu;
 }
 
-static int kda_mode(int argc, char **argv, int *chunk) {
-    const char *k = cli_opt(argc, argv, "--kda");
-    if (!k || strcmp(k, "64") == 0) {
-        *chunk = 64;
-        return 1;
-    }
-    if (strcmp(k, "16") == 0) {
-        *chunk = 16;
-        return 1;
-    }
-    if (strcmp(k, "recurrent") == 0) {
-        *chunk = 0;
-        return 1;
-    }
-    return 0;
-}
-
 int cmd_logits(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         printf("usage: k3c logits --model DIR --ids FILE --out FILE [--name input_ids] [--kda 64|16|recurrent]\n"
@@ -47,7 +31,7 @@ int cmd_logits(int argc, char **argv) {
     const char *out = cli_opt(argc, argv, "--out"), *name = cli_opt(argc, argv, "--name");
     int chunk;
     if (!dir || !ids_path || !out) return cli_usage_error("logits", "--model, --ids and --out are required");
-    if (!kda_mode(argc, argv, &chunk)) return cli_usage_error("logits", "--kda must be 64, 16 or recurrent");
+    if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("logits", "--kda must be 64, 16 or recurrent");
     const char *device = cli_opt(argc, argv, "--device");
     if (cli_device_check("logits", device)) return 2;
     k3c_err err = {0};
@@ -149,7 +133,7 @@ int cmd_golden_check(int argc, char **argv) {
     if (!cli_opt_double(argc, argv, "--tol-out", 1e-4, &tol_out) ||
         !cli_opt_double(argc, argv, "--tol-grad", 1e-3, &tol_grad))
         return 2;
-    if (!kda_mode(argc, argv, &chunk)) return cli_usage_error("golden-check", "--kda must be 64, 16 or recurrent");
+    if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("golden-check", "--kda must be 64, 16 or recurrent");
     const char *device = cli_opt(argc, argv, "--device");
     if (cli_device_check("golden-check", device)) return 2;
     k3c_err err = {0};
@@ -159,26 +143,33 @@ int cmd_golden_check(int argc, char **argv) {
     return rc;
 }
 
-/* Streams each generated id: as text through the tokenizer (specials are not printed), or as ids. */
+/* Streams each generated id: as text through the stop-string layer (whole characters only, specials not printed,
+ * ending at --stop), or as ids. */
 typedef struct {
-    const k3c_tok *tok;
+    k3c_stopper stop; /* text mode: stop.tok set */
+    int failed;
+    k3c_err err;
 } gen_out;
 
+static void print_text(void *ctx, const char *s, size_t n) {
+    (void)ctx;
+    fwrite(s, 1, n, stdout);
+}
+
 static int print_token(void *ctx, const k3c_sampled *t, int64_t i) {
-    const gen_out *g = ctx;
-    const unsigned char *bytes;
-    size_t nb;
-    if (!g->tok)
+    gen_out *g = ctx;
+    int rc = 0;
+    if (!g->stop.tok)
         printf("%s%d", i ? " " : "", t->id);
-    else if (!k3c_tok_is_special(g->tok, t->id) && !k3c_tok_token_bytes(g->tok, t->id, &bytes, &nb, NULL))
-        fwrite(bytes, 1, nb, stdout);
+    else if ((rc = k3c_stopper_feed(&g->stop, t->id, &g->err)) < 0)
+        g->failed = 1;
     if (t->n_top > 0) { /* --logprobs N: the chosen id's logprob and the top N, one line on stderr */
         fprintf(stderr, "[%lld] id %d logprob %.6f top", (long long)i, t->id, t->logprob);
         for (int j = 0; j < t->n_top; j++) fprintf(stderr, " %d:%.6f", t->top_id[j], t->top_logprob[j]);
         fprintf(stderr, "\n");
     }
     fflush(stdout);
-    return 0;
+    return rc != 0;
 }
 
 /* Encodes --prompt with the directory's tokenizer (echoing it) or reads --ids; seq gets room for n more ids. */
@@ -210,7 +201,7 @@ int cmd_generate(int argc, char **argv) {
         printf("usage: k3c generate --model DIR (--prompt TEXT | --ids FILE [--name prompt_ids])\n"
                "                    [--max-new N] [--greedy N] [--temperature T] [--top-p P] [--seed S]\n"
                "                    [--top-k K] [--min-p P] [--repetition-penalty R] [--presence-penalty A]\n"
-               "                    [--frequency-penalty F] [--logprobs N]\n"
+               "                    [--frequency-penalty F] [--logprobs N] [--stop TEXT]\n"
                "                    [--pattern cl100k|kimi] [--kda 64|16|recurrent] [--device cpu|cuda]\n"
                "--prompt encodes TEXT with the checkpoint's tokenizer (tiktoken.model) and prints the continuation;\n"
                "--ids reads I32 token ids from a safetensors file and prints the new ids. --greedy N = --max-new N\n"
@@ -218,6 +209,7 @@ int cmd_generate(int argc, char **argv) {
                "--top-k and --min-p cut further (0 = off); --repetition-penalty (Hugging Face, over prompt and\n"
                "output, 1 = off), --presence-penalty / --frequency-penalty (OpenAI, over the output, 0 = off).\n"
                "--logprobs N prints each token's logprob and the N most likely (raw model distribution) on stderr.\n"
+               "--stop ends the text before TEXT (prompt mode).\n"
                "On the CPU the inference engine keeps the decode state (docs/ENGINE.md: chunked KDA for the prompt,\n"
                "the recurrence per new token); --device cuda recomputes the prefix per token with --kda's form.\n");
         return 0;
@@ -254,7 +246,7 @@ int cmd_generate(int argc, char **argv) {
     if (n < 0 || logprobs < 0 || logprobs > K3C_MAX_LOGPROBS)
         return cli_usage_error("generate", "need --max-new ≥ 0 and 0 ≤ --logprobs ≤ %d", K3C_MAX_LOGPROBS);
     if (k3c_sampler_check(&smp, &serr)) return cli_usage_error("generate", "%s", serr.msg);
-    if (!kda_mode(argc, argv, &chunk)) return cli_usage_error("generate", "--kda must be 64, 16 or recurrent");
+    if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("generate", "--kda must be 64, 16 or recurrent");
     const char *device = cli_opt(argc, argv, "--device");
     if (cli_device_check("generate", device)) return 2;
     k3c_err err = {0};
@@ -268,13 +260,18 @@ int cmd_generate(int argc, char **argv) {
     int rc = cli_device_open(device, &dev, &err);
     if (!rc) rc = cli_device_use(&dev, sv.model, &err);
     if (!rc) rc = generate_prompt(&sv, prompt, ids_path, name, n, &seq, &len, &err);
-    gen_out out = {sv.tok};
+    gen_out out = {0};
+    const char *stop = cli_opt(argc, argv, "--stop");
+    if (!rc && sv.tok) rc = k3c_stopper_init(&out.stop, sv.tok, &stop, stop != NULL, 0, print_text, NULL, &err);
     k3c_gen_opts go = {.sampler = smp,
                        .max_new = n,
                        .stop_id = sv.tok ? k3c_tok_special_id(sv.tok, "<|endoftext|>") : -1,
                        .ctx = &out,
                        .on_sampled = print_token};
     if (!rc) rc = k3c_generate(sv.model, seq, len, &go, &len, &err);
+    if (!rc && out.failed) rc = (err = out.err).code;
+    if (out.stop.tok) k3c_stopper_finish(&out.stop);
+    k3c_stopper_free(&out.stop);
     if (!rc) printf("\n");
     free(seq);
     k3c_serve_close(&sv);

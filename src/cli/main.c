@@ -21,6 +21,8 @@ static const k3c_command commands[] = {
     {"check-kda", "check the CPU KDA (recurrent and chunked, fwd and bwd) against a golden file", cmd_check_kda},
     {"train", "train a model from a run config (stages, optimizer, balancing, checkpoints, metrics)", cmd_train},
     {"plan", "size a model on N GPUs: parameters, FLOPs, memory, communication, best layouts", cmd_plan},
+    {"chat", "chat with a model in the terminal: streamed reasoning, content and tool calls", cmd_chat},
+    {"serve", "OpenAI-compatible HTTP server: chat / completions (streamed), tokenize, health, metrics", cmd_serve},
     {"xtml", "render chat prompts (K3 XTML, K2) and parse model output into reasoning / tool calls", cmd_xtml},
 };
 #define NCOMMANDS (int)(sizeof commands / sizeof *commands)

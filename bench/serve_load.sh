@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# serve_load.sh — load benchmark of `k3c serve` (issue 12 "Server"): starts the server on 127.0.0.1 with a model, runs
+# wrk with 16 connections (16 concurrent streamed chat requests, each bounded to MAX_TOKENS new tokens) for SECONDS,
+# and prints errors, p50/p99 latency, requests/s and the server's resident memory at start, middle and end.
+# usage: bench/serve_load.sh [MODEL_DIR] [SECONDS=60] [CONNECTIONS=16]
+# Without MODEL_DIR it builds the tiny servable model of the tests (build/tests/test_serve_units leaves it in
+# build/tmp/serve_units.<pid>). Not part of `make test`.
+set -u
+cd "$(dirname "$0")/.."
+model=${1:-}
+secs=${2:-60}
+conns=${3:-16}
+max_tokens=${MAX_TOKENS:-16}
+slots=${SLOTS:-2}
+if [ -z "$model" ]; then
+    make -s build/tests/test_serve_units k3c >/dev/null || exit 1
+    build/tests/test_serve_units >/dev/null || { echo "serve_load: building the test model failed"; exit 1; }
+    model=$(ls -dt build/tmp/serve_units.* | head -n 1)
+fi
+command -v wrk >/dev/null || { echo "serve_load: wrk is not installed (Debian package wrk)"; exit 1; }
+tmp=$(mktemp -d)
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$tmp"' EXIT
+./k3c serve --model "$model" --host 127.0.0.1 --port 0 --slots "$slots" --queue 256 --max-tokens-cap 64 \
+    --name bench >"$tmp/server.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 200); do
+    port=$(grep -o '127.0.0.1:[0-9]*' "$tmp/server.log" | head -n 1 | cut -d: -f2)
+    [ -n "$port" ] && curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+    sleep 0.1
+done
+[ -n "${port:-}" ] || { echo "serve_load: server did not start:"; cat "$tmp/server.log"; exit 1; }
+rss() { awk '/VmRSS/ {print $2}' /proc/$pid/status; }
+cat >"$tmp/chat.lua" <<LUA
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"model":"bench","messages":[{"role":"user","content":"What is the weather in Paris?"}],'
+        .. '"max_tokens":$max_tokens,"temperature":0.8,"stream":true,"stream_options":{"include_usage":true}}'
+LUA
+# warm-up, then memory at the start of the measured run
+wrk -t1 -c"$conns" -d3s --timeout 60s -s "$tmp/chat.lua" "http://127.0.0.1:$port/v1/chat/completions" >/dev/null
+rss0=$(rss)
+( sleep $((secs / 2)); rss >"$tmp/rss_mid" ) &
+mid=$!
+wrk -t2 -c"$conns" -d"${secs}s" --timeout 60s --latency -s "$tmp/chat.lua" \
+    "http://127.0.0.1:$port/v1/chat/completions" >"$tmp/wrk.txt" 2>&1
+rss1=$(rss)
+wait $mid
+metrics=$(curl -s "http://127.0.0.1:$port/metrics")
+kill -TERM $pid; wait $pid; rc=$?
+reqs=$(awk '/requests in/ {print $1}' "$tmp/wrk.txt")
+rps=$(awk '/Requests\/sec/ {print $2}' "$tmp/wrk.txt")
+p50=$(awk '$1 == "50%" {print $2}' "$tmp/wrk.txt")
+p99=$(awk '$1 == "99%" {print $2}' "$tmp/wrk.txt")
+non2xx=$(awk '/Non-2xx/ {print $NF}' "$tmp/wrk.txt")
+sockerr=$(awk -F'[ ,]+' '/Socket errors/ {print $4 + $6 + $8 + $10}' "$tmp/wrk.txt")
+gen=$(echo "$metrics" | awk '/^k3c_generation_tokens_total/ {print $2}')
+ok=$(echo "$metrics" | awk '/^k3c_requests_total\{endpoint="\/v1\/chat\/completions",status="200"\}/ {print $2}')
+echo "k3c serve load: $conns concurrent streamed chat requests (max_tokens $max_tokens, $slots slots), ${secs}s, model $model"
+printf '| %-28s | %s |\n' "requests (wrk)" "${reqs:-?}" "requests/s" "${rps:-?}" "latency p50 / p99" "${p50:-?} / ${p99:-?}" \
+    "errors (non-2xx + socket)" "$(( ${non2xx:-0} + ${sockerr:-0} ))" "chat 200s (server /metrics)" "${ok:-?}" \
+    "generated tokens" "${gen:-?}" "RSS start / mid / end (KiB)" "$rss0 / $(cat "$tmp/rss_mid") / $rss1" \
+    "server exit after SIGTERM" "$rc"

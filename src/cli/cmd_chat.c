@@ -1,0 +1,200 @@
+/* cmd_chat.c — `k3c chat`: a terminal conversation with a model. Each line read from stdin is a user turn; the reply
+ * streams as it is generated, reasoning dimmed (or prefixed "reasoning: " when stdout is not a terminal), tool calls
+ * printed as JSON. The request goes through the same validation, chat rendering and scheduler as `k3c serve`. */
+#include "cli.h"
+#include "serve/server.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct {
+    int tty, in_reasoning, wrote;
+} chat_out;
+
+static void show_delta(void *ctx, const k3c_chat_delta *d) {
+    chat_out *o = ctx;
+    if (d->kind == K3C_CHAT_DELTA_REASONING && d->len) {
+        if (!o->in_reasoning) fputs(o->tty ? "\033[2m" : "reasoning: ", stdout);
+        o->in_reasoning = 1;
+        fwrite(d->text, 1, d->len, stdout);
+    } else if ((d->kind == K3C_CHAT_DELTA_CONTENT && d->len) || d->kind == K3C_CHAT_DELTA_CALL) {
+        if (o->in_reasoning) fputs(o->tty ? "\033[0m\n" : "\n", stdout);
+        o->in_reasoning = 0;
+        if (d->kind == K3C_CHAT_DELTA_CONTENT) {
+            fwrite(d->text, 1, d->len, stdout);
+        } else {
+            k3c_sbuf s;
+            k3c_sbuf_init(&s);
+            k3c_sbuf_append(&s, "{\"name\":", 8);
+            k3c_sbuf_json_string(&s, d->name, strlen(d->name));
+            k3c_sbuf_printf(&s, ",\"arguments\":%s}", d->arguments);
+            printf("%stool_call: %s\n", o->wrote ? "\n" : "", s.buf ? s.buf : "");
+            k3c_sbuf_free(&s);
+        }
+    } else {
+        return;
+    }
+    o->wrote = 1;
+    fflush(stdout);
+}
+
+/* The request body of one turn: the conversation so far plus the sampling options of the command line. */
+static void request_body(k3c_sbuf *b, const k3c_sbuf *history, const char *tools, const char *opts) {
+    k3c_sbuf_printf(b, "{\"messages\":[%s]%s%s%s}", history->buf ? history->buf : "", tools ? ",\"tools\":" : "",
+                    tools ? tools : "", opts);
+}
+
+/* Appends the assistant message (content, reasoning, tool calls) to the history. */
+static void remember(k3c_sbuf *h, const k3c_turn_msg *m) {
+    k3c_sbuf_append(h, ",{\"role\":\"assistant\",\"content\":", 31);
+    k3c_sbuf_json_string(h, m->content.buf ? m->content.buf : "", m->content.len);
+    if (m->reasoning.len) {
+        k3c_sbuf_append(h, ",\"reasoning_content\":", 21);
+        k3c_sbuf_json_string(h, m->reasoning.buf, m->reasoning.len);
+    }
+    if (m->ncalls) k3c_sbuf_append(h, ",\"tool_calls\":[", 15);
+    for (size_t i = 0; i < m->ncalls; i++) {
+        k3c_sbuf_printf(h, "%s{\"id\":\"call_%zu\",\"type\":\"function\",\"function\":{\"name\":", i ? "," : "", i);
+        k3c_sbuf_json_string(h, m->call_name[i], strlen(m->call_name[i]));
+        k3c_sbuf_append(h, ",\"arguments\":", 13);
+        k3c_sbuf_json_string(h, m->call_args[i], strlen(m->call_args[i]));
+        k3c_sbuf_append(h, "}}", 2);
+    }
+    k3c_sbuf_append(h, m->ncalls ? "]}" : "}", m->ncalls ? 2 : 1);
+}
+
+/* One user turn: validate + render (k3c_api_parse), generate, show, remember. */
+static int turn(k3c_sched *sched, const k3c_api_limits *lim, const int32_t *stop_ids, int n_stop, k3c_sbuf *history,
+                const char *tools, const char *opts, k3c_err *err) {
+    k3c_sbuf body;
+    k3c_sbuf_init(&body);
+    request_body(&body, history, tools, opts);
+    k3c_api_req q;
+    k3c_api_error e;
+    int rc = body.ok ? 0 : k3c_errf(err, K3C_ENOMEM, "out of memory");
+    if (!rc && k3c_api_parse(K3C_API_CHAT, body.buf, body.len, lim, &q, &e))
+        rc = k3c_errf(err, K3C_EINVAL, "%s%s%s", e.param[0] ? e.param : "", e.param[0] ? ": " : "", e.message);
+    k3c_sbuf_free(&body);
+    if (rc) {
+        k3c_api_req_free(&q);
+        return rc;
+    }
+    chat_out out = {isatty(STDOUT_FILENO), 0, 0};
+    k3c_turn t;
+    rc = k3c_turn_init(&t, lim->tok, &q.parse, q.stop, q.nstop, show_delta, NULL, &out, err);
+    k3c_sched_req sr = {q.prompt.ids, (int64_t)q.prompt.n, q.max_tokens, {0}, n_stop, q.params};
+    memcpy(sr.stop_ids, stop_ids, sizeof sr.stop_ids);
+    k3c_sched_finish why = K3C_SCHED_FINISH_STOP;
+    int64_t n_gen = 0;
+    if (!rc) rc = k3c_turn_run(sched, &sr, &t, &why, &n_gen, err);
+    if (out.in_reasoning) fputs(out.tty ? "\033[0m" : "", stdout);
+    printf("\n");
+    if (!rc && why == K3C_SCHED_FINISH_LENGTH) printf("[stopped after %lld tokens]\n", (long long)n_gen);
+    fflush(stdout);
+    if (!rc) remember(history, &t.msg);
+    k3c_turn_free(&t);
+    k3c_api_req_free(&q);
+    return rc;
+}
+
+/* The JSON options every request carries, from the command line. */
+static int chat_opts(int argc, char **argv, k3c_sbuf *o) {
+    double temp, top_p;
+    long long seed, max_tokens;
+    if (!cli_opt_double(argc, argv, "--temperature", 0.6, &temp) ||
+        !cli_opt_double(argc, argv, "--top-p", 0.95, &top_p) || !cli_opt_int(argc, argv, "--seed", 0, &seed) ||
+        !cli_opt_int(argc, argv, "--max-tokens", 512, &max_tokens))
+        return 0;
+    k3c_sbuf_printf(o, ",\"temperature\":%.17g,\"top_p\":%.17g,\"seed\":%lld,\"max_tokens\":%lld", temp, top_p, seed,
+                    max_tokens);
+    if (cli_flag(argc, argv, "--no-thinking")) k3c_sbuf_append(o, ",\"thinking\":false", 17);
+    const char *stop = cli_opt(argc, argv, "--stop");
+    if (stop) {
+        k3c_sbuf_append(o, ",\"stop\":", 8);
+        k3c_sbuf_json_string(o, stop, strlen(stop));
+    }
+    return 1;
+}
+
+static int chat_loop(k3c_serve *sv, const char *system, const char *tools, const char *opts, k3c_err *err) {
+    const k3c_config *cfg = &sv->model->cfg;
+    int64_t nv = k3c_tok_n_vocab(sv->tok);
+    k3c_api_limits lim = {
+        sv->tok,           k3c_turn_format(cfg), "k3c", nv < cfg->vocab_size ? nv : cfg->vocab_size, cfg->max_positions,
+        cfg->max_positions};
+    int32_t stop_ids[K3C_SCHED_MAX_STOP_IDS] = {0};
+    int n_stop = k3c_turn_stop_ids(sv->tok, cfg, stop_ids, K3C_SCHED_MAX_STOP_IDS);
+    k3c_sched *sched;
+    int rc = k3c_sched_new(sv->model, 1, 0, &sched, err);
+    if (rc) return rc;
+    k3c_sbuf history;
+    k3c_sbuf_init(&history);
+    k3c_sbuf_append(&history, "{\"role\":\"system\",\"content\":", 27);
+    k3c_sbuf_json_string(&history, system, strlen(system));
+    k3c_sbuf_append(&history, "}", 1);
+    int tty = isatty(STDIN_FILENO);
+    char *line = NULL;
+    size_t cap = 0;
+    for (;;) {
+        if (tty) fputs("> ", stdout);
+        fflush(stdout);
+        ssize_t n = getline(&line, &cap, stdin);
+        if (n < 0) break;
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
+        if (n == 0) continue;
+        if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
+        size_t mark = history.len;
+        k3c_sbuf_append(&history, ",{\"role\":\"user\",\"content\":", 26);
+        k3c_sbuf_json_string(&history, line, (size_t)n);
+        k3c_sbuf_append(&history, "}", 1);
+        if ((rc = turn(sched, &lim, stop_ids, n_stop, &history, tools, opts, err))) {
+            fprintf(stderr, "k3c chat: %s\n", err->msg); /* a bad turn is forgotten; the conversation goes on */
+            history.len = mark;
+            rc = 0;
+        }
+    }
+    free(line);
+    k3c_sbuf_free(&history);
+    k3c_sched_free(sched);
+    return rc;
+}
+
+int cmd_chat(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) {
+        printf(
+            "usage: k3c chat --model DIR [--system TEXT] [--tools FILE.json] [--temperature 0.6] [--top-p 0.95]\n"
+            "                [--seed 0] [--max-tokens 512] [--stop TEXT] [--no-thinking] [--pattern cl100k|kimi]\n"
+            "                [--kda 64|16|recurrent]\n"
+            "Reads one user message per line from stdin (/exit ends) and streams the reply: reasoning dimmed\n"
+            "(\"reasoning: \" when not on a terminal), tool calls as JSON. --tools: a JSON array of OpenAI tools.\n");
+        return 0;
+    }
+    const char *dir = cli_opt(argc, argv, "--model"), *tools_path = cli_opt(argc, argv, "--tools");
+    const char *system = cli_opt(argc, argv, "--system");
+    int chunk;
+    if (!dir) return cli_usage_error("chat", "--model is required");
+    if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("chat", "--kda must be 64, 16 or recurrent");
+    k3c_sbuf opts;
+    k3c_sbuf_init(&opts);
+    if (!chat_opts(argc, argv, &opts)) return 2;
+    k3c_err err = {0};
+    char *tools = NULL;
+    size_t tn;
+    k3c_json *tj = NULL;
+    int rc = tools_path ? k3c_json_parse_file(tools_path, &tj, &err) : 0;
+    if (!rc && tj && tj->type != K3C_JSON_ARRAY)
+        rc = k3c_errf(&err, K3C_EINVAL, "%s: expected a JSON array of tools", tools_path);
+    k3c_json_free(tj);
+    if (!rc && tools_path) rc = k3c_read_file(tools_path, &tools, &tn, &err);
+    k3c_serve sv = {0};
+    if (!rc) rc = k3c_serve_open(dir, 1, cli_opt(argc, argv, "--pattern"), &sv, &err);
+    if (!rc) {
+        sv.model->kda_chunk = chunk;
+        rc = chat_loop(&sv, system ? system : "You are a helpful assistant.", tools, opts.buf, &err);
+        k3c_serve_close(&sv);
+    }
+    free(tools);
+    k3c_sbuf_free(&opts);
+    return rc ? cli_fail("chat", &err) : 0;
+}

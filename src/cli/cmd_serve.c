@@ -1,0 +1,93 @@
+/* cmd_serve.c — `k3c serve`: the OpenAI-compatible HTTP server (src/serve/server.h, docs/SERVING.md). Listens at once,
+ * loads the model (/health says 503 meanwhile), serves until SIGINT / SIGTERM, then stops gracefully. */
+#include "cli.h"
+#include "serve/server.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int serve_options(int argc, char **argv, k3c_server_opts *o) {
+    long long port, slots, queue, cap, body;
+    k3c_server_opts_default(o);
+    if (!cli_opt_int(argc, argv, "--port", o->port, &port) || !cli_opt_int(argc, argv, "--slots", o->slots, &slots) ||
+        !cli_opt_int(argc, argv, "--queue", o->queue_max, &queue) ||
+        !cli_opt_int(argc, argv, "--max-tokens-cap", o->max_tokens_cap, &cap) ||
+        !cli_opt_int(argc, argv, "--max-body", (long long)o->max_body, &body))
+        return 0;
+    if (port < 0 || port > 65535 || slots < 1 || slots > 256 || queue < 0 || cap < 1 || body < 64) {
+        cli_usage_error("serve", "need 0 <= port <= 65535, 1 <= slots <= 256, queue >= 0, max-tokens-cap >= 1, "
+                                 "max-body >= 64");
+        return 0;
+    }
+    o->port = (int)port;
+    o->slots = (int)slots;
+    o->queue_max = (int)queue;
+    o->max_tokens_cap = cap;
+    o->max_body = (size_t)body;
+    if (cli_opt(argc, argv, "--host")) o->host = cli_opt(argc, argv, "--host");
+    o->api_key = cli_opt(argc, argv, "--api-key");
+    if (!o->api_key) o->api_key = getenv("K3C_API_KEY");
+    return 1;
+}
+
+int cmd_serve(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: k3c serve --model DIR [--port 8000] [--host 127.0.0.1] [--slots 1] [--queue 64]\n"
+               "                 [--api-key KEY] [--max-tokens-cap 1024] [--max-body 4194304] [--name NAME]\n"
+               "                 [--pattern cl100k|kimi] [--kda 64|16|recurrent]\n"
+               "An OpenAI-compatible HTTP server: GET /v1/models, POST /v1/chat/completions (messages, tools,\n"
+               "stream), POST /v1/completions, POST /tokenize, POST /detokenize, GET /health (503 while loading),\n"
+               "GET /metrics (Prometheus). --port 0 picks a free port (printed). The API key may also come from\n"
+               "K3C_API_KEY; /health and /metrics need none. SIGINT / SIGTERM stop it gracefully. docs/SERVING.md.\n");
+        return 0;
+    }
+    const char *dir = cli_opt(argc, argv, "--model");
+    k3c_server_opts o;
+    int chunk;
+    if (!dir) return cli_usage_error("serve", "--model is required");
+    if (!serve_options(argc, argv, &o)) return 2;
+    if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("serve", "--kda must be 64, 16 or recurrent");
+    /* the model's name: --name, else the directory's last component */
+    char model_name[256], path[1024];
+    snprintf(path, sizeof path, "%s", dir);
+    for (size_t n = strlen(path); n > 1 && path[n - 1] == '/'; n--) path[n - 1] = 0;
+    const char *slash = strrchr(path, '/'), *name = cli_opt(argc, argv, "--name");
+    snprintf(model_name, sizeof model_name, "%.255s", name ? name : slash && slash[1] ? slash + 1 : path);
+    o.model_name = model_name;
+    /* signals go to sigwait below: block them before any thread starts, so every thread inherits the mask */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    k3c_err err = {0};
+    k3c_server *srv;
+    if (k3c_server_start(&o, &srv, &err)) return cli_fail("serve", &err);
+    printf("k3c serve: listening on http://%s:%d (model '%s' loading from %s)\n", o.host, k3c_server_port(srv),
+           model_name, dir);
+    fflush(stdout);
+    k3c_serve sv;
+    int rc = k3c_serve_open(dir, 1, cli_opt(argc, argv, "--pattern"), &sv, &err);
+    if (!rc) {
+        sv.model->kda_chunk = chunk;
+        if ((rc = k3c_server_ready(srv, &sv, &err))) k3c_serve_close(&sv);
+    }
+    if (rc) {
+        k3c_server_stop(srv);
+        return cli_fail("serve", &err);
+    }
+    printf("k3c serve: ready (%d slot%s, at most %lld new tokens per request)\n", o.slots, o.slots > 1 ? "s" : "",
+           (long long)o.max_tokens_cap);
+    fflush(stdout);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    printf("k3c serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    fflush(stdout);
+    k3c_server_stop(srv);
+    k3c_serve_close(&sv);
+    printf("k3c serve: stopped\n");
+    return 0;
+}

@@ -1,0 +1,378 @@
+/* api.c — the endpoints of `k3c serve` (server.h): routing, the API key, /v1/models, /health, /metrics, /tokenize,
+ * /detokenize, and chat / text completions run on the scheduler, answered whole or streamed as server-sent events. */
+#include "serve/server.h"
+
+#include "model/model.h"
+#include "tok/tok.h"
+
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---------------------------------------------------------------- replies */
+
+static int reply_error(api_reply *r, const k3c_api_error *e) {
+    r->status = e->status;
+    r->content_type = "application/json";
+    k3c_api_error_json(&r->body, e);
+    return 0;
+}
+
+static int fail(api_reply *r, int status, const char *type, const char *code, const char *fmt, const char *arg) {
+    k3c_api_error e;
+    k3c_api_fail(&e, status, type, code, NULL, fmt, arg);
+    return reply_error(r, &e);
+}
+
+static void reply_json(api_reply *r, int status) {
+    r->status = status;
+    r->content_type = "application/json";
+}
+
+/* 1 when the client closed its side (a disconnect while its request waits or streams). */
+static int client_gone(int fd) {
+    if (fd < 0) return 0;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/* ---------------------------------------------------------------- a generation call */
+
+struct api_stream {
+    k3c_server *s;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs, done, streaming, include_usage, chat, failed, client_fd;
+    k3c_sbuf out; /* SSE bytes not yet read by the HTTP layer */
+    size_t out_off;
+    k3c_turn turn;
+    k3c_api_meta meta;
+    k3c_sbuf text; /* a completion answered whole */
+    k3c_sched_finish why;
+    int64_t n_prompt, n_gen;
+    k3c_err err;
+    k3c_sched_job *job;
+};
+
+static void call_unref(api_stream *c) {
+    pthread_mutex_lock(&c->mu);
+    int last = --c->refs == 0;
+    pthread_mutex_unlock(&c->mu);
+    if (!last) return;
+    k3c_sched_release(c->job);
+    k3c_turn_free(&c->turn);
+    k3c_sbuf_free(&c->out);
+    k3c_sbuf_free(&c->text);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+static void on_delta(void *ctx, const k3c_chat_delta *d) {
+    api_stream *c = ctx;
+    if (c->streaming) k3c_sse_chat_delta(&c->out, &c->meta, d);
+}
+
+static void on_text(void *ctx, const char *s, size_t n) {
+    api_stream *c = ctx;
+    if (c->streaming)
+        k3c_sse_text(&c->out, &c->meta, s, n);
+    else
+        k3c_sbuf_append(&c->text, s, n);
+}
+
+static int on_token(void *ctx, int32_t id, int is_stop) {
+    api_stream *c = ctx;
+    pthread_mutex_lock(&c->mu);
+    int rc = k3c_turn_token(&c->turn, id, is_stop, &c->err);
+    if (rc < 0) c->failed = 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    return rc != 0;
+}
+
+static void on_done(void *ctx, k3c_sched_finish why, int64_t n_gen, const k3c_err *err) {
+    api_stream *c = ctx;
+    pthread_mutex_lock(&c->mu);
+    c->why = why;
+    c->n_gen = n_gen;
+    if (err) c->err = *err;
+    c->failed |= err != NULL || why == K3C_SCHED_FINISH_ERROR || k3c_turn_finish(&c->turn, c->failed ? NULL : &c->err);
+    if (c->streaming && c->failed) {
+        k3c_api_error e;
+        k3c_api_fail(&e, 500, "server_error", NULL, NULL, "generation failed: %s", c->err.msg);
+        k3c_sse_error(&c->out, &e);
+    } else if (c->streaming) {
+        const char *fin = c->chat ? k3c_api_chat_finish(why, c->turn.msg.ncalls) : k3c_sched_finish_name(why);
+        k3c_sse_finish(&c->out, &c->meta, fin, c->include_usage, c->n_prompt, n_gen);
+    }
+    c->done = 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    k3c_metrics_tokens(c->s->metrics, c->n_prompt, n_gen);
+    call_unref(c);
+}
+
+/* Waits on the call's condition for at most 200 ms (mu held): long enough to be idle, short enough to notice a
+ * client that hung up. */
+static void wait_a_while(api_stream *c) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 200 * 1000 * 1000;
+    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+    pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+}
+
+long k3c_api_stream_read(api_stream *c, char *buf, size_t max) {
+    pthread_mutex_lock(&c->mu);
+    long got = 0;
+    for (;;) {
+        if (c->out_off < c->out.len) {
+            size_t n = c->out.len - c->out_off < max ? c->out.len - c->out_off : max;
+            memcpy(buf, c->out.buf + c->out_off, n);
+            c->out_off += n;
+            if (c->out_off == c->out.len) c->out_off = c->out.len = 0;
+            got = (long)n;
+            break;
+        }
+        if (c->done) break;
+        wait_a_while(c);
+        if (!c->done && c->out_off == c->out.len && client_gone(c->client_fd)) {
+            got = -1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return got;
+}
+
+void k3c_api_stream_close(api_stream *c) {
+    k3c_sched_cancel(c->job); /* a no-op once done; may run on_done here when still queued */
+    call_unref(c);
+}
+
+/* Starts a generation for a validated request; returns the call (two references: the caller's and the engine's) or
+ * NULL with the error reply set. */
+static api_stream *start_call(k3c_server *s, k3c_api_req *q, int client_fd, api_reply *r) {
+    api_stream *c = calloc(1, sizeof *c);
+    k3c_err err = {0};
+    if (!c) {
+        fail(r, 500, "server_error", NULL, "%s", "out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    k3c_sbuf_init(&c->out);
+    k3c_sbuf_init(&c->text);
+    c->s = s;
+    c->refs = 1;
+    c->chat = q->kind == K3C_API_CHAT;
+    c->streaming = q->stream;
+    c->include_usage = q->include_usage;
+    c->client_fd = client_fd;
+    c->n_prompt = (int64_t)q->prompt.n;
+    k3c_api_meta_init(&c->meta, c->chat, s->model_name, atomic_fetch_add(&s->serial, 1) ^ (uint64_t)time(NULL) << 20);
+    if (k3c_turn_init(&c->turn, s->lim.tok, c->chat ? &q->parse : NULL, q->stop, q->nstop, on_delta, on_text, c,
+                      &err)) {
+        call_unref(c);
+        fail(r, 500, "server_error", NULL, "%s", err.msg);
+        return NULL;
+    }
+    k3c_sched_req sr = {q->prompt.ids, (int64_t)q->prompt.n, q->max_tokens, {0}, s->n_stop_ids, q->params};
+    memcpy(sr.stop_ids, s->stop_ids, sizeof sr.stop_ids);
+    k3c_sched_sink sink = {on_token, on_done, c};
+    c->refs = 2;
+    int rc = k3c_sched_submit(s->sched, &sr, &sink, &c->job, &err);
+    if (rc) {
+        c->refs = 1;
+        call_unref(c);
+        if (rc == K3C_ENOMEM)
+            fail(r, 503, "server_error", "server_overloaded", "The server is overloaded (%s); retry later", err.msg);
+        else
+            fail(r, 400, "invalid_request_error", NULL, "%s", err.msg);
+        return NULL;
+    }
+    return c;
+}
+
+/* Waits for a whole (non-streamed) answer; 0 if the client went away meanwhile (then nothing is sent). */
+static int wait_done(api_stream *c) {
+    int gone = 0;
+    pthread_mutex_lock(&c->mu);
+    while (!c->done) {
+        wait_a_while(c);
+        if (!c->done && !gone && client_gone(c->client_fd)) {
+            gone = 1;
+            pthread_mutex_unlock(&c->mu);
+            k3c_sched_cancel(c->job);
+            pthread_mutex_lock(&c->mu);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return !gone;
+}
+
+static void generate(k3c_server *s, k3c_api_kind kind, const char *body, size_t n, int fd, api_reply *r) {
+    k3c_api_req q;
+    k3c_api_error e;
+    if (k3c_api_parse(kind, body, n, &s->lim, &q, &e)) {
+        reply_error(r, &e);
+        k3c_api_req_free(&q);
+        return;
+    }
+    api_stream *c = start_call(s, &q, fd, r);
+    k3c_api_req_free(&q);
+    if (!c) return;
+    if (c->streaming) {
+        r->status = 200;
+        r->content_type = "text/event-stream";
+        r->stream = c;
+        return;
+    }
+    if (!wait_done(c)) {
+        r->status = 0; /* nobody to answer */
+    } else if (c->failed) {
+        fail(r, 500, "server_error", NULL, "generation failed: %s", c->err.msg);
+    } else {
+        reply_json(r, 200);
+        if (c->chat)
+            k3c_api_chat_json(&r->body, &c->meta, &c->turn.msg, k3c_api_chat_finish(c->why, c->turn.msg.ncalls),
+                              c->n_prompt, c->n_gen);
+        else
+            k3c_api_completion_json(&r->body, &c->meta, c->text.buf ? c->text.buf : "", c->text.len,
+                                    k3c_sched_finish_name(c->why), c->n_prompt, c->n_gen);
+    }
+    k3c_api_stream_close(c);
+}
+
+/* ---------------------------------------------------------------- the other endpoints */
+
+static int tokenize(k3c_server *s, k3c_api_kind kind, const char *body, size_t n, api_reply *r) {
+    k3c_api_req q;
+    k3c_api_error e;
+    if (k3c_api_parse(kind, body, n, &s->lim, &q, &e)) {
+        reply_error(r, &e);
+    } else if (kind == K3C_API_TOKENIZE) {
+        reply_json(r, 200);
+        k3c_sbuf_append(&r->body, "{\"tokens\":[", 11);
+        for (size_t i = 0; i < q.prompt.n; i++) k3c_sbuf_printf(&r->body, "%s%d", i ? "," : "", q.prompt.ids[i]);
+        k3c_sbuf_printf(&r->body, "],\"count\":%zu,\"max_model_len\":%lld}", q.prompt.n, (long long)s->lim.max_context);
+    } else {
+        reply_json(r, 200);
+        k3c_sbuf_append(&r->body, "{\"prompt\":", 10);
+        char *fixed = NULL; /* token bytes need not be UTF-8: JSON gets U+FFFD for the bad ones */
+        size_t fl = 0;
+        if (k3c_utf8_replace(q.text, q.text_len, &fixed, &fl, NULL, NULL) == 0)
+            k3c_sbuf_json_string(&r->body, fixed, fl);
+        free(fixed);
+        k3c_sbuf_append(&r->body, "}", 1);
+    }
+    k3c_api_req_free(&q);
+    return 0;
+}
+
+static int models(k3c_server *s, api_reply *r) {
+    reply_json(r, 200);
+    k3c_sbuf_append(&r->body, "{\"object\":\"list\",\"data\":[{\"id\":", 31);
+    k3c_sbuf_json_string(&r->body, s->model_name, strlen(s->model_name));
+    k3c_sbuf_printf(&r->body, ",\"object\":\"model\",\"created\":0,\"owned_by\":\"k3c\",\"max_model_len\":%lld}]}",
+                    (long long)s->lim.max_context);
+    return 0;
+}
+
+static int authorized(const k3c_server *s, const char *auth) {
+    if (!s->api_key[0]) return 1;
+    if (!auth || strncmp(auth, "Bearer ", 7)) return 0;
+    /* compare every byte whatever the first difference, so timing says nothing about the key */
+    size_t a = strlen(auth + 7), b = strlen(s->api_key);
+    unsigned diff = a != b;
+    for (size_t i = 0; i < a && i < b; i++) diff |= (unsigned char)(auth[7 + i] ^ s->api_key[i]);
+    return diff == 0;
+}
+
+typedef struct {
+    const char *path, *method;
+    int kind; /* -1: not a generation / tokenizer endpoint */
+} route;
+
+static const route ROUTES[] = {
+    {"/health", "GET", -1},
+    {"/metrics", "GET", -1},
+    {"/v1/models", "GET", -1},
+    {"/v1/chat/completions", "POST", K3C_API_CHAT},
+    {"/v1/completions", "POST", K3C_API_COMPLETION},
+    {"/tokenize", "POST", K3C_API_TOKENIZE},
+    {"/detokenize", "POST", K3C_API_DETOKENIZE},
+};
+
+static int handle(k3c_server *s, const char *method, const char *path, const char *auth, const char *body, size_t n,
+                  int fd, api_reply *r) {
+    const route *rt = NULL;
+    for (size_t i = 0; i < sizeof ROUTES / sizeof *ROUTES; i++)
+        if (!strcmp(path, ROUTES[i].path)) rt = &ROUTES[i];
+    int ready = atomic_load(&s->ready) && !atomic_load(&s->stopping);
+    if (!rt) return fail(r, 404, "invalid_request_error", "unknown_url", "Unknown request URL: %s", path);
+    if (strcmp(method, rt->method)) {
+        k3c_api_error e;
+        k3c_api_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s %s: use %s", method, path,
+                     rt->method);
+        return reply_error(r, &e);
+    }
+    if (!strcmp(path, "/health")) {
+        reply_json(r, ready ? 200 : 503);
+        k3c_sbuf_printf(&r->body, "{\"status\":\"%s\"}",
+                        ready                       ? "ok"
+                        : atomic_load(&s->stopping) ? "stopping"
+                                                    : "loading");
+        return 0;
+    }
+    if (!strcmp(path, "/metrics")) {
+        int queued = 0, running = 0;
+        if (ready) k3c_sched_load(s->sched, &queued, &running);
+        r->status = 200;
+        r->content_type = "text/plain; version=0.0.4";
+        k3c_metrics_render(s->metrics, &r->body, queued, running, ready);
+        return 0;
+    }
+    if (!authorized(s, auth))
+        return fail(r, 401, "authentication_error", "invalid_api_key", "%s",
+                    "Incorrect API key provided: send it as 'Authorization: Bearer KEY'");
+    if (!strcmp(path, "/v1/models")) return models(s, r);
+    if (!ready)
+        return fail(r, 503, "server_error", "model_loading", "%s",
+                    atomic_load(&s->stopping) ? "The server is shutting down" : "The model is still loading");
+    if (rt->kind == K3C_API_TOKENIZE || rt->kind == K3C_API_DETOKENIZE)
+        return tokenize(s, (k3c_api_kind)rt->kind, body, n, r);
+    generate(s, (k3c_api_kind)rt->kind, body, n, fd, r);
+    return 0;
+}
+
+void k3c_api_handle(k3c_server *s, const char *method, const char *path, const char *auth, const char *body, size_t n,
+                    int fd, api_reply *r) {
+    k3c_sbuf_init(&r->body);
+    r->stream = NULL;
+    handle(s, method, path, auth, body, n, fd, r);
+}
+
+/* ---------------------------------------------------------------- model hand-over */
+
+int k3c_server_ready(k3c_server *s, k3c_serve *sv, k3c_err *err) {
+    if (!sv->tok)
+        return k3c_errf(err, K3C_EINVAL, "serve: the model directory has no tokenizer (%s)", K3C_TOK_DIR_VOCAB);
+    const k3c_config *cfg = &sv->model->cfg;
+    int rc = k3c_sched_new(sv->model, s->o.slots, s->o.queue_max, &s->sched, err);
+    if (rc) return rc;
+    s->sv = sv;
+    int64_t nv = k3c_tok_n_vocab(sv->tok);
+    s->lim = (k3c_api_limits){sv->tok,
+                              k3c_turn_format(cfg),
+                              s->model_name,
+                              nv < cfg->vocab_size ? nv : cfg->vocab_size,
+                              cfg->max_positions,
+                              s->o.max_tokens_cap};
+    s->n_stop_ids = k3c_turn_stop_ids(sv->tok, cfg, s->stop_ids, K3C_SCHED_MAX_STOP_IDS);
+    atomic_store(&s->ready, 1);
+    return 0;
+}

@@ -1,0 +1,19 @@
+/* metrics.h — the server's counters in the Prometheus text exposition format (version 0.0.4): requests by endpoint and
+ * status, prompt and generated tokens, queue and running gauges, request latency histograms (issue 12 item 6). */
+#ifndef K3C_SERVE_METRICS_H
+#define K3C_SERVE_METRICS_H
+
+#include "base/json.h"
+
+typedef struct k3c_metrics k3c_metrics;
+
+int k3c_metrics_new(k3c_metrics **out, k3c_err *err);
+void k3c_metrics_free(k3c_metrics *m);
+/* One finished request: its path (unknown paths count as "other"), HTTP status and seconds from arrival to the last
+ * byte handed over. Thread-safe. */
+void k3c_metrics_request(k3c_metrics *m, const char *path, int status, double seconds);
+void k3c_metrics_tokens(k3c_metrics *m, int64_t prompt, int64_t generated);
+/* Appends the exposition; queued / running come from the scheduler, ready says whether the model is loaded. */
+void k3c_metrics_render(k3c_metrics *m, k3c_sbuf *s, int queued, int running, int ready);
+
+#endif

@@ -1,0 +1,57 @@
+/* request.h — the OpenAI-compatible request layer: a JSON body → a validated request (sampling parameters, stop
+ * strings, the prompt ids, rendered through the chat format for chat completions) or an OpenAI-style error naming the
+ * parameter (issue 12 item 6). No I/O: the HTTP layer and the fuzz target call it alike. */
+#ifndef K3C_SERVE_REQUEST_H
+#define K3C_SERVE_REQUEST_H
+
+#include "serve/sched.h"
+#include "serve/stop.h"
+#include "tok/xtml.h"
+
+typedef enum { K3C_API_CHAT, K3C_API_COMPLETION, K3C_API_TOKENIZE, K3C_API_DETOKENIZE } k3c_api_kind;
+
+/* An error answer: HTTP status and the body's {"error": {"message", "type", "param", "code"}}. */
+typedef struct {
+    int status;
+    const char *type; /* "invalid_request_error", "authentication_error", "not_found_error", "server_error", ... */
+    const char
+        *code;      /* "invalid_type", "invalid_value", "missing_required_parameter", "context_length_exceeded", ... */
+    char param[64]; /* "" when no single parameter is to blame */
+    char message[768];
+} k3c_api_error;
+
+int k3c_api_fail(k3c_api_error *e, int status, const char *type, const char *code, const char *param, const char *fmt,
+                 ...) __attribute__((format(printf, 6, 7)));
+
+/* What the server serves: the model and the limits requests are checked against. */
+typedef struct {
+    const k3c_tok *tok;
+    k3c_chat_format format;
+    const char *model_name;
+    int64_t n_vocab;        /* the model's vocabulary: prompt ids must be below it */
+    int64_t max_context;    /* prompt + completion tokens */
+    int64_t max_tokens_cap; /* completion tokens per request at most (also the default) */
+} k3c_api_limits;
+
+typedef struct {
+    k3c_api_kind kind;
+    k3c_json *root;
+    int stream, include_usage;
+    int64_t max_tokens; /* after capping: what the engine is asked for */
+    k3c_gen_params params;
+    int nstop;
+    const char *stop[K3C_STOP_MAX]; /* point into root */
+    k3c_tok_ids prompt;             /* chat, completion, tokenize: the ids */
+    char *text;                     /* detokenize: the decoded text */
+    size_t text_len;
+    k3c_chat_parse_opts parse; /* chat: how to parse the model's output */
+    int has_tools;
+} k3c_api_req;
+
+/* Parses and validates body[0..n) as a request of `kind`; on error fills e and returns its status (>= 400), else 0.
+ * The request owns its memory (k3c_api_req_free, also after an error). */
+int k3c_api_parse(k3c_api_kind kind, const char *body, size_t n, const k3c_api_limits *lim, k3c_api_req *out,
+                  k3c_api_error *e);
+void k3c_api_req_free(k3c_api_req *r);
+
+#endif

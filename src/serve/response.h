@@ -1,0 +1,44 @@
+/* response.h — OpenAI-compatible response bodies: error objects, chat completions and completions, their streamed
+ * chunk objects as server-sent events ("data: {...}\n\n", closed by "data: [DONE]"), and usage (issue 12 item 6). */
+#ifndef K3C_SERVE_RESPONSE_H
+#define K3C_SERVE_RESPONSE_H
+
+#include "serve/request.h"
+#include "serve/turn.h"
+
+/* What every object of one response repeats, and the streaming state of a chat response. */
+typedef struct {
+    char id[48]; /* "chatcmpl-…" / "cmpl-…" */
+    long long created;
+    const char *model;
+    int chat;       /* chat.completion(.chunk) rather than text_completion */
+    int role_sent;  /* the first chunk (role "assistant") went out */
+    int n_calls;    /* tool calls streamed so far: their OpenAI index */
+    int64_t serial; /* counter for tool call ids */
+} k3c_api_meta;
+
+void k3c_api_meta_init(k3c_api_meta *m, int chat, const char *model, uint64_t unique);
+
+/* {"error": {"message", "type", "param", "code"}} */
+void k3c_api_error_json(k3c_sbuf *s, const k3c_api_error *e);
+void k3c_api_usage_json(k3c_sbuf *s, int64_t prompt, int64_t completion);
+
+/* Streaming. Each appends whole SSE events to s. */
+void k3c_sse_chat_delta(k3c_sbuf *s, k3c_api_meta *m, const k3c_chat_delta *d); /* reasoning / content / tool call */
+void k3c_sse_text(k3c_sbuf *s, k3c_api_meta *m, const char *text, size_t n);    /* completions: a text piece */
+/* The closing events: the finish reason, the usage chunk when include_usage, "data: [DONE]". */
+void k3c_sse_finish(k3c_sbuf *s, k3c_api_meta *m, const char *finish_reason, int include_usage, int64_t prompt,
+                    int64_t completion);
+/* An error after the stream started: an error event, then [DONE]. */
+void k3c_sse_error(k3c_sbuf *s, const k3c_api_error *e);
+
+/* Whole responses. */
+void k3c_api_chat_json(k3c_sbuf *s, k3c_api_meta *m, const k3c_turn_msg *r, const char *finish_reason, int64_t prompt,
+                       int64_t completion);
+void k3c_api_completion_json(k3c_sbuf *s, k3c_api_meta *m, const char *text, size_t n, const char *finish_reason,
+                             int64_t prompt, int64_t completion);
+
+/* The chat finish reason: "tool_calls" when the message called tools and stopped, else the scheduler's. */
+const char *k3c_api_chat_finish(k3c_sched_finish why, size_t n_calls);
+
+#endif

@@ -1,0 +1,70 @@
+/* sched.h — the scheduler the server and `k3c chat` submit generation requests to: prompt ids + sampling parameters in,
+ * a stream of token events and a finish reason out, cancellable (issue 12 item 6). The one seam between the HTTP layer
+ * and the decode engine: swapping in the batched engine replaces sched.c alone. */
+#ifndef K3C_SERVE_SCHED_H
+#define K3C_SERVE_SCHED_H
+
+#include "k3c.h"
+
+#define K3C_SCHED_MAX_STOP_IDS 8
+
+/* Per-request sampling. Every field is validated by the request layer; today's engine (k3c_generate and k3c_sampler)
+ * applies temperature, top_p and seed, the batched engine will apply the rest (top_k, min_p, penalties, logprobs). */
+typedef struct {
+    double temperature, top_p, min_p;
+    int64_t top_k; /* 0 = off */
+    double presence_penalty, frequency_penalty, repetition_penalty;
+    uint64_t seed;
+    int logprobs, top_logprobs;
+} k3c_gen_params;
+
+void k3c_gen_params_default(k3c_gen_params *p); /* temperature 1, top_p 1, repetition 1, the rest off */
+
+typedef struct {
+    const int32_t *prompt; /* copied at submit */
+    int64_t n_prompt, max_new;
+    int32_t stop_ids[K3C_SCHED_MAX_STOP_IDS]; /* generation ends after one of these (the id is still reported) */
+    int n_stop_ids;
+    k3c_gen_params params;
+} k3c_sched_req;
+
+typedef enum {
+    K3C_SCHED_FINISH_STOP = 0,  /* a stop id, or the sink asked to stop (a stop string) */
+    K3C_SCHED_FINISH_LENGTH,    /* max_new ids */
+    K3C_SCHED_FINISH_CANCELLED, /* k3c_sched_cancel, or the scheduler shut down */
+    K3C_SCHED_FINISH_ERROR,     /* the engine failed: the message is in the done event */
+} k3c_sched_finish;
+
+const char *k3c_sched_finish_name(k3c_sched_finish f); /* OpenAI spelling: "stop", "length", "cancelled", "error" */
+
+/* Where a job's events go; called on an engine thread, one job's events in order. on_token gets each generated id
+ * (is_stop: it is one of the request's stop ids, generation ends after it) and returns non-zero to end generation.
+ * on_done comes exactly once, last, also for a job cancelled before it started; after it returns the scheduler never
+ * touches ctx again. */
+typedef struct {
+    int (*on_token)(void *ctx, int32_t id, int is_stop);
+    void (*on_done)(void *ctx, k3c_sched_finish why, int64_t n_generated, const k3c_err *err);
+    void *ctx;
+} k3c_sched_sink;
+
+typedef struct k3c_sched k3c_sched;
+typedef struct k3c_sched_job k3c_sched_job;
+
+/* A scheduler over an open model with `slots` sequences in flight and at most `queue_max` waiting. */
+int k3c_sched_new(k3c_model *m, int slots, int queue_max, k3c_sched **out, k3c_err *err);
+/* Cancels every job (each gets its on_done soon) and refuses new ones; returns at once. */
+void k3c_sched_close(k3c_sched *s);
+/* Closes, waits for the engine threads and frees the scheduler. */
+void k3c_sched_free(k3c_sched *s);
+/* Queues a request: K3C_ENOMEM when the queue is full (the caller answers "overloaded"), K3C_EINVAL for a bad
+ * request, else *job is the caller's handle (release it with k3c_sched_release). */
+int k3c_sched_submit(k3c_sched *s, const k3c_sched_req *r, const k3c_sched_sink *sink, k3c_sched_job **job,
+                     k3c_err *err);
+/* Asks the job to end (a client went away): it gets on_done(K3C_SCHED_FINISH_CANCELLED) after its current step, or, when it
+ * is still queued, at once on the calling thread (which must not hold a lock on_done takes). */
+void k3c_sched_cancel(k3c_sched_job *j);
+void k3c_sched_release(k3c_sched_job *j);
+/* Jobs waiting for a slot, and jobs in a slot. */
+void k3c_sched_load(k3c_sched *s, int *queued, int *running);
+
+#endif

@@ -1,0 +1,168 @@
+/* turn.c — ids → text → chat deltas for one assistant turn (turn.h), and the blocking run `k3c chat` uses. */
+#include "serve/turn.h"
+
+#include "tok/tok.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void msg_add_call(k3c_turn_msg *m, const char *name, const char *args) {
+    if (m->ncalls == m->cap) {
+        size_t nc = m->cap ? 2 * m->cap : 4;
+        char **a = realloc(m->call_name, nc * sizeof *a), **b = a ? realloc(m->call_args, nc * sizeof *b) : NULL;
+        if (a) m->call_name = a;
+        if (b) m->call_args = b;
+        if (!a || !b) {
+            m->nomem = 1;
+            return;
+        }
+        m->cap = nc;
+    }
+    char *n = strdup(name), *g = strdup(args);
+    if (!n || !g) {
+        free(n);
+        free(g);
+        m->nomem = 1;
+        return;
+    }
+    m->call_name[m->ncalls] = n;
+    m->call_args[m->ncalls++] = g;
+}
+
+static void turn_delta(void *ctx, const k3c_chat_delta *d) {
+    k3c_turn *t = ctx;
+    if (d->kind == K3C_CHAT_DELTA_REASONING) k3c_sbuf_append(&t->msg.reasoning, d->text, d->len);
+    if (d->kind == K3C_CHAT_DELTA_CONTENT) k3c_sbuf_append(&t->msg.content, d->text, d->len);
+    if (d->kind == K3C_CHAT_DELTA_CALL) msg_add_call(&t->msg, d->name, d->arguments);
+    if (t->on_delta) t->on_delta(t->ctx, d);
+}
+
+static void turn_text(void *ctx, const char *s, size_t n) {
+    k3c_turn *t = ctx;
+    if (!t->parser) {
+        t->on_text(t->ctx, s, n);
+        return;
+    }
+    if (!t->raw && k3c_chat_parser_feed(t->parser, s, n, NULL) == 0) return;
+    t->raw = 1; /* this piece was not taken: pass it on whole, and all that follows */
+    k3c_chat_delta d = {.kind = K3C_CHAT_DELTA_CONTENT, .text = s, .len = n};
+    turn_delta(t, &d);
+}
+
+int k3c_turn_init(k3c_turn *t, const k3c_tok *tok, const k3c_chat_parse_opts *chat, const char *const *stops, int nstop,
+                  k3c_chat_delta_fn on_delta, k3c_text_fn on_text, void *ctx, k3c_err *err) {
+    memset(t, 0, sizeof *t);
+    t->on_delta = on_delta;
+    t->on_text = on_text;
+    t->ctx = ctx;
+    k3c_sbuf_init(&t->msg.reasoning);
+    k3c_sbuf_init(&t->msg.content);
+    int rc = k3c_stopper_init(&t->stop, tok, stops, nstop, chat ? K3C_STOP_SPECIALS : 0, turn_text, t, err);
+    if (!rc && chat) rc = k3c_chat_parser_new(chat, turn_delta, t, &t->parser, err);
+    if (rc) k3c_turn_free(t);
+    return rc;
+}
+
+int k3c_turn_token(k3c_turn *t, int32_t id, int is_stop, k3c_err *err) {
+    if (is_stop) return 1;
+    int rc = k3c_stopper_feed(&t->stop, id, err);
+    if (rc >= 0 && (t->msg.nomem || !t->msg.reasoning.ok || !t->msg.content.ok))
+        return k3c_errf(err, K3C_ENOMEM, "chat turn: out of memory");
+    return rc;
+}
+
+int k3c_turn_finish(k3c_turn *t, k3c_err *err) {
+    k3c_stopper_finish(&t->stop);
+    if (t->parser && !t->raw) k3c_chat_parser_finish(t->parser, NULL); /* a failure here only drops an open call */
+    if (t->msg.nomem || !t->msg.reasoning.ok || !t->msg.content.ok)
+        return k3c_errf(err, K3C_ENOMEM, "chat turn: out of memory");
+    return 0;
+}
+
+void k3c_turn_free(k3c_turn *t) {
+    k3c_stopper_free(&t->stop);
+    k3c_chat_parser_free(t->parser);
+    k3c_sbuf_free(&t->msg.reasoning);
+    k3c_sbuf_free(&t->msg.content);
+    for (size_t i = 0; i < t->msg.ncalls; i++) {
+        free(t->msg.call_name[i]);
+        free(t->msg.call_args[i]);
+    }
+    free(t->msg.call_name);
+    free(t->msg.call_args);
+    memset(t, 0, sizeof *t);
+}
+
+k3c_chat_format k3c_turn_format(const k3c_config *cfg) {
+    return strcmp(cfg->model_type, "kimi_linear") == 0 ? K3C_CHAT_K2 : K3C_CHAT_XTML;
+}
+
+int k3c_turn_stop_ids(const k3c_tok *tok, const k3c_config *cfg, int32_t *ids, int max) {
+    static const char *const names[] = {"<|end_of_msg|>", "<|im_end|>", "[EOS]", "<|endoftext|>", "[EOT]"};
+    int n = 0;
+    for (size_t i = 0; i < sizeof names / sizeof *names && n < max; i++) {
+        int32_t id = k3c_tok_special_id(tok, names[i]);
+        if (id >= 0) ids[n++] = id;
+    }
+    int32_t eos = (int32_t)cfg->eos_token_id;
+    int dup = 0;
+    for (int i = 0; i < n; i++) dup |= ids[i] == eos;
+    if (n < max && !dup && eos >= 0 && k3c_tok_is_special(tok, eos)) ids[n++] = eos;
+    return n;
+}
+
+/* ---------------------------------------------------------------- blocking run */
+
+typedef struct {
+    k3c_turn *t;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, failed;
+    k3c_sched_finish why;
+    int64_t n_gen;
+    k3c_err err;
+} run_state;
+
+static int run_token(void *ctx, int32_t id, int is_stop) {
+    run_state *r = ctx;
+    int rc = k3c_turn_token(r->t, id, is_stop, &r->err);
+    if (rc < 0) r->failed = 1;
+    return rc != 0;
+}
+
+static void run_done(void *ctx, k3c_sched_finish why, int64_t n_gen, const k3c_err *err) {
+    run_state *r = ctx;
+    pthread_mutex_lock(&r->mu);
+    r->why = why;
+    r->n_gen = n_gen;
+    if (err) {
+        r->err = *err;
+        r->failed = 1;
+    }
+    r->done = 1;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+int k3c_turn_run(k3c_sched *s, const k3c_sched_req *req, k3c_turn *t, k3c_sched_finish *why, int64_t *n_gen, k3c_err *err) {
+    run_state r = {.t = t};
+    pthread_mutex_init(&r.mu, NULL);
+    pthread_cond_init(&r.cv, NULL);
+    k3c_sched_sink sink = {run_token, run_done, &r};
+    k3c_sched_job *job;
+    int rc = k3c_sched_submit(s, req, &sink, &job, err);
+    if (!rc) {
+        pthread_mutex_lock(&r.mu);
+        while (!r.done) pthread_cond_wait(&r.cv, &r.mu);
+        pthread_mutex_unlock(&r.mu);
+        k3c_sched_release(job);
+        *why = r.why;
+        *n_gen = r.n_gen;
+        rc = r.failed ? (err ? (*err = r.err).code : r.err.code) : k3c_turn_finish(t, err);
+        if (r.failed && !rc) rc = K3C_EINVAL;
+    }
+    pthread_cond_destroy(&r.cv);
+    pthread_mutex_destroy(&r.mu);
+    return rc;
+}

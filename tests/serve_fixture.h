@@ -1,0 +1,109 @@
+/* serve_fixture.h — shared by test_serve_units.c and test_serve.c: a servable model directory built on the spot (a BPE
+ * tokenizer trained with the K3 and K2 chat markers as special tokens, the tiny K3 test config with that vocabulary,
+ * random weights). Static functions; include once, after test.h. */
+#ifndef K3C_SERVE_FIXTURE_H
+#define K3C_SERVE_FIXTURE_H
+
+#include "test.h"
+
+#include "base/json.h"
+#include "model/model.h"
+#include "tok/tok.h"
+
+static const char *const SERVE_SPECIALS[] = {"<|endoftext|>",
+                                             "[EOS]",
+                                             "<|open|>",
+                                             "<|close|>",
+                                             "<|sep|>",
+                                             "<|end_of_msg|>",
+                                             "<|im_end|>",
+                                             "<|im_user|>",
+                                             "<|im_assistant|>",
+                                             "<|im_system|>",
+                                             "<|im_middle|>",
+                                             "<|tool_calls_section_begin|>",
+                                             "<|tool_calls_section_end|>",
+                                             "<|tool_call_begin|>",
+                                             "<|tool_call_argument_begin|>",
+                                             "<|tool_call_end|>"};
+#define SERVE_N_SPECIALS (int)(sizeof SERVE_SPECIALS / sizeof *SERVE_SPECIALS)
+#define SERVE_RANKS 420
+
+static void serve_write(const char *path, const char *text) {
+    k3c_err err = {0};
+    CHECK_OK(k3c_write_file_atomic(path, text, strlen(text), &err), &err);
+}
+
+/* Text with words, markup, JSON and multi-byte characters, so the vocabulary has merges of each. */
+static char *serve_corpus(size_t *n) {
+    static const char *const parts[] = {"Hello world! The weather in Paris is 18°C and clear. ",
+                                        "message role=\"user\" ",
+                                        "think response tools call ",
+                                        "argument key=\"city\" type=\"string\" ",
+                                        "{\"city\": \"Paris\", \"units\": \"c\"} ",
+                                        "Über café naïve 東京 ",
+                                        "get_weather returns the current weather for a city. ",
+                                        "You are a helpful assistant. ",
+                                        "tool=\"get_weather\" "};
+    k3c_sbuf s;
+    k3c_sbuf_init(&s);
+    for (int r = 0; r < 60; r++)
+        for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+            k3c_sbuf_append(&s, parts[(i * 7 + (size_t)r) % 9], strlen(parts[(i * 7 + (size_t)r) % 9]));
+    *n = s.len;
+    return s.buf;
+}
+
+/* Builds <dir>/{tiktoken.model(+.specials.json), k3c_tokenizer.json, config.json, model.safetensors}. */
+static int serve_model_dir(const char *dir) {
+    k3c_err err = {0};
+    size_t n;
+    char *text = serve_corpus(&n);
+    const char *texts[1] = {text};
+    k3c_tok_train_opts to = {.vocab_size = SERVE_RANKS,
+                             .pattern = K3C_TOK_PATTERN_KIMI,
+                             .specials = SERVE_SPECIALS,
+                             .n_specials = SERVE_N_SPECIALS};
+    k3c_tok *t = NULL;
+    int rc = k3c_tok_train(texts, &n, 1, &to, &t, &err);
+    free(text);
+    CHECK_OK(rc, &err);
+    if (rc) return rc;
+    int32_t vocab = k3c_tok_n_vocab(t);
+    char p[4400];
+    snprintf(p, sizeof p, "%s/tiktoken.model", dir);
+    CHECK_OK(rc = k3c_tok_save(t, p, &err), &err);
+    k3c_tok_free(t);
+    snprintf(p, sizeof p, "%s/k3c_tokenizer.json", dir);
+    serve_write(p, "{\"pattern\": \"kimi\"}\n");
+    /* configs/k3_test_tiny.json with the tokenizer's vocabulary */
+    char *cfg_text = NULL;
+    size_t cn;
+    if (rc || (rc = k3c_read_file("configs/k3_test_tiny.json", &cfg_text, &cn, &err))) {
+        CHECK_OK(rc, &err);
+        return rc;
+    }
+    char *v = strstr(cfg_text, "\"vocab_size\": 32,");
+    CHECK(v != NULL, "configs/k3_test_tiny.json: vocab_size 32 not found");
+    if (!v) return K3C_EINVAL;
+    k3c_sbuf c;
+    k3c_sbuf_init(&c);
+    k3c_sbuf_append(&c, cfg_text, (size_t)(v - cfg_text));
+    k3c_sbuf_printf(&c, "\"vocab_size\": %d,%s", vocab, v + strlen("\"vocab_size\": 32,"));
+    free(cfg_text);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    serve_write(p, c.buf);
+    k3c_sbuf_free(&c);
+    k3c_config cfg;
+    k3c_model m;
+    CHECK_OK(rc = k3c_config_load(p, &cfg, &err), &err);
+    if (!rc) CHECK_OK(rc = k3c_model_create_f32(&cfg, 0, &m, &err), &err);
+    if (rc) return rc;
+    k3c_model_init_f32(&m, 7, 0.5); /* a wide init: the sampled text is varied */
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    CHECK_OK(rc = k3c_model_save_f32(&m, p, &err), &err);
+    k3c_model_free_f32(&m);
+    return rc;
+}
+
+#endif

@@ -1,0 +1,354 @@
+/* test_serve.c — `k3c serve` end to end: starts it on a free loopback port with a tiny model built on the spot, waits
+ * for /health, streams a chat request with a tool (every SSE chunk valid JSON, usage, [DONE]), checks whole chat and
+ * text completions, /tokenize ↔ /detokenize, /metrics counters, every kind of bad request (4xx with an OpenAI error
+ * body), a client that hangs up mid-stream (its slot comes back), then SIGTERM (a clean exit). Also `k3c chat` on
+ * piped stdin. */
+#include "http_client.h"
+#include "serve_fixture.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#define KEY "Bearer sk-test"
+
+static pid_t g_pid = -1;
+static FILE *g_out; /* the server's stdout */
+
+/* Starts the server; returns its port (0 on failure). */
+static int start_server(const char *dir) {
+    int fds[2];
+    if (pipe(fds)) return 0;
+    g_pid = fork();
+    if (g_pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        execl(test_k3c_bin(), test_k3c_bin(), "serve", "--model", dir, "--port", "0", "--slots", "2", "--api-key",
+              "sk-test", "--max-tokens-cap", "48", "--max-body", "65536", "--name", "tiny", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    g_out = fdopen(fds[0], "r");
+    char line[512];
+    int port = 0;
+    if (g_out && fgets(line, sizeof line, g_out)) {
+        const char *p = strstr(line, "127.0.0.1:");
+        if (p) port = atoi(p + 10);
+    }
+    CHECK(port > 0, "server did not print its port");
+    return port;
+}
+
+static int wait_healthy(int port) {
+    int odd = 0; /* answers other than 200 / 503 */
+    for (int i = 0; i < 600; i++) {
+        http_resp r;
+        int rc = http_do(port, "GET", "/health", NULL, NULL, &r), st = r.status;
+        http_resp_free(&r);
+        odd += !rc && st != 200 && st != 503;
+        if (!rc && st == 200) {
+            CHECK(odd == 0, "/health answered something else than 200 or 503 %d times", odd);
+            return 1;
+        }
+        usleep(50 * 1000);
+    }
+    CHECK(0, "/health never became 200");
+    return 0;
+}
+
+/* Reads a Prometheus counter line's value (-1 if absent). */
+static double metric(int port, const char *series) {
+    http_resp r;
+    double v = -1;
+    if (http_do(port, "GET", "/metrics", NULL, NULL, &r) == 0 && r.status == 200) {
+        const char *p = strstr(r.body, series);
+        if (p) v = atof(p + strlen(series));
+    }
+    http_resp_free(&r);
+    return v;
+}
+
+static k3c_json *parse_body(const http_resp *r) {
+    k3c_json *j = NULL;
+    k3c_err err = {0};
+    if (!r->body || k3c_json_parse(r->body, r->body_len, "response", &j, &err)) return NULL;
+    return j;
+}
+
+static const k3c_json *path(const k3c_json *j, const char *a, const char *b) {
+    const k3c_json *v = k3c_json_get(j, a);
+    return b ? k3c_json_get(v, b) : v;
+}
+
+#define TOOLS                                                                                                          \
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Current weather\","              \
+    "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}}]"
+
+static void streamed_chat(int port) {
+    const char *body = "{\"model\":\"tiny\",\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":"
+                       "\"user\",\"content\":\"Weather in Paris?\"}],\"tools\":" TOOLS ",\"tool_choice\":\"auto\","
+                       "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"max_tokens\":24,\"seed\":5,"
+                       "\"temperature\":0.9,\"top_k\":50,\"min_p\":0.01,\"stop\":[\"zzqq\"]}";
+    http_resp r;
+    CHECK(http_do(port, "POST", "/v1/chat/completions", KEY, body, &r) == 0, "stream request");
+    CHECK(r.status == 200 && r.headers && strcasestr(r.headers, "content-type: text/event-stream"), "SSE reply %d",
+          r.status);
+    int events = 0, bad = 0, done = 0, after_done = 0, finish = 0, role = 0;
+    int64_t completion = -1, prompt = -1, total = -1;
+    for (char *save = NULL, *ev = r.body ? strtok_r(r.body, "\n", &save) : NULL; ev; ev = strtok_r(NULL, "\n", &save)) {
+        events++;
+        after_done += done;
+        if (strncmp(ev, "data: ", 6)) {
+            bad++;
+            continue;
+        }
+        if (!strcmp(ev + 6, "[DONE]")) {
+            done++;
+            continue;
+        }
+        k3c_json *j = NULL;
+        k3c_err err = {0};
+        if (k3c_json_parse(ev + 6, strlen(ev + 6), "chunk", &j, &err)) {
+            printf("  bad chunk: %s (%s)\n", ev, err.msg);
+            bad++;
+            continue;
+        }
+        const k3c_json *o = k3c_json_get(j, "object"), *ch = k3c_json_get(j, "choices"), *u = k3c_json_get(j, "usage");
+        bad += !o || strcmp(o->string, "chat.completion.chunk") || !ch || !k3c_json_get(j, "id");
+        if (ch && ch->n) {
+            const k3c_json *f = k3c_json_get(&ch->items[0], "finish_reason");
+            role += path(&ch->items[0], "delta", "role") != NULL;
+            if (f && f->type == K3C_JSON_STRING) {
+                finish++;
+                bad += strcmp(f->string, "stop") && strcmp(f->string, "length") && strcmp(f->string, "tool_calls");
+            }
+        }
+        if (u) {
+            prompt = k3c_json_get(u, "prompt_tokens")->integer;
+            completion = k3c_json_get(u, "completion_tokens")->integer;
+            total = k3c_json_get(u, "total_tokens")->integer;
+        }
+        k3c_json_free(j);
+    }
+    CHECK(events >= 4 && bad == 0 && done == 1 && after_done == 0 && finish == 1 && role == 1,
+          "SSE: %d events, %d bad, %d [DONE] (%d after), %d finish, %d role", events, bad, done, after_done, finish,
+          role);
+    CHECK(prompt > 20 && completion >= 1 && completion <= 24 && total == prompt + completion,
+          "usage %lld + %lld = %lld", (long long)prompt, (long long)completion, (long long)total);
+    http_resp_free(&r);
+}
+
+static void whole_answers(int port) {
+    http_resp r;
+    const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":12,\"seed\":1,"
+                       "\"thinking\":false}";
+    CHECK(http_do(port, "POST", "/v1/chat/completions", KEY, chat, &r) == 0 && r.status == 200, "chat %d", r.status);
+    k3c_json *j = parse_body(&r);
+    const k3c_json *ch = k3c_json_get(j, "choices"), *u = k3c_json_get(j, "usage");
+    const k3c_json *msg = ch && ch->n ? k3c_json_get(&ch->items[0], "message") : NULL;
+    CHECK(j && !strcmp(k3c_json_get(j, "object")->string, "chat.completion") && msg &&
+              !strcmp(k3c_json_get(msg, "role")->string, "assistant") &&
+              k3c_json_get(msg, "content")->type == K3C_JSON_STRING,
+          "chat.completion with an assistant message: %s", r.body);
+    CHECK(u && k3c_json_get(u, "completion_tokens")->integer <= 12 &&
+              k3c_json_get(u, "total_tokens")->integer ==
+                  k3c_json_get(u, "prompt_tokens")->integer + k3c_json_get(u, "completion_tokens")->integer,
+          "usage adds up");
+    k3c_json_free(j);
+    http_resp_free(&r);
+    /* text completions: a string prompt and an id prompt; greedy is deterministic */
+    const char *greedy = "{\"prompt\":\"Hello world\",\"max_tokens\":8,\"temperature\":0}";
+    char first[4096] = "";
+    for (int k = 0; k < 2; k++) {
+        CHECK(http_do(port, "POST", "/v1/completions", KEY, greedy, &r) == 0 && r.status == 200, "completion %d",
+              r.status);
+        j = parse_body(&r);
+        ch = k3c_json_get(j, "choices");
+        const k3c_json *text = ch && ch->n ? k3c_json_get(&ch->items[0], "text") : NULL;
+        CHECK(j && text && !strcmp(k3c_json_get(j, "object")->string, "text_completion") &&
+                  k3c_json_get(path(j, "usage", NULL), "completion_tokens")->integer <= 8,
+              "text_completion: %s", r.body);
+        if (text && k == 0) snprintf(first, sizeof first, "%s", text->string);
+        if (text && k == 1) CHECK(!strcmp(first, text->string), "greedy twice: '%s' vs '%s'", first, text->string);
+        k3c_json_free(j);
+        http_resp_free(&r);
+    }
+    CHECK(http_do(port, "POST", "/v1/completions", KEY, "{\"prompt\":[5,6,7],\"max_tokens\":3,\"stream\":true}", &r) ==
+                  0 &&
+              r.status == 200 && strstr(r.body, "\"text_completion\"") && strstr(r.body, "data: [DONE]\n\n"),
+          "streamed completion from ids: %s", r.body ? r.body : "");
+    http_resp_free(&r);
+}
+
+static void tokenize_round_trip(int port) {
+    http_resp r;
+    CHECK(http_do(port, "POST", "/tokenize", KEY, "{\"prompt\":\"Hello world, 東京 café\"}", &r) == 0 &&
+              r.status == 200,
+          "tokenize %d", r.status);
+    k3c_json *j = parse_body(&r);
+    const k3c_json *t = k3c_json_get(j, "tokens");
+    CHECK(t && t->type == K3C_JSON_ARRAY && t->n > 2 && k3c_json_get(j, "count")->integer == (int64_t)t->n,
+          "tokens: %s", r.body);
+    k3c_sbuf b;
+    k3c_sbuf_init(&b);
+    k3c_sbuf_append(&b, "{\"tokens\":[", 11);
+    for (size_t i = 0; t && i < t->n; i++) k3c_sbuf_printf(&b, "%s%lld", i ? "," : "", (long long)t->items[i].integer);
+    k3c_sbuf_append(&b, "]}", 2);
+    k3c_json_free(j);
+    http_resp_free(&r);
+    CHECK(http_do(port, "POST", "/detokenize", KEY, b.buf, &r) == 0 && r.status == 200, "detokenize %d", r.status);
+    j = parse_body(&r);
+    const k3c_json *p = k3c_json_get(j, "prompt");
+    CHECK(p && !strcmp(p->string, "Hello world, 東京 café"), "round trip: %s", r.body);
+    k3c_json_free(j);
+    http_resp_free(&r);
+    k3c_sbuf_free(&b);
+}
+
+/* The error body: {"error": {"message": string, "type": string, "param", "code"}}. */
+static void expect(int port, const char *method, const char *url, const char *auth, const char *body, int status,
+                   const char *code) {
+    http_resp r;
+    int rc = http_do(port, method, url, auth, body, &r);
+    k3c_json *j = rc ? NULL : parse_body(&r);
+    const k3c_json *e = k3c_json_get(j, "error"), *c = k3c_json_get(e, "code");
+    CHECK(!rc && r.status == status, "%s %s: status %d, want %d", method, url, r.status, status);
+    CHECK(e && k3c_json_get(e, "message") && k3c_json_get(e, "message")->type == K3C_JSON_STRING &&
+              k3c_json_get(e, "type") && k3c_json_get(e, "param") && c,
+          "%s %s: OpenAI error body: %s", method, url, r.body ? r.body : "");
+    if (c && code) CHECK(c->type == K3C_JSON_STRING && !strcmp(c->string, code), "code %s, want %s", r.body, code);
+    k3c_json_free(j);
+    http_resp_free(&r);
+}
+
+static void bad_requests(int port) {
+    const char *chat = "/v1/chat/completions";
+    expect(port, "POST", chat, KEY, "{\"messages\":[{\"role\":\"user\"", 400, "invalid_json");
+    expect(port, "POST", chat, KEY, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":\"many\"}",
+           400, "invalid_type");
+    expect(port, "POST", chat, KEY, "{\"model\":\"gpt-9\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 404,
+           "model_not_found");
+    expect(port, "POST", chat, KEY, "{\"model\":\"tiny\"}", 400, "missing_required_parameter");
+    expect(port, "POST", chat, KEY, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":5000}", 400,
+           "context_length_exceeded");
+    expect(port, "POST", "/v1/completions", KEY, "{\"prompt\":[1,2,1000000]}", 400, "invalid_value");
+    expect(port, "POST", chat, "Bearer wrong", "{\"messages\":[]}", 401, "invalid_api_key");
+    expect(port, "POST", chat, NULL, "{\"messages\":[]}", 401, "invalid_api_key");
+    expect(port, "GET", "/v1/models", NULL, NULL, 401, "invalid_api_key");
+    expect(port, "GET", "/v2/nothing", KEY, NULL, 404, "unknown_url");
+    expect(port, "GET", chat, KEY, NULL, 405, "method_not_allowed");
+    /* a prompt longer than the context (4096), and a body over --max-body 65536 */
+    k3c_sbuf b;
+    k3c_sbuf_init(&b);
+    k3c_sbuf_append(&b, "{\"prompt\":[", 11);
+    for (int i = 0; i < 5000; i++) k3c_sbuf_printf(&b, "%s%d", i ? "," : "", 7);
+    k3c_sbuf_append(&b, "]}", 2);
+    expect(port, "POST", "/v1/completions", KEY, b.buf, 400, "context_length_exceeded");
+    while (b.len < 70000) k3c_sbuf_append(&b, "          ", 10);
+    expect(port, "POST", "/v1/completions", KEY, b.buf, 413, "request_too_large");
+    k3c_sbuf_free(&b);
+    /* still fine afterwards */
+    http_resp r;
+    CHECK(http_do(port, "GET", "/v1/models", KEY, NULL, &r) == 0 && r.status == 200 && strstr(r.body, "\"tiny\""),
+          "models after the bad requests: %s", r.body ? r.body : "");
+    http_resp_free(&r);
+}
+
+/* A client that reads the first chunk of a long stream and hangs up: its generation ends and the slot is freed. */
+static void hang_up(int port) {
+    int fd = http_connect(port);
+    const char *body = "{\"prompt\":\"Hello\",\"max_tokens\":48,\"stream\":true,\"min_p\":0.0}";
+    CHECK(fd >= 0 && http_send(fd, "POST", "/v1/completions", KEY, body, strlen(body)) == 0, "send");
+    char buf[256];
+    CHECK(recv(fd, buf, sizeof buf, 0) > 0, "first bytes of the stream");
+    close(fd);
+    double running = 1;
+    for (int i = 0; i < 200 && running != 0; i++) {
+        usleep(50 * 1000);
+        running = metric(port, "\nk3c_running ");
+    }
+    CHECK(running == 0, "slot freed after the hang-up (running %g)", running);
+    http_resp r;
+    CHECK(http_do(port, "POST", "/v1/completions", KEY, "{\"prompt\":\"Hi\",\"max_tokens\":2}", &r) == 0 &&
+              r.status == 200,
+          "served after the hang-up: %d", r.status);
+    http_resp_free(&r);
+}
+
+static int run_cmd(const char *cmd, char *out, size_t n) {
+    FILE *p = popen(cmd, "r");
+    size_t got = p ? fread(out, 1, n - 1, p) : 0;
+    out[got] = 0;
+    int st = p ? pclose(p) : -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* `k3c generate --stop`: the text stops right before the stop string, a prefix of the unstopped text. */
+static void generate_stop(const char *dir) {
+    char cmd[4600], full[8192], cut[8192];
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt 'Hello world' --greedy 24 2>&1", test_k3c_bin(), dir);
+    int rc = run_cmd(cmd, full, sizeof full);
+    CHECK(rc == 0 && strlen(full) > 13, "generate: %s", full);
+    /* stop at the third character of the continuation, whatever the model wrote */
+    char stop[8] = {0};
+    memcpy(stop, full + 13, 2);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt 'Hello world' --greedy 24 --stop '%s' 2>&1",
+             test_k3c_bin(), dir, stop);
+    rc = run_cmd(cmd, cut, sizeof cut);
+    size_t n = strlen(cut);
+    CHECK(rc == 0 && n >= 12 && cut[n - 1] == '\n' && !strstr(cut + 11, stop) && !strncmp(full, cut, n - 1) &&
+              n - 1 <= 13,
+          "--stop '%s': '%s' vs '%s'", stop, cut, full);
+}
+
+static void chat_cli(const char *dir) {
+    char cmd[4600], out[8192];
+    snprintf(cmd, sizeof cmd,
+             "printf 'Hello\\n\\nWeather?\\n/exit\\nnot read\\n' | %s chat --model %s --max-tokens 5 --seed 2 2>&1",
+             test_k3c_bin(), dir);
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(out, 1, sizeof out - 1, p) : 0;
+    out[n] = 0;
+    int st = p ? pclose(p) : -1;
+    int turns = 0;
+    for (const char *q = out; (q = strstr(q, "[stopped after ")); q++) turns++;
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "k3c chat exit: %s", out);
+    CHECK(turns <= 2 && !strstr(out, "k3c chat:"), "two turns at most, no errors: %s", out);
+}
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+    const char *tmp = test_tmpdir("serve");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", tmp);
+    if (serve_model_dir(dir) != 0) return test_summary();
+    int port = start_server(dir);
+    if (port && wait_healthy(port)) {
+        double chat0 = metric(port, "k3c_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} ");
+        double gen0 = metric(port, "\nk3c_generation_tokens_total ");
+        streamed_chat(port);
+        whole_answers(port);
+        tokenize_round_trip(port);
+        bad_requests(port);
+        hang_up(port);
+        double chat1 = metric(port, "k3c_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} ");
+        double gen1 = metric(port, "\nk3c_generation_tokens_total ");
+        double e401 = metric(port, "k3c_requests_total{endpoint=\"/v1/chat/completions\",status=\"401\"} ");
+        double hist = metric(port, "k3c_request_duration_seconds_count{endpoint=\"/v1/completions\"} ");
+        CHECK(chat1 - (chat0 < 0 ? 0 : chat0) == 2 && gen1 > gen0 && e401 == 2 && hist >= 5,
+              "metrics moved: chat %g→%g, tokens %g→%g, 401s %g, completions timed %g", chat0, chat1, gen0, gen1, e401,
+              hist);
+    }
+    if (g_pid > 0) {
+        kill(g_pid, SIGTERM);
+        int st = 0;
+        waitpid(g_pid, &st, 0);
+        char rest[4096];
+        size_t n = g_out ? fread(rest, 1, sizeof rest - 1, g_out) : 0;
+        rest[n] = 0;
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(rest, "stopped"), "clean stop (status %d): %s", st, rest);
+    }
+    if (g_out) fclose(g_out);
+    chat_cli(dir);
+    generate_stop(dir);
+    return test_summary();
+}

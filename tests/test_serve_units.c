@@ -1,0 +1,372 @@
+/* test_serve_units.c — the server's pieces without HTTP: stop strings (split across tokens, UTF-8 split across tokens,
+ * held-back text released at the end, specials), request validation (every kind of bad request gets its status, code
+ * and parameter), and a canned K3 answer with a tool call streamed through the turn pipeline as SSE chunks. */
+#include "serve_fixture.h"
+
+#include "serve/response.h"
+
+static k3c_tok *g_tok;
+
+typedef struct {
+    k3c_sbuf out;
+    int calls;
+} sink;
+
+static void collect(void *ctx, const char *s, size_t n) {
+    sink *k = ctx;
+    k3c_sbuf_append(&k->out, s, n);
+    k->calls++;
+}
+
+/* Feeds the bytes of s one byte token each (ranks 0..255 are the single bytes); returns the first feed's result that
+ * was not 0, or 0. */
+static int feed_bytes(k3c_stopper *st, const char *s) {
+    k3c_err err = {0};
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        int rc = k3c_stopper_feed(st, *p, &err);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static void stop_strings(void) {
+    k3c_err err = {0};
+    k3c_stopper st;
+    sink k = {{0}, 0};
+    k3c_sbuf_init(&k.out);
+    const char *stops[2] = {"<STOP>", "END"};
+    /* a stop string split over many tokens: the text before it comes out, nothing of it, and generation ends */
+    CHECK_OK(k3c_stopper_init(&st, g_tok, stops, 2, 0, collect, &k, &err), &err);
+    CHECK(feed_bytes(&st, "abc<ST") == 0, "no stop yet");
+    CHECK(k.out.len == 3 && !memcmp(k.out.buf, "abc", 3), "held back a stop prefix: got '%.*s'", (int)k.out.len,
+          k.out.buf ? k.out.buf : "");
+    CHECK(feed_bytes(&st, "OP>def") == 1, "stop string found");
+    k3c_stopper_finish(&st);
+    CHECK(k.out.len == 3, "nothing after the stop string: '%.*s'", (int)k.out.len, k.out.buf);
+    k3c_stopper_free(&st);
+    /* a prefix that never completes is released at the end, untouched */
+    k.out.len = 0;
+    CHECK_OK(k3c_stopper_init(&st, g_tok, stops, 2, 0, collect, &k, &err), &err);
+    CHECK(feed_bytes(&st, "x <STO") == 0 && k.out.len == 2, "held '<STO'");
+    CHECK(feed_bytes(&st, "P!") == 0, "'<STOP!' is not a stop");
+    CHECK(feed_bytes(&st, " EN") == 0, "'EN' held");
+    k3c_stopper_finish(&st);
+    CHECK(k.out.len == 11 && !memcmp(k.out.buf, "x <STOP! EN", 11), "released at the end: '%.*s'", (int)k.out.len,
+          k.out.buf);
+    k3c_stopper_free(&st);
+    /* the earlier of two stop strings wins, even when the later one completes in the same token */
+    k.out.len = 0;
+    CHECK_OK(k3c_stopper_init(&st, g_tok, stops, 2, 0, collect, &k, &err), &err);
+    k3c_tok_ids ids = {0};
+    CHECK_OK(k3c_tok_encode(g_tok, "ab END <STOP>", 13, 0, &ids, &err), &err);
+    int rc = 0;
+    for (size_t i = 0; i < ids.n && rc == 0; i++) rc = k3c_stopper_feed(&st, ids.ids[i], &err);
+    CHECK(rc == 1 && k.out.len == 3 && !memcmp(k.out.buf, "ab ", 3), "earliest stop: '%.*s'", (int)k.out.len,
+          k.out.buf);
+    k3c_tok_ids_free(&ids);
+    k3c_stopper_free(&st);
+    /* UTF-8 split across tokens: "é" = C3 A9 and "東" = E6 9D B1 fed byte by byte never come out in halves */
+    k.out.len = 0;
+    k.calls = 0;
+    CHECK_OK(k3c_stopper_init(&st, g_tok, NULL, 0, 0, collect, &k, &err), &err);
+    CHECK(k3c_stopper_feed(&st, 0xC3, &err) == 0 && k.out.len == 0, "half of é held back");
+    CHECK(k3c_stopper_feed(&st, 0xA9, &err) == 0 && k.out.len == 2, "é whole");
+    CHECK(k3c_stopper_feed(&st, 0xE6, &err) == 0 && k3c_stopper_feed(&st, 0x9D, &err) == 0 && k.out.len == 2,
+          "two thirds of 東 held back");
+    CHECK(k3c_stopper_feed(&st, 0xB1, &err) == 0 && k.out.len == 5 && !memcmp(k.out.buf, "é東", 5), "東 whole");
+    /* an unfinished character at the end becomes U+FFFD; a stray byte in the middle too */
+    CHECK(k3c_stopper_feed(&st, 0xF0, &err) == 0 && k.out.len == 5, "lead byte held");
+    k3c_stopper_finish(&st);
+    CHECK(k.out.len == 8 && !memcmp(k.out.buf + 5, "\xEF\xBF\xBD", 3), "U+FFFD for the cut character");
+    k3c_stopper_free(&st);
+    k.out.len = 0;
+    CHECK_OK(k3c_stopper_init(&st, g_tok, NULL, 0, 0, collect, &k, &err), &err);
+    CHECK(k3c_stopper_feed(&st, 0xA9, &err) == 0 && k3c_stopper_feed(&st, 'a', &err) == 0 && k.out.len == 4 &&
+              !memcmp(k.out.buf,
+                      "\xEF\xBF\xBD"
+                      "a",
+                      4),
+          "a stray continuation byte is replaced, not held");
+    k3c_stopper_free(&st);
+    /* a stop string with a multi-byte character split inside it */
+    const char *ustop[1] = {"°C"};
+    k.out.len = 0;
+    CHECK_OK(k3c_stopper_init(&st, g_tok, ustop, 1, 0, collect, &k, &err), &err);
+    CHECK(feed_bytes(&st, "18\xC2") == 0 && k.out.len == 2, "'18' out, the half degree sign held");
+    CHECK(feed_bytes(&st, "\xB0") == 0 && k.out.len == 2, "'°' held: it starts the stop string");
+    CHECK(feed_bytes(&st, "C") == 1 && k.out.len == 2, "stop '°C'");
+    k3c_stopper_free(&st);
+    /* special tokens: skipped for completions, spelled out for the chat parser */
+    int32_t eom = k3c_tok_special_id(g_tok, "<|end_of_msg|>");
+    for (int flags = 0; flags < 2; flags++) {
+        k.out.len = 0;
+        CHECK_OK(k3c_stopper_init(&st, g_tok, NULL, 0, flags, collect, &k, &err), &err);
+        CHECK(k3c_stopper_feed(&st, eom, &err) == 0, "special fed");
+        k3c_stopper_finish(&st);
+        CHECK(k.out.len == (flags ? 14u : 0u), "specials with flags %d: %zu bytes", flags, k.out.len);
+        k3c_stopper_free(&st);
+    }
+    CHECK_OK(k3c_stopper_init(&st, g_tok, NULL, 0, 0, collect, &k, &err), &err);
+    CHECK(k3c_stopper_feed(&st, 99999, &err) == K3C_EINVAL, "an unknown id is an error");
+    k3c_stopper_free(&st);
+    const char *empty[1] = {""};
+    CHECK(k3c_stopper_init(&st, g_tok, empty, 1, 0, collect, &k, &err) == K3C_EINVAL, "empty stop string refused");
+    k3c_sbuf_free(&k.out);
+}
+
+/* ---------------------------------------------------------------- request validation */
+
+static k3c_api_limits limits(void) {
+    return (k3c_api_limits){g_tok, K3C_CHAT_XTML, "tiny", k3c_tok_n_vocab(g_tok), 256, 32};
+}
+
+static void expect_error(k3c_api_kind kind, const char *body, int status, const char *code, const char *param) {
+    k3c_api_limits lim = limits();
+    k3c_api_req q;
+    k3c_api_error e;
+    int rc = k3c_api_parse(kind, body, strlen(body), &lim, &q, &e);
+    CHECK(rc == status && rc == e.status, "%s: status %d, want %d (%s)", body, rc, status, rc ? e.message : "");
+    if (rc) {
+        CHECK(code ? e.code && !strcmp(e.code, code) : 1, "%s: code %s, want %s", body, e.code ? e.code : "null", code);
+        CHECK(!strcmp(e.param, param), "%s: param '%s', want '%s'", body, e.param, param);
+        CHECK(e.message[0] && e.type, "%s: a message and a type", body);
+    }
+    k3c_api_req_free(&q);
+}
+
+static void validation(void) {
+    k3c_api_limits lim = limits();
+    const char *ok = "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"temperature\":0.5,"
+                     "\"top_p\":0.9,\"top_k\":40,\"min_p\":0.05,\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,"
+                     "\"repetition_penalty\":1.1,\"seed\":-3,\"max_tokens\":10,\"stop\":[\"a\",\"bc\"],"
+                     "\"logprobs\":true,\"top_logprobs\":3,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+                     "\"unknown_field\":{\"ignored\":1}}";
+    k3c_api_req q;
+    k3c_api_error e;
+    CHECK(k3c_api_parse(K3C_API_CHAT, ok, strlen(ok), &lim, &q, &e) == 0, "valid request: %s", e.message);
+    CHECK(q.params.temperature == 0.5 && q.params.top_p == 0.9 && q.params.top_k == 40 && q.params.min_p == 0.05 &&
+              q.params.presence_penalty == 0.5 && q.params.frequency_penalty == -0.5 &&
+              q.params.repetition_penalty == 1.1 && q.params.seed == (uint64_t)-3 && q.params.logprobs == 1 &&
+              q.params.top_logprobs == 3,
+          "sampling parameters carried");
+    CHECK(q.max_tokens == 10 && q.nstop == 2 && !strcmp(q.stop[1], "bc") && q.stream && q.include_usage,
+          "max_tokens, stop, stream");
+    CHECK(q.prompt.n > 5 && q.parse.format == K3C_CHAT_XTML && q.parse.in_think == 1, "rendered prompt %zu ids",
+          q.prompt.n);
+    /* the prompt is the rendered XTML: its markers are special ids */
+    int32_t open = k3c_tok_special_id(g_tok, "<|open|>");
+    CHECK(q.prompt.ids[0] == open, "the prompt starts with <|open|> (%d)", q.prompt.ids[0]);
+    k3c_api_req_free(&q);
+    /* no max_tokens: the cap, bounded by the context */
+    const char *small = "{\"prompt\":\"Hello world\"}";
+    CHECK(k3c_api_parse(K3C_API_COMPLETION, small, strlen(small), &lim, &q, &e) == 0 && q.max_tokens == 32,
+          "default max_tokens = cap (%lld)", (long long)q.max_tokens);
+    k3c_api_req_free(&q);
+    const char *ids = "{\"prompt\":[1,2,3],\"max_tokens\":253}";
+    CHECK(k3c_api_parse(K3C_API_COMPLETION, ids, strlen(ids), &lim, &q, &e) == 0 && q.prompt.n == 3 &&
+              q.max_tokens == 32,
+          "ids prompt, max_tokens capped");
+    k3c_api_req_free(&q);
+
+    /* the K2 envelope (Kimi Linear): rendered with its markers; XTML-only options are refused */
+    k3c_api_limits k2 = lim;
+    k2.format = K3C_CHAT_K2;
+    const char *k2body = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"tools\":[{\"type\":"
+                         "\"function\",\"function\":{\"name\":\"f\",\"parameters\":{}}}]}";
+    CHECK(k3c_api_parse(K3C_API_CHAT, k2body, strlen(k2body), &k2, &q, &e) == 0 && q.parse.format == K3C_CHAT_K2 &&
+              q.has_tools,
+          "K2 request: %s", e.message);
+    int32_t im_user = k3c_tok_special_id(g_tok, "<|im_user|>"), seen = 0;
+    for (size_t i = 0; i < q.prompt.n; i++) seen |= q.prompt.ids[i] == im_user;
+    CHECK(seen, "the K2 prompt holds <|im_user|>");
+    k3c_api_req_free(&q);
+    const char *k2bad = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"reasoning_effort\":\"low\"}";
+    CHECK(k3c_api_parse(K3C_API_CHAT, k2bad, strlen(k2bad), &k2, &q, &e) == 0, "effort is dropped for K2: %s",
+          e.message);
+    k3c_api_req_free(&q);
+
+    expect_error(K3C_API_CHAT, "{\"messages\": [", 400, "invalid_json", "");
+    expect_error(K3C_API_CHAT, "[1,2]", 400, "invalid_json", "");
+    expect_error(K3C_API_CHAT, "{}", 400, "missing_required_parameter", "messages");
+    expect_error(K3C_API_CHAT, "{\"messages\":\"hi\"}", 400, "invalid_type", "messages");
+    expect_error(K3C_API_CHAT, "{\"messages\":[]}", 400, "invalid_value", "messages");
+    expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400, "invalid_value",
+                 "messages");
+    expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":\"hot\"}", 400,
+                 "invalid_type", "temperature");
+    expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":3}", 400,
+                 "invalid_value", "temperature");
+    expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_p\":0}", 400,
+                 "invalid_value", "top_p");
+    expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1.5}", 400,
+                 "invalid_type", "max_tokens");
+    expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", 400, "invalid_value",
+                 "n");
+    expect_error(K3C_API_CHAT,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"a\",\"b\",\"c\","
+                 "\"d\",\"e\"]}",
+                 400, "invalid_value", "stop");
+    expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":7}", 400, "invalid_type",
+                 "stop");
+    expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":{}}", 400,
+                 "invalid_type", "tools");
+    expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", 400,
+                 "invalid_value", "top_logprobs");
+    expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream_options\":{}}", 400,
+                 "invalid_value", "stream_options");
+    expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"reasoning_effort\":\"huge\"}",
+                 400, "invalid_value", "messages");
+    expect_error(K3C_API_CHAT, "{\"model\":\"gpt-4\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 404,
+                 "model_not_found", "model");
+    expect_error(K3C_API_CHAT, "{\"model\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 400,
+                 "invalid_type", "model");
+    expect_error(K3C_API_COMPLETION, "{\"prompt\":[1,2,99999]}", 400, "invalid_value", "prompt");
+    expect_error(K3C_API_COMPLETION, "{\"prompt\":[1,-2]}", 400, "invalid_value", "prompt");
+    expect_error(K3C_API_COMPLETION, "{\"prompt\":[1,\"a\"]}", 400, "invalid_type", "prompt");
+    expect_error(K3C_API_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", 400, "invalid_value", "prompt");
+    expect_error(K3C_API_COMPLETION, "{\"prompt\":[]}", 400, "invalid_value", "prompt");
+    expect_error(K3C_API_COMPLETION, "{\"prompt\":3}", 400, "invalid_type", "prompt");
+    expect_error(K3C_API_COMPLETION, "{\"prompt\":\"Hello\",\"max_tokens\":1000}", 400, "context_length_exceeded",
+                 "prompt");
+    k3c_sbuf big;
+    k3c_sbuf_init(&big);
+    k3c_sbuf_append(&big, "{\"prompt\":[", 11);
+    for (int i = 0; i < 300; i++) k3c_sbuf_printf(&big, "%s%d", i ? "," : "", 65 + i % 20);
+    k3c_sbuf_append(&big, "]}", 3);
+    expect_error(K3C_API_COMPLETION, big.buf, 400, "context_length_exceeded", "prompt");
+    k3c_sbuf_free(&big);
+    expect_error(K3C_API_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":9}", 400, "invalid_value", "logprobs");
+    expect_error(K3C_API_TOKENIZE, "{\"text\":\"x\"}", 400, "missing_required_parameter", "prompt");
+    expect_error(K3C_API_DETOKENIZE, "{\"tokens\":[1,100000]}", 400, "invalid_value", "tokens");
+    expect_error(K3C_API_DETOKENIZE, "{\"tokens\":\"1 2\"}", 400, "invalid_type", "tokens");
+}
+
+/* ---------------------------------------------------------------- a canned answer through the pipeline as SSE */
+
+static void on_delta_sse(void *ctx, const k3c_chat_delta *d) {
+    void **pair = ctx;
+    k3c_sse_chat_delta(pair[0], pair[1], d);
+}
+
+static void canned_stream(void) {
+    const char *out = "Checking the tool.<|close|>think<|sep|><|open|>response<|sep|>Let me look.<|close|>response"
+                      "<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|><|open|>argument "
+                      "key=\"city\" type=\"string\"<|sep|>Paris<|close|>argument<|sep|><|close|>call<|sep|><|close|>"
+                      "tools<|sep|><|close|>message<|sep|><|end_of_msg|>";
+    k3c_err err = {0};
+    k3c_tok_ids ids = {0};
+    CHECK_OK(k3c_tok_encode(g_tok, out, strlen(out), K3C_TOK_ALLOW_SPECIAL, &ids, &err), &err);
+    k3c_sbuf sse;
+    k3c_sbuf_init(&sse);
+    k3c_api_meta meta;
+    k3c_api_meta_init(&meta, 1, "tiny", 42);
+    void *pair[2] = {&sse, &meta};
+    k3c_chat_parse_opts po = {K3C_CHAT_XTML, 1};
+    k3c_turn t;
+    CHECK_OK(k3c_turn_init(&t, g_tok, &po, NULL, 0, on_delta_sse, NULL, pair, &err), &err);
+    int32_t eom = k3c_tok_special_id(g_tok, "<|end_of_msg|>");
+    int rc = 0;
+    size_t i = 0;
+    for (; i < ids.n && rc == 0; i++) rc = k3c_turn_token(&t, ids.ids[i], ids.ids[i] == eom, &err);
+    CHECK(rc == 1 && i == ids.n, "ended at the end-of-message id (%d at %zu of %zu)", rc, i, ids.n);
+    CHECK_OK(k3c_turn_finish(&t, &err), &err);
+    k3c_sse_finish(&sse, &meta, k3c_api_chat_finish(K3C_SCHED_FINISH_STOP, t.msg.ncalls), 1, 7, (int64_t)ids.n);
+    CHECK(t.msg.ncalls == 1 && !strcmp(t.msg.call_name[0], "get_weather") &&
+              !strcmp(t.msg.call_args[0], "{\"city\":\"Paris\"}"),
+          "one call get_weather(Paris): %zu %s", t.msg.ncalls, t.msg.ncalls ? t.msg.call_args[0] : "");
+    CHECK(t.msg.reasoning.len == 18 && !memcmp(t.msg.reasoning.buf, "Checking the tool.", 18), "reasoning");
+    CHECK(t.msg.content.len == 12 && !memcmp(t.msg.content.buf, "Let me look.", 12), "content");
+    /* every event is a JSON chunk, then [DONE]; together they carry reasoning, content, the call and the finish */
+    int events = 0, bad = 0, done = 0, role = 0, call = 0, usage = 0;
+    k3c_sbuf reasoning, content;
+    k3c_sbuf_init(&reasoning);
+    k3c_sbuf_init(&content);
+    const char *fin = NULL;
+    for (char *save = NULL, *ev = strtok_r(sse.buf, "\n", &save); ev; ev = strtok_r(NULL, "\n", &save)) {
+        events++;
+        if (strncmp(ev, "data: ", 6)) {
+            bad++;
+            continue;
+        }
+        if (!strcmp(ev + 6, "[DONE]")) {
+            done++;
+            continue;
+        }
+        k3c_json *j = NULL;
+        if (k3c_json_parse(ev + 6, strlen(ev + 6), "chunk", &j, &err)) {
+            bad++;
+            continue;
+        }
+        const k3c_json *ch = k3c_json_get(j, "choices");
+        usage += k3c_json_get(j, "usage") != NULL;
+        bad += strcmp(k3c_json_get(j, "object")->string, "chat.completion.chunk") != 0;
+        if (ch && ch->n) {
+            const k3c_json *d = k3c_json_get(&ch->items[0], "delta"), *f = k3c_json_get(&ch->items[0], "finish_reason");
+            const k3c_json *r = k3c_json_get(d, "reasoning_content"), *c = k3c_json_get(d, "content");
+            const k3c_json *tc = k3c_json_get(d, "tool_calls");
+            role += k3c_json_get(d, "role") != NULL;
+            if (r) k3c_sbuf_append(&reasoning, r->string, r->len);
+            if (c) k3c_sbuf_append(&content, c->string, c->len);
+            if (tc) {
+                const k3c_json *fn = k3c_json_get(&tc->items[0], "function");
+                call += !strcmp(k3c_json_get(fn, "name")->string, "get_weather") &&
+                        !strcmp(k3c_json_get(fn, "arguments")->string, "{\"city\":\"Paris\"}") &&
+                        k3c_json_get(&tc->items[0], "index")->integer == 0;
+            }
+            if (f && f->type == K3C_JSON_STRING) fin = f->string == NULL ? NULL : "tool_calls";
+            if (f && f->type == K3C_JSON_STRING) bad += strcmp(f->string, "tool_calls") != 0;
+        }
+        k3c_json_free(j);
+    }
+    CHECK(bad == 0 && done == 1 && role == 1 && call == 1 && usage == 1 && fin,
+          "SSE: %d events, %d bad, %d done, "
+          "%d role, %d call, %d usage",
+          events, bad, done, role, call, usage);
+    CHECK(reasoning.len == 18 && content.len == 12 && !memcmp(content.buf, "Let me look.", 12),
+          "streamed reasoning + content add up");
+    k3c_sbuf_free(&reasoning);
+    k3c_sbuf_free(&content);
+    k3c_sbuf_free(&sse);
+    k3c_turn_free(&t);
+    k3c_tok_ids_free(&ids);
+    /* output that breaks the markup is content from there on, not an error */
+    const char *broken = "fine<|close|>think<|sep|><|open|>response<|sep|>ok<|tool_call_end|>tail";
+    CHECK_OK(k3c_tok_encode(g_tok, broken, strlen(broken), K3C_TOK_ALLOW_SPECIAL, &ids, &err), &err);
+    k3c_chat_parse_opts pk = {K3C_CHAT_XTML, 1};
+    CHECK_OK(k3c_turn_init(&t, g_tok, &pk, NULL, 0, NULL, NULL, NULL, &err), &err);
+    for (i = 0; i < ids.n; i++) CHECK(k3c_turn_token(&t, ids.ids[i], 0, &err) == 0, "token %zu", i);
+    CHECK_OK(k3c_turn_finish(&t, &err), &err);
+    CHECK(t.msg.content.len >= 4 && strstr(t.msg.content.buf, "tail"), "broken markup kept as content: '%s'",
+          t.msg.content.buf ? t.msg.content.buf : "");
+    k3c_turn_free(&t);
+    k3c_tok_ids_free(&ids);
+}
+
+static void error_body(void) {
+    k3c_api_error e;
+    k3c_api_fail(&e, 401, "authentication_error", "invalid_api_key", NULL, "bad key \"%s\"", "x");
+    k3c_sbuf s;
+    k3c_sbuf_init(&s);
+    k3c_api_error_json(&s, &e);
+    CHECK(!strcmp(s.buf,
+                  "{\"error\":{\"message\":\"bad key \\\"x\\\"\",\"type\":\"authentication_error\",\"param\":null,"
+                  "\"code\":\"invalid_api_key\"}}"),
+          "error body: %s", s.buf);
+    k3c_sbuf_free(&s);
+}
+
+int main(void) {
+    const char *dir = test_tmpdir("serve_units");
+    if (serve_model_dir(dir) == 0) {
+        k3c_err err = {0};
+        CHECK_OK(k3c_tok_load_dir(dir, NULL, &g_tok, &err), &err);
+    }
+    if (g_tok) {
+        stop_strings();
+        validation();
+        canned_stream();
+    }
+    error_body();
+    k3c_tok_free(g_tok);
+    return test_summary();
+}
