@@ -125,7 +125,10 @@ typedef struct {
     int64_t mm_hidden, text_hidden, merge_kernel[2];
     int64_t pos_emb_h, pos_emb_w, pos_emb_t;
     double ln_eps;
+    int interp;           /* pos_emb_interpolation_mode: K3C_VISION_BILINEAR (the release) or K3C_VISION_BICUBIC */
+    int64_t media_pad_id; /* top-level media_placeholder_token_id (<|media_pad|>), -1 if absent */
 } k3c_vision_config;
+enum { K3C_VISION_BILINEAR = 0, K3C_VISION_BICUBIC = 1 };
 
 typedef struct {
     char model_type[32];    /* "kimi_linear" or "kimi_k3" (the top-level type) */
@@ -239,6 +242,51 @@ typedef struct k3c_acts k3c_acts;
 
 K3C_MODEL_API(float, f32)
 K3C_MODEL_API(double, f64)
+
+/* ---------------------------------------------------------------- vision (docs/VISION.md)
+ * The MoonViT-V2 tower and patchmergerv2 projector of a kimi_k3 checkpoint (vision_config, tensors vision_tower.* and
+ * mm_projector.*): packed pixel patches → merged tokens [N, 4·D] → image embeddings [N, text hidden]. */
+typedef struct {
+    int64_t t, h, w; /* frames, patch rows, patch columns of one packed item (an int64 [n, 3] grid_thws row) */
+} k3c_grid_thw;
+typedef struct k3c_vision k3c_vision; /* parameters (src/vision/vision.h) */
+typedef struct k3c_vision_acts_f32 k3c_vision_acts_f32;
+typedef struct k3c_vision_acts_f64 k3c_vision_acts_f64;
+
+/* Patches of n packed items (Σ t·h·w), or −1 with err filled if an entry is not positive. */
+int64_t k3c_grid_tokens(const k3c_grid_thw *g, int n, k3c_err *err);
+/* Merged tokens (Σ (h/kh)(w/kw), frames pooled), or −1 if an item's grid is not a multiple of the merge kernel. */
+int64_t k3c_vision_merged_tokens(const k3c_vision_config *vc, const k3c_grid_thw *g, int n, k3c_err *err);
+
+#define K3C_VISION_API(real, S)                                                                                           \
+    /* A tower with zeroed parameters (and gradients when with_grad) for vc (vc->present). */                             \
+    int k3c_vision_create_##S(const k3c_vision_config *vc, int with_grad, k3c_vision **out, k3c_err *err);                \
+    /* Random initialisation for training from scratch: matrices truncated normal with std √(2/fan_in) (the           \
+       release's MLP2 / projector init), the position table standard normal, norm weights 1. */ \
+    void k3c_vision_init_##S(k3c_vision *v, uint64_t seed);                                                               \
+    /* Loads every vision_tower.* / mm_projector.* tensor of a checkpoint (any float dtype); a missing, misshapen or   \
+       unknown vision tensor is an error naming it. Text tensors are ignored. */  \
+    int k3c_vision_load_##S(k3c_vision *v, const k3c_checkpoint *ck, k3c_err *err);                                       \
+    /* <dir>/config.json (its vision_config) + the checkpoint's vision tensors. */                                        \
+    int k3c_vision_open_##S(const char *dir, int with_grad, k3c_vision **out, k3c_err *err);                              \
+    /* Forward of packed items: pixels [L, 3, p, p] (L = k3c_grid_tokens) → *acts (every stage, for the backward;     \
+       free with k3c_vision_acts_free). merged / embeds (may be NULL) get [N, 4·D] / [N, E] pointers into it. */ \
+    int k3c_vision_forward_##S(const k3c_vision *v, const real *pixels, const k3c_grid_thw *g, int n,                     \
+                               k3c_vision_acts_##S **acts, const real **merged, const real **embeds, int64_t *N,          \
+                               k3c_err *err);                                                                             \
+    /* Backward of a forward given d_embeds [N, E]: ADDS every parameter gradient into the tower's gradients and,     \
+       when d_pixels is not NULL, the pixel gradient into d_pixels [L, 3·p·p]. */   \
+    int k3c_vision_backward_##S(k3c_vision *v, const k3c_vision_acts_##S *acts, const real *d_embeds, real *d_pixels,     \
+                                k3c_err *err);                                                                            \
+    void k3c_vision_acts_free_##S(k3c_vision_acts_##S *acts);
+
+K3C_VISION_API(float, f32)
+K3C_VISION_API(double, f64)
+void k3c_vision_free(k3c_vision *v);
+/* Parameters of a tower (elements), and the host-addressable parameters / gradients as the precision's reals. */
+size_t k3c_vision_param_count(const k3c_vision *v);
+void *k3c_vision_weights(k3c_vision *v);
+void *k3c_vision_grads(k3c_vision *v);
 
 /* ---------------------------------------------------------------- tokenizer (docs/FORMATS.md §8)
  * Byte-level BPE in the tiktoken format with a separate special-token table and the cl100k or Kimi pre-tokeniser.
