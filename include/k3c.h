@@ -283,6 +283,10 @@ int64_t k3c_vision_merged_tokens(const k3c_vision_config *vc, const k3c_grid_thw
 K3C_VISION_API(float, f32)
 K3C_VISION_API(double, f64)
 void k3c_vision_free(k3c_vision *v);
+/* `k3c vision encode`: the float32 tower of model_dir on the pixels [L, 3, p, p] (any float dtype) and grid_thws
+ * (I64 or I32 [n, 3]) tensors of `input`; writes `out` (atomically) with merged [N, 4·D] and image_embeds [N, E], F32. */
+int k3c_vision_encode_file(const char *model_dir, const char *input, const char *pixels_name, const char *grid_name,
+                           const char *out, int64_t *N_out, k3c_err *err);
 /* Parameters of a tower (elements), and the host-addressable parameters / gradients as the precision's reals. */
 size_t k3c_vision_param_count(const k3c_vision *v);
 void *k3c_vision_weights(k3c_vision *v);

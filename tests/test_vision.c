@@ -84,8 +84,8 @@ static k3c_vision *golden_tower(k3c_dtype prec, int interp) {
 /* The saved stages of one forward, as untyped pointers, so one walk serves both precisions. */
 #define STAGE_FIELDS(X)                                                                                                \
     X(in)                                                                                                              \
-    X(norm0) X(wqkv) X(q_rope) X(k_rope) X(v) X(attn_core) X(attn_out) X(resid1) X(norm1) X(fc0) X(mlp_act) X(mlp_out) \
-        X(out)
+    X(norm0)                                                                                                           \
+    X(wqkv) X(q_rope) X(k_rope) X(v) X(attn_core) X(attn_out) X(resid1) X(norm1) X(fc0) X(mlp_act) X(mlp_out) X(out)
 
 typedef struct {
     const char *name;
@@ -476,8 +476,52 @@ static void test_errors(void) {
     free(cfg);
 }
 
+/* `k3c vision encode` on the golden's packed images and clip: the written tensors match the golden's float32 run. */
+static void test_cli_encode(const char *cs) {
+    const char *dir = golden_dir(), *tmp = test_tmpdir("vision_encode");
+    char cmd[9000], out[4200], gold[4200];
+    snprintf(out, sizeof out, "%s/%s.safetensors", tmp, cs);
+    snprintf(gold, sizeof gold, "%s/golden.safetensors", dir);
+    snprintf(cmd, sizeof cmd,
+             "%s vision encode --model %s --input %s --pixels input.%s.pixel_values --grid input.%s.grid_thws --out %s "
+             ">/dev/null 2>&1",
+             test_k3c_bin(), dir, gold, cs, cs, out);
+    CHECK(system(cmd) == 0, "%s", cmd);
+    k3c_safetensors *o = NULL, *g = NULL;
+    k3c_err err = {0};
+    CHECK_OK(k3c_st_open(out, &o, &err), &err);
+    CHECK_OK(k3c_st_open(gold, &g, &err), &err);
+    if (o && g) {
+        static const char *const mine[2] = {"merged", "image_embeds"}, *const theirs[2] = {"merged", "proj.out"};
+        for (int k = 0; k < 2; k++) {
+            const k3c_st_tensor *t = k3c_st_find(o, mine[k]);
+            CHECK(t && t->dtype == K3C_F32 && t->ndim == 2, "encode output %s: F32 [N, width]", mine[k]);
+            if (!t || t->dtype != K3C_F32) continue;
+            char nm[96];
+            snprintf(nm, sizeof nm, "bilinear.f32.%s.%s", cs, theirs[k]);
+            cmp_stage(g, nm, t->data, (size_t)(t->shape[0] * t->shape[1]), K3C_F32);
+        }
+    }
+    k3c_st_close(o);
+    k3c_st_close(g);
+    snprintf(cmd, sizeof cmd,
+             "%s vision encode --model %s --input %s --pixels input.img.pixel_values --grid "
+             "input.vid.grid_thws --out %s/bad.safetensors 2>&1",
+             test_k3c_bin(), dir, gold, tmp);
+    FILE *p = popen(cmd, "r");
+    char buf[1024] = {0};
+    size_t nr = p ? fread(buf, 1, sizeof buf - 1, p) : 0;
+    int rc = p ? pclose(p) : -1;
+    CHECK(nr > 0 && rc != 0 && strstr(buf, "input.img.pixel_values") && strstr(buf, "[16, 3, 14, 14]"),
+          "mismatched pixels and grid: clear error, got '%s'", buf);
+    snprintf(cmd, sizeof cmd, "%s/bad.safetensors", tmp);
+    CHECK(access(cmd, F_OK) != 0, "no output written on error");
+}
+
 int main(void) {
     test_golden();
+    test_cli_encode("img");
+    test_cli_encode("vid");
     k3c_set_num_threads(1); /* the FD sizes are tiny: on a shared machine threads cost far more than they save */
     test_ops_fd();
     test_tower_fd(K3C_VISION_BILINEAR);

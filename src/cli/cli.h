@@ -53,5 +53,6 @@ int cmd_generate(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_xtml(int argc, char **argv);
+int cmd_vision(int argc, char **argv);
 
 #endif

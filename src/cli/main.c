@@ -21,6 +21,7 @@ static const k3c_command commands[] = {
     {"check-kda", "check the CPU KDA (recurrent and chunked, fwd and bwd) against a golden file", cmd_check_kda},
     {"train", "train a model from a run config (stages, optimizer, balancing, checkpoints, metrics)", cmd_train},
     {"plan", "size a model on N GPUs: parameters, FLOPs, memory, communication, best layouts", cmd_plan},
+    {"vision", "run a checkpoint's vision tower and projector on packed image patches", cmd_vision},
     {"xtml", "render chat prompts (K3 XTML, K2) and parse model output into reasoning / tool calls", cmd_xtml},
 };
 #define NCOMMANDS (int)(sizeof commands / sizeof *commands)
