@@ -283,6 +283,38 @@ int64_t k3c_vision_merged_tokens(const k3c_vision_config *vc, const k3c_grid_thw
 K3C_VISION_API(float, f32)
 K3C_VISION_API(double, f64)
 void k3c_vision_free(k3c_vision *v);
+/* Images: 8-bit RGB, rows top to bottom (h × w × 3). Decoding matches Pillow's open(...).convert("RGB"): palettes and
+ * gray expanded, alpha dropped, 16-bit samples cut to their high byte; CMYK JPEGs are refused. */
+typedef struct {
+    int w, h;
+    uint8_t *rgb;
+} k3c_image;
+int k3c_image_read(const char *path, k3c_image *img, k3c_err *err);                               /* PNG or JPEG */
+int k3c_image_decode(const void *data, size_t n, const char *name, k3c_image *img, k3c_err *err); /* from memory */
+void k3c_image_free(k3c_image *img);
+/* Pillow's Image.resize((w, h), BICUBIC) on 8-bit RGB, in its fixed-point arithmetic (docs/VISION.md). */
+int k3c_image_resize_bicubic(const k3c_image *src, int w, int h, k3c_image *dst, k3c_err *err);
+
+/* The media preprocessing settings (the release's media_proc_cfg; defaults: patch 14, merge 2, in_patch_limit 16384,
+ * patch_limit_on_one_side 512, mean = std = 0.5). */
+typedef struct {
+    int64_t patch_size, merge, in_patch_limit, patch_limit_on_one_side;
+    double mean[3], std[3];
+} k3c_media_cfg;
+k3c_media_cfg k3c_media_cfg_default(void);
+/* The NaViT resize rule: the image is scaled (never up) so its patches fit in_patch_limit and each side fits
+ * patch_limit_on_one_side patches, then padded right / bottom to multiples of patch × merge. */
+typedef struct {
+    int new_w, new_h, pad_w, pad_h; /* resized size, then zero padding */
+    int64_t grid_h, grid_w;         /* patch grid of the padded image */
+    int64_t tokens;                 /* merged tokens = <|media_pad|> count */
+} k3c_resize_plan;
+int k3c_navit_resize(const k3c_media_cfg *c, int w, int h, k3c_resize_plan *plan, k3c_err *err);
+/* Frames of one image (t = 1) or clip (equal sizes) → pixels [t·gh·gw, 3, p, p] (malloc'd, free()) normalised
+ * (x/255 − mean)/std, frame-major then patch rows; *grid = (t, gh, gw); plan (may be NULL) the resize applied. */
+int k3c_vision_preprocess(const k3c_media_cfg *c, const k3c_image *frames, int t, float **pixels, k3c_grid_thw *grid,
+                          k3c_resize_plan *plan, k3c_err *err);
+
 /* `k3c vision encode`: the float32 tower of model_dir on the pixels [L, 3, p, p] (any float dtype) and grid_thws
  * (I64 or I32 [n, 3]) tensors of `input`; writes `out` (atomically) with merged [N, 4·D] and image_embeds [N, E], F32. */
 int k3c_vision_encode_file(const char *model_dir, const char *input, const char *pixels_name, const char *grid_name,
