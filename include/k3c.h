@@ -200,6 +200,15 @@ typedef struct {
     const int32_t *cu_seqlens;
     const int32_t *targets;
     double loss_norm; /* divisor of the summed loss (0 = the number of counted targets in this batch) */
+    /* Optional input-embedding overrides (image tokens; docs/VISION.md "Prompt and merge"): the n_embeds rows of
+       embeds [n_embeds, hidden] (host memory of the model's precision: float for _f32, double for _f64) replace the
+       token embeddings at positions embed_pos[0..n_embeds) (strictly ascending, < T). The backward writes their
+       gradient into d_embeds (host, same shape, overwritten; NULL = not needed) and adds nothing to the embedding
+       table's rows for those positions. embed_pos and d_embeds must stay valid until the backward. */
+    int64_t n_embeds;
+    const int32_t *embed_pos;
+    const void *embeds;
+    void *d_embeds;
 } k3c_model_batch;
 
 /* Per-step activations, planned up front from the batch shape (k3c_model_plan_bytes) and carved from one arena. */
@@ -383,6 +392,20 @@ int k3c_tok_encode(const k3c_tok *t, const void *text, size_t n, int flags, k3c_
 /* The exact bytes of ids in a new malloc'd buffer (*len bytes plus a NUL for convenience; free with free()). Unknown
  * ids are K3C_EINVAL naming the id and its position. */
 int k3c_tok_decode(const k3c_tok *t, const int32_t *ids, size_t n, char **bytes, size_t *len, k3c_err *err);
+
+/* ---------------------------------------------------------------- image tokens (docs/VISION.md "Prompt and merge")
+ * An image enters the prompt as <|media_begin|>image {W}x{H}<|media_content|> + N × <|media_pad|> + <|media_end|>,
+ * W × H its original size, N its merged tokens (k3c_resize_plan.tokens); the N <|media_pad|> rows of the input
+ * embeddings are replaced by the image embeddings in order (k3c_model_batch.n_embeds / embed_pos / embeds). */
+int k3c_vision_image_prompt(int W, int H, int64_t n_tokens, char **out, size_t *len, k3c_err *err); /* malloc'd */
+/* The same prompt tokenized (the four media specials must exist in tok), appended to out. */
+int k3c_vision_image_ids(const k3c_tok *tok, int W, int H, int64_t n_tokens, k3c_tok_ids *out, k3c_err *err);
+/* Positions t with ids[t] == pad_id written to pos (may be NULL to count); returns their number. */
+int64_t k3c_vision_pad_positions(const int32_t *ids, int64_t T, int32_t pad_id, int32_t *pos);
+/* Next-token targets inside each document (cu: n_docs + 1 offsets, NULL = one document) with no loss on image tokens:
+ * −1 where the input or the target is pad_id, and at each document's last position. */
+int k3c_vision_targets(const int32_t *ids, int64_t T, const int32_t *cu, int n_docs, int32_t pad_id, int32_t *targets,
+                       k3c_err *err);
 
 /* ---------------------------------------------------------------- generation */
 /* Next-token choice from logits: greedy, or temperature + nucleus (top-p) sampling with a counter-based random

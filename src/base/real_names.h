@@ -6,6 +6,7 @@
 #define K3C_REAL_NAMES_H
 #if K3C_REAL_DOUBLE
 #define k3c_acts_carve_backward k3c_acts_carve_backward_f64
+#define k3c_acts_embed_overrides_bwd k3c_acts_embed_overrides_bwd_f64
 #define k3c_acts_layer_fwd k3c_acts_layer_fwd_f64
 #define k3c_acts_src k3c_acts_src_f64
 #define k3c_add k3c_add_f64
@@ -130,6 +131,7 @@
 #define k3c_zero k3c_zero_f64
 #else
 #define k3c_acts_carve_backward k3c_acts_carve_backward_f32
+#define k3c_acts_embed_overrides_bwd k3c_acts_embed_overrides_bwd_f32
 #define k3c_acts_layer_fwd k3c_acts_layer_fwd_f32
 #define k3c_acts_src k3c_acts_src_f32
 #define k3c_add k3c_add_f32
