@@ -328,6 +328,15 @@ int k3c_vision_preprocess(const k3c_media_cfg *c, const k3c_image *frames, int t
  * (I64 or I32 [n, 3]) tensors of `input`; writes `out` (atomically) with merged [N, 4·D] and image_embeds [N, E], F32. */
 int k3c_vision_encode_file(const char *model_dir, const char *input, const char *pixels_name, const char *grid_name,
                            const char *out, int64_t *N_out, k3c_err *err);
+/* The same from image files (PNG / JPEG), each preprocessed alone (mc NULL = the defaults, patch and merge from the
+ * model) and packed in order; `out` also gets pixel_values and grid_thws. plans / sizes (may be NULL) receive each
+ * image's resize and original size (for its prompt). */
+typedef struct {
+    int w, h;
+} k3c_image_size;
+int k3c_vision_encode_images(const char *model_dir, const char *const *paths, int n, const k3c_media_cfg *mc,
+                             const char *out, k3c_resize_plan *plans, k3c_image_size *sizes, k3c_err *err);
+
 /* Parameters of a tower (elements), and the host-addressable parameters / gradients as the precision's reals. */
 size_t k3c_vision_param_count(const k3c_vision *v);
 void *k3c_vision_weights(k3c_vision *v);

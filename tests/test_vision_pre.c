@@ -268,10 +268,61 @@ static void test_golden_pixels(void) {
     k3c_st_close(st);
 }
 
+/* `k3c vision encode --image`: files preprocessed and packed; the printed prompts carry the original sizes and token
+ * counts; re-encoding the written pixel_values / grid_thws gives the same embeddings bit for bit. */
+static void test_cli_images(void) {
+    const char *tmp = test_tmpdir("vision_cli"), *model = test_shared("golden/k3_vision_tiny");
+    char a[4300], b[4300], out[4300], out2[4300], cmd[20000];
+    snprintf(a, sizeof a, "%s/a.png", tmp);
+    snprintf(b, sizeof b, "%s/b.jpg", tmp);
+    snprintf(out, sizeof out, "%s/out.safetensors", tmp);
+    snprintf(out2, sizeof out2, "%s/out2.safetensors", tmp);
+    k3c_image ia = make_image(100, 30), ib = make_image(300, 200);
+    CHECK(write_png(a, 100, 30, PNG_COLOR_TYPE_RGB, 8, ia.rgb, 0, NULL, NULL, 0) == 0, "write %s", a);
+    CHECK(write_jpeg(b, 300, 200, ib.rgb, 90) == 0, "write %s", b);
+    free(ia.rgb);
+    free(ib.rgb);
+    snprintf(cmd, sizeof cmd, "%s vision encode --model %s --image %s --image %s --max-patches 64 --out %s 2>&1",
+             test_k3c_bin(), model, a, b, out);
+    FILE *p = popen(cmd, "r");
+    char buf[4096] = {0};
+    size_t nr = p ? fread(buf, 1, sizeof buf - 1, p) : 0;
+    int rc = p ? pclose(p) : -1;
+    CHECK(nr > 0 && rc == 0, "%s: %s", cmd, buf);
+    CHECK(strstr(buf, "100x30 -> 100x30 + pad 12,26, 8 tokens: <|media_begin|>image 100x30<|media_content|>") &&
+              strstr(buf, "300x200 -> 139x93 + pad 1,19, 20 tokens: <|media_begin|>image 300x200"),
+          "printed prompts: %s", buf);
+    snprintf(cmd, sizeof cmd, "%s vision encode --model %s --input %s --out %s >/dev/null 2>&1", test_k3c_bin(), model,
+             out, out2);
+    CHECK(system(cmd) == 0, "%s", cmd);
+    k3c_safetensors *s1 = NULL, *s2 = NULL;
+    k3c_err err = {0};
+    CHECK_OK(k3c_st_open(out, &s1, &err), &err);
+    CHECK_OK(k3c_st_open(out2, &s2, &err), &err);
+    if (s1 && s2) {
+        const k3c_st_tensor *g = k3c_st_find(s1, "grid_thws"), *e1 = k3c_st_find(s1, "image_embeds"),
+                            *e2 = k3c_st_find(s2, "image_embeds");
+        const int64_t want[6] = {1, 4, 8, 1, 8, 10};
+        CHECK(g && g->nbytes == sizeof want && !memcmp(g->data, want, sizeof want), "grid_thws (1,4,8), (1,8,10)");
+        CHECK(e1 && e2 && e1->shape[0] == 28 && e1->nbytes == e2->nbytes && !memcmp(e1->data, e2->data, e1->nbytes),
+              "28 merged tokens; re-encoding the written pixels gives the same embeddings");
+    }
+    k3c_st_close(s1);
+    k3c_st_close(s2);
+    snprintf(cmd, sizeof cmd, "%s vision encode --model %s --image %s/missing.png --out %s/x.safetensors 2>&1",
+             test_k3c_bin(), model, tmp, tmp);
+    p = popen(cmd, "r");
+    memset(buf, 0, sizeof buf);
+    nr = p ? fread(buf, 1, sizeof buf - 1, p) : 0;
+    rc = p ? pclose(p) : -1;
+    CHECK(nr > 0 && rc != 0 && strstr(buf, "missing.png"), "missing image: %s", buf);
+}
+
 int main(void) {
     test_png();
     test_navit();
     test_pillow_bicubic();
     test_golden_pixels();
+    test_cli_images();
     return test_summary();
 }
