@@ -12,6 +12,8 @@ int64_t k3c_grid_tokens(const k3c_grid_thw *g, int n, k3c_err *err) {
                             (long long)g[i].t, (long long)g[i].h, (long long)g[i].w),
                    -1;
         L += g[i].t * g[i].h * g[i].w;
+        if (L > ((int64_t)1 << 40))
+            return k3c_errf(err, K3C_EINVAL, "vision grid: more than 2^40 patches by item %d", i), -1;
     }
     return L;
 }
