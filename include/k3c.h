@@ -276,6 +276,10 @@ int64_t k3c_vision_merged_tokens(const k3c_vision_config *vc, const k3c_grid_thw
     /* Loads every vision_tower.* / mm_projector.* tensor of a checkpoint (any float dtype); a missing, misshapen or   \
        unknown vision tensor is an error naming it. Text tensors are ignored. */  \
     int k3c_vision_load_##S(k3c_vision *v, const k3c_checkpoint *ck, k3c_err *err);                                       \
+    /* Moves the parameters (and gradients) into backend `be`'s memory (a const k3c_backend_##S *, ops/backend.h;      \
+       NULL = the CPU) and runs every later forward and backward there; init and load come first. Afterwards the    \
+       forward's merged / embeds pointers and k3c_vision_weights / _grads are that backend's memory. */  \
+    int k3c_vision_use_backend_##S(k3c_vision *v, const void *be, k3c_err *err);                                          \
     /* <dir>/config.json (its vision_config) + the checkpoint's vision tensors. */                                        \
     int k3c_vision_open_##S(const char *dir, int with_grad, k3c_vision **out, k3c_err *err);                              \
     /* Forward of packed items: pixels [L, 3, p, p] (L = k3c_grid_tokens) → *acts (every stage, for the backward;     \

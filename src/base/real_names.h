@@ -123,6 +123,7 @@
 #define k3c_vision_init k3c_vision_init_f64
 #define k3c_vision_load k3c_vision_load_f64
 #define k3c_vision_open k3c_vision_open_f64
+#define k3c_vision_use_backend k3c_vision_use_backend_f64
 #define k3c_vit_attention_bwd k3c_vit_attention_bwd_f64
 #define k3c_vit_attention_fwd k3c_vit_attention_fwd_f64
 #define k3c_vit_block_acts k3c_vit_block_acts_f64
@@ -248,6 +249,7 @@
 #define k3c_vision_init k3c_vision_init_f32
 #define k3c_vision_load k3c_vision_load_f32
 #define k3c_vision_open k3c_vision_open_f32
+#define k3c_vision_use_backend k3c_vision_use_backend_f32
 #define k3c_vit_attention_bwd k3c_vit_attention_bwd_f32
 #define k3c_vit_attention_fwd k3c_vit_attention_fwd_f32
 #define k3c_vit_block_acts k3c_vit_block_acts_f32

@@ -2,6 +2,7 @@
  * the checkpoint's vision_tower.* / mm_projector.* tensors, checked against the table's shapes.
  * Spec: ../shared/spec/CHECKPOINTS.md §3.4 and the vision tensor table; docs/VISION.md "Loading". */
 #include "base/real.h"
+#include "ops/backend.h"
 #include "vision/vision.h"
 
 #include <stdio.h>
@@ -21,6 +22,7 @@ static double trunc_normal(k3c_rng *r, double std) {
 }
 
 void k3c_vision_init(k3c_vision *v, uint64_t seed) {
+    if (v->backend) return; /* host writes only: init before k3c_vision_use_backend */
     real *w = v->w;
     k3c_rng r = {seed, 0};
     for (int i = 0; i < v->n; i++) {
@@ -59,6 +61,7 @@ static int load_param(k3c_vision *v, const k3c_checkpoint *ck, const k3c_vision_
 
 int k3c_vision_load(k3c_vision *v, const k3c_checkpoint *ck, k3c_err *err) {
     if (v->precision != REAL_DTYPE) return k3c_errf(err, K3C_EINVAL, "vision_load: tower of the other precision");
+    if (v->backend) return k3c_errf(err, K3C_EINVAL, "vision_load: load before k3c_vision_use_backend");
     for (int i = 0; i < k3c_ckpt_count(ck); i++) { /* an unknown vision tensor means a different tower */
         const k3c_st_tensor *t = k3c_ckpt_at(ck, i);
         if (!is_vision_name(t->name)) continue;
@@ -91,5 +94,31 @@ int k3c_vision_open(const char *dir, int with_grad, k3c_vision **out, k3c_err *e
         return rc;
     }
     *out = v;
+    return K3C_OK;
+}
+
+int k3c_vision_use_backend(k3c_vision *v, const void *backend, k3c_err *err) {
+    const k3c_backend *be = backend ? backend : k3c_backend_cpu();
+    if (v->precision != REAL_DTYPE)
+        return k3c_errf(err, K3C_EINVAL, "vision_use_backend: tower of the other precision");
+    if (v->backend) return k3c_errf(err, K3C_EINVAL, "vision_use_backend: the tower already left the host");
+    if (be == k3c_backend_cpu()) return K3C_OK; /* the CPU's memory is the host's */
+    const size_t bytes = v->total * sizeof(real);
+    real *w = be->alloc(bytes), *g = v->g ? be->alloc(bytes) : NULL;
+    int rc = !w || (v->g && !g) ? k3c_errf(err, K3C_ENOMEM, "vision_use_backend: %s: out of memory", be->name) : K3C_OK;
+    if (!rc) rc = be->upload(w, v->w, bytes, err);
+    if (!rc && g) rc = be->upload(g, v->g, bytes, err);
+    if (!rc) rc = be->sync(err);
+    if (rc) {
+        if (w) be->free(w);
+        if (g) be->free(g);
+        return rc;
+    }
+    free(v->w);
+    free(v->g);
+    v->w = w;
+    v->g = g;
+    v->backend = be;
+    v->bfree = be->free;
     return K3C_OK;
 }

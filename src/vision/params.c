@@ -76,9 +76,10 @@ int k3c_vision_alloc(const k3c_vision_config *vc, k3c_dtype precision, int with_
 
 void k3c_vision_free(k3c_vision *v) {
     if (!v) return;
+    void (*f)(void *) = v->bfree ? v->bfree : free;
+    if (v->w) f(v->w);
+    if (v->g) f(v->g);
     free(v->p);
-    free(v->w);
-    free(v->g);
     free(v);
 }
 

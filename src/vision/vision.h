@@ -30,8 +30,10 @@ struct k3c_vision {
     k3c_dtype precision; /* K3C_F32 or K3C_F64: the `real` of w and g */
     int n;               /* parameters */
     k3c_vision_param *p;
-    size_t total; /* elements of w (and g) */
-    void *w, *g;  /* g NULL unless created with gradients */
+    size_t total;           /* elements of w (and g) */
+    void *w, *g;            /* g NULL unless created with gradients; in the backend's memory */
+    const void *backend;    /* the k3c_backend_f32/_f64 running the tower (ops/backend.h); NULL = the CPU reference */
+    void (*bfree)(void *p); /* frees w and g (the backend's free; NULL = free()) */
 };
 
 /* The table and zeroed buffers of `precision` reals (k3c_vision_create_f32/_f64). */
@@ -51,6 +53,7 @@ static inline int k3c_vision_tslot(const struct k3c_vision *v, int k) {
             *fc0, *mlp_act, *mlp_out, *out;                                                                            \
     } k3c_vit_block_acts_##S;                                                                                          \
     struct k3c_vision_acts_##S {                                                                                       \
+        const void *backend;           /* the table whose memory holds everything below */                             \
         int n;                         /* items */                                                                     \
         k3c_grid_thw *g;               /* [n] */                                                                       \
         int32_t *cu;                   /* [n + 1] token offsets */                                                     \

@@ -1,7 +1,8 @@
 /* harness_vision.cu — checks the CUDA twins of the vision tower's ops (src/cuda/vision.cu: GELU tanh / erf, 2D rotary,
  * the interpolated position table both ways, block-diagonal attention, the sd2_tpool merge) through the CUDA op table
  * against the CPU float32 table on fresh random inputs (seed printed), outputs poisoned with NaN, gradients added onto
- * random initial contents. Issue 18; docs/VISION.md. Needs a GPU; usage: harness_vision [seed]. */
+ * random initial contents, then the whole golden tower on CUDA against the CPU (embeddings, every gradient). Issue 18;
+ * docs/VISION.md. Needs a GPU and ../shared (or K3C_SHARED); usage: harness_vision [seed]. */
 #include "cuda/cuda_ops.h"
 #include "cuda/testing.cuh"
 
@@ -119,6 +120,41 @@ static void test_items(harness &h, k3c_rng *r, const k3c_backend_f32 *cpu, const
     }
 }
 
+/* The whole tower on CUDA against the CPU: the golden tower (../shared/golden/k3_vision_tiny) on random packed
+ * items, embeddings and every parameter gradient. */
+static void test_tower(harness &h, k3c_rng *r, const k3c_backend_f32 *gpu, const std::vector<k3c_grid_thw> &g) {
+    const char *dir = getenv("K3C_SHARED") ? getenv("K3C_SHARED") : "../shared";
+    char path[4096];
+    snprintf(path, sizeof path, "%s/golden/k3_vision_tiny", dir);
+    k3c_vision *vc = nullptr, *vg = nullptr;
+    h.ok(k3c_vision_open_f32(path, 1, &vc, &h.err), "open tower (cpu)");
+    h.ok(k3c_vision_open_f32(path, 1, &vg, &h.err), "open tower (gpu)");
+    h.ok(k3c_vision_use_backend_f32(vg, gpu, &h.err), "k3c_vision_use_backend");
+    const int n = (int)g.size();
+    const int64_t L = k3c_grid_tokens(g.data(), n, &h.err);
+    std::vector<float> px = randn(r, L * 3 * 14 * 14);
+    k3c_vision_acts_f32 *ac = nullptr, *ag = nullptr;
+    const float *ec = nullptr, *eg = nullptr;
+    int64_t N = 0;
+    h.ok(k3c_vision_forward_f32(vc, px.data(), g.data(), n, &ac, nullptr, &ec, &N, &h.err), "tower fwd (cpu)");
+    h.ok(k3c_vision_forward_f32(vg, px.data(), g.data(), n, &ag, nullptr, &eg, nullptr, &h.err), "tower fwd (gpu)");
+    const int64_t E = 128;
+    std::vector<float> e(N * E), dy = randn(r, N * E);
+    h.ok(k3c_cuda_d2h(e.data(), eg, e.size() * 4, &h.err), "d2h");
+    const std::string shape = fmt("golden tower, %d items, L%lld", n, (long long)L);
+    h.compare("vision_tower", shape, "embeds", e.data(), ec, N * E, TOL_SUM);
+    h.ok(k3c_vision_backward_f32(vc, ac, dy.data(), nullptr, &h.err), "tower bwd (cpu)");
+    h.ok(k3c_vision_backward_f32(vg, ag, dy.data(), nullptr, &h.err), "tower bwd (gpu)");
+    const size_t np = k3c_vision_param_count(vc);
+    std::vector<float> gg(np);
+    h.ok(k3c_cuda_d2h(gg.data(), k3c_vision_grads(vg), np * 4, &h.err), "d2h grads");
+    h.compare("vision_tower", shape, "grads", gg.data(), (const float *)k3c_vision_grads(vc), np, TOL_SUM);
+    k3c_vision_acts_free_f32(ac);
+    k3c_vision_acts_free_f32(ag);
+    k3c_vision_free(vc);
+    k3c_vision_free(vg);
+}
+
 int main(int argc, char **argv) {
     harness h;
     k3c_cuda_ctx ctx;
@@ -133,6 +169,8 @@ int main(int argc, char **argv) {
         test_items(h, &r, cpu, gpu, {{2, 2, 4}, {3, 8, 6}, {1, 12, 10}}, 2, 16, 32, mode); /* frames, up / down */
         test_items(h, &r, cpu, gpu, {{1, 32, 32}}, 12, 128, 96, mode);                     /* the release's head dim */
     }
+    test_tower(h, &r, gpu, {{1, 4, 6}, {1, 2, 2}});
+    test_tower(h, &r, gpu, {{2, 2, 4}, {1, 20, 14}});
     h.ok(k3c_cuda_sync(&h.err), "final sync");
     k3c_cuda_backend_destroy(&be);
     return h.summary();
