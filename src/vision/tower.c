@@ -252,7 +252,7 @@ static void carve_scratch(k3c_carver *c, bwd_scratch *s, const dims *d) {
     s->df = K3C_CARVE(c, real, 2 * (nf > rowsM ? nf : rowsM));
 }
 
-/* dy: the gradient of block l's out; on return s->dx holds the gradient of its in. */
+/* On entry s->dx holds the gradient of block l's out; on return, that of its in. */
 static int block_bwd(k3c_vision *v, int64_t l, const dims *d, const struct k3c_vision_acts *a, bwd_scratch *s,
                      k3c_err *err) {
     const k3c_backend *be = BE(v);
