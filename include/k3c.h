@@ -341,7 +341,7 @@ typedef struct {
 int k3c_vision_encode_images(const char *model_dir, const char *const *paths, int n, const k3c_media_cfg *mc,
                              const char *out, k3c_resize_plan *plans, k3c_image_size *sizes, k3c_err *err);
 
-/* Parameters of a tower (elements), and the host-addressable parameters / gradients as the precision's reals. */
+/* Parameters of a tower (elements), and its parameters / gradients as the precision's reals (backend memory). */
 size_t k3c_vision_param_count(const k3c_vision *v);
 void *k3c_vision_weights(k3c_vision *v);
 void *k3c_vision_grads(k3c_vision *v);
