@@ -125,7 +125,10 @@ typedef struct {
     int64_t mm_hidden, text_hidden, merge_kernel[2];
     int64_t pos_emb_h, pos_emb_w, pos_emb_t;
     double ln_eps;
+    int interp;           /* pos_emb_interpolation_mode: K3C_VISION_BILINEAR (the release) or K3C_VISION_BICUBIC */
+    int64_t media_pad_id; /* top-level media_placeholder_token_id (<|media_pad|>), -1 if absent */
 } k3c_vision_config;
+enum { K3C_VISION_BILINEAR = 0, K3C_VISION_BICUBIC = 1 };
 
 typedef struct {
     char model_type[32];    /* "kimi_linear" or "kimi_k3" (the top-level type) */
@@ -197,6 +200,15 @@ typedef struct {
     const int32_t *cu_seqlens;
     const int32_t *targets;
     double loss_norm; /* divisor of the summed loss (0 = the number of counted targets in this batch) */
+    /* Optional input-embedding overrides (image tokens; docs/VISION.md "Prompt and merge"): the n_embeds rows of
+       embeds [n_embeds, hidden] (host memory of the model's precision: float for _f32, double for _f64) replace the
+       token embeddings at positions embed_pos[0..n_embeds) (strictly ascending, < T). The backward writes their
+       gradient into d_embeds (host, same shape, overwritten; NULL = not needed) and adds nothing to the embedding
+       table's rows for those positions. embed_pos and d_embeds must stay valid until the backward. */
+    int64_t n_embeds;
+    const int32_t *embed_pos;
+    const void *embeds;
+    void *d_embeds;
 } k3c_model_batch;
 
 /* Per-step activations, planned up front from the batch shape (k3c_model_plan_bytes) and carved from one arena. */
@@ -239,6 +251,100 @@ typedef struct k3c_acts k3c_acts;
 
 K3C_MODEL_API(float, f32)
 K3C_MODEL_API(double, f64)
+
+/* ---------------------------------------------------------------- vision (docs/VISION.md)
+ * The MoonViT-V2 tower and patchmergerv2 projector of a kimi_k3 checkpoint (vision_config, tensors vision_tower.* and
+ * mm_projector.*): packed pixel patches → merged tokens [N, 4·D] → image embeddings [N, text hidden]. */
+typedef struct {
+    int64_t t, h, w; /* frames, patch rows, patch columns of one packed item (an int64 [n, 3] grid_thws row) */
+} k3c_grid_thw;
+typedef struct k3c_vision k3c_vision; /* parameters (src/vision/vision.h) */
+typedef struct k3c_vision_acts_f32 k3c_vision_acts_f32;
+typedef struct k3c_vision_acts_f64 k3c_vision_acts_f64;
+
+/* Patches of n packed items (Σ t·h·w), or −1 with err filled if an entry is not positive. */
+int64_t k3c_grid_tokens(const k3c_grid_thw *g, int n, k3c_err *err);
+/* Merged tokens (Σ (h/kh)(w/kw), frames pooled), or −1 if an item's grid is not a multiple of the merge kernel. */
+int64_t k3c_vision_merged_tokens(const k3c_vision_config *vc, const k3c_grid_thw *g, int n, k3c_err *err);
+
+#define K3C_VISION_API(real, S)                                                                                           \
+    /* A tower with zeroed parameters (and gradients when with_grad) for vc (vc->present). */                             \
+    int k3c_vision_create_##S(const k3c_vision_config *vc, int with_grad, k3c_vision **out, k3c_err *err);                \
+    /* Random initialisation for training from scratch: matrices truncated normal with std √(2/fan_in) (the           \
+       release's MLP2 / projector init), the position table standard normal, norm weights 1. */ \
+    void k3c_vision_init_##S(k3c_vision *v, uint64_t seed);                                                               \
+    /* Loads every vision_tower.* / mm_projector.* tensor of a checkpoint (any float dtype); a missing, misshapen or   \
+       unknown vision tensor is an error naming it. Text tensors are ignored. */  \
+    int k3c_vision_load_##S(k3c_vision *v, const k3c_checkpoint *ck, k3c_err *err);                                       \
+    /* Moves the parameters (and gradients) into backend `be`'s memory (a const k3c_backend_##S *, ops/backend.h;      \
+       NULL = the CPU) and runs every later forward and backward there; init and load come first. Afterwards the    \
+       forward's merged / embeds pointers and k3c_vision_weights / _grads are that backend's memory. */  \
+    int k3c_vision_use_backend_##S(k3c_vision *v, const void *be, k3c_err *err);                                          \
+    /* <dir>/config.json (its vision_config) + the checkpoint's vision tensors. */                                        \
+    int k3c_vision_open_##S(const char *dir, int with_grad, k3c_vision **out, k3c_err *err);                              \
+    /* Forward of packed items: pixels [L, 3, p, p] (L = k3c_grid_tokens) → *acts (every stage, for the backward;     \
+       free with k3c_vision_acts_free). merged / embeds (may be NULL) get [N, 4·D] / [N, E] pointers into it. */ \
+    int k3c_vision_forward_##S(const k3c_vision *v, const real *pixels, const k3c_grid_thw *g, int n,                     \
+                               k3c_vision_acts_##S **acts, const real **merged, const real **embeds, int64_t *N,          \
+                               k3c_err *err);                                                                             \
+    /* Backward of a forward given d_embeds [N, E]: ADDS every parameter gradient into the tower's gradients and,     \
+       when d_pixels is not NULL, the pixel gradient into d_pixels [L, 3·p·p]. */   \
+    int k3c_vision_backward_##S(k3c_vision *v, const k3c_vision_acts_##S *acts, const real *d_embeds, real *d_pixels,     \
+                                k3c_err *err);                                                                            \
+    void k3c_vision_acts_free_##S(k3c_vision_acts_##S *acts);
+
+K3C_VISION_API(float, f32)
+K3C_VISION_API(double, f64)
+void k3c_vision_free(k3c_vision *v);
+/* Images: 8-bit RGB, rows top to bottom (h × w × 3). Decoding matches Pillow's open(...).convert("RGB"): palettes and
+ * gray expanded, alpha dropped, 16-bit samples cut to their high byte; CMYK JPEGs are refused. */
+typedef struct {
+    int w, h;
+    uint8_t *rgb;
+} k3c_image;
+int k3c_image_read(const char *path, k3c_image *img, k3c_err *err);                               /* PNG or JPEG */
+int k3c_image_decode(const void *data, size_t n, const char *name, k3c_image *img, k3c_err *err); /* from memory */
+void k3c_image_free(k3c_image *img);
+/* Pillow's Image.resize((w, h), BICUBIC) on 8-bit RGB, in its fixed-point arithmetic (docs/VISION.md). */
+int k3c_image_resize_bicubic(const k3c_image *src, int w, int h, k3c_image *dst, k3c_err *err);
+
+/* The media preprocessing settings (the release's media_proc_cfg; defaults: patch 14, merge 2, in_patch_limit 16384,
+ * patch_limit_on_one_side 512, mean = std = 0.5). */
+typedef struct {
+    int64_t patch_size, merge, in_patch_limit, patch_limit_on_one_side;
+    double mean[3], std[3];
+} k3c_media_cfg;
+k3c_media_cfg k3c_media_cfg_default(void);
+/* The NaViT resize rule: the image is scaled (never up) so its patches fit in_patch_limit and each side fits
+ * patch_limit_on_one_side patches, then padded right / bottom to multiples of patch × merge. */
+typedef struct {
+    int new_w, new_h, pad_w, pad_h; /* resized size, then zero padding */
+    int64_t grid_h, grid_w;         /* patch grid of the padded image */
+    int64_t tokens;                 /* merged tokens = <|media_pad|> count */
+} k3c_resize_plan;
+int k3c_navit_resize(const k3c_media_cfg *c, int w, int h, k3c_resize_plan *plan, k3c_err *err);
+/* Frames of one image (t = 1) or clip (equal sizes) → pixels [t·gh·gw, 3, p, p] (malloc'd, free()) normalised
+ * (x/255 − mean)/std, frame-major then patch rows; *grid = (t, gh, gw); plan (may be NULL) the resize applied. */
+int k3c_vision_preprocess(const k3c_media_cfg *c, const k3c_image *frames, int t, float **pixels, k3c_grid_thw *grid,
+                          k3c_resize_plan *plan, k3c_err *err);
+
+/* `k3c vision encode`: the float32 tower of model_dir on the pixels [L, 3, p, p] (any float dtype) and grid_thws
+ * (I64 or I32 [n, 3]) tensors of `input`; writes `out` (atomically) with merged [N, 4·D] and image_embeds [N, E], F32. */
+int k3c_vision_encode_file(const char *model_dir, const char *input, const char *pixels_name, const char *grid_name,
+                           const char *out, int64_t *N_out, k3c_err *err);
+/* The same from image files (PNG / JPEG), each preprocessed alone (mc NULL = the defaults, patch and merge from the
+ * model) and packed in order; `out` also gets pixel_values and grid_thws. plans / sizes (may be NULL) receive each
+ * image's resize and original size (for its prompt). */
+typedef struct {
+    int w, h;
+} k3c_image_size;
+int k3c_vision_encode_images(const char *model_dir, const char *const *paths, int n, const k3c_media_cfg *mc,
+                             const char *out, k3c_resize_plan *plans, k3c_image_size *sizes, k3c_err *err);
+
+/* Parameters of a tower (elements), and its parameters / gradients as the precision's reals (backend memory). */
+size_t k3c_vision_param_count(const k3c_vision *v);
+void *k3c_vision_weights(k3c_vision *v);
+void *k3c_vision_grads(k3c_vision *v);
 
 /* ---------------------------------------------------------------- tokenizer (docs/FORMATS.md §8)
  * Byte-level BPE in the tiktoken format with a separate special-token table and the cl100k or Kimi pre-tokeniser.
@@ -299,6 +405,20 @@ int k3c_tok_encode(const k3c_tok *t, const void *text, size_t n, int flags, k3c_
 /* The exact bytes of ids in a new malloc'd buffer (*len bytes plus a NUL for convenience; free with free()). Unknown
  * ids are K3C_EINVAL naming the id and its position. */
 int k3c_tok_decode(const k3c_tok *t, const int32_t *ids, size_t n, char **bytes, size_t *len, k3c_err *err);
+
+/* ---------------------------------------------------------------- image tokens (docs/VISION.md "Prompt and merge")
+ * An image enters the prompt as <|media_begin|>image {W}x{H}<|media_content|> + N × <|media_pad|> + <|media_end|>,
+ * W × H its original size, N its merged tokens (k3c_resize_plan.tokens); the N <|media_pad|> rows of the input
+ * embeddings are replaced by the image embeddings in order (k3c_model_batch.n_embeds / embed_pos / embeds). */
+int k3c_vision_image_prompt(int W, int H, int64_t n_tokens, char **out, size_t *len, k3c_err *err); /* malloc'd */
+/* The same prompt tokenized (the four media specials must exist in tok), appended to out. */
+int k3c_vision_image_ids(const k3c_tok *tok, int W, int H, int64_t n_tokens, k3c_tok_ids *out, k3c_err *err);
+/* Positions t with ids[t] == pad_id written to pos (may be NULL to count); returns their number. */
+int64_t k3c_vision_pad_positions(const int32_t *ids, int64_t T, int32_t pad_id, int32_t *pos);
+/* Next-token targets inside each document (cu: n_docs + 1 offsets, NULL = one document) with no loss on image tokens:
+ * −1 where the input or the target is pad_id, and at each document's last position. */
+int k3c_vision_targets(const int32_t *ids, int64_t T, const int32_t *cu, int n_docs, int32_t pad_id, int32_t *targets,
+                       k3c_err *err);
 
 /* ---------------------------------------------------------------- generation */
 #define K3C_MAX_LOGPROBS 20 /* top alternatives a sampled token can report (OpenAI's limit) */

@@ -58,7 +58,7 @@ static int cfg_equal(const k3c_config *a, const k3c_config *b, char *why, size_t
                                                 EQ(vision.qkv_hidden) EQ(vision.mm_hidden) EQ(vision.text_hidden)
                                                     EQ(vision.merge_kernel[0]) EQ(vision.merge_kernel[1])
                                                         EQ(vision.pos_emb_h) EQ(vision.pos_emb_w) EQ(vision.pos_emb_t)
-                                                            EQ(vision.ln_eps)
+                                                            EQ(vision.ln_eps) EQ(vision.interp) EQ(vision.media_pad_id)
 #undef EQ
                                                                 return 1;
 }
@@ -144,6 +144,7 @@ static void test_k3_release(k3c_config *c) {
               v->merge_kernel[1] == 2,
           "vision projector");
     CHECK(v->pos_emb_h == 64 && v->pos_emb_w == 64 && v->pos_emb_t == 4 && v->ln_eps == 1e-5, "vision pos emb");
+    CHECK(v->interp == K3C_VISION_BILINEAR && v->media_pad_id == 163605, "interpolation mode, <|media_pad|> id");
 }
 
 /* ---------------------------------------------------------------- the other spelling of each golden */

@@ -3,7 +3,7 @@
 # them there (issue 11: one build; nothing is compiled here). The GPU machine has the CUDA runtime but not Debian's
 # OpenBLAS, and build/cuda is far larger than a device call may carry, so:
 #   tools/device_cuda.sh pack     # here: devrun/bin (stripped, xz), devrun/lib (the non-CUDA shared libraries they
-#                                 # link), devrun/golden/k3_tiny_a; carry devrun (about 40 MB)
+#                                 # link), devrun/golden/k3_tiny_a, k3_vision_tiny; carry devrun (about 40 MB)
 #   tools/device_cuda.sh [what]   # there: what = all | harness | bench; logs under $OUT (or devrun/out)
 # SEED repeats a run's random inputs (default: a fresh one, printed). `k3c` (with --device cuda) is in devrun/bin too.
 set -euo pipefail
@@ -12,10 +12,12 @@ what=${1:-all}
 
 if [ "$what" = pack ]; then
     progs=(build/cuda/k3c build/cuda/tests/test_backend_ops build/cuda/tests/cuda/* build/cuda/bench/cuda/*)
-    rm -rf devrun/bin devrun/lib && mkdir -p devrun/bin devrun/lib devrun/golden/k3_tiny_a
+    rm -rf devrun/bin devrun/lib && mkdir -p devrun/bin devrun/lib devrun/golden/k3_tiny_a devrun/golden/k3_vision_tiny
     for p in "${progs[@]}"; do strip -o "devrun/bin/$(basename "$p")" "$p" && xz -T2 -6 -f "devrun/bin/$(basename "$p")"; done
     cp ../shared/golden/k3_tiny_a/config.json devrun/golden/k3_tiny_a/
     gzip -c ../shared/golden/k3_tiny_a/model.safetensors >devrun/golden/k3_tiny_a/model.safetensors.gz
+    cp ../shared/golden/k3_vision_tiny/config.json devrun/golden/k3_vision_tiny/ # harness_vision's whole tower
+    gzip -c ../shared/golden/k3_vision_tiny/model.safetensors >devrun/golden/k3_vision_tiny/model.safetensors.gz
     # every library the programs need except the CUDA runtime's and the C and C++ runtimes (the GPU machine's are newer)
     ldd "${progs[@]}" | awk '$3 ~ /^\// { print $3 }' | sort -u |
         grep -Ev '/(libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|libcu|libnv' |
@@ -25,7 +27,7 @@ if [ "$what" = pack ]; then
 fi
 
 # ---------------------------------------------------------------- there: unpack once, then run
-for f in devrun/bin/*.xz devrun/lib/*.gz devrun/golden/k3_tiny_a/*.gz; do
+for f in devrun/bin/*.xz devrun/lib/*.gz devrun/golden/*/*.gz; do
     [ -e "$f" ] || continue
     case $f in *.xz) xz -d -f "$f" ;; *.gz) gunzip -f "$f" ;; esac
 done

@@ -57,5 +57,6 @@ int cmd_plan(int argc, char **argv);
 int cmd_xtml(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
+int cmd_vision(int argc, char **argv);
 
 #endif

@@ -23,6 +23,7 @@ static const k3c_command commands[] = {
     {"plan", "size a model on N GPUs: parameters, FLOPs, memory, communication, best layouts", cmd_plan},
     {"chat", "chat with a model in the terminal: streamed reasoning, content and tool calls", cmd_chat},
     {"serve", "OpenAI-compatible HTTP server: chat / completions (streamed), tokenize, health, metrics", cmd_serve},
+    {"vision", "run a checkpoint's vision tower and projector on packed image patches", cmd_vision},
     {"xtml", "render chat prompts (K3 XTML, K2) and parse model output into reasoning / tool calls", cmd_xtml},
 };
 #define NCOMMANDS (int)(sizeof commands / sizeof *commands)

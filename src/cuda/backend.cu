@@ -167,6 +167,12 @@ extern "C" int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int tf32, 
     k3c_cuda_optim_entries(b);
     t.quantile_balance_workspace = k3c_quantile_balance_workspace_cuda, t.quantile_balance = k3c_quantile_balance_cuda;
     t.qk_clip = k3c_qk_clip_cuda;
+    t.gelu_tanh = k3c_gelu_tanh_cuda, t.gelu_tanh_bwd = k3c_gelu_tanh_bwd_cuda;
+    t.gelu_erf = k3c_gelu_erf_cuda, t.gelu_erf_bwd = k3c_gelu_erf_bwd_cuda;
+    t.rope2d_fwd = k3c_rope2d_fwd_cuda, t.rope2d_bwd = k3c_rope2d_bwd_cuda;
+    t.posemb_fwd = k3c_posemb_fwd_cuda, t.posemb_bwd = k3c_posemb_bwd_cuda;
+    t.vit_attention_fwd = k3c_vit_attention_fwd_cuda, t.vit_attention_bwd = k3c_vit_attention_bwd_cuda;
+    t.tpool_merge_fwd = k3c_tpool_merge_fwd_cuda, t.tpool_merge_bwd = k3c_tpool_merge_bwd_cuda;
     return K3C_OK;
 }
 

@@ -27,6 +27,7 @@ extern "C" {
 #include "ops/kda.h"
 #include "ops/l2norm.h"
 #include "ops/short_conv.h"
+#include "ops/vision_ops.h"
 
 /* ---------------------------------------------------------------- device plumbing (device.cu) */
 typedef struct {
@@ -216,6 +217,28 @@ int k3c_kda_gate_fwd_cuda(const k3c_kda_gate_dims *d, const float *z, const floa
  * partial sums): deterministic. dz must not overlap z or dg. */
 int k3c_kda_gate_bwd_cuda(const k3c_kda_gate_dims *d, const float *z, const float *dt_bias, const float *A_log,
                           const float *dg, float *dz, float *ddt_bias, float *dA_log, k3c_err *err);
+
+/* ---------------------------------------------------------------- vision tower (ops/vision_ops.h, cuda/vision.cu) */
+/* Grids, cu offsets and the rope table are device arrays; L / N are the grids' patches / merged tokens. */
+int k3c_gelu_tanh_cuda(int64_t n, const float *x, float *y, k3c_err *err);
+int k3c_gelu_tanh_bwd_cuda(int64_t n, const float *x, const float *dy, float *dx, k3c_err *err);
+int k3c_gelu_erf_cuda(int64_t n, const float *x, float *y, k3c_err *err);
+int k3c_gelu_erf_bwd_cuda(int64_t n, const float *x, const float *dy, float *dx, k3c_err *err);
+int k3c_rope2d_fwd_cuda(int64_t rows, int64_t H, int64_t dh, const float *cs, const float *x, float *y, k3c_err *err);
+int k3c_rope2d_bwd_cuda(int64_t rows, int64_t H, int64_t dh, const float *cs, const float *dy, float *dx, k3c_err *err);
+int k3c_posemb_fwd_cuda(const k3c_posemb_sizes *s, const k3c_grid_thw *g, int n, int64_t L, const float *table,
+                        float *x, k3c_err *err);
+int k3c_posemb_bwd_cuda(const k3c_posemb_sizes *s, const k3c_grid_thw *g, int n, const float *dx, float *dtable,
+                        k3c_err *err);
+int k3c_vit_attention_fwd_cuda(const k3c_vit_attn_sizes *s, const int32_t *cu, int n, const float *q, const float *k,
+                               const float *v, float *o, float *lse, k3c_err *err);
+int k3c_vit_attention_bwd_cuda(const k3c_vit_attn_sizes *s, const int32_t *cu, int n, const float *q, const float *k,
+                               const float *v, const float *o, const float *lse, const float *dout, float *dq,
+                               float *dk, float *dv, k3c_err *err);
+int k3c_tpool_merge_fwd_cuda(const k3c_grid_thw *g, int n, int64_t N, int64_t D, int64_t kh, int64_t kw, const float *x,
+                             float *y, k3c_err *err);
+int k3c_tpool_merge_bwd_cuda(const k3c_grid_thw *g, int n, int64_t L, int64_t D, int64_t kh, int64_t kw,
+                             const float *dy, float *dx, k3c_err *err);
 
 /* ---------------------------------------------------------------- sigmoid gate and sigmoid (ops/basic.h) */
 int k3c_sigmoid_gate_fwd_cuda(int64_t n, const float *x, const float *z, float *y, k3c_err *err);

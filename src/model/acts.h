@@ -37,6 +37,9 @@ struct k3c_acts {
     k3c_mla_acts *mla;
     k3c_ffn_acts *ffn;
     double loss_norm;
+    int64_t n_embeds;         /* input-embedding overrides of the batch (k3c_model_batch) */
+    const int32_t *embed_pos; /* the caller's positions */
+    void *d_embeds;           /* the caller's host buffer for their gradient, or NULL */
     /* backward buffers, carved after the forward's */
     real *demb, **dpmid, **dpend;
     real *dxn, *din;  /* [T, D] scratch per sublayer */

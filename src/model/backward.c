@@ -8,6 +8,7 @@
 void k3c_acts_carve_backward(const k3c_model *m, k3c_acts_carver *cv, k3c_acts *a);
 real *k3c_acts_src(const k3c_acts *a, int s);
 int k3c_acts_layer_fwd(k3c_acts *a, int l, k3c_err *err);
+int k3c_acts_embed_overrides_bwd(k3c_acts *a, int64_t D, k3c_err *err);
 
 static real *src_grad(const k3c_acts *a, int s) {
     return s == K3C_SRC_EMB ? a->demb : s % 2 ? a->dpend[s / 2] : a->dpmid[s / 2];
@@ -119,6 +120,7 @@ int k3c_model_backward(k3c_model *m, k3c_acts *a, double scale, k3c_err *err) {
     else
         CHECK_RC(add_into(a, L > 0 ? a->dpend[L - 1] : a->demb, a->din, T * D, err));
     for (int l = L - 1; l >= 0; l--) CHECK_RC(layer_bwd(a, l, err));
+    CHECK_RC(k3c_acts_embed_overrides_bwd(a, D, err));
     k3c_embedding_sizes es = {T, V, D};
     CHECK_RC(be->embedding_bwd(&es, a->ids, a->demb, g + go->embed, err));
     return be->sync(err); /* the caller reads m->g next (optimizer, checks) */

@@ -17,10 +17,11 @@
 typedef struct {
     const char *key, *value;
 } k3c_cfg_fixed;
-#define K3C_VISION_FIXED 8
+#define K3C_VISION_FIXED 7
 #define K3C_VISION_NO_BIAS 3
 extern const k3c_cfg_fixed k3c_vision_fixed[K3C_VISION_FIXED];
 extern const char *const k3c_vision_no_bias[K3C_VISION_NO_BIAS]; /* booleans that must be false */
+extern const char *const k3c_vision_interp[2];                   /* pos_emb_interpolation_mode values */
 
 /* Appends cfg as a config.json in the released spelling (what k3c_config_save writes); validates cfg first. */
 int k3c_config_to_json(const k3c_config *cfg, k3c_sbuf *out, k3c_err *err);

@@ -137,7 +137,15 @@ static void validate_vision(vctx *v, const k3c_config *cfg) {
     POS(&vv, vc->qkv_hidden, "qkv_hidden_size");
     need(&vv, vc->heads > 0 && vc->qkv_hidden % vc->heads == 0, "qkv_hidden_size",
          "a multiple of vt_num_attention_heads", (double)vc->qkv_hidden);
+    need(&vv, vc->heads > 0 && (vc->qkv_hidden / vc->heads) % 4 == 0, "qkv_hidden_size",
+         "heads of a multiple of 4 (2D rotary pairs per axis)", (double)vc->qkv_hidden);
     POS(&vv, vc->mm_hidden, "mm_hidden_size");
+    need(&vv, vc->mm_hidden == vc->hidden, "mm_hidden_size", "equal to vt_hidden_size (the merged patches' width)",
+         (double)vc->mm_hidden);
+    need(&vv, vc->interp == K3C_VISION_BILINEAR || vc->interp == K3C_VISION_BICUBIC, "pos_emb_interpolation_mode",
+         "bilinear or bicubic", (double)vc->interp);
+    need(&vv, vc->media_pad_id >= -1 && vc->media_pad_id < cfg->vocab_size, "media_placeholder_token_id",
+         "-1 (absent) or a token id below vocab_size", (double)vc->media_pad_id);
     need(&vv, vc->text_hidden == cfg->hidden_size, "text_hidden_size", "equal to the text hidden_size",
          (double)vc->text_hidden);
     POS(&vv, vc->merge_kernel[0], "merge_kernel_size[0]");

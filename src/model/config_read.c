@@ -369,8 +369,9 @@ const k3c_cfg_fixed k3c_vision_fixed[K3C_VISION_FIXED] = {
     {"projector_hidden_act", "gelu"},
     {"norm_type", "rmsnorm"},
     {"pos_emb_type", "divided_fixed"},
-    {"pos_emb_interpolation_mode", "bilinear"},
 };
+/* pos_emb_interpolation_mode, indexed by K3C_VISION_BILINEAR / _BICUBIC (the release says bilinear; ports differ). */
+const char *const k3c_vision_interp[2] = {"bilinear", "bicubic"};
 const char *const k3c_vision_no_bias[K3C_VISION_NO_BIAS] = {"attn_bias", "linear_bias", "patch_embed_proj_bias"};
 
 static int parse_vision(k3c_json_ctx *c, const k3c_json *v, k3c_vision_config *vc) {
@@ -394,6 +395,13 @@ static int parse_vision(k3c_json_ctx *c, const k3c_json *v, k3c_vision_config *v
         if ((rc = expect_str(c, V(k3c_vision_fixed[i].key), k3c_vision_fixed[i].value))) return rc;
     for (size_t i = 0; i < K3C_VISION_NO_BIAS; i++)
         if ((rc = expect_bool(c, V(k3c_vision_no_bias[i]), 0))) return rc;
+    const char *mode;
+    if ((rc = k3c_json_get_str(c, K3C_JSON_REQ, V("pos_emb_interpolation_mode"), &mode))) return rc;
+    if (strcmp(mode, k3c_vision_interp[0]) && strcmp(mode, k3c_vision_interp[1]))
+        return k3c_errf(c->err, K3C_ECONFIG,
+                        "%s: vision_config.pos_emb_interpolation_mode: \"%s\" (expected \"bilinear\" or \"bicubic\")",
+                        c->file, mode);
+    vc->interp = strcmp(mode, k3c_vision_interp[0]) ? K3C_VISION_BICUBIC : K3C_VISION_BILINEAR;
     const k3c_json *mk = k3c_json_get(v, "merge_kernel_size");
     if (!mk) return k3c_errf(c->err, K3C_ECONFIG, "%s: vision_config.merge_kernel_size: missing", c->file);
     if (mk->type != K3C_JSON_ARRAY || mk->n != 2 || mk->items[0].type != K3C_JSON_NUMBER || !mk->items[0].is_integer ||
@@ -438,6 +446,7 @@ static int parse_root(k3c_json_ctx *c, const k3c_json *root, k3c_config *cfg) {
     int rc = k3c_json_get_str(c, K3C_JSON_REQ, K3C_SPOT(root, "", "model_type"), &mt);
     if (rc) return rc;
     const k3c_json *text = root, *vision = NULL;
+    int has_pad = 0;
     if (strcmp(mt, K3C_CFG_KIMI_K3) == 0) {
         snprintf(cfg->tensor_prefix, sizeof cfg->tensor_prefix, "%s", K3C_CFG_K3_PREFIX);
         if ((rc = k3c_json_get_obj(c, K3C_SPOT(root, "", "text_config"), &text))) return rc;
@@ -460,6 +469,10 @@ static int parse_root(k3c_json_ctx *c, const k3c_json *root, k3c_config *cfg) {
         (rc = parse_quant_both(c, root, text, cfg)))
         return rc;
     if (vision && (rc = parse_vision(c, vision, &cfg->vision))) return rc;
+    if (vision && (rc = k3c_json_get_int(c, K3C_JSON_OPT, K3C_SPOT(root, "", "media_placeholder_token_id"), K3C_NOSPOT,
+                                         &cfg->vision.media_pad_id, &has_pad)))
+        return rc;
+    if (vision && !has_pad) cfg->vision.media_pad_id = -1;
     return k3c_config_validate(cfg, c->file, c->err);
 }
 

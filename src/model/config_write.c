@@ -192,6 +192,7 @@ static void write_vision(jw *w, const k3c_vision_config *vc) {
     jw_key(w, "merge_kernel_size");
     k3c_sbuf_printf(w->s, "[%lld, %lld]", (long long)vc->merge_kernel[0], (long long)vc->merge_kernel[1]);
     for (size_t i = 0; i < K3C_VISION_FIXED; i++) jw_str(w, k3c_vision_fixed[i].key, k3c_vision_fixed[i].value);
+    jw_str(w, "pos_emb_interpolation_mode", k3c_vision_interp[vc->interp == K3C_VISION_BICUBIC]);
     jw_num(w, "projector_ln_eps", vc->ln_eps);
     jw_int(w, "init_pos_emb_height", vc->pos_emb_h);
     jw_int(w, "init_pos_emb_width", vc->pos_emb_w);
@@ -212,6 +213,8 @@ int k3c_config_to_json(const k3c_config *cfg, k3c_sbuf *out, k3c_err *err) {
     jw_str(&w, "model_type", cfg->model_type);
     if (k3) {
         jw_ids(&w, cfg);
+        if (cfg->vision.present && cfg->vision.media_pad_id >= 0)
+            jw_int(&w, "media_placeholder_token_id", cfg->vision.media_pad_id);
         jw_open(&w, "text_config", '{');
         jw_str(&w, "model_type", K3C_CFG_KIMI_LINEAR);
         jw_strs(&w, "architectures", arch_kl, 1);

@@ -245,6 +245,45 @@ static int upload_batch(const k3c_backend *be, const k3c_model_batch *b, int n_d
     return rc;
 }
 
+/* Calls fn(a, i0, i1) for each run of consecutive positions embed_pos[i0..i1) (one run per image). */
+#define FOR_EMBED_RUNS(n, pos, body)                                                                                   \
+    for (int64_t i0 = 0, i1; i0 < (n); i0 = i1) {                                                                      \
+        for (i1 = i0 + 1; i1 < (n) && (pos)[i1] == (pos)[i1 - 1] + 1; i1++) {}                                         \
+        body;                                                                                                          \
+    }
+
+/* Input-embedding overrides (image tokens): the given rows are copied over the token embeddings of their positions. */
+static int embed_overrides(const k3c_backend *be, const k3c_model_batch *b, int64_t D, k3c_acts *a, k3c_err *err) {
+    a->n_embeds = b->n_embeds;
+    a->embed_pos = b->embed_pos;
+    a->d_embeds = b->d_embeds;
+    if (b->n_embeds <= 0) return K3C_OK;
+    if (!b->embed_pos || !b->embeds) return k3c_errf(err, K3C_EINVAL, "forward: n_embeds set without positions / rows");
+    for (int64_t i = 0; i < b->n_embeds; i++)
+        if (b->embed_pos[i] < 0 || b->embed_pos[i] >= b->T || (i && b->embed_pos[i] <= b->embed_pos[i - 1]))
+            return k3c_errf(err, K3C_EINVAL, "forward: embed_pos[%lld] = %d (must ascend strictly inside [0, %lld))",
+                            (long long)i, b->embed_pos[i], (long long)b->T);
+    const real *rows = b->embeds;
+    const int32_t *pos = b->embed_pos;
+    FOR_EMBED_RUNS(b->n_embeds, pos,
+                   CHECK_RC(be->upload(a->emb + (int64_t)pos[i0] * D, rows + i0 * D,
+                                       sizeof(real) * (size_t)((i1 - i0) * D), err)));
+    return K3C_OK;
+}
+
+/* Backward side: their gradient to the caller, and nothing to the embedding table (the rows are zeroed in demb). */
+int k3c_acts_embed_overrides_bwd(k3c_acts *a, int64_t D, k3c_err *err) {
+    const k3c_backend *be = a->st.be;
+    const int32_t *pos = a->embed_pos;
+    real *d = a->d_embeds;
+    FOR_EMBED_RUNS(a->n_embeds, pos, {
+        const size_t bytes = sizeof(real) * (size_t)((i1 - i0) * D);
+        if (d) CHECK_RC(be->download(d + i0 * D, a->demb + (int64_t)pos[i0] * D, bytes, err));
+        CHECK_RC(be->zero(a->demb + (int64_t)pos[i0] * D, (i1 - i0) * D, err));
+    });
+    return K3C_OK;
+}
+
 /* The depth-mix sources before layer l (§5.3): completed blocks R (the embedding, then each block's last P) and the
  * running partial sum P; a pure function of l, so a recomputed layer sees the same sources. */
 static void sources_before(const k3c_config *c, int l, int *Rsrc, int *nR, int *P) {
@@ -349,6 +388,7 @@ int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, 
     CHECK_RC(upload_batch(be, b, n_docs, a, err));
     k3c_embedding_sizes es = {T, V, D};
     CHECK_RC(be->embedding_fwd(&es, a->ids, (const real *)m->w + m->table.glob.embed, a->emb, err));
+    CHECK_RC(embed_overrides(be, b, D, a, err));
     CHECK_RC(run_layers(a, err));
     const real *w = m->w;
     k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};

@@ -246,7 +246,7 @@ int k3c_model_load(k3c_model *m, const k3c_checkpoint *ck, k3c_err *err) {
         const k3c_st_tensor *t = k3c_ckpt_at(ck, i);
         if (ends_with(t->name, ".weight_scale")) continue; /* read with its weight_packed partner */
         if (m->cfg.vision.present && (!strncmp(t->name, "vision_tower.", 13) || !strncmp(t->name, "mm_projector.", 13)))
-            continue; /* the vision tower is not part of the text model */
+            continue; /* the vision tower is a separate parameter set: k3c_vision_load (src/vision/load.c) */
         int packed = ends_with(t->name, ".weight_packed");
         char name[K3C_PARAM_NAME + 32];
         snprintf(name, sizeof name, "%.*s%s", (int)(strlen(t->name) - (packed ? strlen("_packed") : 0)), t->name, "");

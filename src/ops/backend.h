@@ -21,6 +21,7 @@
 #include "ops/qk_clip.h"
 #include "ops/quantile_balance.h"
 #include "ops/short_conv.h"
+#include "ops/vision_ops.h"
 
 /* Settings carried in an op's sizes that a backend may implement only in part. supports(f, value) is 1 when the
  * backend computes what the setting asks for, 0 when it would compute something else or fail; a caller that binds a
@@ -164,6 +165,28 @@ static inline const char *k3c_backend_feature_name(k3c_backend_feature f) {
            untouched and reports it only through *n_clipped, the host reads it with the step's telemetry). */ \
         int (*qk_clip)(void *ctx, const k3c_config *cfg, const k3c_param_table *t, float *w, const float *s_max,         \
                        double tau, int32_t *n_clipped, k3c_err *err);                                                    \
+        /* ops/vision_ops.h (the vision tower; grids, cu and the rope table in backend memory; L / N: the grids'     \
+           patches / merged tokens, which a device cannot read from the grids without a copy back) */   \
+        int (*gelu_tanh)(int64_t n, const real *x, real *y, k3c_err *err);                                               \
+        int (*gelu_tanh_bwd)(int64_t n, const real *x, const real *dy, real *dx, k3c_err *err);                          \
+        int (*gelu_erf)(int64_t n, const real *x, real *y, k3c_err *err);                                                \
+        int (*gelu_erf_bwd)(int64_t n, const real *x, const real *dy, real *dx, k3c_err *err);                           \
+        int (*rope2d_fwd)(int64_t rows, int64_t H, int64_t dh, const real *cs, const real *x, real *y, k3c_err *err);    \
+        int (*rope2d_bwd)(int64_t rows, int64_t H, int64_t dh, const real *cs, const real *dy, real *dx,                 \
+                          k3c_err *err);                                                                                 \
+        int (*posemb_fwd)(const k3c_posemb_sizes *s, const k3c_grid_thw *g, int n, int64_t L, const real *table,         \
+                          real *x, k3c_err *err);                                                                        \
+        int (*posemb_bwd)(const k3c_posemb_sizes *s, const k3c_grid_thw *g, int n, const real *dx, real *dtable,         \
+                          k3c_err *err);                                                                                 \
+        int (*vit_attention_fwd)(const k3c_vit_attn_sizes *s, const int32_t *cu, int n, const real *q, const real *k,    \
+                                 const real *v, real *o, real *lse, k3c_err *err);                                       \
+        int (*vit_attention_bwd)(const k3c_vit_attn_sizes *s, const int32_t *cu, int n, const real *q, const real *k,    \
+                                 const real *v, const real *o, const real *lse, const real *dout, real *dq, real *dk,    \
+                                 real *dv, k3c_err *err);                                                                \
+        int (*tpool_merge_fwd)(const k3c_grid_thw *g, int n, int64_t N, int64_t D, int64_t kh, int64_t kw,               \
+                               const real *x, real *y, k3c_err *err);                                                    \
+        int (*tpool_merge_bwd)(const k3c_grid_thw *g, int n, int64_t L, int64_t D, int64_t kh, int64_t kw,               \
+                               const real *dy, real *dx, k3c_err *err);                                                  \
     } k3c_backend_##S;                                                                                                   \
     /* The CPU reference of this precision (a constant table). */                                                        \
     const k3c_backend_##S *k3c_backend_cpu_##S(void);

@@ -152,6 +152,53 @@ static int mlp_bwd(void *ctx, const k3c_mlp_sizes *s, const real *x, const real 
     return k3c_mlp_bwd(s, x, wg, wu, wd, saved, dy, dx, dwg, dwu, dwd, ws, err);
 }
 
+/* Vision ops: the void elementwise helpers return 0; L and N are implied by the host grids. */
+static int gelu_tanh(int64_t n, const real *x, real *y, k3c_err *err) {
+    (void)err;
+    k3c_gelu_tanh(n, x, y);
+    return K3C_OK;
+}
+static int gelu_tanh_bwd(int64_t n, const real *x, const real *dy, real *dx, k3c_err *err) {
+    (void)err;
+    k3c_gelu_tanh_bwd(n, x, dy, dx);
+    return K3C_OK;
+}
+static int gelu_erf(int64_t n, const real *x, real *y, k3c_err *err) {
+    (void)err;
+    k3c_gelu_erf(n, x, y);
+    return K3C_OK;
+}
+static int gelu_erf_bwd(int64_t n, const real *x, const real *dy, real *dx, k3c_err *err) {
+    (void)err;
+    k3c_gelu_erf_bwd(n, x, dy, dx);
+    return K3C_OK;
+}
+static int rope2d_fwd(int64_t rows, int64_t H, int64_t dh, const real *cs, const real *x, real *y, k3c_err *err) {
+    (void)err;
+    k3c_rope2d_fwd(rows, H, dh, cs, x, y);
+    return K3C_OK;
+}
+static int rope2d_bwd(int64_t rows, int64_t H, int64_t dh, const real *cs, const real *dy, real *dx, k3c_err *err) {
+    (void)err;
+    k3c_rope2d_bwd(rows, H, dh, cs, dy, dx);
+    return K3C_OK;
+}
+static int posemb_fwd(const k3c_posemb_sizes *s, const k3c_grid_thw *g, int n, int64_t L, const real *table, real *x,
+                      k3c_err *err) {
+    (void)L;
+    return k3c_posemb_fwd(s, g, n, table, x, err);
+}
+static int merge_fwd(const k3c_grid_thw *g, int n, int64_t N, int64_t D, int64_t kh, int64_t kw, const real *x, real *y,
+                     k3c_err *err) {
+    (void)N;
+    return k3c_tpool_merge_fwd(g, n, D, kh, kw, x, y, err);
+}
+static int merge_bwd(const k3c_grid_thw *g, int n, int64_t L, int64_t D, int64_t kh, int64_t kw, const real *dy,
+                     real *dx, k3c_err *err) {
+    (void)L;
+    return k3c_tpool_merge_bwd(g, n, D, kh, kw, dy, dx, err);
+}
+
 static const k3c_backend cpu_table = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -214,6 +261,18 @@ static const k3c_backend cpu_table = {
     .quantile_balance_workspace = quantile_balance_workspace,
     .quantile_balance = quantile_balance,
     .qk_clip = qk_clip,
+    .gelu_tanh = gelu_tanh,
+    .gelu_tanh_bwd = gelu_tanh_bwd,
+    .gelu_erf = gelu_erf,
+    .gelu_erf_bwd = gelu_erf_bwd,
+    .rope2d_fwd = rope2d_fwd,
+    .rope2d_bwd = rope2d_bwd,
+    .posemb_fwd = posemb_fwd,
+    .posemb_bwd = k3c_posemb_bwd,
+    .vit_attention_fwd = k3c_vit_attention_fwd,
+    .vit_attention_bwd = k3c_vit_attention_bwd,
+    .tpool_merge_fwd = merge_fwd,
+    .tpool_merge_bwd = merge_bwd,
 };
 
 const k3c_backend *k3c_backend_cpu(void) { return &cpu_table; }

@@ -1,0 +1,103 @@
+/* params.c — the vision tower's parameter table under the release's tensor names, the tower's one flat buffer, and
+ * the merged-token count of packed items. Spec: ../shared/spec/CHECKPOINTS.md §3.4 and the vision tensor table. */
+#include "vision/vision.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void set(k3c_vision_param *p, const char *name, int ndim, int64_t a, int64_t b, int64_t c, int64_t d) {
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = ndim;
+    const int64_t s[4] = {a, b, c, d};
+    p->n = 1;
+    for (int i = 0; i < 4; i++) {
+        p->shape[i] = i < ndim ? s[i] : 0;
+        if (i < ndim) p->n *= (size_t)s[i];
+    }
+}
+
+/* Fills p[] in slot order (vision.h) and returns the count. */
+static int fill_table(const k3c_vision_config *vc, k3c_vision_param *p) {
+    const int64_t D = vc->hidden, Q = vc->qkv_hidden, F = vc->intermediate, ps = vc->patch_size;
+    const int64_t M = vc->mm_hidden * vc->merge_kernel[0] * vc->merge_kernel[1], E = vc->text_hidden;
+    char nm[96];
+    set(&p[VP_PATCH], "vision_tower.patch_embed.proj.weight", 4, D, 3, ps, ps);
+    set(&p[VP_POS], "vision_tower.patch_embed.pos_emb.weight", 3, vc->pos_emb_h, vc->pos_emb_w, D, 0);
+    for (int64_t l = 0; l < vc->layers; l++) {
+        static const char *const part[VB_COUNT] = {"norm0", "wqkv", "wo", "norm1", "mlp.fc0", "mlp.fc1"};
+        const int64_t rows[VB_COUNT] = {D, 3 * Q, D, D, F, D}, cols[VB_COUNT] = {0, D, Q, 0, D, F};
+        for (int k = 0; k < VB_COUNT; k++) {
+            snprintf(nm, sizeof nm, "vision_tower.encoder.blocks.%lld.%s.weight", (long long)l, part[k]);
+            set(&p[k3c_vision_bslot(l, k)], nm, cols[k] ? 2 : 1, rows[k], cols[k], 0, 0);
+        }
+    }
+    int t = VP_BLOCK0 + (int)vc->layers * VB_COUNT;
+    set(&p[t + VT_FINAL], "vision_tower.encoder.final_layernorm.weight", 1, D, 0, 0, 0);
+    set(&p[t + VT_PROJ0], "mm_projector.proj.0.weight", 2, M, M, 0, 0);
+    set(&p[t + VT_PROJ2], "mm_projector.proj.2.weight", 2, E, M, 0, 0);
+    set(&p[t + VT_POST], "mm_projector.post_norm.weight", 1, E, 0, 0, 0);
+    return t + VT_COUNT;
+}
+
+/* Shared by k3c_vision_create_f32/_f64: the table and zeroed buffers of `precision` reals. */
+int k3c_vision_alloc(const k3c_vision_config *vc, k3c_dtype precision, int with_grad, k3c_vision **out, k3c_err *err) {
+    *out = NULL;
+    if (!vc || !vc->present) return k3c_errf(err, K3C_ECONFIG, "vision: the config has no vision_config");
+    if (vc->layers <= 0 || vc->layers > 4096 || vc->heads <= 0 || vc->qkv_hidden % vc->heads ||
+        (vc->qkv_hidden / vc->heads) % 4 || vc->mm_hidden != vc->hidden)
+        return k3c_errf(err, K3C_ECONFIG, "vision: unsupported vision_config (layers %lld, heads %lld, qkv %lld)",
+                        (long long)vc->layers, (long long)vc->heads, (long long)vc->qkv_hidden);
+    k3c_vision *v = calloc(1, sizeof *v);
+    int n = VP_BLOCK0 + (int)vc->layers * VB_COUNT + VT_COUNT;
+    if (v) v->p = calloc((size_t)n, sizeof *v->p);
+    if (!v || !v->p) {
+        free(v);
+        return k3c_errf(err, K3C_ENOMEM, "vision: out of memory");
+    }
+    v->cfg = *vc;
+    v->precision = precision;
+    v->n = fill_table(vc, v->p);
+    for (int i = 0; i < v->n; i++) {
+        v->p[i].off = v->total;
+        v->total += v->p[i].n;
+    }
+    size_t es = precision == K3C_F64 ? sizeof(double) : sizeof(float);
+    v->w = calloc(v->total, es);
+    v->g = with_grad ? calloc(v->total, es) : NULL;
+    if (!v->w || (with_grad && !v->g)) {
+        size_t total = v->total;
+        k3c_vision_free(v);
+        return k3c_errf(err, K3C_ENOMEM, "vision: out of memory for %zu parameters", total);
+    }
+    *out = v;
+    return K3C_OK;
+}
+
+void k3c_vision_free(k3c_vision *v) {
+    if (!v) return;
+    void (*f)(void *) = v->bfree ? v->bfree : free;
+    if (v->w) f(v->w);
+    if (v->g) f(v->g);
+    free(v->p);
+    free(v);
+}
+
+size_t k3c_vision_param_count(const k3c_vision *v) { return v ? v->total : 0; }
+void *k3c_vision_weights(k3c_vision *v) { return v ? v->w : NULL; }
+void *k3c_vision_grads(k3c_vision *v) { return v ? v->g : NULL; }
+
+int64_t k3c_vision_merged_tokens(const k3c_vision_config *vc, const k3c_grid_thw *g, int n, k3c_err *err) {
+    if (k3c_grid_tokens(g, n, err) < 0) return -1;
+    const int64_t kh = vc->merge_kernel[0], kw = vc->merge_kernel[1];
+    int64_t N = 0;
+    for (int i = 0; i < n; i++) {
+        if (g[i].h % kh || g[i].w % kw)
+            return k3c_errf(err, K3C_EINVAL,
+                            "vision: item %d grid %lldx%lld is not a multiple of the %lldx%lld merge kernel", i,
+                            (long long)g[i].h, (long long)g[i].w, (long long)kh, (long long)kw),
+                   -1;
+        N += (g[i].h / kh) * (g[i].w / kw);
+    }
+    return N;
+}
