@@ -23,7 +23,7 @@ static double *ref_logits(k3c_model *m, k3c_model *m64, const int32_t *ids, int6
     k3c_arena ar;
     size_t bytes = m64 ? k3c_model_plan_bytes_f64(r, T, 1) : k3c_model_plan_bytes_f32(r, T, 1);
     if ((m64 ? k3c_model_arena_init_f64 : k3c_model_arena_init_f32)(r, bytes, &ar, err)) return NULL;
-    k3c_model_batch b = {T, 1, ids, NULL, NULL, 0};
+    k3c_model_batch b = {.T = T, .n_docs = 1, .ids = ids};
     k3c_acts *acts;
     const int64_t n = T * m->cfg.vocab_size;
     double *out = malloc(sizeof(double) * (size_t)n), *l64;
