@@ -406,6 +406,55 @@ typedef struct {
  * then plots metrics.png). */
 int k3c_train_run(const k3c_run_config *rc, const k3c_train_opts *opts, k3c_train_result *res, k3c_err *err);
 
+
+/* ---------------------------------------------------------------- post-training (docs/POST.md; TRAINING.md §3, §5)
+ * Trajectories: JSONL conversations rendered through XTML (or the K2 envelope) to token ids with a loss mask that is 1
+ * exactly on what the model writes (assistant reasoning, content, tool-call markup, end markers). */
+typedef struct {
+    int32_t *ids;
+    uint8_t *mask; /* 1 = the model wrote this token (train on it), 0 = prompt / system / user / tool / observation */
+    int64_t n;
+    int64_t line; /* the JSONL line it came from (0 = not from a file) */
+} k3c_traj;
+void k3c_traj_free(k3c_traj *t);
+
+typedef struct {
+    int format;         /* k3c_chat_format: 0 = XTML (K3), 1 = K2 envelope (Kimi Linear) */
+    int thinking;       /* XTML think channel on assistant turns (the line's own "options" may override) */
+    int64_t max_tokens; /* a longer trajectory is a bad line (0 = no limit) */
+} k3c_traj_opts;
+
+typedef struct {
+    k3c_traj *items;
+    size_t n, cap;
+    int64_t lines, bad; /* non-blank lines read, lines refused */
+    char *report;       /* one "FILE:LINE: FIELD: REASON" line per refused line (NUL-terminated, may be NULL) */
+    size_t report_len;
+} k3c_traj_set;
+
+/* Reads a JSONL file of conversations, one object per line: {"messages": [...], "tools": [...]?, "options": {...}?,
+ * "id"?, "meta"?}. Messages are OpenAI-style (system / user / assistant with content, reasoning_content and
+ * tool_calls / tool with tool_call_id) plus {"role": "state", "content": ...} snapshots (rendered as a system message
+ * named "state", masked). A malformed line is reported in out->report (file, line, field, reason) and skipped, never
+ * trained on; only an unreadable file or no usable line at all is an error. */
+int k3c_traj_load_jsonl(const char *path, const k3c_tok *tok, const k3c_traj_opts *o, k3c_traj_set *out,
+                        k3c_err *err);
+void k3c_traj_set_free(k3c_traj_set *s);
+
+/* A packed SFT batch: whole trajectories laid end to end, each a document (cu_seqlens resets every sequence mixer),
+ * targets[t] = ids[t+1] where the next token is in the same trajectory and masked 1, else -1. Feed it to the model
+ * as a k3c_model_batch. */
+typedef struct {
+    int64_t T, cap;
+    int n_docs, cap_docs;
+    int32_t *ids, *targets, *cu_seqlens;
+    int64_t n_counted; /* targets that are not -1 */
+} k3c_packed;
+/* Packs trajectories t[*next], t[*next+1], ... while they fit in seq_len tokens (at least one, which must fit:
+ * K3C_EINVAL naming it otherwise), advancing *next (wrapping to 0 at the end). */
+int k3c_traj_pack(const k3c_traj *t, size_t n, size_t *next, int64_t seq_len, k3c_packed *out, k3c_err *err);
+void k3c_packed_free(k3c_packed *p);
+
 #ifdef __cplusplus
 }
 #endif
