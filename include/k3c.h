@@ -455,6 +455,50 @@ typedef struct {
 int k3c_traj_pack(const k3c_traj *t, size_t n, size_t *next, int64_t seq_len, k3c_packed *out, k3c_err *err);
 void k3c_packed_free(k3c_packed *p);
 
+
+/* Sandbox: untrusted code (a verifier's unit tests) in a separate process with a private temporary directory (removed
+ * afterwards), rlimits (CPU seconds, address space, file size, process count, open files), a wall-clock timeout that
+ * kills the whole process group, no network (a new network namespace; seccomp refuses sockets), writes and reads
+ * confined to its directory plus the read-only system (Landlock), as user nobody when started as root (the kernel
+ * exempts root from the process limit). Whatever the kernel refuses is left out and reported in `protections`. */
+enum {
+    K3C_SBX_TMPDIR = 1,
+    K3C_SBX_RLIMITS = 2,
+    K3C_SBX_TIMEOUT = 4,
+    K3C_SBX_NETNS = 8,
+    K3C_SBX_USERNS = 16,
+    K3C_SBX_UID_DROP = 32,
+    K3C_SBX_SECCOMP = 64,
+    K3C_SBX_LANDLOCK = 128,
+};
+typedef struct {
+    double cpu_s, wall_s;  /* RLIMIT_CPU (whole seconds, at least 1) and the wall-clock timeout */
+    int64_t mem_bytes;     /* RLIMIT_AS */
+    int64_t fsize_bytes;   /* RLIMIT_FSIZE */
+    int64_t nproc;         /* RLIMIT_NPROC */
+    size_t max_output;     /* stdout + stderr bytes kept (0 = 64 KiB); the rest is drained and `truncated` set */
+    char tmp_root[1024];   /* where the private directory is made ("" = /tmp) */
+} k3c_sandbox_limits;
+typedef struct {
+    const char *name; /* a plain file name inside the sandbox directory */
+    const char *content;
+} k3c_sandbox_file;
+typedef struct {
+    int exited, exit_code, signal, timed_out, truncated;
+    char *out; /* stdout and stderr interleaved, NUL-terminated */
+    size_t out_len;
+    double wall_s;
+    unsigned protections; /* K3C_SBX_* actually in force */
+} k3c_sandbox_result;
+/* Runs argv (argv[0] an absolute path) in a fresh directory holding `files`, with stdin_text (NULL = empty, at most
+ * 60,000 bytes) on standard input. Errors are about the host (directory, fork, exec); the program's own failure is
+ * in the result. */
+int k3c_sandbox_run(const k3c_sandbox_limits *l, const char *const argv[], const k3c_sandbox_file *files, int nfiles,
+                    const char *stdin_text, k3c_sandbox_result *r, k3c_err *err);
+void k3c_sandbox_result_free(k3c_sandbox_result *r);
+/* "tmpdir rlimits timeout netns ..." */
+void k3c_sandbox_protections_str(unsigned protections, char *buf, size_t n);
+
 #ifdef __cplusplus
 }
 #endif
