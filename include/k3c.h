@@ -499,6 +499,39 @@ void k3c_sandbox_result_free(k3c_sandbox_result *r);
 /* "tmpdir rlimits timeout netns ..." */
 void k3c_sandbox_protections_str(unsigned protections, char *buf, size_t n);
 
+
+/* Verifiers: pure functions of (response, ground truth) giving a reward in [0, 1] = the weighted mean of named
+ * components (TRAINING.md §5.2). */
+#define K3C_REWARD_MAX_COMPONENTS 8
+typedef struct {
+    char name[24];
+    double value, weight;
+} k3c_reward_component;
+typedef struct {
+    double reward;
+    int n;
+    k3c_reward_component c[K3C_REWARD_MAX_COMPONENTS];
+    char info[256]; /* why, in words ("3/5 tests", "call 1 (get_weather): $.units: expected one of [...]") */
+} k3c_reward;
+/* Appends a component and recomputes reward. */
+void k3c_reward_add(k3c_reward *r, const char *name, double value, double weight);
+/* Exact answer: the text after the last "####" (else after the last "answer:", else all of it), first line; numbers
+ * compare by value ("1,234", "$5", "3.50", "1/2"; relative 1e-9), other strings after lower-casing, collapsing
+ * whitespace and dropping final punctuation. Component "answer". */
+void k3c_verify_answer(const char *response, const char *truth, k3c_reward *out);
+/* Format validity of model output in XTML (what follows the generation prompt; in_think: the prompt opened the think
+ * channel): "xtml" = it parses and the message is closed; "tool_args" = the fraction of tool calls naming a declared
+ * tool whose arguments are an object matching its JSON schema (type, required, properties, additionalProperties,
+ * enum, items); 1 when there are no calls. tools_json: the OpenAI tools array (NULL: none declared). Errors only for
+ * malformed tools_json. */
+int k3c_verify_format(const char *output, size_t n, const char *tools_json, int in_think, k3c_reward *out,
+                      k3c_err *err);
+/* Python `solution` run in the sandbox against cases_json = [[expression, expected repr], ...]: component "tests" =
+ * fraction passed ("loads", weight 0: the solution executed). Results are read only from lines tagged with a nonce
+ * (from nonce_seed) the harness reads before the solution runs. */
+int k3c_verify_code(const char *solution, const char *cases_json, const k3c_sandbox_limits *l, uint64_t nonce_seed,
+                    k3c_reward *out, k3c_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -24,4 +24,7 @@ int k3c_traj_from_json(const k3c_json *obj, const k3c_tok *tok, const k3c_traj_o
  * schema is ignored. On mismatch: K3C_EINVAL with the JSON path ("$.units: expected one of [\"c\",\"f\"]"). */
 int k3c_json_schema_check(const k3c_json *schema, const k3c_json *v, k3c_err *err);
 
+/* Format validity of an already parsed output (components "xtml", "tool_args"); 1 when fully valid. */
+int k3c_verify_format_parsed(const k3c_chat_result *res, const k3c_json *tools, k3c_reward *out);
+
 #endif
