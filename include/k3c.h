@@ -532,6 +532,52 @@ int k3c_verify_format(const char *output, size_t n, const char *tools_json, int 
 int k3c_verify_code(const char *solution, const char *cases_json, const k3c_sandbox_limits *l, uint64_t nonce_seed,
                     k3c_reward *out, k3c_err *err);
 
+
+/* RL objectives (TRAINING.md §3): group-relative advantages and the clipped surrogate, on host arrays. */
+#define K3C_RL_EPS_STD 1e-6 /* added to the group std (verl) */
+/* Advantages of n_groups groups of G rewards (group-major): r − mean, divided by (std + 1e-6) when std_norm (GRPO;
+ * std unbiased as torch.std in verl / TRL: [1, 0, 1, 0] → ±0.866) or not (Dr. GRPO). A group whose rewards are all
+ * equal gets advantage 0 and keep[g] = 0 (dropped, DAPO dynamic sampling); a group of one: mean 0, std 1 (verl).
+ * keep may be NULL. Returns the number of zero-variance groups. */
+int k3c_rl_advantages(const double *rewards, int n_groups, int G, int std_norm, double *adv, uint8_t *keep);
+/* DAPO overlong shaping added to a reward: 0 up to max_len − buffer, then linear down to −factor at max_len. */
+double k3c_rl_overlong_penalty(int64_t len, int64_t max_len, int64_t buffer, double factor);
+/* log p(y) and the entropy of softmax(logits[V]) in float64. */
+void k3c_logp_entropy(const float *logits, int64_t V, int32_t y, double *logp, double *entropy);
+
+typedef enum {
+    K3C_RL_TOKEN_MEAN = 0, /* DAPO: Σ m l / Σ m over the batch */
+    K3C_RL_SEQ_MEAN = 1,   /* GRPO: mean over sequences of each sequence's token mean */
+    K3C_RL_CONST_NORM = 2, /* Dr. GRPO: Σ m l / (B · max_len) */
+} k3c_rl_agg;
+typedef struct {
+    double eps_low, eps_high; /* clip(ρ, 1 − eps_low, 1 + eps_high); DAPO clip-higher: 0.2, 0.28 */
+    double beta;              /* k3 KL to the reference (0 = none) */
+    int agg;                  /* k3c_rl_agg */
+    int64_t max_len;          /* K3C_RL_CONST_NORM's L_max */
+} k3c_rl_loss_opts;
+/* B sequences of tokens laid end to end: sequence i is [off[i], off[i+1]). Per token: log-probs of the sampled token
+ * under the policy being trained, the rollout policy (π_old) and the frozen reference (NULL when beta = 0); mask 1 on
+ * sampled tokens (0 on prompt and observation tokens). adv: one advantage per sequence. */
+typedef struct {
+    int B;
+    const int64_t *off;
+    const double *logp, *logp_old, *logp_ref;
+    const uint8_t *mask;
+    const double *adv;
+} k3c_rl_tokens;
+typedef struct {
+    double loss;
+    double kl;                  /* mean k3 estimate over masked tokens (also when beta = 0, if logp_ref given) */
+    double clip_low, clip_high; /* fractions of masked tokens where the lower / upper clip took the gradient away */
+    double ratio_mean;
+    int64_t n_tokens; /* masked tokens */
+} k3c_rl_loss_stats;
+/* L = agg over tokens of −min(ρA, clip(ρ)A) + β·(e^{ref−logp} − (ref−logp) − 1), ρ = e^{logp − logp_old}, and
+ * dlogp[k] = ∂L/∂logp[k] (NULL: not needed; 0 off the mask). The gradient w.r.t. token k's logits is
+ * dlogp[k]·(onehot(y) − softmax): a cross-entropy backward with per-token weight −dlogp[k]. */
+int k3c_rl_loss(const k3c_rl_tokens *t, const k3c_rl_loss_opts *o, double *dlogp, k3c_rl_loss_stats *s, k3c_err *err);
+
 #ifdef __cplusplus
 }
 #endif
