@@ -578,6 +578,31 @@ typedef struct {
  * dlogp[k]·(onehot(y) − softmax): a cross-entropy backward with per-token weight −dlogp[k]. */
 int k3c_rl_loss(const k3c_rl_tokens *t, const k3c_rl_loss_opts *o, double *dlogp, k3c_rl_loss_stats *s, k3c_err *err);
 
+
+/* Environments (docs/POST.md "Environments"): tasks generated in C, deterministic by (seed, split, index), with
+ * disjoint train (split 0) and held-out (split 1) sets. Kinds: "arith" (multi-step word problems, answer verifier),
+ * "arith_tool" (the same with a calculator tool), "code" (Python string / list functions checked by unit tests in the
+ * sandbox), "assistant" (simulated days with calendar, to-dos, notes and a clock; preferences revealed over time;
+ * scored on the final state and milestones), "vfs" (goals in a virtual file system with list / read / write / delete
+ * / run_check tools; scored on the artifact and key intermediate steps). */
+typedef struct k3c_env k3c_env;
+int k3c_env_new(const char *kind, uint64_t seed, int split, int64_t index, k3c_env **out, k3c_err *err);
+void k3c_env_free(k3c_env *e);
+const char *k3c_env_system(const k3c_env *e);
+const char *k3c_env_user(const k3c_env *e);
+const char *k3c_env_tools(const k3c_env *e); /* the OpenAI tools JSON array, NULL when the task has none */
+/* [{"role":"system",...},{"role":"user",...}] as JSON text (malloc'd; NULL when out of memory). */
+char *k3c_env_messages(const k3c_env *e);
+/* Executes one tool call; *obs (malloc'd) is what the environment answers, "error: ..." for an unknown tool, bad
+ * arguments or a call after the end (counted as a bad call, never an error of the rollout). */
+int k3c_env_step(k3c_env *e, const char *tool, const char *args_json, char **obs, k3c_err *err);
+int k3c_env_done(const k3c_env *e); /* the environment ended the episode (e.g. the last simulated day passed) */
+/* Scores the episode from its state and the model's final answer text. */
+void k3c_env_score(k3c_env *e, const char *final_answer, k3c_reward *out);
+/* An expert solution as one SFT conversation {"messages": [system, user, expert turns...], "tools": [...]} (JSON
+ * text, malloc'd), the format k3c_traj_load_jsonl reads. Does not change e. */
+int k3c_env_reference(k3c_env *e, char **conversation, k3c_err *err);
+
 #ifdef __cplusplus
 }
 #endif
