@@ -603,6 +603,33 @@ void k3c_env_score(k3c_env *e, const char *final_answer, k3c_reward *out);
  * text, malloc'd), the format k3c_traj_load_jsonl reads. Does not change e. */
 int k3c_env_reference(k3c_env *e, char **conversation, k3c_err *err);
 
+
+/* SFT (`k3c sft --config RUN.json`): fine-tunes a k3c or Hugging Face checkpoint on JSONL trajectories with the loss on
+ * the model's own tokens; checkpoints, resume, metrics and options as `k3c train` (k3c_train_opts). */
+typedef struct {
+    char path[1024];
+    char init[1024];      /* checkpoint dir: config.json + safetensors (+ tokenizer unless `tokenizer` is given) */
+    char tokenizer[1024]; /* "" = the init dir's tokenizer */
+    char pattern[16];     /* "" = the tokenizer's own */
+    char data[1024], val_data[1024], out_dir[1024];
+    int format, thinking; /* k3c_traj_opts */
+    int64_t seq_len, steps, warmup, log_every, eval_every, eval_batches, checkpoint_every, keep_checkpoints;
+    double lr, min_lr_ratio;
+    int schedule; /* "cosine" (default), "linear", "constant" */
+    char matrix_optimizer[16];
+    double weight_decay, beta1, beta2, eps, grad_clip;
+    uint64_t seed;
+    int kda_chunk, threads;
+} k3c_sft_config;
+/* Strict: unknown keys, a missing init / data / out_dir / steps, negative numbers are errors naming file and field;
+ * relative paths are relative to the config file. */
+int k3c_sft_config_load(const char *path, k3c_sft_config *c, k3c_err *err);
+typedef struct {
+    int64_t steps, n_traj, bad_lines;
+    double first_loss, last_loss, last_val_loss, tokens_per_s, wall_s;
+} k3c_sft_result;
+int k3c_sft_run(const k3c_sft_config *c, const k3c_train_opts *o, k3c_sft_result *r, k3c_err *err);
+
 #ifdef __cplusplus
 }
 #endif

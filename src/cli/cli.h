@@ -53,5 +53,7 @@ int cmd_generate(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_xtml(int argc, char **argv);
+int cmd_sft(int argc, char **argv);
+int cmd_env(int argc, char **argv);
 
 #endif

@@ -20,6 +20,9 @@ static const k3c_command commands[] = {
     {"inspect", "print a checkpoint's config summary, tensors, dtypes and parameter count", cmd_inspect},
     {"check-kda", "check the CPU KDA (recurrent and chunked, fwd and bwd) against a golden file", cmd_check_kda},
     {"train", "train a model from a run config (stages, optimizer, balancing, checkpoints, metrics)", cmd_train},
+    {"sft", "fine-tune a checkpoint on XTML trajectories (loss on the model's own tokens), checkpoints, metrics",
+     cmd_sft},
+    {"env", "post-training environments: print tasks and expert conversations (SFT data)", cmd_env},
     {"plan", "size a model on N GPUs: parameters, FLOPs, memory, communication, best layouts", cmd_plan},
     {"xtml", "render chat prompts (K3 XTML, K2) and parse model output into reasoning / tool calls", cmd_xtml},
 };
