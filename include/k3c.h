@@ -630,6 +630,40 @@ typedef struct {
 } k3c_sft_result;
 int k3c_sft_run(const k3c_sft_config *c, const k3c_train_opts *o, k3c_sft_result *r, k3c_err *err);
 
+
+/* Rollouts (RL): multi-turn episodes of a policy in an environment, in XTML. */
+typedef struct {
+    /* Appends at most max_new sampled ids to seq[0..n) (seq has room for n + max_new), stopping after `stop`;
+     * *got = ids appended. */
+    int (*generate)(void *ctx, int32_t *seq, int64_t n, int64_t max_new, int32_t stop, int64_t *got, k3c_err *err);
+    void *ctx;
+} k3c_policy;
+/* The model sampling with k3c_generate (free with k3c_policy_free). */
+int k3c_policy_from_model(k3c_model *m, const k3c_sampler *s, k3c_policy *out, k3c_err *err);
+void k3c_policy_free(k3c_policy *p);
+typedef struct {
+    int max_turns;            /* assistant turns */
+    int64_t max_tokens;       /* the whole episode (prompt + turns + observations) */
+    int64_t max_new_per_turn; /* ids sampled per turn */
+    int thinking;             /* XTML think channel in the generation prompts */
+} k3c_rollout_opts;
+typedef struct {
+    int32_t *ids; /* the episode as the model saw it: sampled ids exactly as sampled */
+    uint8_t *mask; /* 1 on sampled ids, 0 on the prompt, tool results (observations) and generation prompts */
+    int64_t n, cap, n_prompt;
+    int32_t eos;
+    int turns, tool_calls, format_ok_turns, format_valid, truncated;
+    k3c_reward reward; /* the environment's score of the final state and answer */
+    char info[256];    /* the first format problem, if any */
+} k3c_episode;
+/* Runs one episode: renders the environment's prompt (+ tools) with the generation prompt, then per turn samples up
+ * to max_new_per_turn ids (stop: <|end_of_msg|>), parses them (XTML), and when the turn closed with tool calls, steps
+ * the environment with each call and appends the tool messages and the next generation prompt with mask 0. It ends
+ * on an answer without calls, an unparsable or unclosed turn, max_turns or max_tokens (truncated = 1), then scores. */
+int k3c_rollout(k3c_env *env, const k3c_tok *tok, const k3c_policy *pol, const k3c_rollout_opts *o, k3c_episode *ep,
+                k3c_err *err);
+void k3c_episode_free(k3c_episode *ep);
+
 #ifdef __cplusplus
 }
 #endif
