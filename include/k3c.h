@@ -664,6 +664,29 @@ int k3c_rollout(k3c_env *env, const k3c_tok *tok, const k3c_policy *pol, const k
                 k3c_err *err);
 void k3c_episode_free(k3c_episode *ep);
 
+
+/* RL (`k3c rl --config RUN.json`): per step, group_size rollouts of each of prompts_per_step training tasks of
+ * environment `env`, verifier rewards (+ DAPO overlong penalty), group-relative advantages with zero-variance groups
+ * dropped, one on-policy policy-gradient update (ρ = 1, so the clip is inactive and each sequence's token gradient is
+ * constant: one weighted backward per sequence); held-out evaluation with greedy decoding. */
+typedef struct {
+    char path[1024], init[1024], out_dir[1024], env[32];
+    int64_t steps, prompts_per_step, group_size, max_tokens, max_new;
+    int max_turns, thinking, std_norm; /* std_norm: "advantage": "grpo" (1, default) or "dr_grpo" (0) */
+    double temperature, top_p, lr, grad_clip, overlong_penalty;
+    int64_t overlong_buffer, eval_every, eval_episodes, checkpoint_every, keep_checkpoints;
+    k3c_rl_loss_opts loss; /* "loss_agg": token_mean (default) | seq_mean | const; eps_low, eps_high; beta must be 0 */
+    int matrix_optimizer;  /* 0 muon, 1 adamw (default) */
+    uint64_t seed;
+    int kda_chunk, threads;
+} k3c_rl_config;
+int k3c_rl_config_load(const char *path, k3c_rl_config *c, k3c_err *err);
+typedef struct {
+    int64_t steps, episodes;
+    double first_eval_reward, last_eval_reward, last_eval_format, last_train_reward, wall_s;
+} k3c_rl_result;
+int k3c_rl_run(const k3c_rl_config *c, const k3c_train_opts *o, k3c_rl_result *r, k3c_err *err);
+
 #ifdef __cplusplus
 }
 #endif

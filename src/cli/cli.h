@@ -55,5 +55,6 @@ int cmd_plan(int argc, char **argv);
 int cmd_xtml(int argc, char **argv);
 int cmd_sft(int argc, char **argv);
 int cmd_env(int argc, char **argv);
+int cmd_rl(int argc, char **argv);
 
 #endif

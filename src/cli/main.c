@@ -22,6 +22,7 @@ static const k3c_command commands[] = {
     {"train", "train a model from a run config (stages, optimizer, balancing, checkpoints, metrics)", cmd_train},
     {"sft", "fine-tune a checkpoint on XTML trajectories (loss on the model's own tokens), checkpoints, metrics",
      cmd_sft},
+    {"rl", "RL with verifiable rewards in an environment: group rollouts, GRPO / DAPO / Dr. GRPO update", cmd_rl},
     {"env", "post-training environments: print tasks and expert conversations (SFT data)", cmd_env},
     {"plan", "size a model on N GPUs: parameters, FLOPs, memory, communication, best layouts", cmd_plan},
     {"xtml", "render chat prompts (K3 XTML, K2) and parse model output into reasoning / tool calls", cmd_xtml},

@@ -91,11 +91,12 @@ static int one_turn(k3c_env *env, const k3c_tok *tok, const k3c_policy *pol, con
     ep->n += got;
     char *text = NULL;
     size_t len = 0;
-    if ((rc = k3c_tok_decode(tok, ep->ids + start, (size_t)got, &text, &len, err))) return rc;
     k3c_chat_parse_opts po = {K3C_CHAT_XTML, o->thinking};
     k3c_err perr = {0};
     ep->turns++;
-    if (k3c_chat_parse(&po, text, len, res, &perr)) {
+    /* An id the tokenizer does not know (a model vocabulary padded past the tokenizer's) is malformed output. */
+    if (k3c_tok_decode(tok, ep->ids + start, (size_t)got, &text, &len, &perr) ||
+        k3c_chat_parse(&po, text, len, res, &perr)) {
         *res = (k3c_chat_result){0};
         snprintf(ep->info, sizeof ep->info, "turn %d: %.200s", ep->turns, perr.msg);
     } else {

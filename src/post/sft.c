@@ -3,20 +3,15 @@
  * through the backend table, metrics JSONL, checkpoints in the trainer's layout that resume bit-exactly. POST.md. */
 #include "base/check.h"
 #include "base/json.h"
-#include "ops/backend.h"
-#include "ops/optim.h"
 #include "post/post.h"
+#include "post/post_run.h"
 #include "tok/tok.h"
-#include "train/checkpoint.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 /* ---------------------------------------------------------------- config */
 
@@ -141,49 +136,20 @@ int k3c_sft_config_load(const char *path, k3c_sft_config *s, k3c_err *err) {
 
 typedef struct {
     const k3c_sft_config *c;
-    k3c_model m;
-    const k3c_backend_f32 *be;
-    k3c_optim opt;
-    float *ostate;
-    void *opt_inst;
-    k3c_arena arena;
-    size_t arena_cap;
-    k3c_tok *tok;
-    char vocab[4200], pattern[16];
+    k3c_post_run r;
     k3c_traj_set train, val;
     k3c_traj *order; /* train.items shuffled by the seed (shallow copies) */
     size_t cursor;
     k3c_packed pk;
     int64_t step, tokens;
-    FILE *metrics;
 } sft;
-
-/* The tokenizer: the config's file, else the one in the init checkpoint; its path and pattern go into checkpoints. */
-static int open_tokenizer(sft *s, k3c_err *err) {
-    const k3c_sft_config *c = s->c;
-    if (c->tokenizer[0]) {
-        k3c_tok_pattern pat = K3C_TOK_PATTERN_CL100K;
-        if (c->pattern[0] && k3c_tok_pattern_parse(c->pattern, &pat))
-            return k3c_errf(err, K3C_ECONFIG, "%s: pattern: '%s' is not cl100k or kimi", c->path, c->pattern);
-        snprintf(s->vocab, sizeof s->vocab, "%s", c->tokenizer);
-        CHECK_RC(k3c_tok_load_with_specials(c->tokenizer, pat, 0, &s->tok, err));
-    } else {
-        snprintf(s->vocab, sizeof s->vocab, "%s/%s", c->init, K3C_TOK_DIR_VOCAB);
-        CHECK_RC(k3c_tok_load_dir(c->init, c->pattern[0] ? c->pattern : NULL, &s->tok, err));
-    }
-    snprintf(s->pattern, sizeof s->pattern, "%s", k3c_tok_pattern_name(k3c_tok_get_pattern(s->tok)));
-    if (k3c_tok_n_vocab(s->tok) > s->m.cfg.vocab_size)
-        return k3c_errf(err, K3C_ECONFIG, "%s: tokenizer has %lld ids, the model's vocab_size is %lld", c->path,
-                        (long long)k3c_tok_n_vocab(s->tok), (long long)s->m.cfg.vocab_size);
-    return K3C_OK;
-}
 
 static int load_data(sft *s, FILE *log, k3c_err *err) {
     const k3c_sft_config *c = s->c;
     k3c_traj_opts o = {.format = c->format, .thinking = c->thinking, .max_tokens = c->seq_len};
-    CHECK_RC(k3c_traj_load_jsonl(c->data, s->tok, &o, &s->train, err));
+    CHECK_RC(k3c_traj_load_jsonl(c->data, s->r.tok, &o, &s->train, err));
     if (log && s->train.bad) fprintf(log, "sft: %lld bad lines skipped:\n%s", (long long)s->train.bad, s->train.report);
-    if (c->val_data[0]) CHECK_RC(k3c_traj_load_jsonl(c->val_data, s->tok, &o, &s->val, err));
+    if (c->val_data[0]) CHECK_RC(k3c_traj_load_jsonl(c->val_data, s->r.tok, &o, &s->val, err));
     s->order = malloc(s->train.n * sizeof *s->order);
     if (!s->order) return k3c_errf(err, K3C_ENOMEM, "out of memory");
     memcpy(s->order, s->train.items, s->train.n * sizeof *s->order);
@@ -197,25 +163,17 @@ static int load_data(sft *s, FILE *log, k3c_err *err) {
     return K3C_OK;
 }
 
-static int ensure_arena(sft *s, int64_t T, int n_docs, k3c_err *err) {
-    size_t need = k3c_model_plan_bytes_f32(&s->m, T, n_docs);
-    if (need <= s->arena_cap) return K3C_OK;
-    k3c_model_arena_free_f32(&s->m, &s->arena);
-    s->arena_cap = need + need / 4;
-    return k3c_model_arena_init_f32(&s->m, s->arena_cap, &s->arena, err);
-}
-
 /* Mean loss over the trained tokens of one packed batch; with grad, the backward adds into m.g. */
 static int forward(sft *s, const k3c_packed *p, int grad, double *loss, k3c_err *err) {
     if (!p->n_counted) return k3c_errf(err, K3C_EINVAL, "sft: a batch without trained tokens");
-    CHECK_RC(ensure_arena(s, p->T, p->n_docs, err));
+    CHECK_RC(k3c_post_run_arena(&s->r, p->T, p->n_docs, err));
     k3c_model_batch b = {p->T, p->n_docs, p->ids, p->cu_seqlens, p->targets, 0};
-    k3c_arena_reset(&s->arena, 0);
+    k3c_arena_reset(&s->r.arena, 0);
     k3c_acts *acts;
-    CHECK_RC(k3c_model_forward_f32(&s->m, &b, &s->arena, &acts, loss, NULL, err));
+    CHECK_RC(k3c_model_forward_f32(&s->r.m, &b, &s->r.arena, &acts, loss, NULL, err));
     if (!isfinite(*loss))
         return k3c_errf(err, K3C_ENUMERIC, "sft step %lld: loss is %g", (long long)s->step + 1, *loss);
-    return grad ? k3c_model_backward_f32(&s->m, acts, 1.0, err) : K3C_OK;
+    return grad ? k3c_model_backward_f32(&s->r.m, acts, 1.0, err) : K3C_OK;
 }
 
 static int validate(sft *s, double *val, k3c_err *err) {
@@ -224,7 +182,8 @@ static int validate(sft *s, double *val, k3c_err *err) {
     size_t next = 0;
     double sum = 0;
     k3c_packed p = {0};
-    int64_t n = 0, rc = K3C_OK;
+    int64_t n = 0;
+    int rc = K3C_OK;
     for (int64_t i = 0; i < s->c->eval_batches && !rc; i++) {
         rc = k3c_traj_pack(s->val.items, s->val.n, &next, s->c->seq_len, &p, err);
         double l;
@@ -234,20 +193,18 @@ static int validate(sft *s, double *val, k3c_err *err) {
     }
     k3c_packed_free(&p);
     if (!rc && n) *val = sum / (double)n;
-    return (int)rc;
+    return rc;
 }
 
 static int step(sft *s, k3c_metrics_row *row, k3c_err *err) {
     const k3c_sft_config *c = s->c;
     CHECK_RC(k3c_traj_pack(s->order, s->train.n, &s->cursor, c->seq_len, &s->pk, err));
-    CHECK_RC(s->be->zero(s->m.g, (int64_t)s->m.table.total, err));
+    CHECK_RC(s->r.be->zero(s->r.m.g, (int64_t)s->r.m.table.total, err));
     double loss;
     CHECK_RC(forward(s, &s->pk, 1, &loss, err));
-    CHECK_RC(s->be->clip_grad_norm(s->opt_inst, &s->m.table, s->m.g, c->grad_clip, &row->grad_norm, err));
     k3c_schedule sch = {c->schedule, c->lr, c->warmup, c->steps, c->min_lr_ratio};
     row->lr = k3c_schedule_lr(&sch, s->step + 1);
-    CHECK_RC(s->be->optim_step(s->opt_inst, &s->opt, &s->m.table, 0, s->m.table.n, s->m.w, s->m.g, s->ostate, row->lr,
-                               s->step + 1, err));
+    CHECK_RC(k3c_post_run_update(&s->r, c->grad_clip, row->lr, s->step + 1, &row->grad_norm, err));
     s->step++;
     s->tokens += s->pk.T;
     row->loss = loss;
@@ -255,101 +212,49 @@ static int step(sft *s, k3c_metrics_row *row, k3c_err *err) {
 }
 
 static int save(sft *s, k3c_err *err) {
-    size_t n = s->opt.state_numel ? s->opt.state_numel : 1;
-    float *state = malloc(sizeof(float) * n);
-    if (!state) return k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory");
-    int rc = s->be->download(state, s->ostate, sizeof(float) * s->opt.state_numel, err);
     char ts[256];
     snprintf(ts, sizeof ts, "{\"step\": %lld, \"tokens\": %lld, \"cursor\": %zu, \"seed\": %llu, \"kind\": \"sft\"}\n",
              (long long)s->step, (long long)s->tokens, s->cursor, (unsigned long long)s->c->seed);
-    k3c_train_ckpt ck = {&s->m, state, s->opt.state_numel, ts, s->vocab, s->pattern};
-    if (!rc) rc = k3c_train_ckpt_save(s->c->out_dir, s->step, &ck, (int)s->c->keep_checkpoints, err);
-    free(state);
-    return rc;
+    return k3c_post_run_save(&s->r, s->c->out_dir, s->step, ts, (int)s->c->keep_checkpoints, err);
 }
 
-/* Loads the newest checkpoint of out_dir: weights into the host model, the optimizer state into *state. */
-static int resume(sft *s, float **state, k3c_err *err) {
-    char dir[4096], *ts = NULL;
-    CHECK_RC(k3c_train_ckpt_latest(s->c->out_dir, dir, sizeof dir, err));
-    k3c_checkpoint *ck;
-    CHECK_RC(k3c_ckpt_open(dir, &ck, err));
-    int rc = k3c_model_load_f32(&s->m, ck, err);
-    k3c_ckpt_close(ck);
-    *state = rc ? NULL : malloc(sizeof(float) * (s->opt.state_numel ? s->opt.state_numel : 1));
-    if (!rc && !*state) rc = k3c_errf(err, K3C_ENOMEM, "resume: out of memory");
-    if (!rc) rc = k3c_train_ckpt_load_state(dir, *state, s->opt.state_numel, &ts, err);
+static int restore(sft *s, const char *ts, k3c_err *err) {
     k3c_json *j = NULL;
-    if (!rc) rc = k3c_json_parse(ts, strlen(ts), "trainer_state.json", &j, err);
-    const k3c_json *st = j ? k3c_json_get(j, "step") : NULL, *tk = j ? k3c_json_get(j, "tokens") : NULL,
-                   *cu = j ? k3c_json_get(j, "cursor") : NULL;
-    if (!rc && (!st || !st->is_integer || !tk || !tk->is_integer || !cu || !cu->is_integer || cu->integer < 0))
-        rc = k3c_errf(err, K3C_EFORMAT, "%s/trainer_state.json: not an SFT state (step, tokens, cursor)", dir);
+    CHECK_RC(k3c_json_parse(ts, strlen(ts), "trainer_state.json", &j, err));
+    const k3c_json *st = k3c_json_get(j, "step"), *tk = k3c_json_get(j, "tokens"), *cu = k3c_json_get(j, "cursor");
+    int rc = K3C_OK;
+    if (!st || !st->is_integer || !tk || !tk->is_integer || !cu || !cu->is_integer || cu->integer < 0)
+        rc = k3c_errf(err, K3C_EFORMAT, "%s/latest: trainer_state.json is not an SFT state (step, tokens, cursor)",
+                      s->c->out_dir);
     if (!rc) {
         s->step = st->integer;
         s->tokens = tk->integer;
         s->cursor = (size_t)cu->integer % s->train.n;
     }
     k3c_json_free(j);
-    free(ts);
-    return rc ? k3c_err_wrap(err, "resume from %s", dir) : K3C_OK;
+    return rc;
 }
 
 static int setup(sft *s, const k3c_sft_config *c, const k3c_train_opts *o, k3c_err *err) {
     memset(s, 0, sizeof *s);
     s->c = c;
-    if (c->threads > 0) k3c_set_num_threads(c->threads);
-    CHECK_RC(k3c_model_open_f32(c->init, 1, &s->m, err));
-    s->m.kda_chunk = c->kda_chunk;
-    CHECK_RC(open_tokenizer(s, err));
-    CHECK_RC(load_data(s, o->log, err));
-    k3c_optim_defaults(&s->opt);
-    s->opt.weight_decay = c->weight_decay;
-    s->opt.beta1 = c->beta1;
-    s->opt.beta2 = c->beta2;
-    s->opt.eps = c->eps;
-    CHECK_RC(k3c_optim_parse_matrix(c->matrix_optimizer, &s->opt.matrix_optimizer, err));
-    CHECK_RC(k3c_optim_init(&s->opt, &s->m.table, err));
-    if (mkdir(c->out_dir, 0755) != 0 && errno != EEXIST)
-        return k3c_errf(err, K3C_EIO, "%s: cannot create: %s", c->out_dir, strerror(errno));
-    char p[4200];
-    snprintf(p, sizeof p, "%s/latest", c->out_dir);
-    if (!o->resume && access(p, F_OK) == 0)
-        return k3c_errf(err, K3C_EINVAL, "%s already holds a run (%s exists): use --resume, or another out_dir",
-                        c->out_dir, p);
-    float *state = NULL;
-    int rc = o->resume ? resume(s, &state, err) : K3C_OK;
-    if (!rc) rc = k3c_model_use_backend_f32(&s->m, o->backend, err);
-    if (!rc) {
-        s->be = k3c_model_backend_f32(&s->m);
-        size_t n = s->opt.state_numel ? s->opt.state_numel : 1;
-        s->ostate = s->be->alloc(sizeof(float) * n);
-        if (!s->ostate) rc = k3c_errf(err, K3C_ENOMEM, "sft: cannot allocate the optimizer state");
-    }
-    if (!rc) rc = s->be->zero(s->ostate, (int64_t)(s->opt.state_numel ? s->opt.state_numel : 1), err);
-    if (!rc && state) rc = s->be->upload(s->ostate, state, sizeof(float) * s->opt.state_numel, err);
-    if (!rc && state) rc = s->be->sync(err);
-    free(state);
-    if (!rc) rc = s->be->optim_open(s->be->ctx, &s->opt, &s->m.table, &s->opt_inst, err);
-    if (rc) return rc;
-    snprintf(p, sizeof p, "%s/metrics.jsonl", c->out_dir);
-    s->metrics = fopen(p, o->resume ? "a" : "w");
-    return s->metrics ? K3C_OK : k3c_errf(err, K3C_EIO, "%s: cannot write", p);
+    k3c_post_run_opts ro = {c->init,    c->tokenizer,        c->pattern,      c->out_dir, c->kda_chunk,
+                            c->threads, c->matrix_optimizer, c->weight_decay, c->beta1,   c->beta2,
+                            c->eps};
+    char *ts = NULL;
+    int rc = k3c_post_run_open(&s->r, &ro, o, &ts, err);
+    if (!rc) rc = load_data(s, o->log, err);
+    if (!rc && ts) rc = restore(s, ts, err);
+    free(ts);
+    return rc;
 }
 
 static void teardown(sft *s) {
-    const k3c_backend_f32 *be = k3c_model_backend_f32(&s->m);
-    if (s->opt_inst) be->optim_close(s->opt_inst);
-    k3c_model_arena_free_f32(&s->m, &s->arena);
-    if (s->ostate && be->sync(NULL) == K3C_OK) be->free(s->ostate);
-    k3c_model_free_f32(&s->m);
-    k3c_optim_free(&s->opt);
-    k3c_tok_free(s->tok);
+    k3c_post_run_close(&s->r);
     free(s->order);
     k3c_traj_set_free(&s->train);
     k3c_traj_set_free(&s->val);
     k3c_packed_free(&s->pk);
-    if (s->metrics) fclose(s->metrics);
 }
 
 int k3c_sft_run(const k3c_sft_config *c, const k3c_train_opts *o, k3c_sft_result *res, k3c_err *err) {
@@ -375,7 +280,7 @@ int k3c_sft_run(const k3c_sft_config *c, const k3c_train_opts *o, k3c_sft_result
         row.tokens_per_s = (double)(s.tokens - tokens0) / (k3c_now() - t0);
         if (c->eval_every > 0 && (s.step % c->eval_every == 0 || last) && (rc = validate(&s, &row.val_loss, err)))
             break;
-        if (s.step % c->log_every == 0 || last || isfinite(row.val_loss)) k3c_metrics_write(s.metrics, &row);
+        if (s.step % c->log_every == 0 || last || isfinite(row.val_loss)) k3c_metrics_write(s.r.metrics, &row);
         if (o->log)
             fprintf(o->log, "sft step %lld loss %.4f lr %.2e gnorm %.3f %.0f tok/s\n", (long long)s.step, row.loss,
                     row.lr, row.grad_norm, row.tokens_per_s);

@@ -1,6 +1,6 @@
-/* cmd_sft.c — `k3c sft --config RUN.json`: supervised fine-tuning on JSONL trajectories (k3c_sft_run in k3c.h) with a
- * progress bar, metrics JSONL + PNG and checkpoints that resume; and `k3c env`: print environment tasks and their
- * expert conversations as SFT data. */
+/* cmd_post.c — post-training commands: `k3c sft --config RUN.json` (fine-tuning on JSONL trajectories, k3c_sft_run),
+ * `k3c rl --config RUN.json` (RL with verifiable rewards in an environment, k3c_rl_run) and `k3c env` (environment
+ * tasks and expert conversations as SFT data). */
 #include "cli.h"
 
 #include <math.h>
@@ -97,5 +97,46 @@ int cmd_env(int argc, char **argv) {
         if (out) printf("%s\n", out);
         free(out);
     }
+    return 0;
+}
+
+int cmd_rl(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) {
+        printf(
+            "usage: k3c rl --config RL.json [--resume] [--max-steps N] [--quiet] [--log] [--device cpu|cuda]\n\n"
+            "RL with verifiable rewards from the checkpoint `init` (e.g. an SFT step dir) in environment `env`\n"
+            "(arith, arith_tool, code, assistant, vfs). Each step samples group_size episodes of each of\n"
+            "prompts_per_step training tasks (multi-turn: tool calls answered by the environment, up to max_turns\n"
+            "turns, max_new ids per turn, max_tokens per episode), scores them with the environment's verifier,\n"
+            "computes group-relative advantages (\"advantage\": grpo | dr_grpo), drops groups whose rewards are all\n"
+            "equal and applies one policy-gradient update (\"loss_agg\": token_mean | seq_mean | const).\n"
+            "Other keys: out_dir, steps, temperature, top_p, lr, grad_clip, matrix_optimizer (adamw | muon),\n"
+            "eps_low, eps_high, beta (0 only), overlong_buffer, overlong_penalty, eval_every, eval_episodes\n"
+            "(greedy, held-out split), checkpoint_every, keep_checkpoints, seed, thinking, kda_chunk, threads.\n"
+            "OUT/metrics.jsonl gets per step the reward and each verifier component, format-valid fraction,\n"
+            "response length, zero-variance fraction, entropy, KL, clip fractions and rollout / update tokens/s.\n");
+        return 0;
+    }
+    const char *path = cli_opt(argc, argv, "--config");
+    long long max_steps;
+    if (!path) return cli_usage_error("rl", "--config is required");
+    if (!cli_opt_int(argc, argv, "--max-steps", 0, &max_steps) || max_steps < 0) return 2;
+    const char *device = cli_opt(argc, argv, "--device");
+    if (cli_device_check("rl", device)) return 2;
+    k3c_err err = {0};
+    k3c_rl_config c;
+    if (k3c_rl_config_load(path, &c, &err)) return cli_fail("rl", &err);
+    cli_device dev;
+    if (cli_device_open(device, &dev, &err)) return cli_fail("rl", &err);
+    k3c_train_opts o = {cli_flag(argc, argv, "--resume"), max_steps, cli_flag(argc, argv, "--quiet") ? NULL : stderr,
+                        cli_flag(argc, argv, "--log") ? stdout : NULL, dev.backend};
+    k3c_rl_result r;
+    int failed = k3c_rl_run(&c, &o, &r, &err);
+    cli_device_release(&dev);
+    if (failed) return cli_fail("rl", &err);
+    printf("rl: %lld steps, %lld episodes in %.1f s: train reward %.4f, held-out reward %.4f -> %.4f (format-valid "
+           "%.0f%%)\n",
+           (long long)r.steps, (long long)r.episodes, r.wall_s, r.last_train_reward, r.first_eval_reward,
+           r.last_eval_reward, 100 * r.last_eval_format);
     return 0;
 }
