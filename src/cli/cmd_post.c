@@ -47,7 +47,9 @@ int cmd_sft(int argc, char **argv) {
     snprintf(jsonl, sizeof jsonl, "%s/metrics.jsonl", c.out_dir);
     snprintf(png, sizeof png, "%s/metrics.png", c.out_dir);
     k3c_err perr = {0};
-    if (cli_plot_metrics(jsonl, png, &perr) && o.log) fprintf(o.log, "note: %s\n", perr.msg);
+    static const char *const keys[] = {"loss", "lr", "grad_norm", "val_loss"};
+    if (cli_plot_panels(jsonl, png, keys, isfinite(r.last_val_loss) ? 4 : 3, &perr) && o.log)
+        fprintf(o.log, "note: %s\n", perr.msg);
     printf("sft: %lld steps on %lld trajectories (%lld bad lines skipped) in %.1f s: loss %.4f -> %.4f, validation "
            "loss %.4f, %.0f tokens/s\n",
            (long long)r.steps, (long long)r.n_traj, (long long)r.bad_lines, r.wall_s, r.first_loss, r.last_loss,
@@ -134,6 +136,13 @@ int cmd_rl(int argc, char **argv) {
     int failed = k3c_rl_run(&c, &o, &r, &err);
     cli_device_release(&dev);
     if (failed) return cli_fail("rl", &err);
+    char jsonl[4200], png[4200];
+    snprintf(jsonl, sizeof jsonl, "%s/metrics.jsonl", c.out_dir);
+    snprintf(png, sizeof png, "%s/metrics.png", c.out_dir);
+    static const char *const keys[] = {"reward",       "eval_reward", "format_valid",
+                                       "response_len", "entropy",     "zero_var_groups"};
+    k3c_err perr = {0};
+    if (cli_plot_panels(jsonl, png, keys, 6, &perr) && o.log) fprintf(o.log, "note: %s\n", perr.msg);
     printf("rl: %lld steps, %lld episodes in %.1f s: train reward %.4f, held-out reward %.4f -> %.4f (format-valid "
            "%.0f%%)\n",
            (long long)r.steps, (long long)r.episodes, r.wall_s, r.last_train_reward, r.first_eval_reward,
