@@ -4,6 +4,7 @@
 #include "post/post_run.h"
 
 #include "base/check.h"
+#include "base/json.h"
 #include "tok/tok.h"
 #include "train/checkpoint.h"
 
@@ -12,6 +13,51 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+/* ---------------------------------------------------------------- run-config fields */
+
+int k3c_post_cfg_path(const k3c_json_ctx *c, const k3c_json *o, const char *key, int req, char *out, size_t n) {
+    const char *v = NULL;
+    CHECK_RC(k3c_json_get_str(c, req ? K3C_JSON_REQ : K3C_JSON_OPT, K3C_SPOT(o, "", key), &v));
+    out[0] = 0;
+    if (!v) return K3C_OK;
+    const char *slash = strrchr(c->file, '/');
+    int len = v[0] == '/' || !slash ? snprintf(out, n, "%s", v)
+                                    : snprintf(out, n, "%.*s/%s", (int)(slash - c->file), c->file, v);
+    if (!v[0] || len < 0 || (size_t)len >= n)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s: expected a path (non-empty, < %zu bytes)", c->file, key, n);
+    return K3C_OK;
+}
+
+int k3c_post_cfg_int(const k3c_json_ctx *c, const k3c_json *o, const char *where, const char *key, int64_t def,
+                     int64_t lo, int64_t *out) {
+    int present;
+    CHECK_RC(k3c_json_get_int(c, K3C_JSON_OPT, K3C_SPOT(o, where, key), K3C_NOSPOT, out, &present));
+    if (!present) *out = def;
+    if (*out < lo)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: must be at least %lld", c->file, where, key, (long long)lo);
+    return K3C_OK;
+}
+
+int k3c_post_cfg_num(const k3c_json_ctx *c, const k3c_json *o, const char *where, const char *key, double def,
+                     double *out) {
+    int present;
+    CHECK_RC(k3c_json_get_num(c, K3C_JSON_OPT, K3C_SPOT(o, where, key), K3C_NOSPOT, out, &present));
+    if (!present) *out = def;
+    if (!(*out >= 0)) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: must be >= 0", c->file, where, key);
+    return K3C_OK;
+}
+
+int k3c_post_cfg_keys(const k3c_json_ctx *c, const k3c_json *o, const char *where, const char *const *keys) {
+    for (size_t i = 0; i < o->n; i++) {
+        const char *const *k = keys;
+        while (*k && strcmp(*k, o->keys[i])) k++;
+        if (!*k) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: unknown key", c->file, where, o->keys[i]);
+    }
+    return K3C_OK;
+}
+
+/* ---------------------------------------------------------------- model, optimizer, checkpoints */
 
 static int open_tokenizer(k3c_post_run *p, const k3c_post_run_opts *r, k3c_err *err) {
     if (r->tokenizer && r->tokenizer[0]) {

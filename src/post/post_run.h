@@ -3,9 +3,19 @@
 #ifndef K3C_POST_POST_RUN_H
 #define K3C_POST_POST_RUN_H
 
+#include "base/json.h"
 #include "model/model.h"
 #include "ops/backend.h"
 #include "ops/optim.h"
+
+/* Run-config fields (errors "<file>: <where><key>: <reason>"): a path relative to the config file's directory; an
+ * integer (default def, at least lo); a number (default def, >= 0); no keys outside `keys` (NULL-terminated). */
+int k3c_post_cfg_path(const k3c_json_ctx *c, const k3c_json *o, const char *key, int req, char *out, size_t n);
+int k3c_post_cfg_int(const k3c_json_ctx *c, const k3c_json *o, const char *where, const char *key, int64_t def,
+                     int64_t lo, int64_t *out);
+int k3c_post_cfg_num(const k3c_json_ctx *c, const k3c_json *o, const char *where, const char *key, double def,
+                     double *out);
+int k3c_post_cfg_keys(const k3c_json_ctx *c, const k3c_json *o, const char *where, const char *const *keys);
 
 typedef struct {
     const char *init, *tokenizer, *pattern, *out_dir; /* tokenizer / pattern: NULL or "" = the init dir's */

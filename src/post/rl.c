@@ -13,42 +13,6 @@
 
 /* ---------------------------------------------------------------- config */
 
-static int keys_ok(const k3c_json_ctx *c, const k3c_json *o, const char *const *keys) {
-    for (size_t i = 0; i < o->n; i++) {
-        const char *const *k = keys;
-        while (*k && strcmp(*k, o->keys[i])) k++;
-        if (!*k) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s: unknown key", c->file, o->keys[i]);
-    }
-    return K3C_OK;
-}
-
-static int get_i(const k3c_json_ctx *c, const k3c_json *o, const char *key, int64_t def, int64_t lo, int64_t *out) {
-    int present;
-    CHECK_RC(k3c_json_get_int(c, K3C_JSON_OPT, K3C_SPOT(o, "", key), K3C_NOSPOT, out, &present));
-    if (!present) *out = def;
-    if (*out < lo) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s: must be at least %lld", c->file, key, (long long)lo);
-    return K3C_OK;
-}
-
-static int get_d(const k3c_json_ctx *c, const k3c_json *o, const char *key, double def, double *out) {
-    int present;
-    CHECK_RC(k3c_json_get_num(c, K3C_JSON_OPT, K3C_SPOT(o, "", key), K3C_NOSPOT, out, &present));
-    if (!present) *out = def;
-    if (!(*out >= 0)) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s: must be >= 0", c->file, key);
-    return K3C_OK;
-}
-
-static int get_p(const k3c_json_ctx *c, const k3c_json *o, const char *key, char *out, size_t n) {
-    const char *v = NULL;
-    CHECK_RC(k3c_json_get_str(c, K3C_JSON_REQ, K3C_SPOT(o, "", key), &v));
-    const char *slash = strrchr(c->file, '/');
-    int len = v[0] == '/' || !slash ? snprintf(out, n, "%s", v)
-                                    : snprintf(out, n, "%.*s/%s", (int)(slash - c->file), c->file, v);
-    if (!v[0] || len < 0 || (size_t)len >= n)
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s: expected a path (non-empty, < %zu bytes)", c->file, key, n);
-    return K3C_OK;
-}
-
 static int pick(const k3c_json_ctx *c, const k3c_json *o, const char *key, const char *const *names, int def,
                 int *out) {
     const char *v = NULL;
@@ -95,9 +59,9 @@ static int read_rl(const k3c_json_ctx *c, const k3c_json *j, k3c_rl_config *r) {
                                                                                   NULL};
     static const char *const mats[] = {"muon", "adamw", NULL};
     if (j->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: expected a JSON object", c->file);
-    CHECK_RC(keys_ok(c, j, keys));
-    CHECK_RC(get_p(c, j, "init", r->init, sizeof r->init));
-    CHECK_RC(get_p(c, j, "out_dir", r->out_dir, sizeof r->out_dir));
+    CHECK_RC(k3c_post_cfg_keys(c, j, "", keys));
+    CHECK_RC(k3c_post_cfg_path(c, j, "init", 1, r->init, sizeof r->init));
+    CHECK_RC(k3c_post_cfg_path(c, j, "out_dir", 1, r->out_dir, sizeof r->out_dir));
     const char *env = NULL;
     CHECK_RC(k3c_json_get_str(c, K3C_JSON_REQ, K3C_SPOT(j, "", "env"), &env));
     snprintf(r->env, sizeof r->env, "%s", env);
@@ -106,41 +70,41 @@ static int read_rl(const k3c_json_ctx *c, const k3c_json *j, k3c_rl_config *r) {
     if (k3c_env_new(r->env, 0, 0, 0, &probe, &e2)) return k3c_errf(c->err, K3C_ECONFIG, "%s: env: %s", c->file, e2.msg);
     k3c_env_free(probe);
     int64_t v;
-    CHECK_RC(get_i(c, j, "steps", 0, 1, &r->steps));
-    CHECK_RC(get_i(c, j, "prompts_per_step", 4, 1, &r->prompts_per_step));
-    CHECK_RC(get_i(c, j, "group_size", 4, 2, &r->group_size));
-    CHECK_RC(get_i(c, j, "max_turns", 4, 1, &v));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "steps", 0, 1, &r->steps));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "prompts_per_step", 4, 1, &r->prompts_per_step));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "group_size", 4, 2, &r->group_size));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "max_turns", 4, 1, &v));
     r->max_turns = (int)v;
-    CHECK_RC(get_i(c, j, "max_tokens", 1024, 16, &r->max_tokens));
-    CHECK_RC(get_i(c, j, "max_new", 128, 1, &r->max_new));
-    CHECK_RC(get_d(c, j, "temperature", 1.0, &r->temperature));
-    CHECK_RC(get_d(c, j, "top_p", 1.0, &r->top_p));
-    CHECK_RC(get_d(c, j, "lr", 1e-4, &r->lr));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "max_tokens", 1024, 16, &r->max_tokens));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "max_new", 128, 1, &r->max_new));
+    CHECK_RC(k3c_post_cfg_num(c, j, "", "temperature", 1.0, &r->temperature));
+    CHECK_RC(k3c_post_cfg_num(c, j, "", "top_p", 1.0, &r->top_p));
+    CHECK_RC(k3c_post_cfg_num(c, j, "", "lr", 1e-4, &r->lr));
     CHECK_RC(pick(c, j, "advantage", advs, 0, &r->std_norm));
     r->std_norm = !r->std_norm; /* grpo (index 0) divides by the std */
     CHECK_RC(pick(c, j, "loss_agg", aggs, K3C_RL_TOKEN_MEAN, &r->loss.agg));
-    CHECK_RC(get_d(c, j, "eps_low", 0.2, &r->loss.eps_low));
-    CHECK_RC(get_d(c, j, "eps_high", 0.28, &r->loss.eps_high));
-    CHECK_RC(get_d(c, j, "beta", 0, &r->loss.beta));
+    CHECK_RC(k3c_post_cfg_num(c, j, "", "eps_low", 0.2, &r->loss.eps_low));
+    CHECK_RC(k3c_post_cfg_num(c, j, "", "eps_high", 0.28, &r->loss.eps_high));
+    CHECK_RC(k3c_post_cfg_num(c, j, "", "beta", 0, &r->loss.beta));
     if (r->loss.beta != 0)
         return k3c_errf(c->err, K3C_EUNSUPPORTED,
                         "%s: beta: the KL term needs per-token loss weights in the model step (docs/POST.md \"Left\"); "
                         "only beta = 0 is supported",
                         c->file);
     r->loss.max_len = r->max_tokens;
-    CHECK_RC(get_i(c, j, "overlong_buffer", 0, 0, &r->overlong_buffer));
-    CHECK_RC(get_d(c, j, "overlong_penalty", 1.0, &r->overlong_penalty));
-    CHECK_RC(get_i(c, j, "eval_every", 0, 0, &r->eval_every));
-    CHECK_RC(get_i(c, j, "eval_episodes", 16, 1, &r->eval_episodes));
-    CHECK_RC(get_i(c, j, "checkpoint_every", 0, 0, &r->checkpoint_every));
-    CHECK_RC(get_i(c, j, "keep_checkpoints", 2, 1, &r->keep_checkpoints));
-    CHECK_RC(get_i(c, j, "seed", 1, 0, &v));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "overlong_buffer", 0, 0, &r->overlong_buffer));
+    CHECK_RC(k3c_post_cfg_num(c, j, "", "overlong_penalty", 1.0, &r->overlong_penalty));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "eval_every", 0, 0, &r->eval_every));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "eval_episodes", 16, 1, &r->eval_episodes));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "checkpoint_every", 0, 0, &r->checkpoint_every));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "keep_checkpoints", 2, 1, &r->keep_checkpoints));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "seed", 1, 0, &v));
     r->seed = (uint64_t)v;
-    CHECK_RC(get_i(c, j, "kda_chunk", 16, 0, &v));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "kda_chunk", 16, 0, &v));
     r->kda_chunk = (int)v;
-    CHECK_RC(get_i(c, j, "threads", 0, 0, &v));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "threads", 0, 0, &v));
     r->threads = (int)v;
-    CHECK_RC(get_d(c, j, "grad_clip", 1.0, &r->grad_clip));
+    CHECK_RC(k3c_post_cfg_num(c, j, "", "grad_clip", 1.0, &r->grad_clip));
     CHECK_RC(pick(c, j, "matrix_optimizer", mats, 1, &r->matrix_optimizer));
     int present;
     CHECK_RC(k3c_json_get_bool(c, K3C_JSON_OPT, K3C_SPOT(j, "", "thinking"), K3C_NOSPOT, &r->thinking, &present));
@@ -166,7 +130,8 @@ typedef struct {
     int64_t step;
 } rl;
 
-/* Episodes of `split` tasks [first, first + n) with one sampler seed each (temperature 0: greedy). */
+/* One episode of task `task` of `split`, sample g of its group (the sampler seed follows (seed, step, task, g);
+ * temperature 0: greedy). */
 static int episodes(rl *s, int split, int64_t task, int g, double temperature, k3c_episode *ep, k3c_err *err) {
     k3c_env *e;
     CHECK_RC(k3c_env_new(s->c->env, s->c->seed, split, task, &e, err));
@@ -232,7 +197,7 @@ static int rl_step(rl *s, k3c_sbuf *line, double *mean_reward, k3c_err *err) {
         if (rc) break;
         int64_t n_resp = ep[i].n - ep[i].n_prompt;
         r[i] = ep[i].reward.reward +
-               k3c_rl_overlong_penalty(n_resp, c->max_tokens - 0, c->overlong_buffer, c->overlong_penalty);
+               k3c_rl_overlong_penalty(ep[i].n, c->max_tokens, c->overlong_buffer, c->overlong_penalty);
         for (int k = 0; k < ep[i].reward.n; k++) comp_sum[k] += ep[i].reward.c[k].value / B;
         len += (double)n_resp / B;
         fmt += (double)ep[i].format_valid / B;

@@ -15,47 +15,6 @@
 
 /* ---------------------------------------------------------------- config */
 
-static int cfg_path(const k3c_json_ctx *c, const k3c_json *o, const char *key, int req, char *out, size_t n) {
-    const char *v = NULL;
-    CHECK_RC(k3c_json_get_str(c, req ? K3C_JSON_REQ : K3C_JSON_OPT, K3C_SPOT(o, "", key), &v));
-    out[0] = 0;
-    if (!v) return K3C_OK;
-    const char *slash = strrchr(c->file, '/');
-    int len = v[0] == '/' || !slash ? snprintf(out, n, "%s", v)
-                                    : snprintf(out, n, "%.*s/%s", (int)(slash - c->file), c->file, v);
-    if (!v[0] || len < 0 || (size_t)len >= n)
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s: expected a path (non-empty, < %zu bytes)", c->file, key, n);
-    return K3C_OK;
-}
-
-static int cfg_int(const k3c_json_ctx *c, const k3c_json *o, const char *where, const char *key, int64_t def,
-                   int64_t lo, int64_t *out) {
-    int present;
-    CHECK_RC(k3c_json_get_int(c, K3C_JSON_OPT, K3C_SPOT(o, where, key), K3C_NOSPOT, out, &present));
-    if (!present) *out = def;
-    if (*out < lo)
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: must be at least %lld", c->file, where, key, (long long)lo);
-    return K3C_OK;
-}
-
-static int cfg_num(const k3c_json_ctx *c, const k3c_json *o, const char *where, const char *key, double def,
-                   double *out) {
-    int present;
-    CHECK_RC(k3c_json_get_num(c, K3C_JSON_OPT, K3C_SPOT(o, where, key), K3C_NOSPOT, out, &present));
-    if (!present) *out = def;
-    if (!(*out >= 0)) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: must be >= 0", c->file, where, key);
-    return K3C_OK;
-}
-
-static int cfg_keys(const k3c_json_ctx *c, const k3c_json *o, const char *where, const char *const *keys) {
-    for (size_t i = 0; i < o->n; i++) {
-        const char *const *k = keys;
-        while (*k && strcmp(*k, o->keys[i])) k++;
-        if (!*k) return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: unknown key", c->file, where, o->keys[i]);
-    }
-    return K3C_OK;
-}
-
 static int read_config(const k3c_json_ctx *c, const k3c_json *j, k3c_sft_config *s) {
     static const char *const keys[] = {
         "init",         "tokenizer",        "pattern",          "format",    "thinking",
@@ -65,12 +24,12 @@ static int read_config(const k3c_json_ctx *c, const k3c_json *j, k3c_sft_config 
         "eval_batches", "checkpoint_every", "keep_checkpoints", NULL};
     static const char *const opt_keys[] = {"matrix", "weight_decay", "beta1", "beta2", "eps", "grad_clip", NULL};
     if (j->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: expected a JSON object", c->file);
-    CHECK_RC(cfg_keys(c, j, "", keys));
-    CHECK_RC(cfg_path(c, j, "init", 1, s->init, sizeof s->init));
-    CHECK_RC(cfg_path(c, j, "tokenizer", 0, s->tokenizer, sizeof s->tokenizer));
-    CHECK_RC(cfg_path(c, j, "data", 1, s->data, sizeof s->data));
-    CHECK_RC(cfg_path(c, j, "val_data", 0, s->val_data, sizeof s->val_data));
-    CHECK_RC(cfg_path(c, j, "out_dir", 1, s->out_dir, sizeof s->out_dir));
+    CHECK_RC(k3c_post_cfg_keys(c, j, "", keys));
+    CHECK_RC(k3c_post_cfg_path(c, j, "init", 1, s->init, sizeof s->init));
+    CHECK_RC(k3c_post_cfg_path(c, j, "tokenizer", 0, s->tokenizer, sizeof s->tokenizer));
+    CHECK_RC(k3c_post_cfg_path(c, j, "data", 1, s->data, sizeof s->data));
+    CHECK_RC(k3c_post_cfg_path(c, j, "val_data", 0, s->val_data, sizeof s->val_data));
+    CHECK_RC(k3c_post_cfg_path(c, j, "out_dir", 1, s->out_dir, sizeof s->out_dir));
     const char *str = NULL;
     CHECK_RC(k3c_json_get_str(c, K3C_JSON_OPT, K3C_SPOT(j, "", "pattern"), &str));
     snprintf(s->pattern, sizeof s->pattern, "%s", str ? str : "");
@@ -84,22 +43,22 @@ static int read_config(const k3c_json_ctx *c, const k3c_json *j, k3c_sft_config 
     CHECK_RC(k3c_json_get_bool(c, K3C_JSON_OPT, K3C_SPOT(j, "", "thinking"), K3C_NOSPOT, &s->thinking, &present));
     if (!present) s->thinking = 1;
     int64_t v;
-    CHECK_RC(cfg_int(c, j, "", "seq_len", 1024, 8, &s->seq_len));
-    CHECK_RC(cfg_int(c, j, "", "steps", 0, 1, &s->steps));
-    CHECK_RC(cfg_int(c, j, "", "warmup", 0, 0, &s->warmup));
-    CHECK_RC(cfg_int(c, j, "", "seed", 1, 0, &v));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "seq_len", 1024, 8, &s->seq_len));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "steps", 0, 1, &s->steps));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "warmup", 0, 0, &s->warmup));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "seed", 1, 0, &v));
     s->seed = (uint64_t)v;
-    CHECK_RC(cfg_int(c, j, "", "kda_chunk", 16, 0, &v));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "kda_chunk", 16, 0, &v));
     s->kda_chunk = (int)v;
-    CHECK_RC(cfg_int(c, j, "", "threads", 0, 0, &v));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "threads", 0, 0, &v));
     s->threads = (int)v;
-    CHECK_RC(cfg_int(c, j, "", "log_every", 1, 1, &s->log_every));
-    CHECK_RC(cfg_int(c, j, "", "eval_every", 0, 0, &s->eval_every));
-    CHECK_RC(cfg_int(c, j, "", "eval_batches", 4, 1, &s->eval_batches));
-    CHECK_RC(cfg_int(c, j, "", "checkpoint_every", 0, 0, &s->checkpoint_every));
-    CHECK_RC(cfg_int(c, j, "", "keep_checkpoints", 2, 1, &s->keep_checkpoints));
-    CHECK_RC(cfg_num(c, j, "", "lr", 1e-3, &s->lr));
-    CHECK_RC(cfg_num(c, j, "", "min_lr_ratio", 0.1, &s->min_lr_ratio));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "log_every", 1, 1, &s->log_every));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "eval_every", 0, 0, &s->eval_every));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "eval_batches", 4, 1, &s->eval_batches));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "checkpoint_every", 0, 0, &s->checkpoint_every));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "keep_checkpoints", 2, 1, &s->keep_checkpoints));
+    CHECK_RC(k3c_post_cfg_num(c, j, "", "lr", 1e-3, &s->lr));
+    CHECK_RC(k3c_post_cfg_num(c, j, "", "min_lr_ratio", 0.1, &s->min_lr_ratio));
     str = NULL;
     CHECK_RC(k3c_json_get_str(c, K3C_JSON_OPT, K3C_SPOT(j, "", "schedule"), &str));
     if (k3c_schedule_parse(str ? str : "cosine", &s->schedule, NULL))
@@ -108,15 +67,15 @@ static int read_config(const k3c_json_ctx *c, const k3c_json *j, k3c_sft_config 
     CHECK_RC(k3c_json_get_obj(c, K3C_SPOT(j, "", "optimizer"), &o));
     k3c_json empty = {.type = K3C_JSON_OBJECT};
     if (!o) o = &empty;
-    CHECK_RC(cfg_keys(c, o, "optimizer.", opt_keys));
+    CHECK_RC(k3c_post_cfg_keys(c, o, "optimizer.", opt_keys));
     str = NULL;
     CHECK_RC(k3c_json_get_str(c, K3C_JSON_OPT, K3C_SPOT(o, "optimizer.", "matrix"), &str));
     snprintf(s->matrix_optimizer, sizeof s->matrix_optimizer, "%s", str ? str : "muon");
-    CHECK_RC(cfg_num(c, o, "optimizer.", "weight_decay", 0.0, &s->weight_decay));
-    CHECK_RC(cfg_num(c, o, "optimizer.", "beta1", 0.9, &s->beta1));
-    CHECK_RC(cfg_num(c, o, "optimizer.", "beta2", 0.95, &s->beta2));
-    CHECK_RC(cfg_num(c, o, "optimizer.", "eps", 1e-8, &s->eps));
-    CHECK_RC(cfg_num(c, o, "optimizer.", "grad_clip", 1.0, &s->grad_clip));
+    CHECK_RC(k3c_post_cfg_num(c, o, "optimizer.", "weight_decay", 0.0, &s->weight_decay));
+    CHECK_RC(k3c_post_cfg_num(c, o, "optimizer.", "beta1", 0.9, &s->beta1));
+    CHECK_RC(k3c_post_cfg_num(c, o, "optimizer.", "beta2", 0.95, &s->beta2));
+    CHECK_RC(k3c_post_cfg_num(c, o, "optimizer.", "eps", 1e-8, &s->eps));
+    CHECK_RC(k3c_post_cfg_num(c, o, "optimizer.", "grad_clip", 1.0, &s->grad_clip));
     if (s->warmup > s->steps) return k3c_errf(c->err, K3C_ECONFIG, "%s: warmup: longer than steps", c->file);
     return K3C_OK;
 }
