@@ -133,7 +133,7 @@ static void test_fd(void) {
             for (int k = 0; k < V; k++) g[t * V + k] = dlogp[t] * ((k == c.y[t]) - p[k]);
         }
         double e = test_fd_rel_err(fd_loss, &c, c.z, T * V, g);
-        char what[64];
+        char what[800];
         snprintf(what, sizeof what, "RL loss dL/dlogits variant %d (clip fractions %.2f/%.2f)", v, s.clip_low,
                  s.clip_high);
         CHECK_LE(e, 1e-7, what);
