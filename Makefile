@@ -10,7 +10,7 @@ SAN     ?=
 CFLAGS  := -std=c11 $(OPT) $(SAN) -g -fopenmp -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE \
            -Iinclude -Isrc -I/usr/include/x86_64-linux-gnu/openblas-openmp -MMD -MP $(EXTRA_CFLAGS)
 OPENBLAS_LIB := /usr/lib/x86_64-linux-gnu/openblas-openmp
-LDLIBS  := -L$(OPENBLAS_LIB) -Wl,-rpath,$(OPENBLAS_LIB) -lopenblas -lmicrohttpd -lpng -ljpeg -lm -lpthread $(EXTRA_LDLIBS)
+LDLIBS  := -L$(OPENBLAS_LIB) -Wl,-rpath,$(OPENBLAS_LIB) -lopenblas -lmicrohttpd -lpng -ljpeg -lseccomp -lm -lpthread $(EXTRA_LDLIBS)
 LDFLAGS := -fopenmp $(SAN)
 # MPI (src/dist/comm_mpi.c only): include and link flags from OpenMPI's wrapper or pkg-config, so the library builds
 # with the plain compiler; `make K3C_MPI=0` (or no MPI installed) builds the communicator without it.
@@ -121,7 +121,7 @@ cuda:
 # build/cuda/tests/cuda/* and build/cuda/bench/cuda/* (nvcc with the one NVFLAGS), all linking the objects of `make cuda`.
 CU_PROG_SRC := $(shell find tests/cuda bench/cuda -name '*.cu' 2>/dev/null | LC_ALL=C sort)
 CU_PROG_BIN := $(patsubst %.cu,build/cuda/%,$(CU_PROG_SRC))
-CU_PROG_LIBS := build/cuda/libk3c.a -L$(OPENBLAS_LIB) -Xlinker -rpath,$(OPENBLAS_LIB) -lopenblas -lpng -ljpeg -lgomp -lpthread -lm \
+CU_PROG_LIBS := build/cuda/libk3c.a -L$(OPENBLAS_LIB) -Xlinker -rpath,$(OPENBLAS_LIB) -lopenblas -lpng -ljpeg -lseccomp -lgomp -lpthread -lm \
 	    $(CUDA_LIBS)
 build/cuda/tests/cuda/%: build/cuda/obj/tests/cuda/%.o $(CU_OBJ) build/cuda/libk3c.a
 	@mkdir -p $(dir $@)

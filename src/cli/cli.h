@@ -32,6 +32,8 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
 /* Reads a trainer's metrics.jsonl and draws loss / validation loss, lr and load balance against step into png
  * (gnuplot, atomically; src/cli/plot.c). K3C_ENOTFOUND when gnuplot is not installed. */
 int cli_plot_metrics(const char *jsonl, const char *png, k3c_err *err);
+/* One panel per key of the metrics lines (1 to 8 keys) against step (the post-training runs). */
+int cli_plot_panels(const char *jsonl, const char *png, const char *const *keys, int n, k3c_err *err);
 
 /* --device cpu|cuda (src/cli/device.c): open the named backend (NULL or "cpu": the CPU, backend stays NULL), move
  * models onto it, and release it after every model and arena on it is freed. */
@@ -58,5 +60,8 @@ int cmd_xtml(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_vision(int argc, char **argv);
+int cmd_sft(int argc, char **argv);
+int cmd_env(int argc, char **argv);
+int cmd_rl(int argc, char **argv);
 
 #endif

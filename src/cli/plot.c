@@ -59,3 +59,52 @@ int cli_plot_metrics(const char *jsonl, const char *png, k3c_err *err) {
     if (rename(tmp_png, png) != 0) return k3c_errf(err, K3C_EIO, "%s: rename failed", png);
     return K3C_OK;
 }
+
+/* One panel per metric key (points where a line has it), for the post-training runs whose metrics differ from the
+ * pre-training trainer's. */
+int cli_plot_panels(const char *jsonl, const char *png, const char *const *keys, int n, k3c_err *err) {
+    if (strpbrk(png, "'\"\\$`\n"))
+        return k3c_errf(err, K3C_EINVAL, "%s: quotes, backslashes, $ or ` in the path: no plot written", png);
+    if (n < 1 || n > 8) return k3c_errf(err, K3C_EINVAL, "plot: 1 to 8 panels");
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0)
+        return k3c_errf(err, K3C_ENOTFOUND, "gnuplot not installed (apt-get install gnuplot-nox): no plot written");
+    char *text;
+    size_t len;
+    int rc = k3c_read_file(jsonl, &text, &len, err);
+    if (rc) return rc;
+    char dat[4200], tmp_png[4200], cmd[8192];
+    snprintf(dat, sizeof dat, "%s.dat", png);
+    snprintf(tmp_png, sizeof tmp_png, "%s.tmp.png", png);
+    FILE *f = fopen(dat, "w");
+    if (!f) {
+        free(text);
+        return k3c_errf(err, K3C_EIO, "%s: cannot write", dat);
+    }
+    int rows = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        k3c_json *o;
+        if (k3c_json_parse(line, strlen(line), jsonl, &o, NULL)) continue;
+        fprintf(f, "%g", field(o, "step"));
+        for (int k = 0; k < n; k++) fprintf(f, " %g", field(o, keys[k]));
+        fprintf(f, "\n");
+        rows++;
+        k3c_json_free(o);
+    }
+    fclose(f);
+    free(text);
+    int at = snprintf(cmd, sizeof cmd,
+                      "gnuplot -e \"set terminal png size %d,400 noenhanced; set output '%s'; set datafile missing "
+                      "'nan'; set multiplot layout 1,%d; set xlabel 'step'; set grid; ",
+                      300 * n + 200, tmp_png, n);
+    for (int k = 0; k < n && at < (int)sizeof cmd; k++)
+        at += snprintf(cmd + at, sizeof cmd - at, "set title '%s'; plot '%s' u 1:%d w lp pt 7 ps 0.5 notitle; ",
+                       keys[k], dat, k + 2);
+    if (at < (int)sizeof cmd) snprintf(cmd + at, sizeof cmd - at, "unset multiplot\" >/dev/null 2>&1");
+    int sys = rows ? system(cmd) : 1;
+    unlink(dat);
+    if (sys != 0 || access(tmp_png, R_OK) != 0) {
+        unlink(tmp_png);
+        return k3c_errf(err, K3C_EIO, "%s: gnuplot failed (a metric without any value?)", png);
+    }
+    return rename(tmp_png, png) == 0 ? K3C_OK : k3c_errf(err, K3C_EIO, "%s: rename failed", png);
+}

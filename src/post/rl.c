@@ -1,0 +1,335 @@
+/* rl.c — RL with verifiable rewards on an environment: per step, G rollouts for each of P training prompts, rewards
+ * from the environment's verifier (+ overlong penalty), group-relative advantages with zero-variance groups dropped,
+ * one on-policy policy-gradient update (GRPO / DAPO / Dr. GRPO weights), held-out evaluation, metrics, checkpoints.
+ * TRAINING.md §3; docs/POST.md "RL". */
+#include "base/check.h"
+#include "base/json.h"
+#include "post/post.h"
+#include "post/post_run.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- config */
+
+static int pick(const k3c_json_ctx *c, const k3c_json *o, const char *key, const char *const *names, int def,
+                int *out) {
+    const char *v = NULL;
+    CHECK_RC(k3c_json_get_str(c, K3C_JSON_OPT, K3C_SPOT(o, "", key), &v));
+    *out = def;
+    if (!v) return K3C_OK;
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(names[i], v)) return *out = i, K3C_OK;
+    return k3c_errf(c->err, K3C_ECONFIG, "%s: %s: \"%s\" is not one of the accepted values", c->file, key, v);
+}
+
+static int read_rl(const k3c_json_ctx *c, const k3c_json *j, k3c_rl_config *r) {
+    static const char *const keys[] = {"init",
+                                       "env",
+                                       "out_dir",
+                                       "steps",
+                                       "prompts_per_step",
+                                       "group_size",
+                                       "max_turns",
+                                       "max_tokens",
+                                       "max_new",
+                                       "temperature",
+                                       "top_p",
+                                       "lr",
+                                       "advantage",
+                                       "loss_agg",
+                                       "eps_low",
+                                       "eps_high",
+                                       "beta",
+                                       "overlong_buffer",
+                                       "overlong_penalty",
+                                       "eval_every",
+                                       "eval_episodes",
+                                       "checkpoint_every",
+                                       "keep_checkpoints",
+                                       "seed",
+                                       "thinking",
+                                       "kda_chunk",
+                                       "threads",
+                                       "grad_clip",
+                                       "matrix_optimizer",
+                                       NULL};
+    static const char *const advs[] = {"grpo", "dr_grpo", NULL}, *const aggs[] = {"token_mean", "seq_mean", "const",
+                                                                                  NULL};
+    static const char *const mats[] = {"muon", "adamw", NULL};
+    if (j->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: expected a JSON object", c->file);
+    CHECK_RC(k3c_post_cfg_keys(c, j, "", keys));
+    CHECK_RC(k3c_post_cfg_path(c, j, "init", 1, r->init, sizeof r->init));
+    CHECK_RC(k3c_post_cfg_path(c, j, "out_dir", 1, r->out_dir, sizeof r->out_dir));
+    const char *env = NULL;
+    CHECK_RC(k3c_json_get_str(c, K3C_JSON_REQ, K3C_SPOT(j, "", "env"), &env));
+    snprintf(r->env, sizeof r->env, "%s", env);
+    k3c_env *probe;
+    k3c_err e2 = {0};
+    if (k3c_env_new(r->env, 0, 0, 0, &probe, &e2)) return k3c_errf(c->err, K3C_ECONFIG, "%s: env: %s", c->file, e2.msg);
+    k3c_env_free(probe);
+    int64_t v;
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "steps", 0, 1, &r->steps));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "prompts_per_step", 4, 1, &r->prompts_per_step));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "group_size", 4, 2, &r->group_size));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "max_turns", 4, 1, &v));
+    r->max_turns = (int)v;
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "max_tokens", 1024, 16, &r->max_tokens));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "max_new", 128, 1, &r->max_new));
+    CHECK_RC(k3c_post_cfg_num(c, j, "", "temperature", 1.0, &r->temperature));
+    CHECK_RC(k3c_post_cfg_num(c, j, "", "top_p", 1.0, &r->top_p));
+    CHECK_RC(k3c_post_cfg_num(c, j, "", "lr", 1e-4, &r->lr));
+    CHECK_RC(pick(c, j, "advantage", advs, 0, &r->std_norm));
+    r->std_norm = !r->std_norm; /* grpo (index 0) divides by the std */
+    CHECK_RC(pick(c, j, "loss_agg", aggs, K3C_RL_TOKEN_MEAN, &r->loss.agg));
+    CHECK_RC(k3c_post_cfg_num(c, j, "", "eps_low", 0.2, &r->loss.eps_low));
+    CHECK_RC(k3c_post_cfg_num(c, j, "", "eps_high", 0.28, &r->loss.eps_high));
+    CHECK_RC(k3c_post_cfg_num(c, j, "", "beta", 0, &r->loss.beta));
+    if (r->loss.beta != 0)
+        return k3c_errf(c->err, K3C_EUNSUPPORTED,
+                        "%s: beta: the KL term needs per-token loss weights in the model step (docs/POST.md \"Left\"); "
+                        "only beta = 0 is supported",
+                        c->file);
+    r->loss.max_len = r->max_tokens;
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "overlong_buffer", 0, 0, &r->overlong_buffer));
+    CHECK_RC(k3c_post_cfg_num(c, j, "", "overlong_penalty", 1.0, &r->overlong_penalty));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "eval_every", 0, 0, &r->eval_every));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "eval_episodes", 16, 1, &r->eval_episodes));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "checkpoint_every", 0, 0, &r->checkpoint_every));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "keep_checkpoints", 2, 1, &r->keep_checkpoints));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "seed", 1, 0, &v));
+    r->seed = (uint64_t)v;
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "kda_chunk", 16, 0, &v));
+    r->kda_chunk = (int)v;
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "threads", 0, 0, &v));
+    r->threads = (int)v;
+    CHECK_RC(k3c_post_cfg_num(c, j, "", "grad_clip", 1.0, &r->grad_clip));
+    CHECK_RC(pick(c, j, "matrix_optimizer", mats, 1, &r->matrix_optimizer));
+    int present;
+    CHECK_RC(k3c_json_get_bool(c, K3C_JSON_OPT, K3C_SPOT(j, "", "thinking"), K3C_NOSPOT, &r->thinking, &present));
+    return K3C_OK;
+}
+
+int k3c_rl_config_load(const char *path, k3c_rl_config *r, k3c_err *err) {
+    memset(r, 0, sizeof *r);
+    snprintf(r->path, sizeof r->path, "%s", path);
+    k3c_json *j;
+    CHECK_RC(k3c_json_parse_file(path, &j, err));
+    k3c_json_ctx c = {path, err};
+    int rc = read_rl(&c, j, r);
+    k3c_json_free(j);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- the run */
+
+typedef struct {
+    const k3c_rl_config *c;
+    k3c_post_run r;
+    int64_t step;
+} rl;
+
+/* One episode of task `task` of `split`, sample g of its group (the sampler seed follows (seed, step, task, g);
+ * temperature 0: greedy). */
+static int episodes(rl *s, int split, int64_t task, int g, double temperature, k3c_episode *ep, k3c_err *err) {
+    k3c_env *e;
+    CHECK_RC(k3c_env_new(s->c->env, s->c->seed, split, task, &e, err));
+    k3c_sampler sm = {temperature, s->c->top_p, s->c->seed ^ (uint64_t)(s->step * 1000003 + task * 131 + g)};
+    k3c_policy pol;
+    int rc = k3c_policy_from_model(&s->r.m, &sm, &pol, err);
+    k3c_rollout_opts o = {s->c->max_turns, s->c->max_tokens, s->c->max_new, s->c->thinking};
+    if (!rc) rc = k3c_rollout(e, s->r.tok, &pol, &o, ep, err);
+    k3c_policy_free(&pol);
+    k3c_env_free(e);
+    return rc;
+}
+
+/* Adds c · ∇Σ_t logp(sampled token t) over the episode's sampled tokens into m.g (the summed cross-entropy's backward
+ * with scale −c), and the mean entropy of those positions into *ent. */
+static int seq_backward(rl *s, const k3c_episode *ep, double c, double *ent, k3c_err *err) {
+    int64_t T = ep->n;
+    int32_t *tg = malloc(sizeof *tg * (size_t)T);
+    if (!tg) return k3c_errf(err, K3C_ENOMEM, "out of memory");
+    int64_t counted = 0;
+    for (int64_t t = 0; t < T; t++) {
+        tg[t] = t + 1 < T && ep->mask[t + 1] ? ep->ids[t + 1] : -1;
+        counted += tg[t] >= 0;
+    }
+    int32_t cu[2] = {0, (int32_t)T};
+    k3c_model_batch b = {T, 1, ep->ids, cu, tg, 1.0};
+    int rc = counted ? k3c_post_run_arena(&s->r, T, 1, err) : K3C_OK;
+    k3c_acts *acts;
+    double loss;
+    float *logits = NULL;
+    *ent = 0;
+    if (!rc && counted) {
+        k3c_arena_reset(&s->r.arena, 0);
+        rc = k3c_model_forward_f32(&s->r.m, &b, &s->r.arena, &acts, &loss, &logits, err);
+    }
+    const int64_t V = s->r.m.cfg.vocab_size;
+    float *row = !rc && counted ? malloc(sizeof *row * (size_t)V) : NULL;
+    for (int64_t t = 0; !rc && row && t < T; t++) {
+        if (tg[t] < 0) continue;
+        rc = k3c_model_download_f32(&s->r.m, row, logits + t * V, sizeof *row * (size_t)V, err);
+        double h;
+        k3c_logp_entropy(row, V, tg[t], NULL, &h);
+        *ent += h / (double)counted;
+    }
+    free(row);
+    if (!rc && counted && c != 0) rc = k3c_model_backward_f32(&s->r.m, acts, -c, err);
+    free(tg);
+    return rc;
+}
+
+/* One RL step: rollouts, advantages, the policy-gradient update; fills the metrics line. */
+static int rl_step(rl *s, k3c_sbuf *line, double *mean_reward, k3c_err *err) {
+    const k3c_rl_config *c = s->c;
+    int P = (int)c->prompts_per_step, G = (int)c->group_size, B = P * G, rc = K3C_OK;
+    k3c_episode *ep = calloc((size_t)B, sizeof *ep);
+    double *r = calloc((size_t)B, sizeof *r), *adv = calloc((size_t)B, sizeof *adv);
+    uint8_t *keep = calloc((size_t)P, 1);
+    if (!ep || !r || !adv || !keep) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
+    double comp_sum[K3C_REWARD_MAX_COMPONENTS] = {0}, len = 0, fmt = 0, t0 = k3c_now();
+    int64_t sampled = 0;
+    for (int i = 0; !rc && i < B; i++) {
+        rc = episodes(s, 0, s->step * P + i / G, i % G, c->temperature, &ep[i], err);
+        if (rc) break;
+        int64_t n_resp = ep[i].n - ep[i].n_prompt;
+        r[i] = ep[i].reward.reward +
+               k3c_rl_overlong_penalty(ep[i].n, c->max_tokens, c->overlong_buffer, c->overlong_penalty);
+        for (int k = 0; k < ep[i].reward.n; k++) comp_sum[k] += ep[i].reward.c[k].value / B;
+        len += (double)n_resp / B;
+        fmt += (double)ep[i].format_valid / B;
+        for (int64_t t = ep[i].n_prompt; t < ep[i].n; t++) sampled += ep[i].mask[t];
+    }
+    double t_roll = k3c_now() - t0;
+    int zero = rc ? 0 : k3c_rl_advantages(r, P, G, c->std_norm, adv, keep);
+    /* The per-token gradient of the objective at ρ = 1 (one on-policy update): the loss module's dlogp, which is
+     * constant along a sequence when β = 0, applied as one weighted backward per sequence. */
+    int64_t *off = calloc((size_t)B + 1, sizeof *off);
+    if (!rc && !off) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
+    for (int i = 0; !rc && i < B; i++) off[i + 1] = off[i] + (keep[i / G] ? ep[i].n : 0);
+    int64_t N = rc ? 0 : off[B];
+    double *lp = calloc((size_t)(N ? N : 1), sizeof *lp), *dl = calloc((size_t)(N ? N : 1), sizeof *dl);
+    uint8_t *mk = calloc((size_t)(N ? N : 1), 1);
+    if (!rc && (!lp || !dl || !mk)) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
+    for (int i = 0; !rc && i < B; i++)
+        if (keep[i / G]) memcpy(mk + off[i], ep[i].mask, (size_t)ep[i].n);
+    k3c_rl_loss_stats st = {0};
+    k3c_rl_tokens tk = {B, off, lp, lp, NULL, mk, adv};
+    if (!rc) rc = k3c_rl_loss(&tk, &c->loss, dl, &st, err);
+    if (!rc) rc = s->r.be->zero(s->r.m.g, (int64_t)s->r.m.table.total, err);
+    double ent = 0, t1 = k3c_now();
+    int n_upd = 0;
+    for (int i = 0; !rc && i < B; i++) {
+        if (!keep[i / G] || adv[i] == 0) continue;
+        double coef = 0, h = 0;
+        for (int64_t t = off[i]; t < off[i + 1]; t++)
+            if (mk[t]) coef = dl[t];
+        rc = seq_backward(s, &ep[i], coef, &h, err);
+        ent += h;
+        n_upd++;
+    }
+    double gnorm = 0;
+    if (!rc && n_upd) rc = k3c_post_run_update(&s->r, c->grad_clip, c->lr, s->step + 1, &gnorm, err);
+    double mean_r = 0;
+    for (int i = 0; i < B; i++) mean_r += r[i] / B;
+    *mean_reward = mean_r;
+    if (!rc) {
+        s->step++;
+        k3c_sbuf_printf(line, "{\"step\":%lld,\"reward\":%.6g,\"loss\":%.6g", (long long)s->step, mean_r, st.loss);
+        for (int k = 0; B && k < ep[0].reward.n; k++)
+            k3c_sbuf_printf(line, ",\"r_%s\":%.6g", ep[0].reward.c[k].name, comp_sum[k]);
+        k3c_sbuf_printf(line,
+                        ",\"format_valid\":%.4g,\"response_len\":%.4g,\"zero_var_groups\":%.4g,\"entropy\":%.6g,"
+                        "\"kl\":%.6g,\"clip_low\":%.4g,\"clip_high\":%.4g,\"grad_norm\":%.6g,\"updated_seqs\":%d,"
+                        "\"rollout_tok_s\":%.4g,\"update_tok_s\":%.4g",
+                        fmt, len, (double)zero / P, n_upd ? ent / n_upd : NAN, st.kl, st.clip_low, st.clip_high, gnorm,
+                        n_upd, (double)sampled / (t_roll > 0 ? t_roll : 1), (double)N / (k3c_now() - t1 + 1e-9));
+    }
+    for (int i = 0; ep && i < B; i++) k3c_episode_free(&ep[i]);
+    free(ep), free(r), free(adv), free(keep), free(off), free(lp), free(dl), free(mk);
+    return rc;
+}
+
+/* Greedy episodes of the first eval_episodes held-out tasks: mean reward and format-valid fraction. */
+static int evaluate(rl *s, double *reward, double *format, k3c_err *err) {
+    *reward = *format = 0;
+    for (int64_t i = 0; i < s->c->eval_episodes; i++) {
+        k3c_episode ep;
+        CHECK_RC(episodes(s, 1, i, 0, 0.0, &ep, err));
+        *reward += ep.reward.reward / (double)s->c->eval_episodes;
+        *format += ep.format_valid / (double)s->c->eval_episodes;
+        k3c_episode_free(&ep);
+    }
+    return K3C_OK;
+}
+
+static int restore(rl *s, const char *ts, k3c_err *err) {
+    k3c_json *j = NULL;
+    CHECK_RC(k3c_json_parse(ts, strlen(ts), "trainer_state.json", &j, err));
+    const k3c_json *st = k3c_json_get(j, "step");
+    int rc = st && st->is_integer && st->integer >= 0
+                 ? K3C_OK
+                 : k3c_errf(err, K3C_EFORMAT, "%s/latest: trainer_state.json has no step", s->c->out_dir);
+    if (!rc) s->step = st->integer;
+    k3c_json_free(j);
+    return rc;
+}
+
+int k3c_rl_run(const k3c_rl_config *c, const k3c_train_opts *o, k3c_rl_result *res, k3c_err *err) {
+    rl s = {.c = c};
+    memset(res, 0, sizeof *res);
+    res->first_eval_reward = res->last_eval_reward = res->last_eval_format = NAN;
+    static const char *const mats[] = {"muon", "adamw"};
+    k3c_post_run_opts ro = {c->init, NULL, NULL, c->out_dir, c->kda_chunk, c->threads, mats[c->matrix_optimizer],
+                            0.0,     0.9,  0.95, 1e-8};
+    char *ts = NULL;
+    int rc = k3c_post_run_open(&s.r, &ro, o, &ts, err);
+    if (!rc && ts) rc = restore(&s, ts, err);
+    free(ts);
+    int64_t stop = o->max_steps > 0 && o->max_steps < c->steps ? o->max_steps : c->steps;
+    k3c_progress bar;
+    k3c_progress_init(&bar, "rl", stop, "step", o->progress ? o->progress : stderr, 0);
+    if (!o->progress) bar.enabled = 0;
+    bar.done = s.step;
+    double t0 = k3c_now();
+    if (!rc && c->eval_every > 0 && s.step == 0) {
+        double f;
+        rc = evaluate(&s, &res->first_eval_reward, &f, err);
+        if (!rc)
+            fprintf(s.r.metrics, "{\"step\":0,\"eval_reward\":%.6g,\"eval_format_valid\":%.4g}\n",
+                    res->first_eval_reward, f);
+    }
+    while (!rc && s.step < stop) {
+        k3c_sbuf line;
+        k3c_sbuf_init(&line);
+        rc = rl_step(&s, &line, &res->last_train_reward, err);
+        int last = s.step == stop;
+        double er = NAN, ef = NAN;
+        if (!rc && c->eval_every > 0 && (s.step % c->eval_every == 0 || last)) rc = evaluate(&s, &er, &ef, err);
+        if (!rc) {
+            if (isfinite(er)) k3c_sbuf_printf(&line, ",\"eval_reward\":%.6g,\"eval_format_valid\":%.4g", er, ef);
+            k3c_sbuf_printf(&line, "%s", "}\n");
+            fputs(line.buf, s.r.metrics);
+            fflush(s.r.metrics);
+            if (o->log) fputs(line.buf, o->log);
+            res->episodes += c->prompts_per_step * c->group_size;
+            if (isfinite(er)) res->last_eval_reward = er, res->last_eval_format = ef;
+            k3c_progress_update(&bar, s.step, 1, NULL);
+        }
+        k3c_sbuf_free(&line);
+        if (!rc && ((c->checkpoint_every > 0 && s.step % c->checkpoint_every == 0) || last)) {
+            char st[128];
+            snprintf(st, sizeof st, "{\"step\": %lld, \"seed\": %llu, \"kind\": \"rl\"}\n", (long long)s.step,
+                     (unsigned long long)c->seed);
+            rc = k3c_post_run_save(&s.r, c->out_dir, s.step, st, (int)c->keep_checkpoints, err);
+        }
+    }
+    k3c_progress_finish(&bar, NULL);
+    res->steps = s.step;
+    res->wall_s = k3c_now() - t0;
+    k3c_post_run_close(&s.r);
+    return rc;
+}
