@@ -88,7 +88,7 @@ static int run(const char *cfg_name, int resume, int64_t max_steps, k3c_sft_resu
     snprintf(p, sizeof p, "%s/%s", dir, cfg_name);
     k3c_sft_config c;
     int rc = k3c_sft_config_load(p, &c, err);
-    k3c_train_opts o = {resume, max_steps, NULL, NULL, NULL};
+    k3c_train_opts o = {.resume = resume, .max_steps = max_steps};
     return rc ? rc : k3c_sft_run(&c, &o, r, err);
 }
 
@@ -117,7 +117,7 @@ static int run_rl(const char *name, int resume, int64_t max_steps, k3c_rl_result
     snprintf(p, sizeof p, "%s/%s", dir, name);
     k3c_rl_config c;
     int rc = k3c_rl_config_load(p, &c, err);
-    k3c_train_opts o = {resume, max_steps, NULL, NULL, NULL};
+    k3c_train_opts o = {.resume = resume, .max_steps = max_steps};
     return rc ? rc : k3c_rl_run(&c, &o, r, err);
 }
 

@@ -37,8 +37,11 @@ int cmd_sft(int argc, char **argv) {
     if (k3c_sft_config_load(path, &c, &err)) return cli_fail("sft", &err);
     cli_device dev;
     if (cli_device_open(device, &dev, &err)) return cli_fail("sft", &err);
-    k3c_train_opts o = {cli_flag(argc, argv, "--resume"), max_steps, cli_flag(argc, argv, "--quiet") ? NULL : stderr,
-                        cli_flag(argc, argv, "--log") ? stdout : NULL, dev.backend};
+    k3c_train_opts o = {.resume = cli_flag(argc, argv, "--resume"),
+                        .max_steps = max_steps,
+                        .progress = cli_flag(argc, argv, "--quiet") ? NULL : stderr,
+                        .log = cli_flag(argc, argv, "--log") ? stdout : NULL,
+                        .backend = dev.backend};
     k3c_sft_result r;
     int failed = k3c_sft_run(&c, &o, &r, &err);
     cli_device_release(&dev);
@@ -130,8 +133,11 @@ int cmd_rl(int argc, char **argv) {
     if (k3c_rl_config_load(path, &c, &err)) return cli_fail("rl", &err);
     cli_device dev;
     if (cli_device_open(device, &dev, &err)) return cli_fail("rl", &err);
-    k3c_train_opts o = {cli_flag(argc, argv, "--resume"), max_steps, cli_flag(argc, argv, "--quiet") ? NULL : stderr,
-                        cli_flag(argc, argv, "--log") ? stdout : NULL, dev.backend};
+    k3c_train_opts o = {.resume = cli_flag(argc, argv, "--resume"),
+                        .max_steps = max_steps,
+                        .progress = cli_flag(argc, argv, "--quiet") ? NULL : stderr,
+                        .log = cli_flag(argc, argv, "--log") ? stdout : NULL,
+                        .backend = dev.backend};
     k3c_rl_result r;
     int failed = k3c_rl_run(&c, &o, &r, &err);
     cli_device_release(&dev);

@@ -135,7 +135,9 @@ typedef struct {
 static int episodes(rl *s, int split, int64_t task, int g, double temperature, k3c_episode *ep, k3c_err *err) {
     k3c_env *e;
     CHECK_RC(k3c_env_new(s->c->env, s->c->seed, split, task, &e, err));
-    k3c_sampler sm = {temperature, s->c->top_p, s->c->seed ^ (uint64_t)(s->step * 1000003 + task * 131 + g)};
+    k3c_sampler sm = {.temperature = temperature,
+                      .top_p = s->c->top_p,
+                      .seed = s->c->seed ^ (uint64_t)(s->step * 1000003 + task * 131 + g)};
     k3c_policy pol;
     int rc = k3c_policy_from_model(&s->r.m, &sm, &pol, err);
     k3c_rollout_opts o = {s->c->max_turns, s->c->max_tokens, s->c->max_new, s->c->thinking};
@@ -157,7 +159,7 @@ static int seq_backward(rl *s, const k3c_episode *ep, double c, double *ent, k3c
         counted += tg[t] >= 0;
     }
     int32_t cu[2] = {0, (int32_t)T};
-    k3c_model_batch b = {T, 1, ep->ids, cu, tg, 1.0};
+    k3c_model_batch b = {.T = T, .n_docs = 1, .ids = ep->ids, .cu_seqlens = cu, .targets = tg, .loss_norm = 1.0};
     int rc = counted ? k3c_post_run_arena(&s->r, T, 1, err) : K3C_OK;
     k3c_acts *acts;
     double loss;

@@ -176,7 +176,7 @@ typedef struct {
 static int model_generate(void *ctx, int32_t *seq, int64_t n, int64_t max_new, int32_t stop, int64_t *got,
                           k3c_err *err) {
     model_policy *p = ctx;
-    k3c_gen_opts g = {p->s, max_new, stop, NULL, NULL};
+    k3c_gen_opts g = {.sampler = p->s, .max_new = max_new, .stop_id = stop};
     int64_t n_seq = n;
     int rc = k3c_generate(p->m, seq, n, &g, &n_seq, err);
     *got = n_seq - n;

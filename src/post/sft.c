@@ -126,7 +126,8 @@ static int load_data(sft *s, FILE *log, k3c_err *err) {
 static int forward(sft *s, const k3c_packed *p, int grad, double *loss, k3c_err *err) {
     if (!p->n_counted) return k3c_errf(err, K3C_EINVAL, "sft: a batch without trained tokens");
     CHECK_RC(k3c_post_run_arena(&s->r, p->T, p->n_docs, err));
-    k3c_model_batch b = {p->T, p->n_docs, p->ids, p->cu_seqlens, p->targets, 0};
+    k3c_model_batch b = {
+        .T = p->T, .n_docs = p->n_docs, .ids = p->ids, .cu_seqlens = p->cu_seqlens, .targets = p->targets};
     k3c_arena_reset(&s->r.arena, 0);
     k3c_acts *acts;
     CHECK_RC(k3c_model_forward_f32(&s->r.m, &b, &s->r.arena, &acts, loss, NULL, err));
