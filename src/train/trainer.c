@@ -172,7 +172,7 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     if (tr->dp && (e = k3c_dp_sum(tr->dp, &loss, err))) return e; /* the ranks' shares of the global mean */
     if (!isfinite(loss)) return k3c_errf(err, K3C_ENUMERIC, "step %lld: loss is %g", (long long)tr->step + 1, loss);
     if ((e = k3c_model_backward_f32(&tr->m, acts, 1.0, err))) return e;
-    if (tr->dp && (e = k3c_dp_reduce_grads(tr->dp, tr->m.g, tr->m.table.total, err))) return e;
+    if (tr->dp && (e = k3c_dp_reduce_grads(tr->dp, tr->m.g, err))) return e;
     if ((e = be->clip_grad_norm(tr->opt_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm, err))) return e;
     k3c_schedule sch = {st->schedule, st->lr, st->warmup, st->steps, st->min_lr_ratio};
     row->lr = k3c_schedule_lr(&sch, stage_step + 1); /* schedules count steps from 1 */
