@@ -8,7 +8,8 @@
 int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world, const char *file, k3c_parallel *out,
                          k3c_err *err) {
     int given = p->dp || p->ep || p->tp || p->pp || p->cp;
-    *out = given ? *p : (k3c_parallel){world, 1, 1, 1, 1};
+    *out = given ? *p : (k3c_parallel){world, 1, 1, 1, 1, 0};
+    if (out->micro_batches < 1) out->micro_batches = out->pp;
     const int64_t d[5] = {out->dp, out->ep, out->tp, out->pp, out->cp};
     int64_t prod = 1;
     for (int i = 0; i < 5; i++) {
