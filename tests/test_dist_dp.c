@@ -154,8 +154,8 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
     if (dp) CHECK_RC(k3c_dp_reduce_grads(dp, r->m.g, err));
     if (g_out) memcpy(g_out, r->m.g, sizeof(float) * r->m.table.total);
     if (g_out && r->use_pp) /* every stage's gradients (zero outside its entries), to compare the whole gradient */
-        CHECK_RC(k3c_comm_allreduce(r->pp_comm, g_out, g_out, (int64_t)r->m.table.total, K3C_F32, K3C_COMM_SUM, NULL,
-                                    err));
+        CHECK_RC(
+            k3c_comm_allreduce(r->pp_comm, g_out, g_out, (int64_t)r->m.table.total, K3C_F32, K3C_COMM_SUM, NULL, err));
     if (r->use_pp)
         CHECK_RC(k3c_pp_clip_grad_norm(&r->pp, be, NULL, &r->m.table, r->m.g, GRAD_CLIP, norm, err));
     else
@@ -323,11 +323,12 @@ static void compare(k3c_comm *comm, int ep, int pp, int qb_mode) {
     CHECK(par.dp.shard.state_numel < ref.opt.state_numel || comm->size == 1,
           "ZeRO-1: rank %d holds %zu of %zu state floats", comm->rank, par.dp.shard.state_numel, ref.opt.state_numel);
     if (comm->rank == 0) {
-        printf("dp=%d ep=%d pp=%d qb=%s, %d step%s: relative differences loss %.2e, step-1 gradients %.2e, weights %.2e, "
-               "router biases %.2e (absolute %.2e, %.2g bins), optimizer state %.2e; ZeRO-1 state %zu of %zu floats on "
-               "rank 0\n",
-               comm->size / ep / pp, ep, pp, qb_mode ? "histogram" : "exact", steps, steps > 1 ? "s" : "", loss_rel, g_rel,
-               w_rel, b_rel, b_abs, b_bins, s_rel, par.dp.shard.state_numel, ref.opt.state_numel);
+        printf(
+            "dp=%d ep=%d pp=%d qb=%s, %d step%s: relative differences loss %.2e, step-1 gradients %.2e, weights %.2e, "
+            "router biases %.2e (absolute %.2e, %.2g bins), optimizer state %.2e; ZeRO-1 state %zu of %zu floats on "
+            "rank 0\n",
+            comm->size / ep / pp, ep, pp, qb_mode ? "histogram" : "exact", steps, steps > 1 ? "s" : "", loss_rel, g_rel,
+            w_rel, b_rel, b_abs, b_bins, s_rel, par.dp.shard.state_numel, ref.opt.state_numel);
         if (qb_mode == K3C_QB_EXACT && comm->size > 1)
             printf("  fp32 floor: one process on the documents reversed differs from itself by %.2e\n",
                    fp32_floor(&cfg, &gb, &ref, qb_mode));

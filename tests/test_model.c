@@ -317,9 +317,9 @@ static void ranges_same(void) {
             CHECK_OK(k3c_model_create_f32(&cfg, 1, &m[s], &err), &err);
             k3c_model_init_f32(&m[s], 3, 0.3);
             m[s].kda_chunk = 16;
-            CHECK_OK(k3c_arena_init(&ar[s], k3c_model_plan_bytes_range_f32(&m[s], T, 3, cuts[c][s], cuts[c][s + 1]),
-                                    &err),
-                     &err);
+            CHECK_OK(
+                k3c_arena_init(&ar[s], k3c_model_plan_bytes_range_f32(&m[s], T, 3, cuts[c][s], cuts[c][s + 1]), &err),
+                &err);
             float *in[K3C_ATTNRES_MAX_SOURCES], *x[K3C_ATTNRES_MAX_SOURCES];
             for (int k = 0; s > 0 && k < K3C_ATTNRES_MAX_SOURCES; k++) in[k] = bnd[s - 1] + k * T * D;
             double l;

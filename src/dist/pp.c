@@ -140,8 +140,7 @@ static int backward(pipe *p, int i, k3c_err *err) {
     if (p->live != i) CHECK_RC(run_forward(p, i, err));
     const float *dout[K3C_ATTNRES_MAX_SOURCES];
     float *d = region(p, p->dout, pp->n_out, i);
-    if (pp->n_out)
-        CHECK_RC(k3c_comm_recv(pp->comm, d, pp->n_out * TD, K3C_F32, pp->stage + 1, 2 * i + 1, NULL, err));
+    if (pp->n_out) CHECK_RC(k3c_comm_recv(pp->comm, d, pp->n_out * TD, K3C_F32, pp->stage + 1, 2 * i + 1, NULL, err));
     for (int k = 0; k < pp->n_out; k++) dout[k] = d + k * TD;
     CHECK_RC(k3c_model_backward_range_f32(p->m, p->acts, 1.0, pp->n_out ? dout : NULL, err));
     p->live = -1; /* the backward's buffers overwrote the arena's tail */
@@ -149,8 +148,7 @@ static int backward(pipe *p, int i, k3c_err *err) {
     float *x[K3C_ATTNRES_MAX_SOURCES], *o = region(p, p->din, pp->n_in, i);
     k3c_acts_boundary_f32(p->acts, 1, x);
     for (int k = 0; k < pp->n_in; k++) memcpy(o + k * TD, x[k], sizeof(float) * (size_t)TD);
-    return k3c_comm_send(pp->comm, o, pp->n_in * TD, K3C_F32, pp->stage - 1, 2 * i + 1, &pp->req[pp->micro + i],
-                         err);
+    return k3c_comm_send(pp->comm, o, pp->n_in * TD, K3C_F32, pp->stage - 1, 2 * i + 1, &pp->req[pp->micro + i], err);
 }
 
 /* 1F1B: stage s runs stages − 1 − s forwards ahead, then alternates one forward and one backward, then drains. */

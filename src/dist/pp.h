@@ -11,17 +11,16 @@
 #include "ops/backend.h"
 
 typedef struct {
-    k3c_comm *comm;     /* the pipeline group, one rank per stage in stage order (not owned) */
-    int stage, stages;  /* this rank's stage */
-    int l0, l1;         /* its layers [l0, l1) */
-    int e0, e1;         /* its parameter-table entries [e0, e1): layers, plus the embedding (first stage) or the final
-                           norm, output mix and lm_head (last stage) */
-    int micro;          /* micro-batches per step */
-    int n_in, n_out;    /* boundary tensors before l0 (received) and before l1 (sent) */
-    int64_t D;          /* hidden size */
-    float *buf;         /* per step: boundary inputs, outputs and both gradients of every micro-batch */
+    k3c_comm *comm;    /* the pipeline group, one rank per stage in stage order (not owned) */
+    int stage, stages; /* this rank's stage */
+    int l0, l1;        /* its layers [l0, l1) */
+    int e0, e1;      /* its table entries [e0, e1): its layers, the embedding or the head on the first or last stage */
+    int micro;       /* micro-batches per step */
+    int n_in, n_out; /* boundary tensors before l0 (received) and before l1 (sent) */
+    int64_t D;       /* hidden size */
+    float *buf;      /* per step: boundary inputs, outputs and both gradients of every micro-batch */
     size_t buf_cap;
-    int32_t *cu;        /* the micro-batches' cu_seqlens */
+    int32_t *cu; /* the micro-batches' cu_seqlens */
     int cu_cap;
     float *smax;        /* [L·H] S_max of one micro-batch's forward */
     k3c_comm_req **req; /* [2·micro] sends in flight */

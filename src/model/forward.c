@@ -38,8 +38,7 @@ static int max_sources(const k3c_config *c) {
 
 /* Carves every forward buffer of layers [l0, l1) (measure mode: only counts): the embedding when the range starts the
  * model, the head when it ends it; the tables stay indexed by layer. */
-static void carve_forward(const k3c_model *m, int64_t T, int n_docs, int l0, int l1, k3c_acts_carver *cv,
-                          k3c_acts *a) {
+static void carve_forward(const k3c_model *m, int64_t T, int n_docs, int l0, int l1, k3c_acts_carver *cv, k3c_acts *a) {
     const k3c_config *c = &m->cfg;
     int L = (int)c->num_layers, NS = max_sources(c);
     int64_t D = c->hidden_size;

@@ -104,7 +104,7 @@ int k3c_model_check_backend_f64(const k3c_model *m, const void *be, k3c_err *err
                                     k3c_arena *arena, k3c_acts **acts, double *loss, k3c_err *err);                    \
     int k3c_model_backward_range_##S(k3c_model *m, k3c_acts *a, double scale, const real *const *dout, k3c_err *err);  \
     /* The boundary after the range (grads 0: the tensors a forward left) or the gradients of the boundary before it \
-       (grads 1, after the backward): x[i] for each k3c_boundary_sources entry; returns their count. */              \
+       (grads 1, after the backward): x[i] for each k3c_boundary_sources entry; returns their count. */ \
     int k3c_acts_boundary_##S(const k3c_acts *a, int grads, real **x);
 K3C_DECLARE_REAL(K3C_MODEL_RANGE_API)
 

@@ -289,7 +289,7 @@ static int save(trainer *tr, k3c_err *err) {
     if (!state) return k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory");
     int e = tr->dp ? k3c_dp_gather_state(tr->dp, tr->ostate, state, err) /* every owner's shard */
                    : tr->be->download(state, tr->ostate, sizeof(float) * tr->opt.state_numel, err); /* after the ops */
-    if (!e && tr->pp) e = k3c_pp_gather(tr->pp, &tr->m.table, &tr->opt, tr->m.w, state, err); /* every stage's */
+    if (!e && tr->pp) e = k3c_pp_gather(tr->pp, &tr->m.table, &tr->opt, tr->m.w, state, err);       /* every stage's */
     if (!e && tr->rank != 0) { /* rank 0 writes the checkpoint: the single-process layout */
         free(state);
         return K3C_OK;
@@ -395,8 +395,8 @@ static int optim_state(trainer *tr, k3c_comm *comm, const k3c_parallel *lay, k3c
         const int per = comm->size / (int)lay->pp;
         CHECK_RC(k3c_comm_split(comm, comm->rank / per, comm->rank, &tr->stage_comm, err));
         CHECK_RC(k3c_comm_split(comm, comm->rank % per, comm->rank, &tr->pp_comm, err));
-        CHECK_RC(k3c_pp_init(&tr->pp_store, tr->pp_comm, &tr->m.cfg, &tr->m.table, (int)lay->micro_batches, tr->be,
-                             err));
+        CHECK_RC(
+            k3c_pp_init(&tr->pp_store, tr->pp_comm, &tr->m.cfg, &tr->m.table, (int)lay->micro_batches, tr->be, err));
         tr->pp = &tr->pp_store;
         CHECK_RC(k3c_dp_init_range(&tr->dp_store, tr->stage_comm, tr->be, &tr->opt, &tr->m.table, tr->pp->e0,
                                    tr->pp->e1, err));
