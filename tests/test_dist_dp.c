@@ -439,29 +439,32 @@ static void layouts(void) {
     k3c_parallel out;
     CHECK(k3c_parallel_resolve(&(k3c_parallel){0}, &cfg, 4, "run.json", &out, &err) == 0 && out.dp == 4 && out.ep == 1,
           "no block: dp = world (%s)", err.msg);
-    CHECK(k3c_parallel_resolve(&(k3c_parallel){2, 1, 1, 1, 1}, &cfg, 4, "run.json", &out, &err) == K3C_ECONFIG &&
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){2, 1, 1, 1, 1, 0}, &cfg, 4, "run.json", &out, &err) == K3C_ECONFIG &&
               strstr(err.msg, "run.json") && strstr(err.msg, "4"),
           "product vs world: %s", err.msg);
-    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 3, 1, 1, 1}, &cfg, 3, "run.json", &out, &err) == K3C_ECONFIG &&
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 3, 1, 1, 1, 0}, &cfg, 3, "run.json", &out, &err) == K3C_ECONFIG &&
               strstr(err.msg, "4 routed experts"),
           "ep not dividing experts: %s", err.msg);
-    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 4, 1, 1}, &cfg, 4, "run.json", &out, &err) == K3C_ECONFIG &&
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 4, 1, 1, 0}, &cfg, 4, "run.json", &out, &err) == K3C_ECONFIG &&
               strstr(err.msg, "heads"),
           "tp not dividing heads: %s", err.msg);
-    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 3, 1}, &cfg, 3, "run.json", &out, &err) == K3C_ECONFIG &&
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 3, 1, 0}, &cfg, 3, "run.json", &out, &err) == K3C_ECONFIG &&
               strstr(err.msg, "layers"),
           "pp not dividing layers: %s", err.msg);
-    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 1, 2}, &cfg, 2, "run.json", &out, &err) == K3C_EUNSUPPORTED &&
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 1, 2, 0}, &cfg, 2, "run.json", &out, &err) ==
+                  K3C_EUNSUPPORTED &&
               strstr(err.msg, "cp"),
           "a valid layout not built yet: %s", err.msg);
-    CHECK(k3c_parallel_resolve(&(k3c_parallel){2, 1, 1, 2, 1}, &cfg, 4, "run.json", &out, &err) == 0 && out.pp == 2,
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){2, 1, 1, 2, 1, 0}, &cfg, 4, "run.json", &out, &err) == 0 &&
+              out.pp == 2 && out.micro_batches == 2,
           "dp2×pp2 on 4 ranks: %s", err.msg);
-    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 2, 1, 2, 1}, &cfg, 4, "run.json", &out, &err) == K3C_EUNSUPPORTED &&
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 2, 1, 2, 1, 0}, &cfg, 4, "run.json", &out, &err) ==
+                  K3C_EUNSUPPORTED &&
               strstr(err.msg, "pp = 2 with ep = 2"),
           "pp with ep: %s", err.msg);
 }
 
-/* Every layout of the ranks there are: dp = size, then ep = size, then dp2×ep2 on 4 ranks. */
+/* Every layout of the ranks there are: dp = size, ep = size, dp2×ep2 on 4 ranks, pp = size, dp2×pp2 on 4 ranks. */
 static void run_all(k3c_comm *comm) {
     split_rules(comm);
     f64_exact(comm);
