@@ -5,7 +5,8 @@
  * Every step op runs through the model's backend table (ops/backend.h), the same code on the CPU and a device. The host
  * waits for the device twice per step: for the loss (end of the forward) and the gradient norm (it decides the clip and
  * is logged); after QB it downloads the step's telemetry (the MoE layers' routed expert ids and the QK-Clip count, one
- * contiguous range of the step statistics) for the load metrics. */
+ * contiguous range of the step statistics) for the load metrics. Under mpirun the step is split by dist/ (dp.h, ep.h,
+ * pp.h; docs/PARALLEL.md). */
 #include "base/check.h"
 #include "base/json.h"
 #include "dist/dp.h"
@@ -105,7 +106,8 @@ static int ensure_arena(trainer *tr, int64_t T, int n_docs, k3c_err *err) {
         if (!tr->telemetry) return k3c_errf(err, K3C_ENOMEM, "trainer: out of memory");
         tr->m.stats = &tr->stats;
     }
-    size_t need = k3c_model_plan_bytes_f32(&tr->m, T, n_docs);
+    size_t need = tr->pp ? k3c_model_plan_bytes_range_f32(&tr->m, T, n_docs, tr->pp->l0, tr->pp->l1) /* its stage */
+                         : k3c_model_plan_bytes_f32(&tr->m, T, n_docs);
     if (need <= tr->arena_cap) return K3C_OK;
     k3c_model_arena_free_f32(&tr->m, &tr->arena);
     tr->arena_cap = need + need / 4;
