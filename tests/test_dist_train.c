@@ -217,6 +217,10 @@ int main(void) {
     st = k3c_mpi(3, bad, "", out, sizeof out);
     CHECK(st != 0 && contains(out, "parallel.pp = 3 does not divide the model's 4 layers"), "pp3: exit %d:\n%s", st,
           out);
+    write_cfg(&fx, "bad", "{\"pp\": 2, \"micro_batches\": 64}", bad, sizeof bad);
+    st = k3c_mpi(2, bad, "", out, sizeof out);
+    CHECK(st != 0 && contains(out, "document pieces for 64 micro-batches") && contains(out, "seq_len"),
+          "pp2 with more micro-batches than pieces: exit %d:\n%s", st, out);
     run_params long_docs = defaults("bad"); /* pieces of 128 tokens: one per step, too few for 2 ranks */
     long_docs.stage0 = "{\"name\": \"s128\", \"seq_len\": 128, \"steps\": 2, \"lr\": 0.001}";
     long_docs.stage1 = NULL;
@@ -232,6 +236,9 @@ int main(void) {
     write_cfg(&fx, "bad", "{\"dp\": 0}", bad, sizeof bad);
     CHECK(train(bad, 0, 0, NULL, &r, &err) == K3C_ECONFIG && contains(err.msg, "parallel.dp: 0, must be 1..65536"),
           "dp 0: %s", err.msg);
+    write_cfg(&fx, "bad", "{\"pp\": 1, \"micro_batches\": 0}", bad, sizeof bad);
+    CHECK(train(bad, 0, 0, NULL, &r, &err) == K3C_ECONFIG && contains(err.msg, "parallel.micro_batches: 0, must be"),
+          "micro_batches 0: %s", err.msg);
     write_cfg(&fx, "bad", "{\"dp\": 1, \"zero\": 1}", bad, sizeof bad);
     CHECK(train(bad, 0, 0, NULL, &r, &err) == K3C_ECONFIG && contains(err.msg, "parallel.zero: unknown key"),
           "unknown key: %s", err.msg);
