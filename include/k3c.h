@@ -582,9 +582,11 @@ typedef struct {
 } k3c_stage;
 
 /* The run's parallel layout ("parallel" in the run config): degrees of data, expert, tensor, pipeline and context
- * parallelism; their product is the number of ranks (docs/PARALLEL.md). All zero: no block (dp = the world size). */
+ * parallelism; their product is the number of ranks (docs/PARALLEL.md). All zero: no block (dp = the world size).
+ * micro_batches: pipeline micro-batches per step (0: pp). */
 typedef struct {
     int64_t dp, ep, tp, pp, cp;
+    int64_t micro_batches;
 } k3c_parallel;
 
 typedef struct {

@@ -67,18 +67,18 @@ static int get_str(ctx *c, const k3c_json *o, const char *where, const char *key
     return 0;
 }
 
-/* "parallel": {"dp", "ep", "tp", "pp", "cp"}, each ≥ 1 (absent keys 1); checked against the world and the model when
- * the run starts (dist/layout.c). No block leaves every degree 0. */
+/* "parallel": {"dp", "ep", "tp", "pp", "cp"}, each ≥ 1 (absent keys 1), and "micro_batches" (≥ 1, absent: pp);
+ * checked against the world and the model when the run starts (dist/layout.c). No block leaves every degree 0. */
 static int parse_parallel(ctx *c, const k3c_json *p, k3c_parallel *out) {
-    static const char *const keys[] = {"dp", "ep", "tp", "pp", "cp", NULL};
-    int64_t *deg[] = {&out->dp, &out->ep, &out->tp, &out->pp, &out->cp};
+    static const char *const keys[] = {"dp", "ep", "tp", "pp", "cp", "micro_batches", NULL};
+    int64_t *deg[] = {&out->dp, &out->ep, &out->tp, &out->pp, &out->cp, &out->micro_batches};
     memset(out, 0, sizeof *out);
     if (!p) return 0;
     if (p->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: parallel: expected an object", c->file);
     int e = keys_known(c, p, "parallel.", keys);
-    for (int i = 0; !e && i < 5; i++) {
-        e = get_int(c, p, "parallel.", keys[i], 1, 0, deg[i]);
-        if (!e && (*deg[i] < 1 || *deg[i] > 65536))
+    for (int i = 0; !e && i < 6; i++) {
+        e = get_int(c, p, "parallel.", keys[i], i < 5 ? 1 : 0, 0, deg[i]);
+        if (!e && k3c_json_get(p, keys[i]) && (*deg[i] < 1 || *deg[i] > 65536)) /* absent: the defaults */
             e = k3c_errf(c->err, K3C_ECONFIG, "%s: parallel.%s: %lld, must be 1..65536", c->file, keys[i],
                          (long long)*deg[i]);
     }

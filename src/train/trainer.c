@@ -5,11 +5,13 @@
  * Every step op runs through the model's backend table (ops/backend.h), the same code on the CPU and a device. The host
  * waits for the device twice per step: for the loss (end of the forward) and the gradient norm (it decides the clip and
  * is logged); after QB it downloads the step's telemetry (the MoE layers' routed expert ids and the QK-Clip count, one
- * contiguous range of the step statistics) for the load metrics. */
+ * contiguous range of the step statistics) for the load metrics. Under mpirun the step is split by dist/ (dp.h, ep.h,
+ * pp.h; docs/PARALLEL.md). */
 #include "base/check.h"
 #include "base/json.h"
 #include "dist/dp.h"
 #include "dist/ep.h"
+#include "dist/pp.h"
 #include "ops/backend.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
@@ -50,6 +52,10 @@ typedef struct {
     k3c_dp dp_store;
     k3c_comm *ep_comm; /* expert parallelism (dist/ep.h): the EP group; NULL: every rank holds every expert */
     k3c_ep ep;
+    k3c_pp *pp; /* pipeline parallelism (dist/pp.h) over pp_comm, dp over the stage's stage_comm; NULL: one stage */
+    k3c_pp pp_store;
+    k3c_comm *pp_comm, *stage_comm;
+    int rank; /* in the world: rank 0 writes metrics and checkpoints */
 } trainer;
 
 static int stage_of(const k3c_run_config *rc, int64_t step, int64_t *stage_step) {
@@ -100,7 +106,8 @@ static int ensure_arena(trainer *tr, int64_t T, int n_docs, k3c_err *err) {
         if (!tr->telemetry) return k3c_errf(err, K3C_ENOMEM, "trainer: out of memory");
         tr->m.stats = &tr->stats;
     }
-    size_t need = k3c_model_plan_bytes_f32(&tr->m, T, n_docs);
+    size_t need = tr->pp ? k3c_model_plan_bytes_range_f32(&tr->m, T, n_docs, tr->pp->l0, tr->pp->l1) /* its stage */
+                         : k3c_model_plan_bytes_f32(&tr->m, T, n_docs);
     if (need <= tr->arena_cap) return K3C_OK;
     k3c_model_arena_free_f32(&tr->m, &tr->arena);
     tr->arena_cap = need + need / 4;
@@ -168,12 +175,19 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     k3c_arena_reset(&tr->arena, 0);
     k3c_acts *acts;
     double loss;
-    if ((e = k3c_model_forward_f32(&tr->m, &b, &tr->arena, &acts, &loss, NULL, err))) return e;
+    if (tr->pp) { /* the stages' 1F1B over micro-batches: forward and backward together */
+        if ((e = k3c_pp_step(tr->pp, &tr->m, &b, &tr->arena, 1, &loss, err))) return e;
+    } else if ((e = k3c_model_forward_f32(&tr->m, &b, &tr->arena, &acts, &loss, NULL, err))) {
+        return e;
+    }
     if (tr->dp && (e = k3c_dp_sum(tr->dp, &loss, err))) return e; /* the ranks' shares of the global mean */
     if (!isfinite(loss)) return k3c_errf(err, K3C_ENUMERIC, "step %lld: loss is %g", (long long)tr->step + 1, loss);
-    if ((e = k3c_model_backward_f32(&tr->m, acts, 1.0, err))) return e;
-    if (tr->dp && (e = k3c_dp_reduce_grads(tr->dp, tr->m.g, tr->m.table.total, err))) return e;
-    if ((e = be->clip_grad_norm(tr->opt_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm, err))) return e;
+    if (!tr->pp && (e = k3c_model_backward_f32(&tr->m, acts, 1.0, err))) return e;
+    if (tr->dp && (e = k3c_dp_reduce_grads(tr->dp, tr->m.g, err))) return e;
+    e = tr->pp ? k3c_pp_clip_grad_norm(tr->pp, be, tr->opt_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm,
+                                       err)
+               : be->clip_grad_norm(tr->opt_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm, err);
+    if (e) return e;
     k3c_schedule sch = {st->schedule, st->lr, st->warmup, st->steps, st->min_lr_ratio};
     row->lr = k3c_schedule_lr(&sch, stage_step + 1); /* schedules count steps from 1 */
     e = tr->dp ? k3c_dp_optim_step(tr->dp, be, tr->opt_inst, &tr->m.table, tr->m.w, tr->m.g, tr->ostate, row->lr,
@@ -193,6 +207,7 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     if (tr->n_mla) {
         int32_t n;
         memcpy(&n, tr->telemetry + ((char *)tr->stats.qk_clipped - (char *)tr->stats.mem), sizeof n);
+        if (tr->pp && (e = k3c_comm_allreduce(tr->pp_comm, &n, &n, 1, K3C_I32, K3C_COMM_SUM, NULL, err))) return e;
         if (n < 0) return k3c_errf(err, K3C_ENUMERIC, "step %lld: QK-Clip: non-finite S_max", (long long)tr->step + 1);
         row->qk_clipped = n;
     }
@@ -218,7 +233,9 @@ static int validate(trainer *tr, const k3c_stage *st, double *val, k3c_err *err)
         k3c_arena_reset(&tr->arena, 0);
         k3c_acts *acts;
         double loss;
-        if ((e = k3c_model_forward_f32(&tr->m, &b, &tr->arena, &acts, &loss, NULL, err))) return e;
+        e = tr->pp ? k3c_pp_step(tr->pp, &tr->m, &b, &tr->arena, 0, &loss, err) /* through the stages */
+                   : k3c_model_forward_f32(&tr->m, &b, &tr->arena, &acts, &loss, NULL, err);
+        if (e) return e;
         sum += loss;
         n++;
     }
@@ -274,7 +291,8 @@ static int save(trainer *tr, k3c_err *err) {
     if (!state) return k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory");
     int e = tr->dp ? k3c_dp_gather_state(tr->dp, tr->ostate, state, err) /* every owner's shard */
                    : tr->be->download(state, tr->ostate, sizeof(float) * tr->opt.state_numel, err); /* after the ops */
-    if (!e && tr->dp && tr->dp->rank != 0) { /* rank 0 writes the checkpoint: the single-process layout */
+    if (!e && tr->pp) e = k3c_pp_gather(tr->pp, &tr->m.table, &tr->opt, tr->m.w, state, err);       /* every stage's */
+    if (!e && tr->rank != 0) { /* rank 0 writes the checkpoint: the single-process layout */
         free(state);
         return K3C_OK;
     }
@@ -372,9 +390,20 @@ static int resume(trainer *tr, k3c_err *err) {
 
 /* The optimizer's state next to w and g in the backend's memory (zero = step 0, or the resumed state) and its
  * backend instance. */
-static int optim_state(trainer *tr, void *comm, int64_t ep, k3c_err *err) {
+static int optim_state(trainer *tr, k3c_comm *comm, const k3c_parallel *lay, k3c_err *err) {
     tr->be = k3c_model_backend_f32(&tr->m);
-    if (comm) {
+    int64_t ep = lay->ep;
+    if (comm && lay->pp > 1) { /* stages outermost: stage = rank / (dp·ep), DP with ZeRO-1 inside a stage */
+        const int per = comm->size / (int)lay->pp;
+        CHECK_RC(k3c_comm_split(comm, comm->rank / per, comm->rank, &tr->stage_comm, err));
+        CHECK_RC(k3c_comm_split(comm, comm->rank % per, comm->rank, &tr->pp_comm, err));
+        CHECK_RC(
+            k3c_pp_init(&tr->pp_store, tr->pp_comm, &tr->m.cfg, &tr->m.table, (int)lay->micro_batches, tr->be, err));
+        tr->pp = &tr->pp_store;
+        CHECK_RC(k3c_dp_init_range(&tr->dp_store, tr->stage_comm, tr->be, &tr->opt, &tr->m.table, tr->pp->e0,
+                                   tr->pp->e1, err));
+        tr->dp = &tr->dp_store;
+    } else if (comm) {
         CHECK_RC(k3c_dp_init(&tr->dp_store, comm, tr->be, &tr->opt, &tr->m.table, err));
         tr->dp = &tr->dp_store;
     }
@@ -412,7 +441,8 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     k3c_comm *comm = o->comm;
     k3c_parallel lay; /* the "parallel" block against the ranks there are (one without a communicator) */
     if ((e = k3c_parallel_resolve(&rc->parallel, &cfg, comm ? comm->size : 1, rc->path, &lay, err))) return e;
-    if (lay.dp * lay.ep == 1) comm = NULL; /* alone: the single-process step */
+    if (lay.dp * lay.ep * lay.pp == 1) comm = NULL; /* alone: the single-process step */
+    tr->rank = comm ? comm->rank : 0;
     tr->m.kda_chunk = rc->kda_chunk;
     for (int l = 0; l < cfg.num_layers; l++) tr->m.recompute[l] = (uint8_t)rc->recompute;
     k3c_model_init_f32(&tr->m, rc->seed, rc->init_std);
@@ -438,9 +468,9 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
                         rc->out_dir, p);
     if (o->resume && (e = resume(tr, err))) return e;
     e = k3c_model_use_backend_f32(&tr->m, o->backend, err);
-    if (!e) e = optim_state(tr, comm, lay.ep, err);
+    if (!e) e = optim_state(tr, comm, &lay, err);
     if (e) return e;
-    if (tr->dp && tr->dp->rank != 0) return K3C_OK; /* rank 0 writes the metrics */
+    if (tr->rank != 0) return K3C_OK; /* rank 0 writes the metrics */
     snprintf(p, sizeof p, "%s/metrics.jsonl", rc->out_dir);
     if (o->resume && (e = truncate_metrics(p, tr->step, err))) return e;
     tr->metrics = fopen(p, o->resume ? "a" : "w");
@@ -464,6 +494,9 @@ static void teardown(trainer *tr) {
         k3c_ep_free(&tr->ep);
         k3c_comm_free(tr->ep_comm);
     }
+    if (tr->pp) k3c_pp_free(tr->pp);
+    if (tr->pp_comm) k3c_comm_free(tr->pp_comm);
+    if (tr->stage_comm) k3c_comm_free(tr->stage_comm);
     k3c_optim_free(&tr->opt);
     free(tr->resume_state);
     free(tr->telemetry);
