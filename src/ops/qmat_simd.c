@@ -1,0 +1,225 @@
+/* qmat_simd.c — the vectorised products over weight views (AVX2/FMA): bf16 widened by a shift and MXFP4 decoded in
+ * registers (E2M1 nibbles through a pshufb table, one E8M0 scale per 32 inputs). Implements docs/FORMATS.md §6. */
+#include "ops/mxfp4.h"
+#include "ops/qmat.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* Below this many weights a product runs on one thread: waking the team costs more than it saves. */
+#define PAR_MIN_WEIGHTS 32768
+/* From this many inputs on, a decoded tile goes through BLAS; below it, the 2-row × 4-input kernel. */
+#define GEMM_MIN_N 16
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __m256 bf16x8(const uint16_t *p) {
+    __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+
+/* The table holds 2·E2M1 as int8 (integers, so pshufb can hold them); the half goes into the group scale:
+ * 0.5 · 2^(s − 127) as float bits. s = 0 and 1 give the subnormals 2^−128 and 2^−127, as ldexp would. */
+static inline float half_scale(uint8_t s) {
+    uint32_t b = s >= 2 ? (uint32_t)(s - 1) << 23 : 0x00200000u << s;
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+/* 32 columns of one MXFP4 row (16 packed bytes, low nibble = even column) → 2·E2M1 in column order, 4 × 8 floats. */
+static inline void mx_decode32(const uint8_t *p, __m256 w[4]) {
+    const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i m = _mm_set1_epi8(15);
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(v, m));
+    __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(v, 4), m));
+    __m128i a = _mm_unpacklo_epi8(lo, hi), b = _mm_unpackhi_epi8(lo, hi);
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8)));
+    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+}
+
+/* ---------------------------------------------------------------- one row · one input (the decode GEMV) */
+static float dot_f32(const float *w, const float *x, int64_t C) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t c = 0;
+    for (; c + 32 <= C; c += 32) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c), _mm256_loadu_ps(x + c), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c + 8), _mm256_loadu_ps(x + c + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c + 16), _mm256_loadu_ps(x + c + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c + 24), _mm256_loadu_ps(x + c + 24), a3);
+    }
+    for (; c + 8 <= C; c += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c), _mm256_loadu_ps(x + c), a0);
+    float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; c < C; c++) s += w[c] * x[c];
+    return s;
+}
+
+static float dot_bf16(const uint16_t *w, const float *x, int64_t C) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t c = 0;
+    for (; c + 32 <= C; c += 32) {
+        a0 = _mm256_fmadd_ps(bf16x8(w + c), _mm256_loadu_ps(x + c), a0);
+        a1 = _mm256_fmadd_ps(bf16x8(w + c + 8), _mm256_loadu_ps(x + c + 8), a1);
+        a2 = _mm256_fmadd_ps(bf16x8(w + c + 16), _mm256_loadu_ps(x + c + 16), a2);
+        a3 = _mm256_fmadd_ps(bf16x8(w + c + 24), _mm256_loadu_ps(x + c + 24), a3);
+    }
+    for (; c + 8 <= C; c += 8) a0 = _mm256_fmadd_ps(bf16x8(w + c), _mm256_loadu_ps(x + c), a0);
+    float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; c < C; c++) s += k3c_bf16_to_f32(w[c]) * x[c];
+    return s;
+}
+
+/* Per group: the 32 products in integer-valued weights, then one multiply-add by the group's scale. */
+static float dot_mxfp4(const uint8_t *p, const uint8_t *s, const float *x, int64_t C) {
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t g = 0; g < C / K3C_MXFP4_GROUP; g++) {
+        __m256 w[4];
+        const float *xg = x + g * K3C_MXFP4_GROUP;
+        mx_decode32(p + g * (K3C_MXFP4_GROUP / 2), w);
+        __m256 t = _mm256_mul_ps(w[0], _mm256_loadu_ps(xg));
+        t = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xg + 8), t);
+        t = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xg + 16), t);
+        t = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xg + 24), t);
+        acc[g & 1] = _mm256_fmadd_ps(t, _mm256_set1_ps(half_scale(s[g])), acc[g & 1]);
+    }
+    return hsum(_mm256_add_ps(acc[0], acc[1]));
+}
+
+static float row_dot(const k3c_qmat *W, int64_t r, const float *x) {
+    const int64_t C = W->cols;
+    if (W->type == K3C_QMAT_BF16) return dot_bf16((const uint16_t *)W->w + r * C, x, C);
+    if (W->type == K3C_QMAT_MXFP4)
+        return dot_mxfp4((const uint8_t *)W->w + r * (C / 2), W->scale + r * (C / K3C_MXFP4_GROUP), x, C);
+    return dot_f32((const float *)W->w + r * C, x, C);
+}
+
+static void gemv(const k3c_qmat *W, const float *x, float *y, int accumulate) {
+    const int64_t R = W->rows;
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && R * W->cols >= PAR_MIN_WEIGHTS)
+    for (int64_t r = 0; r < R; r++) {
+        float d = row_dot(W, r, x);
+        y[r] = accumulate ? y[r] + d : d;
+    }
+}
+
+/* ---------------------------------------------------------------- a tile of rows · n inputs (batched decode, prefill) */
+/* Decodes rows [r0, r0 + nr) into out[nr, cols] (exact: bf16 and E2M1 · 2^k are floats). */
+static void decode_rows(const k3c_qmat *W, int64_t r0, int64_t nr, float *out) {
+    const int64_t C = W->cols;
+    if (W->type == K3C_QMAT_BF16) {
+        const uint16_t *w = (const uint16_t *)W->w + r0 * C;
+        int64_t i = 0;
+        for (; i + 8 <= nr * C; i += 8) _mm256_storeu_ps(out + i, bf16x8(w + i));
+        for (; i < nr * C; i++) out[i] = k3c_bf16_to_f32(w[i]);
+        return;
+    }
+    const int64_t G = nr * C / K3C_MXFP4_GROUP;
+    const uint8_t *p = (const uint8_t *)W->w + r0 * (C / 2), *s = W->scale + r0 * (C / K3C_MXFP4_GROUP);
+    for (int64_t g = 0; g < G; g++) {
+        __m256 w[4], m = _mm256_set1_ps(half_scale(s[g]));
+        mx_decode32(p + g * (K3C_MXFP4_GROUP / 2), w);
+        for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + g * K3C_MXFP4_GROUP + 8 * k, _mm256_mul_ps(w[k], m));
+    }
+}
+
+/* out[i][j] = w_i · x_j for 2 rows (stride C) and 4 inputs (stride C): eight independent FMA chains. */
+static void dot_2x4(const float *w, const float *x, int64_t C, float out[2][4]) {
+    __m256 a[2][4];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) a[i][j] = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 8 <= C; c += 8) {
+        __m256 w0 = _mm256_loadu_ps(w + c), w1 = _mm256_loadu_ps(w + C + c);
+        for (int j = 0; j < 4; j++) {
+            __m256 xj = _mm256_loadu_ps(x + j * C + c);
+            a[0][j] = _mm256_fmadd_ps(w0, xj, a[0][j]);
+            a[1][j] = _mm256_fmadd_ps(w1, xj, a[1][j]);
+        }
+    }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) {
+            float s = hsum(a[i][j]);
+            for (int64_t t = c; t < C; t++) s += w[i * C + t] * x[j * C + t];
+            out[i][j] = s;
+        }
+}
+
+static void put(float *y, float d, int accumulate) { *y = accumulate ? *y + d : d; }
+
+/* Y[:, r0 : r0 + nr] of the product from the decoded tile wt[nr, C]. */
+static void tile_mul(const float *wt, int64_t r0, int64_t nr, int64_t R, int64_t C, const float *X, int64_t n, float *Y,
+                     int accumulate) {
+    if (n >= GEMM_MIN_N) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)nr, (int)C, 1.0f, X, (int)C, wt, (int)C,
+                    accumulate ? 1.0f : 0.0f, Y + r0, (int)R);
+        return;
+    }
+    int64_t i = 0;
+    for (; i + 2 <= nr; i += 2) {
+        int64_t j = 0;
+        for (; j + 4 <= n; j += 4) {
+            float o[2][4];
+            dot_2x4(wt + i * C, X + j * C, C, o);
+            for (int a = 0; a < 2; a++)
+                for (int b = 0; b < 4; b++) put(&Y[(j + b) * R + r0 + i + a], o[a][b], accumulate);
+        }
+        for (; j < n; j++)
+            for (int a = 0; a < 2; a++)
+                put(&Y[j * R + r0 + i + a], dot_f32(wt + (i + a) * C, X + j * C, C), accumulate);
+    }
+    for (; i < nr; i++)
+        for (int64_t j = 0; j < n; j++) put(&Y[j * R + r0 + i], dot_f32(wt + i * C, X + j * C, C), accumulate);
+}
+
+/* Each thread decodes tiles of rows into its own small buffer (L2-sized), then multiplies all n inputs by it, so each
+ * stored row is read from memory once. */
+static void gemm_tiled(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate) {
+    const int64_t R = W->rows, C = W->cols;
+    int64_t rb = (1 << 16) / C;
+    rb = rb < 8 ? 8 : rb > 128 ? 128 : rb;
+    const int64_t tiles = (R + rb - 1) / rb;
+#pragma omp parallel if (!omp_in_parallel() && R * C >= PAR_MIN_WEIGHTS)
+    {
+        float *wt = malloc(sizeof(float) * (size_t)(rb * C));
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++) {
+            int64_t r0 = t * rb, nr = R - r0 < rb ? R - r0 : rb;
+            if (wt) {
+                decode_rows(W, r0, nr, wt);
+                tile_mul(wt, r0, nr, R, C, X, n, Y, accumulate);
+            } else { /* no memory for a tile: the same products, one row and input at a time */
+                for (int64_t r = r0; r < r0 + nr; r++)
+                    for (int64_t j = 0; j < n; j++) put(&Y[j * R + r], row_dot(W, r, X + j * C), accumulate);
+            }
+        }
+        free(wt);
+    }
+}
+
+void k3c_qmat_mul(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate) {
+    if (n == 1)
+        gemv(W, X, Y, accumulate);
+    else if (W->type == K3C_QMAT_F32)
+        k3c_qmat_mul_ref(W, X, n, Y, accumulate); /* BLAS reads the float matrix once for all n */
+    else
+        gemm_tiled(W, X, n, Y, accumulate);
+}
+
+#else /* no AVX2: the reference is the product */
+void k3c_qmat_mul(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate) {
+    k3c_qmat_mul_ref(W, X, n, Y, accumulate);
+}
+#endif
