@@ -87,7 +87,7 @@ static int within_sum_bound(const float *y, const double *ref, const double *mag
 static void check_shape(int type, int64_t R, int64_t C, int in_team) {
     void *store = NULL;
     uint8_t *scale = NULL;
-    const int64_t N = 17;
+    const int64_t N = 33; /* n = 1..17, then 33: the decoded-tile BLAS path of prefill */
     double *dense = malloc(sizeof(double) * (size_t)(R * C)), *ref = malloc(sizeof(double) * (size_t)(N * R));
     double *mag = malloc(sizeof(double) * (size_t)(N * R)), *xd = test_randn(77 + (uint64_t)C, (size_t)(N * C), 1.0);
     float *x = malloc(sizeof(float) * (size_t)(N * C)), *y = malloc(sizeof(float) * (size_t)(N * R));
@@ -95,7 +95,7 @@ static void check_shape(int type, int64_t R, int64_t C, int in_team) {
     k3c_qmat W = make(type, R, C, 1000 + (uint64_t)(R * 7 + C), &store, &scale, dense);
     for (int64_t i = 0; i < N * C; i++) x[i] = (float)xd[i];
     int ok = 1;
-    for (int64_t n = 1; n <= N && ok; n++)
+    for (int64_t n = 1; n <= N && ok; n = n < 17 ? n + 1 : n == 17 ? N : N + 1)
         for (int acc = 0; acc < 2 && ok; acc++)
             for (int path = 0; path < 2 && ok; path++) {
                 for (int64_t i = 0; i < n; i++)
@@ -123,7 +123,8 @@ static void check_shape(int type, int64_t R, int64_t C, int in_team) {
                     fprintf(stderr, "  first failure at n = %lld, accumulate = %d, %s\n", (long long)n, acc,
                             path ? "reference" : "kernel");
             }
-    CHECK(ok, "type %d [%lld x %lld]%s: kernel and reference within the float-sum bound, n = 1..17, +/- accumulate",
+    CHECK(ok,
+          "type %d [%lld x %lld]%s: kernel and reference within the float-sum bound, n = 1..17 and 33, +/- accumulate",
           type, (long long)R, (long long)C, in_team ? " inside a parallel region" : "");
     k3c_qmat_mul(&W, x, 5, y, 0);
     k3c_qmat_mul_ref(&W, x, 5, y1, 0);
@@ -142,7 +143,8 @@ static void check_shape(int type, int64_t R, int64_t C, int in_team) {
 }
 
 static void test_kernels(void) {
-    static const int64_t shapes[][2] = {{1, 32}, {37, 96}, {3, 64}, {129, 1056}, {300, 64}, {65, 512}, {1, 2048}};
+    static const int64_t shapes[][2] = {{1, 32},   {37, 96},  {3, 64},   {129, 1056},
+                                        {300, 64}, {65, 512}, {1, 2048}, {3, 16416}};
     for (int type = K3C_QMAT_F32; type <= K3C_QMAT_MXFP4; type++)
         for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) check_shape(type, shapes[k][0], shapes[k][1], 0);
     static const int64_t odd[][2] = {{5, 1}, {7, 7}, {33, 13}, {9, 45}, {130, 301}, {2, 1000}};

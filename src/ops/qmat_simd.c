@@ -13,8 +13,11 @@
 
 /* Below this many weights a product runs on one thread: waking the team costs more than it saves. */
 #define PAR_MIN_WEIGHTS 32768
-/* From this many inputs on, a decoded tile goes through BLAS; below it, the 2-row × 4-input kernel. */
-#define GEMM_MIN_N 16
+/* From this many inputs on (prefill), a decoded tile of up to GEMM_TILE_BYTES goes through BLAS; below it, a tile of
+ * TILE_FLOATS on the stack and the 2-row × 4-input kernel. */
+#define GEMM_MIN_N 32
+#define GEMM_TILE_BYTES ((size_t)1 << 20)
+#define TILE_FLOATS 16384
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -82,20 +85,30 @@ static float dot_bf16(const uint16_t *w, const float *x, int64_t C) {
     return s;
 }
 
-/* Per group: the 32 products in integer-valued weights, then one multiply-add by the group's scale. */
+/* Per group: the 32 products in integer-valued weights, then one multiply-add by the group's scale. Two groups per
+ * step, each with its own accumulator, so the scale FMAs do not wait on each other. */
+static inline __m256 group_dot(const uint8_t *p, const float *x) {
+    __m256 w[4];
+    mx_decode32(p, w);
+    __m256 t = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
+    t = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + 8), t);
+    t = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + 16), t);
+    return _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), t);
+}
+
 static float dot_mxfp4(const uint8_t *p, const uint8_t *s, const float *x, int64_t C) {
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t g = 0; g < C / K3C_MXFP4_GROUP; g++) {
-        __m256 w[4];
-        const float *xg = x + g * K3C_MXFP4_GROUP;
-        mx_decode32(p + g * (K3C_MXFP4_GROUP / 2), w);
-        __m256 t = _mm256_mul_ps(w[0], _mm256_loadu_ps(xg));
-        t = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xg + 8), t);
-        t = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xg + 16), t);
-        t = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xg + 24), t);
-        acc[g & 1] = _mm256_fmadd_ps(t, _mm256_set1_ps(half_scale(s[g])), acc[g & 1]);
+    const int64_t G = C / K3C_MXFP4_GROUP, H = K3C_MXFP4_GROUP / 2;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    int64_t g = 0;
+    for (; g + 2 <= G; g += 2) {
+        __m256 t0 = group_dot(p + g * H, x + g * K3C_MXFP4_GROUP);
+        __m256 t1 = group_dot(p + (g + 1) * H, x + (g + 1) * K3C_MXFP4_GROUP);
+        a0 = _mm256_fmadd_ps(t0, _mm256_set1_ps(half_scale(s[g])), a0);
+        a1 = _mm256_fmadd_ps(t1, _mm256_set1_ps(half_scale(s[g + 1])), a1);
     }
-    return hsum(_mm256_add_ps(acc[0], acc[1]));
+    if (g < G)
+        a0 = _mm256_fmadd_ps(group_dot(p + g * H, x + g * K3C_MXFP4_GROUP), _mm256_set1_ps(half_scale(s[g])), a0);
+    return hsum(_mm256_add_ps(a0, a1));
 }
 
 static float row_dot(const k3c_qmat *W, int64_t r, const float *x) {
@@ -130,32 +143,45 @@ static void decode_rows(const k3c_qmat *W, int64_t r0, int64_t nr, float *out) {
     const uint8_t *p = (const uint8_t *)W->w + r0 * (C / 2), *s = W->scale + r0 * (C / K3C_MXFP4_GROUP);
     for (int64_t g = 0; g < G; g++) {
         __m256 w[4], m = _mm256_set1_ps(half_scale(s[g]));
+        float *o = out + g * K3C_MXFP4_GROUP;
         mx_decode32(p + g * (K3C_MXFP4_GROUP / 2), w);
-        for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + g * K3C_MXFP4_GROUP + 8 * k, _mm256_mul_ps(w[k], m));
+        _mm256_storeu_ps(o, _mm256_mul_ps(w[0], m));
+        _mm256_storeu_ps(o + 8, _mm256_mul_ps(w[1], m));
+        _mm256_storeu_ps(o + 16, _mm256_mul_ps(w[2], m));
+        _mm256_storeu_ps(o + 24, _mm256_mul_ps(w[3], m));
     }
 }
 
-/* out[i][j] = w_i · x_j for 2 rows (stride C) and 4 inputs (stride C): eight independent FMA chains. */
-static void dot_2x4(const float *w, const float *x, int64_t C, float out[2][4]) {
+/* out[i][j] = w_i · x_j for 2 rows (stride C) and J ≤ 4 inputs (stride C): 2J independent FMA chains. Inlined with a
+ * constant J, the loops unroll and the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void dot_2xj(const float *w, const float *x, int64_t C, const int J,
+                                                          float out[2][4]) {
     __m256 a[2][4];
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 4; j++) a[i][j] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int j = 0; j < J; j++) a[0][j] = a[1][j] = _mm256_setzero_ps();
     int64_t c = 0;
     for (; c + 8 <= C; c += 8) {
-        __m256 w0 = _mm256_loadu_ps(w + c), w1 = _mm256_loadu_ps(w + C + c);
-        for (int j = 0; j < 4; j++) {
+        __m256 u = _mm256_loadu_ps(w + c), v = _mm256_loadu_ps(w + C + c);
+#pragma GCC unroll 4
+        for (int j = 0; j < J; j++) {
             __m256 xj = _mm256_loadu_ps(x + j * C + c);
-            a[0][j] = _mm256_fmadd_ps(w0, xj, a[0][j]);
-            a[1][j] = _mm256_fmadd_ps(w1, xj, a[1][j]);
+            a[0][j] = _mm256_fmadd_ps(u, xj, a[0][j]);
+            a[1][j] = _mm256_fmadd_ps(v, xj, a[1][j]);
         }
     }
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 4; j++) {
+#pragma GCC unroll 4
+    for (int j = 0; j < J; j++)
+        for (int i = 0; i < 2; i++) {
             float s = hsum(a[i][j]);
             for (int64_t t = c; t < C; t++) s += w[i * C + t] * x[j * C + t];
             out[i][j] = s;
         }
 }
+
+static void dot_2x4(const float *w, const float *x, int64_t C, float out[2][4]) { dot_2xj(w, x, C, 4, out); }
+static void dot_2x3(const float *w, const float *x, int64_t C, float out[2][4]) { dot_2xj(w, x, C, 3, out); }
+static void dot_2x2(const float *w, const float *x, int64_t C, float out[2][4]) { dot_2xj(w, x, C, 2, out); }
+static void dot_2x1(const float *w, const float *x, int64_t C, float out[2][4]) { dot_2xj(w, x, C, 1, out); }
 
 static void put(float *y, float d, int accumulate) { *y = accumulate ? *y + d : d; }
 
@@ -167,45 +193,57 @@ static void tile_mul(const float *wt, int64_t r0, int64_t nr, int64_t R, int64_t
                     accumulate ? 1.0f : 0.0f, Y + r0, (int)R);
         return;
     }
+    static void (*const kern[5])(const float *, const float *, int64_t, float[2][4]) = {NULL, dot_2x1, dot_2x2, dot_2x3,
+                                                                                        dot_2x4};
     int64_t i = 0;
-    for (; i + 2 <= nr; i += 2) {
-        int64_t j = 0;
-        for (; j + 4 <= n; j += 4) {
+    for (; i + 2 <= nr; i += 2)
+        for (int64_t j = 0; j < n; j += 4) {
+            const int J = n - j < 4 ? (int)(n - j) : 4;
             float o[2][4];
-            dot_2x4(wt + i * C, X + j * C, C, o);
+            kern[J](wt + i * C, X + j * C, C, o);
             for (int a = 0; a < 2; a++)
-                for (int b = 0; b < 4; b++) put(&Y[(j + b) * R + r0 + i + a], o[a][b], accumulate);
+                for (int b = 0; b < J; b++) put(&Y[(j + b) * R + r0 + i + a], o[a][b], accumulate);
         }
-        for (; j < n; j++)
-            for (int a = 0; a < 2; a++)
-                put(&Y[j * R + r0 + i + a], dot_f32(wt + (i + a) * C, X + j * C, C), accumulate);
-    }
     for (; i < nr; i++)
         for (int64_t j = 0; j < n; j++) put(&Y[j * R + r0 + i], dot_f32(wt + i * C, X + j * C, C), accumulate);
 }
 
-/* Each thread decodes tiles of rows into its own small buffer (L2-sized), then multiplies all n inputs by it, so each
- * stored row is read from memory once. */
+/* Each thread decodes tiles of rows into its own buffer (L2-sized), then multiplies all n inputs by the tile, so each
+ * stored row is read from memory once. A row wider than the buffer is used as stored, input by input (it stays in L2
+ * across the inputs). */
+static void tiles(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate, float *wt, int64_t rb,
+                  int64_t t0, int64_t t1) {
+    const int64_t R = W->rows, C = W->cols;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t r0 = t * rb, nr = R - r0 < rb ? R - r0 : rb;
+        if (wt) {
+            decode_rows(W, r0, nr, wt);
+            tile_mul(wt, r0, nr, R, C, X, n, Y, accumulate);
+        } else {
+            for (int64_t r = r0; r < r0 + nr; r++)
+                for (int64_t j = 0; j < n; j++) put(&Y[j * R + r], row_dot(W, r, X + j * C), accumulate);
+        }
+    }
+}
+
 static void gemm_tiled(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate) {
     const int64_t R = W->rows, C = W->cols;
-    int64_t rb = (1 << 16) / C;
-    rb = rb < 8 ? 8 : rb > 128 ? 128 : rb;
-    const int64_t tiles = (R + rb - 1) / rb;
+    const int64_t cap = n >= GEMM_MIN_N ? (int64_t)(GEMM_TILE_BYTES / sizeof(float)) : TILE_FLOATS;
+    const int64_t rb = C <= cap ? cap / C : 1, nt = (R + rb - 1) / rb;
 #pragma omp parallel if (!omp_in_parallel() && R * C >= PAR_MIN_WEIGHTS)
     {
-        float *wt = malloc(sizeof(float) * (size_t)(rb * C));
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; t++) {
-            int64_t r0 = t * rb, nr = R - r0 < rb ? R - r0 : rb;
-            if (wt) {
-                decode_rows(W, r0, nr, wt);
-                tile_mul(wt, r0, nr, R, C, X, n, Y, accumulate);
-            } else { /* no memory for a tile: the same products, one row and input at a time */
-                for (int64_t r = r0; r < r0 + nr; r++)
-                    for (int64_t j = 0; j < n; j++) put(&Y[j * R + r], row_dot(W, r, X + j * C), accumulate);
-            }
+        const int T = omp_get_num_threads(), me = omp_get_thread_num();
+        const int64_t t0 = nt * me / T, t1 = nt * (me + 1) / T;
+        if (C > cap || t0 == t1) {
+            tiles(W, X, n, Y, accumulate, NULL, rb, t0, t1);
+        } else if (n >= GEMM_MIN_N) {
+            float *wt = malloc(sizeof(float) * (size_t)(rb * C)); /* NULL: the untiled products */
+            tiles(W, X, n, Y, accumulate, wt, rb, t0, t1);
+            free(wt);
+        } else {
+            float wt[TILE_FLOATS];
+            tiles(W, X, n, Y, accumulate, wt, rb, t0, t1);
         }
-        free(wt);
     }
 }
 
