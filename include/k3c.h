@@ -301,17 +301,54 @@ int k3c_tok_encode(const k3c_tok *t, const void *text, size_t n, int flags, k3c_
 int k3c_tok_decode(const k3c_tok *t, const int32_t *ids, size_t n, char **bytes, size_t *len, k3c_err *err);
 
 /* ---------------------------------------------------------------- generation */
-/* Next-token choice from logits: greedy, or temperature + nucleus (top-p) sampling with a counter-based random
- * stream, so a (seed, position) pair always draws the same token. */
+#define K3C_MAX_LOGPROBS 20 /* top alternatives a sampled token can report (OpenAI's limit) */
+
+/* Next-token choice from logits with a counter-based random stream, so a (seed, position) pair always draws the same
+ * token. Order (as Hugging Face's processors): penalties, then greedy (temperature 0) or temperature → top-k → top-p →
+ * min-p → draw. Every field after `seed` means "off" when zero. */
 typedef struct {
     double temperature; /* 0 = greedy */
     double top_p;       /* 1 = no nucleus cut */
     uint64_t seed;
+    int64_t top_k;             /* keep the k most likely tokens; 0 = off */
+    double min_p;              /* keep tokens at least min_p × as likely as the most likely; 0 = off */
+    double repetition_penalty; /* HF: each id seen in the prompt or the output, once: logit > 0 ? logit / r : logit · r;
+                                  0 or 1 = off */
+    double presence_penalty;   /* OpenAI, over the OUTPUT ids: logit −= presence · [count > 0] + frequency · count */
+    double frequency_penalty;
+    int logprobs; /* report the log-probabilities of this many most likely tokens (0..K3C_MAX_LOGPROBS) */
 } k3c_sampler;
 
-/* Picks a token id from logits[V]; `position` selects the random draw. work: V floats + V ints of scratch. */
+/* The ids a sequence has seen, for the penalties. */
+typedef struct {
+    const int32_t *prompt;
+    int64_t n_prompt;
+    const int32_t *output;
+    int64_t n_output;
+} k3c_history;
+
+/* A sampled token with its log-probability and the top alternatives, all under the model's raw distribution
+ * (log-softmax of the logits before penalties and temperature, as vLLM reports them). */
+typedef struct {
+    int32_t id;
+    float logprob;
+    int n_top;
+    int32_t top_id[K3C_MAX_LOGPROBS];
+    float top_logprob[K3C_MAX_LOGPROBS];
+} k3c_sampled;
+
+/* Picks a token id from logits[V] without history (no penalties); `position` selects the random draw.
+ * work: V floats + V ints of scratch. */
 int32_t k3c_sample(const k3c_sampler *s, const float *logits, int64_t V, uint64_t position, float *work_p,
                    int32_t *work_idx);
+/* Bytes of scratch k3c_sample_seq needs for a vocabulary of V. */
+size_t k3c_sample_workspace(int64_t V);
+/* Picks a token id with every setting of s; h (may be NULL) feeds the penalties; out (may be NULL) receives the
+ * logprobs. ws: k3c_sample_workspace(V) bytes, 4-aligned. */
+int32_t k3c_sample_seq(const k3c_sampler *s, const float *logits, int64_t V, uint64_t position, const k3c_history *h,
+                       k3c_sampled *out, void *ws);
+/* K3C_EINVAL naming the first setting out of range. */
+int k3c_sampler_check(const k3c_sampler *s, k3c_err *err);
 
 /* A model opened for serving. */
 typedef struct {
@@ -326,6 +363,8 @@ void k3c_serve_close(k3c_serve *s);
 
 /* Called with every generated id (i counts from 0); a non-zero return stops the generation (not an error). */
 typedef int (*k3c_token_fn)(void *ctx, int32_t id, int64_t i);
+/* The same with the token's logprob and top alternatives (sampler.logprobs of them). */
+typedef int (*k3c_sampled_fn)(void *ctx, const k3c_sampled *t, int64_t i);
 
 typedef struct {
     k3c_sampler sampler;
@@ -333,12 +372,77 @@ typedef struct {
     int32_t stop_id;       /* -1: none; else generation ends once it is sampled (it is appended, not passed on) */
     k3c_token_fn on_token; /* NULL: no streaming */
     void *ctx;
+    k3c_sampled_fn on_sampled; /* NULL, or called instead of on_token */
 } k3c_gen_opts;
 
 /* Appends up to o->max_new sampled ids to the prompt: seq holds n_prompt ids and has room for n_prompt + max_new;
- * *n_seq receives the final length. Each step runs the whole prefix forward (the latent-cache decoder comes with
- * serving); sample draws are keyed by position, so a (seed, prompt) pair always gives the same continuation. */
+ * *n_seq receives the final length. A float32 model on the CPU runs on the inference engine (prefill, then one
+ * decode step per token over the kept state); a model on another backend recomputes the prefix per token. Sample
+ * draws are keyed by position, so a (seed, prompt) pair always gives the same continuation. */
 int k3c_generate(k3c_model *m, int32_t *seq, int64_t n_prompt, const k3c_gen_opts *o, int64_t *n_seq, k3c_err *err);
+
+/* ---------------------------------------------------------------- inference engine (docs/ENGINE.md)
+ * Continuous batching on the CPU: submitted sequences join between steps, each step runs one forward over a prompt
+ * chunk or the last token of every active sequence (weight products batched over all rows, MoE rows grouped by
+ * expert), samples each with its own settings, and finished sequences leave. Per sequence the engine keeps the decode
+ * state (KDA recurrent state and conv tails, MLA latent cache); with snapshot_every it also keeps prefix snapshots of
+ * that state, and a new prompt resumes from the longest snapshot that is a prefix of it. */
+typedef struct k3c_engine k3c_engine;
+typedef struct k3c_weights k3c_weights; /* weight views (src/serve/weights.h) */
+
+typedef struct {
+    int max_seqs;           /* sequences decoding at once (0 = 8); more wait in a queue */
+    int64_t max_ctx;        /* tokens per sequence, prompt + output (0 = the config's max_position_embeddings) */
+    int64_t prefill_chunk;  /* prompt tokens of one sequence per step (0 = 256) */
+    int64_t snapshot_every; /* prefix snapshots at prompt ends and every this many tokens (0 = no prefix cache) */
+    int max_snapshots;      /* snapshots kept, least recently used evicted first (0 = 64) */
+    int threads;            /* OpenMP threads (0 = the default) */
+} k3c_engine_opts;
+
+#define K3C_MAX_STOP_IDS 16
+typedef struct {
+    k3c_sampler sampler;
+    int64_t max_new; /* tokens to generate at most (> 0) */
+    int n_stop;      /* generation ends once one of stop_ids is sampled (it is reported, with finish STOP) */
+    int32_t stop_ids[K3C_MAX_STOP_IDS];
+} k3c_request;
+
+typedef enum {
+    K3C_FINISH_NONE = 0, /* the sequence continues */
+    K3C_FINISH_STOP,     /* a stop id was sampled */
+    K3C_FINISH_LENGTH,   /* max_new tokens, or the context (max_ctx) is full */
+} k3c_finish;
+
+typedef struct {
+    int64_t seq;       /* the id k3c_engine_submit returned */
+    k3c_sampled token; /* the sampled id, its logprob and the top alternatives (sampler.logprobs of them) */
+    int finish;        /* k3c_finish: not NONE on the sequence's last event; its id is then released */
+} k3c_engine_event;
+
+typedef struct {
+    size_t state_bytes;          /* one sequence's state at max_ctx: KDA + conv tails + latent cache */
+    size_t kda_state_bytes;      /* of which the KDA states and conv tails (independent of length) */
+    size_t latent_bytes_per_tok; /* latent cache per token, all MLA layers */
+    int64_t prefix_hits, prefix_tokens_reused, snapshots;
+} k3c_engine_stats;
+
+/* An engine over the float32 parameters of an opened CPU model (views; the model must outlive the engine). */
+int k3c_engine_open(const k3c_model *m, const k3c_engine_opts *o, k3c_engine **out, k3c_err *err);
+/* The same over caller-built weight views (e.g. mmap'd release checkpoints), which must outlive the engine. */
+int k3c_engine_open_weights(const k3c_weights *w, const k3c_engine_opts *o, k3c_engine **out, k3c_err *err);
+/* Queues a prompt (copied); *seq receives its id (> 0). Bad settings, an empty prompt, ids outside the vocabulary or
+ * a prompt that leaves no room in max_ctx are K3C_EINVAL and queue nothing. */
+int k3c_engine_submit(k3c_engine *e, const int32_t *prompt, int64_t n, const k3c_request *r, int64_t *seq,
+                      k3c_err *err);
+/* One step: admits waiting sequences, runs one forward, appends one event per sequence that sampled a token (at most
+ * max_seqs; cap must hold them). *n_ev = 0 when nothing is left to do. On an error the sequences of the step are
+ * dropped (their state is undefined) and the engine stays usable. */
+int k3c_engine_step(k3c_engine *e, k3c_engine_event *ev, int cap, int *n_ev, k3c_err *err);
+/* Drops a waiting or active sequence (no further events); K3C_ENOTFOUND for an unknown or finished id. */
+int k3c_engine_cancel(k3c_engine *e, int64_t seq, k3c_err *err);
+int k3c_engine_pending(const k3c_engine *e); /* sequences waiting or active */
+void k3c_engine_get_stats(const k3c_engine *e, k3c_engine_stats *s);
+void k3c_engine_close(k3c_engine *e);
 
 /* ---------------------------------------------------------------- training (docs/TRAINING.md §1)
  * A run: the run config (model, data sources, staged context, optimizer, balancing, checkpoints) and the trainer that

@@ -47,7 +47,7 @@ static void serve(void) {
     EXPECT(rc == 0 && B == 1 && T > 0, "prompt_ids: %s", err.msg);
     int32_t *seq = rc ? NULL : malloc(sizeof(int32_t) * (size_t)(T + 4));
     int streamed = 0;
-    k3c_gen_opts o = {{0, 1, 0}, 4, -1, count, &streamed};
+    k3c_gen_opts o = {.sampler = {.top_p = 1}, .max_new = 4, .stop_id = -1, .on_token = count, .ctx = &streamed};
     if (seq) memcpy(seq, ids, sizeof(int32_t) * (size_t)T);
     EXPECT(seq && k3c_generate(sv.model, seq, T, &o, &len, &err) == 0 && len == T + 4 && streamed == 4 &&
                memcmp(seq + T, want, sizeof want) == 0,

@@ -139,7 +139,7 @@ static void generate_library(void) {
     for (int run = 0; t && seq && run < 3; run++) {
         memcpy(seq, t->data, t->nbytes);
         seen s = {{0}, 0, run == 2 ? 1 : 0};
-        k3c_gen_opts o = {{0, 1, 0}, 16, run == 1 ? want[2] : -1, collect, &s};
+        k3c_gen_opts o = {.sampler = {.top_p = 1}, .max_new = 16, .stop_id = run == 1 ? want[2] : -1, .on_token = collect, .ctx = &s};
         CHECK_OK(k3c_generate(sv.model, seq, np, &o, &len, &err), &err);
         int64_t want_len = run == 0 ? 16 : run == 1 ? 3 : 1;
         int streamed = run == 1 ? 2 : (int)want_len;
@@ -148,7 +148,7 @@ static void generate_library(void) {
         for (int i = 0; i < s.n && i < 16; i++)
             CHECK(s.ids[i] == want[i] && seq[np + i] == want[i], "run %d id %d: %d", run, i, s.ids[i]);
     }
-    k3c_gen_opts bad = {{0, 1, 0}, 4, -1, NULL, NULL};
+    k3c_gen_opts bad = {.sampler = {.top_p = 1}, .max_new = 4, .stop_id = -1};
     CHECK(k3c_generate(sv.model, seq, 0, &bad, &len, &err) == K3C_EINVAL, "an empty prompt is an error");
     free(seq);
     k3c_st_close(st);

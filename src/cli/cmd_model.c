@@ -164,14 +164,19 @@ typedef struct {
     const k3c_tok *tok;
 } gen_out;
 
-static int print_token(void *ctx, int32_t id, int64_t i) {
+static int print_token(void *ctx, const k3c_sampled *t, int64_t i) {
     const gen_out *g = ctx;
     const unsigned char *bytes;
     size_t nb;
     if (!g->tok)
-        printf("%s%d", i ? " " : "", id);
-    else if (!k3c_tok_is_special(g->tok, id) && !k3c_tok_token_bytes(g->tok, id, &bytes, &nb, NULL))
+        printf("%s%d", i ? " " : "", t->id);
+    else if (!k3c_tok_is_special(g->tok, t->id) && !k3c_tok_token_bytes(g->tok, t->id, &bytes, &nb, NULL))
         fwrite(bytes, 1, nb, stdout);
+    if (t->n_top > 0) { /* --logprobs N: the chosen id's logprob and the top N, one line on stderr */
+        fprintf(stderr, "[%lld] id %d logprob %.6f top", (long long)i, t->id, t->logprob);
+        for (int j = 0; j < t->n_top; j++) fprintf(stderr, " %d:%.6f", t->top_id[j], t->top_logprob[j]);
+        fprintf(stderr, "\n");
+    }
     fflush(stdout);
     return 0;
 }
@@ -204,30 +209,51 @@ int cmd_generate(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         printf("usage: k3c generate --model DIR (--prompt TEXT | --ids FILE [--name prompt_ids])\n"
                "                    [--max-new N] [--greedy N] [--temperature T] [--top-p P] [--seed S]\n"
+               "                    [--top-k K] [--min-p P] [--repetition-penalty R] [--presence-penalty A]\n"
+               "                    [--frequency-penalty F] [--logprobs N]\n"
                "                    [--pattern cl100k|kimi] [--kda 64|16|recurrent] [--device cpu|cuda]\n"
                "--prompt encodes TEXT with the checkpoint's tokenizer (tiktoken.model) and prints the continuation;\n"
                "--ids reads I32 token ids from a safetensors file and prints the new ids. --greedy N = --max-new N\n"
-               "--temperature 0. Sampling: temperature (default 0.8) and nucleus top-p (default 0.95), seeded.\n"
-               "Each step recomputes the prefix; the latent-cache decoder comes with serving.\n");
+               "--temperature 0. Sampling: temperature (default 0.8) and nucleus top-p (default 0.95), seeded;\n"
+               "--top-k and --min-p cut further (0 = off); --repetition-penalty (Hugging Face, over prompt and\n"
+               "output, 1 = off), --presence-penalty / --frequency-penalty (OpenAI, over the output, 0 = off).\n"
+               "--logprobs N prints each token's logprob and the N most likely (raw model distribution) on stderr.\n"
+               "On the CPU the inference engine keeps the decode state (docs/ENGINE.md); --device cuda recomputes\n"
+               "the prefix per token.\n");
         return 0;
     }
     const char *dir = cli_opt(argc, argv, "--model"), *ids_path = cli_opt(argc, argv, "--ids");
     const char *prompt = cli_opt(argc, argv, "--prompt"), *name = cli_opt(argc, argv, "--name");
-    long long n, greedy, seed;
-    double temp, top_p;
+    long long n, greedy, seed, top_k, logprobs;
+    double temp, top_p, min_p, rep, pres, freq;
     int chunk;
     if (!dir || (!ids_path == !prompt))
         return cli_usage_error("generate", "--model and one of --ids / --prompt are required");
     if (!cli_opt_int(argc, argv, "--max-new", 64, &n) || !cli_opt_int(argc, argv, "--greedy", -1, &greedy) ||
         !cli_opt_int(argc, argv, "--seed", 0, &seed) || !cli_opt_double(argc, argv, "--temperature", 0.8, &temp) ||
-        !cli_opt_double(argc, argv, "--top-p", 0.95, &top_p))
+        !cli_opt_double(argc, argv, "--top-p", 0.95, &top_p) || !cli_opt_int(argc, argv, "--top-k", 0, &top_k) ||
+        !cli_opt_int(argc, argv, "--logprobs", 0, &logprobs) || !cli_opt_double(argc, argv, "--min-p", 0, &min_p) ||
+        !cli_opt_double(argc, argv, "--repetition-penalty", 1, &rep) ||
+        !cli_opt_double(argc, argv, "--presence-penalty", 0, &pres) ||
+        !cli_opt_double(argc, argv, "--frequency-penalty", 0, &freq))
         return 2;
     if (greedy >= 0) {
         n = greedy;
         temp = 0;
     }
-    if (n < 0 || temp < 0 || !(top_p > 0 && top_p <= 1))
-        return cli_usage_error("generate", "need max-new ≥ 0, temperature ≥ 0, 0 < top-p ≤ 1");
+    k3c_sampler smp = {.temperature = temp,
+                       .top_p = top_p,
+                       .seed = (uint64_t)seed,
+                       .top_k = top_k,
+                       .min_p = min_p,
+                       .repetition_penalty = rep,
+                       .presence_penalty = pres,
+                       .frequency_penalty = freq,
+                       .logprobs = (int)logprobs};
+    k3c_err serr = {0};
+    if (n < 0 || logprobs < 0 || logprobs > K3C_MAX_LOGPROBS)
+        return cli_usage_error("generate", "need --max-new ≥ 0 and 0 ≤ --logprobs ≤ %d", K3C_MAX_LOGPROBS);
+    if (k3c_sampler_check(&smp, &serr)) return cli_usage_error("generate", "%s", serr.msg);
     if (!kda_mode(argc, argv, &chunk)) return cli_usage_error("generate", "--kda must be 64, 16 or recurrent");
     const char *device = cli_opt(argc, argv, "--device");
     if (cli_device_check("generate", device)) return 2;
@@ -243,8 +269,11 @@ int cmd_generate(int argc, char **argv) {
     if (!rc) rc = cli_device_use(&dev, sv.model, &err);
     if (!rc) rc = generate_prompt(&sv, prompt, ids_path, name, n, &seq, &len, &err);
     gen_out out = {sv.tok};
-    k3c_gen_opts go = {
-        {temp, top_p, (uint64_t)seed}, n, sv.tok ? k3c_tok_special_id(sv.tok, "<|endoftext|>") : -1, print_token, &out};
+    k3c_gen_opts go = {.sampler = smp,
+                       .max_new = n,
+                       .stop_id = sv.tok ? k3c_tok_special_id(sv.tok, "<|endoftext|>") : -1,
+                       .ctx = &out,
+                       .on_sampled = print_token};
     if (!rc) rc = k3c_generate(sv.model, seq, len, &go, &len, &err);
     if (!rc) printf("\n");
     free(seq);

@@ -1,0 +1,342 @@
+/* engine.c — the inference engine's scheduler: a queue of submitted prompts, max_seqs slots with their decode state,
+ * one batched forward per step (prompt chunks and decode tokens of every active sequence), per-sequence sampling and
+ * finishing, and the prefix cache of state snapshots (the KDA state cannot be rewound, so a prompt resumes only from a
+ * snapshot taken at a prompt end or every snapshot_every tokens). docs/ENGINE.md. */
+#include "base/check.h"
+#include "serve/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int64_t id;
+    int32_t *toks; /* prompt then output ids */
+    int64_t n_tok, n_prompt, n_out;
+    k3c_request req;
+} eng_seq;
+
+typedef struct {
+    int used;
+    eng_seq s;
+    k3c_eng_state st; /* allocated once per slot, max_ctx tokens */
+} eng_slot;
+
+typedef struct {
+    int32_t *ids;
+    k3c_eng_state st; /* the state after ids[0..st.pos) */
+    uint64_t used;    /* LRU clock */
+} eng_snap;
+
+struct k3c_engine {
+    k3c_weights *own; /* the views built over a model (k3c_engine_open), freed with the engine */
+    const k3c_weights *w;
+    k3c_engine_opts o;
+    k3c_eng_dims d;
+    k3c_eng_ws *ws;
+    eng_slot *slot;
+    eng_seq *queue; /* FIFO of waiting sequences */
+    int n_queue, cap_queue;
+    int64_t next_id;
+    int32_t *ids;
+    k3c_eng_seg *segs;
+    int64_t *out_rows;
+    int *seg_slot, *out_slot;
+    float *logits; /* [max_seqs, V] of the last step */
+    void *sample_ws;
+    eng_snap *snap;
+    int n_snap;
+    uint64_t clock;
+    k3c_engine_stats stats;
+};
+
+static int opts_fill(const k3c_config *c, const k3c_engine_opts *in, k3c_engine_opts *o, k3c_err *err) {
+    *o = in ? *in : (k3c_engine_opts){0};
+    if (o->max_seqs == 0) o->max_seqs = 8;
+    if (o->max_ctx == 0) o->max_ctx = c->max_positions > 0 && c->max_positions < 4096 ? c->max_positions : 4096;
+    if (o->prefill_chunk == 0) o->prefill_chunk = 256;
+    if (o->max_snapshots == 0) o->max_snapshots = 64;
+    if (o->max_seqs < 1 || o->max_ctx < 2 || o->prefill_chunk < 1 || o->snapshot_every < 0 || o->max_snapshots < 1 ||
+        o->threads < 0)
+        return k3c_errf(err, K3C_EINVAL,
+                        "engine: needs max_seqs >= 1, max_ctx >= 2, prefill_chunk >= 1, snapshot_every >= 0, "
+                        "max_snapshots >= 1, threads >= 0");
+    return K3C_OK;
+}
+
+int k3c_engine_open_weights(const k3c_weights *w, const k3c_engine_opts *opts, k3c_engine **out, k3c_err *err) {
+    *out = NULL;
+    k3c_engine *e = calloc(1, sizeof *e);
+    if (!e) return k3c_errf(err, K3C_ENOMEM, "engine: out of memory");
+    int rc = opts_fill(&w->cfg, opts, &e->o, err);
+    if (rc) {
+        free(e);
+        return rc;
+    }
+    if (e->o.threads > 0) k3c_set_num_threads(e->o.threads);
+    e->w = w;
+    k3c_eng_dims_of(&w->cfg, &e->d);
+    const int S = e->o.max_seqs;
+    const int64_t V = e->d.V, rows = (int64_t)S * e->o.prefill_chunk;
+    e->next_id = 1;
+    e->slot = calloc((size_t)S, sizeof *e->slot);
+    e->ids = malloc(sizeof(int32_t) * (size_t)rows);
+    e->segs = malloc(sizeof(k3c_eng_seg) * (size_t)S);
+    e->out_rows = malloc(sizeof(int64_t) * (size_t)S);
+    e->seg_slot = malloc(sizeof(int) * (size_t)S);
+    e->out_slot = malloc(sizeof(int) * (size_t)S);
+    e->logits = malloc(sizeof(float) * (size_t)(S * V));
+    e->sample_ws = malloc(k3c_sample_workspace(V));
+    e->snap = calloc((size_t)e->o.max_snapshots, sizeof *e->snap);
+    if (!e->slot || !e->ids || !e->segs || !e->out_rows || !e->seg_slot || !e->out_slot || !e->logits ||
+        !e->sample_ws || !e->snap)
+        rc = k3c_errf(err, K3C_ENOMEM, "engine: out of memory");
+    for (int i = 0; !rc && i < S; i++) rc = k3c_eng_state_init(&e->slot[i].st, &e->d, e->o.max_ctx, err);
+    if (!rc) rc = k3c_eng_ws_init(w, rows, &e->ws, err);
+    if (rc) {
+        k3c_engine_close(e);
+        return rc;
+    }
+    e->stats.kda_state_bytes = k3c_eng_state_bytes(&e->d, 0);
+    e->stats.latent_bytes_per_tok = k3c_eng_state_bytes(&e->d, 1) - e->stats.kda_state_bytes;
+    e->stats.state_bytes = k3c_eng_state_bytes(&e->d, e->o.max_ctx);
+    *out = e;
+    return K3C_OK;
+}
+
+int k3c_engine_open(const k3c_model *m, const k3c_engine_opts *o, k3c_engine **out, k3c_err *err) {
+    *out = NULL;
+    k3c_weights *w = calloc(1, sizeof *w);
+    if (!w) return k3c_errf(err, K3C_ENOMEM, "engine: out of memory");
+    int rc = k3c_weights_from_model(m, w, err);
+    if (!rc) rc = k3c_engine_open_weights(w, o, out, err);
+    if (rc) {
+        k3c_weights_free(w); /* a no-op when k3c_weights_from_model failed (it cleans up itself) */
+        free(w);
+        return rc;
+    }
+    (*out)->own = w;
+    return K3C_OK;
+}
+
+static void seq_free(eng_seq *s) {
+    free(s->toks);
+    memset(s, 0, sizeof *s);
+}
+
+static void snap_free(eng_snap *p) {
+    free(p->ids);
+    k3c_eng_state_free(&p->st);
+    memset(p, 0, sizeof *p);
+}
+
+void k3c_engine_close(k3c_engine *e) {
+    if (!e) return;
+    for (int i = 0; e->slot && i < e->o.max_seqs; i++) {
+        seq_free(&e->slot[i].s);
+        k3c_eng_state_free(&e->slot[i].st);
+    }
+    for (int i = 0; i < e->n_queue; i++) seq_free(&e->queue[i]);
+    for (int i = 0; e->snap && i < e->n_snap; i++) snap_free(&e->snap[i]);
+    k3c_eng_ws_free(e->ws);
+    if (e->own) k3c_weights_free(e->own);
+    free(e->own);
+    free(e->slot), free(e->queue), free(e->ids), free(e->segs), free(e->out_rows), free(e->seg_slot);
+    free(e->out_slot), free(e->logits), free(e->sample_ws), free(e->snap);
+    free(e);
+}
+
+int k3c_engine_submit(k3c_engine *e, const int32_t *prompt, int64_t n, const k3c_request *r, int64_t *seq,
+                      k3c_err *err) {
+    if (!prompt || !r || n < 1 || n >= e->o.max_ctx)
+        return k3c_errf(err, K3C_EINVAL, "engine: a prompt needs 1 .. %lld ids (max_ctx %lld minus one), got %lld",
+                        (long long)(e->o.max_ctx - 1), (long long)e->o.max_ctx, (long long)n);
+    CHECK_RC(k3c_sampler_check(&r->sampler, err));
+    if (r->max_new < 1 || r->n_stop < 0 || r->n_stop > K3C_MAX_STOP_IDS)
+        return k3c_errf(err, K3C_EINVAL, "engine: needs max_new >= 1 (got %lld) and 0..%d stop ids (got %d)",
+                        (long long)r->max_new, K3C_MAX_STOP_IDS, r->n_stop);
+    for (int64_t i = 0; i < n; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->d.V)
+            return k3c_errf(err, K3C_EINVAL, "engine: prompt id %d at %lld is outside [0, %lld)", prompt[i],
+                            (long long)i, (long long)e->d.V);
+    if (e->n_queue == e->cap_queue) {
+        int cap = e->cap_queue ? 2 * e->cap_queue : 16;
+        eng_seq *q = realloc(e->queue, sizeof *q * (size_t)cap);
+        if (!q) return k3c_errf(err, K3C_ENOMEM, "engine: out of memory");
+        e->queue = q, e->cap_queue = cap;
+    }
+    const int64_t room = n + r->max_new < e->o.max_ctx ? n + r->max_new : e->o.max_ctx;
+    eng_seq s = {e->next_id, malloc(sizeof(int32_t) * (size_t)room), n, n, 0, *r};
+    if (!s.toks) return k3c_errf(err, K3C_ENOMEM, "engine: out of memory");
+    memcpy(s.toks, prompt, sizeof(int32_t) * (size_t)n);
+    e->queue[e->n_queue++] = s;
+    *seq = e->next_id++;
+    return K3C_OK;
+}
+
+int k3c_engine_cancel(k3c_engine *e, int64_t seq, k3c_err *err) {
+    for (int i = 0; i < e->o.max_seqs; i++)
+        if (e->slot[i].used && e->slot[i].s.id == seq) {
+            seq_free(&e->slot[i].s);
+            e->slot[i].used = 0;
+            return K3C_OK;
+        }
+    for (int i = 0; i < e->n_queue; i++)
+        if (e->queue[i].id == seq) {
+            seq_free(&e->queue[i]);
+            memmove(e->queue + i, e->queue + i + 1, sizeof *e->queue * (size_t)(e->n_queue - i - 1));
+            e->n_queue--;
+            return K3C_OK;
+        }
+    return k3c_errf(err, K3C_ENOTFOUND, "engine: no waiting or active sequence %lld", (long long)seq);
+}
+
+int k3c_engine_pending(const k3c_engine *e) {
+    int n = e->n_queue;
+    for (int i = 0; i < e->o.max_seqs; i++) n += e->slot[i].used;
+    return n;
+}
+
+void k3c_engine_get_stats(const k3c_engine *e, k3c_engine_stats *s) {
+    *s = e->stats;
+    s->snapshots = e->n_snap;
+}
+
+/* ---------------------------------------------------------------- prefix cache */
+
+/* The longest snapshot that is a prefix of toks[0..n) and leaves at least one token to run (the last prompt token's
+ * logits are never stored). */
+static eng_snap *snap_find(k3c_engine *e, const int32_t *toks, int64_t n) {
+    eng_snap *best = NULL;
+    for (int i = 0; i < e->n_snap; i++) {
+        eng_snap *p = &e->snap[i];
+        if (p->st.pos <= n - 1 && (!best || p->st.pos > best->st.pos) &&
+            !memcmp(p->ids, toks, sizeof(int32_t) * (size_t)p->st.pos))
+            best = p;
+    }
+    if (best) best->used = ++e->clock;
+    return best;
+}
+
+/* Keeps the state after toks[0..st->pos) (least recently used snapshot evicted when full). A failed allocation only
+ * means no snapshot. */
+static void snap_store(k3c_engine *e, const int32_t *toks, const k3c_eng_state *st) {
+    const int64_t L = st->pos;
+    for (int i = 0; i < e->n_snap; i++)
+        if (e->snap[i].st.pos == L && !memcmp(e->snap[i].ids, toks, sizeof(int32_t) * (size_t)L)) {
+            e->snap[i].used = ++e->clock;
+            return;
+        }
+    eng_snap *p = &e->snap[e->n_snap];
+    if (e->n_snap == e->o.max_snapshots) {
+        p = &e->snap[0];
+        for (int i = 1; i < e->n_snap; i++)
+            if (e->snap[i].used < p->used) p = &e->snap[i];
+        snap_free(p);
+    } else {
+        e->n_snap++;
+    }
+    if (!(p->ids = malloc(sizeof(int32_t) * (size_t)L)) || k3c_eng_state_init(&p->st, &e->d, L, NULL)) {
+        snap_free(p);
+        *p = e->snap[--e->n_snap]; /* keep the array dense */
+        return;
+    }
+    memcpy(p->ids, toks, sizeof(int32_t) * (size_t)L);
+    k3c_eng_state_copy(&p->st, st, &e->d);
+    p->used = ++e->clock;
+}
+
+/* ---------------------------------------------------------------- the step */
+
+static void admit(k3c_engine *e) {
+    for (int i = 0; i < e->o.max_seqs && e->n_queue > 0; i++) {
+        eng_slot *sl = &e->slot[i];
+        if (sl->used) continue;
+        sl->s = e->queue[0];
+        memmove(e->queue, e->queue + 1, sizeof *e->queue * (size_t)(--e->n_queue));
+        sl->used = 1;
+        k3c_eng_state_reset(&sl->st, &e->d);
+        eng_snap *p = e->o.snapshot_every > 0 ? snap_find(e, sl->s.toks, sl->s.n_prompt) : NULL;
+        if (p) {
+            k3c_eng_state_copy(&sl->st, &p->st, &e->d);
+            e->stats.prefix_hits++;
+            e->stats.prefix_tokens_reused += p->st.pos;
+        }
+    }
+}
+
+/* Lays out the step's rows: a prompt chunk (ending at a snapshot boundary when snapshots are on) or the last sampled
+ * token of every active sequence; logits only where a token will be sampled. Returns the row count. */
+static int64_t layout(k3c_engine *e, int *nseg, int64_t *n_out) {
+    int64_t n = 0, N = e->o.snapshot_every;
+    *nseg = 0, *n_out = 0;
+    for (int i = 0; i < e->o.max_seqs; i++) {
+        eng_slot *sl = &e->slot[i];
+        if (!sl->used) continue;
+        const int64_t pos = sl->st.pos;
+        int64_t len = 1;
+        if (pos < sl->s.n_prompt) {
+            len = sl->s.n_prompt - pos < e->o.prefill_chunk ? sl->s.n_prompt - pos : e->o.prefill_chunk;
+            if (N > 0 && (pos / N + 1) * N < pos + len) len = (pos / N + 1) * N - pos;
+        }
+        memcpy(e->ids + n, sl->s.toks + pos, sizeof(int32_t) * (size_t)len);
+        e->segs[*nseg] = (k3c_eng_seg){&sl->st, n, len};
+        e->seg_slot[(*nseg)++] = i;
+        n += len;
+        if (pos + len >= sl->s.n_prompt) {
+            e->out_rows[*n_out] = n - 1;
+            e->out_slot[(*n_out)++] = i;
+        }
+    }
+    return n;
+}
+
+static int is_stop(const k3c_request *r, int32_t id) {
+    for (int i = 0; i < r->n_stop; i++)
+        if (r->stop_ids[i] == id) return 1;
+    return 0;
+}
+
+/* Samples slot i's next token from its logits row and reports it; a finished sequence leaves its slot. */
+static void sample_one(k3c_engine *e, int i, const float *logits, k3c_engine_event *ev) {
+    eng_slot *sl = &e->slot[i];
+    eng_seq *s = &sl->s;
+    k3c_history h = {s->toks, s->n_prompt, s->toks + s->n_prompt, s->n_out};
+    memset(ev, 0, sizeof *ev);
+    ev->seq = s->id;
+    int32_t id = k3c_sample_seq(&s->req.sampler, logits, e->d.V, (uint64_t)s->n_tok, &h, &ev->token, e->sample_ws);
+    s->toks[s->n_tok++] = id;
+    s->n_out++;
+    ev->finish = is_stop(&s->req, id)                                         ? K3C_FINISH_STOP
+                 : s->n_out >= s->req.max_new || s->n_tok >= e->o.max_ctx ? K3C_FINISH_LENGTH
+                                                                              : K3C_FINISH_NONE;
+    if (ev->finish) {
+        seq_free(s);
+        sl->used = 0;
+    }
+}
+
+int k3c_engine_step(k3c_engine *e, k3c_engine_event *ev, int cap, int *n_ev, k3c_err *err) {
+    *n_ev = 0;
+    if (cap < e->o.max_seqs)
+        return k3c_errf(err, K3C_EINVAL, "engine step: room for %d events, a step may report %d", cap, e->o.max_seqs);
+    admit(e);
+    int nseg;
+    int64_t n_out;
+    if (layout(e, &nseg, &n_out) == 0) return K3C_OK;
+    int rc = k3c_eng_forward(e->w, e->ws, e->ids, e->segs, nseg, e->out_rows, n_out, e->logits, err);
+    if (rc) { /* the states of this step are half-advanced: drop its sequences */
+        for (int s = 0; s < nseg; s++) {
+            seq_free(&e->slot[e->seg_slot[s]].s);
+            e->slot[e->seg_slot[s]].used = 0;
+        }
+        return rc;
+    }
+    for (int s = 0; e->o.snapshot_every > 0 && s < nseg; s++) {
+        const eng_slot *sl = &e->slot[e->seg_slot[s]];
+        if (sl->st.pos % e->o.snapshot_every == 0 || sl->st.pos == sl->s.n_prompt) snap_store(e, sl->s.toks, &sl->st);
+    }
+    for (int64_t j = 0; j < n_out; j++) sample_one(e, e->out_slot[j], e->logits + j * e->d.V, &ev[(*n_ev)++]);
+    return K3C_OK;
+}
+
+const float *k3c_engine_event_logits(const k3c_engine *e, int i) { return e->logits + (int64_t)i * e->d.V; }
