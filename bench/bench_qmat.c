@@ -85,7 +85,7 @@ int main(int argc, char **argv) {
         {"MXFP4 expert w1/w2/w3", K3C_QMAT_MXFP4, 512, 512, 1, 0},
         {"MXFP4 expert, reference", K3C_QMAT_MXFP4, 512, 512, 1, 1},
         {"bf16 trunk, reference", K3C_QMAT_BF16, 1024, 1024, 1, 1},
-        {"f32 trunk", K3C_QMAT_F32, 1024, 1024, 1, 0},
+        {"f32 trunk (BLAS sgemm, n = 1)", K3C_QMAT_F32, 1024, 1024, 1, 0},
         {"f32 trunk, cblas_sgemv", K3C_QMAT_F32, 1024, 1024, 1, 2},
         {"bf16 trunk, 8 inputs", K3C_QMAT_BF16, 1024, 1024, 8, 0},
         {"MXFP4 expert, 8 inputs", K3C_QMAT_MXFP4, 512, 512, 8, 0},

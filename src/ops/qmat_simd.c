@@ -13,11 +13,9 @@
 
 /* Below this many weights a product runs on one thread: waking the team costs more than it saves. */
 #define PAR_MIN_WEIGHTS 32768
-/* From this many inputs on (prefill), a decoded tile of up to GEMM_TILE_BYTES goes through BLAS; below it, a tile of
- * TILE_FLOATS on the stack and the 2-row × 4-input kernel. */
+/* From this many inputs on (prefill), decoded tiles of up to GEMM_TILE_BYTES go through BLAS. */
 #define GEMM_MIN_N 32
 #define GEMM_TILE_BYTES ((size_t)1 << 20)
-#define TILE_FLOATS 16384
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -54,22 +52,7 @@ static inline void mx_decode32(const uint8_t *p, __m256 w[4]) {
     w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
 }
 
-/* ---------------------------------------------------------------- one row · one input (the decode GEMV) */
-static float dot_f32(const float *w, const float *x, int64_t C) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t c = 0;
-    for (; c + 32 <= C; c += 32) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c), _mm256_loadu_ps(x + c), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c + 8), _mm256_loadu_ps(x + c + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c + 16), _mm256_loadu_ps(x + c + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c + 24), _mm256_loadu_ps(x + c + 24), a3);
-    }
-    for (; c + 8 <= C; c += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c), _mm256_loadu_ps(x + c), a0);
-    float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    for (; c < C; c++) s += w[c] * x[c];
-    return s;
-}
-
+/* ---------------------------------------------------------------- one stored row · one input */
 static float dot_bf16(const uint16_t *w, const float *x, int64_t C) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int64_t c = 0;
@@ -114,18 +97,20 @@ static float dot_mxfp4(const uint8_t *p, const uint8_t *s, const float *x, int64
 static float row_dot(const k3c_qmat *W, int64_t r, const float *x) {
     const int64_t C = W->cols;
     if (W->type == K3C_QMAT_BF16) return dot_bf16((const uint16_t *)W->w + r * C, x, C);
-    if (W->type == K3C_QMAT_MXFP4)
-        return dot_mxfp4((const uint8_t *)W->w + r * (C / 2), W->scale + r * (C / K3C_MXFP4_GROUP), x, C);
-    return dot_f32((const float *)W->w + r * C, x, C);
+    return dot_mxfp4((const uint8_t *)W->w + r * (C / 2), W->scale + r * (C / K3C_MXFP4_GROUP), x, C);
 }
 
-static void gemv(const k3c_qmat *W, const float *x, float *y, int accumulate) {
-    const int64_t R = W->rows;
-#pragma omp parallel for schedule(static) if (!omp_in_parallel() && R * W->cols >= PAR_MIN_WEIGHTS)
-    for (int64_t r = 0; r < R; r++) {
-        float d = row_dot(W, r, x);
-        y[r] = accumulate ? y[r] + d : d;
-    }
+/* Up to GEMM_MIN_N inputs (decode, batched decode): each row is read from memory once and stays in L1 while every
+ * input takes its dot product with it, in the same order as a lone input would: a sequence's results do not depend on
+ * which others share the step. */
+static void gemv_rows(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate) {
+    const int64_t R = W->rows, C = W->cols;
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && R * C >= PAR_MIN_WEIGHTS)
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t j = 0; j < n; j++) {
+            float d = row_dot(W, r, X + j * C);
+            Y[j * R + r] = accumulate ? Y[j * R + r] + d : d;
+        }
 }
 
 /* ---------------------------------------------------------------- a tile of rows · n inputs (batched decode, prefill) */
@@ -152,106 +137,39 @@ static void decode_rows(const k3c_qmat *W, int64_t r0, int64_t nr, float *out) {
     }
 }
 
-/* out[i][j] = w_i · x_j for 2 rows (stride C) and J ≤ 4 inputs (stride C): 2J independent FMA chains. Inlined with a
- * constant J, the loops unroll and the accumulators stay in registers. */
-static inline __attribute__((always_inline)) void dot_2xj(const float *w, const float *x, int64_t C, const int J,
-                                                          float out[2][4]) {
-    __m256 a[2][4];
-#pragma GCC unroll 4
-    for (int j = 0; j < J; j++) a[0][j] = a[1][j] = _mm256_setzero_ps();
-    int64_t c = 0;
-    for (; c + 8 <= C; c += 8) {
-        __m256 u = _mm256_loadu_ps(w + c), v = _mm256_loadu_ps(w + C + c);
-#pragma GCC unroll 4
-        for (int j = 0; j < J; j++) {
-            __m256 xj = _mm256_loadu_ps(x + j * C + c);
-            a[0][j] = _mm256_fmadd_ps(u, xj, a[0][j]);
-            a[1][j] = _mm256_fmadd_ps(v, xj, a[1][j]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < J; j++)
-        for (int i = 0; i < 2; i++) {
-            float s = hsum(a[i][j]);
-            for (int64_t t = c; t < C; t++) s += w[i * C + t] * x[j * C + t];
-            out[i][j] = s;
-        }
-}
-
-static void dot_2x4(const float *w, const float *x, int64_t C, float out[2][4]) { dot_2xj(w, x, C, 4, out); }
-static void dot_2x3(const float *w, const float *x, int64_t C, float out[2][4]) { dot_2xj(w, x, C, 3, out); }
-static void dot_2x2(const float *w, const float *x, int64_t C, float out[2][4]) { dot_2xj(w, x, C, 2, out); }
-static void dot_2x1(const float *w, const float *x, int64_t C, float out[2][4]) { dot_2xj(w, x, C, 1, out); }
-
 static void put(float *y, float d, int accumulate) { *y = accumulate ? *y + d : d; }
 
-/* Y[:, r0 : r0 + nr] of the product from the decoded tile wt[nr, C]. */
-static void tile_mul(const float *wt, int64_t r0, int64_t nr, int64_t R, int64_t C, const float *X, int64_t n, float *Y,
-                     int accumulate) {
-    if (n >= GEMM_MIN_N) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)nr, (int)C, 1.0f, X, (int)C, wt, (int)C,
-                    accumulate ? 1.0f : 0.0f, Y + r0, (int)R);
-        return;
-    }
-    static void (*const kern[5])(const float *, const float *, int64_t, float[2][4]) = {NULL, dot_2x1, dot_2x2, dot_2x3,
-                                                                                        dot_2x4};
-    int64_t i = 0;
-    for (; i + 2 <= nr; i += 2)
-        for (int64_t j = 0; j < n; j += 4) {
-            const int J = n - j < 4 ? (int)(n - j) : 4;
-            float o[2][4];
-            kern[J](wt + i * C, X + j * C, C, o);
-            for (int a = 0; a < 2; a++)
-                for (int b = 0; b < J; b++) put(&Y[(j + b) * R + r0 + i + a], o[a][b], accumulate);
-        }
-    for (; i < nr; i++)
-        for (int64_t j = 0; j < n; j++) put(&Y[j * R + r0 + i], dot_f32(wt + i * C, X + j * C, C), accumulate);
-}
-
-/* Each thread decodes tiles of rows into its own buffer (L2-sized), then multiplies all n inputs by the tile, so each
- * stored row is read from memory once. A row wider than the buffer is used as stored, input by input (it stays in L2
- * across the inputs). */
-static void tiles(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate, float *wt, int64_t rb,
-                  int64_t t0, int64_t t1) {
-    const int64_t R = W->rows, C = W->cols;
-    for (int64_t t = t0; t < t1; t++) {
-        int64_t r0 = t * rb, nr = R - r0 < rb ? R - r0 : rb;
-        if (wt) {
-            decode_rows(W, r0, nr, wt);
-            tile_mul(wt, r0, nr, R, C, X, n, Y, accumulate);
-        } else {
-            for (int64_t r = r0; r < r0 + nr; r++)
-                for (int64_t j = 0; j < n; j++) put(&Y[j * R + r], row_dot(W, r, X + j * C), accumulate);
-        }
-    }
-}
-
+/* Prefill (n ≥ GEMM_MIN_N): each thread decodes tiles of rows (up to GEMM_TILE_BYTES) into its own buffer and hands
+ * tile × all n inputs to BLAS, so each stored row is read from memory once. Without a buffer, row by row. */
 static void gemm_tiled(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate) {
     const int64_t R = W->rows, C = W->cols;
-    const int64_t cap = n >= GEMM_MIN_N ? (int64_t)(GEMM_TILE_BYTES / sizeof(float)) : TILE_FLOATS;
-    const int64_t rb = C <= cap ? cap / C : 1, nt = (R + rb - 1) / rb;
+    const int64_t cap = (int64_t)(GEMM_TILE_BYTES / sizeof(float)), rb = C <= cap ? cap / C : 1, nt = (R + rb - 1) / rb;
 #pragma omp parallel if (!omp_in_parallel() && R * C >= PAR_MIN_WEIGHTS)
     {
-        const int T = omp_get_num_threads(), me = omp_get_thread_num();
-        const int64_t t0 = nt * me / T, t1 = nt * (me + 1) / T;
-        if (C > cap || t0 == t1) {
-            tiles(W, X, n, Y, accumulate, NULL, rb, t0, t1);
-        } else if (n >= GEMM_MIN_N) {
-            float *wt = malloc(sizeof(float) * (size_t)(rb * C)); /* NULL: the untiled products */
-            tiles(W, X, n, Y, accumulate, wt, rb, t0, t1);
-            free(wt);
-        } else {
-            float wt[TILE_FLOATS];
-            tiles(W, X, n, Y, accumulate, wt, rb, t0, t1);
+        float *wt = C <= cap ? malloc(sizeof(float) * (size_t)(rb * C)) : NULL;
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < nt; t++) {
+            int64_t r0 = t * rb, nr = R - r0 < rb ? R - r0 : rb;
+            if (wt) {
+                decode_rows(W, r0, nr, wt);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)nr, (int)C, 1.0f, X, (int)C, wt,
+                            (int)C, accumulate ? 1.0f : 0.0f, Y + r0, (int)R);
+            } else {
+                for (int64_t r = r0; r < r0 + nr; r++)
+                    for (int64_t j = 0; j < n; j++) put(&Y[j * R + r], row_dot(W, r, X + j * C), accumulate);
+            }
         }
+        free(wt);
     }
 }
 
+/* Float32 views stay on BLAS for every n: that is the training forward's order, which the engine's float32 results are
+ * compared with, and BLAS reads the matrix once for all n. */
 void k3c_qmat_mul(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate) {
-    if (n == 1)
-        gemv(W, X, Y, accumulate);
-    else if (W->type == K3C_QMAT_F32)
-        k3c_qmat_mul_ref(W, X, n, Y, accumulate); /* BLAS reads the float matrix once for all n */
+    if (W->type == K3C_QMAT_F32)
+        k3c_qmat_mul_ref(W, X, n, Y, accumulate);
+    else if (n < GEMM_MIN_N)
+        gemv_rows(W, X, n, Y, accumulate);
     else
         gemm_tiled(W, X, n, Y, accumulate);
 }
