@@ -72,8 +72,8 @@ static void run(const bench_case *bc, int threads) {
 
 /* Usage: bench_qmat [SUBSTRING] — only the cases whose name contains SUBSTRING. */
 int main(int argc, char **argv) {
-    double bw[3][2];
-    for (int t = 1; t <= 2; t++) bench_read_bandwidth((size_t)1 << 30, t, 7, &bw[t][0], &bw[t][1]);
+    double bw[3][3];
+    for (int t = 1; t <= 2; t++) bench_read_bandwidth((size_t)1 << 30, t, 7, &bw[t][0], &bw[t][1], &bw[t][2]);
     printf("read bandwidth (1 GiB streaming sum): 1 thread %.2f GB/s best, %.2f median; 2 threads %.2f best, %.2f "
            "median\n\n",
            bw[1][0], bw[1][1], bw[2][0], bw[2][1]);
