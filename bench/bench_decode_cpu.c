@@ -132,12 +132,12 @@ int main(int argc, char **argv) {
            file / 1e6, load_s, load_cpu);
     printf("weight bytes read per decode token: %.1f MB (trunk + top-%lld experts x %d MoE layers + lm_head)\n",
            bpt / 1e6, (long long)w.cfg.top_k, k3c_config_num_moe(&w.cfg));
-    printf("read bandwidth (1 GiB streaming sum, same run): 1 thread %.2f GB/s best / %.2f median; 2 threads %.2f / "
-           "%.2f\n\n",
-           bw[1][0], bw[1][1], bw[2][0], bw[2][1]);
+    printf("read bandwidth (1 GiB streaming sum, same run), GB/s best / median / best per CPU-second: 1 thread %.2f / "
+           "%.2f / %.2f; 2 threads %.2f / %.2f / %.2f\n\n",
+           bw[1][0], bw[1][1], bw[1][2], bw[2][0], bw[2][1], bw[2][2]);
     printf(
-        "| threads | tok/s best | tok/s median | prefill s (16 tok, best) | roofline tok/s (best BW) | %% of roofline "
-        "(best) |\n|---|---|---|---|---|---|\n");
+        "| threads | tok/s best | tok/s median | roofline tok/s | %% of roofline | tok/s per CPU-s (best) | roofline "
+        "per CPU-s | %% | prefill s (best) |\n|---|---|---|---|---|---|---|---|---|\n");
     int32_t first_ids[NEW];
     int same_ids = 1, have = 0;
     for (int t = 1; t <= 2; t++) {
