@@ -91,7 +91,6 @@ static void check_shape(int type, int64_t R, int64_t C, int in_team) {
     double *dense = malloc(sizeof(double) * (size_t)(R * C)), *ref = malloc(sizeof(double) * (size_t)(N * R));
     double *mag = malloc(sizeof(double) * (size_t)(N * R)), *xd = test_randn(77 + (uint64_t)C, (size_t)(N * C), 1.0);
     float *x = malloc(sizeof(float) * (size_t)(N * C)), *y = malloc(sizeof(float) * (size_t)(N * R));
-    float *y1 = malloc(sizeof(float) * (size_t)(N * R));
     k3c_qmat W = make(type, R, C, 1000 + (uint64_t)(R * 7 + C), &store, &scale, dense);
     for (int64_t i = 0; i < N * C; i++) x[i] = (float)xd[i];
     int ok = 1;
@@ -126,11 +125,6 @@ static void check_shape(int type, int64_t R, int64_t C, int in_team) {
     CHECK(ok,
           "type %d [%lld x %lld]%s: kernel and reference within the float-sum bound, n = 1..17 and 33, +/- accumulate",
           type, (long long)R, (long long)C, in_team ? " inside a parallel region" : "");
-    k3c_qmat_mul(&W, x, 5, y, 0);
-    k3c_qmat_mul_ref(&W, x, 5, y1, 0);
-    char what[96];
-    snprintf(what, sizeof what, "type %d [%lld x %lld]: kernel vs reference, n = 5", type, (long long)R, (long long)C);
-    CHECK_LE(test_rel_err_f(y, y1, (size_t)(5 * R)), 1e-5, what);
     free(store);
     free(scale);
     free(dense);
@@ -139,7 +133,6 @@ static void check_shape(int type, int64_t R, int64_t C, int in_team) {
     free(xd);
     free(x);
     free(y);
-    free(y1);
 }
 
 static void test_kernels(void) {
@@ -151,6 +144,8 @@ static void test_kernels(void) {
     for (int type = K3C_QMAT_F32; type <= K3C_QMAT_BF16; type++)
         for (size_t k = 0; k < sizeof odd / sizeof odd[0]; k++) check_shape(type, odd[k][0], odd[k][1], 0);
     check_shape(K3C_QMAT_MXFP4, 129, 1056, 1);
+    check_shape(K3C_QMAT_MXFP4, 1, 262176, 0); /* wider than a prefill tile: row by row */
+    check_shape(K3C_QMAT_BF16, 1, 262176, 0);
     check_shape(K3C_QMAT_BF16, 130, 301, 1);
 }
 

@@ -100,6 +100,8 @@ static float row_dot(const k3c_qmat *W, int64_t r, const float *x) {
     return dot_mxfp4((const uint8_t *)W->w + r * (C / 2), W->scale + r * (C / K3C_MXFP4_GROUP), x, C);
 }
 
+static void put(float *y, float d, int accumulate) { *y = accumulate ? *y + d : d; }
+
 /* Up to GEMM_MIN_N inputs (decode, batched decode): each row is read from memory once and stays in L1 while every
  * input takes its dot product with it, in the same order as a lone input would: a sequence's results do not depend on
  * which others share the step. */
@@ -107,13 +109,10 @@ static void gemv_rows(const k3c_qmat *W, const float *X, int64_t n, float *Y, in
     const int64_t R = W->rows, C = W->cols;
 #pragma omp parallel for schedule(static) if (!omp_in_parallel() && R * C >= PAR_MIN_WEIGHTS)
     for (int64_t r = 0; r < R; r++)
-        for (int64_t j = 0; j < n; j++) {
-            float d = row_dot(W, r, X + j * C);
-            Y[j * R + r] = accumulate ? Y[j * R + r] + d : d;
-        }
+        for (int64_t j = 0; j < n; j++) put(&Y[j * R + r], row_dot(W, r, X + j * C), accumulate);
 }
 
-/* ---------------------------------------------------------------- a tile of rows · n inputs (batched decode, prefill) */
+/* ---------------------------------------------------------------- decoded tiles through BLAS (prefill) */
 /* Decodes rows [r0, r0 + nr) into out[nr, cols] (exact: bf16 and E2M1 · 2^k are floats). */
 static void decode_rows(const k3c_qmat *W, int64_t r0, int64_t nr, float *out) {
     const int64_t C = W->cols;
@@ -137,10 +136,9 @@ static void decode_rows(const k3c_qmat *W, int64_t r0, int64_t nr, float *out) {
     }
 }
 
-static void put(float *y, float d, int accumulate) { *y = accumulate ? *y + d : d; }
-
 /* Prefill (n ≥ GEMM_MIN_N): each thread decodes tiles of rows (up to GEMM_TILE_BYTES) into its own buffer and hands
- * tile × all n inputs to BLAS, so each stored row is read from memory once. Without a buffer, row by row. */
+ * tile × all n inputs to BLAS, so each stored row is read from memory once. Rows wider than a tile, or no memory for
+ * one: row by row. */
 static void gemm_tiled(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate) {
     const int64_t R = W->rows, C = W->cols;
     const int64_t cap = (int64_t)(GEMM_TILE_BYTES / sizeof(float)), rb = C <= cap ? cap / C : 1, nt = (R + rb - 1) / rb;
