@@ -314,7 +314,7 @@ typedef struct {
     double min_p;              /* keep tokens at least min_p × as likely as the most likely; 0 = off */
     double repetition_penalty; /* HF: each id seen in the prompt or the output, once: logit > 0 ? logit / r : logit · r;
                                   0 or 1 = off */
-    double presence_penalty;   /* OpenAI, over the OUTPUT ids: logit −= presence · [count > 0] + frequency · count */
+    double presence_penalty; /* OpenAI, over the OUTPUT ids: logit −= presence · [count > 0] + frequency · count */
     double frequency_penalty;
     int logprobs; /* report the log-probabilities of this many most likely tokens (0..K3C_MAX_LOGPROBS) */
 } k3c_sampler;

@@ -104,6 +104,21 @@ static void logits_and_generate_cli(void) {
     rc = run(cmd, out, sizeof out);
     CHECK(rc == 0 && strstr(out, "413 960 1151 279 192 223 193 264 36 345 2027 1638 1187 320 972 587"),
           "--device cpu: greedy ids differ (%d): %s", rc, out);
+    /* the sampler flags: logprobs on stderr (the greedy id is the top one), settings out of range are usage errors */
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids %s --greedy 2 --logprobs 3 2>&1", test_k3c_bin(), dir,
+             gpath);
+    rc = run(cmd, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "[0] id 413 logprob ") && strstr(out, " top 413:") && strstr(out, "[1] id 960"),
+          "--logprobs 3 (%d): %s", rc, out);
+    snprintf(cmd, sizeof cmd,
+             "%s generate --model %s --ids %s --max-new 4 --top-k 5 --min-p 0.05 --repetition-penalty 1.2 "
+             "--presence-penalty 0.5 --frequency-penalty 0.1 --seed 3 2>&1",
+             test_k3c_bin(), dir, gpath);
+    rc = run(cmd, out, sizeof out);
+    CHECK(rc == 0, "every sampler flag together (%d): %s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids %s --greedy 1 --min-p 2 2>&1", test_k3c_bin(), dir, gpath);
+    rc = run(cmd, out, sizeof out);
+    CHECK(rc == 2 && strstr(out, "min-p"), "--min-p 2 is a usage error (%d): %s", rc, out);
 }
 
 typedef struct {
@@ -139,7 +154,8 @@ static void generate_library(void) {
     for (int run = 0; t && seq && run < 3; run++) {
         memcpy(seq, t->data, t->nbytes);
         seen s = {{0}, 0, run == 2 ? 1 : 0};
-        k3c_gen_opts o = {.sampler = {.top_p = 1}, .max_new = 16, .stop_id = run == 1 ? want[2] : -1, .on_token = collect, .ctx = &s};
+        k3c_gen_opts o = {
+            .sampler = {.top_p = 1}, .max_new = 16, .stop_id = run == 1 ? want[2] : -1, .on_token = collect, .ctx = &s};
         CHECK_OK(k3c_generate(sv.model, seq, np, &o, &len, &err), &err);
         int64_t want_len = run == 0 ? 16 : run == 1 ? 3 : 1;
         int streamed = run == 1 ? 2 : (int)want_len;

@@ -107,7 +107,8 @@ static void exact_vs_forward(const char *name, k3c_model *m, k3c_model *m64, con
         const char *what;
         const int64_t *p;
         int n;
-    } sched[] = {{"token by token", one, 1}, {"one prefill", all, 1}, {"prefill 7, decode 3, prefill 11, ...", split, 9}};
+    } sched[] = {
+        {"token by token", one, 1}, {"one prefill", all, 1}, {"prefill 7, decode 3, prefill 11, ...", split, 9}};
     for (int s = 0; ref && s < 3; s++) {
         float *got = engine_logits(&w, ids, T, sched[s].p, sched[s].n, &err);
         CHECK(got, "%s: %s", name, err.msg);
@@ -360,6 +361,94 @@ static void api_edges(const k3c_model *m, const int32_t *ids) {
     k3c_engine_close(e);
 }
 
+/* ---------------------------------------------------------------- stored formats */
+
+/* The absorbed views of a bf16 kv_b: uk_t[h] is W_UK,hᵀ exactly, uv[h] the W_UV,h rows. */
+static void absorb_bf16(const k3c_model *m) {
+    k3c_err err = {0};
+    k3c_weights w;
+    if (k3c_weights_from_model(m, &w, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    const k3c_config *c = &w.cfg;
+    const int64_t H = c->mla_heads, nope = c->qk_nope_dim, dv = c->v_head_dim, rkv = c->kv_lora_rank;
+    int l = 0;
+    while (c->mixer[l] != K3C_MIXER_MLA) l++;
+    k3c_weights_layer *L = &w.layer[l];
+    const int64_t rows = L->kv_b.rows;
+    uint16_t *kb = k3c_weights_alloc(&w, sizeof(uint16_t) * (size_t)(rows * rkv));
+    for (int64_t i = 0; i < rows * rkv; i++) kb[i] = k3c_f32_to_bf16(((const float *)L->kv_b.w)[i]);
+    L->kv_b = (k3c_qmat){K3C_QMAT_BF16, rows, rkv, kb, NULL};
+    CHECK_OK(k3c_weights_absorb(&w, &err), &err);
+    int exact = L->uk_t[0].type == K3C_QMAT_BF16;
+    float *a = malloc(sizeof(float) * (size_t)(nope > rkv ? nope : rkv)), *b = malloc(sizeof(float) * (size_t)rkv);
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t j = 0; j < rkv; j++) {
+            k3c_qmat_row(&L->uk_t[h], j, a); /* row j of W_UKᵀ = column j of W_UK */
+            for (int64_t i = 0; i < nope; i++) exact &= a[i] == k3c_bf16_to_f32(kb[(h * (nope + dv) + i) * rkv + j]);
+        }
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t r = 0; r < dv; r++) {
+            k3c_qmat_row(&L->uv[h], r, a);
+            k3c_qmat_row(&L->kv_b, h * (nope + dv) + nope + r, b);
+            exact &= !memcmp(a, b, sizeof(float) * (size_t)rkv);
+        }
+    CHECK(exact, "bf16 kv_b: the absorbed W_UK,hᵀ copies and W_UV,h views are exact");
+    free(a);
+    free(b);
+    k3c_weights_free(&w);
+}
+
+/* The engine over the checkpoint's MXFP4 experts, kept packed (per-expert views into the file), gives the logits of
+ * the float32 views of the same (exactly decoded) weights, up to summation order. */
+static void mxfp4_experts(const k3c_model *m, const char *dir, const int32_t *ids, int64_t T) {
+    k3c_err err = {0};
+    k3c_weights w;
+    k3c_checkpoint *ck;
+    if (k3c_weights_from_model(m, &w, &err) || k3c_ckpt_open(dir, &ck, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    int packed = 0;
+    for (int l = 0; l < w.cfg.num_layers; l++) {
+        if (w.cfg.ffn[l] != K3C_FFN_MOE) continue;
+        k3c_qmat *v[3] = {w.layer[l].w1, w.layer[l].w2, w.layer[l].w3};
+        for (int64_t e = 0; e < w.cfg.num_experts; e++)
+            for (int j = 0; j < 3; j++) {
+                char name[256];
+                snprintf(name, sizeof name, "%smodel.layers.%d.block_sparse_moe.experts.%lld.w%d.weight_packed",
+                         w.cfg.tensor_prefix, l, (long long)e, j + 1);
+                const k3c_st_tensor *p = k3c_ckpt_find(ck, name);
+                snprintf(name + strlen(name) - 6, 8, "scale");
+                const k3c_st_tensor *sc = k3c_ckpt_find(ck, name);
+                if (!p || !sc) continue;
+                v[j][e] = (k3c_qmat){K3C_QMAT_MXFP4, v[j][e].rows, v[j][e].cols, p->data, sc->data};
+                packed++;
+            }
+    }
+    CHECK(packed == 3 * w.cfg.num_experts * k3c_config_num_moe(&w.cfg), "%d expert matrices found packed", packed);
+    CHECK_OK(k3c_weights_check(&w, &err), &err);
+    k3c_weights f;
+    static const int64_t split[] = {7, 1, 1, 1, 11};
+    float *got = engine_logits(&w, ids, T, split, 5, &err), *ref = NULL;
+    if (!k3c_weights_from_model(m, &f, &err)) {
+        ref = engine_logits(&f, ids, T, split, 5, &err);
+        k3c_weights_free(&f);
+    }
+    CHECK(got && ref, "%s", err.msg);
+    if (got && ref) {
+        double *r = malloc(sizeof(double) * (size_t)(T * w.cfg.vocab_size));
+        for (int64_t i = 0; i < T * w.cfg.vocab_size; i++) r[i] = ref[i];
+        CHECK_LE(worst_row(got, r, T, w.cfg.vocab_size), 1e-5, "MXFP4 expert views vs float32 views, worst row");
+        free(r);
+    }
+    free(got);
+    free(ref);
+    k3c_ckpt_close(ck);
+    k3c_weights_free(&w);
+}
+
 static void engine_api(void) {
     const char *dir = test_shared("golden/k3_tiny_a");
     char gpath[512];
@@ -374,7 +463,9 @@ static void engine_api(void) {
     int64_t n;
     int32_t *ids = read_i32(gs, "input_ids", &n);
     golden_greedy(&m, gs);
+    absorb_bf16(&m);
     if (ids && n >= 48) {
+        mxfp4_experts(&m, dir, ids, 48);
         batching(&m, ids);
         prefix_cache(&m, ids);
         api_edges(&m, ids);

@@ -218,8 +218,8 @@ int cmd_generate(int argc, char **argv) {
                "--top-k and --min-p cut further (0 = off); --repetition-penalty (Hugging Face, over prompt and\n"
                "output, 1 = off), --presence-penalty / --frequency-penalty (OpenAI, over the output, 0 = off).\n"
                "--logprobs N prints each token's logprob and the N most likely (raw model distribution) on stderr.\n"
-               "On the CPU the inference engine keeps the decode state (docs/ENGINE.md); --device cuda recomputes\n"
-               "the prefix per token.\n");
+               "On the CPU the inference engine keeps the decode state (docs/ENGINE.md: chunked KDA for the prompt,\n"
+               "the recurrence per new token); --device cuda recomputes the prefix per token with --kda's form.\n");
         return 0;
     }
     const char *dir = cli_opt(argc, argv, "--model"), *ids_path = cli_opt(argc, argv, "--ids");

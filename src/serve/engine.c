@@ -306,9 +306,9 @@ static void sample_one(k3c_engine *e, int i, const float *logits, k3c_engine_eve
     int32_t id = k3c_sample_seq(&s->req.sampler, logits, e->d.V, (uint64_t)s->n_tok, &h, &ev->token, e->sample_ws);
     s->toks[s->n_tok++] = id;
     s->n_out++;
-    ev->finish = is_stop(&s->req, id)                                         ? K3C_FINISH_STOP
+    ev->finish = is_stop(&s->req, id)                                     ? K3C_FINISH_STOP
                  : s->n_out >= s->req.max_new || s->n_tok >= e->o.max_ctx ? K3C_FINISH_LENGTH
-                                                                              : K3C_FINISH_NONE;
+                                                                          : K3C_FINISH_NONE;
     if (ev->finish) {
         seq_free(s);
         sl->used = 0;

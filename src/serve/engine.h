@@ -8,8 +8,8 @@
 /* Sizes the state and the step buffers derive from the config. */
 typedef struct {
     int L, n_kda, n_mla;
-    int idx[K3C_MAX_LAYERS]; /* layer l's index among the layers of its mixer kind */
-    int64_t D, V, H, dk, P, W; /* KDA: heads, head dim, P = H·dk, conv kernel */
+    int idx[K3C_MAX_LAYERS];            /* layer l's index among the layers of its mixer kind */
+    int64_t D, V, H, dk, P, W;          /* KDA: heads, head dim, P = H·dk, conv kernel */
     int64_t Hm, nope, rope, dv, rkv, r; /* MLA */
     int64_t kda_floats;                 /* per KDA layer: S [H, dk, dk] then conv tails [3][P, W−1] */
     int64_t lat_w;                      /* per cached token per MLA layer: rkv + rope (normalised latent, shared key) */
@@ -44,11 +44,11 @@ typedef struct {
 typedef struct k3c_eng_ws k3c_eng_ws;
 int k3c_eng_ws_init(const k3c_weights *w, int64_t max_rows, k3c_eng_ws **out, k3c_err *err);
 void k3c_eng_ws_free(k3c_eng_ws *ws);
-int64_t k3c_eng_ws_rows(const k3c_eng_ws *ws);
 
 /* Runs ids[0..n) (n = Σ len, segments in row order, each state advanced by its len tokens and its cache extended) and
  * writes logits [n_out, V] of the rows out_rows[0..n_out) (NULL: every row, n_out = n). A segment of one token runs
- * the KDA recurrence, a longer one the chunked form; attention is blocked over each sequence's latent cache. */
+ * the KDA recurrence, a longer one the chunked form; attention is blocked over each sequence's latent cache. A state
+ * appears in at most one segment of a step. On an error the states of the step may be partly advanced. */
 int k3c_eng_forward(const k3c_weights *w, k3c_eng_ws *ws, const int32_t *ids, const k3c_eng_seg *segs, int nseg,
                     const int64_t *out_rows, int64_t n_out, float *logits, k3c_err *err);
 

@@ -55,7 +55,7 @@ struct k3c_eng_ws {
     const k3c_weights *w;
     k3c_eng_dims d;
     int64_t max_rows;
-    int nthr, ns;
+    int nthr;
     size_t att_floats;
     eng_bufs b;
     void *mem;
@@ -85,7 +85,7 @@ static void plan(const k3c_config *c, const k3c_eng_dims *d, int64_t n, int nthr
     if (d->n_mla) {
         int64_t Hm = d->Hm;
         b->qa = F(n * (d->r > 0 ? d->r : 1)), b->q = F(n * Hm * (d->nope + d->rope)), b->kva = F(n * d->lat_w);
-        b->cn = F(n * d->rkv), b->qlat = F(Hm * n * d->lat_w), b->qtmp = F(n * (d->nope > d->rkv ? d->nope : d->rkv));
+        b->cn = F(n * d->rkv), b->qlat = F(Hm * n * d->lat_w), b->qtmp = F(n * d->nope);
         b->olat = F(Hm * n * d->rkv), b->vh = F(n * d->dv), b->mo = F(n * Hm * d->dv), b->mg = F(n * Hm * d->dv);
         b->att = F((int64_t)nthr * (int64_t)att);
     }
@@ -109,7 +109,6 @@ int k3c_eng_ws_init(const k3c_weights *w, int64_t max_rows, k3c_eng_ws **out, k3
     k3c_eng_dims_of(&w->cfg, &ws->d);
     ws->max_rows = max_rows;
     ws->nthr = k3c_num_threads();
-    ws->ns = max_sources(&w->cfg);
     ws->att_floats = (size_t)(ATT_BQ * ATT_BK + ATT_BQ * ws->d.rkv + 2 * ATT_BQ);
     k3c_carver m = k3c_carver_measure(64);
     plan(&w->cfg, &ws->d, max_rows, ws->nthr, ws->att_floats, &m, &ws->b);
@@ -128,8 +127,6 @@ void k3c_eng_ws_free(k3c_eng_ws *ws) {
     k3c_aligned_free(ws->mem);
     free(ws);
 }
-
-int64_t k3c_eng_ws_rows(const k3c_eng_ws *ws) { return ws->max_rows; }
 
 /* ---------------------------------------------------------------- KDA (§3.1) */
 
@@ -195,8 +192,8 @@ static int kda_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, co
 
 /* One (segment, head): queries qlat [len, lat_w] at positions pos0.. attend over the cache [0, pos0+len) with an online
  * softmax over key tiles (MQA: every head reads the one cached [c_KV; k_pe] per token); out [len, rkv]. */
-static void attend(const k3c_eng_dims *d, const float *cache, int64_t pos0, const float *qlat, int64_t len,
-                   float scale, float *out, float *scr) {
+static void attend(const k3c_eng_dims *d, const float *cache, int64_t pos0, const float *qlat, int64_t len, float scale,
+                   float *out, float *scr) {
     const int64_t lw = d->lat_w, rkv = d->rkv;
     float *Sb = scr, *acc = Sb + ATT_BQ * ATT_BK, *mx = acc + ATT_BQ * rkv, *sum = mx + ATT_BQ;
     for (int64_t q0 = 0; q0 < len; q0 += ATT_BQ) {
@@ -211,8 +208,10 @@ static void attend(const k3c_eng_dims *d, const float *cache, int64_t pos0, cons
                 const int64_t p = pos0 + q0 + i; /* the query's position: keys j <= p */
                 float *s = Sb + i * ATT_BK, m = mx[i];
                 for (int64_t j = 0; j < nk; j++)
-                    if (k0 + j > p) s[j] = -INFINITY;
-                    else if (s[j] > m) m = s[j];
+                    if (k0 + j > p)
+                        s[j] = -INFINITY;
+                    else if (s[j] > m)
+                        m = s[j];
                 const float corr = mx[i] == -INFINITY ? 0.0f : expf(mx[i] - m);
                 float z = 0;
                 for (int64_t j = 0; j < nk; j++) z += s[j] = k0 + j > p ? 0.0f : expf(s[j] - m);
@@ -308,7 +307,8 @@ static int ffn_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
     const k3c_config *c = &ws->w->cfg;
     const eng_bufs *b = &ws->b;
     const int64_t D = ws->d.D;
-    if (c->ffn[l] == K3C_FFN_DENSE) return glu_mlp(c, b, &L->mlp_gate, &L->mlp_up, &L->mlp_down, b->xn, n, b->y, 0, err);
+    if (c->ffn[l] == K3C_FFN_DENSE)
+        return glu_mlp(c, b, &L->mlp_gate, &L->mlp_up, &L->mlp_down, b->xn, n, b->y, 0, err);
     const int64_t E = c->num_experts, k = c->top_k, lat = c->latent_dim > 0 ? c->latent_dim : D;
     k3c_qmat_mul(&L->router, b->xn, n, b->rlog, 0);
     k3c_router_sizes rs = {n, E, k, c->renormalize, c->routed_scaling_factor};

@@ -47,9 +47,9 @@ static int generate_recompute(k3c_model *m, int32_t *seq, int64_t n_prompt, cons
     k3c_arena arena = {0};
     float *last = malloc(sizeof(float) * (size_t)V);
     void *ws = malloc(k3c_sample_workspace(V));
-    int rc = ws && last ? k3c_model_arena_init_f32(m, k3c_model_plan_bytes_f32(m, n_prompt + o->max_new, 1), &arena,
-                                                   err)
-                        : k3c_errf(err, K3C_ENOMEM, "generate: out of memory");
+    int rc = ws && last
+                 ? k3c_model_arena_init_f32(m, k3c_model_plan_bytes_f32(m, n_prompt + o->max_new, 1), &arena, err)
+                 : k3c_errf(err, K3C_ENOMEM, "generate: out of memory");
     for (int64_t i = 0; !rc && i < o->max_new; i++) {
         k3c_arena_reset(&arena, 0);
         k3c_model_batch b = {len, 1, seq, NULL, NULL, 0};
