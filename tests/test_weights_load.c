@@ -1,6 +1,7 @@
 /* test_weights_load.c — release checkpoints served as stored (serve/weights_load.c): k3_tiny_a (bf16 trunk, MXFP4
- * experts) mmap'd gives the logits of the float32 model within 1e-5, views point into the mapping, a sharded copy
- * (index + 2 shards) loads identically, and bad sharded checkpoints fail with errors naming the index, shard, tensor. */
+ * experts) mmap'd is within 1e-5 of the float64 forward (or twice float32's own error) and near the float32 model,
+ * views point into the mapping, a sharded copy (index + 2 shards) loads identically, and bad sharded checkpoints fail
+ * with errors naming the index, shard, tensor. */
 #include "model/model.h"
 #include "serve/engine.h"
 #include "test.h"
@@ -24,6 +25,28 @@ static float *logits_of(const k3c_weights *w, const int32_t *ids, int64_t T, int
     }
     k3c_eng_ws_free(ws);
     k3c_eng_state_free(&st);
+    if (rc) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* Logits [T, V] of the float32 training forward (f64 == NULL) or the float64 one, as float. */
+static float *forward_logits(k3c_model *m32, k3c_model *m64, const int32_t *ids, int64_t T, k3c_err *err) {
+    k3c_arena ar;
+    k3c_model *m = m64 ? m64 : m32;
+    size_t bytes = m64 ? k3c_model_plan_bytes_f64(m, T, 1) : k3c_model_plan_bytes_f32(m, T, 1);
+    if ((m64 ? k3c_model_arena_init_f64 : k3c_model_arena_init_f32)(m, bytes, &ar, err)) return NULL;
+    k3c_model_batch b = {T, 1, ids, NULL, NULL, 0};
+    k3c_acts *acts;
+    const int64_t n = T * m->cfg.vocab_size;
+    float *out = malloc(sizeof(float) * (size_t)n), *l32;
+    double *l64;
+    int rc = m64 ? k3c_model_forward_f64(m, &b, &ar, &acts, NULL, &l64, err)
+                 : k3c_model_forward_f32(m, &b, &ar, &acts, NULL, &l32, err);
+    for (int64_t i = 0; !rc && i < n; i++) out[i] = m64 ? (float)l64[i] : l32[i];
+    (m64 ? k3c_model_arena_free_f64 : k3c_model_arena_free_f32)(m, &ar);
     if (rc) {
         free(out);
         return NULL;
@@ -134,9 +157,20 @@ static void test_tiny(void) {
     int32_t *ids = NULL;
     int64_t B, T;
     CHECK_OK(k3c_st_read_ids(gpath, "prompt_ids", &ids, &B, &T, &err), &err);
-    k3c_model m;
+    k3c_model m, m64;
     k3c_weights wm, wq, ws;
     CHECK_OK(k3c_model_open_f32(dir, 0, &m, &err), &err);
+    CHECK_OK(k3c_model_open_f64(dir, 0, &m64, &err), &err);
+    /* The issue's exactness bound against the float64 training forward: 1e-5 relative, or twice the float32 training
+     * forward's own distance from float64 where float32 rounding alone exceeds half of it (the rule of test_engine.c).
+     * Two float32 paths each within it of the exact logits are within twice it of each other: the bound of the pair.
+     * (Measured in the -O2 build: the pair within 6.7e-6, under 1e-5 itself; the -O1 sanitizer build vectorises the
+     * reference ops' `omp simd` reductions differently and the pair reaches 1.3e-5.) */
+    float *f32 = forward_logits(&m, NULL, ids, T, &err), *f64 = forward_logits(&m, &m64, ids, T, &err);
+    CHECK(f32 && f64, "training forwards: %s", err.msg);
+    const double floor32 = f32 && f64 ? worst_row(f32, f64, T, m.cfg.vocab_size) : 0, tol = fmax(1e-5, 2 * floor32);
+    if (getenv("K3C_TEST_VERBOSE")) printf("  float32 training forward vs float64: %.3e\n", floor32);
+    free(f32);
     CHECK_OK(k3c_weights_from_model(&m, &wm, &err), &err);
     CHECK_OK(k3c_weights_open(dir, &wq, &err), &err);
     check_views(&wq);
@@ -147,8 +181,12 @@ static void test_tiny(void) {
         float *ref = logits_of(&wm, ids, T, pieces[k], &err), *got = logits_of(&wq, ids, T, pieces[k], &err);
         CHECK(ref && got, "%s", err.msg);
         char what[128];
+        snprintf(what, sizeof what, "k3_tiny_a mmap'd (bf16 + MXFP4) vs float64 forward, %s: worst row", how[k]);
+        if (got && f64) CHECK_LE(worst_row(got, f64, T, V), tol, what);
+        if (ref && f64 && getenv("K3C_TEST_VERBOSE"))
+            printf("  (the float32 model's engine vs float64, %s: %.3e)\n", how[k], worst_row(ref, f64, T, V));
         snprintf(what, sizeof what, "k3_tiny_a mmap'd (bf16 + MXFP4) vs float32 model, %s: worst row", how[k]);
-        if (ref && got) CHECK_LE(worst_row(got, ref, T, V), 1e-5, what);
+        if (ref && got) CHECK_LE(worst_row(got, ref, T, V), 2 * tol, what);
         free(ref);
         free(got);
     }
@@ -161,10 +199,12 @@ static void test_tiny(void) {
     CHECK(a && b && !memcmp(a, b, sizeof(float) * (size_t)(T * V)), "sharded copy (index + 2 shards): same logits");
     free(a);
     free(b);
+    free(f64);
     k3c_weights_free(&ws);
     k3c_weights_free(&wq);
     k3c_weights_free(&wm);
     k3c_model_free_f32(&m);
+    k3c_model_free_f64(&m64);
     free(ids);
 }
 
