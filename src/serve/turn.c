@@ -124,9 +124,9 @@ typedef struct {
     k3c_err err;
 } run_state;
 
-static int run_token(void *ctx, int32_t id, int is_stop) {
+static int run_token(void *ctx, const k3c_sampled *t, int is_stop) {
     run_state *r = ctx;
-    int rc = k3c_turn_token(r->t, id, is_stop, &r->err);
+    int rc = k3c_turn_token(r->t, t->id, is_stop, &r->err);
     if (rc < 0) r->failed = 1;
     return rc != 0;
 }
