@@ -32,10 +32,10 @@ static int rec_token(void *ctx, const k3c_sampled *t, int is_stop) {
     if (r->n < 64) r->t[r->n] = *t, r->ids[r->n] = t->id;
     r->n++;
     pthread_mutex_unlock(r->mu);
-    int queued, running;
-    k3c_sched_load(r->s, &queued, &running);
+    k3c_sched_stats st;
+    k3c_sched_get_stats(r->s, &st);
     pthread_mutex_lock(r->mu);
-    if (running > r->max_running) r->max_running = running;
+    if (st.running > r->max_running) r->max_running = st.running;
     pthread_mutex_unlock(r->mu);
     (void)is_stop;
     return 0;
@@ -170,9 +170,9 @@ static void cancel(k3c_sched *s) {
     if (ja) wait_done(&a);
     k3c_sched_release(ja);
     CHECK(a.why == K3C_SCHED_FINISH_CANCELLED && a.n == 1, "cancelled after its first token (%d, %d ids)", a.why, a.n);
-    int queued = -1, running = -1;
-    k3c_sched_load(s, &queued, &running);
-    CHECK(queued == 0 && running == 0, "slot freed (queued %d, running %d)", queued, running);
+    k3c_sched_stats st;
+    k3c_sched_get_stats(s, &st);
+    CHECK(st.queued == 0 && st.running == 0, "slot freed (queued %d, running %d)", st.queued, st.running);
     k3c_sched_job *jb = submit(s, PROMPTS[3], 6, &p, &b);
     if (jb) wait_done(&b);
     k3c_sched_release(jb);

@@ -335,11 +335,11 @@ static int handle(k3c_server *s, const char *method, const char *path, const cha
         return 0;
     }
     if (!strcmp(path, "/metrics")) {
-        int queued = 0, running = 0;
-        if (ready) k3c_sched_load(s->sched, &queued, &running);
+        k3c_sched_stats st = {0};
+        if (ready) k3c_sched_get_stats(s->sched, &st);
         r->status = 200;
         r->content_type = "text/plain; version=0.0.4";
-        k3c_metrics_render(s->metrics, &r->body, queued, running, ready);
+        k3c_metrics_render(s->metrics, &r->body, &st, ready);
         return 0;
     }
     if (!authorized(s, auth))

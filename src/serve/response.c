@@ -36,17 +36,12 @@ void k3c_api_logprobs_free(k3c_api_logprobs *lp) {
     memset(lp, 0, sizeof *lp);
 }
 
-/* Length of the valid UTF-8 sequence at b[0..n) (strict, as JSON readers decode), 0 if there is none. */
-static size_t utf8_len(const unsigned char *b, size_t n) {
-    if (b[0] < 0x80) return 1;
-    size_t k = b[0] >= 0xC2 && b[0] <= 0xDF ? 2 : b[0] >= 0xE0 && b[0] <= 0xEF ? 3 : b[0] >= 0xF0 && b[0] <= 0xF4 ? 4 : 0;
-    if (k == 0 || k > n) return 0;
-    for (size_t i = 1; i < k; i++)
-        if ((b[i] & 0xC0) != 0x80) return 0;
-    if ((b[0] == 0xE0 && b[1] < 0xA0) || (b[0] == 0xED && b[1] > 0x9F) || (b[0] == 0xF0 && b[1] < 0x90) ||
-        (b[0] == 0xF4 && b[1] > 0x8F))
-        return 0; /* overlong, surrogate, past U+10FFFF */
-    return k;
+/* Length of the UTF-8 character at b[0..n), 0 if it is not valid there (a valid character has no valid shorter
+ * prefix but a single ASCII byte). */
+static size_t utf8_len(const char *b, size_t n) {
+    for (size_t k = 1; k <= 4 && k <= n; k++)
+        if (k3c_utf8_valid(b, k)) return k;
+    return 0;
 }
 
 /* A token's text as a JSON string: a token can end inside a character, so bytes that are not valid UTF-8 become
@@ -55,7 +50,7 @@ static void token_string(k3c_sbuf *s, const char *b, size_t n) {
     k3c_sbuf t;
     k3c_sbuf_init(&t);
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_len((const unsigned char *)b + i, n - i);
+        size_t k = utf8_len(b + i, n - i);
         if (k)
             k3c_sbuf_append(&t, b + i, k);
         else
@@ -107,14 +102,11 @@ static void chat_logprobs(k3c_sbuf *s, const k3c_api_logprobs *lp) {
 /* completions: {"tokens": [..], "token_logprobs": [..], "top_logprobs": [{token: logprob}], "text_offset": [..]} */
 static void completion_logprobs(k3c_sbuf *s, k3c_api_logprobs *lp) {
     put(s, "{\"tokens\":[");
-    int64_t *offset = malloc((lp->n ? lp->n : 1) * sizeof *offset);
     for (size_t i = 0; i < lp->n; i++) {
         char *b;
         size_t n = token_bytes(lp->tok, lp->t[i].id, &b);
         if (i) put(s, ",");
         token_string(s, b, n);
-        if (offset) offset[i] = lp->text_offset;
-        lp->text_offset += (int64_t)n;
         free(b);
     }
     put(s, "],\"token_logprobs\":[");
@@ -122,20 +114,33 @@ static void completion_logprobs(k3c_sbuf *s, k3c_api_logprobs *lp) {
     put(s, "],\"top_logprobs\":[");
     for (size_t i = 0; i < lp->n; i++) {
         put(s, i ? ",{" : "{");
-        for (int k = 0; k < lp->t[i].n_top; k++) {
+        k3c_sbuf key[K3C_MAX_LOGPROBS];
+        for (int k = 0, first = 1; k < lp->t[i].n_top; k++) {
             char *b;
             size_t n = token_bytes(lp->tok, lp->t[i].top_id[k], &b);
-            if (k) put(s, ",");
-            token_string(s, b, n);
-            k3c_sbuf_printf(s, ":%.9g", (double)lp->t[i].top_logprob[k]);
+            k3c_sbuf_init(&key[k]);
+            token_string(&key[k], b, n);
             free(b);
+            /* two ids can spell the same text (e.g. both U+FFFD): the object keeps the first, the more likely */
+            int dup = 0;
+            for (int q = 0; q < k; q++) dup |= key[q].len == key[k].len && !memcmp(key[q].buf, key[k].buf, key[k].len);
+            if (dup) continue;
+            if (!first) put(s, ",");
+            k3c_sbuf_append(s, key[k].buf, key[k].len);
+            k3c_sbuf_printf(s, ":%.9g", (double)lp->t[i].top_logprob[k]);
+            first = 0;
         }
+        for (int k = 0; k < lp->t[i].n_top; k++) k3c_sbuf_free(&key[k]);
         put(s, "}");
     }
     put(s, "],\"text_offset\":[");
-    for (size_t i = 0; offset && i < lp->n; i++) k3c_sbuf_printf(s, "%s%lld", i ? "," : "", (long long)offset[i]);
+    for (size_t i = 0; i < lp->n; i++) {
+        char *b;
+        k3c_sbuf_printf(s, "%s%lld", i ? "," : "", (long long)lp->text_offset);
+        lp->text_offset += (int64_t)token_bytes(lp->tok, lp->t[i].id, &b);
+        free(b);
+    }
     put(s, "]}");
-    free(offset);
 }
 
 /* ,"logprobs": null or the tokens not yet reported (then dropped) */

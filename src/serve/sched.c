@@ -28,6 +28,7 @@ struct k3c_sched {
     k3c_sched_job **running;    /* one entry per slot (NULL when free); only the engine thread writes it */
     k3c_engine_event *ev;
     int n_queued, n_running, queue_max, slots, closing, started;
+    k3c_sched_stats stats; /* steps, step_seqs, batch_max (the gauges are n_queued / n_running) */
     pthread_t thread;
 };
 
@@ -173,6 +174,9 @@ static void *engine_thread(void *arg) {
             if (!s->head) pthread_cond_wait(&s->cv, &s->mu);
             continue;
         }
+        s->stats.steps++;
+        s->stats.step_seqs += (uint64_t)s->n_running;
+        if (s->n_running > s->stats.batch_max) s->stats.batch_max = s->n_running;
         pthread_mutex_unlock(&s->mu);
         step(s);
         pthread_mutex_lock(&s->mu);
@@ -303,9 +307,10 @@ void k3c_sched_release(k3c_sched_job *j) {
     if (j) job_unref(j);
 }
 
-void k3c_sched_load(k3c_sched *s, int *queued, int *running) {
+void k3c_sched_get_stats(k3c_sched *s, k3c_sched_stats *st) {
     pthread_mutex_lock(&s->mu);
-    *queued = s->n_queued;
-    *running = s->n_running;
+    *st = s->stats;
+    st->queued = s->n_queued;
+    st->running = s->n_running;
     pthread_mutex_unlock(&s->mu);
 }

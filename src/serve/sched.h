@@ -69,7 +69,12 @@ int k3c_sched_submit(k3c_sched *s, const k3c_sched_req *r, const k3c_sched_sink 
  * (which must not hold a lock on_done takes). */
 void k3c_sched_cancel(k3c_sched_job *j);
 void k3c_sched_release(k3c_sched_job *j);
-/* Jobs waiting for a slot, and jobs in a slot. */
-void k3c_sched_load(k3c_sched *s, int *queued, int *running);
+typedef struct {
+    int queued, running;          /* jobs waiting for a slot, jobs in a slot */
+    uint64_t steps, step_seqs;    /* engine steps run, and the sequences they ran summed (step_seqs / steps: the
+                                     mean batch) */
+    int batch_max;                /* the most sequences one step ran */
+} k3c_sched_stats;
+void k3c_sched_get_stats(k3c_sched *s, k3c_sched_stats *st);
 
 #endif
