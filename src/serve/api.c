@@ -376,7 +376,7 @@ int k3c_server_ready(k3c_server *s, k3c_serve *sv, k3c_err *err) {
                               k3c_turn_format(cfg),
                               s->model_name,
                               nv < cfg->vocab_size ? nv : cfg->vocab_size,
-                              cfg->max_positions,
+                              k3c_sched_max_ctx(s->sched),
                               s->o.max_tokens_cap};
     s->n_stop_ids = k3c_turn_stop_ids(sv->tok, cfg, s->stop_ids, K3C_SCHED_MAX_STOP_IDS);
     atomic_store(&s->ready, 1);

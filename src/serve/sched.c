@@ -3,6 +3,8 @@
  * (continuous batching), routing each sequence's events to its job's sink. */
 #include "serve/sched.h"
 
+#include "model/model.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -28,6 +30,7 @@ struct k3c_sched {
     k3c_sched_job **running;    /* one entry per slot (NULL when free); only the engine thread writes it */
     k3c_engine_event *ev;
     int n_queued, n_running, queue_max, slots, closing, started;
+    int64_t max_ctx;
     k3c_sched_stats stats; /* steps, step_seqs, batch_max (the gauges are n_queued / n_running) */
     pthread_t thread;
 };
@@ -201,7 +204,9 @@ int k3c_sched_new(k3c_model *m, int slots, int queue_max, k3c_sched **out, k3c_e
     s->queue_max = queue_max;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    k3c_engine_opts eo = {.max_seqs = slots};
+    s->max_ctx = m->cfg.max_positions > 0 && m->cfg.max_positions < K3C_SCHED_MAX_CTX ? m->cfg.max_positions
+                                                                                       : K3C_SCHED_MAX_CTX;
+    k3c_engine_opts eo = {.max_seqs = slots, .max_ctx = s->max_ctx};
     int rc = k3c_engine_open(m, &eo, &s->e, err);
     if (!rc && pthread_create(&s->thread, NULL, engine_thread, s))
         rc = k3c_errf(err, K3C_ENOMEM, "scheduler: cannot start the engine thread");
@@ -213,6 +218,8 @@ int k3c_sched_new(k3c_model *m, int slots, int queue_max, k3c_sched **out, k3c_e
     *out = s;
     return 0;
 }
+
+int64_t k3c_sched_max_ctx(const k3c_sched *s) { return s->max_ctx; }
 
 void k3c_sched_close(k3c_sched *s) {
     pthread_mutex_lock(&s->mu);

@@ -7,6 +7,7 @@
 #include "k3c.h"
 
 #define K3C_SCHED_MAX_STOP_IDS 8
+#define K3C_SCHED_MAX_CTX 4096 /* tokens per sequence (prompt + output) at most: each slot's latent cache holds this many */
 
 /* Per-request sampling, every field validated by the request layer and applied per sequence by the engine's sampler
  * (k3c_sampler). logprobs: report each token's logprob and its top_logprobs most likely alternatives. */
@@ -57,6 +58,9 @@ typedef struct k3c_sched_job k3c_sched_job;
 int k3c_sched_new(k3c_model *m, int slots, int queue_max, k3c_sched **out, k3c_err *err);
 /* Cancels every job (each gets its on_done soon) and refuses new ones; returns at once. */
 void k3c_sched_close(k3c_sched *s);
+/* Tokens a sequence may hold, prompt + output: the model's max_position_embeddings capped at K3C_SCHED_MAX_CTX (the
+ * request layer's limit, so a longer request is refused before it is queued). */
+int64_t k3c_sched_max_ctx(const k3c_sched *s);
 /* Closes, waits for the engine thread and frees the scheduler. */
 void k3c_sched_free(k3c_sched *s);
 /* Queues a request: K3C_ENOMEM when the queue is full (the caller answers "overloaded"), K3C_EINVAL for a bad
