@@ -21,8 +21,9 @@ if [ -z "$model" ]; then
 fi
 command -v wrk >/dev/null || { echo "serve_load: wrk is not installed (Debian package wrk)"; exit 1; }
 tmp=$(mktemp -d)
+keep=${KEEP_WRK:-}
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$tmp"' EXIT
-./k3c serve --model "$model" --host 127.0.0.1 --port 0 --slots "$slots" --queue 256 --max-tokens-cap 64 \
+"${K3C_BIN:-./k3c}" serve --model "$model" --host 127.0.0.1 --port 0 --slots "$slots" --queue 256 --max-tokens-cap 64 \
     --name bench >"$tmp/server.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 200); do
@@ -46,6 +47,7 @@ mid=$!
 wrk -t2 -c"$conns" -d"${secs}s" --timeout 60s --latency -s "$tmp/chat.lua" \
     "http://127.0.0.1:$port/v1/chat/completions" >"$tmp/wrk.txt" 2>&1
 rss1=$(rss)
+[ -n "$keep" ] && cp "$tmp/wrk.txt" "$keep"
 wait $mid
 metrics=$(curl -s "http://127.0.0.1:$port/metrics")
 kill -TERM $pid; wait $pid; rc=$?
@@ -60,9 +62,12 @@ steps=$(echo "$metrics" | awk '/^k3c_engine_steps_total/ {print $2}')
 seqs=$(echo "$metrics" | awk '/^k3c_engine_step_sequences_total/ {print $2}')
 bmax=$(echo "$metrics" | awk '/^k3c_engine_batch_max/ {print $2}')
 batch=$(awk -v a="${seqs:-0}" -v b="${steps:-0}" 'BEGIN {printf (b > 0 ? "%.1f" : "?"), (b > 0 ? a / b : 0)}')
+# the server's own view (arrival to last byte), from its histogram: the upper bound of the bucket holding p50 / p99
+hq() { echo "$metrics" | awk -v q="$1" -F'[{}" ]+' '/^k3c_request_duration_seconds_bucket\{endpoint="\/v1\/chat\/completions"/ {
+    n++; le[n] = $5; c[n] = $NF } END { for (i = 1; i <= n; i++) if (c[i] >= q * c[n]) { print le[i] "s"; exit } }'; }
 ok=$(echo "$metrics" | awk '/^k3c_requests_total\{endpoint="\/v1\/chat\/completions",status="200"\}/ {print $2}')
 echo "k3c serve load: $conns concurrent streamed chat requests (max_tokens $max_tokens, $slots slots), ${secs}s, model $model"
 printf '| %-28s | %s |\n' "requests (wrk)" "${reqs:-?}" "requests/s" "${rps:-?}" "latency p50 / p99" "${p50:-?} / ${p99:-?}" \
-    "errors (non-2xx + socket)" "$(( ${non2xx:-0} + ${sockerr:-0} ))" "chat 200s (server /metrics)" "${ok:-?}" \
+    "server-side p50 / p99 (bucket)" "$(hq 0.5) / $(hq 0.99)" "errors (non-2xx + socket)" "$(( ${non2xx:-0} + ${sockerr:-0} ))" "chat 200s (server /metrics)" "${ok:-?}" \
     "generated tokens" "${gen:-?}" "sequences per step mean / max" "$batch / ${bmax:-?}" "RSS start / mid / end (KiB)" "$rss0 / $(cat "$tmp/rss_mid") / $rss1" \
     "server exit after SIGTERM" "$rc"
