@@ -257,7 +257,8 @@ static void sse_walk(char *body, int chat, int top, sse_sum *o) {
         const k3c_json *ch = k3c_json_get(j, "choices");
         if (ch && ch->n) {
             o->chunks++;
-            const k3c_json *c0 = &ch->items[0], *f = k3c_json_get(c0, "finish_reason"), *lp = k3c_json_get(c0, "logprobs");
+            const k3c_json *c0 = &ch->items[0], *f = k3c_json_get(c0, "finish_reason"),
+                           *lp = k3c_json_get(c0, "logprobs");
             const k3c_json *t = k3c_json_get(c0, "text");
             o->finish += f && f->type == K3C_JSON_STRING;
             if (t && t->type == K3C_JSON_STRING && strlen(o->text) + strlen(t->string) < sizeof o->text)
@@ -282,8 +283,8 @@ static void logprobs_answers(int port) {
     int n = 0, bad = 0;
     int64_t gen = j ? k3c_json_get(k3c_json_get(j, "usage"), "completion_tokens")->integer : -1;
     if (ch && ch->n) check_logprobs(k3c_json_get(&ch->items[0], "logprobs"), 1, 3, 1, &n, &bad);
-    CHECK(bad == 0 && n >= 1 && (n == gen || n == gen - 1), "chat logprobs: %d entries for %lld tokens, %d bad: %s",
-          n, (long long)gen, bad, r.body);
+    CHECK(bad == 0 && n >= 1 && (n == gen || n == gen - 1), "chat logprobs: %d entries for %lld tokens, %d bad: %s", n,
+          (long long)gen, bad, r.body);
     k3c_json_free(j);
     http_resp_free(&r);
     const char *cmpl = "{\"prompt\":\"Hello world\",\"max_tokens\":8,\"temperature\":0,\"logprobs\":2}";
@@ -298,10 +299,11 @@ static void logprobs_answers(int port) {
     k3c_json_free(j);
     http_resp_free(&r);
     /* streamed: spread over the chunks, as many in all */
-    const char *streams[2] = {"{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":10,\"seed\":3,"
-                              "\"logprobs\":true,\"top_logprobs\":2,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
-                              "{\"prompt\":\"Hello\",\"max_tokens\":10,\"seed\":3,\"logprobs\":1,\"stream\":true,"
-                              "\"stream_options\":{\"include_usage\":true}}"};
+    const char *streams[2] = {
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":10,\"seed\":3,"
+        "\"logprobs\":true,\"top_logprobs\":2,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+        "{\"prompt\":\"Hello\",\"max_tokens\":10,\"seed\":3,\"logprobs\":1,\"stream\":true,"
+        "\"stream_options\":{\"include_usage\":true}}"};
     for (int k = 0; k < 2; k++) {
         CHECK(http_do(port, "POST", k ? "/v1/completions" : "/v1/chat/completions", KEY, streams[k], &r) == 0 &&
                   r.status == 200,
@@ -331,9 +333,10 @@ static char *long_prompt_body(int n, int max_tokens) {
 static void concurrent_streams(int port) {
     const char *seeded = "{\"prompt\":\"The weather in\",\"max_tokens\":16,\"seed\":42,\"temperature\":0.8,"
                          "\"top_k\":30,\"repetition_penalty\":1.2,\"presence_penalty\":0.5,\"stream\":true}";
-    const char *others[2] = {"{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"}],\"max_tokens\":24,\"seed\":9,"
-                             "\"stream\":true}",
-                             "{\"prompt\":\"café\",\"max_tokens\":24,\"seed\":11,\"stream\":true}"};
+    const char *others[2] = {
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"}],\"max_tokens\":24,\"seed\":9,"
+        "\"stream\":true}",
+        "{\"prompt\":\"café\",\"max_tokens\":24,\"seed\":11,\"stream\":true}"};
     http_resp r;
     CHECK(http_do(port, "POST", "/v1/completions", KEY, seeded, &r) == 0 && r.status == 200, "seeded alone");
     sse_sum alone;
@@ -346,8 +349,7 @@ static void concurrent_streams(int port) {
     int fds[4];
     for (int i = 0; i < 4; i++) {
         fds[i] = http_connect(port);
-        CHECK(fds[i] >= 0 && http_send(fds[i], "POST", paths[i], KEY, bodies[i], strlen(bodies[i])) == 0, "send %d",
-              i);
+        CHECK(fds[i] >= 0 && http_send(fds[i], "POST", paths[i], KEY, bodies[i], strlen(bodies[i])) == 0, "send %d", i);
     }
     double running = metric(port, "\nk3c_running ");
     int complete = 0;
@@ -356,15 +358,18 @@ static void concurrent_streams(int port) {
         int rc = fds[i] >= 0 ? http_read(fds[i], &r) : -1;
         if (fds[i] >= 0) close(fds[i]);
         if (rc == 0) sse_walk(r.body, i == 1, -1, &o[i]);
-        complete += rc == 0 && r.status == 200 && o[i].bad == 0 && o[i].done == 1 && o[i].finish == 1 && o[i].chunks >= 2;
+        complete +=
+            rc == 0 && r.status == 200 && o[i].bad == 0 && o[i].done == 1 && o[i].finish == 1 && o[i].chunks >= 2;
         http_resp_free(&r);
     }
     free(first);
     double max1 = metric(port, "\nk3c_engine_batch_max "), steps = metric(port, "\nk3c_engine_steps_total "),
            seqs = metric(port, "\nk3c_engine_step_sequences_total ");
     CHECK(complete == 4, "all 4 concurrent streams completed (%d)", complete);
-    CHECK(max1 >= 2 && max1 > max0 - 1 && seqs > steps, "the engine batched them: at most %g at once (before %g), %g "
-          "sequence-steps in %g steps; running %g while they were open", max1, max0, seqs, steps, running);
+    CHECK(max1 >= 2 && max1 > max0 - 1 && seqs > steps,
+          "the engine batched them: at most %g at once (before %g), %g "
+          "sequence-steps in %g steps; running %g while they were open",
+          max1, max0, seqs, steps, running);
     CHECK(alone.done == 1 && alone.text[0] && !strcmp(alone.text, o[2].text),
           "seeded text alone '%s' and amid 3 other streams '%s'", alone.text, o[2].text);
 }

@@ -15,18 +15,23 @@ typedef struct job_rec {
     k3c_sched *s;
     pthread_mutex_t *mu;
     pthread_cond_t *cv;
-    int *gate;         /* non-NULL: the first token waits until *gate is 0 */
+    int *gate; /* non-NULL: the first token waits until *gate is 0 */
     int32_t ids[64];
     k3c_sampled t[64];
     int n, done, max_running;
+    int first, last; /* the global order of this job's first and last token */
     k3c_sched_finish why;
     int64_t n_gen;
     k3c_err err;
 } job_rec;
 
+static int g_order; /* tokens seen by every sink, under g_mu */
+
 static int rec_token(void *ctx, const k3c_sampled *t, int is_stop) {
     job_rec *r = ctx;
     pthread_mutex_lock(r->mu);
+    r->last = ++g_order;
+    if (r->n == 0) r->first = r->last;
     if (r->gate && r->n == 0)
         while (*r->gate) pthread_cond_wait(r->cv, r->mu);
     if (r->n < 64) r->t[r->n] = *t, r->ids[r->n] = t->id;
@@ -116,6 +121,14 @@ static void batch_and_seed(k3c_sched *s) {
     }
     CHECK(complete == N_JOBS, "every job of the batch completed (%d of %d)", complete, N_JOBS);
     CHECK(max_running == N_JOBS, "all %d jobs in slots at once (saw at most %d)", N_JOBS, max_running);
+    /* decoded together, not one after another: the others' first tokens come before job 0's last */
+    int interleaved = 0;
+    for (int i = 1; i < N_JOBS; i++) interleaved += r[i].first < r[0].last;
+    k3c_sched_stats st;
+    k3c_sched_get_stats(s, &st);
+    CHECK(interleaved == N_JOBS - 1 && st.batch_max == N_JOBS && st.step_seqs > st.steps,
+          "tokens interleaved (%d of %d), engine steps ran up to %d sequences (%llu over %llu steps)", interleaved,
+          N_JOBS - 1, st.batch_max, (unsigned long long)st.step_seqs, (unsigned long long)st.steps);
     CHECK(alone.n == r[0].n && !memcmp(alone.ids, r[0].ids, sizeof(int32_t) * (size_t)(alone.n < 64 ? alone.n : 64)),
           "seeded job: the same %d ids alone and in a batch of %d (got %d)", alone.n, N_JOBS, r[0].n);
     int differ = 0;
@@ -137,7 +150,8 @@ static void logprobs(k3c_sched *s) {
     for (int i = 0; i < r.n && i < 64; i++) {
         const k3c_sampled *t = &r.t[i];
         bad += t->n_top != 5 || !(t->logprob <= 0) || t->top_id[0] != t->id || t->top_logprob[0] != t->logprob;
-        for (int k = 1; k < t->n_top; k++) bad += !(t->top_logprob[k] <= t->top_logprob[k - 1]) || t->top_id[k] == t->id;
+        for (int k = 1; k < t->n_top; k++)
+            bad += !(t->top_logprob[k] <= t->top_logprob[k - 1]) || t->top_id[k] == t->id;
     }
     CHECK(r.n >= 1 && bad == 0, "logprobs of %d greedy tokens valid (%d bad)", r.n, bad);
     /* without logprobs asked for, no top list */

@@ -49,7 +49,7 @@ struct api_stream {
     size_t out_off;
     k3c_turn turn;
     k3c_api_meta meta;
-    k3c_sbuf text;        /* a completion answered whole */
+    k3c_sbuf text;       /* a completion answered whole */
     k3c_api_logprobs lp; /* when asked for: meta.lp points here */
     k3c_sched_finish why;
     int64_t n_prompt, n_gen;
@@ -89,7 +89,7 @@ static int on_token(void *ctx, const k3c_sampled *t, int is_stop) {
     api_stream *c = ctx;
     pthread_mutex_lock(&c->mu);
     /* before the text: the chunk this token's text goes out in carries its logprobs (a stop id has no text) */
-    int rc = c->meta.lp && !is_stop ? -(k3c_api_logprobs_add(c->meta.lp, t, &c->err) != 0) : 0;
+    int rc = c->meta.lp && !is_stop && k3c_api_logprobs_add(c->meta.lp, t, &c->err) ? -1 : 0;
     if (!rc) rc = k3c_turn_token(&c->turn, t->id, is_stop, &c->err);
     if (rc < 0) c->failed = 1;
     pthread_cond_broadcast(&c->cv);

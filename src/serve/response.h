@@ -24,11 +24,11 @@ typedef struct {
     char id[48]; /* "chatcmpl-…" / "cmpl-…" */
     long long created;
     const char *model;
-    int chat;       /* chat.completion(.chunk) rather than text_completion */
-    int role_sent;  /* the first chunk (role "assistant") went out */
-    int n_calls;    /* tool calls streamed so far: their OpenAI index */
-    int64_t serial;        /* counter for tool call ids */
-    k3c_api_logprobs *lp;  /* NULL: "logprobs": null (not asked for) */
+    int chat;             /* chat.completion(.chunk) rather than text_completion */
+    int role_sent;        /* the first chunk (role "assistant") went out */
+    int n_calls;          /* tool calls streamed so far: their OpenAI index */
+    int64_t serial;       /* counter for tool call ids */
+    k3c_api_logprobs *lp; /* NULL: "logprobs": null (not asked for) */
 } k3c_api_meta;
 
 void k3c_api_meta_init(k3c_api_meta *m, int chat, const char *model, uint64_t unique);

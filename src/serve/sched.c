@@ -159,7 +159,8 @@ static void step(k3c_sched *s) {
             finish_slot(s, i, K3C_SCHED_FINISH_CANCELLED, NULL);
         } else if (ev->finish || ended) {
             if (!ev->finish) k3c_engine_cancel(s->e, ev->seq, NULL);
-            finish_slot(s, i, ev->finish == K3C_FINISH_LENGTH && !ended ? K3C_SCHED_FINISH_LENGTH : K3C_SCHED_FINISH_STOP,
+            finish_slot(s, i,
+                        ev->finish == K3C_FINISH_LENGTH && !ended ? K3C_SCHED_FINISH_LENGTH : K3C_SCHED_FINISH_STOP,
                         NULL);
         }
         pthread_mutex_unlock(&s->mu);
@@ -204,8 +205,8 @@ int k3c_sched_new(k3c_model *m, int slots, int queue_max, k3c_sched **out, k3c_e
     s->queue_max = queue_max;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    s->max_ctx = m->cfg.max_positions > 0 && m->cfg.max_positions < K3C_SCHED_MAX_CTX ? m->cfg.max_positions
-                                                                                       : K3C_SCHED_MAX_CTX;
+    s->max_ctx =
+        m->cfg.max_positions > 0 && m->cfg.max_positions < K3C_SCHED_MAX_CTX ? m->cfg.max_positions : K3C_SCHED_MAX_CTX;
     k3c_engine_opts eo = {.max_seqs = slots, .max_ctx = s->max_ctx};
     int rc = k3c_engine_open(m, &eo, &s->e, err);
     if (!rc && pthread_create(&s->thread, NULL, engine_thread, s))

@@ -7,7 +7,8 @@
 #include "k3c.h"
 
 #define K3C_SCHED_MAX_STOP_IDS 8
-#define K3C_SCHED_MAX_CTX 4096 /* tokens per sequence (prompt + output) at most: each slot's latent cache holds this many */
+#define K3C_SCHED_MAX_CTX                                                                                              \
+    4096 /* tokens per sequence (prompt + output) at most: each slot's latent cache holds this many */
 
 /* Per-request sampling, every field validated by the request layer and applied per sequence by the engine's sampler
  * (k3c_sampler). logprobs: report each token's logprob and its top_logprobs most likely alternatives. */
@@ -74,10 +75,10 @@ int k3c_sched_submit(k3c_sched *s, const k3c_sched_req *r, const k3c_sched_sink 
 void k3c_sched_cancel(k3c_sched_job *j);
 void k3c_sched_release(k3c_sched_job *j);
 typedef struct {
-    int queued, running;          /* jobs waiting for a slot, jobs in a slot */
-    uint64_t steps, step_seqs;    /* engine steps run, and the sequences they ran summed (step_seqs / steps: the
+    int queued, running;       /* jobs waiting for a slot, jobs in a slot */
+    uint64_t steps, step_seqs; /* engine steps run, and the sequences they ran summed (step_seqs / steps: the
                                      mean batch) */
-    int batch_max;                /* the most sequences one step ran */
+    int batch_max;             /* the most sequences one step ran */
 } k3c_sched_stats;
 void k3c_sched_get_stats(k3c_sched *s, k3c_sched_stats *st);
 

@@ -145,7 +145,8 @@ static void run_done(void *ctx, k3c_sched_finish why, int64_t n_gen, const k3c_e
     pthread_mutex_unlock(&r->mu);
 }
 
-int k3c_turn_run(k3c_sched *s, const k3c_sched_req *req, k3c_turn *t, k3c_sched_finish *why, int64_t *n_gen, k3c_err *err) {
+int k3c_turn_run(k3c_sched *s, const k3c_sched_req *req, k3c_turn *t, k3c_sched_finish *why, int64_t *n_gen,
+                 k3c_err *err) {
     run_state r = {.t = t};
     pthread_mutex_init(&r.mu, NULL);
     pthread_cond_init(&r.cv, NULL);
