@@ -4,7 +4,8 @@
 # and prints errors, p50/p99 latency, requests/s, the engine's batch (sequences per decode step, mean and max) and the
 # server's resident memory at start, middle and end.
 # usage: [SLOTS=N] [MAX_TOKENS=16] bench/serve_load.sh [MODEL_DIR] [SECONDS=60] [CONNECTIONS=16]
-# SLOTS (--slots: sequences the engine decodes together) defaults to CONNECTIONS.
+# SLOTS (--slots: sequences the engine decodes together) defaults to CONNECTIONS; K3C_BIN picks another k3c binary
+# (e.g. an older build to compare); KEEP_WRK=FILE keeps wrk's full output.
 # Without MODEL_DIR it builds the tiny servable model of the tests (build/tests/test_serve_units leaves it in
 # build/tmp/serve_units.<pid>). Not part of `make test`.
 set -u
