@@ -56,6 +56,16 @@ void k3c_progress_update(k3c_progress *p, int64_t done, double units, const char
 void k3c_progress_finish(k3c_progress *p, const char *extra);
 int k3c_progress_line(const k3c_progress *p, const char *extra, char *buf, size_t n);
 
+/* ---------------------------------------------------------------- checked sizes, available memory
+ * Sizes derived from files (configs, headers) are computed with overflow checks, and a command compares what it is about
+ * to allocate with what the machine has, so a hostile or mistyped file fails fast with a message instead of an OOM kill. */
+static inline int k3c_mul_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+static inline int k3c_add_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_add_overflow(a, b, out); }
+/* Bytes available to new allocations: MemAvailable of /proc/meminfo, else free physical pages (sysconf). */
+uint64_t k3c_mem_available(void);
+/* K3C_ENOMEM "<what> needs X GiB of memory but the machine has Y GiB available" when bytes > k3c_mem_available(). */
+int k3c_mem_check(uint64_t bytes, const char *what, k3c_err *err);
+
 /* Atomic file writes: write to "<path>.tmp.<pid>", fsync, rename over path, fsync the directory. */
 int k3c_write_file_atomic(const char *path, const void *data, size_t n, k3c_err *err);
 /* Reads a whole file (NUL-terminated for convenience); free with free(). */

@@ -384,6 +384,7 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     tr->opt.eps = rc->eps;
     if ((e = k3c_optim_parse_matrix(rc->matrix_optimizer, &tr->opt.matrix_optimizer, err))) return e;
     if ((e = k3c_optim_init(&tr->opt, &tr->m.table, err))) return e;
+    if ((e = k3c_mem_check(sizeof(float) * tr->opt.state_numel, "trainer: optimizer state", err))) return e;
     tr->n_mla = k3c_config_num_mla(&cfg);
     k3c_data_source src[K3C_RUN_MAX_SOURCES];
     for (int i = 0; i < rc->n_sources; i++) src[i] = (k3c_data_source){rc->source_name[i], rc->source_dir[i]};
