@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define SHOW_WARNINGS 20 /* the text report lists this many; --json lists up to KEEP_WARNINGS */
 #define KEEP_WARNINGS 200
@@ -428,6 +429,9 @@ int cmd_inspect(int argc, char **argv) {
             rc = print_json(dir, cfg, &r, &err);
         else {
             printf("checkpoint    %s\n", dir);
+            char sums[4200]; /* k3c_ckpt_open has verified it */
+            snprintf(sums, sizeof sums, "%s/" K3C_CHECKSUMS_FILE, dir);
+            if (access(sums, F_OK) == 0) printf("checksums     every file matches " K3C_CHECKSUMS_FILE "\n");
             print_config(cfg);
             print_report(&r);
         }

@@ -44,6 +44,8 @@ typedef struct {
     int moe_layer[K3C_MAX_LAYERS]; /* per-layer load telemetry of the last step */
     double layer_ratio[K3C_MAX_LAYERS], layer_cv[K3C_MAX_LAYERS];
     int n_moe;
+    FILE *log;       /* where events are noted for the user (the per-step log, else the progress stream; may be NULL) */
+    char note[8400]; /* how --resume started, when not from the latest checkpoint */
 } trainer;
 
 static int stage_of(const k3c_run_config *rc, int64_t step, int64_t *stage_step) {
@@ -318,15 +320,14 @@ static int check_tokenizer(const k3c_run_config *rc, int64_t data_vocab, k3c_err
     return K3C_OK;
 }
 
-static int resume(trainer *tr, k3c_err *err) {
-    char dir[4096];
-    int e = k3c_train_ckpt_latest(tr->rc->out_dir, dir, sizeof dir, err);
-    if (e) return e;
+static int resume_from(trainer *tr, const char *dir, k3c_err *err) {
     k3c_checkpoint *ck;
-    if ((e = k3c_ckpt_open(dir, &ck, err))) return e;
+    int e = k3c_ckpt_open(dir, &ck, err); /* verifies the directory's checksums.json first */
+    if (e) return e;
     e = k3c_model_load_f32(&tr->m, ck, err);
     k3c_ckpt_close(ck);
     char *state = NULL; /* the optimizer state waits on the host until the model has moved to its backend */
+    free(tr->resume_state);
     tr->resume_state = e ? NULL : malloc(sizeof(float) * (tr->opt.state_numel ? tr->opt.state_numel : 1));
     if (!e && !tr->resume_state) e = k3c_errf(err, K3C_ENOMEM, "resume: out of memory");
     if (!e) e = k3c_train_ckpt_load_state(dir, tr->resume_state, tr->opt.state_numel, &state, err);
@@ -345,6 +346,35 @@ static int resume(trainer *tr, k3c_err *err) {
     }
     k3c_json_free(j);
     return e;
+}
+
+/* --resume: from the newest checkpoint that loads and passes its checksums, falling back to older ones (each fallback
+ * is noted in tr->note for metrics.jsonl); with no checkpoint yet, from step 0. Stale temporaries are removed first. */
+static int resume(trainer *tr, k3c_err *err) {
+    const char *out = tr->rc->out_dir;
+    int64_t steps[64];
+    k3c_train_ckpt_clean(out);
+    int n = k3c_train_ckpt_candidates(out, steps, 64, err);
+    if (n < 0) return n;
+    if (n == 0) {
+        snprintf(tr->note, sizeof tr->note, "no checkpoint in %s yet: starting from step 0", out);
+        return K3C_OK;
+    }
+    k3c_err first = {0};
+    for (int i = 0; i < n; i++) {
+        char dir[4200];
+        snprintf(dir, sizeof dir, "%s/step_%08lld", out, (long long)steps[i]);
+        k3c_err e1 = {0};
+        int e = resume_from(tr, dir, &e1);
+        if (!e) {
+            if (i) snprintf(tr->note, sizeof tr->note, "resumed from %s: %s", dir, first.msg);
+            return K3C_OK;
+        }
+        if (!i) first = e1;
+        if (tr->log) fprintf(tr->log, "resume: %s; trying an older checkpoint\n", e1.msg);
+    }
+    *err = first;
+    return k3c_err_wrap(err, "resume: no checkpoint in %s loads", out);
 }
 
 /* The optimizer's state next to w and g in the backend's memory (zero = step 0, or the resumed state) and its
@@ -395,6 +425,7 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     if ((e = check_tokenizer(rc, k3c_loader_vocab_size(tr->loader), err))) return e;
     char p[4200];
     snprintf(p, sizeof p, "%s/latest", rc->out_dir);
+    tr->log = o->log ? o->log : o->progress;
     if (!o->resume && access(p, F_OK) == 0)
         return k3c_errf(err, K3C_EINVAL, "%s already holds a run (%s exists): use --resume, or another out_dir",
                         rc->out_dir, p);
@@ -406,6 +437,10 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     if (o->resume && (e = truncate_metrics(p, tr->step, err))) return e;
     tr->metrics = fopen(p, o->resume ? "a" : "w");
     if (!tr->metrics) return k3c_errf(err, K3C_EIO, "%s: cannot write", p);
+    if (tr->note[0]) {
+        k3c_metrics_event(tr->metrics, tr->step, tr->step ? "resume_fallback" : "resume_from_scratch", tr->note, NULL);
+        if (tr->log) fprintf(tr->log, "resume: %s\n", tr->note);
+    }
     return K3C_OK;
 }
 
