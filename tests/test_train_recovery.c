@@ -4,6 +4,7 @@
  * checkpoint with a lower learning rate (docs/TRAINING.md §6). See train_fixture.h. */
 #pragma GCC diagnostic ignored "-Wunused-function" /* the fixture helpers this program does not need */
 #include "train_fixture.h"
+#include "train/guard.h"
 
 #include <sys/wait.h>
 
@@ -156,6 +157,139 @@ static void test_resume_before_first(const fixture *fx) {
     CHECK(r.steps == 2, "resume into a new out dir: %lld steps", (long long)r.steps);
 }
 
+/* ---------------------------------------------------------------- the step guard */
+
+/* Trains config `name` (a copy of the defaults with `extra` run-config members) under K3C_TEST_FAULT=fault. */
+static int train_with_fault(const fixture *fx, const char *name, const char *extra, const char *fault,
+                            k3c_train_result *r, k3c_err *err) {
+    char cfg[1200], run[64];
+    run_params rp = defaults(name);
+    rp.extra = extra;
+    snprintf(run, sizeof run, "run_%s", name);
+    write_run(fx, run, &rp, cfg, sizeof cfg);
+    setenv("K3C_TEST_FAULT", fault, 1);
+    int rc = train(cfg, 0, 0, NULL, r, err);
+    unsetenv("K3C_TEST_FAULT");
+    return rc;
+}
+
+/* A NaN loss, or a NaN in a gradient, on batch 4: the batch is skipped and logged, the run trains its 10 steps. Both
+ * runs end bit-identical: the NaN-gradient batch went through forward, backward and clipping, the NaN-loss batch stopped
+ * after the forward, so the skip changed nothing the next steps see (weights, optimizer state, router biases, step). */
+static void test_guard_skip(const fixture *fx) {
+    k3c_err err = {0};
+    k3c_train_result r;
+    const char *names[2] = {"G_loss", "G_grad"}, *faults[2] = {"loss:4:1", "grad:4:1"};
+    const char *reasons[2] = {"loss is nan", "gradient norm is nan"};
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(train_with_fault(fx, names[i], "", faults[i], &r, &err), &err);
+        CHECK(r.steps == N_STEPS && r.skipped == 1 && r.rollbacks == 0 && r.lr_scale == 1.0,
+              "%s: %lld steps, %lld skipped, %lld rollbacks", names[i], (long long)r.steps, (long long)r.skipped,
+              (long long)r.rollbacks);
+        CHECK(isfinite(r.last_loss), "%s: last loss %g", names[i], r.last_loss);
+        CHECK(count_events(fx, names[i], "skip", reasons[i]) == 1 && count_events(fx, names[i], "skip", "\"step\":4,"),
+              "%s: metrics.jsonl should hold one skip event at step 4 saying \"%s\"", names[i], reasons[i]);
+        mrow rows[32];
+        int bad, n = read_metrics(fx, names[i], rows, 32, &bad);
+        CHECK(bad == 0 && steps_once(rows, n, N_STEPS), "%s: metrics: %d rows, %d bad", names[i], n, bad);
+    }
+    check_same_final(fx, "G_loss", "G_grad", "a NaN gradient skipped like a NaN loss");
+    char a[1300], b[1300]; /* and the skipped batch was consumed: not the reference run */
+    out_path(fx, "A", "step_00000010/model.safetensors", a, sizeof a);
+    out_path(fx, "G_grad", "step_00000010/model.safetensors", b, sizeof b);
+    CHECK(!files_equal(a, b), "the run with a skipped batch equals the reference run");
+}
+
+/* Three NaN gradients in a row (guard.max_skips 3): back to the checkpoint of step 4 with the learning rate halved,
+ * logged, and the run still trains to the end. */
+static void test_guard_rollback(const fixture *fx) {
+    k3c_err err = {0};
+    k3c_train_result r;
+    CHECK_OK(train_with_fault(fx, "R", ", \"guard\": {\"max_skips\": 3, \"lr_factor\": 0.5}", "grad:5:3", &r, &err),
+             &err);
+    CHECK(r.steps == N_STEPS && r.skipped == 3 && r.rollbacks == 1 && r.lr_scale == 0.5,
+          "rollback: %lld steps, %lld skipped, %lld rollbacks, lr x %g", (long long)r.steps, (long long)r.skipped,
+          (long long)r.rollbacks, r.lr_scale);
+    CHECK(isfinite(r.last_loss), "after the rollback: last loss %g", r.last_loss);
+    CHECK(count_events(fx, "R", "skip", NULL) == 3 &&
+              count_events(fx, "R", "rollback", "back from step 4 to step 4") == 1 &&
+              count_events(fx, "R", "rollback", "\"lr_scale\":0.5") == 1,
+          "metrics.jsonl should hold 3 skips and a rollback to step 4 with lr_scale 0.5");
+    mrow ref[32], rows[32];
+    int bad_a, bad_r, na = read_metrics(fx, "A", ref, 32, &bad_a), nr = read_metrics(fx, "R", rows, 32, &bad_r);
+    CHECK(bad_r == 0 && steps_once(rows, nr, N_STEPS) && na == N_STEPS, "rollback metrics: %d rows, %d bad", nr, bad_r);
+    for (int i = 0; i < nr && i < na; i++) { /* the same schedule, halved from step 5 on */
+        double want = ref[i].lr * (rows[i].step > 4 ? 0.5 : 1.0);
+        CHECK(fabs(rows[i].lr - want) <= 1e-8 * want,
+              /* metrics hold 9 significant digits */ "step %lld: lr %g, want %g", (long long)rows[i].step, rows[i].lr,
+              want);
+    }
+    char p[1300];
+    out_path(fx, "R", "step_00000010/trainer_state.json", p, sizeof p);
+    char *st = slurp(p, NULL);
+    CHECK(st && strstr(st, "\"lr_scale\": 0.5"), "the final trainer_state.json should keep lr_scale 0.5: %s",
+          st ? st : "(none)");
+    free(st);
+    /* with no checkpoint to go back to: an error that says so */
+    int rc = train_with_fault(fx, "R0", "", "grad:1:3", &r, &err);
+    CHECK(rc == K3C_ENUMERIC && strstr(err.msg, "3 batches in a row skipped") && strstr(err.msg, "no checkpoint"),
+          "rollback without a checkpoint: rc %d: %s", rc, err.msg);
+}
+
+/* The guard's judgement on its own: non-finite numbers, a spike against the running median (only once enough losses
+ * are known), the rollback count, the state's JSON round trip, and the run-config bounds. */
+static void test_guard_unit(const fixture *fx) {
+    k3c_run_config rc = {.guard_spike_factor = 5, .guard_window = 8, .guard_max_skips = 2, .guard_lr_factor = 0.5};
+    k3c_guard g;
+    k3c_guard_init(&g);
+    char why[256];
+    CHECK(k3c_guard_judge(&g, &rc, NAN, 0, why, sizeof why) && strstr(why, "loss is nan"), "NaN loss: %s", why);
+    CHECK(k3c_guard_judge(&g, &rc, 2.0, INFINITY, why, sizeof why) && strstr(why, "gradient norm is inf"), "inf: %s",
+          why);
+    CHECK(!k3c_guard_judge(&g, &rc, 100.0, 1.0, why, sizeof why), "no spike test before any loss is known");
+    for (int i = 0; i < 7; i++) k3c_guard_accept(&g, &rc, 2.0 + 0.1 * i);
+    CHECK(!k3c_guard_judge(&g, &rc, 100.0, 1.0, why, sizeof why), "no spike test with 7 of 8 losses");
+    k3c_guard_accept(&g, &rc, 2.0);
+    CHECK(k3c_guard_judge(&g, &rc, 12.0, 1.0, why, sizeof why) && strstr(why, "running median 2.25"),
+          "a spike of 12 over a median of 2.25: %s", why);
+    CHECK(!k3c_guard_judge(&g, &rc, 11.0, 1.0, why, sizeof why), "11 is under 5 x 2.25");
+    CHECK(!k3c_guard_reject(&g, &rc) && k3c_guard_reject(&g, &rc) && g.skipped == 2, "max_skips 2: roll back at 2");
+    k3c_guard_accept(&g, &rc, 2.0);
+    CHECK(g.fails == 0 && g.n == 8, "an accepted step ends the failure run: fails %lld", (long long)g.fails);
+    g.lr_scale = 0.25;
+    k3c_sbuf s;
+    k3c_sbuf_init(&s);
+    k3c_sbuf_printf(&s, "{\"step\": 1");
+    k3c_guard_to_json(&g, &s);
+    k3c_sbuf_printf(&s, "}");
+    k3c_json *j = NULL;
+    k3c_guard h;
+    k3c_guard_init(&h);
+    k3c_err err = {0};
+    CHECK_OK(k3c_json_parse(s.buf, s.len, "state", &j, &err), &err);
+    CHECK_OK(k3c_guard_from_json(&h, j, "state", &err), &err);
+    CHECK(h.lr_scale == 0.25 && h.n == g.n && h.next == g.next && memcmp(h.loss, g.loss, sizeof(double) * 8) == 0,
+          "guard state round trip");
+    k3c_json_free(j);
+    k3c_sbuf_free(&s);
+    static const char *const bad[][2] = {{"{\"spike_factor\": 0.5}", "guard.spike_factor"},
+                                         {"{\"window\": 0}", "guard.window"},
+                                         {"{\"max_skips\": -1}", "guard.max_skips"},
+                                         {"{\"lr_factor\": 1.5}", "guard.lr_factor"},
+                                         {"{\"spike\": 3}", "guard.spike"}};
+    for (int i = 0; i < 5; i++) {
+        char cfg[1200], extra[128];
+        run_params rp = defaults("bad_guard");
+        snprintf(extra, sizeof extra, ", \"guard\": %s", bad[i][0]);
+        rp.extra = extra;
+        write_run(fx, "run_bad_guard", &rp, cfg, sizeof cfg);
+        k3c_run_config r2;
+        int e = k3c_run_config_load(cfg, &r2, &err);
+        CHECK(e == K3C_ECONFIG && strstr(err.msg, bad[i][1]) && strstr(err.msg, "run_bad_guard.json"), "%s: %s",
+              bad[i][0], err.msg);
+    }
+}
+
 int main(void) {
     fixture fx;
     memset(&fx, 0, sizeof fx);
@@ -163,6 +297,9 @@ int main(void) {
     reference_run(&fx);
     test_checksums(&fx);
     test_resume_before_first(&fx);
+    test_guard_unit(&fx);
+    test_guard_skip(&fx);
+    test_guard_rollback(&fx);
     if (test_failed_ == 0) replace_tree(fx.dir, NULL); /* kept for inspection when something failed */
     return test_summary();
 }

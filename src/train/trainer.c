@@ -11,6 +11,7 @@
 #include "ops/backend.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "train/guard.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
 #include "tok/tok.h"
@@ -44,8 +45,11 @@ typedef struct {
     int moe_layer[K3C_MAX_LAYERS]; /* per-layer load telemetry of the last step */
     double layer_ratio[K3C_MAX_LAYERS], layer_cv[K3C_MAX_LAYERS];
     int n_moe;
+    k3c_guard guard;
+    int64_t attempts; /* batches tried in this invocation (the test fault hook counts them) */
     FILE *log;       /* where events are noted for the user (the per-step log, else the progress stream; may be NULL) */
     char note[8400]; /* how --resume started, when not from the latest checkpoint */
+    char skip[256];  /* why the guard refused the last batch, "" when it did not */
 } trainer;
 
 static int stage_of(const k3c_run_config *rc, int64_t step, int64_t *stage_step) {
@@ -149,6 +153,20 @@ static int balance(trainer *tr, k3c_err *err) {
     return K3C_OK;
 }
 
+/* The guard's test fault hook, for tests only: K3C_TEST_FAULT="loss:FROM:COUNT" (or "grad:FROM:COUNT") gives batches
+ * FROM .. FROM+COUNT-1 of this invocation (counted from 1 over every batch tried, skipped ones included) a NaN loss (or a
+ * NaN in one gradient element, written through the backend table after the backward). Returns 1 (loss), 2 (grad) or 0. */
+static int test_fault(trainer *tr) {
+    int64_t a = ++tr->attempts;
+    const char *f = getenv("K3C_TEST_FAULT");
+    long long from, count;
+    char kind[8];
+    if (!f || sscanf(f, "%7[a-z]:%lld:%lld", kind, &from, &count) != 3 || a < from || a >= from + count) return 0;
+    return strcmp(kind, "loss") == 0 ? 1 : strcmp(kind, "grad") == 0 ? 2 : 0;
+}
+
+/* One optimizer step on the next batch; a batch the guard refuses leaves row->skip set and the weights, the optimizer
+ * state, the router biases and the step count as they were. */
 static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_metrics_row *row, k3c_err *err) {
     const k3c_run_config *rc = tr->rc;
     k3c_model_batch b;
@@ -160,11 +178,22 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     k3c_acts *acts;
     double loss;
     if ((e = k3c_model_forward_f32(&tr->m, &b, &tr->arena, &acts, &loss, NULL, err))) return e;
-    if (!isfinite(loss)) return k3c_errf(err, K3C_ENUMERIC, "step %lld: loss is %g", (long long)tr->step + 1, loss);
+    const int fault = test_fault(tr);
+    tr->skip[0] = 0;
+    if (fault == 1) loss = NAN;
+    row->loss = loss;
+    row->grad_norm = NAN;
+    if (k3c_guard_judge(&tr->guard, rc, loss, 0, tr->skip, sizeof tr->skip)) return K3C_OK; /* before the backward */
     if ((e = k3c_model_backward_f32(&tr->m, acts, 1.0, err))) return e;
+    if (fault == 2) {
+        const float nan = NAN;
+        if ((e = be->upload(tr->m.g, &nan, sizeof nan, err))) return e;
+    }
     if ((e = be->clip_grad_norm(tr->opt_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm, err))) return e;
+    if (k3c_guard_judge(&tr->guard, rc, loss, row->grad_norm, tr->skip, sizeof tr->skip)) return K3C_OK;
+    k3c_guard_accept(&tr->guard, rc, loss);
     k3c_schedule sch = {st->schedule, st->lr, st->warmup, st->steps, st->min_lr_ratio};
-    row->lr = k3c_schedule_lr(&sch, stage_step + 1); /* schedules count steps from 1 */
+    row->lr = k3c_schedule_lr(&sch, stage_step + 1) * tr->guard.lr_scale; /* schedules count steps from 1 */
     if ((e = be->optim_step(tr->opt_inst, &tr->opt, &tr->m.table, 0, tr->m.table.n, tr->m.w, tr->m.g, tr->ostate,
                             row->lr, tr->step + 1, err)))
         return e;
@@ -182,7 +211,6 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     }
     tr->step++;
     tr->tokens += b.T;
-    row->loss = loss;
     return K3C_OK;
 }
 
@@ -267,6 +295,7 @@ static int save(trainer *tr, k3c_err *err) {
     k3c_sbuf_printf(&sb, "{\"step\": %lld, \"tokens\": %lld, \"seed\": %llu, \"loader\": ", (long long)tr->step,
                     (long long)tr->tokens, (unsigned long long)tr->rc->seed);
     k3c_sbuf_json_string(&sb, ls, strlen(ls));
+    k3c_guard_to_json(&tr->guard, &sb);
     k3c_sbuf_printf(&sb, "}\n");
     free(ls);
     if (!sb.ok) {
@@ -320,18 +349,36 @@ static int check_tokenizer(const k3c_run_config *rc, int64_t data_vocab, k3c_err
     return K3C_OK;
 }
 
+/* Loads checkpoint `dir` into the run: the weights through the model's backend (read into a host model, then uploaded),
+ * the optimizer state (uploaded when the run's state already lives on the backend, else kept for optim_state), step,
+ * tokens, the loader and the guard. Used by --resume before the model moves and by a rollback after. */
 static int resume_from(trainer *tr, const char *dir, k3c_err *err) {
-    k3c_checkpoint *ck;
-    int e = k3c_ckpt_open(dir, &ck, err); /* verifies the directory's checksums.json first */
+    k3c_model host;
+    int e = k3c_model_open_f32(dir, 0, &host, err); /* verifies the directory's checksums.json first */
     if (e) return e;
-    e = k3c_model_load_f32(&tr->m, ck, err);
-    k3c_ckpt_close(ck);
-    char *state = NULL; /* the optimizer state waits on the host until the model has moved to its backend */
+    const k3c_backend_f32 *be = k3c_model_backend_f32(&tr->m);
+    const size_t n_state = tr->opt.state_numel ? tr->opt.state_numel : 1;
+    if (host.table.total != tr->m.table.total)
+        e = k3c_errf(err, K3C_EFORMAT, "%s: holds %zu parameters but the run's model has %zu", dir, host.table.total,
+                     tr->m.table.total);
+    if (!e) e = be->upload(tr->m.w, host.w, sizeof(float) * host.table.total, err);
+    if (!e) e = be->sync(err); /* the host copy is freed next */
+    k3c_model_free_f32(&host);
+    char *state = NULL;
     free(tr->resume_state);
-    tr->resume_state = e ? NULL : malloc(sizeof(float) * (tr->opt.state_numel ? tr->opt.state_numel : 1));
+    tr->resume_state = e ? NULL : malloc(sizeof(float) * n_state);
     if (!e && !tr->resume_state) e = k3c_errf(err, K3C_ENOMEM, "resume: out of memory");
     if (!e) e = k3c_train_ckpt_load_state(dir, tr->resume_state, tr->opt.state_numel, &state, err);
-    if (e) return k3c_err_wrap(err, "resume from %s", dir);
+    if (!e && tr->ostate) {
+        e = be->upload(tr->ostate, tr->resume_state, sizeof(float) * tr->opt.state_numel, err);
+        if (!e) e = be->sync(err);
+        free(tr->resume_state);
+        tr->resume_state = NULL;
+    }
+    if (e) {
+        free(state);
+        return k3c_err_wrap(err, "resume from %s", dir);
+    }
     k3c_json *j = NULL;
     e = k3c_json_parse(state, strlen(state), "trainer_state.json", &j, err);
     free(state);
@@ -344,22 +391,16 @@ static int resume_from(trainer *tr, const char *dir, k3c_err *err) {
         tr->tokens = t->integer;
         e = k3c_loader_state_from_json(tr->loader, l->string, l->len, err);
     }
+    if (!e) e = k3c_guard_from_json(&tr->guard, j, dir, err);
     k3c_json_free(j);
     return e;
 }
 
 /* --resume: from the newest checkpoint that loads and passes its checksums, falling back to older ones (each fallback
  * is noted in tr->note for metrics.jsonl); with no checkpoint yet, from step 0. Stale temporaries are removed first. */
-static int resume(trainer *tr, k3c_err *err) {
+/* The first of the checkpoints steps[0..n) that loads and passes its checksums; a fallback is noted in tr->note. */
+static int load_newest(trainer *tr, const int64_t *steps, int n, k3c_err *err) {
     const char *out = tr->rc->out_dir;
-    int64_t steps[64];
-    k3c_train_ckpt_clean(out);
-    int n = k3c_train_ckpt_candidates(out, steps, 64, err);
-    if (n < 0) return n;
-    if (n == 0) {
-        snprintf(tr->note, sizeof tr->note, "no checkpoint in %s yet: starting from step 0", out);
-        return K3C_OK;
-    }
     k3c_err first = {0};
     for (int i = 0; i < n; i++) {
         char dir[4200];
@@ -375,6 +416,19 @@ static int resume(trainer *tr, k3c_err *err) {
     }
     *err = first;
     return k3c_err_wrap(err, "resume: no checkpoint in %s loads", out);
+}
+
+static int resume(trainer *tr, k3c_err *err) {
+    const char *out = tr->rc->out_dir;
+    int64_t steps[64];
+    k3c_train_ckpt_clean(out);
+    int n = k3c_train_ckpt_candidates(out, steps, 64, err);
+    if (n < 0) return n;
+    if (n == 0) {
+        snprintf(tr->note, sizeof tr->note, "no checkpoint in %s yet: starting from step 0", out);
+        return K3C_OK;
+    }
+    return load_newest(tr, steps, n, err);
 }
 
 /* The optimizer's state next to w and g in the backend's memory (zero = step 0, or the resumed state) and its
@@ -397,6 +451,7 @@ static int optim_state(trainer *tr, k3c_err *err) {
 static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o, k3c_err *err) {
     memset(tr, 0, sizeof *tr);
     tr->rc = rc;
+    k3c_guard_init(&tr->guard);
     if (rc->threads > 0) k3c_set_num_threads(rc->threads);
     if (mkdir(rc->out_dir, 0755) != 0 && errno != EEXIST)
         return k3c_errf(err, K3C_EIO, "%s: cannot create: %s", rc->out_dir, strerror(errno));
@@ -463,6 +518,44 @@ static void teardown(trainer *tr) {
     if (tr->metrics) fclose(tr->metrics);
 }
 
+/* Back to the newest checkpoint that loads, with the guard's learning-rate factor applied once more (a batch that keeps
+ * failing at one rate may pass at a lower one); noted in metrics.jsonl and the log. */
+static int rollback(trainer *tr, k3c_err *err) {
+    int64_t steps[64], from = tr->step;
+    int n = k3c_train_ckpt_candidates(tr->rc->out_dir, steps, 64, err);
+    if (n < 0) return n;
+    if (n == 0)
+        return k3c_errf(err, K3C_ENUMERIC,
+                        "step %lld: %lld batches in a row skipped (the last: %s) and no checkpoint in %s"
+                        " to roll back to",
+                        (long long)from + 1, (long long)tr->guard.fails, tr->skip, tr->rc->out_dir);
+    k3c_guard before = tr->guard;
+    tr->note[0] = 0;
+    CHECK_RC(load_newest(tr, steps, n, err));
+    tr->guard.lr_scale = before.lr_scale * tr->rc->guard_lr_factor;
+    tr->guard.fails = 0;
+    tr->guard.skipped = before.skipped;
+    tr->guard.rollbacks = before.rollbacks + 1;
+    char why[1024], extra[96];
+    snprintf(why, sizeof why, "%lld batches in a row skipped (the last: %s): back from step %lld to step %lld%s%s",
+             (long long)before.fails, tr->skip, (long long)from, (long long)tr->step, tr->note[0] ? "; " : "",
+             tr->note);
+    snprintf(extra, sizeof extra, ",\"lr_scale\":%.9g", tr->guard.lr_scale);
+    k3c_metrics_event(tr->metrics, tr->step, "rollback", why, extra);
+    if (tr->log) fprintf(tr->log, "rollback: %s, learning rate x %g\n", why, tr->guard.lr_scale);
+    return K3C_OK;
+}
+
+/* A batch the guard refused: noted in metrics.jsonl and the log; after guard_max_skips in a row, a rollback. */
+static int skipped(trainer *tr, const k3c_metrics_row *row, k3c_err *err) {
+    char extra[160]; /* JSON has no NaN: the numbers as strings ("nan", "inf", "12.5") */
+    snprintf(extra, sizeof extra, ",\"stage\":%d,\"loss\":\"%.9g\",\"grad_norm\":\"%.9g\"", row->stage, row->loss,
+             row->grad_norm);
+    k3c_metrics_event(tr->metrics, tr->step + 1, "skip", tr->skip, extra);
+    if (tr->log) fprintf(tr->log, "step %lld: batch skipped: %s\n", (long long)tr->step + 1, tr->skip);
+    return k3c_guard_reject(&tr->guard, tr->rc) ? rollback(tr, err) : K3C_OK;
+}
+
 int k3c_train_run(const k3c_run_config *rc, const k3c_train_opts *o, k3c_train_result *res, k3c_err *err) {
     trainer tr;
     memset(res, 0, sizeof *res);
@@ -484,6 +577,12 @@ int k3c_train_run(const k3c_run_config *rc, const k3c_train_opts *o, k3c_train_r
         row.val_loss = NAN;
         row.stage = s;
         if ((e = train_step(&tr, &rc->stage[s], stage_step, &row, err))) break;
+        if (tr.skip[0]) {
+            int64_t rollbacks = tr.guard.rollbacks;
+            if ((e = skipped(&tr, &row, err))) break;
+            if (tr.guard.rollbacks != rollbacks) cur = -1; /* the mixture is set again after a rollback, as on resume */
+            continue;
+        }
         row.step = tr.step;
         row.n_moe = tr.n_moe;
         row.moe_layer = tr.moe_layer;
@@ -511,6 +610,9 @@ int k3c_train_run(const k3c_run_config *rc, const k3c_train_opts *o, k3c_train_r
     }
     k3c_progress_finish(&bar, NULL);
     res->steps = tr.step;
+    res->skipped = tr.guard.skipped;
+    res->rollbacks = tr.guard.rollbacks;
+    res->lr_scale = tr.guard.lr_scale;
     res->wall_s = k3c_now() - t0;
     if (tr.loader) res->unigram_entropy = unigram_entropy(tr.loader);
     teardown(&tr);
