@@ -379,7 +379,7 @@ typedef struct {
     /* balancing: "exact", "histogram" or "off" (then the router bias stays frozen) */
     int qb_mode; /* -1 off, else k3c_qb_mode */
     int64_t log_every, eval_every, eval_batches, checkpoint_every, keep_checkpoints;
-    /* the step guard ("guard": {...}, docs/TRAINING.md §8.2): skip a step whose loss exceeds spike_factor x the median
+    /* the step guard ("guard": {...}, docs/TRAINING.md §8.1): skip a step whose loss exceeds spike_factor x the median
      * of the last `window` losses (0: no spike test) or is not finite; after max_skips in a row (0: never) roll back to
      * the last good checkpoint with the learning rate multiplied by lr_factor */
     double guard_spike_factor, guard_lr_factor;

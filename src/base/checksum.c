@@ -1,5 +1,5 @@
 /* checksum.c — FNV-1a 64 (token shards, checkpoint files) and a checkpoint directory's checksums.json: one checksum per
- * file, written by the trainer with the checkpoint and verified by every reader of the directory (docs/TRAINING.md §6). */
+ * file, written by the trainer with the checkpoint and verified by every reader of the directory (docs/TRAINING.md §8, docs/FORMATS.md §11). */
 #include "base/base.h"
 #include "base/json.h"
 

@@ -1,6 +1,6 @@
 /* guard.c — the step guard of the trainer: non-finite loss or gradient norm and loss spikes against the running median
  * skip a step; repeated failures ask for a rollback. Host arithmetic on the two numbers every step already downloads,
- * so it is the same on every backend. Spec: docs/TRAINING.md §8.2. */
+ * so it is the same on every backend. Spec: docs/TRAINING.md §8.1. */
 #include "train/guard.h"
 
 #include <math.h>

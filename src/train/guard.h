@@ -1,6 +1,6 @@
 /* guard.h — the step guard: a step whose loss or gradient norm is not finite, or whose loss spikes above a multiple of
  * the running median, is skipped (no optimizer step); after max_skips failures in a row the trainer rolls back to the
- * last good checkpoint with the learning rate scaled down. Spec: docs/TRAINING.md §8.2. */
+ * last good checkpoint with the learning rate scaled down. Spec: docs/TRAINING.md §8.1. */
 #ifndef K3C_TRAIN_GUARD_H
 #define K3C_TRAIN_GUARD_H
 
