@@ -165,7 +165,7 @@ static int test_fault(trainer *tr) {
     return strcmp(kind, "loss") == 0 ? 1 : strcmp(kind, "grad") == 0 ? 2 : 0;
 }
 
-/* One optimizer step on the next batch; a batch the guard refuses leaves row->skip set and the weights, the optimizer
+/* One optimizer step on the next batch; a batch the guard refuses leaves tr->skip set and the weights, the optimizer
  * state, the router biases and the step count as they were. */
 static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_metrics_row *row, k3c_err *err) {
     const k3c_run_config *rc = tr->rc;
@@ -396,8 +396,6 @@ static int resume_from(trainer *tr, const char *dir, k3c_err *err) {
     return e;
 }
 
-/* --resume: from the newest checkpoint that loads and passes its checksums, falling back to older ones (each fallback
- * is noted in tr->note for metrics.jsonl); with no checkpoint yet, from step 0. Stale temporaries are removed first. */
 /* The first of the checkpoints steps[0..n) that loads and passes its checksums; a fallback is noted in tr->note. */
 static int load_newest(trainer *tr, const int64_t *steps, int n, k3c_err *err) {
     const char *out = tr->rc->out_dir;
@@ -418,6 +416,8 @@ static int load_newest(trainer *tr, const int64_t *steps, int n, k3c_err *err) {
     return k3c_err_wrap(err, "resume: no checkpoint in %s loads", out);
 }
 
+/* --resume: from the newest checkpoint that loads and passes its checksums, falling back to older ones (each fallback
+ * is noted in tr->note for metrics.jsonl); with no checkpoint yet, from step 0. Stale temporaries are removed first. */
 static int resume(trainer *tr, k3c_err *err) {
     const char *out = tr->rc->out_dir;
     int64_t steps[64];
