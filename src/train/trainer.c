@@ -536,7 +536,7 @@ static int rollback(trainer *tr, k3c_err *err) {
     tr->guard.fails = 0;
     tr->guard.skipped = before.skipped;
     tr->guard.rollbacks = before.rollbacks + 1;
-    char why[1024], extra[96];
+    char why[9400], extra[96];
     snprintf(why, sizeof why, "%lld batches in a row skipped (the last: %s): back from step %lld to step %lld%s%s",
              (long long)before.fails, tr->skip, (long long)from, (long long)tr->step, tr->note[0] ? "; " : "",
              tr->note);
