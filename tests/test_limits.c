@@ -13,7 +13,7 @@
 
 /* Peak RSS a refused command may reach: the binary, its libraries and (under ASan) the sanitizer runtime; the bug this
  * guards against grew to 16.5 GB. */
-#define SMALL_RSS_KB (160 * 1024)
+#define SMALL_RSS_KB (64 * 1024)
 
 /* Runs k3c with argv (NULL-terminated, argv[0] = "k3c"); returns its exit status, its output in out[n] and its peak
  * resident set in KiB. */
