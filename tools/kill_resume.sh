@@ -8,7 +8,7 @@
 # usage: tools/kill_resume.sh [KILLS]   (default 100)
 # env:   STEPS (default 40, the whole demo run; fewer = the first STEPS steps of it), DEMO (runs/demo), OUT
 #        (runs/kill_resume), SEED (kill moments), MAX_DELAY (seconds; default startup + 1.3 x the reference's seconds
-#        per step), NICE (10), K3C (./k3c)
+#        per step), NICE (10), K3C (./k3c), REUSE_REF (1: keep the reference run of an earlier call)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 KILLS=${1:-${KILLS:-100}}
@@ -23,7 +23,12 @@ if [ ! -f "$DEMO/data/python_docs/manifest.json" ] || [ ! -f "$DEMO/data/jargon/
     [ "$DEMO" = runs/demo ] || { echo "kill_resume: $DEMO has no prepared data"; exit 1; }
     tools/run_demo.sh --data-only || exit 1
 fi
-rm -rf "$OUT" && mkdir -p "$OUT"
+last=$(printf 'step_%08d' "$STEPS")
+if [ -n "${REUSE_REF:-}" ] && [ -f "$OUT/ref/$last/model.safetensors" ] && [ -f "$OUT/ref.seconds" ]; then
+    rm -rf "$OUT/kill" "$OUT/kill.log" # REUSE_REF=1: keep the reference run of an earlier call with the same STEPS
+else
+    rm -rf "$OUT" && mkdir -p "$OUT"
+fi
 # the demo run config with absolute paths, written twice: the reference and the killed run (a checkpoint every step,
 # so that every kill has a checkpoint to come back to; the cadence does not change the arithmetic)
 python3 - "$DEMO" "$OUT" <<'PY' || exit 1
@@ -37,11 +42,15 @@ for name, every in (("ref", c["checkpoint_every"]), ("kill", 1)):
     c["out_dir"], c["checkpoint_every"] = out + "/" + name, every
     json.dump(c, open(out + "/" + name + ".json", "w"), indent=1)
 PY
-train() { nice -n "$NICE" "$K3C" train --config "$OUT/$1.json" --max-steps "$STEPS" --quiet "${@:2}"; }
+# exec: a background `train kill &` is then the k3c process itself, so that kill -9 $! hits k3c, not a subshell
+train() { exec nice -n "$NICE" "$K3C" train --config "$OUT/$1.json" --max-steps "$STEPS" --quiet "${@:2}"; }
 
-t0=$(date +%s.%N)
-train ref >"$OUT/ref.log" 2>&1 || { echo "kill_resume: the reference run failed:"; tail -5 "$OUT/ref.log"; exit 1; }
-t_ref=$(python3 -c "import time; print(time.time() - $t0)")
+if [ ! -f "$OUT/ref.seconds" ]; then
+    t0=$(date +%s.%N)
+    (train ref) >"$OUT/ref.log" 2>&1 || { echo "kill_resume: the reference run failed:"; tail -5 "$OUT/ref.log"; exit 1; }
+    python3 -c "import time; print(time.time() - $t0)" >"$OUT/ref.seconds"
+fi
+t_ref=$(cat "$OUT/ref.seconds")
 MAX_DELAY=${MAX_DELAY:-$(python3 -c "print(5 + 1.3 * $t_ref / $STEPS)")}
 echo "reference: $STEPS steps in $(printf %.0f "$t_ref") s; kill delays uniform in [0, $(printf %.1f "$MAX_DELAY")] s, SEED=$SEED"
 
@@ -73,9 +82,8 @@ done
 echo
 resume=()
 [ -d "$OUT/kill" ] && resume=(--resume)
-train kill "${resume[@]}" >>"$OUT/kill.log" 2>&1 || { echo "kill_resume: the final resume failed"; exit 1; }
+(train kill "${resume[@]}") >>"$OUT/kill.log" 2>&1 || { echo "kill_resume: the final resume failed"; exit 1; }
 
-last=$(printf 'step_%08d' "$STEPS")
 for f in model.safetensors optimizer.safetensors trainer_state.json; do
     if cmp -s "$OUT/ref/$last/$f" "$OUT/kill/$last/$f"; then echo "identical: $last/$f"; else
         echo "DIFFERENT: $last/$f"
