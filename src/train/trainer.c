@@ -394,6 +394,17 @@ static int check_tokenizer(const k3c_run_config *rc, int64_t data_vocab, k3c_err
 /* Loads checkpoint `dir` into the run: the weights through the model's backend (read into a host model, then uploaded),
  * the optimizer state (uploaded when the run's state already lives on the backend, else kept for optim_state), step,
  * tokens, the loader and the guard. Used by --resume before the model moves and by a rollback after. */
+/* The resumed optimizer state into tr->ostate: the whole state, or under ZeRO-1 this rank's shard of it. */
+static int upload_resume_state(trainer *tr, k3c_err *err) {
+    const k3c_optim *o = tr->dp ? &tr->dp->shard : &tr->opt;
+    const float *mine = tr->resume_state + (tr->dp ? tr->dp->s_displ[tr->dp->rank] : 0);
+    int e = tr->be->upload(tr->ostate, mine, sizeof(float) * o->state_numel, err);
+    if (!e) e = tr->be->sync(err); /* the host copy is freed next */
+    free(tr->resume_state);
+    tr->resume_state = NULL;
+    return e;
+}
+
 static int resume_from(trainer *tr, const char *dir, k3c_err *err) {
     k3c_model host;
     int e = k3c_model_open_f32(dir, 0, &host, err); /* verifies the directory's checksums.json first */
@@ -411,12 +422,7 @@ static int resume_from(trainer *tr, const char *dir, k3c_err *err) {
     tr->resume_state = e ? NULL : malloc(sizeof(float) * n_state);
     if (!e && !tr->resume_state) e = k3c_errf(err, K3C_ENOMEM, "resume: out of memory");
     if (!e) e = k3c_train_ckpt_load_state(dir, tr->resume_state, tr->opt.state_numel, &state, err);
-    if (!e && tr->ostate) {
-        e = be->upload(tr->ostate, tr->resume_state, sizeof(float) * tr->opt.state_numel, err);
-        if (!e) e = be->sync(err);
-        free(tr->resume_state);
-        tr->resume_state = NULL;
-    }
+    if (!e && tr->ostate) e = upload_resume_state(tr, err); /* a rollback: the state exists already */
     if (e) {
         free(state);
         return k3c_err_wrap(err, "resume from %s", dir);
@@ -503,13 +509,7 @@ static int optim_state(trainer *tr, k3c_comm *comm, const k3c_parallel *lay, k3c
     tr->ostate = tr->be->alloc(sizeof(float) * n_state);
     if (!tr->ostate) return k3c_errf(err, K3C_ENOMEM, "trainer: cannot allocate the optimizer state");
     CHECK_RC(tr->be->zero(tr->ostate, (int64_t)n_state, err));
-    if (tr->resume_state) {
-        const float *mine = tr->resume_state + (tr->dp ? tr->dp->s_displ[tr->dp->rank] : 0);
-        CHECK_RC(tr->be->upload(tr->ostate, mine, sizeof(float) * o->state_numel, err));
-        CHECK_RC(tr->be->sync(err)); /* the host copy is freed next */
-        free(tr->resume_state);
-        tr->resume_state = NULL;
-    }
+    if (tr->resume_state) CHECK_RC(upload_resume_state(tr, err));
     return tr->be->optim_open(tr->be->ctx, o, &tr->m.table, &tr->opt_inst, err);
 }
 
