@@ -12,6 +12,7 @@ what=${1:-all}
 
 if [ "$what" = pack ]; then
     progs=(build/cuda/k3c build/cuda/tests/test_backend_ops build/cuda/tests/cuda/* build/cuda/bench/cuda/*)
+    [ -x build/nccl/test_comm_nccl ] && progs+=(build/nccl/test_comm_nccl) # `make nccl`: the one-rank NCCL communicator
     rm -rf devrun/bin devrun/lib && mkdir -p devrun/bin devrun/lib devrun/golden/k3_tiny_a devrun/golden/k3_vision_tiny
     for p in "${progs[@]}"; do strip -o "devrun/bin/$(basename "$p")" "$p" && xz -T2 -6 -f "devrun/bin/$(basename "$p")"; done
     cp ../shared/golden/k3_tiny_a/config.json devrun/golden/k3_tiny_a/
@@ -57,6 +58,7 @@ if [ "$what" = all ] || [ "$what" = harness ]; then
             $B/$n "$seed" 2>&1 | tee "$OUT/$n.log" || status=1
         fi
     done
+    if [ -x $B/test_comm_nccl ]; then $B/test_comm_nccl 2>&1 | tee "$OUT/test_comm_nccl.log" || status=1; fi
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
     $B/bench_cuda ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1

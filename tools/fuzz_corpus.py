@@ -60,6 +60,10 @@ outputs = ["reasoning<|close|>think<|sep|>Hello<|close|>message<|sep|><|end_of_m
            '{"a":1}<|tool_call_end|><|tool_calls_section_end|><|im_end|>']
 for i, o in enumerate(outputs):
     put("xtml_parse", 100 + i, (b"\0" if i < 2 else b"\1") + o.encode())
+# SFT trajectories (fuzz_traj): first byte = format (0 XTML, 1 K2, 2 XTML with thinking), then JSONL conversations
+for i, e in enumerate(examples):
+    line = json.dumps({k: e.get(k) for k in ("messages", "tools") if e.get(k) is not None})
+    put("traj", i, bytes([i % 3]) + (line + "\n" + line + "\n").encode())
 lines = [json.dumps({"text": e["rendered"]}) for e in examples[:4]]
 put("jsonl", 0, "\n".join(lines) + "\n")
 put("jsonl", 1, '{"text": "hello world"}\n\n{"text": "caf\\u00e9 \\ud83d\\ude00", "id": 2}\n')
