@@ -21,7 +21,7 @@ if [ "$what" = pack ]; then
     gzip -c ../shared/golden/k3_vision_tiny/model.safetensors >devrun/golden/k3_vision_tiny/model.safetensors.gz
     # every library the programs need except the CUDA runtime's and the C and C++ runtimes (the GPU machine's are newer)
     ldd "${progs[@]}" | awk '$3 ~ /^\// { print $3 }' | sort -u |
-        grep -Ev '/(libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|libcu|libnv' |
+        grep -Ev '/(libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|libcu|libnv|libnccl' |
         while read -r l; do cp -L "$l" devrun/lib/ && gzip -f "devrun/lib/$(basename "$l")"; done
     du -sh devrun
     exit 0
@@ -39,6 +39,9 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
     [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
 done
 export LD_LIBRARY_PATH="$PWD/devrun/lib:${LD_LIBRARY_PATH:-}"
+# NCCL (200 MB) is not carried: the GPU machine's own, from the CUDA toolkit or the nvidia-nccl wheel next to torch
+nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)
+[ -n "$nccl" ] && [ -d "$nccl" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nccl"
 [ -d ../shared/golden ] || export K3C_SHARED="$PWD/devrun" # devrun/golden/k3_tiny_a stands in for ../shared
 seed=${SEED:-$(date +%s)}
 echo "seed $seed"
