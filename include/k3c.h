@@ -883,6 +883,8 @@ typedef struct {
 typedef struct {
     int32_t *ids; /* the episode as the model saw it: sampled ids exactly as sampled */
     uint8_t *mask; /* 1 on sampled ids, 0 on the prompt, tool results (observations) and generation prompts */
+    float *logp;   /* the sampler's log-probability of each sampled id under the model's raw distribution
+                      (k3c_rollout_batch on the engine); 0 elsewhere and from k3c_rollout's policy */
     int64_t n, cap, n_prompt;
     int32_t eos;
     int turns, tool_calls, format_ok_turns, format_valid, truncated;
@@ -895,6 +897,12 @@ typedef struct {
  * on an answer without calls, an unparsable or unclosed turn, max_turns or max_tokens (truncated = 1), then scores. */
 int k3c_rollout(k3c_env *env, const k3c_tok *tok, const k3c_policy *pol, const k3c_rollout_opts *o, k3c_episode *ep,
                 k3c_err *err);
+/* n episodes at once, envs[i] sampled with samplers[i], each exactly as k3c_rollout would run it: a float32 CPU model
+ * decodes them together on one inference engine (continuous batching; a turn that ends with tool calls is answered
+ * and the episode resubmitted, resuming from the engine's prefix snapshots) and records each sampled id's logprob;
+ * on another backend they run one after another through k3c_generate. On failure no episode is left allocated. */
+int k3c_rollout_batch(k3c_model *m, k3c_env *const *envs, const k3c_sampler *samplers, int n, const k3c_tok *tok,
+                      const k3c_rollout_opts *o, int threads, k3c_episode *eps, k3c_err *err);
 void k3c_episode_free(k3c_episode *ep);
 
 

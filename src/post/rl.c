@@ -130,20 +130,24 @@ typedef struct {
     int64_t step;
 } rl;
 
-/* One episode of task `task` of `split`, sample g of its group (the sampler seed follows (seed, step, task, g);
- * temperature 0: greedy). */
-static int episodes(rl *s, int split, int64_t task, int g, double temperature, k3c_episode *ep, k3c_err *err) {
-    k3c_env *e;
-    CHECK_RC(k3c_env_new(s->c->env, s->c->seed, split, task, &e, err));
-    k3c_sampler sm = {.temperature = temperature,
-                      .top_p = s->c->top_p,
-                      .seed = s->c->seed ^ (uint64_t)(s->step * 1000003 + task * 131 + g)};
-    k3c_policy pol;
-    int rc = k3c_policy_from_model(&s->r.m, &sm, &pol, err);
+/* Episodes of tasks task0 + i / G of `split`, G samples each, decoded together (k3c_rollout_batch); sample g of a
+ * task draws with the seed of (seed, step, task, g); temperature 0: greedy. */
+static int episodes(rl *s, int split, int64_t task0, int n, int G, double temperature, k3c_episode *ep, k3c_err *err) {
+    k3c_env **e = calloc((size_t)n, sizeof *e);
+    k3c_sampler *sm = calloc((size_t)n, sizeof *sm);
+    int rc = e && sm ? K3C_OK : k3c_errf(err, K3C_ENOMEM, "out of memory");
+    for (int i = 0; !rc && i < n; i++) {
+        int64_t task = task0 + i / G;
+        rc = k3c_env_new(s->c->env, s->c->seed, split, task, &e[i], err);
+        sm[i] = (k3c_sampler){.temperature = temperature,
+                              .top_p = s->c->top_p,
+                              .seed = s->c->seed ^ (uint64_t)(s->step * 1000003 + task * 131 + i % G)};
+    }
     k3c_rollout_opts o = {s->c->max_turns, s->c->max_tokens, s->c->max_new, s->c->thinking};
-    if (!rc) rc = k3c_rollout(e, s->r.tok, &pol, &o, ep, err);
-    k3c_policy_free(&pol);
-    k3c_env_free(e);
+    if (!rc) rc = k3c_rollout_batch(&s->r.m, e, sm, n, s->r.tok, &o, s->c->threads, ep, err);
+    for (int i = 0; e && i < n; i++) k3c_env_free(e[i]);
+    free(e);
+    free(sm);
     return rc;
 }
 
@@ -194,9 +198,8 @@ static int rl_step(rl *s, k3c_sbuf *line, double *mean_reward, k3c_err *err) {
     if (!ep || !r || !adv || !keep) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
     double comp_sum[K3C_REWARD_MAX_COMPONENTS] = {0}, len = 0, fmt = 0, t0 = k3c_now();
     int64_t sampled = 0;
+    if (!rc) rc = episodes(s, 0, s->step * P, B, G, c->temperature, ep, err);
     for (int i = 0; !rc && i < B; i++) {
-        rc = episodes(s, 0, s->step * P + i / G, i % G, c->temperature, &ep[i], err);
-        if (rc) break;
         int64_t n_resp = ep[i].n - ep[i].n_prompt;
         r[i] = ep[i].reward.reward +
                k3c_rl_overlong_penalty(ep[i].n, c->max_tokens, c->overlong_buffer, c->overlong_penalty);
@@ -257,15 +260,17 @@ static int rl_step(rl *s, k3c_sbuf *line, double *mean_reward, k3c_err *err) {
 
 /* Greedy episodes of the first eval_episodes held-out tasks: mean reward and format-valid fraction. */
 static int evaluate(rl *s, double *reward, double *format, k3c_err *err) {
+    int n = (int)s->c->eval_episodes;
+    k3c_episode *ep = calloc((size_t)(n ? n : 1), sizeof *ep);
     *reward = *format = 0;
-    for (int64_t i = 0; i < s->c->eval_episodes; i++) {
-        k3c_episode ep;
-        CHECK_RC(episodes(s, 1, i, 0, 0.0, &ep, err));
-        *reward += ep.reward.reward / (double)s->c->eval_episodes;
-        *format += ep.format_valid / (double)s->c->eval_episodes;
-        k3c_episode_free(&ep);
+    int rc = ep ? episodes(s, 1, 0, n, 1, 0.0, ep, err) : k3c_errf(err, K3C_ENOMEM, "out of memory");
+    for (int i = 0; !rc && i < n; i++) {
+        *reward += ep[i].reward.reward / n;
+        *format += ep[i].format_valid / (double)n;
     }
-    return K3C_OK;
+    for (int i = 0; !rc && i < n; i++) k3c_episode_free(&ep[i]);
+    free(ep);
+    return rc;
 }
 
 static int restore(rl *s, const char *ts, k3c_err *err) {
