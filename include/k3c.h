@@ -209,6 +209,9 @@ typedef struct {
     const int32_t *embed_pos;
     const void *embeds;
     void *d_embeds;
+    /* Optional per-position loss weights, host [T] (NULL = all 1): loss = Σ_counted w_t · CE_t / divisor, and the
+       backward scales each position's logit gradient by w_t (the RL update's −∂L/∂logp; docs/POST.md). */
+    const float *weight;
 } k3c_model_batch;
 
 /* Per-step activations, planned up front from the batch shape (k3c_model_plan_bytes) and carved from one arena. */
@@ -916,10 +919,11 @@ typedef struct {
     int max_turns, thinking, std_norm; /* std_norm: "advantage": "grpo" (1, default) or "dr_grpo" (0) */
     double temperature, top_p, lr, grad_clip, overlong_penalty;
     int64_t overlong_buffer, eval_every, eval_episodes, checkpoint_every, keep_checkpoints;
-    k3c_rl_loss_opts loss; /* "loss_agg": token_mean (default) | seq_mean | const; eps_low, eps_high; beta must be 0 */
+    k3c_rl_loss_opts loss; /* "loss_agg": token_mean (default) | seq_mean | const; eps_low, eps_high; beta >= 0 */
     int matrix_optimizer;  /* 0 muon, 1 adamw (default) */
     uint64_t seed;
     int kda_chunk, threads;
+    int64_t ppo_epochs; /* policy updates per batch of rollouts (1 = on-policy) */
 } k3c_rl_config;
 int k3c_rl_config_load(const char *path, k3c_rl_config *c, k3c_err *err);
 typedef struct {

@@ -22,6 +22,7 @@ struct k3c_acts {
     k3c_step st;
     int64_t T;
     int32_t *ids, *targets;  /* copies of the batch's */
+    float *weight;           /* the batch's loss weights in backend memory, or NULL */
     int32_t *cu;             /* copy of the batch's cu_seqlens (n_docs + 1) */
     real *emb;               /* [T, D] */
     real **pmid, **pend;     /* [L] × [T, D] */
