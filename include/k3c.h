@@ -910,9 +910,10 @@ void k3c_episode_free(k3c_episode *ep);
 
 
 /* RL (`k3c rl --config RUN.json`): per step, group_size rollouts of each of prompts_per_step training tasks of
- * environment `env`, verifier rewards (+ DAPO overlong penalty), group-relative advantages with zero-variance groups
- * dropped, one on-policy policy-gradient update (ρ = 1, so the clip is inactive and each sequence's token gradient is
- * constant: one weighted backward per sequence); held-out evaluation with greedy decoding. */
+ * environment `env` decoded together (k3c_rollout_batch), verifier rewards (+ DAPO overlong penalty), group-relative
+ * advantages with zero-variance groups dropped, ppo_epochs clipped policy-gradient updates against π_old (+ the k3 KL
+ * to the frozen init when beta > 0), each one weighted backward per sequence (k3c_model_batch.weight = −∂L/∂logp);
+ * held-out evaluation with greedy decoding. */
 typedef struct {
     char path[1024], init[1024], out_dir[1024], env[32];
     int64_t steps, prompts_per_step, group_size, max_tokens, max_new;

@@ -4,7 +4,7 @@
 # Usage: tools/post_demo.sh [SEED] [OUT]   (defaults 1, runs/post); K3C_POST_RL_STEPS / K3C_POST_SFT_STEPS override.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-K3C=./k3c
+K3C=${K3C:-./k3c} # K3C=/path/to/k3c runs another build
 SEED=${1:-1}
 OUT=$(realpath -m "${2:-runs/post}") # absolute: run-config paths are read relative to the config's directory
 SFT_STEPS=${K3C_POST_SFT_STEPS:-40}
