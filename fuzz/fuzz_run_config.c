@@ -1,6 +1,6 @@
-/* fuzz_run_config.c — libFuzzer target for the training run config reader (k3c_run_config_load, src/train/run.h): the
+/* fuzz_run_config.c — libFuzzer target for the training run config reader (k3c_run_config_load, include/k3c.h): the
  * buffer is written to run.json in a scratch directory and loaded. */
-#include "train/run.h"
+#include "base/base.h"
 
 #include "fuzz.h"
 

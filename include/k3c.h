@@ -585,9 +585,11 @@ typedef struct {
 } k3c_stage;
 
 /* The run's parallel layout ("parallel" in the run config): degrees of data, expert, tensor, pipeline and context
- * parallelism; their product is the number of ranks (docs/PARALLEL.md). All zero: no block (dp = the world size). */
+ * parallelism; their product is the number of ranks (docs/PARALLEL.md). All zero: no block (dp = the world size).
+ * micro_batches: pipeline micro-batches per step (0: pp). */
 typedef struct {
     int64_t dp, ep, tp, pp, cp;
+    int64_t micro_batches;
 } k3c_parallel;
 
 typedef struct {
@@ -613,6 +615,11 @@ typedef struct {
     int qb_mode; /* -1 off, else k3c_qb_mode */
     int64_t log_every, eval_every, eval_batches, checkpoint_every, keep_checkpoints;
     k3c_parallel parallel;
+    /* the step guard ("guard": {...}, docs/TRAINING.md §8.1): skip a step whose loss exceeds spike_factor x the median
+     * of the last `window` losses (0: no spike test) or is not finite; after max_skips in a row (0: never) roll back to
+     * the last good checkpoint with the learning rate multiplied by lr_factor */
+    double guard_spike_factor, guard_lr_factor;
+    int64_t guard_window, guard_max_skips;
 } k3c_run_config;
 
 /* Reads a run config JSON strictly: unknown keys, impossible stages (steps ≤ 0, seq_len > tokens_per_step, a mixture
@@ -636,6 +643,8 @@ typedef struct {
     double last_loss, last_val_loss, tokens_per_s, wall_s;
     double max_load_ratio;  /* max/mean expert load of the last step, worst layer */
     double unigram_entropy; /* nats/token of the training tokens' unigram distribution (the context-free baseline) */
+    int64_t skipped, rollbacks; /* the step guard's events in this invocation */
+    double lr_scale;            /* the guard's learning-rate factor at the end (1 without rollbacks) */
 } k3c_train_result;
 
 /* Runs (or resumes) the training described by rc; writes checkpoints and metrics.jsonl into rc->out_dir (`k3c train`

@@ -785,10 +785,17 @@ static void test_loader_mixture(const char *dir) {
     src[0].dir = p1, src[1].dir = p2;
     const double w01[2] = {0.5, 0.5}, w00[2] = {0, 0};
     k3c_loader *e = NULL;
-    CHECK(k3c_loader_open(src, 2, w01, 1, &e, &err) == K3C_EINVAL && contains(err.msg, "no training tokens"), "%s",
-          err.msg);
+    CHECK(k3c_loader_open(src, 2, w01, 1, &e, &err) == K3C_EINVAL && contains(err.msg, "no training tokens") &&
+              contains(err.msg, p2),
+          "the error should name the empty source's directory: %s", err.msg);
     CHECK_OK(k3c_loader_open(src, 2, w00, 1, &e, &err), &err);
     k3c_loader_close(e);
+    /* only empty sources: every batch would be empty; the error names their directories */
+    src[0].dir = p2, src[0].name = "E1", src[1].name = "E2";
+    CHECK(k3c_loader_open(src, 2, w00, 1, &e, &err) == K3C_EINVAL && contains(err.msg, "no source has training") &&
+              contains(err.msg, p2) && contains(err.msg, "E2"),
+          "the error should name the empty sources: %s", err.msg);
+    src[0].dir = p1, src[0].name = "x", src[1].name = "y";
     src[1].dir = p3;
     src[1].name = "x";
     CHECK(k3c_loader_open(src, 2, NULL, 1, &e, &err) == K3C_EINVAL && contains(err.msg, "twice"), "%s", err.msg);

@@ -1,7 +1,8 @@
 /* test_dist_dp.c — data parallelism with ZeRO-1 (src/dist/dp.c) and expert parallelism (src/dist/ep.c) equal one
  * process: the tiny K3 model (configs/k3_test_tiny.json: KDA + MLA, 4 experts top-2, AttnRes) trained for 3 steps on
  * one global batch of packed documents, once whole on every rank (the reference: the trainer's single-process step)
- * and once split over the ranks (the trainer's parallel step) at every layout of the ranks: dp = N, ep = N, dp2×ep2.
+ * and once split over the ranks (the trainer's parallel step) at every layout of the ranks: dp = N, ep = N, dp2×ep2,
+ * pp = N (4 micro-batches, 1F1B) and dp2×pp2.
  * fp32; relative difference of a tensor = ‖x − ref‖₂ / ‖ref‖₂ per parameter-table entry (test_rel_err), tolerance
  * 1e-5 for the loss, every gradient of step 1 (after the sum over ranks) and every weight and optimizer-state entry
  * after 3 steps (Muon + AdamW with clipping active, QK-Clip clipping heads, exact quantile balancing; router biases
@@ -12,6 +13,7 @@
 #include "base/check.h"
 #include "dist/dp.h"
 #include "dist/ep.h"
+#include "dist/pp.h"
 #include "model/config.h"
 #include "mpi_launch.h"
 
@@ -21,6 +23,7 @@
 #define GRAD_CLIP 0.05 /* below the tiny model's gradient norm, so clipping scales every step */
 #define QK_TAU 0.05    /* below its S_max, so QK-Clip scales heads */
 #define LR 1e-3        /* a usual peak learning rate; 1e-2 would move the tiny model further per step */
+#define MICRO 4        /* pipeline micro-batches per step */
 
 typedef struct {
     k3c_model m;
@@ -35,6 +38,9 @@ typedef struct {
     int dist;
     k3c_comm *ep_comm; /* expert parallelism over ep ranks (consecutive world ranks) when ep > 1 */
     k3c_ep ep;
+    k3c_comm *stage_comm, *pp_comm; /* pipeline parallelism when pp > 1: the stage's DP group, the pipeline group */
+    k3c_pp pp;
+    int use_pp;
 } runner;
 
 typedef struct {
@@ -76,7 +82,7 @@ static void reverse_docs(const batch *a, batch *b) {
     }
 }
 
-static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep, k3c_err *err) {
+static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep, int pp, k3c_err *err) {
     memset(r, 0, sizeof *r);
     CHECK_RC(k3c_model_create_f32(cfg, 1, &r->m, err));
     k3c_model_init_f32(&r->m, 7, 0.1);
@@ -85,7 +91,15 @@ static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep,
     k3c_optim_defaults(&r->opt);
     CHECK_RC(k3c_optim_init(&r->opt, &r->m.table, err));
     size_t n_state = r->opt.state_numel;
-    if (comm) {
+    if (pp > 1) { /* stages outermost: stage = rank / (ranks per stage), DP (and ZeRO-1) inside a stage */
+        int per = comm->size / pp;
+        CHECK_RC(k3c_comm_split(comm, comm->rank / per, comm->rank, &r->stage_comm, err));
+        CHECK_RC(k3c_comm_split(comm, comm->rank % per, comm->rank, &r->pp_comm, err));
+        CHECK_RC(k3c_pp_init(&r->pp, r->pp_comm, cfg, &r->m.table, MICRO, r->be, err));
+        CHECK_RC(k3c_dp_init_range(&r->dp, r->stage_comm, r->be, &r->opt, &r->m.table, r->pp.e0, r->pp.e1, err));
+        r->use_pp = r->dist = 1;
+        n_state = r->dp.shard.state_numel;
+    } else if (comm) {
         CHECK_RC(k3c_dp_init(&r->dp, comm, r->be, &r->opt, &r->m.table, err));
         r->dist = 1;
         n_state = r->dp.shard.state_numel;
@@ -109,6 +123,11 @@ static void runner_free(runner *r) {
         k3c_ep_free(&r->ep);
         k3c_comm_free(r->ep_comm);
     }
+    if (r->use_pp) {
+        k3c_pp_free(&r->pp);
+        k3c_comm_free(r->pp_comm);
+        k3c_comm_free(r->stage_comm);
+    }
     k3c_model_free_f32(&r->m);
     k3c_optim_free(&r->opt);
     free(r->state);
@@ -125,12 +144,22 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
     CHECK_RC(be->zero(r->m.g, (int64_t)r->m.table.total, err));
     k3c_arena_reset(&r->ar, 0);
     k3c_acts *acts;
-    CHECK_RC(k3c_model_forward_f32(&r->m, &b, &r->ar, &acts, loss, NULL, err));
+    if (r->use_pp) {
+        CHECK_RC(k3c_pp_step(&r->pp, &r->m, &b, &r->ar, 1, loss, err));
+    } else {
+        CHECK_RC(k3c_model_forward_f32(&r->m, &b, &r->ar, &acts, loss, NULL, err));
+        CHECK_RC(k3c_model_backward_f32(&r->m, acts, 1.0, err));
+    }
     if (dp) CHECK_RC(k3c_dp_sum(dp, loss, err));
-    CHECK_RC(k3c_model_backward_f32(&r->m, acts, 1.0, err));
-    if (dp) CHECK_RC(k3c_dp_reduce_grads(dp, r->m.g, r->m.table.total, err));
+    if (dp) CHECK_RC(k3c_dp_reduce_grads(dp, r->m.g, err));
     if (g_out) memcpy(g_out, r->m.g, sizeof(float) * r->m.table.total);
-    CHECK_RC(be->clip_grad_norm(NULL, &r->m.table, r->m.g, GRAD_CLIP, norm, err));
+    if (g_out && r->use_pp) /* every stage's gradients (zero outside its entries), to compare the whole gradient */
+        CHECK_RC(
+            k3c_comm_allreduce(r->pp_comm, g_out, g_out, (int64_t)r->m.table.total, K3C_F32, K3C_COMM_SUM, NULL, err));
+    if (r->use_pp)
+        CHECK_RC(k3c_pp_clip_grad_norm(&r->pp, be, NULL, &r->m.table, r->m.g, GRAD_CLIP, norm, err));
+    else
+        CHECK_RC(be->clip_grad_norm(NULL, &r->m.table, r->m.g, GRAD_CLIP, norm, err));
     if (dp)
         CHECK_RC(k3c_dp_optim_step(dp, be, NULL, &r->m.table, r->m.w, r->m.g, r->state, LR, step_no, err));
     else
@@ -139,10 +168,11 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
     const k3c_config *c = &r->m.cfg;
     if (dp) CHECK_RC(k3c_dp_max_smax(dp, r->stats.smax, c->num_layers * c->mla_heads, err));
     CHECK_RC(be->qk_clip(NULL, c, &r->m.table, r->m.w, r->stats.smax, QK_TAU, r->stats.qk_clipped, err));
-    *clipped = *r->stats.qk_clipped;
+    *clipped = *r->stats.qk_clipped; /* pipeline: each stage clips its own layers' heads */
+    if (r->use_pp) CHECK_RC(k3c_comm_allreduce(r->pp_comm, clipped, clipped, 1, K3C_I32, K3C_COMM_SUM, NULL, err));
     for (int l = 0; l < c->num_layers; l++) {
         const k3c_route_stats *rs = &r->stats.route[l];
-        if (c->ffn[l] != K3C_FFN_MOE) continue;
+        if (c->ffn[l] != K3C_FFN_MOE || rs->T == 0) continue; /* T = 0: another stage's layer */
         float *logits = rs->logits, *cutoff = rs->cutoff;
         int64_t T = rs->T;
         if (dp) CHECK_RC(k3c_dp_gather_route(dp, rs, rs->n, &logits, &cutoff, &T, err));
@@ -209,7 +239,7 @@ static double fp32_floor(const k3c_config *cfg, const batch *gb, const runner *r
     reverse_docs(gb, &rb);
     runner r2;
     double l, nn, d = NAN;
-    int cc, ok = runner_init(&r2, cfg, NULL, 1, &err) == K3C_OK;
+    int cc, ok = runner_init(&r2, cfg, NULL, 1, 1, &err) == K3C_OK;
     for (int64_t s = 1; ok && s <= STEPS; s++) ok = step(&r2, &rb, s, qb_mode, &l, NULL, &nn, &cc, &err) == K3C_OK;
     const char *worst;
     if (ok) d = max_rel(&ref->m.table, r2.m.w, ref->m.w, -1, &worst);
@@ -225,7 +255,7 @@ static double fp32_floor(const k3c_config *cfg, const batch *gb, const runner *r
  * Histogram QB is a step function of the scores (a score one ulp across a bin edge moves the bias by up to a bin
  * width, and the next step routes differently), so it is compared over one step: loss, gradients and weights within
  * TOL, router biases within one bin width (the estimator's resolution, docs/MODEL.md §7.3). */
-static void compare(k3c_comm *comm, int ep, int qb_mode) {
+static void compare(k3c_comm *comm, int ep, int pp, int qb_mode) {
     k3c_err err = {0};
     k3c_config cfg;
     if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) {
@@ -235,8 +265,8 @@ static void compare(k3c_comm *comm, int ep, int qb_mode) {
     batch gb;
     make_batch(&gb);
     runner ref, par;
-    int ok = runner_init(&ref, &cfg, NULL, 1, &err) == K3C_OK;
-    ok = ok && runner_init(&par, &cfg, comm, ep, &err) == K3C_OK;
+    int ok = runner_init(&ref, &cfg, NULL, 1, 1, &err) == K3C_OK;
+    ok = ok && runner_init(&par, &cfg, comm, ep, pp, &err) == K3C_OK;
     CHECK(ok, "setup: %s", err.msg);
     if (!ok) return;
     const int steps = qb_mode == K3C_QB_EXACT ? STEPS : 1;
@@ -247,6 +277,10 @@ static void compare(k3c_comm *comm, int ep, int qb_mode) {
     double loss_rel = 0, norm1 = 0;
     int clipped = 0, bias_moved = 0;
     if (!run_both(&ref, &par, &gb, steps, qb_mode, g_ref, g_par, &loss_rel, &norm1, &clipped)) goto out;
+    float *st = malloc(sizeof(float) * ref.opt.state_numel);
+    CHECK_OK(k3c_dp_gather_state(&par.dp, par.state, st, &err), &err);
+    if (par.use_pp) /* each stage stepped its own weights: gather them (and the state) from every stage */
+        CHECK_OK(k3c_pp_gather(&par.pp, &par.m.table, &ref.opt, par.m.w, st, &err), &err);
     const char *wg = "-", *ww = "-", *wb = "-";
     double g_rel = max_rel(t, g_par, g_ref, -1, &wg), w_rel = 0, b_rel = 0, b_abs = 0, b_bins = 0;
     for (int i = 0; i < t->n; i++) { /* weights other than the router biases */
@@ -279,8 +313,6 @@ static void compare(k3c_comm *comm, int ep, int qb_mode) {
     /* the test must exercise what it claims: clipping, QK-Clip and balancing all acted */
     CHECK(norm1 > GRAD_CLIP && clipped > 0 && bias_moved, "clipping (norm %.3g), QK-Clip (%d heads) or QB did not act",
           norm1, clipped);
-    float *st = malloc(sizeof(float) * ref.opt.state_numel);
-    CHECK_OK(k3c_dp_gather_state(&par.dp, par.state, st, &err), &err);
     double s_rel = max_rel_state(&ref.opt, st, ref.state);
     CHECK(s_rel <= TOL, "optimizer state after %d steps: relative difference %.3e", steps, s_rel);
     /* ZeRO-1 keeps every rank's weights identical: the all-gathered w has no spread across ranks */
@@ -291,11 +323,12 @@ static void compare(k3c_comm *comm, int ep, int qb_mode) {
     CHECK(par.dp.shard.state_numel < ref.opt.state_numel || comm->size == 1,
           "ZeRO-1: rank %d holds %zu of %zu state floats", comm->rank, par.dp.shard.state_numel, ref.opt.state_numel);
     if (comm->rank == 0) {
-        printf("dp=%d ep=%d qb=%s, %d step%s: relative differences loss %.2e, step-1 gradients %.2e, weights %.2e, "
-               "router biases %.2e (absolute %.2e, %.2g bins), optimizer state %.2e; ZeRO-1 state %zu of %zu floats on "
-               "rank 0\n",
-               comm->size / ep, ep, qb_mode ? "histogram" : "exact", steps, steps > 1 ? "s" : "", loss_rel, g_rel,
-               w_rel, b_rel, b_abs, b_bins, s_rel, par.dp.shard.state_numel, ref.opt.state_numel);
+        printf(
+            "dp=%d ep=%d pp=%d qb=%s, %d step%s: relative differences loss %.2e, step-1 gradients %.2e, weights %.2e, "
+            "router biases %.2e (absolute %.2e, %.2g bins), optimizer state %.2e; ZeRO-1 state %zu of %zu floats on "
+            "rank 0\n",
+            comm->size / ep / pp, ep, pp, qb_mode ? "histogram" : "exact", steps, steps > 1 ? "s" : "", loss_rel, g_rel,
+            w_rel, b_rel, b_abs, b_bins, s_rel, par.dp.shard.state_numel, ref.opt.state_numel);
         if (qb_mode == K3C_QB_EXACT && comm->size > 1)
             printf("  fp32 floor: one process on the documents reversed differs from itself by %.2e\n",
                    fp32_floor(&cfg, &gb, &ref, qb_mode));
@@ -406,32 +439,42 @@ static void layouts(void) {
     k3c_parallel out;
     CHECK(k3c_parallel_resolve(&(k3c_parallel){0}, &cfg, 4, "run.json", &out, &err) == 0 && out.dp == 4 && out.ep == 1,
           "no block: dp = world (%s)", err.msg);
-    CHECK(k3c_parallel_resolve(&(k3c_parallel){2, 1, 1, 1, 1}, &cfg, 4, "run.json", &out, &err) == K3C_ECONFIG &&
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){2, 1, 1, 1, 1, 0}, &cfg, 4, "run.json", &out, &err) == K3C_ECONFIG &&
               strstr(err.msg, "run.json") && strstr(err.msg, "4"),
           "product vs world: %s", err.msg);
-    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 3, 1, 1, 1}, &cfg, 3, "run.json", &out, &err) == K3C_ECONFIG &&
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 3, 1, 1, 1, 0}, &cfg, 3, "run.json", &out, &err) == K3C_ECONFIG &&
               strstr(err.msg, "4 routed experts"),
           "ep not dividing experts: %s", err.msg);
-    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 4, 1, 1}, &cfg, 4, "run.json", &out, &err) == K3C_ECONFIG &&
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 4, 1, 1, 0}, &cfg, 4, "run.json", &out, &err) == K3C_ECONFIG &&
               strstr(err.msg, "heads"),
           "tp not dividing heads: %s", err.msg);
-    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 3, 1}, &cfg, 3, "run.json", &out, &err) == K3C_ECONFIG &&
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 3, 1, 0}, &cfg, 3, "run.json", &out, &err) == K3C_ECONFIG &&
               strstr(err.msg, "layers"),
           "pp not dividing layers: %s", err.msg);
-    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 1, 2}, &cfg, 2, "run.json", &out, &err) == K3C_EUNSUPPORTED &&
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 1, 2, 0}, &cfg, 2, "run.json", &out, &err) ==
+                  K3C_EUNSUPPORTED &&
               strstr(err.msg, "cp"),
           "a valid layout not built yet: %s", err.msg);
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){2, 1, 1, 2, 1, 0}, &cfg, 4, "run.json", &out, &err) == 0 &&
+              out.pp == 2 && out.micro_batches == 2,
+          "dp2×pp2 on 4 ranks: %s", err.msg);
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 2, 1, 2, 1, 0}, &cfg, 4, "run.json", &out, &err) ==
+                  K3C_EUNSUPPORTED &&
+              strstr(err.msg, "pp = 2 with ep = 2"),
+          "pp with ep: %s", err.msg);
 }
 
-/* Every layout of the ranks there are: dp = size, then ep = size, then dp2×ep2 on 4 ranks. */
+/* Every layout of the ranks there are: dp = size, ep = size, dp2×ep2 on 4 ranks, pp = size, dp2×pp2 on 4 ranks. */
 static void run_all(k3c_comm *comm) {
     split_rules(comm);
     f64_exact(comm);
     for (int ep = 1; ep <= comm->size; ep *= 2) {
         if (ep > 1 && ep < comm->size && ep != 2) continue;
-        compare(comm, ep, K3C_QB_EXACT);
-        compare(comm, ep, K3C_QB_HISTOGRAM);
+        compare(comm, ep, 1, K3C_QB_EXACT);
+        compare(comm, ep, 1, K3C_QB_HISTOGRAM);
     }
+    for (int pp = 2; pp <= comm->size; pp *= 2) /* pp = size, and dp2×pp2 on 4 ranks */
+        compare(comm, 1, pp, K3C_QB_EXACT);
 }
 
 int main(int argc, char **argv) {

@@ -3,7 +3,8 @@
  * in one process: the checkpoints after 2 and 4 steps equal within 1e-5 (per-tensor relative, fp32; router biases
  * absolute, see ckpt_diff), a dp2 run resumed from
  * its own checkpoint continues bit for bit, a dp2 checkpoint resumed by one process (and a one-process checkpoint
- * resumed at dp2) continues like the single process, and impossible layouts fail with messages naming the field. */
+ * resumed at dp2) continues like the single process; the same for ep2, dp2×ep2, pp2 and dp2×pp2; and impossible layouts
+ * fail with messages naming the field. */
 #include "test.h"
 
 #pragma GCC diagnostic ignored "-Wunused-function" /* the fixture's helpers this test does not need */
@@ -186,7 +187,24 @@ int main(void) {
     CHECK_OK(train(res3, 1, 0, NULL, &r, &err), &err);
     check_close(&fx, "res3", "one", 4, "dp2×ep2 checkpoint resumed by one process");
 
-    /* impossible layouts: the world size, the experts */
+    /* pipeline parallelism: pp2 on 2 ranks, dp2×pp2 on 4 (micro-batches = pp), and a pp2 checkpoint resumed by one
+       process */
+    char pp2[1400], dppp[1400], res4[1400];
+    write_cfg(&fx, "pp2", "{\"pp\": 2}", pp2, sizeof pp2);
+    st = k3c_mpi(2, pp2, "", out, sizeof out);
+    CHECK(st == 0, "mpirun -np 2 k3c train (pp2) exited %d:\n%s", st, out);
+    check_close(&fx, "pp2", "one", 2, "pp2 vs one process");
+    check_close(&fx, "pp2", "one", 4, "pp2 vs one process");
+    write_cfg(&fx, "dppp", "{\"dp\": 2, \"pp\": 2}", dppp, sizeof dppp);
+    st = k3c_mpi(4, dppp, "", out, sizeof out);
+    CHECK(st == 0, "mpirun -np 4 k3c train (dp2×pp2) exited %d:\n%s", st, out);
+    check_close(&fx, "dppp", "one", 4, "dp2×pp2 vs one process");
+    write_cfg(&fx, "res4", NULL, res4, sizeof res4);
+    copy_at_step2(&fx, "res4", "pp2");
+    CHECK_OK(train(res4, 1, 0, NULL, &r, &err), &err);
+    check_close(&fx, "res4", "one", 4, "pp2 checkpoint resumed by one process");
+
+    /* impossible layouts: the world size, the experts, the layers */
     write_cfg(&fx, "bad", "{\"dp\": 2}", bad, sizeof bad);
     st = k3c_mpi(4, bad, "", out, sizeof out);
     CHECK(st != 0 && contains(out, "bad.json: parallel: dp×ep×tp×pp×cp = 2×1×1×1×1 = 2 ranks, but the run has 4"),
@@ -195,6 +213,14 @@ int main(void) {
     st = k3c_mpi(3, bad, "", out, sizeof out);
     CHECK(st != 0 && contains(out, "parallel.ep = 3 does not divide the model's 4 routed experts"), "ep3: exit %d:\n%s",
           st, out);
+    write_cfg(&fx, "bad", "{\"pp\": 3}", bad, sizeof bad);
+    st = k3c_mpi(3, bad, "", out, sizeof out);
+    CHECK(st != 0 && contains(out, "parallel.pp = 3 does not divide the model's 4 layers"), "pp3: exit %d:\n%s", st,
+          out);
+    write_cfg(&fx, "bad", "{\"pp\": 2, \"micro_batches\": 64}", bad, sizeof bad);
+    st = k3c_mpi(2, bad, "", out, sizeof out);
+    CHECK(st != 0 && contains(out, "document pieces for 64 micro-batches") && contains(out, "seq_len"),
+          "pp2 with more micro-batches than pieces: exit %d:\n%s", st, out);
     run_params long_docs = defaults("bad"); /* pieces of 128 tokens: one per step, too few for 2 ranks */
     long_docs.stage0 = "{\"name\": \"s128\", \"seq_len\": 128, \"steps\": 2, \"lr\": 0.001}";
     long_docs.stage1 = NULL;
@@ -210,6 +236,9 @@ int main(void) {
     write_cfg(&fx, "bad", "{\"dp\": 0}", bad, sizeof bad);
     CHECK(train(bad, 0, 0, NULL, &r, &err) == K3C_ECONFIG && contains(err.msg, "parallel.dp: 0, must be 1..65536"),
           "dp 0: %s", err.msg);
+    write_cfg(&fx, "bad", "{\"pp\": 1, \"micro_batches\": 0}", bad, sizeof bad);
+    CHECK(train(bad, 0, 0, NULL, &r, &err) == K3C_ECONFIG && contains(err.msg, "parallel.micro_batches: 0, must be"),
+          "micro_batches 0: %s", err.msg);
     write_cfg(&fx, "bad", "{\"dp\": 1, \"zero\": 1}", bad, sizeof bad);
     CHECK(train(bad, 0, 0, NULL, &r, &err) == K3C_ECONFIG && contains(err.msg, "parallel.zero: unknown key"),
           "unknown key: %s", err.msg);

@@ -1,6 +1,7 @@
 /* test_model.c — whole models against external references: Kimi-Linear (transformers) logits, loss and every gradient;
  * Kimi-K3 (independent C engine + float64 reference) logits, greedy tokens, loss and gradients; and a float64
- * finite-difference check of a tiny K3 model (lower-bound KDA, gated MLA, two AttnRes blocks, latent SiTU MoE). */
+ * finite-difference check of a tiny K3 model (lower-bound KDA, gated MLA, two AttnRes blocks, latent SiTU MoE); the
+ * model as a chain of layer ranges (pipeline stages) equals the whole bit for bit. */
 #include "test.h"
 #include "ops/backend.h"
 #include "model/golden.h"
@@ -286,6 +287,87 @@ static void recompute_same(void) {
     for (int mode = 0; mode < 3; mode++) free(g[mode]);
 }
 
+/* The model as a chain of layer ranges (pipeline stages, dist/pp.c): each stage its own model and arena, the boundary
+ * tensors (AttnRes blocks and partial sum) copied forward and their gradients back. The loss and the gradients summed
+ * over the stages equal the whole model's bit for bit: every stream gradient is summed in the same order. */
+static void ranges_same(void) {
+    k3c_err err = {0};
+    k3c_config cfg;
+    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    enum { T = 40, MAXS = 5 };
+    int32_t ids[T], cu[4] = {0, 11, 29, T};
+    for (int t = 0; t < T; t++) ids[t] = (int32_t)((t * 7 + 5) % 32);
+    k3c_model_batch b = {.T = T, .n_docs = 3, .ids = ids, .cu_seqlens = cu};
+    static const int cuts[][MAXS] = {{0, 4}, {0, 2, 4}, {0, 1, 2, 3, 4}, {0, 3, 4}, {0, 1, 4}};
+    static const int n_cuts[] = {2, 3, 5, 3, 3};
+    const int64_t D = cfg.hidden_size;
+    float *ref = NULL;
+    double ref_loss = 0;
+    for (int c = 0; c < 5; c++) {
+        const int S = n_cuts[c] - 1;
+        k3c_model m[MAXS];
+        k3c_arena ar[MAXS];
+        k3c_acts *acts[MAXS];
+        float *bnd[MAXS], *grd[MAXS]; /* boundary after stage s, its gradient */
+        double loss = 0;
+        for (int s = 0; s < S; s++) {
+            CHECK_OK(k3c_model_create_f32(&cfg, 1, &m[s], &err), &err);
+            k3c_model_init_f32(&m[s], 3, 0.3);
+            m[s].kda_chunk = 16;
+            CHECK_OK(
+                k3c_arena_init(&ar[s], k3c_model_plan_bytes_range_f32(&m[s], T, 3, cuts[c][s], cuts[c][s + 1]), &err),
+                &err);
+            float *in[K3C_ATTNRES_MAX_SOURCES], *x[K3C_ATTNRES_MAX_SOURCES];
+            for (int k = 0; s > 0 && k < K3C_ATTNRES_MAX_SOURCES; k++) in[k] = bnd[s - 1] + k * T * D;
+            double l;
+            CHECK_OK(k3c_model_forward_range_f32(&m[s], &b, cuts[c][s], cuts[c][s + 1], in, &ar[s], &acts[s], &l, &err),
+                     &err);
+            loss += l;
+            int n = s + 1 < S ? k3c_acts_boundary_f32(acts[s], 0, x) : 0;
+            bnd[s] = malloc(sizeof(float) * (size_t)(n * T * D + 1));
+            grd[s] = malloc(sizeof(float) * (size_t)(n * T * D + 1));
+            for (int k = 0; k < n; k++) memcpy(bnd[s] + k * T * D, x[k], sizeof(float) * T * D);
+        }
+        float *g = calloc(m[0].table.total, sizeof(float));
+        for (int s = S - 1; s >= 0; s--) {
+            const float *dout[K3C_ATTNRES_MAX_SOURCES];
+            float *dx[K3C_ATTNRES_MAX_SOURCES];
+            for (int k = 0; k < K3C_ATTNRES_MAX_SOURCES; k++) dout[k] = grd[s] + k * T * D;
+            CHECK_OK(k3c_model_backward_range_f32(&m[s], acts[s], 1.0, s + 1 < S ? dout : NULL, &err), &err);
+            int n = s > 0 ? k3c_acts_boundary_f32(acts[s], 1, dx) : 0;
+            for (int k = 0; k < n; k++) memcpy(grd[s - 1] + k * T * D, dx[k], sizeof(float) * T * D);
+            for (size_t i = 0; i < m[s].table.total; i++) g[i] += ((float *)m[s].g)[i];
+        }
+        if (c == 0) {
+            ref = g, ref_loss = loss;
+        } else {
+            CHECK(loss == ref_loss && memcmp(g, ref, sizeof(float) * m[0].table.total) == 0,
+                  "stages at %d..%d: loss %.9g vs %.9g, gradients %s", cuts[c][1], cuts[c][S - 1], loss, ref_loss,
+                  memcmp(g, ref, sizeof(float) * m[0].table.total) ? "differ" : "equal");
+            free(g);
+        }
+        for (int s = 0; s < S; s++) {
+            free(bnd[s]);
+            free(grd[s]);
+            k3c_arena_free(&ar[s]);
+            k3c_model_free_f32(&m[s]);
+        }
+    }
+    free(ref);
+    k3c_err bad = {0};
+    k3c_model m;
+    k3c_arena ar = {0};
+    k3c_acts *acts;
+    CHECK_OK(k3c_model_create_f32(&cfg, 1, &m, &err), &err);
+    CHECK(k3c_model_forward_range_f32(&m, &b, 2, 4, NULL, &ar, &acts, NULL, &bad) == K3C_EINVAL &&
+              strstr(bad.msg, "without the boundary"),
+          "a later stage without its boundary: %s", bad.msg);
+    k3c_model_free_f32(&m);
+}
+
 /* Checkpoint-name lookup: plain names, per-expert slices of stacked entries, the transformers dense-MLP alias. */
 static void name_lookup(void) {
     k3c_err err = {0};
@@ -316,6 +398,7 @@ static void name_lookup(void) {
 int main(void) {
     name_lookup();
     recompute_same();
+    ranges_same();
     golden_model(test_shared("golden/kimi_linear_tiny_a"), 64, 1e-4, 1e-3);
     golden_model(test_shared("golden/kimi_linear_tiny_a"), 0, 1e-4, 1e-3);
     golden_model(test_shared("golden/k3_tiny_a"), 16, 1e-4, 1e-3);

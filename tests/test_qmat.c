@@ -1,9 +1,12 @@
-/* test_qmat.c — the weight-view products of ops/qmat.h: each stored format (float32, bf16, MXFP4) against decoding the
- * whole matrix first and multiplying in double, for n = 1 (decode) and n > 1 (prefill), and the view checks. */
+/* test_qmat.c — the weight-view products of ops/qmat.h: each stored format (float32, bf16, MXFP4), the vectorised
+ * kernels and the scalar reference, against decoding the whole matrix first and multiplying in double, for n = 1
+ * (decode) and n > 1 (batched decode, prefill), odd shapes, threads, accumulation, extreme scales; the view checks. */
 #include "ops/mxfp4.h"
 #include "ops/qmat.h"
 #include "test.h"
 
+#include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 
 /* Random storage of each type and its exact float values (dense[rows, cols]). */
@@ -72,6 +75,109 @@ static void test_products(int type, const char *name) {
     free(scale);
 }
 
+/* Both products (vectorised and reference) against double, element by element, within the a-priori bound of a float
+ * sum in any order: |y − y*| ≤ (C + 2) u Σ|w x| (u = 2^−24; +2 for the group scale and the accumulated term). */
+static int within_sum_bound(const float *y, const double *ref, const double *mag, int64_t m, int64_t C) {
+    const double u = ldexp(1.0, -24);
+    for (int64_t i = 0; i < m; i++)
+        if (fabs((double)y[i] - ref[i]) > (double)(C + 2) * u * mag[i] + 1e-30) return 0;
+    return 1;
+}
+
+static void check_shape(int type, int64_t R, int64_t C, int in_team) {
+    void *store = NULL;
+    uint8_t *scale = NULL;
+    const int64_t N = 33; /* n = 1..17, then 33: the decoded-tile BLAS path of prefill */
+    double *dense = malloc(sizeof(double) * (size_t)(R * C)), *ref = malloc(sizeof(double) * (size_t)(N * R));
+    double *mag = malloc(sizeof(double) * (size_t)(N * R)), *xd = test_randn(77 + (uint64_t)C, (size_t)(N * C), 1.0);
+    float *x = malloc(sizeof(float) * (size_t)(N * C)), *y = malloc(sizeof(float) * (size_t)(N * R));
+    k3c_qmat W = make(type, R, C, 1000 + (uint64_t)(R * 7 + C), &store, &scale, dense);
+    for (int64_t i = 0; i < N * C; i++) x[i] = (float)xd[i];
+    int ok = 1;
+    for (int64_t n = 1; n <= N && ok; n = n < 17 ? n + 1 : n == 17 ? N : N + 1)
+        for (int acc = 0; acc < 2 && ok; acc++)
+            for (int path = 0; path < 2 && ok; path++) {
+                for (int64_t i = 0; i < n; i++)
+                    for (int64_t r = 0; r < R; r++) {
+                        double s = acc ? 0.25 * (double)(i - r) : 0, a = fabs(s);
+                        for (int64_t c = 0; c < C; c++) {
+                            s += dense[r * C + c] * x[i * C + c];
+                            a += fabs(dense[r * C + c] * x[i * C + c]);
+                        }
+                        ref[i * R + r] = s;
+                        mag[i * R + r] = a;
+                        y[i * R + r] = 0.25f * (float)(i - r);
+                    }
+                if (in_team) {
+#pragma omp parallel num_threads(2)
+                    {
+#pragma omp single
+                        (path ? k3c_qmat_mul_ref : k3c_qmat_mul)(&W, x, n, y, acc);
+                    }
+                } else {
+                    (path ? k3c_qmat_mul_ref : k3c_qmat_mul)(&W, x, n, y, acc);
+                }
+                ok = within_sum_bound(y, ref, mag, n * R, C);
+                if (!ok)
+                    fprintf(stderr, "  first failure at n = %lld, accumulate = %d, %s\n", (long long)n, acc,
+                            path ? "reference" : "kernel");
+            }
+    CHECK(ok,
+          "type %d [%lld x %lld]%s: kernel and reference within the float-sum bound, n = 1..17 and 33, +/- accumulate",
+          type, (long long)R, (long long)C, in_team ? " inside a parallel region" : "");
+    free(store);
+    free(scale);
+    free(dense);
+    free(ref);
+    free(mag);
+    free(xd);
+    free(x);
+    free(y);
+}
+
+static void test_kernels(void) {
+    static const int64_t shapes[][2] = {{1, 32},   {37, 96},  {3, 64},   {129, 1056},
+                                        {300, 64}, {65, 512}, {1, 2048}, {3, 16416}};
+    for (int type = K3C_QMAT_F32; type <= K3C_QMAT_MXFP4; type++)
+        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) check_shape(type, shapes[k][0], shapes[k][1], 0);
+    static const int64_t odd[][2] = {{5, 1}, {7, 7}, {33, 13}, {9, 45}, {130, 301}, {2, 1000}};
+    for (int type = K3C_QMAT_F32; type <= K3C_QMAT_BF16; type++)
+        for (size_t k = 0; k < sizeof odd / sizeof odd[0]; k++) check_shape(type, odd[k][0], odd[k][1], 0);
+    check_shape(K3C_QMAT_MXFP4, 129, 1056, 1);
+    check_shape(K3C_QMAT_MXFP4, 1, 262176, 0); /* wider than a prefill tile: row by row */
+    check_shape(K3C_QMAT_BF16, 1, 262176, 0);
+    check_shape(K3C_QMAT_BF16, 130, 301, 1);
+}
+
+/* Every nibble under the extreme scales (0 and 1: subnormal multipliers; 252: the largest whose 6 · 2^(s−127) is finite) decodes exactly through
+ * every path: X = identity reads the matrix back column by column (n = 1, the small-n kernel, the BLAS tile). */
+static void test_extreme_scales(void) {
+    const int64_t R = 8, C = 64;
+    uint8_t p[8 * 32], s[8 * 2];
+    static const uint8_t sc[4] = {0, 1, 2, 252};
+    for (int i = 0; i < R * C / 2; i++) p[i] = (uint8_t)(i * 37 + 11);
+    for (int i = 0; i < R * C / 32; i++) s[i] = sc[i % 4];
+    k3c_qmat W = {K3C_QMAT_MXFP4, R, C, p, s};
+    float *dense = malloc(sizeof(float) * R * C), *eye = calloc((size_t)(C * C), sizeof(float));
+    float *y = malloc(sizeof(float) * (size_t)(C * R));
+    k3c_err err = {0};
+    CHECK_OK(k3c_mxfp4_decode_f32(p, s, R, C, dense, &err), &err);
+    for (int64_t j = 0; j < C; j++) eye[j * C + j] = 1;
+    static const int64_t ns[] = {1, 3, 16, 64};
+    for (size_t k = 0; k < 4; k++) {
+        int same = 1;
+        for (int64_t j0 = 0; j0 + ns[k] <= C; j0 += ns[k]) {
+            k3c_qmat_mul(&W, eye + j0 * C, ns[k], y, 0);
+            for (int64_t j = 0; j < ns[k]; j++)
+                for (int64_t r = 0; r < R; r++) same &= y[j * R + r] == dense[r * C + j0 + j];
+        }
+        CHECK(same, "MXFP4 with scales 0, 1, 2, 252: exact read-back through n = %lld", (long long)ns[k]);
+    }
+    free(dense);
+    free(eye);
+    free(y);
+}
+
 static void test_check(void) {
     k3c_err err = {0};
     uint8_t buf[64] = {0};
@@ -88,6 +194,8 @@ int main(void) {
     test_products(K3C_QMAT_F32, "f32");
     test_products(K3C_QMAT_BF16, "bf16");
     test_products(K3C_QMAT_MXFP4, "mxfp4");
+    test_kernels();
+    test_extreme_scales();
     test_check();
     return test_summary();
 }

@@ -1,8 +1,9 @@
 /* test_serve.c — `k3c serve` end to end: starts it on a free loopback port with a tiny model built on the spot, waits
  * for /health, streams a chat request with a tool (every SSE chunk valid JSON, usage, [DONE]), checks whole chat and
  * text completions, /tokenize ↔ /detokenize, /metrics counters, every kind of bad request (4xx with an OpenAI error
- * body), a client that hangs up mid-stream (its slot comes back), then SIGTERM (a clean exit). Also `k3c chat` on
- * piped stdin. */
+ * body), logprobs in the OpenAI shapes (whole and streamed), four concurrent streams batched by the engine (a seeded
+ * one gives the same text as alone), a client that hangs up mid-stream (its sequence leaves the engine), then SIGTERM
+ * (a clean exit). Also `k3c chat` on piped stdin. */
 #include "http_client.h"
 #include "serve_fixture.h"
 
@@ -22,7 +23,7 @@ static int start_server(const char *dir) {
     if (g_pid == 0) {
         dup2(fds[1], 1);
         close(fds[0]);
-        execl(test_k3c_bin(), test_k3c_bin(), "serve", "--model", dir, "--port", "0", "--slots", "2", "--api-key",
+        execl(test_k3c_bin(), test_k3c_bin(), "serve", "--model", dir, "--port", "0", "--slots", "4", "--api-key",
               "sk-test", "--max-tokens-cap", "48", "--max-body", "65536", "--name", "tiny", (char *)NULL);
         _exit(127);
     }
@@ -179,6 +180,200 @@ static void whole_answers(int port) {
     http_resp_free(&r);
 }
 
+/* ---------------------------------------------------------------- batching, logprobs, seeds */
+
+/* The logprob entries of a chat "logprobs" object ({"content": [...]}) or a completions one (tokens, token_logprobs,
+ * top_logprobs, text_offset): counts them and the invalid ones (a logprob > 0, a top list not sorted or of the wrong
+ * length, with greedy the chosen token not first in it). */
+static void check_logprobs(const k3c_json *lp, int chat, int top, int greedy, int *n, int *bad) {
+    if (!lp || lp->type != K3C_JSON_OBJECT) {
+        (*bad)++;
+        return;
+    }
+    if (chat) {
+        const k3c_json *c = k3c_json_get(lp, "content");
+        if (!c || c->type != K3C_JSON_ARRAY) {
+            (*bad)++;
+            return;
+        }
+        for (size_t i = 0; i < c->n; i++, (*n)++) {
+            const k3c_json *e = &c->items[i], *t = k3c_json_get(e, "token"), *l = k3c_json_get(e, "logprob"),
+                           *b = k3c_json_get(e, "bytes"), *tl = k3c_json_get(e, "top_logprobs");
+            if (!t || t->type != K3C_JSON_STRING || !l || !(l->number <= 0) || !b || b->type != K3C_JSON_ARRAY || !tl ||
+                tl->type != K3C_JSON_ARRAY || (int)tl->n != top) {
+                (*bad)++;
+                continue;
+            }
+            for (size_t k = 0; k < tl->n; k++) {
+                const k3c_json *lk = k3c_json_get(&tl->items[k], "logprob");
+                *bad += !lk || !(lk->number <= 0) ||
+                        (k && !(lk->number <= k3c_json_get(&tl->items[k - 1], "logprob")->number));
+            }
+            if (greedy && top >= 1)
+                *bad += strcmp(k3c_json_get(&tl->items[0], "token")->string, t->string) ||
+                        k3c_json_get(&tl->items[0], "logprob")->number != l->number;
+        }
+        return;
+    }
+    const k3c_json *t = k3c_json_get(lp, "tokens"), *l = k3c_json_get(lp, "token_logprobs"),
+                   *tl = k3c_json_get(lp, "top_logprobs"), *o = k3c_json_get(lp, "text_offset");
+    if (!t || !l || !tl || !o || l->n != t->n || tl->n != t->n || o->n != t->n) {
+        (*bad)++;
+        return;
+    }
+    for (size_t i = 0; i < t->n; i++, (*n)++) {
+        const k3c_json *d = &tl->items[i];
+        *bad += !(l->items[i].number <= 0) || d->type != K3C_JSON_OBJECT || d->n < 1 || (int)d->n > top ||
+                (i && o->items[i].integer < o->items[i - 1].integer);
+        int found = 0;
+        for (size_t k = 0; k < d->n; k++) {
+            *bad += !(d->items[k].number <= 0);
+            found |= d->items[k].number == l->items[i].number;
+        }
+        if (greedy) *bad += !found;
+    }
+}
+
+/* Walks an SSE body: counts chunks, finish reasons, [DONE], appends completions text, checks logprobs (top < 0: none
+ * asked for, so every "logprobs" must be null). */
+typedef struct {
+    int chunks, finish, done, bad, n_lp;
+    char text[4096];
+} sse_sum;
+
+static void sse_walk(char *body, int chat, int top, sse_sum *o) {
+    memset(o, 0, sizeof *o);
+    for (char *save = NULL, *ev = body ? strtok_r(body, "\n", &save) : NULL; ev; ev = strtok_r(NULL, "\n", &save)) {
+        if (!strcmp(ev, "data: [DONE]")) {
+            o->done++;
+            continue;
+        }
+        k3c_json *j = NULL;
+        k3c_err err = {0};
+        if (strncmp(ev, "data: ", 6) || k3c_json_parse(ev + 6, strlen(ev + 6), "chunk", &j, &err)) {
+            o->bad++;
+            continue;
+        }
+        const k3c_json *ch = k3c_json_get(j, "choices");
+        if (ch && ch->n) {
+            o->chunks++;
+            const k3c_json *c0 = &ch->items[0], *f = k3c_json_get(c0, "finish_reason"),
+                           *lp = k3c_json_get(c0, "logprobs");
+            const k3c_json *t = k3c_json_get(c0, "text");
+            o->finish += f && f->type == K3C_JSON_STRING;
+            if (t && t->type == K3C_JSON_STRING && strlen(o->text) + strlen(t->string) < sizeof o->text)
+                strcat(o->text, t->string);
+            if (top < 0)
+                o->bad += !lp || lp->type != K3C_JSON_NULL;
+            else
+                check_logprobs(lp, chat, top, 0, &o->n_lp, &o->bad);
+        }
+        k3c_json_free(j);
+    }
+}
+
+/* Chat and completions with logprobs, whole and streamed: valid entries, one per generated token (no stop id). */
+static void logprobs_answers(int port) {
+    http_resp r;
+    const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":10,\"temperature\":0,"
+                       "\"logprobs\":true,\"top_logprobs\":3,\"thinking\":false}";
+    CHECK(http_do(port, "POST", "/v1/chat/completions", KEY, chat, &r) == 0 && r.status == 200, "chat %d", r.status);
+    k3c_json *j = parse_body(&r);
+    const k3c_json *ch = k3c_json_get(j, "choices");
+    int n = 0, bad = 0;
+    int64_t gen = j ? k3c_json_get(k3c_json_get(j, "usage"), "completion_tokens")->integer : -1;
+    if (ch && ch->n) check_logprobs(k3c_json_get(&ch->items[0], "logprobs"), 1, 3, 1, &n, &bad);
+    CHECK(bad == 0 && n >= 1 && (n == gen || n == gen - 1), "chat logprobs: %d entries for %lld tokens, %d bad: %s", n,
+          (long long)gen, bad, r.body);
+    k3c_json_free(j);
+    http_resp_free(&r);
+    const char *cmpl = "{\"prompt\":\"Hello world\",\"max_tokens\":8,\"temperature\":0,\"logprobs\":2}";
+    CHECK(http_do(port, "POST", "/v1/completions", KEY, cmpl, &r) == 0 && r.status == 200, "completion %d", r.status);
+    j = parse_body(&r);
+    ch = k3c_json_get(j, "choices");
+    n = 0, bad = 0;
+    gen = j ? k3c_json_get(k3c_json_get(j, "usage"), "completion_tokens")->integer : -1;
+    if (ch && ch->n) check_logprobs(k3c_json_get(&ch->items[0], "logprobs"), 0, 2, 1, &n, &bad);
+    CHECK(bad == 0 && n >= 1 && (n == gen || n == gen - 1), "completion logprobs: %d for %lld, %d bad: %s", n,
+          (long long)gen, bad, r.body);
+    k3c_json_free(j);
+    http_resp_free(&r);
+    /* streamed: spread over the chunks, as many in all */
+    const char *streams[2] = {
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":10,\"seed\":3,"
+        "\"logprobs\":true,\"top_logprobs\":2,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+        "{\"prompt\":\"Hello\",\"max_tokens\":10,\"seed\":3,\"logprobs\":1,\"stream\":true,"
+        "\"stream_options\":{\"include_usage\":true}}"};
+    for (int k = 0; k < 2; k++) {
+        CHECK(http_do(port, "POST", k ? "/v1/completions" : "/v1/chat/completions", KEY, streams[k], &r) == 0 &&
+                  r.status == 200,
+              "stream %d", r.status);
+        const char *u = r.body ? strstr(r.body, "\"completion_tokens\":") : NULL;
+        gen = u ? atoll(u + 20) : -1;
+        sse_sum o;
+        sse_walk(r.body, k == 0, k ? 1 : 2, &o);
+        CHECK(o.bad == 0 && o.done == 1 && o.finish == 1 && o.n_lp >= 1 && (o.n_lp == gen || o.n_lp == gen - 1),
+              "%s stream logprobs: %d for %lld tokens, %d bad", k ? "completion" : "chat", o.n_lp, (long long)gen,
+              o.bad);
+        http_resp_free(&r);
+    }
+}
+
+static char *long_prompt_body(int n, int max_tokens) {
+    k3c_sbuf b;
+    k3c_sbuf_init(&b);
+    k3c_sbuf_append(&b, "{\"prompt\":[", 11);
+    for (int i = 0; i < n; i++) k3c_sbuf_printf(&b, "%s%d", i ? "," : "", 32 + (i * 37) % 380);
+    k3c_sbuf_printf(&b, "],\"max_tokens\":%d,\"stream\":true,\"min_p\":0.0}", max_tokens);
+    return b.buf;
+}
+
+/* Four streams at once (a long prompt first, so the others join while it runs): every one completes, the engine ran
+ * more than one sequence in a step, and a seeded request gives the same text alone and amid the others. */
+static void concurrent_streams(int port) {
+    const char *seeded = "{\"prompt\":\"The weather in\",\"max_tokens\":16,\"seed\":42,\"temperature\":0.8,"
+                         "\"top_k\":30,\"repetition_penalty\":1.2,\"presence_penalty\":0.5,\"stream\":true}";
+    const char *others[2] = {
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"}],\"max_tokens\":24,\"seed\":9,"
+        "\"stream\":true}",
+        "{\"prompt\":\"café\",\"max_tokens\":24,\"seed\":11,\"stream\":true}"};
+    http_resp r;
+    CHECK(http_do(port, "POST", "/v1/completions", KEY, seeded, &r) == 0 && r.status == 200, "seeded alone");
+    sse_sum alone;
+    sse_walk(r.body, 0, -1, &alone);
+    http_resp_free(&r);
+    double max0 = metric(port, "\nk3c_engine_batch_max ");
+    char *first = long_prompt_body(3000, 48);
+    const char *bodies[4] = {first, others[0], seeded, others[1]};
+    const char *paths[4] = {"/v1/completions", "/v1/chat/completions", "/v1/completions", "/v1/completions"};
+    int fds[4];
+    for (int i = 0; i < 4; i++) {
+        fds[i] = http_connect(port);
+        CHECK(fds[i] >= 0 && http_send(fds[i], "POST", paths[i], KEY, bodies[i], strlen(bodies[i])) == 0, "send %d", i);
+    }
+    double running = metric(port, "\nk3c_running ");
+    int complete = 0;
+    sse_sum o[4];
+    for (int i = 0; i < 4; i++) {
+        int rc = fds[i] >= 0 ? http_read(fds[i], &r) : -1;
+        if (fds[i] >= 0) close(fds[i]);
+        if (rc == 0) sse_walk(r.body, i == 1, -1, &o[i]);
+        complete +=
+            rc == 0 && r.status == 200 && o[i].bad == 0 && o[i].done == 1 && o[i].finish == 1 && o[i].chunks >= 2;
+        http_resp_free(&r);
+    }
+    free(first);
+    double max1 = metric(port, "\nk3c_engine_batch_max "), steps = metric(port, "\nk3c_engine_steps_total "),
+           seqs = metric(port, "\nk3c_engine_step_sequences_total ");
+    CHECK(complete == 4, "all 4 concurrent streams completed (%d)", complete);
+    CHECK(max1 >= 2 && max1 > max0 - 1 && seqs > steps,
+          "the engine batched them: at most %g at once (before %g), %g "
+          "sequence-steps in %g steps; running %g while they were open",
+          max1, max0, seqs, steps, running);
+    CHECK(alone.done == 1 && alone.text[0] && !strcmp(alone.text, o[2].text),
+          "seeded text alone '%s' and amid 3 other streams '%s'", alone.text, o[2].text);
+}
+
 static void tokenize_round_trip(int port) {
     http_resp r;
     CHECK(http_do(port, "POST", "/tokenize", KEY, "{\"prompt\":\"Hello world, 東京 café\"}", &r) == 0 &&
@@ -300,6 +495,14 @@ static void generate_stop(const char *dir) {
           "--stop '%s': '%s' vs '%s'", stop, cut, full);
 }
 
+/* The engine is CPU-only: `serve --device cuda` is refused up front with a message saying so. */
+static void device_cuda_refused(const char *dir) {
+    char cmd[4600], out[8192];
+    snprintf(cmd, sizeof cmd, "%s serve --model %s --port 0 --device cuda 2>&1", test_k3c_bin(), dir);
+    int rc = run_cmd(cmd, out, sizeof out);
+    CHECK(rc == 2 && strstr(out, "CPU-only") && !strstr(out, "listening"), "--device cuda refused (%d): %s", rc, out);
+}
+
 static void chat_cli(const char *dir) {
     char cmd[4600], out[8192];
     snprintf(cmd, sizeof cmd,
@@ -327,6 +530,8 @@ int main(void) {
         double gen0 = metric(port, "\nk3c_generation_tokens_total ");
         streamed_chat(port);
         whole_answers(port);
+        logprobs_answers(port);
+        concurrent_streams(port);
         tokenize_round_trip(port);
         bad_requests(port);
         hang_up(port);
@@ -334,7 +539,7 @@ int main(void) {
         double gen1 = metric(port, "\nk3c_generation_tokens_total ");
         double e401 = metric(port, "k3c_requests_total{endpoint=\"/v1/chat/completions\",status=\"401\"} ");
         double hist = metric(port, "k3c_request_duration_seconds_count{endpoint=\"/v1/completions\"} ");
-        CHECK(chat1 - (chat0 < 0 ? 0 : chat0) == 2 && gen1 > gen0 && e401 == 2 && hist >= 5,
+        CHECK(chat1 - (chat0 < 0 ? 0 : chat0) == 5 && gen1 > gen0 && e401 == 2 && hist >= 5,
               "metrics moved: chat %g→%g, tokens %g→%g, 401s %g, completions timed %g", chat0, chat1, gen0, gen1, e401,
               hist);
     }
@@ -350,5 +555,6 @@ int main(void) {
     if (g_out) fclose(g_out);
     chat_cli(dir);
     generate_stop(dir);
+    device_cuda_refused(dir);
     return test_summary();
 }

@@ -345,6 +345,7 @@ static int read_metrics(const fixture *fx, const char *out, mrow *rows, int cap,
     for (char *save = NULL, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         k3c_json *o = NULL;
         mrow r = {0};
+        if (strstr(line, "\"event\":")) continue; /* trainer events (skipped batches, rollbacks, resumes) */
         double step = 0, tokens = 0, stage = 0;
         int ok = k3c_json_parse(line, strlen(line), "metrics", &o, NULL) == K3C_OK && o->type == K3C_JSON_OBJECT &&
                  num_field(o, "step", &step) && num_field(o, "tokens", &tokens) && num_field(o, "stage", &stage) &&

@@ -2,6 +2,7 @@
 # run_demo.sh — `make run`: build a real English corpus from Debian packages (the Python 3.11 manual and the Jargon
 # File), train a BPE tokenizer, prepare token shards, train the tiny K3 model (configs/k3_tiny.json, configs/demo_run.json)
 # for about ten minutes on the CPU, then generate a sample and print the summary. Everything goes under runs/demo/.
+# With --data-only it stops once the tokenizer and the shards are ready (tools/kill_resume.sh uses them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 K3C=./k3c
@@ -32,6 +33,8 @@ $K3C data prepare --vocab "$OUT/tokenizer.tiktoken" --pattern cl100k --input "$O
     --source python_docs --val-fraction 0.02 --out "$OUT/data/python_docs"
 $K3C data prepare --vocab "$OUT/tokenizer.tiktoken" --pattern cl100k --input "$OUT/corpus/jargon" --doc-split blank \
     --source jargon --val-fraction 0.02 --out "$OUT/data/jargon"
+
+[ "${1:-}" = --data-only ] && { echo "== data ready in $OUT (--data-only)"; exit 0; }
 
 echo "== training (configs/demo_run.json: 16,384 tokens per step; context 256 -> 1K -> 4K, then annealing)"
 $K3C train --config configs/demo_run.json | tee "$OUT/train_summary.txt"

@@ -56,6 +56,31 @@ void k3c_progress_update(k3c_progress *p, int64_t done, double units, const char
 void k3c_progress_finish(k3c_progress *p, const char *extra);
 int k3c_progress_line(const k3c_progress *p, const char *extra, char *buf, size_t n);
 
+/* ---------------------------------------------------------------- checked sizes, available memory
+ * Sizes derived from files (configs, headers) are computed with overflow checks, and a command compares what it is about
+ * to allocate with what the machine has, so a hostile or mistyped file fails fast with a message instead of an OOM kill. */
+static inline int k3c_mul_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+static inline int k3c_add_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_add_overflow(a, b, out); }
+/* Bytes available to new allocations: MemAvailable of /proc/meminfo, else free physical pages (sysconf). */
+uint64_t k3c_mem_available(void);
+/* K3C_ENOMEM "<what> needs X GiB of memory but the machine has Y GiB available" when bytes > k3c_mem_available(). */
+int k3c_mem_check(uint64_t bytes, const char *what, k3c_err *err);
+
+/* ---------------------------------------------------------------- checksums
+ * FNV-1a 64 (token shards, checkpoint files). A k3c checkpoint directory carries checksums.json: {"algorithm":
+ * "fnv1a64", "files": {"model.safetensors": "<16 hex digits>", ...}}, written last (before the directory is renamed into
+ * place) and verified by every reader of the directory. */
+#define K3C_FNV1A64_INIT 0xcbf29ce484222325ull
+#define K3C_CHECKSUMS_FILE "checksums.json"
+/* FNV-1a 64 over p[0..n), continuing from h (start with K3C_FNV1A64_INIT). */
+uint64_t k3c_fnv1a64(const void *p, size_t n, uint64_t h);
+int k3c_file_fnv1a64(const char *path, uint64_t *h, k3c_err *err);
+/* Writes dir/checksums.json (atomically) with the checksum of each of dir/files[0..n). */
+int k3c_checksums_write(const char *dir, const char *const *files, int n, k3c_err *err);
+/* Verifies every file dir/checksums.json lists; a mismatch is K3C_EFORMAT naming the file and saying "checksum".
+ * Without checksums.json (a checkpoint not written by k3c) there is nothing to verify: K3C_OK, *n_files = -1. */
+int k3c_checksums_verify(const char *dir, int *n_files, k3c_err *err);
+
 /* Atomic file writes: write to "<path>.tmp.<pid>", fsync, rename over path, fsync the directory. */
 int k3c_write_file_atomic(const char *path, const void *data, size_t n, k3c_err *err);
 /* Reads a whole file (NUL-terminated for convenience); free with free(). */

@@ -78,6 +78,10 @@
 #define k3c_model_create k3c_model_create_f64
 #define k3c_model_download k3c_model_download_f64
 #define k3c_model_forward k3c_model_forward_f64
+#define k3c_model_forward_range k3c_model_forward_range_f64
+#define k3c_model_backward_range k3c_model_backward_range_f64
+#define k3c_model_plan_bytes_range k3c_model_plan_bytes_range_f64
+#define k3c_acts_boundary k3c_acts_boundary_f64
 #define k3c_model_free k3c_model_free_f64
 #define k3c_model_init k3c_model_init_f64
 #define k3c_model_load k3c_model_load_f64
@@ -204,6 +208,10 @@
 #define k3c_model_create k3c_model_create_f32
 #define k3c_model_download k3c_model_download_f32
 #define k3c_model_forward k3c_model_forward_f32
+#define k3c_model_forward_range k3c_model_forward_range_f32
+#define k3c_model_backward_range k3c_model_backward_range_f32
+#define k3c_model_plan_bytes_range k3c_model_plan_bytes_range_f32
+#define k3c_acts_boundary k3c_acts_boundary_f32
 #define k3c_model_free k3c_model_free_f32
 #define k3c_model_init k3c_model_init_f32
 #define k3c_model_load k3c_model_load_f32

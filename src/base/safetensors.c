@@ -567,7 +567,9 @@ int k3c_ckpt_open(const char *dir, k3c_checkpoint **out, k3c_err *err) {
     *out = NULL;
     k3c_checkpoint *c = calloc(1, sizeof *c);
     if (!c) return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", dir);
-    int rc = ckpt_open_any(c, dir, err);
+    struct stat sb; /* a directory a k3c trainer wrote carries checksums.json: verified before anything is read */
+    int rc = stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode) ? k3c_checksums_verify(dir, NULL, err) : K3C_OK;
+    if (rc == K3C_OK) rc = ckpt_open_any(c, dir, err);
     if (rc == K3C_OK) rc = ckpt_index(c, dir, err);
     if (rc != K3C_OK) {
         k3c_ckpt_close(c);

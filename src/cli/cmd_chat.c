@@ -120,14 +120,13 @@ static int chat_opts(int argc, char **argv, k3c_sbuf *o) {
 static int chat_loop(k3c_serve *sv, const char *system, const char *tools, const char *opts, k3c_err *err) {
     const k3c_config *cfg = &sv->model->cfg;
     int64_t nv = k3c_tok_n_vocab(sv->tok);
-    k3c_api_limits lim = {
-        sv->tok,           k3c_turn_format(cfg), "k3c", nv < cfg->vocab_size ? nv : cfg->vocab_size, cfg->max_positions,
-        cfg->max_positions};
-    int32_t stop_ids[K3C_SCHED_MAX_STOP_IDS] = {0};
-    int n_stop = k3c_turn_stop_ids(sv->tok, cfg, stop_ids, K3C_SCHED_MAX_STOP_IDS);
     k3c_sched *sched;
     int rc = k3c_sched_new(sv->model, 1, 0, &sched, err);
     if (rc) return rc;
+    const int64_t ctx = k3c_sched_max_ctx(sched);
+    k3c_api_limits lim = {sv->tok, k3c_turn_format(cfg), "k3c", nv < cfg->vocab_size ? nv : cfg->vocab_size, ctx, ctx};
+    int32_t stop_ids[K3C_SCHED_MAX_STOP_IDS] = {0};
+    int n_stop = k3c_turn_stop_ids(sv->tok, cfg, stop_ids, K3C_SCHED_MAX_STOP_IDS);
     k3c_sbuf history;
     k3c_sbuf_init(&history);
     k3c_sbuf_append(&history, "{\"role\":\"system\",\"content\":", 27);

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define SHOW_WARNINGS 20 /* the text report lists this many; --json lists up to KEEP_WARNINGS */
 #define KEEP_WARNINGS 200
@@ -132,6 +133,12 @@ static int build_wants(const k3c_config *cfg, want_set *s, k3c_err *err) {
     k3c_param_table t;
     int rc = k3c_params_build(cfg, &t, err);
     if (rc) return rc;
+    uint64_t names = 0; /* one per tensor and expert (two for MXFP4), each a struct and its strdup'd name */
+    for (int i = 0; i < t.n; i++) names += (uint64_t)(t.p[i].stack ? t.p[i].stack : 1) * (t.p[i].mxfp4 ? 2u : 1u);
+    if ((rc = k3c_mem_check(names * (sizeof(want) + 2 * K3C_PARAM_NAME), "inspect: the tensor inventory", err))) {
+        k3c_params_free(&t);
+        return rc;
+    }
     char name[K3C_PARAM_NAME + 32];
     for (int i = 0; i < t.n && !s->oom; i++) {
         const k3c_param *p = &t.p[i];
@@ -422,6 +429,9 @@ int cmd_inspect(int argc, char **argv) {
             rc = print_json(dir, cfg, &r, &err);
         else {
             printf("checkpoint    %s\n", dir);
+            char sums[4200]; /* k3c_ckpt_open has verified it */
+            snprintf(sums, sizeof sums, "%s/" K3C_CHECKSUMS_FILE, dir);
+            if (access(sums, F_OK) == 0) printf("checksums     every file matches " K3C_CHECKSUMS_FILE "\n");
             print_config(cfg);
             print_report(&r);
         }

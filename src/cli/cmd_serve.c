@@ -36,10 +36,11 @@ int cmd_serve(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         printf("usage: k3c serve --model DIR [--port 8000] [--host 127.0.0.1] [--slots 1] [--queue 64]\n"
                "                 [--api-key KEY] [--max-tokens-cap 1024] [--max-body 4194304] [--name NAME]\n"
-               "                 [--pattern cl100k|kimi] [--kda 64|16|recurrent]\n"
+               "                 [--pattern cl100k|kimi] [--kda 64|16|recurrent] [--device cpu]\n"
                "An OpenAI-compatible HTTP server: GET /v1/models, POST /v1/chat/completions (messages, tools,\n"
                "stream), POST /v1/completions, POST /tokenize, POST /detokenize, GET /health (503 while loading),\n"
-               "GET /metrics (Prometheus). --port 0 picks a free port (printed). The API key may also come from\n"
+               "GET /metrics (Prometheus). --slots N: sequences decoded together by the CPU inference engine\n"
+               "(continuous batching). --port 0 picks a free port (printed). The API key may also come from\n"
                "K3C_API_KEY; /health and /metrics need none. SIGINT / SIGTERM stop it gracefully. docs/SERVING.md.\n");
         return 0;
     }
@@ -47,6 +48,10 @@ int cmd_serve(int argc, char **argv) {
     k3c_server_opts o;
     int chunk;
     if (!dir) return cli_usage_error("serve", "--model is required");
+    const char *device = cli_opt(argc, argv, "--device");
+    if (device && strcmp(device, "cpu"))
+        return cli_usage_error("serve", "--device: serving runs on the batched inference engine, which is CPU-only "
+                                        "for now; use --device cpu (or leave it out)");
     if (!serve_options(argc, argv, &o)) return 2;
     if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("serve", "--kda must be 64, 16 or recurrent");
     /* the model's name: --name, else the directory's last component */

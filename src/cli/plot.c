@@ -34,6 +34,10 @@ int cli_plot_metrics(const char *jsonl, const char *png, k3c_err *err) {
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
         k3c_json *o;
         if (k3c_json_parse(line, strlen(line), jsonl, &o, NULL)) continue;
+        if (k3c_json_get(o, "event")) { /* a trainer event, not a step's row */
+            k3c_json_free(o);
+            continue;
+        }
         fprintf(f, "%g %g %g %g %g\n", field(o, "step"), field(o, "loss"), field(o, "val_loss"), field(o, "lr"),
                 field(o, "max_load_ratio"));
         k3c_json_free(o);

@@ -26,8 +26,14 @@ extern "C" {
 #include "ops/basic.h"
 #include "ops/kda.h"
 #include "ops/l2norm.h"
+#include "ops/qmat.h"
 #include "ops/short_conv.h"
 #include "ops/vision_ops.h"
+
+/* ---------------------------------------------------------------- weight views (qmat.cu) */
+/* k3c_qmat_mul on the GPU: W's storage (w, scale), X [n, cols] and Y [n, rows] are device pointers. The weights are
+ * decoded in registers (bf16 by a shift, MXFP4 E2M1 × 2^(s−127)), one warp per row, 8 inputs per pass; float sums. */
+int k3c_qmat_mul_cuda(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate, k3c_err *err);
 
 /* ---------------------------------------------------------------- device plumbing (device.cu) */
 typedef struct {

@@ -9,25 +9,30 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Owners: consecutive entries, rank r taking entries until the running element count reaches (r + 1)/size of the
- * table, so each rank updates (and stores state for) about 1/size of the parameters; an entry is never split. */
-static void assign_owners(const k3c_param_table *t, int size, int *first) {
-    int i = 0;
-    size_t done = 0;
+static size_t entry_end(const k3c_param_table *t, int i) { return i < t->n ? t->p[i].offset : t->total; }
+
+/* Owners: consecutive entries of [e0, e1), rank r taking entries until the running element count reaches (r + 1)/size
+ * of the range, so each rank updates (and stores state for) about 1/size of them; an entry is never split. */
+static void assign_owners(const k3c_param_table *t, int e0, int e1, int size, int *first) {
+    int i = e0;
+    size_t done = 0, total = entry_end(t, e1) - entry_end(t, e0);
     for (int r = 0; r < size; r++) {
         first[r] = i;
-        size_t goal = (size_t)((double)t->total * (r + 1) / size);
-        while (i < t->n && (r == size - 1 || done + (size_t)t->p[i].numel / 2 < goal)) done += (size_t)t->p[i++].numel;
+        size_t goal = (size_t)((double)total * (r + 1) / size);
+        while (i < e1 && (r == size - 1 || done + (size_t)t->p[i].numel / 2 < goal)) done += (size_t)t->p[i++].numel;
     }
-    first[size] = t->n;
+    first[size] = e1;
 }
-
-static size_t entry_end(const k3c_param_table *t, int i) { return i < t->n ? t->p[i].offset : t->total; }
 
 static size_t state_end(const k3c_optim *o, int i) { return i < o->n_entries ? o->state_off[i] : o->state_numel; }
 
 int k3c_dp_init(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_optim *o, const k3c_param_table *t,
                 k3c_err *err) {
+    return k3c_dp_init_range(dp, comm, be, o, t, 0, t->n, err);
+}
+
+int k3c_dp_init_range(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_optim *o,
+                      const k3c_param_table *t, int e0, int e1, k3c_err *err) {
     memset(dp, 0, sizeof *dp);
     if (strcmp(be->name, "cpu"))
         return k3c_errf(err, K3C_EUNSUPPORTED,
@@ -57,7 +62,9 @@ int k3c_dp_init(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c
     dp->ones = dp->w_count + 4 * R;
     dp->iota = dp->w_count + 5 * R;
     for (int r = 0; r < R; r++) dp->ones[r] = 1, dp->iota[r] = r;
-    assign_owners(t, R, first);
+    assign_owners(t, e0, e1, R, first);
+    dp->g_off = entry_end(t, e0);
+    dp->g_len = entry_end(t, e1) - dp->g_off;
     for (int r = 0; r < R; r++) {
         dp->w_displ[r] = (int64_t)entry_end(t, first[r]);
         dp->w_count[r] = (int64_t)entry_end(t, first[r + 1]) - dp->w_displ[r];
@@ -92,6 +99,13 @@ static int split_point(const int32_t *cu, int n_docs, int64_t T, int r, int size
     return best;
 }
 
+void k3c_batch_part(const int32_t *cu, int n_docs, int64_t T, int part, int parts, int *d0, int *d1) {
+    *d0 = 0;
+    *d1 = n_docs;
+    for (int r = 1; r <= part; r++) *d0 = split_point(cu, n_docs, T, r, parts, *d0 + 1);
+    if (part < parts - 1) *d1 = split_point(cu, n_docs, T, part + 1, parts, *d0 + 1);
+}
+
 int k3c_dp_split_batch(k3c_dp *dp, k3c_model_batch *b, k3c_err *err) {
     int R = dp->size, n = b->cu_seqlens ? b->n_docs : 1;
     if (n < R)
@@ -107,9 +121,8 @@ int k3c_dp_split_batch(k3c_dp *dp, k3c_model_batch *b, k3c_err *err) {
     int64_t counted = 0;
     for (int64_t t = 0; t < b->T; t++) counted += b->targets[t] >= 0;
     if (!counted) return k3c_errf(err, K3C_EINVAL, "data parallelism: the batch has no counted target");
-    int d0 = 0, d1 = n;
-    for (int r = 1; r <= dp->rank; r++) d0 = split_point(b->cu_seqlens, n, b->T, r, R, d0 + 1);
-    if (dp->rank < R - 1) d1 = split_point(b->cu_seqlens, n, b->T, dp->rank + 1, R, d0 + 1);
+    int d0, d1;
+    k3c_batch_part(b->cu_seqlens, n, b->T, dp->rank, R, &d0, &d1);
     if (d1 - d0 + 1 > dp->cu_cap) {
         free(dp->cu);
         dp->cu_cap = d1 - d0 + 1;
@@ -135,8 +148,9 @@ int k3c_dp_sum(k3c_dp *dp, double *x, k3c_err *err) {
     return k3c_comm_allreduce(dp->comm, x, x, 1, K3C_F64, K3C_COMM_SUM, NULL, err);
 }
 
-int k3c_dp_reduce_grads(k3c_dp *dp, float *g, size_t n, k3c_err *err) {
-    return k3c_comm_allreduce(dp->comm, g, g, (int64_t)n, K3C_F32, K3C_COMM_SUM, NULL, err);
+int k3c_dp_reduce_grads(k3c_dp *dp, float *g, k3c_err *err) {
+    return k3c_comm_allreduce(dp->comm, g + dp->g_off, g + dp->g_off, (int64_t)dp->g_len, K3C_F32, K3C_COMM_SUM, NULL,
+                              err);
 }
 
 int k3c_dp_optim_step(k3c_dp *dp, const k3c_backend_f32 *be, void *inst, const k3c_param_table *t, float *w,

@@ -22,6 +22,7 @@ typedef struct {
     k3c_comm *comm; /* the data-parallel group (not owned) */
     int rank, size;
     int first, last;      /* this rank's table entries [first, last) */
+    size_t g_off, g_len;  /* the elements of the group's entries (all of them, or a pipeline stage's) */
     int64_t *w_count;     /* [size] elements of w each rank owns (its entries' contiguous range) */
     int64_t *w_displ;     /* [size] where that range starts */
     int64_t *s_count;     /* [size] optimizer-state floats each rank holds */
@@ -40,7 +41,15 @@ typedef struct {
  * (be->name "cpu"): the MPI communicator moves host memory. */
 int k3c_dp_init(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_optim *o, const k3c_param_table *t,
                 k3c_err *err);
+/* The same over the table entries [e0, e1) only (a pipeline stage's parameters): the owners split them, the gradient
+ * sum and the gathers cover them alone. */
+int k3c_dp_init_range(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_optim *o,
+                      const k3c_param_table *t, int e0, int e1, k3c_err *err);
 void k3c_dp_free(k3c_dp *dp);
+
+/* Part `part` of `parts` of a packed batch: its document pieces [*d0, *d1), consecutive and whole, the split points the
+ * piece boundaries nearest to equal token shares, at least one piece each (n_docs >= parts). */
+void k3c_batch_part(const int32_t *cu, int n_docs, int64_t T, int part, int parts, int *d0, int *d1);
 
 /* b (the global batch every rank loaded) becomes this rank's part: consecutive whole document pieces, the split
  * points the piece boundaries nearest to equal token shares; loss_norm = the counted targets of the whole batch, so
@@ -49,8 +58,8 @@ void k3c_dp_free(k3c_dp *dp);
 int k3c_dp_split_batch(k3c_dp *dp, k3c_model_batch *b, k3c_err *err);
 /* *x ← the sum of x over the ranks (the loss). */
 int k3c_dp_sum(k3c_dp *dp, double *x, k3c_err *err);
-/* g ← Σ_ranks g (every rank gets the whole sum, so clipping sees the global gradient). */
-int k3c_dp_reduce_grads(k3c_dp *dp, float *g, size_t n, k3c_err *err);
+/* g ← Σ_ranks g over the group's entries (every rank gets the whole sum, so clipping sees the global gradient). */
+int k3c_dp_reduce_grads(k3c_dp *dp, float *g, k3c_err *err);
 /* The optimizer step of this rank's entries on its state shard, then every rank's updated entries gathered into w. */
 int k3c_dp_optim_step(k3c_dp *dp, const k3c_backend_f32 *be, void *inst, const k3c_param_table *t, float *w,
                       const float *g, float *state_shard, double lr, int64_t step, k3c_err *err);

@@ -8,7 +8,8 @@
 int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world, const char *file, k3c_parallel *out,
                          k3c_err *err) {
     int given = p->dp || p->ep || p->tp || p->pp || p->cp;
-    *out = given ? *p : (k3c_parallel){world, 1, 1, 1, 1};
+    *out = given ? *p : (k3c_parallel){world, 1, 1, 1, 1, 0};
+    if (out->micro_batches < 1) out->micro_batches = out->pp;
     const int64_t d[5] = {out->dp, out->ep, out->tp, out->pp, out->cp};
     int64_t prod = 1;
     for (int i = 0; i < 5; i++) {
@@ -36,11 +37,16 @@ int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world
         return k3c_errf(err, K3C_ECONFIG, "%s: parallel.pp = %lld does not divide the model's %lld layers", file,
                         (long long)out->pp, (long long)cfg->num_layers);
     const char *name[5] = {"dp", "ep", "tp", "pp", "cp"};
-    for (int i = 2; i < 5; i++) /* dp and ep run; tp, pp and cp not yet */
-        if (d[i] > 1)
+    for (int i = 2; i < 5; i++) /* dp, ep and pp run; tp and cp not yet */
+        if (d[i] > 1 && i != 3)
             return k3c_errf(err, K3C_EUNSUPPORTED,
-                            "%s: parallel.%s = %lld: this layout fits the model, but k3c runs data and expert "
-                            "parallelism only so far (docs/PARALLEL.md)",
+                            "%s: parallel.%s = %lld: this layout fits the model, but k3c runs data, expert and "
+                            "pipeline parallelism only so far (docs/PARALLEL.md)",
                             file, name[i], (long long)d[i]);
+    if (out->pp > 1 && out->ep > 1)
+        return k3c_errf(err, K3C_EUNSUPPORTED,
+                        "%s: parallel: pp = %lld with ep = %lld: pipeline stages combine with data parallelism only "
+                        "so far (docs/PARALLEL.md)",
+                        file, (long long)out->pp, (long long)out->ep);
     return K3C_OK;
 }

@@ -5,12 +5,6 @@
 
 #include "model/layers.h"
 
-/* A residual-stream tensor of the step, by index: the embedding, P after layer l's attention (pmid), or after its FFN
- * (pend). Depth mixes list their sources this way so the backward finds each source's gradient buffer. */
-#define K3C_SRC_EMB (-1)
-#define K3C_SRC_MID(l) (2 * (l))
-#define K3C_SRC_END(l) (2 * (l) + 1)
-
 typedef struct {
     int n;       /* sources */
     int *src;    /* K3C_SRC_* indices */
@@ -21,10 +15,11 @@ typedef struct {
 struct k3c_acts {
     k3c_step st;
     int64_t T;
+    int l0, l1;              /* the layers this forward ran, [l0, l1) (0, L: the whole model) */
     int32_t *ids, *targets;  /* copies of the batch's */
     float *weight;           /* the batch's loss weights in backend memory, or NULL */
     int32_t *cu;             /* copy of the batch's cu_seqlens (n_docs + 1) */
-    real *emb;               /* [T, D] */
+    real *emb;               /* [T, D] (l0 > 0: the caller's boundary tensor, or unused) */
     real **pmid, **pend;     /* [L] × [T, D] */
     real **axn, **arstd;     /* attention sublayer: normalised input [T, D], rstd [T] */
     real **mxn, **mrstd;     /* FFN sublayer */

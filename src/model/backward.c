@@ -83,22 +83,11 @@ static int layer_bwd(k3c_acts *a, int l, k3c_err *err) {
     return K3C_OK;
 }
 
-int k3c_model_backward(k3c_model *m, k3c_acts *a, double scale, k3c_err *err) {
-    if (!m->g) return k3c_errf(err, K3C_EINVAL, "backward: model was created without gradients");
+/* The head's backward: cross-entropy → lm_head → final norm → output mix, into the last layer's stream gradients. */
+static int head_bwd(k3c_model *m, k3c_acts *a, double scale, k3c_err *err) {
     const k3c_config *c = &m->cfg;
-    int64_t T = a->T, D = c->hidden_size, V = c->vocab_size;
-    k3c_arena_reset(a->arena, a->tmp_mark);
-    k3c_arena_reset(&m->meta, a->meta_mark);
-    k3c_acts_carver cv = k3c_acts_carver_at(a->arena, &m->meta);
-    k3c_acts_carve_backward(m, &cv, a);
-    if (k3c_acts_carver_take(&cv, a->arena, &m->meta))
-        return k3c_errf(err, K3C_ENOMEM, "backward: activation arena too small");
     const k3c_backend *be = a->st.be;
-    CHECK_RC(be->zero(a->demb, T * D, err));
-    for (int l = 0; l < c->num_layers; l++) {
-        CHECK_RC(be->zero(a->dpmid[l], T * D, err));
-        CHECK_RC(be->zero(a->dpend[l], T * D, err));
-    }
+    int64_t T = a->T, D = c->hidden_size, V = c->vocab_size;
     const real *w = m->w;
     real *g = m->g;
     const k3c_global_offsets *go = &m->table.glob;
@@ -115,13 +104,48 @@ int k3c_model_backward(k3c_model *m, k3c_acts *a, double scale, k3c_err *err) {
     k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
     CHECK_RC(be->rmsnorm_bwd(&rs, a->hfin, w + go->final_norm, a->rfin, a->dxn, a->din, g + go->final_norm, err));
     int L = (int)c->num_layers;
-    if (a->fmix.n)
-        CHECK_RC(mix_bwd(a, &a->fmix, go->out_res_proj, go->out_res_norm, a->din, err));
-    else
-        CHECK_RC(add_into(a, L > 0 ? a->dpend[L - 1] : a->demb, a->din, T * D, err));
-    for (int l = L - 1; l >= 0; l--) CHECK_RC(layer_bwd(a, l, err));
-    CHECK_RC(k3c_acts_embed_overrides_bwd(a, D, err));
-    k3c_embedding_sizes es = {T, V, D};
-    CHECK_RC(be->embedding_bwd(&es, a->ids, a->demb, g + go->embed, err));
+    if (a->fmix.n) return mix_bwd(a, &a->fmix, go->out_res_proj, go->out_res_norm, a->din, err);
+    return add_into(a, L > 0 ? a->dpend[L - 1] : a->demb, a->din, T * D, err);
+}
+
+int k3c_model_backward_range(k3c_model *m, k3c_acts *a, double scale, const real *const *dout, k3c_err *err) {
+    if (!m->g) return k3c_errf(err, K3C_EINVAL, "backward: model was created without gradients");
+    const k3c_config *c = &m->cfg;
+    int64_t T = a->T, D = c->hidden_size, V = c->vocab_size;
+    int L = (int)c->num_layers, bsrc[K3C_ATTNRES_MAX_SOURCES];
+    if (a->l1 < L && !dout)
+        return k3c_errf(err, K3C_EINVAL, "backward: layers [%d, %d) need the gradients of the boundary after them",
+                        a->l0, a->l1);
+    k3c_arena_reset(a->arena, a->tmp_mark);
+    k3c_arena_reset(&m->meta, a->meta_mark);
+    k3c_acts_carver cv = k3c_acts_carver_at(a->arena, &m->meta);
+    k3c_acts_carve_backward(m, &cv, a);
+    if (k3c_acts_carver_take(&cv, a->arena, &m->meta))
+        return k3c_errf(err, K3C_ENOMEM, "backward: activation arena too small");
+    const k3c_backend *be = a->st.be;
+    if (a->demb) CHECK_RC(be->zero(a->demb, T * D, err));
+    int nb = k3c_boundary_sources(c, a->l0, bsrc);
+    for (int i = 0; a->l0 > 0 && i < nb; i++)
+        if (bsrc[i] != K3C_SRC_EMB) CHECK_RC(be->zero(a->dpend[bsrc[i] / 2], T * D, err));
+    for (int l = a->l0; l < a->l1; l++) {
+        CHECK_RC(be->zero(a->dpmid[l], T * D, err));
+        CHECK_RC(be->zero(a->dpend[l], T * D, err));
+    }
+    if (a->l1 == L) {
+        CHECK_RC(head_bwd(m, a, scale, err));
+    } else { /* the later stages' gradients of the boundary tensors (some of them from before l0, passed through) */
+        nb = k3c_boundary_sources(c, a->l1, bsrc);
+        for (int i = 0; i < nb; i++) CHECK_RC(add_into(a, src_grad(a, bsrc[i]), dout[i], T * D, err));
+    }
+    for (int l = a->l1 - 1; l >= a->l0; l--) CHECK_RC(layer_bwd(a, l, err));
+    if (a->l0 == 0) {
+        CHECK_RC(k3c_acts_embed_overrides_bwd(a, D, err));
+        k3c_embedding_sizes es = {T, V, D};
+        CHECK_RC(be->embedding_bwd(&es, a->ids, a->demb, m->g + m->table.glob.embed, err));
+    }
     return be->sync(err); /* the caller reads m->g next (optimizer, checks) */
+}
+
+int k3c_model_backward(k3c_model *m, k3c_acts *a, double scale, k3c_err *err) {
+    return k3c_model_backward_range(m, a, scale, NULL, err);
 }

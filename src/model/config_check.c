@@ -3,6 +3,7 @@
 #include "model/config.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 int k3c_config_layer_is_moe(const k3c_config *cfg, int64_t l) {
@@ -34,14 +35,40 @@ static void need(vctx *v, int ok, const char *field, const char *rule, double go
 }
 #define POS(v, x, field) need((v), (x) > 0, (field), "positive", (double)(x))
 
+/* Upper bounds of every dimension: several times the largest released model's (Kimi K3: vocab 163,840, hidden 7,168,
+ * 896 experts, 96 heads, context 1M), small enough that no product of them overflows int64 and a mistyped or hostile
+ * config fails here, naming the bound, instead of asking for terabytes. */
+enum {
+    MAX_VOCAB = 1 << 24,
+    MAX_HIDDEN = 1 << 16,
+    MAX_FFN = 1 << 18,
+    MAX_EXPERTS = 1 << 14,
+    MAX_SHARED = 64,
+    MAX_HEADS = 1024,
+    MAX_HEAD_DIM = 1024,
+    MAX_RANK = 1 << 16,
+    MAX_CONV = 64,
+    MAX_POSITIONS = 1 << 26,
+    MAX_PATCH = 1024,
+    MAX_POS_EMB = 1 << 12,
+};
+
+/* x in lo..hi, the bounds stated in the error. */
+static void range(vctx *v, int64_t x, int64_t lo, int64_t hi, const char *field) {
+    char rule[64];
+    snprintf(rule, sizeof rule, "in %lld..%lld", (long long)lo, (long long)hi);
+    need(v, x >= lo && x <= hi, field, rule, (double)x);
+}
+
 static void validate_kda(vctx *v, const k3c_config *cfg, int any) {
     if (any) {
         POS(v, cfg->kda_heads, "linear_attn_config.num_heads");
         POS(v, cfg->kda_head_dim, "linear_attn_config.head_dim");
         POS(v, cfg->conv_kernel, "linear_attn_config.short_conv_kernel_size");
     }
-    need(v, cfg->kda_heads >= 0 && cfg->kda_head_dim >= 0 && cfg->conv_kernel >= 0, "linear_attn_config",
-         "non-negative sizes", (double)cfg->kda_heads);
+    range(v, cfg->kda_heads, 0, MAX_HEADS, "linear_attn_config.num_heads");
+    range(v, cfg->kda_head_dim, 0, MAX_HEAD_DIM, "linear_attn_config.head_dim");
+    range(v, cfg->conv_kernel, 0, MAX_CONV, "linear_attn_config.short_conv_kernel_size");
     need(v, cfg->kda_gate == K3C_GATE_SOFTPLUS || cfg->kda_gate == K3C_GATE_LOWER_BOUND, "linear_attn_config.gate",
          "softplus (0) or lower bound (1)", cfg->kda_gate);
     if (cfg->kda_gate == K3C_GATE_LOWER_BOUND)
@@ -67,30 +94,33 @@ static void validate_mla(vctx *v, const k3c_config *cfg, int any) {
         POS(v, cfg->mla_norm_eps, "mla_norm_eps");
     }
     need(v, cfg->q_lora_rank >= 0, "q_lora_rank", "null (0) or positive", (double)cfg->q_lora_rank);
-    need(v,
-         cfg->mla_heads >= 0 && cfg->kv_lora_rank >= 0 && cfg->qk_nope_dim >= 0 && cfg->qk_rope_dim >= 0 &&
-             cfg->v_head_dim >= 0 && cfg->mla_kv_heads >= 0,
-         "num_attention_heads/kv_lora_rank/...", "non-negative", 0);
+    range(v, cfg->q_lora_rank, 0, MAX_RANK, "q_lora_rank");
+    range(v, cfg->mla_heads, 0, MAX_HEADS, "num_attention_heads");
+    range(v, cfg->mla_kv_heads, 0, MAX_HEADS, "num_key_value_heads");
+    range(v, cfg->kv_lora_rank, 0, MAX_RANK, "kv_lora_rank");
+    range(v, cfg->qk_nope_dim, 0, MAX_HEAD_DIM, "qk_nope_head_dim");
+    range(v, cfg->qk_rope_dim, 0, MAX_HEAD_DIM, "qk_rope_head_dim");
+    range(v, cfg->v_head_dim, 0, MAX_HEAD_DIM, "v_head_dim");
     need(v, cfg->mla_output_gate == 0 || cfg->mla_output_gate == 1, "mla_use_output_gate", "0 or 1",
          cfg->mla_output_gate);
 }
 
 static void validate_moe(vctx *v, const k3c_config *cfg) {
-    need(v, cfg->num_experts >= 0, "num_experts", "non-negative", (double)cfg->num_experts);
-    if (cfg->num_experts > 0) {
+    range(v, cfg->num_experts, 0, MAX_EXPERTS, "num_experts");
+    if (cfg->num_experts > 0 && !v->rc) {
         need(v, cfg->top_k >= 1 && cfg->top_k <= cfg->num_experts, "num_experts_per_token", "in 1..num_experts",
              (double)cfg->top_k);
-        need(v, cfg->num_shared_experts >= 0, "num_shared_experts", "non-negative", (double)cfg->num_shared_experts);
-        POS(v, cfg->moe_intermediate_size, "moe_intermediate_size");
+        range(v, cfg->num_shared_experts, 0, MAX_SHARED, "num_shared_experts");
+        range(v, cfg->moe_intermediate_size, 1, MAX_FFN, "moe_intermediate_size");
         POS(v, cfg->routed_scaling_factor, "routed_scaling_factor");
         POS(v, cfg->num_expert_group, "num_expert_group");
         need(v, cfg->num_expert_group > 0 && cfg->num_experts % cfg->num_expert_group == 0, "num_expert_group",
              "a divisor of num_experts", (double)cfg->num_expert_group);
         need(v, cfg->topk_group >= 1 && cfg->topk_group <= cfg->num_expert_group, "topk_group",
              "in 1..num_expert_group", (double)cfg->topk_group);
-        need(v, cfg->first_k_dense >= 0, "first_k_dense_replace", "non-negative", (double)cfg->first_k_dense);
-        POS(v, cfg->moe_layer_freq, "moe_layer_freq");
-        need(v, cfg->latent_dim >= 0, "routed_expert_hidden_size", "non-negative", (double)cfg->latent_dim);
+        range(v, cfg->first_k_dense, 0, K3C_MAX_LAYERS, "first_k_dense_replace");
+        range(v, cfg->moe_layer_freq, 1, K3C_MAX_LAYERS, "moe_layer_freq");
+        range(v, cfg->latent_dim, 0, MAX_HIDDEN, "routed_expert_hidden_size");
         need(v, cfg->renormalize == 0 || cfg->renormalize == 1, "moe_renormalize", "0 or 1", cfg->renormalize);
     }
     need(v, !cfg->latent_norm || cfg->latent_dim > 0, "latent_moe_use_norm", "false without routed_expert_hidden_size",
@@ -129,17 +159,17 @@ static void validate_vision(vctx *v, const k3c_config *cfg) {
     if (!vc->present) return;
     vctx vv = *v;
     vv.tp = "vision_config.";
-    POS(&vv, vc->patch_size, "patch_size");
-    POS(&vv, vc->hidden, "vt_hidden_size");
-    POS(&vv, vc->intermediate, "vt_intermediate_size");
-    POS(&vv, vc->heads, "vt_num_attention_heads");
-    POS(&vv, vc->layers, "vt_num_hidden_layers");
-    POS(&vv, vc->qkv_hidden, "qkv_hidden_size");
+    range(&vv, vc->patch_size, 1, MAX_PATCH, "patch_size");
+    range(&vv, vc->hidden, 1, MAX_HIDDEN, "vt_hidden_size");
+    range(&vv, vc->intermediate, 1, MAX_FFN, "vt_intermediate_size");
+    range(&vv, vc->heads, 1, MAX_HEADS, "vt_num_attention_heads");
+    range(&vv, vc->layers, 1, K3C_MAX_LAYERS, "vt_num_hidden_layers");
+    range(&vv, vc->qkv_hidden, 1, MAX_HIDDEN, "qkv_hidden_size");
     need(&vv, vc->heads > 0 && vc->qkv_hidden % vc->heads == 0, "qkv_hidden_size",
          "a multiple of vt_num_attention_heads", (double)vc->qkv_hidden);
     need(&vv, vc->heads > 0 && (vc->qkv_hidden / vc->heads) % 4 == 0, "qkv_hidden_size",
          "heads of a multiple of 4 (2D rotary pairs per axis)", (double)vc->qkv_hidden);
-    POS(&vv, vc->mm_hidden, "mm_hidden_size");
+    range(&vv, vc->mm_hidden, 1, MAX_FFN, "mm_hidden_size");
     need(&vv, vc->mm_hidden == vc->hidden, "mm_hidden_size", "equal to vt_hidden_size (the merged patches' width)",
          (double)vc->mm_hidden);
     need(&vv, vc->interp == K3C_VISION_BILINEAR || vc->interp == K3C_VISION_BICUBIC, "pos_emb_interpolation_mode",
@@ -148,11 +178,11 @@ static void validate_vision(vctx *v, const k3c_config *cfg) {
          "-1 (absent) or a token id below vocab_size", (double)vc->media_pad_id);
     need(&vv, vc->text_hidden == cfg->hidden_size, "text_hidden_size", "equal to the text hidden_size",
          (double)vc->text_hidden);
-    POS(&vv, vc->merge_kernel[0], "merge_kernel_size[0]");
-    POS(&vv, vc->merge_kernel[1], "merge_kernel_size[1]");
-    POS(&vv, vc->pos_emb_h, "init_pos_emb_height");
-    POS(&vv, vc->pos_emb_w, "init_pos_emb_width");
-    POS(&vv, vc->pos_emb_t, "init_pos_emb_time");
+    range(&vv, vc->merge_kernel[0], 1, MAX_CONV, "merge_kernel_size[0]");
+    range(&vv, vc->merge_kernel[1], 1, MAX_CONV, "merge_kernel_size[1]");
+    range(&vv, vc->pos_emb_h, 1, MAX_POS_EMB, "init_pos_emb_height");
+    range(&vv, vc->pos_emb_w, 1, MAX_POS_EMB, "init_pos_emb_width");
+    range(&vv, vc->pos_emb_t, 1, MAX_POS_EMB, "init_pos_emb_time");
     POS(&vv, vc->ln_eps, "projector_ln_eps");
     need(&vv, strcmp(cfg->model_type, K3C_CFG_KIMI_K3) == 0, "present", "only with model_type kimi_k3", 1);
     v->rc = vv.rc;
@@ -179,24 +209,24 @@ int k3c_config_validate(const k3c_config *cfg, const char *name_for_errors, k3c_
     need(&v, cfg->num_layers >= 1 && cfg->num_layers <= K3C_MAX_LAYERS, "num_hidden_layers",
          "in 1..512 (K3C_MAX_LAYERS)", (double)cfg->num_layers);
     if (v.rc) return v.rc;
-    POS(&v, cfg->vocab_size, "vocab_size");
-    POS(&v, cfg->hidden_size, "hidden_size");
-    POS(&v, cfg->max_positions, k3 ? "max_position_embeddings" : "model_max_length");
+    range(&v, cfg->vocab_size, 1, MAX_VOCAB, "vocab_size");
+    range(&v, cfg->hidden_size, 1, MAX_HIDDEN, "hidden_size");
+    range(&v, cfg->max_positions, 1, MAX_POSITIONS, k3 ? "max_position_embeddings" : "model_max_length");
     need(&v, cfg->rms_norm_eps > 0 && cfg->rms_norm_eps < 1, "rms_norm_eps", "in (0, 1)", cfg->rms_norm_eps);
     need(&v, cfg->tie_word_embeddings == 0 || cfg->tie_word_embeddings == 1, "tie_word_embeddings", "0 or 1",
          cfg->tie_word_embeddings);
     int nmla = k3c_config_num_mla(cfg), nmoe = k3c_config_num_moe(cfg);
-    if (nmoe < cfg->num_layers) POS(&v, cfg->intermediate_size, "intermediate_size");
-    validate_plan(&v, cfg);
+    if (nmoe < cfg->num_layers) range(&v, cfg->intermediate_size, 1, MAX_FFN, "intermediate_size");
     validate_kda(&v, cfg, nmla < cfg->num_layers);
     validate_mla(&v, cfg, nmla > 0);
     validate_moe(&v, cfg);
+    validate_plan(&v, cfg); /* after the MoE fields, so that an out-of-range one is named as such */
     need(&v, cfg->act == K3C_ACT_SILU || cfg->act == K3C_ACT_SITU, "hidden_act", "silu (0) or situ (1)", cfg->act);
     if (cfg->act == K3C_ACT_SITU) {
         POS(&v, cfg->situ_beta, "activation_situ_beta");
         POS(&v, cfg->situ_linear_beta, "activation_situ_linear_beta");
     }
-    need(&v, cfg->attn_res_block >= 0, "attn_res_block_size", "positive or absent", (double)cfg->attn_res_block);
+    range(&v, cfg->attn_res_block, 0, K3C_MAX_LAYERS, "attn_res_block_size");
     validate_ids(&v, cfg);
     validate_vision(&v, cfg);
     return v.rc;

@@ -36,8 +36,9 @@ static int max_sources(const k3c_config *c) {
     return c->attn_res_block > 0 ? (int)((c->num_layers + c->attn_res_block - 1) / c->attn_res_block) + 1 : 0;
 }
 
-/* Carves every forward buffer (measure mode: only counts). */
-static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_acts_carver *cv, k3c_acts *a) {
+/* Carves every forward buffer of layers [l0, l1) (measure mode: only counts): the embedding when the range starts the
+ * model, the head when it ends it; the tables stay indexed by layer. */
+static void carve_forward(const k3c_model *m, int64_t T, int n_docs, int l0, int l1, k3c_acts_carver *cv, k3c_acts *a) {
     const k3c_config *c = &m->cfg;
     int L = (int)c->num_layers, NS = max_sources(c);
     int64_t D = c->hidden_size;
@@ -45,7 +46,8 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_acts_ca
     a->cu = K3C_CARVE_DEV(cv, int32_t, n_docs + 1);
     a->targets = K3C_CARVE_DEV(cv, int32_t, T);
     a->weight = K3C_CARVE_DEV(cv, float, T);
-    a->emb = K3C_CARVE_DEV(cv, real, T * D);
+    real *emb = l0 == 0 ? K3C_CARVE_DEV(cv, real, T * D) : NULL;
+    if (!k3c_acts_measuring(cv)) a->emb = emb;
     a->pmid = K3C_CARVE_HOST(cv, real *, L);
     a->pend = K3C_CARVE_HOST(cv, real *, L);
     a->axn = K3C_CARVE_HOST(cv, real *, L);
@@ -72,7 +74,7 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_acts_ca
         k3c_mix am, mm;
     } slot = {0};
     int slot_kda = -1, slot_mla = -1, slot_ffn[2] = {-1, -1};
-    for (int l = 0; l < L; l++) {
+    for (int l = l0; l < l1; l++) {
         real *pm = K3C_CARVE_DEV(cv, real, T * D), *pe = K3C_CARVE_DEV(cv, real, T * D);
         int rec = m->recompute[l], fresh = !rec || !slot.have;
         real *ax = slot.ax, *ar = slot.ar, *mx = slot.mx, *mr = slot.mr;
@@ -134,13 +136,18 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_acts_ca
         }
     }
     k3c_mix fm = {0};
-    if (NS) {
-        fm.src = K3C_CARVE_HOST(cv, int, NS);
-        fm.saved = K3C_CARVE_DEV(cv, real, mix_saved);
-        fm.out = K3C_CARVE_DEV(cv, real, T * D);
+    real *hn = NULL, *rf = NULL, *lg = NULL, *lse = NULL;
+    if (l1 == L) {
+        if (NS) {
+            fm.src = K3C_CARVE_HOST(cv, int, NS);
+            fm.saved = K3C_CARVE_DEV(cv, real, mix_saved);
+            fm.out = K3C_CARVE_DEV(cv, real, T * D);
+        }
+        hn = K3C_CARVE_DEV(cv, real, T * D);
+        rf = K3C_CARVE_DEV(cv, real, T);
+        lg = K3C_CARVE_DEV(cv, real, T * c->vocab_size);
+        lse = K3C_CARVE_DEV(cv, real, T);
     }
-    real *hn = K3C_CARVE_DEV(cv, real, T * D), *rf = K3C_CARVE_DEV(cv, real, T);
-    real *lg = K3C_CARVE_DEV(cv, real, T * c->vocab_size), *lse = K3C_CARVE_DEV(cv, real, T);
     void *scr = k3c_carve(&cv->dev, scratch_bytes(m, T, n_docs));
     if (!k3c_acts_measuring(cv)) {
         a->fmix = fm;
@@ -152,15 +159,22 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, k3c_acts_ca
     }
 }
 
-/* Backward buffers: gradients of every stream tensor, two [T, D] scratch rows, then per-layer scratch. */
-static void carve_backward(const k3c_model *m, int64_t T, k3c_acts_carver *cv, k3c_acts *a) {
+/* Backward buffers: gradients of every stream tensor of layers [l0, l1) and of the boundary before l0, two [T, D]
+ * scratch rows, then per-layer scratch. */
+static void carve_backward(const k3c_model *m, int64_t T, int l0, int l1, k3c_acts_carver *cv, k3c_acts *a) {
     const k3c_config *c = &m->cfg;
-    int L = (int)c->num_layers;
+    int L = (int)c->num_layers, bsrc[K3C_ATTNRES_MAX_SOURCES], nb = k3c_boundary_sources(c, l0, bsrc);
     int64_t D = c->hidden_size;
-    a->demb = K3C_CARVE_DEV(cv, real, T * D);
+    real *demb = l0 == 0 || bsrc[0] == K3C_SRC_EMB ? K3C_CARVE_DEV(cv, real, T * D) : NULL;
     a->dpmid = K3C_CARVE_HOST(cv, real *, L);
     a->dpend = K3C_CARVE_HOST(cv, real *, L);
-    for (int l = 0; l < L; l++) {
+    if (!k3c_acts_measuring(cv)) a->demb = demb;
+    for (int i = 0; i < nb; i++) /* the boundary's stream tensors (their layers ran on another stage) */
+        if (bsrc[i] != K3C_SRC_EMB) {
+            real *y = K3C_CARVE_DEV(cv, real, T * D);
+            if (!k3c_acts_measuring(cv)) a->dpend[bsrc[i] / 2] = y;
+        }
+    for (int l = l0; l < l1; l++) {
         real *x = K3C_CARVE_DEV(cv, real, T * D), *y = K3C_CARVE_DEV(cv, real, T * D);
         if (!k3c_acts_measuring(cv)) {
             a->dpmid[l] = x;
@@ -184,11 +198,11 @@ static size_t layer_tmp_bytes(const k3c_model *m, int64_t T) {
 
 /* The host block of a step's bookkeeping (k3c_acts, pointer tables, per-layer structs): the host reads and writes
  * them, so they never live in the activation arena (backend memory). Reused by every forward of the model. */
-static int ensure_meta(k3c_model *m, int64_t T, int n_docs, k3c_err *err) {
+static int ensure_meta(k3c_model *m, int64_t T, int n_docs, int l0, int l1, k3c_err *err) {
     k3c_acts_carver cv = k3c_acts_carver_measure();
     k3c_acts dummy;
-    carve_forward(m, T, n_docs, &cv, &dummy);
-    carve_backward(m, T, &cv, &dummy);
+    carve_forward(m, T, n_docs, l0, l1, &cv, &dummy);
+    carve_backward(m, T, l0, l1, &cv, &dummy);
     const size_t need = cv.host.off + sizeof(k3c_acts) + 128;
     if (m->meta.cap < need) {
         k3c_arena_free(&m->meta);
@@ -198,13 +212,17 @@ static int ensure_meta(k3c_model *m, int64_t T, int n_docs, k3c_err *err) {
     return K3C_OK;
 }
 
-size_t k3c_model_plan_bytes(const k3c_model *m, int64_t T, int n_docs) {
+size_t k3c_model_plan_bytes_range(const k3c_model *m, int64_t T, int n_docs, int l0, int l1) {
     k3c_acts_carver cv = k3c_acts_carver_measure();
     k3c_acts dummy;
     cv.dev.off = sizeof(k3c_acts) + 64;
-    carve_forward(m, T, n_docs, &cv, &dummy);
-    carve_backward(m, T, &cv, &dummy);
+    carve_forward(m, T, n_docs, l0, l1, &cv, &dummy);
+    carve_backward(m, T, l0, l1, &cv, &dummy);
     return cv.dev.off + layer_tmp_bytes(m, T) + 4096;
+}
+
+size_t k3c_model_plan_bytes(const k3c_model *m, int64_t T, int n_docs) {
+    return k3c_model_plan_bytes_range(m, T, n_docs, 0, (int)m->cfg.num_layers);
 }
 
 /* h = Mix(sources) with the layer's (or the output's) pseudo-query and key norm. */
@@ -289,14 +307,10 @@ int k3c_acts_embed_overrides_bwd(k3c_acts *a, int64_t D, k3c_err *err) {
     return K3C_OK;
 }
 
-/* The depth-mix sources before layer l (§5.3): completed blocks R (the embedding, then each block's last P) and the
- * running partial sum P; a pure function of l, so a recomputed layer sees the same sources. */
+/* The depth-mix sources before layer l (§5.3): completed blocks R and the running partial sum P (model.h). */
 static void sources_before(const k3c_config *c, int l, int *Rsrc, int *nR, int *P) {
-    int64_t S = c->attn_res_block;
-    *nR = 0;
-    for (int j = 0; S > 0 && j < l; j++)
-        if (j % S == 0) Rsrc[(*nR)++] = j == 0 ? K3C_SRC_EMB : K3C_SRC_END(j - 1);
-    *P = l == 0 ? K3C_SRC_EMB : K3C_SRC_END(l - 1);
+    *nR = k3c_boundary_sources(c, l, Rsrc) - 1;
+    *P = Rsrc[*nR];
 }
 
 /* Layer l's forward: writes pmid[l], pend[l] and the layer's activations. */
@@ -343,8 +357,9 @@ static int run_layers(k3c_acts *a, k3c_err *err) {
     const k3c_model *m = a->st.m;
     const k3c_config *c = &m->cfg;
     int L = (int)c->num_layers;
-    for (int l = 0; l < L; l++) CHECK_RC(layer_fwd(a, l, err));
+    for (int l = a->l0; l < a->l1; l++) CHECK_RC(layer_fwd(a, l, err));
     a->fmix.n = 0;
+    if (a->l1 < L) return K3C_OK; /* the head runs on the range that ends the model */
     if (c->attn_res_block > 0) {
         int Rsrc[K3C_ATTNRES_MAX_SOURCES], nR, P;
         sources_before(c, L, Rsrc, &nR, &P); /* the output mix sees the sources a layer L would */
@@ -357,10 +372,14 @@ static int run_layers(k3c_acts *a, k3c_err *err) {
     return K3C_OK;
 }
 
-int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, k3c_acts **acts_out, double *loss,
-                      real **logits_out, k3c_err *err) {
+int k3c_model_forward_range(k3c_model *m, const k3c_model_batch *b, int l0, int l1, real *const *in, k3c_arena *arena,
+                            k3c_acts **acts_out, double *loss, k3c_err *err) {
     const k3c_config *c = &m->cfg;
     int64_t T = b->T, D = c->hidden_size, V = c->vocab_size;
+    if (loss) *loss = 0;
+    if (l0 < 0 || l1 <= l0 || l1 > c->num_layers || (l0 > 0 && !in))
+        return k3c_errf(err, K3C_EINVAL, "forward: layers [%d, %d) of %lld%s", l0, l1, (long long)c->num_layers,
+                        l0 > 0 && !in ? " without the boundary tensors before them" : "");
     if (T <= 0) return k3c_errf(err, K3C_EINVAL, "forward: empty batch");
     if (b->cu_seqlens) { /* validate before anything is written through these offsets */
         if (b->n_docs < 1 || b->cu_seqlens[0] != 0 || b->cu_seqlens[b->n_docs] != T)
@@ -373,14 +392,16 @@ int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, 
     if (max_sources(c) > K3C_ATTNRES_MAX_SOURCES)
         return k3c_errf(err, K3C_EUNSUPPORTED, "forward: too many AttnRes blocks");
     const k3c_backend *be = k3c_model_backend(m);
-    CHECK_RC(ensure_meta(m, T, b->n_docs, err));
+    CHECK_RC(ensure_meta(m, T, b->n_docs, l0, l1, err));
     k3c_acts *a = k3c_arena_calloc(&m->meta, sizeof *a);
     k3c_acts_carver cv = k3c_acts_carver_at(arena, &m->meta);
-    if (a) carve_forward(m, T, b->n_docs, &cv, a);
+    if (a) carve_forward(m, T, b->n_docs, l0, l1, &cv, a);
     if (!a || k3c_acts_carver_take(&cv, arena, &m->meta))
         return k3c_errf(err, K3C_ENOMEM, "forward: activation arena too small (%zu bytes; plan %zu)", arena->cap,
-                        k3c_model_plan_bytes(m, T, b->n_docs));
+                        k3c_model_plan_bytes_range(m, T, b->n_docs, l0, l1));
     a->T = T;
+    a->l0 = l0;
+    a->l1 = l1;
     int n_docs = b->cu_seqlens ? b->n_docs : 1;
     a->st = (k3c_step){.m = m,
                        .be = be,
@@ -391,22 +412,28 @@ int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, 
                        .w = m->w,
                        .g = m->g};
     CHECK_RC(upload_batch(be, b, n_docs, a, err));
-    k3c_embedding_sizes es = {T, V, D};
-    CHECK_RC(be->embedding_fwd(&es, a->ids, (const real *)m->w + m->table.glob.embed, a->emb, err));
-    CHECK_RC(embed_overrides(be, b, D, a, err));
+    if (l0 == 0) {
+        k3c_embedding_sizes es = {T, V, D};
+        CHECK_RC(be->embedding_fwd(&es, a->ids, (const real *)m->w + m->table.glob.embed, a->emb, err));
+        CHECK_RC(embed_overrides(be, b, D, a, err));
+    } else { /* the boundary tensors stand for the stream tensors of the layers before l0, read in place */
+        int bsrc[K3C_ATTNRES_MAX_SOURCES], nb = k3c_boundary_sources(c, l0, bsrc);
+        for (int i = 0; i < nb; i++) *(bsrc[i] == K3C_SRC_EMB ? &a->emb : &a->pend[bsrc[i] / 2]) = in[i];
+    }
     CHECK_RC(run_layers(a, err));
-    const real *w = m->w;
-    k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
-    CHECK_RC(be->rmsnorm_fwd(&rs, a->hfin, w + m->table.glob.final_norm, a->hn, a->rfin, err));
-    k3c_linear_sizes ls = {T, D, V, 0};
-    CHECK_RC(be->linear_fwd(be->ctx, &ls, a->hn, w + m->table.glob.lm_head, a->logits, err));
-    k3c_xent_sizes xs = {T, V, b->loss_norm, a->weight};
-    a->loss_norm = b->loss_norm;
-    double l = 0;
-    CHECK_RC(be->xent_fwd(&xs, a->logits, a->targets, NULL, a->lse, &l, NULL, err));
-    CHECK_RC(be->sync(err)); /* the loss is read by the host next */
-    if (loss) *loss = l;
-    if (logits_out) *logits_out = a->logits;
+    if (l1 == c->num_layers) {
+        const real *w = m->w;
+        k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
+        CHECK_RC(be->rmsnorm_fwd(&rs, a->hfin, w + m->table.glob.final_norm, a->hn, a->rfin, err));
+        k3c_linear_sizes ls = {T, D, V, 0};
+        CHECK_RC(be->linear_fwd(be->ctx, &ls, a->hn, w + m->table.glob.lm_head, a->logits, err));
+        k3c_xent_sizes xs = {T, V, b->loss_norm, a->weight};
+        a->loss_norm = b->loss_norm;
+        double l = 0;
+        CHECK_RC(be->xent_fwd(&xs, a->logits, a->targets, NULL, a->lse, &l, NULL, err));
+        if (loss) *loss = l;
+    }
+    CHECK_RC(be->sync(err)); /* the loss (or the boundary tensors) are read next */
     a->tmp_mark = k3c_arena_mark(arena);
     a->meta_mark = k3c_arena_mark(&m->meta);
     a->arena = arena;
@@ -414,7 +441,25 @@ int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, 
     return K3C_OK;
 }
 
+int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, k3c_acts **acts_out, double *loss,
+                      real **logits_out, k3c_err *err) {
+    CHECK_RC(k3c_model_forward_range(m, b, 0, (int)m->cfg.num_layers, NULL, arena, acts_out, loss, err));
+    if (logits_out) *logits_out = (*acts_out)->logits;
+    return K3C_OK;
+}
+
+int k3c_acts_boundary(const k3c_acts *a, int grads, real **x) {
+    int bsrc[K3C_ATTNRES_MAX_SOURCES], nb = k3c_boundary_sources(&a->st.m->cfg, grads ? a->l0 : a->l1, bsrc);
+    for (int i = 0; i < nb; i++) {
+        int s = bsrc[i];
+        x[i] = s == K3C_SRC_EMB ? (grads ? a->demb : a->emb) : s % 2 ? (grads ? a->dpend : a->pend)[s / 2] : NULL;
+    }
+    return nb;
+}
+
 /* Exposed to backward.c (same precision). */
 int k3c_acts_layer_fwd(k3c_acts *a, int l, k3c_err *err) { return layer_fwd(a, l, err); }
-void k3c_acts_carve_backward(const k3c_model *m, k3c_acts_carver *cv, k3c_acts *a) { carve_backward(m, a->T, cv, a); }
+void k3c_acts_carve_backward(const k3c_model *m, k3c_acts_carver *cv, k3c_acts *a) {
+    carve_backward(m, a->T, a->l0, a->l1, cv, a);
+}
 real *k3c_acts_src(const k3c_acts *a, int s) { return src_ptr(a, s); }

@@ -24,7 +24,16 @@ int k3c_model_create(const k3c_config *cfg, int with_grad, k3c_model *m, k3c_err
     m->kda_chunk = 64;
     int rc = k3c_params_build(cfg, &m->table, err);
     if (rc) return rc;
-    size_t bytes = m->table.total * sizeof(real);
+    size_t bytes = m->table.total * sizeof(real); /* < 2^63 elements (params.c), the product checked here */
+    if (m->table.total > SIZE_MAX / (2 * sizeof(real))) {
+        k3c_model_free(m);
+        return k3c_errf(err, K3C_ECONFIG, "model: %zu parameters do not fit in memory", m->table.total);
+    }
+    if ((rc = k3c_mem_check((uint64_t)bytes * (with_grad ? 2u : 1u),
+                            with_grad ? "model (weights and gradients)" : "model (weights)", err))) {
+        k3c_model_free(m);
+        return rc;
+    }
     m->w = k3c_aligned_alloc(bytes);
     m->g = with_grad ? k3c_aligned_alloc(bytes) : NULL;
     if (!m->w || (with_grad && !m->g)) {

@@ -43,6 +43,25 @@ typedef struct {
     void *ctx;
 } k3c_expert_exchange;
 
+/* A residual-stream tensor of a step, by index: the embedding, P after layer l's attention (pmid), or after its FFN
+ * (pend). Depth mixes list their sources this way so the backward finds each source's gradient buffer. */
+#define K3C_SRC_EMB (-1)
+#define K3C_SRC_MID(l) (2 * (l))
+#define K3C_SRC_END(l) (2 * (l) + 1)
+
+/* The state at the boundary before layer l (MODEL.md §5.3): the completed blocks R (the embedding, then each block's
+ * last P) and the running partial sum P, in that order, as K3C_SRC_* indices (src holds K3C_ATTNRES_MAX_SOURCES);
+ * returns their count (without AttnRes 1: P, the plain residual stream). A pure function of l, so a recomputed layer
+ * sees the same sources, and the layers from l on read nothing else of the layers before it: a pipeline stage passes
+ * exactly these tensors on (docs/PARALLEL.md "Pipeline parallelism"). */
+static inline int k3c_boundary_sources(const k3c_config *c, int l, int *src) {
+    int n = 0;
+    for (int j = 0; c->attn_res_block > 0 && j < l; j++)
+        if (j % c->attn_res_block == 0) src[n++] = j == 0 ? K3C_SRC_EMB : K3C_SRC_END(j - 1);
+    src[n++] = l == 0 ? K3C_SRC_EMB : K3C_SRC_END(l - 1);
+    return n;
+}
+
 /* The struct behind k3c.h's k3c_model: parameters, plan and the backend that runs them. */
 typedef struct k3c_model {
     k3c_config cfg;
@@ -72,5 +91,21 @@ void k3c_step_stats_free_f64(const k3c_model *m, k3c_step_stats *s);
  * (its kda_chunk); use_backend and every KDA layer forward ask it. */
 int k3c_model_check_backend_f32(const k3c_model *m, const void *be, k3c_err *err);
 int k3c_model_check_backend_f64(const k3c_model *m, const void *be, k3c_err *err);
+
+/* The model over a range of layers [l0, l1) (0 <= l0 < l1 <= L; k3c_model_forward / backward are the range [0, L)).
+ * l0 == 0 starts from the embedding of b->ids, else from `in`: the k3c_boundary_sources(l0) tensors [T, D] in backend
+ * memory, read in place (keep them until the backward). l1 == L ends with the final mix, norm, lm_head and the loss
+ * (*loss; else 0); else the boundary tensors before l1 stay in the acts (k3c_acts_boundary). The backward adds dout
+ * (l1 < L: the gradients of the tensors after the range, k3c_boundary_sources(l1) order) and leaves the gradients of
+ * the tensors before it (l0 > 0) in the acts. */
+#define K3C_MODEL_RANGE_API(real, S)                                                                                   \
+    size_t k3c_model_plan_bytes_range_##S(const k3c_model *m, int64_t T, int n_docs, int l0, int l1);                  \
+    int k3c_model_forward_range_##S(k3c_model *m, const k3c_model_batch *b, int l0, int l1, real *const *in,           \
+                                    k3c_arena *arena, k3c_acts **acts, double *loss, k3c_err *err);                    \
+    int k3c_model_backward_range_##S(k3c_model *m, k3c_acts *a, double scale, const real *const *dout, k3c_err *err);  \
+    /* The boundary after the range (grads 0: the tensors a forward left) or the gradients of the boundary before it \
+       (grads 1, after the backward): x[i] for each k3c_boundary_sources entry; returns their count. */ \
+    int k3c_acts_boundary_##S(const k3c_acts *a, int grads, real **x);
+K3C_DECLARE_REAL(K3C_MODEL_RANGE_API)
 
 #endif

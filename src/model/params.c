@@ -1,6 +1,7 @@
 /* params.c — builds the parameter inventory of a Kimi-Linear / Kimi-K3 model from its config, in checkpoint order and
  * under checkpoint names (docs/FORMATS.md §5.1–5.2), with the optimizer metadata of docs/MODEL.md §10. */
 #include "model/params.h"
+#include "base/check.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -13,10 +14,12 @@ typedef struct {
     int layer;
     char scope[96]; /* "model.layers.3." etc. (without the config prefix) */
     int oom;
+    char overflow[K3C_PARAM_NAME]; /* the first entry whose size overflows int64, "" while none does */
     k3c_param scratch;
 } builder;
 
-static size_t add(builder *b, const char *leaf, int kind, int ndim, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
+/* Adds an entry of `stack` slices (0: one, unstacked) of shape d[0..ndim); sizes are computed with overflow checks. */
+static size_t add_stacked(builder *b, const char *leaf, int kind, int ndim, const int64_t d[4], int64_t stack) {
     k3c_param_table *t = b->t;
     if (t->n == t->cap) {
         int cap = t->cap ? 2 * t->cap : 256;
@@ -31,19 +34,28 @@ static size_t add(builder *b, const char *leaf, int kind, int ndim, int64_t d0, 
     k3c_param *p = &t->p[t->n++];
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s%s%s", b->cfg->tensor_prefix, b->scope, leaf);
-    int64_t d[4] = {d0, d1, d2, d3};
     p->ndim = ndim;
-    p->numel = 1;
+    p->stack = stack;
+    int64_t numel = stack ? stack : 1, total;
+    int ok = stack >= 0;
     for (int i = 0; i < ndim; i++) {
         p->shape[i] = d[i];
-        p->numel *= d[i];
+        ok = ok && d[i] >= 0 && k3c_mul_ok(numel, d[i], &numel);
     }
+    ok = ok && k3c_add_ok((int64_t)t->total, numel, &total);
+    if (!ok && !b->overflow[0]) snprintf(b->overflow, sizeof b->overflow, "%s", p->name);
+    p->numel = ok ? numel : 0;
     p->used = p->numel;
     p->kind = (uint8_t)kind;
     p->layer = b->layer;
     p->offset = t->total;
-    t->total += (size_t)p->numel;
+    if (ok) t->total = (size_t)total;
     return p->offset;
+}
+
+static size_t add(builder *b, const char *leaf, int kind, int ndim, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
+    const int64_t d[4] = {d0, d1, d2, d3};
+    return add_stacked(b, leaf, kind, ndim, d, 0);
 }
 
 #define MAT(leaf, o, i) add(b, leaf, K3C_PK_MATRIX, 2, o, i, 0, 0)
@@ -135,14 +147,9 @@ static void ffn_params(builder *b, k3c_layer_offsets *o, int moe) {
     for (int k = 0; k < 3; k++) {
         char name[64];
         snprintf(name, sizeof name, "block_sparse_moe.experts.%%d.%s.weight", leaf[k]);
-        int64_t rows = k < 2 ? I : L, cols = k < 2 ? L : I;
-        *dst[k] = add(b, name, K3C_PK_MATRIX, 2, rows, cols, 0, 0);
-        k3c_param *p = last(b);
-        p->stack = E;
-        p->numel *= E;
-        p->used = p->numel;
-        b->t->total += (size_t)(p->numel - rows * cols);
-        p->mxfp4 = (uint8_t)c->experts_mxfp4;
+        const int64_t shape[4] = {k < 2 ? I : L, k < 2 ? L : I, 0, 0};
+        *dst[k] = add_stacked(b, name, K3C_PK_MATRIX, 2, shape, E);
+        last(b)->mxfp4 = (uint8_t)c->experts_mxfp4;
     }
 }
 
@@ -155,6 +162,8 @@ static int build_index(k3c_param_table *t);
 
 int k3c_params_build(const k3c_config *cfg, k3c_param_table *t, k3c_err *err) {
     memset(t, 0, sizeof *t);
+    /* the bounds of the validator keep every derived width (heads × head_dim, ...) far from overflowing */
+    CHECK_RC(k3c_config_validate(cfg, "params: config", err));
     t->layer = malloc((size_t)(cfg->num_layers > 0 ? cfg->num_layers : 1) * sizeof *t->layer);
     if (!t->layer) return k3c_errf(err, K3C_ENOMEM, "params: out of memory");
     builder bb = {.t = t, .cfg = cfg, .layer = -1}, *b = &bb;
@@ -191,6 +200,10 @@ int k3c_params_build(const k3c_config *cfg, k3c_param_table *t, k3c_err *err) {
     }
     b->scope[0] = 0;
     g->lm_head = add(b, "lm_head.weight", K3C_PK_HEAD, 2, V, D, 0, 0);
+    if (b->overflow[0]) {
+        k3c_params_free(t);
+        return k3c_errf(err, K3C_ECONFIG, "params: %s: the model has more than 2^63 parameters", b->overflow);
+    }
     if (b->oom || build_index(t)) {
         k3c_params_free(t);
         return k3c_errf(err, K3C_ENOMEM, "params: out of memory");

@@ -1,5 +1,5 @@
-/* qmat.c — the reference products over float32 / bf16 / MXFP4 weight views: BLAS for float32, a row-by-row decode
- * for the stored formats. Implements docs/FORMATS.md §6; the vectorised kernels must match these results. */
+/* qmat.c — the view check, row decode and the reference products over float32 / bf16 / MXFP4 weight views: BLAS for
+ * float32, a row-by-row decode for the stored formats. Implements docs/FORMATS.md §6; qmat_simd.c must match these. */
 #include "ops/qmat.h"
 #include "ops/mxfp4.h"
 
@@ -59,7 +59,7 @@ static void mul_decoded(const k3c_qmat *W, const float *X, int64_t n, float *Y, 
     }
 }
 
-void k3c_qmat_mul(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate) {
+void k3c_qmat_mul_ref(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate) {
     if (W->type != K3C_QMAT_F32) {
         mul_decoded(W, X, n, Y, accumulate);
         return;

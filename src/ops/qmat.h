@@ -23,8 +23,13 @@ typedef struct {
 int k3c_qmat_check(const k3c_qmat *W, const char *what, k3c_err *err);
 
 /* Y[n, rows] = X[n, cols] · Wᵀ, float accumulation; accumulate != 0 adds into Y. n = 1 is the decode GEMV.
- * Threads over rows (OpenMP) unless called inside a parallel region. */
+ * Threads over rows (OpenMP) unless called inside a parallel region. The vectorised kernels (qmat_simd.c, AVX2/FMA):
+ * they decode bf16 / E2M1+E8M0 in registers, read each weight row once for all n inputs, and never keep a decoded
+ * copy beyond a per-thread tile of a few rows. Results equal k3c_qmat_mul_ref up to the order of float summation. */
 void k3c_qmat_mul(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate);
+
+/* The scalar reference product (decode a row, then plain dot products; BLAS for float32): the kernels' oracle. */
+void k3c_qmat_mul_ref(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate);
 
 /* Decodes row r of W into out[cols] (the embedding lookup of a bf16 or float table). */
 void k3c_qmat_row(const k3c_qmat *W, int64_t r, float *out);

@@ -49,7 +49,8 @@ struct api_stream {
     size_t out_off;
     k3c_turn turn;
     k3c_api_meta meta;
-    k3c_sbuf text; /* a completion answered whole */
+    k3c_sbuf text;       /* a completion answered whole */
+    k3c_api_logprobs lp; /* when asked for: meta.lp points here */
     k3c_sched_finish why;
     int64_t n_prompt, n_gen;
     k3c_err err;
@@ -65,6 +66,7 @@ static void call_unref(api_stream *c) {
     k3c_turn_free(&c->turn);
     k3c_sbuf_free(&c->out);
     k3c_sbuf_free(&c->text);
+    k3c_api_logprobs_free(&c->lp);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);
@@ -83,10 +85,12 @@ static void on_text(void *ctx, const char *s, size_t n) {
         k3c_sbuf_append(&c->text, s, n);
 }
 
-static int on_token(void *ctx, int32_t id, int is_stop) {
+static int on_token(void *ctx, const k3c_sampled *t, int is_stop) {
     api_stream *c = ctx;
     pthread_mutex_lock(&c->mu);
-    int rc = k3c_turn_token(&c->turn, id, is_stop, &c->err);
+    /* before the text: the chunk this token's text goes out in carries its logprobs (a stop id has no text) */
+    int rc = c->meta.lp && !is_stop && k3c_api_logprobs_add(c->meta.lp, t, &c->err) ? -1 : 0;
+    if (!rc) rc = k3c_turn_token(&c->turn, t->id, is_stop, &c->err);
     if (rc < 0) c->failed = 1;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
@@ -174,6 +178,8 @@ static api_stream *start_call(k3c_server *s, k3c_api_req *q, int client_fd, api_
     c->client_fd = client_fd;
     c->n_prompt = (int64_t)q->prompt.n;
     k3c_api_meta_init(&c->meta, c->chat, s->model_name, atomic_fetch_add(&s->serial, 1) ^ (uint64_t)time(NULL) << 20);
+    c->lp.tok = s->lim.tok;
+    if (q->params.logprobs) c->meta.lp = &c->lp;
     if (k3c_turn_init(&c->turn, s->lim.tok, c->chat ? &q->parse : NULL, q->stop, q->nstop, on_delta, on_text, c,
                       &err)) {
         call_unref(c);
@@ -329,11 +335,11 @@ static int handle(k3c_server *s, const char *method, const char *path, const cha
         return 0;
     }
     if (!strcmp(path, "/metrics")) {
-        int queued = 0, running = 0;
-        if (ready) k3c_sched_load(s->sched, &queued, &running);
+        k3c_sched_stats st = {0};
+        if (ready) k3c_sched_get_stats(s->sched, &st);
         r->status = 200;
         r->content_type = "text/plain; version=0.0.4";
-        k3c_metrics_render(s->metrics, &r->body, queued, running, ready);
+        k3c_metrics_render(s->metrics, &r->body, &st, ready);
         return 0;
     }
     if (!authorized(s, auth))
@@ -370,7 +376,7 @@ int k3c_server_ready(k3c_server *s, k3c_serve *sv, k3c_err *err) {
                               k3c_turn_format(cfg),
                               s->model_name,
                               nv < cfg->vocab_size ? nv : cfg->vocab_size,
-                              cfg->max_positions,
+                              k3c_sched_max_ctx(s->sched),
                               s->o.max_tokens_cap};
     s->n_stop_ids = k3c_turn_stop_ids(sv->tok, cfg, s->stop_ids, K3C_SCHED_MAX_STOP_IDS);
     atomic_store(&s->ready, 1);

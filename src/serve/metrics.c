@@ -62,7 +62,7 @@ void k3c_metrics_tokens(k3c_metrics *m, int64_t prompt, int64_t generated) {
     pthread_mutex_unlock(&m->mu);
 }
 
-void k3c_metrics_render(k3c_metrics *m, k3c_sbuf *s, int queued, int running, int ready) {
+void k3c_metrics_render(k3c_metrics *m, k3c_sbuf *s, const k3c_sched_stats *sched, int ready) {
     pthread_mutex_lock(&m->mu);
     k3c_sbuf_printf(s, "# HELP k3c_requests_total HTTP requests by endpoint and status.\n"
                        "# TYPE k3c_requests_total counter\n");
@@ -83,11 +83,18 @@ void k3c_metrics_render(k3c_metrics *m, k3c_sbuf *s, int queued, int running, in
                     "# TYPE k3c_queue_length gauge\nk3c_queue_length %d\n"
                     "# HELP k3c_running Generation requests in a slot.\n"
                     "# TYPE k3c_running gauge\nk3c_running %d\n"
+                    "# HELP k3c_engine_steps_total Batched decode steps of the inference engine.\n"
+                    "# TYPE k3c_engine_steps_total counter\nk3c_engine_steps_total %llu\n"
+                    "# HELP k3c_engine_step_sequences_total Sequences those steps ran, summed.\n"
+                    "# TYPE k3c_engine_step_sequences_total counter\nk3c_engine_step_sequences_total %llu\n"
+                    "# HELP k3c_engine_batch_max The most sequences one engine step ran.\n"
+                    "# TYPE k3c_engine_batch_max gauge\nk3c_engine_batch_max %d\n"
                     "# HELP k3c_ready 1 once the model is loaded.\n# TYPE k3c_ready gauge\nk3c_ready %d\n"
                     "# HELP k3c_request_duration_seconds Time from a request's arrival to its last byte.\n"
                     "# TYPE k3c_request_duration_seconds histogram\n",
-                    (unsigned long long)m->prompt_tokens, (unsigned long long)m->generated_tokens, queued, running,
-                    ready);
+                    (unsigned long long)m->prompt_tokens, (unsigned long long)m->generated_tokens, sched->queued,
+                    sched->running, (unsigned long long)sched->steps, (unsigned long long)sched->step_seqs,
+                    sched->batch_max, ready);
     for (int e = 0; e < N_EP; e++) {
         if (!m->count[e]) continue;
         uint64_t cum = 0;

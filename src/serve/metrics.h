@@ -4,6 +4,7 @@
 #define K3C_SERVE_METRICS_H
 
 #include "base/json.h"
+#include "serve/sched.h"
 
 typedef struct k3c_metrics k3c_metrics;
 
@@ -13,7 +14,8 @@ void k3c_metrics_free(k3c_metrics *m);
  * byte handed over. Thread-safe. */
 void k3c_metrics_request(k3c_metrics *m, const char *path, int status, double seconds);
 void k3c_metrics_tokens(k3c_metrics *m, int64_t prompt, int64_t generated);
-/* Appends the exposition; queued / running come from the scheduler, ready says whether the model is loaded. */
-void k3c_metrics_render(k3c_metrics *m, k3c_sbuf *s, int queued, int running, int ready);
+/* Appends the exposition; sched comes from the scheduler (zeros before it exists), ready says whether the model is
+ * loaded. */
+void k3c_metrics_render(k3c_metrics *m, k3c_sbuf *s, const k3c_sched_stats *sched, int ready);
 
 #endif

@@ -6,15 +6,29 @@
 #include "serve/request.h"
 #include "serve/turn.h"
 
+/* The logprobs of a response's tokens not yet written out (OpenAI `logprobs`): each event or object that writes a
+ * "logprobs" field reports and drops them, so a stream spreads them over its chunks and a whole answer has them all. */
+typedef struct {
+    const k3c_tok *tok; /* to spell the tokens */
+    k3c_sampled *t;
+    size_t n, cap;
+    int64_t text_offset; /* completions: bytes of text before the next token */
+} k3c_api_logprobs;
+
+/* Keeps a token's logprobs for the next object written (K3C_ENOMEM when out of memory). */
+int k3c_api_logprobs_add(k3c_api_logprobs *lp, const k3c_sampled *t, k3c_err *err);
+void k3c_api_logprobs_free(k3c_api_logprobs *lp);
+
 /* What every object of one response repeats, and the streaming state of a chat response. */
 typedef struct {
     char id[48]; /* "chatcmpl-…" / "cmpl-…" */
     long long created;
     const char *model;
-    int chat;       /* chat.completion(.chunk) rather than text_completion */
-    int role_sent;  /* the first chunk (role "assistant") went out */
-    int n_calls;    /* tool calls streamed so far: their OpenAI index */
-    int64_t serial; /* counter for tool call ids */
+    int chat;             /* chat.completion(.chunk) rather than text_completion */
+    int role_sent;        /* the first chunk (role "assistant") went out */
+    int n_calls;          /* tool calls streamed so far: their OpenAI index */
+    int64_t serial;       /* counter for tool call ids */
+    k3c_api_logprobs *lp; /* NULL: "logprobs": null (not asked for) */
 } k3c_api_meta;
 
 void k3c_api_meta_init(k3c_api_meta *m, int chat, const char *model, uint64_t unique);

@@ -1,6 +1,9 @@
-/* sched.c — the scheduler of sched.h over today's engine: `slots` worker threads take jobs from a FIFO and run
- * k3c_generate, one at a time through a model lock (the engine recomputes the prefix and is not re-entrant). */
+/* sched.c — the scheduler of sched.h over the batched inference engine (docs/ENGINE.md, issue 12 items 2 and 6): one
+ * engine thread admits queued jobs into the engine as slots free up and steps every active sequence together
+ * (continuous batching), routing each sequence's events to its job's sink. */
 #include "serve/sched.h"
+
+#include "model/model.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -9,23 +12,27 @@
 
 struct k3c_sched_job {
     k3c_sched *s;
-    k3c_sched_req req; /* req.prompt points at seq */
-    int32_t *seq;      /* prompt + room for max_new ids */
+    k3c_sched_req req; /* req.prompt points at prompt */
+    int32_t *prompt;
     k3c_sched_sink sink;
     int refs; /* the caller's handle + the scheduler's */
     atomic_int cancelled;
-    int queued, stop_hit;
-    int64_t n_gen;
+    int queued;
+    int64_t seq, n_gen; /* the engine's id while in a slot */
     k3c_sched_job *next;
 };
 
 struct k3c_sched {
-    k3c_model *m;
-    pthread_mutex_t mu, model_mu;
+    k3c_engine *e; /* touched by the engine thread alone */
+    pthread_mutex_t mu;
     pthread_cond_t cv;
-    k3c_sched_job *head, *tail, **running; /* running: one entry per slot (NULL when idle) */
-    int n_queued, n_running, queue_max, slots, closing, n_workers;
-    pthread_t *workers;
+    k3c_sched_job *head, *tail; /* waiting for a slot */
+    k3c_sched_job **running;    /* one entry per slot (NULL when free); only the engine thread writes it */
+    k3c_engine_event *ev;
+    int n_queued, n_running, queue_max, slots, closing, started;
+    int64_t max_ctx;
+    k3c_sched_stats stats; /* steps, step_seqs, batch_max (the gauges are n_queued / n_running) */
+    pthread_t thread;
 };
 
 void k3c_gen_params_default(k3c_gen_params *p) {
@@ -46,76 +53,136 @@ static void job_unref(k3c_sched_job *j) {
     int last = --j->refs == 0;
     pthread_mutex_unlock(&s->mu);
     if (last) {
-        free(j->seq);
+        free(j->prompt);
         free(j);
     }
 }
 
-static int gen_token(void *ctx, int32_t id, int64_t i) {
-    k3c_sched_job *j = ctx;
-    (void)i;
-    if (atomic_load(&j->cancelled)) return 1;
-    int is_stop = 0;
-    for (int k = 0; k < j->req.n_stop_ids; k++) is_stop |= id == j->req.stop_ids[k];
-    j->n_gen++;
-    int r = j->sink.on_token(j->sink.ctx, id, is_stop);
-    if (is_stop || r) j->stop_hit = 1;
-    return is_stop || r;
+static k3c_request engine_request(const k3c_sched_req *q) {
+    const k3c_gen_params *p = &q->params;
+    k3c_request r = {.sampler = {.temperature = p->temperature,
+                                 .top_p = p->top_p,
+                                 .seed = p->seed,
+                                 .top_k = p->top_k,
+                                 .min_p = p->min_p,
+                                 .repetition_penalty = p->repetition_penalty,
+                                 .presence_penalty = p->presence_penalty,
+                                 .frequency_penalty = p->frequency_penalty,
+                                 .logprobs = p->logprobs ? p->top_logprobs : 0},
+                     .max_new = q->max_new,
+                     .n_stop = q->n_stop_ids};
+    memcpy(r.stop_ids, q->stop_ids, sizeof(int32_t) * (size_t)q->n_stop_ids);
+    return r;
 }
 
-/* Runs a job on the engine; returns how it finished (err filled for K3C_SCHED_FINISH_ERROR). */
-static k3c_sched_finish run_job(k3c_sched *s, k3c_sched_job *j, k3c_err *err) {
-    int rc = 0;
-    pthread_mutex_lock(&s->model_mu);
-    if (!atomic_load(&j->cancelled) && j->req.max_new > 0) {
-        const k3c_gen_params *p = &j->req.params;
-        k3c_gen_opts o = {.sampler = {.temperature = p->temperature,
-                                      .top_p = p->top_p,
-                                      .seed = p->seed,
-                                      .top_k = p->top_k,
-                                      .min_p = p->min_p,
-                                      .repetition_penalty = p->repetition_penalty,
-                                      .presence_penalty = p->presence_penalty,
-                                      .frequency_penalty = p->frequency_penalty},
-                          .max_new = j->req.max_new,
-                          .stop_id = -1,
-                          .on_token = gen_token,
-                          .ctx = j};
-        int64_t len = 0;
-        rc = k3c_generate(s->m, j->seq, j->req.n_prompt, &o, &len, err);
-    }
-    pthread_mutex_unlock(&s->model_mu);
-    return rc                           ? K3C_SCHED_FINISH_ERROR
-           : atomic_load(&j->cancelled) ? K3C_SCHED_FINISH_CANCELLED
-           : j->stop_hit                ? K3C_SCHED_FINISH_STOP
-                                        : K3C_SCHED_FINISH_LENGTH;
-}
-
-static void *worker(void *arg) {
-    k3c_sched *s = arg;
+/* Frees slot i (engine thread, mu held) and reports the job's end outside the lock. */
+static void finish_slot(k3c_sched *s, int i, k3c_sched_finish why, const k3c_err *err) {
+    k3c_sched_job *j = s->running[i];
+    s->running[i] = NULL; /* free before on_done: a caller may submit its next request from there on */
+    s->n_running--;
+    pthread_mutex_unlock(&s->mu);
+    j->sink.on_done(j->sink.ctx, why, j->n_gen, err);
+    job_unref(j);
     pthread_mutex_lock(&s->mu);
-    for (;;) {
-        while (!s->closing && !s->head) pthread_cond_wait(&s->cv, &s->mu);
-        if (!s->head) break; /* closing and nothing left */
+}
+
+/* Takes queued jobs into free slots (mu held; on_done of a job the engine refuses runs outside it). */
+static void admit(k3c_sched *s) {
+    for (int i = 0; i < s->slots && s->head; i++) {
+        if (s->running[i]) continue;
         k3c_sched_job *j = s->head;
         s->head = j->next;
         if (!s->head) s->tail = NULL;
         j->queued = 0;
         s->n_queued--;
-        int slot = 0;
-        while (s->running[slot]) slot++; /* a worker per slot: one is always free here */
-        s->running[slot] = j;
+        s->running[i] = j;
         s->n_running++;
         if (s->closing) atomic_store(&j->cancelled, 1);
-        pthread_mutex_unlock(&s->mu);
         k3c_err err = {0};
-        k3c_sched_finish why = run_job(s, j, &err);
+        k3c_request r = engine_request(&j->req);
+        if (atomic_load(&j->cancelled))
+            finish_slot(s, i, K3C_SCHED_FINISH_CANCELLED, NULL);
+        else if (j->req.max_new == 0)
+            finish_slot(s, i, K3C_SCHED_FINISH_LENGTH, NULL);
+        else if (k3c_engine_submit(s->e, j->prompt, j->req.n_prompt, &r, &j->seq, &err))
+            finish_slot(s, i, K3C_SCHED_FINISH_ERROR, &err);
+    }
+}
+
+/* Ends the sequences whose job was cancelled (mu held). */
+static void drop_cancelled(k3c_sched *s) {
+    for (int i = 0; i < s->slots; i++)
+        if (s->running[i] && atomic_load(&s->running[i]->cancelled)) {
+            k3c_engine_cancel(s->e, s->running[i]->seq, NULL);
+            finish_slot(s, i, K3C_SCHED_FINISH_CANCELLED, NULL);
+        }
+}
+
+static int slot_of(const k3c_sched *s, int64_t seq) {
+    for (int i = 0; i < s->slots; i++)
+        if (s->running[i] && s->running[i]->seq == seq) return i;
+    return -1;
+}
+
+static int is_stop_id(const k3c_sched_req *r, int32_t id) {
+    for (int k = 0; k < r->n_stop_ids; k++)
+        if (r->stop_ids[k] == id) return 1;
+    return 0;
+}
+
+/* One engine step over every active sequence, its events routed to their jobs (mu not held: sinks run unlocked, and
+ * only this thread touches the engine and running[]'s occupants). */
+static void step(k3c_sched *s) {
+    k3c_err err = {0};
+    int n_ev = 0;
+    if (k3c_engine_step(s->e, s->ev, s->slots, &n_ev, &err)) { /* the engine dropped the step's sequences */
         pthread_mutex_lock(&s->mu);
-        s->running[slot] = NULL; /* free before on_done: a caller may submit its next request from there on */
-        s->n_running--;
+        for (int i = 0; i < s->slots; i++)
+            if (s->running[i]) {
+                k3c_engine_cancel(s->e, s->running[i]->seq, NULL);
+                finish_slot(s, i, K3C_SCHED_FINISH_ERROR, &err);
+            }
         pthread_mutex_unlock(&s->mu);
-        j->sink.on_done(j->sink.ctx, why, j->n_gen, why == K3C_SCHED_FINISH_ERROR ? &err : NULL);
-        job_unref(j);
+        return;
+    }
+    for (int k = 0; k < n_ev; k++) {
+        const k3c_engine_event *ev = &s->ev[k];
+        int i = slot_of(s, ev->seq);
+        if (i < 0) continue;
+        k3c_sched_job *j = s->running[i];
+        const int is_stop = is_stop_id(&j->req, ev->token.id);
+        j->n_gen++;
+        const int ended = atomic_load(&j->cancelled) ? 0 : j->sink.on_token(j->sink.ctx, &ev->token, is_stop);
+        pthread_mutex_lock(&s->mu);
+        if (atomic_load(&j->cancelled)) {
+            if (!ev->finish) k3c_engine_cancel(s->e, ev->seq, NULL);
+            finish_slot(s, i, K3C_SCHED_FINISH_CANCELLED, NULL);
+        } else if (ev->finish || ended) {
+            if (!ev->finish) k3c_engine_cancel(s->e, ev->seq, NULL);
+            finish_slot(s, i,
+                        ev->finish == K3C_FINISH_LENGTH && !ended ? K3C_SCHED_FINISH_LENGTH : K3C_SCHED_FINISH_STOP,
+                        NULL);
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+static void *engine_thread(void *arg) {
+    k3c_sched *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        drop_cancelled(s);
+        admit(s);
+        if (s->n_running == 0) {
+            if (s->closing && !s->head) break;
+            if (!s->head) pthread_cond_wait(&s->cv, &s->mu);
+            continue;
+        }
+        s->stats.steps++;
+        s->stats.step_seqs += (uint64_t)s->n_running;
+        if (s->n_running > s->stats.batch_max) s->stats.batch_max = s->n_running;
+        pthread_mutex_unlock(&s->mu);
+        step(s);
         pthread_mutex_lock(&s->mu);
     }
     pthread_mutex_unlock(&s->mu);
@@ -128,26 +195,32 @@ int k3c_sched_new(k3c_model *m, int slots, int queue_max, k3c_sched **out, k3c_e
         return k3c_errf(err, K3C_EINVAL, "scheduler: need a model, 1..256 slots and a queue bound >= 0 (got %d, %d)",
                         slots, queue_max);
     k3c_sched *s = calloc(1, sizeof *s);
-    if (!s || !(s->workers = calloc((size_t)slots, sizeof *s->workers)) ||
-        !(s->running = calloc((size_t)slots, sizeof *s->running))) {
-        if (s) free(s->workers);
+    if (!s || !(s->running = calloc((size_t)slots, sizeof *s->running)) ||
+        !(s->ev = calloc((size_t)slots, sizeof *s->ev))) {
+        if (s) free(s->running);
         free(s);
         return k3c_errf(err, K3C_ENOMEM, "scheduler: out of memory");
     }
-    s->m = m;
     s->slots = slots;
     s->queue_max = queue_max;
     pthread_mutex_init(&s->mu, NULL);
-    pthread_mutex_init(&s->model_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    for (; s->n_workers < slots; s->n_workers++)
-        if (pthread_create(&s->workers[s->n_workers], NULL, worker, s)) {
-            k3c_sched_free(s);
-            return k3c_errf(err, K3C_ENOMEM, "scheduler: cannot start engine thread %d", s->n_workers);
-        }
+    s->max_ctx =
+        m->cfg.max_positions > 0 && m->cfg.max_positions < K3C_SCHED_MAX_CTX ? m->cfg.max_positions : K3C_SCHED_MAX_CTX;
+    k3c_engine_opts eo = {.max_seqs = slots, .max_ctx = s->max_ctx};
+    int rc = k3c_engine_open(m, &eo, &s->e, err);
+    if (!rc && pthread_create(&s->thread, NULL, engine_thread, s))
+        rc = k3c_errf(err, K3C_ENOMEM, "scheduler: cannot start the engine thread");
+    s->started = !rc;
+    if (rc) {
+        k3c_sched_free(s);
+        return rc;
+    }
     *out = s;
     return 0;
 }
+
+int64_t k3c_sched_max_ctx(const k3c_sched *s) { return s->max_ctx; }
 
 void k3c_sched_close(k3c_sched *s) {
     pthread_mutex_lock(&s->mu);
@@ -162,12 +235,12 @@ void k3c_sched_close(k3c_sched *s) {
 void k3c_sched_free(k3c_sched *s) {
     if (!s) return;
     k3c_sched_close(s);
-    for (int i = 0; i < s->n_workers; i++) pthread_join(s->workers[i], NULL);
+    if (s->started) pthread_join(s->thread, NULL);
+    if (s->e) k3c_engine_close(s->e);
     pthread_mutex_destroy(&s->mu);
-    pthread_mutex_destroy(&s->model_mu);
     pthread_cond_destroy(&s->cv);
-    free(s->workers);
     free(s->running);
+    free(s->ev);
     free(s);
 }
 
@@ -180,16 +253,18 @@ int k3c_sched_submit(k3c_sched *s, const k3c_sched_req *r, const k3c_sched_sink 
                         "scheduler: a request needs a prompt of at least one id, max_new >= 0, at "
                         "most %d stop ids and both callbacks",
                         K3C_SCHED_MAX_STOP_IDS);
+    k3c_request er = engine_request(r);
+    int rc = k3c_sampler_check(&er.sampler, err);
+    if (rc) return rc;
     k3c_sched_job *j = calloc(1, sizeof *j);
-    size_t n = (size_t)(r->n_prompt + r->max_new);
-    if (!j || !(j->seq = malloc(sizeof(int32_t) * n))) {
+    if (!j || !(j->prompt = malloc(sizeof(int32_t) * (size_t)r->n_prompt))) {
         free(j);
         return k3c_errf(err, K3C_ENOMEM, "scheduler: out of memory");
     }
-    memcpy(j->seq, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
+    memcpy(j->prompt, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
     j->s = s;
     j->req = *r;
-    j->req.prompt = j->seq;
+    j->req.prompt = j->prompt;
     j->sink = *sink;
     j->refs = 2;
     j->queued = 1;
@@ -197,7 +272,7 @@ int k3c_sched_submit(k3c_sched *s, const k3c_sched_req *r, const k3c_sched_sink 
     if (s->closing || s->n_queued >= s->queue_max + (s->slots - s->n_running)) {
         int closing = s->closing;
         pthread_mutex_unlock(&s->mu);
-        free(j->seq);
+        free(j->prompt);
         free(j);
         return k3c_errf(err, K3C_ENOMEM, closing ? "scheduler: shutting down" : "scheduler: queue full (%d waiting)",
                         s->queue_max);
@@ -216,7 +291,7 @@ int k3c_sched_submit(k3c_sched *s, const k3c_sched_req *r, const k3c_sched_sink 
 
 void k3c_sched_cancel(k3c_sched_job *j) {
     k3c_sched *s = j->s;
-    atomic_store(&j->cancelled, 1);
+    atomic_store(&j->cancelled, 1); /* a running job: the engine thread drops it before its next step */
     pthread_mutex_lock(&s->mu);
     int unlinked = 0;
     if (j->queued)
@@ -240,9 +315,10 @@ void k3c_sched_release(k3c_sched_job *j) {
     if (j) job_unref(j);
 }
 
-void k3c_sched_load(k3c_sched *s, int *queued, int *running) {
+void k3c_sched_get_stats(k3c_sched *s, k3c_sched_stats *st) {
     pthread_mutex_lock(&s->mu);
-    *queued = s->n_queued;
-    *running = s->n_running;
+    *st = s->stats;
+    st->queued = s->n_queued;
+    st->running = s->n_running;
     pthread_mutex_unlock(&s->mu);
 }

@@ -7,9 +7,11 @@
 #include "k3c.h"
 
 #define K3C_SCHED_MAX_STOP_IDS 8
+#define K3C_SCHED_MAX_CTX                                                                                              \
+    4096 /* tokens per sequence (prompt + output) at most: each slot's latent cache holds this many */
 
-/* Per-request sampling. Every field is validated by the request layer; today's engine (k3c_generate and k3c_sampler)
- * applies temperature, top_p and seed, the batched engine will apply the rest (top_k, min_p, penalties, logprobs). */
+/* Per-request sampling, every field validated by the request layer and applied per sequence by the engine's sampler
+ * (k3c_sampler). logprobs: report each token's logprob and its top_logprobs most likely alternatives. */
 typedef struct {
     double temperature, top_p, min_p;
     int64_t top_k; /* 0 = off */
@@ -37,12 +39,13 @@ typedef enum {
 
 const char *k3c_sched_finish_name(k3c_sched_finish f); /* OpenAI spelling: "stop", "length", "cancelled", "error" */
 
-/* Where a job's events go; called on an engine thread, one job's events in order. on_token gets each generated id
- * (is_stop: it is one of the request's stop ids, generation ends after it) and returns non-zero to end generation.
+/* Where a job's events go; called on the engine thread, one job's events in order. on_token gets each generated id
+ * with its logprob and top alternatives (t->n_top = params.top_logprobs when params.logprobs; is_stop: it is one of
+ * the request's stop ids, generation ends after it) and returns non-zero to end generation.
  * on_done comes exactly once, last, also for a job cancelled before it started; after it returns the scheduler never
  * touches ctx again. */
 typedef struct {
-    int (*on_token)(void *ctx, int32_t id, int is_stop);
+    int (*on_token)(void *ctx, const k3c_sampled *t, int is_stop);
     void (*on_done)(void *ctx, k3c_sched_finish why, int64_t n_generated, const k3c_err *err);
     void *ctx;
 } k3c_sched_sink;
@@ -50,21 +53,33 @@ typedef struct {
 typedef struct k3c_sched k3c_sched;
 typedef struct k3c_sched_job k3c_sched_job;
 
-/* A scheduler over an open model with `slots` sequences in flight and at most `queue_max` waiting. */
+/* A scheduler over an open float32 CPU model: one engine thread runs the inference engine (k3c_engine) with `slots`
+ * sequences decoding together (continuous batching); at most `queue_max` more wait. A model the engine cannot run
+ * (another backend or precision) is refused with the engine's error. */
 int k3c_sched_new(k3c_model *m, int slots, int queue_max, k3c_sched **out, k3c_err *err);
 /* Cancels every job (each gets its on_done soon) and refuses new ones; returns at once. */
 void k3c_sched_close(k3c_sched *s);
-/* Closes, waits for the engine threads and frees the scheduler. */
+/* Tokens a sequence may hold, prompt + output: the model's max_position_embeddings capped at K3C_SCHED_MAX_CTX (the
+ * request layer's limit, so a longer request is refused before it is queued). */
+int64_t k3c_sched_max_ctx(const k3c_sched *s);
+/* Closes, waits for the engine thread and frees the scheduler. */
 void k3c_sched_free(k3c_sched *s);
 /* Queues a request: K3C_ENOMEM when the queue is full (the caller answers "overloaded"), K3C_EINVAL for a bad
- * request, else *job is the caller's handle (release it with k3c_sched_release). */
+ * request or sampler setting (an engine that refuses it later, e.g. a prompt past its context, ends it with
+ * on_done(K3C_SCHED_FINISH_ERROR)), else *job is the caller's handle (release it with k3c_sched_release). */
 int k3c_sched_submit(k3c_sched *s, const k3c_sched_req *r, const k3c_sched_sink *sink, k3c_sched_job **job,
                      k3c_err *err);
-/* Asks the job to end (a client went away): it gets on_done(K3C_SCHED_FINISH_CANCELLED) after its current step, or, when it
- * is still queued, at once on the calling thread (which must not hold a lock on_done takes). */
+/* Asks the job to end (a client went away): its sequence leaves the engine and it gets
+ * on_done(K3C_SCHED_FINISH_CANCELLED) before the next step, or, when it is still queued, at once on the calling thread
+ * (which must not hold a lock on_done takes). */
 void k3c_sched_cancel(k3c_sched_job *j);
 void k3c_sched_release(k3c_sched_job *j);
-/* Jobs waiting for a slot, and jobs in a slot. */
-void k3c_sched_load(k3c_sched *s, int *queued, int *running);
+typedef struct {
+    int queued, running;       /* jobs waiting for a slot, jobs in a slot */
+    uint64_t steps, step_seqs; /* engine steps run, and the sequences they ran summed (step_seqs / steps: the
+                                     mean batch) */
+    int batch_max;             /* the most sequences one step ran */
+} k3c_sched_stats;
+void k3c_sched_get_stats(k3c_sched *s, k3c_sched_stats *st);
 
 #endif

@@ -124,9 +124,9 @@ typedef struct {
     k3c_err err;
 } run_state;
 
-static int run_token(void *ctx, int32_t id, int is_stop) {
+static int run_token(void *ctx, const k3c_sampled *t, int is_stop) {
     run_state *r = ctx;
-    int rc = k3c_turn_token(r->t, id, is_stop, &r->err);
+    int rc = k3c_turn_token(r->t, t->id, is_stop, &r->err);
     if (rc < 0) r->failed = 1;
     return rc != 0;
 }
@@ -145,7 +145,8 @@ static void run_done(void *ctx, k3c_sched_finish why, int64_t n_gen, const k3c_e
     pthread_mutex_unlock(&r->mu);
 }
 
-int k3c_turn_run(k3c_sched *s, const k3c_sched_req *req, k3c_turn *t, k3c_sched_finish *why, int64_t *n_gen, k3c_err *err) {
+int k3c_turn_run(k3c_sched *s, const k3c_sched_req *req, k3c_turn *t, k3c_sched_finish *why, int64_t *n_gen,
+                 k3c_err *err) {
     run_state r = {.t = t};
     pthread_mutex_init(&r.mu, NULL);
     pthread_cond_init(&r.cv, NULL);

@@ -5,6 +5,7 @@
 #define K3C_SERVE_WEIGHTS_H
 
 #include "base/base.h"
+#include "model/params.h"
 #include "ops/qmat.h"
 
 /* One decoder layer. A matrix absent from the layer has w == NULL; a vector absent is NULL. Matrices keep the
@@ -53,6 +54,7 @@ struct k3c_weights {
     const float *final_norm;                  /* [D] */
     const float *out_res_norm, *out_res_proj; /* [D], AttnRes models only */
     k3c_weights_layer *layer;                 /* [num_layers] */
+    k3c_checkpoint *ckpt;                     /* the mapping the views point into (k3c_weights_open), or NULL */
     void **owned;
     int n_owned, cap_owned;
 };
@@ -73,6 +75,17 @@ static inline k3c_qmat k3c_qmat_sub_rows(const k3c_qmat *W, int64_t r0, int64_t 
 
 /* A zeroed block of `bytes` owned by w (freed by k3c_weights_free); NULL when out of memory. */
 void *k3c_weights_alloc(k3c_weights *w, size_t bytes);
+/* Where a builder's views come from: a matrix or vector of the parameter table, by its element offset (K3C_NOPARAM:
+ * absent → an empty view / NULL). */
+typedef struct {
+    k3c_qmat (*mat)(void *ctx, size_t off, int64_t rows, int64_t cols);
+    const float *(*vec)(void *ctx, size_t off);
+    void *ctx;
+} k3c_weights_src;
+/* Fills every view of w the config's layer plan names from src (w zeroed by the caller; per-expert view arrays are
+ * owned by w). Shapes are checked afterwards by k3c_weights_check. */
+int k3c_weights_fill(k3c_weights *w, const k3c_config *c, const k3c_param_table *tab, const k3c_weights_src *src,
+                     k3c_err *err);
 /* Views into the float32 parameters of an opened model on the CPU (nothing copied but the absorbed key side).
  * The model must outlive the weights. */
 int k3c_weights_from_model(const k3c_model *m, k3c_weights *w, k3c_err *err);
@@ -81,6 +94,11 @@ int k3c_weights_from_model(const k3c_model *m, k3c_weights *w, k3c_err *err);
 int k3c_weights_absorb(k3c_weights *w, k3c_err *err);
 /* Checks every view the config needs is present with the right shape (names the layer and tensor). */
 int k3c_weights_check(const k3c_weights *w, k3c_err *err);
+/* The weights of a release checkpoint directory (config.json + model.safetensors, or model.safetensors.index.json +
+ * shards), mmap'd read-only: bf16 / float32 matrices and MXFP4 experts (weight_packed + weight_scale) are views into
+ * the mapping, kept as stored; vectors (norms, biases, A_log, conv kernels) are converted to float. Nothing is
+ * dequantised. On failure nothing stays open and the error names the file and tensor. */
+int k3c_weights_open(const char *dir, k3c_weights *w, k3c_err *err);
 void k3c_weights_free(k3c_weights *w);
 
 #endif

@@ -90,13 +90,20 @@ int k3c_train_ckpt_save(const char *out_dir, int64_t step, const k3c_train_ckpt 
             rc = copy_file(src, p, err);
         }
     }
+    const char *files[8] = {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"};
+    int n_files = 4;
     if (!rc && ck->vocab && ck->vocab[0]) {
+        files[n_files++] = K3C_TOK_DIR_VOCAB;
+        snprintf(p, sizeof p, "%s/" K3C_TOK_DIR_VOCAB ".specials.json", tmp);
+        if (access(p, F_OK) == 0) files[n_files++] = K3C_TOK_DIR_VOCAB ".specials.json";
+        files[n_files++] = K3C_TOK_DIR_SPEC;
         char body[96];
         int len = snprintf(body, sizeof body, "{\"vocab\": \"" K3C_TOK_DIR_VOCAB "\", \"pattern\": \"%s\"}\n",
                            ck->pattern ? ck->pattern : "cl100k");
         snprintf(p, sizeof p, "%s/" K3C_TOK_DIR_SPEC, tmp);
         rc = k3c_write_file_atomic(p, body, (size_t)len, err);
     }
+    if (!rc) rc = k3c_checksums_write(tmp, files, n_files, err); /* last: it covers every file above */
     if (rc) {
         remove_tree(tmp);
         return k3c_err_wrap(err, "checkpoint %s", fin);
@@ -109,6 +116,48 @@ int k3c_train_ckpt_save(const char *out_dir, int64_t step, const k3c_train_ckpt 
     rc = k3c_write_file_atomic(p, name, (size_t)n, err);
     if (!rc) prune(out_dir, keep, (long long)step);
     return rc;
+}
+
+void k3c_train_ckpt_clean(const char *out_dir) {
+    DIR *d = opendir(out_dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[4096];
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, ".tmp_step_", 10) == 0) {
+            snprintf(p, sizeof p, "%s/%s", out_dir, e->d_name);
+            remove_tree(p);
+        }
+    closedir(d);
+}
+
+int k3c_train_ckpt_candidates(const char *out_dir, int64_t *steps, int cap, k3c_err *err) {
+    char latest[4096];
+    int rc = k3c_train_ckpt_latest(out_dir, latest, sizeof latest, err);
+    if (rc == K3C_ENOTFOUND) return 0;
+    if (rc) return rc;
+    long long newest;
+    char tail;
+    const char *base = strrchr(latest, '/') + 1;
+    if (sscanf(base, "step_%lld%c", &newest, &tail) != 1)
+        return k3c_errf(err, K3C_EFORMAT, "%s/latest: names \"%s\", not a step_N directory", out_dir, base);
+    DIR *d = opendir(out_dir);
+    if (!d) return k3c_errf(err, K3C_EIO, "%s: %s", out_dir, strerror(errno));
+    int n = 0;
+    struct dirent *e;
+    steps[n++] = newest;
+    while ((e = readdir(d)) && n < cap) {
+        long long s;
+        if (sscanf(e->d_name, "step_%lld%c", &s, &tail) == 1 && s < newest) steps[n++] = s;
+    }
+    closedir(d);
+    for (int i = 2; i < n; i++) /* newest first */
+        for (int j = i; j > 1 && steps[j - 1] < steps[j]; j--) {
+            int64_t t = steps[j];
+            steps[j] = steps[j - 1];
+            steps[j - 1] = t;
+        }
+    return n;
 }
 
 int k3c_train_ckpt_latest(const char *out_dir, char *path, size_t n, k3c_err *err) {

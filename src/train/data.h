@@ -24,9 +24,7 @@
 #define K3C_SHARD_HEADER_BYTES 64
 #define K3C_SHARD_EXT ".k3cshard"
 
-#define K3C_FNV1A64_INIT 0xcbf29ce484222325ull
-/* FNV-1a 64 over p[0..n), continuing from h (start with K3C_FNV1A64_INIT). */
-uint64_t k3c_fnv1a64(const void *p, size_t n, uint64_t h);
+/* the checksum is k3c_fnv1a64 (base/base.h) */
 
 /* Writes one shard atomically (temp file, fsync, rename, fsync of the directory). tokens[n_tokens], offsets[n_docs+1].
  * The input is validated like a read (offsets monotone from 0 to n_tokens, every token in [0, vocab_size)). */

@@ -165,7 +165,13 @@ int k3c_loader_set_weights(k3c_loader *ld, const double *w, k3c_err *err) {
         if (nw[i] > 0 && ld->src[i].train->n_tokens == 0)
             return k3c_errf(err, K3C_EINVAL, "loader: source %s (%s) has weight %g but no training tokens",
                             ld->src[i].name, ld->src[i].train->dir, nw[i]);
-    if (sum == 0) return k3c_errf(err, K3C_EINVAL, "loader: no source has training tokens");
+    if (sum == 0) { /* name every source's directory: the empty batches would come from there */
+        char dirs[1024] = "";
+        for (int i = 0, at = 0; i < ld->n && at < (int)sizeof dirs; i++)
+            at += snprintf(dirs + at, sizeof dirs - (size_t)at, "%s%s (%s)", i ? ", " : "", ld->src[i].name,
+                           ld->src[i].train->dir);
+        return k3c_errf(err, K3C_EINVAL, "loader: no source has training tokens: %s", dirs);
+    }
     for (int i = 0; i < ld->n; i++) ld->weight[i] = nw[i] / sum;
     return K3C_OK;
 }

@@ -1,8 +1,10 @@
 /* metrics.c — training metrics as JSON Lines, one flushed object per logged step; part of the trainer (the PNG plot of
  * these lines is drawn by the CLI, src/cli/plot.c: the library runs no programs). */
 #include "train/metrics.h"
+#include "base/json.h"
 
 #include <math.h>
+#include <string.h>
 
 static void num(FILE *f, const char *key, double v) {
     if (isfinite(v)) fprintf(f, ",\"%s\":%.9g", key, v);
@@ -32,5 +34,15 @@ void k3c_metrics_write(FILE *f, const k3c_metrics_row *r) {
         }
     }
     fprintf(f, "}\n");
+    fflush(f);
+}
+
+void k3c_metrics_event(FILE *f, int64_t step, const char *event, const char *reason, const char *extra) {
+    k3c_sbuf s;
+    k3c_sbuf_init(&s);
+    k3c_sbuf_json_string(&s, reason, strlen(reason));
+    fprintf(f, "{\"step\":%lld,\"event\":\"%s\",\"reason\":%s%s}\n", (long long)step, event, s.ok ? s.buf : "\"\"",
+            extra ? extra : "");
+    k3c_sbuf_free(&s);
     fflush(f);
 }

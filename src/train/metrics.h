@@ -20,5 +20,8 @@ typedef struct {
 
 /* Appends one JSON line to f (flushed). */
 void k3c_metrics_write(FILE *f, const k3c_metrics_row *r);
+/* Appends an event line (flushed): {"step":S,"event":"<event>","reason":"<reason>"<extra>}, extra being "" or more
+ * members (",\"lr\":0.001"). Readers of the per-step rows skip lines with an "event" key. */
+void k3c_metrics_event(FILE *f, int64_t step, const char *event, const char *reason, const char *extra);
 
 #endif

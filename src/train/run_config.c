@@ -5,6 +5,7 @@
 #include "ops/qk_clip.h"
 #include "train/schedule.h"
 #include "ops/quantile_balance.h"
+#include "train/guard.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -67,18 +68,18 @@ static int get_str(ctx *c, const k3c_json *o, const char *where, const char *key
     return 0;
 }
 
-/* "parallel": {"dp", "ep", "tp", "pp", "cp"}, each ≥ 1 (absent keys 1); checked against the world and the model when
- * the run starts (dist/layout.c). No block leaves every degree 0. */
+/* "parallel": {"dp", "ep", "tp", "pp", "cp"}, each ≥ 1 (absent keys 1), and "micro_batches" (≥ 1, absent: pp);
+ * checked against the world and the model when the run starts (dist/layout.c). No block leaves every degree 0. */
 static int parse_parallel(ctx *c, const k3c_json *p, k3c_parallel *out) {
-    static const char *const keys[] = {"dp", "ep", "tp", "pp", "cp", NULL};
-    int64_t *deg[] = {&out->dp, &out->ep, &out->tp, &out->pp, &out->cp};
+    static const char *const keys[] = {"dp", "ep", "tp", "pp", "cp", "micro_batches", NULL};
+    int64_t *deg[] = {&out->dp, &out->ep, &out->tp, &out->pp, &out->cp, &out->micro_batches};
     memset(out, 0, sizeof *out);
     if (!p) return 0;
     if (p->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: parallel: expected an object", c->file);
     int e = keys_known(c, p, "parallel.", keys);
-    for (int i = 0; !e && i < 5; i++) {
-        e = get_int(c, p, "parallel.", keys[i], 1, 0, deg[i]);
-        if (!e && (*deg[i] < 1 || *deg[i] > 65536))
+    for (int i = 0; !e && i < 6; i++) {
+        e = get_int(c, p, "parallel.", keys[i], i < 5 ? 1 : 0, 0, deg[i]);
+        if (!e && k3c_json_get(p, keys[i]) && (*deg[i] < 1 || *deg[i] > 65536)) /* absent: the defaults */
             e = k3c_errf(c->err, K3C_ECONFIG, "%s: parallel.%s: %lld, must be 1..65536", c->file, keys[i],
                          (long long)*deg[i]);
     }
@@ -150,6 +151,33 @@ static int parse_stage(ctx *c, const k3c_json *s, int i, const k3c_run_config *r
     return 0;
 }
 
+/* "guard": {"spike_factor": 5, "window": 32, "max_skips": 3, "lr_factor": 0.5} (all optional; these are the defaults) */
+static int parse_guard(ctx *c, const k3c_json *g, k3c_run_config *rc) {
+    static const char *const keys[] = {"spike_factor", "window", "max_skips", "lr_factor", NULL};
+    static const k3c_json empty = {.type = K3C_JSON_OBJECT};
+    if (g && g->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: guard: expected an object", c->file);
+    const k3c_json *o = g ? g : &empty;
+    int e = keys_known(c, o, "guard.", keys);
+    if (!e) e = get_num(c, o, "guard.", "spike_factor", 5.0, 0, &rc->guard_spike_factor);
+    if (!e) e = get_int(c, o, "guard.", "window", 32, 0, &rc->guard_window);
+    if (!e) e = get_int(c, o, "guard.", "max_skips", 3, 0, &rc->guard_max_skips);
+    if (!e) e = get_num(c, o, "guard.", "lr_factor", 0.5, 0, &rc->guard_lr_factor);
+    if (e) return e;
+    if (!(rc->guard_spike_factor == 0 || rc->guard_spike_factor > 1))
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: guard.spike_factor: %g, must be 0 (off) or > 1", c->file,
+                        rc->guard_spike_factor);
+    if (rc->guard_window < 1 || rc->guard_window > K3C_GUARD_MAX_WINDOW)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: guard.window: %lld, must be in 1..%d", c->file,
+                        (long long)rc->guard_window, K3C_GUARD_MAX_WINDOW);
+    if (rc->guard_max_skips < 0)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: guard.max_skips: %lld, must be >= 0 (0: never roll back)", c->file,
+                        (long long)rc->guard_max_skips);
+    if (!(rc->guard_lr_factor > 0 && rc->guard_lr_factor <= 1))
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: guard.lr_factor: %g, must be in (0, 1]", c->file,
+                        rc->guard_lr_factor);
+    return 0;
+}
+
 static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
     if (r->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: expected a JSON object", c->file);
     static const char *const keys[] = {"model",
@@ -172,6 +200,7 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
                                        "keep_checkpoints",
                                        "recompute",
                                        "parallel",
+                                       "guard",
                                        NULL};
     int e = keys_known(c, r, "", keys);
     int64_t v;
@@ -245,6 +274,7 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
     else
         return k3c_errf(c->err, K3C_ECONFIG, "%s: balancing: '%s' is not exact, histogram or off", c->file, bal);
     if ((e = parse_parallel(c, k3c_json_get(r, "parallel"), &rc->parallel))) return e;
+    if ((e = parse_guard(c, k3c_json_get(r, "guard"), rc))) return e;
     int64_t tps;
     if ((e = get_int(c, r, "", "tokens_per_step", 0, 0, &tps))) return e;
     const k3c_json *stages = k3c_json_get(r, "stages");

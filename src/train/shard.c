@@ -16,12 +16,6 @@
 #error "shards are little-endian and read in place: a big-endian host needs byte swapping here"
 #endif
 
-uint64_t k3c_fnv1a64(const void *p, size_t n, uint64_t h) {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-
 static uint32_t width_for(int64_t vocab) { return vocab <= 65536 ? 2u : 4u; }
 
 /* ---------------------------------------------------------------- writer */

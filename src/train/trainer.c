@@ -5,14 +5,17 @@
  * Every step op runs through the model's backend table (ops/backend.h), the same code on the CPU and a device. The host
  * waits for the device twice per step: for the loss (end of the forward) and the gradient norm (it decides the clip and
  * is logged); after QB it downloads the step's telemetry (the MoE layers' routed expert ids and the QK-Clip count, one
- * contiguous range of the step statistics) for the load metrics. */
+ * contiguous range of the step statistics) for the load metrics. Under mpirun the step is split by dist/ (dp.h, ep.h,
+ * pp.h; docs/PARALLEL.md). */
 #include "base/check.h"
 #include "base/json.h"
 #include "dist/dp.h"
 #include "dist/ep.h"
+#include "dist/pp.h"
 #include "ops/backend.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "train/guard.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
 #include "tok/tok.h"
@@ -50,6 +53,15 @@ typedef struct {
     k3c_dp dp_store;
     k3c_comm *ep_comm; /* expert parallelism (dist/ep.h): the EP group; NULL: every rank holds every expert */
     k3c_ep ep;
+    k3c_pp *pp; /* pipeline parallelism (dist/pp.h) over pp_comm, dp over the stage's stage_comm; NULL: one stage */
+    k3c_pp pp_store;
+    k3c_comm *pp_comm, *stage_comm;
+    int rank; /* in the world: rank 0 writes metrics and checkpoints */
+    k3c_guard guard;
+    int64_t attempts; /* batches tried in this invocation (the test fault hook counts them) */
+    FILE *log;       /* where events are noted for the user (the per-step log, else the progress stream; may be NULL) */
+    char note[8400]; /* how --resume started, when not from the latest checkpoint */
+    char skip[256];  /* why the guard refused the last batch, "" when it did not */
 } trainer;
 
 static int stage_of(const k3c_run_config *rc, int64_t step, int64_t *stage_step) {
@@ -100,7 +112,8 @@ static int ensure_arena(trainer *tr, int64_t T, int n_docs, k3c_err *err) {
         if (!tr->telemetry) return k3c_errf(err, K3C_ENOMEM, "trainer: out of memory");
         tr->m.stats = &tr->stats;
     }
-    size_t need = k3c_model_plan_bytes_f32(&tr->m, T, n_docs);
+    size_t need = tr->pp ? k3c_model_plan_bytes_range_f32(&tr->m, T, n_docs, tr->pp->l0, tr->pp->l1) /* its stage */
+                         : k3c_model_plan_bytes_f32(&tr->m, T, n_docs);
     if (need <= tr->arena_cap) return K3C_OK;
     k3c_model_arena_free_f32(&tr->m, &tr->arena);
     tr->arena_cap = need + need / 4;
@@ -158,6 +171,20 @@ static int balance(trainer *tr, k3c_err *err) {
     return K3C_OK;
 }
 
+/* The guard's test fault hook, for tests only: K3C_TEST_FAULT="loss:FROM:COUNT" (or "grad:FROM:COUNT") gives batches
+ * FROM .. FROM+COUNT-1 of this invocation (counted from 1 over every batch tried, skipped ones included) a NaN loss (or a
+ * NaN in one gradient element, written through the backend table after the backward). Returns 1 (loss), 2 (grad) or 0. */
+static int test_fault(trainer *tr) {
+    int64_t a = ++tr->attempts;
+    const char *f = getenv("K3C_TEST_FAULT");
+    long long from, count;
+    char kind[8];
+    if (!f || sscanf(f, "%7[a-z]:%lld:%lld", kind, &from, &count) != 3 || a < from || a >= from + count) return 0;
+    return strcmp(kind, "loss") == 0 ? 1 : strcmp(kind, "grad") == 0 ? 2 : 0;
+}
+
+/* One optimizer step on the next batch; a batch the guard refuses leaves tr->skip set and the weights, the optimizer
+ * state, the router biases and the step count as they were. */
 static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_metrics_row *row, k3c_err *err) {
     const k3c_run_config *rc = tr->rc;
     k3c_model_batch b;
@@ -168,14 +195,33 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     k3c_arena_reset(&tr->arena, 0);
     k3c_acts *acts;
     double loss;
-    if ((e = k3c_model_forward_f32(&tr->m, &b, &tr->arena, &acts, &loss, NULL, err))) return e;
+    if (tr->pp) { /* the stages' 1F1B over micro-batches: forward and backward together */
+        if ((e = k3c_pp_step(tr->pp, &tr->m, &b, &tr->arena, 1, &loss, err))) return e;
+    } else if ((e = k3c_model_forward_f32(&tr->m, &b, &tr->arena, &acts, &loss, NULL, err))) {
+        return e;
+    }
     if (tr->dp && (e = k3c_dp_sum(tr->dp, &loss, err))) return e; /* the ranks' shares of the global mean */
-    if (!isfinite(loss)) return k3c_errf(err, K3C_ENUMERIC, "step %lld: loss is %g", (long long)tr->step + 1, loss);
-    if ((e = k3c_model_backward_f32(&tr->m, acts, 1.0, err))) return e;
-    if (tr->dp && (e = k3c_dp_reduce_grads(tr->dp, tr->m.g, tr->m.table.total, err))) return e;
-    if ((e = be->clip_grad_norm(tr->opt_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm, err))) return e;
+    /* every rank sees the same loss and (after the reduction) the same gradient norm, so all judge alike */
+    const int fault = test_fault(tr);
+    tr->skip[0] = 0;
+    if (fault == 1) loss = NAN;
+    row->loss = loss;
+    row->grad_norm = NAN;
+    if (k3c_guard_judge(&tr->guard, rc, loss, 0, tr->skip, sizeof tr->skip)) return K3C_OK; /* before the backward */
+    if (!tr->pp && (e = k3c_model_backward_f32(&tr->m, acts, 1.0, err))) return e;
+    if (fault == 2) {
+        const float nan = NAN;
+        if ((e = be->upload(tr->m.g, &nan, sizeof nan, err))) return e;
+    }
+    if (tr->dp && (e = k3c_dp_reduce_grads(tr->dp, tr->m.g, err))) return e;
+    e = tr->pp ? k3c_pp_clip_grad_norm(tr->pp, be, tr->opt_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm,
+                                       err)
+               : be->clip_grad_norm(tr->opt_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm, err);
+    if (e) return e;
+    if (k3c_guard_judge(&tr->guard, rc, loss, row->grad_norm, tr->skip, sizeof tr->skip)) return K3C_OK;
+    k3c_guard_accept(&tr->guard, rc, loss);
     k3c_schedule sch = {st->schedule, st->lr, st->warmup, st->steps, st->min_lr_ratio};
-    row->lr = k3c_schedule_lr(&sch, stage_step + 1); /* schedules count steps from 1 */
+    row->lr = k3c_schedule_lr(&sch, stage_step + 1) * tr->guard.lr_scale; /* schedules count steps from 1 */
     e = tr->dp ? k3c_dp_optim_step(tr->dp, be, tr->opt_inst, &tr->m.table, tr->m.w, tr->m.g, tr->ostate, row->lr,
                                    tr->step + 1, err)
                : be->optim_step(tr->opt_inst, &tr->opt, &tr->m.table, 0, tr->m.table.n, tr->m.w, tr->m.g, tr->ostate,
@@ -193,12 +239,12 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     if (tr->n_mla) {
         int32_t n;
         memcpy(&n, tr->telemetry + ((char *)tr->stats.qk_clipped - (char *)tr->stats.mem), sizeof n);
+        if (tr->pp && (e = k3c_comm_allreduce(tr->pp_comm, &n, &n, 1, K3C_I32, K3C_COMM_SUM, NULL, err))) return e;
         if (n < 0) return k3c_errf(err, K3C_ENUMERIC, "step %lld: QK-Clip: non-finite S_max", (long long)tr->step + 1);
         row->qk_clipped = n;
     }
     tr->step++;
     tr->tokens += b.T;
-    row->loss = loss;
     return K3C_OK;
 }
 
@@ -218,7 +264,9 @@ static int validate(trainer *tr, const k3c_stage *st, double *val, k3c_err *err)
         k3c_arena_reset(&tr->arena, 0);
         k3c_acts *acts;
         double loss;
-        if ((e = k3c_model_forward_f32(&tr->m, &b, &tr->arena, &acts, &loss, NULL, err))) return e;
+        e = tr->pp ? k3c_pp_step(tr->pp, &tr->m, &b, &tr->arena, 0, &loss, err) /* through the stages */
+                   : k3c_model_forward_f32(&tr->m, &b, &tr->arena, &acts, &loss, NULL, err);
+        if (e) return e;
         sum += loss;
         n++;
     }
@@ -274,7 +322,8 @@ static int save(trainer *tr, k3c_err *err) {
     if (!state) return k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory");
     int e = tr->dp ? k3c_dp_gather_state(tr->dp, tr->ostate, state, err) /* every owner's shard */
                    : tr->be->download(state, tr->ostate, sizeof(float) * tr->opt.state_numel, err); /* after the ops */
-    if (!e && tr->dp && tr->dp->rank != 0) { /* rank 0 writes the checkpoint: the single-process layout */
+    if (!e && tr->pp) e = k3c_pp_gather(tr->pp, &tr->m.table, &tr->opt, tr->m.w, state, err);       /* every stage's */
+    if (!e && tr->rank != 0) { /* rank 0 writes the checkpoint: the single-process layout */
         free(state);
         return K3C_OK;
     }
@@ -288,6 +337,7 @@ static int save(trainer *tr, k3c_err *err) {
     k3c_sbuf_printf(&sb, "{\"step\": %lld, \"tokens\": %lld, \"seed\": %llu, \"loader\": ", (long long)tr->step,
                     (long long)tr->tokens, (unsigned long long)tr->rc->seed);
     k3c_sbuf_json_string(&sb, ls, strlen(ls));
+    k3c_guard_to_json(&tr->guard, &sb);
     k3c_sbuf_printf(&sb, "}\n");
     free(ls);
     if (!sb.ok) {
@@ -341,19 +391,42 @@ static int check_tokenizer(const k3c_run_config *rc, int64_t data_vocab, k3c_err
     return K3C_OK;
 }
 
-static int resume(trainer *tr, k3c_err *err) {
-    char dir[4096];
-    int e = k3c_train_ckpt_latest(tr->rc->out_dir, dir, sizeof dir, err);
+/* Loads checkpoint `dir` into the run: the weights through the model's backend (read into a host model, then uploaded),
+ * the optimizer state (uploaded when the run's state already lives on the backend, else kept for optim_state), step,
+ * tokens, the loader and the guard. Used by --resume before the model moves and by a rollback after. */
+/* The resumed optimizer state into tr->ostate: the whole state, or under ZeRO-1 this rank's shard of it. */
+static int upload_resume_state(trainer *tr, k3c_err *err) {
+    const k3c_optim *o = tr->dp ? &tr->dp->shard : &tr->opt;
+    const float *mine = tr->resume_state + (tr->dp ? tr->dp->s_displ[tr->dp->rank] : 0);
+    int e = tr->be->upload(tr->ostate, mine, sizeof(float) * o->state_numel, err);
+    if (!e) e = tr->be->sync(err); /* the host copy is freed next */
+    free(tr->resume_state);
+    tr->resume_state = NULL;
+    return e;
+}
+
+static int resume_from(trainer *tr, const char *dir, k3c_err *err) {
+    k3c_model host;
+    int e = k3c_model_open_f32(dir, 0, &host, err); /* verifies the directory's checksums.json first */
     if (e) return e;
-    k3c_checkpoint *ck;
-    if ((e = k3c_ckpt_open(dir, &ck, err))) return e;
-    e = k3c_model_load_f32(&tr->m, ck, err);
-    k3c_ckpt_close(ck);
-    char *state = NULL; /* the optimizer state waits on the host until the model has moved to its backend */
-    tr->resume_state = e ? NULL : malloc(sizeof(float) * (tr->opt.state_numel ? tr->opt.state_numel : 1));
+    const k3c_backend_f32 *be = k3c_model_backend_f32(&tr->m);
+    const size_t n_state = tr->opt.state_numel ? tr->opt.state_numel : 1;
+    if (host.table.total != tr->m.table.total)
+        e = k3c_errf(err, K3C_EFORMAT, "%s: holds %zu parameters but the run's model has %zu", dir, host.table.total,
+                     tr->m.table.total);
+    if (!e) e = be->upload(tr->m.w, host.w, sizeof(float) * host.table.total, err);
+    if (!e) e = be->sync(err); /* the host copy is freed next */
+    k3c_model_free_f32(&host);
+    char *state = NULL;
+    free(tr->resume_state);
+    tr->resume_state = e ? NULL : malloc(sizeof(float) * n_state);
     if (!e && !tr->resume_state) e = k3c_errf(err, K3C_ENOMEM, "resume: out of memory");
     if (!e) e = k3c_train_ckpt_load_state(dir, tr->resume_state, tr->opt.state_numel, &state, err);
-    if (e) return k3c_err_wrap(err, "resume from %s", dir);
+    if (!e && tr->ostate) e = upload_resume_state(tr, err); /* a rollback: the state exists already */
+    if (e) {
+        free(state);
+        return k3c_err_wrap(err, "resume from %s", dir);
+    }
     k3c_json *j = NULL;
     e = k3c_json_parse(state, strlen(state), "trainer_state.json", &j, err);
     free(state);
@@ -366,15 +439,62 @@ static int resume(trainer *tr, k3c_err *err) {
         tr->tokens = t->integer;
         e = k3c_loader_state_from_json(tr->loader, l->string, l->len, err);
     }
+    if (!e) e = k3c_guard_from_json(&tr->guard, j, dir, err);
     k3c_json_free(j);
     return e;
 }
 
+/* The first of the checkpoints steps[0..n) that loads and passes its checksums; a fallback is noted in tr->note. */
+static int load_newest(trainer *tr, const int64_t *steps, int n, k3c_err *err) {
+    const char *out = tr->rc->out_dir;
+    k3c_err first = {0};
+    for (int i = 0; i < n; i++) {
+        char dir[4200];
+        snprintf(dir, sizeof dir, "%s/step_%08lld", out, (long long)steps[i]);
+        k3c_err e1 = {0};
+        int e = resume_from(tr, dir, &e1);
+        if (!e) {
+            if (i) snprintf(tr->note, sizeof tr->note, "resumed from %s: %s", dir, first.msg);
+            return K3C_OK;
+        }
+        if (!i) first = e1;
+        if (tr->log) fprintf(tr->log, "resume: %s; trying an older checkpoint\n", e1.msg);
+    }
+    *err = first;
+    return k3c_err_wrap(err, "resume: no checkpoint in %s loads", out);
+}
+
+/* --resume: from the newest checkpoint that loads and passes its checksums, falling back to older ones (each fallback
+ * is noted in tr->note for metrics.jsonl); with no checkpoint yet, from step 0. Stale temporaries are removed first. */
+static int resume(trainer *tr, k3c_err *err) {
+    const char *out = tr->rc->out_dir;
+    int64_t steps[64];
+    k3c_train_ckpt_clean(out);
+    int n = k3c_train_ckpt_candidates(out, steps, 64, err);
+    if (n < 0) return n;
+    if (n == 0) {
+        snprintf(tr->note, sizeof tr->note, "no checkpoint in %s yet: starting from step 0", out);
+        return K3C_OK;
+    }
+    return load_newest(tr, steps, n, err);
+}
+
 /* The optimizer's state next to w and g in the backend's memory (zero = step 0, or the resumed state) and its
  * backend instance. */
-static int optim_state(trainer *tr, void *comm, int64_t ep, k3c_err *err) {
+static int optim_state(trainer *tr, k3c_comm *comm, const k3c_parallel *lay, k3c_err *err) {
     tr->be = k3c_model_backend_f32(&tr->m);
-    if (comm) {
+    int64_t ep = lay->ep;
+    if (comm && lay->pp > 1) { /* stages outermost: stage = rank / (dp·ep), DP with ZeRO-1 inside a stage */
+        const int per = comm->size / (int)lay->pp;
+        CHECK_RC(k3c_comm_split(comm, comm->rank / per, comm->rank, &tr->stage_comm, err));
+        CHECK_RC(k3c_comm_split(comm, comm->rank % per, comm->rank, &tr->pp_comm, err));
+        CHECK_RC(
+            k3c_pp_init(&tr->pp_store, tr->pp_comm, &tr->m.cfg, &tr->m.table, (int)lay->micro_batches, tr->be, err));
+        tr->pp = &tr->pp_store;
+        CHECK_RC(k3c_dp_init_range(&tr->dp_store, tr->stage_comm, tr->be, &tr->opt, &tr->m.table, tr->pp->e0,
+                                   tr->pp->e1, err));
+        tr->dp = &tr->dp_store;
+    } else if (comm) {
         CHECK_RC(k3c_dp_init(&tr->dp_store, comm, tr->be, &tr->opt, &tr->m.table, err));
         tr->dp = &tr->dp_store;
     }
@@ -389,19 +509,14 @@ static int optim_state(trainer *tr, void *comm, int64_t ep, k3c_err *err) {
     tr->ostate = tr->be->alloc(sizeof(float) * n_state);
     if (!tr->ostate) return k3c_errf(err, K3C_ENOMEM, "trainer: cannot allocate the optimizer state");
     CHECK_RC(tr->be->zero(tr->ostate, (int64_t)n_state, err));
-    if (tr->resume_state) {
-        const float *mine = tr->resume_state + (tr->dp ? tr->dp->s_displ[tr->dp->rank] : 0);
-        CHECK_RC(tr->be->upload(tr->ostate, mine, sizeof(float) * o->state_numel, err));
-        CHECK_RC(tr->be->sync(err)); /* the host copy is freed next */
-        free(tr->resume_state);
-        tr->resume_state = NULL;
-    }
+    if (tr->resume_state) CHECK_RC(upload_resume_state(tr, err));
     return tr->be->optim_open(tr->be->ctx, o, &tr->m.table, &tr->opt_inst, err);
 }
 
 static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o, k3c_err *err) {
     memset(tr, 0, sizeof *tr);
     tr->rc = rc;
+    k3c_guard_init(&tr->guard);
     if (rc->threads > 0) k3c_set_num_threads(rc->threads);
     if (mkdir(rc->out_dir, 0755) != 0 && errno != EEXIST)
         return k3c_errf(err, K3C_EIO, "%s: cannot create: %s", rc->out_dir, strerror(errno));
@@ -412,7 +527,8 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     k3c_comm *comm = o->comm;
     k3c_parallel lay; /* the "parallel" block against the ranks there are (one without a communicator) */
     if ((e = k3c_parallel_resolve(&rc->parallel, &cfg, comm ? comm->size : 1, rc->path, &lay, err))) return e;
-    if (lay.dp * lay.ep == 1) comm = NULL; /* alone: the single-process step */
+    if (lay.dp * lay.ep * lay.pp == 1) comm = NULL; /* alone: the single-process step */
+    tr->rank = comm ? comm->rank : 0;
     tr->m.kda_chunk = rc->kda_chunk;
     for (int l = 0; l < cfg.num_layers; l++) tr->m.recompute[l] = (uint8_t)rc->recompute;
     k3c_model_init_f32(&tr->m, rc->seed, rc->init_std);
@@ -423,6 +539,7 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     tr->opt.eps = rc->eps;
     if ((e = k3c_optim_parse_matrix(rc->matrix_optimizer, &tr->opt.matrix_optimizer, err))) return e;
     if ((e = k3c_optim_init(&tr->opt, &tr->m.table, err))) return e;
+    if ((e = k3c_mem_check(sizeof(float) * tr->opt.state_numel, "trainer: optimizer state", err))) return e;
     tr->n_mla = k3c_config_num_mla(&cfg);
     k3c_data_source src[K3C_RUN_MAX_SOURCES];
     for (int i = 0; i < rc->n_sources; i++) src[i] = (k3c_data_source){rc->source_name[i], rc->source_dir[i]};
@@ -433,18 +550,23 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     if ((e = check_tokenizer(rc, k3c_loader_vocab_size(tr->loader), err))) return e;
     char p[4200];
     snprintf(p, sizeof p, "%s/latest", rc->out_dir);
+    tr->log = o->log ? o->log : o->progress;
     if (!o->resume && access(p, F_OK) == 0)
         return k3c_errf(err, K3C_EINVAL, "%s already holds a run (%s exists): use --resume, or another out_dir",
                         rc->out_dir, p);
     if (o->resume && (e = resume(tr, err))) return e;
     e = k3c_model_use_backend_f32(&tr->m, o->backend, err);
-    if (!e) e = optim_state(tr, comm, lay.ep, err);
+    if (!e) e = optim_state(tr, comm, &lay, err);
     if (e) return e;
-    if (tr->dp && tr->dp->rank != 0) return K3C_OK; /* rank 0 writes the metrics */
+    if (tr->rank != 0) return K3C_OK; /* rank 0 writes the metrics */
     snprintf(p, sizeof p, "%s/metrics.jsonl", rc->out_dir);
     if (o->resume && (e = truncate_metrics(p, tr->step, err))) return e;
     tr->metrics = fopen(p, o->resume ? "a" : "w");
     if (!tr->metrics) return k3c_errf(err, K3C_EIO, "%s: cannot write", p);
+    if (tr->note[0]) {
+        k3c_metrics_event(tr->metrics, tr->step, tr->step ? "resume_fallback" : "resume_from_scratch", tr->note, NULL);
+        if (tr->log) fprintf(tr->log, "resume: %s\n", tr->note);
+    }
     return K3C_OK;
 }
 
@@ -464,12 +586,53 @@ static void teardown(trainer *tr) {
         k3c_ep_free(&tr->ep);
         k3c_comm_free(tr->ep_comm);
     }
+    if (tr->pp) k3c_pp_free(tr->pp);
+    if (tr->pp_comm) k3c_comm_free(tr->pp_comm);
+    if (tr->stage_comm) k3c_comm_free(tr->stage_comm);
     k3c_optim_free(&tr->opt);
     free(tr->resume_state);
     free(tr->telemetry);
     k3c_loader_close(tr->loader);
     k3c_batch_free(&tr->batch);
     if (tr->metrics) fclose(tr->metrics);
+}
+
+/* Back to the newest checkpoint that loads, with the guard's learning-rate factor applied once more (a batch that keeps
+ * failing at one rate may pass at a lower one); noted in metrics.jsonl and the log. */
+static int rollback(trainer *tr, k3c_err *err) {
+    int64_t steps[64], from = tr->step;
+    int n = k3c_train_ckpt_candidates(tr->rc->out_dir, steps, 64, err);
+    if (n < 0) return n;
+    if (n == 0)
+        return k3c_errf(err, K3C_ENUMERIC,
+                        "step %lld: %lld batches in a row skipped (the last: %s) and no checkpoint in %s"
+                        " to roll back to",
+                        (long long)from + 1, (long long)tr->guard.fails, tr->skip, tr->rc->out_dir);
+    k3c_guard before = tr->guard;
+    tr->note[0] = 0;
+    CHECK_RC(load_newest(tr, steps, n, err));
+    tr->guard.lr_scale = before.lr_scale * tr->rc->guard_lr_factor;
+    tr->guard.fails = 0;
+    tr->guard.skipped = before.skipped;
+    tr->guard.rollbacks = before.rollbacks + 1;
+    char why[9400], extra[96];
+    snprintf(why, sizeof why, "%lld batches in a row skipped (the last: %s): back from step %lld to step %lld%s%s",
+             (long long)before.fails, tr->skip, (long long)from, (long long)tr->step, tr->note[0] ? "; " : "",
+             tr->note);
+    snprintf(extra, sizeof extra, ",\"lr_scale\":%.9g", tr->guard.lr_scale);
+    k3c_metrics_event(tr->metrics, tr->step, "rollback", why, extra);
+    if (tr->log) fprintf(tr->log, "rollback: %s, learning rate x %g\n", why, tr->guard.lr_scale);
+    return K3C_OK;
+}
+
+/* A batch the guard refused: noted in metrics.jsonl and the log; after guard_max_skips in a row, a rollback. */
+static int skipped(trainer *tr, const k3c_metrics_row *row, k3c_err *err) {
+    char extra[160]; /* JSON has no NaN: the numbers as strings ("nan", "inf", "12.5") */
+    snprintf(extra, sizeof extra, ",\"stage\":%d,\"loss\":\"%.9g\",\"grad_norm\":\"%.9g\"", row->stage, row->loss,
+             row->grad_norm);
+    k3c_metrics_event(tr->metrics, tr->step + 1, "skip", tr->skip, extra);
+    if (tr->log) fprintf(tr->log, "step %lld: batch skipped: %s\n", (long long)tr->step + 1, tr->skip);
+    return k3c_guard_reject(&tr->guard, tr->rc) ? rollback(tr, err) : K3C_OK;
 }
 
 int k3c_train_run(const k3c_run_config *rc, const k3c_train_opts *o, k3c_train_result *res, k3c_err *err) {
@@ -493,6 +656,12 @@ int k3c_train_run(const k3c_run_config *rc, const k3c_train_opts *o, k3c_train_r
         row.val_loss = NAN;
         row.stage = s;
         if ((e = train_step(&tr, &rc->stage[s], stage_step, &row, err))) break;
+        if (tr.skip[0]) {
+            int64_t rollbacks = tr.guard.rollbacks;
+            if ((e = skipped(&tr, &row, err))) break;
+            if (tr.guard.rollbacks != rollbacks) cur = -1; /* the mixture is set again after a rollback, as on resume */
+            continue;
+        }
         row.step = tr.step;
         row.n_moe = tr.n_moe;
         row.moe_layer = tr.moe_layer;
@@ -521,6 +690,9 @@ int k3c_train_run(const k3c_run_config *rc, const k3c_train_opts *o, k3c_train_r
     }
     k3c_progress_finish(&bar, NULL);
     res->steps = tr.step;
+    res->skipped = tr.guard.skipped;
+    res->rollbacks = tr.guard.rollbacks;
+    res->lr_scale = tr.guard.lr_scale;
     res->wall_s = k3c_now() - t0;
     if (tr.loader) res->unigram_entropy = unigram_entropy(tr.loader);
     teardown(&tr);

@@ -1,0 +1,283 @@
+/* pp.c — pipeline parallelism: contiguous stages of layers, micro-batches at document boundaries under a 1F1B
+ * schedule, the Block AttnRes boundary state sent forward and its gradients back, stage-level recomputation, the global
+ * gradient norm over the stages and checkpoints gathered from every stage. Spec: docs/PARALLEL.md "Pipeline
+ * parallelism", docs/MODEL.md §5.3 (the state a boundary carries). */
+#include "dist/pp.h"
+
+#include "base/check.h"
+#include "dist/dp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The first table entry at or after element offset `off`. */
+static int entry_at(const k3c_param_table *t, size_t off) {
+    int i = 0;
+    while (i < t->n && t->p[i].offset < off) i++;
+    return i;
+}
+
+int k3c_pp_init(k3c_pp *pp, k3c_comm *comm, const k3c_config *cfg, const k3c_param_table *t, int micro,
+                const k3c_backend_f32 *be, k3c_err *err) {
+    memset(pp, 0, sizeof *pp);
+    const int L = (int)cfg->num_layers, P = comm->size;
+    if (strcmp(be->name, "cpu"))
+        return k3c_errf(err, K3C_EUNSUPPORTED,
+                        "pipeline parallelism on the %s backend needs a device communicator (NCCL); the %s "
+                        "communicator moves host memory",
+                        be->name, comm->ops->name);
+    if (L % P || micro < 1)
+        return k3c_errf(err, K3C_EINVAL, "pipeline parallelism: %d stages for %d layers, %d micro-batches", P, L,
+                        micro);
+    pp->comm = comm;
+    pp->stage = comm->rank;
+    pp->stages = P;
+    pp->l0 = pp->stage * (L / P);
+    pp->l1 = pp->l0 + L / P;
+    pp->e0 = pp->l0 == 0 ? 0 : entry_at(t, t->layer[pp->l0].input_norm);
+    pp->e1 = pp->l1 == L ? t->n : entry_at(t, t->layer[pp->l1].input_norm);
+    pp->micro = micro;
+    int src[K3C_ATTNRES_MAX_SOURCES];
+    pp->n_in = pp->l0 > 0 ? k3c_boundary_sources(cfg, pp->l0, src) : 0;
+    pp->n_out = pp->l1 < L ? k3c_boundary_sources(cfg, pp->l1, src) : 0;
+    pp->D = cfg->hidden_size;
+    const int64_t smax_n = k3c_config_num_mla(cfg) ? cfg->num_layers * cfg->mla_heads : 1;
+    pp->smax = malloc(sizeof(float) * (size_t)smax_n);
+    pp->req = calloc((size_t)(2 * micro), sizeof *pp->req);
+    if (!pp->smax || !pp->req) {
+        k3c_pp_free(pp);
+        return k3c_errf(err, K3C_ENOMEM, "pipeline parallelism: out of memory");
+    }
+    return K3C_OK;
+}
+
+void k3c_pp_free(k3c_pp *pp) {
+    free(pp->buf);
+    free(pp->cu);
+    free(pp->smax);
+    free(pp->req);
+    memset(pp, 0, sizeof *pp);
+}
+
+/* One step in progress: the micro-batches and where their boundary tensors live. */
+typedef struct {
+    k3c_pp *pp;
+    k3c_model *m;
+    k3c_arena *arena;
+    k3c_model_batch *mb; /* [n] */
+    int64_t *off;        /* [n] first token of each */
+    int n;
+    float *in, *out, *dout, *din; /* [n_in or n_out, T, D] regions of pp->buf, micro-batch i at its offset */
+    k3c_step_stats *full, view;   /* the caller's statistics, and micro-batch i's view of them */
+    k3c_acts *acts;
+    int live; /* the micro-batch whose activations the arena holds (-1: none) */
+    double loss;
+} pipe;
+
+static float *region(const pipe *p, float *base, int nt, int i) { return base + (size_t)nt * p->off[i] * p->pp->D; }
+
+/* Micro-batch i's statistics land at its tokens' rows of the caller's buffers (QB sees the batch in token order). */
+static void set_view(pipe *p, int i) {
+    if (!p->full) return;
+    const k3c_config *c = &p->m->cfg;
+    p->view = *p->full;
+    p->view.cap_T = p->full->cap_T - p->off[i];
+    for (int l = p->pp->l0; l < p->pp->l1; l++)
+        if (c->ffn[l] == K3C_FFN_MOE) {
+            k3c_route_stats *r = &p->view.route[l];
+            r->topk_ids += p->off[i] * c->top_k;
+            r->logits += p->off[i] * c->num_experts;
+            r->cutoff += p->off[i];
+        }
+    if (p->full->smax) p->view.smax = p->pp->smax;
+    p->m->stats = &p->view;
+}
+
+static int run_forward(pipe *p, int i, k3c_err *err) {
+    k3c_pp *pp = p->pp;
+    float *in[K3C_ATTNRES_MAX_SOURCES];
+    int64_t TD = p->mb[i].T * pp->D;
+    for (int k = 0; k < pp->n_in; k++) in[k] = region(p, p->in, pp->n_in, i) + k * TD;
+    set_view(p, i);
+    k3c_arena_reset(p->arena, 0);
+    double loss;
+    p->live = -1;
+    CHECK_RC(k3c_model_forward_range_f32(p->m, &p->mb[i], pp->l0, pp->l1, in, p->arena, &p->acts, &loss, err));
+    p->live = i;
+    p->loss += pp->l1 == (int)p->m->cfg.num_layers ? loss : 0;
+    return K3C_OK;
+}
+
+/* Forward of micro-batch i: receive its boundary, run the stage, send the next boundary on (asynchronously). */
+static int forward(pipe *p, int i, k3c_err *err) {
+    k3c_pp *pp = p->pp;
+    int64_t TD = p->mb[i].T * pp->D;
+    if (pp->n_in)
+        CHECK_RC(k3c_comm_recv(pp->comm, region(p, p->in, pp->n_in, i), pp->n_in * TD, K3C_F32, pp->stage - 1, 2 * i,
+                               NULL, err));
+    CHECK_RC(run_forward(p, i, err));
+    if (p->full && p->full->smax) { /* S_max of the batch: the maximum over its micro-batches */
+        const k3c_config *c = &p->m->cfg;
+        for (int l = pp->l0; l < pp->l1; l++)
+            for (int64_t h = 0; c->mixer[l] == K3C_MIXER_MLA && h < c->mla_heads; h++) {
+                float v = pp->smax[l * c->mla_heads + h], *s = &p->full->smax[l * c->mla_heads + h];
+                *s = i == 0 || v > *s ? v : *s;
+            }
+    }
+    if (!pp->n_out) return K3C_OK;
+    float *x[K3C_ATTNRES_MAX_SOURCES], *o = region(p, p->out, pp->n_out, i);
+    k3c_acts_boundary_f32(p->acts, 0, x);
+    for (int k = 0; k < pp->n_out; k++) memcpy(o + k * TD, x[k], sizeof(float) * (size_t)TD);
+    return k3c_comm_send(pp->comm, o, pp->n_out * TD, K3C_F32, pp->stage + 1, 2 * i, &pp->req[i], err);
+}
+
+/* Backward of micro-batch i: its forward again unless the arena still holds it (the last stage runs F and B back to
+ * back), the later stages' boundary gradients in, this stage's boundary gradients back. */
+static int backward(pipe *p, int i, k3c_err *err) {
+    k3c_pp *pp = p->pp;
+    int64_t TD = p->mb[i].T * pp->D;
+    if (p->live != i) CHECK_RC(run_forward(p, i, err));
+    const float *dout[K3C_ATTNRES_MAX_SOURCES];
+    float *d = region(p, p->dout, pp->n_out, i);
+    if (pp->n_out) CHECK_RC(k3c_comm_recv(pp->comm, d, pp->n_out * TD, K3C_F32, pp->stage + 1, 2 * i + 1, NULL, err));
+    for (int k = 0; k < pp->n_out; k++) dout[k] = d + k * TD;
+    CHECK_RC(k3c_model_backward_range_f32(p->m, p->acts, 1.0, pp->n_out ? dout : NULL, err));
+    p->live = -1; /* the backward's buffers overwrote the arena's tail */
+    if (!pp->n_in) return K3C_OK;
+    float *x[K3C_ATTNRES_MAX_SOURCES], *o = region(p, p->din, pp->n_in, i);
+    k3c_acts_boundary_f32(p->acts, 1, x);
+    for (int k = 0; k < pp->n_in; k++) memcpy(o + k * TD, x[k], sizeof(float) * (size_t)TD);
+    return k3c_comm_send(pp->comm, o, pp->n_in * TD, K3C_F32, pp->stage - 1, 2 * i + 1, &pp->req[pp->micro + i], err);
+}
+
+/* 1F1B: stage s runs stages − 1 − s forwards ahead, then alternates one forward and one backward, then drains. */
+static int schedule(pipe *p, int backward_too, k3c_err *err) {
+    const k3c_pp *pp = p->pp;
+    int warm = pp->stages - 1 - pp->stage, f = 0, b = 0;
+    if (!backward_too) warm = p->n;
+    for (; f < p->n && f < warm; f++) CHECK_RC(forward(p, f, err));
+    for (; f < p->n; f++, b++) {
+        CHECK_RC(forward(p, f, err));
+        CHECK_RC(backward(p, b, err));
+    }
+    for (; backward_too && b < p->n; b++) CHECK_RC(backward(p, b, err));
+    return K3C_OK;
+}
+
+/* The micro-batches of b (consecutive whole document pieces) and the step's boundary buffers. */
+static int plan(pipe *p, const k3c_model_batch *b, int n, k3c_err *err) {
+    k3c_pp *pp = p->pp;
+    int nd = b->n_docs;
+    if (nd < n)
+        return k3c_errf(err, K3C_EINVAL,
+                        "pipeline parallelism: the batch has %d document pieces for %d micro-batches (each needs a "
+                        "whole piece: lower the stage's seq_len or raise tokens_per_step)",
+                        nd, n);
+    if (b->n_embeds)
+        return k3c_errf(err, K3C_EINVAL,
+                        "pipeline parallelism: input-embedding overrides (image rows) are not split yet");
+    if (b->weight) return k3c_errf(err, K3C_EINVAL, "pipeline parallelism: per-position loss weights are not split yet");
+    double norm = b->loss_norm;
+    if (!(norm > 0)) {
+        int64_t counted = 0;
+        for (int64_t t = 0; t < b->T; t++) counted += b->targets[t] >= 0;
+        norm = (double)counted;
+    }
+    size_t need = (size_t)b->T * (size_t)pp->D * (size_t)(2 * pp->n_in + 2 * pp->n_out) + 1;
+    if (need > pp->buf_cap) {
+        free(pp->buf);
+        pp->buf = malloc(sizeof(float) * need);
+        pp->buf_cap = pp->buf ? need : 0;
+    }
+    if (nd + n > pp->cu_cap) {
+        free(pp->cu);
+        pp->cu = malloc(sizeof(int32_t) * (size_t)(nd + n));
+        pp->cu_cap = pp->cu ? nd + n : 0;
+    }
+    p->mb = malloc(sizeof *p->mb * (size_t)n);
+    p->off = malloc(sizeof *p->off * (size_t)n);
+    if (!pp->buf || !pp->cu || !p->mb || !p->off) return k3c_errf(err, K3C_ENOMEM, "pipeline parallelism: buffers");
+    p->in = pp->buf;
+    p->din = p->in + (size_t)b->T * pp->D * pp->n_in;
+    p->out = p->din + (size_t)b->T * pp->D * pp->n_in;
+    p->dout = p->out + (size_t)b->T * pp->D * pp->n_out;
+    int32_t *cu = pp->cu;
+    for (int i = 0; i < n; i++) {
+        int d0, d1;
+        k3c_batch_part(b->cu_seqlens, nd, b->T, i, n, &d0, &d1);
+        int32_t t0 = b->cu_seqlens[d0];
+        for (int d = d0; d <= d1; d++) cu[d - d0] = b->cu_seqlens[d] - t0;
+        p->off[i] = t0;
+        p->mb[i] = (k3c_model_batch){.T = b->cu_seqlens[d1] - t0,
+                                     .n_docs = d1 - d0,
+                                     .ids = b->ids + t0,
+                                     .cu_seqlens = cu,
+                                     .targets = b->targets + t0,
+                                     .loss_norm = norm};
+        cu += d1 - d0 + 1;
+    }
+    p->n = n;
+    return K3C_OK;
+}
+
+int k3c_pp_step(k3c_pp *pp, k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, int backward, double *loss,
+                k3c_err *err) {
+    if (!b->targets || !b->cu_seqlens)
+        return k3c_errf(err, K3C_EINVAL, "pipeline parallelism: the batch needs explicit targets and cu_seqlens");
+    pipe p = {.pp = pp, .m = m, .arena = arena, .full = m->stats, .live = -1};
+    int e = plan(&p, b, backward ? pp->micro : 1, err);
+    if (!e) e = schedule(&p, backward, err);
+    for (int i = 0; i < 2 * pp->micro; i++) { /* every send completes before its buffer is reused */
+        int e2 = k3c_comm_wait(pp->req[i], e ? NULL : err);
+        pp->req[i] = NULL;
+        if (!e) e = e2;
+    }
+    m->stats = p.full;
+    for (int l = pp->l0; !e && p.full && l < pp->l1; l++)
+        if (m->cfg.ffn[l] == K3C_FFN_MOE) { /* the whole batch's statistics, at the caller's pointers */
+            p.full->route[l].T = b->T;
+            p.full->route[l].k = p.view.route[l].k;
+            p.full->route[l].n = p.view.route[l].n;
+        }
+    free(p.mb);
+    free(p.off);
+    if (e) return e; /* the loss: the last stage's sum of its micro-batches, to every stage */
+    CHECK_RC(k3c_comm_allreduce(pp->comm, &p.loss, loss, 1, K3C_F64, K3C_COMM_SUM, NULL, err));
+    return K3C_OK;
+}
+
+int k3c_pp_clip_grad_norm(k3c_pp *pp, const k3c_backend_f32 *be, void *inst, const k3c_param_table *t, float *g,
+                          double max_norm, double *norm, k3c_err *err) {
+    double local, ss;
+    CHECK_RC(be->clip_grad_norm(inst, t, g, 0, &local, err));
+    ss = local * local;
+    CHECK_RC(k3c_comm_allreduce(pp->comm, &ss, &ss, 1, K3C_F64, K3C_COMM_SUM, NULL, err));
+    *norm = sqrt(ss);
+    if (!isfinite(*norm) || !(max_norm > 0) || *norm <= max_norm || !(local > 0)) return K3C_OK;
+    /* the backend scales by bound / (its norm + 1e-6) of the norm it measures, here this stage's: the bound that
+       makes that the global coefficient max_norm / (norm + 1e-6) */
+    double again;
+    return be->clip_grad_norm(inst, t, g, max_norm * (local + 1e-6) / (*norm + 1e-6), &again, err);
+}
+
+int k3c_pp_gather(k3c_pp *pp, const k3c_param_table *t, const k3c_optim *o, float *w, float *state, k3c_err *err) {
+    const int P = pp->stages;
+    int64_t *c = malloc(sizeof(int64_t) * 4 * (size_t)P), mine[4];
+    if (!c) return k3c_errf(err, K3C_ENOMEM, "pipeline parallelism: out of memory");
+    size_t w0 = pp->e0 < t->n ? t->p[pp->e0].offset : t->total, w1 = pp->e1 < t->n ? t->p[pp->e1].offset : t->total;
+    size_t s0 = pp->e0 < o->n_entries ? o->state_off[pp->e0] : o->state_numel;
+    size_t s1 = pp->e1 < o->n_entries ? o->state_off[pp->e1] : o->state_numel;
+    mine[0] = (int64_t)(w1 - w0), mine[1] = (int64_t)w0, mine[2] = (int64_t)(s1 - s0), mine[3] = (int64_t)s0;
+    int64_t *cnt = c, *ones = c + P, *iota = c + 2 * P, *all = c + 3 * P;
+    for (int r = 0; r < P; r++) ones[r] = 1, iota[r] = r;
+    int e = K3C_OK;
+    for (int k = 0; k < 4 && !e; k++) { /* counts and displacements of w, then of the state */
+        e = k3c_comm_allgather(pp->comm, &mine[k], all, ones, iota, K3C_I64, NULL, err);
+        if (!e && k % 2 == 0) memcpy(cnt, all, sizeof(int64_t) * (size_t)P);
+        if (!e && k == 1) e = k3c_comm_allgather(pp->comm, NULL, w, cnt, all, K3C_F32, NULL, err);
+        if (!e && k == 3) e = k3c_comm_allgather(pp->comm, NULL, state, cnt, all, K3C_F32, NULL, err);
+    }
+    free(c);
+    return e;
+}

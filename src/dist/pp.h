@@ -1,0 +1,50 @@
+/* pp.h — pipeline parallelism: the layers split into contiguous stages, one per rank of a pipeline group; a step's
+ * batch split into micro-batches at document boundaries and run with a 1F1B schedule; the Block AttnRes boundary state
+ * (completed blocks and the partial sum) sent forward between stages and its gradients backward; each stage keeps
+ * only its boundary inputs per micro-batch in flight and recomputes its forward before the backward.
+ * Spec: docs/PARALLEL.md "Pipeline parallelism". */
+#ifndef K3C_DIST_PP_H
+#define K3C_DIST_PP_H
+
+#include "dist/comm.h"
+#include "model/model.h"
+#include "ops/backend.h"
+
+typedef struct {
+    k3c_comm *comm;    /* the pipeline group, one rank per stage in stage order (not owned) */
+    int stage, stages; /* this rank's stage */
+    int l0, l1;        /* its layers [l0, l1) */
+    int e0, e1;      /* its table entries [e0, e1): its layers, the embedding or the head on the first or last stage */
+    int micro;       /* micro-batches per step */
+    int n_in, n_out; /* boundary tensors before l0 (received) and before l1 (sent) */
+    int64_t D;       /* hidden size */
+    float *buf;      /* per step: boundary inputs, outputs and both gradients of every micro-batch */
+    size_t buf_cap;
+    int32_t *cu; /* the micro-batches' cu_seqlens */
+    int cu_cap;
+    float *smax;        /* [L·H] S_max of one micro-batch's forward */
+    k3c_comm_req **req; /* [2·micro] sends in flight */
+} k3c_pp;
+
+/* pp over `comm` (its size = the stages, dividing cfg's layers; the stage is comm's rank), `micro` micro-batches per
+ * step (>= 1). Host-memory backends only (the MPI communicator moves host memory). */
+int k3c_pp_init(k3c_pp *pp, k3c_comm *comm, const k3c_config *cfg, const k3c_param_table *t, int micro,
+                const k3c_backend_f32 *be, k3c_err *err);
+void k3c_pp_free(k3c_pp *pp);
+
+/* One step's forward and backward of this stage over b (this rank's batch, explicit targets and cu_seqlens; its
+ * loss_norm, or else its counted targets, normalises every micro-batch), 1F1B over pp->micro micro-batches;
+ * gradients ADDED into m->g (this stage's entries). *loss: the batch loss (summed on the last stage, sent to every
+ * stage). With m->stats set, its route statistics of this stage's MoE layers cover b in token order and its S_max is
+ * the maximum over the micro-batches. backward 0: forward only (validation; one micro-batch, nothing kept). */
+int k3c_pp_step(k3c_pp *pp, k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, int backward, double *loss,
+                k3c_err *err);
+/* Global-norm clipping over the stages: each stage's squared norm (its entries; the others' gradients are zero here)
+ * summed over the pipeline group, then this stage's gradients scaled by the one coefficient of the global norm. */
+int k3c_pp_clip_grad_norm(k3c_pp *pp, const k3c_backend_f32 *be, void *inst, const k3c_param_table *t, float *g,
+                          double max_norm, double *norm, k3c_err *err);
+/* Every stage's parameters and optimizer state (single-process layout; state: the stage's range already gathered)
+ * into every rank's w and state: for checkpoints. */
+int k3c_pp_gather(k3c_pp *pp, const k3c_param_table *t, const k3c_optim *o, float *w, float *state, k3c_err *err);
+
+#endif
