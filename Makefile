@@ -35,7 +35,7 @@ LIB_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(ONE_SRC)) \
 CLI_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_SRC))
 LIB     := $(BUILD)/libk3c.a
 
-.PHONY: all setup test test-asan cuda cuda-tests nccl run bench clean fuzz fuzz-build
+.PHONY: all setup test test-asan cuda cuda-tests nccl run post bench clean fuzz fuzz-build
 all: $(LIB) k3c
 
 $(BUILD)/obj/%.o: %.c
@@ -148,6 +148,9 @@ nccl: $(LIB) build/nccl/test_comm_nccl
 # ---------------------------------------------------------------- the main job
 run: setup all
 	@bash tools/run_demo.sh
+
+post: setup all
+	@bash tools/post_demo.sh
 
 clean:
 	rm -rf build k3c

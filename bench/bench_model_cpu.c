@@ -22,7 +22,7 @@ static void bench(const char *label, k3c_model *m, int64_t T, int64_t seq, int r
         printf("%s\n", err.msg);
         return;
     }
-    k3c_model_batch b = {T, nd, ids, cu, NULL, 0, 0, NULL, NULL, NULL};
+    k3c_model_batch b = {T, nd, ids, cu, NULL, 0, 0, NULL, NULL, NULL, NULL};
     double tf[16], tb[16];
     for (int r = 0; r < reps + 1; r++) {
         k3c_acts *a;

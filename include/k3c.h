@@ -209,6 +209,9 @@ typedef struct {
     const int32_t *embed_pos;
     const void *embeds;
     void *d_embeds;
+    /* Optional per-position loss weights, host [T] (NULL = all 1): loss = Σ_counted w_t · CE_t / divisor, and the
+       backward scales each position's logit gradient by w_t (the RL update's −∂L/∂logp; docs/POST.md). */
+    const float *weight;
 } k3c_model_batch;
 
 /* Per-step activations, planned up front from the batch shape (k3c_model_plan_bytes) and carved from one arena. */
@@ -892,6 +895,8 @@ typedef struct {
 typedef struct {
     int32_t *ids; /* the episode as the model saw it: sampled ids exactly as sampled */
     uint8_t *mask; /* 1 on sampled ids, 0 on the prompt, tool results (observations) and generation prompts */
+    float *logp;   /* the sampler's log-probability of each sampled id under the model's raw distribution
+                      (k3c_rollout_batch on the engine); 0 elsewhere and from k3c_rollout's policy */
     int64_t n, cap, n_prompt;
     int32_t eos;
     int turns, tool_calls, format_ok_turns, format_valid, truncated;
@@ -904,23 +909,31 @@ typedef struct {
  * on an answer without calls, an unparsable or unclosed turn, max_turns or max_tokens (truncated = 1), then scores. */
 int k3c_rollout(k3c_env *env, const k3c_tok *tok, const k3c_policy *pol, const k3c_rollout_opts *o, k3c_episode *ep,
                 k3c_err *err);
+/* n episodes at once, envs[i] sampled with samplers[i], each exactly as k3c_rollout would run it: a float32 CPU model
+ * decodes them together on one inference engine (continuous batching; a turn that ends with tool calls is answered
+ * and the episode resubmitted, resuming from the engine's prefix snapshots) and records each sampled id's logprob;
+ * on another backend they run one after another through k3c_generate. On failure no episode is left allocated. */
+int k3c_rollout_batch(k3c_model *m, k3c_env *const *envs, const k3c_sampler *samplers, int n, const k3c_tok *tok,
+                      const k3c_rollout_opts *o, int threads, k3c_episode *eps, k3c_err *err);
 void k3c_episode_free(k3c_episode *ep);
 
 
 /* RL (`k3c rl --config RUN.json`): per step, group_size rollouts of each of prompts_per_step training tasks of
- * environment `env`, verifier rewards (+ DAPO overlong penalty), group-relative advantages with zero-variance groups
- * dropped, one on-policy policy-gradient update (ρ = 1, so the clip is inactive and each sequence's token gradient is
- * constant: one weighted backward per sequence); held-out evaluation with greedy decoding. */
+ * environment `env` decoded together (k3c_rollout_batch), verifier rewards (+ DAPO overlong penalty), group-relative
+ * advantages with zero-variance groups dropped, ppo_epochs clipped policy-gradient updates against π_old (+ the k3 KL
+ * to the frozen init when beta > 0), each one weighted backward per sequence (k3c_model_batch.weight = −∂L/∂logp);
+ * held-out evaluation with greedy decoding. */
 typedef struct {
     char path[1024], init[1024], out_dir[1024], env[32];
     int64_t steps, prompts_per_step, group_size, max_tokens, max_new;
     int max_turns, thinking, std_norm; /* std_norm: "advantage": "grpo" (1, default) or "dr_grpo" (0) */
     double temperature, top_p, lr, grad_clip, overlong_penalty;
     int64_t overlong_buffer, eval_every, eval_episodes, checkpoint_every, keep_checkpoints;
-    k3c_rl_loss_opts loss; /* "loss_agg": token_mean (default) | seq_mean | const; eps_low, eps_high; beta must be 0 */
+    k3c_rl_loss_opts loss; /* "loss_agg": token_mean (default) | seq_mean | const; eps_low, eps_high; beta >= 0 */
     int matrix_optimizer;  /* 0 muon, 1 adamw (default) */
     uint64_t seed;
     int kda_chunk, threads;
+    int64_t ppo_epochs; /* policy updates per batch of rollouts (1 = on-policy) */
 } k3c_rl_config;
 int k3c_rl_config_load(const char *path, k3c_rl_config *c, k3c_err *err);
 typedef struct {

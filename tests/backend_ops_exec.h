@@ -88,7 +88,7 @@ static int BO_FN(call)(const BO_BE *be, const bo_case *c, bo_io *io, void **d, i
                         : be->sigmoid_gate_bwd(c->a, CR(0), CR(1), CR(3), R(4), R(5), err);
         break;
     case OP_XENT: {
-        k3c_xent_sizes s = {c->a, c->b, c->x};
+        k3c_xent_sizes s = {c->a, c->b, c->x, (const float *)d[5]};
         if (phase == 0)
             rc = be->xent_fwd(&s, CR(0), I32(1), (const uint8_t *)d[2], R(3), &io->loss, &io->count, err);
         else

@@ -56,7 +56,7 @@ static void serve(void) {
     k3c_acts *acts;
     float *logits;
     double loss = 0;
-    k3c_model_batch b = {T, 1, ids, NULL, NULL, 0, 0, NULL, NULL, NULL};
+    k3c_model_batch b = {T, 1, ids, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL};
     rc = seq ? k3c_model_arena_init_f32(sv.model, k3c_model_plan_bytes_f32(sv.model, T, 1), &arena, &err) : 1;
     EXPECT(rc == 0 && k3c_model_forward_f32(sv.model, &b, &arena, &acts, &loss, &logits, &err) == 0 && loss > 0,
            "forward: %s", err.msg);

@@ -83,6 +83,7 @@ enum {
     F_NOA = 1 << 20,      /* kda_gate: no A_log */
     F_NORSTD = 1 << 21,   /* rmsnorm: rstd not saved (forward only) */
     F_ZEROROW = 1 << 22,  /* l2norm: an all-zero row */
+    F_WEIGHT = 1 << 23,   /* xent: per-position loss weights */
 };
 
 typedef struct {
@@ -268,6 +269,9 @@ static void setup(const bo_case *c, bo_io *io, k3c_rng *r) {
         m->absent = !(f & F_MASK);
         out_t(io, "lse", A, 0);
         acc_t(io, "dlogits", A * B, 1, r, 0);
+        bo_tensor *w = add_t(io, "weight", BO_T_F32, A, -1, 0); /* signed, as the RL update's −∂L/∂logp */
+        for (size_t t = 0; t < A; t++) w->h[t] = (float)(4 * k3c_rng_uniform(r) - 2);
+        w->absent = !(f & F_WEIGHT);
         break;
     }
     case OP_L2NORM: {
@@ -577,6 +581,8 @@ static void add_rows(bo_rows *R) {
                 }
         row(R, OP_XENT, 8, 163840, 0, 0, 0, F_MASK, W, 1e-5)->y = 1.0;
         row(R, OP_XENT, 77, 10, 0, 0, 0, F_NONE, W, 1e-5)->y = 1.0;
+        row(R, OP_XENT, 77, 5000, 0, 0, 0, F_MASK | F_WEIGHT, W, 1e-5)->y = 0.75;
+        row(R, OP_XENT, 77, 163840 / 16, 0, 0, 0, F_WEIGHT, W, 1e-5)->x = 123.0;
         bo_case *c = row(R, OP_XENT, 77, 5000, 0, 0, 0, F_MASK, 0, 0);
         c->want_rc = K3C_EINVAL, c->bad[0] = 40;
     }

@@ -385,7 +385,7 @@ static void test_xent(void) {
     enum { T = 7, V = 11 };
     int32_t targets[T] = {3, -1, 10, 0, 5, 5, 2};
     uint8_t mask[T] = {1, 1, 1, 0, 1, 1, 1}; /* counted: t = 0, 2, 4, 5, 6 (t=1 target −1, t=3 mask 0) */
-    xent_ctx c = {{T, V, 0}, randn(T * V, 3), filled(T, 0), targets, mask};
+    xent_ctx c = {{T, V, 0, NULL}, randn(T * V, 3), filled(T, 0), targets, mask};
     double loss = 0;
     int64_t count = -1;
     CHECK_OK(k3c_xent_fwd_f64(&c.s, c.logits, targets, mask, c.lse, &loss, &count, &err), &err);
@@ -412,7 +412,7 @@ static void test_xent(void) {
         const int64_t T2 = shapes[si][0], V2 = shapes[si][1];
         int32_t tg[5] = {0, 0, 0, 0, 0};
         if (si == 1) tg[0] = 256, tg[1] = 3, tg[2] = -1, tg[3] = 100, tg[4] = 0;
-        xent_ctx x2 = {{T2, V2, 0}, randn((size_t)(T2 * V2), 2), filled(T2, 0), tg, NULL};
+        xent_ctx x2 = {{T2, V2, 0, NULL}, randn((size_t)(T2 * V2), 2), filled(T2, 0), tg, NULL};
         double *g = filled((size_t)(T2 * V2), PREFILL), l2 = 1;
         CHECK_OK(k3c_xent_fwd_f64(&x2.s, x2.logits, tg, NULL, x2.lse, &l2, NULL, &err), &err);
         CHECK_OK(k3c_xent_bwd_f64(&x2.s, x2.logits, tg, NULL, x2.lse, 1.0, g, &err), &err);
@@ -433,6 +433,35 @@ static void test_xent(void) {
     double se = 0;
     for (int i = 0; i < T * V; i++) se = fmax(se, fabs(dl2[i] - dl[i] * 3 * 5 / 20));
     CHECK_LE(se, 1e-15, "xent bwd scales with dloss / norm");
+
+    /* per-position weights (signed, as the RL update's −∂L/∂logp): loss = Σ w_t CE_t / count, checked against the
+       hand sum and by finite differences; all-ones weights reproduce the unweighted loss and gradient bit for bit */
+    float w[T] = {0.5f, 9.0f, -1.25f, 7.0f, 2.0f, 0.0f, -0.75f};
+    xent_ctx cw = c;
+    cw.s.weight = w;
+    double wref = 0, lw = 0, *dlw = filled(T * V, PREFILL);
+    for (int t = 0; t < T; t++) {
+        if (targets[t] < 0 || !mask[t]) continue;
+        double s = 0;
+        for (int j = 0; j < V; j++) s += exp(c.logits[t * V + j]);
+        wref += w[t] * (log(s) - c.logits[t * V + targets[t]]);
+    }
+    CHECK_OK(k3c_xent_fwd_f64(&cw.s, c.logits, targets, mask, c.lse, &lw, NULL, &err), &err);
+    CHECK_LE(fabs(lw - wref / 5), 1e-14, "weighted xent loss = Σ w·CE / count");
+    CHECK_OK(k3c_xent_bwd_f64(&cw.s, c.logits, targets, mask, c.lse, 1.0, dlw, &err), &err);
+    unfill(dlw, T * V);
+    CHECK_LE(test_fd_rel_err(xent_loss, &cw, c.logits, T * V, dlw), FD_TOL, "weighted xent FD dlogits");
+    int zero_w = 1;
+    for (int j = 0; j < V; j++) zero_w &= dlw[5 * V + j] == 0;
+    CHECK(zero_w, "weight 0: no gradient");
+    float ones[T] = {1, 1, 1, 1, 1, 1, 1};
+    cw.s.weight = ones;
+    double *dl1 = filled(T * V, 0), *dl0 = filled(T * V, 0);
+    CHECK_OK(k3c_xent_fwd_f64(&cw.s, c.logits, targets, mask, c.lse, &lw, NULL, &err), &err);
+    CHECK_OK(k3c_xent_bwd_f64(&cw.s, c.logits, targets, mask, c.lse, 1.0, dl1, &err), &err);
+    CHECK_OK(k3c_xent_bwd_f64(&c.s, c.logits, targets, mask, c.lse, 1.0, dl0, &err), &err);
+    CHECK(lw == loss && !memcmp(dl1, dl0, sizeof *dl * T * V), "weights of 1 == no weights, bit for bit");
+    free(dlw), free(dl1), free(dl0);
 
     /* NULL mask: only target −1 is ignored */
     int64_t cnt = 0;

@@ -139,7 +139,7 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
                 int *clipped, k3c_err *err) {
     const k3c_backend_f32 *be = r->be;
     k3c_dp *dp = r->dist ? &r->dp : NULL;
-    k3c_model_batch b = {T_BATCH, gb->n_docs, gb->ids, gb->cu, gb->targets, 0, 0, NULL, NULL, NULL};
+    k3c_model_batch b = {T_BATCH, gb->n_docs, gb->ids, gb->cu, gb->targets, 0, 0, NULL, NULL, NULL, NULL};
     if (dp) CHECK_RC(k3c_dp_split_batch(dp, &b, err));
     CHECK_RC(be->zero(r->m.g, (int64_t)r->m.table.total, err));
     k3c_arena_reset(&r->ar, 0);
@@ -367,7 +367,7 @@ static void f64_exact(k3c_comm *comm) {
     for (int i = 0; i < 2; i++) {
         k3c_model_init_f64(m[i], 7, 0.1);
         m[i]->kda_chunk = 16;
-        k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL};
+        k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
         if (i) CHECK_OK(k3c_dp_split_batch(&dp, &b, &err), &err);
         k3c_arena ar;
         k3c_acts *acts;
@@ -412,14 +412,14 @@ static void split_rules(k3c_comm *comm) {
     k3c_dp dp;
     CHECK_OK(k3c_optim_init(&o, &m.table, &err), &err);
     CHECK_OK(k3c_dp_init(&dp, comm, k3c_backend_cpu_f32(), &o, &m.table, &err), &err);
-    k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL};
+    k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
     CHECK_OK(k3c_dp_split_batch(&dp, &b, &err), &err);
     int64_t sum = 0, start = b.ids - gb.ids, before = 0;
     for (int r = 0; r < comm->size; r++) sum += dp.T_all[r], before += r < comm->rank ? dp.T_all[r] : 0;
     CHECK(sum == T_BATCH && start == before && b.cu_seqlens[0] == 0 && b.cu_seqlens[b.n_docs] == b.T,
           "split: %lld tokens in all, this rank's start %lld vs %lld", (long long)sum, (long long)start,
           (long long)before);
-    k3c_model_batch one = {T_BATCH, 1, gb.ids, (int32_t[]){0, T_BATCH}, gb.targets, 0, 0, NULL, NULL, NULL};
+    k3c_model_batch one = {T_BATCH, 1, gb.ids, (int32_t[]){0, T_BATCH}, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
     if (comm->size > 1)
         CHECK(k3c_dp_split_batch(&dp, &one, &err) == K3C_EINVAL && strstr(err.msg, "document pieces"),
               "one piece for %d ranks: %s", comm->size, err.msg);

@@ -40,7 +40,7 @@ static void golden_model(const char *dir, int chunk, double tol_out, double tol_
     for (int b = 0; b <= B; b++) cu[b] = (int32_t)(b * T);
     k3c_arena ar;
     CHECK_OK(k3c_arena_init(&ar, k3c_model_plan_bytes_f32(&m, B * T, (int)B), &err), &err);
-    k3c_model_batch batch = {B * T, (int)B, ids, cu, NULL, 0, 0, NULL, NULL, NULL};
+    k3c_model_batch batch = {B * T, (int)B, ids, cu, NULL, 0, 0, NULL, NULL, NULL, NULL};
     k3c_acts *acts;
     float *logits;
     double loss;
@@ -103,7 +103,7 @@ static void k3_greedy(void) {
     int same = 1;
     for (int64_t i = 0; i < ng && same; i++) {
         k3c_arena_reset(&ar, 0);
-        k3c_model_batch b = {np + i, 1, seq, NULL, NULL, 0, 0, NULL, NULL, NULL};
+        k3c_model_batch b = {np + i, 1, seq, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL};
         k3c_acts *acts;
         float *lg;
         if (k3c_model_forward_f32(&m, &b, &ar, &acts, NULL, &lg, &err)) {
@@ -162,7 +162,7 @@ static void k3_tiny_fd(int chunk) {
     }
     int32_t ids[13], cu[3] = {0, 7, 13};
     for (int t = 0; t < 13; t++) ids[t] = (int32_t)((t * 11 + 3) % 32);
-    k3c_model_batch b = {13, 2, ids, cu, NULL, 0, 0, NULL, NULL, NULL};
+    k3c_model_batch b = {13, 2, ids, cu, NULL, 0, 0, NULL, NULL, NULL, NULL};
     k3c_arena ar;
     CHECK_OK(k3c_arena_init(&ar, k3c_model_plan_bytes_f64(&m, 13, 2), &err), &err);
     k3c_acts *acts;
@@ -216,7 +216,7 @@ static void recompute_same(void) {
     }
     int32_t ids[40], cu[4] = {0, 11, 29, 40};
     for (int t = 0; t < 40; t++) ids[t] = (int32_t)((t * 7 + 5) % 32);
-    k3c_model_batch b = {40, 3, ids, cu, NULL, 0, 0, NULL, NULL, NULL};
+    k3c_model_batch b = {40, 3, ids, cu, NULL, 0, 0, NULL, NULL, NULL, NULL};
     double *g[3] = {NULL, NULL, NULL}, loss[3];
     float smax[3][64];
     size_t plan[3], total = 0;

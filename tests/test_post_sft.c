@@ -101,6 +101,107 @@ static int same_file(const char *a, const char *b) {
     return ok;
 }
 
+/* Per-position loss weights through the whole model (k3c_model_batch.weight): weights of 1 equal no weights bit for
+ * bit; a weight c everywhere equals the backward scale c; zero weights give zero gradients. */
+static void test_weights(void) {
+    k3c_err err = {0};
+    char p[1024];
+    snprintf(p, sizeof p, "%s/init", dir);
+    k3c_model m;
+    CHECK_OK(k3c_model_open_f32(p, 1, &m, &err), &err);
+    if (err.code) return;
+    enum { T = 24 };
+    int32_t ids[T], cu[2] = {0, T};
+    float w1[T], w2[T], w0[T] = {0};
+    for (int t = 0; t < T; t++) ids[t] = (t * 37 + 5) % 256, w1[t] = 1, w2[t] = 2.5f;
+    const size_t P = m.table.total;
+    float *g[4];
+    double loss[4];
+    const float *ws[4] = {NULL, w1, w2, w0};
+    k3c_arena ar = {0};
+    CHECK_OK(k3c_model_arena_init_f32(&m, k3c_model_plan_bytes_f32(&m, T, 1), &ar, &err), &err);
+    for (int k = 0; k < 4; k++) {
+        k3c_model_batch b = {.T = T, .n_docs = 1, .ids = ids, .cu_seqlens = cu, .weight = ws[k]};
+        k3c_acts *acts;
+        memset(m.g, 0, sizeof(float) * P);
+        k3c_arena_reset(&ar, 0);
+        CHECK_OK(k3c_model_forward_f32(&m, &b, &ar, &acts, &loss[k], NULL, &err), &err);
+        CHECK_OK(k3c_model_backward_f32(&m, acts, k == 0 ? 2.5 : 1.0, &err), &err);
+        g[k] = malloc(sizeof(float) * P);
+        memcpy(g[k], m.g, sizeof(float) * P);
+    }
+    double num = 0, den = 0, z = 0;
+    for (size_t i = 0; i < P; i++) {
+        num += ((double)g[2][i] - g[0][i]) * ((double)g[2][i] - g[0][i]), den += (double)g[0][i] * g[0][i];
+        z = fmax(z, fabs(g[3][i]));
+    }
+    CHECK(loss[1] == loss[0], "weights 1: loss %.17g vs %.17g", loss[1], loss[0]);
+    CHECK(fabs(loss[2] - 2.5 * loss[0]) <= 1e-6 * loss[0] && sqrt(num / den) < 1e-6,
+          "weight 2.5 == scale 2.5: loss %.9g vs %.9g, gradient rel %.3g (tol 1e-6)", loss[2], 2.5 * loss[0],
+          sqrt(num / den));
+    CHECK(loss[3] == 0 && z == 0, "weights 0: loss %g, max |g| %g", loss[3], z);
+    for (int k = 0; k < 4; k++) free(g[k]);
+    k3c_model_arena_free_f32(&m, &ar);
+    k3c_model_free_f32(&m);
+}
+
+/* Episodes decoded together on the engine (k3c_rollout_batch) equal the same episodes run one by one through
+ * k3c_generate (same samplers: draws keyed by (seed, position)), and each sampled id's recorded logprob is the
+ * log-softmax of the training forward over the episode at that position. */
+static void test_rollout_batch(void) {
+    k3c_err err = {0};
+    char p[1024];
+    snprintf(p, sizeof p, "%s/out_a/step_00000008", dir);
+    k3c_serve sv;
+    CHECK_OK(k3c_serve_open(p, 1, NULL, &sv, &err), &err);
+    if (err.code) return;
+    enum { N = 6 };
+    k3c_env *e[N] = {0};
+    k3c_sampler sm[N];
+    k3c_episode a[N], b;
+    k3c_rollout_opts o = {.max_turns = 3, .max_tokens = 700, .max_new_per_turn = 24};
+    for (int i = 0; i < N; i++) {
+        CHECK_OK(k3c_env_new("arith_tool", 5, 0, i / 2, &e[i], &err), &err);
+        sm[i] = (k3c_sampler){.temperature = i == 0 ? 0.0 : 1.0, .top_p = 1, .seed = 11 + (uint64_t)i};
+    }
+    CHECK_OK(k3c_rollout_batch(sv.model, e, sm, N, sv.tok, &o, 0, a, &err), &err);
+    int same = 1;
+    double worst = 0;
+    const int64_t V = sv.model->cfg.vocab_size;
+    for (int i = 0; !err.code && i < N; i++) {
+        k3c_env *f;
+        k3c_policy pol;
+        CHECK_OK(k3c_env_new("arith_tool", 5, 0, i / 2, &f, &err), &err);
+        CHECK_OK(k3c_policy_from_model(sv.model, &sm[i], &pol, &err), &err);
+        CHECK_OK(k3c_rollout(f, sv.tok, &pol, &o, &b, &err), &err);
+        same &= b.n == a[i].n && !memcmp(b.ids, a[i].ids, sizeof *b.ids * (size_t)b.n) &&
+                !memcmp(b.mask, a[i].mask, (size_t)b.n) && b.turns == a[i].turns &&
+                b.reward.reward == a[i].reward.reward && b.format_valid == a[i].format_valid &&
+                b.truncated == a[i].truncated && b.n_prompt == a[i].n_prompt;
+        k3c_episode_free(&b);
+        k3c_policy_free(&pol);
+        k3c_env_free(f);
+        /* logprobs against the training forward */
+        k3c_arena ar = {0};
+        k3c_model_batch mb = {.T = a[i].n, .n_docs = 1, .ids = a[i].ids};
+        k3c_acts *acts;
+        float *logits;
+        CHECK_OK(k3c_model_arena_init_f32(sv.model, k3c_model_plan_bytes_f32(sv.model, a[i].n, 1), &ar, &err), &err);
+        CHECK_OK(k3c_model_forward_f32(sv.model, &mb, &ar, &acts, NULL, &logits, &err), &err);
+        for (int64_t t = a[i].n_prompt; !err.code && t < a[i].n; t++) {
+            if (!a[i].mask[t]) continue;
+            double lp;
+            k3c_logp_entropy(logits + (t - 1) * V, V, a[i].ids[t], &lp, NULL);
+            worst = fmax(worst, fabs(lp - a[i].logp[t]));
+        }
+        k3c_model_arena_free_f32(sv.model, &ar);
+    }
+    CHECK(same, "batched episodes == one-by-one episodes");
+    CHECK(worst < 1e-4, "engine logprobs vs the training forward: max |diff| %.3g (tol 1e-4)", worst);
+    for (int i = 0; i < N; i++) k3c_episode_free(&a[i]), k3c_env_free(e[i]);
+    k3c_serve_close(&sv);
+}
+
 /* RL from the SFT checkpoint: rollouts, metrics, checkpoints, bit-exact resume, refused settings. */
 static void write_rl(const char *name, const char *out, const char *extra) {
     char text[1024];
@@ -145,8 +246,26 @@ static void test_rl(void) {
     snprintf(pa, sizeof pa, "%s/rl_a/step_00000002/model.safetensors", dir);
     snprintf(pb, sizeof pb, "%s/rl_b/step_00000002/model.safetensors", dir);
     CHECK(b.steps == 2 && same_file(pa, pb), "resumed RL run == uninterrupted");
-    write_rl("rl_c.json", "rl_c", ", \"beta\": 0.1");
-    CHECK(run_rl("rl_c.json", 0, 0, &b, &err) == K3C_EUNSUPPORTED && strstr(err.msg, "beta"), "%s", err.msg);
+    /* the KL to the frozen init checkpoint and several clipped updates per batch */
+    /* (a length penalty over the whole budget makes every group's rewards differ, so every step updates) */
+    write_text("rl_c.json",
+               "{\"init\": \"out_a/step_00000008\", \"env\": \"arith\", \"out_dir\": \"rl_c\", \"steps\": 2, "
+               "\"prompts_per_step\": 2, \"group_size\": 2, \"max_new\": 40, \"max_tokens\": 600, \"lr\": 0.001, "
+               "\"seed\": 3, \"beta\": 0.1, \"ppo_epochs\": 2, \"temperature\": 1.5, \"overlong_buffer\": 599, "
+               "\"overlong_penalty\": 1}\n");
+    CHECK_OK(run_rl("rl_c.json", 0, 0, &b, &err), &err);
+    snprintf(p, sizeof p, "%s/rl_c/metrics.jsonl", dir);
+    CHECK_OK(k3c_read_file(p, &text, &n, &err), &err);
+    /* step 1 updates (one group's lengths differ): the second epoch's ratios move off 1 and the clip acts; the
+     * engine's rollout log-probs equal the trainer's recomputation up to float32 noise */
+    const char *l1 = text ? strstr(text, "{\"step\":1,") : NULL, *ch = l1 ? strstr(l1, "\"clip_high\":") : NULL,
+               *rm = l1 ? strstr(l1, "\"ratio_mean\":") : NULL, *ld = l1 ? strstr(l1, "\"rollout_logp_diff\":") : NULL;
+    CHECK(l1 && strstr(l1, "\"updated_seqs\":2") && ch && rm && ld && atof(ch + 12) > 0 && atof(rm + 13) != 1.0 &&
+              atof(ld + 20) < 1e-4,
+          "metrics: %s", text);
+    free(text);
+    write_rl("rl_f.json", "rl_f", ", \"beta\": -0.1");
+    CHECK(run_rl("rl_f.json", 0, 0, &b, &err) != K3C_OK && strstr(err.msg, "beta: must be >= 0"), "%s", err.msg);
     write_rl("rl_d.json", "rl_d", ", \"env\": \"chess\"");
     CHECK(run_rl("rl_d.json", 0, 0, &b, &err) != K3C_OK, "duplicate/unknown env refused: %s", err.msg);
     write_text("rl_e.json",
@@ -200,6 +319,8 @@ int main(void) {
     write_text("bad4.json", "{\"init\": \"init\", \"data\": \"junk.jsonl\", \"out_dir\": \"o4\", \"steps\": 1}");
     CHECK(run("bad4.json", 0, 0, &b, &err) == K3C_EINVAL && strstr(err.msg, "junk.jsonl: no usable trajectory"), "%s",
           err.msg);
+    test_weights();
+    test_rollout_batch();
     test_rl();
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0, "cleanup");

@@ -101,7 +101,7 @@ static int lm_open(lm_ctx *c, int32_t *ids, int32_t *cu, int32_t *targets, int32
     cu[0] = 0, cu[1] = 7, cu[2] = 12;
     CHECK_OK(k3c_vision_targets(ids, 12, cu, 2, PAD, targets, &err), &err);
     CHECK(k3c_vision_pad_positions(ids, 12, PAD, pos) == 4, "4 placeholders");
-    c->b = (k3c_model_batch){12, 2, ids, cu, targets, 0, 4, pos, NULL, NULL};
+    c->b = (k3c_model_batch){12, 2, ids, cu, targets, 0, 4, pos, NULL, NULL, NULL};
     CHECK_OK(k3c_arena_init(&c->ar, k3c_model_plan_bytes_f64(&c->m, 12, 2), &err), &err);
     return 0;
 }

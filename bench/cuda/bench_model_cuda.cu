@@ -57,7 +57,7 @@ int main(int argc, char **argv) {
     k3c_rng r = {7, 0};
     for (auto &x : ids) x = (int32_t)(k3c_rng_u64(&r) % (uint64_t)cfg.vocab_size);
     for (int d = 0; d <= docs; d++) cu[d] = (int32_t)(T * d / docs);
-    k3c_model_batch b = {T, docs, ids.data(), cu.data(), nullptr, 0, 0, nullptr, nullptr, nullptr};
+    k3c_model_batch b = {T, docs, ids.data(), cu.data(), nullptr, 0, 0, nullptr, nullptr, nullptr, nullptr};
     k3c_model m;
     h.ok(k3c_model_create_f32(&cfg, 1, &m, &h.err), "create");
     k3c_model_init_f32(&m, 1, 0.02);

@@ -47,7 +47,7 @@ int cmd_logits(int argc, char **argv) {
     k3c_arena arena = {0};
     if (!rc && !(cu = doc_offsets(B, T))) rc = k3c_errf(&err, K3C_ENOMEM, "out of memory");
     if (!rc) rc = k3c_model_arena_init_f32(&m, k3c_model_plan_bytes_f32(&m, B * T, (int)B), &arena, &err);
-    k3c_model_batch b = {B * T, (int)B, ids, cu, NULL, 0, 0, NULL, NULL, NULL};
+    k3c_model_batch b = {B * T, (int)B, ids, cu, NULL, 0, 0, NULL, NULL, NULL, NULL};
     k3c_acts *acts;
     float *logits;
     double loss;

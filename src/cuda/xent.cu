@@ -1,5 +1,5 @@
-/* xent.cu — fp32 CUDA twin of the masked cross-entropy, forward (loss, lse) and backward (ops/xent.c term by term).
- * docs/TRAINING.md §5.3; declarations in cuda/cuda_ops.h. */
+/* xent.cu — fp32 CUDA twin of the masked (optionally per-position weighted) cross-entropy, forward (loss, lse) and
+ * backward (ops/xent.c term by term). docs/TRAINING.md §5.3; declarations in cuda/cuda_ops.h. */
 #include <limits.h>
 
 #include "cuda/kernels.cuh"
@@ -23,7 +23,7 @@ struct xent_head {
  * the row), then the block combines them around the row max M. lse = M + log Σ (double, stored as float, as the CPU);
  * contrib[t] = lse − x[target] in double for counted rows with a valid target (read only for those). */
 __global__ void xent_rows_kernel(int64_t T, int64_t V, const float *logits, const int32_t *targets, const uint8_t *mask,
-                                 float *lse, double *contrib) {
+                                 const float *weight, float *lse, double *contrib) {
     __shared__ float redf[32];
     __shared__ double redd[32];
     for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
@@ -42,7 +42,8 @@ __global__ void xent_rows_kernel(int64_t T, int64_t V, const float *logits, cons
             lse[t] = (float)l;
             if (contrib) {
                 const int32_t tg = targets[t];
-                contrib[t] = xcounted(targets, mask, t) && tg < V ? l - (double)x[tg] : 0.0;
+                const double c = xcounted(targets, mask, t) && tg < V ? l - (double)x[tg] : 0.0;
+                contrib[t] = weight ? (double)weight[t] * c : c; /* the CPU's order: w · (lse − x) */
             }
         }
     }
@@ -84,7 +85,8 @@ __global__ void xent_count_kernel(int64_t T, int64_t V, const int32_t *targets, 
  * (the CPU's rounding steps). count (device) given: divisor = *count; else divisor = norm. Rows are skipped
  * block-uniformly. */
 __global__ void xent_bwd_kernel(int64_t T, int64_t V, const float *logits, const int32_t *targets, const uint8_t *mask,
-                                const float *lse, double dloss, double norm, const long long *count, float *dlogits) {
+                                const float *weight, const float *lse, double dloss, double norm,
+                                const long long *count, float *dlogits) {
     double g;
     if (count) {
         const long long n = *count;
@@ -93,15 +95,16 @@ __global__ void xent_bwd_kernel(int64_t T, int64_t V, const float *logits, const
     } else {
         g = dloss / norm;
     }
-    const float gf = (float)g;
     for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
         const int32_t tg = targets[t];
         if (!xcounted(targets, mask, t) || tg >= V) continue;
+        const double gt = weight ? g * (double)weight[t] : g; /* per row, as the CPU */
+        const float gf = (float)gt;
         const float l = lse[t];
         const float *x = logits + t * V;
         float *d = dlogits + t * V;
         for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-            float v = d[j] + (float)(g * (double)expf(x[j] - l));
+            float v = d[j] + (float)(gt * (double)expf(x[j] - l));
             if (j == tg) v -= gf;
             d[j] = v;
         }
@@ -123,8 +126,8 @@ int xent_fwd_run(const k3c_xent_sizes *s, const float *logits, const int32_t *ta
                  void *scratch, xent_head *head, k3c_err *err) {
     xent_head *dhead = (xent_head *)scratch;
     double *contrib = (double *)((char *)scratch + sizeof(xent_head));
-    xent_rows_kernel<<<grid_rows(s->T), xent_threads(s->V), 0, K3C_STREAM>>>(s->T, s->V, logits, targets, mask, lse,
-                                                                             contrib);
+    xent_rows_kernel<<<grid_rows(s->T), xent_threads(s->V), 0, K3C_STREAM>>>(s->T, s->V, logits, targets, mask,
+                                                                             s->weight, lse, contrib);
     K3C_CU_LAUNCHED("xent_rows");
     xent_total_kernel<<<1, 1024, 0, K3C_STREAM>>>(s->T, s->V, targets, mask, contrib, dhead);
     K3C_CU_LAUNCHED("xent_total");
@@ -139,8 +142,9 @@ int xent_bwd_run(const k3c_xent_sizes *s, const float *logits, const int32_t *ta
         xent_count_kernel<<<1, 1024, 0, K3C_STREAM>>>(s->T, s->V, targets, mask, count);
         K3C_CU_LAUNCHED("xent_count");
     }
-    xent_bwd_kernel<<<grid_rows(s->T), xent_threads(s->V), 0, K3C_STREAM>>>(s->T, s->V, logits, targets, mask, lse,
-                                                                            dloss, s->norm, count, dlogits);
+    xent_bwd_kernel<<<grid_rows(s->T), xent_threads(s->V), 0, K3C_STREAM>>>(s->T, s->V, logits, targets, mask,
+                                                                            s->weight, lse, dloss, s->norm, count,
+                                                                            dlogits);
     K3C_CU_LAUNCHED("xent_bwd");
     return 0;
 }

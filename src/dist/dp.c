@@ -117,6 +117,7 @@ int k3c_dp_split_batch(k3c_dp *dp, k3c_model_batch *b, k3c_err *err) {
         return k3c_errf(err, K3C_EINVAL, "data parallelism: the batch needs explicit targets and cu_seqlens");
     if (b->n_embeds)
         return k3c_errf(err, K3C_EINVAL, "data parallelism: input-embedding overrides (image rows) are not split yet");
+    if (b->weight) return k3c_errf(err, K3C_EINVAL, "data parallelism: per-position loss weights are not split yet");
     int64_t counted = 0;
     for (int64_t t = 0; t < b->T; t++) counted += b->targets[t] >= 0;
     if (!counted) return k3c_errf(err, K3C_EINVAL, "data parallelism: the batch has no counted target");

@@ -177,6 +177,7 @@ static int plan(pipe *p, const k3c_model_batch *b, int n, k3c_err *err) {
     if (b->n_embeds)
         return k3c_errf(err, K3C_EINVAL,
                         "pipeline parallelism: input-embedding overrides (image rows) are not split yet");
+    if (b->weight) return k3c_errf(err, K3C_EINVAL, "pipeline parallelism: per-position loss weights are not split yet");
     double norm = b->loss_norm;
     if (!(norm > 0)) {
         int64_t counted = 0;

@@ -17,6 +17,7 @@ struct k3c_acts {
     int64_t T;
     int l0, l1;              /* the layers this forward ran, [l0, l1) (0, L: the whole model) */
     int32_t *ids, *targets;  /* copies of the batch's */
+    float *weight;           /* the batch's loss weights in backend memory, or NULL */
     int32_t *cu;             /* copy of the batch's cu_seqlens (n_docs + 1) */
     real *emb;               /* [T, D] (l0 > 0: the caller's boundary tensor, or unused) */
     real **pmid, **pend;     /* [L] × [T, D] */

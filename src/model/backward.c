@@ -94,7 +94,7 @@ static int head_bwd(k3c_model *m, k3c_acts *a, double scale, k3c_err *err) {
     size_t mark = k3c_arena_mark(a->arena);
     real *dlogits = k3c_tmp_zeros(&a->st, a->arena, T * V, err);
     if (!dlogits) return k3c_errf(err, K3C_ENOMEM, "backward: activation arena too small for dlogits");
-    k3c_xent_sizes xs = {T, V, a->loss_norm};
+    k3c_xent_sizes xs = {T, V, a->loss_norm, a->weight};
     CHECK_RC(be->xent_bwd(&xs, a->logits, a->targets, NULL, a->lse, scale, dlogits, err));
     CHECK_RC(be->zero(a->dxn, T * D, err));
     k3c_linear_sizes ls = {T, D, V, 0};

@@ -45,6 +45,7 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, int l0, int
     a->ids = K3C_CARVE_DEV(cv, int32_t, T);
     a->cu = K3C_CARVE_DEV(cv, int32_t, n_docs + 1);
     a->targets = K3C_CARVE_DEV(cv, int32_t, T);
+    a->weight = K3C_CARVE_DEV(cv, float, T);
     real *emb = l0 == 0 ? K3C_CARVE_DEV(cv, real, T * D) : NULL;
     if (!k3c_acts_measuring(cv)) a->emb = emb;
     a->pmid = K3C_CARVE_HOST(cv, real *, L);
@@ -253,6 +254,10 @@ static int upload_batch(const k3c_backend *be, const k3c_model_batch *b, int n_d
     const size_t T = (size_t)b->T;
     if (b->cu_seqlens) CHECK_RC(be->upload(a->cu, b->cu_seqlens, sizeof(int32_t) * (size_t)(n_docs + 1), err));
     CHECK_RC(be->upload(a->ids, b->ids, sizeof(int32_t) * T, err));
+    if (b->weight)
+        CHECK_RC(be->upload(a->weight, b->weight, sizeof(float) * T, err));
+    else
+        a->weight = NULL;
     if (b->targets) return be->upload(a->targets, b->targets, sizeof(int32_t) * T, err);
     int32_t *tg = malloc(sizeof(int32_t) * T);
     if (!tg) return k3c_errf(err, K3C_ENOMEM, "forward: out of memory");
@@ -422,7 +427,7 @@ int k3c_model_forward_range(k3c_model *m, const k3c_model_batch *b, int l0, int 
         CHECK_RC(be->rmsnorm_fwd(&rs, a->hfin, w + m->table.glob.final_norm, a->hn, a->rfin, err));
         k3c_linear_sizes ls = {T, D, V, 0};
         CHECK_RC(be->linear_fwd(be->ctx, &ls, a->hn, w + m->table.glob.lm_head, a->logits, err));
-        k3c_xent_sizes xs = {T, V, b->loss_norm};
+        k3c_xent_sizes xs = {T, V, b->loss_norm, a->weight};
         a->loss_norm = b->loss_norm;
         double l = 0;
         CHECK_RC(be->xent_fwd(&xs, a->logits, a->targets, NULL, a->lse, &l, NULL, err));

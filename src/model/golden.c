@@ -178,7 +178,7 @@ static int check_run(k3c_model *m, const k3c_safetensors *gs, const int32_t *ids
     k3c_arena arena = {0};
     int64_t B = r->B, T = r->T;
     int rc = k3c_model_arena_init(m, k3c_model_plan_bytes(m, B * T, (int)B), &arena, err);
-    k3c_model_batch b = {B * T, (int)B, ids, cu, NULL, 0, 0, NULL, NULL, NULL};
+    k3c_model_batch b = {B * T, (int)B, ids, cu, NULL, 0, 0, NULL, NULL, NULL, NULL};
     k3c_acts *acts;
     real *logits = NULL;
     double loss = 0;

@@ -60,6 +60,8 @@ typedef struct {
     int64_t T, V;
     double norm; /* the loss divisor; 0 = the number of counted positions (a per-call mean). Give the global count of a
                     batch split into micro-batches or ranks so the summed gradients equal the full-batch mean. */
+    const float *weight; /* per-position loss weights w[T] in the op's memory (host, or the device's); NULL = all 1.
+                            The RL update puts −∂L/∂logp here (docs/POST.md "RL math"). */
 } k3c_xent_sizes;
 
 /* ---------------------------------------------------------------- API */
@@ -121,12 +123,13 @@ typedef struct {
     int k3c_softmax_bwd_##S(const k3c_softmax_sizes *s, const real *y, const real *dy, real *dx, k3c_err *err);               \
                                                                                                                               \
     /* Masked mean cross-entropy over logits[T,V]. Position t counts iff targets[t] >= 0 and (mask == NULL or          \
-       mask[t] != 0); K3C_EINVAL if a counted target is >= V. *loss = Σ_counted (lse_t − logit[t,target]) / divisor    \
+       mask[t] != 0); K3C_EINVAL if a counted target is >= V. *loss = Σ_counted w_t (lse_t − logit[t,target]) / divisor \
        (divisor = s->norm, or the count when 0; loss 0 when nothing counts). lse[T] (required) saves the row           \
        log-sum-exp (every row, counted or not); *count (may be NULL) gets the number of counted positions. */      \
     int k3c_xent_fwd_##S(const k3c_xent_sizes *s, const real *logits, const int32_t *targets, const uint8_t *mask,            \
                          real *lse, double *loss, int64_t *count, k3c_err *err);                                              \
-    /* dlogits[t,:] += (softmax(logits[t,:]) − onehot(target)) · dloss / divisor on counted rows only. */                  \
+    /* dlogits[t,:] += (softmax(logits[t,:]) − onehot(target)) · w_t · dloss / divisor on counted rows only          \
+       (w_t = s->weight[t], or 1; the divisor still counts positions, not weights). */                                 \
     int k3c_xent_bwd_##S(const k3c_xent_sizes *s, const real *logits, const int32_t *targets, const uint8_t *mask,            \
                          const real *lse, double dloss, real *dlogits, k3c_err *err);
 

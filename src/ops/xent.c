@@ -1,4 +1,4 @@
-/* xent.c — masked mean cross-entropy over vocabulary logits (the LM loss), max-subtracted, with its backward.
+/* xent.c — masked (optionally per-position weighted) mean cross-entropy over vocabulary logits (the LM loss), max-subtracted, with its backward.
  * Spec: docs/TRAINING.md §2 packing table (boundary targets masked) and §5.3 (loss masks); docs/MODEL.md §11. */
 #include "base/real.h"
 #include "ops/basic.h"
@@ -41,7 +41,7 @@ int k3c_xent_fwd(const k3c_xent_sizes *s, const real *logits, const int32_t *tar
         for (int64_t j = 0; j < V; j++) se += rexp(x[j] - mx);
         double l = mx + log(se);
         lse[t] = (real)l;
-        if (counted(targets, mask, t)) sum += l - x[targets[t]];
+        if (counted(targets, mask, t)) sum += s->weight ? s->weight[t] * (l - x[targets[t]]) : l - x[targets[t]];
     }
     if (count) *count = n;
     *loss = n ? sum / divisor(s, n) : 0.0;
@@ -60,8 +60,9 @@ int k3c_xent_bwd(const k3c_xent_sizes *s, const real *logits, const int32_t *tar
         if (!counted(targets, mask, t)) continue;
         const real *x = logits + t * V;
         real *d = dlogits + t * V;
-        for (int64_t j = 0; j < V; j++) d[j] += (real)(g * rexp(x[j] - lse[t]));
-        d[targets[t]] -= (real)g;
+        const double gt = s->weight ? g * s->weight[t] : g;
+        for (int64_t j = 0; j < V; j++) d[j] += (real)(gt * rexp(x[j] - lse[t]));
+        d[targets[t]] -= (real)gt;
     }
     return K3C_OK;
 }

@@ -54,6 +54,7 @@ static int read_rl(const k3c_json_ctx *c, const k3c_json *j, k3c_rl_config *r) {
                                        "threads",
                                        "grad_clip",
                                        "matrix_optimizer",
+                                       "ppo_epochs",
                                        NULL};
     static const char *const advs[] = {"grpo", "dr_grpo", NULL}, *const aggs[] = {"token_mean", "seq_mean", "const",
                                                                                   NULL};
@@ -86,11 +87,8 @@ static int read_rl(const k3c_json_ctx *c, const k3c_json *j, k3c_rl_config *r) {
     CHECK_RC(k3c_post_cfg_num(c, j, "", "eps_low", 0.2, &r->loss.eps_low));
     CHECK_RC(k3c_post_cfg_num(c, j, "", "eps_high", 0.28, &r->loss.eps_high));
     CHECK_RC(k3c_post_cfg_num(c, j, "", "beta", 0, &r->loss.beta));
-    if (r->loss.beta != 0)
-        return k3c_errf(c->err, K3C_EUNSUPPORTED,
-                        "%s: beta: the KL term needs per-token loss weights in the model step (docs/POST.md \"Left\"); "
-                        "only beta = 0 is supported",
-                        c->file);
+    if (!(r->loss.beta >= 0)) return k3c_errf(c->err, K3C_EINVAL, "%s: beta: must be >= 0", c->file);
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "ppo_epochs", 1, 1, &r->ppo_epochs));
     r->loss.max_len = r->max_tokens;
     CHECK_RC(k3c_post_cfg_int(c, j, "", "overlong_buffer", 0, 0, &r->overlong_buffer));
     CHECK_RC(k3c_post_cfg_num(c, j, "", "overlong_penalty", 1.0, &r->overlong_penalty));
@@ -127,60 +125,131 @@ int k3c_rl_config_load(const char *path, k3c_rl_config *r, k3c_err *err) {
 typedef struct {
     const k3c_rl_config *c;
     k3c_post_run r;
+    k3c_model ref; /* the frozen reference (the init checkpoint) when beta > 0 */
+    int has_ref;
     int64_t step;
 } rl;
 
-/* One episode of task `task` of `split`, sample g of its group (the sampler seed follows (seed, step, task, g);
- * temperature 0: greedy). */
-static int episodes(rl *s, int split, int64_t task, int g, double temperature, k3c_episode *ep, k3c_err *err) {
-    k3c_env *e;
-    CHECK_RC(k3c_env_new(s->c->env, s->c->seed, split, task, &e, err));
-    k3c_sampler sm = {.temperature = temperature,
-                      .top_p = s->c->top_p,
-                      .seed = s->c->seed ^ (uint64_t)(s->step * 1000003 + task * 131 + g)};
-    k3c_policy pol;
-    int rc = k3c_policy_from_model(&s->r.m, &sm, &pol, err);
+/* Episodes of tasks task0 + i / G of `split`, G samples each, decoded together (k3c_rollout_batch); sample g of a
+ * task draws with the seed of (seed, step, task, g); temperature 0: greedy. */
+static int episodes(rl *s, int split, int64_t task0, int n, int G, double temperature, k3c_episode *ep, k3c_err *err) {
+    k3c_env **e = calloc((size_t)n, sizeof *e);
+    k3c_sampler *sm = calloc((size_t)n, sizeof *sm);
+    int rc = e && sm ? K3C_OK : k3c_errf(err, K3C_ENOMEM, "out of memory");
+    for (int i = 0; !rc && i < n; i++) {
+        int64_t task = task0 + i / G;
+        rc = k3c_env_new(s->c->env, s->c->seed, split, task, &e[i], err);
+        sm[i] = (k3c_sampler){.temperature = temperature,
+                              .top_p = s->c->top_p,
+                              .seed = s->c->seed ^ (uint64_t)(s->step * 1000003 + task * 131 + i % G)};
+    }
     k3c_rollout_opts o = {s->c->max_turns, s->c->max_tokens, s->c->max_new, s->c->thinking};
-    if (!rc) rc = k3c_rollout(e, s->r.tok, &pol, &o, ep, err);
-    k3c_policy_free(&pol);
-    k3c_env_free(e);
+    if (!rc) rc = k3c_rollout_batch(&s->r.m, e, sm, n, s->r.tok, &o, s->c->threads, ep, err);
+    for (int i = 0; e && i < n; i++) k3c_env_free(e[i]);
+    free(e);
+    free(sm);
     return rc;
 }
 
-/* Adds c · ∇Σ_t logp(sampled token t) over the episode's sampled tokens into m.g (the summed cross-entropy's backward
- * with scale −c), and the mean entropy of those positions into *ent. */
-static int seq_backward(rl *s, const k3c_episode *ep, double c, double *ent, k3c_err *err) {
+/* Next-token targets of an episode: the sampled ids (mask 1), −1 elsewhere; the count of targets. */
+static int64_t sampled_targets(const k3c_episode *ep, int32_t *tg) {
+    int64_t counted = 0;
+    for (int64_t t = 0; t < ep->n; t++) {
+        tg[t] = t + 1 < ep->n && ep->mask[t + 1] ? ep->ids[t + 1] : -1;
+        counted += tg[t] >= 0;
+    }
+    return counted;
+}
+
+/* One forward of model m over the episode (the run's arena: m has the trained model's shape): lp[t + 1] = log-prob of
+ * the sampled id at t + 1; *ent (may be NULL) += the mean entropy of those positions. With w (per position, −∂L/∂logp
+ * of the next token) the weighted cross-entropy's backward follows, which adds ∇ Σ_t ∂L/∂logp_t · logp_t = ∇L. */
+static int seq_pass(rl *s, k3c_model *m, const k3c_episode *ep, double *lp, double *ent, const float *w, k3c_err *err) {
     int64_t T = ep->n;
     int32_t *tg = malloc(sizeof *tg * (size_t)T);
     if (!tg) return k3c_errf(err, K3C_ENOMEM, "out of memory");
-    int64_t counted = 0;
-    for (int64_t t = 0; t < T; t++) {
-        tg[t] = t + 1 < T && ep->mask[t + 1] ? ep->ids[t + 1] : -1;
-        counted += tg[t] >= 0;
-    }
+    int64_t counted = sampled_targets(ep, tg);
     int32_t cu[2] = {0, (int32_t)T};
-    k3c_model_batch b = {.T = T, .n_docs = 1, .ids = ep->ids, .cu_seqlens = cu, .targets = tg, .loss_norm = 1.0};
+    k3c_model_batch b = {
+        .T = T, .n_docs = 1, .ids = ep->ids, .cu_seqlens = cu, .targets = tg, .loss_norm = 1.0, .weight = w};
     int rc = counted ? k3c_post_run_arena(&s->r, T, 1, err) : K3C_OK;
     k3c_acts *acts;
-    double loss;
     float *logits = NULL;
-    *ent = 0;
     if (!rc && counted) {
         k3c_arena_reset(&s->r.arena, 0);
-        rc = k3c_model_forward_f32(&s->r.m, &b, &s->r.arena, &acts, &loss, &logits, err);
+        rc = k3c_model_forward_f32(m, &b, &s->r.arena, &acts, NULL, &logits, err);
     }
-    const int64_t V = s->r.m.cfg.vocab_size;
-    float *row = !rc && counted ? malloc(sizeof *row * (size_t)V) : NULL;
+    const int64_t V = m->cfg.vocab_size;
+    float *row = !rc && counted && lp ? malloc(sizeof *row * (size_t)V) : NULL;
+    if (!rc && counted && lp && !row) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
     for (int64_t t = 0; !rc && row && t < T; t++) {
         if (tg[t] < 0) continue;
-        rc = k3c_model_download_f32(&s->r.m, row, logits + t * V, sizeof *row * (size_t)V, err);
+        rc = k3c_model_download_f32(m, row, logits + t * V, sizeof *row * (size_t)V, err);
         double h;
-        k3c_logp_entropy(row, V, tg[t], NULL, &h);
-        *ent += h / (double)counted;
+        k3c_logp_entropy(row, V, tg[t], &lp[t + 1], &h);
+        if (ent) *ent += h / (double)counted;
     }
     free(row);
-    if (!rc && counted && c != 0) rc = k3c_model_backward_f32(&s->r.m, acts, -c, err);
+    if (!rc && counted && w) rc = k3c_model_backward_f32(m, acts, 1.0, err);
     free(tg);
+    return rc;
+}
+
+/* The policy-gradient updates of one batch of episodes (TRAINING.md §3): π_old's log-probs recomputed by the trained
+ * model before the first update (ρ = 1 there), the reference's when beta > 0, then ppo_epochs times: the current
+ * log-probs, k3c_rl_loss → ∂L/∂logp per token, one weighted backward per sequence (weight −∂L/∂logp on the position
+ * that predicts the token) and an optimizer step. Sequences of dropped groups, and with beta = 0 those with advantage
+ * 0, contribute nothing and are skipped. */
+typedef struct {
+    int B;
+    const k3c_episode *ep;
+    const int64_t *off;
+    double *lp, *lp_old, *lp_ref, *dl;
+    const uint8_t *mk;
+    const double *adv;
+} rl_batch;
+
+static int active(const rl *s, const rl_batch *b, int i) {
+    return b->off[i + 1] > b->off[i] && (b->adv[i] != 0 || s->c->loss.beta > 0);
+}
+
+static int rl_updates(rl *s, rl_batch *b, k3c_rl_loss_stats *st, double *ent, double *gnorm, int *n_upd, k3c_err *err) {
+    int rc = K3C_OK;
+    *n_upd = 0;
+    for (int i = 0; !rc && i < b->B; i++) {
+        if (!active(s, b, i)) continue;
+        double *o = b->lp_old + b->off[i];
+        rc = seq_pass(s, &s->r.m, &b->ep[i], o, ent, NULL, err);
+        if (!rc && s->has_ref) rc = seq_pass(s, &s->ref, &b->ep[i], b->lp_ref + b->off[i], NULL, NULL, err);
+        (*n_upd)++;
+    }
+    float *w = NULL;
+    for (int e = 0; !rc && *n_upd && e < s->c->ppo_epochs; e++) {
+        for (int i = 0; !rc && e > 0 && i < b->B; i++)
+            if (active(s, b, i)) rc = seq_pass(s, &s->r.m, &b->ep[i], b->lp + b->off[i], NULL, NULL, err);
+        if (!rc && e == 0) memcpy(b->lp, b->lp_old, sizeof *b->lp * (size_t)b->off[b->B]);
+        k3c_rl_tokens tk = {b->B, b->off, b->lp, b->lp_old, s->has_ref ? b->lp_ref : NULL, b->mk, b->adv};
+        k3c_rl_loss_stats es = {0};
+        if (!rc) rc = k3c_rl_loss(&tk, &s->c->loss, b->dl, &es, err);
+        if (!rc && e == 0) *st = es;
+        st->clip_low = es.clip_low, st->clip_high = es.clip_high, st->ratio_mean = es.ratio_mean;
+        if (!rc) rc = s->r.be->zero(s->r.m.g, (int64_t)s->r.m.table.total, err);
+        for (int i = 0; !rc && i < b->B; i++) {
+            if (!active(s, b, i)) continue;
+            const k3c_episode *ep = &b->ep[i];
+            float *nw = realloc(w, sizeof *w * (size_t)ep->n);
+            if (!nw) {
+                rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
+                break;
+            }
+            w = nw;
+            for (int64_t t = 0; t < ep->n; t++) w[t] = t + 1 < ep->n ? (float)-b->dl[b->off[i] + t + 1] : 0.0f;
+            rc = seq_pass(s, &s->r.m, ep, NULL, NULL, w, err);
+        }
+        if (!rc) rc = k3c_post_run_update(&s->r, s->c->grad_clip, s->c->lr, s->step + 1, gnorm, err);
+    }
+    free(w);
+    if (*n_upd) *ent /= *n_upd;
     return rc;
 }
 
@@ -194,9 +263,8 @@ static int rl_step(rl *s, k3c_sbuf *line, double *mean_reward, k3c_err *err) {
     if (!ep || !r || !adv || !keep) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
     double comp_sum[K3C_REWARD_MAX_COMPONENTS] = {0}, len = 0, fmt = 0, t0 = k3c_now();
     int64_t sampled = 0;
+    if (!rc) rc = episodes(s, 0, s->step * P, B, G, c->temperature, ep, err);
     for (int i = 0; !rc && i < B; i++) {
-        rc = episodes(s, 0, s->step * P + i / G, i % G, c->temperature, &ep[i], err);
-        if (rc) break;
         int64_t n_resp = ep[i].n - ep[i].n_prompt;
         r[i] = ep[i].reward.reward +
                k3c_rl_overlong_penalty(ep[i].n, c->max_tokens, c->overlong_buffer, c->overlong_penalty);
@@ -207,34 +275,27 @@ static int rl_step(rl *s, k3c_sbuf *line, double *mean_reward, k3c_err *err) {
     }
     double t_roll = k3c_now() - t0;
     int zero = rc ? 0 : k3c_rl_advantages(r, P, G, c->std_norm, adv, keep);
-    /* The per-token gradient of the objective at ρ = 1 (one on-policy update): the loss module's dlogp, which is
-     * constant along a sequence when β = 0, applied as one weighted backward per sequence. */
     int64_t *off = calloc((size_t)B + 1, sizeof *off);
     if (!rc && !off) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
     for (int i = 0; !rc && i < B; i++) off[i + 1] = off[i] + (keep[i / G] ? ep[i].n : 0);
     int64_t N = rc ? 0 : off[B];
-    double *lp = calloc((size_t)(N ? N : 1), sizeof *lp), *dl = calloc((size_t)(N ? N : 1), sizeof *dl);
-    uint8_t *mk = calloc((size_t)(N ? N : 1), 1);
-    if (!rc && (!lp || !dl || !mk)) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
+    size_t nn = (size_t)(N ? N : 1);
+    double *lp = calloc(nn, sizeof *lp), *lo = calloc(nn, sizeof *lo), *lr = calloc(nn, sizeof *lr),
+           *dl = calloc(nn, sizeof *dl);
+    uint8_t *mk = calloc(nn, 1);
+    if (!rc && (!lp || !lo || !lr || !dl || !mk)) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
     for (int i = 0; !rc && i < B; i++)
         if (keep[i / G]) memcpy(mk + off[i], ep[i].mask, (size_t)ep[i].n);
     k3c_rl_loss_stats st = {0};
-    k3c_rl_tokens tk = {B, off, lp, lp, NULL, mk, adv};
-    if (!rc) rc = k3c_rl_loss(&tk, &c->loss, dl, &st, err);
-    if (!rc) rc = s->r.be->zero(s->r.m.g, (int64_t)s->r.m.table.total, err);
-    double ent = 0, t1 = k3c_now();
+    rl_batch rb = {B, ep, off, lp, lo, lr, dl, mk, adv};
+    double ent = 0, gnorm = 0, t1 = k3c_now();
     int n_upd = 0;
-    for (int i = 0; !rc && i < B; i++) {
-        if (!keep[i / G] || adv[i] == 0) continue;
-        double coef = 0, h = 0;
-        for (int64_t t = off[i]; t < off[i + 1]; t++)
-            if (mk[t]) coef = dl[t];
-        rc = seq_backward(s, &ep[i], coef, &h, err);
-        ent += h;
-        n_upd++;
-    }
-    double gnorm = 0;
-    if (!rc && n_upd) rc = k3c_post_run_update(&s->r, c->grad_clip, c->lr, s->step + 1, &gnorm, err);
+    if (!rc) rc = rl_updates(s, &rb, &st, &ent, &gnorm, &n_upd, err);
+    /* the rollout engine's log-probs against the trainer's recomputation of the same policy (float32 noise) */
+    double lp_diff = 0;
+    for (int i = 0; !rc && !s->r.m.backend && i < B; i++)
+        for (int64_t t = 0; active(s, &rb, i) && t < ep[i].n; t++)
+            if (mk[off[i] + t]) lp_diff = fmax(lp_diff, fabs(ep[i].logp[t] - lo[off[i] + t]));
     double mean_r = 0;
     for (int i = 0; i < B; i++) mean_r += r[i] / B;
     *mean_reward = mean_r;
@@ -246,26 +307,29 @@ static int rl_step(rl *s, k3c_sbuf *line, double *mean_reward, k3c_err *err) {
         k3c_sbuf_printf(line,
                         ",\"format_valid\":%.4g,\"response_len\":%.4g,\"zero_var_groups\":%.4g,\"entropy\":%.6g,"
                         "\"kl\":%.6g,\"clip_low\":%.4g,\"clip_high\":%.4g,\"grad_norm\":%.6g,\"updated_seqs\":%d,"
-                        "\"rollout_tok_s\":%.4g,\"update_tok_s\":%.4g",
-                        fmt, len, (double)zero / P, n_upd ? ent / n_upd : NAN, st.kl, st.clip_low, st.clip_high, gnorm,
-                        n_upd, (double)sampled / (t_roll > 0 ? t_roll : 1), (double)N / (k3c_now() - t1 + 1e-9));
+                        "\"rollout_tok_s\":%.4g,\"update_tok_s\":%.4g,\"ratio_mean\":%.6g,\"rollout_logp_diff\":%.3g",
+                        fmt, len, (double)zero / P, n_upd ? ent : NAN, st.kl, st.clip_low, st.clip_high, gnorm, n_upd,
+                        (double)sampled / (t_roll > 0 ? t_roll : 1),
+                        (double)N * s->c->ppo_epochs / (k3c_now() - t1 + 1e-9), st.ratio_mean, lp_diff);
     }
     for (int i = 0; ep && i < B; i++) k3c_episode_free(&ep[i]);
-    free(ep), free(r), free(adv), free(keep), free(off), free(lp), free(dl), free(mk);
+    free(ep), free(r), free(adv), free(keep), free(off), free(lp), free(lo), free(lr), free(dl), free(mk);
     return rc;
 }
 
 /* Greedy episodes of the first eval_episodes held-out tasks: mean reward and format-valid fraction. */
 static int evaluate(rl *s, double *reward, double *format, k3c_err *err) {
+    int n = (int)s->c->eval_episodes;
+    k3c_episode *ep = calloc((size_t)(n ? n : 1), sizeof *ep);
     *reward = *format = 0;
-    for (int64_t i = 0; i < s->c->eval_episodes; i++) {
-        k3c_episode ep;
-        CHECK_RC(episodes(s, 1, i, 0, 0.0, &ep, err));
-        *reward += ep.reward.reward / (double)s->c->eval_episodes;
-        *format += ep.format_valid / (double)s->c->eval_episodes;
-        k3c_episode_free(&ep);
+    int rc = ep ? episodes(s, 1, 0, n, 1, 0.0, ep, err) : k3c_errf(err, K3C_ENOMEM, "out of memory");
+    for (int i = 0; !rc && i < n; i++) {
+        *reward += ep[i].reward.reward / n;
+        *format += ep[i].format_valid / (double)n;
     }
-    return K3C_OK;
+    for (int i = 0; !rc && i < n; i++) k3c_episode_free(&ep[i]);
+    free(ep);
+    return rc;
 }
 
 static int restore(rl *s, const char *ts, k3c_err *err) {
@@ -289,6 +353,12 @@ int k3c_rl_run(const k3c_rl_config *c, const k3c_train_opts *o, k3c_rl_result *r
                             0.0,     0.9,  0.95, 1e-8};
     char *ts = NULL;
     int rc = k3c_post_run_open(&s.r, &ro, o, &ts, err);
+    if (!rc && c->loss.beta > 0) { /* the frozen reference: the init checkpoint, on the same backend */
+        s.has_ref = 1;             /* freed below also after a partial open */
+        rc = k3c_model_open_f32(c->init, 0, &s.ref, err);
+        s.ref.kda_chunk = c->kda_chunk;
+        if (!rc && s.r.m.backend) rc = k3c_model_use_backend_f32(&s.ref, s.r.m.backend, err);
+    }
     if (!rc && ts) rc = restore(&s, ts, err);
     free(ts);
     int64_t stop = o->max_steps > 0 && o->max_steps < c->steps ? o->max_steps : c->steps;
@@ -333,5 +403,6 @@ int k3c_rl_run(const k3c_rl_config *c, const k3c_train_opts *o, k3c_rl_result *r
     res->steps = s.step;
     res->wall_s = k3c_now() - t0;
     k3c_post_run_close(&s.r);
+    if (s.has_ref) k3c_model_free_f32(&s.ref);
     return rc;
 }

@@ -4,6 +4,9 @@
  * ids are kept as sampled (never re-encoded). TRAINING.md §3.3, §5.3. */
 #include "post/post.h"
 
+#include "base/check.h"
+#include "model/model.h"
+
 #include "tok/tok.h"
 
 #include <stdlib.h>
@@ -16,7 +19,9 @@ static int reserve(k3c_episode *ep, int64_t n, k3c_err *err) {
         if (a) ep->ids = a;
         uint8_t *m = a ? realloc(ep->mask, cap) : NULL;
         if (m) ep->mask = m;
-        if (!a || !m) return k3c_errf(err, K3C_ENOMEM, "rollout: out of memory");
+        float *l = m ? realloc(ep->logp, cap * sizeof *l) : NULL;
+        if (l) ep->logp = l;
+        if (!a || !m || !l) return k3c_errf(err, K3C_ENOMEM, "rollout: out of memory");
         ep->cap = cap;
     }
     return K3C_OK;
@@ -27,6 +32,7 @@ static int append(k3c_episode *ep, const int32_t *ids, int64_t n, uint8_t mask, 
     if (rc) return rc;
     memcpy(ep->ids + ep->n, ids, n * sizeof *ids);
     memset(ep->mask + ep->n, mask, n);
+    memset(ep->logp + ep->n, 0, n * sizeof *ep->logp);
     ep->n += n;
     return K3C_OK;
 }
@@ -76,26 +82,17 @@ static int answer_calls(k3c_env *env, const k3c_chat_result *r, k3c_sbuf *msgs, 
     return msgs->ok ? K3C_OK : k3c_errf(err, K3C_ENOMEM, "rollout: out of memory");
 }
 
-/* One assistant turn: sample (mask 1), parse, check the format; res receives the parse (the caller frees it).
- * K3C_ENOTFOUND when the token budget is spent. */
-static int one_turn(k3c_env *env, const k3c_tok *tok, const k3c_policy *pol, const k3c_rollout_opts *o, k3c_episode *ep,
-                    k3c_chat_result *res, k3c_err *err) {
-    int64_t room = o->max_tokens - ep->n, max_new = o->max_new_per_turn < room ? o->max_new_per_turn : room;
-    int64_t start = ep->n, got = 0;
-    if (max_new <= 0) return K3C_ENOTFOUND;
-    int rc = reserve(ep, max_new, err);
-    if (rc) return rc;
-    rc = pol->generate(pol->ctx, ep->ids, start, max_new, ep->eos, &got, err);
-    if (rc) return rc;
-    memset(ep->mask + start, 1, got);
-    ep->n += got;
+/* Parses the turn just sampled into ep->ids[start, ep->n) (mask 1) and checks its format; res receives the parse
+ * (the caller frees it). */
+static void parse_turn(k3c_env *env, const k3c_tok *tok, const k3c_rollout_opts *o, k3c_episode *ep, int64_t start,
+                       k3c_chat_result *res) {
     char *text = NULL;
     size_t len = 0;
     k3c_chat_parse_opts po = {K3C_CHAT_XTML, o->thinking};
     k3c_err perr = {0};
     ep->turns++;
     /* An id the tokenizer does not know (a model vocabulary padded past the tokenizer's) is malformed output. */
-    if (k3c_tok_decode(tok, ep->ids + start, (size_t)got, &text, &len, &perr) ||
+    if (k3c_tok_decode(tok, ep->ids + start, (size_t)(ep->n - start), &text, &len, &perr) ||
         k3c_chat_parse(&po, text, len, res, &perr)) {
         *res = (k3c_chat_result){0};
         snprintf(ep->info, sizeof ep->info, "turn %d: %.200s", ep->turns, perr.msg);
@@ -109,11 +106,16 @@ static int one_turn(k3c_env *env, const k3c_tok *tok, const k3c_policy *pol, con
         k3c_json_free(tools);
     }
     free(text);
-    return K3C_OK;
 }
 
-int k3c_rollout(k3c_env *env, const k3c_tok *tok, const k3c_policy *pol, const k3c_rollout_opts *o, k3c_episode *ep,
-                k3c_err *err) {
+/* Ids the next turn may sample (0: the token budget is spent). */
+static int64_t turn_room(const k3c_rollout_opts *o, const k3c_episode *ep) {
+    int64_t room = o->max_tokens - ep->n;
+    return o->max_new_per_turn < room ? o->max_new_per_turn : room;
+}
+
+/* Renders the prompt (+ tools) with the generation prompt: the episode's first tokens. */
+static int episode_begin(k3c_env *env, const k3c_tok *tok, const k3c_rollout_opts *o, k3c_episode *ep, k3c_err *err) {
     memset(ep, 0, sizeof *ep);
     ep->eos = k3c_tok_special_id(tok, "<|end_of_msg|>");
     if (ep->eos < 0) return k3c_errf(err, K3C_EINVAL, "rollout: the tokenizer has no <|end_of_msg|>");
@@ -122,36 +124,61 @@ int k3c_rollout(k3c_env *env, const k3c_tok *tok, const k3c_policy *pol, const k
     int rc = append_rendered(ep, tok, msgs, k3c_env_tools(env), o->thinking, err);
     free(msgs);
     ep->n_prompt = ep->n;
+    return rc;
+}
+
+/* After a turn sampled into ep->ids[start, ep->n): parse it, keep its content as the final answer so far, and when it
+ * closed with calls, append the environment's answers and the next generation prompt. *go_on: another turn follows
+ * (turn and token budgets checked; a spent budget marks the episode truncated). */
+static int episode_turn_done(k3c_env *env, const k3c_tok *tok, const k3c_rollout_opts *o, k3c_episode *ep,
+                             int64_t start, char **final, int *go_on, k3c_err *err) {
+    k3c_chat_result res = {0};
+    parse_turn(env, tok, o, ep, start, &res);
+    free(*final);
+    *final = strdup(res.content ? res.content : "");
+    int rc = *final ? K3C_OK : k3c_errf(err, K3C_ENOMEM, "rollout: out of memory");
+    *go_on = res.finished && res.ncalls > 0;
+    ep->truncated = !res.finished; /* cut by a budget, or the model stopped without closing */
+    if (!rc && *go_on) {
+        ep->tool_calls += (int)res.ncalls;
+        k3c_sbuf tm;
+        k3c_sbuf_init(&tm);
+        rc = answer_calls(env, &res, &tm, err);
+        if (!rc) rc = append_rendered(ep, tok, tm.buf, NULL, o->thinking, err);
+        k3c_sbuf_free(&tm);
+    }
+    k3c_chat_result_free(&res);
+    if (rc || !*go_on) return rc;
+    if (ep->n >= o->max_tokens) ep->truncated = 1;
+    if (ep->turns >= o->max_turns)
+        *go_on = 0;
+    else if (turn_room(o, ep) <= 0)
+        *go_on = 0, ep->truncated = 1;
+    return K3C_OK;
+}
+
+static void episode_end(k3c_env *env, k3c_episode *ep, const char *final) {
+    k3c_env_score(env, final ? final : "", &ep->reward);
+    ep->format_valid = ep->turns > 0 && ep->format_ok_turns == ep->turns;
+}
+
+int k3c_rollout(k3c_env *env, const k3c_tok *tok, const k3c_policy *pol, const k3c_rollout_opts *o, k3c_episode *ep,
+                k3c_err *err) {
+    int rc = episode_begin(env, tok, o, ep, err);
     char *final = NULL;
-    while (!rc && ep->turns < o->max_turns) {
-        k3c_chat_result res = {0};
-        rc = one_turn(env, tok, pol, o, ep, &res, err);
-        if (rc == K3C_ENOTFOUND) {
-            rc = K3C_OK;
-            ep->truncated = 1;
-            break;
-        }
+    int go_on = o->max_turns > 0;
+    if (!rc && go_on && turn_room(o, ep) <= 0) go_on = 0, ep->truncated = 1;
+    while (!rc && go_on) {
+        int64_t start = ep->n, got = 0, max_new = turn_room(o, ep);
+        rc = reserve(ep, max_new, err);
+        if (!rc) rc = pol->generate(pol->ctx, ep->ids, start, max_new, ep->eos, &got, err);
         if (rc) break;
-        free(final);
-        final = strdup(res.content ? res.content : "");
-        int go_on = res.finished && res.ncalls > 0;
-        ep->truncated = !res.finished; /* cut by a budget, or the model stopped without closing */
-        if (go_on) {
-            ep->tool_calls += (int)res.ncalls;
-            k3c_sbuf tm;
-            k3c_sbuf_init(&tm);
-            rc = answer_calls(env, &res, &tm, err);
-            if (!rc) rc = append_rendered(ep, tok, tm.buf, NULL, o->thinking, err);
-            k3c_sbuf_free(&tm);
-        }
-        k3c_chat_result_free(&res);
-        if (!go_on) break;
-        if (ep->n >= o->max_tokens) ep->truncated = 1;
+        memset(ep->mask + start, 1, got);
+        memset(ep->logp + start, 0, got * sizeof *ep->logp);
+        ep->n += got;
+        rc = episode_turn_done(env, tok, o, ep, start, &final, &go_on, err);
     }
-    if (!rc) {
-        k3c_env_score(env, final ? final : "", &ep->reward);
-        ep->format_valid = ep->turns > 0 && ep->format_ok_turns == ep->turns;
-    }
+    if (!rc) episode_end(env, ep, final);
     free(final);
     if (rc) k3c_episode_free(ep);
     return rc;
@@ -161,9 +188,107 @@ void k3c_episode_free(k3c_episode *ep) {
     if (!ep) return;
     free(ep->ids);
     free(ep->mask);
+    free(ep->logp);
     ep->ids = NULL;
     ep->mask = NULL;
+    ep->logp = NULL;
     ep->n = ep->cap = 0;
+}
+
+/* ---------------------------------------------------------------- many episodes on one engine */
+
+typedef struct {
+    int64_t seq;   /* the engine's id of the running turn; 0: the episode is over */
+    int64_t start; /* where the running turn's ids begin */
+    char *final;
+} live;
+
+/* Submits the episode so far (prompt, turns, observations) for its next turn; the engine resumes from the longest
+ * prefix snapshot of it, so a turn costs its new observation tokens, not the whole episode again. */
+static int submit_turn(k3c_engine *eng, const k3c_sampler *sm, const k3c_rollout_opts *o, k3c_episode *ep, live *l,
+                       k3c_err *err) {
+    k3c_request r = {.sampler = *sm, .max_new = turn_room(o, ep), .n_stop = 1, .stop_ids = {ep->eos}};
+    l->start = ep->n;
+    int rc = reserve(ep, r.max_new, err);
+    return rc ? rc : k3c_engine_submit(eng, ep->ids, ep->n, &r, &l->seq, err);
+}
+
+/* An event of episode i: the id is appended (mask 1, its logprob kept); a finished turn is parsed and answered. */
+static int on_event(k3c_engine *eng, k3c_env *env, const k3c_sampler *sm, const k3c_tok *tok, const k3c_rollout_opts *o,
+                    k3c_episode *ep, live *l, const k3c_engine_event *ev, k3c_err *err) {
+    ep->ids[ep->n] = ev->token.id;
+    ep->mask[ep->n] = 1;
+    ep->logp[ep->n] = ev->token.logprob;
+    ep->n++;
+    if (ev->finish == K3C_FINISH_NONE) return K3C_OK;
+    l->seq = 0;
+    int go_on;
+    CHECK_RC(episode_turn_done(env, tok, o, ep, l->start, &l->final, &go_on, err));
+    if (go_on) return submit_turn(eng, sm, o, ep, l, err);
+    episode_end(env, ep, l->final);
+    return K3C_OK;
+}
+
+static int run_engine(k3c_engine *eng, k3c_env *const *envs, const k3c_sampler *samplers, int n, const k3c_tok *tok,
+                      const k3c_rollout_opts *o, k3c_episode *eps, live *ls, k3c_engine_event *ev, int cap,
+                      k3c_err *err) {
+    int rc = K3C_OK;
+    for (int i = 0; !rc && i < n; i++) {
+        rc = episode_begin(envs[i], tok, o, &eps[i], err);
+        if (rc) break;
+        if (o->max_turns > 0 && turn_room(o, &eps[i]) > 0) {
+            rc = submit_turn(eng, &samplers[i], o, &eps[i], &ls[i], err);
+        } else {
+            eps[i].truncated = o->max_turns > 0;
+            episode_end(envs[i], &eps[i], NULL);
+        }
+    }
+    while (!rc && k3c_engine_pending(eng) > 0) {
+        int n_ev;
+        if ((rc = k3c_engine_step(eng, ev, cap, &n_ev, err))) break;
+        for (int k = 0; !rc && k < n_ev; k++) {
+            int i = 0;
+            while (i < n && ls[i].seq != ev[k].seq) i++;
+            if (i == n) return k3c_errf(err, K3C_EINVAL, "rollout: an engine event for an unknown sequence");
+            rc = on_event(eng, envs[i], &samplers[i], tok, o, &eps[i], &ls[i], &ev[k], err);
+        }
+    }
+    return rc;
+}
+
+int k3c_rollout_batch(k3c_model *m, k3c_env *const *envs, const k3c_sampler *samplers, int n, const k3c_tok *tok,
+                      const k3c_rollout_opts *o, int threads, k3c_episode *eps, k3c_err *err) {
+    memset(eps, 0, sizeof *eps * (size_t)n);
+    if (n <= 0) return K3C_OK;
+    if (m->backend || m->precision != K3C_F32) { /* no engine there: one episode at a time */
+        int rc = K3C_OK;
+        for (int i = 0; !rc && i < n; i++) {
+            k3c_policy pol;
+            rc = k3c_policy_from_model(m, &samplers[i], &pol, err);
+            if (!rc) rc = k3c_rollout(envs[i], tok, &pol, o, &eps[i], err);
+            k3c_policy_free(&pol);
+        }
+        for (int i = 0; rc && i < n; i++) k3c_episode_free(&eps[i]);
+        return rc;
+    }
+    /* Snapshots every 32 tokens and at prompt ends: a resubmitted episode recomputes at most 31 of its own ids. */
+    int slots = n < 64 ? n : 64; /* more wait in the engine's queue */
+    k3c_engine_opts eo = {.max_seqs = slots,
+                          .max_ctx = o->max_tokens + 1,
+                          .snapshot_every = 32,
+                          .max_snapshots = 4 * slots + 8,
+                          .threads = threads};
+    k3c_engine *eng = NULL;
+    live *ls = calloc((size_t)n, sizeof *ls);
+    k3c_engine_event *ev = calloc((size_t)slots, sizeof *ev);
+    int rc = ls && ev ? k3c_engine_open(m, &eo, &eng, err) : k3c_errf(err, K3C_ENOMEM, "rollout: out of memory");
+    if (!rc) rc = run_engine(eng, envs, samplers, n, tok, o, eps, ls, ev, slots, err);
+    for (int i = 0; ls && i < n; i++) free(ls[i].final);
+    for (int i = 0; rc && i < n; i++) k3c_episode_free(&eps[i]);
+    k3c_engine_close(eng);
+    free(ls);
+    free(ev);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- the model as a policy */

@@ -52,7 +52,7 @@ static int generate_recompute(k3c_model *m, int32_t *seq, int64_t n_prompt, cons
                  : k3c_errf(err, K3C_ENOMEM, "generate: out of memory");
     for (int64_t i = 0; !rc && i < o->max_new; i++) {
         k3c_arena_reset(&arena, 0);
-        k3c_model_batch b = {len, 1, seq, NULL, NULL, 0, 0, NULL, NULL, NULL};
+        k3c_model_batch b = {len, 1, seq, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL};
         k3c_acts *acts;
         float *logits;
         if ((rc = k3c_model_forward_f32(m, &b, &arena, &acts, NULL, &logits, err))) break;

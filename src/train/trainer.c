@@ -96,7 +96,7 @@ static int next_batch(trainer *tr, const k3c_stage *st, int val, k3c_val_iter *i
                 : k3c_loader_next(tr->loader, st->seq_len, &tr->batch, err);
     if (e) return e;
     k3c_batch *b = &tr->batch;
-    *mb = (k3c_model_batch){b->T, b->n_docs, b->ids, b->cu_seqlens, b->targets, 0, 0, NULL, NULL, NULL};
+    *mb = (k3c_model_batch){b->T, b->n_docs, b->ids, b->cu_seqlens, b->targets, 0, 0, NULL, NULL, NULL, NULL};
     if (tr->dp && !val && (e = k3c_dp_split_batch(tr->dp, mb, err))) return e; /* this rank's share */
     return ensure_arena(tr, mb->T, mb->n_docs, err);
 }

@@ -212,7 +212,7 @@ struct xent_case {
 };
 
 static void test_xent(harness &h, k3c_rng *r, const xent_case &c) {
-    const k3c_xent_sizes s = {c.T, c.V, c.norm};
+    const k3c_xent_sizes s = {c.T, c.V, c.norm, nullptr};
     const size_t TV = (size_t)c.T * c.V;
     const std::string shape =
         fmt("T%d V%d %s norm%g%s", c.T, c.V, c.with_mask ? "mask" : "nomask", c.norm, c.none_counted ? " none" : "");
@@ -352,7 +352,7 @@ static void time_seq(harness &h) {
     }
     { /* cross-entropy: T 4096, V 163840 */
         const int64_t T = 4096, V = 163840;
-        const k3c_xent_sizes s = {T, V, 0.0};
+        const k3c_xent_sizes s = {T, V, 0.0, nullptr};
         std::vector<int32_t> tg(T);
         for (int64_t t = 0; t < T; t++) tg[t] = (int32_t)((t * 7919) % V);
         dptr gt = up(h, tg), lg = filled(T * V, 3.f, 15), lse = filled(T, 1.f, 16), d = filled(T * V, 1.f, 17);

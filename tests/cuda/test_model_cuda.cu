@@ -287,7 +287,7 @@ static void check_routes(harness &h, const std::string &shape, const char *label
 static void compare_model(harness &h, k3c_cuda_backend &cb, const char *label, k3c_model &cpu, k3c_model &gpu,
                           const std::vector<int32_t> &ids, const std::vector<int32_t> &cu, int strict) {
     k3c_model_batch b = {
-        (int64_t)ids.size(), (int)cu.size() - 1, ids.data(), cu.data(), nullptr, 0, 0, nullptr, nullptr, nullptr};
+        (int64_t)ids.size(), (int)cu.size() - 1, ids.data(), cu.data(), nullptr, 0, 0, nullptr, nullptr, nullptr, nullptr};
     const std::string shape = fmt("%s T=%lld docs=%d", label, (long long)b.T, b.n_docs);
     step_out c, g, g16, e;
     const int H = mla_heads(cpu.cfg);
@@ -395,7 +395,7 @@ static void ratio_summary(const k3c_model &m, const step_out &g, const step_out 
 static void attribute(harness &h, k3c_cuda_backend &cb, k3c_model &cpu, k3c_model &gpu, const std::vector<int32_t> &ids,
                       const std::vector<int32_t> &cu) {
     k3c_model_batch b = {
-        (int64_t)ids.size(), (int)cu.size() - 1, ids.data(), cu.data(), nullptr, 0, 0, nullptr, nullptr, nullptr};
+        (int64_t)ids.size(), (int)cu.size() - 1, ids.data(), cu.data(), nullptr, 0, 0, nullptr, nullptr, nullptr, nullptr};
     const int H = mla_heads(cpu.cfg);
     step_out c, e;
     run_step(h, cpu, b, H, c);
