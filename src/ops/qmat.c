@@ -50,9 +50,9 @@ static void mul_decoded(const k3c_qmat *W, const float *X, int64_t n, float *Y, 
             k3c_qmat_row(W, r, row);
             for (int64_t i = 0; i < n; i++) {
                 const float *x = X + i * C;
-                float acc = 0;
-                for (int64_t c = 0; c < C; c++) acc += row[c] * x[c];
-                Y[i * R + r] = accumulate ? Y[i * R + r] + acc : acc;
+                double acc = 0; /* the reference sums in double: the kernels are held to it, not the other way */
+                for (int64_t c = 0; c < C; c++) acc += (double)row[c] * x[c];
+                Y[i * R + r] = accumulate ? (float)(Y[i * R + r] + acc) : (float)acc;
             }
         }
         free(row);
