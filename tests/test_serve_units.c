@@ -143,6 +143,13 @@ static void validation(void) {
                      "\"unknown_field\":{\"ignored\":1}}";
     k3c_api_req q;
     k3c_api_error e;
+    /* fuzz_http_request found it: a model vocabulary smaller than the tokenizer's (chat markers beyond it) gave an
+     * accepted prompt with out-of-range ids; now a 500 naming the id (the setup, not the client, is at fault) */
+    k3c_api_limits small_vocab = lim;
+    small_vocab.n_vocab = 10;
+    CHECK(k3c_api_parse(K3C_API_CHAT, ok, strlen(ok), &small_vocab, &q, &e) == 500 && strstr(e.message, "vocabulary"),
+          "ids beyond the model's vocabulary refused: %s", e.message);
+    k3c_api_req_free(&q);
     CHECK(k3c_api_parse(K3C_API_CHAT, ok, strlen(ok), &lim, &q, &e) == 0, "valid request: %s", e.message);
     CHECK(q.params.temperature == 0.5 && q.params.top_p == 0.9 && q.params.top_k == 40 && q.params.min_p == 0.05 &&
               q.params.presence_penalty == 0.5 && q.params.frequency_penalty == -0.5 &&

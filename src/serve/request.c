@@ -150,6 +150,13 @@ static int budget(k3c_api_req *r, const k3c_api_limits *lim, int64_t max_tokens,
                   k3c_api_error *e) {
     int64_t np = (int64_t)r->prompt.n, room = lim->max_context - np;
     if (np == 0) return BAD_VALUE(e, what, "the prompt is empty");
+    for (int64_t i = 0; i < np;
+         i++) /* a tokenizer larger than the model's vocabulary: the server's setup, not the client */
+        if (r->prompt.ids[i] >= lim->n_vocab)
+            return k3c_api_fail(e, 500, "server_error", NULL, what,
+                                "the prompt encodes to token id %d at position %lld, outside the model's vocabulary "
+                                "of %lld ids (tokenizer and model disagree)",
+                                r->prompt.ids[i], (long long)i, (long long)lim->n_vocab);
     if (room < 1 || (max_given && max_tokens > room))
         return k3c_api_fail(e, 400, "invalid_request_error", "context_length_exceeded", what,
                             "This model's maximum context length is %lld tokens; the prompt has %lld tokens%s",
