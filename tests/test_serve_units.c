@@ -150,6 +150,35 @@ static void validation(void) {
     CHECK(k3c_api_parse(K3C_API_CHAT, ok, strlen(ok), &small_vocab, &q, &e) == 500 && strstr(e.message, "vocabulary"),
           "ids beyond the model's vocabulary refused: %s", e.message);
     k3c_api_req_free(&q);
+    /* fuzz_http_request found it: an error quoting a long unknown role of multi-byte characters was cut at the message
+     * limit inside a character, so the 400 body was not valid JSON; now the message ends on a character boundary and
+     * the JSON writer replaces any invalid byte with U+FFFD */
+    for (int pad = 0; pad < 3; pad++) { /* 3-byte characters after 0..2 ASCII bytes: one of them is cut inside */
+        k3c_sbuf long_role;
+        k3c_sbuf_init(&long_role);
+        k3c_sbuf_printf(&long_role, "{\"messages\":[{\"role\":\"%.*s", pad, "xx");
+        for (int i = 0; i < 400; i++) k3c_sbuf_printf(&long_role, "\xe2\x82\xac");
+        k3c_sbuf_printf(&long_role, "\",\"content\":\"Hi\"}]}");
+        int rc = k3c_api_parse(K3C_API_CHAT, long_role.buf, long_role.len, &lim, &q, &e);
+        CHECK(rc == 400 && k3c_utf8_valid(e.message, strlen(e.message)),
+              "long unknown role (pad %d): 400 with a UTF-8 message (%d)", pad, rc);
+        k3c_api_req_free(&q);
+        k3c_sbuf body;
+        k3c_sbuf_init(&body);
+        k3c_api_error_json(&body, &e);
+        k3c_json *parsed = NULL;
+        CHECK(body.ok && k3c_json_parse(body.buf, body.len, "error", &parsed, NULL) == 0,
+              "its error body is valid JSON (pad %d)", pad);
+        k3c_json_free(parsed);
+        k3c_sbuf_free(&body);
+        k3c_sbuf_free(&long_role);
+    }
+    k3c_sbuf bad;
+    k3c_sbuf_init(&bad);
+    k3c_sbuf_json_string(&bad, "a\xc3\xa9\xc3|\xff\xe2\x82\xac", 9);
+    CHECK(bad.ok && !strcmp(bad.buf, "\"a\xc3\xa9\\ufffd|\\ufffd\xe2\x82\xac\""), "invalid bytes written as U+FFFD: %s",
+          bad.buf);
+    k3c_sbuf_free(&bad);
     CHECK(k3c_api_parse(K3C_API_CHAT, ok, strlen(ok), &lim, &q, &e) == 0, "valid request: %s", e.message);
     CHECK(q.params.temperature == 0.5 && q.params.top_p == 0.9 && q.params.top_k == 40 && q.params.min_p == 0.05 &&
               q.params.presence_penalty == 0.5 && q.params.frequency_penalty == -0.5 &&

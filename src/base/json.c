@@ -703,6 +703,19 @@ void k3c_sbuf_json_string(k3c_sbuf *s, const char *str, size_t n) {
     size_t run = 0; /* bytes that need no escaping are copied in runs */
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)str[i];
+        if (c >= 0x80) {
+            /* JSON text is UTF-8 (RFC 8259 §8.1): a byte that starts no valid sequence (e.g. a message cut inside a
+             * character) is written as U+FFFD, so the document stays parseable. */
+            size_t k = utf8_len((const unsigned char *)str + i, n - i);
+            if (k) {
+                i += k - 1;
+                continue;
+            }
+            k3c_sbuf_append(s, str + run, i - run);
+            run = i + 1;
+            k3c_sbuf_append(s, "\\ufffd", 6);
+            continue;
+        }
         if (c >= 0x20 && c != '"' && c != '\\') continue;
         k3c_sbuf_append(s, str + run, i - run);
         run = i + 1;

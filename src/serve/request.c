@@ -10,6 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Drops a character that a length limit cut in two from the end of str (at most 3 bytes of an incomplete sequence). */
+static void utf8_cut(char *str) {
+    size_t n = strlen(str), k = n;
+    while (k > 0 && n - k < 4 && ((unsigned char)str[k - 1] & 0xc0) == 0x80) k--;
+    if (k > 0 && (unsigned char)str[k - 1] >= 0xc0 && !k3c_utf8_valid(str + k - 1, n - k + 1)) str[k - 1] = '\0';
+}
+
 int k3c_api_fail(k3c_api_error *e, int status, const char *type, const char *code, const char *param, const char *fmt,
                  ...) {
     e->status = status;
@@ -18,8 +25,9 @@ int k3c_api_fail(k3c_api_error *e, int status, const char *type, const char *cod
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    int len = vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
+    if (len >= (int)sizeof e->message) utf8_cut(e->message); /* a quoted value cut inside a character */
     return status;
 }
 
