@@ -31,28 +31,25 @@ int k3c_rope2d_table(const k3c_grid_thw *g, int n, int64_t dh, double theta, rea
     return K3C_OK;
 }
 
-void k3c_rope2d_fwd(int64_t rows, int64_t H, int64_t dh, const real *cs, const real *x, real *y) {
+/* y (+)= R(±θ) x per pair: the forward rotates by θ, the backward (the transpose) by −θ and adds into dx. */
+static void rotate(int64_t rows, int64_t H, int64_t dh, const real *cs, const real *x, real *y, real sign,
+                   int accumulate) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t p = 0; p < dh / 2; p++) {
-                const real c = cs[(r * (dh / 2) + p) * 2], s = cs[(r * (dh / 2) + p) * 2 + 1];
+                const real c = cs[(r * (dh / 2) + p) * 2], s = sign * cs[(r * (dh / 2) + p) * 2 + 1];
                 const int64_t o = (r * H + h) * dh + 2 * p;
-                real a = x[o], b = x[o + 1];
-                y[o] = a * c - b * s;
-                y[o + 1] = a * s + b * c;
+                const real a = x[o], b = x[o + 1], u = a * c - b * s, v = a * s + b * c;
+                y[o] = accumulate ? y[o] + u : u;
+                y[o + 1] = accumulate ? y[o + 1] + v : v;
             }
 }
 
+void k3c_rope2d_fwd(int64_t rows, int64_t H, int64_t dh, const real *cs, const real *x, real *y) {
+    rotate(rows, H, dh, cs, x, y, 1, 0);
+}
+
 void k3c_rope2d_bwd(int64_t rows, int64_t H, int64_t dh, const real *cs, const real *dy, real *dx) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t h = 0; h < H; h++)
-            for (int64_t p = 0; p < dh / 2; p++) {
-                const real c = cs[(r * (dh / 2) + p) * 2], s = cs[(r * (dh / 2) + p) * 2 + 1];
-                const int64_t o = (r * H + h) * dh + 2 * p;
-                real a = dy[o], b = dy[o + 1];
-                dx[o] += a * c + b * s;
-                dx[o + 1] += -a * s + b * c;
-            }
+    rotate(rows, H, dh, cs, dy, dx, -1, 1);
 }
