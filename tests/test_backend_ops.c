@@ -757,7 +757,8 @@ typedef struct {
     const char *name;
     const k3c_backend_f32 *f32;
     const k3c_backend_f64 *f64;
-    void *cuda; /* k3c_cuda_backend * when this is the CUDA table */
+    void *cuda;      /* k3c_cuda_backend * when this is the CUDA table */
+    double gemm_tol; /* > 0: a table with bf16 GEMMs, run on the GEMM-based ops only, at this tolerance */
     int rows[OP_COUNT], passed[OP_COUNT], failed[OP_COUNT], skipped;
 } bo_backend;
 
@@ -849,7 +850,7 @@ static void run_case(bo_backend *b, bo_backend *ref, const bo_case *c, const bo_
         return;
     }
     io_copy(&r, tmpl);
-    double tol = b->cuda ? c->tol_cuda : c->tol_cpu;
+    double tol = b->gemm_tol > 0 ? b->gemm_tol : b->cuda ? c->tol_cuda : c->tol_cpu;
     int rc = run_ref(ref, c, &r);
     CHECK(rc == K3C_OK, "%s reference %s [%s]: %s", ref->name, op_names[c->op], shape, r.msg);
     if (!rc) rc = run(b, c, &x, 0);
@@ -860,7 +861,7 @@ static void run_case(bo_backend *b, bo_backend *ref, const bo_case *c, const bo_
             if (x.t[i].phase == 0) memcpy(x.t[i].h, r.t[i].h, x.t[i].n * sizeof(double));
         rc = run(b, c, &x, 1);
         CHECK(rc == K3C_OK, "%s %s [%s] backward: %s", b->name, op_names[c->op], shape, x.msg);
-        double tb = b->cuda ? c->tol_cuda_bwd : c->tol_cpu_bwd;
+        double tb = b->gemm_tol > 0 ? b->gemm_tol : b->cuda ? c->tol_cuda_bwd : c->tol_cpu_bwd;
         if (!rc) compare(b, c, shape, &x, &r, 1, tb > 0 ? tb : tol);
     }
     io_free(&x);
@@ -925,14 +926,19 @@ int main(int argc, char **argv) {
     add_rows(&R);
     bo_backend cpu64 = {.name = "cpu64", .f64 = k3c_backend_cpu_f64()};
     bo_backend cpu32 = {.name = "cpu32", .f32 = k3c_backend_cpu_f32()};
-    bo_backend *cuda = NULL;
+    bo_backend *cuda = NULL, *cuda_bf16 = NULL;
 #ifdef K3C_CUDA
-    static k3c_cuda_backend cb;
-    bo_backend cudab = {.name = "cuda"};
+    static k3c_cuda_backend cb, cbf;
+    /* bf16 GEMMs: operands rounded to 8 significant bits, sums in fp32 — 1e-2 as the bf16 KDA and attention */
+    bo_backend cudab = {.name = "cuda"}, cudabf = {.name = "cuda-bf16", .gemm_tol = 1e-2};
     k3c_err cerr = {0};
-    if (k3c_cuda_backend_init(&cb, 0, 0, &cerr) == K3C_OK) {
+    if (k3c_cuda_backend_init(&cb, 0, K3C_GEMM_FP32, &cerr) == K3C_OK &&
+        k3c_cuda_backend_init(&cbf, 0, K3C_GEMM_BF16, &cerr) == K3C_OK) {
         cudab.f32 = &cb.table, cudab.cuda = &cb, cuda = &cudab;
-        printf("CUDA backend on %s: every case also runs on it against the CPU float table\n", cb.cu.name);
+        cudabf.f32 = &cbf.table, cudabf.cuda = &cbf, cuda_bf16 = &cudabf;
+        printf("CUDA backend on %s: every case also runs on it against the CPU float table, the GEMM-based ones "
+               "also with bf16 GEMMs\n",
+               cb.cu.name);
     } else
         printf("built with CUDA but no usable GPU (%s): CPU cases only\n", cerr.msg);
 #endif
@@ -943,10 +949,12 @@ int main(int argc, char **argv) {
         setup(&R.v[i], &tmpl, &rng);
         run_case(&cpu32, &cpu64, &R.v[i], &tmpl);
         if (cuda) run_case(cuda, &cpu32, &R.v[i], &tmpl);
+        const int op = R.v[i].op;
+        if (cuda_bf16 && (op == OP_LINEAR || op == OP_MLP || op == OP_MOE)) run_case(cuda_bf16, &cpu32, &R.v[i], &tmpl);
         io_free(&tmpl);
     }
-    bo_backend *bes[2] = {&cpu32, cuda};
-    for (int k = 0; k < 2; k++) {
+    bo_backend *bes[3] = {&cpu32, cuda, cuda_bf16};
+    for (int k = 0; k < 3; k++) {
         if (!bes[k]) continue;
         printf("%s against %s (%d rows skipped as unsupported):\n", bes[k]->name, k ? "cpu32" : "cpu64",
                bes[k]->skipped);
@@ -955,7 +963,7 @@ int main(int argc, char **argv) {
                    bes[k]->passed[op], bes[k]->failed[op]);
     }
 #ifdef K3C_CUDA
-    if (cuda) k3c_cuda_backend_destroy(&cb);
+    if (cuda) k3c_cuda_backend_destroy(&cb), k3c_cuda_backend_destroy(&cbf);
 #endif
     free(R.v);
     return test_summary();

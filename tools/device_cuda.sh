@@ -4,7 +4,10 @@
 # OpenBLAS, and build/cuda is far larger than a device call may carry, so:
 #   tools/device_cuda.sh pack     # here: devrun/bin (stripped, xz), devrun/lib (the non-CUDA shared libraries they
 #                                 # link), devrun/golden/k3_tiny_a, k3_vision_tiny; carry devrun (about 40 MB)
-#   tools/device_cuda.sh [what]   # there: what = all | harness | bench; logs under $OUT (or devrun/out)
+#   tools/device_cuda.sh [what]   # there: what = all | harness | bench | speed; logs under $OUT (or devrun/out)
+#     speed: the whole training step on ../shared/bench's medium configs at each GEMM mode, the Hugging Face
+#     transformers + fla anchor in the same call (side_device.py; FLA_TGZ=path/to/fla.tgz at pack time carries fla),
+#     and the make-run demo trained on the GPU at fp32 and bf16 GEMMs (validation loss against the CPU's)
 # SEED repeats a run's random inputs (default: a fresh one, printed). `k3c` (with --device cuda) is in devrun/bin too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +22,14 @@ if [ "$what" = pack ]; then
     gzip -c ../shared/golden/k3_tiny_a/model.safetensors >devrun/golden/k3_tiny_a/model.safetensors.gz
     cp ../shared/golden/k3_vision_tiny/config.json devrun/golden/k3_vision_tiny/ # harness_vision's whole tower
     gzip -c ../shared/golden/k3_vision_tiny/model.safetensors >devrun/golden/k3_vision_tiny/model.safetensors.gz
+    gzip -c ../shared/golden/k3_vision_tiny/golden.safetensors >devrun/golden/k3_vision_tiny/golden.safetensors.gz
+    mkdir -p devrun/cfg && cp ../shared/bench/kimi_linear_medium.json ../shared/bench/k3_medium.json \
+        ../shared/bench/side_device.py devrun/cfg/
+    [ -n "${FLA_TGZ:-}" ] && cp "$FLA_TGZ" devrun/fla.tgz
+    if [ -f runs/demo/tokenizer.tiktoken ]; then # the make-run demo's data, for `speed`'s GPU training runs
+        mkdir -p devrun/run && cp -r runs/demo/data runs/demo/tokenizer.tiktoken* configs/k3_tiny.json devrun/run/
+        gzip -f devrun/run/data/*/*.k3cshard
+    fi
     # every library the programs need except the CUDA runtime's and the C and C++ runtimes (the GPU machine's are newer)
     ldd "${progs[@]}" | awk '$3 ~ /^\// { print $3 }' | sort -u |
         grep -Ev '/(libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|libcu|libnv|libnccl' |
@@ -28,7 +39,7 @@ if [ "$what" = pack ]; then
 fi
 
 # ---------------------------------------------------------------- there: unpack once, then run
-for f in devrun/bin/*.xz devrun/lib/*.gz devrun/golden/*/*.gz; do
+for f in devrun/bin/*.xz devrun/lib/*.gz devrun/golden/*/*.gz devrun/run/data/*/*.gz; do
     [ -e "$f" ] || continue
     case $f in *.xz) xz -d -f "$f" ;; *.gz) gunzip -f "$f" ;; esac
 done
@@ -66,5 +77,31 @@ fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
     $B/bench_cuda ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1
     $B/bench_model_cuda 2>&1 | tee "$OUT/bench_model.log" || status=1
+fi
+if [ "$what" = speed ]; then
+    for g in 1 2; do # tf32, bf16 GEMMs; 16 documents of 1,024 tokens
+        $B/bench_model_cuda devrun/cfg/kimi_linear_medium.json 16384 16 $g 0 2>&1 | tee "$OUT/model_kl_gemm$g.log"
+        $B/bench_model_cuda devrun/cfg/k3_medium.json 16384 16 $g 0 2>&1 | tee "$OUT/model_k3_gemm$g.log"
+    done
+    if [ -f devrun/fla.tgz ]; then
+        mkdir -p devrun/anchors && tar xzf devrun/fla.tgz -C devrun/anchors
+        FLA_PATH=$PWD/devrun/anchors OUT=$OUT python3 devrun/cfg/side_device.py step devrun/cfg/kimi_linear_medium.json \
+            16384 2>&1 | tail -8 | tee "$OUT/side_step.log"
+    fi
+    if [ -d devrun/run/data ]; then
+        for g in fp32 bf16; do # the make-run schedule on the GPU (kda_chunk 64 there); CPU: validation loss 3.8518
+            python3 - "$g" <<'PY'
+import json, os, sys
+c = json.load(open("configs/demo_run.json"))
+r = os.path.abspath("devrun/run")
+c.update(model=r + "/k3_tiny.json", tokenizer=r + "/tokenizer.tiktoken", kda_chunk=64,
+         out_dir="/tmp/gpu_demo_" + sys.argv[1], data={k: r + "/data/" + k for k in c["data"]})
+json.dump(c, open("/tmp/gpu_demo_%s.json" % sys.argv[1], "w"))
+PY
+            $B/k3c train --config /tmp/gpu_demo_$g.json --device cuda --gemm $g --quiet 2>&1 | tail -3 |
+                tee "$OUT/demo_$g.log"
+            grep -h '"val_loss"' /tmp/gpu_demo_$g/metrics.jsonl | tail -1 | tee -a "$OUT/demo_$g.log"
+        done
+    fi
 fi
 exit $status

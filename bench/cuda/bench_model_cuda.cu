@@ -1,6 +1,6 @@
 /* bench_model_cuda.cu — one whole-model training step (forward + backward, no optimizer) of a config on the CUDA backend
  * and on the CPU reference: ms per step and tokens/s, median of several steps after warm-up. Issue 5 (benchmarks).
- * Usage: bench_model_cuda [config.json] [tokens] [docs] [tf32 0|1] [cpu 0|1: also time the CPU reference]
+ * Usage: bench_model_cuda [config.json] [tokens] [docs] [gemm 0|1|2: fp32, tf32, bf16] [cpu 0|1: also time the CPU reference]
  *        [recompute 0|1: keep only layer outputs, re-run layers in the backward] — long sequences: docs 1, recompute 1. */
 #include <algorithm>
 #include <chrono>
@@ -44,7 +44,7 @@ int main(int argc, char **argv) {
     const char *cfg_path = argc > 1 ? argv[1] : "configs/k3_tiny.json";
     const int64_t T = argc > 2 ? atoll(argv[2]) : 16384;
     const int docs = argc > 3 ? atoi(argv[3]) : 16;
-    const int tf32 = argc > 4 ? atoi(argv[4]) : 1;
+    const int gemm = argc > 4 ? atoi(argv[4]) : K3C_GEMM_TF32;
     const int with_cpu = argc > 5 ? atoi(argv[5]) : 1;
     const int recompute = argc > 6 ? atoi(argv[6]) : 0;
     const int reps = T >= 262144 ? 3 : 10; /* a 1M-token step takes tens of seconds */
@@ -52,7 +52,7 @@ int main(int argc, char **argv) {
     k3c_config cfg;
     h.ok(k3c_config_load(cfg_path, &cfg, &h.err), "config");
     k3c_cuda_backend cb;
-    h.ok(k3c_cuda_backend_init(&cb, 0, tf32, &h.err), "cuda backend");
+    h.ok(k3c_cuda_backend_init(&cb, 0, gemm, &h.err), "cuda backend");
     std::vector<int32_t> ids((size_t)T), cu((size_t)docs + 1);
     k3c_rng r = {7, 0};
     for (auto &x : ids) x = (int32_t)(k3c_rng_u64(&r) % (uint64_t)cfg.vocab_size);
@@ -80,7 +80,7 @@ int main(int argc, char **argv) {
            used_gib);
     printf("%-28s %12s %14s\n", "backend", "ms/step", "tokens/s");
     printf("%-28s %12.2f %14.0f\n", "cpu (this host, OpenMP)", cpu_ms, T / cpu_ms * 1e3);
-    printf("%-28s %12.2f %14.0f\n", tf32 ? "cuda (tf32 GEMMs)" : "cuda (fp32 GEMMs)", gpu_ms, T / gpu_ms * 1e3);
+    printf("cuda (%s GEMMs)%*s %12.2f %14.0f\n", k3c_gemm_mode_name(gemm), 11, "", gpu_ms, T / gpu_ms * 1e3);
     printf("%-28s %12.2f %14.0f\n", "  same, fp16 KDA/attention", f16_ms, T / f16_ms * 1e3);
     if (with_cpu) printf("speed-up %.1fx on %s\n", cpu_ms / gpu_ms, cb.cu.name);
     k3c_model_free_f32(&m);

@@ -41,8 +41,9 @@ typedef struct {
     void *handle;        /* the backend's state */
     const void *backend; /* its k3c_backend_f32 table, NULL for the CPU */
 } cli_device;
-int cli_device_check(const char *cmd, const char *name); /* 0, or prints a usage error and returns 2 */
-int cli_device_open(const char *name, cli_device *d, k3c_err *err);
+/* --device cpu|cuda and --gemm fp32|tf32|bf16 (the CUDA GEMM mode): 0, or prints a usage error and returns 2 */
+int cli_device_check(const char *cmd, const char *name, const char *gemm);
+int cli_device_open(const char *name, const char *gemm, cli_device *d, k3c_err *err);
 int cli_device_use(const cli_device *d, k3c_model *m, k3c_err *err);
 void cli_device_release(cli_device *d);
 

@@ -9,7 +9,8 @@
 
 int cmd_train(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
-        printf("usage: k3c train --config RUN.json [--resume] [--max-steps N] [--quiet] [--log] [--device cpu|cuda]\n\n"
+        printf("usage: k3c train --config RUN.json [--resume] [--max-steps N] [--quiet] [--log]\n"
+               "                 [--device cpu|cuda] [--gemm fp32|tf32|bf16]\n\n"
                "Trains the model described by the run config (see configs/demo_run.json): stages of context length,\n"
                "tokens per step, steps, learning-rate schedule and data mixture; Per-Head Muon + AdamW; QK-Clip;\n"
                "quantile balancing of the MoE routers. Writes OUT/metrics.jsonl, OUT/metrics.png and checkpoints\n"
@@ -19,7 +20,9 @@ int cmd_train(int argc, char **argv) {
                "  --quiet         no progress bar;  --log  print one line per step to stdout\n"
                "  --device cuda   the whole step on the GPU: forward, backward, clipping, the optimizer, quantile\n"
                "                  balancing and QK-Clip (build/cuda/k3c from `make cuda`; needs kda_chunk 64);\n"
-               "                  checkpoints are downloaded from device memory\n\n"
+               "                  checkpoints are downloaded from device memory\n"
+               "  --gemm MODE     the GPU's GEMMs (linears, MLPs, experts): fp32 (default, the checking mode), tf32,\n"
+               "                  or bf16 tensor cores on operands rounded on the fly (fp32 masters and sums)\n\n"
                "Parallel: `mpirun -np N k3c train --config RUN.json` trains on N ranks; the run config's\n"
                "\"parallel\": {\"dp\": N} block (absent: dp = N) is checked against N and the model. Every rank\n"
                "loads the same global batch and trains on its share; rank 0 prints and writes metrics and\n"
@@ -31,12 +34,13 @@ int cmd_train(int argc, char **argv) {
     if (!path) return cli_usage_error("train", "--config is required");
     if (!cli_opt_int(argc, argv, "--max-steps", 0, &max_steps) || max_steps < 0) return 2;
     const char *device = cli_opt(argc, argv, "--device");
-    if (cli_device_check("train", device)) return 2;
+    const char *gemm = cli_opt(argc, argv, "--gemm");
+    if (cli_device_check("train", device, gemm)) return 2;
     k3c_err err = {0};
     k3c_run_config rc;
     if (k3c_run_config_load(path, &rc, &err)) return cli_fail("train", &err);
     cli_device dev;
-    if (cli_device_open(device, &dev, &err)) return cli_fail("train", &err);
+    if (cli_device_open(device, gemm, &dev, &err)) return cli_fail("train", &err);
     k3c_comm *world = NULL; /* MPI when started by mpirun, else this process alone */
     if (k3c_comm_world(&world, &err)) {
         cli_device_release(&dev);

@@ -14,18 +14,30 @@ typedef struct {
 } cuda_device;
 #endif
 
-int cli_device_check(const char *cmd, const char *name) {
-    if (!name || strcmp(name, "cpu") == 0 || strcmp(name, "cuda") == 0) return 0;
-    return cli_usage_error(cmd, "--device must be cpu or cuda (got '%s')", name);
+/* --gemm: the CUDA backend's k3c_gemm_mode (fp32, the checking mode, by default); -1 when not a known name. */
+static int gemm_mode(const char *gemm) {
+    if (!gemm || strcmp(gemm, "fp32") == 0) return 0;
+    if (strcmp(gemm, "tf32") == 0) return 1;
+    if (strcmp(gemm, "bf16") == 0) return 2;
+    return -1;
 }
 
-int cli_device_open(const char *name, cli_device *d, k3c_err *err) {
+int cli_device_check(const char *cmd, const char *name, const char *gemm) {
+    if (name && strcmp(name, "cpu") != 0 && strcmp(name, "cuda") != 0)
+        return cli_usage_error(cmd, "--device must be cpu or cuda (got '%s')", name);
+    if (gemm_mode(gemm) < 0) return cli_usage_error(cmd, "--gemm must be fp32, tf32 or bf16 (got '%s')", gemm);
+    if (gemm && (!name || strcmp(name, "cuda") != 0))
+        return cli_usage_error(cmd, "--gemm applies to --device cuda (the CPU computes in the model's precision)");
+    return 0;
+}
+
+int cli_device_open(const char *name, const char *gemm, cli_device *d, k3c_err *err) {
     memset(d, 0, sizeof *d);
     if (!name || strcmp(name, "cpu") == 0) return K3C_OK;
 #ifdef K3C_CUDA
     cuda_device *cd = calloc(1, sizeof *cd);
     if (!cd) return k3c_errf(err, K3C_ENOMEM, "out of memory");
-    int rc = k3c_cuda_backend_init(&cd->b, 0, 0, err);
+    int rc = k3c_cuda_backend_init(&cd->b, 0, gemm_mode(gemm), err);
     if (rc) {
         free(cd);
         return rc;
@@ -34,6 +46,7 @@ int cli_device_open(const char *name, cli_device *d, k3c_err *err) {
     d->backend = &cd->b.table;
     return K3C_OK;
 #else
+    (void)gemm;
     return k3c_errf(err, K3C_EUNSUPPORTED,
                     "--device cuda: this k3c was built without CUDA (build build/cuda/k3c with "
                     "`make cuda` and run that binary)");

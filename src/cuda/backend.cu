@@ -54,13 +54,13 @@ int zero(float *x, int64_t n, k3c_err *err) {
 
 int linear_fwd(void *ctx, const k3c_linear_sizes *s, const float *x, const float *W, float *y, k3c_err *err) {
     k3c_cuda_backend *b = self(ctx);
-    return k3c_matmul_cuda(&b->cu, 0, 1, s->T, s->out, s->in, 1.0, x, W, s->accumulate ? 1.0 : 0.0, y, b->tf32, err);
+    return k3c_matmul_cuda(&b->cu, 0, 1, s->T, s->out, s->in, 1.0, x, W, s->accumulate ? 1.0 : 0.0, y, b->gemm, err);
 }
 int linear_bwd(void *ctx, const k3c_linear_sizes *s, const float *x, const float *W, const float *dy, float *dx,
                float *dW, k3c_err *err) {
     k3c_cuda_backend *b = self(ctx);
-    int rc = dx ? k3c_matmul_cuda(&b->cu, 0, 0, s->T, s->in, s->out, 1.0, dy, W, 1.0, dx, b->tf32, err) : K3C_OK;
-    if (!rc && dW) rc = k3c_matmul_cuda(&b->cu, 1, 0, s->out, s->in, s->T, 1.0, dy, x, 1.0, dW, b->tf32, err);
+    int rc = dx ? k3c_matmul_cuda(&b->cu, 0, 0, s->T, s->in, s->out, 1.0, dy, W, 1.0, dx, b->gemm, err) : K3C_OK;
+    if (!rc && dW) rc = k3c_matmul_cuda(&b->cu, 1, 0, s->out, s->in, s->T, 1.0, dy, x, 1.0, dW, b->gemm, err);
     return rc;
 }
 
@@ -75,13 +75,13 @@ int router_fwd(const k3c_router_sizes *s, const float *logits, const float *bias
 int moe_fwd(void *ctx, const k3c_moe_sizes *s, const float *x, const int32_t *ids, const float *w, const float *w1,
             const float *w3, const float *w2, float *y, void *saved, void *ws, k3c_err *err) {
     k3c_cuda_backend *b = self(ctx);
-    return k3c_moe_fwd_cuda(&b->cu, s, x, ids, w, w1, w3, w2, y, saved, ws, b->tf32, err);
+    return k3c_moe_fwd_cuda(&b->cu, s, x, ids, w, w1, w3, w2, y, saved, ws, b->gemm, err);
 }
 int moe_bwd(void *ctx, const k3c_moe_sizes *s, const float *x, const int32_t *ids, const float *w, const float *w1,
             const float *w3, const float *w2, const void *saved, const float *dy, float *dx, float *dw1, float *dw3,
             float *dw2, float *dw, void *ws, k3c_err *err) {
     k3c_cuda_backend *b = self(ctx);
-    return k3c_moe_bwd_cuda(&b->cu, s, x, ids, w, w1, w3, w2, saved, dy, dx, dw1, dw3, dw2, dw, ws, b->tf32, err);
+    return k3c_moe_bwd_cuda(&b->cu, s, x, ids, w, w1, w3, w2, saved, dy, dx, dw1, dw3, dw2, dw, ws, b->gemm, err);
 }
 
 /* ---------------------------------------------------------------- dense GLU MLP from GEMMs and the GLU twin
@@ -97,10 +97,10 @@ int mlp_fwd(void *ctx, const k3c_mlp_sizes *s, const float *x, const float *wg, 
     const int64_t T = s->tokens, D = s->dim, I = s->inter;
     float *G = (float *)saved, *U = (float *)((char *)saved + ti_bytes(s)), *H = (float *)ws;
     k3c_glu_sizes gs = {T, I, s->act};
-    int rc = k3c_matmul_cuda(&b->cu, 0, 1, T, I, D, 1.0, x, wg, 0.0, G, b->tf32, err);
-    if (!rc) rc = k3c_matmul_cuda(&b->cu, 0, 1, T, I, D, 1.0, x, wu, 0.0, U, b->tf32, err);
+    int rc = k3c_matmul_cuda(&b->cu, 0, 1, T, I, D, 1.0, x, wg, 0.0, G, b->gemm, err);
+    if (!rc) rc = k3c_matmul_cuda(&b->cu, 0, 1, T, I, D, 1.0, x, wu, 0.0, U, b->gemm, err);
     if (!rc) rc = k3c_glu_fwd_cuda(&gs, G, U, H, err);
-    if (!rc) rc = k3c_matmul_cuda(&b->cu, 0, 1, T, D, I, 1.0, H, wd, 0.0, y, b->tf32, err);
+    if (!rc) rc = k3c_matmul_cuda(&b->cu, 0, 1, T, D, I, 1.0, H, wd, 0.0, y, b->gemm, err);
     return rc;
 }
 
@@ -115,27 +115,27 @@ int mlp_bwd(void *ctx, const k3c_mlp_sizes *s, const float *x, const float *wg, 
     int rc = K3C_OK;
     if (dwd) { /* dW_down += dyᵀ H (H recomputed from the saved pre-activations) */
         rc = k3c_glu_fwd_cuda(&gs, G, U, H, err);
-        if (!rc) rc = k3c_matmul_cuda(&b->cu, 1, 0, D, I, T, 1.0, dy, H, 1.0, dwd, b->tf32, err);
+        if (!rc) rc = k3c_matmul_cuda(&b->cu, 1, 0, D, I, T, 1.0, dy, H, 1.0, dwd, b->gemm, err);
     }
     float *dH = H; /* H is consumed */
-    if (!rc) rc = k3c_matmul_cuda(&b->cu, 0, 0, T, I, D, 1.0, dy, wd, 0.0, dH, b->tf32, err);
+    if (!rc) rc = k3c_matmul_cuda(&b->cu, 0, 0, T, I, D, 1.0, dy, wd, 0.0, dH, b->gemm, err);
     if (!rc) rc = zero(dG, T * I, err);
     if (!rc) rc = zero(dU, T * I, err);
     if (!rc) rc = k3c_glu_bwd_cuda(&gs, G, U, dH, dG, dU, err);
-    if (!rc && dx) rc = k3c_matmul_cuda(&b->cu, 0, 0, T, D, I, 1.0, dG, wg, 1.0, dx, b->tf32, err);
-    if (!rc && dx) rc = k3c_matmul_cuda(&b->cu, 0, 0, T, D, I, 1.0, dU, wu, 1.0, dx, b->tf32, err);
-    if (!rc && dwg) rc = k3c_matmul_cuda(&b->cu, 1, 0, I, D, T, 1.0, dG, x, 1.0, dwg, b->tf32, err);
-    if (!rc && dwu) rc = k3c_matmul_cuda(&b->cu, 1, 0, I, D, T, 1.0, dU, x, 1.0, dwu, b->tf32, err);
+    if (!rc && dx) rc = k3c_matmul_cuda(&b->cu, 0, 0, T, D, I, 1.0, dG, wg, 1.0, dx, b->gemm, err);
+    if (!rc && dx) rc = k3c_matmul_cuda(&b->cu, 0, 0, T, D, I, 1.0, dU, wu, 1.0, dx, b->gemm, err);
+    if (!rc && dwg) rc = k3c_matmul_cuda(&b->cu, 1, 0, I, D, T, 1.0, dG, x, 1.0, dwg, b->gemm, err);
+    if (!rc && dwu) rc = k3c_matmul_cuda(&b->cu, 1, 0, I, D, T, 1.0, dU, x, 1.0, dwu, b->gemm, err);
     return rc;
 }
 
 } // namespace
 
-extern "C" int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int tf32, k3c_err *err) {
+extern "C" int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int gemm, k3c_err *err) {
     memset(b, 0, sizeof *b);
     int rc = k3c_cuda_init(&b->cu, device, 0, err);
     if (rc) return rc;
-    b->tf32 = tf32;
+    b->gemm = gemm;
     k3c_backend_f32 &t = b->table;
     t.name = "cuda";
     t.ctx = b;

@@ -74,16 +74,23 @@ int k3c_cuda_copy(void *dst, const void *src, size_t bytes, k3c_err *err);
  * Row-major C[M,N] = alpha · op(A) op(B) + beta · C with op = transpose when trans_* is set (as k3c_matmul): A is [M,K]
  * or, transposed, [K,M]; B is [K,N] or [N,K]; rows are dense (leading dimension = stored row width).
  * k3c_gemm_bf16_cuda: A, B bf16, fp32 accumulation, C bf16 (c_f32 = 0) or float (c_f32 = 1).
- * k3c_matmul_cuda: the float twin of k3c_matmul; tf32 = 1 allows TF32 tensor cores, 0 keeps full fp32. */
+ * k3c_matmul_cuda: the float twin of k3c_matmul at a k3c_gemm_mode: full fp32, TF32 tensor cores, or bf16 tensor cores
+ * (A and B rounded to bf16 on the fly into stream-ordered scratch; fp32 accumulation, C stays float). */
+typedef enum {
+    K3C_GEMM_FP32 = 0, /* full fp32: the checking mode */
+    K3C_GEMM_TF32 = 1, /* TF32 tensor cores (inputs rounded to 10 mantissa bits) */
+    K3C_GEMM_BF16 = 2, /* bf16 tensor cores (inputs rounded to 7 mantissa bits), fp32 masters and accumulation */
+} k3c_gemm_mode;
+const char *k3c_gemm_mode_name(int gemm);
 int k3c_gemm_bf16_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                        const uint16_t *A, const uint16_t *B, float beta, void *C, int c_f32, k3c_err *err);
 int k3c_matmul_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, double alpha,
-                    const float *A, const float *B, double beta, float *C, int tf32, k3c_err *err);
+                    const float *A, const float *B, double beta, float *C, int gemm, k3c_err *err);
 /* batch products of k3c_matmul_cuda in one strided-batched call: item i reads A + i·sA, B + i·sB, writes C + i·sC
  * (element strides; 256-byte aligned items keep cuBLASLt's heuristics on their default assumptions). */
 int k3c_matmul_batched_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, double alpha,
                             const float *A, int64_t sA, const float *B, int64_t sB, double beta, float *C, int64_t sC,
-                            int32_t batch, int tf32, k3c_err *err);
+                            int32_t batch, int gemm, k3c_err *err);
 
 /* ---------------------------------------------------------------- KDA (kda_fwd.cu, kda_bwd.cu, kda_recurrent.cu)
  * Chunked twins of k3c_kda_chunk_{fwd,bwd} (ops/kda.h): chunk 64 built from 16-row sub-tiles, whatever d->chunk says.
@@ -179,17 +186,17 @@ int k3c_glu_fwd_cuda(const k3c_glu_sizes *s, const float *gate, const float *up,
 int k3c_glu_bwd_cuda(const k3c_glu_sizes *s, const float *gate, const float *up, const float *dh, float *dgate,
                      float *dup, k3c_err *err);
 /* Routed experts: k3c_moe_fwd / k3c_moe_bwd with the cuBLASLt context for the per-expert GEMMs (a host loop over
- * experts; tf32 = 1 allows TF32 tensor cores, 0 keeps full fp32). Each call synchronises once (the plan's offsets).
+ * experts at GEMM mode `gemm`, a k3c_gemm_mode). Each call synchronises once (the plan's offsets).
  * Inside, expert rows start at multiples of 64 rows (256-byte aligned GEMM operands for any D, I), so saved / ws
  * have their own sizes: k3c_moe_saved_bytes_cuda, k3c_moe_workspace_cuda (the saved buffer is not the CPU op's). */
 size_t k3c_moe_saved_bytes_cuda(const k3c_moe_sizes *s);
 size_t k3c_moe_workspace_cuda(const k3c_moe_sizes *s);
 int k3c_moe_fwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const float *x, const int32_t *topk_ids,
                      const float *topk_w, const float *w1, const float *w3, const float *w2, float *y, void *saved,
-                     void *ws, int tf32, k3c_err *err);
+                     void *ws, int gemm, k3c_err *err);
 int k3c_moe_bwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const float *x, const int32_t *topk_ids,
                      const float *topk_w, const float *w1, const float *w3, const float *w2, const void *saved,
-                     const float *dy, float *dx, float *dw1, float *dw3, float *dw2, float *dtopk_w, void *ws, int tf32,
+                     const float *dy, float *dx, float *dw1, float *dw3, float *dw2, float *dtopk_w, void *ws, int gemm,
                      k3c_err *err);
 
 /* ================================================================ the fp32 twins of the sequence ops (short_conv.cu,
@@ -345,17 +352,17 @@ int k3c_copy2d_cuda(int64_t rows, int64_t cols, const float *src, int64_t ld_src
 /* ---------------------------------------------------------------- the backend table (backend.cu)
  * Every op a model or training step calls (ops/backend.h), on device `device`: parameters, gradients, optimizer
  * state and activation arenas in device memory (cudaMalloc; the host reaches them through the table's upload and
- * download); GEMMs through cuBLASLt in fp32 (tf32 = 1 allows TF32 tensor cores); KDA always on the chunk-64 kernels
+ * download); GEMMs through cuBLASLt at the backend's k3c_gemm_mode (fp32 by default); KDA always on the chunk-64 kernels
  * (bf16 q/k/v inside), attention on the bf16 flash kernels, or both on their fp16 variants after
  * k3c_cuda_backend_use_fp16(b, 1). k3c_model_use_backend_f32(m, &b->table, err) moves a model there. */
 #include "ops/backend.h"
 typedef struct {
     k3c_cuda_ctx cu;
-    int tf32;
+    int gemm; /* k3c_gemm_mode of every GEMM-based op (linear, MLP, MoE experts) */
     int fp16; /* KDA and attention on the fp16 kernel variants */
     k3c_backend_f32 table;
 } k3c_cuda_backend;
-int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int tf32, k3c_err *err);
+int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int gemm, k3c_err *err);
 /* Switches KDA and attention between the bf16 kernels (on = 0, the default) and their fp16 variants (on = 1). */
 void k3c_cuda_backend_use_fp16(k3c_cuda_backend *b, int on);
 void k3c_cuda_backend_destroy(k3c_cuda_backend *b);

@@ -1,5 +1,5 @@
 /* gemm.cu — dense GEMMs through cuBLASLt: row-major C = alpha op(A) op(B) + beta C in bf16 (fp32 accumulation) and
- * float (fp32 or TF32). docs/CODE.md "cuda/", "Precision policy" (bf16 storage, fp32 accumulation). */
+ * float (fp32, TF32, or bf16 tensor cores on operands rounded on the fly). docs/CODE.md "cuda/", "Precision policy" (bf16 storage, fp32 accumulation). */
 #include <cublasLt.h>
 
 #include "cuda/common.cuh"
@@ -76,18 +76,52 @@ extern "C" int k3c_gemm_bf16_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, i
                    CUBLAS_COMPUTE_32F, 1, 0, 0, 0, err);
 }
 
+extern "C" const char *k3c_gemm_mode_name(int gemm) {
+    return gemm == K3C_GEMM_BF16 ? "bf16" : gemm == K3C_GEMM_TF32 ? "tf32" : "fp32";
+}
+
+/* K3C_GEMM_BF16: both operands rounded to bf16 into one stream-ordered scratch block (freed on the stream after the
+ * product, so the pool reuses it at the next call), then one bf16 product with a float C. The float masters are read
+ * once per call; keeping bf16 weight copies between optimizer steps would save that read (docs/CODE.md "Precision"). */
+static int matmul_bf16(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                       const float *A, int64_t sA, const float *B, int64_t sB, float beta, float *C, int64_t sC,
+                       int32_t batch, k3c_err *err) {
+    const size_t na = (size_t)(batch > 1 ? (batch - 1) * sA : 0) + (size_t)(M * K);
+    const size_t nb = (size_t)(batch > 1 ? (batch - 1) * sB : 0) + (size_t)(K * N);
+    const size_t a_bytes = (na * 2 + 255) / 256 * 256;
+    void *scratch = NULL;
+    K3C_CU(cudaMallocAsync(&scratch, a_bytes + nb * 2, K3C_STREAM));
+    uint16_t *a16 = (uint16_t *)scratch, *b16 = (uint16_t *)((char *)scratch + a_bytes);
+    int rc = k3c_cuda_f32_to_bf16(A, a16, na, err);
+    if (!rc) rc = k3c_cuda_f32_to_bf16(B, b16, nb, err);
+    if (!rc)
+        rc = lt_gemm(ctx, trans_a, trans_b, M, N, K, alpha, a16, b16, beta, C, CUDA_R_16BF, CUDA_R_32F,
+                     CUBLAS_COMPUTE_32F, batch, sA, sB, sC, err);
+    cudaError_t fe = cudaFreeAsync(scratch, K3C_STREAM);
+    if (!rc && fe != cudaSuccess) rc = k3c_errf(err, K3C_EDEVICE, "cudaFreeAsync: %s", cudaGetErrorString(fe));
+    return rc;
+}
+
+static cublasComputeType_t float_compute(int gemm) {
+    return gemm == K3C_GEMM_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
 extern "C" int k3c_matmul_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
-                               double alpha, const float *A, const float *B, double beta, float *C, int tf32,
+                               double alpha, const float *A, const float *B, double beta, float *C, int gemm,
                                k3c_err *err) {
+    if (gemm == K3C_GEMM_BF16 && M > 0 && N > 0 && K > 0)
+        return matmul_bf16(ctx, trans_a, trans_b, M, N, K, (float)alpha, A, 0, B, 0, (float)beta, C, 0, 1, err);
     return lt_gemm(ctx, trans_a, trans_b, M, N, K, (float)alpha, A, B, (float)beta, C, CUDA_R_32F, CUDA_R_32F,
-                   tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, 1, 0, 0, 0, err);
+                   float_compute(gemm), 1, 0, 0, 0, err);
 }
 
 extern "C" int k3c_matmul_batched_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                                        double alpha, const float *A, int64_t sA, const float *B, int64_t sB,
-                                       double beta, float *C, int64_t sC, int32_t batch, int tf32, k3c_err *err) {
+                                       double beta, float *C, int64_t sC, int32_t batch, int gemm, k3c_err *err) {
     if (batch < 0) return k3c_errf(err, K3C_EINVAL, "gemm: negative batch %d", (int)batch);
     if (batch == 0) return K3C_OK;
+    if (gemm == K3C_GEMM_BF16 && M > 0 && N > 0 && K > 0)
+        return matmul_bf16(ctx, trans_a, trans_b, M, N, K, (float)alpha, A, sA, B, sB, (float)beta, C, sC, batch, err);
     return lt_gemm(ctx, trans_a, trans_b, M, N, K, (float)alpha, A, B, (float)beta, C, CUDA_R_32F, CUDA_R_32F,
-                   tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, batch, sA, sB, sC, err);
+                   float_compute(gemm), batch, sA, sB, sC, err);
 }

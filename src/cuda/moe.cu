@@ -272,7 +272,7 @@ int pad_plan(const moe_dims &m, const std::vector<int64_t> &off, std::vector<int
 /* Plan, padded map, gather x, G = X W1ᵀ and U = X W3ᵀ per expert (the part the backward may recompute). */
 int moe_front(k3c_cuda_ctx *ctx, const moe_dims &m, const float *x, const int32_t *ids, const float *w1,
               const float *w3, const moe_saved_d &sv, const moe_scratch_d &sc, std::vector<int64_t> &off,
-              std::vector<int64_t> &pstart, int tf32, k3c_err *err) {
+              std::vector<int64_t> &pstart, int gemm, k3c_err *err) {
     off.assign((size_t)m.E + 1, 0);
     std::vector<int32_t> delta_h;
     int rc = k3c_moe_plan_cuda(m.T, m.k, m.E, ids, sv.offsets, sc.perm, sc.pos, off.data(), err);
@@ -288,10 +288,10 @@ int moe_front(k3c_cuda_ctx *ctx, const moe_dims &m, const float *x, const int32_
         const int64_t r0 = pstart[e], n = off[e + 1] - off[e];
         if (n == 0) continue;
         if ((rc = k3c_matmul_cuda(ctx, 0, 1, n, m.I, m.D, 1.0, sc.X + r0 * m.D, w1 + e * m.I * m.D, 0.0,
-                                  sv.G + r0 * m.I, tf32, err)))
+                                  sv.G + r0 * m.I, gemm, err)))
             return rc;
         if ((rc = k3c_matmul_cuda(ctx, 0, 1, n, m.I, m.D, 1.0, sc.X + r0 * m.D, w3 + e * m.I * m.D, 0.0,
-                                  sv.U + r0 * m.I, tf32, err)))
+                                  sv.U + r0 * m.I, gemm, err)))
             return rc;
     }
     return 0;
@@ -313,7 +313,7 @@ extern "C" size_t k3c_moe_workspace_cuda(const k3c_moe_sizes *s) {
 
 extern "C" int k3c_moe_fwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const float *x, const int32_t *topk_ids,
                                 const float *topk_w, const float *w1, const float *w3, const float *w2, float *y,
-                                void *saved, void *ws, int tf32, k3c_err *err) {
+                                void *saved, void *ws, int gemm, k3c_err *err) {
     glu_params q;
     if (moe_check(s, "moe_fwd_cuda", &q, err)) return K3C_EINVAL;
     if (!ws) return k3c_errf(err, K3C_EINVAL, "moe_fwd_cuda: no workspace (k3c_moe_workspace_cuda bytes)");
@@ -324,7 +324,7 @@ extern "C" int k3c_moe_fwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const
     const size_t nsc = scratch_layout(m, ws, &sc);
     saved_layout(m, saved ? saved : (unsigned char *)ws + nsc, &sv);
     std::vector<int64_t> pstart, off;
-    int rc = moe_front(ctx, m, x, topk_ids, w1, w3, sv, sc, off, pstart, tf32, err);
+    int rc = moe_front(ctx, m, x, topk_ids, w1, w3, sv, sc, off, pstart, gemm, err);
     if (rc) return rc;
     const int64_t rows = pstart[m.E];
     if (rows > 0) {
@@ -336,7 +336,7 @@ extern "C" int k3c_moe_fwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const
         const int64_t r0 = pstart[e], n = off[e + 1] - off[e];
         if (n == 0) continue;
         if ((rc = k3c_matmul_cuda(ctx, 0, 1, n, m.D, m.I, 1.0, sc.H + r0 * m.I, w2 + e * m.D * m.I, 0.0,
-                                  sc.Y + r0 * m.D, tf32, err)))
+                                  sc.Y + r0 * m.D, gemm, err)))
             return rc;
     }
     combine_kernel<<<(unsigned)m.T, 128, 0, K3C_STREAM>>>((int)m.k, m.D, sv.ppos, topk_w, sc.Y, y, 0);
@@ -347,7 +347,7 @@ extern "C" int k3c_moe_fwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const
 extern "C" int k3c_moe_bwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const float *x, const int32_t *topk_ids,
                                 const float *topk_w, const float *w1, const float *w3, const float *w2,
                                 const void *saved, const float *dy, float *dx, float *dw1, float *dw3, float *dw2,
-                                float *dtopk_w, void *ws, int tf32, k3c_err *err) {
+                                float *dtopk_w, void *ws, int gemm, k3c_err *err) {
     glu_params q;
     if (moe_check(s, "moe_bwd_cuda", &q, err)) return K3C_EINVAL;
     if (!ws) return k3c_errf(err, K3C_EINVAL, "moe_bwd_cuda: no workspace (k3c_moe_workspace_cuda bytes)");
@@ -371,7 +371,7 @@ extern "C" int k3c_moe_bwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const
         K3C_CU_LAUNCHED("moe gather x");
     } else {
         saved_layout(m, (unsigned char *)ws + nsc, &sv);
-        if ((rc = moe_front(ctx, m, x, topk_ids, w1, w3, sv, sc, off, pstart, tf32, err))) return rc;
+        if ((rc = moe_front(ctx, m, x, topk_ids, w1, w3, sv, sc, off, pstart, gemm, err))) return rc;
     }
     const int64_t rows = pstart[m.E];
     if (rows == 0) return 0;
@@ -380,7 +380,7 @@ extern "C" int k3c_moe_bwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const
     for (int64_t e = 0; e < m.E; e++) { /* dH = dY W2 (unscaled by p) */
         const int64_t r0 = pstart[e], n = off[e + 1] - off[e];
         if (n == 0) continue;
-        if ((rc = k3c_matmul_cuda(ctx, 0, 0, n, I, D, 1.0, sc.Y + r0 * D, w2 + e * D * I, 0.0, sc.dH + r0 * I, tf32,
+        if ((rc = k3c_matmul_cuda(ctx, 0, 0, n, I, D, 1.0, sc.Y + r0 * D, w2 + e * D * I, 0.0, sc.dH + r0 * I, gemm,
                                   err)))
             return rc;
     }
@@ -392,14 +392,14 @@ extern "C" int k3c_moe_bwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const
         if (n == 0) continue;
         const float *Xe = sc.X + r0 * D, *dYe = sc.Y + r0 * D, *He = sc.H + r0 * I, *dGe = sc.dH + r0 * I,
                     *dUe = sc.dU + r0 * I;
-        if (dw2 && (rc = k3c_matmul_cuda(ctx, 1, 0, D, I, n, 1.0, dYe, He, 1.0, dw2 + e * D * I, tf32, err))) return rc;
-        if (dw1 && (rc = k3c_matmul_cuda(ctx, 1, 0, I, D, n, 1.0, dGe, Xe, 1.0, dw1 + e * I * D, tf32, err))) return rc;
-        if (dw3 && (rc = k3c_matmul_cuda(ctx, 1, 0, I, D, n, 1.0, dUe, Xe, 1.0, dw3 + e * I * D, tf32, err))) return rc;
+        if (dw2 && (rc = k3c_matmul_cuda(ctx, 1, 0, D, I, n, 1.0, dYe, He, 1.0, dw2 + e * D * I, gemm, err))) return rc;
+        if (dw1 && (rc = k3c_matmul_cuda(ctx, 1, 0, I, D, n, 1.0, dGe, Xe, 1.0, dw1 + e * I * D, gemm, err))) return rc;
+        if (dw3 && (rc = k3c_matmul_cuda(ctx, 1, 0, I, D, n, 1.0, dUe, Xe, 1.0, dw3 + e * I * D, gemm, err))) return rc;
         if (!dx) continue;
         /* dX of these rows overwrites the gathered dy, dead once dW2 is formed */
         float *dXe = sc.Y + r0 * D;
-        if ((rc = k3c_matmul_cuda(ctx, 0, 0, n, D, I, 1.0, dGe, w1 + e * I * D, 0.0, dXe, tf32, err))) return rc;
-        if ((rc = k3c_matmul_cuda(ctx, 0, 0, n, D, I, 1.0, dUe, w3 + e * I * D, 1.0, dXe, tf32, err))) return rc;
+        if ((rc = k3c_matmul_cuda(ctx, 0, 0, n, D, I, 1.0, dGe, w1 + e * I * D, 0.0, dXe, gemm, err))) return rc;
+        if ((rc = k3c_matmul_cuda(ctx, 0, 0, n, D, I, 1.0, dUe, w3 + e * I * D, 1.0, dXe, gemm, err))) return rc;
     }
     if (dx) {
         combine_kernel<<<(unsigned)m.T, 128, 0, K3C_STREAM>>>((int)m.k, D, sv.ppos, nullptr, sc.Y, dx, 1);

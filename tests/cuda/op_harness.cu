@@ -532,14 +532,14 @@ static void time_moe(harness &h, k3c_cuda_ctx *ctx) {
     h.ok(k3c_router_fwd_cuda(&rs, lg.as<float>(), nullptr, ids.as<int32_t>(), tw.as<float>(), nullptr, nullptr, &h.err),
          "router (timing)");
     const double flops = 2.0 * T * k * 3.0 * D * I;
-    for (int tf32 = 0; tf32 < 2; tf32++) {
+    for (int gemm = K3C_GEMM_FP32; gemm <= K3C_GEMM_BF16; gemm++) {
         std::vector<float> ms;
         for (int rep = 0; rep < 4; rep++) {
             cudaEvent_t a, b;
             cudaEventCreate(&a), cudaEventCreate(&b);
             cudaEventRecord(a, cudaStreamPerThread);
             h.ok(k3c_moe_fwd_cuda(ctx, &s, x.as<float>(), ids.as<int32_t>(), tw.as<float>(), w1.as<float>(),
-                                  w3.as<float>(), w2.as<float>(), y.as<float>(), sv.p, ws.p, tf32, &h.err),
+                                  w3.as<float>(), w2.as<float>(), y.as<float>(), sv.p, ws.p, gemm, &h.err),
                  "moe_fwd_cuda (timing)");
             cudaEventRecord(b, cudaStreamPerThread);
             h.ok(k3c_cuda_sync(&h.err), "sync (timing)");
@@ -552,7 +552,7 @@ static void time_moe(harness &h, k3c_cuda_ctx *ctx) {
         const double m = ms[1];
         printf("TIMING moe_fwd_cuda %s T16384 D3584 I3072 E64 k8 situ: %.2f ms, %.1f TFLOP/s (%.1f%% of the 716 "
                "TFLOP/s bf16 dense anchor)\n",
-               tf32 ? "tf32" : "fp32", m, flops / (m * 1e-3) / 1e12, 100.0 * flops / (m * 1e-3) / 716e12);
+               k3c_gemm_mode_name(gemm), m, flops / (m * 1e-3) / 1e12, 100.0 * flops / (m * 1e-3) / 716e12);
         fflush(stdout);
     }
 }
