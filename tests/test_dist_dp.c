@@ -164,7 +164,7 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
         CHECK_RC(k3c_model_backward_f32(&r->m, acts, 1.0, err));
     }
     if (dp) CHECK_RC(k3c_dp_sum(dp, loss, err));
-    if (r->tp_comm) k3c_tp_dedup_grads(&r->tp, &r->m.table, r->m.g);
+    if (r->tp_comm) k3c_tp_dedup_grads(&r->tp, &r->m.table, r->m.g, K3C_F32);
     if (dp) CHECK_RC(k3c_dp_reduce_grads(dp, r->m.g, err));
     if (g_out) memcpy(g_out, r->m.g, sizeof(float) * r->m.table.total);
     if (g_out && r->use_pp) /* every stage's gradients (zero outside its entries), to compare the whole gradient */
@@ -226,6 +226,15 @@ static double max_rel_state(const k3c_optim *o, const float *x, const float *ref
     return m;
 }
 
+/* The tiny model has 2 heads per mixer: 4 of each for tp4, MLA's head dims halved (2) so its widths stay those of the
+ * 2-head model (with 4 heads of dims 4 its fp32 floor, see fp32_floor, is 2.9e-5: the single process differs from
+ * itself by more than TOL there; 5.7e-6 here). */
+static void tp_variant(k3c_config *cfg, int tp) {
+    if (tp <= 2) return;
+    cfg->kda_heads = cfg->mla_heads = cfg->mla_kv_heads = tp;
+    cfg->qk_nope_dim = cfg->qk_rope_dim = cfg->v_head_dim = 2;
+}
+
 /* Runs `steps` steps of the reference and the parallel runner from the same state; returns 0 on a failed step. */
 static int run_both(runner *ref, runner *par, const batch *gb, int steps, int qb_mode, float *g_ref, float *g_par,
                     double *loss_rel, double *norm1, int *clipped) {
@@ -277,12 +286,7 @@ static void compare(k3c_comm *comm, int ep, int pp, int tp, int qb_mode) {
         CHECK(0, "%s", err.msg);
         return;
     }
-    if (tp > 2) { /* the tiny model has 2 heads per mixer: 4 of each for tp4, MLA's head dims halved (2) so its widths
-                     stay those of the 2-head model (with 4 heads of dims 4 its fp32 floor, see fp32_floor, is 2.9e-5:
-                     the single process differs from itself by more than TOL there; 5.7e-6 here) */
-        cfg.kda_heads = cfg.mla_heads = cfg.mla_kv_heads = tp;
-        cfg.qk_nope_dim = cfg.qk_rope_dim = cfg.v_head_dim = 2;
-    }
+    tp_variant(&cfg, tp);
     batch gb;
     make_batch(&gb);
     runner ref, par;
@@ -417,6 +421,63 @@ static void f64_exact(k3c_comm *comm) {
     k3c_model_free_f64(&part);
 }
 
+/* Tensor parallelism in float64 over all the ranks: the loss on every rank and the gradients (the ranks' shares summed,
+ * replicated entries counted once) equal the single process's to 1e-12: the split itself is exact, only the order of
+ * the sums differs. */
+static void f64_tp(k3c_comm *comm) {
+    const int tp = comm->size;
+    k3c_err err = {0};
+    k3c_config cfg;
+    k3c_model whole, part;
+    batch gb;
+    make_batch(&gb);
+    if (tp < 2) return;
+    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    tp_variant(&cfg, tp);
+    if (k3c_model_create_f64(&cfg, 1, &whole, &err) || k3c_model_create_f64(&cfg, 1, &part, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    k3c_tp t;
+    CHECK_OK(k3c_tp_init(&t, comm, k3c_backend_cpu_f32(), &cfg, &part.table, &err), &err);
+    part.tp = &t.hook;
+    k3c_model *m[2] = {&whole, &part};
+    double loss[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        k3c_model_init_f64(m[i], 7, 0.1);
+        m[i]->kda_chunk = 16;
+        k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
+        k3c_arena ar;
+        k3c_acts *acts;
+        CHECK_OK(k3c_arena_init(&ar, k3c_model_plan_bytes_f64(m[i], b.T, b.n_docs), &err), &err);
+        CHECK_OK(k3c_model_forward_f64(m[i], &b, &ar, &acts, &loss[i], NULL, &err), &err);
+        CHECK_OK(k3c_model_backward_f64(m[i], acts, 1.0, &err), &err);
+        k3c_arena_free(&ar);
+    }
+    k3c_tp_dedup_grads(&t, &part.table, part.g, K3C_F64);
+    CHECK_OK(k3c_comm_allreduce(comm, part.g, part.g, (int64_t)part.table.total, K3C_F64, K3C_COMM_SUM, NULL, &err),
+             &err);
+    double g_rel = 0;
+    const char *worst = "-";
+    for (int i = 0; i < whole.table.n; i++) {
+        const k3c_param *p = &whole.table.p[i];
+        double r = test_rel_err_d((double *)part.g + p->offset, (double *)whole.g + p->offset, (size_t)p->numel);
+        if (r > g_rel) g_rel = r, worst = p->name;
+    }
+    double l_rel = fabs(loss[1] - loss[0]) / fabs(loss[0]);
+    CHECK(l_rel <= 1e-12 && g_rel <= 1e-12, "tp%d float64: loss %.3e, gradients %.3e relative (%s)", tp, l_rel, g_rel,
+          worst);
+    if (comm->rank == 0)
+        printf("tp=%d float64: loss %.2e, gradients %.2e (relative differences; the split is exact)\n", tp, l_rel,
+               g_rel);
+    k3c_tp_free(&t);
+    k3c_model_free_f64(&whole);
+    k3c_model_free_f64(&part);
+}
+
 /* The batch split: consecutive whole pieces covering the batch, and a clear error for fewer pieces than ranks. */
 static void split_rules(k3c_comm *comm) {
     k3c_err err = {0};
@@ -505,6 +566,7 @@ static void layouts(void) {
 static void run_all(k3c_comm *comm) {
     split_rules(comm);
     f64_exact(comm);
+    f64_tp(comm);
     for (int ep = 1; ep <= comm->size; ep *= 2) {
         if (ep > 1 && ep < comm->size && ep != 2) continue;
         compare(comm, ep, 1, 1, K3C_QB_EXACT);

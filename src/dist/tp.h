@@ -27,8 +27,8 @@ int k3c_tp_init(k3c_tp *tp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c
 void k3c_tp_free(k3c_tp *tp);
 /* Before the gradients are summed over every rank: an entry replicated with the same gradient on each rank of the
  * group keeps it on TP rank 0 only, so the sum counts it once (split entries are zero outside this rank's share,
- * partial ones hold this rank's part: the sum completes both). */
-void k3c_tp_dedup_grads(const k3c_tp *tp, const k3c_param_table *t, float *g);
+ * partial ones hold this rank's part: the sum completes both). g: the model's real (K3C_F32 or K3C_F64). */
+void k3c_tp_dedup_grads(const k3c_tp *tp, const k3c_param_table *t, void *g, k3c_dtype dt);
 /* S_max [L, H] of the MLA heads other ranks own set to −FLT_MAX (this rank's forward wrote only its own), before the
  * maximum over the ranks. */
 void k3c_tp_mask_smax(const k3c_tp *tp, const k3c_config *cfg, float *smax);

@@ -99,8 +99,8 @@ static int head_bwd(k3c_model *m, k3c_acts *a, double scale, k3c_err *err) {
     if (!dlogits) return k3c_errf(err, K3C_ENOMEM, "backward: activation arena too small for dlogits");
     k3c_xent_sizes xs = {T, V, a->loss_norm, a->weight};
     if (m->tp) /* the vocabulary-parallel cross-entropy: this rank's rows of dlogits */
-        CHECK_RC(m->tp->xent_bwd(m->tp->ctx, T, Vl, a->loss_norm, a->weight, (const float *)a->logits, a->targets,
-                                 (const float *)a->lse, scale, (float *)dlogits, err));
+        CHECK_RC(m->tp->xent_bwd(m->tp->ctx, REAL_DTYPE, T, Vl, a->loss_norm, a->weight, a->logits, a->targets, a->lse,
+                                 scale, dlogits, err));
     else
         CHECK_RC(be->xent_bwd(&xs, a->logits, a->targets, NULL, a->lse, scale, dlogits, err));
     CHECK_RC(be->zero(a->dxn, T * D, err));
@@ -153,7 +153,7 @@ int k3c_model_backward_range(k3c_model *m, k3c_acts *a, double scale, const real
         real *dE = (real *)m->g + m->table.glob.embed;
         if (m->tp) { /* this rank's vocabulary rows */
             CHECK_RC(be->sync(err));
-            CHECK_RC(m->tp->embed_bwd(m->tp->ctx, T, V, D, a->ids, (const float *)a->demb, (float *)dE, err));
+            CHECK_RC(m->tp->embed_bwd(m->tp->ctx, REAL_DTYPE, T, V, D, a->ids, a->demb, dE, err));
         } else {
             CHECK_RC(be->embedding_bwd(&es, a->ids, a->demb, dE, err));
         }

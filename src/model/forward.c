@@ -283,11 +283,8 @@ static int embed_fwd(const k3c_model *m, const k3c_backend *be, int64_t T, k3c_a
         k3c_embedding_sizes es = {T, c->vocab_size, c->hidden_size};
         return be->embedding_fwd(&es, a->ids, E, a->emb, err);
     }
-    if (sizeof(real) != sizeof(float))
-        return k3c_errf(err, K3C_EUNSUPPORTED, "tensor parallelism: float32 models only");
     CHECK_RC(be->sync(err));
-    return m->tp->embed_fwd(m->tp->ctx, T, c->vocab_size, c->hidden_size, a->ids, (const float *)E, (float *)a->emb,
-                            err);
+    return m->tp->embed_fwd(m->tp->ctx, REAL_DTYPE, T, c->vocab_size, c->hidden_size, a->ids, E, a->emb, err);
 }
 
 /* Input-embedding overrides (image tokens): the given rows are copied over the token embeddings of their positions. */
@@ -448,8 +445,8 @@ int k3c_model_forward_range(k3c_model *m, const k3c_model_batch *b, int l0, int 
         a->loss_norm = b->loss_norm;
         double l = 0;
         if (m->tp)
-            CHECK_RC(m->tp->xent_fwd(m->tp->ctx, T, Vl, b->loss_norm, a->weight, (const float *)a->logits, a->targets,
-                                     (float *)a->lse, &l, err));
+            CHECK_RC(m->tp->xent_fwd(m->tp->ctx, REAL_DTYPE, T, Vl, b->loss_norm, a->weight, a->logits, a->targets,
+                                     a->lse, &l, err));
         else
             CHECK_RC(be->xent_fwd(&xs, a->logits, a->targets, NULL, a->lse, &l, NULL, err));
         if (loss) *loss = l;

@@ -140,10 +140,8 @@ static inline const k3c_layer_offsets *k3c_tp_offsets(const k3c_model *m, int l,
 static inline int k3c_tp_sum(const k3c_step *st, real *x, int64_t n, k3c_err *err) {
     const k3c_tensor_parallel *tp = st->m->tp;
     if (!tp) return K3C_OK;
-    if (sizeof(real) != sizeof(float))
-        return k3c_errf(err, K3C_EUNSUPPORTED, "tensor parallelism: float32 models only");
     CHECK_RC(st->be->sync(err));
-    return tp->sum(tp->ctx, (float *)x, n, err);
+    return tp->sum(tp->ctx, REAL_DTYPE, x, n, err);
 }
 /* Bytes of a copy of this rank's columns of a [out, in] weight (0 alone). */
 static inline size_t k3c_tp_cols_bytes(const k3c_model *m, int64_t out, int64_t in) {

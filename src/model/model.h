@@ -49,19 +49,19 @@ typedef struct {
  * embedding and lm_head (k3c_tp_split). sum() adds a partial result over the TP group in place (after o_proj, the MLPs'
  * down projections, and the input gradients of their backward); the embedding and the cross-entropy are the
  * vocabulary-parallel ones of the hook: y, lse, loss and dlogits with the layout of the ops they replace (embedding_fwd
- * / _bwd over the whole table E [V, D]; xent over this rank's logits [T, V/size], targets global). Float32 models only
- * (host memory: the MPI communicator). */
+ * / _bwd over the whole table E [V, D]; xent over this rank's logits [T, V/size], targets global). Buffers hold the
+ * model's real (t: K3C_F32 or K3C_F64) in host memory (the MPI communicator). */
 typedef struct {
     int rank, size;
-    int (*sum)(void *ctx, float *x, int64_t n, k3c_err *err);
-    int (*embed_fwd)(void *ctx, int64_t T, int64_t V, int64_t D, const int32_t *ids, const float *E, float *y,
-                     k3c_err *err);
-    int (*embed_bwd)(void *ctx, int64_t T, int64_t V, int64_t D, const int32_t *ids, const float *dy, float *dE,
-                     k3c_err *err);
-    int (*xent_fwd)(void *ctx, int64_t T, int64_t V, double norm, const float *weight, const float *logits,
-                    const int32_t *targets, float *lse, double *loss, k3c_err *err);
-    int (*xent_bwd)(void *ctx, int64_t T, int64_t V, double norm, const float *weight, const float *logits,
-                    const int32_t *targets, const float *lse, double dloss, float *dlogits, k3c_err *err);
+    int (*sum)(void *ctx, k3c_dtype t, void *x, int64_t n, k3c_err *err);
+    int (*embed_fwd)(void *ctx, k3c_dtype t, int64_t T, int64_t V, int64_t D, const int32_t *ids, const void *E,
+                     void *y, k3c_err *err);
+    int (*embed_bwd)(void *ctx, k3c_dtype t, int64_t T, int64_t V, int64_t D, const int32_t *ids, const void *dy,
+                     void *dE, k3c_err *err);
+    int (*xent_fwd)(void *ctx, k3c_dtype t, int64_t T, int64_t V, double norm, const float *weight, const void *logits,
+                    const int32_t *targets, void *lse, double *loss, k3c_err *err);
+    int (*xent_bwd)(void *ctx, k3c_dtype t, int64_t T, int64_t V, double norm, const float *weight, const void *logits,
+                    const int32_t *targets, const void *lse, double dloss, void *dlogits, k3c_err *err);
     void *ctx;
 } k3c_tensor_parallel;
 

@@ -216,7 +216,7 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
         const float nan = NAN;
         if ((e = be->upload(tr->m.g, &nan, sizeof nan, err))) return e;
     }
-    if (tr->tp_comm) k3c_tp_dedup_grads(&tr->tp, &tr->m.table, tr->m.g); /* replicated entries counted once */
+    if (tr->tp_comm) k3c_tp_dedup_grads(&tr->tp, &tr->m.table, tr->m.g, K3C_F32); /* replicated entries counted once */
     if (tr->dp && (e = k3c_dp_reduce_grads(tr->dp, tr->m.g, err))) return e;
     e = tr->pp ? k3c_pp_clip_grad_norm(tr->pp, be, tr->opt_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm,
                                        err)
