@@ -369,6 +369,30 @@ out:
     runner_free(&par);
 }
 
+/* One float64 forward and backward of m (initialised like the runners) over b: *loss, gradients in m->g. */
+static void f64_loss_grad(k3c_model *m, const k3c_model_batch *b, double *loss) {
+    k3c_err err = {0};
+    k3c_arena ar;
+    k3c_acts *acts;
+    k3c_model_init_f64(m, 7, 0.1);
+    m->kda_chunk = 16;
+    CHECK_OK(k3c_arena_init(&ar, k3c_model_plan_bytes_f64(m, b->T, b->n_docs), &err), &err);
+    CHECK_OK(k3c_model_forward_f64(m, b, &ar, &acts, loss, NULL, &err), &err);
+    CHECK_OK(k3c_model_backward_f64(m, acts, 1.0, &err), &err);
+    k3c_arena_free(&ar);
+}
+
+/* Largest per-entry relative difference of two float64 models' gradients (*worst: its entry). */
+static double f64_grad_rel(const k3c_model *x, const k3c_model *ref, const char **worst) {
+    double m = 0;
+    for (int i = 0; i < ref->table.n; i++) {
+        const k3c_param *p = &ref->table.p[i];
+        double r = test_rel_err_d((double *)x->g + p->offset, (double *)ref->g + p->offset, (size_t)p->numel);
+        if (r > m) m = r, *worst = p->name;
+    }
+    return m;
+}
+
 /* In float64 the decomposition itself is checked: the ranks' losses (each over its share, normalised by the global
  * count of targets) and gradients summed over the ranks equal the whole batch's to 1e-12. */
 static void f64_exact(k3c_comm *comm) {
@@ -388,30 +412,18 @@ static void f64_exact(k3c_comm *comm) {
     CHECK_OK(k3c_optim_init(&o, &whole.table, &err), &err);
     CHECK_OK(k3c_dp_init(&dp, comm, k3c_backend_cpu_f32(), &o, &whole.table, &err), &err);
     k3c_model *m[2] = {&whole, &part};
-    double loss[2];
+    double loss[2] = {0, 0};
     for (int i = 0; i < 2; i++) {
-        k3c_model_init_f64(m[i], 7, 0.1);
-        m[i]->kda_chunk = 16;
         k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
         if (i) CHECK_OK(k3c_dp_split_batch(&dp, &b, &err), &err);
-        k3c_arena ar;
-        k3c_acts *acts;
-        CHECK_OK(k3c_arena_init(&ar, k3c_model_plan_bytes_f64(m[i], b.T, b.n_docs), &err), &err);
-        CHECK_OK(k3c_model_forward_f64(m[i], &b, &ar, &acts, &loss[i], NULL, &err), &err);
-        CHECK_OK(k3c_model_backward_f64(m[i], acts, 1.0, &err), &err);
-        k3c_arena_free(&ar);
+        f64_loss_grad(m[i], &b, &loss[i]);
     }
     CHECK_OK(k3c_dp_sum(&dp, &loss[1], &err), &err);
     CHECK_OK(k3c_comm_allreduce(comm, part.g, part.g, (int64_t)part.table.total, K3C_F64, K3C_COMM_SUM, NULL, &err),
              &err);
-    double g_rel = 0;
-    for (int i = 0; i < whole.table.n; i++) {
-        const k3c_param *p = &whole.table.p[i];
-        g_rel =
-            fmax(g_rel, test_rel_err_d((double *)part.g + p->offset, (double *)whole.g + p->offset, (size_t)p->numel));
-    }
-    double l_rel = fabs(loss[1] - loss[0]) / fabs(loss[0]);
-    CHECK(l_rel <= 1e-12 && g_rel <= 1e-12, "float64: loss %.3e, gradients %.3e relative", l_rel, g_rel);
+    const char *worst = "-";
+    double g_rel = f64_grad_rel(&part, &whole, &worst), l_rel = fabs(loss[1] - loss[0]) / fabs(loss[0]);
+    CHECK(l_rel <= 1e-12 && g_rel <= 1e-12, "float64: loss %.3e, gradients %.3e relative (%s)", l_rel, g_rel, worst);
     if (comm->rank == 0)
         printf("dp=%d float64: loss %.2e, gradients %.2e (relative differences; the decomposition is exact)\n",
                comm->size, l_rel, g_rel);
@@ -444,30 +456,15 @@ static void f64_tp(k3c_comm *comm) {
     k3c_tp t;
     CHECK_OK(k3c_tp_init(&t, comm, k3c_backend_cpu_f32(), &cfg, &part.table, &err), &err);
     part.tp = &t.hook;
-    k3c_model *m[2] = {&whole, &part};
+    k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
     double loss[2] = {0, 0};
-    for (int i = 0; i < 2; i++) {
-        k3c_model_init_f64(m[i], 7, 0.1);
-        m[i]->kda_chunk = 16;
-        k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
-        k3c_arena ar;
-        k3c_acts *acts;
-        CHECK_OK(k3c_arena_init(&ar, k3c_model_plan_bytes_f64(m[i], b.T, b.n_docs), &err), &err);
-        CHECK_OK(k3c_model_forward_f64(m[i], &b, &ar, &acts, &loss[i], NULL, &err), &err);
-        CHECK_OK(k3c_model_backward_f64(m[i], acts, 1.0, &err), &err);
-        k3c_arena_free(&ar);
-    }
+    f64_loss_grad(&whole, &b, &loss[0]);
+    f64_loss_grad(&part, &b, &loss[1]); /* every rank the whole batch, its heads, widths and vocabulary rows */
     k3c_tp_dedup_grads(&t, &part.table, part.g, K3C_F64);
     CHECK_OK(k3c_comm_allreduce(comm, part.g, part.g, (int64_t)part.table.total, K3C_F64, K3C_COMM_SUM, NULL, &err),
              &err);
-    double g_rel = 0;
     const char *worst = "-";
-    for (int i = 0; i < whole.table.n; i++) {
-        const k3c_param *p = &whole.table.p[i];
-        double r = test_rel_err_d((double *)part.g + p->offset, (double *)whole.g + p->offset, (size_t)p->numel);
-        if (r > g_rel) g_rel = r, worst = p->name;
-    }
-    double l_rel = fabs(loss[1] - loss[0]) / fabs(loss[0]);
+    double g_rel = f64_grad_rel(&part, &whole, &worst), l_rel = fabs(loss[1] - loss[0]) / fabs(loss[0]);
     CHECK(l_rel <= 1e-12 && g_rel <= 1e-12, "tp%d float64: loss %.3e, gradients %.3e relative (%s)", tp, l_rel, g_rel,
           worst);
     if (comm->rank == 0)

@@ -29,11 +29,15 @@ static int tp_sum(void *ctx, k3c_dtype t, void *x, int64_t n, k3c_err *err) {
     return k3c_comm_allreduce(tp->comm, x, x, n, t, K3C_COMM_SUM, NULL, err);
 }
 
-static int check_ids(const int32_t *ids, int64_t T, int64_t V, const char *op, k3c_err *err) {
+/* The ids checked against the whole vocabulary V; [*v0, *v1): the rows this rank holds. */
+static int vocab_rows(const k3c_tp *tp, const int32_t *ids, int64_t T, int64_t V, const char *op, int64_t *v0,
+                      int64_t *v1, k3c_err *err) {
     for (int64_t t = 0; t < T; t++)
         if (ids[t] < 0 || ids[t] >= V)
-            return k3c_errf(err, K3C_EINVAL, "%s: position %lld has id %d outside [0, %lld)", op, (long long)t, ids[t],
-                            (long long)V);
+            return k3c_errf(err, K3C_EINVAL, "%s (tensor-parallel): position %lld has id %d outside [0, %lld)", op,
+                            (long long)t, ids[t], (long long)V);
+    *v0 = tp->rank * (V / tp->size);
+    *v1 = *v0 + V / tp->size;
     return K3C_OK;
 }
 
@@ -129,8 +133,8 @@ TP_LOOPS(double, f64, exp)
 static int tp_embed_fwd(void *ctx, k3c_dtype dt, int64_t T, int64_t V, int64_t D, const int32_t *ids, const void *E,
                         void *y, k3c_err *err) {
     k3c_tp *tp = ctx;
-    CHECK_RC(check_ids(ids, T, V, "embedding (tensor-parallel)", err));
-    const int64_t v0 = tp->rank * (V / tp->size), v1 = v0 + V / tp->size;
+    int64_t v0 = 0, v1 = 0;
+    CHECK_RC(vocab_rows(tp, ids, T, V, "embedding", &v0, &v1, err));
     if (dt == K3C_F64)
         embed_rows_f64(T, D, v0, v1, ids, E, y);
     else
@@ -141,8 +145,8 @@ static int tp_embed_fwd(void *ctx, k3c_dtype dt, int64_t T, int64_t V, int64_t D
 static int tp_embed_bwd(void *ctx, k3c_dtype dt, int64_t T, int64_t V, int64_t D, const int32_t *ids, const void *dy,
                         void *dE, k3c_err *err) {
     k3c_tp *tp = ctx;
-    CHECK_RC(check_ids(ids, T, V, "embedding backward (tensor-parallel)", err));
-    const int64_t v0 = tp->rank * (V / tp->size), v1 = v0 + V / tp->size;
+    int64_t v0 = 0, v1 = 0;
+    CHECK_RC(vocab_rows(tp, ids, T, V, "embedding backward", &v0, &v1, err));
     if (dt == K3C_F64)
         embed_grad_f64(T, D, v0, v1, ids, dy, dE);
     else
