@@ -181,20 +181,14 @@ size_t k3c_ffn_bwd_bytes(const k3c_model *m, int l, int64_t T) {
  * dxn holds nothing else (the MLP's backward runs first, into a zeroed dxn). */
 static int dense_bwd(k3c_step *st, const ffn_shape *s, const real *xn, size_t og, size_t ou, size_t od, void *saved,
                      const real *dy, real *dxn, k3c_arena *tmp, k3c_err *err) {
-    const real *w = st->w, *Wd = w + od;
-    real *g = st->g, *dWd = g + od;
+    const real *w = st->w, *Wd;
+    real *g = st->g, *dWd;
     k3c_mlp_sizes ms = mlp_sizes(st->m, s);
     int64_t width = mlp_width(st->m, s);
-    if (st->m->tp) {
-        real *wbuf = (real *)k3c_arena_alloc(tmp, k3c_tp_cols_bytes(st->m, s->D, width));
-        dWd = k3c_tmp_zeros(st, tmp, s->D * ms.inter, err);
-        if (!wbuf || !dWd) return k3c_errf(err, K3C_ENOMEM, "tensor parallelism: MLP backward scratch");
-        CHECK_RC(k3c_tp_cols(st, s->D, width, w + od, wbuf, &Wd, err));
-    }
+    CHECK_RC(k3c_tp_cols_begin(st, tmp, s->D, width, w + od, g + od, &Wd, &dWd, err));
     CHECK_RC(st->be->mlp_bwd(st->be->ctx, &ms, xn, w + og, w + ou, Wd, saved, dy, dxn, g + og, g + ou, dWd, st->scratch,
                              err));
-    if (!st->m->tp) return K3C_OK;
-    CHECK_RC(k3c_tp_cols_add(st, s->D, width, dWd, g + od, err));
+    CHECK_RC(k3c_tp_cols_end(st, s->D, width, dWd, g + od, err));
     return k3c_tp_sum(st, dxn, s->T * s->D, err);
 }
 

@@ -157,13 +157,6 @@ static inline int k3c_tp_cols(const k3c_step *st, int64_t out, int64_t in, const
     *Wl = wbuf;
     return st->be->copy2d(out, il, W + st->m->tp->rank * il, in, wbuf, il, 0, err);
 }
-/* Adds dbuf [out, in/size] (this rank's columns' gradient) into the full-layout dW [out, in]. */
-static inline int k3c_tp_cols_add(const k3c_step *st, int64_t out, int64_t in, const real *dbuf, real *dW,
-                                  k3c_err *err) {
-    int64_t il = in / st->m->tp->size;
-    return st->be->copy2d(out, il, dbuf, il, dW + st->m->tp->rank * il, in, 1, err);
-}
-
 /* n zeroed reals from the step's temporary arena (NULL when it is full or zeroing failed). */
 static inline real *k3c_tmp_zeros(const k3c_step *st, k3c_arena *tmp, int64_t n, k3c_err *err) {
     real *p = (real *)k3c_arena_alloc(tmp, sizeof(real) * (size_t)n);
@@ -178,19 +171,35 @@ static inline int k3c_lin_rowpar(const k3c_step *st, int64_t T, int64_t in, int6
     CHECK_RC(k3c_tp_cols(st, out, in, W, wbuf, &Wl, err));
     return k3c_lin(st, T, in / k3c_tp_size(st->m), out, x, Wl, y, 0, err);
 }
-/* Its backward: dx += dy W_l, dW[:, this rank's columns] += dyᵀ x (buffers from tmp). */
-static inline int k3c_lin_rowpar_bwd(const k3c_step *st, int64_t T, int64_t in, int64_t out, const real *x,
-                                     const real *W, const real *dy, real *dx, real *dW, k3c_arena *tmp, k3c_err *err) {
-    if (!st->m->tp) return k3c_lin_bwd(st, T, in, out, x, W, dy, dx, dW, err);
+/* The backward of a row-parallel weight W [out, in] with gradient dW: *Wl ← this rank's columns of W, *dWl ← a zeroed
+ * buffer for their gradient [out, in/size], both from tmp (alone: W and dW themselves); after the op's backward has
+ * added into *dWl, k3c_tp_cols_end adds it into dW's columns. */
+static inline int k3c_tp_cols_begin(const k3c_step *st, k3c_arena *tmp, int64_t out, int64_t in, const real *W,
+                                    real *dW, const real **Wl, real **dWl, k3c_err *err) {
+    *Wl = W;
+    *dWl = dW;
+    if (!st->m->tp) return K3C_OK;
     int64_t il = in / st->m->tp->size;
     real *wbuf = (real *)k3c_arena_alloc(tmp, sizeof(real) * (size_t)(out * il));
-    real *dbuf = k3c_tmp_zeros(st, tmp, out * il, err);
-    const real *Wl;
-    if (!wbuf || !dbuf)
+    *dWl = k3c_tmp_zeros(st, tmp, out * il, err);
+    if (!wbuf || !*dWl)
         return k3c_errf(err, K3C_ENOMEM, "tensor parallelism: backward scratch of a row-parallel projection");
-    CHECK_RC(k3c_tp_cols(st, out, in, W, wbuf, &Wl, err));
-    CHECK_RC(k3c_lin_bwd(st, T, il, out, x, Wl, dy, dx, dbuf, err));
-    return k3c_tp_cols_add(st, out, in, dbuf, dW, err);
+    return k3c_tp_cols(st, out, in, W, wbuf, Wl, err);
+}
+static inline int k3c_tp_cols_end(const k3c_step *st, int64_t out, int64_t in, const real *dWl, real *dW,
+                                  k3c_err *err) {
+    if (!st->m->tp) return K3C_OK;
+    int64_t il = in / st->m->tp->size;
+    return st->be->copy2d(out, il, dWl, il, dW + st->m->tp->rank * il, in, 1, err);
+}
+/* Its backward: dx += dy W_l, dW[:, this rank's columns] += dyᵀ x. */
+static inline int k3c_lin_rowpar_bwd(const k3c_step *st, int64_t T, int64_t in, int64_t out, const real *x,
+                                     const real *W, const real *dy, real *dx, real *dW, k3c_arena *tmp, k3c_err *err) {
+    const real *Wl;
+    real *dWl;
+    CHECK_RC(k3c_tp_cols_begin(st, tmp, out, in, W, dW, &Wl, &dWl, err));
+    CHECK_RC(k3c_lin_bwd(st, T, in / k3c_tp_size(st->m), out, x, Wl, dy, dx, dWl, err));
+    return k3c_tp_cols_end(st, out, in, dWl, dW, err);
 }
 
 /* Pointer to parameter (or gradient) block `off` of base; NULL when the model has no such tensor. */
