@@ -41,8 +41,8 @@ static int mixer_bwd(k3c_acts *a, int l, const real *dout, real *dxn, k3c_arena 
         CHECK_RC(k3c_kda_layer_bwd(&a->st, l, a->axn[l], &a->kda[l], dout, dxn, tmp, err));
     else
         CHECK_RC(k3c_mla_layer_bwd(&a->st, l, a->axn[l], &a->mla[l], dout, dxn, tmp, err));
-    return k3c_tp_sum(&a->st, dxn, a->T * a->st.m->cfg.hidden_size,
-                      err); /* tensor parallelism: this rank's heads' part */
+    /* tensor parallelism: dxn is this rank's heads' part */
+    return k3c_tp_sum(&a->st, dxn, a->T * a->st.m->cfg.hidden_size, err);
 }
 
 static int ffn_bwd(k3c_acts *a, int l, const real *dout, real *dxn, k3c_arena *tmp, k3c_err *err) {
