@@ -2,7 +2,7 @@
  * process: the tiny K3 model (configs/k3_test_tiny.json: KDA + MLA, 4 experts top-2, AttnRes) trained for 3 steps on
  * one global batch of packed documents, once whole on every rank (the reference: the trainer's single-process step)
  * and once split over the ranks (the trainer's parallel step) at every layout of the ranks: dp = N, ep = N, dp2×ep2,
- * pp = N (4 micro-batches, 1F1B) and dp2×pp2.
+ * pp = N (4 micro-batches, 1F1B), dp2×pp2, tp = N (src/dist/tp.c; tp4 on a 4-head variant), dp2×tp2 and tp2×pp2.
  * fp32; relative difference of a tensor = ‖x − ref‖₂ / ‖ref‖₂ per parameter-table entry (test_rel_err), tolerance
  * 1e-5 for the loss, every gradient of step 1 (after the sum over ranks) and every weight and optimizer-state entry
  * after 3 steps (Muon + AdamW with clipping active, QK-Clip clipping heads, exact quantile balancing; router biases
@@ -14,6 +14,7 @@
 #include "dist/dp.h"
 #include "dist/ep.h"
 #include "dist/pp.h"
+#include "dist/tp.h"
 #include "model/config.h"
 #include "mpi_launch.h"
 
@@ -41,6 +42,8 @@ typedef struct {
     k3c_comm *stage_comm, *pp_comm; /* pipeline parallelism when pp > 1: the stage's DP group, the pipeline group */
     k3c_pp pp;
     int use_pp;
+    k3c_comm *tp_comm; /* tensor parallelism over tp consecutive ranks when tp > 1 */
+    k3c_tp tp;
 } runner;
 
 typedef struct {
@@ -82,7 +85,7 @@ static void reverse_docs(const batch *a, batch *b) {
     }
 }
 
-static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep, int pp, k3c_err *err) {
+static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep, int pp, int tp, k3c_err *err) {
     memset(r, 0, sizeof *r);
     CHECK_RC(k3c_model_create_f32(cfg, 1, &r->m, err));
     k3c_model_init_f32(&r->m, 7, 0.1);
@@ -104,6 +107,12 @@ static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep,
         r->dist = 1;
         n_state = r->dp.shard.state_numel;
     }
+    if (tp > 1) { /* the TP group: ranks that share rank / tp (TP innermost); the group takes one part of the batch */
+        CHECK_RC(k3c_comm_split(comm, comm->rank / tp, comm->rank, &r->tp_comm, err));
+        CHECK_RC(k3c_tp_init(&r->tp, r->tp_comm, r->be, cfg, &r->m.table, err));
+        r->m.tp = &r->tp.hook;
+        k3c_dp_set_tp(&r->dp, tp);
+    }
     if (ep > 1) { /* the EP group: ranks that share rank / ep (EP innermost, as docs/PLAN.md orders ranks) */
         CHECK_RC(k3c_comm_split(comm, comm->rank / ep, comm->rank, &r->ep_comm, err));
         CHECK_RC(k3c_ep_init(&r->ep, r->ep_comm, r->be, cfg, err));
@@ -122,6 +131,10 @@ static void runner_free(runner *r) {
     if (r->ep_comm) {
         k3c_ep_free(&r->ep);
         k3c_comm_free(r->ep_comm);
+    }
+    if (r->tp_comm) {
+        k3c_tp_free(&r->tp);
+        k3c_comm_free(r->tp_comm);
     }
     if (r->use_pp) {
         k3c_pp_free(&r->pp);
@@ -151,6 +164,7 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
         CHECK_RC(k3c_model_backward_f32(&r->m, acts, 1.0, err));
     }
     if (dp) CHECK_RC(k3c_dp_sum(dp, loss, err));
+    if (r->tp_comm) k3c_tp_dedup_grads(&r->tp, &r->m.table, r->m.g, K3C_F32);
     if (dp) CHECK_RC(k3c_dp_reduce_grads(dp, r->m.g, err));
     if (g_out) memcpy(g_out, r->m.g, sizeof(float) * r->m.table.total);
     if (g_out && r->use_pp) /* every stage's gradients (zero outside its entries), to compare the whole gradient */
@@ -166,6 +180,7 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
         CHECK_RC(
             be->optim_step(NULL, &r->opt, &r->m.table, 0, r->m.table.n, r->m.w, r->m.g, r->state, LR, step_no, err));
     const k3c_config *c = &r->m.cfg;
+    if (r->tp_comm) k3c_tp_mask_smax(&r->tp, c, r->stats.smax);
     if (dp) CHECK_RC(k3c_dp_max_smax(dp, r->stats.smax, c->num_layers * c->mla_heads, err));
     CHECK_RC(be->qk_clip(NULL, c, &r->m.table, r->m.w, r->stats.smax, QK_TAU, r->stats.qk_clipped, err));
     *clipped = *r->stats.qk_clipped; /* pipeline: each stage clips its own layers' heads */
@@ -211,6 +226,15 @@ static double max_rel_state(const k3c_optim *o, const float *x, const float *ref
     return m;
 }
 
+/* The tiny model has 2 heads per mixer: 4 of each for tp4, MLA's head dims halved (2) so its widths stay those of the
+ * 2-head model (with 4 heads of dims 4 its fp32 floor, see fp32_floor, is 2.9e-5: the single process differs from
+ * itself by more than TOL there; 5.7e-6 here). */
+static void tp_variant(k3c_config *cfg, int tp) {
+    if (tp <= 2) return;
+    cfg->kda_heads = cfg->mla_heads = cfg->mla_kv_heads = tp;
+    cfg->qk_nope_dim = cfg->qk_rope_dim = cfg->v_head_dim = 2;
+}
+
 /* Runs `steps` steps of the reference and the parallel runner from the same state; returns 0 on a failed step. */
 static int run_both(runner *ref, runner *par, const batch *gb, int steps, int qb_mode, float *g_ref, float *g_par,
                     double *loss_rel, double *norm1, int *clipped) {
@@ -239,7 +263,7 @@ static double fp32_floor(const k3c_config *cfg, const batch *gb, const runner *r
     reverse_docs(gb, &rb);
     runner r2;
     double l, nn, d = NAN;
-    int cc, ok = runner_init(&r2, cfg, NULL, 1, 1, &err) == K3C_OK;
+    int cc, ok = runner_init(&r2, cfg, NULL, 1, 1, 1, &err) == K3C_OK;
     for (int64_t s = 1; ok && s <= STEPS; s++) ok = step(&r2, &rb, s, qb_mode, &l, NULL, &nn, &cc, &err) == K3C_OK;
     const char *worst;
     if (ok) d = max_rel(&ref->m.table, r2.m.w, ref->m.w, -1, &worst);
@@ -255,18 +279,19 @@ static double fp32_floor(const k3c_config *cfg, const batch *gb, const runner *r
  * Histogram QB is a step function of the scores (a score one ulp across a bin edge moves the bias by up to a bin
  * width, and the next step routes differently), so it is compared over one step: loss, gradients and weights within
  * TOL, router biases within one bin width (the estimator's resolution, docs/MODEL.md §7.3). */
-static void compare(k3c_comm *comm, int ep, int pp, int qb_mode) {
+static void compare(k3c_comm *comm, int ep, int pp, int tp, int qb_mode) {
     k3c_err err = {0};
     k3c_config cfg;
     if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) {
         CHECK(0, "%s", err.msg);
         return;
     }
+    tp_variant(&cfg, tp);
     batch gb;
     make_batch(&gb);
     runner ref, par;
-    int ok = runner_init(&ref, &cfg, NULL, 1, 1, &err) == K3C_OK;
-    ok = ok && runner_init(&par, &cfg, comm, ep, pp, &err) == K3C_OK;
+    int ok = runner_init(&ref, &cfg, NULL, 1, 1, 1, &err) == K3C_OK;
+    ok = ok && runner_init(&par, &cfg, comm, ep, pp, tp, &err) == K3C_OK;
     CHECK(ok, "setup: %s", err.msg);
     if (!ok) return;
     const int steps = qb_mode == K3C_QB_EXACT ? STEPS : 1;
@@ -324,11 +349,11 @@ static void compare(k3c_comm *comm, int ep, int pp, int qb_mode) {
           "ZeRO-1: rank %d holds %zu of %zu state floats", comm->rank, par.dp.shard.state_numel, ref.opt.state_numel);
     if (comm->rank == 0) {
         printf(
-            "dp=%d ep=%d pp=%d qb=%s, %d step%s: relative differences loss %.2e, step-1 gradients %.2e, weights %.2e, "
-            "router biases %.2e (absolute %.2e, %.2g bins), optimizer state %.2e; ZeRO-1 state %zu of %zu floats on "
-            "rank 0\n",
-            comm->size / ep / pp, ep, pp, qb_mode ? "histogram" : "exact", steps, steps > 1 ? "s" : "", loss_rel, g_rel,
-            w_rel, b_rel, b_abs, b_bins, s_rel, par.dp.shard.state_numel, ref.opt.state_numel);
+            "dp=%d ep=%d tp=%d pp=%d qb=%s, %d step%s: relative differences loss %.2e, step-1 gradients %.2e, weights "
+            "%.2e, router biases %.2e (absolute %.2e, %.2g bins), optimizer state %.2e; ZeRO-1 state %zu of %zu floats "
+            "on rank 0\n",
+            comm->size / ep / pp / tp, ep, tp, pp, qb_mode ? "histogram" : "exact", steps, steps > 1 ? "s" : "",
+            loss_rel, g_rel, w_rel, b_rel, b_abs, b_bins, s_rel, par.dp.shard.state_numel, ref.opt.state_numel);
         if (qb_mode == K3C_QB_EXACT && comm->size > 1)
             printf("  fp32 floor: one process on the documents reversed differs from itself by %.2e\n",
                    fp32_floor(&cfg, &gb, &ref, qb_mode));
@@ -342,6 +367,30 @@ out:
     free(b0);
     runner_free(&ref);
     runner_free(&par);
+}
+
+/* One float64 forward and backward of m (initialised like the runners) over b: *loss, gradients in m->g. */
+static void f64_loss_grad(k3c_model *m, const k3c_model_batch *b, double *loss) {
+    k3c_err err = {0};
+    k3c_arena ar;
+    k3c_acts *acts;
+    k3c_model_init_f64(m, 7, 0.1);
+    m->kda_chunk = 16;
+    CHECK_OK(k3c_arena_init(&ar, k3c_model_plan_bytes_f64(m, b->T, b->n_docs), &err), &err);
+    CHECK_OK(k3c_model_forward_f64(m, b, &ar, &acts, loss, NULL, &err), &err);
+    CHECK_OK(k3c_model_backward_f64(m, acts, 1.0, &err), &err);
+    k3c_arena_free(&ar);
+}
+
+/* Largest per-entry relative difference of two float64 models' gradients (*worst: its entry). */
+static double f64_grad_rel(const k3c_model *x, const k3c_model *ref, const char **worst) {
+    double m = 0;
+    for (int i = 0; i < ref->table.n; i++) {
+        const k3c_param *p = &ref->table.p[i];
+        double r = test_rel_err_d((double *)x->g + p->offset, (double *)ref->g + p->offset, (size_t)p->numel);
+        if (r > m) m = r, *worst = p->name;
+    }
+    return m;
 }
 
 /* In float64 the decomposition itself is checked: the ranks' losses (each over its share, normalised by the global
@@ -363,35 +412,65 @@ static void f64_exact(k3c_comm *comm) {
     CHECK_OK(k3c_optim_init(&o, &whole.table, &err), &err);
     CHECK_OK(k3c_dp_init(&dp, comm, k3c_backend_cpu_f32(), &o, &whole.table, &err), &err);
     k3c_model *m[2] = {&whole, &part};
-    double loss[2];
+    double loss[2] = {0, 0};
     for (int i = 0; i < 2; i++) {
-        k3c_model_init_f64(m[i], 7, 0.1);
-        m[i]->kda_chunk = 16;
         k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
         if (i) CHECK_OK(k3c_dp_split_batch(&dp, &b, &err), &err);
-        k3c_arena ar;
-        k3c_acts *acts;
-        CHECK_OK(k3c_arena_init(&ar, k3c_model_plan_bytes_f64(m[i], b.T, b.n_docs), &err), &err);
-        CHECK_OK(k3c_model_forward_f64(m[i], &b, &ar, &acts, &loss[i], NULL, &err), &err);
-        CHECK_OK(k3c_model_backward_f64(m[i], acts, 1.0, &err), &err);
-        k3c_arena_free(&ar);
+        f64_loss_grad(m[i], &b, &loss[i]);
     }
     CHECK_OK(k3c_dp_sum(&dp, &loss[1], &err), &err);
     CHECK_OK(k3c_comm_allreduce(comm, part.g, part.g, (int64_t)part.table.total, K3C_F64, K3C_COMM_SUM, NULL, &err),
              &err);
-    double g_rel = 0;
-    for (int i = 0; i < whole.table.n; i++) {
-        const k3c_param *p = &whole.table.p[i];
-        g_rel =
-            fmax(g_rel, test_rel_err_d((double *)part.g + p->offset, (double *)whole.g + p->offset, (size_t)p->numel));
-    }
-    double l_rel = fabs(loss[1] - loss[0]) / fabs(loss[0]);
-    CHECK(l_rel <= 1e-12 && g_rel <= 1e-12, "float64: loss %.3e, gradients %.3e relative", l_rel, g_rel);
+    const char *worst = "-";
+    double g_rel = f64_grad_rel(&part, &whole, &worst), l_rel = fabs(loss[1] - loss[0]) / fabs(loss[0]);
+    CHECK(l_rel <= 1e-12 && g_rel <= 1e-12, "float64: loss %.3e, gradients %.3e relative (%s)", l_rel, g_rel, worst);
     if (comm->rank == 0)
         printf("dp=%d float64: loss %.2e, gradients %.2e (relative differences; the decomposition is exact)\n",
                comm->size, l_rel, g_rel);
     k3c_dp_free(&dp);
     k3c_optim_free(&o);
+    k3c_model_free_f64(&whole);
+    k3c_model_free_f64(&part);
+}
+
+/* Tensor parallelism in float64 over all the ranks: the loss on every rank and the gradients (the ranks' shares summed,
+ * replicated entries counted once) equal the single process's to 1e-12: the split itself is exact, only the order of
+ * the sums differs. */
+static void f64_tp(k3c_comm *comm) {
+    const int tp = comm->size;
+    k3c_err err = {0};
+    k3c_config cfg;
+    k3c_model whole, part;
+    batch gb;
+    make_batch(&gb);
+    if (tp < 2) return;
+    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    tp_variant(&cfg, tp);
+    if (k3c_model_create_f64(&cfg, 1, &whole, &err) || k3c_model_create_f64(&cfg, 1, &part, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    k3c_tp t;
+    CHECK_OK(k3c_tp_init(&t, comm, k3c_backend_cpu_f32(), &cfg, &part.table, &err), &err);
+    part.tp = &t.hook;
+    k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
+    double loss[2] = {0, 0};
+    f64_loss_grad(&whole, &b, &loss[0]);
+    f64_loss_grad(&part, &b, &loss[1]); /* every rank the whole batch, its heads, widths and vocabulary rows */
+    k3c_tp_dedup_grads(&t, &part.table, part.g, K3C_F64);
+    CHECK_OK(k3c_comm_allreduce(comm, part.g, part.g, (int64_t)part.table.total, K3C_F64, K3C_COMM_SUM, NULL, &err),
+             &err);
+    const char *worst = "-";
+    double g_rel = f64_grad_rel(&part, &whole, &worst), l_rel = fabs(loss[1] - loss[0]) / fabs(loss[0]);
+    CHECK(l_rel <= 1e-12 && g_rel <= 1e-12, "tp%d float64: loss %.3e, gradients %.3e relative (%s)", tp, l_rel, g_rel,
+          worst);
+    if (comm->rank == 0)
+        printf("tp=%d float64: loss %.2e, gradients %.2e (relative differences; the split is exact)\n", tp, l_rel,
+               g_rel);
+    k3c_tp_free(&t);
     k3c_model_free_f64(&whole);
     k3c_model_free_f64(&part);
 }
@@ -448,6 +527,22 @@ static void layouts(void) {
     CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 4, 1, 1, 0}, &cfg, 4, "run.json", &out, &err) == K3C_ECONFIG &&
               strstr(err.msg, "heads"),
           "tp not dividing heads: %s", err.msg);
+    k3c_config odd = cfg; /* tp2 divides the heads but not 31 vocabulary rows, nor 15 rows of the dense MLP */
+    odd.vocab_size = 31;
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 2, 1, 1, 0}, &odd, 2, "run.json", &out, &err) == K3C_ECONFIG &&
+              strstr(err.msg, "parallel.tp = 2 does not divide the model's 31 vocabulary rows"),
+          "tp not dividing the vocabulary: %s", err.msg);
+    odd = cfg;
+    odd.intermediate_size = 15;
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 2, 1, 1, 0}, &odd, 2, "run.json", &out, &err) == K3C_ECONFIG &&
+              strstr(err.msg, "15 dense MLP intermediate rows"),
+          "tp not dividing the MLP: %s", err.msg);
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){2, 1, 2, 1, 1, 0}, &cfg, 4, "run.json", &out, &err) == 0 && out.tp == 2,
+          "dp2×tp2 on 4 ranks: %s", err.msg);
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 2, 2, 1, 1, 0}, &cfg, 4, "run.json", &out, &err) ==
+                  K3C_EUNSUPPORTED &&
+              strstr(err.msg, "tp = 2 with ep = 2"),
+          "tp with ep: %s", err.msg);
     CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 3, 1, 0}, &cfg, 3, "run.json", &out, &err) == K3C_ECONFIG &&
               strstr(err.msg, "layers"),
           "pp not dividing layers: %s", err.msg);
@@ -468,13 +563,17 @@ static void layouts(void) {
 static void run_all(k3c_comm *comm) {
     split_rules(comm);
     f64_exact(comm);
+    f64_tp(comm);
     for (int ep = 1; ep <= comm->size; ep *= 2) {
         if (ep > 1 && ep < comm->size && ep != 2) continue;
-        compare(comm, ep, 1, K3C_QB_EXACT);
-        compare(comm, ep, 1, K3C_QB_HISTOGRAM);
+        compare(comm, ep, 1, 1, K3C_QB_EXACT);
+        compare(comm, ep, 1, 1, K3C_QB_HISTOGRAM);
     }
     for (int pp = 2; pp <= comm->size; pp *= 2) /* pp = size, and dp2×pp2 on 4 ranks */
-        compare(comm, 1, pp, K3C_QB_EXACT);
+        compare(comm, 1, pp, 1, K3C_QB_EXACT);
+    for (int tp = 2; tp <= comm->size; tp *= 2) /* tp = size, and dp2×tp2 on 4 ranks */
+        compare(comm, 1, 1, tp, K3C_QB_EXACT);
+    if (comm->size == 4) compare(comm, 1, 2, 2, K3C_QB_EXACT); /* tp2×pp2 */
 }
 
 int main(int argc, char **argv) {

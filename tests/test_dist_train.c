@@ -3,8 +3,9 @@
  * in one process: the checkpoints after 2 and 4 steps equal within 1e-5 (per-tensor relative, fp32; router biases
  * absolute, see ckpt_diff), a dp2 run resumed from
  * its own checkpoint continues bit for bit, a dp2 checkpoint resumed by one process (and a one-process checkpoint
- * resumed at dp2) continues like the single process; the same for ep2, dp2×ep2, pp2 and dp2×pp2; and impossible layouts
- * fail with messages naming the field. */
+ * resumed at dp2) continues like the single process; the same for ep2, dp2×ep2, pp2, dp2×pp2, tp2 and tp2×pp2 (a
+ * dp2×ep2 checkpoint resumed at tp2, a tp2 checkpoint by one process); and impossible layouts fail with messages naming
+ * the field. */
 #include "test.h"
 
 #pragma GCC diagnostic ignored "-Wunused-function" /* the fixture's helpers this test does not need */
@@ -204,7 +205,29 @@ int main(void) {
     CHECK_OK(train(res4, 1, 0, NULL, &r, &err), &err);
     check_close(&fx, "res4", "one", 4, "pp2 checkpoint resumed by one process");
 
-    /* impossible layouts: the world size, the experts, the layers */
+    /* tensor parallelism: tp2 on 2 ranks, tp2×pp2 on 4; a dp2×ep2 checkpoint resumed at tp2 (every layout writes the
+       single-process layout, each rank reads the whole of it), and a tp2 checkpoint resumed by one process */
+    char tp2[1400], tppp[1400], res5[1400], res6[1400];
+    write_cfg(&fx, "tp2", "{\"tp\": 2}", tp2, sizeof tp2);
+    st = k3c_mpi(2, tp2, "", out, sizeof out);
+    CHECK(st == 0, "mpirun -np 2 k3c train (tp2) exited %d:\n%s", st, out);
+    check_close(&fx, "tp2", "one", 2, "tp2 vs one process");
+    check_close(&fx, "tp2", "one", 4, "tp2 vs one process");
+    write_cfg(&fx, "tppp", "{\"tp\": 2, \"pp\": 2}", tppp, sizeof tppp);
+    st = k3c_mpi(4, tppp, "", out, sizeof out);
+    CHECK(st == 0, "mpirun -np 4 k3c train (tp2×pp2) exited %d:\n%s", st, out);
+    check_close(&fx, "tppp", "one", 4, "tp2×pp2 vs one process");
+    write_cfg(&fx, "res5", "{\"tp\": 2}", res5, sizeof res5);
+    copy_at_step2(&fx, "res5", "dpep");
+    st = k3c_mpi(2, res5, "--resume", out, sizeof out);
+    CHECK(st == 0, "dp2×ep2 checkpoint resumed at tp2 exited %d:\n%s", st, out);
+    check_close(&fx, "res5", "one", 4, "dp2×ep2 checkpoint resumed at tp2");
+    write_cfg(&fx, "res6", NULL, res6, sizeof res6);
+    copy_at_step2(&fx, "res6", "tp2");
+    CHECK_OK(train(res6, 1, 0, NULL, &r, &err), &err);
+    check_close(&fx, "res6", "one", 4, "tp2 checkpoint resumed by one process");
+
+    /* impossible layouts: the world size, the experts, the layers, the heads */
     write_cfg(&fx, "bad", "{\"dp\": 2}", bad, sizeof bad);
     st = k3c_mpi(4, bad, "", out, sizeof out);
     CHECK(st != 0 && contains(out, "bad.json: parallel: dp×ep×tp×pp×cp = 2×1×1×1×1 = 2 ranks, but the run has 4"),
@@ -216,6 +239,10 @@ int main(void) {
     write_cfg(&fx, "bad", "{\"pp\": 3}", bad, sizeof bad);
     st = k3c_mpi(3, bad, "", out, sizeof out);
     CHECK(st != 0 && contains(out, "parallel.pp = 3 does not divide the model's 4 layers"), "pp3: exit %d:\n%s", st,
+          out);
+    write_cfg(&fx, "bad", "{\"tp\": 4}", bad, sizeof bad);
+    st = k3c_mpi(4, bad, "", out, sizeof out);
+    CHECK(st != 0 && contains(out, "parallel.tp = 4 does not divide the model's 2 KDA heads"), "tp4: exit %d:\n%s", st,
           out);
     write_cfg(&fx, "bad", "{\"pp\": 2, \"micro_batches\": 64}", bad, sizeof bad);
     st = k3c_mpi(2, bad, "", out, sizeof out);

@@ -73,12 +73,20 @@ int k3c_dp_init_range(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, con
     }
     dp->first = first[dp->rank];
     dp->last = first[dp->rank + 1];
+    dp->part = dp->rank;
+    dp->parts = dp->size;
     free(first);
     /* the shard's state offsets count from its first entry; entries of other owners are never stepped here */
     for (int i = 0; i < t->n; i++)
         dp->shard.state_off[i] = i >= dp->first && i < dp->last ? o->state_off[i] - (size_t)dp->s_displ[dp->rank] : 0;
     dp->shard.state_numel = (size_t)dp->s_count[dp->rank];
     return K3C_OK;
+}
+
+void k3c_dp_set_tp(k3c_dp *dp, int tp) {
+    dp->part = dp->rank / tp;
+    dp->parts = dp->size / tp;
+    dp->replica = dp->rank % tp != 0;
 }
 
 void k3c_dp_free(k3c_dp *dp) {
@@ -107,7 +115,7 @@ void k3c_batch_part(const int32_t *cu, int n_docs, int64_t T, int part, int part
 }
 
 int k3c_dp_split_batch(k3c_dp *dp, k3c_model_batch *b, k3c_err *err) {
-    int R = dp->size, n = b->cu_seqlens ? b->n_docs : 1;
+    int R = dp->parts, n = b->cu_seqlens ? b->n_docs : 1;
     if (n < R)
         return k3c_errf(err, K3C_EINVAL,
                         "data parallelism: the batch has %d document pieces for %d ranks (each rank needs a whole "
@@ -122,7 +130,7 @@ int k3c_dp_split_batch(k3c_dp *dp, k3c_model_batch *b, k3c_err *err) {
     for (int64_t t = 0; t < b->T; t++) counted += b->targets[t] >= 0;
     if (!counted) return k3c_errf(err, K3C_EINVAL, "data parallelism: the batch has no counted target");
     int d0, d1;
-    k3c_batch_part(b->cu_seqlens, n, b->T, dp->rank, R, &d0, &d1);
+    k3c_batch_part(b->cu_seqlens, n, b->T, dp->part, R, &d0, &d1);
     if (d1 - d0 + 1 > dp->cu_cap) {
         free(dp->cu);
         dp->cu_cap = d1 - d0 + 1;
@@ -140,11 +148,12 @@ int k3c_dp_split_batch(k3c_dp *dp, k3c_model_batch *b, k3c_err *err) {
     b->targets += t0;
     b->cu_seqlens = dp->cu;
     b->loss_norm = (double)counted;
-    dp->T_local = b->T;
+    dp->T_local = dp->replica ? 0 : b->T; /* the router statistics: once per part */
     return k3c_comm_allgather(dp->comm, &dp->T_local, dp->T_all, dp->ones, dp->iota, K3C_I64, NULL, err);
 }
 
 int k3c_dp_sum(k3c_dp *dp, double *x, k3c_err *err) {
+    if (dp->replica) *x = 0; /* its TP group's first rank adds the same value */
     return k3c_comm_allreduce(dp->comm, x, x, 1, K3C_F64, K3C_COMM_SUM, NULL, err);
 }
 

@@ -21,6 +21,8 @@ int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world
 typedef struct {
     k3c_comm *comm; /* the data-parallel group (not owned) */
     int rank, size;
+    int part, parts;      /* this rank's part of the batch (rank, size; tensor parallelism: rank / tp, size / tp) */
+    int replica;          /* 1: a TP rank other than the group's first, whose loss and router statistics repeat its */
     int first, last;      /* this rank's table entries [first, last) */
     size_t g_off, g_len;  /* the elements of the group's entries (all of them, or a pipeline stage's) */
     int64_t *w_count;     /* [size] elements of w each rank owns (its entries' contiguous range) */
@@ -31,7 +33,7 @@ typedef struct {
     k3c_optim shard;      /* the optimizer restricted to [first, last): state offsets relative to this shard */
     int32_t *cu;          /* the local batch's cu_seqlens */
     int cu_cap;
-    int64_t T_local;  /* tokens of this rank's part of the last training batch */
+    int64_t T_local;  /* tokens of this rank's part of the last training batch (0 on a TP replica) */
     int64_t *T_all;   /* [size] tokens of every rank's part */
     float *route_buf; /* gathered router logits and cutoffs of one layer (host memory) */
     size_t route_cap;
@@ -46,6 +48,9 @@ int k3c_dp_init(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c
 int k3c_dp_init_range(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_optim *o,
                       const k3c_param_table *t, int e0, int e1, k3c_err *err);
 void k3c_dp_free(k3c_dp *dp);
+/* Tensor parallelism inside the group (tp consecutive ranks share one part of the batch): rank r takes part r / tp;
+ * only the first rank of each TP group adds its loss to k3c_dp_sum and its router statistics to k3c_dp_gather_route. */
+void k3c_dp_set_tp(k3c_dp *dp, int tp);
 
 /* Part `part` of `parts` of a packed batch: its document pieces [*d0, *d1), consecutive and whole, the split points the
  * piece boundaries nearest to equal token shares, at least one piece each (n_docs >= parts). */

@@ -2,6 +2,9 @@
  * starts: clear errors for impossible layouts, then for the kinds of parallelism not built yet.
  * Spec: docs/PARALLEL.md "Launch". */
 #include "dist/dp.h"
+#include "dist/tp.h"
+
+#include "base/check.h"
 
 #include "model/config.h"
 
@@ -25,24 +28,20 @@ int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world
     if (out->ep > 1 && (cfg->num_experts < 1 || cfg->num_experts % out->ep))
         return k3c_errf(err, K3C_ECONFIG, "%s: parallel.ep = %lld does not divide the model's %lld routed experts",
                         file, (long long)out->ep, (long long)cfg->num_experts);
-    if (out->tp > 1) {
-        const int64_t heads[2] = {cfg->kda_heads, k3c_config_num_mla(cfg) ? cfg->mla_heads : 0};
-        const char *what[2] = {"KDA heads", "MLA heads"};
-        for (int i = 0; i < 2; i++)
-            if (heads[i] % out->tp)
-                return k3c_errf(err, K3C_ECONFIG, "%s: parallel.tp = %lld does not divide the model's %lld %s", file,
-                                (long long)out->tp, (long long)heads[i], what[i]);
-    }
+    CHECK_RC(k3c_tp_check(cfg, out->tp, file, err)); /* vocabulary and intermediate widths */
     if (cfg->num_layers % out->pp)
         return k3c_errf(err, K3C_ECONFIG, "%s: parallel.pp = %lld does not divide the model's %lld layers", file,
                         (long long)out->pp, (long long)cfg->num_layers);
-    const char *name[5] = {"dp", "ep", "tp", "pp", "cp"};
-    for (int i = 2; i < 5; i++) /* dp, ep and pp run; tp and cp not yet */
-        if (d[i] > 1 && i != 3)
-            return k3c_errf(err, K3C_EUNSUPPORTED,
-                            "%s: parallel.%s = %lld: this layout fits the model, but k3c runs data, expert and "
-                            "pipeline parallelism only so far (docs/PARALLEL.md)",
-                            file, name[i], (long long)d[i]);
+    if (out->cp > 1) /* dp, ep, tp and pp run; cp not yet */
+        return k3c_errf(err, K3C_EUNSUPPORTED,
+                        "%s: parallel.cp = %lld: this layout fits the model, but k3c runs data, expert, tensor and "
+                        "pipeline parallelism only so far (docs/PARALLEL.md)",
+                        file, (long long)out->cp);
+    if (out->tp > 1 && out->ep > 1)
+        return k3c_errf(err, K3C_EUNSUPPORTED,
+                        "%s: parallel: tp = %lld with ep = %lld: tensor parallelism combines with data and pipeline "
+                        "parallelism only so far (docs/PARALLEL.md)",
+                        file, (long long)out->tp, (long long)out->ep);
     if (out->pp > 1 && out->ep > 1)
         return k3c_errf(err, K3C_EUNSUPPORTED,
                         "%s: parallel: pp = %lld with ep = %lld: pipeline stages combine with data parallelism only "

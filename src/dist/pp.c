@@ -43,7 +43,7 @@ int k3c_pp_init(k3c_pp *pp, k3c_comm *comm, const k3c_config *cfg, const k3c_par
     pp->n_out = pp->l1 < L ? k3c_boundary_sources(cfg, pp->l1, src) : 0;
     pp->D = cfg->hidden_size;
     const int64_t smax_n = k3c_config_num_mla(cfg) ? cfg->num_layers * cfg->mla_heads : 1;
-    pp->smax = malloc(sizeof(float) * (size_t)smax_n);
+    pp->smax = calloc((size_t)smax_n, sizeof(float));
     pp->req = calloc((size_t)(2 * micro), sizeof *pp->req);
     if (!pp->smax || !pp->req) {
         k3c_pp_free(pp);

@@ -38,8 +38,11 @@ typedef int (*sublayer_bwd)(k3c_acts *a, int l, const real *dout, real *dxn, k3c
 
 static int mixer_bwd(k3c_acts *a, int l, const real *dout, real *dxn, k3c_arena *tmp, k3c_err *err) {
     if (a->st.m->cfg.mixer[l] == K3C_MIXER_KDA)
-        return k3c_kda_layer_bwd(&a->st, l, a->axn[l], &a->kda[l], dout, dxn, tmp, err);
-    return k3c_mla_layer_bwd(&a->st, l, a->axn[l], &a->mla[l], dout, dxn, tmp, err);
+        CHECK_RC(k3c_kda_layer_bwd(&a->st, l, a->axn[l], &a->kda[l], dout, dxn, tmp, err));
+    else
+        CHECK_RC(k3c_mla_layer_bwd(&a->st, l, a->axn[l], &a->mla[l], dout, dxn, tmp, err));
+    /* tensor parallelism: dxn is this rank's heads' part */
+    return k3c_tp_sum(&a->st, dxn, a->T * a->st.m->cfg.hidden_size, err);
 }
 
 static int ffn_bwd(k3c_acts *a, int l, const real *dout, real *dxn, k3c_arena *tmp, k3c_err *err) {
@@ -87,19 +90,25 @@ static int layer_bwd(k3c_acts *a, int l, k3c_err *err) {
 static int head_bwd(k3c_model *m, k3c_acts *a, double scale, k3c_err *err) {
     const k3c_config *c = &m->cfg;
     const k3c_backend *be = a->st.be;
-    int64_t T = a->T, D = c->hidden_size, V = c->vocab_size;
+    int64_t T = a->T, D = c->hidden_size, V = c->vocab_size, Vl = V / k3c_tp_size(m);
     const real *w = m->w;
     real *g = m->g;
     const k3c_global_offsets *go = &m->table.glob;
     size_t mark = k3c_arena_mark(a->arena);
-    real *dlogits = k3c_tmp_zeros(&a->st, a->arena, T * V, err);
+    real *dlogits = k3c_tmp_zeros(&a->st, a->arena, T * Vl, err);
     if (!dlogits) return k3c_errf(err, K3C_ENOMEM, "backward: activation arena too small for dlogits");
     k3c_xent_sizes xs = {T, V, a->loss_norm, a->weight};
-    CHECK_RC(be->xent_bwd(&xs, a->logits, a->targets, NULL, a->lse, scale, dlogits, err));
+    if (m->tp) /* the vocabulary-parallel cross-entropy: this rank's rows of dlogits */
+        CHECK_RC(m->tp->xent_bwd(m->tp->ctx, REAL_DTYPE, T, Vl, a->loss_norm, a->weight, a->logits, a->targets, a->lse,
+                                 scale, dlogits, err));
+    else
+        CHECK_RC(be->xent_bwd(&xs, a->logits, a->targets, NULL, a->lse, scale, dlogits, err));
     CHECK_RC(be->zero(a->dxn, T * D, err));
-    k3c_linear_sizes ls = {T, D, V, 0};
-    CHECK_RC(be->linear_bwd(be->ctx, &ls, a->hn, w + go->lm_head, dlogits, a->dxn, g + go->lm_head, err));
+    k3c_linear_sizes ls = {T, D, Vl, 0};
+    const size_t head = go->lm_head + (size_t)(k3c_tp_rank(m) * Vl * D);
+    CHECK_RC(be->linear_bwd(be->ctx, &ls, a->hn, w + head, dlogits, a->dxn, g + head, err));
     k3c_arena_reset(a->arena, mark);
+    CHECK_RC(k3c_tp_sum(&a->st, a->dxn, T * D, err));
     CHECK_RC(be->zero(a->din, T * D, err));
     k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
     CHECK_RC(be->rmsnorm_bwd(&rs, a->hfin, w + go->final_norm, a->rfin, a->dxn, a->din, g + go->final_norm, err));
@@ -141,7 +150,13 @@ int k3c_model_backward_range(k3c_model *m, k3c_acts *a, double scale, const real
     if (a->l0 == 0) {
         CHECK_RC(k3c_acts_embed_overrides_bwd(a, D, err));
         k3c_embedding_sizes es = {T, V, D};
-        CHECK_RC(be->embedding_bwd(&es, a->ids, a->demb, m->g + m->table.glob.embed, err));
+        real *dE = (real *)m->g + m->table.glob.embed;
+        if (m->tp) { /* this rank's vocabulary rows */
+            CHECK_RC(be->sync(err));
+            CHECK_RC(m->tp->embed_bwd(m->tp->ctx, REAL_DTYPE, T, V, D, a->ids, a->demb, dE, err));
+        } else {
+            CHECK_RC(be->embedding_bwd(&es, a->ids, a->demb, dE, err));
+        }
     }
     return be->sync(err); /* the caller reads m->g next (optimizer, checks) */
 }

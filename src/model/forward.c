@@ -145,7 +145,7 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, int l0, int
         }
         hn = K3C_CARVE_DEV(cv, real, T * D);
         rf = K3C_CARVE_DEV(cv, real, T);
-        lg = K3C_CARVE_DEV(cv, real, T * c->vocab_size);
+        lg = K3C_CARVE_DEV(cv, real, T * (c->vocab_size / k3c_tp_size(m))); /* this rank's vocabulary rows */
         lse = K3C_CARVE_DEV(cv, real, T);
     }
     void *scr = k3c_carve(&cv->dev, scratch_bytes(m, T, n_docs));
@@ -186,7 +186,7 @@ static void carve_backward(const k3c_model *m, int64_t T, int l0, int l1, k3c_ac
 }
 
 static size_t layer_tmp_bytes(const k3c_model *m, int64_t T) {
-    size_t need = sizeof(real) * (size_t)(T * m->cfg.vocab_size) + 64; /* dlogits */
+    size_t need = sizeof(real) * (size_t)(T * (m->cfg.vocab_size / k3c_tp_size(m))) + 64; /* dlogits */
     for (int l = 0; l < m->cfg.num_layers; l++) {
         size_t a = m->cfg.mixer[l] == K3C_MIXER_KDA ? k3c_kda_bwd_bytes(m, T) : k3c_mla_bwd_bytes(m, T);
         size_t f = k3c_ffn_bwd_bytes(m, l, T);
@@ -275,6 +275,18 @@ static int upload_batch(const k3c_backend *be, const k3c_model_batch *b, int n_d
         body;                                                                                                          \
     }
 
+/* The token embeddings (tensor parallelism: the vocabulary-parallel lookup, summed over the group). */
+static int embed_fwd(const k3c_model *m, const k3c_backend *be, int64_t T, k3c_acts *a, k3c_err *err) {
+    const k3c_config *c = &m->cfg;
+    const real *E = (const real *)m->w + m->table.glob.embed;
+    if (!m->tp) {
+        k3c_embedding_sizes es = {T, c->vocab_size, c->hidden_size};
+        return be->embedding_fwd(&es, a->ids, E, a->emb, err);
+    }
+    CHECK_RC(be->sync(err));
+    return m->tp->embed_fwd(m->tp->ctx, REAL_DTYPE, T, c->vocab_size, c->hidden_size, a->ids, E, a->emb, err);
+}
+
 /* Input-embedding overrides (image tokens): the given rows are copied over the token embeddings of their positions. */
 static int embed_overrides(const k3c_backend *be, const k3c_model_batch *b, int64_t D, k3c_acts *a, k3c_err *err) {
     a->n_embeds = b->n_embeds;
@@ -339,6 +351,7 @@ static int layer_fwd(k3c_acts *a, int l, k3c_err *err) {
         CHECK_RC(k3c_kda_layer_fwd(st, l, a->axn[l], &a->kda[l], a->pmid[l], err));
     else
         CHECK_RC(k3c_mla_layer_fwd(st, l, a->axn[l], &a->mla[l], a->pmid[l], err));
+    CHECK_RC(k3c_tp_sum(st, a->pmid[l], T * D, err)); /* tensor parallelism: o_proj's partial sums */
     if (!a->boundary[l]) CHECK_RC(st->be->add(T * D, src_ptr(a, P), a->pmid[l], err));
     if (S > 0) {
         set_sources(&a->mmix[l], Rsrc, nR, K3C_SRC_MID(l));
@@ -413,8 +426,7 @@ int k3c_model_forward_range(k3c_model *m, const k3c_model_batch *b, int l0, int 
                        .g = m->g};
     CHECK_RC(upload_batch(be, b, n_docs, a, err));
     if (l0 == 0) {
-        k3c_embedding_sizes es = {T, V, D};
-        CHECK_RC(be->embedding_fwd(&es, a->ids, (const real *)m->w + m->table.glob.embed, a->emb, err));
+        CHECK_RC(embed_fwd(m, be, T, a, err));
         CHECK_RC(embed_overrides(be, b, D, a, err));
     } else { /* the boundary tensors stand for the stream tensors of the layers before l0, read in place */
         int bsrc[K3C_ATTNRES_MAX_SOURCES], nb = k3c_boundary_sources(c, l0, bsrc);
@@ -425,12 +437,18 @@ int k3c_model_forward_range(k3c_model *m, const k3c_model_batch *b, int l0, int 
         const real *w = m->w;
         k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
         CHECK_RC(be->rmsnorm_fwd(&rs, a->hfin, w + m->table.glob.final_norm, a->hn, a->rfin, err));
-        k3c_linear_sizes ls = {T, D, V, 0};
-        CHECK_RC(be->linear_fwd(be->ctx, &ls, a->hn, w + m->table.glob.lm_head, a->logits, err));
+        const int64_t Vl = V / k3c_tp_size(m); /* tensor parallelism: this rank's vocabulary rows */
+        k3c_linear_sizes ls = {T, D, Vl, 0};
+        CHECK_RC(
+            be->linear_fwd(be->ctx, &ls, a->hn, w + m->table.glob.lm_head + k3c_tp_rank(m) * Vl * D, a->logits, err));
         k3c_xent_sizes xs = {T, V, b->loss_norm, a->weight};
         a->loss_norm = b->loss_norm;
         double l = 0;
-        CHECK_RC(be->xent_fwd(&xs, a->logits, a->targets, NULL, a->lse, &l, NULL, err));
+        if (m->tp)
+            CHECK_RC(m->tp->xent_fwd(m->tp->ctx, REAL_DTYPE, T, Vl, b->loss_norm, a->weight, a->logits, a->targets,
+                                     a->lse, &l, err));
+        else
+            CHECK_RC(be->xent_fwd(&xs, a->logits, a->targets, NULL, a->lse, &l, NULL, err));
         if (loss) *loss = l;
     }
     CHECK_RC(be->sync(err)); /* the loss (or the boundary tensors) are read next */

@@ -11,11 +11,12 @@ typedef struct {
     int64_t T, D, H, nope, rope, dqk, dv, r, rkv;
 } mla_shape;
 
+/* This rank's heads (all of them alone; tensor parallelism: mla_heads / size). */
 static mla_shape shape_of(const k3c_model *m, int64_t T) {
     const k3c_config *c = &m->cfg;
     mla_shape s = {T,
                    c->hidden_size,
-                   c->mla_heads,
+                   c->mla_heads / k3c_tp_size(m),
                    c->qk_nope_dim,
                    c->qk_rope_dim,
                    c->qk_nope_dim + c->qk_rope_dim,
@@ -35,7 +36,9 @@ size_t k3c_mla_scratch(const k3c_model *m, int64_t T, int n_docs) {
     k3c_attention_sizes as = attn_sizes(&s, n_docs);
     const k3c_backend *be = k3c_model_backend(m);
     size_t f = be->attention_fwd_workspace(&as), b = be->attention_bwd_workspace(&as);
-    return f > b ? f : b;
+    size_t o = k3c_tp_cols_bytes(m, s.D, m->cfg.mla_heads * s.dv); /* o_proj's columns */
+    f = f > b ? f : b;
+    return f > o ? f : o;
 }
 
 void k3c_mla_alloc(const k3c_model *m, int64_t T, k3c_acts_carver *c, k3c_mla_acts *a) {
@@ -65,7 +68,8 @@ void k3c_mla_alloc(const k3c_model *m, int64_t T, k3c_acts_carver *c, k3c_mla_ac
 int k3c_mla_layer_fwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real *y, k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
-    const k3c_layer_offsets *o = &m->table.layer[l];
+    k3c_layer_offsets ob;
+    const k3c_layer_offsets *o = k3c_tp_offsets(m, l, &ob);
     const real *w = st->w;
     mla_shape s = shape_of(m, st->T);
     int64_t T = s.T, H = s.H;
@@ -92,28 +96,31 @@ int k3c_mla_layer_fwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real
     CHECK_RC(st->be->attention_fwd(&as, st->cu, a->q, a->k, a->v, a->o, a->lse, st->scratch, err));
     /* S_max of QK-Clip (§10.2) from the queries and keys while they are live (recomputed layers share buffers) */
     if (m->stats && m->stats->smax)
-        CHECK_RC(st->be->attention_max_logit(&as, st->cu, a->q, a->k, m->stats->smax + (size_t)l * H, err));
+        CHECK_RC(st->be->attention_max_logit(&as, st->cu, a->q, a->k,
+                                             m->stats->smax + (size_t)(l * c->mla_heads + k3c_tp_rank(m) * H), err));
     const real *out = a->o;
     if (c->mla_output_gate) {
         CHECK_RC(k3c_lin(st, T, s.D, H * s.dv, xn, w + o->g_proj, a->gl, 0, err));
         CHECK_RC(st->be->sigmoid_gate_fwd(T * H * s.dv, a->o, a->gl, a->og, err));
         out = a->og;
     }
-    return k3c_lin(st, T, H * s.dv, s.D, out, w + o->o_proj, y, 0, err);
+    /* row-parallel under tensor parallelism (the caller sums y); the scratch is free again after the attention */
+    return k3c_lin_rowpar(st, T, c->mla_heads * s.dv, s.D, out, w + o->o_proj, st->scratch, y, err);
 }
 
 size_t k3c_mla_bwd_bytes(const k3c_model *m, int64_t T) {
     mla_shape s = shape_of(m, T);
     int64_t n = 2 * T * s.H * s.dv + 2 * T * s.H * s.dqk + T * s.H * s.dv + T * s.H * (s.nope + s.dv) +
                 T * (s.rkv + s.rope) + 2 * T * s.rkv + 2 * T * s.r;
-    return sizeof(real) * (size_t)n + 16 * 64;
+    return sizeof(real) * (size_t)n + 16 * 64 + 2 * k3c_tp_cols_bytes(m, s.D, m->cfg.mla_heads * s.dv);
 }
 
 int k3c_mla_layer_bwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, const real *dy, real *dxn, k3c_arena *tmp,
                       k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
-    const k3c_layer_offsets *o = &m->table.layer[l];
+    k3c_layer_offsets ob;
+    const k3c_layer_offsets *o = k3c_tp_offsets(m, l, &ob);
     const real *w = st->w;
     real *g = st->g;
     mla_shape s = shape_of(m, st->T);
@@ -128,7 +135,8 @@ int k3c_mla_layer_bwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, cons
         return k3c_errf(err, K3C_ENOMEM, "layer %d: MLA backward scratch (arena %zu of %zu used)", l, tmp->used,
                         tmp->cap);
     const real *out = c->mla_output_gate ? a->og : a->o;
-    CHECK_RC(k3c_lin_bwd(st, T, H * s.dv, s.D, out, w + o->o_proj, dy, dout, g + o->o_proj, err));
+    CHECK_RC(
+        k3c_lin_rowpar_bwd(st, T, c->mla_heads * s.dv, s.D, out, w + o->o_proj, dy, dout, g + o->o_proj, tmp, err));
     if (c->mla_output_gate) {
         real *dgl = dv; /* borrow: same size, zeroed, refilled below */
         CHECK_RC(st->be->sigmoid_gate_bwd(T * H * s.dv, a->o, a->gl, dout, d_o, dgl, err));

@@ -12,6 +12,7 @@
 #include "dist/dp.h"
 #include "dist/ep.h"
 #include "dist/pp.h"
+#include "dist/tp.h"
 #include "ops/backend.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
@@ -56,6 +57,8 @@ typedef struct {
     k3c_pp *pp; /* pipeline parallelism (dist/pp.h) over pp_comm, dp over the stage's stage_comm; NULL: one stage */
     k3c_pp pp_store;
     k3c_comm *pp_comm, *stage_comm;
+    k3c_comm *tp_comm; /* tensor parallelism (dist/tp.h): the TP group; NULL: every rank computes whole layers */
+    k3c_tp tp;
     int rank; /* in the world: rank 0 writes metrics and checkpoints */
     k3c_guard guard;
     int64_t attempts; /* batches tried in this invocation (the test fault hook counts them) */
@@ -213,6 +216,7 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
         const float nan = NAN;
         if ((e = be->upload(tr->m.g, &nan, sizeof nan, err))) return e;
     }
+    if (tr->tp_comm) k3c_tp_dedup_grads(&tr->tp, &tr->m.table, tr->m.g, K3C_F32); /* replicated entries counted once */
     if (tr->dp && (e = k3c_dp_reduce_grads(tr->dp, tr->m.g, err))) return e;
     e = tr->pp ? k3c_pp_clip_grad_norm(tr->pp, be, tr->opt_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm,
                                        err)
@@ -227,6 +231,7 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
                : be->optim_step(tr->opt_inst, &tr->opt, &tr->m.table, 0, tr->m.table.n, tr->m.w, tr->m.g, tr->ostate,
                                 row->lr, tr->step + 1, err);
     if (e) return e;
+    if (tr->n_mla && tr->tp_comm) k3c_tp_mask_smax(&tr->tp, &tr->m.cfg, tr->stats.smax); /* others' heads */
     if (tr->n_mla && tr->dp &&
         (e = k3c_dp_max_smax(tr->dp, tr->stats.smax, tr->m.cfg.num_layers * tr->m.cfg.mla_heads, err)))
         return e;
@@ -498,6 +503,12 @@ static int optim_state(trainer *tr, k3c_comm *comm, const k3c_parallel *lay, k3c
         CHECK_RC(k3c_dp_init(&tr->dp_store, comm, tr->be, &tr->opt, &tr->m.table, err));
         tr->dp = &tr->dp_store;
     }
+    if (lay->tp > 1) { /* TP groups: tp consecutive ranks (TP innermost, docs/PARALLEL.md), one part of the batch */
+        CHECK_RC(k3c_comm_split(comm, comm->rank / (int)lay->tp, comm->rank, &tr->tp_comm, err));
+        CHECK_RC(k3c_tp_init(&tr->tp, tr->tp_comm, tr->be, &tr->m.cfg, &tr->m.table, err));
+        tr->m.tp = &tr->tp.hook;
+        k3c_dp_set_tp(tr->dp, (int)lay->tp);
+    }
     if (ep > 1) { /* EP groups: ep consecutive ranks (EP inside DP, docs/PARALLEL.md) */
         k3c_comm *c = comm;
         CHECK_RC(k3c_comm_split(c, c->rank / (int)ep, c->rank, &tr->ep_comm, err));
@@ -527,7 +538,7 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     k3c_comm *comm = o->comm;
     k3c_parallel lay; /* the "parallel" block against the ranks there are (one without a communicator) */
     if ((e = k3c_parallel_resolve(&rc->parallel, &cfg, comm ? comm->size : 1, rc->path, &lay, err))) return e;
-    if (lay.dp * lay.ep * lay.pp == 1) comm = NULL; /* alone: the single-process step */
+    if (lay.dp * lay.ep * lay.tp * lay.pp == 1) comm = NULL; /* alone: the single-process step */
     tr->rank = comm ? comm->rank : 0;
     tr->m.kda_chunk = rc->kda_chunk;
     for (int l = 0; l < cfg.num_layers; l++) tr->m.recompute[l] = (uint8_t)rc->recompute;
@@ -587,6 +598,10 @@ static void teardown(trainer *tr) {
         k3c_comm_free(tr->ep_comm);
     }
     if (tr->pp) k3c_pp_free(tr->pp);
+    if (tr->tp_comm) {
+        k3c_tp_free(&tr->tp);
+        k3c_comm_free(tr->tp_comm);
+    }
     if (tr->pp_comm) k3c_comm_free(tr->pp_comm);
     if (tr->stage_comm) k3c_comm_free(tr->stage_comm);
     k3c_optim_free(&tr->opt);

@@ -1,0 +1,36 @@
+/* tp.h — tensor parallelism: the KDA and MLA heads, the dense MLP's and shared experts' intermediate and the vocabulary
+ * split over the ranks of a TP group (column-parallel input projections, row-parallel output projections summed over the
+ * group, a vocabulary-parallel embedding and cross-entropy); the model calls it through its k3c_tensor_parallel hook.
+ * Spec: docs/PARALLEL.md "Tensor parallelism". */
+#ifndef K3C_DIST_TP_H
+#define K3C_DIST_TP_H
+
+#include "dist/comm.h"
+#include "model/model.h"
+#include "ops/backend.h"
+
+typedef struct {
+    k3c_comm *comm; /* the TP group (not owned) */
+    int rank, size;
+    uint8_t *split; /* [table entries] k3c_tp_split */
+    int n_entries;
+    double *red; /* per-token reductions of the cross-entropy [3·T] */
+    int64_t red_cap;
+    k3c_tensor_parallel hook; /* what the model calls: set m->tp = &tp->hook */
+} k3c_tp;
+
+/* Checks, naming the layout: the group's size divides every KDA and MLA head count, the vocabulary, the dense MLP's
+ * and the shared experts' intermediate (K3C_ECONFIG otherwise); only host-memory backends ("cpu"). */
+int k3c_tp_check(const k3c_config *cfg, int64_t tp, const char *file, k3c_err *err);
+int k3c_tp_init(k3c_tp *tp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_config *cfg, const k3c_param_table *t,
+                k3c_err *err);
+void k3c_tp_free(k3c_tp *tp);
+/* Before the gradients are summed over every rank: an entry replicated with the same gradient on each rank of the
+ * group keeps it on TP rank 0 only, so the sum counts it once (split entries are zero outside this rank's share,
+ * partial ones hold this rank's part: the sum completes both). g: the model's real (K3C_F32 or K3C_F64). */
+void k3c_tp_dedup_grads(const k3c_tp *tp, const k3c_param_table *t, void *g, k3c_dtype dt);
+/* S_max [L, H] of the MLA heads other ranks own set to −FLT_MAX (this rank's forward wrote only its own), before the
+ * maximum over the ranks. */
+void k3c_tp_mask_smax(const k3c_tp *tp, const k3c_config *cfg, float *smax);
+
+#endif
