@@ -11,6 +11,7 @@
 #include "test.h"
 
 #include "base/check.h"
+#include "dist/cp.h"
 #include "dist/dp.h"
 #include "dist/ep.h"
 #include "dist/pp.h"
@@ -41,6 +42,8 @@ typedef struct {
     k3c_comm *stage_comm, *pp_comm; /* pipeline parallelism when pp > 1: the stage's DP group, the pipeline group */
     k3c_pp pp;
     int use_pp;
+    k3c_comm *cp_comm; /* context parallelism over cp ranks (consecutive world ranks) when cp > 1 */
+    k3c_cp cp;
 } runner;
 
 typedef struct {
@@ -68,6 +71,27 @@ static void make_batch(batch *b) {
     }
 }
 
+/* Documents laid out so that context-parallel ranges cross them in every way (cp2: boundary 80; cp4: 40, 80, 120;
+ * cp2×dp2: the data-parallel split at 78, boundaries 39 and 119): a piece starting one token before a boundary (its
+ * conv tail partly before the document), a piece starting at a boundary, pieces continuing across one, a piece
+ * covering a whole rank (its state passes through), one-token pieces. */
+static void make_batch_cp(batch *b) {
+    static const int len[] = {5, 34, 2, 37, 47, 10, 1, 23, 1};
+    uint64_t s = 777;
+    int t = 0;
+    b->n_docs = 0;
+    b->cu[0] = 0;
+    for (size_t d = 0; d < sizeof len / sizeof *len; d++) {
+        for (int i = 0; i < len[d]; i++) {
+            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+            b->ids[t + i] = (int32_t)((s >> 35) % 32);
+        }
+        for (int i = 0; i < len[d]; i++) b->targets[t + i] = i + 1 < len[d] ? b->ids[t + i + 1] : -1;
+        t += len[d];
+        b->cu[++b->n_docs] = t;
+    }
+}
+
 /* The same documents in reverse order: the same loss, gradients and updates in exact arithmetic, other fp32 sums. */
 static void reverse_docs(const batch *a, batch *b) {
     int t = 0;
@@ -82,7 +106,7 @@ static void reverse_docs(const batch *a, batch *b) {
     }
 }
 
-static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep, int pp, k3c_err *err) {
+static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep, int pp, int cp, k3c_err *err) {
     memset(r, 0, sizeof *r);
     CHECK_RC(k3c_model_create_f32(cfg, 1, &r->m, err));
     k3c_model_init_f32(&r->m, 7, 0.1);
@@ -109,6 +133,11 @@ static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep,
         CHECK_RC(k3c_ep_init(&r->ep, r->ep_comm, r->be, cfg, err));
         r->m.experts = &r->ep.exchange;
     }
+    if (cp > 1) { /* the CP group: ranks that share rank / cp (innermost), each a range of its DP part's tokens */
+        CHECK_RC(k3c_comm_split(comm, comm->rank / cp, comm->rank, &r->cp_comm, err));
+        CHECK_RC(k3c_cp_init(&r->cp, r->cp_comm, &r->m, T_BATCH, err));
+        r->m.context = &r->cp.exchange;
+    }
     r->state = calloc(n_state ? n_state : 1, sizeof(float));
     CHECK_RC(k3c_step_stats_init_f32(&r->m, T_BATCH, &r->stats, err));
     r->m.stats = &r->stats;
@@ -122,6 +151,10 @@ static void runner_free(runner *r) {
     if (r->ep_comm) {
         k3c_ep_free(&r->ep);
         k3c_comm_free(r->ep_comm);
+    }
+    if (r->cp_comm) {
+        k3c_cp_free(&r->cp);
+        k3c_comm_free(r->cp_comm);
     }
     if (r->use_pp) {
         k3c_pp_free(&r->pp);
@@ -140,7 +173,10 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
     const k3c_backend_f32 *be = r->be;
     k3c_dp *dp = r->dist ? &r->dp : NULL;
     k3c_model_batch b = {T_BATCH, gb->n_docs, gb->ids, gb->cu, gb->targets, 0, 0, NULL, NULL, NULL, NULL};
-    if (dp) CHECK_RC(k3c_dp_split_batch(dp, &b, err));
+    if (r->cp_comm)
+        CHECK_RC(k3c_cp_split_batch(&r->cp, dp, &b, err));
+    else if (dp)
+        CHECK_RC(k3c_dp_split_batch(dp, &b, err));
     CHECK_RC(be->zero(r->m.g, (int64_t)r->m.table.total, err));
     k3c_arena_reset(&r->ar, 0);
     k3c_acts *acts;
@@ -239,7 +275,7 @@ static double fp32_floor(const k3c_config *cfg, const batch *gb, const runner *r
     reverse_docs(gb, &rb);
     runner r2;
     double l, nn, d = NAN;
-    int cc, ok = runner_init(&r2, cfg, NULL, 1, 1, &err) == K3C_OK;
+    int cc, ok = runner_init(&r2, cfg, NULL, 1, 1, 1, &err) == K3C_OK;
     for (int64_t s = 1; ok && s <= STEPS; s++) ok = step(&r2, &rb, s, qb_mode, &l, NULL, &nn, &cc, &err) == K3C_OK;
     const char *worst;
     if (ok) d = max_rel(&ref->m.table, r2.m.w, ref->m.w, -1, &worst);
@@ -255,7 +291,7 @@ static double fp32_floor(const k3c_config *cfg, const batch *gb, const runner *r
  * Histogram QB is a step function of the scores (a score one ulp across a bin edge moves the bias by up to a bin
  * width, and the next step routes differently), so it is compared over one step: loss, gradients and weights within
  * TOL, router biases within one bin width (the estimator's resolution, docs/MODEL.md §7.3). */
-static void compare(k3c_comm *comm, int ep, int pp, int qb_mode) {
+static void compare(k3c_comm *comm, int ep, int pp, int cp, int qb_mode) {
     k3c_err err = {0};
     k3c_config cfg;
     if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) {
@@ -263,10 +299,13 @@ static void compare(k3c_comm *comm, int ep, int pp, int qb_mode) {
         return;
     }
     batch gb;
-    make_batch(&gb);
+    if (cp > 1)
+        make_batch_cp(&gb);
+    else
+        make_batch(&gb);
     runner ref, par;
-    int ok = runner_init(&ref, &cfg, NULL, 1, 1, &err) == K3C_OK;
-    ok = ok && runner_init(&par, &cfg, comm, ep, pp, &err) == K3C_OK;
+    int ok = runner_init(&ref, &cfg, NULL, 1, 1, 1, &err) == K3C_OK;
+    ok = ok && runner_init(&par, &cfg, comm, ep, pp, cp, &err) == K3C_OK;
     CHECK(ok, "setup: %s", err.msg);
     if (!ok) return;
     const int steps = qb_mode == K3C_QB_EXACT ? STEPS : 1;
@@ -324,10 +363,10 @@ static void compare(k3c_comm *comm, int ep, int pp, int qb_mode) {
           "ZeRO-1: rank %d holds %zu of %zu state floats", comm->rank, par.dp.shard.state_numel, ref.opt.state_numel);
     if (comm->rank == 0) {
         printf(
-            "dp=%d ep=%d pp=%d qb=%s, %d step%s: relative differences loss %.2e, step-1 gradients %.2e, weights %.2e, "
+            "dp=%d ep=%d pp=%d cp=%d qb=%s, %d step%s: relative differences loss %.2e, step-1 gradients %.2e, weights %.2e, "
             "router biases %.2e (absolute %.2e, %.2g bins), optimizer state %.2e; ZeRO-1 state %zu of %zu floats on "
             "rank 0\n",
-            comm->size / ep / pp, ep, pp, qb_mode ? "histogram" : "exact", steps, steps > 1 ? "s" : "", loss_rel, g_rel,
+            comm->size / ep / pp / cp, ep, pp, cp, qb_mode ? "histogram" : "exact", steps, steps > 1 ? "s" : "", loss_rel, g_rel,
             w_rel, b_rel, b_abs, b_bins, s_rel, par.dp.shard.state_numel, ref.opt.state_numel);
         if (qb_mode == K3C_QB_EXACT && comm->size > 1)
             printf("  fp32 floor: one process on the documents reversed differs from itself by %.2e\n",
@@ -345,15 +384,21 @@ out:
 }
 
 /* In float64 the decomposition itself is checked: the ranks' losses (each over its share, normalised by the global
- * count of targets) and gradients summed over the ranks equal the whole batch's to 1e-12. */
-static void f64_exact(k3c_comm *comm) {
+ * count of targets) and gradients summed over the ranks equal the whole batch's to 1e-12; with cp > 1 the shares are
+ * context-parallel token ranges (the state, conv tails and latents exchanged). */
+static void f64_exact(k3c_comm *comm, int cp) {
     k3c_err err = {0};
     k3c_config cfg;
     k3c_model whole, part;
     k3c_optim o;
     k3c_dp dp;
+    k3c_cp cpx;
+    k3c_comm *cp_comm = NULL;
     batch gb;
-    make_batch(&gb);
+    if (cp > 1)
+        make_batch_cp(&gb);
+    else
+        make_batch(&gb);
     if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err) || k3c_model_create_f64(&cfg, 1, &whole, &err) ||
         k3c_model_create_f64(&cfg, 1, &part, &err)) {
         CHECK(0, "%s", err.msg);
@@ -362,13 +407,18 @@ static void f64_exact(k3c_comm *comm) {
     k3c_optim_defaults(&o);
     CHECK_OK(k3c_optim_init(&o, &whole.table, &err), &err);
     CHECK_OK(k3c_dp_init(&dp, comm, k3c_backend_cpu_f32(), &o, &whole.table, &err), &err);
+    if (cp > 1) {
+        CHECK_OK(k3c_comm_split(comm, comm->rank / cp, comm->rank, &cp_comm, &err), &err);
+        CHECK_OK(k3c_cp_init(&cpx, cp_comm, &part, T_BATCH, &err), &err);
+        part.context = &cpx.exchange;
+    }
     k3c_model *m[2] = {&whole, &part};
     double loss[2];
     for (int i = 0; i < 2; i++) {
         k3c_model_init_f64(m[i], 7, 0.1);
         m[i]->kda_chunk = 16;
         k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
-        if (i) CHECK_OK(k3c_dp_split_batch(&dp, &b, &err), &err);
+        if (i) CHECK_OK(cp > 1 ? k3c_cp_split_batch(&cpx, &dp, &b, &err) : k3c_dp_split_batch(&dp, &b, &err), &err);
         k3c_arena ar;
         k3c_acts *acts;
         CHECK_OK(k3c_arena_init(&ar, k3c_model_plan_bytes_f64(m[i], b.T, b.n_docs), &err), &err);
@@ -388,8 +438,12 @@ static void f64_exact(k3c_comm *comm) {
     double l_rel = fabs(loss[1] - loss[0]) / fabs(loss[0]);
     CHECK(l_rel <= 1e-12 && g_rel <= 1e-12, "float64: loss %.3e, gradients %.3e relative", l_rel, g_rel);
     if (comm->rank == 0)
-        printf("dp=%d float64: loss %.2e, gradients %.2e (relative differences; the decomposition is exact)\n",
-               comm->size, l_rel, g_rel);
+        printf("dp=%d cp=%d float64: loss %.2e, gradients %.2e (relative differences; the decomposition is exact)\n",
+               comm->size / cp, cp, l_rel, g_rel);
+    if (cp_comm) {
+        k3c_cp_free(&cpx);
+        k3c_comm_free(cp_comm);
+    }
     k3c_dp_free(&dp);
     k3c_optim_free(&o);
     k3c_model_free_f64(&whole);
@@ -467,14 +521,17 @@ static void layouts(void) {
 /* Every layout of the ranks there are: dp = size, ep = size, dp2×ep2 on 4 ranks, pp = size, dp2×pp2 on 4 ranks. */
 static void run_all(k3c_comm *comm) {
     split_rules(comm);
-    f64_exact(comm);
+    f64_exact(comm, 1);
+    for (int cp = 2; cp <= comm->size; cp *= 2) f64_exact(comm, cp);
     for (int ep = 1; ep <= comm->size; ep *= 2) {
         if (ep > 1 && ep < comm->size && ep != 2) continue;
-        compare(comm, ep, 1, K3C_QB_EXACT);
-        compare(comm, ep, 1, K3C_QB_HISTOGRAM);
+        compare(comm, ep, 1, 1, K3C_QB_EXACT);
+        compare(comm, ep, 1, 1, K3C_QB_HISTOGRAM);
     }
     for (int pp = 2; pp <= comm->size; pp *= 2) /* pp = size, and dp2×pp2 on 4 ranks */
-        compare(comm, 1, pp, K3C_QB_EXACT);
+        compare(comm, 1, pp, 1, K3C_QB_EXACT);
+    for (int cp = 2; cp <= comm->size; cp *= 2) /* cp = size, and cp2×dp2 on 4 ranks */
+        compare(comm, 1, 1, cp, K3C_QB_EXACT);
 }
 
 int main(int argc, char **argv) {
