@@ -385,8 +385,9 @@ out:
 
 /* In float64 the decomposition itself is checked: the ranks' losses (each over its share, normalised by the global
  * count of targets) and gradients summed over the ranks equal the whole batch's to 1e-12; with cp > 1 the shares are
- * context-parallel token ranges (the state, conv tails and latents exchanged). */
-static void f64_exact(k3c_comm *comm, int cp) {
+ * context-parallel token ranges (the state, conv tails and latents exchanged), and with `trim` the batch loses its
+ * last (one-token) piece, 159 tokens, so the ranges are uneven (one token apart). */
+static void f64_exact(k3c_comm *comm, int cp, int trim) {
     k3c_err err = {0};
     k3c_config cfg;
     k3c_model whole, part;
@@ -399,6 +400,7 @@ static void f64_exact(k3c_comm *comm, int cp) {
         make_batch_cp(&gb);
     else
         make_batch(&gb);
+    const int64_t T = trim ? gb.cu[--gb.n_docs] : T_BATCH;
     if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err) || k3c_model_create_f64(&cfg, 1, &whole, &err) ||
         k3c_model_create_f64(&cfg, 1, &part, &err)) {
         CHECK(0, "%s", err.msg);
@@ -417,7 +419,7 @@ static void f64_exact(k3c_comm *comm, int cp) {
     for (int i = 0; i < 2; i++) {
         k3c_model_init_f64(m[i], 7, 0.1);
         m[i]->kda_chunk = 16;
-        k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
+        k3c_model_batch b = {T, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
         if (i) CHECK_OK(cp > 1 ? k3c_cp_split_batch(&cpx, &dp, &b, &err) : k3c_dp_split_batch(&dp, &b, &err), &err);
         k3c_arena ar;
         k3c_acts *acts;
@@ -438,8 +440,9 @@ static void f64_exact(k3c_comm *comm, int cp) {
     double l_rel = fabs(loss[1] - loss[0]) / fabs(loss[0]);
     CHECK(l_rel <= 1e-12 && g_rel <= 1e-12, "float64: loss %.3e, gradients %.3e relative", l_rel, g_rel);
     if (comm->rank == 0)
-        printf("dp=%d cp=%d float64: loss %.2e, gradients %.2e (relative differences; the decomposition is exact)\n",
-               comm->size / cp, cp, l_rel, g_rel);
+        printf("dp=%d cp=%d float64, %lld tokens: loss %.2e, gradients %.2e (relative differences; the decomposition "
+               "is exact)\n",
+               comm->size / cp, cp, (long long)T, l_rel, g_rel);
     if (cp_comm) {
         k3c_cp_free(&cpx);
         k3c_comm_free(cp_comm);
@@ -482,6 +485,47 @@ static void split_rules(k3c_comm *comm) {
     k3c_model_free_f32(&m);
 }
 
+/* The context-parallel split: contiguous ranges in rank order covering the batch, pieces continued across them, and a
+ * clear error for ranges shorter than the short conv's tail. */
+static void cp_split_rules(k3c_comm *comm) {
+    k3c_err err = {0};
+    batch gb;
+    make_batch_cp(&gb);
+    k3c_config cfg;
+    k3c_model m;
+    k3c_optim o;
+    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err) || k3c_model_create_f32(&cfg, 0, &m, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    k3c_optim_defaults(&o);
+    k3c_dp dp;
+    k3c_cp cp;
+    CHECK_OK(k3c_optim_init(&o, &m.table, &err), &err);
+    CHECK_OK(k3c_dp_init(&dp, comm, k3c_backend_cpu_f32(), &o, &m.table, &err), &err);
+    CHECK_OK(k3c_cp_init(&cp, comm, &m, T_BATCH, &err), &err);
+    k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
+    CHECK_OK(k3c_cp_split_batch(&cp, &dp, &b, &err), &err);
+    const k3c_context_exchange *x = &cp.exchange;
+    int64_t sum = 0, start = b.ids - gb.ids, before = 0;
+    for (int r = 0; r < comm->size; r++) sum += dp.T_all[r], before += r < comm->rank ? dp.T_all[r] : 0;
+    CHECK(sum == T_BATCH && start == before && x->start == start && x->T_keys == start + b.T &&
+              b.cu_seqlens[b.n_docs] == b.T && b.loss_norm == T_BATCH - gb.n_docs,
+          "cp split: %lld tokens in all, this rank's start %lld vs %lld", (long long)sum, (long long)start,
+          (long long)before);
+    CHECK(x->cont_prev == (comm->rank > 0) && x->cont_next == (comm->rank < comm->size - 1),
+          "cp split: every boundary of this batch cuts a piece (rank %d: %d %d)", comm->rank, x->cont_prev,
+          x->cont_next);
+    int32_t cu_short[2] = {0, (int32_t)(2 * comm->size)};
+    k3c_model_batch tiny = {2 * comm->size, 1, gb.ids, cu_short, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
+    CHECK(k3c_cp_split_batch(&cp, &dp, &tiny, &err) == K3C_EINVAL && strstr(err.msg, "short conv's tail of 3"),
+          "ranges of 2 tokens: %s", err.msg);
+    k3c_cp_free(&cp);
+    k3c_dp_free(&dp);
+    k3c_optim_free(&o);
+    k3c_model_free_f32(&m);
+}
+
 /* The run config's parallel block against the world and the model. */
 static void layouts(void) {
     k3c_err err = {0};
@@ -505,10 +549,12 @@ static void layouts(void) {
     CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 3, 1, 0}, &cfg, 3, "run.json", &out, &err) == K3C_ECONFIG &&
               strstr(err.msg, "layers"),
           "pp not dividing layers: %s", err.msg);
-    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 1, 2, 0}, &cfg, 2, "run.json", &out, &err) ==
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 2, 1, 1, 2, 0}, &cfg, 4, "run.json", &out, &err) ==
                   K3C_EUNSUPPORTED &&
-              strstr(err.msg, "cp"),
+              strstr(err.msg, "cp = 2 with ep = 2"),
           "a valid layout not built yet: %s", err.msg);
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){2, 1, 1, 1, 2, 0}, &cfg, 4, "run.json", &out, &err) == 0 && out.cp == 2,
+          "dp2×cp2 on 4 ranks: %s", err.msg);
     CHECK(k3c_parallel_resolve(&(k3c_parallel){2, 1, 1, 2, 1, 0}, &cfg, 4, "run.json", &out, &err) == 0 &&
               out.pp == 2 && out.micro_batches == 2,
           "dp2×pp2 on 4 ranks: %s", err.msg);
@@ -521,8 +567,9 @@ static void layouts(void) {
 /* Every layout of the ranks there are: dp = size, ep = size, dp2×ep2 on 4 ranks, pp = size, dp2×pp2 on 4 ranks. */
 static void run_all(k3c_comm *comm) {
     split_rules(comm);
-    f64_exact(comm, 1);
-    for (int cp = 2; cp <= comm->size; cp *= 2) f64_exact(comm, cp);
+    f64_exact(comm, 1, 0);
+    if (comm->size > 1) cp_split_rules(comm);
+    for (int cp = 2; cp <= comm->size; cp *= 2) f64_exact(comm, cp, 0), f64_exact(comm, cp, 1);
     for (int ep = 1; ep <= comm->size; ep *= 2) {
         if (ep > 1 && ep < comm->size && ep != 2) continue;
         compare(comm, ep, 1, 1, K3C_QB_EXACT);

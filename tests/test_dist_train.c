@@ -3,8 +3,8 @@
  * in one process: the checkpoints after 2 and 4 steps equal within 1e-5 (per-tensor relative, fp32; router biases
  * absolute, see ckpt_diff), a dp2 run resumed from
  * its own checkpoint continues bit for bit, a dp2 checkpoint resumed by one process (and a one-process checkpoint
- * resumed at dp2) continues like the single process; the same for ep2, dp2×ep2, pp2 and dp2×pp2; and impossible layouts
- * fail with messages naming the field. */
+ * resumed at dp2) continues like the single process; the same for ep2, dp2×ep2, pp2, dp2×pp2, cp2 and dp2×cp2; and
+ * impossible layouts fail with messages naming the field. */
 #include "test.h"
 
 #pragma GCC diagnostic ignored "-Wunused-function" /* the fixture's helpers this test does not need */
@@ -20,17 +20,29 @@ static const char *const ST0 = "{\"name\": \"s32\", \"seq_len\": 32, \"steps\": 
 static const char *const ST1 = "{\"name\": \"s32b\", \"seq_len\": 32, \"steps\": 2, \"lr\": 0.001, \"schedule\": "
                                "\"linear\", \"mixture\": {\"a\": 0.2, \"b\": 0.8}}";
 
-static void write_cfg(const fixture *fx, const char *name, const char *parallel, char *path, size_t n) {
+/* For context parallelism: sequences of 128 then 64 tokens (cp2: one sequence per step), so the ranks' ranges cut
+ * through pieces; dp2×cp2 runs CP1 then ST0 (a sequence of 64, then 32, per data-parallel part). */
+static const char *const CP0 = "{\"name\": \"s128\", \"seq_len\": 128, \"steps\": 2, \"lr\": 0.001, \"warmup\": 1, "
+                               "\"schedule\": \"cosine\", \"mixture\": {\"a\": 0.8, \"b\": 0.2}}";
+static const char *const CP1 = "{\"name\": \"s64\", \"seq_len\": 64, \"steps\": 2, \"lr\": 0.001, \"schedule\": "
+                               "\"linear\", \"mixture\": {\"a\": 0.2, \"b\": 0.8}}";
+
+static void write_cfg_stages(const fixture *fx, const char *name, const char *parallel, const char *st0,
+                             const char *st1, char *path, size_t n) {
     run_params p = defaults(name);
     char extra[256];
     snprintf(extra, sizeof extra, "%s%s", parallel ? ", \"parallel\": " : "", parallel ? parallel : "");
-    p.stage0 = ST0;
-    p.stage1 = ST1;
+    p.stage0 = st0;
+    p.stage1 = st1;
     p.ckpt_every = 1;
     p.keep = 10;
     p.eval_every = 0;
     p.extra = extra;
     write_run(fx, name, &p, path, n);
+}
+
+static void write_cfg(const fixture *fx, const char *name, const char *parallel, char *path, size_t n) {
+    write_cfg_stages(fx, name, parallel, ST0, ST1, path, n);
 }
 
 /* `mpirun -np np k3c train --config cfg args`; returns the exit status, output in out. */
@@ -204,7 +216,34 @@ int main(void) {
     CHECK_OK(train(res4, 1, 0, NULL, &r, &err), &err);
     check_close(&fx, "res4", "one", 4, "pp2 checkpoint resumed by one process");
 
-    /* impossible layouts: the world size, the experts, the layers */
+    /* context parallelism: cp2 on 2 ranks, dp2×cp2 on 4, a cp2 checkpoint resumed by one process and a one-process
+       checkpoint resumed at cp2; one sequence per data-parallel part, so the ranges of the ranks cut through pieces */
+    char onecp[1400], onecp2[1400], cp2[1400], dpcp[1400], res5[1400], res6[1400];
+    write_cfg_stages(&fx, "onecp", NULL, CP0, CP1, onecp, sizeof onecp);
+    CHECK_OK(train(onecp, 0, 0, NULL, &r, &err), &err);
+    write_cfg_stages(&fx, "cp2", "{\"cp\": 2}", CP0, CP1, cp2, sizeof cp2);
+    st = k3c_mpi(2, cp2, "", out, sizeof out);
+    CHECK(st == 0, "mpirun -np 2 k3c train (cp2) exited %d:\n%s", st, out);
+    check_close(&fx, "cp2", "onecp", 2, "cp2 vs one process");
+    check_close(&fx, "cp2", "onecp", 4, "cp2 vs one process");
+    write_cfg_stages(&fx, "onecp2", NULL, CP1, ST0, onecp2, sizeof onecp2);
+    CHECK_OK(train(onecp2, 0, 0, NULL, &r, &err), &err);
+    write_cfg_stages(&fx, "dpcp", "{\"dp\": 2, \"cp\": 2}", CP1, ST0, dpcp, sizeof dpcp);
+    st = k3c_mpi(4, dpcp, "", out, sizeof out);
+    CHECK(st == 0, "mpirun -np 4 k3c train (dp2×cp2) exited %d:\n%s", st, out);
+    check_close(&fx, "dpcp", "onecp2", 2, "dp2×cp2 vs one process");
+    check_close(&fx, "dpcp", "onecp2", 4, "dp2×cp2 vs one process");
+    write_cfg_stages(&fx, "res5", NULL, CP0, CP1, res5, sizeof res5);
+    copy_at_step2(&fx, "res5", "cp2");
+    CHECK_OK(train(res5, 1, 0, NULL, &r, &err), &err);
+    check_close(&fx, "res5", "onecp", 4, "cp2 checkpoint resumed by one process");
+    write_cfg_stages(&fx, "res6", "{\"cp\": 2}", CP0, CP1, res6, sizeof res6);
+    copy_at_step2(&fx, "res6", "onecp");
+    st = k3c_mpi(2, res6, "--resume", out, sizeof out);
+    CHECK(st == 0, "one-process checkpoint resumed at cp2 exited %d:\n%s", st, out);
+    check_close(&fx, "res6", "onecp", 4, "one-process checkpoint resumed at cp2");
+
+    /* impossible layouts: the world size, the experts, the layers, a sequence length cp does not divide */
     write_cfg(&fx, "bad", "{\"dp\": 2}", bad, sizeof bad);
     st = k3c_mpi(4, bad, "", out, sizeof out);
     CHECK(st != 0 && contains(out, "bad.json: parallel: dp×ep×tp×pp×cp = 2×1×1×1×1 = 2 ranks, but the run has 4"),
@@ -217,6 +256,10 @@ int main(void) {
     st = k3c_mpi(3, bad, "", out, sizeof out);
     CHECK(st != 0 && contains(out, "parallel.pp = 3 does not divide the model's 4 layers"), "pp3: exit %d:\n%s", st,
           out);
+    write_cfg(&fx, "bad", "{\"cp\": 3}", bad, sizeof bad);
+    st = k3c_mpi(3, bad, "", out, sizeof out);
+    CHECK(st != 0 && contains(out, "bad.json: parallel.cp = 3 does not divide stage 0 (s32): seq_len 32"),
+          "cp3: exit %d:\n%s", st, out);
     write_cfg(&fx, "bad", "{\"pp\": 2, \"micro_batches\": 64}", bad, sizeof bad);
     st = k3c_mpi(2, bad, "", out, sizeof out);
     CHECK(st != 0 && contains(out, "document pieces for 64 micro-batches") && contains(out, "seq_len"),

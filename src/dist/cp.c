@@ -194,9 +194,13 @@ int k3c_cp_split_batch(k3c_cp *cp, k3c_dp *dp, k3c_model_batch *b, k3c_err *err)
     const int C = cp->size, parts = dp->size / C, part = dp->rank / C;
     if (dp->size % C || dp->rank % C != cp->rank)
         return k3c_errf(err, K3C_EINVAL, "context parallelism: the CP group must be the ranks sharing rank / cp");
-    if (!b->targets || !b->cu_seqlens || b->n_docs < parts)
+    if (!b->targets || !b->cu_seqlens)
+        return k3c_errf(err, K3C_EINVAL, "context parallelism: the batch needs explicit targets and cu_seqlens");
+    if (b->n_docs < parts)
         return k3c_errf(err, K3C_EINVAL,
-                        "context parallelism: the batch needs targets, cu_seqlens and a piece per data-parallel part");
+                        "context parallelism: the batch has %d document pieces for %d data-parallel parts (each part "
+                        "needs a whole piece: lower the stage's seq_len or raise tokens_per_step)",
+                        b->n_docs, parts);
     if (b->n_embeds || b->weight)
         return k3c_errf(err, K3C_EINVAL, "context parallelism: embedding overrides and loss weights are not split yet");
     for (int l = 0; l < cp->m->cfg.num_layers; l++)
@@ -206,18 +210,15 @@ int k3c_cp_split_batch(k3c_cp *cp, k3c_dp *dp, k3c_model_batch *b, k3c_err *err)
     for (int64_t t = 0; t < b->T; t++) counted += b->targets[t] >= 0;
     if (!counted) return k3c_errf(err, K3C_EINVAL, "context parallelism: the batch has no counted target");
     int d0, d1;
-    k3c_batch_part(b->cu_seqlens, b->n_docs, b->T, part, parts, &d0, &d1);
+    k3c_batch_part_aligned(b->cu_seqlens, b->n_docs, b->T, part, parts, C, &d0, &d1);
     const int32_t *cu = b->cu_seqlens;
-    const int64_t base = cu[d0], Td = cu[d1] - base, Tl = Td / C, s = cp->rank * Tl, e = s + Tl;
-    if (Td % C)
+    /* rank r: tokens [r·Td/C, (r+1)·Td/C) of the part, equal ranges when C divides it (at most one token apart) */
+    const int64_t base = cu[d0], Td = cu[d1] - base, s = cp->rank * Td / C, e = (cp->rank + 1) * Td / C, Tl = e - s;
+    if (Td / C < cp->W - 1 || Td < C)
         return k3c_errf(err, K3C_EINVAL,
-                        "context parallelism: cp = %d does not divide the %lld tokens of the sequence (data-parallel "
-                        "part %d of %d); make the sequence length a multiple of cp",
-                        C, (long long)Td, part, parts);
-    if (Tl < cp->W - 1 || Tl == 0)
-        return k3c_errf(err, K3C_EINVAL,
-                        "context parallelism: %lld tokens per rank, fewer than the short conv's tail of %lld",
-                        (long long)Tl, (long long)(cp->W - 1));
+                        "context parallelism: %lld tokens for %d ranks (data-parallel part %d of %d): a range must "
+                        "hold at least one token and the short conv's tail of %lld",
+                        (long long)Td, C, part, parts, (long long)(cp->W - 1));
     if (Td > cp->T_cap)
         return k3c_errf(err, K3C_EINVAL, "context parallelism: a sequence of %lld tokens exceeds the %lld planned",
                         (long long)Td, (long long)cp->T_cap);
@@ -241,7 +242,8 @@ int k3c_cp_split_batch(k3c_cp *cp, k3c_dp *dp, k3c_model_batch *b, k3c_err *err)
     x->T_keys = e;
     x->n_docs_keys = z - d0 + 1;
     x->cu_keys = cp->cu_keys;
-    for (int r = 0; r < C; r++) cp->counts[r] = Tl * cp->lkva, cp->displs[r] = r * Tl * cp->lkva;
+    for (int r = 0; r < C; r++)
+        cp->displs[r] = r * Td / C * cp->lkva, cp->counts[r] = (r + 1) * Td / C * cp->lkva - cp->displs[r];
     b->T = Tl;
     b->n_docs = n;
     b->ids += base + s;

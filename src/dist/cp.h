@@ -31,10 +31,11 @@ int k3c_cp_init(k3c_cp *cp, k3c_comm *comm, k3c_model *m, int64_t T_cap, k3c_err
 void k3c_cp_free(k3c_cp *cp);
 
 /* b (the global batch every rank loaded) becomes this rank's range: the data-parallel part of its group (dp over
- * every rank, cp innermost: the CP group of world rank r is the ranks sharing r / cp) cut into cp equal contiguous
- * token ranges; loss_norm = the counted targets of the whole batch; dp's token counts set for the router gathers.
- * K3C_EINVAL naming the sizes when cp does not divide the part's tokens, a range is shorter than the conv tail, or the
- * part exceeds T_cap. */
+ * every rank, cp innermost: the CP group of world rank r is the ranks sharing r / cp; the parts split at document-piece
+ * boundaries, at multiples of cp where there are such) cut into cp contiguous token ranges, equal when cp divides the
+ * part (else at most one token apart); loss_norm = the counted targets of the whole batch; dp's token counts set for
+ * the router gathers. K3C_EINVAL naming the sizes when a range would be shorter than the conv tail or the part exceeds
+ * T_cap. */
 int k3c_cp_split_batch(k3c_cp *cp, k3c_dp *dp, k3c_model_batch *b, k3c_err *err);
 
 #endif

@@ -37,12 +37,17 @@ int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world
         return k3c_errf(err, K3C_ECONFIG, "%s: parallel.pp = %lld does not divide the model's %lld layers", file,
                         (long long)out->pp, (long long)cfg->num_layers);
     const char *name[5] = {"dp", "ep", "tp", "pp", "cp"};
-    for (int i = 2; i < 5; i++) /* dp, ep and pp run; tp and cp not yet */
-        if (d[i] > 1 && i != 3)
+    for (int i = 2; i < 5; i++) /* dp, ep, pp and cp run; tp not yet */
+        if (d[i] > 1 && i != 3 && i != 4)
             return k3c_errf(err, K3C_EUNSUPPORTED,
-                            "%s: parallel.%s = %lld: this layout fits the model, but k3c runs data, expert and "
-                            "pipeline parallelism only so far (docs/PARALLEL.md)",
+                            "%s: parallel.%s = %lld: this layout fits the model, but k3c runs data, expert, "
+                            "pipeline and context parallelism only so far (docs/PARALLEL.md)",
                             file, name[i], (long long)d[i]);
+    if (out->cp > 1 && (out->ep > 1 || out->pp > 1))
+        return k3c_errf(err, K3C_EUNSUPPORTED,
+                        "%s: parallel: cp = %lld with %s = %lld: context parallelism combines with data parallelism "
+                        "only so far (docs/PARALLEL.md)",
+                        file, (long long)out->cp, out->ep > 1 ? "ep" : "pp", (long long)(out->ep > 1 ? out->ep : out->pp));
     if (out->pp > 1 && out->ep > 1)
         return k3c_errf(err, K3C_EUNSUPPORTED,
                         "%s: parallel: pp = %lld with ep = %lld: pipeline stages combine with data parallelism only "
