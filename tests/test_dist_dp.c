@@ -128,8 +128,10 @@ static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep,
         r->dist = 1;
         n_state = r->dp.shard.state_numel;
     }
-    if (ep > 1) { /* the EP group: ranks that share rank / ep (EP innermost, as docs/PLAN.md orders ranks) */
-        CHECK_RC(k3c_comm_split(comm, comm->rank / ep, comm->rank, &r->ep_comm, err));
+    if (ep > 1) { /* the EP group: ranks that share rank / ep (EP innermost, as docs/PLAN.md orders ranks); with
+                     context parallelism CP is innermost and EP next to it */
+        int color = cp > 1 ? comm->rank / (ep * cp) * cp + comm->rank % cp : comm->rank / ep;
+        CHECK_RC(k3c_comm_split(comm, color, comm->rank, &r->ep_comm, err));
         CHECK_RC(k3c_ep_init(&r->ep, r->ep_comm, r->be, cfg, err));
         r->m.experts = &r->ep.exchange;
     }
@@ -362,12 +364,12 @@ static void compare(k3c_comm *comm, int ep, int pp, int cp, int qb_mode) {
     CHECK(par.dp.shard.state_numel < ref.opt.state_numel || comm->size == 1,
           "ZeRO-1: rank %d holds %zu of %zu state floats", comm->rank, par.dp.shard.state_numel, ref.opt.state_numel);
     if (comm->rank == 0) {
-        printf(
-            "dp=%d ep=%d pp=%d cp=%d qb=%s, %d step%s: relative differences loss %.2e, step-1 gradients %.2e, weights %.2e, "
-            "router biases %.2e (absolute %.2e, %.2g bins), optimizer state %.2e; ZeRO-1 state %zu of %zu floats on "
-            "rank 0\n",
-            comm->size / ep / pp / cp, ep, pp, cp, qb_mode ? "histogram" : "exact", steps, steps > 1 ? "s" : "", loss_rel, g_rel,
-            w_rel, b_rel, b_abs, b_bins, s_rel, par.dp.shard.state_numel, ref.opt.state_numel);
+        printf("dp=%d ep=%d pp=%d cp=%d qb=%s, %d step%s: relative differences loss %.2e, step-1 gradients %.2e, "
+               "weights %.2e, "
+               "router biases %.2e (absolute %.2e, %.2g bins), optimizer state %.2e; ZeRO-1 state %zu of %zu floats on "
+               "rank 0\n",
+               comm->size / ep / pp / cp, ep, pp, cp, qb_mode ? "histogram" : "exact", steps, steps > 1 ? "s" : "",
+               loss_rel, g_rel, w_rel, b_rel, b_abs, b_bins, s_rel, par.dp.shard.state_numel, ref.opt.state_numel);
         if (qb_mode == K3C_QB_EXACT && comm->size > 1)
             printf("  fp32 floor: one process on the documents reversed differs from itself by %.2e\n",
                    fp32_floor(&cfg, &gb, &ref, qb_mode));
@@ -453,22 +455,35 @@ static void f64_exact(k3c_comm *comm, int cp, int trim) {
     k3c_model_free_f64(&part);
 }
 
+/* The tiny model (no gradients), its optimizer and ZeRO-1 over comm, for the split checks; 0 when the model failed. */
+static int split_setup(k3c_comm *comm, k3c_model *m, k3c_optim *o, k3c_dp *dp) {
+    k3c_err err = {0};
+    k3c_config cfg;
+    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err) || k3c_model_create_f32(&cfg, 0, m, &err)) {
+        CHECK(0, "%s", err.msg);
+        return 0;
+    }
+    k3c_optim_defaults(o);
+    CHECK_OK(k3c_optim_init(o, &m->table, &err), &err);
+    CHECK_OK(k3c_dp_init(dp, comm, k3c_backend_cpu_f32(), o, &m->table, &err), &err);
+    return 1;
+}
+
+static void split_free(k3c_model *m, k3c_optim *o, k3c_dp *dp) {
+    k3c_dp_free(dp);
+    k3c_optim_free(o);
+    k3c_model_free_f32(m);
+}
+
 /* The batch split: consecutive whole pieces covering the batch, and a clear error for fewer pieces than ranks. */
 static void split_rules(k3c_comm *comm) {
     k3c_err err = {0};
     batch gb;
     make_batch(&gb);
-    k3c_config cfg;
     k3c_model m;
     k3c_optim o;
-    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err) || k3c_model_create_f32(&cfg, 0, &m, &err)) {
-        CHECK(0, "%s", err.msg);
-        return;
-    }
-    k3c_optim_defaults(&o);
     k3c_dp dp;
-    CHECK_OK(k3c_optim_init(&o, &m.table, &err), &err);
-    CHECK_OK(k3c_dp_init(&dp, comm, k3c_backend_cpu_f32(), &o, &m.table, &err), &err);
+    if (!split_setup(comm, &m, &o, &dp)) return;
     k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
     CHECK_OK(k3c_dp_split_batch(&dp, &b, &err), &err);
     int64_t sum = 0, start = b.ids - gb.ids, before = 0;
@@ -480,9 +495,7 @@ static void split_rules(k3c_comm *comm) {
     if (comm->size > 1)
         CHECK(k3c_dp_split_batch(&dp, &one, &err) == K3C_EINVAL && strstr(err.msg, "document pieces"),
               "one piece for %d ranks: %s", comm->size, err.msg);
-    k3c_dp_free(&dp);
-    k3c_optim_free(&o);
-    k3c_model_free_f32(&m);
+    split_free(&m, &o, &dp);
 }
 
 /* The context-parallel split: contiguous ranges in rank order covering the batch, pieces continued across them, and a
@@ -491,18 +504,11 @@ static void cp_split_rules(k3c_comm *comm) {
     k3c_err err = {0};
     batch gb;
     make_batch_cp(&gb);
-    k3c_config cfg;
     k3c_model m;
     k3c_optim o;
-    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err) || k3c_model_create_f32(&cfg, 0, &m, &err)) {
-        CHECK(0, "%s", err.msg);
-        return;
-    }
-    k3c_optim_defaults(&o);
     k3c_dp dp;
     k3c_cp cp;
-    CHECK_OK(k3c_optim_init(&o, &m.table, &err), &err);
-    CHECK_OK(k3c_dp_init(&dp, comm, k3c_backend_cpu_f32(), &o, &m.table, &err), &err);
+    if (!split_setup(comm, &m, &o, &dp)) return;
     CHECK_OK(k3c_cp_init(&cp, comm, &m, T_BATCH, &err), &err);
     k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
     CHECK_OK(k3c_cp_split_batch(&cp, &dp, &b, &err), &err);
@@ -521,9 +527,7 @@ static void cp_split_rules(k3c_comm *comm) {
     CHECK(k3c_cp_split_batch(&cp, &dp, &tiny, &err) == K3C_EINVAL && strstr(err.msg, "short conv's tail of 3"),
           "ranges of 2 tokens: %s", err.msg);
     k3c_cp_free(&cp);
-    k3c_dp_free(&dp);
-    k3c_optim_free(&o);
-    k3c_model_free_f32(&m);
+    split_free(&m, &o, &dp);
 }
 
 /* The run config's parallel block against the world and the model. */
@@ -549,9 +553,9 @@ static void layouts(void) {
     CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 3, 1, 0}, &cfg, 3, "run.json", &out, &err) == K3C_ECONFIG &&
               strstr(err.msg, "layers"),
           "pp not dividing layers: %s", err.msg);
-    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 2, 1, 1, 2, 0}, &cfg, 4, "run.json", &out, &err) ==
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 2, 2, 0}, &cfg, 4, "run.json", &out, &err) ==
                   K3C_EUNSUPPORTED &&
-              strstr(err.msg, "cp = 2 with ep = 2"),
+              strstr(err.msg, "cp = 2 with pp = 2"),
           "a valid layout not built yet: %s", err.msg);
     CHECK(k3c_parallel_resolve(&(k3c_parallel){2, 1, 1, 1, 2, 0}, &cfg, 4, "run.json", &out, &err) == 0 && out.cp == 2,
           "dp2×cp2 on 4 ranks: %s", err.msg);
@@ -579,6 +583,7 @@ static void run_all(k3c_comm *comm) {
         compare(comm, 1, pp, 1, K3C_QB_EXACT);
     for (int cp = 2; cp <= comm->size; cp *= 2) /* cp = size, and cp2×dp2 on 4 ranks */
         compare(comm, 1, 1, cp, K3C_QB_EXACT);
+    if (comm->size == 4) compare(comm, 2, 1, 2, K3C_QB_EXACT); /* cp2×ep2 */
 }
 
 int main(int argc, char **argv) {

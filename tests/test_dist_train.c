@@ -1,10 +1,9 @@
 /* test_dist_train.c — the parallel launch end to end: `mpirun -np N k3c train --config RUN.json` with a "parallel"
  * block on the trainer fixture (tiny K3 model, real tokenizer and shards; tests/train_fixture.h), against the same run
  * in one process: the checkpoints after 2 and 4 steps equal within 1e-5 (per-tensor relative, fp32; router biases
- * absolute, see ckpt_diff), a dp2 run resumed from
- * its own checkpoint continues bit for bit, a dp2 checkpoint resumed by one process (and a one-process checkpoint
- * resumed at dp2) continues like the single process; the same for ep2, dp2×ep2, pp2, dp2×pp2, cp2 and dp2×cp2; and
- * impossible layouts fail with messages naming the field. */
+ * absolute, see ckpt_diff), a dp2 run resumed from its own checkpoint continues bit for bit, a dp2 checkpoint resumed
+ * by one process (and a one-process checkpoint resumed at dp2) continues like the single process; the same for ep2,
+ * dp2×ep2, pp2, dp2×pp2, cp2, dp2×cp2 and ep2×cp2; and impossible layouts fail with messages naming the field. */
 #include "test.h"
 
 #pragma GCC diagnostic ignored "-Wunused-function" /* the fixture's helpers this test does not need */
@@ -218,7 +217,7 @@ int main(void) {
 
     /* context parallelism: cp2 on 2 ranks, dp2×cp2 on 4, a cp2 checkpoint resumed by one process and a one-process
        checkpoint resumed at cp2; one sequence per data-parallel part, so the ranges of the ranks cut through pieces */
-    char onecp[1400], onecp2[1400], cp2[1400], dpcp[1400], res5[1400], res6[1400];
+    char onecp[1400], onecp2[1400], cp2[1400], res5[1400], res6[1400];
     write_cfg_stages(&fx, "onecp", NULL, CP0, CP1, onecp, sizeof onecp);
     CHECK_OK(train(onecp, 0, 0, NULL, &r, &err), &err);
     write_cfg_stages(&fx, "cp2", "{\"cp\": 2}", CP0, CP1, cp2, sizeof cp2);
@@ -228,11 +227,16 @@ int main(void) {
     check_close(&fx, "cp2", "onecp", 4, "cp2 vs one process");
     write_cfg_stages(&fx, "onecp2", NULL, CP1, ST0, onecp2, sizeof onecp2);
     CHECK_OK(train(onecp2, 0, 0, NULL, &r, &err), &err);
-    write_cfg_stages(&fx, "dpcp", "{\"dp\": 2, \"cp\": 2}", CP1, ST0, dpcp, sizeof dpcp);
-    st = k3c_mpi(4, dpcp, "", out, sizeof out);
-    CHECK(st == 0, "mpirun -np 4 k3c train (dp2×cp2) exited %d:\n%s", st, out);
-    check_close(&fx, "dpcp", "onecp2", 2, "dp2×cp2 vs one process");
-    check_close(&fx, "dpcp", "onecp2", 4, "dp2×cp2 vs one process");
+    static const char *const with[2][2] = {{"dpcp", "{\"dp\": 2, \"cp\": 2}"}, {"epcp", "{\"ep\": 2, \"cp\": 2}"}};
+    for (int i = 0; i < 2; i++) { /* dp2×cp2 and ep2×cp2 on 4 ranks */
+        char path[1400], what[64];
+        write_cfg_stages(&fx, with[i][0], with[i][1], CP1, ST0, path, sizeof path);
+        snprintf(what, sizeof what, "%s×cp2 vs one process", i ? "ep2" : "dp2");
+        st = k3c_mpi(4, path, "", out, sizeof out);
+        CHECK(st == 0, "mpirun -np 4 k3c train (%s) exited %d:\n%s", what, st, out);
+        check_close(&fx, with[i][0], "onecp2", 2, what);
+        check_close(&fx, with[i][0], "onecp2", 4, what);
+    }
     write_cfg_stages(&fx, "res5", NULL, CP0, CP1, res5, sizeof res5);
     copy_at_step2(&fx, "res5", "cp2");
     CHECK_OK(train(res5, 1, 0, NULL, &r, &err), &err);

@@ -9,7 +9,7 @@
 #include <string.h>
 
 /* Message tags: per layer, 4 kinds × 3 convs plus the state pair. */
-#define TAG(l, kind) ((l) * 16 + (kind))
+#define TAG(l, kind) ((l)*16 + (kind))
 
 /* Layer l's buffers, element `i` on (the model's precision: es bytes an element). */
 static char *at(k3c_cp *cp, int l, int64_t i) { return cp->buf + (cp->layer_off[l] + i) * cp->es; }
@@ -161,8 +161,7 @@ int k3c_cp_init(k3c_cp *cp, k3c_comm *comm, k3c_model *m, int64_t T_cap, k3c_err
     cp->rows = calloc((size_t)(rows ? rows : 1), cp->es);
     if (!cp->layer_off || !cp->counts || !cp->cu || !cp->buf || !cp->rows) {
         k3c_cp_free(cp);
-        return k3c_errf(err, K3C_ENOMEM, "context parallelism: buffers for sequences of %lld tokens",
-                        (long long)T_cap);
+        return k3c_errf(err, K3C_ENOMEM, "context parallelism: buffers for sequences of %lld tokens", (long long)T_cap);
     }
     cp->displs = cp->counts + cp->size;
     cp->cu_rest = cp->cu + T_cap + 1;

@@ -12,15 +12,15 @@ typedef struct {
     k3c_comm *comm; /* the CP group (not owned): rank r holds the r-th range of its data-parallel part */
     int rank, size;
     k3c_model *m;
-    k3c_dtype dt; /* the model's precision (F32 or F64) */
-    size_t es;    /* its element size */
+    k3c_dtype dt;          /* the model's precision (F32 or F64) */
+    size_t es;             /* its element size */
     int64_t P, W, S, lkva; /* KDA channels, conv width, state floats [H, dk, dv], MLA latent row width */
     int64_t T_cap;         /* most tokens of a sequence (a data-parallel part) */
     int64_t prev_len;      /* tokens of the first local piece on earlier ranks (its conv tail is masked before) */
     int64_t *layer_off;    /* [num_layers] offset of each layer's buffers in buf */
-    char *buf;             /* KDA: h0, ht, dht, dh0 [S] and 3 conv tails [P, W−1]; MLA: latent, gradient [T_cap, lkva] */
-    char *rows;            /* [max((W−1)·P, T_cap·lkva)] receive scratch */
-    int64_t *counts, *displs; /* [size] latent gather / scatter blocks */
+    char *buf;  /* KDA: h0, ht, dht, dh0 [S] and 3 conv tails [P, W−1]; MLA: latent, gradient [T_cap, lkva] */
+    char *rows; /* [max((W−1)·P, T_cap·lkva)] receive scratch */
+    int64_t *counts, *displs;        /* [size] latent gather / scatter blocks */
     int32_t *cu, *cu_rest, *cu_keys; /* [T_cap + 1] each */
     k3c_context_exchange exchange;   /* what the model calls: set m->context = &cp->exchange */
 } k3c_cp;

@@ -102,8 +102,7 @@ static int split_point(const int32_t *cu, int n_docs, int64_t T, int r, int size
     return aligned >= 0 ? aligned : best;
 }
 
-void k3c_batch_part_aligned(const int32_t *cu, int n_docs, int64_t T, int part, int parts, int mult, int *d0,
-                            int *d1) {
+void k3c_batch_part_aligned(const int32_t *cu, int n_docs, int64_t T, int part, int parts, int mult, int *d0, int *d1) {
     *d0 = 0;
     *d1 = n_docs;
     for (int r = 1; r <= part; r++) *d0 = split_point(cu, n_docs, T, r, parts, *d0 + 1, mult);

@@ -43,11 +43,11 @@ int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world
                             "%s: parallel.%s = %lld: this layout fits the model, but k3c runs data, expert, "
                             "pipeline and context parallelism only so far (docs/PARALLEL.md)",
                             file, name[i], (long long)d[i]);
-    if (out->cp > 1 && (out->ep > 1 || out->pp > 1))
+    if (out->cp > 1 && out->pp > 1)
         return k3c_errf(err, K3C_EUNSUPPORTED,
-                        "%s: parallel: cp = %lld with %s = %lld: context parallelism combines with data parallelism "
-                        "only so far (docs/PARALLEL.md)",
-                        file, (long long)out->cp, out->ep > 1 ? "ep" : "pp", (long long)(out->ep > 1 ? out->ep : out->pp));
+                        "%s: parallel: cp = %lld with pp = %lld: context parallelism combines with data and expert "
+                        "parallelism only so far (docs/PARALLEL.md)",
+                        file, (long long)out->cp, (long long)out->pp);
     if (out->pp > 1 && out->ep > 1)
         return k3c_errf(err, K3C_EUNSUPPORTED,
                         "%s: parallel: pp = %lld with ep = %lld: pipeline stages combine with data parallelism only "

@@ -67,10 +67,12 @@ typedef struct {
     int first, last; /* holds the first / last local piece */
 } cp_seg;
 
-static int cp_segments(const k3c_step *st, cp_seg *seg) {
+/* The calls over the local tokens: one over all of them (cont 0), else the first piece, the pieces between (if any)
+ * and the last piece. */
+static int cp_segments(const k3c_step *st, int cont, cp_seg *seg) {
     const k3c_context_exchange *cx = st->m->context;
-    if (st->n_docs == 1) {
-        seg[0] = (cp_seg){0, st->T, 1, NULL, 1, 1};
+    if (!cont || st->n_docs == 1) {
+        seg[0] = (cp_seg){0, st->T, st->n_docs, cont ? NULL : st->cu, 1, 1};
         return 1;
     }
     int64_t e0 = cx->first_len, e1 = e0 + cx->cu_rest[st->n_docs - 2];
@@ -84,12 +86,10 @@ static int cp_segments(const k3c_step *st, cp_seg *seg) {
 /* Short conv + SiLU of x [T, C]; under context parallelism the first piece starts from the previous rank's tail. */
 static int conv_fwd(k3c_step *st, int l, int i, int64_t C, int W, const real *x, const real *w, real *y, k3c_err *err) {
     const k3c_context_exchange *cx = st->m->context;
-    k3c_short_conv_dims cd = {st->T, C, W, st->n_docs};
     void *state = NULL;
     if (cx) CHECK_RC(cx->conv_tail(cx->ctx, l, i, x, st->T, C, W, &state, err));
-    if (!state) return st->be->short_conv_fwd(&cd, st->cu, x, w, NULL, y, NULL, err);
     cp_seg seg[3];
-    int n = cp_segments(st, seg);
+    int n = cp_segments(st, state != NULL, seg);
     for (int j = 0; j < n; j++) {
         k3c_short_conv_dims sd = {seg[j].T, C, W, seg[j].n_docs};
         CHECK_RC(st->be->short_conv_fwd(&sd, seg[j].cu, x + seg[j].t0 * C, w, seg[j].first ? state : NULL,
@@ -103,20 +103,15 @@ static int conv_fwd(k3c_step *st, int l, int i, int64_t C, int W, const real *x,
 static int conv_bwd(k3c_step *st, int l, int i, int64_t C, int W, const real *x, const real *w, const real *dy,
                     real *dx, real *dw, real *dstate, k3c_err *err) {
     const k3c_context_exchange *cx = st->m->context;
-    k3c_short_conv_dims cd = {st->T, C, W, st->n_docs};
     void *state = NULL;
     if (cx) CHECK_RC(cx->conv_tail(cx->ctx, l, i, NULL, st->T, C, W, &state, err));
-    if (!state) {
-        CHECK_RC(st->be->short_conv_bwd(&cd, st->cu, x, w, NULL, dy, dx, dw, NULL, st->scratch, err));
-    } else {
-        cp_seg seg[3];
-        int n = cp_segments(st, seg);
-        for (int j = 0; j < n; j++) {
-            k3c_short_conv_dims sd = {seg[j].T, C, W, seg[j].n_docs};
-            int64_t o = seg[j].t0 * C;
-            CHECK_RC(st->be->short_conv_bwd(&sd, seg[j].cu, x + o, w, seg[j].first ? state : NULL, dy + o, dx + o, dw,
-                                            seg[j].first ? dstate : NULL, st->scratch, err));
-        }
+    cp_seg seg[3];
+    int n = cp_segments(st, state != NULL, seg);
+    for (int j = 0; j < n; j++) {
+        k3c_short_conv_dims sd = {seg[j].T, C, W, seg[j].n_docs};
+        int64_t o = seg[j].t0 * C;
+        CHECK_RC(st->be->short_conv_bwd(&sd, seg[j].cu, x + o, w, seg[j].first ? state : NULL, dy + o, dx + o, dw,
+                                        seg[j].first && state ? dstate : NULL, st->scratch, err));
     }
     return cx ? cx->conv_tail_bwd(cx->ctx, l, i, state ? dstate : NULL, dx, st->T, C, W, err) : K3C_OK;
 }
@@ -125,13 +120,12 @@ static int conv_bwd(k3c_step *st, int l, int i, int64_t C, int W, const real *x,
  * piece's final state goes to the next rank. */
 static int core_fwd(k3c_step *st, int l, const k3c_kda_dims *kd, k3c_kda_acts *a, k3c_err *err) {
     const k3c_context_exchange *cx = st->m->context;
-    if (!cx || (!cx->cont_prev && !cx->cont_next))
-        return st->be->kda_fwd(kd, st->cu, a->qn, a->kn, a->vc, a->g, a->beta, NULL, a->o, NULL, st->scratch, err);
-    if (cx->cont_prev) CHECK_RC(cx->kda_pass(cx->ctx, l, K3C_CP_H0, err));
-    const real *h0 = cx->kda_buf(cx->ctx, l, K3C_CP_H0);
-    real *ht = cx->kda_buf(cx->ctx, l, K3C_CP_HT);
+    const int cont = cx && (cx->cont_prev || cx->cont_next);
+    if (cont && cx->cont_prev) CHECK_RC(cx->kda_pass(cx->ctx, l, K3C_CP_H0, err));
+    const real *h0 = cont ? cx->kda_buf(cx->ctx, l, K3C_CP_H0) : NULL;
+    real *ht = cont ? cx->kda_buf(cx->ctx, l, K3C_CP_HT) : NULL;
     cp_seg seg[3];
-    int n = cp_segments(st, seg);
+    int n = cp_segments(st, cont, seg);
     const int64_t P = kd->H * kd->dk, H = kd->H;
     for (int j = 0; j < n; j++) {
         k3c_kda_dims sd = *kd;
@@ -140,21 +134,20 @@ static int core_fwd(k3c_step *st, int l, const k3c_kda_dims *kd, k3c_kda_acts *a
         CHECK_RC(st->be->kda_fwd(&sd, seg[j].cu, a->qn + o, a->kn + o, a->vc + o, a->g + o, a->beta + seg[j].t0 * H,
                                  seg[j].first ? h0 : NULL, a->o + o, seg[j].last ? ht : NULL, st->scratch, err));
     }
-    return cx->cont_next ? cx->kda_pass(cx->ctx, l, K3C_CP_HT, err) : K3C_OK;
+    return ht ? cx->kda_pass(cx->ctx, l, K3C_CP_HT, err) : K3C_OK;
 }
 
 /* Its backward: the state gradient comes back from the next rank and goes on to the previous one. */
 static int core_bwd(k3c_step *st, int l, const k3c_kda_dims *kd, k3c_kda_acts *a, const real *d_o, real *dq, real *dk,
                     real *dv, real *dgate, real *dbeta, k3c_err *err) {
     const k3c_context_exchange *cx = st->m->context;
-    if (!cx || (!cx->cont_prev && !cx->cont_next))
-        return st->be->kda_bwd(kd, st->cu, a->qn, a->kn, a->vc, a->g, a->beta, NULL, d_o, NULL, dq, dk, dv, dgate,
-                               dbeta, NULL, st->scratch, err);
-    if (cx->cont_next) CHECK_RC(cx->kda_pass(cx->ctx, l, K3C_CP_DHT, err));
-    const real *h0 = cx->kda_buf(cx->ctx, l, K3C_CP_H0), *dht = cx->kda_buf(cx->ctx, l, K3C_CP_DHT);
-    real *dh0 = cx->kda_buf(cx->ctx, l, K3C_CP_DH0);
+    const int cont = cx && (cx->cont_prev || cx->cont_next);
+    if (cont && cx->cont_next) CHECK_RC(cx->kda_pass(cx->ctx, l, K3C_CP_DHT, err));
+    const real *h0 = cont ? cx->kda_buf(cx->ctx, l, K3C_CP_H0) : NULL;
+    const real *dht = cont ? cx->kda_buf(cx->ctx, l, K3C_CP_DHT) : NULL;
+    real *dh0 = cont ? cx->kda_buf(cx->ctx, l, K3C_CP_DH0) : NULL;
     cp_seg seg[3];
-    int n = cp_segments(st, seg);
+    int n = cp_segments(st, cont, seg);
     const int64_t P = kd->H * kd->dk, H = kd->H;
     for (int j = 0; j < n; j++) {
         k3c_kda_dims sd = *kd;
@@ -164,7 +157,7 @@ static int core_bwd(k3c_step *st, int l, const k3c_kda_dims *kd, k3c_kda_acts *a
                                  seg[j].first ? h0 : NULL, d_o + o, seg[j].last ? dht : NULL, dq + o, dk + o, dv + o,
                                  dgate + o, dbeta + ob, seg[j].first ? dh0 : NULL, st->scratch, err));
     }
-    return cx->cont_prev ? cx->kda_pass(cx->ctx, l, K3C_CP_DH0, err) : K3C_OK;
+    return dh0 ? cx->kda_pass(cx->ctx, l, K3C_CP_DH0, err) : K3C_OK;
 }
 
 int k3c_kda_layer_fwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, real *y, k3c_err *err) {

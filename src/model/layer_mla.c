@@ -97,7 +97,7 @@ int k3c_mla_layer_fwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real
     k3c_rmsnorm_sizes rc = {T, s.rkv, c->mla_norm_eps};
     CHECK_RC(st->be->rmsnorm_fwd(&rc, a->c, w + o->kv_a_norm, a->cn, a->rc, err));
     const real *kva = a->kva; /* [Tk, rkv + rope]: the normalised latent is read from cnk, k_pe from here */
-    if (cx) { /* this rank's [latent ; k_pe] rows into the sequence's, gathered from every rank */
+    if (cx) {                 /* this rank's [latent ; k_pe] rows into the sequence's, gathered from every rank */
         real *lat = cx->mla_buf(cx->ctx, l, 0);
         CHECK_RC(st->be->copy2d(T, s.rkv, a->cn, s.rkv, lat + t0 * lkva, lkva, 0, err));
         CHECK_RC(st->be->copy2d(T, s.rope, a->kva + s.rkv, lkva, lat + t0 * lkva + s.rkv, lkva, 0, err));

@@ -49,10 +49,10 @@ typedef struct {
  * gathers the normalised latent and the shared k_pe slot of every token (its gradient reduce-scattered back). The
  * fields describe this rank's range of the last split batch; the buffers hold the model's `real`, in host memory. */
 typedef struct {
-    int64_t start;     /* this rank's first token in its sequence */
-    int64_t first_len; /* tokens of the first local document piece */
-    int cont_prev;     /* 1: the first local piece continues a document of the previous rank */
-    int cont_next;     /* 1: the next rank's first piece continues this rank's last */
+    int64_t start;          /* this rank's first token in its sequence */
+    int64_t first_len;      /* tokens of the first local document piece */
+    int cont_prev;          /* 1: the first local piece continues a document of the previous rank */
+    int cont_next;          /* 1: the next rank's first piece continues this rank's last */
     const int32_t *cu_rest; /* offsets of the local pieces after the first, from the second's start (n_docs − 1) */
     int64_t T_keys;         /* MLA keys: the tokens [0, start + T) of the sequence ... */
     int n_docs_keys;
@@ -116,7 +116,7 @@ typedef struct k3c_model {
                               in this model's backend memory; float models only) */
     const void *backend;   /* the k3c_backend_f32/_f64 (ops/backend.h) that runs the ops and owns w, g and the arenas
                                of k3c_model_arena_init; NULL = the CPU reference of this precision */
-    const k3c_expert_exchange *experts; /* NULL, or expert parallelism: the routed experts of every MoE layer */
+    const k3c_expert_exchange *experts;  /* NULL, or expert parallelism: the routed experts of every MoE layer */
     const k3c_context_exchange *context; /* NULL, or context parallelism: this rank holds a range of the sequence */
 } k3c_model;
 

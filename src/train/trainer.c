@@ -504,9 +504,10 @@ static int optim_state(trainer *tr, k3c_comm *comm, const k3c_parallel *lay, k3c
         CHECK_RC(k3c_dp_init(&tr->dp_store, comm, tr->be, &tr->opt, &tr->m.table, err));
         tr->dp = &tr->dp_store;
     }
-    if (ep > 1) { /* EP groups: ep consecutive ranks (EP inside DP, docs/PARALLEL.md) */
+    if (ep > 1) { /* EP groups: ep consecutive ranks (EP inside DP), or every cp-th (CP innermost, docs/PARALLEL.md) */
         k3c_comm *c = comm;
-        CHECK_RC(k3c_comm_split(c, c->rank / (int)ep, c->rank, &tr->ep_comm, err));
+        const int cp = (int)lay->cp, color = cp > 1 ? c->rank / ((int)ep * cp) * cp + c->rank % cp : c->rank / (int)ep;
+        CHECK_RC(k3c_comm_split(c, color, c->rank, &tr->ep_comm, err));
         CHECK_RC(k3c_ep_init(&tr->ep, tr->ep_comm, tr->be, &tr->m.cfg, err));
         tr->m.experts = &tr->ep.exchange;
     }
