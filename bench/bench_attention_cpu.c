@@ -58,7 +58,7 @@ int main(int argc, char **argv) {
         const int64_t T = Ts[ti];
         bench b;
         memset(&b, 0, sizeof b);
-        b.s = (k3c_attention_sizes){T, H, dqk, dv, 0, 0.2041241452 /* 24^-1/2 */, 0, 0};
+        b.s = (k3c_attention_sizes){T, H, dqk, dv, 0, 0.2041241452 /* 24^-1/2 */, 0, 0, 0};
         size_t nq = (size_t)(T * H * dqk), nv = (size_t)(T * H * dv);
         b.q = randf(nq, 1), b.k = randf(nq, 2), b.v = randf(nv, 3), b.dout = randf(nv, 4);
         b.o = randf(nv, 5), b.lse = randf((size_t)(T * H), 6);

@@ -144,7 +144,7 @@ static int BO_FN(call)(const BO_BE *be, const bo_case *c, bo_io *io, void **d, i
         break;
     }
     case OP_ATTENTION: {
-        k3c_attention_sizes s = {c->a, c->b, c->c, c->d, c->ncu ? c->ncu - 1 : 0, 1.0 / sqrt((double)c->c), 0, 0};
+        k3c_attention_sizes s = {c->a, c->b, c->c, c->d, c->ncu ? c->ncu - 1 : 0, 1.0 / sqrt((double)c->c), 0, 0, 0};
         if (phase == 0) {
             WS(be->attention_fwd_workspace(&s));
             rc = ws ? be->attention_fwd(&s, I32(0), CR(1), CR(2), CR(3), R(4), R(5), ws, err) : K3C_ENOMEM;
@@ -156,7 +156,7 @@ static int BO_FN(call)(const BO_BE *be, const bo_case *c, bo_io *io, void **d, i
         break;
     }
     case OP_MAX_LOGIT: {
-        k3c_attention_sizes s = {c->a, c->b, c->c, c->c, c->ncu ? c->ncu - 1 : 0, 1.0 / sqrt((double)c->c), 0, 0};
+        k3c_attention_sizes s = {c->a, c->b, c->c, c->c, c->ncu ? c->ncu - 1 : 0, 1.0 / sqrt((double)c->c), 0, 0, 0};
         rc = be->attention_max_logit(&s, I32(0), CR(1), CR(2), (float *)d[3], err);
         break;
     }

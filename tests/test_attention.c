@@ -43,7 +43,7 @@ static problem make_problem(const int *lens, int n_docs, int64_t H, int64_t dqk,
     int64_t T = 0;
     for (int d = 0; d < n_docs; d++) p.cu[d] = (int32_t)T, T += lens[d];
     p.cu[n_docs] = (int32_t)T;
-    p.s = (k3c_attention_sizes){T, H, dqk, dv, n_docs, 1.0 / sqrt((double)dqk), 0, 0};
+    p.s = (k3c_attention_sizes){T, H, dqk, dv, n_docs, 1.0 / sqrt((double)dqk), 0, 0, 0};
     p.nq = (size_t)(T * H * dqk), p.nv = (size_t)(T * H * dv), p.nl = (size_t)(T * H);
     p.q = randn(p.nq, qsd), p.k = randn(p.nq, 1), p.v = randn(p.nv, 1), p.dout = randn(p.nv, 1);
     return p;
@@ -309,29 +309,36 @@ static void test_structure(void) {
     free(ws), free(g), free(gv), free(o), free(lse), free_result(&all), free_problem(&p);
 }
 
-/* S_max of QK-Clip against a plain loop over the causal, document-masked pairs (documents of 0, 1 and many tokens). */
+/* S_max of QK-Clip against a plain loop over the causal, document-masked pairs (documents of 0, 1 and many tokens);
+ * with q_begin (context parallelism's padding rows) over the query rows from there on only. */
 static void test_max_logit(void) {
     const int64_t T = 150, H = 3, d = 12;
     const int32_t cu[5] = {0, 0, 1, 90, 150};
     double *q = randn((size_t)(T * H * d), 1.0), *k = randn((size_t)(T * H * d), 1.0);
-    k3c_attention_sizes s = {T, H, d, d, 4, 0.3, 0, 0};
+    k3c_attention_sizes s = {T, H, d, d, 4, 0.3, 0, 0, 0};
     float got[3], got32[3];
     k3c_err err = {0};
-    CHECK_OK(k3c_attention_max_logit_f64(&s, cu, q, k, got, &err), &err);
     float *q32 = to_f32(q, (size_t)(T * H * d)), *k32 = to_f32(k, (size_t)(T * H * d));
-    CHECK_OK(k3c_attention_max_logit_f32(&s, cu, q32, k32, got32, &err), &err);
-    for (int64_t h = 0; h < H; h++) {
-        double best = -INFINITY;
-        for (int doc = 0; doc < 4; doc++)
-            for (int64_t i = cu[doc]; i < cu[doc + 1]; i++)
-                for (int64_t j = cu[doc]; j <= i; j++) {
-                    double dot = 0;
-                    for (int64_t c = 0; c < d; c++) dot += q[(i * H + h) * d + c] * k[(j * H + h) * d + c];
-                    if (0.3 * dot > best) best = 0.3 * dot;
-                }
-        CHECK(fabs(got[h] - best) <= 1e-6 * fabs(best) && fabs(got32[h] - best) <= 1e-5 * fabs(best),
-              "head %lld: S_max %.9g (f32 %.9g), loop %.9g", (long long)h, got[h], got32[h], best);
+    static const int64_t begins[] = {0, 1, 95, 140};
+    for (size_t b = 0; b < sizeof begins / sizeof *begins; b++) {
+        s.q_begin = begins[b];
+        CHECK_OK(k3c_attention_max_logit_f64(&s, cu, q, k, got, &err), &err);
+        CHECK_OK(k3c_attention_max_logit_f32(&s, cu, q32, k32, got32, &err), &err);
+        for (int64_t h = 0; h < H; h++) {
+            double best = -INFINITY;
+            for (int doc = 0; doc < 4; doc++)
+                for (int64_t i = cu[doc] > s.q_begin ? cu[doc] : s.q_begin; i < cu[doc + 1]; i++)
+                    for (int64_t j = cu[doc]; j <= i; j++) {
+                        double dot = 0;
+                        for (int64_t c = 0; c < d; c++) dot += q[(i * H + h) * d + c] * k[(j * H + h) * d + c];
+                        if (0.3 * dot > best) best = 0.3 * dot;
+                    }
+            CHECK(fabs(got[h] - best) <= 1e-6 * fabs(best) && fabs(got32[h] - best) <= 1e-5 * fabs(best),
+                  "q_begin %lld head %lld: S_max %.9g (f32 %.9g), loop %.9g", (long long)s.q_begin, (long long)h,
+                  got[h], got32[h], best);
+        }
     }
+    s.q_begin = 0;
     q[(100 * H + 1) * d] = INFINITY; /* one channel: ±inf logits (never inf − inf), an infinite maximum is reported */
     CHECK(k3c_attention_max_logit_f64(&s, cu, q, k, got, &err) == K3C_ENUMERIC, "infinite logits not reported");
     free(q), free(k), free(q32), free(k32);

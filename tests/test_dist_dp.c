@@ -2,7 +2,8 @@
  * process: the tiny K3 model (configs/k3_test_tiny.json: KDA + MLA, 4 experts top-2, AttnRes) trained for 3 steps on
  * one global batch of packed documents, once whole on every rank (the reference: the trainer's single-process step)
  * and once split over the ranks (the trainer's parallel step) at every layout of the ranks: dp = N, ep = N, dp2×ep2,
- * pp = N (4 micro-batches, 1F1B), dp2×pp2, tp = N (src/dist/tp.c; tp4 on a 4-head variant), dp2×tp2 and tp2×pp2.
+ * pp = N (4 micro-batches, 1F1B), dp2×pp2, tp = N (src/dist/tp.c; tp4 on a 4-head variant), dp2×tp2, tp2×pp2, cp = N
+ * (src/dist/cp.c), dp2×cp2 and cp2×ep2.
  * fp32; relative difference of a tensor = ‖x − ref‖₂ / ‖ref‖₂ per parameter-table entry (test_rel_err), tolerance
  * 1e-5 for the loss, every gradient of step 1 (after the sum over ranks) and every weight and optimizer-state entry
  * after 3 steps (Muon + AdamW with clipping active, QK-Clip clipping heads, exact quantile balancing; router biases
@@ -11,6 +12,7 @@
 #include "test.h"
 
 #include "base/check.h"
+#include "dist/cp.h"
 #include "dist/dp.h"
 #include "dist/ep.h"
 #include "dist/pp.h"
@@ -44,6 +46,8 @@ typedef struct {
     int use_pp;
     k3c_comm *tp_comm; /* tensor parallelism over tp consecutive ranks when tp > 1 */
     k3c_tp tp;
+    k3c_comm *cp_comm; /* context parallelism over cp ranks (consecutive world ranks) when cp > 1 */
+    k3c_cp cp;
 } runner;
 
 typedef struct {
@@ -71,6 +75,27 @@ static void make_batch(batch *b) {
     }
 }
 
+/* Documents laid out so that context-parallel ranges cross them in every way (cp2: boundary 80; cp4: 40, 80, 120;
+ * cp2×dp2: the data-parallel split at 78, boundaries 39 and 119): a piece starting one token before a boundary (its
+ * conv tail partly before the document), a piece starting at a boundary, pieces continuing across one, a piece
+ * covering a whole rank (its state passes through), one-token pieces. */
+static void make_batch_cp(batch *b) {
+    static const int len[] = {5, 34, 2, 37, 47, 10, 1, 23, 1};
+    uint64_t s = 777;
+    int t = 0;
+    b->n_docs = 0;
+    b->cu[0] = 0;
+    for (size_t d = 0; d < sizeof len / sizeof *len; d++) {
+        for (int i = 0; i < len[d]; i++) {
+            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+            b->ids[t + i] = (int32_t)((s >> 35) % 32);
+        }
+        for (int i = 0; i < len[d]; i++) b->targets[t + i] = i + 1 < len[d] ? b->ids[t + i + 1] : -1;
+        t += len[d];
+        b->cu[++b->n_docs] = t;
+    }
+}
+
 /* The same documents in reverse order: the same loss, gradients and updates in exact arithmetic, other fp32 sums. */
 static void reverse_docs(const batch *a, batch *b) {
     int t = 0;
@@ -85,7 +110,7 @@ static void reverse_docs(const batch *a, batch *b) {
     }
 }
 
-static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep, int pp, int tp, k3c_err *err) {
+static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep, int pp, int tp, int cp, k3c_err *err) {
     memset(r, 0, sizeof *r);
     CHECK_RC(k3c_model_create_f32(cfg, 1, &r->m, err));
     k3c_model_init_f32(&r->m, 7, 0.1);
@@ -113,10 +138,17 @@ static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep,
         r->m.tp = &r->tp.hook;
         k3c_dp_set_tp(&r->dp, tp);
     }
-    if (ep > 1) { /* the EP group: ranks that share rank / ep (EP innermost, as docs/PLAN.md orders ranks) */
-        CHECK_RC(k3c_comm_split(comm, comm->rank / ep, comm->rank, &r->ep_comm, err));
+    if (ep > 1) { /* the EP group: ranks that share rank / ep (EP innermost, as docs/PLAN.md orders ranks); with
+                     context parallelism CP is innermost and EP next to it */
+        int color = cp > 1 ? comm->rank / (ep * cp) * cp + comm->rank % cp : comm->rank / ep;
+        CHECK_RC(k3c_comm_split(comm, color, comm->rank, &r->ep_comm, err));
         CHECK_RC(k3c_ep_init(&r->ep, r->ep_comm, r->be, cfg, err));
         r->m.experts = &r->ep.exchange;
+    }
+    if (cp > 1) { /* the CP group: ranks that share rank / cp (innermost), each a range of its DP part's tokens */
+        CHECK_RC(k3c_comm_split(comm, comm->rank / cp, comm->rank, &r->cp_comm, err));
+        CHECK_RC(k3c_cp_init(&r->cp, r->cp_comm, &r->m, T_BATCH, err));
+        r->m.context = &r->cp.exchange;
     }
     r->state = calloc(n_state ? n_state : 1, sizeof(float));
     CHECK_RC(k3c_step_stats_init_f32(&r->m, T_BATCH, &r->stats, err));
@@ -136,6 +168,10 @@ static void runner_free(runner *r) {
         k3c_tp_free(&r->tp);
         k3c_comm_free(r->tp_comm);
     }
+    if (r->cp_comm) {
+        k3c_cp_free(&r->cp);
+        k3c_comm_free(r->cp_comm);
+    }
     if (r->use_pp) {
         k3c_pp_free(&r->pp);
         k3c_comm_free(r->pp_comm);
@@ -153,7 +189,10 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
     const k3c_backend_f32 *be = r->be;
     k3c_dp *dp = r->dist ? &r->dp : NULL;
     k3c_model_batch b = {T_BATCH, gb->n_docs, gb->ids, gb->cu, gb->targets, 0, 0, NULL, NULL, NULL, NULL};
-    if (dp) CHECK_RC(k3c_dp_split_batch(dp, &b, err));
+    if (r->cp_comm)
+        CHECK_RC(k3c_cp_split_batch(&r->cp, dp, &b, err));
+    else if (dp)
+        CHECK_RC(k3c_dp_split_batch(dp, &b, err));
     CHECK_RC(be->zero(r->m.g, (int64_t)r->m.table.total, err));
     k3c_arena_reset(&r->ar, 0);
     k3c_acts *acts;
@@ -263,7 +302,7 @@ static double fp32_floor(const k3c_config *cfg, const batch *gb, const runner *r
     reverse_docs(gb, &rb);
     runner r2;
     double l, nn, d = NAN;
-    int cc, ok = runner_init(&r2, cfg, NULL, 1, 1, 1, &err) == K3C_OK;
+    int cc, ok = runner_init(&r2, cfg, NULL, 1, 1, 1, 1, &err) == K3C_OK;
     for (int64_t s = 1; ok && s <= STEPS; s++) ok = step(&r2, &rb, s, qb_mode, &l, NULL, &nn, &cc, &err) == K3C_OK;
     const char *worst;
     if (ok) d = max_rel(&ref->m.table, r2.m.w, ref->m.w, -1, &worst);
@@ -279,7 +318,7 @@ static double fp32_floor(const k3c_config *cfg, const batch *gb, const runner *r
  * Histogram QB is a step function of the scores (a score one ulp across a bin edge moves the bias by up to a bin
  * width, and the next step routes differently), so it is compared over one step: loss, gradients and weights within
  * TOL, router biases within one bin width (the estimator's resolution, docs/MODEL.md §7.3). */
-static void compare(k3c_comm *comm, int ep, int pp, int tp, int qb_mode) {
+static void compare(k3c_comm *comm, int ep, int pp, int tp, int cp, int qb_mode) {
     k3c_err err = {0};
     k3c_config cfg;
     if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) {
@@ -288,10 +327,13 @@ static void compare(k3c_comm *comm, int ep, int pp, int tp, int qb_mode) {
     }
     tp_variant(&cfg, tp);
     batch gb;
-    make_batch(&gb);
+    if (cp > 1)
+        make_batch_cp(&gb);
+    else
+        make_batch(&gb);
     runner ref, par;
-    int ok = runner_init(&ref, &cfg, NULL, 1, 1, 1, &err) == K3C_OK;
-    ok = ok && runner_init(&par, &cfg, comm, ep, pp, tp, &err) == K3C_OK;
+    int ok = runner_init(&ref, &cfg, NULL, 1, 1, 1, 1, &err) == K3C_OK;
+    ok = ok && runner_init(&par, &cfg, comm, ep, pp, tp, cp, &err) == K3C_OK;
     CHECK(ok, "setup: %s", err.msg);
     if (!ok) return;
     const int steps = qb_mode == K3C_QB_EXACT ? STEPS : 1;
@@ -348,12 +390,12 @@ static void compare(k3c_comm *comm, int ep, int pp, int tp, int qb_mode) {
     CHECK(par.dp.shard.state_numel < ref.opt.state_numel || comm->size == 1,
           "ZeRO-1: rank %d holds %zu of %zu state floats", comm->rank, par.dp.shard.state_numel, ref.opt.state_numel);
     if (comm->rank == 0) {
-        printf(
-            "dp=%d ep=%d tp=%d pp=%d qb=%s, %d step%s: relative differences loss %.2e, step-1 gradients %.2e, weights "
-            "%.2e, router biases %.2e (absolute %.2e, %.2g bins), optimizer state %.2e; ZeRO-1 state %zu of %zu floats "
-            "on rank 0\n",
-            comm->size / ep / pp / tp, ep, tp, pp, qb_mode ? "histogram" : "exact", steps, steps > 1 ? "s" : "",
-            loss_rel, g_rel, w_rel, b_rel, b_abs, b_bins, s_rel, par.dp.shard.state_numel, ref.opt.state_numel);
+        printf("dp=%d ep=%d tp=%d pp=%d cp=%d qb=%s, %d step%s: relative differences loss %.2e, step-1 gradients "
+               "%.2e, weights %.2e, router biases %.2e (absolute %.2e, %.2g bins), optimizer state %.2e; ZeRO-1 "
+               "state %zu of %zu floats on rank 0\n",
+               comm->size / ep / pp / tp / cp, ep, tp, pp, cp, qb_mode ? "histogram" : "exact", steps,
+               steps > 1 ? "s" : "", loss_rel, g_rel, w_rel, b_rel, b_abs, b_bins, s_rel, par.dp.shard.state_numel,
+               ref.opt.state_numel);
         if (qb_mode == K3C_QB_EXACT && comm->size > 1)
             printf("  fp32 floor: one process on the documents reversed differs from itself by %.2e\n",
                    fp32_floor(&cfg, &gb, &ref, qb_mode));
@@ -394,15 +436,23 @@ static double f64_grad_rel(const k3c_model *x, const k3c_model *ref, const char 
 }
 
 /* In float64 the decomposition itself is checked: the ranks' losses (each over its share, normalised by the global
- * count of targets) and gradients summed over the ranks equal the whole batch's to 1e-12. */
-static void f64_exact(k3c_comm *comm) {
+ * count of targets) and gradients summed over the ranks equal the whole batch's to 1e-12; with cp > 1 the shares are
+ * context-parallel token ranges (the state, conv tails and latents exchanged), and with `trim` the batch loses its
+ * last (one-token) piece, 159 tokens, so the ranges are uneven (one token apart). */
+static void f64_exact(k3c_comm *comm, int cp, int trim) {
     k3c_err err = {0};
     k3c_config cfg;
     k3c_model whole, part;
     k3c_optim o;
     k3c_dp dp;
+    k3c_cp cpx;
+    k3c_comm *cp_comm = NULL;
     batch gb;
-    make_batch(&gb);
+    if (cp > 1)
+        make_batch_cp(&gb);
+    else
+        make_batch(&gb);
+    const int64_t T = trim ? gb.cu[--gb.n_docs] : T_BATCH;
     if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err) || k3c_model_create_f64(&cfg, 1, &whole, &err) ||
         k3c_model_create_f64(&cfg, 1, &part, &err)) {
         CHECK(0, "%s", err.msg);
@@ -411,11 +461,16 @@ static void f64_exact(k3c_comm *comm) {
     k3c_optim_defaults(&o);
     CHECK_OK(k3c_optim_init(&o, &whole.table, &err), &err);
     CHECK_OK(k3c_dp_init(&dp, comm, k3c_backend_cpu_f32(), &o, &whole.table, &err), &err);
+    if (cp > 1) {
+        CHECK_OK(k3c_comm_split(comm, comm->rank / cp, comm->rank, &cp_comm, &err), &err);
+        CHECK_OK(k3c_cp_init(&cpx, cp_comm, &part, T_BATCH, &err), &err);
+        part.context = &cpx.exchange;
+    }
     k3c_model *m[2] = {&whole, &part};
     double loss[2] = {0, 0};
     for (int i = 0; i < 2; i++) {
-        k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
-        if (i) CHECK_OK(k3c_dp_split_batch(&dp, &b, &err), &err);
+        k3c_model_batch b = {T, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
+        if (i) CHECK_OK(cp > 1 ? k3c_cp_split_batch(&cpx, &dp, &b, &err) : k3c_dp_split_batch(&dp, &b, &err), &err);
         f64_loss_grad(m[i], &b, &loss[i]);
     }
     CHECK_OK(k3c_dp_sum(&dp, &loss[1], &err), &err);
@@ -425,8 +480,13 @@ static void f64_exact(k3c_comm *comm) {
     double g_rel = f64_grad_rel(&part, &whole, &worst), l_rel = fabs(loss[1] - loss[0]) / fabs(loss[0]);
     CHECK(l_rel <= 1e-12 && g_rel <= 1e-12, "float64: loss %.3e, gradients %.3e relative (%s)", l_rel, g_rel, worst);
     if (comm->rank == 0)
-        printf("dp=%d float64: loss %.2e, gradients %.2e (relative differences; the decomposition is exact)\n",
-               comm->size, l_rel, g_rel);
+        printf("dp=%d cp=%d float64, %lld tokens: loss %.2e, gradients %.2e (relative differences; the decomposition "
+               "is exact)\n",
+               comm->size / cp, cp, (long long)T, l_rel, g_rel);
+    if (cp_comm) {
+        k3c_cp_free(&cpx);
+        k3c_comm_free(cp_comm);
+    }
     k3c_dp_free(&dp);
     k3c_optim_free(&o);
     k3c_model_free_f64(&whole);
@@ -475,22 +535,35 @@ static void f64_tp(k3c_comm *comm) {
     k3c_model_free_f64(&part);
 }
 
+/* The tiny model (no gradients), its optimizer and ZeRO-1 over comm, for the split checks; 0 when the model failed. */
+static int split_setup(k3c_comm *comm, k3c_model *m, k3c_optim *o, k3c_dp *dp) {
+    k3c_err err = {0};
+    k3c_config cfg;
+    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err) || k3c_model_create_f32(&cfg, 0, m, &err)) {
+        CHECK(0, "%s", err.msg);
+        return 0;
+    }
+    k3c_optim_defaults(o);
+    CHECK_OK(k3c_optim_init(o, &m->table, &err), &err);
+    CHECK_OK(k3c_dp_init(dp, comm, k3c_backend_cpu_f32(), o, &m->table, &err), &err);
+    return 1;
+}
+
+static void split_free(k3c_model *m, k3c_optim *o, k3c_dp *dp) {
+    k3c_dp_free(dp);
+    k3c_optim_free(o);
+    k3c_model_free_f32(m);
+}
+
 /* The batch split: consecutive whole pieces covering the batch, and a clear error for fewer pieces than ranks. */
 static void split_rules(k3c_comm *comm) {
     k3c_err err = {0};
     batch gb;
     make_batch(&gb);
-    k3c_config cfg;
     k3c_model m;
     k3c_optim o;
-    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err) || k3c_model_create_f32(&cfg, 0, &m, &err)) {
-        CHECK(0, "%s", err.msg);
-        return;
-    }
-    k3c_optim_defaults(&o);
     k3c_dp dp;
-    CHECK_OK(k3c_optim_init(&o, &m.table, &err), &err);
-    CHECK_OK(k3c_dp_init(&dp, comm, k3c_backend_cpu_f32(), &o, &m.table, &err), &err);
+    if (!split_setup(comm, &m, &o, &dp)) return;
     k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
     CHECK_OK(k3c_dp_split_batch(&dp, &b, &err), &err);
     int64_t sum = 0, start = b.ids - gb.ids, before = 0;
@@ -502,9 +575,39 @@ static void split_rules(k3c_comm *comm) {
     if (comm->size > 1)
         CHECK(k3c_dp_split_batch(&dp, &one, &err) == K3C_EINVAL && strstr(err.msg, "document pieces"),
               "one piece for %d ranks: %s", comm->size, err.msg);
-    k3c_dp_free(&dp);
-    k3c_optim_free(&o);
-    k3c_model_free_f32(&m);
+    split_free(&m, &o, &dp);
+}
+
+/* The context-parallel split: contiguous ranges in rank order covering the batch, pieces continued across them, and a
+ * clear error for ranges shorter than the short conv's tail. */
+static void cp_split_rules(k3c_comm *comm) {
+    k3c_err err = {0};
+    batch gb;
+    make_batch_cp(&gb);
+    k3c_model m;
+    k3c_optim o;
+    k3c_dp dp;
+    k3c_cp cp;
+    if (!split_setup(comm, &m, &o, &dp)) return;
+    CHECK_OK(k3c_cp_init(&cp, comm, &m, T_BATCH, &err), &err);
+    k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
+    CHECK_OK(k3c_cp_split_batch(&cp, &dp, &b, &err), &err);
+    const k3c_context_exchange *x = &cp.exchange;
+    int64_t sum = 0, start = b.ids - gb.ids, before = 0;
+    for (int r = 0; r < comm->size; r++) sum += dp.T_all[r], before += r < comm->rank ? dp.T_all[r] : 0;
+    CHECK(sum == T_BATCH && start == before && x->start == start && x->T_keys == start + b.T &&
+              b.cu_seqlens[b.n_docs] == b.T && b.loss_norm == T_BATCH - gb.n_docs,
+          "cp split: %lld tokens in all, this rank's start %lld vs %lld", (long long)sum, (long long)start,
+          (long long)before);
+    CHECK(x->cont_prev == (comm->rank > 0) && x->cont_next == (comm->rank < comm->size - 1),
+          "cp split: every boundary of this batch cuts a piece (rank %d: %d %d)", comm->rank, x->cont_prev,
+          x->cont_next);
+    int32_t cu_short[2] = {0, (int32_t)(2 * comm->size)};
+    k3c_model_batch tiny = {2 * comm->size, 1, gb.ids, cu_short, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
+    CHECK(k3c_cp_split_batch(&cp, &dp, &tiny, &err) == K3C_EINVAL && strstr(err.msg, "short conv's tail of 3"),
+          "ranges of 2 tokens: %s", err.msg);
+    k3c_cp_free(&cp);
+    split_free(&m, &o, &dp);
 }
 
 /* The run config's parallel block against the world and the model. */
@@ -546,10 +649,12 @@ static void layouts(void) {
     CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 3, 1, 0}, &cfg, 3, "run.json", &out, &err) == K3C_ECONFIG &&
               strstr(err.msg, "layers"),
           "pp not dividing layers: %s", err.msg);
-    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 1, 2, 0}, &cfg, 2, "run.json", &out, &err) ==
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 2, 2, 0}, &cfg, 4, "run.json", &out, &err) ==
                   K3C_EUNSUPPORTED &&
-              strstr(err.msg, "cp"),
+              strstr(err.msg, "cp = 2 with pp = 2"),
           "a valid layout not built yet: %s", err.msg);
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){2, 1, 1, 1, 2, 0}, &cfg, 4, "run.json", &out, &err) == 0 && out.cp == 2,
+          "dp2×cp2 on 4 ranks: %s", err.msg);
     CHECK(k3c_parallel_resolve(&(k3c_parallel){2, 1, 1, 2, 1, 0}, &cfg, 4, "run.json", &out, &err) == 0 &&
               out.pp == 2 && out.micro_batches == 2,
           "dp2×pp2 on 4 ranks: %s", err.msg);
@@ -562,18 +667,23 @@ static void layouts(void) {
 /* Every layout of the ranks there are: dp = size, ep = size, dp2×ep2 on 4 ranks, pp = size, dp2×pp2 on 4 ranks. */
 static void run_all(k3c_comm *comm) {
     split_rules(comm);
-    f64_exact(comm);
+    f64_exact(comm, 1, 0);
     f64_tp(comm);
+    if (comm->size > 1) cp_split_rules(comm);
+    for (int cp = 2; cp <= comm->size; cp *= 2) f64_exact(comm, cp, 0), f64_exact(comm, cp, 1);
     for (int ep = 1; ep <= comm->size; ep *= 2) {
         if (ep > 1 && ep < comm->size && ep != 2) continue;
-        compare(comm, ep, 1, 1, K3C_QB_EXACT);
-        compare(comm, ep, 1, 1, K3C_QB_HISTOGRAM);
+        compare(comm, ep, 1, 1, 1, K3C_QB_EXACT);
+        compare(comm, ep, 1, 1, 1, K3C_QB_HISTOGRAM);
     }
     for (int pp = 2; pp <= comm->size; pp *= 2) /* pp = size, and dp2×pp2 on 4 ranks */
-        compare(comm, 1, pp, 1, K3C_QB_EXACT);
+        compare(comm, 1, pp, 1, 1, K3C_QB_EXACT);
     for (int tp = 2; tp <= comm->size; tp *= 2) /* tp = size, and dp2×tp2 on 4 ranks */
-        compare(comm, 1, 1, tp, K3C_QB_EXACT);
-    if (comm->size == 4) compare(comm, 1, 2, 2, K3C_QB_EXACT); /* tp2×pp2 */
+        compare(comm, 1, 1, tp, 1, K3C_QB_EXACT);
+    if (comm->size == 4) compare(comm, 1, 2, 2, 1, K3C_QB_EXACT); /* tp2×pp2 */
+    for (int cp = 2; cp <= comm->size; cp *= 2)                   /* cp = size, and cp2×dp2 on 4 ranks */
+        compare(comm, 1, 1, 1, cp, K3C_QB_EXACT);
+    if (comm->size == 4) compare(comm, 2, 1, 1, 2, K3C_QB_EXACT); /* cp2×ep2 */
 }
 
 int main(int argc, char **argv) {

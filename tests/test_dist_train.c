@@ -1,11 +1,10 @@
 /* test_dist_train.c — the parallel launch end to end: `mpirun -np N k3c train --config RUN.json` with a "parallel"
  * block on the trainer fixture (tiny K3 model, real tokenizer and shards; tests/train_fixture.h), against the same run
  * in one process: the checkpoints after 2 and 4 steps equal within 1e-5 (per-tensor relative, fp32; router biases
- * absolute, see ckpt_diff), a dp2 run resumed from
- * its own checkpoint continues bit for bit, a dp2 checkpoint resumed by one process (and a one-process checkpoint
- * resumed at dp2) continues like the single process; the same for ep2, dp2×ep2, pp2, dp2×pp2, tp2 and tp2×pp2 (a
- * dp2×ep2 checkpoint resumed at tp2, a tp2 checkpoint by one process); and impossible layouts fail with messages naming
- * the field. */
+ * absolute, see ckpt_diff), a dp2 run resumed from its own checkpoint continues bit for bit, a dp2 checkpoint resumed
+ * by one process (and a one-process checkpoint resumed at dp2) continues like the single process; the same for ep2,
+ * dp2×ep2, pp2, dp2×pp2, tp2, tp2×pp2 (a dp2×ep2 checkpoint resumed at tp2, a tp2 checkpoint by one process), cp2,
+ * dp2×cp2 and ep2×cp2; and impossible layouts fail with messages naming the field. */
 #include "test.h"
 
 #pragma GCC diagnostic ignored "-Wunused-function" /* the fixture's helpers this test does not need */
@@ -21,17 +20,29 @@ static const char *const ST0 = "{\"name\": \"s32\", \"seq_len\": 32, \"steps\": 
 static const char *const ST1 = "{\"name\": \"s32b\", \"seq_len\": 32, \"steps\": 2, \"lr\": 0.001, \"schedule\": "
                                "\"linear\", \"mixture\": {\"a\": 0.2, \"b\": 0.8}}";
 
-static void write_cfg(const fixture *fx, const char *name, const char *parallel, char *path, size_t n) {
+/* For context parallelism: sequences of 128 then 64 tokens (cp2: one sequence per step), so the ranks' ranges cut
+ * through pieces; dp2×cp2 runs CP1 then ST0 (a sequence of 64, then 32, per data-parallel part). */
+static const char *const CP0 = "{\"name\": \"s128\", \"seq_len\": 128, \"steps\": 2, \"lr\": 0.001, \"warmup\": 1, "
+                               "\"schedule\": \"cosine\", \"mixture\": {\"a\": 0.8, \"b\": 0.2}}";
+static const char *const CP1 = "{\"name\": \"s64\", \"seq_len\": 64, \"steps\": 2, \"lr\": 0.001, \"schedule\": "
+                               "\"linear\", \"mixture\": {\"a\": 0.2, \"b\": 0.8}}";
+
+static void write_cfg_stages(const fixture *fx, const char *name, const char *parallel, const char *st0,
+                             const char *st1, char *path, size_t n) {
     run_params p = defaults(name);
     char extra[256];
     snprintf(extra, sizeof extra, "%s%s", parallel ? ", \"parallel\": " : "", parallel ? parallel : "");
-    p.stage0 = ST0;
-    p.stage1 = ST1;
+    p.stage0 = st0;
+    p.stage1 = st1;
     p.ckpt_every = 1;
     p.keep = 10;
     p.eval_every = 0;
     p.extra = extra;
     write_run(fx, name, &p, path, n);
+}
+
+static void write_cfg(const fixture *fx, const char *name, const char *parallel, char *path, size_t n) {
+    write_cfg_stages(fx, name, parallel, ST0, ST1, path, n);
 }
 
 /* `mpirun -np np k3c train --config cfg args`; returns the exit status, output in out. */
@@ -227,7 +238,39 @@ int main(void) {
     CHECK_OK(train(res6, 1, 0, NULL, &r, &err), &err);
     check_close(&fx, "res6", "one", 4, "tp2 checkpoint resumed by one process");
 
-    /* impossible layouts: the world size, the experts, the layers, the heads */
+    /* context parallelism: cp2 on 2 ranks, dp2×cp2 on 4, a cp2 checkpoint resumed by one process and a one-process
+       checkpoint resumed at cp2; one sequence per data-parallel part, so the ranges of the ranks cut through pieces */
+    char onecp[1400], onecp2[1400], cp2[1400], res7[1400], res8[1400];
+    write_cfg_stages(&fx, "onecp", NULL, CP0, CP1, onecp, sizeof onecp);
+    CHECK_OK(train(onecp, 0, 0, NULL, &r, &err), &err);
+    write_cfg_stages(&fx, "cp2", "{\"cp\": 2}", CP0, CP1, cp2, sizeof cp2);
+    st = k3c_mpi(2, cp2, "", out, sizeof out);
+    CHECK(st == 0, "mpirun -np 2 k3c train (cp2) exited %d:\n%s", st, out);
+    check_close(&fx, "cp2", "onecp", 2, "cp2 vs one process");
+    check_close(&fx, "cp2", "onecp", 4, "cp2 vs one process");
+    write_cfg_stages(&fx, "onecp2", NULL, CP1, ST0, onecp2, sizeof onecp2);
+    CHECK_OK(train(onecp2, 0, 0, NULL, &r, &err), &err);
+    static const char *const with[2][2] = {{"dpcp", "{\"dp\": 2, \"cp\": 2}"}, {"epcp", "{\"ep\": 2, \"cp\": 2}"}};
+    for (int i = 0; i < 2; i++) { /* dp2×cp2 and ep2×cp2 on 4 ranks */
+        char path[1400], what[64];
+        write_cfg_stages(&fx, with[i][0], with[i][1], CP1, ST0, path, sizeof path);
+        snprintf(what, sizeof what, "%s×cp2 vs one process", i ? "ep2" : "dp2");
+        st = k3c_mpi(4, path, "", out, sizeof out);
+        CHECK(st == 0, "mpirun -np 4 k3c train (%s) exited %d:\n%s", what, st, out);
+        check_close(&fx, with[i][0], "onecp2", 2, what);
+        check_close(&fx, with[i][0], "onecp2", 4, what);
+    }
+    write_cfg_stages(&fx, "res7", NULL, CP0, CP1, res7, sizeof res7);
+    copy_at_step2(&fx, "res7", "cp2");
+    CHECK_OK(train(res7, 1, 0, NULL, &r, &err), &err);
+    check_close(&fx, "res7", "onecp", 4, "cp2 checkpoint resumed by one process");
+    write_cfg_stages(&fx, "res8", "{\"cp\": 2}", CP0, CP1, res8, sizeof res8);
+    copy_at_step2(&fx, "res8", "onecp");
+    st = k3c_mpi(2, res8, "--resume", out, sizeof out);
+    CHECK(st == 0, "one-process checkpoint resumed at cp2 exited %d:\n%s", st, out);
+    check_close(&fx, "res8", "onecp", 4, "one-process checkpoint resumed at cp2");
+
+    /* impossible layouts: the world size, the experts, the layers, the heads, a sequence length cp does not divide */
     write_cfg(&fx, "bad", "{\"dp\": 2}", bad, sizeof bad);
     st = k3c_mpi(4, bad, "", out, sizeof out);
     CHECK(st != 0 && contains(out, "bad.json: parallel: dp×ep×tp×pp×cp = 2×1×1×1×1 = 2 ranks, but the run has 4"),
@@ -244,6 +287,10 @@ int main(void) {
     st = k3c_mpi(4, bad, "", out, sizeof out);
     CHECK(st != 0 && contains(out, "parallel.tp = 4 does not divide the model's 2 KDA heads"), "tp4: exit %d:\n%s", st,
           out);
+    write_cfg(&fx, "bad", "{\"cp\": 3}", bad, sizeof bad);
+    st = k3c_mpi(3, bad, "", out, sizeof out);
+    CHECK(st != 0 && contains(out, "bad.json: parallel.cp = 3 does not divide stage 0 (s32): seq_len 32"),
+          "cp3: exit %d:\n%s", st, out);
     write_cfg(&fx, "bad", "{\"pp\": 2, \"micro_batches\": 64}", bad, sizeof bad);
     st = k3c_mpi(2, bad, "", out, sizeof out);
     CHECK(st != 0 && contains(out, "document pieces for 64 micro-batches") && contains(out, "seq_len"),

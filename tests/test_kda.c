@@ -408,6 +408,50 @@ static void test_decode_continuation(void) {
     free_case(&c);
 }
 
+/* Context parallelism (docs/PARALLEL.md "Context parallelism"): one document cut between two ranks at a token that is
+ * no chunk boundary. The first part runs from h0 and hands its final state on; the second starts from it; backward, the
+ * second part's dh0 is the first part's dht. Outputs, final state and every gradient equal the unsplit chunked KDA's
+ * (float64, 1e-12), and the second part's state gradient (the path a rank sends back) passes the FD check. */
+static void test_context_split(void) {
+    static const int lens[] = {45};
+    const int64_t t1 = 21, H = 2, dk = 8, dv = 6;
+    kcase c = make_case(1, lens, H, dk, dv, 1, -6, -0.01);
+    k3c_err e = {0};
+    kout w;
+    CHECK_OK(run64(&c, CHUNK, &w, &e), &e);
+    kcase part[2];
+    for (int i = 0; i < 2; i++) { /* views into c: tokens [0, t1) and [t1, T) */
+        int64_t t0 = i ? t1 : 0;
+        part[i] = c;
+        part[i].use_cu = 0;
+        part[i].d.T = i ? c.d.T - t1 : t1;
+        part[i].q = c.q + t0 * H * dk, part[i].k = c.k + t0 * H * dk, part[i].g = c.g + t0 * H * dk;
+        part[i].v = c.v + t0 * H * dv, part[i].dout = c.dout + t0 * H * dv, part[i].beta = c.beta + t0 * H;
+    }
+    kout a, b;
+    double *hand = calloc(ns(&c), 8), *o0 = calloc(nv(&part[0]), 8); /* the state the first rank sends */
+    CHECK_OK(fwd64(&part[0], CHUNK, o0, hand, &e), &e);
+    part[1].h0 = hand;
+    CHECK_OK(run64(&part[1], CHUNK, &b, &e), &e);
+    part[0].dht = b.dh0; /* the state gradient the second rank sends back */
+    CHECK_OK(run64(&part[0], CHUNK, &a, &e), &e);
+    double worst = 0;
+    const double *whole[] = {w.o, w.dq, w.dk, w.dv, w.dg, w.dbeta};
+    const double *pa[] = {a.o, a.dq, a.dk, a.dv, a.dg, a.dbeta}, *pb[] = {b.o, b.dq, b.dk, b.dv, b.dg, b.dbeta};
+    const int64_t width[] = {H * dv, H * dk, H * dk, H * dv, H * dk, H};
+    for (int i = 0; i < 6; i++) {
+        worst = fmax(worst, test_rel_err_d(pa[i], whole[i], (size_t)(t1 * width[i])));
+        worst = fmax(worst, test_rel_err_d(pb[i], whole[i] + t1 * width[i], (size_t)((c.d.T - t1) * width[i])));
+    }
+    worst = fmax(worst, test_rel_err_d(b.ht, w.ht, ns(&c)));
+    worst = fmax(worst, test_rel_err_d(a.dh0, w.dh0, ns(&c)));
+    CHECK_LE(worst, 1e-12, "KDA split at token 21 of 45 (state handed on) vs unsplit: o, ht and every gradient");
+    fd_case("second part from the handed state", &part[1], CHUNK);
+    kout_free(&a), kout_free(&b), kout_free(&w);
+    free(hand), free(o0);
+    free_case(&c);
+}
+
 static void test_arg_checks(void) {
     static const int lens[] = {20};
     kcase c = make_case(1, lens, 1, 4, 3, 0, -6, -5.5);
@@ -619,6 +663,7 @@ int main(void) {
     test_core_cases();
     test_recurrent_segments();
     test_decode_continuation();
+    test_context_split();
     test_arg_checks();
     test_gate();
     test_l2norm();

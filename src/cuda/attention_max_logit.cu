@@ -144,6 +144,9 @@ extern "C" int k3c_attention_max_logit_cuda(const k3c_attention_sizes *s, const 
                         "attention_max_logit_cuda: bad sizes (0 <= T <= 2^30, 0 < H <= 65535, dqk > 0, "
                         "scale finite)");
     if (!smax) return k3c_errf(err, K3C_EINVAL, "attention_max_logit_cuda: NULL smax");
+    if (s->q_begin != 0) /* context parallelism runs on the CPU only for now */
+        return k3c_errf(err, K3C_EUNSUPPORTED, "attention_max_logit_cuda: padding rows (q_begin %lld) not supported",
+                        (long long)s->q_begin);
     if (cu_seqlens && (s->n_docs <= 0 || s->n_docs > INT32_MAX - 1))
         return k3c_errf(err, K3C_EINVAL, "attention_max_logit_cuda: cu_seqlens given with n_docs %lld",
                         (long long)s->n_docs);

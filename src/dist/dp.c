@@ -98,20 +98,27 @@ void k3c_dp_free(k3c_dp *dp) {
     memset(dp, 0, sizeof *dp);
 }
 
-/* Rank r's first piece: the boundary nearest r·T/size that leaves at least one piece to every rank. */
-static int split_point(const int32_t *cu, int n_docs, int64_t T, int r, int size, int lo) {
-    int best = lo;
+/* Rank r's first piece: the boundary nearest r·T/size that leaves at least one piece to every rank (among the
+ * boundaries at multiples of `mult` when there are any). */
+static int split_point(const int32_t *cu, int n_docs, int64_t T, int r, int size, int lo, int mult) {
+    int best = lo, aligned = -1;
     double goal = (double)T * r / size;
-    for (int d = lo; d <= n_docs - (size - r); d++)
+    for (int d = lo; d <= n_docs - (size - r); d++) {
         if (fabs(cu[d] - goal) < fabs(cu[best] - goal)) best = d;
-    return best;
+        if (cu[d] % mult == 0 && (aligned < 0 || fabs(cu[d] - goal) < fabs(cu[aligned] - goal))) aligned = d;
+    }
+    return aligned >= 0 ? aligned : best;
+}
+
+void k3c_batch_part_aligned(const int32_t *cu, int n_docs, int64_t T, int part, int parts, int mult, int *d0, int *d1) {
+    *d0 = 0;
+    *d1 = n_docs;
+    for (int r = 1; r <= part; r++) *d0 = split_point(cu, n_docs, T, r, parts, *d0 + 1, mult);
+    if (part < parts - 1) *d1 = split_point(cu, n_docs, T, part + 1, parts, *d0 + 1, mult);
 }
 
 void k3c_batch_part(const int32_t *cu, int n_docs, int64_t T, int part, int parts, int *d0, int *d1) {
-    *d0 = 0;
-    *d1 = n_docs;
-    for (int r = 1; r <= part; r++) *d0 = split_point(cu, n_docs, T, r, parts, *d0 + 1);
-    if (part < parts - 1) *d1 = split_point(cu, n_docs, T, part + 1, parts, *d0 + 1);
+    k3c_batch_part_aligned(cu, n_docs, T, part, parts, 1, d0, d1);
 }
 
 int k3c_dp_split_batch(k3c_dp *dp, k3c_model_batch *b, k3c_err *err) {

@@ -13,7 +13,7 @@
 /* ---------------------------------------------------------------- layout (layout.c)
  * p as read from the run config (all zero: no "parallel" block, then dp = the world size). Checks, naming `file`: every
  * degree ≥ 1, dp·ep·tp·pp·cp = world, ep divides the routed experts, tp divides every head count, pp divides the
- * layers; then K3C_EUNSUPPORTED for the kinds not built yet (tp, pp, cp). *out gets the resolved layout. */
+ * layers; then K3C_EUNSUPPORTED for what is not built yet (tp; cp with pp). *out gets the resolved layout. */
 int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world, const char *file, k3c_parallel *out,
                          k3c_err *err);
 
@@ -55,6 +55,9 @@ void k3c_dp_set_tp(k3c_dp *dp, int tp);
 /* Part `part` of `parts` of a packed batch: its document pieces [*d0, *d1), consecutive and whole, the split points the
  * piece boundaries nearest to equal token shares, at least one piece each (n_docs >= parts). */
 void k3c_batch_part(const int32_t *cu, int n_docs, int64_t T, int part, int parts, int *d0, int *d1);
+/* The same with every split point at a token offset that is a multiple of mult where such a boundary exists (context
+ * parallelism: parts that cp divides). */
+void k3c_batch_part_aligned(const int32_t *cu, int n_docs, int64_t T, int part, int parts, int mult, int *d0, int *d1);
 
 /* b (the global batch every rank loaded) becomes this rank's part: consecutive whole document pieces, the split
  * points the piece boundaries nearest to equal token shares; loss_norm = the counted targets of the whole batch, so

@@ -32,11 +32,16 @@ int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world
     if (cfg->num_layers % out->pp)
         return k3c_errf(err, K3C_ECONFIG, "%s: parallel.pp = %lld does not divide the model's %lld layers", file,
                         (long long)out->pp, (long long)cfg->num_layers);
-    if (out->cp > 1) /* dp, ep, tp and pp run; cp not yet */
+    if (out->cp > 1 && out->pp > 1)
         return k3c_errf(err, K3C_EUNSUPPORTED,
-                        "%s: parallel.cp = %lld: this layout fits the model, but k3c runs data, expert, tensor and "
-                        "pipeline parallelism only so far (docs/PARALLEL.md)",
-                        file, (long long)out->cp);
+                        "%s: parallel: cp = %lld with pp = %lld: context parallelism combines with data and expert "
+                        "parallelism only so far (docs/PARALLEL.md)",
+                        file, (long long)out->cp, (long long)out->pp);
+    if (out->cp > 1 && out->tp > 1)
+        return k3c_errf(err, K3C_EUNSUPPORTED,
+                        "%s: parallel: cp = %lld with tp = %lld: context and tensor parallelism do not combine yet "
+                        "(docs/PARALLEL.md)",
+                        file, (long long)out->cp, (long long)out->tp);
     if (out->tp > 1 && out->ep > 1)
         return k3c_errf(err, K3C_EUNSUPPORTED,
                         "%s: parallel: tp = %lld with ep = %lld: tensor parallelism combines with data and pipeline "

@@ -62,6 +62,109 @@ void k3c_kda_alloc(const k3c_model *m, int64_t T, k3c_acts_carver *c, k3c_kda_ac
     a->ro = K3C_CARVE_DEV(c, real, T * s.H);
 }
 
+/* Context parallelism (model.h k3c_context_exchange): the first local document piece may continue the previous rank's
+ * last and the last continue into the next rank's first. Those two pieces run as their own calls, the first from the
+ * received conv tail or KDA state, the last handing its final state on; the pieces between run as one call. */
+typedef struct {
+    int64_t t0, T;
+    int n_docs;
+    const int32_t *cu;
+    int first, last; /* holds the first / last local piece */
+} cp_seg;
+
+/* The calls over the local tokens: one over all of them (cont 0), else the first piece, the pieces between (if any)
+ * and the last piece. */
+static int cp_segments(const k3c_step *st, int cont, cp_seg *seg) {
+    const k3c_context_exchange *cx = st->m->context;
+    if (!cont || st->n_docs == 1) {
+        seg[0] = (cp_seg){0, st->T, st->n_docs, cont ? NULL : st->cu, 1, 1};
+        return 1;
+    }
+    int64_t e0 = cx->first_len, e1 = e0 + cx->cu_rest[st->n_docs - 2];
+    int n = 0;
+    seg[n++] = (cp_seg){0, e0, 1, NULL, 1, 0};
+    if (st->n_docs > 2) seg[n++] = (cp_seg){e0, e1 - e0, st->n_docs - 2, cx->cu_rest, 0, 0};
+    seg[n++] = (cp_seg){e1, st->T - e1, 1, NULL, 0, 1};
+    return n;
+}
+
+/* Short conv + SiLU of x [T, C]; under context parallelism the first piece starts from the previous rank's tail. */
+static int conv_fwd(k3c_step *st, int l, int i, int64_t C, int W, const real *x, const real *w, real *y, k3c_err *err) {
+    const k3c_context_exchange *cx = st->m->context;
+    void *state = NULL;
+    if (cx) CHECK_RC(cx->conv_tail(cx->ctx, l, i, x, st->T, C, W, &state, err));
+    cp_seg seg[3];
+    int n = cp_segments(st, state != NULL, seg);
+    for (int j = 0; j < n; j++) {
+        k3c_short_conv_dims sd = {seg[j].T, C, W, seg[j].n_docs};
+        CHECK_RC(st->be->short_conv_fwd(&sd, seg[j].cu, x + seg[j].t0 * C, w, seg[j].first ? state : NULL,
+                                        y + seg[j].t0 * C, NULL, err));
+    }
+    return K3C_OK;
+}
+
+/* Its backward: dx, dw added; under context parallelism the tail's gradient goes back to the previous rank and the
+ * next rank's comes into the last W − 1 rows of dx. dstate: [C, W − 1] zeroed scratch. */
+static int conv_bwd(k3c_step *st, int l, int i, int64_t C, int W, const real *x, const real *w, const real *dy,
+                    real *dx, real *dw, real *dstate, k3c_err *err) {
+    const k3c_context_exchange *cx = st->m->context;
+    void *state = NULL;
+    if (cx) CHECK_RC(cx->conv_tail(cx->ctx, l, i, NULL, st->T, C, W, &state, err));
+    cp_seg seg[3];
+    int n = cp_segments(st, state != NULL, seg);
+    for (int j = 0; j < n; j++) {
+        k3c_short_conv_dims sd = {seg[j].T, C, W, seg[j].n_docs};
+        int64_t o = seg[j].t0 * C;
+        CHECK_RC(st->be->short_conv_bwd(&sd, seg[j].cu, x + o, w, seg[j].first ? state : NULL, dy + o, dx + o, dw,
+                                        seg[j].first && state ? dstate : NULL, st->scratch, err));
+    }
+    return cx ? cx->conv_tail_bwd(cx->ctx, l, i, state ? dstate : NULL, dx, st->T, C, W, err) : K3C_OK;
+}
+
+/* The KDA core; under context parallelism the first piece starts from the previous rank's final state and the last
+ * piece's final state goes to the next rank. */
+static int core_fwd(k3c_step *st, int l, const k3c_kda_dims *kd, k3c_kda_acts *a, k3c_err *err) {
+    const k3c_context_exchange *cx = st->m->context;
+    const int cont = cx && (cx->cont_prev || cx->cont_next);
+    if (cont && cx->cont_prev) CHECK_RC(cx->kda_pass(cx->ctx, l, K3C_CP_H0, err));
+    const real *h0 = cont ? cx->kda_buf(cx->ctx, l, K3C_CP_H0) : NULL;
+    real *ht = cont ? cx->kda_buf(cx->ctx, l, K3C_CP_HT) : NULL;
+    cp_seg seg[3];
+    int n = cp_segments(st, cont, seg);
+    const int64_t P = kd->H * kd->dk, H = kd->H;
+    for (int j = 0; j < n; j++) {
+        k3c_kda_dims sd = *kd;
+        sd.T = seg[j].T, sd.n_docs = seg[j].n_docs;
+        int64_t o = seg[j].t0 * P;
+        CHECK_RC(st->be->kda_fwd(&sd, seg[j].cu, a->qn + o, a->kn + o, a->vc + o, a->g + o, a->beta + seg[j].t0 * H,
+                                 seg[j].first ? h0 : NULL, a->o + o, seg[j].last ? ht : NULL, st->scratch, err));
+    }
+    return ht ? cx->kda_pass(cx->ctx, l, K3C_CP_HT, err) : K3C_OK;
+}
+
+/* Its backward: the state gradient comes back from the next rank and goes on to the previous one. */
+static int core_bwd(k3c_step *st, int l, const k3c_kda_dims *kd, k3c_kda_acts *a, const real *d_o, real *dq, real *dk,
+                    real *dv, real *dgate, real *dbeta, k3c_err *err) {
+    const k3c_context_exchange *cx = st->m->context;
+    const int cont = cx && (cx->cont_prev || cx->cont_next);
+    if (cont && cx->cont_next) CHECK_RC(cx->kda_pass(cx->ctx, l, K3C_CP_DHT, err));
+    const real *h0 = cont ? cx->kda_buf(cx->ctx, l, K3C_CP_H0) : NULL;
+    const real *dht = cont ? cx->kda_buf(cx->ctx, l, K3C_CP_DHT) : NULL;
+    real *dh0 = cont ? cx->kda_buf(cx->ctx, l, K3C_CP_DH0) : NULL;
+    cp_seg seg[3];
+    int n = cp_segments(st, cont, seg);
+    const int64_t P = kd->H * kd->dk, H = kd->H;
+    for (int j = 0; j < n; j++) {
+        k3c_kda_dims sd = *kd;
+        sd.T = seg[j].T, sd.n_docs = seg[j].n_docs;
+        int64_t o = seg[j].t0 * P, ob = seg[j].t0 * H;
+        CHECK_RC(st->be->kda_bwd(&sd, seg[j].cu, a->qn + o, a->kn + o, a->vc + o, a->g + o, a->beta + ob,
+                                 seg[j].first ? h0 : NULL, d_o + o, seg[j].last ? dht : NULL, dq + o, dk + o, dv + o,
+                                 dgate + o, dbeta + ob, seg[j].first ? dh0 : NULL, st->scratch, err));
+    }
+    return dh0 ? cx->kda_pass(cx->ctx, l, K3C_CP_DH0, err) : K3C_OK;
+}
+
 int k3c_kda_layer_fwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, real *y, k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
@@ -73,10 +176,9 @@ int k3c_kda_layer_fwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, real
     const real *Wp[3] = {w + o->q_proj, w + o->k_proj, w + o->v_proj};
     const real *Wc[3] = {w + o->q_conv, w + o->k_conv, w + o->v_conv};
     real *pre[3] = {a->qh, a->kh, a->vh}, *post[3] = {a->qn, a->kn, a->vc};
-    k3c_short_conv_dims cd = {T, s.P, (int)s.W, st->n_docs};
     for (int i = 0; i < 3; i++) {
         CHECK_RC(k3c_lin(st, T, s.D, s.P, xn, Wp[i], pre[i], 0, err));
-        CHECK_RC(st->be->short_conv_fwd(&cd, st->cu, pre[i], Wc[i], NULL, post[i], NULL, err));
+        CHECK_RC(conv_fwd(st, l, i, s.P, (int)s.W, pre[i], Wc[i], post[i], err));
     }
     k3c_l2norm_dims ld = {T * s.H, s.dk, 1e-6};
     CHECK_RC(st->be->l2norm_fwd(&ld, a->qn, a->qn, a->rq, err));
@@ -89,7 +191,7 @@ int k3c_kda_layer_fwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, real
     CHECK_RC(st->be->kda_gate_fwd(&gd, a->z, w + o->dt_bias, w + o->A_log, a->g, err));
     k3c_kda_dims kd = core_dims(m, T, st->n_docs);
     CHECK_RC(k3c_model_check_backend(m, st->be, err)); /* kda_chunk may have changed since the backend was bound */
-    CHECK_RC(st->be->kda_fwd(&kd, st->cu, a->qn, a->kn, a->vc, a->g, a->beta, NULL, a->o, NULL, st->scratch, err));
+    CHECK_RC(core_fwd(st, l, &kd, a, err));
     if (c->kda_full_rank_gate) {
         CHECK_RC(k3c_lin(st, T, s.D, s.P, xn, w + o->g_proj, a->gl, 0, err));
     } else {
@@ -104,7 +206,7 @@ int k3c_kda_layer_fwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, real
 
 size_t k3c_kda_bwd_bytes(const k3c_model *m, int64_t T) {
     kda_shape s = shape_of(m, T);
-    return sizeof(real) * (size_t)(T * (7 * s.P + 3 * s.dk + 2 * s.H)) + 16 * 64 +
+    return sizeof(real) * (size_t)(T * (7 * s.P + 3 * s.dk + 2 * s.H) + s.P * s.W) + 17 * 64 +
            2 * k3c_tp_cols_bytes(m, s.D, m->cfg.kda_heads * s.dk);
 }
 
@@ -139,8 +241,7 @@ int k3c_kda_layer_bwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, cons
     real *dbeta = k3c_tmp_zeros(st, tmp, T * s.H, err), *dblog = k3c_tmp_zeros(st, tmp, T * s.H, err);
     if (!dv || !dgate || !dbeta || !dblog) return k3c_errf(err, K3C_ENOMEM, "layer %d: KDA backward scratch", l);
     k3c_kda_dims kd = core_dims(m, T, st->n_docs);
-    CHECK_RC(st->be->kda_bwd(&kd, st->cu, a->qn, a->kn, a->vc, a->g, a->beta, NULL, d_o, NULL, dq, dk, dv, dgate, dbeta,
-                             NULL, st->scratch, err));
+    CHECK_RC(core_bwd(st, l, &kd, a, d_o, dq, dk, dv, dgate, dbeta, err));
     CHECK_RC(st->be->sigmoid_bwd(T * s.H, a->beta, dbeta, dblog, err));
     CHECK_RC(k3c_lin_bwd(st, T, s.D, s.H, xn, w + o->b_proj, dblog, dxn, g + o->b_proj, err));
     /* forget gate: g ← gate(z + dt_bias; A_log), z = f_b f_a x */
@@ -159,7 +260,8 @@ int k3c_kda_layer_bwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, cons
     const real *post[3] = {a->qn, a->kn, NULL}, *rstd[3] = {a->rq, a->rk, NULL};
     const real *pre[3] = {a->qh, a->kh, a->vh};
     size_t Wc[3] = {o->q_conv, o->k_conv, o->v_conv}, Wp[3] = {o->q_proj, o->k_proj, o->v_proj};
-    k3c_short_conv_dims cd = {T, s.P, (int)s.W, st->n_docs};
+    real *dstate = k3c_tmp_zeros(st, tmp, s.P * (s.W - 1 > 0 ? s.W - 1 : 1), err);
+    if (!dstate) return k3c_errf(err, K3C_ENOMEM, "layer %d: KDA backward scratch", l);
     for (int i = 0; i < 3; i++) {
         const real *dc = dpost[i];
         if (post[i]) {
@@ -168,8 +270,8 @@ int k3c_kda_layer_bwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, cons
             dc = dconv;
         }
         CHECK_RC(st->be->zero(dpre, T * s.P, err));
-        CHECK_RC(
-            st->be->short_conv_bwd(&cd, st->cu, pre[i], w + Wc[i], NULL, dc, dpre, g + Wc[i], NULL, st->scratch, err));
+        if (i) CHECK_RC(st->be->zero(dstate, s.P * (s.W - 1 > 0 ? s.W - 1 : 1), err));
+        CHECK_RC(conv_bwd(st, l, i, s.P, (int)s.W, pre[i], w + Wc[i], dc, dpre, g + Wc[i], dstate, err));
         CHECK_RC(k3c_lin_bwd(st, T, s.D, s.P, xn, w + Wp[i], dpre, dxn, g + Wp[i], err));
     }
     return K3C_OK;

@@ -27,12 +27,20 @@ static mla_shape shape_of(const k3c_model *m, int64_t T) {
 }
 
 static k3c_attention_sizes attn_sizes(const mla_shape *s, int n_docs) {
-    k3c_attention_sizes a = {s->T, s->H, s->dqk, s->dv, n_docs, 1.0 / sqrt((double)s->dqk), 0, 0};
+    k3c_attention_sizes a = {s->T, s->H, s->dqk, s->dv, n_docs, 1.0 / sqrt((double)s->dqk), 0, 0, 0};
     return a;
 }
 
+/* Tokens of the key side: T, or under context parallelism (model.h k3c_context_exchange) the sequence up to this
+ * rank's last token; the queries then sit at rows [start, start + T) of zero-padded buffers of that many rows (the
+ * padding rows have zero queries and zero output gradients, so they add nothing to the keys' and values' gradients,
+ * and attention_max_logit skips them). Planned for the sequence's capacity. */
+static int64_t keys_cap(const k3c_model *m, int64_t T) {
+    return m->context && m->context->T_cap > T ? m->context->T_cap : T;
+}
+
 size_t k3c_mla_scratch(const k3c_model *m, int64_t T, int n_docs) {
-    mla_shape s = shape_of(m, T);
+    mla_shape s = shape_of(m, keys_cap(m, T));
     k3c_attention_sizes as = attn_sizes(&s, n_docs);
     const k3c_backend *be = k3c_model_backend(m);
     size_t f = be->attention_fwd_workspace(&as), b = be->attention_bwd_workspace(&as);
@@ -43,22 +51,24 @@ size_t k3c_mla_scratch(const k3c_model *m, int64_t T, int n_docs) {
 
 void k3c_mla_alloc(const k3c_model *m, int64_t T, k3c_acts_carver *c, k3c_mla_acts *a) {
     mla_shape s = shape_of(m, T);
+    const int64_t Tk = keys_cap(m, T);
     memset(a, 0, sizeof *a);
     if (s.r > 0) {
         a->qa = K3C_CARVE_DEV(c, real, T * s.r);
         a->qan = K3C_CARVE_DEV(c, real, T * s.r);
         a->rqa = K3C_CARVE_DEV(c, real, T);
     }
-    a->q = K3C_CARVE_DEV(c, real, T * s.H * s.dqk);
+    a->q = K3C_CARVE_DEV(c, real, Tk * s.H * s.dqk);
     a->kva = K3C_CARVE_DEV(c, real, T * (s.rkv + s.rope));
     a->c = K3C_CARVE_DEV(c, real, T * s.rkv);
     a->cn = K3C_CARVE_DEV(c, real, T * s.rkv);
     a->rc = K3C_CARVE_DEV(c, real, T);
-    a->kv = K3C_CARVE_DEV(c, real, T * s.H * (s.nope + s.dv));
-    a->k = K3C_CARVE_DEV(c, real, T * s.H * s.dqk);
-    a->v = K3C_CARVE_DEV(c, real, T * s.H * s.dv);
-    a->o = K3C_CARVE_DEV(c, real, T * s.H * s.dv);
-    a->lse = K3C_CARVE_DEV(c, real, T * s.H);
+    a->cnk = m->context ? K3C_CARVE_DEV(c, real, Tk * s.rkv) : a->cn;
+    a->kv = K3C_CARVE_DEV(c, real, Tk * s.H * (s.nope + s.dv));
+    a->k = K3C_CARVE_DEV(c, real, Tk * s.H * s.dqk);
+    a->v = K3C_CARVE_DEV(c, real, Tk * s.H * s.dv);
+    a->o = K3C_CARVE_DEV(c, real, Tk * s.H * s.dv);
+    a->lse = K3C_CARVE_DEV(c, real, Tk * s.H);
     if (m->cfg.mla_output_gate) {
         a->gl = K3C_CARVE_DEV(c, real, T * s.H * s.dv);
         a->og = K3C_CARVE_DEV(c, real, T * s.H * s.dv);
@@ -73,35 +83,50 @@ int k3c_mla_layer_fwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real
     const real *w = st->w;
     mla_shape s = shape_of(m, st->T);
     int64_t T = s.T, H = s.H;
+    const k3c_context_exchange *cx = m->context;
+    const int64_t t0 = cx ? cx->start : 0, Tk = cx ? cx->T_keys : T; /* queries: rows [t0, t0 + T) of Tk */
+    if (cx) CHECK_RC(st->be->zero(a->q, Tk * H * s.dqk, err));
+    real *q = a->q + t0 * H * s.dqk;
     if (s.r > 0) {
         CHECK_RC(k3c_lin(st, T, s.D, s.r, xn, w + o->q_a, a->qa, 0, err));
         k3c_rmsnorm_sizes rs = {T, s.r, c->mla_norm_eps};
         CHECK_RC(st->be->rmsnorm_fwd(&rs, a->qa, w + o->q_a_norm, a->qan, a->rqa, err));
-        CHECK_RC(k3c_lin(st, T, s.r, H * s.dqk, a->qan, w + o->q_b, a->q, 0, err));
+        CHECK_RC(k3c_lin(st, T, s.r, H * s.dqk, a->qan, w + o->q_b, q, 0, err));
     } else {
-        CHECK_RC(k3c_lin(st, T, s.D, H * s.dqk, xn, w + o->q_proj, a->q, 0, err));
+        CHECK_RC(k3c_lin(st, T, s.D, H * s.dqk, xn, w + o->q_proj, q, 0, err));
     }
     CHECK_RC(k3c_lin(st, T, s.D, s.rkv + s.rope, xn, w + o->kv_a, a->kva, 0, err));
     const int64_t lkva = s.rkv + s.rope, lkv = s.nope + s.dv;
     CHECK_RC(st->be->copy2d(T, s.rkv, a->kva, lkva, a->c, s.rkv, 0, err));
     k3c_rmsnorm_sizes rc = {T, s.rkv, c->mla_norm_eps};
     CHECK_RC(st->be->rmsnorm_fwd(&rc, a->c, w + o->kv_a_norm, a->cn, a->rc, err));
-    CHECK_RC(k3c_lin(st, T, s.rkv, H * (s.nope + s.dv), a->cn, w + o->kv_b, a->kv, 0, err));
+    const real *kva = a->kva; /* [Tk, rkv + rope]: the normalised latent is read from cnk, k_pe from here */
+    if (cx) {                 /* this rank's [latent ; k_pe] rows into the sequence's, gathered from every rank */
+        real *lat = cx->mla_buf(cx->ctx, l, 0);
+        CHECK_RC(st->be->copy2d(T, s.rkv, a->cn, s.rkv, lat + t0 * lkva, lkva, 0, err));
+        CHECK_RC(st->be->copy2d(T, s.rope, a->kva + s.rkv, lkva, lat + t0 * lkva + s.rkv, lkva, 0, err));
+        CHECK_RC(cx->mla_gather(cx->ctx, l, err));
+        CHECK_RC(st->be->copy2d(Tk, s.rkv, lat, lkva, a->cnk, s.rkv, 0, err));
+        kva = lat;
+    }
+    CHECK_RC(k3c_lin(st, Tk, s.rkv, H * (s.nope + s.dv), a->cnk, w + o->kv_b, a->kv, 0, err));
     /* per head: k = [k_nope_h ; k_pe] (k_pe shared by all heads, never rotated), v = v_h */
-    CHECK_RC(st->be->copy2d(T * H, s.nope, a->kv, lkv, a->k, s.dqk, 0, err));
+    CHECK_RC(st->be->copy2d(Tk * H, s.nope, a->kv, lkv, a->k, s.dqk, 0, err));
     for (int64_t h = 0; h < H; h++)
-        CHECK_RC(st->be->copy2d(T, s.rope, a->kva + s.rkv, lkva, a->k + h * s.dqk + s.nope, H * s.dqk, 0, err));
-    CHECK_RC(st->be->copy2d(T * H, s.dv, a->kv + s.nope, lkv, a->v, s.dv, 0, err));
-    k3c_attention_sizes as = attn_sizes(&s, st->n_docs);
-    CHECK_RC(st->be->attention_fwd(&as, st->cu, a->q, a->k, a->v, a->o, a->lse, st->scratch, err));
+        CHECK_RC(st->be->copy2d(Tk, s.rope, kva + s.rkv, lkva, a->k + h * s.dqk + s.nope, H * s.dqk, 0, err));
+    CHECK_RC(st->be->copy2d(Tk * H, s.dv, a->kv + s.nope, lkv, a->v, s.dv, 0, err));
+    k3c_attention_sizes as = attn_sizes(&s, cx ? cx->n_docs_keys : st->n_docs);
+    const int32_t *cu = cx ? cx->cu_keys : st->cu;
+    as.T = Tk, as.q_begin = t0;
+    CHECK_RC(st->be->attention_fwd(&as, cu, a->q, a->k, a->v, a->o, a->lse, st->scratch, err));
     /* S_max of QK-Clip (§10.2) from the queries and keys while they are live (recomputed layers share buffers) */
     if (m->stats && m->stats->smax)
-        CHECK_RC(st->be->attention_max_logit(&as, st->cu, a->q, a->k,
+        CHECK_RC(st->be->attention_max_logit(&as, cu, a->q, a->k,
                                              m->stats->smax + (size_t)(l * c->mla_heads + k3c_tp_rank(m) * H), err));
-    const real *out = a->o;
+    const real *out = a->o + t0 * H * s.dv;
     if (c->mla_output_gate) {
         CHECK_RC(k3c_lin(st, T, s.D, H * s.dv, xn, w + o->g_proj, a->gl, 0, err));
-        CHECK_RC(st->be->sigmoid_gate_fwd(T * H * s.dv, a->o, a->gl, a->og, err));
+        CHECK_RC(st->be->sigmoid_gate_fwd(T * H * s.dv, out, a->gl, a->og, err));
         out = a->og;
     }
     /* row-parallel under tensor parallelism (the caller sums y); the scratch is free again after the attention */
@@ -110,9 +135,11 @@ int k3c_mla_layer_fwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real
 
 size_t k3c_mla_bwd_bytes(const k3c_model *m, int64_t T) {
     mla_shape s = shape_of(m, T);
-    int64_t n = 2 * T * s.H * s.dv + 2 * T * s.H * s.dqk + T * s.H * s.dv + T * s.H * (s.nope + s.dv) +
-                T * (s.rkv + s.rope) + 2 * T * s.rkv + 2 * T * s.r;
-    return sizeof(real) * (size_t)n + 16 * 64 + 2 * k3c_tp_cols_bytes(m, s.D, m->cfg.mla_heads * s.dv);
+    const int64_t Tk = keys_cap(m, T);
+    int64_t n = T * s.H * s.dv + Tk * s.H * s.dv + Tk * s.H * s.dqk + Tk * s.H * s.dqk + Tk * s.H * s.dv +
+                Tk * s.H * (s.nope + s.dv) + T * (s.rkv + s.rope) + 2 * T * s.rkv + 2 * T * s.r +
+                (m->context ? Tk * s.rkv : 0);
+    return sizeof(real) * (size_t)n + 17 * 64 + 2 * k3c_tp_cols_bytes(m, s.D, m->cfg.mla_heads * s.dv);
 }
 
 int k3c_mla_layer_bwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, const real *dy, real *dxn, k3c_arena *tmp,
@@ -125,46 +152,62 @@ int k3c_mla_layer_bwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, cons
     real *g = st->g;
     mla_shape s = shape_of(m, st->T);
     int64_t T = s.T, H = s.H;
+    const k3c_context_exchange *cx = m->context;
+    const int64_t t0 = cx ? cx->start : 0, Tk = cx ? cx->T_keys : T; /* as in the forward */
 #define TMP(n) k3c_tmp_zeros(st, tmp, (n), err)
-    real *dout = TMP(T * H * s.dv), *d_o = TMP(T * H * s.dv);
-    real *dq = TMP(T * H * s.dqk), *dk = TMP(T * H * s.dqk), *dv = TMP(T * H * s.dv);
-    real *dkv = TMP(T * H * (s.nope + s.dv)), *dkva = TMP(T * (s.rkv + s.rope)), *dc = TMP(T * s.rkv);
+    real *dout = TMP(T * H * s.dv), *d_o = TMP(Tk * H * s.dv);
+    real *dq = TMP(Tk * H * s.dqk), *dk = TMP(Tk * H * s.dqk), *dv = TMP(Tk * H * s.dv);
+    real *dkv = TMP(Tk * H * (s.nope + s.dv)), *dkva = TMP(T * (s.rkv + s.rope)), *dc = TMP(T * s.rkv);
     real *dcn = TMP(T * s.rkv), *dqa = s.r > 0 ? TMP(T * s.r) : NULL, *dqan = s.r > 0 ? TMP(T * s.r) : NULL;
+    real *dcnk = cx ? TMP(Tk * s.rkv) : dcn;
 #undef TMP
-    if (!dout || !d_o || !dq || !dk || !dv || !dkv || !dkva || !dc || !dcn || (s.r > 0 && (!dqa || !dqan)))
+    if (!dout || !d_o || !dq || !dk || !dv || !dkv || !dkva || !dc || !dcn || !dcnk || (s.r > 0 && (!dqa || !dqan)))
         return k3c_errf(err, K3C_ENOMEM, "layer %d: MLA backward scratch (arena %zu of %zu used)", l, tmp->used,
                         tmp->cap);
-    const real *out = c->mla_output_gate ? a->og : a->o;
+    const real *out = c->mla_output_gate ? a->og : a->o + t0 * H * s.dv; /* as in the forward */
     CHECK_RC(
         k3c_lin_rowpar_bwd(st, T, c->mla_heads * s.dv, s.D, out, w + o->o_proj, dy, dout, g + o->o_proj, tmp, err));
+    real *d_oq = d_o + t0 * H * s.dv; /* the queries' rows; the padding rows keep a zero output gradient */
     if (c->mla_output_gate) {
         real *dgl = dv; /* borrow: same size, zeroed, refilled below */
-        CHECK_RC(st->be->sigmoid_gate_bwd(T * H * s.dv, a->o, a->gl, dout, d_o, dgl, err));
+        CHECK_RC(st->be->sigmoid_gate_bwd(T * H * s.dv, a->o + t0 * H * s.dv, a->gl, dout, d_oq, dgl, err));
         CHECK_RC(k3c_lin_bwd(st, T, s.D, H * s.dv, xn, w + o->g_proj, dgl, dxn, g + o->g_proj, err));
         CHECK_RC(st->be->zero(dv, T * H * s.dv, err));
     } else {
-        CHECK_RC(st->be->copy2d(1, T * H * s.dv, dout, 0, d_o, 0, 0, err));
+        CHECK_RC(st->be->copy2d(1, T * H * s.dv, dout, 0, d_oq, 0, 0, err));
     }
-    k3c_attention_sizes as = attn_sizes(&s, st->n_docs);
-    CHECK_RC(st->be->attention_bwd(&as, st->cu, a->q, a->k, a->v, a->o, a->lse, d_o, dq, dk, dv, st->scratch, err));
-    /* split dk back into k_nope (per head) and the shared k_pe (summed over heads in order), dv into kv_b's v rows */
+    k3c_attention_sizes as = attn_sizes(&s, cx ? cx->n_docs_keys : st->n_docs);
+    as.T = Tk, as.q_begin = t0;
+    CHECK_RC(st->be->attention_bwd(&as, cx ? cx->cu_keys : st->cu, a->q, a->k, a->v, a->o, a->lse, d_o, dq, dk, dv,
+                                   st->scratch, err));
+    /* split dk back into k_nope (per head) and the shared k_pe (summed over heads in order), dv into kv_b's v rows;
+       the key side's [latent ; k_pe] gradient collects in dlat (context parallelism: the sequence's, then summed
+       over the ranks and this rank's rows taken) */
     const int64_t lkva = s.rkv + s.rope, lkv = s.nope + s.dv;
-    CHECK_RC(st->be->copy2d(T * H, s.nope, dk, s.dqk, dkv, lkv, 1, err));
-    CHECK_RC(st->be->copy2d(T * H, s.dv, dv, s.dv, dkv + s.nope, lkv, 1, err));
+    real *dlat = cx ? cx->mla_buf(cx->ctx, l, 1) : dkva;
+    CHECK_RC(st->be->copy2d(Tk * H, s.nope, dk, s.dqk, dkv, lkv, 1, err));
+    CHECK_RC(st->be->copy2d(Tk * H, s.dv, dv, s.dv, dkv + s.nope, lkv, 1, err));
     for (int64_t h = 0; h < H; h++)
-        CHECK_RC(st->be->copy2d(T, s.rope, dk + h * s.dqk + s.nope, H * s.dqk, dkva + s.rkv, lkva, 1, err));
-    CHECK_RC(k3c_lin_bwd(st, T, s.rkv, H * (s.nope + s.dv), a->cn, w + o->kv_b, dkv, dcn, g + o->kv_b, err));
+        CHECK_RC(st->be->copy2d(Tk, s.rope, dk + h * s.dqk + s.nope, H * s.dqk, dlat + s.rkv, lkva, 1, err));
+    CHECK_RC(k3c_lin_bwd(st, Tk, s.rkv, H * (s.nope + s.dv), a->cnk, w + o->kv_b, dkv, dcnk, g + o->kv_b, err));
+    if (cx) {
+        CHECK_RC(st->be->copy2d(Tk, s.rkv, dcnk, s.rkv, dlat, lkva, 1, err));
+        CHECK_RC(cx->mla_scatter(cx->ctx, l, err));
+        CHECK_RC(st->be->copy2d(T, s.rkv, dlat + t0 * lkva, lkva, dcn, s.rkv, 0, err));
+        CHECK_RC(st->be->copy2d(T, s.rope, dlat + t0 * lkva + s.rkv, lkva, dkva + s.rkv, lkva, 0, err));
+    }
     k3c_rmsnorm_sizes rc = {T, s.rkv, c->mla_norm_eps};
     CHECK_RC(st->be->rmsnorm_bwd(&rc, a->c, w + o->kv_a_norm, a->rc, dcn, dc, g + o->kv_a_norm, err));
     CHECK_RC(st->be->copy2d(T, s.rkv, dc, s.rkv, dkva, lkva, 1, err));
     CHECK_RC(k3c_lin_bwd(st, T, s.D, s.rkv + s.rope, xn, w + o->kv_a, dkva, dxn, g + o->kv_a, err));
+    const real *dqq = dq + t0 * H * s.dqk;
     if (s.r > 0) {
-        CHECK_RC(k3c_lin_bwd(st, T, s.r, H * s.dqk, a->qan, w + o->q_b, dq, dqan, g + o->q_b, err));
+        CHECK_RC(k3c_lin_bwd(st, T, s.r, H * s.dqk, a->qan, w + o->q_b, dqq, dqan, g + o->q_b, err));
         k3c_rmsnorm_sizes rs = {T, s.r, c->mla_norm_eps};
         CHECK_RC(st->be->rmsnorm_bwd(&rs, a->qa, w + o->q_a_norm, a->rqa, dqan, dqa, g + o->q_a_norm, err));
         CHECK_RC(k3c_lin_bwd(st, T, s.D, s.r, xn, w + o->q_a, dqa, dxn, g + o->q_a, err));
     } else {
-        CHECK_RC(k3c_lin_bwd(st, T, s.D, H * s.dqk, xn, w + o->q_proj, dq, dxn, g + o->q_proj, err));
+        CHECK_RC(k3c_lin_bwd(st, T, s.D, H * s.dqk, xn, w + o->q_proj, dqq, dxn, g + o->q_proj, err));
     }
     return K3C_OK;
 }

@@ -76,6 +76,7 @@ typedef struct {
     real *qa, *qan, *rqa;    /* q LoRA: q_a output [T, r], normalised, rstd [T] */
     real *q;                 /* queries [T, H, dqk] */
     real *kva, *c, *cn, *rc; /* kv_a output [T, r_kv + rope], latent copy / normalised [T, r_kv], rstd [T] */
+    real *cnk;               /* normalised latent of the key side [Tk, r_kv] (cn, or gathered: context parallelism) */
     real *kv;                /* kv_b output [T, H, nope + dv] */
     real *k, *v;             /* per-head keys [T, H, dqk] (shared k_pe slot concatenated), values [T, H, dv] */
     real *o, *lse;           /* attention output [T, H, dv], log-sum-exp [T, H] */

@@ -76,6 +76,44 @@ k3c_tp_split k3c_tp_split_of(const k3c_param_table *t, int entry);
  * the others as they are. */
 void k3c_tp_layer_offsets(const k3c_param_table *t, int l, int rank, int size, k3c_layer_offsets *out);
 
+/* Context parallelism (src/dist/cp.c, docs/PARALLEL.md "Context parallelism"): the batch's sequence is split into
+ * contiguous token ranges over the ranks of a CP group, and the sequence-mixing layers exchange what crosses a range
+ * boundary through this hook: the short-conv tails and the KDA state go rank to rank (their gradients back), MLA
+ * gathers the normalised latent and the shared k_pe slot of every token (its gradient reduce-scattered back). The
+ * fields describe this rank's range of the last split batch; the buffers hold the model's `real`, in host memory. */
+typedef struct {
+    int64_t start;          /* this rank's first token in its sequence */
+    int64_t first_len;      /* tokens of the first local document piece */
+    int cont_prev;          /* 1: the first local piece continues a document of the previous rank */
+    int cont_next;          /* 1: the next rank's first piece continues this rank's last */
+    const int32_t *cu_rest; /* offsets of the local pieces after the first, from the second's start (n_docs − 1) */
+    int64_t T_keys;         /* MLA keys: the tokens [0, start + T) of the sequence ... */
+    int n_docs_keys;
+    const int32_t *cu_keys; /* ... and their document offsets */
+    int64_t T_cap;          /* most tokens of a sequence (sizes the activation plan's key-side buffers) */
+    /* Short conv i (0..2: q, k, v) of layer l: sends the last W−1 rows of x [T, C] to the next rank (cont_next) and
+       points *state at the previous rank's (cont_prev; [C, W−1], zero before the document's start), else NULL. */
+    int (*conv_tail)(void *ctx, int l, int i, const void *x, int64_t T, int64_t C, int W, void **state, k3c_err *err);
+    /* Its backward: sends dstate [C, W−1] to the previous rank (cont_prev) and adds the next rank's into the last W−1
+       rows of dx [T, C] (cont_next). */
+    int (*conv_tail_bwd)(void *ctx, int l, int i, const void *dstate, void *dx, int64_t T, int64_t C, int W,
+                         k3c_err *err);
+    /* KDA state [H, dk, dv] of layer l: buffer `which` (K3C_CP_H0 .. K3C_CP_DH0; NULL when that side has no
+       neighbour in the document), and the pass that fills or sends it (H0: receive from the previous rank, HT: send
+       to the next, DHT: receive from the next, DH0: send to the previous; DHT and DH0 buffers are zeroed first). */
+    void *(*kda_buf)(void *ctx, int l, int which);
+    int (*kda_pass)(void *ctx, int l, int which, k3c_err *err);
+    /* MLA layer l: the latent rows [T_cap, kv_lora_rank + qk_rope_dim] of the whole sequence (which 0; this rank
+       writes rows start.., mla_gather fills the others) and their gradient (which 1; zeroed by mla_buf, every rank
+       adds the rows it used, mla_scatter sums them over the group, leaving this rank's rows at start). */
+    void *(*mla_buf)(void *ctx, int l, int which);
+    int (*mla_gather)(void *ctx, int l, k3c_err *err);
+    int (*mla_scatter)(void *ctx, int l, k3c_err *err);
+    void *ctx;
+} k3c_context_exchange;
+
+enum { K3C_CP_H0 = 0, K3C_CP_HT = 1, K3C_CP_DHT = 2, K3C_CP_DH0 = 3 };
+
 /* A residual-stream tensor of a step, by index: the embedding, P after layer l's attention (pmid), or after its FFN
  * (pend). Depth mixes list their sources this way so the backward finds each source's gradient buffer. */
 #define K3C_SRC_EMB (-1)
@@ -111,8 +149,9 @@ typedef struct k3c_model {
                               in this model's backend memory; float models only) */
     const void *backend;   /* the k3c_backend_f32/_f64 (ops/backend.h) that runs the ops and owns w, g and the arenas
                                of k3c_model_arena_init; NULL = the CPU reference of this precision */
-    const k3c_expert_exchange *experts; /* NULL, or expert parallelism: the routed experts of every MoE layer */
-    const k3c_tensor_parallel *tp;      /* NULL, or tensor parallelism: this rank's heads, widths and vocabulary */
+    const k3c_expert_exchange *experts;  /* NULL, or expert parallelism: the routed experts of every MoE layer */
+    const k3c_tensor_parallel *tp;       /* NULL, or tensor parallelism: this rank's heads, widths and vocabulary */
+    const k3c_context_exchange *context; /* NULL, or context parallelism: this rank holds a range of the sequence */
 } k3c_model;
 
 /* Step statistics for forwards of up to T tokens in the model's backend memory (with S_max when the model has MLA

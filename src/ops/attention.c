@@ -453,7 +453,7 @@ int k3c_attention_max_logit(const k3c_attention_sizes *s, const int32_t *cu_seql
                     cblas_rgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)ni, (int)nj, (int)dqk, 1,
                                 q + (i0 * H + h) * dqk, (int)(H * dqk), k + (j0 * H + h) * dqk, (int)(H * dqk), 0, blk,
                                 QK_BLOCK);
-                    for (int64_t i = 0; i < ni; i++)
+                    for (int64_t i = i0 < s->q_begin ? s->q_begin - i0 : 0; i < ni; i++)
                         for (int64_t j = 0; j < nj && j0 + j <= i0 + i; j++)
                             if (blk[i * QK_BLOCK + j] * s->scale > best) best = blk[i * QK_BLOCK + j] * s->scale;
                 }

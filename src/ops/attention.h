@@ -24,6 +24,10 @@ typedef struct {
     int64_t n_docs;       /* entries of cu_seqlens minus one; ignored when cu_seqlens is NULL */
     double scale;         /* score = scale · q·k; MLA: (qk_nope + qk_rope)^−1/2 */
     int block_q, block_k; /* tile sizes, 0 = K3C_ATTN_DEFAULT_BLOCK, at most K3C_ATTN_MAX_BLOCK; need not divide T */
+    /* Rows before q_begin are padding, not queries (context parallelism: a rank's queries over the sequence's keys):
+       attention_max_logit skips them; the forward and backward compute them like any row (the caller zeroes their
+       queries and output gradients, so they add nothing to dk, dv). */
+    int64_t q_begin;
 } k3c_attention_sizes;
 
 #define K3C_ATTENTION_API(real, S)                                                                                          \

@@ -9,6 +9,7 @@
  * pp.h; docs/PARALLEL.md). */
 #include "base/check.h"
 #include "base/json.h"
+#include "dist/cp.h"
 #include "dist/dp.h"
 #include "dist/ep.h"
 #include "dist/pp.h"
@@ -59,6 +60,8 @@ typedef struct {
     k3c_comm *pp_comm, *stage_comm;
     k3c_comm *tp_comm; /* tensor parallelism (dist/tp.h): the TP group; NULL: every rank computes whole layers */
     k3c_tp tp;
+    k3c_comm *cp_comm; /* context parallelism (dist/cp.h): the CP group; NULL: every rank holds whole sequences */
+    k3c_cp cp;
     int rank; /* in the world: rank 0 writes metrics and checkpoints */
     k3c_guard guard;
     int64_t attempts; /* batches tried in this invocation (the test fault hook counts them) */
@@ -100,7 +103,10 @@ static int next_batch(trainer *tr, const k3c_stage *st, int val, k3c_val_iter *i
     if (e) return e;
     k3c_batch *b = &tr->batch;
     *mb = (k3c_model_batch){b->T, b->n_docs, b->ids, b->cu_seqlens, b->targets, 0, 0, NULL, NULL, NULL, NULL};
-    if (tr->dp && !val && (e = k3c_dp_split_batch(tr->dp, mb, err))) return e; /* this rank's share */
+    if (tr->dp && !val && /* this rank's share: whole pieces, or a range of them (context parallelism) */
+        (e = tr->cp_comm ? k3c_cp_split_batch(&tr->cp, tr->dp, mb, err) : k3c_dp_split_batch(tr->dp, mb, err)))
+        return e;
+    tr->m.context = tr->cp_comm && !val ? &tr->cp.exchange : NULL; /* validation batches run whole on every rank */
     return ensure_arena(tr, mb->T, mb->n_docs, err);
 }
 
@@ -509,11 +515,19 @@ static int optim_state(trainer *tr, k3c_comm *comm, const k3c_parallel *lay, k3c
         tr->m.tp = &tr->tp.hook;
         k3c_dp_set_tp(tr->dp, (int)lay->tp);
     }
-    if (ep > 1) { /* EP groups: ep consecutive ranks (EP inside DP, docs/PARALLEL.md) */
+    if (ep > 1) { /* EP groups: ep consecutive ranks (EP inside DP), or every cp-th (CP innermost, docs/PARALLEL.md) */
         k3c_comm *c = comm;
-        CHECK_RC(k3c_comm_split(c, c->rank / (int)ep, c->rank, &tr->ep_comm, err));
+        const int cp = (int)lay->cp, color = cp > 1 ? c->rank / ((int)ep * cp) * cp + c->rank % cp : c->rank / (int)ep;
+        CHECK_RC(k3c_comm_split(c, color, c->rank, &tr->ep_comm, err));
         CHECK_RC(k3c_ep_init(&tr->ep, tr->ep_comm, tr->be, &tr->m.cfg, err));
         tr->m.experts = &tr->ep.exchange;
+    }
+    if (lay->cp > 1) { /* CP groups: cp consecutive ranks, each a range of its DP part's tokens */
+        int64_t T_cap = 0;
+        for (int i = 0; i < tr->rc->n_stages; i++)
+            if (tr->rc->stage[i].tokens_per_step > T_cap) T_cap = tr->rc->stage[i].tokens_per_step;
+        CHECK_RC(k3c_comm_split(comm, comm->rank / (int)lay->cp, comm->rank, &tr->cp_comm, err));
+        CHECK_RC(k3c_cp_init(&tr->cp, tr->cp_comm, &tr->m, T_cap, err));
     }
     const k3c_optim *o = tr->dp ? &tr->dp->shard : &tr->opt; /* ZeRO-1: this rank's shard of the state */
     const size_t n_state = o->state_numel ? o->state_numel : 1;
@@ -538,7 +552,16 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     k3c_comm *comm = o->comm;
     k3c_parallel lay; /* the "parallel" block against the ranks there are (one without a communicator) */
     if ((e = k3c_parallel_resolve(&rc->parallel, &cfg, comm ? comm->size : 1, rc->path, &lay, err))) return e;
-    if (lay.dp * lay.ep * lay.tp * lay.pp == 1) comm = NULL; /* alone: the single-process step */
+    if (lay.dp * lay.ep * lay.tp * lay.pp * lay.cp == 1) comm = NULL; /* alone: the single-process step */
+    if (lay.cp > 1 && rc->recompute)
+        return k3c_errf(err, K3C_EUNSUPPORTED, "%s: recompute with parallel.cp = %lld is not built yet", rc->path,
+                        (long long)lay.cp);
+    for (int i = 0; lay.cp > 1 && i < rc->n_stages; i++) /* each rank an equal range of every sequence */
+        if (rc->stage[i].seq_len % lay.cp || rc->stage[i].tokens_per_step % lay.cp)
+            return k3c_errf(err, K3C_ECONFIG,
+                            "%s: parallel.cp = %lld does not divide stage %d (%s): seq_len %lld, tokens_per_step %lld",
+                            rc->path, (long long)lay.cp, i, rc->stage[i].name, (long long)rc->stage[i].seq_len,
+                            (long long)rc->stage[i].tokens_per_step);
     tr->rank = comm ? comm->rank : 0;
     tr->m.kda_chunk = rc->kda_chunk;
     for (int l = 0; l < cfg.num_layers; l++) tr->m.recompute[l] = (uint8_t)rc->recompute;
@@ -604,6 +627,10 @@ static void teardown(trainer *tr) {
     }
     if (tr->pp_comm) k3c_comm_free(tr->pp_comm);
     if (tr->stage_comm) k3c_comm_free(tr->stage_comm);
+    if (tr->cp_comm) {
+        k3c_cp_free(&tr->cp);
+        k3c_comm_free(tr->cp_comm);
+    }
     k3c_optim_free(&tr->opt);
     free(tr->resume_state);
     free(tr->telemetry);

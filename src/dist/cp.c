@@ -1,0 +1,254 @@
+/* cp.c — context parallelism: the sequence split into contiguous token ranges, the KDA conv tails and chunk state
+ * handed rank to rank (their gradients back), the MLA latent all-gathered and its gradient reduce-scattered.
+ * Spec: docs/PARALLEL.md "Context parallelism", docs/MODEL.md §3.1 (short conv, KDA state), §4.2 (MLA latent). */
+#include "dist/cp.h"
+
+#include "base/check.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Message tags: per layer, 4 kinds × 3 convs plus the state pair. */
+#define TAG(l, kind) ((l)*16 + (kind))
+
+/* Layer l's buffers, element `i` on (the model's precision: es bytes an element). */
+static char *at(k3c_cp *cp, int l, int64_t i) { return cp->buf + (cp->layer_off[l] + i) * cp->es; }
+
+/* A conv state [C, W−1] from src (rows [W−1, C] when rows, else the same layout), entries j < w1 − keep zeroed:
+ * entry j is the input w1 − j tokens before the range, and those before the document's first token are no input. */
+static void masked_tail(const k3c_cp *cp, const char *src, int rows, char *dst, int64_t C, int64_t w1, int64_t keep) {
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t j = 0; j < w1; j++) {
+            char *d = dst + (c * w1 + j) * cp->es;
+            if (j >= w1 - keep)
+                memcpy(d, src + (rows ? j * C + c : c * w1 + j) * cp->es, cp->es);
+            else
+                memset(d, 0, cp->es);
+        }
+}
+
+/* ---------------------------------------------------------------- short-conv tails */
+static int conv_tail(void *ctx, int l, int i, const void *x, int64_t T, int64_t C, int W, void **state, k3c_err *err) {
+    k3c_cp *cp = ctx;
+    const k3c_context_exchange *cx = &cp->exchange;
+    const int64_t w1 = W - 1;
+    char *st = at(cp, l, 4 * cp->S + i * C * w1);
+    *state = NULL;
+    if (w1 <= 0) return K3C_OK;
+    if (x) {
+        k3c_comm_req *q = NULL;
+        if (cx->cont_next)
+            CHECK_RC(k3c_comm_send(cp->comm, (const char *)x + (T - w1) * C * cp->es, w1 * C, cp->dt, cp->rank + 1,
+                                   TAG(l, i), &q, err));
+        if (cx->cont_prev) {
+            int e = k3c_comm_recv(cp->comm, cp->rows, w1 * C, cp->dt, cp->rank - 1, TAG(l, i), NULL, err);
+            if (e) {
+                k3c_comm_wait(q, NULL);
+                return e;
+            }
+            masked_tail(cp, cp->rows, 1, st, C, w1, cp->prev_len);
+        }
+        CHECK_RC(k3c_comm_wait(q, err));
+    }
+    if (cx->cont_prev) *state = st;
+    return K3C_OK;
+}
+
+static int conv_tail_bwd(void *ctx, int l, int i, const void *dstate, void *dx, int64_t T, int64_t C, int W,
+                         k3c_err *err) {
+    k3c_cp *cp = ctx;
+    const k3c_context_exchange *cx = &cp->exchange;
+    const int64_t w1 = W - 1;
+    if (w1 <= 0) return K3C_OK;
+    k3c_comm_req *q = NULL;
+    char *send = at(cp, l, 4 * cp->S + i * C * w1); /* the tail itself is no longer needed */
+    if (cx->cont_prev && dstate) {
+        masked_tail(cp, dstate, 0, send, C, w1, cp->prev_len);
+        CHECK_RC(k3c_comm_send(cp->comm, send, w1 * C, cp->dt, cp->rank - 1, TAG(l, 4 + i), &q, err));
+    }
+    if (cx->cont_next) {
+        int e = k3c_comm_recv(cp->comm, cp->rows, w1 * C, cp->dt, cp->rank + 1, TAG(l, 4 + i), NULL, err);
+        if (e) {
+            k3c_comm_wait(q, NULL);
+            return e;
+        }
+        for (int64_t j = 0; j < w1; j++)
+            for (int64_t c = 0; c < C; c++) {
+                int64_t to = (T - w1 + j) * C + c, from = c * w1 + j;
+                if (cp->es == 8)
+                    ((double *)dx)[to] += ((const double *)cp->rows)[from];
+                else
+                    ((float *)dx)[to] += ((const float *)cp->rows)[from];
+            }
+    }
+    return k3c_comm_wait(q, err);
+}
+
+/* ---------------------------------------------------------------- KDA state */
+static void *kda_buf(void *ctx, int l, int which) {
+    k3c_cp *cp = ctx;
+    int live = which == K3C_CP_H0 || which == K3C_CP_DH0 ? cp->exchange.cont_prev : cp->exchange.cont_next;
+    if (!live) return NULL;
+    char *b = at(cp, l, which * cp->S);
+    if (which == K3C_CP_DH0) memset(b, 0, cp->es * (size_t)cp->S);
+    return b;
+}
+
+static int kda_pass(void *ctx, int l, int which, k3c_err *err) {
+    k3c_cp *cp = ctx;
+    char *b = at(cp, l, which * cp->S);
+    switch (which) {
+    case K3C_CP_H0: return k3c_comm_recv(cp->comm, b, cp->S, cp->dt, cp->rank - 1, TAG(l, 12), NULL, err);
+    case K3C_CP_HT: return k3c_comm_send(cp->comm, b, cp->S, cp->dt, cp->rank + 1, TAG(l, 12), NULL, err);
+    case K3C_CP_DHT: return k3c_comm_recv(cp->comm, b, cp->S, cp->dt, cp->rank + 1, TAG(l, 13), NULL, err);
+    default: return k3c_comm_send(cp->comm, b, cp->S, cp->dt, cp->rank - 1, TAG(l, 13), NULL, err);
+    }
+}
+
+/* ---------------------------------------------------------------- MLA latent */
+static void *mla_buf(void *ctx, int l, int which) {
+    k3c_cp *cp = ctx;
+    char *b = at(cp, l, which * cp->T_cap * cp->lkva);
+    if (which == 1) memset(b, 0, cp->es * (size_t)(cp->T_cap * cp->lkva));
+    return b;
+}
+
+static int mla_gather(void *ctx, int l, k3c_err *err) {
+    k3c_cp *cp = ctx;
+    return k3c_comm_allgather(cp->comm, NULL, at(cp, l, 0), cp->counts, cp->displs, cp->dt, NULL, err);
+}
+
+static int mla_scatter(void *ctx, int l, k3c_err *err) {
+    k3c_cp *cp = ctx;
+    char *d = at(cp, l, cp->T_cap * cp->lkva);
+    CHECK_RC(k3c_comm_reduce_scatter(cp->comm, d, cp->rows, cp->counts, cp->dt, K3C_COMM_SUM, NULL, err));
+    memcpy(d + cp->displs[cp->rank] * cp->es, cp->rows, cp->es * (size_t)cp->counts[cp->rank]);
+    return K3C_OK;
+}
+
+/* ---------------------------------------------------------------- set-up */
+int k3c_cp_init(k3c_cp *cp, k3c_comm *comm, k3c_model *m, int64_t T_cap, k3c_err *err) {
+    memset(cp, 0, sizeof *cp);
+    const char *be = m->precision == K3C_F64 ? k3c_model_backend_f64(m)->name : k3c_model_backend_f32(m)->name;
+    if (strcmp(be, "cpu"))
+        return k3c_errf(err, K3C_EUNSUPPORTED,
+                        "context parallelism on the %s backend needs a device communicator; the %s communicator moves "
+                        "host memory",
+                        be, comm->ops->name);
+    const k3c_config *c = &m->cfg;
+    cp->comm = comm;
+    cp->rank = comm->rank;
+    cp->size = comm->size;
+    cp->m = m;
+    cp->dt = m->precision;
+    cp->es = m->precision == K3C_F64 ? 8 : 4;
+    cp->T_cap = T_cap;
+    cp->P = c->kda_heads * c->kda_head_dim;
+    cp->W = c->conv_kernel;
+    cp->S = c->kda_heads * c->kda_head_dim * c->kda_head_dim;
+    cp->lkva = c->kv_lora_rank + c->qk_rope_dim;
+    int L = c->num_layers;
+    cp->layer_off = calloc((size_t)L, sizeof(int64_t));
+    cp->counts = calloc(2 * (size_t)cp->size, sizeof(int64_t));
+    cp->cu = malloc(3 * sizeof(int32_t) * (size_t)(T_cap + 1));
+    int64_t total = 0, rows = (cp->W - 1) * cp->P;
+    if (T_cap * cp->lkva > rows) rows = T_cap * cp->lkva;
+    for (int l = 0; l < L && cp->layer_off; l++) {
+        cp->layer_off[l] = total;
+        total += c->mixer[l] == K3C_MIXER_KDA ? 4 * cp->S + 3 * cp->P * (cp->W - 1) : 2 * T_cap * cp->lkva;
+    }
+    cp->buf = calloc((size_t)(total ? total : 1), cp->es);
+    cp->rows = calloc((size_t)(rows ? rows : 1), cp->es);
+    if (!cp->layer_off || !cp->counts || !cp->cu || !cp->buf || !cp->rows) {
+        k3c_cp_free(cp);
+        return k3c_errf(err, K3C_ENOMEM, "context parallelism: buffers for sequences of %lld tokens", (long long)T_cap);
+    }
+    cp->displs = cp->counts + cp->size;
+    cp->cu_rest = cp->cu + T_cap + 1;
+    cp->cu_keys = cp->cu_rest + T_cap + 1;
+    k3c_context_exchange *x = &cp->exchange;
+    x->T_cap = T_cap;
+    x->conv_tail = conv_tail;
+    x->conv_tail_bwd = conv_tail_bwd;
+    x->kda_buf = kda_buf;
+    x->kda_pass = kda_pass;
+    x->mla_buf = mla_buf;
+    x->mla_gather = mla_gather;
+    x->mla_scatter = mla_scatter;
+    x->ctx = cp;
+    return K3C_OK;
+}
+
+void k3c_cp_free(k3c_cp *cp) {
+    free(cp->layer_off);
+    free(cp->counts);
+    free(cp->cu);
+    free(cp->buf);
+    free(cp->rows);
+    memset(cp, 0, sizeof *cp);
+}
+
+/* ---------------------------------------------------------------- the batch split */
+int k3c_cp_split_batch(k3c_cp *cp, k3c_dp *dp, k3c_model_batch *b, k3c_err *err) {
+    const int C = cp->size, parts = dp->size / C, part = dp->rank / C;
+    if (dp->size % C || dp->rank % C != cp->rank)
+        return k3c_errf(err, K3C_EINVAL, "context parallelism: the CP group must be the ranks sharing rank / cp");
+    if (!b->targets || !b->cu_seqlens)
+        return k3c_errf(err, K3C_EINVAL, "context parallelism: the batch needs explicit targets and cu_seqlens");
+    if (b->n_docs < parts)
+        return k3c_errf(err, K3C_EINVAL,
+                        "context parallelism: the batch has %d document pieces for %d data-parallel parts (each part "
+                        "needs a whole piece: lower the stage's seq_len or raise tokens_per_step)",
+                        b->n_docs, parts);
+    if (b->n_embeds || b->weight)
+        return k3c_errf(err, K3C_EINVAL, "context parallelism: embedding overrides and loss weights are not split yet");
+    for (int l = 0; l < cp->m->cfg.num_layers; l++)
+        if (cp->m->recompute[l])
+            return k3c_errf(err, K3C_EUNSUPPORTED, "context parallelism: layer %d recomputes its forward", l);
+    int64_t counted = 0;
+    for (int64_t t = 0; t < b->T; t++) counted += b->targets[t] >= 0;
+    if (!counted) return k3c_errf(err, K3C_EINVAL, "context parallelism: the batch has no counted target");
+    int d0, d1;
+    k3c_batch_part_aligned(b->cu_seqlens, b->n_docs, b->T, part, parts, C, &d0, &d1);
+    const int32_t *cu = b->cu_seqlens;
+    /* rank r: tokens [r·Td/C, (r+1)·Td/C) of the part, equal ranges when C divides it (at most one token apart) */
+    const int64_t base = cu[d0], Td = cu[d1] - base, s = cp->rank * Td / C, e = (cp->rank + 1) * Td / C, Tl = e - s;
+    if (Td / C < cp->W - 1 || Td < C)
+        return k3c_errf(err, K3C_EINVAL,
+                        "context parallelism: %lld tokens for %d ranks (data-parallel part %d of %d): a range must "
+                        "hold at least one token and the short conv's tail of %lld",
+                        (long long)Td, C, part, parts, (long long)(cp->W - 1));
+    if (Td > cp->T_cap)
+        return k3c_errf(err, K3C_EINVAL, "context parallelism: a sequence of %lld tokens exceeds the %lld planned",
+                        (long long)Td, (long long)cp->T_cap);
+    int f = d0, z = d0; /* the pieces holding the range's first and last token */
+    while (cu[f + 1] - base <= s) f++;
+    while (cu[z + 1] - base < e) z++;
+    k3c_context_exchange *x = &cp->exchange;
+    int n = z - f + 1;
+    cp->cu[0] = 0;
+    for (int d = 1; d < n; d++) cp->cu[d] = (int32_t)(cu[f + d] - base - s);
+    cp->cu[n] = (int32_t)Tl;
+    for (int d = 0; d < n; d++) cp->cu_rest[d] = cp->cu[d + 1] - cp->cu[1];
+    for (int d = d0; d <= z; d++) cp->cu_keys[d - d0] = (int32_t)(cu[d] - base);
+    cp->cu_keys[z - d0 + 1] = (int32_t)e;
+    cp->prev_len = s - (cu[f] - base);
+    x->start = s;
+    x->first_len = cp->cu[1];
+    x->cont_prev = cp->prev_len > 0;
+    x->cont_next = e < Td && cu[z + 1] - base > e;
+    x->cu_rest = cp->cu_rest;
+    x->T_keys = e;
+    x->n_docs_keys = z - d0 + 1;
+    x->cu_keys = cp->cu_keys;
+    for (int r = 0; r < C; r++)
+        cp->displs[r] = r * Td / C * cp->lkva, cp->counts[r] = (r + 1) * Td / C * cp->lkva - cp->displs[r];
+    b->T = Tl;
+    b->n_docs = n;
+    b->ids += base + s;
+    b->targets += base + s;
+    b->cu_seqlens = cp->cu;
+    b->loss_norm = (double)counted;
+    dp->T_local = Tl;
+    return k3c_comm_allgather(dp->comm, &dp->T_local, dp->T_all, dp->ones, dp->iota, K3C_I64, NULL, err);
+}

@@ -1,0 +1,41 @@
+/* cp.h — context parallelism: a packed sequence split into contiguous token ranges over the ranks of a CP group; the
+ * KDA layers hand their short-conv tails and chunk state rank to rank (gradients back), the MLA layers all-gather the
+ * normalised latent and shared k_pe slot (gradient reduce-scattered). Plugs into the model as its
+ * k3c_context_exchange; everything token-wise stays local, and the data-parallel hooks (dist/dp.h, over every rank)
+ * sum the gradients and gather the router statistics. Spec: docs/PARALLEL.md "Context parallelism". */
+#ifndef K3C_DIST_CP_H
+#define K3C_DIST_CP_H
+
+#include "dist/dp.h"
+
+typedef struct {
+    k3c_comm *comm; /* the CP group (not owned): rank r holds the r-th range of its data-parallel part */
+    int rank, size;
+    k3c_model *m;
+    k3c_dtype dt;          /* the model's precision (F32 or F64) */
+    size_t es;             /* its element size */
+    int64_t P, W, S, lkva; /* KDA channels, conv width, state floats [H, dk, dv], MLA latent row width */
+    int64_t T_cap;         /* most tokens of a sequence (a data-parallel part) */
+    int64_t prev_len;      /* tokens of the first local piece on earlier ranks (its conv tail is masked before) */
+    int64_t *layer_off;    /* [num_layers] offset of each layer's buffers in buf */
+    char *buf;  /* KDA: h0, ht, dht, dh0 [S] and 3 conv tails [P, W−1]; MLA: latent, gradient [T_cap, lkva] */
+    char *rows; /* [max((W−1)·P, T_cap·lkva)] receive scratch */
+    int64_t *counts, *displs;        /* [size] latent gather / scatter blocks */
+    int32_t *cu, *cu_rest, *cu_keys; /* [T_cap + 1] each */
+    k3c_context_exchange exchange;   /* what the model calls: set m->context = &cp->exchange */
+} k3c_cp;
+
+/* cp over `comm` for model m (float32 or float64 on the CPU: the MPI communicator moves host memory), sequences of up
+ * to T_cap tokens. */
+int k3c_cp_init(k3c_cp *cp, k3c_comm *comm, k3c_model *m, int64_t T_cap, k3c_err *err);
+void k3c_cp_free(k3c_cp *cp);
+
+/* b (the global batch every rank loaded) becomes this rank's range: the data-parallel part of its group (dp over
+ * every rank, cp innermost: the CP group of world rank r is the ranks sharing r / cp; the parts split at document-piece
+ * boundaries, at multiples of cp where there are such) cut into cp contiguous token ranges, equal when cp divides the
+ * part (else at most one token apart); loss_norm = the counted targets of the whole batch; dp's token counts set for
+ * the router gathers. K3C_EINVAL naming the sizes when a range would be shorter than the conv tail or the part exceeds
+ * T_cap. */
+int k3c_cp_split_batch(k3c_cp *cp, k3c_dp *dp, k3c_model_batch *b, k3c_err *err);
+
+#endif
