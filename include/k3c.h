@@ -477,6 +477,7 @@ int k3c_sampler_check(const k3c_sampler *s, k3c_err *err);
 typedef struct {
     k3c_model *model; /* float32 weights, no gradients */
     k3c_tok *tok;     /* the directory's tokenizer (k3c_tok_load_dir), or NULL when not asked for */
+    k3c_vision *vision; /* float32 vision tower + projector when config.json has a vision_config, else NULL */
 } k3c_serve;
 
 /* Opens <dir>: config.json + checkpoint and, when with_tok, the tokenizer (pattern NULL: the one k3c_tokenizer.json
@@ -528,6 +529,13 @@ typedef struct {
     int64_t max_new; /* tokens to generate at most (> 0) */
     int n_stop;      /* generation ends once one of stop_ids is sampled (it is reported, with finish STOP) */
     int32_t stop_ids[K3C_MAX_STOP_IDS];
+    /* Optional input-embedding overrides (image tokens; docs/VISION.md "Serving images"): the n_embeds rows of embeds
+       [n_embeds, hidden] replace the token embeddings of prompt positions embed_pos (strictly ascending, < n); both
+       are copied at submit. Such a prompt reads and stores prefix snapshots only before its first overridden
+       position, so two images behind the same placeholder ids never share a cached state. */
+    int64_t n_embeds;
+    const int32_t *embed_pos;
+    const float *embeds;
 } k3c_request;
 
 typedef enum {
