@@ -85,8 +85,8 @@ static int turn(k3c_sched *sched, const k3c_api_limits *lim, const int32_t *stop
     chat_out out = {isatty(STDOUT_FILENO), 0, 0};
     k3c_turn t;
     rc = k3c_turn_init(&t, lim->tok, &q.parse, q.stop, q.nstop, show_delta, NULL, &out, err);
-    k3c_sched_req sr = {q.prompt.ids, (int64_t)q.prompt.n, q.max_tokens, {0}, n_stop, q.params,
-                        q.n_embeds,   q.embed_pos,       q.embeds};
+    k3c_sched_req sr = {q.prompt.ids, (int64_t)q.prompt.n, q.max_tokens, {0},     n_stop,
+                        q.params,     q.n_embeds,          q.embed_pos,  q.embeds};
     memcpy(sr.stop_ids, stop_ids, sizeof sr.stop_ids);
     k3c_sched_finish why = K3C_SCHED_FINISH_STOP;
     int64_t n_gen = 0;
@@ -128,9 +128,11 @@ static int image_parts(int argc, char **argv, k3c_sbuf *out, k3c_err *err) {
         char *data = NULL;
         size_t n = 0;
         CHECK_RC(k3c_read_file(path, &data, &n, err));
-        const char *mime = n >= 8 && !memcmp(data, "\x89PNG", 4) ? "png" : n >= 3 && !memcmp(data, "\xff\xd8\xff", 3) ? "jpeg" : NULL;
+        const char *mime = n >= 8 && !memcmp(data, "\x89PNG", 4)        ? "png"
+                           : n >= 3 && !memcmp(data, "\xff\xd8\xff", 3) ? "jpeg"
+                                                                        : NULL;
         char *b64 = mime ? malloc((n + 2) / 3 * 4 + 1) : NULL;
-        int rc = !mime ? k3c_errf(err, K3C_EFORMAT, "%s: not a PNG or JPEG file", path)
+        int rc = !mime  ? k3c_errf(err, K3C_EFORMAT, "%s: not a PNG or JPEG file", path)
                  : !b64 ? k3c_errf(err, K3C_ENOMEM, "%s: out of memory", path)
                         : K3C_OK;
         if (!rc) {
@@ -154,8 +156,15 @@ static int chat_loop(k3c_serve *sv, const char *system, const char *tools, const
     int rc = k3c_sched_new(sv->model, 1, 0, &sched, err);
     if (rc) return rc;
     const int64_t ctx = k3c_sched_max_ctx(sched);
-    k3c_api_limits lim = {sv->tok,    k3c_turn_format(cfg), "k3c",   nv < cfg->vocab_size ? nv : cfg->vocab_size,
-                          ctx,        ctx,                  sv->vision, K3C_API_MAX_IMAGES, K3C_API_MAX_IMAGE_BYTES,
+    k3c_api_limits lim = {sv->tok,
+                          k3c_turn_format(cfg),
+                          "k3c",
+                          nv < cfg->vocab_size ? nv : cfg->vocab_size,
+                          ctx,
+                          ctx,
+                          sv->vision,
+                          K3C_API_MAX_IMAGES,
+                          K3C_API_MAX_IMAGE_BYTES,
                           K3C_API_MAX_IMAGE_PIXELS};
     int32_t stop_ids[K3C_SCHED_MAX_STOP_IDS] = {0};
     int n_stop = k3c_turn_stop_ids(sv->tok, cfg, stop_ids, K3C_SCHED_MAX_STOP_IDS);
@@ -196,14 +205,13 @@ static int chat_loop(k3c_serve *sv, const char *system, const char *tools, const
 
 int cmd_chat(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
-        printf(
-            "usage: k3c chat --model DIR [--system TEXT] [--tools FILE.json] [--temperature 0.6] [--top-p 0.95]\n"
-            "                [--seed 0] [--max-tokens 512] [--stop TEXT] [--no-thinking] [--pattern cl100k|kimi]\n"
-            "                [--kda 64|16|recurrent] [--image FILE ...]\n"
-            "Reads one user message per line from stdin (/exit ends) and streams the reply: reasoning dimmed\n"
-            "(\"reasoning: \" when not on a terminal), tool calls as JSON. --tools: a JSON array of OpenAI tools.\n"
-            "--image FILE (PNG or JPEG, repeatable): the images go with the first message, before its text; the\n"
-            "model needs a vision tower (config.json vision_config, docs/VISION.md).\n");
+        printf("usage: k3c chat --model DIR [--system TEXT] [--tools FILE.json] [--temperature 0.6] [--top-p 0.95]\n"
+               "                [--seed 0] [--max-tokens 512] [--stop TEXT] [--no-thinking] [--pattern cl100k|kimi]\n"
+               "                [--kda 64|16|recurrent] [--image FILE ...]\n"
+               "Reads one user message per line from stdin (/exit ends) and streams the reply: reasoning dimmed\n"
+               "(\"reasoning: \" when not on a terminal), tool calls as JSON. --tools: a JSON array of OpenAI tools.\n"
+               "--image FILE (PNG or JPEG, repeatable): the images go with the first message, before its text; the\n"
+               "model needs a vision tower (config.json vision_config, docs/VISION.md).\n");
         return 0;
     }
     const char *dir = cli_opt(argc, argv, "--model"), *tools_path = cli_opt(argc, argv, "--tools");

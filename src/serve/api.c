@@ -186,8 +186,8 @@ static api_stream *start_call(k3c_server *s, k3c_api_req *q, int client_fd, api_
         fail(r, 500, "server_error", NULL, "%s", err.msg);
         return NULL;
     }
-    k3c_sched_req sr = {q->prompt.ids, (int64_t)q->prompt.n, q->max_tokens, {0}, s->n_stop_ids, q->params,
-                        q->n_embeds, q->embed_pos, q->embeds};
+    k3c_sched_req sr = {q->prompt.ids, (int64_t)q->prompt.n, q->max_tokens, {0},      s->n_stop_ids,
+                        q->params,     q->n_embeds,          q->embed_pos,  q->embeds};
     memcpy(sr.stop_ids, s->stop_ids, sizeof sr.stop_ids);
     k3c_sched_sink sink = {on_token, on_done, c};
     c->refs = 2;
@@ -381,7 +381,7 @@ int k3c_server_ready(k3c_server *s, k3c_serve *sv, k3c_err *err) {
                               s->o.max_tokens_cap,
                               sv->vision,
                               K3C_API_MAX_IMAGES,
-                              K3C_API_MAX_IMAGE_BYTES,
+                              s->o.max_image_bytes,
                               K3C_API_MAX_IMAGE_PIXELS};
     s->n_stop_ids = k3c_turn_stop_ids(sv->tok, cfg, s->stop_ids, K3C_SCHED_MAX_STOP_IDS);
     atomic_store(&s->ready, 1);

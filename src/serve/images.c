@@ -9,7 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define BAD_IMAGE(e, status, code, param, ...) k3c_api_fail(e, status, "invalid_request_error", code, param, __VA_ARGS__)
+#define BAD_IMAGE(e, status, code, param, ...)                                                                         \
+    k3c_api_fail(e, status, "invalid_request_error", code, param, __VA_ARGS__)
 
 /* "data:image/png;base64,...." → the decoded bytes (malloc'd). Remote URLs are refused: the server fetches nothing. */
 static int data_url(const char *url, size_t n, const k3c_api_limits *lim, const char *param, unsigned char **out,
@@ -21,10 +22,11 @@ static int data_url(const char *url, size_t n, const k3c_api_limits *lim, const 
     const char *comma = memchr(url, ',', n);
     if (!comma) return BAD_IMAGE(e, 400, "invalid_image_url", param, "a data: URL needs a ',' before its data");
     const size_t head = (size_t)(comma - url);
-    const int png = head >= 15 && !memcmp(url + 5, "image/png", 9), jpg = head >= 15 && !memcmp(url + 5, "image/jp", 8);
+    const int png = head >= 14 && !memcmp(url + 5, "image/png", 9), jpg = head >= 13 && !memcmp(url + 5, "image/jp", 8);
     if (!png && !jpg)
-        return BAD_IMAGE(e, 400, "invalid_image_format", param, "the data: URL's media type must be image/png or "
-                                                                "image/jpeg");
+        return BAD_IMAGE(e, 400, "invalid_image_format", param,
+                         "the data: URL's media type must be image/png or "
+                         "image/jpeg");
     if (head < 7 || memcmp(comma - 7, ";base64", 7))
         return BAD_IMAGE(e, 400, "invalid_image_url", param, "the data: URL must be base64-encoded (';base64,')");
     const char *b64 = comma + 1;
