@@ -428,6 +428,50 @@ int64_t k3c_vision_pad_positions(const int32_t *ids, int64_t T, int32_t pad_id, 
 int k3c_vision_targets(const int32_t *ids, int64_t T, const int32_t *cu, int n_docs, int32_t pad_id, int32_t *targets,
                        k3c_err *err);
 
+/* ---------------------------------------------------------------- image-text training (docs/VISION.md "Training data")
+ * A JSONL line {"text": "...<image>...", "images": ["a.png", ...], "answer": "..."}: each <image> marker (in order)
+ * becomes that image's prompt (paths relative to the JSONL file), "answer" (optional) follows the text and then alone
+ * carries the loss; without it every text token does. Image tokens never carry loss. */
+typedef struct {
+    int32_t *ids, *targets; /* [n]: the sample's ids and next-token targets (-1: no loss) */
+    int64_t n, answer_at;   /* answer_at: the answer's first id (0 when there is no answer) */
+    int n_img;
+    k3c_grid_thw *grid; /* [n_img] */
+    float *pixels;      /* [n_patches, 3·p·p] every image's patches, in order */
+    int64_t n_patches, n_img_tokens;
+    char *answer; /* NULL when none */
+} k3c_vsample;
+typedef struct {
+    k3c_vsample *s;
+    size_t n;
+    int n_bad;    /* lines skipped */
+    char *report; /* "file:line: reason (line skipped)\n" per bad line, NULL when none */
+} k3c_vdata;
+/* Reads every line; a malformed line (bad JSON or field, marker count, missing / unreadable image, longer than
+ * max_tokens) is reported and skipped; no usable line at all is an error. */
+int k3c_vdata_load(const char *path, const k3c_tok *tok, const k3c_vision_config *vc, int64_t max_tokens,
+                   k3c_vdata *out, k3c_err *err);
+void k3c_vsample_free(k3c_vsample *s);
+void k3c_vdata_free(k3c_vdata *d);
+
+/* `k3c vision train`: the text model and the tower of `dir` (config.json with a vision_config, its tokenizer; weights
+ * when present, else a seeded init) trained together on data, AdamW on the tower and the model's optimizer on the
+ * model; held-out accuracy on eval (when given): each sample's answer against every distinct answer of the eval set,
+ * by summed log-probability. Weights are written back to dir (model.safetensors, vision.safetensors, index). */
+typedef struct {
+    const char *dir, *data, *eval;
+    int64_t steps, batch, max_tokens, eval_max; /* eval_max: eval samples scored at most (0 = all) */
+    double lr, tower_lr, weight_decay, grad_clip;
+    uint64_t seed;
+    int log_every;
+    FILE *log; /* progress lines (NULL: quiet) */
+} k3c_vtrain_opts;
+typedef struct {
+    double first_loss, last_loss, accuracy, chance, train_s, eval_s;
+    int64_t n_train, n_eval, bad_train, bad_eval, tokens;
+} k3c_vtrain_result;
+int k3c_vision_train(const k3c_vtrain_opts *o, k3c_vtrain_result *res, k3c_err *err);
+
 /* ---------------------------------------------------------------- generation */
 #define K3C_MAX_LOGPROBS 20 /* top alternatives a sampled token can report (OpenAI's limit) */
 

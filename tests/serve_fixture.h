@@ -134,6 +134,6 @@ static int serve_model_dir_v(const char *dir, int vision) {
     return rc;
 }
 
-static int serve_model_dir(const char *dir) { return serve_model_dir_v(dir, 0); }
+static inline int serve_model_dir(const char *dir) { return serve_model_dir_v(dir, 0); }
 
 #endif
