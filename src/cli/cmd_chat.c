@@ -85,8 +85,14 @@ static int turn(k3c_sched *sched, const k3c_api_limits *lim, const int32_t *stop
     chat_out out = {isatty(STDOUT_FILENO), 0, 0};
     k3c_turn t;
     rc = k3c_turn_init(&t, lim->tok, &q.parse, q.stop, q.nstop, show_delta, NULL, &out, err);
-    k3c_sched_req sr = {q.prompt.ids, (int64_t)q.prompt.n, q.max_tokens, {0},     n_stop,
-                        q.params,     q.n_embeds,          q.embed_pos,  q.embeds};
+    k3c_sched_req sr = {.prompt = q.prompt.ids,
+                        .n_prompt = (int64_t)q.prompt.n,
+                        .max_new = q.max_tokens,
+                        .n_stop_ids = n_stop,
+                        .params = q.params,
+                        .n_embeds = q.n_embeds,
+                        .embed_pos = q.embed_pos,
+                        .embeds = q.embeds};
     memcpy(sr.stop_ids, stop_ids, sizeof sr.stop_ids);
     k3c_sched_finish why = K3C_SCHED_FINISH_STOP;
     int64_t n_gen = 0;

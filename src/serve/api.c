@@ -186,8 +186,14 @@ static api_stream *start_call(k3c_server *s, k3c_api_req *q, int client_fd, api_
         fail(r, 500, "server_error", NULL, "%s", err.msg);
         return NULL;
     }
-    k3c_sched_req sr = {q->prompt.ids, (int64_t)q->prompt.n, q->max_tokens, {0},      s->n_stop_ids,
-                        q->params,     q->n_embeds,          q->embed_pos,  q->embeds};
+    k3c_sched_req sr = {.prompt = q->prompt.ids,
+                        .n_prompt = (int64_t)q->prompt.n,
+                        .max_new = q->max_tokens,
+                        .n_stop_ids = s->n_stop_ids,
+                        .params = q->params,
+                        .n_embeds = q->n_embeds,
+                        .embed_pos = q->embed_pos,
+                        .embeds = q->embeds};
     memcpy(sr.stop_ids, s->stop_ids, sizeof sr.stop_ids);
     k3c_sched_sink sink = {on_token, on_done, c};
     c->refs = 2;

@@ -152,7 +152,7 @@ void k3c_engine_close(k3c_engine *e) {
     free(e);
 }
 
-/* Overrides: positions strictly ascending inside the prompt, every value finite. */
+/* Overrides: positions strictly ascending inside the prompt. */
 static int embeds_check(const k3c_request *r, int64_t n, k3c_err *err) {
     if (r->n_embeds == 0) return K3C_OK;
     if (r->n_embeds < 0 || r->n_embeds > n || !r->embeds || !r->embed_pos)
