@@ -35,7 +35,7 @@ LIB_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(ONE_SRC)) \
 CLI_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_SRC))
 LIB     := $(BUILD)/libk3c.a
 
-.PHONY: all setup test test-asan cuda cuda-tests nccl run post bench clean fuzz fuzz-build
+.PHONY: all setup test test-asan cuda cuda-tests nccl run post vision-demo bench clean fuzz fuzz-build
 all: $(LIB) k3c
 
 $(BUILD)/obj/%.o: %.c
@@ -151,6 +151,9 @@ run: setup all
 
 post: setup all
 	@bash tools/post_demo.sh
+
+vision-demo: setup all
+	@bash tools/vision_demo.sh
 
 clean:
 	rm -rf build k3c

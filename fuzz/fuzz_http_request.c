@@ -42,7 +42,8 @@ static k3c_tok *tokenizer(void) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
     if (n < 1) return 0;
     k3c_api_kind kind = (k3c_api_kind)(data[0] & 3);
-    k3c_api_limits lim = {tokenizer(), (data[0] >> 2) & 1 ? K3C_CHAT_K2 : K3C_CHAT_XTML, "tiny", 0, 512, 64};
+    k3c_api_limits lim = {tokenizer(), (data[0] >> 2) & 1 ? K3C_CHAT_K2 : K3C_CHAT_XTML, "tiny", 0, 512, 64, NULL,
+                          K3C_API_MAX_IMAGES, K3C_API_MAX_IMAGE_BYTES, K3C_API_MAX_IMAGE_PIXELS};
     lim.n_vocab = k3c_tok_n_vocab(lim.tok) - ((data[0] >> 3) & 1); /* sometimes a model vocabulary one smaller */
     k3c_api_req q;
     k3c_api_error e;

@@ -299,6 +299,11 @@ int64_t k3c_vision_merged_tokens(const k3c_vision_config *vc, const k3c_grid_thw
 K3C_VISION_API(float, f32)
 K3C_VISION_API(double, f64)
 void k3c_vision_free(k3c_vision *v);
+/* The tower's tensors (release names, the tower's precision) as one safetensors file, written atomically. */
+int k3c_vision_save(const k3c_vision *v, const char *path, k3c_err *err);
+/* Beside a text model saved as <dir>/model.safetensors: <dir>/vision.safetensors and a model.safetensors.index.json
+ * naming both, so the directory opens as one checkpoint (text model, tower and projector). */
+int k3c_vision_save_beside(const k3c_vision *v, const char *dir, k3c_err *err);
 /* Images: 8-bit RGB, rows top to bottom (h × w × 3). Decoding matches Pillow's open(...).convert("RGB"): palettes and
  * gray expanded, alpha dropped, 16-bit samples cut to their high byte; CMYK JPEGs are refused. */
 typedef struct {
@@ -423,6 +428,50 @@ int64_t k3c_vision_pad_positions(const int32_t *ids, int64_t T, int32_t pad_id, 
 int k3c_vision_targets(const int32_t *ids, int64_t T, const int32_t *cu, int n_docs, int32_t pad_id, int32_t *targets,
                        k3c_err *err);
 
+/* ---------------------------------------------------------------- image-text training (docs/VISION.md "Training data")
+ * A JSONL line {"text": "...<image>...", "images": ["a.png", ...], "answer": "..."}: each <image> marker (in order)
+ * becomes that image's prompt (paths relative to the JSONL file), "answer" (optional) follows the text and then alone
+ * carries the loss; without it every text token does. Image tokens never carry loss. */
+typedef struct {
+    int32_t *ids, *targets; /* [n]: the sample's ids and next-token targets (-1: no loss) */
+    int64_t n, answer_at;   /* answer_at: the answer's first id (0 when there is no answer) */
+    int n_img;
+    k3c_grid_thw *grid; /* [n_img] */
+    float *pixels;      /* [n_patches, 3·p·p] every image's patches, in order */
+    int64_t n_patches, n_img_tokens;
+    char *answer; /* NULL when none */
+} k3c_vsample;
+typedef struct {
+    k3c_vsample *s;
+    size_t n;
+    int n_bad;    /* lines skipped */
+    char *report; /* "file:line: reason (line skipped)\n" per bad line, NULL when none */
+} k3c_vdata;
+/* Reads every line; a malformed line (bad JSON or field, marker count, missing / unreadable image, longer than
+ * max_tokens) is reported and skipped; no usable line at all is an error. */
+int k3c_vdata_load(const char *path, const k3c_tok *tok, const k3c_vision_config *vc, int64_t max_tokens,
+                   k3c_vdata *out, k3c_err *err);
+void k3c_vsample_free(k3c_vsample *s);
+void k3c_vdata_free(k3c_vdata *d);
+
+/* `k3c vision train`: the text model and the tower of `dir` (config.json with a vision_config, its tokenizer; weights
+ * when present, else a seeded init) trained together on data, AdamW on the tower and the model's optimizer on the
+ * model; held-out accuracy on eval (when given): each sample's answer against every distinct answer of the eval set,
+ * by summed log-probability. Weights are written back to dir (model.safetensors, vision.safetensors, index). */
+typedef struct {
+    const char *dir, *data, *eval;
+    int64_t steps, batch, max_tokens, eval_max; /* eval_max: eval samples scored at most (0 = all) */
+    double lr, tower_lr, weight_decay, grad_clip;
+    uint64_t seed;
+    int log_every;
+    FILE *log; /* progress lines (NULL: quiet) */
+} k3c_vtrain_opts;
+typedef struct {
+    double first_loss, last_loss, accuracy, chance, train_s, eval_s;
+    int64_t n_train, n_eval, bad_train, bad_eval, tokens;
+} k3c_vtrain_result;
+int k3c_vision_train(const k3c_vtrain_opts *o, k3c_vtrain_result *res, k3c_err *err);
+
 /* ---------------------------------------------------------------- generation */
 #define K3C_MAX_LOGPROBS 20 /* top alternatives a sampled token can report (OpenAI's limit) */
 
@@ -475,8 +524,9 @@ int k3c_sampler_check(const k3c_sampler *s, k3c_err *err);
 
 /* A model opened for serving. */
 typedef struct {
-    k3c_model *model; /* float32 weights, no gradients */
-    k3c_tok *tok;     /* the directory's tokenizer (k3c_tok_load_dir), or NULL when not asked for */
+    k3c_model *model;   /* float32 weights, no gradients */
+    k3c_tok *tok;       /* the directory's tokenizer (k3c_tok_load_dir), or NULL when not asked for */
+    k3c_vision *vision; /* float32 vision tower + projector when config.json has a vision_config, else NULL */
 } k3c_serve;
 
 /* Opens <dir>: config.json + checkpoint and, when with_tok, the tokenizer (pattern NULL: the one k3c_tokenizer.json
@@ -528,6 +578,13 @@ typedef struct {
     int64_t max_new; /* tokens to generate at most (> 0) */
     int n_stop;      /* generation ends once one of stop_ids is sampled (it is reported, with finish STOP) */
     int32_t stop_ids[K3C_MAX_STOP_IDS];
+    /* Optional input-embedding overrides (image tokens; docs/VISION.md "Serving images"): the n_embeds rows of embeds
+       [n_embeds, hidden] replace the token embeddings of prompt positions embed_pos (strictly ascending, < n); both
+       are copied at submit. Such a prompt reads and stores prefix snapshots only before its first overridden
+       position, so two images behind the same placeholder ids never share a cached state. */
+    int64_t n_embeds;
+    const int32_t *embed_pos;
+    const float *embeds;
 } k3c_request;
 
 typedef enum {
@@ -651,7 +708,6 @@ typedef struct {
  * then plots metrics.png). */
 int k3c_train_run(const k3c_run_config *rc, const k3c_train_opts *opts, k3c_train_result *res, k3c_err *err);
 
-
 /* ---------------------------------------------------------------- post-training (docs/POST.md; TRAINING.md §3, §5)
  * Trajectories: JSONL conversations rendered through XTML (or the K2 envelope) to token ids with a loss mask that is 1
  * exactly on what the model writes (assistant reasoning, content, tool-call markup, end markers). */
@@ -682,8 +738,7 @@ typedef struct {
  * tool_calls / tool with tool_call_id) plus {"role": "state", "content": ...} snapshots (rendered as a system message
  * named "state", masked). A malformed line is reported in out->report (file, line, field, reason) and skipped, never
  * trained on; only an unreadable file or no usable line at all is an error. */
-int k3c_traj_load_jsonl(const char *path, const k3c_tok *tok, const k3c_traj_opts *o, k3c_traj_set *out,
-                        k3c_err *err);
+int k3c_traj_load_jsonl(const char *path, const k3c_tok *tok, const k3c_traj_opts *o, k3c_traj_set *out, k3c_err *err);
 void k3c_traj_set_free(k3c_traj_set *s);
 
 /* A packed SFT batch: whole trajectories laid end to end, each a document (cu_seqlens resets every sequence mixer),
@@ -699,7 +754,6 @@ typedef struct {
  * K3C_EINVAL naming it otherwise), advancing *next (wrapping to 0 at the end). */
 int k3c_traj_pack(const k3c_traj *t, size_t n, size_t *next, int64_t seq_len, k3c_packed *out, k3c_err *err);
 void k3c_packed_free(k3c_packed *p);
-
 
 /* Sandbox: untrusted code (a verifier's unit tests) in a separate process with a private temporary directory (removed
  * afterwards), rlimits (CPU seconds, address space, file size, process count, open files), a wall-clock timeout that
@@ -717,12 +771,12 @@ enum {
     K3C_SBX_LANDLOCK = 128,
 };
 typedef struct {
-    double cpu_s, wall_s;  /* RLIMIT_CPU (whole seconds, at least 1) and the wall-clock timeout */
-    int64_t mem_bytes;     /* RLIMIT_AS */
-    int64_t fsize_bytes;   /* RLIMIT_FSIZE */
-    int64_t nproc;         /* RLIMIT_NPROC */
-    size_t max_output;     /* stdout + stderr bytes kept (0 = 64 KiB); the rest is drained and `truncated` set */
-    char tmp_root[1024];   /* where the private directory is made ("" = /tmp) */
+    double cpu_s, wall_s; /* RLIMIT_CPU (whole seconds, at least 1) and the wall-clock timeout */
+    int64_t mem_bytes;    /* RLIMIT_AS */
+    int64_t fsize_bytes;  /* RLIMIT_FSIZE */
+    int64_t nproc;        /* RLIMIT_NPROC */
+    size_t max_output;    /* stdout + stderr bytes kept (0 = 64 KiB); the rest is drained and `truncated` set */
+    char tmp_root[1024];  /* where the private directory is made ("" = /tmp) */
 } k3c_sandbox_limits;
 typedef struct {
     const char *name; /* a plain file name inside the sandbox directory */
@@ -743,7 +797,6 @@ int k3c_sandbox_run(const k3c_sandbox_limits *l, const char *const argv[], const
 void k3c_sandbox_result_free(k3c_sandbox_result *r);
 /* "tmpdir rlimits timeout netns ..." */
 void k3c_sandbox_protections_str(unsigned protections, char *buf, size_t n);
-
 
 /* Verifiers: pure functions of (response, ground truth) giving a reward in [0, 1] = the weighted mean of named
  * components (TRAINING.md §5.2). */
@@ -776,7 +829,6 @@ int k3c_verify_format(const char *output, size_t n, const char *tools_json, int 
  * (from nonce_seed) the harness reads before the solution runs. */
 int k3c_verify_code(const char *solution, const char *cases_json, const k3c_sandbox_limits *l, uint64_t nonce_seed,
                     k3c_reward *out, k3c_err *err);
-
 
 /* RL objectives (TRAINING.md §3): group-relative advantages and the clipped surrogate, on host arrays. */
 #define K3C_RL_EPS_STD 1e-6 /* added to the group std (verl) */
@@ -823,7 +875,6 @@ typedef struct {
  * dlogp[k]·(onehot(y) − softmax): a cross-entropy backward with per-token weight −dlogp[k]. */
 int k3c_rl_loss(const k3c_rl_tokens *t, const k3c_rl_loss_opts *o, double *dlogp, k3c_rl_loss_stats *s, k3c_err *err);
 
-
 /* Environments (docs/POST.md "Environments"): tasks generated in C, deterministic by (seed, split, index), with
  * disjoint train (split 0) and held-out (split 1) sets. Kinds: "arith" (multi-step word problems, answer verifier),
  * "arith_tool" (the same with a calculator tool), "code" (Python string / list functions checked by unit tests in the
@@ -847,7 +898,6 @@ void k3c_env_score(k3c_env *e, const char *final_answer, k3c_reward *out);
 /* An expert solution as one SFT conversation {"messages": [system, user, expert turns...], "tools": [...]} (JSON
  * text, malloc'd), the format k3c_traj_load_jsonl reads. Does not change e. */
 int k3c_env_reference(k3c_env *e, char **conversation, k3c_err *err);
-
 
 /* SFT (`k3c sft --config RUN.json`): fine-tunes a k3c or Hugging Face checkpoint on JSONL trajectories with the loss on
  * the model's own tokens; checkpoints, resume, metrics and options as `k3c train` (k3c_train_opts). */
@@ -875,7 +925,6 @@ typedef struct {
 } k3c_sft_result;
 int k3c_sft_run(const k3c_sft_config *c, const k3c_train_opts *o, k3c_sft_result *r, k3c_err *err);
 
-
 /* Rollouts (RL): multi-turn episodes of a policy in an environment, in XTML. */
 typedef struct {
     /* Appends at most max_new sampled ids to seq[0..n) (seq has room for n + max_new), stopping after `stop`;
@@ -893,7 +942,7 @@ typedef struct {
     int thinking;             /* XTML think channel in the generation prompts */
 } k3c_rollout_opts;
 typedef struct {
-    int32_t *ids; /* the episode as the model saw it: sampled ids exactly as sampled */
+    int32_t *ids;  /* the episode as the model saw it: sampled ids exactly as sampled */
     uint8_t *mask; /* 1 on sampled ids, 0 on the prompt, tool results (observations) and generation prompts */
     float *logp;   /* the sampler's log-probability of each sampled id under the model's raw distribution
                       (k3c_rollout_batch on the engine); 0 elsewhere and from k3c_rollout's policy */
@@ -916,7 +965,6 @@ int k3c_rollout(k3c_env *env, const k3c_tok *tok, const k3c_policy *pol, const k
 int k3c_rollout_batch(k3c_model *m, k3c_env *const *envs, const k3c_sampler *samplers, int n, const k3c_tok *tok,
                       const k3c_rollout_opts *o, int threads, k3c_episode *eps, k3c_err *err);
 void k3c_episode_free(k3c_episode *ep);
-
 
 /* RL (`k3c rl --config RUN.json`): per step, group_size rollouts of each of prompts_per_step training tasks of
  * environment `env` decoded together (k3c_rollout_batch), verifier rewards (+ DAPO overlong penalty), group-relative

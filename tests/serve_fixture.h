@@ -54,22 +54,38 @@ static char *serve_corpus(size_t *n) {
     return s.buf;
 }
 
-/* Builds <dir>/{tiktoken.model(+.specials.json), k3c_tokenizer.json, config.json, model.safetensors}. */
-static int serve_model_dir(const char *dir) {
+/* The four media specials of the vision variant, and its tiny tower (text hidden 16 = the test config's). */
+static const char *const SERVE_MEDIA[] = {"<|media_begin|>", "<|media_content|>", "<|media_pad|>", "<|media_end|>"};
+#define SERVE_VISION_CONFIG                                                                                            \
+    ",\n  \"media_placeholder_token_id\": %d,\n  \"vision_config\": {\"patch_size\": 14, \"vt_hidden_size\": 8, "      \
+    "\"vt_intermediate_size\": 16, \"vt_num_attention_heads\": 2, \"vt_num_hidden_layers\": 1, \"qkv_hidden_size\": "  \
+    "8, "                                                                                                              \
+    "\"mm_hidden_size\": 8, \"text_hidden_size\": 16, \"merge_kernel_size\": [2, 2], \"merge_type\": \"sd2_tpool\", "  \
+    "\"mm_projector_type\": \"patchmergerv2\", \"mlp_type\": \"mlp2\", \"activation_func\": \"gelu_pytorch_tanh\", "   \
+    "\"projector_hidden_act\": \"gelu\", \"projector_ln_eps\": 1e-05, \"norm_type\": \"rmsnorm\", \"pos_emb_type\": "  \
+    "\"divided_fixed\", \"init_pos_emb_height\": 8, \"init_pos_emb_width\": 8, \"init_pos_emb_time\": 2, "             \
+    "\"pos_emb_interpolation_mode\": \"bilinear\", \"attn_bias\": false, \"linear_bias\": false, "                     \
+    "\"patch_embed_proj_bias\": false}\n}\n"
+
+/* Builds <dir>/{tiktoken.model(+.specials.json), k3c_tokenizer.json, config.json, model.safetensors}; with vision, also
+ * the media specials, a vision_config and the tower's tensors (vision.safetensors + the index naming both files). */
+static int serve_model_dir_v(const char *dir, int vision) {
     k3c_err err = {0};
     size_t n;
     char *text = serve_corpus(&n);
-    const char *texts[1] = {text};
+    const char *texts[1] = {text}, *specials[SERVE_N_SPECIALS + 4];
+    memcpy(specials, SERVE_SPECIALS, sizeof SERVE_SPECIALS);
+    memcpy(specials + SERVE_N_SPECIALS, SERVE_MEDIA, sizeof SERVE_MEDIA);
     k3c_tok_train_opts to = {.vocab_size = SERVE_RANKS,
                              .pattern = K3C_TOK_PATTERN_KIMI,
-                             .specials = SERVE_SPECIALS,
-                             .n_specials = SERVE_N_SPECIALS};
+                             .specials = specials,
+                             .n_specials = SERVE_N_SPECIALS + (vision ? 4 : 0)};
     k3c_tok *t = NULL;
     int rc = k3c_tok_train(texts, &n, 1, &to, &t, &err);
     free(text);
     CHECK_OK(rc, &err);
     if (rc) return rc;
-    int32_t vocab = k3c_tok_n_vocab(t);
+    int32_t vocab = k3c_tok_n_vocab(t), pad = k3c_tok_special_id(t, "<|media_pad|>");
     char p[4400];
     snprintf(p, sizeof p, "%s/tiktoken.model", dir);
     CHECK_OK(rc = k3c_tok_save(t, p, &err), &err);
@@ -90,6 +106,11 @@ static int serve_model_dir(const char *dir) {
     k3c_sbuf_init(&c);
     k3c_sbuf_append(&c, cfg_text, (size_t)(v - cfg_text));
     k3c_sbuf_printf(&c, "\"vocab_size\": %d,%s", vocab, v + strlen("\"vocab_size\": 32,"));
+    if (vision) { /* the config's closing brace gives way to the vision fields */
+        while (c.len && c.buf[c.len - 1] != '}') c.len--;
+        c.len--;
+        k3c_sbuf_printf(&c, SERVE_VISION_CONFIG, pad);
+    }
     free(cfg_text);
     snprintf(p, sizeof p, "%s/config.json", dir);
     serve_write(p, c.buf);
@@ -102,8 +123,17 @@ static int serve_model_dir(const char *dir) {
     k3c_model_init_f32(&m, 7, 0.5); /* a wide init: the sampled text is varied */
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     CHECK_OK(rc = k3c_model_save_f32(&m, p, &err), &err);
+    k3c_vision *vt = NULL;
+    if (!rc && vision) CHECK_OK(rc = k3c_vision_create_f32(&cfg.vision, 0, &vt, &err), &err);
+    if (vt) {
+        k3c_vision_init_f32(vt, 9);
+        CHECK_OK(rc = k3c_vision_save_beside(vt, dir, &err), &err);
+    }
+    k3c_vision_free(vt);
     k3c_model_free_f32(&m);
     return rc;
 }
+
+static inline int serve_model_dir(const char *dir) { return serve_model_dir_v(dir, 0); }
 
 #endif

@@ -7,6 +7,7 @@
 
 /* Row-wise relative error bound of the engine's logits against the training forward (fp32, CPU). */
 #define TOL_LOGITS 1e-5
+#define PAD_ID 31 /* a <|media_pad|> stand-in inside the tiny vocabulary */
 
 static int32_t *read_i32(const k3c_safetensors *st, const char *name, int64_t *n) {
     const k3c_st_tensor *t = k3c_st_find(st, name);
@@ -17,13 +18,29 @@ static int32_t *read_i32(const k3c_safetensors *st, const char *name, int64_t *n
     return v;
 }
 
-/* Logits [T, V] of the training forward over ids (one document), in float64 when m64 (else float32), as double. */
-static double *ref_logits(k3c_model *m, k3c_model *m64, const int32_t *ids, int64_t T, k3c_err *err) {
+/* Image rows: n embeddings [n, D] replacing the token embeddings at ascending positions pos (NULL: none). */
+typedef struct {
+    int64_t n;
+    const int32_t *pos;
+    const float *emb;
+} img_rows;
+
+/* Logits [T, V] of the training forward over ids (one document, image rows from im), in float64 when m64 (else
+ * float32), as double. */
+static double *ref_logits(k3c_model *m, k3c_model *m64, const int32_t *ids, int64_t T, const img_rows *im,
+                          k3c_err *err) {
     k3c_model *r = m64 ? m64 : m;
     k3c_arena ar;
     size_t bytes = m64 ? k3c_model_plan_bytes_f64(r, T, 1) : k3c_model_plan_bytes_f32(r, T, 1);
     if ((m64 ? k3c_model_arena_init_f64 : k3c_model_arena_init_f32)(r, bytes, &ar, err)) return NULL;
     k3c_model_batch b = {.T = T, .n_docs = 1, .ids = ids};
+    double *emb64 = NULL;
+    if (im && im->n) { /* the model's precision */
+        const int64_t ne = im->n * m->cfg.hidden_size;
+        emb64 = malloc(sizeof(double) * (size_t)ne);
+        for (int64_t i = 0; i < ne; i++) emb64[i] = im->emb[i];
+        b.n_embeds = im->n, b.embed_pos = im->pos, b.embeds = m64 ? (const void *)emb64 : (const void *)im->emb;
+    }
     k3c_acts *acts;
     const int64_t n = T * m->cfg.vocab_size;
     double *out = malloc(sizeof(double) * (size_t)n), *l64;
@@ -32,6 +49,7 @@ static double *ref_logits(k3c_model *m, k3c_model *m64, const int32_t *ids, int6
                  : k3c_model_forward_f32(r, &b, &ar, &acts, NULL, &l32, err);
     for (int64_t i = 0; !rc && i < n; i++) out[i] = m64 ? l64[i] : (double)l32[i];
     (m64 ? k3c_model_arena_free_f64 : k3c_model_arena_free_f32)(r, &ar);
+    free(emb64);
     if (rc) {
         free(out);
         return NULL;
@@ -57,20 +75,23 @@ static double worst_row(const float *got, const double *ref, int64_t T, int64_t 
 
 /* Runs ids through the engine in pieces of the given lengths (cycled; 1 = a decode step), all rows' logits. */
 static float *engine_logits(const k3c_weights *w, const int32_t *ids, int64_t T, const int64_t *pieces, int np,
-                            k3c_err *err) {
+                            const img_rows *im, k3c_err *err) {
     k3c_eng_dims d;
     k3c_eng_dims_of(&w->cfg, &d);
     k3c_eng_state st;
     k3c_eng_ws *ws = NULL;
     float *out = malloc(sizeof(float) * (size_t)(T * d.V));
+    const float **rows = calloc((size_t)T, sizeof *rows); /* per position: its image row or NULL */
+    for (int64_t i = 0; im && i < im->n; i++) rows[im->pos[i]] = im->emb + i * d.D;
     int rc = k3c_eng_state_init(&st, &d, T, err);
     if (!rc) rc = k3c_eng_ws_init(w, T, &ws, err);
     for (int64_t t = 0, i = 0; !rc && t < T; i++) {
         int64_t len = pieces[i % np] < T - t ? pieces[i % np] : T - t;
-        k3c_eng_seg seg = {&st, 0, len};
+        k3c_eng_seg seg = {&st, 0, len, im ? rows + t : NULL};
         rc = k3c_eng_forward(w, ws, ids + t, &seg, 1, NULL, len, out + t * d.V, err);
         t += len;
     }
+    free(rows);
     k3c_eng_ws_free(ws);
     k3c_eng_state_free(&st);
     if (rc) {
@@ -84,14 +105,15 @@ static float *engine_logits(const k3c_weights *w, const int32_t *ids, int64_t T,
  * rounding alone puts the float32 training forward further than TOL_LOGITS/2 from it (k3_tiny_a and the random K3: about
  * 1e-5), within twice that distance: two float32 computations of the same sum in different orders, each ε from the
  * exact value, may be 2ε apart, so no float32 engine can promise less. */
-static void exact_vs_forward(const char *name, k3c_model *m, k3c_model *m64, const int32_t *ids, int64_t T) {
+static void exact_vs_forward(const char *name, k3c_model *m, k3c_model *m64, const int32_t *ids, int64_t T,
+                             const img_rows *im) {
     k3c_err err = {0};
     k3c_weights w;
     if (k3c_weights_from_model(m, &w, &err)) {
         CHECK(0, "%s: %s", name, err.msg);
         return;
     }
-    double *ref = ref_logits(m, m64, ids, T, &err), *r32 = ref_logits(m, NULL, ids, T, &err);
+    double *ref = ref_logits(m, m64, ids, T, im, &err), *r32 = ref_logits(m, NULL, ids, T, im, &err);
     CHECK(ref && r32, "%s: %s", name, err.msg);
     double floor32 = 0, tol = TOL_LOGITS;
     if (ref && r32) {
@@ -110,7 +132,7 @@ static void exact_vs_forward(const char *name, k3c_model *m, k3c_model *m64, con
     } sched[] = {
         {"token by token", one, 1}, {"one prefill", all, 1}, {"prefill 7, decode 3, prefill 11, ...", split, 9}};
     for (int s = 0; ref && s < 3; s++) {
-        float *got = engine_logits(&w, ids, T, sched[s].p, sched[s].n, &err);
+        float *got = engine_logits(&w, ids, T, sched[s].p, sched[s].n, im, &err);
         CHECK(got, "%s: %s", name, err.msg);
         if (!got) continue;
         char what[160];
@@ -140,7 +162,7 @@ static void golden_exact(const char *rel) {
     CHECK(ids, "%s: no input_ids", gpath);
     const k3c_st_tensor *t = k3c_st_find(gs, "input_ids");
     int64_t T = t && t->ndim == 2 ? t->shape[1] : n; /* the first row of a [B, T] batch */
-    if (ids) exact_vs_forward(rel, &m, &m64, ids, T);
+    if (ids) exact_vs_forward(rel, &m, &m64, ids, T, NULL);
     free(ids);
     k3c_st_close(gs);
     k3c_model_free_f32(&m);
@@ -182,7 +204,16 @@ static void random_k3_exact(void) {
         return;
     }
     for (size_t i = 0; i < m.table.total; i++) ((double *)m64.w)[i] = ((float *)m.w)[i];
-    exact_vs_forward("random K3 (2 AttnRes blocks)", &m, &m64, ids, 70);
+    exact_vs_forward("random K3 (2 AttnRes blocks)", &m, &m64, ids, 70, NULL);
+    /* two images (4 and 9 rows, the second split across prompt chunks and decode steps) replacing placeholder rows */
+    int32_t pos[13];
+    float *emb = malloc(sizeof(float) * (size_t)(13 * m.cfg.hidden_size));
+    for (int i = 0; i < 13; i++) pos[i] = i < 4 ? 3 + i : 14 + i;
+    for (int i = 0; i < 13 * m.cfg.hidden_size; i++) emb[i] = (float)k3c_normal_at(91, (uint64_t)i);
+    for (int i = 0; i < 13; i++) ids[pos[i]] = PAD_ID;
+    const img_rows im = {13, pos, emb};
+    exact_vs_forward("random K3 with image rows", &m, &m64, ids, 70, &im);
+    free(emb);
     k3c_model_free_f32(&m);
     k3c_model_free_f64(&m64);
 }
@@ -331,6 +362,54 @@ static void prefix_cache(const k3c_model *m, const int32_t *ids) {
     k3c_engine_close(warm);
 }
 
+/* Image prompts and the prefix cache: the same placeholder ids with two different images give different logits; the
+ * second resumes only from the snapshot before its first image row (8, not its prompt end) and equals a cold run bit
+ * for bit; a text prompt with those ids resumes from there too; bad override positions are refused. */
+static void image_prefix(const k3c_model *m, const int32_t *ids) {
+    k3c_err err = {0};
+    const int64_t V = m->cfg.vocab_size, D = m->cfg.hidden_size, T = 24;
+    int32_t P[24], pos[6];
+    memcpy(P, ids, sizeof P);
+    for (int i = 0; i < 6; i++) P[pos[i] = 10 + i] = PAD_ID;
+    float *emb = malloc(sizeof(float) * (size_t)(12 * D));
+    for (int64_t i = 0; i < 12 * D; i++) emb[i] = (float)(0.5 * k3c_normal_at(93, (uint64_t)i));
+    k3c_request ra = {.sampler = {.top_p = 1}, .max_new = 3, .n_embeds = 6, .embed_pos = pos, .embeds = emb}, rb = ra,
+                rt = {.sampler = {.top_p = 1}, .max_new = 3};
+    rb.embeds = emb + 6 * D;
+    k3c_engine_opts o = {.max_seqs = 1, .snapshot_every = 8, .max_ctx = 64};
+    k3c_engine *warm, *cold;
+    run_out oa, ob, xb, ot;
+    const int32_t *pp[1] = {P};
+    CHECK_OK(k3c_engine_open(m, &o, &warm, &err), &err);
+    CHECK_OK(k3c_engine_open(m, &o, &cold, &err), &err);
+    CHECK_OK(run_engine(warm, 1, pp, &T, &ra, V, &oa, &err), &err);
+    CHECK_OK(run_engine(warm, 1, pp, &T, &rb, V, &ob, &err), &err);
+    CHECK_OK(run_engine(cold, 1, pp, &T, &rb, V, &xb, &err), &err);
+    k3c_engine_stats st;
+    k3c_engine_get_stats(warm, &st);
+    CHECK(st.prefix_hits == 1 && st.prefix_tokens_reused == 8,
+          "the second image resumes before its first image row only (hits %lld, %lld ids)", (long long)st.prefix_hits,
+          (long long)st.prefix_tokens_reused);
+    CHECK(memcmp(oa.logits, ob.logits, sizeof(float) * (size_t)V) != 0, "two images give different logits");
+    CHECK(!memcmp(ob.logits, xb.logits, sizeof(float) * (size_t)(ob.n * V)) && ob.n == xb.n,
+          "the resumed image prompt equals a cold run bit for bit");
+    CHECK_OK(run_engine(warm, 1, pp, &T, &rt, V, &ot, &err), &err);
+    k3c_engine_get_stats(warm, &st);
+    CHECK(st.prefix_tokens_reused == 16, "a text prompt with the placeholder ids resumes at 8 too (%lld ids reused)",
+          (long long)st.prefix_tokens_reused);
+    int64_t seq;
+    int32_t bad[2] = {12, 11};
+    k3c_request rbad = ra;
+    rbad.n_embeds = 2, rbad.embed_pos = bad;
+    CHECK(k3c_engine_submit(warm, P, T, &rbad, &seq, &err) == K3C_EINVAL, "descending override positions are refused");
+    bad[0] = 11, bad[1] = 24;
+    CHECK(k3c_engine_submit(warm, P, T, &rbad, &seq, &err) == K3C_EINVAL, "an override past the prompt is refused");
+    free_runs(&oa, 1), free_runs(&ob, 1), free_runs(&xb, 1), free_runs(&ot, 1);
+    k3c_engine_close(warm);
+    k3c_engine_close(cold);
+    free(emb);
+}
+
 /* Cancel and bad submissions. */
 static void api_edges(const k3c_model *m, const int32_t *ids) {
     k3c_err err = {0};
@@ -431,9 +510,9 @@ static void mxfp4_experts(const k3c_model *m, const char *dir, const int32_t *id
     CHECK_OK(k3c_weights_check(&w, &err), &err);
     k3c_weights f;
     static const int64_t split[] = {7, 1, 1, 1, 11};
-    float *got = engine_logits(&w, ids, T, split, 5, &err), *ref = NULL;
+    float *got = engine_logits(&w, ids, T, split, 5, NULL, &err), *ref = NULL;
     if (!k3c_weights_from_model(m, &f, &err)) {
-        ref = engine_logits(&f, ids, T, split, 5, &err);
+        ref = engine_logits(&f, ids, T, split, 5, NULL, &err);
         k3c_weights_free(&f);
     }
     CHECK(got && ref, "%s", err.msg);
@@ -468,6 +547,7 @@ static void engine_api(void) {
         mxfp4_experts(&m, dir, ids, 48);
         batching(&m, ids);
         prefix_cache(&m, ids);
+        image_prefix(&m, ids);
         api_edges(&m, ids);
     }
     free(ids);

@@ -8,6 +8,7 @@
 #include "serve_fixture.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #define KEY "Bearer sk-test"
@@ -24,7 +25,8 @@ static int start_server(const char *dir) {
         dup2(fds[1], 1);
         close(fds[0]);
         execl(test_k3c_bin(), test_k3c_bin(), "serve", "--model", dir, "--port", "0", "--slots", "4", "--api-key",
-              "sk-test", "--max-tokens-cap", "48", "--max-body", "65536", "--name", "tiny", (char *)NULL);
+              "sk-test", "--max-tokens-cap", "48", "--max-body", "65536", "--name", "tiny", "--max-image-bytes", "400",
+              (char *)NULL);
         _exit(127);
     }
     close(fds[1]);
@@ -415,6 +417,68 @@ static void expect(int port, const char *method, const char *url, const char *au
     http_resp_free(&r);
 }
 
+/* Two 30x20 PNGs (2 image tokens each after padding to 56x28), made with zlib once. */
+#define PNG_A                                                                                                          \
+    "iVBORw0KGgoAAAANSUhEUgAAAB4AAAAUCAIAAAAVyRqTAAAALklEQVR42mNgENGAoBN3PkAQ1URGjUYTob6JMJFRo9GNHk18o+l6NF2PpmsKRA"   \
+    "Akp0vutlNl+wAAAABJRU5ErkJggg=="
+#define PNG_B                                                                                                          \
+    "iVBORw0KGgoAAAANSUhEUgAAAB4AAAAUCAIAAAAVyRqTAAAAL0lEQVR42mPYcukDMmKQs0FGlMgy0NBoKpqFLktDo0fDejSsR8N6NKxHw3pIhDUA" \
+    "br"                                                                                                               \
+    "VL7r05uEsAAAAASUVORK5CYII="
+
+/* A chat body whose user message is an image part with url, then text. */
+static char *image_body(const char *url) {
+    k3c_sbuf b;
+    k3c_sbuf_init(&b);
+    k3c_sbuf_printf(&b,
+                    "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":"
+                    "\"%s\"}},{\"type\":\"text\",\"text\":\"What is this?\"}]}],\"max_tokens\":1,\"temperature\":0,"
+                    "\"logprobs\":true,\"thinking\":false}",
+                    url);
+    return b.buf;
+}
+
+/* The answer to an image chat: status, prompt tokens and the first token's logprob text. */
+static int image_chat(int port, const char *url, long *prompt_tokens, char *lp, size_t n) {
+    char *body = image_body(url);
+    http_resp r;
+    int rc = http_do(port, "POST", "/v1/chat/completions", KEY, body, &r), st = rc ? -1 : r.status;
+    free(body);
+    k3c_json *j = st == 200 ? parse_body(&r) : NULL;
+    const k3c_json *u = path(j, "usage", "prompt_tokens");
+    *prompt_tokens = u && u->type == K3C_JSON_NUMBER ? (long)u->number : -1;
+    const char *p = r.body ? strstr(r.body, "\"logprob\":") : NULL;
+    snprintf(lp, n, "%.24s", p ? p : "");
+    k3c_json_free(j);
+    http_resp_free(&r);
+    return st;
+}
+
+/* Image parts on a model with a vision tower: answered, the image reaches the logits, bad images are 4xx. */
+static void image_requests(int port) {
+    long na = 0, nb = 0;
+    char la[32], lb[32];
+    CHECK(image_chat(port, "data:image/png;base64," PNG_A, &na, la, sizeof la) == 200, "image chat A answered");
+    CHECK(image_chat(port, "data:image/png;base64," PNG_B, &nb, lb, sizeof lb) == 200, "image chat B answered");
+    CHECK(na == nb && na > 4, "both prompts hold the image's tokens (%ld, %ld)", na, nb);
+    CHECK(la[0] && lb[0] && strcmp(la, lb), "different images give different logprobs (%s vs %s)", la, lb);
+    const char *chat = "/v1/chat/completions";
+    static const struct {
+        const char *url, *code;
+        int status;
+    } bad[] = {{"https://example.com/cat.png", "invalid_image_url", 400},
+               {"data:image/png;base64,@@@@", "invalid_base64", 400},
+               {"data:image/png;base64,aGVsbG8gd29ybGQh", "invalid_image", 400},
+               {"data:image/gif;base64," PNG_A, "invalid_image_format", 400},
+               {"data:image/png," PNG_A, "invalid_image_url", 400},
+               {"data:image/png;base64," PNG_A PNG_A PNG_A PNG_A, "image_too_large", 413}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char *body = image_body(bad[i].url);
+        expect(port, "POST", chat, KEY, body, bad[i].status, bad[i].code);
+        free(body);
+    }
+}
+
 static void bad_requests(int port) {
     const char *chat = "/v1/chat/completions";
     expect(port, "POST", chat, KEY, "{\"messages\":[{\"role\":\"user\"", 400, "invalid_json");
@@ -431,6 +495,9 @@ static void bad_requests(int port) {
     expect(port, "GET", "/v1/models", NULL, NULL, 401, "invalid_api_key");
     expect(port, "GET", "/v2/nothing", KEY, NULL, 404, "unknown_url");
     expect(port, "GET", chat, KEY, NULL, 405, "method_not_allowed");
+    char *img = image_body("data:image/png;base64," PNG_A);
+    expect(port, "POST", chat, KEY, img, 400, "model_not_multimodal");
+    free(img);
     /* a prompt longer than the context (4096), and a body over --max-body 65536 */
     k3c_sbuf b;
     k3c_sbuf_init(&b);
@@ -503,6 +570,51 @@ static void device_cuda_refused(const char *dir) {
     CHECK(rc == 2 && strstr(out, "CPU-only") && !strstr(out, "listening"), "--device cuda refused (%d): %s", rc, out);
 }
 
+/* Stops the server started last: SIGTERM, a clean exit. */
+static void stop_server(void) {
+    if (g_pid > 0) {
+        kill(g_pid, SIGTERM);
+        int st = 0;
+        waitpid(g_pid, &st, 0);
+        char rest[4096];
+        size_t n = g_out ? fread(rest, 1, sizeof rest - 1, g_out) : 0;
+        rest[n] = 0;
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(rest, "stopped"), "clean stop (status %d): %s", st, rest);
+    }
+    if (g_out) fclose(g_out);
+    g_pid = -1, g_out = NULL;
+}
+
+/* The vision model: k3c serve with image parts, k3c chat --image. */
+static void vision_model(const char *tmp) {
+    char dir[4200], png[4300], cmd[9000], out[8192];
+    snprintf(dir, sizeof dir, "%.4000s/vision", tmp);
+    mkdir(dir, 0755);
+    if (serve_model_dir_v(dir, 1) != 0) return;
+    int port = start_server(dir);
+    if (port && wait_healthy(port)) image_requests(port);
+    stop_server();
+    unsigned char bytes[128];
+    size_t n = 0;
+    snprintf(png, sizeof png, "%s/a.png", dir);
+    k3c_err err = {0};
+    CHECK(k3c_base64_decode(PNG_A, strlen(PNG_A), bytes, &n) == 0, "PNG_A decodes");
+    CHECK_OK(k3c_write_file_atomic(png, bytes, n, &err), &err);
+    snprintf(cmd, sizeof cmd, "printf 'What is this?\\n' | %s chat --model %s --image %s --max-tokens 3 2>&1",
+             test_k3c_bin(), dir, png);
+    FILE *p = popen(cmd, "r");
+    size_t m = p ? fread(out, 1, sizeof out - 1, p) : 0;
+    out[m] = 0;
+    int st = p ? pclose(p) : -1;
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && !strstr(out, "k3c chat:"), "k3c chat --image: %s", out);
+    snprintf(cmd, sizeof cmd, "printf 'Hi\\n' | %s chat --model %s --image %s 2>&1", test_k3c_bin(), dir, dir);
+    p = popen(cmd, "r");
+    m = p ? fread(out, 1, sizeof out - 1, p) : 0;
+    out[m] = 0;
+    st = p ? pclose(p) : -1;
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) != 0 && strstr(out, dir), "k3c chat --image DIR fails naming it: %s", out);
+}
+
 static void chat_cli(const char *dir) {
     char cmd[4600], out[8192];
     snprintf(cmd, sizeof cmd,
@@ -543,17 +655,9 @@ int main(void) {
               "metrics moved: chat %g→%g, tokens %g→%g, 401s %g, completions timed %g", chat0, chat1, gen0, gen1, e401,
               hist);
     }
-    if (g_pid > 0) {
-        kill(g_pid, SIGTERM);
-        int st = 0;
-        waitpid(g_pid, &st, 0);
-        char rest[4096];
-        size_t n = g_out ? fread(rest, 1, sizeof rest - 1, g_out) : 0;
-        rest[n] = 0;
-        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(rest, "stopped"), "clean stop (status %d): %s", st, rest);
-    }
-    if (g_out) fclose(g_out);
+    stop_server();
     chat_cli(dir);
+    vision_model(tmp);
     generate_stop(dir);
     device_cuda_refused(dir);
     return test_summary();

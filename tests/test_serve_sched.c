@@ -79,7 +79,7 @@ static void open_gate(int *gate) {
 }
 
 static k3c_sched_job *submit(k3c_sched *s, const int32_t *prompt, int64_t n, const k3c_gen_params *p, job_rec *r) {
-    k3c_sched_req q = {prompt, n, MAX_NEW, {0}, 0, *p};
+    k3c_sched_req q = {.prompt = prompt, .n_prompt = n, .max_new = MAX_NEW, .params = *p};
     k3c_sched_sink sink = {rec_token, rec_done, r};
     k3c_sched_job *j = NULL;
     k3c_err err = {0};
@@ -199,7 +199,7 @@ static void refusals(k3c_sched *s) {
     k3c_gen_params p;
     k3c_gen_params_default(&p);
     p.top_p = 2;
-    k3c_sched_req q = {PROMPTS[0], 6, 4, {0}, 0, p};
+    k3c_sched_req q = {.prompt = PROMPTS[0], .n_prompt = 6, .max_new = 4, .params = p};
     job_rec r;
     rec_init(&r, s, NULL);
     k3c_sched_sink sink = {rec_token, rec_done, &r};

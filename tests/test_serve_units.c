@@ -117,7 +117,12 @@ static void stop_strings(void) {
 /* ---------------------------------------------------------------- request validation */
 
 static k3c_api_limits limits(void) {
-    return (k3c_api_limits){g_tok, K3C_CHAT_XTML, "tiny", k3c_tok_n_vocab(g_tok), 256, 32};
+    return (k3c_api_limits){.tok = g_tok,
+                            .format = K3C_CHAT_XTML,
+                            .model_name = "tiny",
+                            .n_vocab = k3c_tok_n_vocab(g_tok),
+                            .max_context = 256,
+                            .max_tokens_cap = 32};
 }
 
 static void expect_error(k3c_api_kind kind, const char *body, int status, const char *code, const char *param) {

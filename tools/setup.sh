@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # setup.sh — installs the Debian packages k3c needs (when root) or prints the exact apt command (otherwise).
 set -u
-pkgs=(build-essential libopenblas-dev libopenblas-openmp-dev libmicrohttpd-dev wrk libpng-dev libjpeg62-turbo-dev libseccomp-dev python3 libopenmpi-dev openmpi-bin gnuplot-nox unicode-data python3.11-doc jargon-text nodejs npm python3-numpy)
+pkgs=(build-essential libopenblas-dev libopenblas-openmp-dev libmicrohttpd-dev wrk libpng-dev libjpeg62-turbo-dev libseccomp-dev python3 libopenmpi-dev openmpi-bin gnuplot-nox unicode-data python3.11-doc jargon-text nodejs npm python3-numpy dataset-fashion-mnist)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

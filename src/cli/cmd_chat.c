@@ -2,7 +2,9 @@
  * streams as it is generated, reasoning dimmed (or prefixed "reasoning: " when stdout is not a terminal), tool calls
  * printed as JSON. The request goes through the same validation, chat rendering and scheduler as `k3c serve`. */
 #include "cli.h"
+#include "base/check.h"
 #include "serve/server.h"
+#include "tok/tok.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -83,7 +85,14 @@ static int turn(k3c_sched *sched, const k3c_api_limits *lim, const int32_t *stop
     chat_out out = {isatty(STDOUT_FILENO), 0, 0};
     k3c_turn t;
     rc = k3c_turn_init(&t, lim->tok, &q.parse, q.stop, q.nstop, show_delta, NULL, &out, err);
-    k3c_sched_req sr = {q.prompt.ids, (int64_t)q.prompt.n, q.max_tokens, {0}, n_stop, q.params};
+    k3c_sched_req sr = {.prompt = q.prompt.ids,
+                        .n_prompt = (int64_t)q.prompt.n,
+                        .max_new = q.max_tokens,
+                        .n_stop_ids = n_stop,
+                        .params = q.params,
+                        .n_embeds = q.n_embeds,
+                        .embed_pos = q.embed_pos,
+                        .embeds = q.embeds};
     memcpy(sr.stop_ids, stop_ids, sizeof sr.stop_ids);
     k3c_sched_finish why = K3C_SCHED_FINISH_STOP;
     int64_t n_gen = 0;
@@ -117,14 +126,52 @@ static int chat_opts(int argc, char **argv, k3c_sbuf *o) {
     return 1;
 }
 
-static int chat_loop(k3c_serve *sv, const char *system, const char *tools, const char *opts, k3c_err *err) {
+/* --image FILE (repeatable): OpenAI image_url parts with data: URLs, a JSON fragment "{...},{...}," (empty when none). */
+static int image_parts(int argc, char **argv, k3c_sbuf *out, k3c_err *err) {
+    for (int i = 1; i + 1 < argc; i++) {
+        if (strcmp(argv[i], "--image")) continue;
+        const char *path = argv[++i];
+        char *data = NULL;
+        size_t n = 0;
+        CHECK_RC(k3c_read_file(path, &data, &n, err));
+        const char *mime = n >= 8 && !memcmp(data, "\x89PNG", 4)        ? "png"
+                           : n >= 3 && !memcmp(data, "\xff\xd8\xff", 3) ? "jpeg"
+                                                                        : NULL;
+        char *b64 = mime ? malloc((n + 2) / 3 * 4 + 1) : NULL;
+        int rc = !mime  ? k3c_errf(err, K3C_EFORMAT, "%s: not a PNG or JPEG file", path)
+                 : !b64 ? k3c_errf(err, K3C_ENOMEM, "%s: out of memory", path)
+                        : K3C_OK;
+        if (!rc) {
+            size_t nb = k3c_base64_encode((const unsigned char *)data, n, b64);
+            k3c_sbuf_printf(out, "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/%s;base64,", mime);
+            k3c_sbuf_append(out, b64, nb);
+            k3c_sbuf_append(out, "\"}},", 4);
+        }
+        free(b64);
+        free(data);
+        if (rc) return rc;
+    }
+    return out->ok ? K3C_OK : k3c_errf(err, K3C_ENOMEM, "out of memory");
+}
+
+static int chat_loop(k3c_serve *sv, const char *system, const char *tools, const char *opts, const char *images,
+                     k3c_err *err) {
     const k3c_config *cfg = &sv->model->cfg;
     int64_t nv = k3c_tok_n_vocab(sv->tok);
     k3c_sched *sched;
     int rc = k3c_sched_new(sv->model, 1, 0, &sched, err);
     if (rc) return rc;
     const int64_t ctx = k3c_sched_max_ctx(sched);
-    k3c_api_limits lim = {sv->tok, k3c_turn_format(cfg), "k3c", nv < cfg->vocab_size ? nv : cfg->vocab_size, ctx, ctx};
+    k3c_api_limits lim = {sv->tok,
+                          k3c_turn_format(cfg),
+                          "k3c",
+                          nv < cfg->vocab_size ? nv : cfg->vocab_size,
+                          ctx,
+                          ctx,
+                          sv->vision,
+                          K3C_API_MAX_IMAGES,
+                          K3C_API_MAX_IMAGE_BYTES,
+                          K3C_API_MAX_IMAGE_PIXELS};
     int32_t stop_ids[K3C_SCHED_MAX_STOP_IDS] = {0};
     int n_stop = k3c_turn_stop_ids(sv->tok, cfg, stop_ids, K3C_SCHED_MAX_STOP_IDS);
     k3c_sbuf history;
@@ -145,12 +192,15 @@ static int chat_loop(k3c_serve *sv, const char *system, const char *tools, const
         if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
         size_t mark = history.len;
         k3c_sbuf_append(&history, ",{\"role\":\"user\",\"content\":", 26);
+        if (images) k3c_sbuf_printf(&history, "[%s{\"type\":\"text\",\"text\":", images); /* the first turn's */
         k3c_sbuf_json_string(&history, line, (size_t)n);
-        k3c_sbuf_append(&history, "}", 1);
+        k3c_sbuf_append(&history, images ? "}]}" : "}", images ? 3 : 1);
         if ((rc = turn(sched, &lim, stop_ids, n_stop, &history, tools, opts, err))) {
             fprintf(stderr, "k3c chat: %s\n", err->msg); /* a bad turn is forgotten; the conversation goes on */
             history.len = mark;
             rc = 0;
+        } else {
+            images = NULL;
         }
     }
     free(line);
@@ -161,12 +211,13 @@ static int chat_loop(k3c_serve *sv, const char *system, const char *tools, const
 
 int cmd_chat(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
-        printf(
-            "usage: k3c chat --model DIR [--system TEXT] [--tools FILE.json] [--temperature 0.6] [--top-p 0.95]\n"
-            "                [--seed 0] [--max-tokens 512] [--stop TEXT] [--no-thinking] [--pattern cl100k|kimi]\n"
-            "                [--kda 64|16|recurrent]\n"
-            "Reads one user message per line from stdin (/exit ends) and streams the reply: reasoning dimmed\n"
-            "(\"reasoning: \" when not on a terminal), tool calls as JSON. --tools: a JSON array of OpenAI tools.\n");
+        printf("usage: k3c chat --model DIR [--system TEXT] [--tools FILE.json] [--temperature 0.6] [--top-p 0.95]\n"
+               "                [--seed 0] [--max-tokens 512] [--stop TEXT] [--no-thinking] [--pattern cl100k|kimi]\n"
+               "                [--kda 64|16|recurrent] [--image FILE ...]\n"
+               "Reads one user message per line from stdin (/exit ends) and streams the reply: reasoning dimmed\n"
+               "(\"reasoning: \" when not on a terminal), tool calls as JSON. --tools: a JSON array of OpenAI tools.\n"
+               "--image FILE (PNG or JPEG, repeatable): the images go with the first message, before its text; the\n"
+               "model needs a vision tower (config.json vision_config, docs/VISION.md).\n");
         return 0;
     }
     const char *dir = cli_opt(argc, argv, "--model"), *tools_path = cli_opt(argc, argv, "--tools");
@@ -186,14 +237,19 @@ int cmd_chat(int argc, char **argv) {
         rc = k3c_errf(&err, K3C_EINVAL, "%s: expected a JSON array of tools", tools_path);
     k3c_json_free(tj);
     if (!rc && tools_path) rc = k3c_read_file(tools_path, &tools, &tn, &err);
+    k3c_sbuf images;
+    k3c_sbuf_init(&images);
+    if (!rc) rc = image_parts(argc, argv, &images, &err);
     k3c_serve sv = {0};
     if (!rc) rc = k3c_serve_open(dir, 1, cli_opt(argc, argv, "--pattern"), &sv, &err);
     if (!rc) {
         sv.model->kda_chunk = chunk;
-        rc = chat_loop(&sv, system ? system : "You are a helpful assistant.", tools, opts.buf, &err);
+        rc = chat_loop(&sv, system ? system : "You are a helpful assistant.", tools, opts.buf,
+                       images.len ? images.buf : NULL, &err);
         k3c_serve_close(&sv);
     }
     free(tools);
+    k3c_sbuf_free(&images);
     k3c_sbuf_free(&opts);
     return rc ? cli_fail("chat", &err) : 0;
 }

@@ -9,16 +9,17 @@
 #include <string.h>
 
 static int serve_options(int argc, char **argv, k3c_server_opts *o) {
-    long long port, slots, queue, cap, body;
+    long long port, slots, queue, cap, body, img;
     k3c_server_opts_default(o);
     if (!cli_opt_int(argc, argv, "--port", o->port, &port) || !cli_opt_int(argc, argv, "--slots", o->slots, &slots) ||
         !cli_opt_int(argc, argv, "--queue", o->queue_max, &queue) ||
         !cli_opt_int(argc, argv, "--max-tokens-cap", o->max_tokens_cap, &cap) ||
-        !cli_opt_int(argc, argv, "--max-body", (long long)o->max_body, &body))
+        !cli_opt_int(argc, argv, "--max-body", (long long)o->max_body, &body) ||
+        !cli_opt_int(argc, argv, "--max-image-bytes", (long long)o->max_image_bytes, &img))
         return 0;
-    if (port < 0 || port > 65535 || slots < 1 || slots > 256 || queue < 0 || cap < 1 || body < 64) {
+    if (port < 0 || port > 65535 || slots < 1 || slots > 256 || queue < 0 || cap < 1 || body < 64 || img < 1) {
         cli_usage_error("serve", "need 0 <= port <= 65535, 1 <= slots <= 256, queue >= 0, max-tokens-cap >= 1, "
-                                 "max-body >= 64");
+                                 "max-body >= 64, max-image-bytes >= 1");
         return 0;
     }
     o->port = (int)port;
@@ -26,6 +27,7 @@ static int serve_options(int argc, char **argv, k3c_server_opts *o) {
     o->queue_max = (int)queue;
     o->max_tokens_cap = cap;
     o->max_body = (size_t)body;
+    o->max_image_bytes = (size_t)img;
     if (cli_opt(argc, argv, "--host")) o->host = cli_opt(argc, argv, "--host");
     o->api_key = cli_opt(argc, argv, "--api-key");
     if (!o->api_key) o->api_key = getenv("K3C_API_KEY");
@@ -37,6 +39,7 @@ int cmd_serve(int argc, char **argv) {
         printf("usage: k3c serve --model DIR [--port 8000] [--host 127.0.0.1] [--slots 1] [--queue 64]\n"
                "                 [--api-key KEY] [--max-tokens-cap 1024] [--max-body 4194304] [--name NAME]\n"
                "                 [--pattern cl100k|kimi] [--kda 64|16|recurrent] [--device cpu]\n"
+               "                 [--max-image-bytes 2097152]\n"
                "An OpenAI-compatible HTTP server: GET /v1/models, POST /v1/chat/completions (messages, tools,\n"
                "stream), POST /v1/completions, POST /tokenize, POST /detokenize, GET /health (503 while loading),\n"
                "GET /metrics (Prometheus). --slots N: sequences decoded together by the CPU inference engine\n"

@@ -186,7 +186,14 @@ static api_stream *start_call(k3c_server *s, k3c_api_req *q, int client_fd, api_
         fail(r, 500, "server_error", NULL, "%s", err.msg);
         return NULL;
     }
-    k3c_sched_req sr = {q->prompt.ids, (int64_t)q->prompt.n, q->max_tokens, {0}, s->n_stop_ids, q->params};
+    k3c_sched_req sr = {.prompt = q->prompt.ids,
+                        .n_prompt = (int64_t)q->prompt.n,
+                        .max_new = q->max_tokens,
+                        .n_stop_ids = s->n_stop_ids,
+                        .params = q->params,
+                        .n_embeds = q->n_embeds,
+                        .embed_pos = q->embed_pos,
+                        .embeds = q->embeds};
     memcpy(sr.stop_ids, s->stop_ids, sizeof sr.stop_ids);
     k3c_sched_sink sink = {on_token, on_done, c};
     c->refs = 2;
@@ -377,7 +384,11 @@ int k3c_server_ready(k3c_server *s, k3c_serve *sv, k3c_err *err) {
                               s->model_name,
                               nv < cfg->vocab_size ? nv : cfg->vocab_size,
                               k3c_sched_max_ctx(s->sched),
-                              s->o.max_tokens_cap};
+                              s->o.max_tokens_cap,
+                              sv->vision,
+                              K3C_API_MAX_IMAGES,
+                              s->o.max_image_bytes,
+                              K3C_API_MAX_IMAGE_PIXELS};
     s->n_stop_ids = k3c_turn_stop_ids(sv->tok, cfg, s->stop_ids, K3C_SCHED_MAX_STOP_IDS);
     atomic_store(&s->ready, 1);
     return 0;

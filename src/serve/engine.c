@@ -12,7 +12,10 @@ typedef struct {
     int64_t id;
     int32_t *toks; /* prompt then output ids */
     int64_t n_tok, n_prompt, n_out;
-    k3c_request req;
+    k3c_request req; /* req.embeds / embed_pos point at emb / emb_pos */
+    float *emb;      /* [n_emb, D] image rows of the prompt, at positions emb_pos (ascending) */
+    int32_t *emb_pos;
+    int64_t n_emb;
 } eng_seq;
 
 typedef struct {
@@ -40,6 +43,7 @@ struct k3c_engine {
     int32_t *ids;
     k3c_eng_seg *segs;
     int64_t *out_rows;
+    const float **row_emb; /* per row of the step: the image embedding replacing its token's, or NULL */
     int *seg_slot, *out_slot;
     float *logits; /* [max_seqs, V] of the last step */
     void *sample_ws;
@@ -82,12 +86,13 @@ int k3c_engine_open_weights(const k3c_weights *w, const k3c_engine_opts *opts, k
     e->ids = malloc(sizeof(int32_t) * (size_t)rows);
     e->segs = malloc(sizeof(k3c_eng_seg) * (size_t)S);
     e->out_rows = malloc(sizeof(int64_t) * (size_t)S);
+    e->row_emb = malloc(sizeof(const float *) * (size_t)rows);
     e->seg_slot = malloc(sizeof(int) * (size_t)S);
     e->out_slot = malloc(sizeof(int) * (size_t)S);
     e->logits = malloc(sizeof(float) * (size_t)(S * V));
     e->sample_ws = malloc(k3c_sample_workspace(V));
     e->snap = calloc((size_t)e->o.max_snapshots, sizeof *e->snap);
-    if (!e->slot || !e->ids || !e->segs || !e->out_rows || !e->seg_slot || !e->out_slot || !e->logits ||
+    if (!e->slot || !e->ids || !e->segs || !e->out_rows || !e->row_emb || !e->seg_slot || !e->out_slot || !e->logits ||
         !e->sample_ws || !e->snap)
         rc = k3c_errf(err, K3C_ENOMEM, "engine: out of memory");
     for (int i = 0; !rc && i < S; i++) rc = k3c_eng_state_init(&e->slot[i].st, &e->d, e->o.max_ctx, err);
@@ -120,6 +125,8 @@ int k3c_engine_open(const k3c_model *m, const k3c_engine_opts *o, k3c_engine **o
 
 static void seq_free(eng_seq *s) {
     free(s->toks);
+    free(s->emb);
+    free(s->emb_pos);
     memset(s, 0, sizeof *s);
 }
 
@@ -140,9 +147,23 @@ void k3c_engine_close(k3c_engine *e) {
     k3c_eng_ws_free(e->ws);
     if (e->own) k3c_weights_free(e->own);
     free(e->own);
-    free(e->slot), free(e->queue), free(e->ids), free(e->segs), free(e->out_rows), free(e->seg_slot);
+    free(e->slot), free(e->queue), free(e->ids), free(e->segs), free(e->out_rows), free(e->row_emb), free(e->seg_slot);
     free(e->out_slot), free(e->logits), free(e->sample_ws), free(e->snap);
     free(e);
+}
+
+/* Overrides: positions strictly ascending inside the prompt. */
+static int embeds_check(const k3c_request *r, int64_t n, k3c_err *err) {
+    if (r->n_embeds == 0) return K3C_OK;
+    if (r->n_embeds < 0 || r->n_embeds > n || !r->embeds || !r->embed_pos)
+        return k3c_errf(err, K3C_EINVAL, "engine: %lld embedding overrides for a prompt of %lld ids",
+                        (long long)r->n_embeds, (long long)n);
+    for (int64_t i = 0; i < r->n_embeds; i++)
+        if (r->embed_pos[i] < 0 || r->embed_pos[i] >= n || (i && r->embed_pos[i] <= r->embed_pos[i - 1]))
+            return k3c_errf(err, K3C_EINVAL,
+                            "engine: embedding override %lld at position %d: positions must ascend inside the prompt",
+                            (long long)i, r->embed_pos[i]);
+    return K3C_OK;
 }
 
 int k3c_engine_submit(k3c_engine *e, const int32_t *prompt, int64_t n, const k3c_request *r, int64_t *seq,
@@ -158,6 +179,7 @@ int k3c_engine_submit(k3c_engine *e, const int32_t *prompt, int64_t n, const k3c
         if (prompt[i] < 0 || prompt[i] >= e->d.V)
             return k3c_errf(err, K3C_EINVAL, "engine: prompt id %d at %lld is outside [0, %lld)", prompt[i],
                             (long long)i, (long long)e->d.V);
+    CHECK_RC(embeds_check(r, n, err));
     if (e->n_queue == e->cap_queue) {
         int cap = e->cap_queue ? 2 * e->cap_queue : 16;
         eng_seq *q = realloc(e->queue, sizeof *q * (size_t)cap);
@@ -165,8 +187,17 @@ int k3c_engine_submit(k3c_engine *e, const int32_t *prompt, int64_t n, const k3c
         e->queue = q, e->cap_queue = cap;
     }
     const int64_t room = n + r->max_new < e->o.max_ctx ? n + r->max_new : e->o.max_ctx;
-    eng_seq s = {e->next_id, malloc(sizeof(int32_t) * (size_t)room), n, n, 0, *r};
-    if (!s.toks) return k3c_errf(err, K3C_ENOMEM, "engine: out of memory");
+    eng_seq s = {e->next_id, malloc(sizeof(int32_t) * (size_t)room), n, n, 0, *r, NULL, NULL, r->n_embeds};
+    const size_t nb = sizeof(float) * (size_t)(r->n_embeds * e->d.D);
+    if (s.n_emb && (s.emb = malloc(nb)) && (s.emb_pos = malloc(sizeof(int32_t) * (size_t)s.n_emb))) {
+        memcpy(s.emb, r->embeds, nb);
+        memcpy(s.emb_pos, r->embed_pos, sizeof(int32_t) * (size_t)s.n_emb);
+    }
+    s.req.embeds = s.emb, s.req.embed_pos = s.emb_pos;
+    if (!s.toks || (s.n_emb && !s.emb_pos)) {
+        seq_free(&s);
+        return k3c_errf(err, K3C_ENOMEM, "engine: out of memory");
+    }
     memcpy(s.toks, prompt, sizeof(int32_t) * (size_t)n);
     e->queue[e->n_queue++] = s;
     *seq = e->next_id++;
@@ -247,6 +278,10 @@ static void snap_store(k3c_engine *e, const int32_t *toks, const k3c_eng_state *
 
 /* ---------------------------------------------------------------- the step */
 
+/* Prompt tokens a snapshot may cover: all of them, or those before the first image row (snapshots are keyed by ids,
+ * and every image has the same placeholder ids). */
+static int64_t cache_limit(const eng_seq *s) { return s->n_emb ? s->emb_pos[0] : s->n_prompt; }
+
 static void admit(k3c_engine *e) {
     for (int i = 0; i < e->o.max_seqs && e->n_queue > 0; i++) {
         eng_slot *sl = &e->slot[i];
@@ -255,13 +290,25 @@ static void admit(k3c_engine *e) {
         memmove(e->queue, e->queue + 1, sizeof *e->queue * (size_t)(--e->n_queue));
         sl->used = 1;
         k3c_eng_state_reset(&sl->st, &e->d);
-        eng_snap *p = e->o.snapshot_every > 0 ? snap_find(e, sl->s.toks, sl->s.n_prompt) : NULL;
+        eng_snap *p = e->o.snapshot_every > 0 ? snap_find(e, sl->s.toks, cache_limit(&sl->s) + 1) : NULL;
         if (p) {
             k3c_eng_state_copy(&sl->st, &p->st, &e->d);
             e->stats.prefix_hits++;
             e->stats.prefix_tokens_reused += p->st.pos;
         }
     }
+}
+
+/* The image rows among prompt positions pos .. pos+len−1, laid out at step row n (NULL when there are none). */
+static const float *const *image_rows(k3c_engine *e, const eng_seq *s, int64_t pos, int64_t len, int64_t n) {
+    int64_t j = 0, any = 0;
+    while (j < s->n_emb && s->emb_pos[j] < pos) j++;
+    for (int64_t i = 0; i < len; i++) {
+        const int hit = j < s->n_emb && s->emb_pos[j] == pos + i;
+        e->row_emb[n + i] = hit ? s->emb + (j++) * e->d.D : NULL;
+        any |= hit;
+    }
+    return any ? e->row_emb + n : NULL;
 }
 
 /* Lays out the step's rows: a prompt chunk (ending at a snapshot boundary when snapshots are on) or the last sampled
@@ -279,7 +326,7 @@ static int64_t layout(k3c_engine *e, int *nseg, int64_t *n_out) {
             if (N > 0 && (pos / N + 1) * N < pos + len) len = (pos / N + 1) * N - pos;
         }
         memcpy(e->ids + n, sl->s.toks + pos, sizeof(int32_t) * (size_t)len);
-        e->segs[*nseg] = (k3c_eng_seg){&sl->st, n, len};
+        e->segs[*nseg] = (k3c_eng_seg){&sl->st, n, len, image_rows(e, &sl->s, pos, len, n)};
         e->seg_slot[(*nseg)++] = i;
         n += len;
         if (pos + len >= sl->s.n_prompt) {
@@ -333,7 +380,9 @@ int k3c_engine_step(k3c_engine *e, k3c_engine_event *ev, int cap, int *n_ev, k3c
     }
     for (int s = 0; e->o.snapshot_every > 0 && s < nseg; s++) {
         const eng_slot *sl = &e->slot[e->seg_slot[s]];
-        if (sl->st.pos % e->o.snapshot_every == 0 || sl->st.pos == sl->s.n_prompt) snap_store(e, sl->s.toks, &sl->st);
+        if (sl->st.pos <= cache_limit(&sl->s) &&
+            (sl->st.pos % e->o.snapshot_every == 0 || sl->st.pos == sl->s.n_prompt))
+            snap_store(e, sl->s.toks, &sl->st);
     }
     for (int64_t j = 0; j < n_out; j++) sample_one(e, e->out_slot[j], e->logits + j * e->d.V, &ev[(*n_ev)++]);
     return K3C_OK;

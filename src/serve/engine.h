@@ -38,6 +38,7 @@ void k3c_eng_state_copy(k3c_eng_state *dst, const k3c_eng_state *src, const k3c_
 typedef struct {
     k3c_eng_state *st;
     int64_t row0, len;
+    const float *const *emb; /* NULL, or len row pointers: a non-NULL one [D] replaces that row's token embedding */
 } k3c_eng_seg;
 
 /* The step's buffers, planned for up to max_rows rows (k3c_eng_ws_init). */

@@ -389,6 +389,9 @@ int k3c_eng_forward(const k3c_weights *w, k3c_eng_ws *ws, const int32_t *ids, co
                             (long long)i, (long long)V);
         k3c_qmat_row(&w->embed, ids[i], b->emb + i * D);
     }
+    for (int s = 0; s < nseg; s++) /* image rows: their embeddings replace the placeholder's */
+        for (int64_t i = 0; segs[s].emb && i < segs[s].len; i++)
+            if (segs[s].emb[i]) memcpy(b->emb + (segs[s].row0 + i) * D, segs[s].emb[i], sizeof(float) * (size_t)D);
     const float *R[K3C_ATTNRES_MAX_SOURCES + 1];
     int nR = 0;
     const float *P = b->emb;

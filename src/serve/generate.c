@@ -11,12 +11,15 @@ int k3c_serve_open(const char *dir, int with_tok, const char *pattern, k3c_serve
     if (!(s->model = calloc(1, sizeof *s->model))) return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", dir);
     int rc = k3c_model_open_f32(dir, 0, s->model, err);
     if (!rc && with_tok) rc = k3c_tok_load_dir(dir, pattern, &s->tok, err);
+    if (!rc && s->model->cfg.vision.present) rc = k3c_vision_open_f32(dir, 0, &s->vision, err);
     if (rc) k3c_serve_close(s);
     return rc;
 }
 
 void k3c_serve_close(k3c_serve *s) {
     k3c_tok_free(s->tok);
+    k3c_vision_free(s->vision);
+    s->vision = NULL;
     if (s->model) k3c_model_free_f32(s->model); /* frees what open loaded, also after a partial open */
     free(s->model);
     s->tok = NULL;

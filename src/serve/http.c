@@ -17,7 +17,8 @@ void k3c_server_opts_default(k3c_server_opts *o) {
                            .max_tokens_cap = 1024,
                            .max_body = 4 << 20,
                            .max_connections = 256,
-                           .model_name = "k3c"};
+                           .model_name = "k3c",
+                           .max_image_bytes = K3C_API_MAX_IMAGE_BYTES};
 }
 
 /* One request on a connection. */

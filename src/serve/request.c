@@ -177,7 +177,8 @@ static int budget(k3c_api_req *r, const k3c_api_limits *lim, int64_t max_tokens,
 
 /* The render options of a chat request: thinking (extension, also inside chat_template_kwargs), thinking / reasoning
  * effort, tool_choice and response_format (XTML only), as a JSON object text. */
-static int chat_options(const k3c_json *o, const k3c_api_limits *lim, k3c_sbuf *s, int *thinking, k3c_api_error *e) {
+static int chat_options(const k3c_json *o, const k3c_api_limits *lim, const char *images, k3c_sbuf *s, int *thinking,
+                        k3c_api_error *e) {
     const k3c_json *kw = field(o, "chat_template_kwargs");
     if (kw && kw->type != K3C_JSON_OBJECT) return BAD_TYPE(e, "chat_template_kwargs", "an object");
     int rc = bool_field(o, "thinking", thinking, e);
@@ -207,6 +208,7 @@ static int chat_options(const k3c_json *o, const k3c_api_limits *lim, k3c_sbuf *
             k3c_sbuf_json_value(s, rf, 0);
         }
     }
+    if (images) k3c_sbuf_printf(s, ",\"image_prompts\":%s", images);
     k3c_sbuf_append(s, "}", 1);
     return s->ok ? 0 : k3c_api_fail(e, 500, "server_error", NULL, "", "out of memory");
 }
@@ -223,10 +225,12 @@ static int parse_chat(const k3c_json *o, const k3c_api_limits *lim, k3c_api_req 
     if (tools && tools->type != K3C_JSON_ARRAY) return BAD_TYPE(e, "tools", "an array");
     r->has_tools = tools && tools->n > 0;
     int thinking = lim->format == K3C_CHAT_XTML, logprobs = 0;
-    k3c_sbuf opts;
+    k3c_sbuf opts, images;
     k3c_sbuf_init(&opts);
-    int rc = bool_field(o, "logprobs", &logprobs, e);
-    if (!rc) rc = chat_options(o, lim, &opts, &thinking, e);
+    k3c_sbuf_init(&images);
+    int rc = bool_field(o, "logprobs", &logprobs, e), n_img = rc ? 0 : k3c_api_images(msgs, lim, r, &images, e);
+    if (n_img >= 400) rc = n_img;
+    if (!rc) rc = chat_options(o, lim, n_img ? images.buf : NULL, &opts, &thinking, e);
     r->params.logprobs = logprobs;
     if (!rc && r->params.top_logprobs && !logprobs)
         rc = BAD_VALUE(e, "top_logprobs", "'top_logprobs' needs 'logprobs' to be true");
@@ -242,6 +246,7 @@ static int parse_chat(const k3c_json *o, const k3c_api_limits *lim, k3c_api_req 
         segs[i] = (k3c_tok_segment){pr.text + pr.segs[i].off, pr.segs[i].len, pr.segs[i].markup};
     if (!rc && k3c_tok_encode_segments(lim->tok, segs, pr.nseg, &r->prompt, NULL, &err))
         rc = BAD_VALUE(e, "messages", "%s", err.msg);
+    if (!rc) rc = k3c_api_image_rows(lim, r, e);
     if (!rc) {
         r->parse.format = lim->format;
         /* the generation prompt opened the think channel: XTML with thinking on, K2 ending in <think> */
@@ -252,6 +257,7 @@ static int parse_chat(const k3c_json *o, const k3c_api_limits *lim, k3c_api_req 
     k3c_chat_prompt_free(&pr);
     k3c_json_free(oj);
     k3c_sbuf_free(&opts);
+    k3c_sbuf_free(&images);
     return rc;
 }
 
@@ -336,5 +342,7 @@ void k3c_api_req_free(k3c_api_req *r) {
     k3c_json_free(r->root);
     k3c_tok_ids_free(&r->prompt);
     free(r->text);
+    free(r->embeds);
+    free(r->embed_pos);
     memset(r, 0, sizeof *r);
 }

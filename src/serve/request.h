@@ -31,7 +31,17 @@ typedef struct {
     int64_t n_vocab;        /* the model's vocabulary: prompt ids must be below it */
     int64_t max_context;    /* prompt + completion tokens */
     int64_t max_tokens_cap; /* completion tokens per request at most (also the default) */
+    /* images (docs/VISION.md "Serving images"): the tower, NULL when the model reads none */
+    const k3c_vision *vision;
+    int max_images;           /* per request */
+    size_t max_image_bytes;   /* encoded bytes of one image */
+    int64_t max_image_pixels; /* decoded pixels of one image */
 } k3c_api_limits;
+
+/* The image limits a server and `k3c chat` apply: 16 images of 2 MiB and 16 Mpixel each. */
+#define K3C_API_MAX_IMAGES 16
+#define K3C_API_MAX_IMAGE_BYTES ((size_t)2 << 20)
+#define K3C_API_MAX_IMAGE_PIXELS ((int64_t)1 << 24)
 
 typedef struct {
     k3c_api_kind kind;
@@ -46,6 +56,9 @@ typedef struct {
     size_t text_len;
     k3c_chat_parse_opts parse; /* chat: how to parse the model's output */
     int has_tools;
+    float *embeds;      /* chat with images: [n_embeds, hidden] image embeddings for the prompt rows embed_pos */
+    int32_t *embed_pos; /* the <|media_pad|> positions, ascending */
+    int64_t n_embeds;
 } k3c_api_req;
 
 /* Parses and validates body[0..n) as a request of `kind`; on error fills e and returns its status (>= 400), else 0.
@@ -53,5 +66,13 @@ typedef struct {
 int k3c_api_parse(k3c_api_kind kind, const char *body, size_t n, const k3c_api_limits *lim, k3c_api_req *out,
                   k3c_api_error *e);
 void k3c_api_req_free(k3c_api_req *r);
+
+/* images.c: runs every image part of msgs through lim->vision (r->embeds, n_embeds) and writes their prompts as a JSON
+ * array of strings into prompts (the renderer's image_prompts). Returns the image count, or an error status >= 400 (a
+ * model without vision, a remote or malformed URL, bad base64, not a PNG / JPEG, too large). */
+int k3c_api_images(const k3c_json *msgs, const k3c_api_limits *lim, k3c_api_req *r, k3c_sbuf *prompts,
+                   k3c_api_error *e);
+/* After tokenizing: r->embed_pos from the prompt's <|media_pad|> ids, which must number r->n_embeds. */
+int k3c_api_image_rows(const k3c_api_limits *lim, k3c_api_req *r, k3c_api_error *e);
 
 #endif

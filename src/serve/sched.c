@@ -12,8 +12,9 @@
 
 struct k3c_sched_job {
     k3c_sched *s;
-    k3c_sched_req req; /* req.prompt points at prompt */
-    int32_t *prompt;
+    k3c_sched_req req; /* req.prompt points at prompt, req.embeds / embed_pos at emb / emb_pos */
+    int32_t *prompt, *emb_pos;
+    float *emb;
     k3c_sched_sink sink;
     int refs; /* the caller's handle + the scheduler's */
     atomic_int cancelled;
@@ -30,7 +31,7 @@ struct k3c_sched {
     k3c_sched_job **running;    /* one entry per slot (NULL when free); only the engine thread writes it */
     k3c_engine_event *ev;
     int n_queued, n_running, queue_max, slots, closing, started;
-    int64_t max_ctx;
+    int64_t max_ctx, hidden;
     k3c_sched_stats stats; /* steps, step_seqs, batch_max (the gauges are n_queued / n_running) */
     pthread_t thread;
 };
@@ -47,15 +48,19 @@ const char *k3c_sched_finish_name(k3c_sched_finish f) {
     return f >= K3C_SCHED_FINISH_STOP && f <= K3C_SCHED_FINISH_ERROR ? names[f] : "error";
 }
 
+static void job_free(k3c_sched_job *j) {
+    free(j->prompt);
+    free(j->emb);
+    free(j->emb_pos);
+    free(j);
+}
+
 static void job_unref(k3c_sched_job *j) {
     k3c_sched *s = j->s;
     pthread_mutex_lock(&s->mu);
     int last = --j->refs == 0;
     pthread_mutex_unlock(&s->mu);
-    if (last) {
-        free(j->prompt);
-        free(j);
-    }
+    if (last) job_free(j);
 }
 
 static k3c_request engine_request(const k3c_sched_req *q) {
@@ -70,7 +75,10 @@ static k3c_request engine_request(const k3c_sched_req *q) {
                                  .frequency_penalty = p->frequency_penalty,
                                  .logprobs = p->logprobs ? p->top_logprobs : 0},
                      .max_new = q->max_new,
-                     .n_stop = q->n_stop_ids};
+                     .n_stop = q->n_stop_ids,
+                     .n_embeds = q->n_embeds,
+                     .embed_pos = q->embed_pos,
+                     .embeds = q->embeds};
     memcpy(r.stop_ids, q->stop_ids, sizeof(int32_t) * (size_t)q->n_stop_ids);
     return r;
 }
@@ -203,6 +211,7 @@ int k3c_sched_new(k3c_model *m, int slots, int queue_max, k3c_sched **out, k3c_e
     }
     s->slots = slots;
     s->queue_max = queue_max;
+    s->hidden = m->cfg.hidden_size;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->max_ctx =
@@ -257,14 +266,18 @@ int k3c_sched_submit(k3c_sched *s, const k3c_sched_req *r, const k3c_sched_sink 
     int rc = k3c_sampler_check(&er.sampler, err);
     if (rc) return rc;
     k3c_sched_job *j = calloc(1, sizeof *j);
-    if (!j || !(j->prompt = malloc(sizeof(int32_t) * (size_t)r->n_prompt))) {
-        free(j);
+    const size_t ne = (size_t)(r->n_embeds > 0 ? r->n_embeds : 0), D = (size_t)s->hidden;
+    if (!j || !(j->prompt = malloc(sizeof(int32_t) * (size_t)r->n_prompt)) ||
+        (ne && (!(j->emb = malloc(sizeof(float) * ne * D)) || !(j->emb_pos = malloc(sizeof(int32_t) * ne))))) {
+        if (j) job_free(j);
         return k3c_errf(err, K3C_ENOMEM, "scheduler: out of memory");
     }
     memcpy(j->prompt, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
+    if (ne) memcpy(j->emb, r->embeds, sizeof(float) * ne * D), memcpy(j->emb_pos, r->embed_pos, sizeof(int32_t) * ne);
     j->s = s;
     j->req = *r;
     j->req.prompt = j->prompt;
+    j->req.embeds = j->emb, j->req.embed_pos = j->emb_pos;
     j->sink = *sink;
     j->refs = 2;
     j->queued = 1;
@@ -272,8 +285,7 @@ int k3c_sched_submit(k3c_sched *s, const k3c_sched_req *r, const k3c_sched_sink 
     if (s->closing || s->n_queued >= s->queue_max + (s->slots - s->n_running)) {
         int closing = s->closing;
         pthread_mutex_unlock(&s->mu);
-        free(j->prompt);
-        free(j);
+        job_free(j);
         return k3c_errf(err, K3C_ENOMEM, closing ? "scheduler: shutting down" : "scheduler: queue full (%d waiting)",
                         s->queue_max);
     }

@@ -28,6 +28,10 @@ typedef struct {
     int32_t stop_ids[K3C_SCHED_MAX_STOP_IDS]; /* generation ends after one of these (the id is still reported) */
     int n_stop_ids;
     k3c_gen_params params;
+    /* image rows (k3c_request's overrides), copied at submit: n_embeds × hidden floats at prompt positions embed_pos */
+    int64_t n_embeds;
+    const int32_t *embed_pos;
+    const float *embeds;
 } k3c_sched_req;
 
 typedef enum {

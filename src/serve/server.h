@@ -19,6 +19,7 @@ typedef struct {
     size_t max_body;        /* request body bytes at most (413 beyond) */
     int max_connections;
     const char *model_name; /* what /v1/models lists and requests may name */
+    size_t max_image_bytes; /* encoded bytes of one image part at most (413 beyond) */
 } k3c_server_opts;
 
 void k3c_server_opts_default(k3c_server_opts *o);

@@ -1,5 +1,6 @@
 /* params.c — the vision tower's parameter table under the release's tensor names, the tower's one flat buffer, and
  * the merged-token count of packed items. Spec: ../shared/spec/CHECKPOINTS.md §3.4 and the vision tensor table. */
+#include "base/json.h"
 #include "vision/vision.h"
 
 #include <stdio.h>
@@ -100,4 +101,46 @@ int64_t k3c_vision_merged_tokens(const k3c_vision_config *vc, const k3c_grid_thw
         N += (g[i].h / kh) * (g[i].w / kw);
     }
     return N;
+}
+
+int k3c_vision_save(const k3c_vision *v, const char *path, k3c_err *err) {
+    if (v->backend) return k3c_errf(err, K3C_EINVAL, "vision_save: %s: the tower is not in host memory", path);
+    k3c_st_entry *e = calloc((size_t)v->n, sizeof *e);
+    if (!e) return k3c_errf(err, K3C_ENOMEM, "vision_save: out of memory");
+    const size_t es = v->precision == K3C_F64 ? sizeof(double) : sizeof(float);
+    for (int i = 0; i < v->n; i++) {
+        const k3c_vision_param *p = &v->p[i];
+        e[i] = (k3c_st_entry){p->name, v->precision, p->ndim, {0}, (const char *)v->w + p->off * es};
+        for (int d = 0; d < p->ndim; d++) e[i].shape[d] = p->shape[d];
+    }
+    int rc = k3c_st_write(path, e, v->n, NULL, err);
+    free(e);
+    return rc;
+}
+
+int k3c_vision_save_beside(const k3c_vision *v, const char *dir, k3c_err *err) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/model.safetensors", dir) >= (int)sizeof path)
+        return k3c_errf(err, K3C_EINVAL, "%s: path too long", dir);
+    k3c_safetensors *st = NULL;
+    int rc = k3c_st_open(path, &st, err);
+    k3c_sbuf s;
+    k3c_sbuf_init(&s);
+    k3c_sbuf_printf(&s, "{\"metadata\": {}, \"weight_map\": {");
+    for (int i = 0; !rc && i < k3c_st_count(st); i++) {
+        const char *name = k3c_st_at(st, i)->name;
+        if (!strncmp(name, "vision_tower.", 13) || !strncmp(name, "mm_projector.", 13))
+            rc = k3c_errf(err, K3C_EFORMAT, "%s: already holds vision tensor %s", path, name);
+        k3c_sbuf_printf(&s, "%s\"%s\": \"model.safetensors\"", i ? ", " : "", name);
+    }
+    for (int i = 0; i < v->n; i++) k3c_sbuf_printf(&s, ", \"%s\": \"vision.safetensors\"", v->p[i].name);
+    k3c_sbuf_append(&s, "}}\n", 3);
+    k3c_st_close(st);
+    if (!rc && !s.ok) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
+    snprintf(path, sizeof path, "%s/vision.safetensors", dir);
+    if (!rc) rc = k3c_vision_save(v, path, err);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (!rc) rc = k3c_write_file_atomic(path, s.buf, s.len, err);
+    k3c_sbuf_free(&s);
+    return rc;
 }
