@@ -1,7 +1,8 @@
 /* bench_decode_cpu.c — CPU decode of a release checkpoint served as stored (k3c_weights_open: mmap'd bf16 trunk, MXFP4
  * experts) through the inference engine: load time, greedy tokens/s with 1 and 2 threads, peak resident memory, the
  * weight bytes a token reads, and this machine's read bandwidth in the same run → % of the bandwidth roofline.
- * Issue 12 "Performance". Usage: bench_decode_cpu [DIR (default /tmp/cpu_bench)] [REPS (default 3)]. Not a test. */
+ * Issue 12 "Performance". Usage: bench_decode_cpu [DIR (default /work/cpu_bench)] [REPS (default 3)] [MAX_THREADS (1 or
+ * 2, default 2)]. Not a test. */
 #include "bench_mem.h"
 #include "serve/weights.h"
 
@@ -111,10 +112,10 @@ static int decode_once(const k3c_weights *w, int threads, run_result *r, k3c_err
 }
 
 int main(int argc, char **argv) {
-    const char *dir = argc > 1 ? argv[1] : "/tmp/cpu_bench";
-    const int reps = argc > 2 ? atoi(argv[2]) : 3;
-    if (reps < 1 || reps > 16) {
-        fprintf(stderr, "usage: bench_decode_cpu [DIR] [REPS 1..16]\n");
+    const char *dir = argc > 1 ? argv[1] : "/work/cpu_bench";
+    const int reps = argc > 2 ? atoi(argv[2]) : 3, tmax = argc > 3 ? atoi(argv[3]) : 2;
+    if (reps < 1 || reps > 16 || tmax < 1 || tmax > 2) {
+        fprintf(stderr, "usage: bench_decode_cpu [DIR] [REPS 1..16] [MAX_THREADS 1..2]\n");
         return 2;
     }
     double bw[3][3];
@@ -140,7 +141,7 @@ int main(int argc, char **argv) {
         "per CPU-s | %% | prefill s (best) |\n|---|---|---|---|---|---|---|---|---|\n");
     int32_t first_ids[NEW];
     int same_ids = 1, have = 0;
-    for (int t = 1; t <= 2; t++) {
+    for (int t = 1; t <= tmax; t++) {
         double tps[16], best_pre = 1e30, best_cpu = 0;
         for (int r = 0; r < reps; r++) {
             run_result res;
