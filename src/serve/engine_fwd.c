@@ -47,6 +47,7 @@ typedef struct {
     /* FFN */
     float *rlog, *topw, *zin, *xg, *fg, *fu, *fh, *ys, *u, *un;
     int32_t *ids, *slot, *cnt;
+    k3c_qmat_job *jobs; /* 2 × num_experts: the routed experts' products of one step */
     /* output */
     float *hsel, *hn;
 } eng_bufs;
@@ -58,7 +59,6 @@ struct k3c_eng_ws {
     int nthr;
     size_t att_floats;
     eng_bufs b;
-    k3c_qmat_job *jobs; /* 2 × num_experts: the routed experts' products of one step */
     void *mem;
 };
 
@@ -95,6 +95,7 @@ static void plan(const k3c_config *c, const k3c_eng_dims *d, int64_t n, int nthr
         b->u = F(n * k * lat), b->un = F(n * lat);
         b->ids = K3C_CARVE(cv, int32_t, n * k), b->slot = K3C_CARVE(cv, int32_t, n * k);
         b->cnt = K3C_CARVE(cv, int32_t, E + 1);
+        b->jobs = K3C_CARVE(cv, k3c_qmat_job, 2 * E);
     }
     int64_t gw = (E > 0 ? n * k * Im : 0) > n * wide ? n * k * Im : n * wide;
     b->fg = F(gw), b->fu = F(gw), b->fh = F(gw), b->ys = F(n * D);
@@ -117,11 +118,6 @@ int k3c_eng_ws_init(const k3c_weights *w, int64_t max_rows, k3c_eng_ws **out, k3
         free(ws);
         return k3c_errf(err, K3C_ENOMEM, "engine: step buffers for %lld rows (%zu bytes)", (long long)max_rows, m.off);
     }
-    if (w->cfg.num_experts > 0 && !(ws->jobs = calloc((size_t)(2 * w->cfg.num_experts), sizeof *ws->jobs))) {
-        k3c_aligned_free(ws->mem);
-        free(ws);
-        return k3c_errf(err, K3C_ENOMEM, "engine: expert job table (%lld experts)", (long long)w->cfg.num_experts);
-    }
     k3c_carver c = k3c_carver_at(ws->mem, m.off, 64);
     plan(&w->cfg, &ws->d, max_rows, ws->nthr, ws->att_floats, &c, &ws->b);
     *out = ws;
@@ -131,7 +127,6 @@ int k3c_eng_ws_init(const k3c_weights *w, int64_t max_rows, k3c_eng_ws **out, k3
 void k3c_eng_ws_free(k3c_eng_ws *ws) {
     if (!ws) return;
     k3c_aligned_free(ws->mem);
-    free(ws->jobs);
     free(ws);
 }
 
@@ -316,7 +311,7 @@ static int routed_experts(const k3c_eng_ws *ws, const k3c_weights_layer *L, int6
     const k3c_config *c = &ws->w->cfg;
     const eng_bufs *b = &ws->b;
     const int64_t E = c->num_experts, Im = c->moe_intermediate_size;
-    k3c_qmat_job *jobs = ws->jobs;
+    k3c_qmat_job *jobs = b->jobs;
     int nj = 0;
     for (int64_t e = 0; e < E; e++) {
         const int64_t r0 = b->cnt[e], nr = b->cnt[e + 1] - r0;
