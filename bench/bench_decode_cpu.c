@@ -8,6 +8,7 @@
 
 #include <dirent.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -131,6 +132,10 @@ int main(int argc, char **argv) {
                  bpt = bytes_per_token(&w);
     printf("checkpoint %s: %.1f MB of safetensors; loaded (mmap'd, as stored) in %.3f s wall, %.3f s CPU\n", dir,
            file / 1e6, load_s, load_cpu);
+    const char *wait = getenv("OMP_WAIT_POLICY");
+    printf("OMP_WAIT_POLICY=%s (passive: a thread waiting at a join sleeps instead of spinning, which on a shared "
+           "machine keeps the CPU for the thread it waits for)\n",
+           wait ? wait : "(unset: libgomp spins first)");
     printf("weight bytes read per decode token: %.1f MB (trunk + top-%lld experts x %d MoE layers + lm_head)\n",
            bpt / 1e6, (long long)w.cfg.top_k, k3c_config_num_moe(&w.cfg));
     printf("read bandwidth (1 GiB streaming sum, same run), GB/s best / median / best per CPU-second: 1 thread %.2f / "
