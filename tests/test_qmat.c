@@ -178,6 +178,59 @@ static void test_extreme_scales(void) {
     free(y);
 }
 
+/* k3c_qmat_mul_many equals k3c_qmat_mul of each job alone, bit for bit: a mix of types, input counts (1, 3, 17, and 40
+ * on the BLAS tile path), MXFP4 inputs that overflow one region's permuted-input room (so the jobs split into several
+ * regions), accumulation, and inside a parallel region. */
+static void test_many(void) {
+    enum { NJ = 12 };
+    static const int types[NJ] = {K3C_QMAT_MXFP4, K3C_QMAT_MXFP4, K3C_QMAT_BF16,  K3C_QMAT_F32,
+                                  K3C_QMAT_MXFP4, K3C_QMAT_BF16,  K3C_QMAT_MXFP4, K3C_QMAT_MXFP4,
+                                  K3C_QMAT_BF16,  K3C_QMAT_MXFP4, K3C_QMAT_MXFP4, K3C_QMAT_BF16};
+    static const int64_t rows[NJ] = {70, 33, 65, 9, 512, 3, 40, 1, 130, 64, 8, 7};
+    static const int64_t cols[NJ] = {512, 96, 100, 64, 512, 1000, 2048, 16416, 64, 4096, 160, 33};
+    static const int64_t ns[NJ] = {1, 3, 1, 2, 17, 1, 3, 1, 40, 2, 40, 5};
+    void *store[NJ] = {0};
+    uint8_t *scale[NJ] = {0};
+    k3c_qmat W[NJ];
+    k3c_qmat_job jobs[NJ];
+    float *x[NJ], *y[NJ], *ref[NJ];
+    for (int i = 0; i < NJ; i++) {
+        double *dense = malloc(sizeof(double) * (size_t)(rows[i] * cols[i]));
+        W[i] = make(types[i], rows[i], cols[i], 500 + (uint64_t)i, &store[i], &scale[i], dense);
+        free(dense);
+        double *xd = test_randn(900 + (uint64_t)i, (size_t)(ns[i] * cols[i]), 1.0);
+        x[i] = malloc(sizeof(float) * (size_t)(ns[i] * cols[i]));
+        y[i] = malloc(sizeof(float) * (size_t)(ns[i] * rows[i]));
+        ref[i] = malloc(sizeof(float) * (size_t)(ns[i] * rows[i]));
+        for (int64_t k = 0; k < ns[i] * cols[i]; k++) x[i][k] = (float)xd[k];
+        free(xd);
+        jobs[i] = (k3c_qmat_job){&W[i], x[i], ns[i], y[i], i % 3 == 1};
+    }
+    for (int team = 0; team < 2; team++) {
+        for (int i = 0; i < NJ; i++)
+            for (int64_t k = 0; k < ns[i] * rows[i]; k++) y[i][k] = ref[i][k] = 0.5f * (float)(k % 7);
+        /* the reference in the same context: BLAS may split its sums differently inside a team */
+        if (team) {
+#pragma omp parallel num_threads(2)
+            {
+#pragma omp single
+                {
+                    for (int i = 0; i < NJ; i++) k3c_qmat_mul(&W[i], x[i], ns[i], ref[i], jobs[i].accumulate);
+                    k3c_qmat_mul_many(jobs, NJ);
+                }
+            }
+        } else {
+            for (int i = 0; i < NJ; i++) k3c_qmat_mul(&W[i], x[i], ns[i], ref[i], jobs[i].accumulate);
+            k3c_qmat_mul_many(jobs, NJ);
+        }
+        int same = 1;
+        for (int i = 0; i < NJ; i++) same &= !memcmp(y[i], ref[i], sizeof(float) * (size_t)(ns[i] * rows[i]));
+        CHECK(same, "k3c_qmat_mul_many equals k3c_qmat_mul job by job, bit for bit%s",
+              team ? " (inside a parallel region)" : "");
+    }
+    for (int i = 0; i < NJ; i++) free(store[i]), free(scale[i]), free(x[i]), free(y[i]), free(ref[i]);
+}
+
 static void test_check(void) {
     k3c_err err = {0};
     uint8_t buf[64] = {0};
@@ -196,6 +249,7 @@ int main(void) {
     test_products(K3C_QMAT_MXFP4, "mxfp4");
     test_kernels();
     test_extreme_scales();
+    test_many();
     test_check();
     return test_summary();
 }

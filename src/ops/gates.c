@@ -5,7 +5,7 @@
 
 int k3c_sigmoid_gate_fwd(int64_t n, const real *x, const real *z, real *y, k3c_err *err) {
     if (n < 0) return k3c_errf(err, K3C_EINVAL, "sigmoid_gate_fwd: negative size %lld", (long long)n);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > 65536) /* decode-sized vectors: one thread */
     for (int64_t i = 0; i < n; i++) y[i] = x[i] * rsigmoid(z[i]);
     return K3C_OK;
 }
@@ -22,12 +22,12 @@ int k3c_sigmoid_gate_bwd(int64_t n, const real *x, const real *z, const real *dy
 }
 
 void k3c_sigmoid(int64_t n, const real *x, real *y) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > 65536) /* decode-sized vectors: one thread */
     for (int64_t i = 0; i < n; i++) y[i] = rsigmoid(x[i]);
 }
 
 void k3c_silu(int64_t n, const real *x, real *y) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > 65536) /* decode-sized vectors: one thread */
     for (int64_t i = 0; i < n; i++) y[i] = x[i] * rsigmoid(x[i]);
 }
 

@@ -28,6 +28,19 @@ int k3c_qmat_check(const k3c_qmat *W, const char *what, k3c_err *err);
  * copy beyond a per-thread tile of a few rows. Results equal k3c_qmat_mul_ref up to the order of float summation. */
 void k3c_qmat_mul(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate);
 
+/* One product of a batch: Y[n, W->rows] (+)= X[n, W->cols] · Wᵀ. */
+typedef struct {
+    const k3c_qmat *W;
+    const float *X;
+    int64_t n;
+    float *Y;
+    int accumulate;
+} k3c_qmat_job;
+
+/* The jobs' products, each equal bit for bit to k3c_qmat_mul of that job alone; the decode GEMVs among them share one
+ * parallel region (work items: job × block of rows) instead of one each. Jobs must not write what another reads. */
+void k3c_qmat_mul_many(const k3c_qmat_job *jobs, int njobs);
+
 /* The scalar reference product (decode a row, then plain dot products; BLAS for float32): the kernels' oracle. */
 void k3c_qmat_mul_ref(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate);
 

@@ -20,7 +20,8 @@ static real row_rstd(const real *x, int64_t D, double eps) {
 /* gate == NULL: y = w ⊙ x·r; otherwise y = (w ⊙ x·r) ⊙ σ(gate). */
 static void rms_fwd(const k3c_rmsnorm_sizes *s, const real *x, const real *gate, const real *w, real *y, real *rstd) {
     const int64_t D = s->D;
-#pragma omp parallel for schedule(static)
+    /* a decode step's few rows run on one thread: a fork/join costs more than they do */
+#pragma omp parallel for schedule(static) if (s->rows * D > 32768)
     for (int64_t i = 0; i < s->rows; i++) {
         const real *xi = x + i * D;
         real r = row_rstd(xi, D, s->eps), *yi = y + i * D;

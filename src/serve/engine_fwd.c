@@ -47,6 +47,7 @@ typedef struct {
     /* FFN */
     float *rlog, *topw, *zin, *xg, *fg, *fu, *fh, *ys, *u, *un;
     int32_t *ids, *slot, *cnt;
+    k3c_qmat_job *jobs; /* 2 × num_experts: the routed experts' products of one step */
     /* output */
     float *hsel, *hn;
 } eng_bufs;
@@ -94,6 +95,7 @@ static void plan(const k3c_config *c, const k3c_eng_dims *d, int64_t n, int nthr
         b->u = F(n * k * lat), b->un = F(n * lat);
         b->ids = K3C_CARVE(cv, int32_t, n * k), b->slot = K3C_CARVE(cv, int32_t, n * k);
         b->cnt = K3C_CARVE(cv, int32_t, E + 1);
+        b->jobs = K3C_CARVE(cv, k3c_qmat_job, 2 * E);
     }
     int64_t gw = (E > 0 ? n * k * Im : 0) > n * wide ? n * k * Im : n * wide;
     b->fg = F(gw), b->fu = F(gw), b->fh = F(gw), b->ys = F(n * D);
@@ -142,7 +144,13 @@ static int kda_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, co
     const int64_t P = d->P, H = d->H, dk = d->dk, W = d->W;
     const k3c_qmat *Wp[3] = {&L->q_proj, &L->k_proj, &L->v_proj};
     const float *Wc[3] = {L->q_conv, L->k_conv, L->v_conv};
-    for (int i = 0; i < 3; i++) k3c_qmat_mul(Wp[i], b->xn, n, b->pre[i], 0);
+    /* every product that reads xn, as one batch (one parallel region) */
+    const int full = c->kda_full_rank_gate;
+    const k3c_qmat_job in[6] = {
+        {Wp[0], b->xn, n, b->pre[0], 0}, {Wp[1], b->xn, n, b->pre[1], 0},
+        {Wp[2], b->xn, n, b->pre[2], 0}, {&L->b_proj, b->xn, n, b->blog, 0},
+        {&L->f_a, b->xn, n, b->fa, 0},   {full ? &L->g_proj : &L->g_a, b->xn, n, full ? b->gl : b->ga, 0}};
+    k3c_qmat_mul_many(in, 6);
     for (int s = 0; s < nseg; s++) {
         const k3c_eng_seg *g = &segs[s];
         float *S = kda_state(d, g->st, l), *conv = S + H * dk * dk;
@@ -156,9 +164,7 @@ static int kda_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, co
     k3c_l2norm_dims ld = {n * H, dk, 1e-6};
     CHECK_RC(k3c_l2norm_fwd_f32(&ld, b->post[0], b->post[0], NULL, err));
     CHECK_RC(k3c_l2norm_fwd_f32(&ld, b->post[1], b->post[1], NULL, err));
-    k3c_qmat_mul(&L->b_proj, b->xn, n, b->blog, 0);
     k3c_sigmoid_f32(n * H, b->blog, b->beta);
-    k3c_qmat_mul(&L->f_a, b->xn, n, b->fa, 0);
     k3c_qmat_mul(&L->f_b, b->fa, n, b->z, 0);
     k3c_kda_gate_dims gd = {n, H, dk, c->kda_gate, c->gate_lower_bound};
     CHECK_RC(k3c_kda_gate_fwd_f32(&gd, b->z, L->dt_bias, L->A_log, b->g, err));
@@ -176,12 +182,7 @@ static int kda_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, co
             CHECK_RC(k3c_kda_chunk_fwd_f32(&kd, NULL, b->post[0] + o, b->post[1] + o, b->post[2] + o, b->g + o,
                                            b->beta + g->row0 * H, S, b->o + o, S, b->kda_ws, err));
     }
-    if (c->kda_full_rank_gate) {
-        k3c_qmat_mul(&L->g_proj, b->xn, n, b->gl, 0);
-    } else {
-        k3c_qmat_mul(&L->g_a, b->xn, n, b->ga, 0);
-        k3c_qmat_mul(&L->g_b, b->ga, n, b->gl, 0);
-    }
+    if (!full) k3c_qmat_mul(&L->g_b, b->ga, n, b->gl, 0);
     k3c_rmsnorm_sizes rs = {n * H, dk, c->rms_norm_eps};
     CHECK_RC(k3c_gated_rmsnorm_fwd_f32(&rs, b->o, b->gl, L->o_norm, b->y1, NULL, err));
     k3c_qmat_mul(&L->o_proj, b->y1, n, b->y, 0);
@@ -295,11 +296,38 @@ static int mla_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, co
 
 static int glu_mlp(const k3c_config *c, const eng_bufs *b, const k3c_qmat *gate, const k3c_qmat *up,
                    const k3c_qmat *down, const float *x, int64_t n, float *y, int acc, k3c_err *err) {
-    k3c_qmat_mul(gate, x, n, b->fg, 0);
-    k3c_qmat_mul(up, x, n, b->fu, 0);
+    const k3c_qmat_job gu[2] = {{gate, x, n, b->fg, 0}, {up, x, n, b->fu, 0}};
+    k3c_qmat_mul_many(gu, 2);
     k3c_glu_sizes gs = {n, gate->rows, k3c_glu_act_from_config(c)};
     CHECK_RC(k3c_glu_fwd_f32(&gs, b->fg, b->fu, b->fh, err));
     k3c_qmat_mul(down, b->fh, n, y, acc);
+    return K3C_OK;
+}
+
+/* The routed experts over the grouped rows (b->cnt: start offsets): the gate and up products of every active expert as
+ * one batch of jobs, the GLU over all rows, then the down products as one batch, so the top-k experts of a decode token
+ * are one parallel region each time instead of three per expert. Each row's products are those of a lone call. */
+static int routed_experts(const k3c_eng_ws *ws, const k3c_weights_layer *L, int64_t lat, int64_t rows, k3c_err *err) {
+    const k3c_config *c = &ws->w->cfg;
+    const eng_bufs *b = &ws->b;
+    const int64_t E = c->num_experts, Im = c->moe_intermediate_size;
+    k3c_qmat_job *jobs = b->jobs;
+    int nj = 0;
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t r0 = b->cnt[e], nr = b->cnt[e + 1] - r0;
+        if (nr == 0) continue;
+        jobs[nj++] = (k3c_qmat_job){&L->w1[e], b->xg + r0 * lat, nr, b->fg + r0 * Im, 0};
+        jobs[nj++] = (k3c_qmat_job){&L->w3[e], b->xg + r0 * lat, nr, b->fu + r0 * Im, 0};
+    }
+    k3c_qmat_mul_many(jobs, nj);
+    k3c_glu_sizes gs = {rows, Im, k3c_glu_act_from_config(c)};
+    CHECK_RC(k3c_glu_fwd_f32(&gs, b->fg, b->fu, b->fh, err));
+    nj = 0;
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t r0 = b->cnt[e], nr = b->cnt[e + 1] - r0;
+        if (nr > 0) jobs[nj++] = (k3c_qmat_job){&L->w2[e], b->fh + r0 * Im, nr, b->u + r0 * lat, 0};
+    }
+    k3c_qmat_mul_many(jobs, nj);
     return K3C_OK;
 }
 
@@ -328,11 +356,7 @@ static int ffn_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
     }
     for (int64_t e = E; e > 0; e--) b->cnt[e] = b->cnt[e - 1]; /* back to start offsets */
     b->cnt[0] = 0;
-    for (int64_t e = 0; e < E; e++) {
-        const int64_t r0 = b->cnt[e], nr = b->cnt[e + 1] - r0;
-        if (nr == 0) continue;
-        CHECK_RC(glu_mlp(c, b, &L->w1[e], &L->w3[e], &L->w2[e], b->xg + r0 * lat, nr, b->u + r0 * lat, 0, err));
-    }
+    CHECK_RC(routed_experts(ws, L, lat, n * k, err));
     /* combine each token's k expert outputs in slot order */
     float *u = c->latent_dim > 0 ? b->zin : b->y; /* zin is free again */
     for (int64_t t = 0; t < n; t++) {
