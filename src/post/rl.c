@@ -2,10 +2,12 @@
  * from the environment's verifier (+ overlong penalty), group-relative advantages with zero-variance groups dropped,
  * one on-policy policy-gradient update (GRPO / DAPO / Dr. GRPO weights), held-out evaluation, metrics, checkpoints.
  * TRAINING.md §3; docs/POST.md "RL". */
+#include "base/base.h"
 #include "base/check.h"
 #include "base/json.h"
 #include "post/post.h"
 #include "post/post_run.h"
+#include "tok/tok.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -317,6 +319,37 @@ static int rl_step(rl *s, k3c_sbuf *line, double *mean_reward, k3c_err *err) {
     return rc;
 }
 
+/* OUT/eval_step_N.jsonl: per held-out episode its reward (and components), format validity, turns and everything
+ * after the prompt as the model wrote it (its turns and the observations between them), so a reader can see what the
+ * policy does at this step. Written atomically. */
+static int dump_eval(rl *s, const k3c_episode *ep, int n, k3c_err *err) {
+    k3c_sbuf b;
+    k3c_sbuf_init(&b);
+    int rc = K3C_OK;
+    for (int i = 0; !rc && i < n; i++) {
+        char *text = NULL;
+        size_t len = 0;
+        rc = k3c_tok_decode(s->r.tok, ep[i].ids + ep[i].n_prompt, (size_t)(ep[i].n - ep[i].n_prompt), &text, &len, err);
+        if (rc) break;
+        k3c_sbuf_printf(&b, "{\"task\":%d,\"reward\":%.6g", i, ep[i].reward.reward);
+        for (int k = 0; k < ep[i].reward.n; k++)
+            k3c_sbuf_printf(&b, ",\"r_%s\":%.6g", ep[i].reward.c[k].name, ep[i].reward.c[k].value);
+        k3c_sbuf_printf(&b, ",\"format_valid\":%d,\"turns\":%d,\"truncated\":%d,\"info\":", ep[i].format_valid,
+                        ep[i].turns, ep[i].truncated);
+        k3c_sbuf_json_string(&b, ep[i].info, strlen(ep[i].info));
+        k3c_sbuf_printf(&b, "%s", ",\"output\":");
+        k3c_sbuf_json_string(&b, text, len);
+        k3c_sbuf_printf(&b, "%s", "}\n");
+        free(text);
+    }
+    char path[1100];
+    snprintf(path, sizeof path, "%s/eval_step_%08lld.jsonl", s->c->out_dir, (long long)s->step);
+    if (!rc && !b.ok) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
+    if (!rc) rc = k3c_write_file_atomic(path, b.buf, b.len, err);
+    k3c_sbuf_free(&b);
+    return rc;
+}
+
 /* Greedy episodes of the first eval_episodes held-out tasks: mean reward and format-valid fraction. */
 static int evaluate(rl *s, double *reward, double *format, k3c_err *err) {
     int n = (int)s->c->eval_episodes;
@@ -327,7 +360,9 @@ static int evaluate(rl *s, double *reward, double *format, k3c_err *err) {
         *reward += ep[i].reward.reward / n;
         *format += ep[i].format_valid / (double)n;
     }
-    for (int i = 0; !rc && i < n; i++) k3c_episode_free(&ep[i]);
+    int have = !rc; /* on failure episodes() left none allocated */
+    if (!rc) rc = dump_eval(s, ep, n, err);
+    for (int i = 0; have && i < n; i++) k3c_episode_free(&ep[i]);
     free(ep);
     return rc;
 }
