@@ -307,12 +307,15 @@ static int rl_step(rl *s, k3c_sbuf *line, double *mean_reward, k3c_err *err) {
         for (int k = 0; B && k < ep[0].reward.n; k++)
             k3c_sbuf_printf(line, ",\"r_%s\":%.6g", ep[0].reward.c[k].name, comp_sum[k]);
         k3c_sbuf_printf(line,
-                        ",\"format_valid\":%.4g,\"response_len\":%.4g,\"zero_var_groups\":%.4g,\"entropy\":%.6g,"
+                        ",\"format_valid\":%.4g,\"response_len\":%.4g,\"zero_var_groups\":%.4g,"
                         "\"kl\":%.6g,\"clip_low\":%.4g,\"clip_high\":%.4g,\"grad_norm\":%.6g,\"updated_seqs\":%d,"
                         "\"rollout_tok_s\":%.4g,\"update_tok_s\":%.4g,\"ratio_mean\":%.6g,\"rollout_logp_diff\":%.3g",
-                        fmt, len, (double)zero / P, n_upd ? ent : NAN, st.kl, st.clip_low, st.clip_high, gnorm, n_upd,
+                        fmt, len, (double)zero / P, st.kl, st.clip_low, st.clip_high, gnorm, n_upd,
                         (double)sampled / (t_roll > 0 ? t_roll : 1),
                         (double)N * s->c->ppo_epochs / (k3c_now() - t1 + 1e-9), st.ratio_mean, lp_diff);
+        /* JSON has no NaN: without an updated sequence there is no entropy, and the key is left out (as the
+         * trainer's metrics do with non-finite values) */
+        if (n_upd) k3c_sbuf_printf(line, ",\"entropy\":%.6g", ent);
     }
     for (int i = 0; ep && i < B; i++) k3c_episode_free(&ep[i]);
     free(ep), free(r), free(adv), free(keep), free(off), free(lp), free(lo), free(lr), free(dl), free(mk);
