@@ -45,7 +45,7 @@ SFT_CKPT="$OUT/sft/$(cat "$OUT/sft/latest")"
 
 cat > "$OUT/rl.json" <<JSON
 {"init": "$SFT_CKPT", "env": "$ENV", "out_dir": "$OUT/rl", "steps": $RL_STEPS, "prompts_per_step": 4,
- "group_size": 8, "max_turns": 2, "max_new": 96, "max_tokens": 512, "temperature": 1.0, "lr": 0.001,
+ "group_size": 8, "max_turns": 2, "max_new": 96, "max_tokens": 512, "temperature": 1.0, "lr": 0.0001,
  "ppo_epochs": 2, "advantage": "grpo", "loss_agg": "token_mean", "eval_every": $RL_STEPS, "eval_episodes": $EVAL,
  "checkpoint_every": $RL_STEPS, "keep_checkpoints": 1, "seed": $SEED, "threads": $THREADS}
 JSON
