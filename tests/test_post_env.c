@@ -6,7 +6,9 @@
 #include "post/env.h"
 #include "tok/tok.h"
 
-static const char *KINDS[] = {"arith", "arith_tool", "code", "assistant", "vfs"};
+#include <ctype.h>
+
+static const char *KINDS[] = {"arith", "arith_tool", "arith_small", "arith_tool_small", "code", "assistant", "vfs"};
 
 static double comp(const k3c_reward *r, const char *name) {
     for (int i = 0; i < r->n; i++)
@@ -146,6 +148,20 @@ static void test_arith(void) {
     k3c_env_score(e, "no idea", &r);
     CHECK(r.reward == 0, "no answer");
     k3c_env_free(e);
+    /* the small kinds: operands 2..5 (multiplied: at most 25, the candies' total) and 1..9, every template drawn */
+    int big = 0, templates = 0;
+    for (int i = 0; i < 200; i++) {
+        e = env(i % 2 ? "arith_small" : "arith_tool_small", 5, i % 3 == 0, i);
+        if (!e) return;
+        const char *u = k3c_env_user(e);
+        for (const char *p = u; *p; p++)
+            if (isdigit((unsigned char)*p) && (p == u || !isdigit((unsigned char)p[-1]))) big |= atoi(p) > 25;
+        templates |= (strstr(u, "shop") != NULL) << 0 | (strstr(u, "Tom") != NULL) << 1 |
+                     (strstr(u, "farmer") != NULL) << 2 | (strstr(u, "friends") != NULL) << 3 |
+                     (strstr(u, "train") != NULL) << 4;
+        k3c_env_free(e);
+    }
+    CHECK(!big && templates == 31, "small arith: operands within range (%d), templates seen %#x", !big, templates);
 }
 
 static void test_code(void) {

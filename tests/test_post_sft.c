@@ -239,6 +239,18 @@ static void test_rl(void) {
     for (size_t i = 0; text && i < sizeof keys / sizeof *keys; i++)
         CHECK(strstr(text, keys[i]) != NULL, "metrics lack %s:\n%s", keys[i], text);
     free(text);
+    /* the held-out episodes of each evaluation, as the model wrote them: one line per episode, reward as averaged */
+    for (int st = 0; st <= 2; st += 2) {
+        snprintf(p, sizeof p, "%s/rl_a/eval_step_%08d.jsonl", dir, st);
+        text = NULL;
+        CHECK_OK(k3c_read_file(p, &text, &n, &err), &err);
+        const char *rw = text ? strstr(text, "\"reward\":") : NULL;
+        double want = st ? a.last_eval_reward : a.first_eval_reward;
+        CHECK(rw && fabs(atof(rw + 9) - want) < 1e-5 && strstr(text, "\"output\":\"") &&
+                  strstr(text, "\"format_valid\":") && strchr(text, '\n') == text + n - 1,
+              "eval dump of step %d (reward %g): %s", st, want, text ? text : "");
+        free(text);
+    }
     write_rl("rl_b.json", "rl_b", "");
     CHECK_OK(run_rl("rl_b.json", 0, 1, &b, &err), &err);
     CHECK_OK(run_rl("rl_b.json", 1, 0, &b, &err), &err);

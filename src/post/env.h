@@ -45,6 +45,7 @@ void k3c_env_tool(k3c_sbuf *tools, const char *name, const char *desc, const cha
 /* The calculator tool: + - * / and parentheses over integers (double result); K3C_EINVAL when malformed. */
 int k3c_calc_eval(const char *s, double *out);
 
-extern const k3c_env_kind k3c_env_arith, k3c_env_arith_tool, k3c_env_code, k3c_env_assistant, k3c_env_vfs;
+extern const k3c_env_kind k3c_env_arith, k3c_env_arith_tool, k3c_env_arith_small, k3c_env_arith_tool_small,
+    k3c_env_code, k3c_env_assistant, k3c_env_vfs;
 
 #endif

@@ -55,7 +55,17 @@ static void problem(arith_state *s, int t, int64_t a, int64_t b, int64_t c, k3c_
     }
 }
 
-static int init_common(k3c_env *e, int tool, k3c_err *err) {
+/* Operand ranges: the standard tasks (a 2-19, b 2-9, c below a·b), and the small ones (`arith_small`,
+ * `arith_tool_small`: a and b 2-5, c 1-9), whose few operand values leave a tiny model a task it can start to learn
+ * (docs/POST.md "Demo"). */
+static void operands(k3c_env *e, int small, int64_t *a, int64_t *b, int64_t *c) {
+    *a = k3c_env_randint(e, 2, small ? 5 : 19);
+    *b = k3c_env_randint(e, 2, small ? 5 : 9);
+    int64_t hi = *a * *b - 1;
+    *c = k3c_env_randint(e, 1, small && hi > 9 ? 9 : hi);
+}
+
+static int init_common(k3c_env *e, int tool, int small, k3c_err *err) {
     arith_state *s = calloc(1, sizeof *s);
     if (!s) return k3c_errf(err, K3C_ENOMEM, "out of memory");
     e->st = s;
@@ -64,7 +74,8 @@ static int init_common(k3c_env *e, int tool, k3c_err *err) {
     int64_t ans = 0;
     for (;;) {
         int t = (int)k3c_env_randint(e, 0, 4);
-        int64_t a = k3c_env_randint(e, 2, 19), b = k3c_env_randint(e, 2, 9), c = k3c_env_randint(e, 1, a * b - 1);
+        int64_t a, b, c;
+        operands(e, small, &a, &b, &c);
         q.len = 0;
         problem(s, t, a, b, c, &q, &ans);
         if (k3c_env_in_split(k3c_env_hash(q.buf, q.len, 14695981039346656037ull), e->split)) break;
@@ -80,8 +91,10 @@ static int init_common(k3c_env *e, int tool, k3c_err *err) {
     return K3C_OK;
 }
 
-static int init_plain(k3c_env *e, k3c_err *err) { return init_common(e, 0, err); }
-static int init_tool(k3c_env *e, k3c_err *err) { return init_common(e, 1, err); }
+static int init_plain(k3c_env *e, k3c_err *err) { return init_common(e, 0, 0, err); }
+static int init_tool(k3c_env *e, k3c_err *err) { return init_common(e, 1, 0, err); }
+static int init_plain_small(k3c_env *e, k3c_err *err) { return init_common(e, 0, 1, err); }
+static int init_tool_small(k3c_env *e, k3c_err *err) { return init_common(e, 1, 1, err); }
 
 /* ---------------------------------------------------------------- the calculator: recursive descent */
 
@@ -203,3 +216,6 @@ static int reference(k3c_env *e, k3c_sbuf *m, k3c_err *err) {
 
 const k3c_env_kind k3c_env_arith = {"arith", init_plain, NULL, score, free_state, reference};
 const k3c_env_kind k3c_env_arith_tool = {"arith_tool", init_tool, step_tool, score, free_state, reference};
+const k3c_env_kind k3c_env_arith_small = {"arith_small", init_plain_small, NULL, score, free_state, reference};
+const k3c_env_kind k3c_env_arith_tool_small = {"arith_tool_small", init_tool_small, step_tool, score,
+                                               free_state,         reference};

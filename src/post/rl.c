@@ -2,10 +2,12 @@
  * from the environment's verifier (+ overlong penalty), group-relative advantages with zero-variance groups dropped,
  * one on-policy policy-gradient update (GRPO / DAPO / Dr. GRPO weights), held-out evaluation, metrics, checkpoints.
  * TRAINING.md §3; docs/POST.md "RL". */
+#include "base/base.h"
 #include "base/check.h"
 #include "base/json.h"
 #include "post/post.h"
 #include "post/post_run.h"
+#include "tok/tok.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -305,15 +307,49 @@ static int rl_step(rl *s, k3c_sbuf *line, double *mean_reward, k3c_err *err) {
         for (int k = 0; B && k < ep[0].reward.n; k++)
             k3c_sbuf_printf(line, ",\"r_%s\":%.6g", ep[0].reward.c[k].name, comp_sum[k]);
         k3c_sbuf_printf(line,
-                        ",\"format_valid\":%.4g,\"response_len\":%.4g,\"zero_var_groups\":%.4g,\"entropy\":%.6g,"
+                        ",\"format_valid\":%.4g,\"response_len\":%.4g,\"zero_var_groups\":%.4g,"
                         "\"kl\":%.6g,\"clip_low\":%.4g,\"clip_high\":%.4g,\"grad_norm\":%.6g,\"updated_seqs\":%d,"
                         "\"rollout_tok_s\":%.4g,\"update_tok_s\":%.4g,\"ratio_mean\":%.6g,\"rollout_logp_diff\":%.3g",
-                        fmt, len, (double)zero / P, n_upd ? ent : NAN, st.kl, st.clip_low, st.clip_high, gnorm, n_upd,
+                        fmt, len, (double)zero / P, st.kl, st.clip_low, st.clip_high, gnorm, n_upd,
                         (double)sampled / (t_roll > 0 ? t_roll : 1),
                         (double)N * s->c->ppo_epochs / (k3c_now() - t1 + 1e-9), st.ratio_mean, lp_diff);
+        /* JSON has no NaN: without an updated sequence there is no entropy, and the key is left out (as the
+         * trainer's metrics do with non-finite values) */
+        if (n_upd) k3c_sbuf_printf(line, ",\"entropy\":%.6g", ent);
     }
     for (int i = 0; ep && i < B; i++) k3c_episode_free(&ep[i]);
     free(ep), free(r), free(adv), free(keep), free(off), free(lp), free(lo), free(lr), free(dl), free(mk);
+    return rc;
+}
+
+/* OUT/eval_step_N.jsonl: per held-out episode its reward (and components), format validity, turns and everything
+ * after the prompt as the model wrote it (its turns and the observations between them), so a reader can see what the
+ * policy does at this step. Written atomically. */
+static int dump_eval(rl *s, const k3c_episode *ep, int n, k3c_err *err) {
+    k3c_sbuf b;
+    k3c_sbuf_init(&b);
+    int rc = K3C_OK;
+    for (int i = 0; !rc && i < n; i++) {
+        char *text = NULL;
+        size_t len = 0;
+        rc = k3c_tok_decode(s->r.tok, ep[i].ids + ep[i].n_prompt, (size_t)(ep[i].n - ep[i].n_prompt), &text, &len, err);
+        if (rc) break;
+        k3c_sbuf_printf(&b, "{\"task\":%d,\"reward\":%.6g", i, ep[i].reward.reward);
+        for (int k = 0; k < ep[i].reward.n; k++)
+            k3c_sbuf_printf(&b, ",\"r_%s\":%.6g", ep[i].reward.c[k].name, ep[i].reward.c[k].value);
+        k3c_sbuf_printf(&b, ",\"format_valid\":%d,\"turns\":%d,\"truncated\":%d,\"info\":", ep[i].format_valid,
+                        ep[i].turns, ep[i].truncated);
+        k3c_sbuf_json_string(&b, ep[i].info, strlen(ep[i].info));
+        k3c_sbuf_printf(&b, "%s", ",\"output\":");
+        k3c_sbuf_json_string(&b, text, len);
+        k3c_sbuf_printf(&b, "%s", "}\n");
+        free(text);
+    }
+    char path[1100];
+    snprintf(path, sizeof path, "%s/eval_step_%08lld.jsonl", s->c->out_dir, (long long)s->step);
+    if (!rc && !b.ok) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
+    if (!rc) rc = k3c_write_file_atomic(path, b.buf, b.len, err);
+    k3c_sbuf_free(&b);
     return rc;
 }
 
@@ -327,7 +363,9 @@ static int evaluate(rl *s, double *reward, double *format, k3c_err *err) {
         *reward += ep[i].reward.reward / n;
         *format += ep[i].format_valid / (double)n;
     }
-    for (int i = 0; !rc && i < n; i++) k3c_episode_free(&ep[i]);
+    int have = !rc; /* on failure episodes() left none allocated */
+    if (!rc) rc = dump_eval(s, ep, n, err);
+    for (int i = 0; have && i < n; i++) k3c_episode_free(&ep[i]);
     free(ep);
     return rc;
 }
