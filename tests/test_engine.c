@@ -64,7 +64,7 @@ static float *engine_logits(const k3c_weights *w, const int32_t *ids, int64_t T,
     k3c_eng_ws *ws = NULL;
     float *out = malloc(sizeof(float) * (size_t)(T * d.V));
     int rc = k3c_eng_state_init(&st, &d, T, err);
-    if (!rc) rc = k3c_eng_ws_init(w, T, &ws, err);
+    if (!rc) rc = k3c_eng_ws_init(w, T, T, &ws, err);
     for (int64_t t = 0, i = 0; !rc && t < T; i++) {
         int64_t len = pieces[i % np] < T - t ? pieces[i % np] : T - t;
         k3c_eng_seg seg = {&st, 0, len};
