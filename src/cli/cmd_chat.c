@@ -164,7 +164,7 @@ int cmd_chat(int argc, char **argv) {
         printf(
             "usage: k3c chat --model DIR [--system TEXT] [--tools FILE.json] [--temperature 0.6] [--top-p 0.95]\n"
             "                [--seed 0] [--max-tokens 512] [--stop TEXT] [--no-thinking] [--pattern cl100k|kimi]\n"
-            "                [--kda 64|16|recurrent]\n"
+            "                [--kda 64|16|recurrent] [--device cpu|cuda]\n"
             "Reads one user message per line from stdin (/exit ends) and streams the reply: reasoning dimmed\n"
             "(\"reasoning: \" when not on a terminal), tool calls as JSON. --tools: a JSON array of OpenAI tools.\n");
         return 0;
@@ -174,6 +174,8 @@ int cmd_chat(int argc, char **argv) {
     int chunk;
     if (!dir) return cli_usage_error("chat", "--model is required");
     if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("chat", "--kda must be 64, 16 or recurrent");
+    const char *device = cli_opt(argc, argv, "--device");
+    if (cli_device_check("chat", device)) return 2;
     k3c_sbuf opts;
     k3c_sbuf_init(&opts);
     if (!chat_opts(argc, argv, &opts)) return 2;
@@ -187,12 +189,16 @@ int cmd_chat(int argc, char **argv) {
     k3c_json_free(tj);
     if (!rc && tools_path) rc = k3c_read_file(tools_path, &tools, &tn, &err);
     k3c_serve sv = {0};
+    cli_device dev = {0};
     if (!rc) rc = k3c_serve_open(dir, 1, cli_opt(argc, argv, "--pattern"), &sv, &err);
     if (!rc) {
         sv.model->kda_chunk = chunk;
-        rc = chat_loop(&sv, system ? system : "You are a helpful assistant.", tools, opts.buf, &err);
+        rc = cli_device_open(device, &dev, &err);
+        if (!rc) rc = cli_device_use(&dev, sv.model, &err);
+        if (!rc) rc = chat_loop(&sv, system ? system : "You are a helpful assistant.", tools, opts.buf, &err);
         k3c_serve_close(&sv);
     }
+    cli_device_release(&dev);
     free(tools);
     k3c_sbuf_free(&opts);
     return rc ? cli_fail("chat", &err) : 0;

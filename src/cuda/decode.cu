@@ -47,7 +47,7 @@ __global__ void embed_kernel(const void *w, int64_t C, const int32_t *ids, float
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) y[i * C + c] = welem<TYPE>(w, nullptr, ids[i], C, c);
 }
 
-__device__ __forceinline__ float sigm(float x) {
+__device__ __forceinline__ float conv_sigm(float x) { /* short_conv.c sigm */
     if (x >= 0) return 1.f / (1.f + expf(-x));
     const float e = expf(x);
     return e / (1.f + e);
@@ -69,7 +69,7 @@ __global__ void conv_kernel(const k3c_dec_seg *segs, int64_t off, int64_t P, int
         float a = 0.f;
         for (int j = 0; j < W - 1; j++) a += wt[j] * win[j];
         a += wt[W - 1] * xt;
-        y[(sg.row0 + t) * P + p] = a * sigm(a);
+        y[(sg.row0 + t) * P + p] = a * conv_sigm(a);
         for (int j = 0; j + 1 < W - 1; j++) win[j] = win[j + 1];
         if (W > 1) win[W - 2] = xt;
     }
@@ -193,31 +193,88 @@ struct experts {
     int64_t stride, sstride;
 };
 
-/* One warp per (slot, row of the gate and up products): h[slot, r] = act(w1[e] x) ⊙ c(w3[e] x), e = ids[slot]. */
-template <int TYPE>
-__global__ void moe_up_kernel(experts w1, experts w3, int64_t I, int64_t lat, int64_t k, const float *x,
-                              const int32_t *ids, glu_params gq, float *hbuf) {
-    const int64_t slot = blockIdx.y, r = (int64_t)blockIdx.x * DW + threadIdx.x / 32;
-    if (r >= I) return;
-    const int64_t e = ids[slot];
-    const float *xt = x + (slot / k) * lat;
-    const float g = wdot<TYPE>(w1.w + e * w1.stride, w1.scale + e * w1.sstride, r, lat, xt);
-    const float u = wdot<TYPE>(w3.w + e * w3.stride, w3.scale + e * w3.sstride, r, lat, xt);
-    if ((threadIdx.x & 31) == 0) {
-        float a, c, da, dc;
-        glu_point(gq, g, u, a, c, da, dc);
-        hbuf[slot * I + r] = a * c;
+/* The step's routed slots grouped by expert on the device: order[] lists the slots expert by expert (any order within
+ * an expert: every slot's sums are its own), tiles[] are (expert, first index into order, count ≤ MB) and ntile their
+ * number. One block; atomics for the counts, one thread for the prefix (E ≤ a few hundred). */
+constexpr int MB = 8; /* slots of one expert per warp pass: each weight is loaded once for MB inputs */
+__global__ void moe_group_kernel(const int32_t *ids, int nk, int E, int32_t *order, int32_t *tiles, int32_t *ntile) {
+    extern __shared__ int32_t cnt[]; /* [E] counts, then [E] cursors */
+    int32_t *cur = cnt + E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < nk; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int at = 0, nt = 0;
+        for (int e = 0; e < E; e++) {
+            cur[e] = at;
+            for (int c = 0; c < cnt[e]; c += MB)
+                tiles[3 * nt] = e, tiles[3 * nt + 1] = at + c, tiles[3 * nt + 2] = min(MB, cnt[e] - c), nt++;
+            at += cnt[e];
+        }
+        *ntile = nt;
     }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nk; i += blockDim.x) order[atomicAdd(&cur[ids[i]], 1)] = i;
 }
 
-/* One warp per (slot, output row): u[slot, r] = w2[e][r] · h[slot]. */
+/* The warp's dots of row r of one expert's [R, C] matrix with the tile's inputs (MB at most), lane-strided and reduced. */
 template <int TYPE>
-__global__ void moe_down_kernel(experts w2, int64_t I, int64_t lat, const int32_t *ids, const float *hbuf, float *u) {
-    const int64_t slot = blockIdx.y, r = (int64_t)blockIdx.x * DW + threadIdx.x / 32;
-    if (r >= lat) return;
-    const int64_t e = ids[slot];
-    const float s = wdot<TYPE>(w2.w + e * w2.stride, w2.scale + e * w2.sstride, r, I, hbuf + slot * I);
-    if ((threadIdx.x & 31) == 0) u[slot * lat + r] = s;
+__device__ __forceinline__ void tile_dots(const void *w, const uint8_t *scale, int64_t r, int64_t C, const float *const *x,
+                                          int nb, float *acc) {
+#pragma unroll
+    for (int j = 0; j < MB; j++) acc[j] = 0.f;
+    for (int64_t c = threadIdx.x & 31; c < C; c += 32) {
+        const float wv = welem<TYPE>(w, scale, r, C, c);
+#pragma unroll
+        for (int j = 0; j < MB; j++)
+            if (j < nb) acc[j] += wv * x[j][c];
+    }
+#pragma unroll
+    for (int j = 0; j < MB; j++)
+        for (int o = 16; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+}
+
+/* One warp per (tile, row of the gate and up products): h[slot, r] = act(w1[e] x) ⊙ c(w3[e] x) for the tile's slots. */
+template <int TYPE>
+__global__ void moe_up_kernel(experts w1, experts w3, int64_t I, int64_t lat, int64_t k, const float *x,
+                              const int32_t *order, const int32_t *tiles, const int32_t *ntile, glu_params gq,
+                              float *hbuf) {
+    const int t = blockIdx.x;
+    const int64_t r = (int64_t)blockIdx.y * DW + threadIdx.x / 32;
+    if (t >= *ntile || r >= I) return;
+    const int64_t e = tiles[3 * t];
+    const int j0 = tiles[3 * t + 1], nb = tiles[3 * t + 2];
+    const float *xs[MB];
+    int32_t slot[MB];
+    for (int j = 0; j < MB; j++) slot[j] = j < nb ? order[j0 + j] : 0, xs[j] = x + (slot[j] / k) * lat;
+    float g[MB], u[MB];
+    tile_dots<TYPE>(w1.w + e * w1.stride, w1.scale + e * w1.sstride, r, lat, xs, nb, g);
+    tile_dots<TYPE>(w3.w + e * w3.stride, w3.scale + e * w3.sstride, r, lat, xs, nb, u);
+    if ((threadIdx.x & 31) == 0)
+        for (int j = 0; j < nb; j++) {
+            float a, c, da, dc;
+            glu_point(gq, g[j], u[j], a, c, da, dc);
+            hbuf[(int64_t)slot[j] * I + r] = a * c;
+        }
+}
+
+/* One warp per (tile, output row): u[slot, r] = w2[e][r] · h[slot] for the tile's slots. */
+template <int TYPE>
+__global__ void moe_down_kernel(experts w2, int64_t I, int64_t lat, const int32_t *order, const int32_t *tiles,
+                                const int32_t *ntile, const float *hbuf, float *u) {
+    const int t = blockIdx.x;
+    const int64_t r = (int64_t)blockIdx.y * DW + threadIdx.x / 32;
+    if (t >= *ntile || r >= lat) return;
+    const int64_t e = tiles[3 * t];
+    const int j0 = tiles[3 * t + 1], nb = tiles[3 * t + 2];
+    const float *hs[MB];
+    int32_t slot[MB];
+    for (int j = 0; j < MB; j++) slot[j] = j < nb ? order[j0 + j] : 0, hs[j] = hbuf + (int64_t)slot[j] * I;
+    float acc[MB];
+    tile_dots<TYPE>(w2.w + e * w2.stride, w2.scale + e * w2.sstride, r, I, hs, nb, acc);
+    if ((threadIdx.x & 31) == 0)
+        for (int j = 0; j < nb; j++) u[(int64_t)slot[j] * lat + r] = acc[j];
 }
 
 /* out[t] = Σ_j topw[t, j] u[t·k + j] in slot order (the CPU's). */
@@ -313,34 +370,43 @@ int experts_of(const k3c_qmat *v, int64_t E, experts *x, k3c_err *err) {
     return K3C_OK;
 }
 
+/* h [n·k, I], u [n·k, lat], then order [n·k], tiles [3 · (n·k/MB + E)], ntile */
 size_t cu_moe_ws(const k3c_dec_moe *m, int64_t n) {
-    return sizeof(float) * (size_t)(n * m->k * (m->inter + m->lat)) + 64;
+    const int64_t nk = n * m->k;
+    return sizeof(float) * (size_t)(nk * (m->inter + m->lat)) + sizeof(int32_t) * (size_t)(nk + 3 * (nk / MB + m->E) + 1);
 }
 
 template <int TYPE>
 void moe_launch(const k3c_dec_moe *m, const experts &w1, const experts &w3, const experts &w2, glu_params gq,
-                const float *x, int64_t n, const int32_t *ids, float *hbuf, float *u) {
-    const unsigned slots = (unsigned)(n * m->k);
-    moe_up_kernel<TYPE><<<dim3((unsigned)((m->inter + DW - 1) / DW), slots), 32 * DW, 0, K3C_STREAM>>>(
-        w1, w3, m->inter, m->lat, m->k, x, ids, gq, hbuf);
-    moe_down_kernel<TYPE>
-        <<<dim3((unsigned)((m->lat + DW - 1) / DW), slots), 32 * DW, 0, K3C_STREAM>>>(w2, m->inter, m->lat, ids, hbuf, u);
+                const float *x, int64_t n, const int32_t *order, const int32_t *tiles, const int32_t *ntile,
+                float *hbuf, float *u) {
+    const unsigned max_tiles = (unsigned)(n * m->k / MB + m->E);
+    moe_up_kernel<TYPE><<<dim3(max_tiles, (unsigned)((m->inter + DW - 1) / DW)), 32 * DW, 0, K3C_STREAM>>>(
+        w1, w3, m->inter, m->lat, m->k, x, order, tiles, ntile, gq, hbuf);
+    moe_down_kernel<TYPE><<<dim3(max_tiles, (unsigned)((m->lat + DW - 1) / DW)), 32 * DW, 0, K3C_STREAM>>>(
+        w2, m->inter, m->lat, order, tiles, ntile, hbuf, u);
 }
 
 int cu_moe(const k3c_dec_moe *m, const float *x, int64_t n, const int32_t *ids, const float *topw, float *out, void *ws,
            k3c_err *err) {
     experts w1, w3, w2;
-    glu_params gq;
+    glu_params gq{};
     if (experts_of(m->w1, m->E, &w1, err) || experts_of(m->w3, m->E, &w3, err) || experts_of(m->w2, m->E, &w2, err))
         return K3C_EUNSUPPORTED;
     if (glu_params_of(&m->act, &gq, "engine experts (cuda)", err)) return K3C_EINVAL;
     if (m->w3[0].type != m->w1[0].type || m->w2[0].type != m->w1[0].type)
         return k3c_errf(err, K3C_EUNSUPPORTED, "engine experts (cuda): mixed storage types");
-    float *hbuf = (float *)ws, *u = hbuf + n * m->k * m->inter;
+    const int64_t nk = n * m->k;
+    if (m->E > 4096) return k3c_errf(err, K3C_EUNSUPPORTED, "engine experts (cuda): %lld experts", (long long)m->E);
+    float *hbuf = (float *)ws, *u = hbuf + nk * m->inter;
+    int32_t *order = (int32_t *)(u + nk * m->lat), *tiles = order + nk, *ntile = tiles + 3 * (nk / MB + m->E);
+    moe_group_kernel<<<1, 1024, sizeof(int32_t) * (size_t)(2 * m->E), K3C_STREAM>>>(ids, (int)nk, (int)m->E, order,
+                                                                                   tiles, ntile);
+    K3C_CU_LAUNCHED("engine experts grouping");
     switch (m->w1[0].type) {
-    case K3C_QMAT_F32: moe_launch<K3C_QMAT_F32>(m, w1, w3, w2, gq, x, n, ids, hbuf, u); break;
-    case K3C_QMAT_BF16: moe_launch<K3C_QMAT_BF16>(m, w1, w3, w2, gq, x, n, ids, hbuf, u); break;
-    default: moe_launch<K3C_QMAT_MXFP4>(m, w1, w3, w2, gq, x, n, ids, hbuf, u); break;
+    case K3C_QMAT_F32: moe_launch<K3C_QMAT_F32>(m, w1, w3, w2, gq, x, n, order, tiles, ntile, hbuf, u); break;
+    case K3C_QMAT_BF16: moe_launch<K3C_QMAT_BF16>(m, w1, w3, w2, gq, x, n, order, tiles, ntile, hbuf, u); break;
+    default: moe_launch<K3C_QMAT_MXFP4>(m, w1, w3, w2, gq, x, n, order, tiles, ntile, hbuf, u); break;
     }
     K3C_CU_LAUNCHED("engine experts");
     moe_combine_kernel<<<(unsigned)n, 128, 0, K3C_STREAM>>>(m->k, m->lat, topw, u, out);
