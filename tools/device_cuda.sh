@@ -12,6 +12,7 @@ what=${1:-all}
 
 if [ "$what" = pack ]; then
     progs=(build/cuda/k3c build/cuda/tests/test_backend_ops build/cuda/tests/cuda/* build/cuda/bench/cuda/*)
+    [ -n "${PACK_PROGS:-}" ] && read -r -a progs <<<"$PACK_PROGS" # a subset, e.g. the engine mode's programs
     [ -x build/nccl/test_comm_nccl ] && progs+=(build/nccl/test_comm_nccl) # `make nccl`: the one-rank NCCL communicator
     rm -rf devrun/bin devrun/lib && mkdir -p devrun/bin devrun/lib devrun/golden/k3_tiny_a devrun/golden/k3_vision_tiny
     for p in "${progs[@]}"; do strip -o "devrun/bin/$(basename "$p")" "$p" && xz -T2 -6 -f "devrun/bin/$(basename "$p")"; done
@@ -57,7 +58,7 @@ seed=${SEED:-$(date +%s)}
 echo "seed $seed"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt" || true
 B=devrun/bin
-[ -x $B/test_backend_ops ] || { echo "devrun/bin missing: run make cuda-tests and tools/device_cuda.sh pack" >&2; exit 2; }
+[ -x $B/test_backend_ops ] || [ -x $B/test_engine_cuda ] || { echo "devrun/bin missing: run make cuda-tests and tools/device_cuda.sh pack" >&2; exit 2; }
 golden=${K3C_SHARED:-../shared}/golden/k3_tiny_a
 status=0
 if [ "$what" = all ] || [ "$what" = harness ]; then

@@ -75,7 +75,7 @@ static run decode(harness &h, const k3c_weights &w, int64_t B, int64_t P, int64_
     k3c_rng r = {11, 0};
     std::vector<int32_t> ids((size_t)std::max(B, P));
     for (int64_t s = 0; s < B; s++) {
-        h.ok(k3c_eng_state_init(&st[(size_t)s], &d, P + S + 1, &h.err), "state");
+        h.ok(k3c_eng_state_init(&st[(size_t)s], &d, P + S + 2, &h.err), "state"); /* + the warm-up steps */
         for (auto &x : ids) x = (int32_t)(k3c_rng_u64(&r) % (uint64_t)d.V);
         k3c_eng_seg seg = {&st[(size_t)s], 0, P};
         int64_t last = P - 1;

@@ -287,10 +287,54 @@ __global__ void moe_combine_kernel(int64_t k, int64_t lat, const float *topw, co
     }
 }
 
+/* Y[j, r] (+)= W[r] · X[j] for the n (< GEMM_ROWS) inputs: one warp per weight row, float4 loads, four inputs per
+ * pass, each input's sum in the same order whatever n is (batched rows equal solo rows). */
+__global__ void gemv4_kernel(int64_t R, int64_t C4, const float4 *W, const float *X, int64_t n, float *Y, int acc) {
+    const int64_t r = (int64_t)blockIdx.x * DW + threadIdx.x / 32;
+    if (r >= R) return;
+    const int lane = threadIdx.x & 31;
+    const float4 *w = W + r * C4;
+    for (int64_t j0 = 0; j0 < n; j0 += 4) {
+        const int nb = (int)min((int64_t)4, n - j0);
+        float s[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int64_t c = lane; c < C4; c += 32) {
+            const float4 wv = w[c];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (j < nb) {
+                    const float4 x = ((const float4 *)(X + (j0 + j) * C4 * 4))[c];
+                    s[j] += wv.x * x.x + wv.y * x.y + wv.z * x.z + wv.w * x.w;
+                }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            for (int o = 16; o > 0; o >>= 1) s[j] += __shfl_xor_sync(0xffffffffu, s[j], o);
+            if (lane == 0 && j < nb) {
+                float *y = Y + (j0 + j) * R + r;
+                *y = acc ? *y + s[j] : s[j];
+            }
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- host side */
 
-int cu_qmat_mul(const k3c_qmat *W, const float *X, int64_t n, float *Y, int acc, k3c_err *err) {
-    return k3c_qmat_mul_cuda(W, X, n, Y, acc, err);
+/* Float32 views: from GEMM_ROWS rows cuBLAS(Lt) in full fp32 (the step is a GEMM: a GEMV kernel would re-read each
+ * weight row per 8 inputs), below it a warp per weight row with 16-byte loads (decode is bandwidth-bound); other
+ * views: k3c_qmat_mul_cuda (W4A16 / bf16 decoded in registers). */
+constexpr int64_t GEMM_ROWS = 16;
+int cu_qmat_mul(void *ctx, const k3c_qmat *W, const float *X, int64_t n, float *Y, int acc, k3c_err *err) {
+    if (W->type != K3C_QMAT_F32 || n <= 0) return k3c_qmat_mul_cuda(W, X, n, Y, acc, err);
+    if (n >= GEMM_ROWS) {
+        k3c_cuda_backend *b = (k3c_cuda_backend *)ctx;
+        return k3c_matmul_cuda(&b->cu, 0, 1, n, W->rows, W->cols, 1.0, X, (const float *)W->w, acc ? 1.0 : 0.0, Y, 0,
+                               err);
+    }
+    if (W->cols % 4 || ((uintptr_t)W->w | (uintptr_t)X) & 15) return k3c_qmat_mul_cuda(W, X, n, Y, acc, err);
+    gemv4_kernel<<<(unsigned)((W->rows + DW - 1) / DW), 32 * DW, 0, K3C_STREAM>>>(W->rows, W->cols / 4,
+                                                                                  (const float4 *)W->w, X, n, Y, acc);
+    K3C_CU_LAUNCHED("engine gemv");
+    return K3C_OK;
 }
 
 int cu_embed(const k3c_qmat *E, const int32_t *ids, int64_t n, float *y, k3c_err *err) {

@@ -39,8 +39,8 @@ typedef struct {
 
 typedef struct k3c_dec_ops {
     const char *name;
-    /* Y [n, W.rows] (+)= X [n, W.cols] · Wᵀ, W's storage in backend memory (k3c_qmat_mul) */
-    int (*qmat_mul)(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate, k3c_err *err);
+    /* Y [n, W.rows] (+)= X [n, W.cols] · Wᵀ, W's storage in backend memory (k3c_qmat_mul); ctx: the backend's */
+    int (*qmat_mul)(void *ctx, const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate, k3c_err *err);
     /* y [n, cols] = rows ids[0..n) of E (ids in backend memory, checked by the caller) */
     int (*embed)(const k3c_qmat *E, const int32_t *ids, int64_t n, float *y, k3c_err *err);
     /* Causal depthwise conv of x [n, P] with w [P, W] per segment, continuing from the tails at seg.kda + off

@@ -16,8 +16,9 @@
 #define ATT_BK 64 /* cached tokens per key tile */
 #define KDA_CHUNK 16
 
-static int cpu_qmat_mul(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate, k3c_err *err) {
-    (void)err;
+static int cpu_qmat_mul(void *ctx, const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate,
+                        k3c_err *err) {
+    (void)ctx, (void)err;
     k3c_qmat_mul(W, X, n, Y, accumulate);
     return K3C_OK;
 }

@@ -165,7 +165,7 @@ static int kda_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
     const k3c_qmat *Wp[3] = {&L->q_proj, &L->k_proj, &L->v_proj};
     const float *Wc[3] = {L->q_conv, L->k_conv, L->v_conv};
     for (int i = 0; i < 3; i++) {
-        CHECK_RC(op->qmat_mul(Wp[i], b->xn, n, b->pre[i], 0, err));
+        CHECK_RC(op->qmat_mul(ws->be->ctx, Wp[i], b->xn, n, b->pre[i], 0, err));
         /* tails after S [H, dk, dk]: q, k, v in turn */
         CHECK_RC(op->conv(&ws->batch, &ws->dd, off + H * dk * dk + i * P * (d->W - 1), b->pre[i], Wc[i], b->post[i],
                           err));
@@ -173,24 +173,24 @@ static int kda_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
     k3c_l2norm_dims ld = {n * H, dk, 1e-6};
     CHECK_RC(be->l2norm_fwd(&ld, b->post[0], b->post[0], NULL, err));
     CHECK_RC(be->l2norm_fwd(&ld, b->post[1], b->post[1], NULL, err));
-    CHECK_RC(op->qmat_mul(&L->b_proj, b->xn, n, b->blog, 0, err));
+    CHECK_RC(op->qmat_mul(ws->be->ctx, &L->b_proj, b->xn, n, b->blog, 0, err));
     CHECK_RC(be->sigmoid(n * H, b->blog, b->beta, err));
-    CHECK_RC(op->qmat_mul(&L->f_a, b->xn, n, b->fa, 0, err));
-    CHECK_RC(op->qmat_mul(&L->f_b, b->fa, n, b->z, 0, err));
+    CHECK_RC(op->qmat_mul(ws->be->ctx, &L->f_a, b->xn, n, b->fa, 0, err));
+    CHECK_RC(op->qmat_mul(ws->be->ctx, &L->f_b, b->fa, n, b->z, 0, err));
     k3c_kda_gate_dims gd = {n, H, dk, c->kda_gate, c->gate_lower_bound};
     CHECK_RC(be->kda_gate_fwd(&gd, b->z, L->dt_bias, L->A_log, b->g, err));
     double bound = c->kda_gate == K3C_GATE_LOWER_BOUND ? c->gate_lower_bound : 0;
     CHECK_RC(op->kda(&ws->batch, &ws->dd, off, b->post[0], b->post[1], b->post[2], b->g, b->beta, bound, b->o,
                      b->kda_ws, err));
     if (c->kda_full_rank_gate) {
-        CHECK_RC(op->qmat_mul(&L->g_proj, b->xn, n, b->gl, 0, err));
+        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->g_proj, b->xn, n, b->gl, 0, err));
     } else {
-        CHECK_RC(op->qmat_mul(&L->g_a, b->xn, n, b->ga, 0, err));
-        CHECK_RC(op->qmat_mul(&L->g_b, b->ga, n, b->gl, 0, err));
+        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->g_a, b->xn, n, b->ga, 0, err));
+        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->g_b, b->ga, n, b->gl, 0, err));
     }
     k3c_rmsnorm_sizes rs = {n * H, dk, c->rms_norm_eps};
     CHECK_RC(be->gated_rmsnorm_fwd(&rs, b->o, b->gl, L->o_norm, b->y1, NULL, err));
-    return op->qmat_mul(&L->o_proj, b->y1, n, b->y, 0, err);
+    return op->qmat_mul(ws->be->ctx, &L->o_proj, b->y1, n, b->y, 0, err);
 }
 
 /* ---------------------------------------------------------------- MLA, absorbed (§4.2) */
@@ -204,14 +204,14 @@ static int mla_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
     const int64_t Hm = d->Hm, nope = d->nope, rope = d->rope, dqk = nope + rope, dv = d->dv, rkv = d->rkv;
     const int64_t lw = d->lat_w;
     if (d->r > 0) {
-        CHECK_RC(op->qmat_mul(&L->q_a, b->xn, n, b->qa, 0, err));
+        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->q_a, b->xn, n, b->qa, 0, err));
         k3c_rmsnorm_sizes rq = {n, d->r, c->mla_norm_eps};
         CHECK_RC(be->rmsnorm_fwd(&rq, b->qa, L->q_a_norm, b->qa, NULL, err));
-        CHECK_RC(op->qmat_mul(&L->q_b, b->qa, n, b->q, 0, err));
+        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->q_b, b->qa, n, b->q, 0, err));
     } else {
-        CHECK_RC(op->qmat_mul(&L->q_proj, b->xn, n, b->q, 0, err));
+        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->q_proj, b->xn, n, b->q, 0, err));
     }
-    CHECK_RC(op->qmat_mul(&L->kv_a, b->xn, n, b->kva, 0, err));
+    CHECK_RC(op->qmat_mul(ws->be->ctx, &L->kv_a, b->xn, n, b->kva, 0, err));
     CHECK_RC(be->copy2d(n, rkv, b->kva, lw, b->cn, rkv, 0, err));
     k3c_rmsnorm_sizes rc = {n, rkv, c->mla_norm_eps};
     CHECK_RC(be->rmsnorm_fwd(&rc, b->cn, L->kv_a_norm, b->cn, NULL, err));
@@ -221,7 +221,7 @@ static int mla_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
     for (int64_t h = 0; h < Hm; h++) {
         float *qh = b->qlat + h * n * lw;
         CHECK_RC(be->copy2d(n, nope, b->q + h * dqk, Hm * dqk, b->qtmp, nope, 0, err));
-        CHECK_RC(op->qmat_mul(&L->uk_t[h], b->qtmp, n, b->olat, 0, err)); /* olat as scratch [n, rkv] */
+        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->uk_t[h], b->qtmp, n, b->olat, 0, err)); /* olat as scratch [n, rkv] */
         CHECK_RC(be->copy2d(n, rkv, b->olat, rkv, qh, lw, 0, err));
         CHECK_RC(be->copy2d(n, rope, b->q + h * dqk + nope, Hm * dqk, qh + rkv, lw, 0, err));
     }
@@ -229,16 +229,16 @@ static int mla_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
     CHECK_RC(op->attend(&ws->batch, &ws->dd, d->idx[l], b->qlat, scale, b->olat, b->att_ws, err));
     /* values out of latent space per head: o_h = W_UV,h õ_h */
     for (int64_t h = 0; h < Hm; h++) {
-        CHECK_RC(op->qmat_mul(&L->uv[h], b->olat + h * n * rkv, n, b->vh, 0, err));
+        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->uv[h], b->olat + h * n * rkv, n, b->vh, 0, err));
         CHECK_RC(be->copy2d(n, dv, b->vh, dv, b->mo + h * dv, Hm * dv, 0, err));
     }
     const float *out = b->mo;
     if (c->mla_output_gate) {
-        CHECK_RC(op->qmat_mul(&L->g_proj, b->xn, n, b->mg, 0, err));
+        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->g_proj, b->xn, n, b->mg, 0, err));
         CHECK_RC(be->sigmoid_gate_fwd(n * Hm * dv, b->mo, b->mg, b->mg, err));
         out = b->mg;
     }
-    return op->qmat_mul(&L->o_proj, out, n, b->y, 0, err);
+    return op->qmat_mul(ws->be->ctx, &L->o_proj, out, n, b->y, 0, err);
 }
 
 /* ---------------------------------------------------------------- FFN (§6.2, §8, §9.2) */
@@ -246,11 +246,11 @@ static int mla_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
 static int glu_mlp(const k3c_eng_ws *ws, const k3c_qmat *gate, const k3c_qmat *up, const k3c_qmat *down,
                    const float *x, int64_t n, float *y, k3c_err *err) {
     const eng_bufs *b = &ws->b;
-    CHECK_RC(ws->ops->qmat_mul(gate, x, n, b->fg, 0, err));
-    CHECK_RC(ws->ops->qmat_mul(up, x, n, b->fu, 0, err));
+    CHECK_RC(ws->ops->qmat_mul(ws->be->ctx, gate, x, n, b->fg, 0, err));
+    CHECK_RC(ws->ops->qmat_mul(ws->be->ctx, up, x, n, b->fu, 0, err));
     k3c_glu_sizes gs = {n, gate->rows, k3c_glu_act_from_config(&ws->w->cfg)};
     CHECK_RC(ws->ops->glu(&gs, b->fg, b->fu, b->fh, err));
-    return ws->ops->qmat_mul(down, b->fh, n, y, 0, err);
+    return ws->ops->qmat_mul(ws->be->ctx, down, b->fh, n, y, 0, err);
 }
 
 static int ffn_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, int64_t n, k3c_err *err) {
@@ -261,12 +261,12 @@ static int ffn_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
     const int64_t D = ws->d.D;
     if (c->ffn[l] == K3C_FFN_DENSE) return glu_mlp(ws, &L->mlp_gate, &L->mlp_up, &L->mlp_down, b->xn, n, b->y, err);
     const k3c_dec_moe m = moe_of(c, L);
-    CHECK_RC(op->qmat_mul(&L->router, b->xn, n, b->rlog, 0, err));
+    CHECK_RC(op->qmat_mul(ws->be->ctx, &L->router, b->xn, n, b->rlog, 0, err));
     k3c_router_sizes rs = {n, m.E, m.k, c->renormalize, c->routed_scaling_factor};
     CHECK_RC(be->router_fwd(&rs, b->rlog, L->router_bias, b->ids, b->topw, NULL, err));
     const float *xin = b->xn;
     if (c->latent_dim > 0) {
-        CHECK_RC(op->qmat_mul(&L->latent_down, b->xn, n, b->zin, 0, err));
+        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->latent_down, b->xn, n, b->zin, 0, err));
         xin = b->zin;
     }
     float *u = c->latent_dim > 0 ? b->u : b->y;
@@ -278,7 +278,7 @@ static int ffn_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
             CHECK_RC(be->rmsnorm_fwd(&ns, u, L->latent_norm, b->un, NULL, err));
             un = b->un;
         }
-        CHECK_RC(op->qmat_mul(&L->latent_up, un, n, b->y, 0, err));
+        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->latent_up, un, n, b->y, 0, err));
     }
     if (c->num_shared_experts > 0) {
         CHECK_RC(glu_mlp(ws, &L->shared_gate, &L->shared_up, &L->shared_down, b->xn, n, b->ys, err));
@@ -358,7 +358,7 @@ static int step_body(void *arg, k3c_err *err) {
     }
     k3c_rmsnorm_sizes fs = {ws->n_out, D, c->rms_norm_eps};
     CHECK_RC(be->rmsnorm_fwd(&fs, hs, w->final_norm, b->hn, NULL, err));
-    return ws->ops->qmat_mul(&w->lm_head, b->hn, ws->n_out, b->logits, 0, err);
+    return ws->ops->qmat_mul(ws->be->ctx, &w->lm_head, b->hn, ws->n_out, b->logits, 0, err);
 }
 
 int k3c_eng_forward(const k3c_weights *w, k3c_eng_ws *ws, const int32_t *ids, const k3c_eng_seg *segs, int nseg,
