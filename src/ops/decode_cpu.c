@@ -86,8 +86,9 @@ static int cpu_cache_put(const k3c_dec_batch *b, const k3c_dec_dims *d, int j, c
 }
 
 static size_t att_floats(const k3c_dec_dims *d) { return (size_t)(ATT_BQ * ATT_BK + ATT_BQ * d->rkv + 2 * ATT_BQ); }
+/* One scratch per processor: the attention runs on at most that many threads, whatever the thread count is later. */
 static size_t cpu_attend_ws(const k3c_dec_dims *d) {
-    return sizeof(float) * att_floats(d) * (size_t)k3c_num_threads();
+    return sizeof(float) * att_floats(d) * (size_t)omp_get_num_procs();
 }
 
 /* One (segment, head): queries qlat [len, lat_w] at positions pos0.. attend over the cache [0, pos0+len) with an online
@@ -133,13 +134,14 @@ static int cpu_attend(const k3c_dec_batch *b, const k3c_dec_dims *d, int j, cons
                       float *olat, void *ws, k3c_err *err) {
     (void)err;
     const int64_t Hm = d->Hm, n = b->n, lw = d->rkv + d->rope, rkv = d->rkv, jobs = (int64_t)b->nseg * Hm;
-    const int nthr = k3c_num_threads();
+    const int procs = omp_get_num_procs(), nthr = k3c_num_threads() < procs ? k3c_num_threads() : procs;
+    float *scr = ws;
 #pragma omp parallel for schedule(dynamic) num_threads(nthr) if (jobs > 1)
     for (int64_t job = 0; job < jobs; job++) {
         const k3c_dec_seg *g = &b->segs[job / Hm];
         const int64_t h = job % Hm;
         attend(d, cache_of(d, g, j), g->pos, qlat + (h * n + g->row0) * lw, g->len, scale,
-               olat + (h * n + g->row0) * rkv, (float *)ws + (size_t)omp_get_thread_num() * att_floats(d));
+               olat + (h * n + g->row0) * rkv, scr + (size_t)omp_get_thread_num() * att_floats(d));
     }
     return K3C_OK;
 }
