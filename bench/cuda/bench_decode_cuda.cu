@@ -44,10 +44,10 @@ static double token_bytes(const k3c_weights &w, int64_t ctx) {
     double b = qbytes(w.lm_head) + 4.0 * (double)c.hidden_size;
     for (int l = 0; l < c.num_layers; l++) {
         const k3c_weights_layer &L = w.layer[l];
-        const k3c_qmat *m[] = {&L.q_proj, &L.k_proj, &L.v_proj, &L.f_a, &L.f_b, &L.b_proj, &L.g_proj, &L.g_a,
-                               &L.g_b, &L.q_a, &L.q_b, &L.kv_a, &L.kv_b, &L.o_proj, &L.mlp_gate, &L.mlp_up,
-                               &L.mlp_down, &L.router, &L.shared_gate, &L.shared_up, &L.shared_down,
-                               &L.latent_down, &L.latent_up};
+        const k3c_qmat *m[] = {&L.q_proj,      &L.k_proj,    &L.v_proj,      &L.f_a,         &L.f_b,      &L.b_proj,
+                               &L.g_proj,      &L.g_a,       &L.g_b,         &L.q_a,         &L.q_b,      &L.kv_a,
+                               &L.kv_b,        &L.o_proj,    &L.mlp_gate,    &L.mlp_up,      &L.mlp_down, &L.router,
+                               &L.shared_gate, &L.shared_up, &L.shared_down, &L.latent_down, &L.latent_up};
         for (const k3c_qmat *q : m) b += qbytes(*q);
         if (L.w1) b += (double)c.top_k * (qbytes(L.w1[0]) + qbytes(L.w3[0]) + qbytes(L.w2[0]));
     }

@@ -41,8 +41,7 @@ __device__ __forceinline__ float wdot(const void *w, const uint8_t *scale, int64
     return s;
 }
 
-template <int TYPE>
-__global__ void embed_kernel(const void *w, int64_t C, const int32_t *ids, float *y) {
+template <int TYPE> __global__ void embed_kernel(const void *w, int64_t C, const int32_t *ids, float *y) {
     const int64_t i = blockIdx.x;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) y[i * C + c] = welem<TYPE>(w, nullptr, ids[i], C, c);
 }
@@ -220,8 +219,8 @@ __global__ void moe_group_kernel(const int32_t *ids, int nk, int E, int32_t *ord
 
 /* The warp's dots of row r of one expert's [R, C] matrix with the tile's inputs (MB at most), lane-strided and reduced. */
 template <int TYPE>
-__device__ __forceinline__ void tile_dots(const void *w, const uint8_t *scale, int64_t r, int64_t C, const float *const *x,
-                                          int nb, float *acc) {
+__device__ __forceinline__ void tile_dots(const void *w, const uint8_t *scale, int64_t r, int64_t C,
+                                          const float *const *x, int nb, float *acc) {
 #pragma unroll
     for (int j = 0; j < MB; j++) acc[j] = 0.f;
     for (int64_t c = threadIdx.x & 31; c < C; c += 32) {
@@ -354,7 +353,7 @@ int cu_conv(const k3c_dec_batch *b, const k3c_dec_dims *d, int64_t off, const fl
     const int64_t P = d->H * d->dk;
     if (d->W < 1 || d->W > MAXW) return k3c_errf(err, K3C_EINVAL, "engine conv (cuda): kernel %lld", (long long)d->W);
     conv_kernel<<<dim3((unsigned)((P + 127) / 128), (unsigned)b->nseg), 128, 0, K3C_STREAM>>>(b->dsegs, off, P,
-                                                                                             (int)d->W, x, w, y);
+                                                                                              (int)d->W, x, w, y);
     K3C_CU_LAUNCHED("engine conv");
     return K3C_OK;
 }
@@ -388,8 +387,8 @@ int cu_cache_put(const k3c_dec_batch *b, const k3c_dec_dims *d, int j, const flo
 
 size_t cu_attend_ws(const k3c_dec_dims *) { return 0; }
 
-int cu_attend(const k3c_dec_batch *b, const k3c_dec_dims *d, int j, const float *qlat, float scale, float *olat,
-              void *, k3c_err *err) {
+int cu_attend(const k3c_dec_batch *b, const k3c_dec_dims *d, int j, const float *qlat, float scale, float *olat, void *,
+              k3c_err *err) {
     const size_t smem = sizeof(float) * (size_t)(d->rkv + d->rope + ATT_WARPS * d->rkv + 2 * ATT_WARPS);
     if (smem > 48 * 1024)
         return k3c_errf(err, K3C_EUNSUPPORTED, "engine attention (cuda): latent width %lld", (long long)d->rkv);
@@ -417,7 +416,8 @@ int experts_of(const k3c_qmat *v, int64_t E, experts *x, k3c_err *err) {
 /* h [n·k, I], u [n·k, lat], then order [n·k], tiles [3 · (n·k/MB + E)], ntile */
 size_t cu_moe_ws(const k3c_dec_moe *m, int64_t n) {
     const int64_t nk = n * m->k;
-    return sizeof(float) * (size_t)(nk * (m->inter + m->lat)) + sizeof(int32_t) * (size_t)(nk + 3 * (nk / MB + m->E) + 1);
+    return sizeof(float) * (size_t)(nk * (m->inter + m->lat)) +
+           sizeof(int32_t) * (size_t)(nk + 3 * (nk / MB + m->E) + 1);
 }
 
 template <int TYPE>
@@ -445,7 +445,7 @@ int cu_moe(const k3c_dec_moe *m, const float *x, int64_t n, const int32_t *ids, 
     float *hbuf = (float *)ws, *u = hbuf + nk * m->inter;
     int32_t *order = (int32_t *)(u + nk * m->lat), *tiles = order + nk, *ntile = tiles + 3 * (nk / MB + m->E);
     moe_group_kernel<<<1, 1024, sizeof(int32_t) * (size_t)(2 * m->E), K3C_STREAM>>>(ids, (int)nk, (int)m->E, order,
-                                                                                   tiles, ntile);
+                                                                                    tiles, ntile);
     K3C_CU_LAUNCHED("engine experts grouping");
     switch (m->w1[0].type) {
     case K3C_QMAT_F32: moe_launch<K3C_QMAT_F32>(m, w1, w3, w2, gq, x, n, order, tiles, ntile, hbuf, u); break;
@@ -507,6 +507,6 @@ int cu_glu(const k3c_glu_sizes *s, const float *gate, const float *up, float *h,
 } // namespace
 
 extern "C" const k3c_dec_ops k3c_dec_cuda = {
-    "cuda",   cu_qmat_mul, cu_embed, cu_conv,   cu_kda_ws,     cu_kda,         cu_cache_put, cu_attend_ws, cu_attend,
-    cu_moe_ws, cu_moe,     cu_glu,   cu_graph_open, cu_graph_close, cu_run,
+    "cuda",    cu_qmat_mul, cu_embed, cu_conv, cu_kda_ws,     cu_kda,         cu_cache_put, cu_attend_ws,
+    cu_attend, cu_moe_ws,   cu_moe,   cu_glu,  cu_graph_open, cu_graph_close, cu_run,
 };

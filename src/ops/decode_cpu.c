@@ -93,8 +93,8 @@ static size_t cpu_attend_ws(const k3c_dec_dims *d) {
 
 /* One (segment, head): queries qlat [len, lat_w] at positions pos0.. attend over the cache [0, pos0+len) with an online
  * softmax over key tiles (MQA: every head reads the one cached [c_KV; k_pe] per token); out [len, rkv]. */
-static void attend(const k3c_dec_dims *d, const float *cache, int64_t pos0, const float *qlat, int64_t len,
-                   float scale, float *out, float *scr) {
+static void attend(const k3c_dec_dims *d, const float *cache, int64_t pos0, const float *qlat, int64_t len, float scale,
+                   float *out, float *scr) {
     const int64_t lw = d->rkv + d->rope, rkv = d->rkv;
     float *Sb = scr, *acc = Sb + ATT_BQ * ATT_BK, *mx = acc + ATT_BQ * rkv, *sum = mx + ATT_BQ;
     for (int64_t q0 = 0; q0 < len; q0 += ATT_BQ) {
@@ -130,8 +130,8 @@ static void attend(const k3c_dec_dims *d, const float *cache, int64_t pos0, cons
     }
 }
 
-static int cpu_attend(const k3c_dec_batch *b, const k3c_dec_dims *d, int j, const float *qlat, float scale,
-                      float *olat, void *ws, k3c_err *err) {
+static int cpu_attend(const k3c_dec_batch *b, const k3c_dec_dims *d, int j, const float *qlat, float scale, float *olat,
+                      void *ws, k3c_err *err) {
     (void)err;
     const int64_t Hm = d->Hm, n = b->n, lw = d->rkv + d->rope, rkv = d->rkv, jobs = (int64_t)b->nseg * Hm;
     const int procs = omp_get_num_procs(), nthr = k3c_num_threads() < procs ? k3c_num_threads() : procs;

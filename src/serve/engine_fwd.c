@@ -68,10 +68,14 @@ static int max_sources(const k3c_config *c) {
 }
 
 static k3c_dec_moe moe_of(const k3c_config *c, const k3c_weights_layer *L) {
-    k3c_dec_moe m = {L ? L->w1 : NULL,     L ? L->w3 : NULL,
-                     L ? L->w2 : NULL,     c->num_experts,
-                     c->top_k > 0 ? c->top_k : 1, c->latent_dim > 0 ? c->latent_dim : c->hidden_size,
-                     c->moe_intermediate_size,    k3c_glu_act_from_config(c)};
+    k3c_dec_moe m = {L ? L->w1 : NULL,
+                     L ? L->w3 : NULL,
+                     L ? L->w2 : NULL,
+                     c->num_experts,
+                     c->top_k > 0 ? c->top_k : 1,
+                     c->latent_dim > 0 ? c->latent_dim : c->hidden_size,
+                     c->moe_intermediate_size,
+                     k3c_glu_act_from_config(c)};
     return m;
 }
 
@@ -167,8 +171,8 @@ static int kda_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
     for (int i = 0; i < 3; i++) {
         CHECK_RC(op->qmat_mul(ws->be->ctx, Wp[i], b->xn, n, b->pre[i], 0, err));
         /* tails after S [H, dk, dk]: q, k, v in turn */
-        CHECK_RC(op->conv(&ws->batch, &ws->dd, off + H * dk * dk + i * P * (d->W - 1), b->pre[i], Wc[i], b->post[i],
-                          err));
+        CHECK_RC(
+            op->conv(&ws->batch, &ws->dd, off + H * dk * dk + i * P * (d->W - 1), b->pre[i], Wc[i], b->post[i], err));
     }
     k3c_l2norm_dims ld = {n * H, dk, 1e-6};
     CHECK_RC(be->l2norm_fwd(&ld, b->post[0], b->post[0], NULL, err));
@@ -243,8 +247,8 @@ static int mla_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
 
 /* ---------------------------------------------------------------- FFN (§6.2, §8, §9.2) */
 
-static int glu_mlp(const k3c_eng_ws *ws, const k3c_qmat *gate, const k3c_qmat *up, const k3c_qmat *down,
-                   const float *x, int64_t n, float *y, k3c_err *err) {
+static int glu_mlp(const k3c_eng_ws *ws, const k3c_qmat *gate, const k3c_qmat *up, const k3c_qmat *down, const float *x,
+                   int64_t n, float *y, k3c_err *err) {
     const eng_bufs *b = &ws->b;
     CHECK_RC(ws->ops->qmat_mul(ws->be->ctx, gate, x, n, b->fg, 0, err));
     CHECK_RC(ws->ops->qmat_mul(ws->be->ctx, up, x, n, b->fu, 0, err));
@@ -350,7 +354,7 @@ static int step_body(void *arg, k3c_err *err) {
         h = b->mixo;
     }
     if (ws->n_out == 0) return K3C_OK; /* a prompt chunk that samples nothing */
-    const float *hs = h; /* every row's logits in row order: no gather */
+    const float *hs = h;               /* every row's logits in row order: no gather */
     if (ws->out_rows) {
         for (int64_t i = 0; i < ws->n_out; i++)
             CHECK_RC(be->copy2d(1, D, h + ws->out_rows[i] * D, D, b->hsel + i * D, D, 0, err));
@@ -370,10 +374,10 @@ int k3c_eng_forward(const k3c_weights *w, k3c_eng_ws *ws, const int32_t *ids, co
     for (int s = 0; s < nseg; s++) {
         if (segs[s].row0 != n || segs[s].len < 1 || segs[s].st->pos + segs[s].len > segs[s].st->cap ||
             n + segs[s].len > ws->max_rows)
-            return k3c_errf(err, K3C_EINVAL,
-                            "engine: segment %d (rows %lld+%lld at position %lld) does not fit (step buffers: %lld rows)",
-                            s, (long long)segs[s].row0, (long long)segs[s].len, (long long)segs[s].st->pos,
-                            (long long)ws->max_rows);
+            return k3c_errf(
+                err, K3C_EINVAL,
+                "engine: segment %d (rows %lld+%lld at position %lld) does not fit (step buffers: %lld rows)", s,
+                (long long)segs[s].row0, (long long)segs[s].len, (long long)segs[s].st->pos, (long long)ws->max_rows);
         const k3c_eng_state *st = segs[s].st;
         ws->hsegs[s] = (k3c_dec_seg){st->kda, st->mla, st->pos, st->cap, segs[s].row0, segs[s].len};
         for (int64_t r = n; r < n + segs[s].len; r++) ws->hrow_seg[r] = s;

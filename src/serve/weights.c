@@ -142,8 +142,7 @@ static const float *model_vec(void *ctx, size_t off) { return off == K3C_NOPARAM
 
 int k3c_weights_from_model(const k3c_model *m, k3c_weights *w, k3c_err *err) {
     memset(w, 0, sizeof *w);
-    if (m->precision != K3C_F32)
-        return k3c_errf(err, K3C_EUNSUPPORTED, "engine weights: the model must be float32");
+    if (m->precision != K3C_F32) return k3c_errf(err, K3C_EUNSUPPORTED, "engine weights: the model must be float32");
     w->be = m->backend; /* the views point into the model's parameters, wherever they live */
     const k3c_weights_src src = {model_mat, model_vec, m->w};
     int rc = k3c_weights_fill(w, &m->cfg, &m->table, &src, err);

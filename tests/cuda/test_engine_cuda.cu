@@ -119,9 +119,9 @@ static void run_engine(harness &h, const k3c_model *m, int slots, const std::vec
 }
 
 static void batched_vs_solo(harness &h, const char *name, const k3c_model *mg, const std::vector<int32_t> &ids) {
-    std::vector<std::vector<int32_t>> prompts = {
-        std::vector<int32_t>(ids.begin(), ids.begin() + 5), std::vector<int32_t>(ids.begin() + 3, ids.begin() + 24),
-        std::vector<int32_t>(ids.begin() + 10, ids.begin() + 19)};
+    std::vector<std::vector<int32_t>> prompts = {std::vector<int32_t>(ids.begin(), ids.begin() + 5),
+                                                 std::vector<int32_t>(ids.begin() + 3, ids.begin() + 24),
+                                                 std::vector<int32_t>(ids.begin() + 10, ids.begin() + 19)};
     std::vector<int64_t> max_new = {9, 4, 12};
     std::vector<run_out> batched, solo(3);
     run_engine(h, mg, 2, prompts, max_new, batched);
@@ -170,7 +170,8 @@ static void graph_vs_direct(harness &h, const char *name, const k3c_weights *w, 
         for (int s = 0; s < NS; s++) k3c_eng_state_free(&st[s]);
         k3c_eng_ws_free(ws);
     }
-    h.check_le("graph vs direct", name, "maxdif", res[0] == res[1] ? 0.0 : worst_row(res[1].data(), res[0].data(), NS * STEPS, V) + 1e-30, 0);
+    h.check_le("graph vs direct", name, "maxdif",
+               res[0] == res[1] ? 0.0 : worst_row(res[1].data(), res[0].data(), NS * STEPS, V) + 1e-30, 0);
 }
 
 static void model_case(harness &h, k3c_cuda_backend *cb, const char *rel) {
