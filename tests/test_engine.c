@@ -84,7 +84,7 @@ static float *engine_logits(const k3c_weights *w, const int32_t *ids, int64_t T,
     const float **rows = calloc((size_t)T, sizeof *rows); /* per position: its image row or NULL */
     for (int64_t i = 0; im && i < im->n; i++) rows[im->pos[i]] = im->emb + i * d.D;
     int rc = k3c_eng_state_init(&st, &d, T, err);
-    if (!rc) rc = k3c_eng_ws_init(w, T, &ws, err);
+    if (!rc) rc = k3c_eng_ws_init(w, T, T, &ws, err);
     for (int64_t t = 0, i = 0; !rc && t < T; i++) {
         int64_t len = pieces[i % np] < T - t ? pieces[i % np] : T - t;
         k3c_eng_seg seg = {&st, 0, len, im ? rows + t : NULL};

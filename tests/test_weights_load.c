@@ -18,7 +18,7 @@ static float *logits_of(const k3c_weights *w, const int32_t *ids, int64_t T, int
     k3c_eng_ws *ws = NULL;
     float *out = malloc(sizeof(float) * (size_t)(T * d.V));
     int rc = k3c_eng_state_init(&st, &d, T, err);
-    if (!rc) rc = k3c_eng_ws_init(w, T, &ws, err);
+    if (!rc) rc = k3c_eng_ws_init(w, T, T, &ws, err);
     for (int64_t t = 0; !rc && t < T; t += piece) {
         k3c_eng_seg seg = {&st, 0, piece < T - t ? piece : T - t, NULL};
         rc = k3c_eng_forward(w, ws, ids + t, &seg, 1, NULL, seg.len, out + t * d.V, err);

@@ -4,7 +4,7 @@
 # OpenBLAS, and build/cuda is far larger than a device call may carry, so:
 #   tools/device_cuda.sh pack     # here: devrun/bin (stripped, xz), devrun/lib (the non-CUDA shared libraries they
 #                                 # link), devrun/golden/k3_tiny_a, k3_vision_tiny; carry devrun (about 40 MB)
-#   tools/device_cuda.sh [what]   # there: what = all | harness | bench | speed; logs under $OUT (or devrun/out)
+#   tools/device_cuda.sh [what]   # there: what = all | harness | engine | bench | speed; logs under $OUT (or devrun/out)
 #     speed: the whole training step on ../shared/bench's medium configs at each GEMM mode, the Hugging Face
 #     transformers + fla anchor in the same call (side_device.py; FLA_TGZ=path/to/fla.tgz at pack time carries fla),
 #     and the make-run demo trained on the GPU at fp32 and bf16 GEMMs (validation loss against the CPU's)
@@ -15,11 +15,22 @@ what=${1:-all}
 
 if [ "$what" = pack ]; then
     progs=(build/cuda/k3c build/cuda/tests/test_backend_ops build/cuda/tests/cuda/* build/cuda/bench/cuda/*)
+    [ -n "${PACK_PROGS:-}" ] && read -r -a progs <<<"$PACK_PROGS" # a subset, e.g. the engine mode's programs
     [ -x build/nccl/test_comm_nccl ] && progs+=(build/nccl/test_comm_nccl) # `make nccl`: the one-rank NCCL communicator
     rm -rf devrun/bin devrun/lib && mkdir -p devrun/bin devrun/lib devrun/golden/k3_tiny_a devrun/golden/k3_vision_tiny
     for p in "${progs[@]}"; do strip -o "devrun/bin/$(basename "$p")" "$p" && xz -T2 -6 -f "devrun/bin/$(basename "$p")"; done
     cp ../shared/golden/k3_tiny_a/config.json devrun/golden/k3_tiny_a/
     gzip -c ../shared/golden/k3_tiny_a/model.safetensors >devrun/golden/k3_tiny_a/model.safetensors.gz
+    # the engine test's goldens (ids and logits only: the gradients stay here) and the decode benchmark's config
+    for g in k3_tiny_a kimi_linear_tiny_a; do
+        mkdir -p devrun/golden/$g && cp ../shared/golden/$g/config.json devrun/golden/$g/
+        [ -f devrun/golden/$g/model.safetensors.gz ] || gzip -c ../shared/golden/$g/model.safetensors >devrun/golden/$g/model.safetensors.gz
+        python3 tools/st_subset.py ../shared/golden/$g/golden.safetensors devrun/golden/$g/golden.safetensors \
+            input_ids logits prompt_ids greedy_ids
+    done
+    mkdir -p devrun/bench && cp ../shared/bench/kimi_linear_medium.json devrun/bench/
+    cp bench/hf_generate.py devrun/ # the transformers anchor of the decode benchmark
+    cp tools/device_cuda.sh devrun/ # `bash devrun/device_cuda.sh engine` on a tree without this script's newer modes
     cp ../shared/golden/k3_vision_tiny/config.json devrun/golden/k3_vision_tiny/ # harness_vision's whole tower
     gzip -c ../shared/golden/k3_vision_tiny/model.safetensors >devrun/golden/k3_vision_tiny/model.safetensors.gz
     gzip -c ../shared/golden/k3_vision_tiny/golden.safetensors >devrun/golden/k3_vision_tiny/golden.safetensors.gz
@@ -58,7 +69,7 @@ seed=${SEED:-$(date +%s)}
 echo "seed $seed"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt" || true
 B=devrun/bin
-[ -x $B/test_backend_ops ] || { echo "devrun/bin missing: run make cuda-tests and tools/device_cuda.sh pack" >&2; exit 2; }
+[ -x $B/test_backend_ops ] || [ -x $B/test_engine_cuda ] || { echo "devrun/bin missing: run make cuda-tests and tools/device_cuda.sh pack" >&2; exit 2; }
 golden=${K3C_SHARED:-../shared}/golden/k3_tiny_a
 status=0
 if [ "$what" = all ] || [ "$what" = harness ]; then
@@ -66,13 +77,25 @@ if [ "$what" = all ] || [ "$what" = harness ]; then
     $B/test_backend_ops "$seed" 2>&1 | tee "$OUT/test_backend_ops.log" || status=1
     for t in $(cd tests/cuda && ls *.cu); do
         n=${t%.cu}
-        if [ "$n" = test_model_cuda ]; then
+        if [ "$n" = test_engine_cuda ]; then
+            continue # the `engine` mode's
+        elif [ "$n" = test_model_cuda ]; then
             $B/$n "$seed" "$golden" 2>&1 | tee "$OUT/$n.log" || status=1
         else
             $B/$n "$seed" 2>&1 | tee "$OUT/$n.log" || status=1
         fi
     done
     if [ -x $B/test_comm_nccl ]; then $B/test_comm_nccl 2>&1 | tee "$OUT/test_comm_nccl.log" || status=1; fi
+fi
+if [ "$what" = all ] || [ "$what" = engine ]; then # the inference engine on the GPU against the CPU, then its speed
+    $B/test_engine_cuda 2>&1 | tee "$OUT/test_engine_cuda.log" || status=1
+    $B/bench_decode_cuda "${K3C_SHARED:-../shared}/bench/kimi_linear_medium.json" ${DECODE_ARGS:-} 2>&1 |
+        tee "$OUT/bench_decode.log" || status=1
+    if [ -n "${HF_ANCHOR:-}" ]; then # transformers `generate` on the same config (bench/hf_generate.py)
+        hf=bench/hf_generate.py && [ -f $hf ] || hf=devrun/hf_generate.py
+        timeout "${HF_TIMEOUT:-240}" python3 $hf "${K3C_SHARED:-../shared}/bench/kimi_linear_medium.json" 64 64 1,64,256 \
+            2>&1 | grep -v Warning | tee "$OUT/hf_generate.log" || status=1
+    fi
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
     $B/bench_cuda ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1

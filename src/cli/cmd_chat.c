@@ -211,13 +211,14 @@ static int chat_loop(k3c_serve *sv, const char *system, const char *tools, const
 
 int cmd_chat(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
-        printf("usage: k3c chat --model DIR [--system TEXT] [--tools FILE.json] [--temperature 0.6] [--top-p 0.95]\n"
-               "                [--seed 0] [--max-tokens 512] [--stop TEXT] [--no-thinking] [--pattern cl100k|kimi]\n"
-               "                [--kda 64|16|recurrent] [--image FILE ...]\n"
-               "Reads one user message per line from stdin (/exit ends) and streams the reply: reasoning dimmed\n"
-               "(\"reasoning: \" when not on a terminal), tool calls as JSON. --tools: a JSON array of OpenAI tools.\n"
-               "--image FILE (PNG or JPEG, repeatable): the images go with the first message, before its text; the\n"
-               "model needs a vision tower (config.json vision_config, docs/VISION.md).\n");
+        printf(
+            "usage: k3c chat --model DIR [--system TEXT] [--tools FILE.json] [--temperature 0.6] [--top-p 0.95]\n"
+            "                [--seed 0] [--max-tokens 512] [--stop TEXT] [--no-thinking] [--pattern cl100k|kimi]\n"
+            "                [--kda 64|16|recurrent] [--image FILE ...] [--device cpu|cuda] [--gemm fp32|tf32|bf16]\n"
+            "Reads one user message per line from stdin (/exit ends) and streams the reply: reasoning dimmed\n"
+            "(\"reasoning: \" when not on a terminal), tool calls as JSON. --tools: a JSON array of OpenAI tools.\n"
+            "--image FILE (PNG or JPEG, repeatable): the images go with the first message, before its text; the\n"
+            "model needs a vision tower (config.json vision_config, docs/VISION.md).\n");
         return 0;
     }
     const char *dir = cli_opt(argc, argv, "--model"), *tools_path = cli_opt(argc, argv, "--tools");
@@ -225,6 +226,8 @@ int cmd_chat(int argc, char **argv) {
     int chunk;
     if (!dir) return cli_usage_error("chat", "--model is required");
     if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("chat", "--kda must be 64, 16 or recurrent");
+    const char *device = cli_opt(argc, argv, "--device"), *gemm = cli_opt(argc, argv, "--gemm");
+    if (cli_device_check("chat", device, gemm)) return 2;
     k3c_sbuf opts;
     k3c_sbuf_init(&opts);
     if (!chat_opts(argc, argv, &opts)) return 2;
@@ -241,13 +244,18 @@ int cmd_chat(int argc, char **argv) {
     k3c_sbuf_init(&images);
     if (!rc) rc = image_parts(argc, argv, &images, &err);
     k3c_serve sv = {0};
+    cli_device dev = {0};
     if (!rc) rc = k3c_serve_open(dir, 1, cli_opt(argc, argv, "--pattern"), &sv, &err);
     if (!rc) {
         sv.model->kda_chunk = chunk;
-        rc = chat_loop(&sv, system ? system : "You are a helpful assistant.", tools, opts.buf,
-                       images.len ? images.buf : NULL, &err);
+        rc = cli_device_open(device, gemm, &dev, &err);
+        if (!rc) rc = cli_device_use(&dev, sv.model, &err);
+        if (!rc)
+            rc = chat_loop(&sv, system ? system : "You are a helpful assistant.", tools, opts.buf,
+                           images.len ? images.buf : NULL, &err);
         k3c_serve_close(&sv);
     }
+    cli_device_release(&dev);
     free(tools);
     k3c_sbuf_free(&images);
     k3c_sbuf_free(&opts);

@@ -213,8 +213,9 @@ int cmd_generate(int argc, char **argv) {
                "output, 1 = off), --presence-penalty / --frequency-penalty (OpenAI, over the output, 0 = off).\n"
                "--logprobs N prints each token's logprob and the N most likely (raw model distribution) on stderr.\n"
                "--stop ends the text before TEXT (prompt mode).\n"
-               "On the CPU the inference engine keeps the decode state (docs/ENGINE.md: chunked KDA for the prompt,\n"
-               "the recurrence per new token); --device cuda recomputes the prefix per token with --kda's form.\n");
+               "The inference engine keeps the decode state (docs/ENGINE.md: chunked KDA for the prompt on the CPU,\n"
+               "the recurrence per new token); --device cuda runs the same engine on the GPU in float32 (state and\n"
+               "latent cache in device memory, decode steps replayed as CUDA graphs, sampling on the host).\n");
         return 0;
     }
     const char *dir = cli_opt(argc, argv, "--model"), *ids_path = cli_opt(argc, argv, "--ids");

@@ -38,13 +38,15 @@ int cmd_serve(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         printf("usage: k3c serve --model DIR [--port 8000] [--host 127.0.0.1] [--slots 1] [--queue 64]\n"
                "                 [--api-key KEY] [--max-tokens-cap 1024] [--max-body 4194304] [--name NAME]\n"
-               "                 [--pattern cl100k|kimi] [--kda 64|16|recurrent] [--device cpu]\n"
+               "                 [--pattern cl100k|kimi] [--kda 64|16|recurrent] [--device cpu|cuda] [--gemm "
+               "fp32|tf32|bf16]\n"
                "                 [--max-image-bytes 2097152]\n"
                "An OpenAI-compatible HTTP server: GET /v1/models, POST /v1/chat/completions (messages, tools,\n"
                "stream), POST /v1/completions, POST /tokenize, POST /detokenize, GET /health (503 while loading),\n"
-               "GET /metrics (Prometheus). --slots N: sequences decoded together by the CPU inference engine\n"
-               "(continuous batching). --port 0 picks a free port (printed). The API key may also come from\n"
-               "K3C_API_KEY; /health and /metrics need none. SIGINT / SIGTERM stop it gracefully. docs/SERVING.md.\n");
+               "GET /metrics (Prometheus). --slots N: sequences decoded together by the inference engine\n"
+               "(continuous batching; --device cuda runs it on the GPU). --port 0 picks a free port (printed).\n"
+               "The API key may also come from K3C_API_KEY; /health and /metrics need none. SIGINT / SIGTERM stop\n"
+               "it gracefully. docs/SERVING.md.\n");
         return 0;
     }
     const char *dir = cli_opt(argc, argv, "--model");
@@ -52,9 +54,8 @@ int cmd_serve(int argc, char **argv) {
     int chunk;
     if (!dir) return cli_usage_error("serve", "--model is required");
     const char *device = cli_opt(argc, argv, "--device");
-    if (device && strcmp(device, "cpu"))
-        return cli_usage_error("serve", "--device: serving runs on the batched inference engine, which is CPU-only "
-                                        "for now; use --device cpu (or leave it out)");
+    const char *gemm = cli_opt(argc, argv, "--gemm");
+    if (cli_device_check("serve", device, gemm)) return 2;
     if (!serve_options(argc, argv, &o)) return 2;
     if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("serve", "--kda must be 64, 16 or recurrent");
     /* the model's name: --name, else the directory's last component */
@@ -72,8 +73,13 @@ int cmd_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
     k3c_err err = {0};
+    cli_device dev = {0}; /* opened before listening: a device this build lacks is refused up front */
+    if (cli_device_open(device, gemm, &dev, &err)) return cli_fail("serve", &err);
     k3c_server *srv;
-    if (k3c_server_start(&o, &srv, &err)) return cli_fail("serve", &err);
+    if (k3c_server_start(&o, &srv, &err)) {
+        cli_device_release(&dev);
+        return cli_fail("serve", &err);
+    }
     printf("k3c serve: listening on http://%s:%d (model '%s' loading from %s)\n", o.host, k3c_server_port(srv),
            model_name, dir);
     fflush(stdout);
@@ -81,10 +87,13 @@ int cmd_serve(int argc, char **argv) {
     int rc = k3c_serve_open(dir, 1, cli_opt(argc, argv, "--pattern"), &sv, &err);
     if (!rc) {
         sv.model->kda_chunk = chunk;
-        if ((rc = k3c_server_ready(srv, &sv, &err))) k3c_serve_close(&sv);
+        rc = cli_device_use(&dev, sv.model, &err);
+        if (!rc) rc = k3c_server_ready(srv, &sv, &err);
+        if (rc) k3c_serve_close(&sv);
     }
     if (rc) {
         k3c_server_stop(srv);
+        cli_device_release(&dev);
         return cli_fail("serve", &err);
     }
     printf("k3c serve: ready (%d slot%s, at most %lld new tokens per request)\n", o.slots, o.slots > 1 ? "s" : "",
@@ -96,6 +105,7 @@ int cmd_serve(int argc, char **argv) {
     fflush(stdout);
     k3c_server_stop(srv);
     k3c_serve_close(&sv);
+    cli_device_release(&dev);
     printf("k3c serve: stopped\n");
     return 0;
 }

@@ -164,6 +164,7 @@ extern "C" int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int gemm, 
     t.mlp_saved_bytes = mlp_saved_bytes, t.mlp_workspace = mlp_workspace, t.mlp_fwd = mlp_fwd, t.mlp_bwd = mlp_bwd;
     t.attnres_saved_elems = k3c_attnres_saved_elems_f32, t.attnres_workspace = k3c_attnres_workspace_cuda;
     t.attnres_fwd = k3c_attnres_fwd_cuda, t.attnres_bwd = k3c_attnres_bwd_cuda;
+    t.decode = &k3c_dec_cuda;
     k3c_cuda_optim_entries(b);
     t.quantile_balance_workspace = k3c_quantile_balance_workspace_cuda, t.quantile_balance = k3c_quantile_balance_cuda;
     t.qk_clip = k3c_qk_clip_cuda;

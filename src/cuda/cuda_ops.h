@@ -363,6 +363,8 @@ typedef struct {
     k3c_backend_f32 table;
 } k3c_cuda_backend;
 int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int gemm, k3c_err *err);
+/* The inference engine's ops on the GPU (decode.cu): the table's `decode` entry. */
+extern const k3c_dec_ops k3c_dec_cuda;
 /* Switches KDA and attention between the bf16 kernels (on = 0, the default) and their fp16 variants (on = 1). */
 void k3c_cuda_backend_use_fp16(k3c_cuda_backend *b, int on);
 void k3c_cuda_backend_destroy(k3c_cuda_backend *b);

@@ -11,6 +11,7 @@
 #define K3C_OPS_BACKEND_H
 
 #include "ops/attention.h"
+#include "ops/decode.h"
 #include "ops/attnres.h"
 #include "ops/basic.h"
 #include "ops/glu.h"
@@ -187,6 +188,8 @@ static inline const char *k3c_backend_feature_name(k3c_backend_feature f) {
                                const real *x, real *y, k3c_err *err);                                                    \
         int (*tpool_merge_bwd)(const k3c_grid_thw *g, int n, int64_t L, int64_t D, int64_t kh, int64_t kw,               \
                                const real *dy, real *dx, k3c_err *err);                                                  \
+        /* the inference engine's ops on this backend (ops/decode.h); NULL in the double tables */                        \
+        const struct k3c_dec_ops *decode;                                                                                \
     } k3c_backend_##S;                                                                                                   \
     /* The CPU reference of this precision (a constant table). */                                                        \
     const k3c_backend_##S *k3c_backend_cpu_##S(void);

@@ -273,6 +273,9 @@ static const k3c_backend cpu_table = {
     .vit_attention_bwd = k3c_vit_attention_bwd,
     .tpool_merge_fwd = merge_fwd,
     .tpool_merge_bwd = merge_bwd,
+#if !K3C_REAL_DOUBLE
+    .decode = &k3c_dec_cpu, /* the engine runs in float */
+#endif
 };
 
 const k3c_backend *k3c_backend_cpu(void) { return &cpu_table; }

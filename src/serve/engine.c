@@ -79,6 +79,7 @@ int k3c_engine_open_weights(const k3c_weights *w, const k3c_engine_opts *opts, k
     if (e->o.threads > 0) k3c_set_num_threads(e->o.threads);
     e->w = w;
     k3c_eng_dims_of(&w->cfg, &e->d);
+    e->d.be = w->be; /* states live beside the weights */
     const int S = e->o.max_seqs;
     const int64_t V = e->d.V, rows = (int64_t)S * e->o.prefill_chunk;
     e->next_id = 1;
@@ -96,7 +97,7 @@ int k3c_engine_open_weights(const k3c_weights *w, const k3c_engine_opts *opts, k
         !e->sample_ws || !e->snap)
         rc = k3c_errf(err, K3C_ENOMEM, "engine: out of memory");
     for (int i = 0; !rc && i < S; i++) rc = k3c_eng_state_init(&e->slot[i].st, &e->d, e->o.max_ctx, err);
-    if (!rc) rc = k3c_eng_ws_init(w, rows, &e->ws, err);
+    if (!rc) rc = k3c_eng_ws_init(w, rows, S, &e->ws, err);
     if (rc) {
         k3c_engine_close(e);
         return rc;
@@ -272,7 +273,11 @@ static void snap_store(k3c_engine *e, const int32_t *toks, const k3c_eng_state *
         return;
     }
     memcpy(p->ids, toks, sizeof(int32_t) * (size_t)L);
-    k3c_eng_state_copy(&p->st, st, &e->d);
+    if (k3c_eng_state_copy(&p->st, st, &e->d, NULL)) {
+        snap_free(p);
+        *p = e->snap[--e->n_snap];
+        return;
+    }
     p->used = ++e->clock;
 }
 
@@ -282,21 +287,24 @@ static void snap_store(k3c_engine *e, const int32_t *toks, const k3c_eng_state *
  * and every image has the same placeholder ids). */
 static int64_t cache_limit(const eng_seq *s) { return s->n_emb ? s->emb_pos[0] : s->n_prompt; }
 
-static void admit(k3c_engine *e) {
+static int admit(k3c_engine *e, k3c_err *err) {
     for (int i = 0; i < e->o.max_seqs && e->n_queue > 0; i++) {
         eng_slot *sl = &e->slot[i];
         if (sl->used) continue;
         sl->s = e->queue[0];
         memmove(e->queue, e->queue + 1, sizeof *e->queue * (size_t)(--e->n_queue));
         sl->used = 1;
-        k3c_eng_state_reset(&sl->st, &e->d);
-        eng_snap *p = e->o.snapshot_every > 0 ? snap_find(e, sl->s.toks, cache_limit(&sl->s) + 1) : NULL;
+        CHECK_RC(k3c_eng_state_reset(&sl->st, &e->d, err));
+        /* a snapshot that leaves at least one prompt token to run (its logits give the first sample) */
+        const int64_t lim = sl->s.n_emb ? cache_limit(&sl->s) + 1 : sl->s.n_prompt;
+        eng_snap *p = e->o.snapshot_every > 0 ? snap_find(e, sl->s.toks, lim) : NULL;
         if (p) {
-            k3c_eng_state_copy(&sl->st, &p->st, &e->d);
+            CHECK_RC(k3c_eng_state_copy(&sl->st, &p->st, &e->d, err));
             e->stats.prefix_hits++;
             e->stats.prefix_tokens_reused += p->st.pos;
         }
     }
+    return K3C_OK;
 }
 
 /* The image rows among prompt positions pos .. pos+len−1, laid out at step row n (NULL when there are none). */
@@ -366,7 +374,7 @@ int k3c_engine_step(k3c_engine *e, k3c_engine_event *ev, int cap, int *n_ev, k3c
     *n_ev = 0;
     if (cap < e->o.max_seqs)
         return k3c_errf(err, K3C_EINVAL, "engine step: room for %d events, a step may report %d", cap, e->o.max_seqs);
-    admit(e);
+    CHECK_RC(admit(e, err));
     int nseg;
     int64_t n_out;
     if (layout(e, &nseg, &n_out) == 0) return K3C_OK;

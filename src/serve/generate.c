@@ -79,7 +79,7 @@ int k3c_generate(k3c_model *m, int32_t *seq, int64_t n_prompt, const k3c_gen_opt
     if (rc) return rc;
     *n_seq = n_prompt;
     if (o->max_new == 0) return K3C_OK;
-    if (m->backend || m->precision != K3C_F32) return generate_recompute(m, seq, n_prompt, o, n_seq, err);
+    if (m->precision != K3C_F32) return generate_recompute(m, seq, n_prompt, o, n_seq, err);
     k3c_engine_opts eo = {.max_seqs = 1, .max_ctx = n_prompt + o->max_new + 1};
     k3c_request r = {.sampler = o->sampler, .max_new = o->max_new, .n_stop = o->stop_id >= 0};
     r.stop_ids[0] = o->stop_id;

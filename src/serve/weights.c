@@ -20,8 +20,25 @@ void *k3c_weights_alloc(k3c_weights *w, size_t bytes) {
     return p;
 }
 
+/* A block of the weights' backend memory owned by w (the absorbed copies of a model on the GPU live there). */
+static void *weights_alloc_be(k3c_weights *w, size_t bytes) {
+    if (!w->be) return k3c_weights_alloc(w, bytes);
+    if (w->n_owned_be == w->cap_owned_be) {
+        int cap = w->cap_owned_be ? 2 * w->cap_owned_be : 16;
+        void **o = realloc(w->owned_be, sizeof *o * (size_t)cap);
+        if (!o) return NULL;
+        w->owned_be = o;
+        w->cap_owned_be = cap;
+    }
+    void *p = w->be->alloc(bytes ? bytes : 1);
+    if (p) w->owned_be[w->n_owned_be++] = p;
+    return p;
+}
+
 void k3c_weights_free(k3c_weights *w) {
     for (int i = 0; i < w->n_owned; i++) k3c_aligned_free(w->owned[i]);
+    for (int i = 0; i < w->n_owned_be; i++) w->be->free(w->owned_be[i]);
+    free(w->owned_be);
     k3c_ckpt_close(w->ckpt);
     free(w->owned);
     memset(w, 0, sizeof *w);
@@ -125,8 +142,8 @@ static const float *model_vec(void *ctx, size_t off) { return off == K3C_NOPARAM
 
 int k3c_weights_from_model(const k3c_model *m, k3c_weights *w, k3c_err *err) {
     memset(w, 0, sizeof *w);
-    if (m->precision != K3C_F32 || m->backend)
-        return k3c_errf(err, K3C_EUNSUPPORTED, "engine weights: the model must be float32 on the CPU reference");
+    if (m->precision != K3C_F32) return k3c_errf(err, K3C_EUNSUPPORTED, "engine weights: the model must be float32");
+    w->be = m->backend; /* the views point into the model's parameters, wherever they live */
     const k3c_weights_src src = {model_mat, model_vec, m->w};
     int rc = k3c_weights_fill(w, &m->cfg, &m->table, &src, err);
     if (!rc) rc = k3c_weights_absorb(w, err);
@@ -135,41 +152,57 @@ int k3c_weights_from_model(const k3c_model *m, k3c_weights *w, k3c_err *err) {
     return rc;
 }
 
+/* W_UK,hᵀ of every head from a host copy kb of kv_b: t [H, rkv, nope] in kv_b's type. */
+static void absorb_keys(const k3c_qmat *kb, int64_t H, int64_t nope, int64_t dv, int64_t rkv, void *t, float *row) {
+    const int bf16 = kb->type == K3C_QMAT_BF16;
+    for (int64_t h = 0; h < H; h++)
+        /* W_UK,h = rows h·(nope+dv) .. +nope of kv_b; its transpose [rkv, nope] turns q_nope into latent space */
+        for (int64_t i = 0; i < nope; i++) {
+            k3c_qmat_row(kb, h * (nope + dv) + i, row);
+            for (int64_t j = 0; j < rkv; j++) {
+                size_t at = (size_t)((h * rkv + j) * nope + i);
+                if (bf16)
+                    ((uint16_t *)t)[at] = k3c_f32_to_bf16(row[j]); /* a bf16 value round-trips exactly */
+                else
+                    ((float *)t)[at] = row[j];
+            }
+        }
+}
+
 int k3c_weights_absorb(k3c_weights *w, k3c_err *err) {
     const k3c_config *c = &w->cfg;
+    const k3c_backend_f32 *be = w->be ? w->be : k3c_backend_cpu_f32();
     int64_t H = c->mla_heads, nope = c->qk_nope_dim, dv = c->v_head_dim, rkv = c->kv_lora_rank;
     for (int l = 0; l < c->num_layers; l++) {
         k3c_weights_layer *L = &w->layer[l];
         if (c->mixer[l] != K3C_MIXER_MLA) continue;
         if (L->kv_b.type == K3C_QMAT_MXFP4 || !L->kv_b.w)
             return k3c_errf(err, K3C_EUNSUPPORTED, "layer %d: kv_b_proj must be float32 or bf16 to absorb", l);
-        int bf16 = L->kv_b.type == K3C_QMAT_BF16;
-        size_t es = bf16 ? 2 : 4;
+        const size_t es = L->kv_b.type == K3C_QMAT_BF16 ? 2 : 4, bytes = es * (size_t)(H * nope * rkv);
+        const size_t kv_bytes = es * (size_t)(L->kv_b.rows * L->kv_b.cols);
         L->uk_t = k3c_weights_alloc(w, sizeof(k3c_qmat) * (size_t)H);
         L->uv = k3c_weights_alloc(w, sizeof(k3c_qmat) * (size_t)H);
-        void *t = k3c_weights_alloc(w, es * (size_t)(H * nope * rkv));
+        void *t = weights_alloc_be(w, bytes);
+        /* built on the host from a host copy of kv_b (the weights may live in backend memory), then placed beside it */
+        void *th = malloc(bytes), *kvh = malloc(kv_bytes);
         float *row = malloc(sizeof(float) * (size_t)rkv);
-        if (!L->uk_t || !L->uv || !t || !row) {
-            free(row);
-            return k3c_errf(err, K3C_ENOMEM, "layer %d: absorbing kv_b_proj: out of memory", l);
+        int rc = !L->uk_t || !L->uv || !t || !th || !kvh || !row
+                     ? k3c_errf(err, K3C_ENOMEM, "layer %d: absorbing kv_b_proj: out of memory", l)
+                     : be->download(kvh, L->kv_b.w, kv_bytes, err);
+        if (!rc) {
+            k3c_qmat kb = L->kv_b;
+            kb.w = kvh;
+            absorb_keys(&kb, H, nope, dv, rkv, th, row);
+            rc = be->upload(t, th, bytes, err);
         }
+        if (!rc) rc = be->sync(err); /* th is freed below */
+        free(row), free(th), free(kvh);
+        if (rc) return rc;
         for (int64_t h = 0; h < H; h++) {
-            /* W_UK,h = rows h·(nope+dv) .. +nope of kv_b; its transpose [rkv, nope] turns q_nope into latent space */
-            for (int64_t i = 0; i < nope; i++) {
-                k3c_qmat_row(&L->kv_b, h * (nope + dv) + i, row);
-                for (int64_t j = 0; j < rkv; j++) {
-                    size_t at = (size_t)((h * rkv + j) * nope + i);
-                    if (bf16)
-                        ((uint16_t *)t)[at] = k3c_f32_to_bf16(row[j]); /* a bf16 value round-trips exactly */
-                    else
-                        ((float *)t)[at] = row[j];
-                }
-            }
             k3c_qmat u = {L->kv_b.type, rkv, nope, (const char *)t + es * (size_t)(h * rkv * nope), NULL};
             L->uk_t[h] = u;
             L->uv[h] = k3c_qmat_sub_rows(&L->kv_b, h * (nope + dv) + nope, dv);
         }
-        free(row);
     }
     return K3C_OK;
 }

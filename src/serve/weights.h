@@ -6,6 +6,7 @@
 
 #include "base/base.h"
 #include "model/params.h"
+#include "ops/backend.h"
 #include "ops/qmat.h"
 
 /* One decoder layer. A matrix absent from the layer has w == NULL; a vector absent is NULL. Matrices keep the
@@ -55,8 +56,11 @@ struct k3c_weights {
     const float *out_res_norm, *out_res_proj; /* [D], AttnRes models only */
     k3c_weights_layer *layer;                 /* [num_layers] */
     k3c_checkpoint *ckpt;                     /* the mapping the views point into (k3c_weights_open), or NULL */
+    const k3c_backend_f32 *be;                /* the backend whose memory every view points into (NULL: the CPU) */
     void **owned;
     int n_owned, cap_owned;
+    void **owned_be; /* blocks of be's memory (the absorbed key side of a model on the GPU) */
+    int n_owned_be, cap_owned_be;
 };
 typedef struct k3c_weights k3c_weights;
 
@@ -86,8 +90,8 @@ typedef struct {
  * owned by w). Shapes are checked afterwards by k3c_weights_check. */
 int k3c_weights_fill(k3c_weights *w, const k3c_config *c, const k3c_param_table *tab, const k3c_weights_src *src,
                      k3c_err *err);
-/* Views into the float32 parameters of an opened model on the CPU (nothing copied but the absorbed key side).
- * The model must outlive the weights. */
+/* Views into the float32 parameters of an opened model, on its backend (nothing copied but the absorbed key side,
+ * made in the backend's memory). The model must outlive the weights. */
 int k3c_weights_from_model(const k3c_model *m, k3c_weights *w, k3c_err *err);
 /* Derives uk_t / uv of every MLA layer from kv_b (a loader calls it after filling kv_b): uk_t is a transposed copy in
  * kv_b's type (float32 or bf16; exact), uv are row views. */

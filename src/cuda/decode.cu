@@ -1,0 +1,512 @@
+/* decode.cu — the CUDA twin of the inference engine's ops (ops/decode.h) in fp32: embedding rows, per-sequence short
+ * conv and KDA recurrence against decode states in device memory (every segment of a step in one launch, read from the
+ * step's segment table), the absorbed-MLA latent cache and attention, routed experts as per-slot products on the
+ * expert's weights (no host round trip), and CUDA graphs of repeated decode steps.
+ * Spec: docs/MODEL.md §3.1 step 7, §4.2 (absorbed form), §6.2 + §9.2; docs/ENGINE.md "The step". */
+#include "cuda/common.cuh"
+#include "cuda/glu.cuh"
+
+extern "C" {
+#include "ops/decode.h"
+}
+
+namespace {
+
+constexpr int DW = 8;        /* warps per block of the row-parallel products */
+constexpr int MAXW = 16;     /* K3C_SHORT_CONV_MAX_W */
+constexpr int ATT_WARPS = 4; /* warps per (row, head) of the latent attention */
+
+__device__ __forceinline__ float e2m1(unsigned nib) {
+    const unsigned e = (nib >> 1) & 3u, m = nib & 1u;
+    const float v = e == 0 ? 0.5f * (float)m : __int_as_float((int)(((e + 126u) << 23) | (m << 22)));
+    return nib & 8u ? -v : v;
+}
+__device__ __forceinline__ float bf16f(uint16_t h) { return __int_as_float((int)((unsigned)h << 16)); }
+
+/* Element c of row r of a [R, C] view of type TYPE (MXFP4: scale per 32 columns). */
+template <int TYPE>
+__device__ __forceinline__ float welem(const void *w, const uint8_t *scale, int64_t r, int64_t C, int64_t c) {
+    if (TYPE == K3C_QMAT_F32) return ((const float *)w)[r * C + c];
+    if (TYPE == K3C_QMAT_BF16) return bf16f(((const uint16_t *)w)[r * C + c]);
+    const unsigned byte = ((const uint8_t *)w)[r * (C / 2) + c / 2];
+    return e2m1(c & 1 ? byte >> 4 : byte & 15u) * ldexpf(1.f, (int)scale[r * (C / 32) + c / 32] - 127);
+}
+
+/* The lane-strided dot of row r with x [C], closed by a warp reduction (every lane gets it). */
+template <int TYPE>
+__device__ __forceinline__ float wdot(const void *w, const uint8_t *scale, int64_t r, int64_t C, const float *x) {
+    float s = 0.f;
+    for (int64_t c = threadIdx.x & 31; c < C; c += 32) s += welem<TYPE>(w, scale, r, C, c) * x[c];
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return s;
+}
+
+template <int TYPE> __global__ void embed_kernel(const void *w, int64_t C, const int32_t *ids, float *y) {
+    const int64_t i = blockIdx.x;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) y[i * C + c] = welem<TYPE>(w, nullptr, ids[i], C, c);
+}
+
+__device__ __forceinline__ float conv_sigm(float x) { /* short_conv.c sigm */
+    if (x >= 0) return 1.f / (1.f + expf(-x));
+    const float e = expf(x);
+    return e / (1.f + e);
+}
+
+/* One thread per (segment, channel): the W−1 previous inputs in registers (oldest first), seeded from the tails and
+ * written back as the segment's last W−1 inputs; the CPU's summation order (oldest tap first). */
+__global__ void conv_kernel(const k3c_dec_seg *segs, int64_t off, int64_t P, int W, const float *x, const float *w,
+                            float *y) {
+    const k3c_dec_seg sg = segs[blockIdx.y];
+    const int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= P) return;
+    float *tail = sg.kda + off + p * (W - 1);
+    float win[MAXW], wt[MAXW];
+    for (int j = 0; j < W - 1; j++) win[j] = tail[j];
+    for (int j = 0; j < W; j++) wt[j] = w[p * W + j];
+    for (int64_t t = 0; t < sg.len; t++) {
+        const float xt = x[(sg.row0 + t) * P + p];
+        float a = 0.f;
+        for (int j = 0; j < W - 1; j++) a += wt[j] * win[j];
+        a += wt[W - 1] * xt;
+        y[(sg.row0 + t) * P + p] = a * conv_sigm(a);
+        for (int j = 0; j + 1 < W - 1; j++) win[j] = win[j + 1];
+        if (W > 1) win[W - 2] = xt;
+    }
+    for (int j = 0; j < W - 1; j++) tail[j] = win[j];
+}
+
+/* The token recurrence of kda_recurrent.cu, one block per (head, segment, 32 state columns), its state at seg.kda + off
+ * (in and out) and its tokens the segment's rows. */
+template <int DK>
+__global__ void __launch_bounds__(128)
+    kda_kernel(const k3c_dec_seg *segs, int64_t off, const float *q, const float *k, const float *v, const float *g,
+               const float *beta, float *o, int H, float scale) {
+    constexpr int KP = DK / 4, TILE = 16;
+    __shared__ float qs[TILE][DK], ks[TILE][DK], es[TILE][DK], bs[TILE];
+    const k3c_dec_seg sg = segs[blockIdx.y];
+    const int h = blockIdx.x, tid = threadIdx.x, part = tid & 3, col = blockIdx.z * 32 + (tid >> 2);
+    const bool live = col < DK;
+    const int i0 = part * KP;
+    float *St = sg.kda + off + (int64_t)h * DK * DK;
+    float S[KP];
+#pragma unroll
+    for (int i = 0; i < KP; i++) S[i] = live ? St[(int64_t)(i0 + i) * DK + col] : 0.f;
+    const int64_t bos = sg.row0, eos = sg.row0 + sg.len;
+    for (int64_t t0 = bos; t0 < eos; t0 += TILE) {
+        const int n_t = (int)min((int64_t)TILE, eos - t0);
+        __syncthreads();
+        for (int e = tid; e < n_t * DK; e += blockDim.x) {
+            const int r = e / DK, i = e % DK;
+            const int64_t at = ((t0 + r) * H + h) * DK + i;
+            qs[r][i] = q[at] * scale, ks[r][i] = k[at], es[r][i] = expf(g[at]);
+        }
+        for (int r = tid; r < n_t; r += blockDim.x) bs[r] = beta[(t0 + r) * H + h];
+        __syncthreads();
+        for (int r = 0; r < n_t; r++) {
+            const int64_t vo = ((t0 + r) * H + h) * DK + col;
+            float rr = 0.f;
+#pragma unroll
+            for (int i = 0; i < KP; i++) {
+                S[i] *= es[r][i0 + i];
+                rr += S[i] * ks[r][i0 + i];
+            }
+            rr += __shfl_xor_sync(0xffffffffu, rr, 1);
+            rr += __shfl_xor_sync(0xffffffffu, rr, 2);
+            const float delta = live ? bs[r] * (v[vo] - rr) : 0.f;
+            float acc = 0.f;
+#pragma unroll
+            for (int i = 0; i < KP; i++) {
+                S[i] += ks[r][i0 + i] * delta;
+                acc += S[i] * qs[r][i0 + i];
+            }
+            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+            acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+            if (live && part == 0) o[vo] = acc;
+        }
+    }
+    if (live)
+#pragma unroll
+        for (int i = 0; i < KP; i++) St[(int64_t)(i0 + i) * DK + col] = S[i];
+}
+
+__device__ __forceinline__ float *cache_of(const k3c_dec_seg &sg, int j, int64_t lw) {
+    return sg.mla + ((int64_t)j * sg.cap) * lw;
+}
+
+/* One block per row: its [c_KV ; k_pe] into its segment's cache at pos + (row − row0). */
+__global__ void cache_put_kernel(const k3c_dec_seg *segs, const int32_t *row_seg, int j, int64_t rkv, int64_t rope,
+                                 const float *cn, const float *kva) {
+    const int64_t r = blockIdx.x, lw = rkv + rope;
+    const k3c_dec_seg sg = segs[row_seg[r]];
+    float *dst = cache_of(sg, j, lw) + (sg.pos + r - sg.row0) * lw;
+    for (int64_t e = threadIdx.x; e < lw; e += blockDim.x) dst[e] = e < rkv ? cn[r * rkv + e] : kva[r * lw + e];
+}
+
+/* One block per (row, head): ATT_WARPS warps take every ATT_WARPS-th cached token up to the row's position, each with
+ * its own online softmax (running max, sum, accumulator in shared memory), merged at the end. */
+__global__ void attend_kernel(const k3c_dec_seg *segs, const int32_t *row_seg, int j, int64_t n, int64_t rkv,
+                              int64_t rope, const float *qlat, float scale, float *olat) {
+    extern __shared__ float sm[];
+    const int64_t r = blockIdx.x, h = blockIdx.y, lw = rkv + rope;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    float *qs = sm, *acc = qs + lw, *mw = acc + ATT_WARPS * rkv, *lw_sum = mw + ATT_WARPS;
+    const k3c_dec_seg sg = segs[row_seg[r]];
+    const float *cache = cache_of(sg, j, lw);
+    const int64_t last = sg.pos + (r - sg.row0); /* keys 0 .. last */
+    for (int64_t e = threadIdx.x; e < lw; e += blockDim.x) qs[e] = qlat[(h * n + r) * lw + e];
+    float *aw = acc + warp * rkv;
+    for (int64_t e = lane; e < rkv; e += 32) aw[e] = 0.f;
+    __syncthreads();
+    float m = -INFINITY, l = 0.f;
+    for (int64_t t = warp; t <= last; t += ATT_WARPS) {
+        const float *kt = cache + t * lw;
+        float s = 0.f;
+        for (int64_t e = lane; e < lw; e += 32) s += qs[e] * kt[e];
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        s *= scale;
+        const float mn = fmaxf(m, s), corr = m == -INFINITY ? 0.f : expf(m - mn), p = expf(s - mn);
+        l = l * corr + p;
+        m = mn;
+        for (int64_t e = lane; e < rkv; e += 32) aw[e] = aw[e] * corr + p * kt[e];
+    }
+    if (lane == 0) mw[warp] = m, lw_sum[warp] = l;
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, mw[w]);
+    float L = 0.f, f[ATT_WARPS];
+    for (int w = 0; w < ATT_WARPS; w++) {
+        f[w] = mw[w] == -INFINITY ? 0.f : expf(mw[w] - M);
+        L += lw_sum[w] * f[w];
+    }
+    for (int64_t e = threadIdx.x; e < rkv; e += blockDim.x) {
+        float a = 0.f;
+        for (int w = 0; w < ATT_WARPS; w++) a += acc[w * rkv + e] * f[w];
+        olat[(h * n + r) * rkv + e] = a / L;
+    }
+}
+
+/* Expert e's view = base + e·stride (bytes; scale: + e·sstride). */
+struct experts {
+    const char *w;
+    const uint8_t *scale;
+    int64_t stride, sstride;
+};
+
+/* The step's routed slots grouped by expert on the device: order[] lists the slots expert by expert (any order within
+ * an expert: every slot's sums are its own), tiles[] are (expert, first index into order, count ≤ MB) and ntile their
+ * number. One block; atomics for the counts, one thread for the prefix (E ≤ a few hundred). */
+constexpr int MB = 8; /* slots of one expert per warp pass: each weight is loaded once for MB inputs */
+__global__ void moe_group_kernel(const int32_t *ids, int nk, int E, int32_t *order, int32_t *tiles, int32_t *ntile) {
+    extern __shared__ int32_t cnt[]; /* [E] counts, then [E] cursors */
+    int32_t *cur = cnt + E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < nk; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int at = 0, nt = 0;
+        for (int e = 0; e < E; e++) {
+            cur[e] = at;
+            for (int c = 0; c < cnt[e]; c += MB)
+                tiles[3 * nt] = e, tiles[3 * nt + 1] = at + c, tiles[3 * nt + 2] = min(MB, cnt[e] - c), nt++;
+            at += cnt[e];
+        }
+        *ntile = nt;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nk; i += blockDim.x) order[atomicAdd(&cur[ids[i]], 1)] = i;
+}
+
+/* The warp's dots of row r of one expert's [R, C] matrix with the tile's inputs (MB at most), lane-strided and reduced. */
+template <int TYPE>
+__device__ __forceinline__ void tile_dots(const void *w, const uint8_t *scale, int64_t r, int64_t C,
+                                          const float *const *x, int nb, float *acc) {
+#pragma unroll
+    for (int j = 0; j < MB; j++) acc[j] = 0.f;
+    for (int64_t c = threadIdx.x & 31; c < C; c += 32) {
+        const float wv = welem<TYPE>(w, scale, r, C, c);
+#pragma unroll
+        for (int j = 0; j < MB; j++)
+            if (j < nb) acc[j] += wv * x[j][c];
+    }
+#pragma unroll
+    for (int j = 0; j < MB; j++)
+        for (int o = 16; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+}
+
+/* One warp per (tile, row of the gate and up products): h[slot, r] = act(w1[e] x) ⊙ c(w3[e] x) for the tile's slots. */
+template <int TYPE>
+__global__ void moe_up_kernel(experts w1, experts w3, int64_t I, int64_t lat, int64_t k, const float *x,
+                              const int32_t *order, const int32_t *tiles, const int32_t *ntile, glu_params gq,
+                              float *hbuf) {
+    const int t = blockIdx.x;
+    const int64_t r = (int64_t)blockIdx.y * DW + threadIdx.x / 32;
+    if (t >= *ntile || r >= I) return;
+    const int64_t e = tiles[3 * t];
+    const int j0 = tiles[3 * t + 1], nb = tiles[3 * t + 2];
+    const float *xs[MB];
+    int32_t slot[MB];
+    for (int j = 0; j < MB; j++) slot[j] = j < nb ? order[j0 + j] : 0, xs[j] = x + (slot[j] / k) * lat;
+    float g[MB], u[MB];
+    tile_dots<TYPE>(w1.w + e * w1.stride, w1.scale + e * w1.sstride, r, lat, xs, nb, g);
+    tile_dots<TYPE>(w3.w + e * w3.stride, w3.scale + e * w3.sstride, r, lat, xs, nb, u);
+    if ((threadIdx.x & 31) == 0)
+        for (int j = 0; j < nb; j++) {
+            float a, c, da, dc;
+            glu_point(gq, g[j], u[j], a, c, da, dc);
+            hbuf[(int64_t)slot[j] * I + r] = a * c;
+        }
+}
+
+/* One warp per (tile, output row): u[slot, r] = w2[e][r] · h[slot] for the tile's slots. */
+template <int TYPE>
+__global__ void moe_down_kernel(experts w2, int64_t I, int64_t lat, const int32_t *order, const int32_t *tiles,
+                                const int32_t *ntile, const float *hbuf, float *u) {
+    const int t = blockIdx.x;
+    const int64_t r = (int64_t)blockIdx.y * DW + threadIdx.x / 32;
+    if (t >= *ntile || r >= lat) return;
+    const int64_t e = tiles[3 * t];
+    const int j0 = tiles[3 * t + 1], nb = tiles[3 * t + 2];
+    const float *hs[MB];
+    int32_t slot[MB];
+    for (int j = 0; j < MB; j++) slot[j] = j < nb ? order[j0 + j] : 0, hs[j] = hbuf + (int64_t)slot[j] * I;
+    float acc[MB];
+    tile_dots<TYPE>(w2.w + e * w2.stride, w2.scale + e * w2.sstride, r, I, hs, nb, acc);
+    if ((threadIdx.x & 31) == 0)
+        for (int j = 0; j < nb; j++) u[(int64_t)slot[j] * lat + r] = acc[j];
+}
+
+/* out[t] = Σ_j topw[t, j] u[t·k + j] in slot order (the CPU's). */
+__global__ void moe_combine_kernel(int64_t k, int64_t lat, const float *topw, const float *u, float *out) {
+    const int64_t t = blockIdx.x;
+    for (int64_t e = threadIdx.x; e < lat; e += blockDim.x) {
+        float a = 0.f;
+        for (int64_t j = 0; j < k; j++) a += topw[t * k + j] * u[(t * k + j) * lat + e];
+        out[t * lat + e] = a;
+    }
+}
+
+/* Y[j, r] (+)= W[r] · X[j] for the n (< GEMM_ROWS) inputs: one warp per weight row, float4 loads, four inputs per
+ * pass, each input's sum in the same order whatever n is (batched rows equal solo rows). */
+__global__ void gemv4_kernel(int64_t R, int64_t C4, const float4 *W, const float *X, int64_t n, float *Y, int acc) {
+    const int64_t r = (int64_t)blockIdx.x * DW + threadIdx.x / 32;
+    if (r >= R) return;
+    const int lane = threadIdx.x & 31;
+    const float4 *w = W + r * C4;
+    for (int64_t j0 = 0; j0 < n; j0 += 4) {
+        const int nb = (int)min((int64_t)4, n - j0);
+        float s[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int64_t c = lane; c < C4; c += 32) {
+            const float4 wv = w[c];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (j < nb) {
+                    const float4 x = ((const float4 *)(X + (j0 + j) * C4 * 4))[c];
+                    s[j] += wv.x * x.x + wv.y * x.y + wv.z * x.z + wv.w * x.w;
+                }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            for (int o = 16; o > 0; o >>= 1) s[j] += __shfl_xor_sync(0xffffffffu, s[j], o);
+            if (lane == 0 && j < nb) {
+                float *y = Y + (j0 + j) * R + r;
+                *y = acc ? *y + s[j] : s[j];
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- host side */
+
+/* Float32 views: from GEMM_ROWS rows cuBLAS(Lt) in full fp32 (the step is a GEMM: a GEMV kernel would re-read each
+ * weight row per 8 inputs), below it a warp per weight row with 16-byte loads (decode is bandwidth-bound); other
+ * views: k3c_qmat_mul_cuda (W4A16 / bf16 decoded in registers). */
+constexpr int64_t GEMM_ROWS = 16;
+int cu_qmat_mul(void *ctx, const k3c_qmat *W, const float *X, int64_t n, float *Y, int acc, k3c_err *err) {
+    if (W->type != K3C_QMAT_F32 || n <= 0) return k3c_qmat_mul_cuda(W, X, n, Y, acc, err);
+    if (n >= GEMM_ROWS) {
+        k3c_cuda_backend *b = (k3c_cuda_backend *)ctx;
+        return k3c_matmul_cuda(&b->cu, 0, 1, n, W->rows, W->cols, 1.0, X, (const float *)W->w, acc ? 1.0 : 0.0, Y, 0,
+                               err);
+    }
+    if (W->cols % 4 || ((uintptr_t)W->w | (uintptr_t)X) & 15) return k3c_qmat_mul_cuda(W, X, n, Y, acc, err);
+    gemv4_kernel<<<(unsigned)((W->rows + DW - 1) / DW), 32 * DW, 0, K3C_STREAM>>>(W->rows, W->cols / 4,
+                                                                                  (const float4 *)W->w, X, n, Y, acc);
+    K3C_CU_LAUNCHED("engine gemv");
+    return K3C_OK;
+}
+
+int cu_embed(const k3c_qmat *E, const int32_t *ids, int64_t n, float *y, k3c_err *err) {
+    if (n <= 0) return K3C_OK;
+    if (E->type == K3C_QMAT_F32)
+        embed_kernel<K3C_QMAT_F32><<<(unsigned)n, 256, 0, K3C_STREAM>>>(E->w, E->cols, ids, y);
+    else if (E->type == K3C_QMAT_BF16)
+        embed_kernel<K3C_QMAT_BF16><<<(unsigned)n, 256, 0, K3C_STREAM>>>(E->w, E->cols, ids, y);
+    else
+        return k3c_errf(err, K3C_EUNSUPPORTED, "engine embed (cuda): an MXFP4 embedding table");
+    K3C_CU_LAUNCHED("engine embed");
+    return K3C_OK;
+}
+
+int cu_conv(const k3c_dec_batch *b, const k3c_dec_dims *d, int64_t off, const float *x, const float *w, float *y,
+            k3c_err *err) {
+    const int64_t P = d->H * d->dk;
+    if (d->W < 1 || d->W > MAXW) return k3c_errf(err, K3C_EINVAL, "engine conv (cuda): kernel %lld", (long long)d->W);
+    conv_kernel<<<dim3((unsigned)((P + 127) / 128), (unsigned)b->nseg), 128, 0, K3C_STREAM>>>(b->dsegs, off, P,
+                                                                                              (int)d->W, x, w, y);
+    K3C_CU_LAUNCHED("engine conv");
+    return K3C_OK;
+}
+
+size_t cu_kda_ws(const k3c_dec_dims *, int64_t) { return 0; }
+
+/* Decode and prefill alike run the recurrence (any dk of 16, 32, 64, 128; the chunk kernels take dk 64/128 only). */
+int cu_kda(const k3c_dec_batch *b, const k3c_dec_dims *d, int64_t off, const float *q, const float *k, const float *v,
+           const float *g, const float *beta, double, float *o, void *, k3c_err *err) {
+    const dim3 grid((unsigned)d->H, (unsigned)b->nseg, (unsigned)((d->dk + 31) / 32));
+    const float scale = (float)(1.0 / sqrt((double)d->dk));
+    const int H = (int)d->H;
+    switch (d->dk) {
+    case 16: kda_kernel<16><<<grid, 128, 0, K3C_STREAM>>>(b->dsegs, off, q, k, v, g, beta, o, H, scale); break;
+    case 32: kda_kernel<32><<<grid, 128, 0, K3C_STREAM>>>(b->dsegs, off, q, k, v, g, beta, o, H, scale); break;
+    case 64: kda_kernel<64><<<grid, 128, 0, K3C_STREAM>>>(b->dsegs, off, q, k, v, g, beta, o, H, scale); break;
+    case 128: kda_kernel<128><<<grid, 128, 0, K3C_STREAM>>>(b->dsegs, off, q, k, v, g, beta, o, H, scale); break;
+    default:
+        return k3c_errf(err, K3C_EUNSUPPORTED, "engine KDA (cuda): dk = %lld (16, 32, 64 or 128)", (long long)d->dk);
+    }
+    K3C_CU_LAUNCHED("engine kda");
+    return K3C_OK;
+}
+
+int cu_cache_put(const k3c_dec_batch *b, const k3c_dec_dims *d, int j, const float *cn, const float *kva,
+                 k3c_err *err) {
+    cache_put_kernel<<<(unsigned)b->n, 128, 0, K3C_STREAM>>>(b->dsegs, b->row_seg, j, d->rkv, d->rope, cn, kva);
+    K3C_CU_LAUNCHED("engine cache_put");
+    return K3C_OK;
+}
+
+size_t cu_attend_ws(const k3c_dec_dims *) { return 0; }
+
+int cu_attend(const k3c_dec_batch *b, const k3c_dec_dims *d, int j, const float *qlat, float scale, float *olat, void *,
+              k3c_err *err) {
+    const size_t smem = sizeof(float) * (size_t)(d->rkv + d->rope + ATT_WARPS * d->rkv + 2 * ATT_WARPS);
+    if (smem > 48 * 1024)
+        return k3c_errf(err, K3C_EUNSUPPORTED, "engine attention (cuda): latent width %lld", (long long)d->rkv);
+    attend_kernel<<<dim3((unsigned)b->n, (unsigned)d->Hm), 32 * ATT_WARPS, smem, K3C_STREAM>>>(
+        b->dsegs, b->row_seg, j, b->n, d->rkv, d->rope, qlat, scale, olat);
+    K3C_CU_LAUNCHED("engine attend");
+    return K3C_OK;
+}
+
+/* The experts of one matrix as base + e·stride; K3C_EUNSUPPORTED when the views are not evenly spaced (the model's
+ * stacked parameters and an uploaded checkpoint are). */
+int experts_of(const k3c_qmat *v, int64_t E, experts *x, k3c_err *err) {
+    const char *w0 = (const char *)v[0].w;
+    x->w = w0, x->scale = v[0].scale;
+    x->stride = E > 1 ? (const char *)v[1].w - w0 : 0;
+    x->sstride = E > 1 && v[0].scale ? v[1].scale - v[0].scale : 0;
+    for (int64_t e = 1; e < E; e++)
+        if (v[e].type != v[0].type || (const char *)v[e].w != w0 + e * x->stride ||
+            (v[0].scale && v[e].scale != v[0].scale + e * x->sstride))
+            return k3c_errf(err, K3C_EUNSUPPORTED, "engine experts (cuda): expert %lld is not evenly spaced",
+                            (long long)e);
+    return K3C_OK;
+}
+
+/* h [n·k, I], u [n·k, lat], then order [n·k], tiles [3 · (n·k/MB + E)], ntile */
+size_t cu_moe_ws(const k3c_dec_moe *m, int64_t n) {
+    const int64_t nk = n * m->k;
+    return sizeof(float) * (size_t)(nk * (m->inter + m->lat)) +
+           sizeof(int32_t) * (size_t)(nk + 3 * (nk / MB + m->E) + 1);
+}
+
+template <int TYPE>
+void moe_launch(const k3c_dec_moe *m, const experts &w1, const experts &w3, const experts &w2, glu_params gq,
+                const float *x, int64_t n, const int32_t *order, const int32_t *tiles, const int32_t *ntile,
+                float *hbuf, float *u) {
+    const unsigned max_tiles = (unsigned)(n * m->k / MB + m->E);
+    moe_up_kernel<TYPE><<<dim3(max_tiles, (unsigned)((m->inter + DW - 1) / DW)), 32 * DW, 0, K3C_STREAM>>>(
+        w1, w3, m->inter, m->lat, m->k, x, order, tiles, ntile, gq, hbuf);
+    moe_down_kernel<TYPE><<<dim3(max_tiles, (unsigned)((m->lat + DW - 1) / DW)), 32 * DW, 0, K3C_STREAM>>>(
+        w2, m->inter, m->lat, order, tiles, ntile, hbuf, u);
+}
+
+int cu_moe(const k3c_dec_moe *m, const float *x, int64_t n, const int32_t *ids, const float *topw, float *out, void *ws,
+           k3c_err *err) {
+    experts w1, w3, w2;
+    glu_params gq{};
+    if (experts_of(m->w1, m->E, &w1, err) || experts_of(m->w3, m->E, &w3, err) || experts_of(m->w2, m->E, &w2, err))
+        return K3C_EUNSUPPORTED;
+    if (glu_params_of(&m->act, &gq, "engine experts (cuda)", err)) return K3C_EINVAL;
+    if (m->w3[0].type != m->w1[0].type || m->w2[0].type != m->w1[0].type)
+        return k3c_errf(err, K3C_EUNSUPPORTED, "engine experts (cuda): mixed storage types");
+    const int64_t nk = n * m->k;
+    if (m->E > 4096) return k3c_errf(err, K3C_EUNSUPPORTED, "engine experts (cuda): %lld experts", (long long)m->E);
+    float *hbuf = (float *)ws, *u = hbuf + nk * m->inter;
+    int32_t *order = (int32_t *)(u + nk * m->lat), *tiles = order + nk, *ntile = tiles + 3 * (nk / MB + m->E);
+    moe_group_kernel<<<1, 1024, sizeof(int32_t) * (size_t)(2 * m->E), K3C_STREAM>>>(ids, (int)nk, (int)m->E, order,
+                                                                                    tiles, ntile);
+    K3C_CU_LAUNCHED("engine experts grouping");
+    switch (m->w1[0].type) {
+    case K3C_QMAT_F32: moe_launch<K3C_QMAT_F32>(m, w1, w3, w2, gq, x, n, order, tiles, ntile, hbuf, u); break;
+    case K3C_QMAT_BF16: moe_launch<K3C_QMAT_BF16>(m, w1, w3, w2, gq, x, n, order, tiles, ntile, hbuf, u); break;
+    default: moe_launch<K3C_QMAT_MXFP4>(m, w1, w3, w2, gq, x, n, order, tiles, ntile, hbuf, u); break;
+    }
+    K3C_CU_LAUNCHED("engine experts");
+    moe_combine_kernel<<<(unsigned)n, 128, 0, K3C_STREAM>>>(m->k, m->lat, topw, u, out);
+    K3C_CU_LAUNCHED("engine experts combine");
+    return K3C_OK;
+}
+
+/* Captured steps, one per key (the batch's row count); a key whose capture failed runs directly from then on. */
+constexpr int MAX_GRAPHS = 64;
+struct graph_set {
+    int n;
+    int64_t key[MAX_GRAPHS];
+    cudaGraphExec_t ex[MAX_GRAPHS]; /* nullptr: capture failed, run directly */
+};
+
+void *cu_graph_open(void) { return calloc(1, sizeof(graph_set)); }
+void cu_graph_close(void *g) {
+    graph_set *s = (graph_set *)g;
+    if (!s) return;
+    for (int i = 0; i < s->n; i++)
+        if (s->ex[i]) cudaGraphExecDestroy(s->ex[i]);
+    free(s);
+}
+
+int cu_run(void *g, int64_t key, int (*fn)(void *, k3c_err *), void *arg, k3c_err *err) {
+    graph_set *s = (graph_set *)g;
+    if (!s || key <= 0) return fn(arg, err);
+    for (int i = 0; i < s->n; i++)
+        if (s->key[i] == key) {
+            if (!s->ex[i]) return fn(arg, err);
+            K3C_CU(cudaGraphLaunch(s->ex[i], K3C_STREAM));
+            return K3C_OK;
+        }
+    if (s->n == MAX_GRAPHS) return fn(arg, err);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t ex = nullptr;
+    K3C_CU(cudaStreamBeginCapture(K3C_STREAM, cudaStreamCaptureModeThreadLocal));
+    int rc = fn(arg, err);
+    cudaError_t e = cudaStreamEndCapture(K3C_STREAM, &graph);
+    if (!rc && e == cudaSuccess && graph) e = cudaGraphInstantiate(&ex, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError(); /* a failed capture leaves its error behind */
+    s->key[s->n] = key, s->ex[s->n] = (!rc && e == cudaSuccess) ? ex : nullptr;
+    s->n++;
+    if (!s->ex[s->n - 1]) return fn(arg, err); /* the fallback: the same step, enqueued directly */
+    K3C_CU(cudaGraphLaunch(ex, K3C_STREAM));
+    return K3C_OK;
+}
+
+int cu_glu(const k3c_glu_sizes *s, const float *gate, const float *up, float *h, k3c_err *err) {
+    return k3c_glu_fwd_cuda(s, gate, up, h, err);
+}
+
+} // namespace
+
+extern "C" const k3c_dec_ops k3c_dec_cuda = {
+    "cuda",    cu_qmat_mul, cu_embed, cu_conv, cu_kda_ws,     cu_kda,         cu_cache_put, cu_attend_ws,
+    cu_attend, cu_moe_ws,   cu_moe,   cu_glu,  cu_graph_open, cu_graph_close, cu_run,
+};
