@@ -3,25 +3,9 @@
  * that is valid JSON, or a request whose prompt ids are in the vocabulary and whose budget fits the context. */
 #include "serve/response.h"
 #include "tok/tok.h"
+#include "tok/xtml.h"
 
 #include "fuzz.h"
-
-static const char *const SPECIALS[] = {"<|endoftext|>",
-                                       "[EOS]",
-                                       "<|open|>",
-                                       "<|close|>",
-                                       "<|sep|>",
-                                       "<|end_of_msg|>",
-                                       "<|im_end|>",
-                                       "<|im_user|>",
-                                       "<|im_assistant|>",
-                                       "<|im_system|>",
-                                       "<|im_middle|>",
-                                       "<|tool_calls_section_begin|>",
-                                       "<|tool_calls_section_end|>",
-                                       "<|tool_call_begin|>",
-                                       "<|tool_call_argument_begin|>",
-                                       "<|tool_call_end|>"};
 
 /* A small BPE with the chat markers, trained once. */
 static k3c_tok *tokenizer(void) {
@@ -32,8 +16,8 @@ static k3c_tok *tokenizer(void) {
     size_t n = strlen(text);
     k3c_tok_train_opts o = {.vocab_size = 300,
                             .pattern = K3C_TOK_PATTERN_KIMI,
-                            .specials = SPECIALS,
-                            .n_specials = (int)(sizeof SPECIALS / sizeof *SPECIALS)};
+                            .specials = k3c_chat_specials,
+                            .n_specials = K3C_CHAT_N_SPECIALS};
     k3c_err err = {0};
     if (k3c_tok_train(&text, &n, 1, &o, &t, &err)) abort();
     return t;
@@ -42,8 +26,16 @@ static k3c_tok *tokenizer(void) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
     if (n < 1) return 0;
     k3c_api_kind kind = (k3c_api_kind)(data[0] & 3);
-    k3c_api_limits lim = {tokenizer(), (data[0] >> 2) & 1 ? K3C_CHAT_K2 : K3C_CHAT_XTML, "tiny", 0, 512, 64, NULL,
-                          K3C_API_MAX_IMAGES, K3C_API_MAX_IMAGE_BYTES, K3C_API_MAX_IMAGE_PIXELS};
+    k3c_api_limits lim = {tokenizer(),
+                          (data[0] >> 2) & 1 ? K3C_CHAT_K2 : K3C_CHAT_XTML,
+                          "tiny",
+                          0,
+                          512,
+                          64,
+                          NULL,
+                          K3C_API_MAX_IMAGES,
+                          K3C_API_MAX_IMAGE_BYTES,
+                          K3C_API_MAX_IMAGE_PIXELS};
     lim.n_vocab = k3c_tok_n_vocab(lim.tok) - ((data[0] >> 3) & 1); /* sometimes a model vocabulary one smaller */
     k3c_api_req q;
     k3c_api_error e;

@@ -9,24 +9,8 @@
 #include "base/json.h"
 #include "model/model.h"
 #include "tok/tok.h"
+#include "tok/xtml.h"
 
-static const char *const SERVE_SPECIALS[] = {"<|endoftext|>",
-                                             "[EOS]",
-                                             "<|open|>",
-                                             "<|close|>",
-                                             "<|sep|>",
-                                             "<|end_of_msg|>",
-                                             "<|im_end|>",
-                                             "<|im_user|>",
-                                             "<|im_assistant|>",
-                                             "<|im_system|>",
-                                             "<|im_middle|>",
-                                             "<|tool_calls_section_begin|>",
-                                             "<|tool_calls_section_end|>",
-                                             "<|tool_call_begin|>",
-                                             "<|tool_call_argument_begin|>",
-                                             "<|tool_call_end|>"};
-#define SERVE_N_SPECIALS (int)(sizeof SERVE_SPECIALS / sizeof *SERVE_SPECIALS)
 #define SERVE_RANKS 420
 
 static void serve_write(const char *path, const char *text) {
@@ -73,13 +57,13 @@ static int serve_model_dir_v(const char *dir, int vision) {
     k3c_err err = {0};
     size_t n;
     char *text = serve_corpus(&n);
-    const char *texts[1] = {text}, *specials[SERVE_N_SPECIALS + 4];
-    memcpy(specials, SERVE_SPECIALS, sizeof SERVE_SPECIALS);
-    memcpy(specials + SERVE_N_SPECIALS, SERVE_MEDIA, sizeof SERVE_MEDIA);
+    const char *texts[1] = {text}, *specials[K3C_CHAT_N_SPECIALS + 4];
+    memcpy(specials, k3c_chat_specials, sizeof k3c_chat_specials); /* the chat markers (tok/xtml.h) */
+    memcpy(specials + K3C_CHAT_N_SPECIALS, SERVE_MEDIA, sizeof SERVE_MEDIA);
     k3c_tok_train_opts to = {.vocab_size = SERVE_RANKS,
                              .pattern = K3C_TOK_PATTERN_KIMI,
                              .specials = specials,
-                             .n_specials = SERVE_N_SPECIALS + (vision ? 4 : 0)};
+                             .n_specials = K3C_CHAT_N_SPECIALS + (vision ? 4 : 0)};
     k3c_tok *t = NULL;
     int rc = k3c_tok_train(texts, &n, 1, &to, &t, &err);
     free(text);

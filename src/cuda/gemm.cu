@@ -106,15 +106,6 @@ static cublasComputeType_t float_compute(int gemm) {
     return gemm == K3C_GEMM_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
-extern "C" int k3c_matmul_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
-                               double alpha, const float *A, const float *B, double beta, float *C, int gemm,
-                               k3c_err *err) {
-    if (gemm == K3C_GEMM_BF16 && M > 0 && N > 0 && K > 0)
-        return matmul_bf16(ctx, trans_a, trans_b, M, N, K, (float)alpha, A, 0, B, 0, (float)beta, C, 0, 1, err);
-    return lt_gemm(ctx, trans_a, trans_b, M, N, K, (float)alpha, A, B, (float)beta, C, CUDA_R_32F, CUDA_R_32F,
-                   float_compute(gemm), 1, 0, 0, 0, err);
-}
-
 extern "C" int k3c_matmul_batched_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                                        double alpha, const float *A, int64_t sA, const float *B, int64_t sB,
                                        double beta, float *C, int64_t sC, int32_t batch, int gemm, k3c_err *err) {
@@ -124,4 +115,10 @@ extern "C" int k3c_matmul_batched_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans
         return matmul_bf16(ctx, trans_a, trans_b, M, N, K, (float)alpha, A, sA, B, sB, (float)beta, C, sC, batch, err);
     return lt_gemm(ctx, trans_a, trans_b, M, N, K, (float)alpha, A, B, (float)beta, C, CUDA_R_32F, CUDA_R_32F,
                    float_compute(gemm), batch, sA, sB, sC, err);
+}
+
+extern "C" int k3c_matmul_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                               double alpha, const float *A, const float *B, double beta, float *C, int gemm,
+                               k3c_err *err) {
+    return k3c_matmul_batched_cuda(ctx, trans_a, trans_b, M, N, K, alpha, A, 0, B, 0, beta, C, 0, 1, gemm, err);
 }

@@ -32,25 +32,21 @@ int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world
     if (cfg->num_layers % out->pp)
         return k3c_errf(err, K3C_ECONFIG, "%s: parallel.pp = %lld does not divide the model's %lld layers", file,
                         (long long)out->pp, (long long)cfg->num_layers);
-    if (out->cp > 1 && out->pp > 1)
-        return k3c_errf(err, K3C_EUNSUPPORTED,
-                        "%s: parallel: cp = %lld with pp = %lld: context parallelism combines with data and expert "
-                        "parallelism only so far (docs/PARALLEL.md)",
-                        file, (long long)out->cp, (long long)out->pp);
-    if (out->cp > 1 && out->tp > 1)
-        return k3c_errf(err, K3C_EUNSUPPORTED,
-                        "%s: parallel: cp = %lld with tp = %lld: context and tensor parallelism do not combine yet "
-                        "(docs/PARALLEL.md)",
-                        file, (long long)out->cp, (long long)out->tp);
-    if (out->tp > 1 && out->ep > 1)
-        return k3c_errf(err, K3C_EUNSUPPORTED,
-                        "%s: parallel: tp = %lld with ep = %lld: tensor parallelism combines with data and pipeline "
-                        "parallelism only so far (docs/PARALLEL.md)",
-                        file, (long long)out->tp, (long long)out->ep);
-    if (out->pp > 1 && out->ep > 1)
-        return k3c_errf(err, K3C_EUNSUPPORTED,
-                        "%s: parallel: pp = %lld with ep = %lld: pipeline stages combine with data parallelism only "
-                        "so far (docs/PARALLEL.md)",
-                        file, (long long)out->pp, (long long)out->ep);
+    /* valid layouts whose combination is not built yet: degree indices into d (dp ep tp pp cp) and what does combine */
+    static const char *const name[5] = {"dp", "ep", "tp", "pp", "cp"};
+    static const struct {
+        int a, b;
+        const char *why;
+    } unbuilt[] = {
+        {4, 3, "context parallelism combines with data and expert parallelism only so far"},
+        {4, 2, "context and tensor parallelism do not combine yet"},
+        {2, 1, "tensor parallelism combines with data and pipeline parallelism only so far"},
+        {3, 1, "pipeline stages combine with data parallelism only so far"},
+    };
+    for (size_t i = 0; i < sizeof unbuilt / sizeof *unbuilt; i++)
+        if (d[unbuilt[i].a] > 1 && d[unbuilt[i].b] > 1)
+            return k3c_errf(err, K3C_EUNSUPPORTED, "%s: parallel: %s = %lld with %s = %lld: %s (docs/PARALLEL.md)",
+                            file, name[unbuilt[i].a], (long long)d[unbuilt[i].a], name[unbuilt[i].b],
+                            (long long)d[unbuilt[i].b], unbuilt[i].why);
     return K3C_OK;
 }

@@ -15,6 +15,11 @@ typedef enum {
 /* "xtml" / "k3" or "k2" / "kimi_linear"; K3C_EINVAL otherwise. */
 int k3c_chat_format_parse(const char *name, k3c_chat_format *out);
 
+/* The special tokens the two chat formats render (K3's XTML markers, then the K2-style ones), in the order a vocabulary
+ * built for serving lists them: a tokenizer trained with these as specials can encode every rendered prompt. */
+#define K3C_CHAT_N_SPECIALS 16
+extern const char *const k3c_chat_specials[K3C_CHAT_N_SPECIALS];
+
 /* ---------------------------------------------------------------- rendering */
 
 /* A run of the prompt: text[off, off+len). Markup runs are control tokens (tokenize with specials allowed); the others

@@ -8,6 +8,23 @@
 
 #define IMAGE_PLACEHOLDER "<|kimi_image_placeholder|>"
 
+const char *const k3c_chat_specials[K3C_CHAT_N_SPECIALS] = {"<|endoftext|>",
+                                                            "[EOS]",
+                                                            "<|open|>",
+                                                            "<|close|>",
+                                                            "<|sep|>",
+                                                            "<|end_of_msg|>",
+                                                            "<|im_end|>",
+                                                            "<|im_user|>",
+                                                            "<|im_assistant|>",
+                                                            "<|im_system|>",
+                                                            "<|im_middle|>",
+                                                            "<|tool_calls_section_begin|>",
+                                                            "<|tool_calls_section_end|>",
+                                                            "<|tool_call_begin|>",
+                                                            "<|tool_call_argument_begin|>",
+                                                            "<|tool_call_end|>"};
+
 int k3c_chat_format_parse(const char *name, k3c_chat_format *out) {
     if (!strcmp(name, "xtml") || !strcmp(name, "k3"))
         *out = K3C_CHAT_XTML;
