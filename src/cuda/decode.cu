@@ -4,6 +4,7 @@
  * expert's weights (no host round trip), and CUDA graphs of repeated decode steps.
  * Spec: docs/MODEL.md §3.1 step 7, §4.2 (absorbed form), §6.2 + §9.2; docs/ENGINE.md "The step". */
 #include "cuda/common.cuh"
+#include "cuda/kda_step.cuh"
 #include "cuda/glu.cuh"
 
 extern "C" {
@@ -104,23 +105,7 @@ __global__ void __launch_bounds__(128)
         __syncthreads();
         for (int r = 0; r < n_t; r++) {
             const int64_t vo = ((t0 + r) * H + h) * DK + col;
-            float rr = 0.f;
-#pragma unroll
-            for (int i = 0; i < KP; i++) {
-                S[i] *= es[r][i0 + i];
-                rr += S[i] * ks[r][i0 + i];
-            }
-            rr += __shfl_xor_sync(0xffffffffu, rr, 1);
-            rr += __shfl_xor_sync(0xffffffffu, rr, 2);
-            const float delta = live ? bs[r] * (v[vo] - rr) : 0.f;
-            float acc = 0.f;
-#pragma unroll
-            for (int i = 0; i < KP; i++) {
-                S[i] += ks[r][i0 + i] * delta;
-                acc += S[i] * qs[r][i0 + i];
-            }
-            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-            acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+            const float acc = k3c_cu::kda_token_step<KP>(S, &es[r][i0], &ks[r][i0], &qs[r][i0], bs[r], v + vo, live);
             if (live && part == 0) o[vo] = acc;
         }
     }

@@ -1,6 +1,7 @@
 /* kda_recurrent.cu — the token-recurrent KDA forward in fp32 (decode steps and the reference on the device): one block
  * per (document, head, 32 state columns). docs/MODEL.md §3.1 step 7, §3.5. */
 #include "cuda/common.cuh"
+#include "cuda/kda_step.cuh"
 
 namespace k3c_cu {
 
@@ -34,23 +35,7 @@ __global__ void __launch_bounds__(128)
         __syncthreads();
         for (int r = 0; r < n_t; r++) {
             const int64_t vo = ((int64_t)(t0 + r) * H + h) * DV + col;
-            float rr = 0.f;
-#pragma unroll
-            for (int i = 0; i < KP; i++) {
-                S[i] *= es[r][i0 + i];
-                rr += S[i] * ks[r][i0 + i];
-            }
-            rr += __shfl_xor_sync(0xffffffffu, rr, 1);
-            rr += __shfl_xor_sync(0xffffffffu, rr, 2);
-            const float delta = live ? bs[r] * (v[vo] - rr) : 0.f;
-            float acc = 0.f;
-#pragma unroll
-            for (int i = 0; i < KP; i++) {
-                S[i] += ks[r][i0 + i] * delta;
-                acc += S[i] * qs[r][i0 + i];
-            }
-            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-            acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+            const float acc = kda_token_step<KP>(S, &es[r][i0], &ks[r][i0], &qs[r][i0], bs[r], v + vo, live);
             if (live && part == 0) o[vo] = acc;
         }
     }
