@@ -42,6 +42,52 @@ __device__ __forceinline__ float wdot(const void *w, const uint8_t *scale, int64
     return s;
 }
 
+/* Elements 4·c4 .. 4·c4 + 3 of row r (C % 4 == 0; rows 16-byte aligned for float32, 8 for bf16, 2 for MXFP4). */
+template <int TYPE>
+__device__ __forceinline__ float4 welem4(const void *w, const uint8_t *scale, int64_t r, int64_t C, int64_t c4) {
+    if (TYPE == K3C_QMAT_F32) return ((const float4 *)w)[r * (C / 4) + c4];
+    if (TYPE == K3C_QMAT_BF16) {
+        const uint2 v = ((const uint2 *)w)[r * (C / 4) + c4];
+        return make_float4(bf16f((uint16_t)v.x), bf16f((uint16_t)(v.x >> 16)), bf16f((uint16_t)v.y),
+                           bf16f((uint16_t)(v.y >> 16)));
+    }
+    const unsigned h = ((const uint16_t *)w)[r * (C / 4) + c4]; /* two bytes: four nibbles, low nibble first */
+    const float sc = ldexpf(1.f, (int)scale[r * (C / 32) + c4 / 8] - 127);
+    return make_float4(e2m1(h & 15u) * sc, e2m1((h >> 4) & 15u) * sc, e2m1((h >> 8) & 15u) * sc,
+                       e2m1((h >> 12) & 15u) * sc);
+}
+
+/* acc[j] = row r · x[j] for j < NB, every lane-strided group of four columns in order (so an input's sum is the same
+ * whatever NB is), U groups per lane loaded before any is used: a decode step's products are latency-bound, and this
+ * keeps U·(NB + 1) 16-byte loads in flight per lane. Every x[j] must be a readable row (callers repeat a real one for
+ * unused slots); C % 4 == 0 and the rows aligned as welem4 needs. */
+template <int TYPE, int NB, int U>
+__device__ __forceinline__ void row_dots(const void *w, const uint8_t *scale, int64_t r, int64_t C,
+                                         const float *const *x, float *acc) {
+    const int64_t C4 = C / 4;
+#pragma unroll
+    for (int j = 0; j < NB; j++) acc[j] = 0.f;
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int64_t c0 = threadIdx.x & 31; c0 < C4; c0 += 32 * U) {
+        float4 wv[U], xv[U][NB];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t c = c0 + 32 * u;
+            wv[u] = c < C4 ? welem4<TYPE>(w, scale, r, C, c) : zero;
+#pragma unroll
+            for (int j = 0; j < NB; j++) xv[u][j] = c < C4 ? ((const float4 *)x[j])[c] : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int j = 0; j < NB; j++)
+                acc[j] += wv[u].x * xv[u][j].x + wv[u].y * xv[u][j].y + wv[u].z * xv[u][j].z + wv[u].w * xv[u][j].w;
+    }
+#pragma unroll
+    for (int j = 0; j < NB; j++)
+        for (int o = 16; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+}
+
 template <int TYPE> __global__ void embed_kernel(const void *w, int64_t C, const int32_t *ids, float *y) {
     const int64_t i = blockIdx.x;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) y[i * C + c] = welem<TYPE>(w, nullptr, ids[i], C, c);
@@ -202,10 +248,14 @@ __global__ void moe_group_kernel(const int32_t *ids, int nk, int E, int32_t *ord
     for (int i = threadIdx.x; i < nk; i += blockDim.x) order[atomicAdd(&cur[ids[i]], 1)] = i;
 }
 
-/* The warp's dots of row r of one expert's [R, C] matrix with the tile's inputs (MB at most), lane-strided and reduced. */
+/* The warp's dots of row r of one expert's [R, C] matrix with the tile's inputs (MB at most, unused ones pointing at
+ * a real row): 16-byte groups when vec (C % 4 == 0, aligned rows; one input alone is the decode step's case), else
+ * lane-strided single elements. Reduced over the warp. */
 template <int TYPE>
 __device__ __forceinline__ void tile_dots(const void *w, const uint8_t *scale, int64_t r, int64_t C,
-                                          const float *const *x, int nb, float *acc) {
+                                          const float *const *x, int nb, bool vec, float *acc) {
+    if (vec && nb == 1) return row_dots<TYPE, 1, 8>(w, scale, r, C, x, acc);
+    if (vec) return row_dots<TYPE, MB, 2>(w, scale, r, C, x, acc);
 #pragma unroll
     for (int j = 0; j < MB; j++) acc[j] = 0.f;
     for (int64_t c = threadIdx.x & 31; c < C; c += 32) {
@@ -223,7 +273,7 @@ __device__ __forceinline__ void tile_dots(const void *w, const uint8_t *scale, i
 template <int TYPE>
 __global__ void moe_up_kernel(experts w1, experts w3, int64_t I, int64_t lat, int64_t k, const float *x,
                               const int32_t *order, const int32_t *tiles, const int32_t *ntile, glu_params gq,
-                              float *hbuf) {
+                              bool vec, float *hbuf) {
     const int t = blockIdx.x;
     const int64_t r = (int64_t)blockIdx.y * DW + threadIdx.x / 32;
     if (t >= *ntile || r >= I) return;
@@ -233,8 +283,8 @@ __global__ void moe_up_kernel(experts w1, experts w3, int64_t I, int64_t lat, in
     int32_t slot[MB];
     for (int j = 0; j < MB; j++) slot[j] = j < nb ? order[j0 + j] : 0, xs[j] = x + (slot[j] / k) * lat;
     float g[MB], u[MB];
-    tile_dots<TYPE>(w1.w + e * w1.stride, w1.scale + e * w1.sstride, r, lat, xs, nb, g);
-    tile_dots<TYPE>(w3.w + e * w3.stride, w3.scale + e * w3.sstride, r, lat, xs, nb, u);
+    tile_dots<TYPE>(w1.w + e * w1.stride, w1.scale + e * w1.sstride, r, lat, xs, nb, vec, g);
+    tile_dots<TYPE>(w3.w + e * w3.stride, w3.scale + e * w3.sstride, r, lat, xs, nb, vec, u);
     if ((threadIdx.x & 31) == 0)
         for (int j = 0; j < nb; j++) {
             float a, c, da, dc;
@@ -246,7 +296,7 @@ __global__ void moe_up_kernel(experts w1, experts w3, int64_t I, int64_t lat, in
 /* One warp per (tile, output row): u[slot, r] = w2[e][r] · h[slot] for the tile's slots. */
 template <int TYPE>
 __global__ void moe_down_kernel(experts w2, int64_t I, int64_t lat, const int32_t *order, const int32_t *tiles,
-                                const int32_t *ntile, const float *hbuf, float *u) {
+                                const int32_t *ntile, const float *hbuf, bool vec, float *u) {
     const int t = blockIdx.x;
     const int64_t r = (int64_t)blockIdx.y * DW + threadIdx.x / 32;
     if (t >= *ntile || r >= lat) return;
@@ -256,48 +306,74 @@ __global__ void moe_down_kernel(experts w2, int64_t I, int64_t lat, const int32_
     int32_t slot[MB];
     for (int j = 0; j < MB; j++) slot[j] = j < nb ? order[j0 + j] : 0, hs[j] = hbuf + (int64_t)slot[j] * I;
     float acc[MB];
-    tile_dots<TYPE>(w2.w + e * w2.stride, w2.scale + e * w2.sstride, r, I, hs, nb, acc);
+    tile_dots<TYPE>(w2.w + e * w2.stride, w2.scale + e * w2.sstride, r, I, hs, nb, vec, acc);
     if ((threadIdx.x & 31) == 0)
         for (int j = 0; j < nb; j++) u[(int64_t)slot[j] * lat + r] = acc[j];
 }
 
-/* out[t] = Σ_j topw[t, j] u[t·k + j] in slot order (the CPU's). */
+/* out[t] = Σ_j topw[t, j] u[t·k + j] in slot order (the CPU's): one thread per output, blocks over (token, columns). */
+constexpr int COMBINE_THREADS = 128;
 __global__ void moe_combine_kernel(int64_t k, int64_t lat, const float *topw, const float *u, float *out) {
-    const int64_t t = blockIdx.x;
-    for (int64_t e = threadIdx.x; e < lat; e += blockDim.x) {
-        float a = 0.f;
-        for (int64_t j = 0; j < k; j++) a += topw[t * k + j] * u[(t * k + j) * lat + e];
-        out[t * lat + e] = a;
+    const int64_t t = blockIdx.x, e = (int64_t)blockIdx.y * COMBINE_THREADS + threadIdx.x;
+    if (e >= lat) return;
+    float a = 0.f;
+#pragma unroll 8
+    for (int64_t j = 0; j < k; j++) a += topw[t * k + j] * u[(t * k + j) * lat + e];
+    out[t * lat + e] = a;
+}
+
+/* Up to MANY float32 products of n (< GEMM_ROWS) inputs in one launch: Y_i[j, r] (+)= W_i[r] · X_i[j]. Job i owns
+ * blocks b0[i] .. b0[i+1]; one warp per weight row, 16-byte loads, four inputs per pass (one alone when n is 1), each
+ * input's sum in the same order whatever n is (batched rows equal solo rows). */
+constexpr int MANY = 8;
+struct gemv_jobs {
+    int nj;
+    int64_t n;
+    int32_t b0[MANY + 1];
+    int64_t R[MANY], C[MANY];
+    const float *W[MANY], *X[MANY];
+    float *Y[MANY];
+    int acc[MANY];
+};
+
+__global__ void gemv_many_kernel(const gemv_jobs J) {
+    int i = 0;
+    while (i + 1 < J.nj && (int32_t)blockIdx.x >= J.b0[i + 1]) i++;
+    const int64_t R = J.R[i], C = J.C[i], r = (int64_t)(blockIdx.x - J.b0[i]) * DW + threadIdx.x / 32;
+    if (r >= R) return;
+    for (int64_t j0 = 0; j0 < J.n; j0 += 4) {
+        const int nb = (int)min((int64_t)4, J.n - j0);
+        const float *x[4];
+        float s[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) x[j] = J.X[i] + (j0 + (j < nb ? j : 0)) * C;
+        if (nb == 1)
+            row_dots<K3C_QMAT_F32, 1, 8>(J.W[i], nullptr, r, C, x, s);
+        else
+            row_dots<K3C_QMAT_F32, 4, 4>(J.W[i], nullptr, r, C, x, s);
+        if ((threadIdx.x & 31) == 0)
+            for (int j = 0; j < nb; j++) {
+                float *y = J.Y[i] + (j0 + j) * R + r;
+                *y = J.acc[i] ? *y + s[j] : s[j];
+            }
     }
 }
 
-/* Y[j, r] (+)= W[r] · X[j] for the n (< GEMM_ROWS) inputs: one warp per weight row, float4 loads, four inputs per
- * pass, each input's sum in the same order whatever n is (batched rows equal solo rows). */
-__global__ void gemv4_kernel(int64_t R, int64_t C4, const float4 *W, const float *X, int64_t n, float *Y, int acc) {
-    const int64_t r = (int64_t)blockIdx.x * DW + threadIdx.x / 32;
+/* One warp per (weight row, head) for n (< GEMM_ROWS) inputs: the absorbed MLA's per-head products in one launch, each
+ * head's inputs and outputs read and written in place (row j of head h at X + h·hx + j·ldx, Y + h·hy + j·ldy). */
+template <int TYPE>
+__global__ void gemv_heads_kernel(const char *W, int64_t hstride, int64_t R, int64_t C, const float *X, int64_t ldx,
+                                  int64_t hx, int64_t n, float *Y, int64_t ldy, int64_t hy) {
+    const int64_t h = blockIdx.y, r = (int64_t)blockIdx.x * DW + threadIdx.x / 32;
     if (r >= R) return;
-    const int lane = threadIdx.x & 31;
-    const float4 *w = W + r * C4;
-    for (int64_t j0 = 0; j0 < n; j0 += 4) {
-        const int nb = (int)min((int64_t)4, n - j0);
-        float s[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int64_t c = lane; c < C4; c += 32) {
-            const float4 wv = w[c];
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                if (j < nb) {
-                    const float4 x = ((const float4 *)(X + (j0 + j) * C4 * 4))[c];
-                    s[j] += wv.x * x.x + wv.y * x.y + wv.z * x.z + wv.w * x.w;
-                }
-        }
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            for (int o = 16; o > 0; o >>= 1) s[j] += __shfl_xor_sync(0xffffffffu, s[j], o);
-            if (lane == 0 && j < nb) {
-                float *y = Y + (j0 + j) * R + r;
-                *y = acc ? *y + s[j] : s[j];
-            }
-        }
+    const void *w = W + h * hstride;
+    for (int64_t j = 0; j < n; j++) {
+        const float *x = X + h * hx + j * ldx;
+        float s = 0.f;
+#pragma unroll 8
+        for (int64_t c = threadIdx.x & 31; c < C; c += 32) s += welem<TYPE>(w, nullptr, r, C, c) * x[c];
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if ((threadIdx.x & 31) == 0) Y[h * hy + j * ldy + r] = s;
     }
 }
 
@@ -307,17 +383,85 @@ __global__ void gemv4_kernel(int64_t R, int64_t C4, const float4 *W, const float
  * weight row per 8 inputs), below it a warp per weight row with 16-byte loads (decode is bandwidth-bound); other
  * views: k3c_qmat_mul_cuda (W4A16 / bf16 decoded in registers). */
 constexpr int64_t GEMM_ROWS = 16;
+
+/* Whether the fused float32 GEMV takes the job: few rows, 16-byte groups. */
+bool gemv_fits(const k3c_qmat_job &j) {
+    return j.W->type == K3C_QMAT_F32 && j.n > 0 && j.n < GEMM_ROWS && j.W->cols % 4 == 0 &&
+           !(((uintptr_t)j.W->w | (uintptr_t)j.X) & 15);
+}
+
+int gemv_launch(const k3c_qmat_job *jobs, int nj, k3c_err *err) {
+    gemv_jobs J{};
+    J.nj = nj, J.n = jobs[0].n;
+    for (int i = 0; i < nj; i++) {
+        const k3c_qmat *W = jobs[i].W;
+        J.R[i] = W->rows, J.C[i] = W->cols, J.W[i] = (const float *)W->w, J.X[i] = jobs[i].X, J.Y[i] = jobs[i].Y;
+        J.acc[i] = jobs[i].accumulate;
+        J.b0[i + 1] = J.b0[i] + (int32_t)((W->rows + DW - 1) / DW);
+    }
+    gemv_many_kernel<<<(unsigned)J.b0[nj], 32 * DW, 0, K3C_STREAM>>>(J);
+    K3C_CU_LAUNCHED("engine gemv");
+    return K3C_OK;
+}
+
+/* Float32 views: from GEMM_ROWS rows cuBLAS(Lt) in full fp32 (the step is a GEMM: a GEMV kernel would re-read each
+ * weight row per 8 inputs), below it a warp per weight row with 16-byte loads (decode is bandwidth-bound); other
+ * views: k3c_qmat_mul_cuda (W4A16 / bf16 decoded in registers). */
 int cu_qmat_mul(void *ctx, const k3c_qmat *W, const float *X, int64_t n, float *Y, int acc, k3c_err *err) {
+    const k3c_qmat_job j = {W, X, n, Y, acc};
+    if (gemv_fits(j)) return gemv_launch(&j, 1, err);
     if (W->type != K3C_QMAT_F32 || n <= 0) return k3c_qmat_mul_cuda(W, X, n, Y, acc, err);
     if (n >= GEMM_ROWS) {
         k3c_cuda_backend *b = (k3c_cuda_backend *)ctx;
         return k3c_matmul_cuda(&b->cu, 0, 1, n, W->rows, W->cols, 1.0, X, (const float *)W->w, acc ? 1.0 : 0.0, Y, 0,
                                err);
     }
-    if (W->cols % 4 || ((uintptr_t)W->w | (uintptr_t)X) & 15) return k3c_qmat_mul_cuda(W, X, n, Y, acc, err);
-    gemv4_kernel<<<(unsigned)((W->rows + DW - 1) / DW), 32 * DW, 0, K3C_STREAM>>>(W->rows, W->cols / 4,
-                                                                                  (const float4 *)W->w, X, n, Y, acc);
-    K3C_CU_LAUNCHED("engine gemv");
+    return k3c_qmat_mul_cuda(W, X, n, Y, acc, err);
+}
+
+/* Runs of consecutive jobs the fused GEMV takes (same n, at most MANY) go in one launch; the rest one by one. */
+int cu_qmat_mul_many(void *ctx, const k3c_qmat_job *jobs, int nj, k3c_err *err) {
+    for (int i = 0; i < nj;) {
+        int e = i;
+        while (e < nj && e - i < MANY && gemv_fits(jobs[e]) && jobs[e].n == jobs[i].n) e++;
+        int rc = e > i ? gemv_launch(jobs + i, e - i, err)
+                       : cu_qmat_mul(ctx, jobs[i].W, jobs[i].X, jobs[i].n, jobs[i].Y, jobs[i].accumulate, err);
+        if (rc) return rc;
+        i = e > i ? e : i + 1;
+    }
+    return K3C_OK;
+}
+
+size_t cu_heads_ws(const k3c_qmat *W, int64_t n) { return sizeof(float) * (size_t)(n * (W->rows + W->cols)); }
+
+/* Few rows and evenly spaced float32 / bf16 heads (uk_t is one block, uv row views of kv_b): one launch. Otherwise each
+ * head through a dense block in ws, as the CPU table does. */
+int cu_qmat_mul_heads(void *ctx, const k3c_qmat *W, int64_t heads, const float *X, int64_t ldx, int64_t hx, int64_t n,
+                      float *Y, int64_t ldy, int64_t hy, void *ws, k3c_err *err) {
+    if (n <= 0 || heads <= 0) return K3C_OK;
+    const int64_t R = W->rows, C = W->cols;
+    const int64_t hs = heads > 1 ? (const char *)W[1].w - (const char *)W[0].w : 0;
+    bool one = n < GEMM_ROWS && (W->type == K3C_QMAT_F32 || W->type == K3C_QMAT_BF16) && heads < 65536;
+    for (int64_t h = 1; one && h < heads; h++)
+        one = W[h].type == W->type && W[h].rows == R && W[h].cols == C && (const char *)W[h].w == (const char *)W->w + h * hs;
+    if (one) {
+        const dim3 grid((unsigned)((R + DW - 1) / DW), (unsigned)heads);
+        if (W->type == K3C_QMAT_F32)
+            gemv_heads_kernel<K3C_QMAT_F32><<<grid, 32 * DW, 0, K3C_STREAM>>>((const char *)W->w, hs, R, C, X, ldx, hx, n,
+                                                                              Y, ldy, hy);
+        else
+            gemv_heads_kernel<K3C_QMAT_BF16><<<grid, 32 * DW, 0, K3C_STREAM>>>((const char *)W->w, hs, R, C, X, ldx, hx,
+                                                                               n, Y, ldy, hy);
+        K3C_CU_LAUNCHED("engine per-head products");
+        return K3C_OK;
+    }
+    float *xs = (float *)ws, *ys = xs + n * C;
+    for (int64_t h = 0; h < heads; h++) {
+        int rc = k3c_copy2d_cuda(n, C, X + h * hx, ldx, xs, C, 0, err);
+        if (!rc) rc = cu_qmat_mul(ctx, &W[h], xs, n, ys, 0, err);
+        if (!rc) rc = k3c_copy2d_cuda(n, R, ys, R, Y + h * hy, ldy, 0, err);
+        if (rc) return rc;
+    }
     return K3C_OK;
 }
 
@@ -405,15 +549,24 @@ size_t cu_moe_ws(const k3c_dec_moe *m, int64_t n) {
            sizeof(int32_t) * (size_t)(nk + 3 * (nk / MB + m->E) + 1);
 }
 
+/* 16-byte groups need C % 4 == 0 and every row start aligned (float32 16 bytes, bf16 8, MXFP4 2). */
+bool aligned_rows(const experts &x, int64_t C, int type) {
+    const int64_t a = type == K3C_QMAT_F32 ? 16 : type == K3C_QMAT_BF16 ? 8 : 2;
+    const int64_t row = type == K3C_QMAT_F32 ? 4 * C : type == K3C_QMAT_BF16 ? 2 * C : C / 2;
+    return C % 4 == 0 && (uintptr_t)x.w % a == 0 && x.stride % a == 0 && row % a == 0;
+}
+
 template <int TYPE>
 void moe_launch(const k3c_dec_moe *m, const experts &w1, const experts &w3, const experts &w2, glu_params gq,
                 const float *x, int64_t n, const int32_t *order, const int32_t *tiles, const int32_t *ntile,
                 float *hbuf, float *u) {
     const unsigned max_tiles = (unsigned)(n * m->k / MB + m->E);
+    const bool vec_up = aligned_rows(w1, m->lat, TYPE) && aligned_rows(w3, m->lat, TYPE) && (uintptr_t)x % 16 == 0;
+    const bool vec_down = aligned_rows(w2, m->inter, TYPE) && (uintptr_t)hbuf % 16 == 0;
     moe_up_kernel<TYPE><<<dim3(max_tiles, (unsigned)((m->inter + DW - 1) / DW)), 32 * DW, 0, K3C_STREAM>>>(
-        w1, w3, m->inter, m->lat, m->k, x, order, tiles, ntile, gq, hbuf);
+        w1, w3, m->inter, m->lat, m->k, x, order, tiles, ntile, gq, vec_up, hbuf);
     moe_down_kernel<TYPE><<<dim3(max_tiles, (unsigned)((m->lat + DW - 1) / DW)), 32 * DW, 0, K3C_STREAM>>>(
-        w2, m->inter, m->lat, order, tiles, ntile, hbuf, u);
+        w2, m->inter, m->lat, order, tiles, ntile, hbuf, vec_down, u);
 }
 
 int cu_moe(const k3c_dec_moe *m, const float *x, int64_t n, const int32_t *ids, const float *topw, float *out, void *ws,
@@ -438,7 +591,8 @@ int cu_moe(const k3c_dec_moe *m, const float *x, int64_t n, const int32_t *ids, 
     default: moe_launch<K3C_QMAT_MXFP4>(m, w1, w3, w2, gq, x, n, order, tiles, ntile, hbuf, u); break;
     }
     K3C_CU_LAUNCHED("engine experts");
-    moe_combine_kernel<<<(unsigned)n, 128, 0, K3C_STREAM>>>(m->k, m->lat, topw, u, out);
+    moe_combine_kernel<<<dim3((unsigned)n, (unsigned)((m->lat + COMBINE_THREADS - 1) / COMBINE_THREADS)),
+                         COMBINE_THREADS, 0, K3C_STREAM>>>(m->k, m->lat, topw, u, out);
     K3C_CU_LAUNCHED("engine experts combine");
     return K3C_OK;
 }
@@ -492,6 +646,6 @@ int cu_glu(const k3c_glu_sizes *s, const float *gate, const float *up, float *h,
 } // namespace
 
 extern "C" const k3c_dec_ops k3c_dec_cuda = {
-    "cuda",    cu_qmat_mul, cu_embed, cu_conv, cu_kda_ws,     cu_kda,         cu_cache_put, cu_attend_ws,
+    "cuda",    cu_qmat_mul, cu_qmat_mul_many, cu_heads_ws, cu_qmat_mul_heads, cu_embed, cu_conv, cu_kda_ws,     cu_kda,         cu_cache_put, cu_attend_ws,
     cu_attend, cu_moe_ws,   cu_moe,   cu_glu,  cu_graph_open, cu_graph_close, cu_run,
 };

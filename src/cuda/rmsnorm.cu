@@ -56,6 +56,32 @@ __global__ void rms_fwd_kernel(int64_t rows, int64_t D, double eps, const float 
     }
 }
 
+/* Few rows (the engine's decode steps): one block of RMS_BLOCK threads per row, so a row's loads are all in flight at
+ * once (a warp alone walks a 1024-wide row in 32 dependent loads). The same formula; the sum in another order. */
+constexpr int RMS_BLOCK = 256, RMS_FEW_ROWS = 1024;
+__global__ void __launch_bounds__(RMS_BLOCK) rms_fwd_block_kernel(int64_t D, double eps, const float *x,
+                                                                  const float *gate, const float *w, float *y,
+                                                                  float *rstd) {
+    __shared__ double part[RMS_BLOCK / 32];
+    const int64_t i = blockIdx.x;
+    const float *xi = x + i * D;
+    double ss = 0;
+    for (int64_t j = threadIdx.x; j < D; j += RMS_BLOCK) ss += (double)xi[j] * xi[j];
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads(); /* every read of x is done before any write of y (y may alias x) */
+    double tot = 0;
+    for (int k = 0; k < RMS_BLOCK / 32; k++) tot += part[k];
+    const float r = (float)(1.0 / sqrt(tot / (double)D + eps));
+    if (rstd && threadIdx.x == 0) rstd[i] = r;
+    float *yi = y + i * D;
+    for (int64_t j = threadIdx.x; j < D; j += RMS_BLOCK) {
+        float v = w[j] * (xi[j] * r);
+        if (gate) v = v * sigmoid_f(gate[i * D + j]);
+        yi[j] = v;
+    }
+}
+
 /* One warp per row (rmsnorm.c rms_bwd_rows): dgate += dy·(w·x·r)·σ(1−σ); dx += r (w⊙g − x·r·c), c = mean(x·r·w·g),
  * g = eff_dy. Either output may be NULL. */
 __global__ void rms_bwd_rows_kernel(int64_t rows, int64_t D, const float *x, const float *gate, const float *w,
@@ -114,8 +140,11 @@ int rms_fwd(const k3c_rmsnorm_sizes *s, const float *x, const float *gate, const
             const char *op, k3c_err *err) {
     int rc = rms_check(s, op, err);
     if (rc || s->rows == 0) return rc;
-    rms_fwd_kernel<<<blocks_for(s->rows, WARPS), 32 * WARPS, 0, K3C_STREAM>>>(s->rows, s->D, s->eps, x, gate, w, y,
-                                                                              rstd);
+    if (s->rows <= RMS_FEW_ROWS)
+        rms_fwd_block_kernel<<<(unsigned)s->rows, RMS_BLOCK, 0, K3C_STREAM>>>(s->D, s->eps, x, gate, w, y, rstd);
+    else
+        rms_fwd_kernel<<<blocks_for(s->rows, WARPS), 32 * WARPS, 0, K3C_STREAM>>>(s->rows, s->D, s->eps, x, gate, w,
+                                                                                  y, rstd);
     K3C_CU_LAUNCHED(op);
     return 0;
 }

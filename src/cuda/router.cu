@@ -14,7 +14,9 @@ __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x))
 __device__ __forceinline__ bool ranks_before(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
 
 /* One warp per token: k + 1 rounds of a warp arg-max, each over the experts ranking after the previous pick, so no
- * per-token marking is needed and the order is the CPU's. */
+ * per-token marking is needed and the order is the CPU's. Each lane keeps its experts' scores in registers (up to
+ * 32 · ROUTER_PER experts; more are re-read each round): the rounds are then shuffles, not dependent loads. */
+constexpr int ROUTER_PER = 32;
 __global__ void router_fwd_kernel(int64_t T, int n, int k, int renorm, float scale, const float *logits,
                                   const float *bias, int32_t *ids, float *w, float *cutoff, int *nonfinite) {
     const int lane = threadIdx.x & 31;
@@ -22,23 +24,41 @@ __global__ void router_fwd_kernel(int64_t T, int n, int k, int renorm, float sca
     if (t >= T) return;
     const float *lg = logits + t * n;
     bool bad = false;
+    float sv[ROUTER_PER];
+#pragma unroll
+    for (int i = 0; i < ROUTER_PER; i++) sv[i] = -INFINITY;
     for (int e = lane; e < n; e += 32) {
         float v = sigm(lg[e]) + (bias ? bias[e] : 0.f);
         bad |= !isfinite(lg[e]) || !isfinite(v);
+#pragma unroll
+        for (int i = 0; i < ROUTER_PER; i++)
+            if (e == lane + 32 * i) sv[i] = v;
+            else if (32 * i > e) break;
     }
     if (__any_sync(0xffffffffu, bad)) {
         if (lane == 0 && nonfinite) atomicExch(nonfinite, 1);
         return;
     }
+    const bool cached = n <= 32 * ROUTER_PER;
     float pv = 0.f, sum = 0.f; /* the previous pick (none in round 0) */
     int pi = 0;
     const int rounds = k < n ? k + 1 : k;
     for (int j = 0; j < rounds; j++) {
         float bv = -INFINITY;
         int bi = INT_MAX;
-        for (int e = lane; e < n; e += 32) {
-            float v = sigm(lg[e]) + (bias ? bias[e] : 0.f);
-            if ((j == 0 || ranks_before(pv, pi, v, e)) && ranks_before(v, e, bv, bi)) bv = v, bi = e;
+        if (cached) {
+#pragma unroll
+            for (int i = 0; i < ROUTER_PER; i++) {
+                if (32 * i >= n) break; /* uniform: a round costs the experts there are, not ROUTER_PER */
+                const int e = lane + 32 * i;
+                if (e < n && (j == 0 || ranks_before(pv, pi, sv[i], e)) && ranks_before(sv[i], e, bv, bi))
+                    bv = sv[i], bi = e;
+            }
+        } else {
+            for (int e = lane; e < n; e += 32) {
+                float v = sigm(lg[e]) + (bias ? bias[e] : 0.f);
+                if ((j == 0 || ranks_before(pv, pi, v, e)) && ranks_before(v, e, bv, bi)) bv = v, bi = e;
+            }
         }
         for (int o = 16; o; o >>= 1) {
             float ov = __shfl_xor_sync(0xffffffffu, bv, o);

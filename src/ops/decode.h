@@ -41,6 +41,15 @@ typedef struct k3c_dec_ops {
     const char *name;
     /* Y [n, W.rows] (+)= X [n, W.cols] · Wᵀ, W's storage in backend memory (k3c_qmat_mul); ctx: the backend's */
     int (*qmat_mul)(void *ctx, const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate, k3c_err *err);
+    /* The jobs' products (k3c_qmat_mul_many: each equal to its k3c_qmat_mul alone), in as few launches as the backend
+     * can: the step's products of one input (q, k, v, gates; router and shared expert) share one pass */
+    int (*qmat_mul_many)(void *ctx, const k3c_qmat_job *jobs, int njobs, k3c_err *err);
+    /* Per head h < heads: Y_h [n, W[h].rows] = X_h [n, W[h].cols] · W[h]ᵀ, row j of X_h read at X + h·hx + j·ldx and
+     * row j of Y_h written at Y + h·hy + j·ldy (the absorbed MLA's per-head up-projections, in place in the step's
+     * buffers). Every W[h] has W[0]'s type and shape. ws: heads_workspace(W, n) bytes */
+    size_t (*heads_workspace)(const k3c_qmat *W, int64_t n);
+    int (*qmat_mul_heads)(void *ctx, const k3c_qmat *W, int64_t heads, const float *X, int64_t ldx, int64_t hx,
+                          int64_t n, float *Y, int64_t ldy, int64_t hy, void *ws, k3c_err *err);
     /* y [n, cols] = rows ids[0..n) of E (ids in backend memory, checked by the caller) */
     int (*embed)(const k3c_qmat *E, const int32_t *ids, int64_t n, float *y, k3c_err *err);
     /* Causal depthwise conv of x [n, P] with w [P, W] per segment, continuing from the tails at seg.kda + off

@@ -23,6 +23,28 @@ static int cpu_qmat_mul(void *ctx, const k3c_qmat *W, const float *X, int64_t n,
     return K3C_OK;
 }
 
+static int cpu_qmat_mul_many(void *ctx, const k3c_qmat_job *jobs, int njobs, k3c_err *err) {
+    (void)ctx, (void)err;
+    k3c_qmat_mul_many(jobs, njobs);
+    return K3C_OK;
+}
+
+static size_t cpu_heads_ws(const k3c_qmat *W, int64_t n) { return sizeof(float) * (size_t)(n * (W->rows + W->cols)); }
+
+/* Gathers each head's rows into a dense block, multiplies, scatters: the products k3c_qmat_mul makes of dense rows. */
+static int cpu_qmat_mul_heads(void *ctx, const k3c_qmat *W, int64_t heads, const float *X, int64_t ldx, int64_t hx,
+                              int64_t n, float *Y, int64_t ldy, int64_t hy, void *ws, k3c_err *err) {
+    (void)ctx, (void)err;
+    const int64_t R = W->rows, C = W->cols;
+    float *xs = ws, *ys = xs + n * C;
+    for (int64_t h = 0; h < heads; h++) {
+        for (int64_t j = 0; j < n; j++) memcpy(xs + j * C, X + h * hx + j * ldx, sizeof(float) * (size_t)C);
+        k3c_qmat_mul(&W[h], xs, n, ys, 0);
+        for (int64_t j = 0; j < n; j++) memcpy(Y + h * hy + j * ldy, ys + j * R, sizeof(float) * (size_t)R);
+    }
+    return K3C_OK;
+}
+
 static int cpu_embed(const k3c_qmat *E, const int32_t *ids, int64_t n, float *y, k3c_err *err) {
     (void)err;
     for (int64_t i = 0; i < n; i++) k3c_qmat_row(E, ids[i], y + i * E->cols);
@@ -227,6 +249,9 @@ static int cpu_run(void *g, int64_t key, int (*fn)(void *arg, k3c_err *err), voi
 const k3c_dec_ops k3c_dec_cpu = {
     .name = "cpu",
     .qmat_mul = cpu_qmat_mul,
+    .qmat_mul_many = cpu_qmat_mul_many,
+    .heads_workspace = cpu_heads_ws,
+    .qmat_mul_heads = cpu_qmat_mul_heads,
     .embed = cpu_embed,
     .conv = cpu_conv,
     .kda_workspace = cpu_kda_ws,

@@ -31,8 +31,8 @@ typedef struct {
     float *pre[3], *post[3], *blog, *beta, *fa, *z, *g, *o, *gl, *ga, *y1;
     void *kda_ws;
     /* MLA */
-    float *qa, *q, *kva, *cn, *qlat, *qtmp, *olat, *vh, *mo, *mg;
-    void *att_ws;
+    float *qa, *q, *kva, *cn, *qlat, *olat, *mo, *mg;
+    void *att_ws, *heads_ws;
     /* FFN */
     float *rlog, *topw, *zin, *fg, *fu, *fh, *ys, *u, *un;
     int32_t *ids;
@@ -101,9 +101,12 @@ static void plan(const k3c_eng_ws *ws, int64_t n, k3c_carver *cv, eng_bufs *b) {
     if (d->n_mla) {
         int64_t Hm = d->Hm;
         b->qa = F(n * (d->r > 0 ? d->r : 1)), b->q = F(n * Hm * (d->nope + d->rope)), b->kva = F(n * d->lat_w);
-        b->cn = F(n * d->rkv), b->qlat = F(Hm * n * d->lat_w), b->qtmp = F(n * d->nope);
-        b->olat = F(Hm * n * d->rkv), b->vh = F(n * d->dv), b->mo = F(n * Hm * d->dv), b->mg = F(n * Hm * d->dv);
+        b->cn = F(n * d->rkv), b->qlat = F(Hm * n * d->lat_w);
+        b->olat = F(Hm * n * d->rkv), b->mo = F(n * Hm * d->dv), b->mg = F(n * Hm * d->dv);
         b->att_ws = k3c_carve(cv, ws->ops->attend_workspace(&ws->dd));
+        const k3c_qmat uk = {K3C_QMAT_F32, d->rkv, d->nope, NULL, NULL}, uv = {K3C_QMAT_F32, d->dv, d->rkv, NULL, NULL};
+        const size_t hk = ws->ops->heads_workspace(&uk, n), hv = ws->ops->heads_workspace(&uv, n);
+        b->heads_ws = k3c_carve(cv, hk > hv ? hk : hv);
     }
     if (E > 0) {
         k3c_dec_moe m = moe_of(c, NULL);
@@ -172,30 +175,29 @@ static int kda_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
     const int64_t P = d->P, H = d->H, dk = d->dk, off = (int64_t)d->idx[l] * d->kda_floats;
     const k3c_qmat *Wp[3] = {&L->q_proj, &L->k_proj, &L->v_proj};
     const float *Wc[3] = {L->q_conv, L->k_conv, L->v_conv};
-    for (int i = 0; i < 3; i++) {
-        CHECK_RC(op->qmat_mul(ws->be->ctx, Wp[i], b->xn, n, b->pre[i], 0, err));
-        /* tails after S [H, dk, dk]: q, k, v in turn */
+    /* every product of xn in one pass: q, k, v, β's logits, the gate's first factor, the output gate's */
+    const int full = c->kda_full_rank_gate;
+    const k3c_qmat_job xj[6] = {{Wp[0], b->xn, n, b->pre[0], 0},
+                                {Wp[1], b->xn, n, b->pre[1], 0},
+                                {Wp[2], b->xn, n, b->pre[2], 0},
+                                {&L->b_proj, b->xn, n, b->blog, 0},
+                                {&L->f_a, b->xn, n, b->fa, 0},
+                                {full ? &L->g_proj : &L->g_a, b->xn, n, full ? b->gl : b->ga, 0}};
+    CHECK_RC(op->qmat_mul_many(ws->be->ctx, xj, 6, err));
+    for (int i = 0; i < 3; i++) /* tails after S [H, dk, dk]: q, k, v in turn */
         CHECK_RC(
             op->conv(&ws->batch, &ws->dd, off + H * dk * dk + i * P * (d->W - 1), b->pre[i], Wc[i], b->post[i], err));
-    }
     k3c_l2norm_dims ld = {n * H, dk, 1e-6};
     CHECK_RC(be->l2norm_fwd(&ld, b->post[0], b->post[0], NULL, err));
     CHECK_RC(be->l2norm_fwd(&ld, b->post[1], b->post[1], NULL, err));
-    CHECK_RC(op->qmat_mul(ws->be->ctx, &L->b_proj, b->xn, n, b->blog, 0, err));
     CHECK_RC(be->sigmoid(n * H, b->blog, b->beta, err));
-    CHECK_RC(op->qmat_mul(ws->be->ctx, &L->f_a, b->xn, n, b->fa, 0, err));
-    CHECK_RC(op->qmat_mul(ws->be->ctx, &L->f_b, b->fa, n, b->z, 0, err));
+    const k3c_qmat_job sj[2] = {{&L->f_b, b->fa, n, b->z, 0}, {&L->g_b, b->ga, n, b->gl, 0}};
+    CHECK_RC(op->qmat_mul_many(ws->be->ctx, sj, full ? 1 : 2, err));
     k3c_kda_gate_dims gd = {n, H, dk, c->kda_gate, c->gate_lower_bound};
     CHECK_RC(be->kda_gate_fwd(&gd, b->z, L->dt_bias, L->A_log, b->g, err));
     double bound = c->kda_gate == K3C_GATE_LOWER_BOUND ? c->gate_lower_bound : 0;
     CHECK_RC(op->kda(&ws->batch, &ws->dd, off, b->post[0], b->post[1], b->post[2], b->g, b->beta, bound, b->o,
                      b->kda_ws, err));
-    if (c->kda_full_rank_gate) {
-        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->g_proj, b->xn, n, b->gl, 0, err));
-    } else {
-        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->g_a, b->xn, n, b->ga, 0, err));
-        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->g_b, b->ga, n, b->gl, 0, err));
-    }
     k3c_rmsnorm_sizes rs = {n * H, dk, c->rms_norm_eps};
     CHECK_RC(be->gated_rmsnorm_fwd(&rs, b->o, b->gl, L->o_norm, b->y1, NULL, err));
     return op->qmat_mul(ws->be->ctx, &L->o_proj, b->y1, n, b->y, 0, err);
@@ -211,38 +213,34 @@ static int mla_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
     const k3c_dec_ops *op = ws->ops;
     const int64_t Hm = d->Hm, nope = d->nope, rope = d->rope, dqk = nope + rope, dv = d->dv, rkv = d->rkv;
     const int64_t lw = d->lat_w;
+    const k3c_qmat_job xj[3] = {{&L->kv_a, b->xn, n, b->kva, 0}, /* every product of xn in one pass */
+                                {d->r > 0 ? &L->q_a : &L->q_proj, b->xn, n, d->r > 0 ? b->qa : b->q, 0},
+                                {&L->g_proj, b->xn, n, b->mg, 0}};
+    CHECK_RC(op->qmat_mul_many(ws->be->ctx, xj, c->mla_output_gate ? 3 : 2, err));
     if (d->r > 0) {
-        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->q_a, b->xn, n, b->qa, 0, err));
         k3c_rmsnorm_sizes rq = {n, d->r, c->mla_norm_eps};
         CHECK_RC(be->rmsnorm_fwd(&rq, b->qa, L->q_a_norm, b->qa, NULL, err));
         CHECK_RC(op->qmat_mul(ws->be->ctx, &L->q_b, b->qa, n, b->q, 0, err));
-    } else {
-        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->q_proj, b->xn, n, b->q, 0, err));
     }
-    CHECK_RC(op->qmat_mul(ws->be->ctx, &L->kv_a, b->xn, n, b->kva, 0, err));
     CHECK_RC(be->copy2d(n, rkv, b->kva, lw, b->cn, rkv, 0, err));
     k3c_rmsnorm_sizes rc = {n, rkv, c->mla_norm_eps};
     CHECK_RC(be->rmsnorm_fwd(&rc, b->cn, L->kv_a_norm, b->cn, NULL, err));
     /* the cache gets [c_KV (normalised) ; k_pe] of every new token before anyone attends (a token sees itself) */
     CHECK_RC(op->cache_put(&ws->batch, &ws->dd, d->idx[l], b->cn, b->kva, err));
     /* queries in latent space per head: [W_UK,hᵀ q_nope,h ; q_pe,h], laid out [Hm, n, lw] */
-    for (int64_t h = 0; h < Hm; h++) {
-        float *qh = b->qlat + h * n * lw;
-        CHECK_RC(be->copy2d(n, nope, b->q + h * dqk, Hm * dqk, b->qtmp, nope, 0, err));
-        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->uk_t[h], b->qtmp, n, b->olat, 0, err)); /* olat as scratch [n, rkv] */
-        CHECK_RC(be->copy2d(n, rkv, b->olat, rkv, qh, lw, 0, err));
-        CHECK_RC(be->copy2d(n, rope, b->q + h * dqk + nope, Hm * dqk, qh + rkv, lw, 0, err));
-    }
+    CHECK_RC(op->qmat_mul_heads(ws->be->ctx, L->uk_t, Hm, b->q, Hm * dqk, dqk, n, b->qlat, lw, n * lw, b->heads_ws, err));
+    if (n <= Hm) /* the rope parts: one strided copy per row or per head, whichever is fewer */
+        for (int64_t j = 0; j < n; j++)
+            CHECK_RC(be->copy2d(Hm, rope, b->q + j * Hm * dqk + nope, dqk, b->qlat + j * lw + rkv, n * lw, 0, err));
+    else
+        for (int64_t h = 0; h < Hm; h++)
+            CHECK_RC(be->copy2d(n, rope, b->q + h * dqk + nope, Hm * dqk, b->qlat + h * n * lw + rkv, lw, 0, err));
     const float scale = (float)(1.0 / sqrt((double)dqk));
     CHECK_RC(op->attend(&ws->batch, &ws->dd, d->idx[l], b->qlat, scale, b->olat, b->att_ws, err));
-    /* values out of latent space per head: o_h = W_UV,h õ_h */
-    for (int64_t h = 0; h < Hm; h++) {
-        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->uv[h], b->olat + h * n * rkv, n, b->vh, 0, err));
-        CHECK_RC(be->copy2d(n, dv, b->vh, dv, b->mo + h * dv, Hm * dv, 0, err));
-    }
+    /* values out of latent space per head, o_h = W_UV,h õ_h, straight into their columns of mo [n, Hm·dv] */
+    CHECK_RC(op->qmat_mul_heads(ws->be->ctx, L->uv, Hm, b->olat, rkv, n * rkv, n, b->mo, Hm * dv, dv, b->heads_ws, err));
     const float *out = b->mo;
     if (c->mla_output_gate) {
-        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->g_proj, b->xn, n, b->mg, 0, err));
         CHECK_RC(be->sigmoid_gate_fwd(n * Hm * dv, b->mo, b->mg, b->mg, err));
         out = b->mg;
     }
@@ -251,12 +249,10 @@ static int mla_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
 
 /* ---------------------------------------------------------------- FFN (§6.2, §8, §9.2) */
 
-static int glu_mlp(const k3c_eng_ws *ws, const k3c_qmat *gate, const k3c_qmat *up, const k3c_qmat *down, const float *x,
-                   int64_t n, float *y, k3c_err *err) {
+/* h = act(gate) ⊙ up of the products already made, then y = down(h) */
+static int glu_down(const k3c_eng_ws *ws, const k3c_qmat *down, int64_t inter, int64_t n, float *y, k3c_err *err) {
     const eng_bufs *b = &ws->b;
-    CHECK_RC(ws->ops->qmat_mul(ws->be->ctx, gate, x, n, b->fg, 0, err));
-    CHECK_RC(ws->ops->qmat_mul(ws->be->ctx, up, x, n, b->fu, 0, err));
-    k3c_glu_sizes gs = {n, gate->rows, k3c_glu_act_from_config(&ws->w->cfg)};
+    k3c_glu_sizes gs = {n, inter, k3c_glu_act_from_config(&ws->w->cfg)};
     CHECK_RC(ws->ops->glu(&gs, b->fg, b->fu, b->fh, err));
     return ws->ops->qmat_mul(ws->be->ctx, down, b->fh, n, y, 0, err);
 }
@@ -267,16 +263,25 @@ static int ffn_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
     const k3c_backend_f32 *be = ws->be;
     const k3c_dec_ops *op = ws->ops;
     const int64_t D = ws->d.D;
-    if (c->ffn[l] == K3C_FFN_DENSE) return glu_mlp(ws, &L->mlp_gate, &L->mlp_up, &L->mlp_down, b->xn, n, b->y, err);
+    k3c_qmat_job xj[4]; /* every product of xn in one pass */
+    int nj = 0;
+    if (c->ffn[l] == K3C_FFN_DENSE) {
+        xj[nj++] = (k3c_qmat_job){&L->mlp_gate, b->xn, n, b->fg, 0};
+        xj[nj++] = (k3c_qmat_job){&L->mlp_up, b->xn, n, b->fu, 0};
+        CHECK_RC(op->qmat_mul_many(ws->be->ctx, xj, nj, err));
+        return glu_down(ws, &L->mlp_down, L->mlp_gate.rows, n, b->y, err);
+    }
     const k3c_dec_moe m = moe_of(c, L);
-    CHECK_RC(op->qmat_mul(ws->be->ctx, &L->router, b->xn, n, b->rlog, 0, err));
+    xj[nj++] = (k3c_qmat_job){&L->router, b->xn, n, b->rlog, 0};
+    if (c->latent_dim > 0) xj[nj++] = (k3c_qmat_job){&L->latent_down, b->xn, n, b->zin, 0};
+    if (c->num_shared_experts > 0) {
+        xj[nj++] = (k3c_qmat_job){&L->shared_gate, b->xn, n, b->fg, 0};
+        xj[nj++] = (k3c_qmat_job){&L->shared_up, b->xn, n, b->fu, 0};
+    }
+    CHECK_RC(op->qmat_mul_many(ws->be->ctx, xj, nj, err));
     k3c_router_sizes rs = {n, m.E, m.k, c->renormalize, c->routed_scaling_factor};
     CHECK_RC(be->router_fwd(&rs, b->rlog, L->router_bias, b->ids, b->topw, NULL, err));
-    const float *xin = b->xn;
-    if (c->latent_dim > 0) {
-        CHECK_RC(op->qmat_mul(ws->be->ctx, &L->latent_down, b->xn, n, b->zin, 0, err));
-        xin = b->zin;
-    }
+    const float *xin = c->latent_dim > 0 ? b->zin : b->xn;
     float *u = c->latent_dim > 0 ? b->u : b->y;
     CHECK_RC(op->moe(&m, xin, n, b->ids, b->topw, u, b->moe_ws, err));
     if (c->latent_dim > 0) {
@@ -289,7 +294,7 @@ static int ffn_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
         CHECK_RC(op->qmat_mul(ws->be->ctx, &L->latent_up, un, n, b->y, 0, err));
     }
     if (c->num_shared_experts > 0) {
-        CHECK_RC(glu_mlp(ws, &L->shared_gate, &L->shared_up, &L->shared_down, b->xn, n, b->ys, err));
+        CHECK_RC(glu_down(ws, &L->shared_down, L->shared_gate.rows, n, b->ys, err));
         CHECK_RC(be->add(n * D, b->ys, b->y, err));
     }
     return K3C_OK;

@@ -222,6 +222,59 @@ static void model_case(harness &h, k3c_cuda_backend *cb, const char *rel) {
     k3c_model_free_f32(&mg);
 }
 
+/* The routed experts as released (bf16, MXFP4 with E8M0 scales), decoded inside the CUDA products (16-byte groups when
+ * rows allow, lane-strided elements otherwise), against the CPU table's experts on the same packed bytes: n tokens,
+ * top-k of E experts, SiLU and SiTU. Every row's relative error against the CPU's (float sums in other orders). */
+static void stored_experts(harness &h, int type, int64_t n, int act, int64_t lat) {
+    const int64_t E = 8, k = 3, I = 64;
+    k3c_rng r = {(uint64_t)(17 + type * 31 + n + lat), 0};
+    const int64_t el = type == K3C_QMAT_BF16 ? 2 : 0; /* bytes per element (MXFP4: half a byte + scales) */
+    const int64_t rows[3] = {I, I, lat}, cols[3] = {lat, lat, I};
+    std::vector<uint8_t> wb[3], sb[3];
+    std::vector<k3c_qmat> hv[3], dv[3];
+    dbuf *dw[3], *ds[3];
+    for (int m = 0; m < 3; m++) {
+        const int64_t per = rows[m] * cols[m], wbytes = el ? per * el : per / 2, sbytes = el ? 0 : per / 32;
+        wb[m].resize((size_t)(E * wbytes));
+        for (size_t i = 0; i < wb[m].size(); i++) {
+            uint8_t b = (uint8_t)(k3c_rng_u64(&r) & 0xFF);
+            if (el && (i & 1)) b = (uint8_t)(0x3C + (b & 3) - ((b >> 2) & 1) * 0x80); /* bf16 high byte: ±[2^-7, 2^-4) */
+            wb[m][i] = b;
+        }
+        sb[m].resize((size_t)(E * sbytes + 1));
+        for (auto &x : sb[m]) x = (uint8_t)(122 + k3c_rng_u64(&r) % 4); /* scales 2^-5 .. 2^-2 */
+        dw[m] = new dbuf(h, wb[m].data(), wb[m].size());
+        ds[m] = new dbuf(h, sb[m].data(), sb[m].size());
+        for (int64_t e = 0; e < E; e++) {
+            hv[m].push_back({type, rows[m], cols[m], wb[m].data() + e * wbytes, el ? nullptr : sb[m].data() + e * sbytes});
+            dv[m].push_back({type, rows[m], cols[m], dw[m]->as<uint8_t>() + e * wbytes,
+                             el ? nullptr : ds[m]->as<uint8_t>() + e * sbytes});
+        }
+    }
+    std::vector<float> x((size_t)(n * lat)), topw((size_t)(n * k));
+    std::vector<int32_t> ids((size_t)(n * k));
+    for (auto &v : x) v = (float)(k3c_rng_uniform(&r) * 2 - 1);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t j = 0; j < k; j++)
+            ids[(size_t)(t * k + j)] = (int32_t)((t * 5 + j * 3) % E), topw[(size_t)(t * k + j)] = 0.2f + 0.1f * j;
+    const k3c_glu_act a = {act, act == K3C_ACT_SITU ? 4.0 : 0, act == K3C_ACT_SITU ? 25.0 : 0};
+    const k3c_dec_moe mc = {hv[0].data(), hv[1].data(), hv[2].data(), E, k, lat, I, a};
+    const k3c_dec_moe mg = {dv[0].data(), dv[1].data(), dv[2].data(), E, k, lat, I, a};
+    std::vector<float> want((size_t)(n * lat)), got((size_t)(n * lat));
+    std::vector<char> cws(k3c_dec_cpu.moe_workspace(&mc, n));
+    h.ok(k3c_dec_cpu.moe(&mc, x.data(), n, ids.data(), topw.data(), want.data(), cws.data(), &h.err), "cpu experts");
+    dbuf dx(h, x.data(), x.size() * 4), dt(h, topw.data(), topw.size() * 4), di(h, ids.data(), ids.size() * 4);
+    dbuf dy(h, got.size() * 4), dws(h, k3c_dec_cuda.moe_workspace(&mg, n));
+    h.ok(k3c_dec_cuda.moe(&mg, dx.as<float>(), n, di.as<int32_t>(), dt.as<float>(), dy.as<float>(), dws.p, &h.err),
+         "cuda experts");
+    h.ok(k3c_cuda_sync(&h.err), "sync");
+    dy.get(h, got.data());
+    std::string shape = fmt("%s n=%lld lat=%lld %s", type == K3C_QMAT_BF16 ? "bf16" : "mxfp4", (long long)n,
+                            (long long)lat, act == K3C_ACT_SITU ? "situ" : "silu");
+    h.check_le("stored experts gpu vs cpu", shape, "rowrel", worst_row(got.data(), want.data(), n, lat), TOL);
+    for (int m = 0; m < 3; m++) delete dw[m], delete ds[m];
+}
+
 int main(int argc, char **argv) {
     harness h;
     k3c_cuda_backend cb;
@@ -229,6 +282,10 @@ int main(int argc, char **argv) {
     printf("device %s\n", cb.cu.name);
     model_case(h, &cb, "golden/k3_tiny_a");
     model_case(h, &cb, "golden/kimi_linear_tiny_a");
+    for (int type : {(int)K3C_QMAT_BF16, (int)K3C_QMAT_MXFP4})
+        for (int64_t n : {1, 5})
+            for (int64_t lat : {64, type == K3C_QMAT_BF16 ? 98 : 96}) /* bf16 98: the lane-strided path */
+                stored_experts(h, type, n, n == 1 ? K3C_ACT_SILU : K3C_ACT_SITU, lat);
     k3c_cuda_backend_destroy(&cb);
     return h.summary();
 }
