@@ -225,7 +225,8 @@ struct experts {
 
 /* The step's routed slots grouped by expert on the device: order[] lists the slots expert by expert (any order within
  * an expert: every slot's sums are its own), tiles[] are (expert, first index into order, count ≤ MB) and ntile their
- * number. One block; atomics for the counts, one thread for the prefix (E ≤ a few hundred). */
+ * number. One block: atomics for the counts, then one warp lays out the experts 32 at a time (prefix sums of slots and
+ * tiles by shuffles). */
 constexpr int MB = 8; /* slots of one expert per warp pass: each weight is loaded once for MB inputs */
 __global__ void moe_group_kernel(const int32_t *ids, int nk, int E, int32_t *order, int32_t *tiles, int32_t *ntile) {
     extern __shared__ int32_t cnt[]; /* [E] counts, then [E] cursors */
@@ -234,15 +235,26 @@ __global__ void moe_group_kernel(const int32_t *ids, int nk, int E, int32_t *ord
     __syncthreads();
     for (int i = threadIdx.x; i < nk; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int at = 0, nt = 0;
-        for (int e = 0; e < E; e++) {
-            cur[e] = at;
-            for (int c = 0; c < cnt[e]; c += MB)
-                tiles[3 * nt] = e, tiles[3 * nt + 1] = at + c, tiles[3 * nt + 2] = min(MB, cnt[e] - c), nt++;
-            at += cnt[e];
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        int at0 = 0, nt0 = 0;
+        for (int e0 = 0; e0 < E; e0 += 32) {
+            const int e = e0 + lane, c = e < E ? cnt[e] : 0, t = (c + MB - 1) / MB;
+            int sc = c, st = t; /* inclusive prefix sums over the lanes */
+            for (int o = 1; o < 32; o <<= 1) {
+                const int a = __shfl_up_sync(0xffffffffu, sc, o), b = __shfl_up_sync(0xffffffffu, st, o);
+                if (lane >= o) sc += a, st += b;
+            }
+            const int at = at0 + sc - c, nt = nt0 + st - t;
+            if (e < E) {
+                cur[e] = at;
+                for (int i = 0; i < t; i++)
+                    tiles[3 * (nt + i)] = e, tiles[3 * (nt + i) + 1] = at + i * MB,
+                                      tiles[3 * (nt + i) + 2] = min(MB, c - i * MB);
+            }
+            at0 += __shfl_sync(0xffffffffu, sc, 31), nt0 += __shfl_sync(0xffffffffu, st, 31);
         }
-        *ntile = nt;
+        if (lane == 0) *ntile = nt0;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < nk; i += blockDim.x) order[atomicAdd(&cur[ids[i]], 1)] = i;
