@@ -203,7 +203,7 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
         CHECK_RC(k3c_model_backward_f32(&r->m, acts, 1.0, err));
     }
     if (dp) CHECK_RC(k3c_dp_sum(dp, loss, err));
-    if (r->tp_comm) k3c_tp_dedup_grads(&r->tp, &r->m.table, r->m.g, K3C_F32);
+    if (r->tp_comm) CHECK_RC(k3c_tp_dedup_grads(&r->tp, &r->m.table, r->m.g, K3C_F32, err));
     if (dp) CHECK_RC(k3c_dp_reduce_grads(dp, r->m.g, err));
     if (g_out) memcpy(g_out, r->m.g, sizeof(float) * r->m.table.total);
     if (g_out && r->use_pp) /* every stage's gradients (zero outside its entries), to compare the whole gradient */
@@ -219,7 +219,7 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
         CHECK_RC(
             be->optim_step(NULL, &r->opt, &r->m.table, 0, r->m.table.n, r->m.w, r->m.g, r->state, LR, step_no, err));
     const k3c_config *c = &r->m.cfg;
-    if (r->tp_comm) k3c_tp_mask_smax(&r->tp, c, r->stats.smax);
+    if (r->tp_comm) CHECK_RC(k3c_tp_mask_smax(&r->tp, c, r->stats.smax, err));
     if (dp) CHECK_RC(k3c_dp_max_smax(dp, r->stats.smax, c->num_layers * c->mla_heads, err));
     CHECK_RC(be->qk_clip(NULL, c, &r->m.table, r->m.w, r->stats.smax, QK_TAU, r->stats.qk_clipped, err));
     *clipped = *r->stats.qk_clipped; /* pipeline: each stage clips its own layers' heads */
@@ -520,7 +520,7 @@ static void f64_tp(k3c_comm *comm) {
     double loss[2] = {0, 0};
     f64_loss_grad(&whole, &b, &loss[0]);
     f64_loss_grad(&part, &b, &loss[1]); /* every rank the whole batch, its heads, widths and vocabulary rows */
-    k3c_tp_dedup_grads(&t, &part.table, part.g, K3C_F64);
+    CHECK_OK(k3c_tp_dedup_grads(&t, &part.table, part.g, K3C_F64, &err), &err);
     CHECK_OK(k3c_comm_allreduce(comm, part.g, part.g, (int64_t)part.table.total, K3C_F64, K3C_COMM_SUM, NULL, &err),
              &err);
     const char *worst = "-";
