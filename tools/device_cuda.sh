@@ -5,6 +5,8 @@
 #   tools/device_cuda.sh pack     # here: devrun/bin (stripped, xz), devrun/lib (the non-CUDA shared libraries they
 #                                 # link), devrun/golden/k3_tiny_a, k3_vision_tiny; carry devrun (about 40 MB)
 #   tools/device_cuda.sh [what]   # there: what = all | harness | engine | bench | speed; logs under $OUT (or devrun/out)
+#     harness: test_backend_ops, tests/cuda/*, and with `make nccl` test_comm_nccl and test_dist_nccl (the parallel
+#     training step on the GPU over NCCL; several GPUs: mpirun -np N devrun/bin/test_dist_nccl)
 #     speed: the whole training step on ../shared/bench's medium configs at each GEMM mode, the Hugging Face
 #     transformers + fla anchor in the same call (side_device.py; FLA_TGZ=path/to/fla.tgz at pack time carries fla),
 #     and the make-run demo trained on the GPU at fp32 and bf16 GEMMs (validation loss against the CPU's)
@@ -16,9 +18,14 @@ what=${1:-all}
 if [ "$what" = pack ]; then
     progs=(build/cuda/k3c build/cuda/tests/test_backend_ops build/cuda/tests/cuda/* build/cuda/bench/cuda/*)
     [ -n "${PACK_PROGS:-}" ] && read -r -a progs <<<"$PACK_PROGS" # a subset, e.g. the engine mode's programs
-    [ -x build/nccl/test_comm_nccl ] && progs+=(build/nccl/test_comm_nccl) # `make nccl`: the one-rank NCCL communicator
+    # `make nccl`: the one-rank NCCL communicator, the parallel training step on CUDA over it (2 MB each, xz), and
+    # build/nccl/k3c (the GPU k3c with NCCL and MPI), carried as devrun/bin/k3c_nccl
+    for p in build/nccl/test_comm_nccl build/nccl/test_dist_nccl build/nccl/k3c; do [ -x $p ] && progs+=($p); done
     rm -rf devrun/bin devrun/lib && mkdir -p devrun/bin devrun/lib devrun/golden/k3_tiny_a devrun/golden/k3_vision_tiny
-    for p in "${progs[@]}"; do strip -o "devrun/bin/$(basename "$p")" "$p" && xz -T2 -6 -f "devrun/bin/$(basename "$p")"; done
+    for p in "${progs[@]}"; do
+        n=$(basename "$p") && [ "$p" = build/nccl/k3c ] && n=k3c_nccl
+        strip -o "devrun/bin/$n" "$p" && xz -T2 -6 -f "devrun/bin/$n"
+    done
     cp ../shared/golden/k3_tiny_a/config.json devrun/golden/k3_tiny_a/
     gzip -c ../shared/golden/k3_tiny_a/model.safetensors >devrun/golden/k3_tiny_a/model.safetensors.gz
     # the engine test's goldens (ids and logits only: the gradients stay here) and the decode benchmark's config
@@ -86,6 +93,8 @@ if [ "$what" = all ] || [ "$what" = harness ]; then
         fi
     done
     if [ -x $B/test_comm_nccl ]; then $B/test_comm_nccl 2>&1 | tee "$OUT/test_comm_nccl.log" || status=1; fi
+    # the parallel training step (dp, ep: one rank on one GPU; under mpirun one rank per GPU) against one process
+    if [ -x $B/test_dist_nccl ]; then $B/test_dist_nccl 2>&1 | tee "$OUT/test_dist_nccl.log" || status=1; fi
 fi
 if [ "$what" = all ] || [ "$what" = engine ]; then # the inference engine on the GPU against the CPU, then its speed
     $B/test_engine_cuda 2>&1 | tee "$OUT/test_engine_cuda.log" || status=1
