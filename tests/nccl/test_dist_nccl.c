@@ -9,6 +9,7 @@
  * repository root. Alone it runs on GPU 0 over the one-rank NCCL communicator: every layout of one rank (dp1, ep1, tp1,
  * pp1, cp1) runs the whole parallel code path (the hooks, the host copies, the staged host buffers), every collective
  * a copy. Under `mpirun -np N` (one GPU per rank: GPU = the rank on its node) the NCCL id travels over MPI.
+ * `--cpu` runs the same layouts with the CPU backend in the GPU's place over MPI or one rank (where there is no GPU).
  *
  * Tolerances (relative ‖x − ref‖₂/‖ref‖₂ per parameter-table entry; router biases absolute, on the scale of the scores
  * they shift, as test_dist_dp.c explains): against the single-process CUDA step 1e-5, the CPU tests' tolerance (fp32
@@ -261,7 +262,7 @@ static int step(runner *r, const batch *gb, int64_t step_no, double *loss, float
             if (!r->qb_ws) return k3c_errf(err, K3C_ENOMEM, "quantile balancing workspace");
         }
         CHECK_RC(be->quantile_balance(be->ctx, K3C_QB_EXACT, logits, cutoff, T, rs->n, rs->k,
-                                      r->m.w + r->m.table.layer[l].router_bias, r->qb_ws, err));
+                                      (float *)r->m.w + r->m.table.layer[l].router_bias, r->qb_ws, err));
     }
     return be->sync(err);
 }
@@ -432,11 +433,11 @@ static void compare(k3c_comm *comm, const k3c_backend_f32 *cuda, layout lay) {
         CHECK(lo && hi && memcmp(lo, hi, sizeof(float) * n) == 0, "%s: weights differ between ranks", name);
         free(lo), free(hi);
         if (comm->rank == 0)
-            printf("%s, %d steps on CUDA: vs one CUDA process loss %.2e, step-1 gradients %.2e, weights %.2e, router "
+            printf("%s, %d steps on %s: vs one such process loss %.2e, step-1 gradients %.2e, weights %.2e, router "
                    "biases %.2e (relative %.2e), state %.2e; vs one CPU process loss %.2e, gradients %.2e, weights "
-                   "%.2e, biases %.2e, state %.2e; GPU floor (documents reversed) %.2e\n",
-                   name, STEPS, dg.loss, dg.grad, dg.w, dg.bias_abs, dg.bias_rel, dg.state, dc.loss, dc.grad, dc.w,
-                   dc.bias_abs, dc.state, gpu_floor(&cfg, cuda, &gb, w_ref));
+                   "%.2e, biases %.2e, state %.2e; its floor (documents reversed) %.2e\n",
+                   name, STEPS, cuda->name, dg.loss, dg.grad, dg.w, dg.bias_abs, dg.bias_rel, dg.state, dc.loss,
+                   dc.grad, dc.w, dc.bias_abs, dc.state, gpu_floor(&cfg, cuda, &gb, w_ref));
     }
     free(buf);
     runner_free(&cpu);
@@ -489,10 +490,10 @@ static void host_buffers(k3c_comm *c) {
 
 /* Each piece over all the ranks (tp where it divides the heads, pp where it divides the 4 layers), and on 4 ranks
  * the combinations of test_dist_dp.c. */
-static void run_all(k3c_comm *c, const k3c_backend_f32 *cuda) {
+static void run_all(k3c_comm *c, const k3c_backend_f32 *cuda, int device) {
     const int N = c->size;
     host_buffers(c);
-    refusals(cuda);
+    if (device) refusals(cuda);
     compare(c, cuda, (layout){0, 0, 0, 0}); /* dp = N */
     compare(c, cuda, (layout){N, 0, 0, 0}); /* ep = N (one rank: the expert exchange over itself) */
     if (N <= 2 || N == 4) compare(c, cuda, (layout){0, N, 0, 0});
@@ -503,26 +504,34 @@ static void run_all(k3c_comm *c, const k3c_backend_f32 *cuda) {
     for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) compare(c, cuda, pairs[i]);
 }
 
-int main(void) {
+/* --cpu: the same layouts and checks with the CPU backend standing in for the GPU, over the MPI world (under mpirun)
+ * or the one-rank communicator: a check of this program where there is no GPU. */
+int main(int argc, char **argv) {
     k3c_err err = {0};
+    const int cpu = argc > 1 && strcmp(argv[1], "--cpu") == 0;
     int gpus = 0;
-    if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) {
-        printf("FAIL: no GPU\n0 passed, 1 failed\n");
+    if (!cpu && (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1)) {
+        printf("FAIL: no GPU (--cpu runs the checks on the CPU backend)\n0 passed, 1 failed\n");
         return 1;
     }
     k3c_comm *boot = NULL, *c = NULL;
     if (k3c_comm_mpi_launched()) CHECK_OK(k3c_comm_mpi_world(&boot, &err), &err);
     const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    int rank = boot ? boot->rank : 0, device = (lr ? atoi(lr) : rank) % gpus;
+    int rank = boot ? boot->rank : 0, device = cpu ? 0 : (lr ? atoi(lr) : rank) % gpus;
     k3c_cuda_backend cb;
-    int ok = k3c_cuda_backend_init(&cb, device, 0 /* fp32 GEMMs */, &err) == K3C_OK;
+    int ok = cpu || k3c_cuda_backend_init(&cb, device, 0 /* fp32 GEMMs */, &err) == K3C_OK;
     CHECK(ok, "CUDA backend on GPU %d: %s", device, err.msg);
-    if (ok) CHECK_OK(k3c_comm_nccl(boot, NULL, rank, boot ? boot->size : 1, device, &c, &err), &err);
+    if (cpu && !boot)
+        CHECK_OK(k3c_comm_self(&c, &err), &err);
+    else if (ok)
+        CHECK_OK(cpu ? k3c_comm_split(boot, 0, rank, &c, &err)
+                     : k3c_comm_nccl(boot, NULL, rank, boot ? boot->size : 1, device, &c, &err),
+                 &err);
     if (c) {
-        run_all(c, &cb.table);
+        run_all(c, cpu ? k3c_backend_cpu_f32() : &cb.table, !cpu);
         k3c_comm_free(c);
     }
-    if (ok) k3c_cuda_backend_destroy(&cb);
+    if (ok && !cpu) k3c_cuda_backend_destroy(&cb);
     if (boot) {
         printf("rank %d: ", rank);
         k3c_comm_free(boot);
