@@ -148,7 +148,7 @@ build/nccl/comm_nccl.o: src/dist/comm_nccl.cu src/dist/comm.h
 build/nccl/test_comm_nccl: tests/nccl/nccl_comm.c build/nccl/comm_nccl.o $(LIB) tests/test.h
 	$(CC) $(CFLAGS) -DK3C_REAL_DOUBLE=1 -Itests -I$(CUDA_HOME)/include $< build/nccl/comm_nccl.o -o $@ $(LIB) $(LDFLAGS) \
 	    $(LDLIBS) $(NCCL_LIBS)
-build/nccl/test_dist_nccl: tests/nccl/test_dist_nccl.c build/nccl/comm_nccl.o $(BUILD)/obj/src/dist/comm_mpi.o \
+build/nccl/test_dist_nccl: tests/nccl/dist_nccl.c build/nccl/comm_nccl.o $(BUILD)/obj/src/dist/comm_mpi.o \
 	    build/cuda/libk3c.a tests/test.h
 	$(CC) $(CFLAGS) -DK3C_CUDA -DK3C_REAL_DOUBLE=1 -Itests -I$(CUDA_HOME)/include $< -o $@ $(NCCL_CUDA_LINK)
 build/nccl/k3c: build/nccl/comm_nccl.o $(BUILD)/obj/src/dist/comm_mpi.o build/cuda/libk3c.a

@@ -1,11 +1,11 @@
-/* test_dist_nccl.c — the parallel training step on the CUDA backend over the NCCL communicator (src/dist/, comm_nccl.cu)
+/* dist_nccl.c — the parallel training step on the CUDA backend over the NCCL communicator (src/dist/, comm_nccl.cu)
  * equals the single-process CUDA step, and the CPU's: the tiny K3 model (configs/k3_test_tiny.json: KDA + MLA, 4
  * experts top-2, AttnRes) trained for 3 steps (Per-Head Muon + AdamW with clipping active, QK-Clip clipping heads, exact
  * quantile balancing) on one global batch of packed documents, for each of dp, ep, tp, pp (4 micro-batches, 1F1B) and cp
  * over all the ranks there are, and on 4 ranks dp2×ep2, dp2×tp2, dp2×pp2, tp2×pp2, dp2×cp2 and ep2×cp2 (the layouts of
  * test_dist_dp.c). Docs: docs/PARALLEL.md "Communicator", "Launch".
  *
- * Not a test_*.c of `make test` (it needs a GPU): `make nccl` builds it as build/nccl/test_dist_nccl; run it from the
+ * Not a test_*.c (`make test` has no GPU): `make nccl` builds it as build/nccl/test_dist_nccl; run it from the
  * repository root. Alone it runs on GPU 0 over the one-rank NCCL communicator: every layout of one rank (dp1, ep1, tp1,
  * pp1, cp1) runs the whole parallel code path (the hooks, the host copies, the staged host buffers), every collective
  * a copy. Under `mpirun -np N` (one GPU per rank: GPU = the rank on its node) the NCCL id travels over MPI.
