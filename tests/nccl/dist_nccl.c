@@ -28,9 +28,10 @@
 #include "dist/tp.h"
 #include "model/config.h"
 
+#include "dist_batch.h"
+
 #include <cuda_runtime_api.h>
 
-#define T_BATCH 160
 #define STEPS 3
 #define TOL 1e-5     /* against the single-process CUDA step */
 #define CPU_TOL 1e-2 /* against the single-process CPU step (test_model_cuda's GPU-vs-CPU tolerance) */
@@ -68,62 +69,6 @@ typedef struct {
 typedef struct {
     int ep, tp, pp, cp;
 } layout;
-
-typedef struct {
-    int32_t ids[T_BATCH], targets[T_BATCH], cu[T_BATCH + 1];
-    int n_docs;
-} batch;
-
-/* Documents of 1..29 tokens, ids from a fixed LCG (test_dist_dp.c's batch). */
-static void make_batch(batch *b) {
-    uint64_t s = 12345;
-    int t = 0;
-    b->n_docs = 0;
-    b->cu[0] = 0;
-    while (t < T_BATCH) {
-        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-        int len = 1 + (int)((s >> 33) % 29);
-        if (t + len > T_BATCH) len = T_BATCH - t;
-        for (int i = 0; i < len; i++) {
-            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-            b->ids[t + i] = (int32_t)((s >> 35) % 32);
-        }
-        for (int i = 0; i < len; i++) b->targets[t + i] = i + 1 < len ? b->ids[t + i + 1] : -1;
-        t += len;
-        b->cu[++b->n_docs] = t;
-    }
-}
-
-/* Documents laid out so that context-parallel ranges cross them in every way (test_dist_dp.c's make_batch_cp). */
-static void make_batch_cp(batch *b) {
-    static const int len[] = {5, 34, 2, 37, 47, 10, 1, 23, 1};
-    uint64_t s = 777;
-    int t = 0;
-    b->n_docs = 0;
-    b->cu[0] = 0;
-    for (size_t d = 0; d < sizeof len / sizeof *len; d++) {
-        for (int i = 0; i < len[d]; i++) {
-            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-            b->ids[t + i] = (int32_t)((s >> 35) % 32);
-        }
-        for (int i = 0; i < len[d]; i++) b->targets[t + i] = i + 1 < len[d] ? b->ids[t + i + 1] : -1;
-        t += len[d];
-        b->cu[++b->n_docs] = t;
-    }
-}
-
-static void reverse_docs(const batch *a, batch *b) {
-    int t = 0;
-    b->n_docs = a->n_docs;
-    b->cu[0] = 0;
-    for (int d = a->n_docs - 1; d >= 0; d--) {
-        int len = a->cu[d + 1] - a->cu[d];
-        memcpy(b->ids + t, a->ids + a->cu[d], sizeof(int32_t) * (size_t)len);
-        memcpy(b->targets + t, a->targets + a->cu[d], sizeof(int32_t) * (size_t)len);
-        t += len;
-        b->cu[a->n_docs - d] = t;
-    }
-}
 
 /* be NULL: the CPU; comm NULL: one process, else the layout's pieces over comm (test_dist_dp.c's rank order). */
 static int runner_init(runner *r, const k3c_config *cfg, const k3c_backend_f32 *be, k3c_comm *comm, layout lay,
@@ -354,13 +299,6 @@ static double gpu_floor(const k3c_config *cfg, const k3c_backend_f32 *be, const 
     free(w);
     runner_free(&r);
     return d;
-}
-
-/* The tiny model has 2 heads per mixer: 4 of each for tp4, MLA's head dims halved (test_dist_dp.c's tp_variant). */
-static void tp_variant(k3c_config *cfg, int tp) {
-    if (tp <= 2) return;
-    cfg->kda_heads = cfg->mla_heads = cfg->mla_kv_heads = tp;
-    cfg->qk_nope_dim = cfg->qk_rope_dim = cfg->v_head_dim = 2;
 }
 
 /* One layout against one CUDA process and one CPU process. */
