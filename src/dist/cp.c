@@ -11,6 +11,9 @@
 /* Message tags: per layer, 4 kinds × 3 convs plus the state pair. */
 #define TAG(l, kind) ((l)*16 + (kind))
 
+/* cu_keys' place in cu_ops: after cu_rest's T_cap + 1 entries, 256-byte aligned as the buffer itself */
+static int64_t T_cap_keys(const k3c_cp *cp) { return (cp->T_cap + 64) / 64 * 64; }
+
 /* Layer l's buffers, element `i` on (the model's precision: es bytes an element). */
 static char *at(k3c_cp *cp, int l, int64_t i) { return cp->buf + (cp->layer_off[l] + i) * cp->es; }
 
@@ -184,7 +187,7 @@ int k3c_cp_init(k3c_cp *cp, k3c_comm *comm, k3c_model *m, int64_t T_cap, k3c_err
         total += c->mixer[l] == K3C_MIXER_KDA ? 4 * cp->S + 3 * cp->P * (cp->W - 1) : 2 * T_cap * cp->lkva;
     }
     cp->buf = cp->mem.alloc((size_t)(total ? total : 1) * cp->es);
-    cp->cu_ops = cp->mem.alloc(2 * sizeof(int32_t) * (size_t)(T_cap + 1));
+    cp->cu_ops = cp->mem.alloc(2 * sizeof(int32_t) * (size_t)T_cap_keys(cp));
     cp->rows = calloc((size_t)(rows ? rows : 1), cp->es);
     if (!cp->layer_off || !cp->counts || !cp->cu || !cp->buf || !cp->cu_ops || !cp->rows) {
         k3c_cp_free(cp);
@@ -217,7 +220,6 @@ void k3c_cp_free(k3c_cp *cp) {
 }
 
 /* ---------------------------------------------------------------- the batch split */
-static int64_t T_cap_keys(const k3c_cp *cp) { return cp->T_cap + 1; } /* cu_keys' place in cu_ops */
 
 int k3c_cp_split_batch(k3c_cp *cp, k3c_dp *dp, k3c_model_batch *b, k3c_err *err) {
     const int C = cp->size, parts = dp->size / C, part = dp->rank / C;

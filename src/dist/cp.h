@@ -32,7 +32,7 @@ typedef struct {
     char *buf;  /* backend memory: per layer, KDA: h0, ht, dht, dh0 [S] and 3 conv tails [P, W−1]; MLA: latent,
                    gradient [T_cap, lkva] */
     char *rows; /* host [max(3·(W−1)·P, T_cap·lkva)]: received tails and host copies, one rank's latent gradient */
-    int32_t *cu_ops;          /* backend memory [2·(T_cap + 1)]: cu_rest, then cu_keys, where the ops read them */
+    int32_t *cu_ops;          /* backend memory: cu_rest, then cu_keys (aligned), where the ops read them */
     int64_t *counts, *displs; /* [size] latent gather / scatter blocks */
     int32_t *cu, *cu_rest, *cu_keys; /* [T_cap + 1] each */
     k3c_context_exchange exchange;   /* what the model calls: set m->context = &cp->exchange */
