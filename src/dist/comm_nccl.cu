@@ -101,7 +101,7 @@ bool on_host(const void *p) {
     if (!p) return false;
     cudaPointerAttributes a;
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-        cudaGetLastError(); /* older runtimes fail on plain host memory: clear the sticky-free error */
+        cudaGetLastError(); /* older runtimes fail on plain host memory: clear the error it left */
         return true;
     }
     return a.type == cudaMemoryTypeUnregistered || a.type == cudaMemoryTypeHost;
