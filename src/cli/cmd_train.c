@@ -5,6 +5,7 @@
 #include "dist/comm.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 int cmd_train(int argc, char **argv) {
@@ -47,6 +48,16 @@ int cmd_train(int argc, char **argv) {
     k3c_comm *world = NULL, *comm = NULL; /* MPI when started by mpirun, else this process alone */
     if (k3c_comm_world(&world, &err)) {
         cli_device_release(&dev);
+        return cli_fail("train", &err);
+    }
+    const char *np = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!k3c_comm_mpi_available() && np && atoi(np) > 1) { /* every rank would train alone, into one out_dir */
+        k3c_errf(&err, K3C_EUNSUPPORTED,
+                 "started by mpirun with %s ranks, but this k3c was built without MPI (on GPUs: build/nccl/k3c of "
+                 "`make nccl`)",
+                 np);
+        cli_device_release(&dev);
+        k3c_comm_free(world);
         return cli_fail("train", &err);
     }
     const int parallel = world->size > 1 || rc.parallel_force;
