@@ -149,10 +149,11 @@ build/nccl/test_comm_nccl: tests/nccl/nccl_comm.c build/nccl/comm_nccl.o $(LIB) 
 	$(CC) $(CFLAGS) -DK3C_REAL_DOUBLE=1 -Itests -I$(CUDA_HOME)/include $< build/nccl/comm_nccl.o -o $@ $(LIB) $(LDFLAGS) \
 	    $(LDLIBS) $(NCCL_LIBS)
 build/nccl/test_dist_nccl: tests/nccl/dist_nccl.c build/nccl/comm_nccl.o $(BUILD)/obj/src/dist/comm_mpi.o \
-	    build/cuda/libk3c.a tests/test.h
+	    build/cuda/libk3c.a $(CU_OBJ) tests/test.h
 	$(CC) $(CFLAGS) -DK3C_CUDA -DK3C_REAL_DOUBLE=1 -Itests -I$(CUDA_HOME)/include $< -o $@ $(NCCL_CUDA_LINK)
-build/nccl/k3c: build/nccl/comm_nccl.o $(BUILD)/obj/src/dist/comm_mpi.o build/cuda/libk3c.a
-	$(CC) -o $@ $(patsubst %.c,build/cuda/obj/%.o,$(CLI_SRC)) $(NCCL_CUDA_LINK)
+NCCL_CLI_OBJ := $(patsubst %.c,build/cuda/obj/%.o,$(CLI_SRC))
+build/nccl/k3c: build/nccl/comm_nccl.o $(BUILD)/obj/src/dist/comm_mpi.o build/cuda/libk3c.a $(CU_OBJ) $(NCCL_CLI_OBJ)
+	$(CC) -o $@ $(NCCL_CLI_OBJ) $(NCCL_CUDA_LINK)
 nccl: $(LIB) build/nccl/test_comm_nccl
 	@+$(CUDA_MAKE) $(CU_OBJ) build/cuda/k3c
 	@+$(MAKE) --no-print-directory build/nccl/k3c build/nccl/test_dist_nccl
