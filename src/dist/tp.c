@@ -164,7 +164,7 @@ static int tp_embed_bwd(void *ctx, k3c_dtype dt, int64_t T, int64_t V, int64_t D
     const k3c_backend_f32 *be = tp->be;
     const size_t es = k3c_comm_dtype_size(dt), row = es * (size_t)D;
     int64_t v0 = 0, v1 = 0;
-    CHECK_RC(host_room(tp, ROOM(sizeof(int32_t) * T) + row * (size_t)(T + 1), err));
+    CHECK_RC(host_room(tp, ROOM(sizeof(int32_t) * T) + ROOM(row * (size_t)T) + row, err));
     int32_t *ids = take(tp, sizeof(int32_t) * (size_t)T);
     char *dyh = take(tp, row * (size_t)T), *r = take(tp, row);
     CHECK_RC(be->download(ids, ids_be, sizeof(int32_t) * (size_t)T, err));
