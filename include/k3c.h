@@ -672,6 +672,9 @@ typedef struct {
     int qb_mode; /* -1 off, else k3c_qb_mode */
     int64_t log_every, eval_every, eval_batches, checkpoint_every, keep_checkpoints;
     k3c_parallel parallel;
+    /* "parallel": {"force": true}: the parallel step even with one rank (ZeRO-1 and the expert exchange over the
+     * one-rank communicator), to exercise its code paths on one process or one GPU (docs/PARALLEL.md "Launch") */
+    int parallel_force;
     /* the step guard ("guard": {...}, docs/TRAINING.md §8.1): skip a step whose loss exceeds spike_factor x the median
      * of the last `window` losses (0: no spike test) or is not finite; after max_skips in a row (0: never) roll back to
      * the last good checkpoint with the learning rate multiplied by lr_factor */

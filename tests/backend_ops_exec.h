@@ -157,6 +157,7 @@ static int BO_FN(call)(const BO_BE *be, const bo_case *c, bo_io *io, void **d, i
     }
     case OP_MAX_LOGIT: {
         k3c_attention_sizes s = {c->a, c->b, c->c, c->c, c->ncu ? c->ncu - 1 : 0, 1.0 / sqrt((double)c->c), 0, 0, 0};
+        s.q_begin = c->d; /* query rows before it are context parallelism's padding */
         rc = be->attention_max_logit(&s, I32(0), CR(1), CR(2), (float *)d[3], err);
         break;
     }

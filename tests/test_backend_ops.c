@@ -677,14 +677,15 @@ static void add_rows(bo_rows *R) {
                            fp16 ? TOL_F16 : 1e-2),
                        ac[i].n, ac[i].cu);
     }
-    /* QK-Clip S_max (harness_mix test_max_logit): every other case with documents, an empty one */
+    /* QK-Clip S_max (harness_mix test_max_logit): every other case with documents, an empty one; every third from
+       query row T/3 on (q_begin: context parallelism's padding rows before it) */
     {
         int idx = 0;
         static const int64_t Ts[3] = {1, 200, 1000};
         for (int ti = 0; ti < 3; ti++)
             for (int64_t H = 1, T = Ts[ti]; H <= 4; H += 3)
                 for (int64_t dqk = 48; dqk <= 192; dqk *= 4) {
-                    bo_case *c = row(R, OP_MAX_LOGIT, T, H, dqk, 0, 0, 0, W, 1e-5);
+                    bo_case *c = row(R, OP_MAX_LOGIT, T, H, dqk, idx % 3 == 1 ? T / 3 : 0, 0, 0, W, 1e-5);
                     if (idx++ % 2 == 0) {
                         int32_t one[3] = {0, 0, 1},
                                 many[6] = {

@@ -11,16 +11,9 @@
  * gradients equal the whole batch's to 1e-12. Runs on the self communicator here and on 2 and 4 MPI ranks. */
 #include "test.h"
 
-#include "base/check.h"
-#include "dist/cp.h"
-#include "dist/dp.h"
-#include "dist/ep.h"
-#include "dist/pp.h"
-#include "dist/tp.h"
-#include "model/config.h"
+#include "dist_fixture.h"
 #include "mpi_launch.h"
 
-#define T_BATCH 160
 #define STEPS 3
 #define TOL 1e-5
 #define GRAD_CLIP 0.05 /* below the tiny model's gradient norm, so clipping scales every step */
@@ -37,78 +30,8 @@ typedef struct {
     k3c_arena ar;
     void *qb_ws;
     size_t qb_ws_bytes;
-    k3c_dp dp; /* used when dist */
-    int dist;
-    k3c_comm *ep_comm; /* expert parallelism over ep ranks (consecutive world ranks) when ep > 1 */
-    k3c_ep ep;
-    k3c_comm *stage_comm, *pp_comm; /* pipeline parallelism when pp > 1: the stage's DP group, the pipeline group */
-    k3c_pp pp;
-    int use_pp;
-    k3c_comm *tp_comm; /* tensor parallelism over tp consecutive ranks when tp > 1 */
-    k3c_tp tp;
-    k3c_comm *cp_comm; /* context parallelism over cp ranks (consecutive world ranks) when cp > 1 */
-    k3c_cp cp;
+    dist_pieces d; /* DP when comm is given; EP, PP, TP, CP of degrees above 1 */
 } runner;
-
-typedef struct {
-    int32_t ids[T_BATCH], targets[T_BATCH], cu[T_BATCH + 1];
-    int n_docs;
-} batch;
-
-/* Documents of 1..29 tokens (a one-token document has no counted target), ids from a fixed LCG. */
-static void make_batch(batch *b) {
-    uint64_t s = 12345;
-    int t = 0;
-    b->n_docs = 0;
-    b->cu[0] = 0;
-    while (t < T_BATCH) {
-        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-        int len = 1 + (int)((s >> 33) % 29);
-        if (t + len > T_BATCH) len = T_BATCH - t;
-        for (int i = 0; i < len; i++) {
-            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-            b->ids[t + i] = (int32_t)((s >> 35) % 32);
-        }
-        for (int i = 0; i < len; i++) b->targets[t + i] = i + 1 < len ? b->ids[t + i + 1] : -1;
-        t += len;
-        b->cu[++b->n_docs] = t;
-    }
-}
-
-/* Documents laid out so that context-parallel ranges cross them in every way (cp2: boundary 80; cp4: 40, 80, 120;
- * cp2×dp2: the data-parallel split at 78, boundaries 39 and 119): a piece starting one token before a boundary (its
- * conv tail partly before the document), a piece starting at a boundary, pieces continuing across one, a piece
- * covering a whole rank (its state passes through), one-token pieces. */
-static void make_batch_cp(batch *b) {
-    static const int len[] = {5, 34, 2, 37, 47, 10, 1, 23, 1};
-    uint64_t s = 777;
-    int t = 0;
-    b->n_docs = 0;
-    b->cu[0] = 0;
-    for (size_t d = 0; d < sizeof len / sizeof *len; d++) {
-        for (int i = 0; i < len[d]; i++) {
-            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-            b->ids[t + i] = (int32_t)((s >> 35) % 32);
-        }
-        for (int i = 0; i < len[d]; i++) b->targets[t + i] = i + 1 < len[d] ? b->ids[t + i + 1] : -1;
-        t += len[d];
-        b->cu[++b->n_docs] = t;
-    }
-}
-
-/* The same documents in reverse order: the same loss, gradients and updates in exact arithmetic, other fp32 sums. */
-static void reverse_docs(const batch *a, batch *b) {
-    int t = 0;
-    b->n_docs = a->n_docs;
-    b->cu[0] = 0;
-    for (int d = a->n_docs - 1; d >= 0; d--) {
-        int len = a->cu[d + 1] - a->cu[d];
-        memcpy(b->ids + t, a->ids + a->cu[d], sizeof(int32_t) * (size_t)len);
-        memcpy(b->targets + t, a->targets + a->cu[d], sizeof(int32_t) * (size_t)len);
-        t += len;
-        b->cu[a->n_docs - d] = t;
-    }
-}
 
 static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep, int pp, int tp, int cp, k3c_err *err) {
     memset(r, 0, sizeof *r);
@@ -118,38 +41,9 @@ static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep,
     r->be = k3c_model_backend_f32(&r->m);
     k3c_optim_defaults(&r->opt);
     CHECK_RC(k3c_optim_init(&r->opt, &r->m.table, err));
-    size_t n_state = r->opt.state_numel;
-    if (pp > 1) { /* stages outermost: stage = rank / (ranks per stage), DP (and ZeRO-1) inside a stage */
-        int per = comm->size / pp;
-        CHECK_RC(k3c_comm_split(comm, comm->rank / per, comm->rank, &r->stage_comm, err));
-        CHECK_RC(k3c_comm_split(comm, comm->rank % per, comm->rank, &r->pp_comm, err));
-        CHECK_RC(k3c_pp_init(&r->pp, r->pp_comm, cfg, &r->m.table, MICRO, r->be, err));
-        CHECK_RC(k3c_dp_init_range(&r->dp, r->stage_comm, r->be, &r->opt, &r->m.table, r->pp.e0, r->pp.e1, err));
-        r->use_pp = r->dist = 1;
-        n_state = r->dp.shard.state_numel;
-    } else if (comm) {
-        CHECK_RC(k3c_dp_init(&r->dp, comm, r->be, &r->opt, &r->m.table, err));
-        r->dist = 1;
-        n_state = r->dp.shard.state_numel;
-    }
-    if (tp > 1) { /* the TP group: ranks that share rank / tp (TP innermost); the group takes one part of the batch */
-        CHECK_RC(k3c_comm_split(comm, comm->rank / tp, comm->rank, &r->tp_comm, err));
-        CHECK_RC(k3c_tp_init(&r->tp, r->tp_comm, r->be, cfg, &r->m.table, err));
-        r->m.tp = &r->tp.hook;
-        k3c_dp_set_tp(&r->dp, tp);
-    }
-    if (ep > 1) { /* the EP group: ranks that share rank / ep (EP innermost, as docs/PLAN.md orders ranks); with
-                     context parallelism CP is innermost and EP next to it */
-        int color = cp > 1 ? comm->rank / (ep * cp) * cp + comm->rank % cp : comm->rank / ep;
-        CHECK_RC(k3c_comm_split(comm, color, comm->rank, &r->ep_comm, err));
-        CHECK_RC(k3c_ep_init(&r->ep, r->ep_comm, r->be, cfg, err));
-        r->m.experts = &r->ep.exchange;
-    }
-    if (cp > 1) { /* the CP group: ranks that share rank / cp (innermost), each a range of its DP part's tokens */
-        CHECK_RC(k3c_comm_split(comm, comm->rank / cp, comm->rank, &r->cp_comm, err));
-        CHECK_RC(k3c_cp_init(&r->cp, r->cp_comm, &r->m, T_BATCH, err));
-        r->m.context = &r->cp.exchange;
-    }
+    CHECK_RC(pieces_init(&r->d, &r->m, r->be, &r->opt, comm, ep > 1 ? ep : 0, tp > 1 ? tp : 0, pp > 1 ? pp : 0,
+                         cp > 1 ? cp : 0, MICRO, T_BATCH, err));
+    size_t n_state = r->d.dist ? r->d.dp.shard.state_numel : r->opt.state_numel;
     r->state = calloc(n_state ? n_state : 1, sizeof(float));
     CHECK_RC(k3c_step_stats_init_f32(&r->m, T_BATCH, &r->stats, err));
     r->m.stats = &r->stats;
@@ -159,24 +53,7 @@ static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep,
 static void runner_free(runner *r) {
     k3c_arena_free(&r->ar);
     k3c_step_stats_free_f32(&r->m, &r->stats);
-    if (r->dist) k3c_dp_free(&r->dp);
-    if (r->ep_comm) {
-        k3c_ep_free(&r->ep);
-        k3c_comm_free(r->ep_comm);
-    }
-    if (r->tp_comm) {
-        k3c_tp_free(&r->tp);
-        k3c_comm_free(r->tp_comm);
-    }
-    if (r->cp_comm) {
-        k3c_cp_free(&r->cp);
-        k3c_comm_free(r->cp_comm);
-    }
-    if (r->use_pp) {
-        k3c_pp_free(&r->pp);
-        k3c_comm_free(r->pp_comm);
-        k3c_comm_free(r->stage_comm);
-    }
+    pieces_free(&r->d);
     k3c_model_free_f32(&r->m);
     k3c_optim_free(&r->opt);
     free(r->state);
@@ -187,30 +64,30 @@ static void runner_free(runner *r) {
 static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double *loss, float *g_out, double *norm,
                 int *clipped, k3c_err *err) {
     const k3c_backend_f32 *be = r->be;
-    k3c_dp *dp = r->dist ? &r->dp : NULL;
+    k3c_dp *dp = r->d.dist ? &r->d.dp : NULL;
     k3c_model_batch b = {T_BATCH, gb->n_docs, gb->ids, gb->cu, gb->targets, 0, 0, NULL, NULL, NULL, NULL};
-    if (r->cp_comm)
-        CHECK_RC(k3c_cp_split_batch(&r->cp, dp, &b, err));
+    if (r->d.cp_comm)
+        CHECK_RC(k3c_cp_split_batch(&r->d.cp, dp, &b, err));
     else if (dp)
         CHECK_RC(k3c_dp_split_batch(dp, &b, err));
     CHECK_RC(be->zero(r->m.g, (int64_t)r->m.table.total, err));
     k3c_arena_reset(&r->ar, 0);
     k3c_acts *acts;
-    if (r->use_pp) {
-        CHECK_RC(k3c_pp_step(&r->pp, &r->m, &b, &r->ar, 1, loss, err));
+    if (r->d.use_pp) {
+        CHECK_RC(k3c_pp_step(&r->d.pp, &r->m, &b, &r->ar, 1, loss, err));
     } else {
         CHECK_RC(k3c_model_forward_f32(&r->m, &b, &r->ar, &acts, loss, NULL, err));
         CHECK_RC(k3c_model_backward_f32(&r->m, acts, 1.0, err));
     }
     if (dp) CHECK_RC(k3c_dp_sum(dp, loss, err));
-    if (r->tp_comm) k3c_tp_dedup_grads(&r->tp, &r->m.table, r->m.g, K3C_F32);
+    if (r->d.tp_comm) CHECK_RC(k3c_tp_dedup_grads(&r->d.tp, &r->m.table, r->m.g, K3C_F32, err));
     if (dp) CHECK_RC(k3c_dp_reduce_grads(dp, r->m.g, err));
     if (g_out) memcpy(g_out, r->m.g, sizeof(float) * r->m.table.total);
-    if (g_out && r->use_pp) /* every stage's gradients (zero outside its entries), to compare the whole gradient */
-        CHECK_RC(
-            k3c_comm_allreduce(r->pp_comm, g_out, g_out, (int64_t)r->m.table.total, K3C_F32, K3C_COMM_SUM, NULL, err));
-    if (r->use_pp)
-        CHECK_RC(k3c_pp_clip_grad_norm(&r->pp, be, NULL, &r->m.table, r->m.g, GRAD_CLIP, norm, err));
+    if (g_out && r->d.use_pp) /* every stage's gradients (zero outside its entries), to compare the whole gradient */
+        CHECK_RC(k3c_comm_allreduce(r->d.pp_comm, g_out, g_out, (int64_t)r->m.table.total, K3C_F32, K3C_COMM_SUM, NULL,
+                                    err));
+    if (r->d.use_pp)
+        CHECK_RC(k3c_pp_clip_grad_norm(&r->d.pp, be, NULL, &r->m.table, r->m.g, GRAD_CLIP, norm, err));
     else
         CHECK_RC(be->clip_grad_norm(NULL, &r->m.table, r->m.g, GRAD_CLIP, norm, err));
     if (dp)
@@ -219,11 +96,11 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
         CHECK_RC(
             be->optim_step(NULL, &r->opt, &r->m.table, 0, r->m.table.n, r->m.w, r->m.g, r->state, LR, step_no, err));
     const k3c_config *c = &r->m.cfg;
-    if (r->tp_comm) k3c_tp_mask_smax(&r->tp, c, r->stats.smax);
+    if (r->d.tp_comm) CHECK_RC(k3c_tp_mask_smax(&r->d.tp, c, r->stats.smax, err));
     if (dp) CHECK_RC(k3c_dp_max_smax(dp, r->stats.smax, c->num_layers * c->mla_heads, err));
     CHECK_RC(be->qk_clip(NULL, c, &r->m.table, r->m.w, r->stats.smax, QK_TAU, r->stats.qk_clipped, err));
     *clipped = *r->stats.qk_clipped; /* pipeline: each stage clips its own layers' heads */
-    if (r->use_pp) CHECK_RC(k3c_comm_allreduce(r->pp_comm, clipped, clipped, 1, K3C_I32, K3C_COMM_SUM, NULL, err));
+    if (r->d.use_pp) CHECK_RC(k3c_comm_allreduce(r->d.pp_comm, clipped, clipped, 1, K3C_I32, K3C_COMM_SUM, NULL, err));
     for (int l = 0; l < c->num_layers; l++) {
         const k3c_route_stats *rs = &r->stats.route[l];
         if (c->ffn[l] != K3C_FFN_MOE || rs->T == 0) continue; /* T = 0: another stage's layer */
@@ -263,15 +140,6 @@ static double max_rel_state(const k3c_optim *o, const float *x, const float *ref
         if (rel > m) m = rel;
     }
     return m;
-}
-
-/* The tiny model has 2 heads per mixer: 4 of each for tp4, MLA's head dims halved (2) so its widths stay those of the
- * 2-head model (with 4 heads of dims 4 its fp32 floor, see fp32_floor, is 2.9e-5: the single process differs from
- * itself by more than TOL there; 5.7e-6 here). */
-static void tp_variant(k3c_config *cfg, int tp) {
-    if (tp <= 2) return;
-    cfg->kda_heads = cfg->mla_heads = cfg->mla_kv_heads = tp;
-    cfg->qk_nope_dim = cfg->qk_rope_dim = cfg->v_head_dim = 2;
 }
 
 /* Runs `steps` steps of the reference and the parallel runner from the same state; returns 0 on a failed step. */
@@ -345,9 +213,9 @@ static void compare(k3c_comm *comm, int ep, int pp, int tp, int cp, int qb_mode)
     int clipped = 0, bias_moved = 0;
     if (!run_both(&ref, &par, &gb, steps, qb_mode, g_ref, g_par, &loss_rel, &norm1, &clipped)) goto out;
     float *st = malloc(sizeof(float) * ref.opt.state_numel);
-    CHECK_OK(k3c_dp_gather_state(&par.dp, par.state, st, &err), &err);
-    if (par.use_pp) /* each stage stepped its own weights: gather them (and the state) from every stage */
-        CHECK_OK(k3c_pp_gather(&par.pp, &par.m.table, &ref.opt, par.m.w, st, &err), &err);
+    CHECK_OK(k3c_dp_gather_state(&par.d.dp, par.state, st, &err), &err);
+    if (par.d.use_pp) /* each stage stepped its own weights: gather them (and the state) from every stage */
+        CHECK_OK(k3c_pp_gather(&par.d.pp, &par.m.table, &ref.opt, par.m.w, st, &err), &err);
     const char *wg = "-", *ww = "-", *wb = "-";
     double g_rel = max_rel(t, g_par, g_ref, -1, &wg), w_rel = 0, b_rel = 0, b_abs = 0, b_bins = 0;
     for (int i = 0; i < t->n; i++) { /* weights other than the router biases */
@@ -387,14 +255,14 @@ static void compare(k3c_comm *comm, int ep, int pp, int tp, int cp, int qb_mode)
     CHECK_OK(k3c_comm_allreduce(comm, par.m.w, lo, (int64_t)n, K3C_F32, K3C_COMM_MIN, NULL, &err), &err);
     CHECK_OK(k3c_comm_allreduce(comm, par.m.w, hi, (int64_t)n, K3C_F32, K3C_COMM_MAX, NULL, &err), &err);
     CHECK(memcmp(lo, hi, sizeof(float) * n) == 0, "weights differ between ranks");
-    CHECK(par.dp.shard.state_numel < ref.opt.state_numel || comm->size == 1,
-          "ZeRO-1: rank %d holds %zu of %zu state floats", comm->rank, par.dp.shard.state_numel, ref.opt.state_numel);
+    CHECK(par.d.dp.shard.state_numel < ref.opt.state_numel || comm->size == 1,
+          "ZeRO-1: rank %d holds %zu of %zu state floats", comm->rank, par.d.dp.shard.state_numel, ref.opt.state_numel);
     if (comm->rank == 0) {
         printf("dp=%d ep=%d tp=%d pp=%d cp=%d qb=%s, %d step%s: relative differences loss %.2e, step-1 gradients "
                "%.2e, weights %.2e, router biases %.2e (absolute %.2e, %.2g bins), optimizer state %.2e; ZeRO-1 "
                "state %zu of %zu floats on rank 0\n",
                comm->size / ep / pp / tp / cp, ep, tp, pp, cp, qb_mode ? "histogram" : "exact", steps,
-               steps > 1 ? "s" : "", loss_rel, g_rel, w_rel, b_rel, b_abs, b_bins, s_rel, par.dp.shard.state_numel,
+               steps > 1 ? "s" : "", loss_rel, g_rel, w_rel, b_rel, b_abs, b_bins, s_rel, par.d.dp.shard.state_numel,
                ref.opt.state_numel);
         if (qb_mode == K3C_QB_EXACT && comm->size > 1)
             printf("  fp32 floor: one process on the documents reversed differs from itself by %.2e\n",
@@ -520,7 +388,7 @@ static void f64_tp(k3c_comm *comm) {
     double loss[2] = {0, 0};
     f64_loss_grad(&whole, &b, &loss[0]);
     f64_loss_grad(&part, &b, &loss[1]); /* every rank the whole batch, its heads, widths and vocabulary rows */
-    k3c_tp_dedup_grads(&t, &part.table, part.g, K3C_F64);
+    CHECK_OK(k3c_tp_dedup_grads(&t, &part.table, part.g, K3C_F64, &err), &err);
     CHECK_OK(k3c_comm_allreduce(comm, part.g, part.g, (int64_t)part.table.total, K3C_F64, K3C_COMM_SUM, NULL, &err),
              &err);
     const char *worst = "-";

@@ -4,7 +4,8 @@
  * absolute, see ckpt_diff), a dp2 run resumed from its own checkpoint continues bit for bit, a dp2 checkpoint resumed
  * by one process (and a one-process checkpoint resumed at dp2) continues like the single process; the same for ep2,
  * dp2×ep2, pp2, dp2×pp2, tp2, tp2×pp2 (a dp2×ep2 checkpoint resumed at tp2, a tp2 checkpoint by one process), cp2,
- * dp2×cp2 and ep2×cp2; and impossible layouts fail with messages naming the field. */
+ * dp2×cp2 and ep2×cp2; one rank with "force" (the parallel step kept) equals one process; and impossible layouts fail
+ * with messages naming the field. */
 #include "test.h"
 
 #pragma GCC diagnostic ignored "-Wunused-function" /* the fixture's helpers this test does not need */
@@ -158,8 +159,19 @@ int main(void) {
     write_cfg(&fx, "one", NULL, one, sizeof one);
     CHECK_OK(train(one, 0, 0, NULL, &r, &err), &err); /* 4 steps, a checkpoint after each */
 
+    /* "force": the parallel step (ZeRO-1, the expert exchange) with one rank, in this process (the one-rank
+       communicator) and under mpirun -np 1 (MPI's) */
+    char force1[1400], force2[1400];
+    write_cfg(&fx, "force1", "{\"dp\": 1, \"force\": true}", force1, sizeof force1);
+    CHECK_OK(train(force1, 0, 0, NULL, &r, &err), &err);
+    check_close(&fx, "force1", "one", 4, "one rank with parallel.force vs one process");
+    write_cfg(&fx, "force2", "{\"force\": true}", force2, sizeof force2);
+    int st = k3c_mpi(1, force2, "", out, sizeof out);
+    CHECK(st == 0, "mpirun -np 1 k3c train (parallel.force) exited %d:\n%s", st, out);
+    check_close(&fx, "force2", "one", 4, "mpirun -np 1 with parallel.force vs one process");
+
     write_cfg(&fx, "dp2", "{\"dp\": 2}", dp2, sizeof dp2);
-    int st = k3c_mpi(2, dp2, "", out, sizeof out);
+    st = k3c_mpi(2, dp2, "", out, sizeof out);
     CHECK(st == 0, "mpirun -np 2 k3c train (dp2) exited %d:\n%s", st, out);
     check_close(&fx, "dp2", "one", 2, "dp2 vs one process");
     check_close(&fx, "dp2", "one", 4, "dp2 vs one process");
@@ -313,6 +325,9 @@ int main(void) {
     write_cfg(&fx, "bad", "{\"pp\": 1, \"micro_batches\": 0}", bad, sizeof bad);
     CHECK(train(bad, 0, 0, NULL, &r, &err) == K3C_ECONFIG && contains(err.msg, "parallel.micro_batches: 0, must be"),
           "micro_batches 0: %s", err.msg);
+    write_cfg(&fx, "bad", "{\"force\": 1}", bad, sizeof bad);
+    CHECK(train(bad, 0, 0, NULL, &r, &err) == K3C_ECONFIG && contains(err.msg, "parallel.force"), "force 1: %s",
+          err.msg);
     write_cfg(&fx, "bad", "{\"dp\": 1, \"zero\": 1}", bad, sizeof bad);
     CHECK(train(bad, 0, 0, NULL, &r, &err) == K3C_ECONFIG && contains(err.msg, "parallel.zero: unknown key"),
           "unknown key: %s", err.msg);

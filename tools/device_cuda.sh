@@ -4,7 +4,13 @@
 # OpenBLAS, and build/cuda is far larger than a device call may carry, so:
 #   tools/device_cuda.sh pack     # here: devrun/bin (stripped, xz), devrun/lib (the non-CUDA shared libraries they
 #                                 # link), devrun/golden/k3_tiny_a, k3_vision_tiny; carry devrun (about 40 MB)
-#   tools/device_cuda.sh [what]   # there: what = all | harness | engine | bench | speed; logs under $OUT (or devrun/out)
+#   tools/device_cuda.sh [what]   # there: what = all | harness | engine | bench | speed | dist; logs under $OUT (or
+#                                 # devrun/out)
+#     harness: test_backend_ops, tests/cuda/*, and with `make nccl` test_comm_nccl and test_dist_nccl (the parallel
+#     training step on the GPU over NCCL; several GPUs: mpirun -np N devrun/bin/test_dist_nccl)
+#     dist: only the NCCL programs, then `k3c_nccl train` on the make-run data for 3 steps, plain and with "parallel":
+#     {"force": true} (the parallel step on one GPU), their losses side by side (PACK_PROGS=build/cuda/k3c at pack
+#     time carries just the NCCL programs and k3c)
 #     speed: the whole training step on ../shared/bench's medium configs at each GEMM mode, the Hugging Face
 #     transformers + fla anchor in the same call (side_device.py; FLA_TGZ=path/to/fla.tgz at pack time carries fla),
 #     and the make-run demo trained on the GPU at fp32 and bf16 GEMMs (validation loss against the CPU's)
@@ -16,9 +22,14 @@ what=${1:-all}
 if [ "$what" = pack ]; then
     progs=(build/cuda/k3c build/cuda/tests/test_backend_ops build/cuda/tests/cuda/* build/cuda/bench/cuda/*)
     [ -n "${PACK_PROGS:-}" ] && read -r -a progs <<<"$PACK_PROGS" # a subset, e.g. the engine mode's programs
-    [ -x build/nccl/test_comm_nccl ] && progs+=(build/nccl/test_comm_nccl) # `make nccl`: the one-rank NCCL communicator
+    # `make nccl`: the one-rank NCCL communicator, the parallel training step on CUDA over it (2 MB each, xz), and
+    # build/nccl/k3c (the GPU k3c with NCCL and MPI), carried as devrun/bin/k3c_nccl
+    for p in build/nccl/test_comm_nccl build/nccl/test_dist_nccl build/nccl/k3c; do [ -x $p ] && progs+=($p); done
     rm -rf devrun/bin devrun/lib && mkdir -p devrun/bin devrun/lib devrun/golden/k3_tiny_a devrun/golden/k3_vision_tiny
-    for p in "${progs[@]}"; do strip -o "devrun/bin/$(basename "$p")" "$p" && xz -T2 -6 -f "devrun/bin/$(basename "$p")"; done
+    for p in "${progs[@]}"; do
+        n=$(basename "$p") && [ "$p" = build/nccl/k3c ] && n=k3c_nccl
+        strip -o "devrun/bin/$n" "$p" && xz -T2 -6 -f "devrun/bin/$n"
+    done
     cp ../shared/golden/k3_tiny_a/config.json devrun/golden/k3_tiny_a/
     gzip -c ../shared/golden/k3_tiny_a/model.safetensors >devrun/golden/k3_tiny_a/model.safetensors.gz
     # the engine test's goldens (ids and logits only: the gradients stay here) and the decode benchmark's config
@@ -69,7 +80,7 @@ seed=${SEED:-$(date +%s)}
 echo "seed $seed"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt" || true
 B=devrun/bin
-[ -x $B/test_backend_ops ] || [ -x $B/test_engine_cuda ] || { echo "devrun/bin missing: run make cuda-tests and tools/device_cuda.sh pack" >&2; exit 2; }
+[ -x $B/test_backend_ops ] || [ -x $B/test_engine_cuda ] || [ -x $B/test_dist_nccl ] || { echo "devrun/bin missing: run make cuda-tests and tools/device_cuda.sh pack" >&2; exit 2; }
 golden=${K3C_SHARED:-../shared}/golden/k3_tiny_a
 status=0
 if [ "$what" = all ] || [ "$what" = harness ]; then
@@ -86,6 +97,30 @@ if [ "$what" = all ] || [ "$what" = harness ]; then
         fi
     done
     if [ -x $B/test_comm_nccl ]; then $B/test_comm_nccl 2>&1 | tee "$OUT/test_comm_nccl.log" || status=1; fi
+    # the parallel training step (dp, ep: one rank on one GPU; under mpirun one rank per GPU) against one process
+    if [ -x $B/test_dist_nccl ]; then $B/test_dist_nccl 2>&1 | tee "$OUT/test_dist_nccl.log" || status=1; fi
+fi
+if [ "$what" = dist ]; then # the parallel training step on the GPU (make nccl)
+    $B/test_comm_nccl 2>&1 | tee "$OUT/test_comm_nccl.log" || status=1
+    $B/test_dist_nccl 2>&1 | tee "$OUT/test_dist_nccl.log" || status=1
+    if [ -d devrun/run/data ] && [ -x $B/k3c_nccl ]; then
+        for f in plain force; do # 3 steps of the make-run schedule, the one-process step and the parallel one
+            python3 - "$f" <<'PY'
+import json, os, sys
+c = json.load(open("configs/demo_run.json"))
+r = os.path.abspath("devrun/run")
+c.update(model=r + "/k3_tiny.json", tokenizer=r + "/tokenizer.tiktoken", kda_chunk=64, eval_every=0,
+         out_dir="/tmp/gpu_dist_" + sys.argv[1], data={k: r + "/data/" + k for k in c["data"]})
+if sys.argv[1] == "force":
+    c["parallel"] = {"force": True}
+json.dump(c, open("/tmp/gpu_dist_%s.json" % sys.argv[1], "w"))
+PY
+            rm -rf /tmp/gpu_dist_$f
+            $B/k3c_nccl train --config /tmp/gpu_dist_$f.json --device cuda --max-steps 3 --quiet 2>&1 | tail -3 |
+                tee "$OUT/dist_train_$f.log" || status=1
+            grep -h '"loss"' /tmp/gpu_dist_$f/metrics.jsonl | cut -c1-120 | tee -a "$OUT/dist_train_$f.log"
+        done
+    fi
 fi
 if [ "$what" = all ] || [ "$what" = engine ]; then # the inference engine on the GPU against the CPU, then its speed
     $B/test_engine_cuda 2>&1 | tee "$OUT/test_engine_cuda.log" || status=1

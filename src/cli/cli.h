@@ -43,7 +43,10 @@ typedef struct {
 } cli_device;
 /* --device cpu|cuda and --gemm fp32|tf32|bf16 (the CUDA GEMM mode): 0, or prints a usage error and returns 2 */
 int cli_device_check(const char *cmd, const char *name, const char *gemm);
+/* Opens --device (CUDA: the GPU numbered by the rank on its node under mpirun, cli_local_rank; else GPU 0). */
 int cli_device_open(const char *name, const char *gemm, cli_device *d, k3c_err *err);
+/* This process's rank among the ranks of its node (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID), 0 without mpirun. */
+int cli_local_rank(void);
 int cli_device_use(const cli_device *d, k3c_model *m, k3c_err *err);
 void cli_device_release(cli_device *d);
 

@@ -5,6 +5,7 @@
 #include "dist/comm.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 int cmd_train(int argc, char **argv) {
@@ -26,7 +27,10 @@ int cmd_train(int argc, char **argv) {
                "Parallel: `mpirun -np N k3c train --config RUN.json` trains on N ranks; the run config's\n"
                "\"parallel\": {\"dp\": N} block (absent: dp = N) is checked against N and the model. Every rank\n"
                "loads the same global batch and trains on its share; rank 0 prints and writes metrics and\n"
-               "checkpoints, which any layout can resume (docs/PARALLEL.md)\n");
+               "checkpoints, which any layout can resume (docs/PARALLEL.md). With --device cuda each rank takes\n"
+               "the GPU of its rank on the node and the ranks talk through NCCL (build/nccl/k3c of `make nccl`).\n"
+               "\"force\": true in the block runs the parallel step even on one rank (a test of its code paths\n"
+               "on one process or one GPU)\n");
         return 0;
     }
     const char *path = cli_opt(argc, argv, "--config");
@@ -41,10 +45,31 @@ int cmd_train(int argc, char **argv) {
     if (k3c_run_config_load(path, &rc, &err)) return cli_fail("train", &err);
     cli_device dev;
     if (cli_device_open(device, gemm, &dev, &err)) return cli_fail("train", &err);
-    k3c_comm *world = NULL; /* MPI when started by mpirun, else this process alone */
+    k3c_comm *world = NULL, *comm = NULL; /* MPI when started by mpirun, else this process alone */
     if (k3c_comm_world(&world, &err)) {
         cli_device_release(&dev);
         return cli_fail("train", &err);
+    }
+    const char *np = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!k3c_comm_mpi_available() && np && atoi(np) > 1) { /* every rank would train alone, into one out_dir */
+        k3c_errf(&err, K3C_EUNSUPPORTED,
+                 "started by mpirun with %s ranks, but this k3c was built without MPI (on GPUs: build/nccl/k3c of "
+                 "`make nccl`)",
+                 np);
+        cli_device_release(&dev);
+        k3c_comm_free(world);
+        return cli_fail("train", &err);
+    }
+    const int parallel = world->size > 1 || rc.parallel_force;
+    /* the communicator follows the backend: the world's (host memory) on the CPU, NCCL over it on a GPU (one GPU per
+       rank: the one cli_device_open chose), alone the one-rank NCCL communicator */
+    if (parallel && dev.backend &&
+        k3c_comm_nccl(world->size > 1 ? world : NULL, NULL, world->rank, world->size, cli_local_rank(), &comm, &err)) {
+        int code = cli_fail("train", &err);
+        if (world->size > 1) k3c_comm_mpi_abort(code);
+        cli_device_release(&dev);
+        k3c_comm_free(world);
+        return code;
     }
     int quiet = world->rank != 0; /* rank 0 speaks for the run */
     k3c_train_opts o = {cli_flag(argc, argv, "--resume"),
@@ -52,9 +77,10 @@ int cmd_train(int argc, char **argv) {
                         cli_flag(argc, argv, "--quiet") || quiet ? NULL : stderr,
                         cli_flag(argc, argv, "--log") && !quiet ? stdout : NULL,
                         dev.backend,
-                        world->size > 1 ? world : NULL};
+                        parallel ? (comm ? comm : world) : NULL};
     k3c_train_result r;
     int failed = k3c_train_run(&rc, &o, &r, &err);
+    k3c_comm_free(comm); /* before the device it runs on */
     cli_device_release(&dev);
     if (failed) {
         int code = cli_fail("train", &err);

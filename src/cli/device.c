@@ -31,13 +31,19 @@ int cli_device_check(const char *cmd, const char *name, const char *gemm) {
     return 0;
 }
 
+int cli_local_rank(void) {
+    const char *s = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!s) s = getenv("MPI_LOCALRANKID");
+    return s ? atoi(s) : 0;
+}
+
 int cli_device_open(const char *name, const char *gemm, cli_device *d, k3c_err *err) {
     memset(d, 0, sizeof *d);
     if (!name || strcmp(name, "cpu") == 0) return K3C_OK;
 #ifdef K3C_CUDA
     cuda_device *cd = calloc(1, sizeof *cd);
     if (!cd) return k3c_errf(err, K3C_ENOMEM, "out of memory");
-    int rc = k3c_cuda_backend_init(&cd->b, 0, gemm_mode(gemm), err);
+    int rc = k3c_cuda_backend_init(&cd->b, cli_local_rank(), gemm_mode(gemm), err); /* one GPU per rank */
     if (rc) {
         free(cd);
         return rc;

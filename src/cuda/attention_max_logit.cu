@@ -18,8 +18,8 @@ __device__ __forceinline__ float warp_max(float v) {
  * One block per (query tile of 128, head), 256 threads: 128×128 score tiles built from k-chunks of 16 staged
  * transposed in shared memory (the next chunk prefetched into registers meanwhile), an 8×8 register tile per thread
  * (rows ty·4 + {0..3, 64..67}, columns likewise: conflict-free float4 reads), the causal / document mask applied to
- * the scaled scores, and the block's maximum merged into smax through atomicMax on order-preserving integer keys
- * (decoded in place afterwards). */
+ * the scaled scores (rows before q_begin are context parallelism's padding, no queries), and the block's maximum
+ * merged into smax through atomicMax on order-preserving integer keys (decoded in place afterwards). */
 constexpr int BM = 128, BN = 128, BK = 16;
 
 /* Signed-integer order equals float order (non-NaN); the map is its own inverse. */
@@ -57,8 +57,9 @@ __global__ void smax_decode_kernel(int H, int *key) {
     }
 }
 
-__global__ void __launch_bounds__(256) max_logit_kernel(int T, int H, int dqk, int n_docs, const int32_t *cu,
-                                                        float scale, const float *q, const float *k, int *key) {
+__global__ void __launch_bounds__(256)
+    max_logit_kernel(int T, int H, int dqk, int n_docs, const int32_t *cu, int q_begin, float scale, const float *q,
+                     const float *k, int *key) {
     __shared__ __align__(16) float Qs[BK][BM];
     __shared__ __align__(16) float Ks[BK][BN];
     __shared__ float red[8];
@@ -119,7 +120,7 @@ __global__ void __launch_bounds__(256) max_logit_kernel(int T, int H, int dqk, i
 #pragma unroll
             for (int c = 0; c < 8; c++) {
                 const int j = j0 + tx * 4 + (c & 3) + (c >> 2) * 64;
-                if (rows[r] < T && j <= rows[r] && j >= bos[r])
+                if (rows[r] < T && rows[r] >= q_begin && j <= rows[r] && j >= bos[r])
                     best = fmaxf(best, acc[r][c] * scale); /* NaN never wins (as the CPU's comparison) */
             }
     }
@@ -144,9 +145,9 @@ extern "C" int k3c_attention_max_logit_cuda(const k3c_attention_sizes *s, const 
                         "attention_max_logit_cuda: bad sizes (0 <= T <= 2^30, 0 < H <= 65535, dqk > 0, "
                         "scale finite)");
     if (!smax) return k3c_errf(err, K3C_EINVAL, "attention_max_logit_cuda: NULL smax");
-    if (s->q_begin != 0) /* context parallelism runs on the CPU only for now */
-        return k3c_errf(err, K3C_EUNSUPPORTED, "attention_max_logit_cuda: padding rows (q_begin %lld) not supported",
-                        (long long)s->q_begin);
+    if (s->q_begin < 0 || s->q_begin > s->T)
+        return k3c_errf(err, K3C_EINVAL, "attention_max_logit_cuda: q_begin %lld outside [0, T = %lld]",
+                        (long long)s->q_begin, (long long)s->T);
     if (cu_seqlens && (s->n_docs <= 0 || s->n_docs > INT32_MAX - 1))
         return k3c_errf(err, K3C_EINVAL, "attention_max_logit_cuda: cu_seqlens given with n_docs %lld",
                         (long long)s->n_docs);
@@ -156,7 +157,7 @@ extern "C" int k3c_attention_max_logit_cuda(const k3c_attention_sizes *s, const 
     K3C_CU_LAUNCHED("max_logit_init");
     if (T > 0) {
         max_logit_kernel<<<dim3((unsigned)((T + BM - 1) / BM), (unsigned)H), 256, 0, K3C_STREAM>>>(
-            T, H, (int)s->dqk, nd, cu_seqlens, (float)s->scale, q, k, key);
+            T, H, (int)s->dqk, nd, cu_seqlens, (int)s->q_begin, (float)s->scale, q, k, key);
         K3C_CU_LAUNCHED("max_logit");
     }
     smax_decode_kernel<<<(H + 255) / 256, 256, 0, K3C_STREAM>>>(H, key);

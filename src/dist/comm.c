@@ -109,6 +109,25 @@ void k3c_comm_free(k3c_comm *c) {
     if (c) c->ops->free(c);
 }
 
+/* Builds without NCCL (the CPU library, `make cuda`): the definition of comm_nccl.cu, linked by `make nccl`, replaces
+ * this one. */
+__attribute__((weak)) int k3c_comm_nccl(k3c_comm *boot, const char *rendezvous, int rank, int size, int device,
+                                        k3c_comm **out, k3c_err *err) {
+    *out = NULL;
+    return k3c_errf(
+        err, K3C_EUNSUPPORTED,
+        "NCCL: this build has no NCCL communicator (the GPU's parallel step: build/nccl/k3c of `make nccl`)");
+}
+
+int k3c_comm_check_memory(const k3c_comm *comm, const char *backend, const char *what, k3c_err *err) {
+    if (strcmp(backend, "cpu") && strcmp(comm->ops->name, "nccl"))
+        return k3c_errf(err, K3C_EUNSUPPORTED,
+                        "%s on the %s backend needs a device communicator (NCCL: build/nccl/k3c of `make nccl`); the "
+                        "%s communicator moves host memory",
+                        what, backend, comm->ops->name);
+    return K3C_OK;
+}
+
 int k3c_comm_world(k3c_comm **out, k3c_err *err) {
     if (k3c_comm_mpi_launched() && k3c_comm_mpi_available()) return k3c_comm_mpi_world(out, err);
     return k3c_comm_self(out, err);

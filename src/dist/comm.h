@@ -64,6 +64,10 @@ void k3c_comm_mpi_abort(int code);
  * unique id travels over `boot` (e.g. the MPI world; then rank and size are boot's) or, boot NULL, through the file
  * `rendezvous` that rank 0 writes (a path every rank sees; NULL with size 1: a one-rank communicator). */
 int k3c_comm_nccl(k3c_comm *boot, const char *rendezvous, int rank, int size, int device, k3c_comm **out, k3c_err *err);
+/* K3C_EUNSUPPORTED naming `what` (the parallel piece) when c cannot reach the memory of the backend named `backend`:
+ * a device backend needs the NCCL communicator (self and MPI move host memory); NCCL takes host buffers too (staged
+ * through device memory), so the CPU backend runs over any communicator. */
+int k3c_comm_check_memory(const k3c_comm *c, const char *backend, const char *what, k3c_err *err);
 /* The world the process runs in: MPI when launched by mpirun and built with MPI, else self. */
 int k3c_comm_world(k3c_comm **out, k3c_err *err);
 

@@ -1,7 +1,9 @@
 /* comm_nccl.cu — the NCCL backend of the communicator (device memory, one GPU per rank): every operation is enqueued
  * on the communicator's own CUDA stream, so it overlaps the compute stream; a started operation's handle is a CUDA
  * event recorded after it, and k3c_comm_wait makes the calling thread's stream wait for that event (blocking calls
- * synchronise the communication stream). Bootstrapped by broadcasting the NCCL unique id over another communicator
+ * synchronise the communication stream). Host buffers are accepted too (the parallel step's counts, scalars and
+ * host-side rows): each is staged through device memory on the communication stream, and an operation that writes a
+ * host buffer completes before it returns. Bootstrapped by broadcasting the NCCL unique id over another communicator
  * (MPI) or through a rendezvous file. Built by `make nccl` where NCCL's headers exist (not part of `make cuda`).
  * Spec: docs/PARALLEL.md "Communicator". */
 extern "C" {
@@ -77,6 +79,89 @@ int finish(k3c_comm *c, const char *op, ncclResult_t r, k3c_comm_req **req, k3c_
     return K3C_OK;
 }
 
+/* ---------------------------------------------------------------- host buffers
+ * NCCL moves device memory only. A host pointer (pageable or registered: cudaPointerGetAttributes says "unregistered"
+ * or "host") is replaced by a device copy on the communication stream, its contents uploaded first (in-place and
+ * partly written outputs keep what the operation does not write) and, for an output, downloaded after the operation;
+ * the copies are freed in stream order. An operation with a staged output is blocking (its handle is NULL), so the
+ * host buffer holds the result when the call returns. */
+struct staged {
+    void *host, *dev;
+    size_t bytes;
+    bool out;
+};
+
+struct staging {
+    staged s[2];
+    int n;
+    cudaError_t e;
+};
+
+bool on_host(const void *p) {
+    if (!p) return false;
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError(); /* older runtimes fail on plain host memory: clear the error it left */
+        return true;
+    }
+    return a.type == cudaMemoryTypeUnregistered || a.type == cudaMemoryTypeHost;
+}
+
+/* The device pointer to use for p (bytes long; out: the operation writes it). */
+void *stage(k3c_comm *c, staging *g, const void *p, size_t bytes, bool out) {
+    void *hp = const_cast<void *>(p);
+    for (int i = 0; i < g->n; i++)
+        if (g->s[i].host == hp) { /* in place: one copy serves both */
+            g->s[i].out = g->s[i].out || out;
+            return g->s[i].dev;
+        }
+    if (!on_host(p) || !bytes || g->e != cudaSuccess || g->n == 2) return hp;
+    staged *s = &g->s[g->n];
+    *s = {hp, nullptr, bytes, out};
+    g->e = cudaMallocAsync(&s->dev, bytes, st(c)->stream);
+    if (g->e == cudaSuccess) g->e = cudaMemcpyAsync(s->dev, p, bytes, cudaMemcpyHostToDevice, st(c)->stream);
+    if (g->e != cudaSuccess) return hp;
+    g->n++;
+    return s->dev;
+}
+
+bool has_output(const staging *g) {
+    for (int i = 0; i < g->n; i++)
+        if (g->s[i].out) return true;
+    return false;
+}
+
+/* After the operation is enqueued: outputs copied back, the copies freed (stream-ordered). */
+int unstage(k3c_comm *c, staging *g, const char *op, k3c_err *err) {
+    cudaError_t e = g->e;
+    for (int i = 0; i < g->n; i++) {
+        if (e == cudaSuccess && g->s[i].out)
+            e = cudaMemcpyAsync(g->s[i].host, g->s[i].dev, g->s[i].bytes, cudaMemcpyDeviceToHost, st(c)->stream);
+        cudaFreeAsync(g->s[i].dev, st(c)->stream);
+    }
+    return e == cudaSuccess ? K3C_OK : cuda_fail(err, op, e);
+}
+
+/* The end of an operation with staged buffers: copies back, then finish (blocking when a host buffer is written). */
+int finish_staged(k3c_comm *c, staging *g, const char *op, ncclResult_t r, k3c_comm_req **req, k3c_err *err) {
+    if (int e = unstage(c, g, op, err)) {
+        cudaStreamSynchronize(st(c)->stream);
+        return e;
+    }
+    return finish(c, op, r, has_output(g) ? nullptr : req, err);
+}
+
+/* Elements spanned by blocks at displs (or consecutive when displs is NULL) of the given counts. */
+size_t extent(const k3c_comm *c, const int64_t *counts, const int64_t *displs) {
+    int64_t end = 0, off = 0;
+    for (int p = 0; p < c->size; p++) {
+        int64_t d = displs ? displs[p] : off;
+        if (counts[p] && d + counts[p] > end) end = d + counts[p];
+        off += counts[p];
+    }
+    return (size_t)end;
+}
+
 /* The communication stream first waits for the work the caller's (legacy default / per-thread) stream enqueued, so
  * an operation never reads a buffer before the compute that writes it. */
 int after_compute(k3c_comm *c, const char *op, k3c_err *err) {
@@ -91,8 +176,14 @@ int after_compute(k3c_comm *c, const char *op, k3c_err *err) {
 int n_allreduce(k3c_comm *c, const void *send, void *recv, int64_t n, k3c_dtype t, k3c_comm_op op, k3c_comm_req **req,
                 k3c_err *err) {
     if (int e = after_compute(c, "allreduce", err)) return e;
-    ncclResult_t r = ncclAllReduce(send, recv, (size_t)n, nccl_type(t), nccl_op(op), st(c)->comm, st(c)->stream);
-    return finish(c, "allreduce", r, req, err);
+    staging g = {};
+    const size_t bytes = (size_t)n * k3c_dtype_size(t);
+    const void *s = stage(c, &g, send, bytes, false);
+    void *d = stage(c, &g, recv, bytes, true);
+    ncclResult_t r = g.e == cudaSuccess
+                         ? ncclAllReduce(s, d, (size_t)n, nccl_type(t), nccl_op(op), st(c)->comm, st(c)->stream)
+                         : ncclSuccess;
+    return finish_staged(c, &g, "allreduce", r, req, err);
 }
 
 /* Uneven blocks: one reduce per block to its owner, grouped (NCCL's reduce-scatter needs equal counts). In place, the
@@ -102,7 +193,15 @@ int n_reduce_scatter(k3c_comm *c, const void *send, void *recv, const int64_t *c
                      k3c_comm_req **req, k3c_err *err) {
     if (int e = after_compute(c, "reduce_scatter", err)) return e;
     size_t es = k3c_dtype_size(t), off = 0, mine = 0;
-    const char *s = static_cast<const char *>(send);
+    staging g = {};
+    const bool in_place = send == recv;
+    const char *s = static_cast<const char *>(stage(c, &g, send, extent(c, counts, nullptr) * es, in_place));
+    if (!in_place)
+        recv = stage(c, &g, recv, (size_t)counts[c->rank] * es, true);
+    else
+        recv = const_cast<char *>(s);
+    send = s;
+    if (g.e != cudaSuccess) return finish_staged(c, &g, "reduce_scatter", ncclSuccess, req, err);
     ncclResult_t r = ncclGroupStart();
     for (int p = 0; r == ncclSuccess && p < c->size; p++) {
         if (p == c->rank) mine = off;
@@ -115,9 +214,9 @@ int n_reduce_scatter(k3c_comm *c, const void *send, void *recv, const int64_t *c
     if (r == ncclSuccess && send == recv && mine && counts[c->rank]) {
         cudaError_t e =
             cudaMemcpyAsync(recv, s + mine * es, (size_t)counts[c->rank] * es, cudaMemcpyDeviceToDevice, st(c)->stream);
-        if (e != cudaSuccess) return cuda_fail(err, "reduce_scatter", e);
+        if (e != cudaSuccess) g.e = e;
     }
-    return finish(c, "reduce_scatter", r, req, err);
+    return finish_staged(c, &g, "reduce_scatter", r, req, err);
 }
 
 /* All-gather with uneven blocks: every rank broadcasts its block, grouped. */
@@ -125,7 +224,10 @@ int n_allgather(k3c_comm *c, const void *send, void *recv, const int64_t *counts
                 k3c_comm_req **req, k3c_err *err) {
     if (int e = after_compute(c, "allgather", err)) return e;
     size_t es = k3c_dtype_size(t);
-    char *rv = static_cast<char *>(recv);
+    staging g = {};
+    send = stage(c, &g, send, (size_t)counts[c->rank] * es, false);
+    char *rv = static_cast<char *>(stage(c, &g, recv, extent(c, counts, displs) * es, true));
+    if (g.e != cudaSuccess) return finish_staged(c, &g, "allgather", ncclSuccess, req, err);
     ncclResult_t r = ncclGroupStart();
     for (int p = 0; r == ncclSuccess && p < c->size; p++) {
         const void *src = p == c->rank ? (send ? send : rv + (size_t)displs[p] * es) : nullptr;
@@ -133,7 +235,7 @@ int n_allgather(k3c_comm *c, const void *send, void *recv, const int64_t *counts
                           st(c)->stream);
     }
     ncclResult_t r2 = ncclGroupEnd();
-    return finish(c, "allgather", r == ncclSuccess ? r2 : r, req, err);
+    return finish_staged(c, &g, "allgather", r == ncclSuccess ? r2 : r, req, err);
 }
 
 /* All-to-all(v): paired sends and receives in one group. */
@@ -141,8 +243,10 @@ int n_alltoall(k3c_comm *c, const void *send, const int64_t *scounts, const int6
                const int64_t *rcounts, const int64_t *rdispls, k3c_dtype t, k3c_comm_req **req, k3c_err *err) {
     if (int e = after_compute(c, "alltoall", err)) return e;
     size_t es = k3c_dtype_size(t);
-    const char *s = static_cast<const char *>(send);
-    char *rv = static_cast<char *>(recv);
+    staging g = {};
+    const char *s = static_cast<const char *>(stage(c, &g, send, extent(c, scounts, sdispls) * es, false));
+    char *rv = static_cast<char *>(stage(c, &g, recv, extent(c, rcounts, rdispls) * es, true));
+    if (g.e != cudaSuccess) return finish_staged(c, &g, "alltoall", ncclSuccess, req, err);
     ncclResult_t r = ncclGroupStart();
     for (int p = 0; r == ncclSuccess && p < c->size; p++) {
         if (scounts[p])
@@ -151,25 +255,36 @@ int n_alltoall(k3c_comm *c, const void *send, const int64_t *scounts, const int6
             r = ncclRecv(rv + (size_t)rdispls[p] * es, (size_t)rcounts[p], nccl_type(t), p, st(c)->comm, st(c)->stream);
     }
     ncclResult_t r2 = ncclGroupEnd();
-    return finish(c, "alltoall", r == ncclSuccess ? r2 : r, req, err);
+    return finish_staged(c, &g, "alltoall", r == ncclSuccess ? r2 : r, req, err);
 }
 
 /* NCCL matches point-to-point calls by order between a pair of ranks, not by tag: tags are accepted and ignored, so
  * callers must post sends and receives between two ranks in the same order. */
 int n_send(k3c_comm *c, const void *buf, int64_t n, k3c_dtype t, int peer, int tag, k3c_comm_req **req, k3c_err *err) {
     if (int e = after_compute(c, "send", err)) return e;
-    return finish(c, "send", ncclSend(buf, (size_t)n, nccl_type(t), peer, st(c)->comm, st(c)->stream), req, err);
+    staging g = {};
+    const void *b = stage(c, &g, buf, (size_t)n * k3c_dtype_size(t), false);
+    ncclResult_t r =
+        g.e == cudaSuccess ? ncclSend(b, (size_t)n, nccl_type(t), peer, st(c)->comm, st(c)->stream) : ncclSuccess;
+    return finish_staged(c, &g, "send", r, req, err);
 }
 
 int n_recv(k3c_comm *c, void *buf, int64_t n, k3c_dtype t, int peer, int tag, k3c_comm_req **req, k3c_err *err) {
     if (int e = after_compute(c, "recv", err)) return e;
-    return finish(c, "recv", ncclRecv(buf, (size_t)n, nccl_type(t), peer, st(c)->comm, st(c)->stream), req, err);
+    staging g = {};
+    void *b = stage(c, &g, buf, (size_t)n * k3c_dtype_size(t), true);
+    ncclResult_t r =
+        g.e == cudaSuccess ? ncclRecv(b, (size_t)n, nccl_type(t), peer, st(c)->comm, st(c)->stream) : ncclSuccess;
+    return finish_staged(c, &g, "recv", r, req, err);
 }
 
 int n_bcast(k3c_comm *c, void *buf, int64_t n, k3c_dtype t, int root, k3c_comm_req **req, k3c_err *err) {
     if (int e = after_compute(c, "bcast", err)) return e;
-    ncclResult_t r = ncclBroadcast(buf, buf, (size_t)n, nccl_type(t), root, st(c)->comm, st(c)->stream);
-    return finish(c, "bcast", r, req, err);
+    staging g = {};
+    void *b = stage(c, &g, buf, (size_t)n * k3c_dtype_size(t), true);
+    ncclResult_t r = g.e == cudaSuccess ? ncclBroadcast(b, b, (size_t)n, nccl_type(t), root, st(c)->comm, st(c)->stream)
+                                        : ncclSuccess;
+    return finish_staged(c, &g, "bcast", r, req, err);
 }
 
 /* A one-element all-reduce, synchronised: every rank has reached it when it returns. */

@@ -11,6 +11,9 @@
 /* Message tags: per layer, 4 kinds × 3 convs plus the state pair. */
 #define TAG(l, kind) ((l)*16 + (kind))
 
+/* cu_keys' place in cu_ops: after cu_rest's T_cap + 1 entries, 256-byte aligned as the buffer itself */
+static int64_t T_cap_keys(const k3c_cp *cp) { return (cp->T_cap + 64) / 64 * 64; }
+
 /* Layer l's buffers, element `i` on (the model's precision: es bytes an element). */
 static char *at(k3c_cp *cp, int l, int64_t i) { return cp->buf + (cp->layer_off[l] + i) * cp->es; }
 
@@ -27,6 +30,9 @@ static void masked_tail(const k3c_cp *cp, const char *src, int rows, char *dst, 
         }
 }
 
+/* Host scratch: [0, C·(W−1)) receives a neighbour's tail, the next block holds a host copy, the third what is sent. */
+static char *scratch(k3c_cp *cp, int k, int64_t C, int64_t w1) { return cp->rows + (size_t)(k * C * w1) * cp->es; }
+
 /* ---------------------------------------------------------------- short-conv tails */
 static int conv_tail(void *ctx, int l, int i, const void *x, int64_t T, int64_t C, int W, void **state, k3c_err *err) {
     k3c_cp *cp = ctx;
@@ -40,13 +46,16 @@ static int conv_tail(void *ctx, int l, int i, const void *x, int64_t T, int64_t 
         if (cx->cont_next)
             CHECK_RC(k3c_comm_send(cp->comm, (const char *)x + (T - w1) * C * cp->es, w1 * C, cp->dt, cp->rank + 1,
                                    TAG(l, i), &q, err));
-        if (cx->cont_prev) {
-            int e = k3c_comm_recv(cp->comm, cp->rows, w1 * C, cp->dt, cp->rank - 1, TAG(l, i), NULL, err);
+        if (cx->cont_prev) { /* the masked tail is made on the host and goes where the conv op reads it */
+            int e = k3c_comm_recv(cp->comm, scratch(cp, 0, C, w1), w1 * C, cp->dt, cp->rank - 1, TAG(l, i), NULL, err);
+            if (!e) {
+                masked_tail(cp, scratch(cp, 0, C, w1), 1, scratch(cp, 1, C, w1), C, w1, cp->prev_len);
+                e = cp->mem.upload(st, scratch(cp, 1, C, w1), cp->es * (size_t)(C * w1), err);
+            }
             if (e) {
                 k3c_comm_wait(q, NULL);
                 return e;
             }
-            masked_tail(cp, cp->rows, 1, st, C, w1, cp->prev_len);
         }
         CHECK_RC(k3c_comm_wait(q, err));
     }
@@ -61,25 +70,33 @@ static int conv_tail_bwd(void *ctx, int l, int i, const void *dstate, void *dx, 
     const int64_t w1 = W - 1;
     if (w1 <= 0) return K3C_OK;
     k3c_comm_req *q = NULL;
-    char *send = at(cp, l, 4 * cp->S + i * C * w1); /* the tail itself is no longer needed */
+    char *send = scratch(cp, 2, C, w1), *tail = scratch(cp, 1, C, w1), *got = scratch(cp, 0, C, w1);
     if (cx->cont_prev && dstate) {
-        masked_tail(cp, dstate, 0, send, C, w1, cp->prev_len);
+        CHECK_RC(cp->mem.download(tail, dstate, cp->es * (size_t)(C * w1), err));
+        masked_tail(cp, tail, 0, send, C, w1, cp->prev_len);
         CHECK_RC(k3c_comm_send(cp->comm, send, w1 * C, cp->dt, cp->rank - 1, TAG(l, 4 + i), &q, err));
     }
-    if (cx->cont_next) {
-        int e = k3c_comm_recv(cp->comm, cp->rows, w1 * C, cp->dt, cp->rank + 1, TAG(l, 4 + i), NULL, err);
+    if (cx->cont_next) { /* the next rank's tail gradient into dx's last W − 1 rows (a host copy of them) */
+        char *rows = (char *)dx + (size_t)((T - w1) * C) * cp->es;
+        int e = k3c_comm_recv(cp->comm, got, w1 * C, cp->dt, cp->rank + 1, TAG(l, 4 + i), NULL, err);
+        if (!e) e = cp->mem.download(tail, rows, cp->es * (size_t)(C * w1), err);
         if (e) {
             k3c_comm_wait(q, NULL);
             return e;
         }
         for (int64_t j = 0; j < w1; j++)
             for (int64_t c = 0; c < C; c++) {
-                int64_t to = (T - w1 + j) * C + c, from = c * w1 + j;
+                int64_t to = j * C + c, from = c * w1 + j;
                 if (cp->es == 8)
-                    ((double *)dx)[to] += ((const double *)cp->rows)[from];
+                    ((double *)tail)[to] += ((const double *)got)[from];
                 else
-                    ((float *)dx)[to] += ((const float *)cp->rows)[from];
+                    ((float *)tail)[to] += ((const float *)got)[from];
             }
+        e = cp->mem.upload(rows, tail, cp->es * (size_t)(C * w1), err);
+        if (e) {
+            k3c_comm_wait(q, NULL);
+            return e;
+        }
     }
     return k3c_comm_wait(q, err);
 }
@@ -88,10 +105,7 @@ static int conv_tail_bwd(void *ctx, int l, int i, const void *dstate, void *dx, 
 static void *kda_buf(void *ctx, int l, int which) {
     k3c_cp *cp = ctx;
     int live = which == K3C_CP_H0 || which == K3C_CP_DH0 ? cp->exchange.cont_prev : cp->exchange.cont_next;
-    if (!live) return NULL;
-    char *b = at(cp, l, which * cp->S);
-    if (which == K3C_CP_DH0) memset(b, 0, cp->es * (size_t)cp->S);
-    return b;
+    return live ? at(cp, l, which * cp->S) : NULL; /* DH0 was zeroed with the step's split (k3c_cp_split_batch) */
 }
 
 static int kda_pass(void *ctx, int l, int which, k3c_err *err) {
@@ -107,10 +121,8 @@ static int kda_pass(void *ctx, int l, int which, k3c_err *err) {
 
 /* ---------------------------------------------------------------- MLA latent */
 static void *mla_buf(void *ctx, int l, int which) {
-    k3c_cp *cp = ctx;
-    char *b = at(cp, l, which * cp->T_cap * cp->lkva);
-    if (which == 1) memset(b, 0, cp->es * (size_t)(cp->T_cap * cp->lkva));
-    return b;
+    k3c_cp *cp = ctx; /* the gradient (which 1) was zeroed with the step's split */
+    return at(cp, l, which * cp->T_cap * cp->lkva);
 }
 
 static int mla_gather(void *ctx, int l, k3c_err *err) {
@@ -122,19 +134,36 @@ static int mla_scatter(void *ctx, int l, k3c_err *err) {
     k3c_cp *cp = ctx;
     char *d = at(cp, l, cp->T_cap * cp->lkva);
     CHECK_RC(k3c_comm_reduce_scatter(cp->comm, d, cp->rows, cp->counts, cp->dt, K3C_COMM_SUM, NULL, err));
-    memcpy(d + cp->displs[cp->rank] * cp->es, cp->rows, cp->es * (size_t)cp->counts[cp->rank]);
+    return cp->mem.upload(d + cp->displs[cp->rank] * cp->es, cp->rows, cp->es * (size_t)cp->counts[cp->rank], err);
+}
+
+/* The gradient buffers the backward adds into, zeroed once a step: every KDA layer's dh0, every MLA layer's latent
+ * gradient. */
+static int zero_grads(k3c_cp *cp, k3c_err *err) {
+    const k3c_config *c = &cp->m->cfg;
+    for (int l = 0; l < c->num_layers; l++) {
+        const int kda = c->mixer[l] == K3C_MIXER_KDA;
+        const int64_t off = kda ? K3C_CP_DH0 * cp->S : cp->T_cap * cp->lkva, n = kda ? cp->S : cp->T_cap * cp->lkva;
+        void *p = at(cp, l, off);
+        CHECK_RC(cp->dt == K3C_F64 ? cp->mem.zero64(p, n, err) : cp->mem.zero32(p, n, err));
+    }
     return K3C_OK;
 }
 
 /* ---------------------------------------------------------------- set-up */
 int k3c_cp_init(k3c_cp *cp, k3c_comm *comm, k3c_model *m, int64_t T_cap, k3c_err *err) {
     memset(cp, 0, sizeof *cp);
-    const char *be = m->precision == K3C_F64 ? k3c_model_backend_f64(m)->name : k3c_model_backend_f32(m)->name;
-    if (strcmp(be, "cpu"))
-        return k3c_errf(err, K3C_EUNSUPPORTED,
-                        "context parallelism on the %s backend needs a device communicator; the %s communicator moves "
-                        "host memory",
-                        be, comm->ops->name);
+    const char *be;
+    if (m->precision == K3C_F64) { /* the memory moves of the model's backend table (either precision) */
+        const k3c_backend_f64 *b = k3c_model_backend_f64(m);
+        be = b->name;
+        cp->mem = (k3c_cp_mem){b->alloc, b->free, b->upload, b->download, NULL, b->zero};
+    } else {
+        const k3c_backend_f32 *b = k3c_model_backend_f32(m);
+        be = b->name;
+        cp->mem = (k3c_cp_mem){b->alloc, b->free, b->upload, b->download, b->zero, NULL};
+    }
+    CHECK_RC(k3c_comm_check_memory(comm, be, "context parallelism", err));
     const k3c_config *c = &m->cfg;
     cp->comm = comm;
     cp->rank = comm->rank;
@@ -151,15 +180,16 @@ int k3c_cp_init(k3c_cp *cp, k3c_comm *comm, k3c_model *m, int64_t T_cap, k3c_err
     cp->layer_off = calloc((size_t)L, sizeof(int64_t));
     cp->counts = calloc(2 * (size_t)cp->size, sizeof(int64_t));
     cp->cu = malloc(3 * sizeof(int32_t) * (size_t)(T_cap + 1));
-    int64_t total = 0, rows = (cp->W - 1) * cp->P;
+    int64_t total = 0, rows = 3 * (cp->W - 1) * cp->P; /* the conv tails' scratch, or one rank's latent rows */
     if (T_cap * cp->lkva > rows) rows = T_cap * cp->lkva;
     for (int l = 0; l < L && cp->layer_off; l++) {
         cp->layer_off[l] = total;
         total += c->mixer[l] == K3C_MIXER_KDA ? 4 * cp->S + 3 * cp->P * (cp->W - 1) : 2 * T_cap * cp->lkva;
     }
-    cp->buf = calloc((size_t)(total ? total : 1), cp->es);
+    cp->buf = cp->mem.alloc((size_t)(total ? total : 1) * cp->es);
+    cp->cu_ops = cp->mem.alloc(2 * sizeof(int32_t) * (size_t)T_cap_keys(cp));
     cp->rows = calloc((size_t)(rows ? rows : 1), cp->es);
-    if (!cp->layer_off || !cp->counts || !cp->cu || !cp->buf || !cp->rows) {
+    if (!cp->layer_off || !cp->counts || !cp->cu || !cp->buf || !cp->cu_ops || !cp->rows) {
         k3c_cp_free(cp);
         return k3c_errf(err, K3C_ENOMEM, "context parallelism: buffers for sequences of %lld tokens", (long long)T_cap);
     }
@@ -183,12 +213,14 @@ void k3c_cp_free(k3c_cp *cp) {
     free(cp->layer_off);
     free(cp->counts);
     free(cp->cu);
-    free(cp->buf);
+    if (cp->buf) cp->mem.free(cp->buf);
+    if (cp->cu_ops) cp->mem.free(cp->cu_ops);
     free(cp->rows);
     memset(cp, 0, sizeof *cp);
 }
 
 /* ---------------------------------------------------------------- the batch split */
+
 int k3c_cp_split_batch(k3c_cp *cp, k3c_dp *dp, k3c_model_batch *b, k3c_err *err) {
     const int C = cp->size, parts = dp->size / C, part = dp->rank / C;
     if (dp->size % C || dp->rank % C != cp->rank)
@@ -238,9 +270,13 @@ int k3c_cp_split_batch(k3c_cp *cp, k3c_dp *dp, k3c_model_batch *b, k3c_err *err)
     x->cont_prev = cp->prev_len > 0;
     x->cont_next = e < Td && cu[z + 1] - base > e;
     x->cu_rest = cp->cu_rest;
+    x->cu_rest_ops = cp->cu_ops;
     x->T_keys = e;
     x->n_docs_keys = z - d0 + 1;
-    x->cu_keys = cp->cu_keys;
+    x->cu_keys = cp->cu_ops + T_cap_keys(cp);
+    CHECK_RC(cp->mem.upload(cp->cu_ops, cp->cu_rest, sizeof(int32_t) * (size_t)n, err)); /* what the ops read */
+    CHECK_RC(cp->mem.upload(cp->cu_ops + T_cap_keys(cp), cp->cu_keys, sizeof(int32_t) * (size_t)(z - d0 + 2), err));
+    CHECK_RC(zero_grads(cp, err));
     for (int r = 0; r < C; r++)
         cp->displs[r] = r * Td / C * cp->lkva, cp->counts[r] = (r + 1) * Td / C * cp->lkva - cp->displs[r];
     b->T = Tl;

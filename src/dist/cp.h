@@ -8,8 +8,19 @@
 
 #include "dist/dp.h"
 
+/* The memory moves of the model's backend table (float32 or float64: one of the zeros is set). */
+typedef struct {
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    int (*upload)(void *dst, const void *host_src, size_t bytes, k3c_err *err);
+    int (*download)(void *host_dst, const void *src, size_t bytes, k3c_err *err);
+    int (*zero32)(float *x, int64_t n, k3c_err *err);
+    int (*zero64)(double *x, int64_t n, k3c_err *err);
+} k3c_cp_mem;
+
 typedef struct {
     k3c_comm *comm; /* the CP group (not owned): rank r holds the r-th range of its data-parallel part */
+    k3c_cp_mem mem; /* the model's backend memory (where buf and cu_ops live) */
     int rank, size;
     k3c_model *m;
     k3c_dtype dt;          /* the model's precision (F32 or F64) */
@@ -18,15 +29,17 @@ typedef struct {
     int64_t T_cap;         /* most tokens of a sequence (a data-parallel part) */
     int64_t prev_len;      /* tokens of the first local piece on earlier ranks (its conv tail is masked before) */
     int64_t *layer_off;    /* [num_layers] offset of each layer's buffers in buf */
-    char *buf;  /* KDA: h0, ht, dht, dh0 [S] and 3 conv tails [P, W−1]; MLA: latent, gradient [T_cap, lkva] */
-    char *rows; /* [max((W−1)·P, T_cap·lkva)] receive scratch */
-    int64_t *counts, *displs;        /* [size] latent gather / scatter blocks */
+    char *buf;  /* backend memory: per layer, KDA: h0, ht, dht, dh0 [S] and 3 conv tails [P, W−1]; MLA: latent,
+                   gradient [T_cap, lkva] */
+    char *rows; /* host [max(3·(W−1)·P, T_cap·lkva)]: received tails and host copies, one rank's latent gradient */
+    int32_t *cu_ops;          /* backend memory: cu_rest, then cu_keys (aligned), where the ops read them */
+    int64_t *counts, *displs; /* [size] latent gather / scatter blocks */
     int32_t *cu, *cu_rest, *cu_keys; /* [T_cap + 1] each */
     k3c_context_exchange exchange;   /* what the model calls: set m->context = &cp->exchange */
 } k3c_cp;
 
-/* cp over `comm` for model m (float32 or float64 on the CPU: the MPI communicator moves host memory), sequences of up
- * to T_cap tokens. */
+/* cp over `comm` for model m (float32, or float64 on the CPU; a device backend needs a device communicator),
+ * sequences of up to T_cap tokens. */
 int k3c_cp_init(k3c_cp *cp, k3c_comm *comm, k3c_model *m, int64_t T_cap, k3c_err *err);
 void k3c_cp_free(k3c_cp *cp);
 

@@ -34,16 +34,13 @@ int k3c_dp_init(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c
 int k3c_dp_init_range(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_optim *o,
                       const k3c_param_table *t, int e0, int e1, k3c_err *err) {
     memset(dp, 0, sizeof *dp);
-    if (strcmp(be->name, "cpu"))
-        return k3c_errf(err, K3C_EUNSUPPORTED,
-                        "data parallelism on the %s backend needs a device communicator (NCCL); the %s communicator "
-                        "moves host memory",
-                        be->name, comm->ops->name);
+    CHECK_RC(k3c_comm_check_memory(comm, be->name, "data parallelism", err));
     for (int i = 0; i < t->n; i++)
         if (t->p[i].offset != (i ? t->p[i - 1].offset + (size_t)t->p[i - 1].numel : 0))
             return k3c_errf(err, K3C_EINVAL, "data parallelism: parameter %s is not contiguous with the one before",
                             t->p[i].name);
     dp->comm = comm;
+    dp->be = be;
     dp->rank = comm->rank;
     dp->size = comm->size;
     int R = dp->size, *first = malloc(sizeof(int) * (size_t)(R + 1));
@@ -94,7 +91,7 @@ void k3c_dp_free(k3c_dp *dp) {
     free(dp->T_all);
     free(dp->shard.state_off); /* the workspace belongs to the full optimizer */
     free(dp->cu);
-    free(dp->route_buf);
+    if (dp->route_buf) dp->be->free(dp->route_buf);
     memset(dp, 0, sizeof *dp);
 }
 
@@ -187,8 +184,8 @@ int k3c_dp_gather_route(k3c_dp *dp, const k3c_route_stats *r, int64_t n, float *
     for (int i = 0; i < R; i++) total += dp->T_all[i];
     size_t need = (size_t)total * (size_t)(n + 1);
     if (need > dp->route_cap) {
-        free(dp->route_buf);
-        dp->route_buf = malloc(sizeof(float) * (need ? need : 1));
+        if (dp->route_buf) dp->be->free(dp->route_buf);
+        dp->route_buf = dp->be->alloc(sizeof(float) * (need ? need : 1)); /* where quantile_balance reads */
         dp->route_cap = dp->route_buf ? need : 0;
         if (!dp->route_buf)
             return k3c_errf(err, K3C_ENOMEM, "data parallelism: router statistics of %lld tokens", (long long)total);

@@ -19,7 +19,8 @@ int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world
 
 /* ---------------------------------------------------------------- data parallelism with ZeRO-1 (dp.c) */
 typedef struct {
-    k3c_comm *comm; /* the data-parallel group (not owned) */
+    k3c_comm *comm;            /* the data-parallel group (not owned) */
+    const k3c_backend_f32 *be; /* whose memory holds w, g, the state and the gathered router statistics */
     int rank, size;
     int part, parts;      /* this rank's part of the batch (rank, size; tensor parallelism: rank / tp, size / tp) */
     int replica;          /* 1: a TP rank other than the group's first, whose loss and router statistics repeat its */
@@ -35,12 +36,12 @@ typedef struct {
     int cu_cap;
     int64_t T_local;  /* tokens of this rank's part of the last training batch (0 on a TP replica) */
     int64_t *T_all;   /* [size] tokens of every rank's part */
-    float *route_buf; /* gathered router logits and cutoffs of one layer (host memory) */
+    float *route_buf; /* gathered router logits and cutoffs of one layer (backend memory) */
     size_t route_cap;
 } k3c_dp;
 
-/* o: the optimizer initialised for t (full layout); the shard shares its workspace. Only host-memory backends
- * (be->name "cpu"): the MPI communicator moves host memory. */
+/* o: the optimizer initialised for t (full layout); the shard shares its workspace. w, g, the state and the router
+ * statistics live in be's memory: a device backend needs a device communicator (k3c_comm_check_memory). */
 int k3c_dp_init(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_optim *o, const k3c_param_table *t,
                 k3c_err *err);
 /* The same over the table entries [e0, e1) only (a pipeline stage's parameters): the owners split them, the gradient
@@ -74,7 +75,8 @@ int k3c_dp_optim_step(k3c_dp *dp, const k3c_backend_f32 *be, void *inst, const k
 /* S_max [n] ← its maximum over the ranks (QK-Clip then clips the same heads on every rank). */
 int k3c_dp_max_smax(k3c_dp *dp, float *smax, int64_t n, k3c_err *err);
 /* One MoE layer's router statistics of the whole batch, in rank (= token) order: *logits [T, n] and *cutoff [T] in
- * dp's buffer (valid until the next call), *T the global token count; r: this rank's statistics (T_local tokens). */
+ * dp's buffer (backend memory, valid until the next call), *T the global token count; r: this rank's statistics
+ * (T_local tokens). */
 int k3c_dp_gather_route(k3c_dp *dp, const k3c_route_stats *r, int64_t n, float **logits, float **cutoff, int64_t *T,
                         k3c_err *err);
 /* The full optimizer state (single-process layout, every rank gets it) from the shards: for checkpoints. */

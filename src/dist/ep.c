@@ -9,13 +9,30 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* *p holds at least n elements of `size` bytes (grown, contents dropped; 64-aligned, zeroed). */
+/* *p holds at least n elements of `size` bytes (grown, contents dropped; 64-aligned, zeroed): host memory. */
 static int grow(void **p, size_t *cap, size_t n, size_t size, k3c_err *err) {
     if (n <= *cap && *p) return K3C_OK;
     k3c_aligned_free(*p);
     *p = k3c_aligned_alloc((n ? n : 1) * size);
     *cap = *p ? n : 0;
     return *p ? K3C_OK : k3c_errf(err, K3C_ENOMEM, "expert parallelism: %zu bytes", n * size);
+}
+
+/* The same in the backend's memory (what its expert op reads and writes: device memory on a GPU). */
+static int grow_be(const k3c_backend_f32 *be, void **p, size_t *cap, size_t n, size_t size, k3c_err *err) {
+    if (n <= *cap && *p) return K3C_OK;
+    if (*p) be->free(*p);
+    *p = be->alloc((n ? n : 1) * size);
+    *cap = *p ? n : 0;
+    return *p ? K3C_OK : k3c_errf(err, K3C_ENOMEM, "expert parallelism: %zu bytes of %s memory", n * size, be->name);
+}
+
+/* ep->ones [R] (backend memory) ← 1: the unit gate weights of the received rows, one slot each. */
+static int unit_gates(k3c_ep *ep, int64_t R, k3c_err *err) {
+    CHECK_RC(grow_be(ep->be, (void **)&ep->ones, &ep->ones_cap, (size_t)R, sizeof(float), err));
+    CHECK_RC(grow((void **)&ep->rows, &ep->rows_cap, (size_t)R, sizeof(float), err));
+    for (int64_t r = 0; r < R; r++) ep->rows[r] = 1.0f;
+    return ep->be->upload(ep->ones, ep->rows, sizeof(float) * (size_t)R, err);
 }
 
 /* Exchanges rows: send[scount[p]·width] to each p, recv[rcount[p]·width] from each p, in rank order. */
@@ -64,25 +81,33 @@ static int plan(k3c_ep *ep, k3c_ep_layer *L, int64_t T, int64_t k, const int32_t
 /* The local experts' op sizes for R received rows (one slot each) and its workspace. */
 static int local_sizes(k3c_ep *ep, const k3c_moe_sizes *s, int64_t R, k3c_moe_sizes *ls, k3c_err *err) {
     *ls = (k3c_moe_sizes){R, s->dim, s->inter, ep->local, 1, s->act};
-    return grow(&ep->ws, &ep->ws_bytes, ep->be->moe_workspace(ls), 1, err);
+    return grow_be(ep->be, &ep->ws, &ep->ws_bytes, ep->be->moe_workspace(ls), 1, err);
 }
 
-static int ep_fwd(void *ctx, int l, int real_bytes, const k3c_moe_sizes *s, const void *xv, const int32_t *ids,
+/* The host works on copies of the model's tensors (the backend's memory may be a device's): the routing plan, the
+ * row gathers and the combine run on the host, the local experts in the backend's memory; the communicator moves
+ * either kind. */
+static int ep_fwd(void *ctx, int l, int real_bytes, const k3c_moe_sizes *s, const void *xv, const int32_t *ids_be,
                   const void *wv, const void *w1, const void *w3, const void *w2, void *yv, k3c_err *err) {
     k3c_ep *ep = ctx;
+    const k3c_backend_f32 *be = ep->be;
     if (real_bytes != (int)sizeof(float) || l < 0 || l >= ep->n_layers || s->experts != ep->E)
         return k3c_errf(err, K3C_EUNSUPPORTED, "expert parallelism: float32 models of %lld experts only",
                         (long long)ep->E);
-    const float *x = xv, *w = wv;
-    float *y = yv;
     k3c_ep_layer *L = &ep->layer[l];
     const int64_t T = s->tokens, k = s->top_k, D = s->dim;
     L->T = T, L->k = k, L->D = D;
+    CHECK_RC(grow((void **)&ep->host, &ep->host_cap, (size_t)(T * D + 2 * T * k), sizeof(float), err));
+    float *x = ep->host, *w = x + T * D, *y = x; /* y overwrites x once the rows are gathered */
+    int32_t *ids = (int32_t *)(w + T * k);
+    CHECK_RC(be->download(ids, ids_be, sizeof(int32_t) * (size_t)(T * k), err));
+    CHECK_RC(be->download(x, xv, sizeof(float) * (size_t)(T * D), err));
+    CHECK_RC(be->download(w, wv, sizeof(float) * (size_t)(T * k), err));
     CHECK_RC(plan(ep, L, T, k, ids, err));
     const int64_t nsend = T * k, R = L->R; /* rows out (live or not: dead slots have no row) and rows in */
-    /* rows: the sent rows and their expert ids, later the local outputs and unit gate weights */
+    /* rows: the sent rows and their expert ids */
     CHECK_RC(grow((void **)&ep->rows, &ep->rows_cap, (size_t)((nsend > R ? nsend : R) * (D + 1)), sizeof(float), err));
-    CHECK_RC(grow((void **)&L->xr, &L->cap_xr, (size_t)(R * D + R), sizeof(float), err));
+    CHECK_RC(grow_be(be, (void **)&L->xr, &L->cap_xr, (size_t)(R * D + R), sizeof(float), err));
     CHECK_RC(grow((void **)&L->back, &L->cap_back, (size_t)(nsend * D), sizeof(float), err));
     L->idr = (int32_t *)(L->xr + R * D);
     int64_t live = 0;
@@ -97,14 +122,14 @@ static int ep_fwd(void *ctx, int l, int real_bytes, const k3c_moe_sizes *s, cons
     CHECK_RC(exchange(ep, sid, L->scount, L->idr, L->rcount, 1, K3C_I32, err));
     k3c_moe_sizes ls;
     CHECK_RC(local_sizes(ep, s, R, &ls, err));
-    CHECK_RC(grow(&L->saved, &L->cap_saved, ep->be->moe_saved_bytes(&ls), 1, err));
-    float *ones = ep->rows + R * D, *out = ep->rows; /* the sent rows are no longer needed */
-    for (int64_t r = 0; r < R; r++) ones[r] = 1.0f;
+    CHECK_RC(grow_be(be, &L->saved, &L->cap_saved, be->moe_saved_bytes(&ls), 1, err));
+    CHECK_RC(unit_gates(ep, R, err));
+    CHECK_RC(grow_be(be, (void **)&ep->out, &ep->out_cap, (size_t)(R * D), sizeof(float), err));
     const size_t off = (size_t)(ep->rank * ep->local * s->inter * D);
     if (R)
-        CHECK_RC(ep->be->moe_fwd(ep->be->ctx, &ls, L->xr, L->idr, ones, (const float *)w1 + off,
-                                 (const float *)w3 + off, (const float *)w2 + off, out, L->saved, ep->ws, err));
-    CHECK_RC(exchange(ep, out, L->rcount, L->back, L->scount, D, K3C_F32, err));
+        CHECK_RC(be->moe_fwd(be->ctx, &ls, L->xr, L->idr, ep->ones, (const float *)w1 + off, (const float *)w3 + off,
+                             (const float *)w2 + off, ep->out, L->saved, ep->ws, err));
+    CHECK_RC(exchange(ep, ep->out, L->rcount, L->back, L->scount, D, K3C_F32, err));
     /* combine in slot order, as the one-process op does (ops/moe.c k3c_moe_combine) */
     for (int64_t t = 0; t < T; t++) {
         float *yt = y + t * D;
@@ -116,58 +141,67 @@ static int ep_fwd(void *ctx, int l, int real_bytes, const k3c_moe_sizes *s, cons
             for (int64_t d = 0; d < D; d++) yt[d] += p * src[d];
         }
     }
-    return K3C_OK;
+    return be->upload(yv, y, sizeof(float) * (size_t)(T * D), err);
 }
 
 static int ep_bwd(void *ctx, int l, int real_bytes, const k3c_moe_sizes *s, const void *xv, const int32_t *ids,
                   const void *wv, const void *w1, const void *w3, const void *w2, const void *dyv, void *dxv, void *dw1,
                   void *dw3, void *dw2, void *dwv, k3c_err *err) {
     k3c_ep *ep = ctx;
+    const k3c_backend_f32 *be = ep->be;
     const k3c_ep_layer *L = l >= 0 && l < ep->n_layers ? &ep->layer[l] : NULL;
     if (real_bytes != (int)sizeof(float) || !L || L->T != s->tokens || L->k != s->top_k || L->D != s->dim)
         return k3c_errf(err, K3C_EINVAL, "expert parallelism: layer %d backward without its forward", l);
-    const float *w = wv, *dy = dyv;
-    float *dx = dxv, *dw = dwv;
     const int64_t T = L->T, k = L->k, D = L->D, R = L->R;
+    CHECK_RC(grow((void **)&ep->host, &ep->host_cap, (size_t)(2 * T * D + 2 * T * k), sizeof(float), err));
+    float *dy = ep->host, *dx = dy + T * D, *w = dx + T * D, *dw = w + T * k; /* host copies */
+    CHECK_RC(be->download(dy, dyv, sizeof(float) * (size_t)(T * D), err));
+    CHECK_RC(be->download(w, wv, sizeof(float) * (size_t)(T * k), err));
     int64_t live = 0;
     for (int p = 0; p < ep->size; p++) live += L->scount[p];
-    /* the gate weights' gradient from the expert outputs (before back is reused) */
-    for (int64_t i = 0; dw && i < T * k; i++) {
-        int32_t r = L->pos[i];
-        if (r < 0) continue;
-        const float *o = L->back + (int64_t)r * D, *g = dy + (i / k) * D;
-        float acc = 0;
-        for (int64_t d = 0; d < D; d++) acc += g[d] * o[d];
-        dw[i] += acc;
+    if (dwv) { /* the gate weights' gradient from the expert outputs (before back is reused) */
+        CHECK_RC(be->download(dw, dwv, sizeof(float) * (size_t)(T * k), err));
+        for (int64_t i = 0; i < T * k; i++) {
+            int32_t r = L->pos[i];
+            if (r < 0) continue;
+            const float *o = L->back + (int64_t)r * D, *g = dy + (i / k) * D;
+            float acc = 0;
+            for (int64_t d = 0; d < D; d++) acc += g[d] * o[d];
+            dw[i] += acc;
+        }
+        CHECK_RC(be->upload(dwv, dw, sizeof(float) * (size_t)(T * k), err));
     }
-    CHECK_RC(grow((void **)&ep->rows2, &ep->rows2_cap, (size_t)(R * D + R), sizeof(float), err));
     for (int64_t r = 0; r < live; r++) { /* each slot's output gradient: its gate weight times the token's dy */
         int32_t slot = L->order[r];
         const float p = w[slot], *g = dy + (slot / k) * D;
         float *o = ep->rows + r * D;
         for (int64_t d = 0; d < D; d++) o[d] = p * g[d];
     }
-    CHECK_RC(exchange(ep, ep->rows, L->scount, ep->rows2, L->rcount, D, K3C_F32, err));
+    CHECK_RC(grow_be(be, (void **)&ep->dyr, &ep->dyr_cap, (size_t)(R * D), sizeof(float), err));
+    CHECK_RC(exchange(ep, ep->rows, L->scount, ep->dyr, L->rcount, D, K3C_F32, err));
     k3c_moe_sizes ls;
     CHECK_RC(local_sizes(ep, s, R, &ls, err));
-    float *dxr = ep->rows, *ones = ep->rows2 + R * D;
-    memset(dxr, 0, sizeof(float) * (size_t)(R * D));
-    for (int64_t r = 0; r < R; r++) ones[r] = 1.0f;
+    CHECK_RC(grow_be(be, (void **)&ep->out, &ep->out_cap, (size_t)(R * D), sizeof(float), err));
+    float *dxr = ep->out;
+    CHECK_RC(be->zero(dxr, R * D, err));
+    CHECK_RC(unit_gates(ep, R, err));
     const size_t off = (size_t)(ep->rank * ep->local * s->inter * D);
     if (R)
-        CHECK_RC(ep->be->moe_bwd(ep->be->ctx, &ls, L->xr, L->idr, ones, (const float *)w1 + off,
-                                 (const float *)w3 + off, (const float *)w2 + off, L->saved, ep->rows2, dxr,
-                                 (float *)dw1 + off, (float *)dw3 + off, (float *)dw2 + off, NULL, ep->ws, err));
+        CHECK_RC(be->moe_bwd(be->ctx, &ls, L->xr, L->idr, ep->ones, (const float *)w1 + off, (const float *)w3 + off,
+                             (const float *)w2 + off, L->saved, ep->dyr, dxr, (float *)dw1 + off, (float *)dw3 + off,
+                             (float *)dw2 + off, NULL, ep->ws, err));
     CHECK_RC(exchange(ep, dxr, L->rcount, L->back, L->scount, D, K3C_F32, err));
-    for (int64_t t = 0; dx && t < T; t++)
+    if (!dxv) return K3C_OK;
+    CHECK_RC(be->download(dx, dxv, sizeof(float) * (size_t)(T * D), err));
+    for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < k; j++) {
             int32_t r = L->pos[t * k + j];
             if (r < 0) continue;
             const float *src = L->back + (int64_t)r * D;
             for (int64_t d = 0; d < D; d++) dx[t * D + d] += src[d];
         }
-    (void)xv;
-    return K3C_OK;
+    (void)xv, (void)ids;
+    return be->upload(dxv, dx, sizeof(float) * (size_t)(T * D), err);
 }
 
 int k3c_ep_init(k3c_ep *ep, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_config *cfg, k3c_err *err) {
@@ -175,9 +209,7 @@ int k3c_ep_init(k3c_ep *ep, k3c_comm *comm, const k3c_backend_f32 *be, const k3c
     if (cfg->num_experts < 1 || cfg->num_experts % comm->size)
         return k3c_errf(err, K3C_ECONFIG, "expert parallelism: %d ranks do not divide the %lld routed experts",
                         comm->size, (long long)cfg->num_experts);
-    if (strcmp(be->name, "cpu"))
-        return k3c_errf(err, K3C_EUNSUPPORTED, "expert parallelism on the %s backend needs a device communicator",
-                        be->name);
+    CHECK_RC(k3c_comm_check_memory(comm, be->name, "expert parallelism", err));
     ep->comm = comm;
     ep->rank = comm->rank;
     ep->size = comm->size;
@@ -202,18 +234,21 @@ int k3c_ep_init(k3c_ep *ep, k3c_comm *comm, const k3c_backend_f32 *be, const k3c
 }
 
 void k3c_ep_free(k3c_ep *ep) {
+    const k3c_backend_f32 *be = ep->be;
     for (int l = 0; ep->layer && l < ep->n_layers; l++) {
         k3c_ep_layer *L = &ep->layer[l];
         k3c_aligned_free(L->order);
-        k3c_aligned_free(L->xr);
         k3c_aligned_free(L->back);
-        k3c_aligned_free(L->saved);
+        if (L->xr) be->free(L->xr);
+        if (L->saved) be->free(L->saved);
     }
     if (ep->layer) free(ep->layer[0].scount);
     free(ep->layer);
     free(ep->tmp);
-    k3c_aligned_free(ep->ws);
+    void *dev[] = {ep->ws, ep->out, ep->dyr, ep->ones};
+    for (int i = 0; i < 4; i++)
+        if (dev[i]) be->free(dev[i]);
     k3c_aligned_free(ep->rows);
-    k3c_aligned_free(ep->rows2);
+    k3c_aligned_free(ep->host);
     memset(ep, 0, sizeof *ep);
 }

@@ -16,10 +16,10 @@ typedef struct {
     int64_t *scount; /* [P] rows sent to each rank */
     int64_t *rcount; /* [P] rows received from each rank */
     int64_t R;       /* rows received (computed here) */
-    float *xr;       /* [R, D] received token rows */
-    int32_t *idr;    /* [R] their local expert ids */
-    float *back;     /* [T·k, D] expert outputs of this rank's slots, in send order */
-    void *saved;     /* the local expert op's saved buffer for R rows */
+    float *xr;       /* [R, D] received token rows (backend memory) */
+    int32_t *idr;    /* [R] their local expert ids (backend memory, after xr) */
+    float *back;     /* [T·k, D] expert outputs of this rank's slots, in send order (host) */
+    void *saved;     /* the local expert op's saved buffer for R rows (backend memory) */
     size_t cap_slots, cap_xr, cap_back, cap_saved;
 } k3c_ep_layer;
 
@@ -27,14 +27,17 @@ typedef struct {
     k3c_comm *comm; /* the EP group (not owned) */
     int rank, size;
     int64_t E, local;          /* experts in the model, experts per rank */
-    const k3c_backend_f32 *be; /* runs the local experts (host memory: the MPI communicator) */
+    const k3c_backend_f32 *be; /* runs the local experts; its memory holds the model's tensors */
     k3c_ep_layer *layer;       /* [num_layers] */
     int n_layers;
     int64_t *tmp; /* [4·P] displacements */
-    void *ws;     /* the local expert op's workspace */
+    void *ws;     /* the local expert op's workspace (backend memory) */
     size_t ws_bytes;
-    float *rows, *rows2; /* exchange buffers */
-    size_t rows_cap, rows2_cap;
+    float *rows;             /* host: rows to send (token rows, output gradients) and their expert ids */
+    float *host;             /* host copies of the hook's tensors (x, w, y; dy, dx, w, dw) */
+    float *out, *dyr, *ones; /* backend memory: the local experts' outputs (or input gradients), the received
+                                  output gradients, the unit gate weights */
+    size_t rows_cap, host_cap, out_cap, dyr_cap, ones_cap;
     k3c_expert_exchange exchange; /* what the model calls: set m->experts = &ep->exchange */
 } k3c_ep;
 

@@ -22,15 +22,13 @@ int k3c_pp_init(k3c_pp *pp, k3c_comm *comm, const k3c_config *cfg, const k3c_par
                 const k3c_backend_f32 *be, k3c_err *err) {
     memset(pp, 0, sizeof *pp);
     const int L = (int)cfg->num_layers, P = comm->size;
-    if (strcmp(be->name, "cpu"))
-        return k3c_errf(err, K3C_EUNSUPPORTED,
-                        "pipeline parallelism on the %s backend needs a device communicator (NCCL); the %s "
-                        "communicator moves host memory",
-                        be->name, comm->ops->name);
+    CHECK_RC(k3c_comm_check_memory(comm, be->name, "pipeline parallelism", err));
     if (L % P || micro < 1)
         return k3c_errf(err, K3C_EINVAL, "pipeline parallelism: %d stages for %d layers, %d micro-batches", P, L,
                         micro);
     pp->comm = comm;
+    pp->be = be;
+    CHECK_RC(k3c_comm_split(comm, 0, comm->rank, &pp->back, err));
     pp->stage = comm->rank;
     pp->stages = P;
     pp->l0 = pp->stage * (L / P);
@@ -43,9 +41,10 @@ int k3c_pp_init(k3c_pp *pp, k3c_comm *comm, const k3c_config *cfg, const k3c_par
     pp->n_out = pp->l1 < L ? k3c_boundary_sources(cfg, pp->l1, src) : 0;
     pp->D = cfg->hidden_size;
     const int64_t smax_n = k3c_config_num_mla(cfg) ? cfg->num_layers * cfg->mla_heads : 1;
-    pp->smax = calloc((size_t)smax_n, sizeof(float));
+    pp->smax = be->alloc(sizeof(float) * (size_t)smax_n);
+    pp->smax_host = malloc(2 * sizeof(float) * (size_t)smax_n);
     pp->req = calloc((size_t)(2 * micro), sizeof *pp->req);
-    if (!pp->smax || !pp->req) {
+    if (!pp->smax || !pp->smax_host || !pp->req) {
         k3c_pp_free(pp);
         return k3c_errf(err, K3C_ENOMEM, "pipeline parallelism: out of memory");
     }
@@ -53,11 +52,31 @@ int k3c_pp_init(k3c_pp *pp, k3c_comm *comm, const k3c_config *cfg, const k3c_par
 }
 
 void k3c_pp_free(k3c_pp *pp) {
-    free(pp->buf);
+    if (pp->buf) pp->be->free(pp->buf);
+    if (pp->smax) pp->be->free(pp->smax);
     free(pp->cu);
-    free(pp->smax);
+    free(pp->smax_host);
     free(pp->req);
+    k3c_comm_free(pp->back);
     memset(pp, 0, sizeof *pp);
+}
+
+/* dst ← src, n floats of backend memory (the boundary tensors into the step's buffers and out of them). */
+static int copy_be(const k3c_pp *pp, float *dst, const float *src, int64_t n, k3c_err *err) {
+    return pp->be->copy2d(1, n, src, n, dst, n, 0, err);
+}
+
+/* The caller's S_max ← the maximum of it and this micro-batch's over the stage's MLA heads (i = 0: this one's), on
+ * host copies (the backend's memory may be a device's). */
+static int smax_fold(const k3c_pp *pp, const k3c_config *c, float *full, int i, k3c_err *err) {
+    const int64_t H = c->mla_heads, n = c->num_layers * H;
+    float *v = pp->smax_host, *s = v + n;
+    CHECK_RC(pp->be->download(v, pp->smax, sizeof(float) * (size_t)n, err));
+    CHECK_RC(pp->be->download(s, full, sizeof(float) * (size_t)n, err));
+    for (int l = pp->l0; l < pp->l1; l++)
+        for (int64_t h = 0; c->mixer[l] == K3C_MIXER_MLA && h < H; h++)
+            s[l * H + h] = i == 0 || v[l * H + h] > s[l * H + h] ? v[l * H + h] : s[l * H + h];
+    return pp->be->upload(full, s, sizeof(float) * (size_t)n, err);
 }
 
 /* One step in progress: the micro-batches and where their boundary tensors live. */
@@ -117,18 +136,12 @@ static int forward(pipe *p, int i, k3c_err *err) {
         CHECK_RC(k3c_comm_recv(pp->comm, region(p, p->in, pp->n_in, i), pp->n_in * TD, K3C_F32, pp->stage - 1, 2 * i,
                                NULL, err));
     CHECK_RC(run_forward(p, i, err));
-    if (p->full && p->full->smax) { /* S_max of the batch: the maximum over its micro-batches */
-        const k3c_config *c = &p->m->cfg;
-        for (int l = pp->l0; l < pp->l1; l++)
-            for (int64_t h = 0; c->mixer[l] == K3C_MIXER_MLA && h < c->mla_heads; h++) {
-                float v = pp->smax[l * c->mla_heads + h], *s = &p->full->smax[l * c->mla_heads + h];
-                *s = i == 0 || v > *s ? v : *s;
-            }
-    }
+    if (p->full && p->full->smax) /* S_max of the batch: the maximum over its micro-batches */
+        CHECK_RC(smax_fold(pp, &p->m->cfg, p->full->smax, i, err));
     if (!pp->n_out) return K3C_OK;
     float *x[K3C_ATTNRES_MAX_SOURCES], *o = region(p, p->out, pp->n_out, i);
     k3c_acts_boundary_f32(p->acts, 0, x);
-    for (int k = 0; k < pp->n_out; k++) memcpy(o + k * TD, x[k], sizeof(float) * (size_t)TD);
+    for (int k = 0; k < pp->n_out; k++) CHECK_RC(copy_be(pp, o + k * TD, x[k], TD, err));
     return k3c_comm_send(pp->comm, o, pp->n_out * TD, K3C_F32, pp->stage + 1, 2 * i, &pp->req[i], err);
 }
 
@@ -140,15 +153,15 @@ static int backward(pipe *p, int i, k3c_err *err) {
     if (p->live != i) CHECK_RC(run_forward(p, i, err));
     const float *dout[K3C_ATTNRES_MAX_SOURCES];
     float *d = region(p, p->dout, pp->n_out, i);
-    if (pp->n_out) CHECK_RC(k3c_comm_recv(pp->comm, d, pp->n_out * TD, K3C_F32, pp->stage + 1, 2 * i + 1, NULL, err));
+    if (pp->n_out) CHECK_RC(k3c_comm_recv(pp->back, d, pp->n_out * TD, K3C_F32, pp->stage + 1, 2 * i + 1, NULL, err));
     for (int k = 0; k < pp->n_out; k++) dout[k] = d + k * TD;
     CHECK_RC(k3c_model_backward_range_f32(p->m, p->acts, 1.0, pp->n_out ? dout : NULL, err));
     p->live = -1; /* the backward's buffers overwrote the arena's tail */
     if (!pp->n_in) return K3C_OK;
     float *x[K3C_ATTNRES_MAX_SOURCES], *o = region(p, p->din, pp->n_in, i);
     k3c_acts_boundary_f32(p->acts, 1, x);
-    for (int k = 0; k < pp->n_in; k++) memcpy(o + k * TD, x[k], sizeof(float) * (size_t)TD);
-    return k3c_comm_send(pp->comm, o, pp->n_in * TD, K3C_F32, pp->stage - 1, 2 * i + 1, &pp->req[pp->micro + i], err);
+    for (int k = 0; k < pp->n_in; k++) CHECK_RC(copy_be(pp, o + k * TD, x[k], TD, err));
+    return k3c_comm_send(pp->back, o, pp->n_in * TD, K3C_F32, pp->stage - 1, 2 * i + 1, &pp->req[pp->micro + i], err);
 }
 
 /* 1F1B: stage s runs stages − 1 − s forwards ahead, then alternates one forward and one backward, then drains. */
@@ -185,9 +198,9 @@ static int plan(pipe *p, const k3c_model_batch *b, int n, k3c_err *err) {
         norm = (double)counted;
     }
     size_t need = (size_t)b->T * (size_t)pp->D * (size_t)(2 * pp->n_in + 2 * pp->n_out) + 1;
-    if (need > pp->buf_cap) {
-        free(pp->buf);
-        pp->buf = malloc(sizeof(float) * need);
+    if (need > pp->buf_cap) { /* the model reads and writes the boundary tensors in place: backend memory */
+        if (pp->buf) pp->be->free(pp->buf);
+        pp->buf = pp->be->alloc(sizeof(float) * need);
         pp->buf_cap = pp->buf ? need : 0;
     }
     if (nd + n > pp->cu_cap) {

@@ -11,23 +11,27 @@
 #include "ops/backend.h"
 
 typedef struct {
-    k3c_comm *comm;    /* the pipeline group, one rank per stage in stage order (not owned) */
-    int stage, stages; /* this rank's stage */
-    int l0, l1;        /* its layers [l0, l1) */
+    k3c_comm *comm; /* the pipeline group, one rank per stage in stage order (not owned): boundaries forward */
+    k3c_comm *back; /* the same ranks (owned): boundary gradients backward, so that on a device communicator each
+                          direction has its own stream and an unreceived send never holds up a receive behind it */
+    const k3c_backend_f32 *be; /* whose memory holds the boundary tensors and S_max */
+    int stage, stages;         /* this rank's stage */
+    int l0, l1;                /* its layers [l0, l1) */
     int e0, e1;      /* its table entries [e0, e1): its layers, the embedding or the head on the first or last stage */
     int micro;       /* micro-batches per step */
     int n_in, n_out; /* boundary tensors before l0 (received) and before l1 (sent) */
     int64_t D;       /* hidden size */
-    float *buf;      /* per step: boundary inputs, outputs and both gradients of every micro-batch */
+    float *buf;      /* per step: boundary inputs, outputs and both gradients of every micro-batch (backend memory) */
     size_t buf_cap;
     int32_t *cu; /* the micro-batches' cu_seqlens */
     int cu_cap;
-    float *smax;        /* [L·H] S_max of one micro-batch's forward */
+    float *smax;        /* [L·H] S_max of one micro-batch's forward (backend memory) */
+    float *smax_host;   /* [2·L·H] host copies of it and of the batch's S_max, to take their maximum */
     k3c_comm_req **req; /* [2·micro] sends in flight */
 } k3c_pp;
 
 /* pp over `comm` (its size = the stages, dividing cfg's layers; the stage is comm's rank), `micro` micro-batches per
- * step (>= 1). Host-memory backends only (the MPI communicator moves host memory). */
+ * step (>= 1); the boundary tensors live in be's memory (a device backend needs a device communicator). */
 int k3c_pp_init(k3c_pp *pp, k3c_comm *comm, const k3c_config *cfg, const k3c_param_table *t, int micro,
                 const k3c_backend_f32 *be, k3c_err *err);
 void k3c_pp_free(k3c_pp *pp);

@@ -66,26 +66,14 @@ static int red_buffer(k3c_tp *tp, int64_t n, k3c_err *err) {
 /* The loops of the vocabulary-parallel embedding and cross-entropy on the model's real (float or double), with the
  * arithmetic of the single-process ops (ops/embedding.c, ops/xent.c: exponentials in real, sums in double).
  * Embedding: y[t] = E[ids[t]] from the rank holding that row (zero rows elsewhere; the caller sums over the group);
- * its backward dE[ids[t]] += dy[t] for this rank's rows in token order. Cross-entropy over logits split by vocabulary
+ * its backward dE[ids[t]] += dy[t] (row_add) for this rank's rows in token order. Cross-entropy over logits split by vocabulary
  * rows: per token the maximum over the group (all-reduce max), the sum of exponentials and the target's logit from its
  * owner (one all-reduce sum), then lse and the loss as the single-process op: every rank gets the whole loss and lse.
  * Its backward needs no communication: this rank's rows of the softmax from the global lse, the one-hot on the
  * target's owner. */
 #define TP_LOOPS(real, S, EXP)                                                                                         \
-    static void embed_rows_##S(int64_t T, int64_t D, int64_t v0, int64_t v1, const int32_t *ids, const real *E,        \
-                               real *y) {                                                                              \
-        for (int64_t t = 0; t < T; t++) {                                                                              \
-            if (ids[t] >= v0 && ids[t] < v1)                                                                           \
-                memcpy(y + t * D, E + ids[t] * D, sizeof(real) * (size_t)D);                                           \
-            else                                                                                                       \
-                memset(y + t * D, 0, sizeof(real) * (size_t)D);                                                        \
-        }                                                                                                              \
-    }                                                                                                                  \
-    static void embed_grad_##S(int64_t T, int64_t D, int64_t v0, int64_t v1, const int32_t *ids, const real *dy,       \
-                               real *dE) {                                                                             \
-        for (int64_t t = 0; t < T; t++)                                                                                \
-            if (ids[t] >= v0 && ids[t] < v1)                                                                           \
-                for (int64_t j = 0; j < D; j++) dE[ids[t] * D + j] += dy[t * D + j];                                   \
+    static void row_add_##S(int64_t D, const void *dy, void *dE) { /* dE row += dy row */                              \
+        for (int64_t j = 0; j < D; j++) ((real *)dE)[j] += ((const real *)dy)[j];                                      \
     }                                                                                                                  \
     static int xent_fwd_##S(k3c_tp *tp, int64_t T, int64_t Vl, const real *logits, const int32_t *targets,             \
                             const float *weight, real *lse, double *sum, k3c_err *err) {                               \
@@ -130,28 +118,91 @@ TP_LOOPS(float, f32, expf)
 TP_LOOPS(double, f64, exp)
 #undef TP_LOOPS
 
-static int tp_embed_fwd(void *ctx, k3c_dtype dt, int64_t T, int64_t V, int64_t D, const int32_t *ids, const void *E,
+/* The hooks run their loops on host copies (the backend's memory may be a device's): tp->host holds them, carved in
+ * 8-byte-aligned pieces by `take`. */
+static int host_room(k3c_tp *tp, size_t bytes, k3c_err *err) {
+    tp->host_used = 0;
+    if (bytes <= tp->host_cap) return K3C_OK;
+    free(tp->host);
+    tp->host = malloc(bytes);
+    tp->host_cap = tp->host ? bytes : 0;
+    return tp->host ? K3C_OK : k3c_errf(err, K3C_ENOMEM, "tensor parallelism: %zu bytes of host copies", bytes);
+}
+
+static void *take(k3c_tp *tp, size_t bytes) {
+    void *p = tp->host + tp->host_used;
+    tp->host_used += (bytes + 7) & ~(size_t)7;
+    return p;
+}
+
+#define ROOM(bytes) (((size_t)(bytes) + 7) & ~(size_t)7)
+
+static int tp_embed_fwd(void *ctx, k3c_dtype dt, int64_t T, int64_t V, int64_t D, const int32_t *ids_be, const void *E,
                         void *y, k3c_err *err) {
     k3c_tp *tp = ctx;
+    const k3c_backend_f32 *be = tp->be;
+    const size_t es = k3c_comm_dtype_size(dt), row = es * (size_t)D;
     int64_t v0 = 0, v1 = 0;
+    CHECK_RC(host_room(tp, ROOM(sizeof(int32_t) * T) + row * (size_t)T, err));
+    int32_t *ids = take(tp, sizeof(int32_t) * (size_t)T);
+    char *yh = take(tp, row * (size_t)T);
+    CHECK_RC(be->download(ids, ids_be, sizeof(int32_t) * (size_t)T, err));
     CHECK_RC(vocab_rows(tp, ids, T, V, "embedding", &v0, &v1, err));
-    if (dt == K3C_F64)
-        embed_rows_f64(T, D, v0, v1, ids, E, y);
-    else
-        embed_rows_f32(T, D, v0, v1, ids, E, y);
+    for (int64_t t = 0; t < T; t++) { /* its row from the rank holding it, zero rows elsewhere */
+        if (ids[t] >= v0 && ids[t] < v1)
+            CHECK_RC(be->download(yh + row * t, (const char *)E + row * ids[t], row, err));
+        else
+            memset(yh + row * t, 0, row);
+    }
+    CHECK_RC(be->upload(y, yh, row * (size_t)T, err));
     return tp_sum(tp, dt, y, T * D, err);
 }
 
-static int tp_embed_bwd(void *ctx, k3c_dtype dt, int64_t T, int64_t V, int64_t D, const int32_t *ids, const void *dy,
+static int tp_embed_bwd(void *ctx, k3c_dtype dt, int64_t T, int64_t V, int64_t D, const int32_t *ids_be, const void *dy,
                         void *dE, k3c_err *err) {
     k3c_tp *tp = ctx;
+    const k3c_backend_f32 *be = tp->be;
+    const size_t es = k3c_comm_dtype_size(dt), row = es * (size_t)D;
     int64_t v0 = 0, v1 = 0;
+    CHECK_RC(host_room(tp, ROOM(sizeof(int32_t) * T) + ROOM(row * (size_t)T) + row, err));
+    int32_t *ids = take(tp, sizeof(int32_t) * (size_t)T);
+    char *dyh = take(tp, row * (size_t)T), *r = take(tp, row);
+    CHECK_RC(be->download(ids, ids_be, sizeof(int32_t) * (size_t)T, err));
     CHECK_RC(vocab_rows(tp, ids, T, V, "embedding backward", &v0, &v1, err));
-    if (dt == K3C_F64)
-        embed_grad_f64(T, D, v0, v1, ids, dy, dE);
-    else
-        embed_grad_f32(T, D, v0, v1, ids, dy, dE);
+    CHECK_RC(be->download(dyh, dy, row * (size_t)T, err));
+    for (int64_t t = 0; t < T; t++) { /* dE[ids[t]] += dy[t] for this rank's rows, in token order */
+        if (ids[t] < v0 || ids[t] >= v1) continue;
+        char *dst = (char *)dE + row * ids[t];
+        CHECK_RC(be->download(r, dst, row, err));
+        if (dt == K3C_F64)
+            row_add_f64(D, dyh + row * t, r);
+        else
+            row_add_f32(D, dyh + row * t, r);
+        CHECK_RC(be->upload(dst, r, row, err));
+    }
     return K3C_OK;
+}
+
+/* Host copies of the cross-entropy's inputs: logits [T, Vl], targets, weights (or NULL), lse [T]. */
+typedef struct {
+    void *logits, *lse;
+    int32_t *targets;
+    float *weight;
+} xent_host;
+
+static int xent_copies(k3c_tp *tp, k3c_dtype dt, int64_t T, int64_t Vl, const float *weight, const void *logits,
+                       const int32_t *targets, const void *lse, size_t extra, xent_host *h, k3c_err *err) {
+    const k3c_backend_f32 *be = tp->be;
+    const size_t es = k3c_comm_dtype_size(dt), nl = es * (size_t)(T * Vl);
+    CHECK_RC(host_room(tp, ROOM(nl) + ROOM(es * T) + 2 * ROOM(4 * T) + extra, err));
+    h->logits = take(tp, nl);
+    h->lse = take(tp, es * (size_t)T);
+    h->targets = take(tp, sizeof(int32_t) * (size_t)T);
+    h->weight = weight ? take(tp, sizeof(float) * (size_t)T) : NULL;
+    CHECK_RC(be->download(h->logits, logits, nl, err));
+    CHECK_RC(be->download(h->targets, targets, sizeof(int32_t) * (size_t)T, err));
+    if (weight) CHECK_RC(be->download(h->weight, weight, sizeof(float) * (size_t)T, err));
+    return lse ? be->download(h->lse, lse, es * (size_t)T, err) : K3C_OK;
 }
 
 static int tp_xent_fwd(void *ctx, k3c_dtype dt, int64_t T, int64_t Vl, double norm, const float *weight,
@@ -159,12 +210,14 @@ static int tp_xent_fwd(void *ctx, k3c_dtype dt, int64_t T, int64_t Vl, double no
     k3c_tp *tp = ctx;
     int64_t n = 0;
     double sum = 0;
-    CHECK_RC(xent_targets(tp, T, Vl, targets, &n, err));
+    xent_host h;
+    CHECK_RC(xent_copies(tp, dt, T, Vl, weight, logits, targets, NULL, 0, &h, err));
+    CHECK_RC(xent_targets(tp, T, Vl, h.targets, &n, err));
     CHECK_RC(red_buffer(tp, 3 * T, err));
-    CHECK_RC(dt == K3C_F64 ? xent_fwd_f64(tp, T, Vl, logits, targets, weight, lse, &sum, err)
-                           : xent_fwd_f32(tp, T, Vl, logits, targets, weight, lse, &sum, err));
+    CHECK_RC(dt == K3C_F64 ? xent_fwd_f64(tp, T, Vl, h.logits, h.targets, h.weight, h.lse, &sum, err)
+                           : xent_fwd_f32(tp, T, Vl, h.logits, h.targets, h.weight, h.lse, &sum, err));
     *loss = n ? sum / (norm > 0 ? norm : (double)n) : 0.0;
-    return K3C_OK;
+    return tp->be->upload(lse, h.lse, k3c_comm_dtype_size(dt) * (size_t)T, err);
 }
 
 static int tp_xent_bwd(void *ctx, k3c_dtype dt, int64_t T, int64_t Vl, double norm, const float *weight,
@@ -172,26 +225,28 @@ static int tp_xent_bwd(void *ctx, k3c_dtype dt, int64_t T, int64_t Vl, double no
                        k3c_err *err) {
     k3c_tp *tp = ctx;
     int64_t n = 0;
-    CHECK_RC(xent_targets(tp, T, Vl, targets, &n, err));
+    const size_t nl = k3c_comm_dtype_size(dt) * (size_t)(T * Vl);
+    xent_host h;
+    CHECK_RC(xent_copies(tp, dt, T, Vl, weight, logits, targets, lse, ROOM(nl), &h, err));
+    CHECK_RC(xent_targets(tp, T, Vl, h.targets, &n, err));
     if (n == 0) return K3C_OK;
+    void *d = take(tp, nl);
+    CHECK_RC(tp->be->download(d, dlogits, nl, err));
     const double g = dloss / (norm > 0 ? norm : (double)n);
     if (dt == K3C_F64)
-        xent_bwd_f64(tp, T, Vl, logits, targets, weight, lse, g, dlogits);
+        xent_bwd_f64(tp, T, Vl, h.logits, h.targets, h.weight, h.lse, g, d);
     else
-        xent_bwd_f32(tp, T, Vl, logits, targets, weight, lse, g, dlogits);
-    return K3C_OK;
+        xent_bwd_f32(tp, T, Vl, h.logits, h.targets, h.weight, h.lse, g, d);
+    return tp->be->upload(dlogits, d, nl, err);
 }
 
 int k3c_tp_init(k3c_tp *tp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_config *cfg, const k3c_param_table *t,
                 k3c_err *err) {
     memset(tp, 0, sizeof *tp);
-    if (strcmp(be->name, "cpu"))
-        return k3c_errf(err, K3C_EUNSUPPORTED,
-                        "tensor parallelism on the %s backend needs a device communicator (NCCL); the %s communicator "
-                        "moves host memory",
-                        be->name, comm->ops->name);
+    CHECK_RC(k3c_comm_check_memory(comm, be->name, "tensor parallelism", err));
     CHECK_RC(k3c_tp_check(cfg, comm->size, "tensor parallelism", err));
     tp->comm = comm;
+    tp->be = be;
     tp->rank = comm->rank;
     tp->size = comm->size;
     tp->n_entries = t->n;
@@ -206,19 +261,27 @@ int k3c_tp_init(k3c_tp *tp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c
 void k3c_tp_free(k3c_tp *tp) {
     free(tp->split);
     free(tp->red);
+    free(tp->host);
     memset(tp, 0, sizeof *tp);
 }
 
-void k3c_tp_dedup_grads(const k3c_tp *tp, const k3c_param_table *t, void *g, k3c_dtype dt) {
+int k3c_tp_dedup_grads(const k3c_tp *tp, const k3c_param_table *t, void *g, k3c_dtype dt, k3c_err *err) {
     const size_t es = k3c_comm_dtype_size(dt);
-    if (tp->rank == 0) return;
-    for (int i = 0; i < t->n; i++)
-        if (tp->split[i] == K3C_TP_SAME) memset((char *)g + es * t->p[i].offset, 0, es * (size_t)t->p[i].numel);
+    if (tp->rank == 0) return K3C_OK;
+    for (int i = 0; i < t->n; i++) /* zero bits are a zero of either precision: es / 4 floats an element */
+        if (tp->split[i] == K3C_TP_SAME)
+            CHECK_RC(tp->be->zero((float *)((char *)g + es * t->p[i].offset), t->p[i].numel * (int64_t)(es / 4), err));
+    return K3C_OK;
 }
 
-void k3c_tp_mask_smax(const k3c_tp *tp, const k3c_config *cfg, float *smax) {
-    const int64_t H = cfg->mla_heads, Hl = H / tp->size;
-    for (int64_t l = 0; smax && l < cfg->num_layers; l++)
+int k3c_tp_mask_smax(k3c_tp *tp, const k3c_config *cfg, float *smax, k3c_err *err) {
+    const int64_t H = cfg->mla_heads, Hl = H / tp->size, n = cfg->num_layers * H;
+    if (!smax) return K3C_OK;
+    CHECK_RC(host_room(tp, sizeof(float) * (size_t)n, err));
+    float *s = take(tp, sizeof(float) * (size_t)n);
+    CHECK_RC(tp->be->download(s, smax, sizeof(float) * (size_t)n, err));
+    for (int64_t l = 0; l < cfg->num_layers; l++)
         for (int64_t h = 0; h < H; h++)
-            if (h / Hl != tp->rank) smax[l * H + h] = -FLT_MAX;
+            if (h / Hl != tp->rank) s[l * H + h] = -FLT_MAX;
+    return tp->be->upload(smax, s, sizeof(float) * (size_t)n, err);
 }

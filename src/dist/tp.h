@@ -14,23 +14,28 @@ typedef struct {
     int rank, size;
     uint8_t *split; /* [table entries] k3c_tp_split */
     int n_entries;
-    double *red; /* per-token reductions of the cross-entropy [3·T] */
+    const k3c_backend_f32 *be; /* whose memory holds the model's tensors (the hooks work on host copies) */
+    double *red;               /* per-token reductions of the cross-entropy [3·T] */
     int64_t red_cap;
+    char *host; /* host copies of a hook's tensors */
+    size_t host_cap, host_used;
     k3c_tensor_parallel hook; /* what the model calls: set m->tp = &tp->hook */
 } k3c_tp;
 
 /* Checks, naming the layout: the group's size divides every KDA and MLA head count, the vocabulary, the dense MLP's
- * and the shared experts' intermediate (K3C_ECONFIG otherwise); only host-memory backends ("cpu"). */
+ * and the shared experts' intermediate (K3C_ECONFIG otherwise). */
 int k3c_tp_check(const k3c_config *cfg, int64_t tp, const char *file, k3c_err *err);
+/* tp over `comm` for a model on backend be (float32 tables; a float64 model on the CPU passes the CPU's float32 table:
+ * the hooks use only its memory moves); a device backend needs a device communicator. */
 int k3c_tp_init(k3c_tp *tp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_config *cfg, const k3c_param_table *t,
                 k3c_err *err);
 void k3c_tp_free(k3c_tp *tp);
 /* Before the gradients are summed over every rank: an entry replicated with the same gradient on each rank of the
  * group keeps it on TP rank 0 only, so the sum counts it once (split entries are zero outside this rank's share,
  * partial ones hold this rank's part: the sum completes both). g: the model's real (K3C_F32 or K3C_F64). */
-void k3c_tp_dedup_grads(const k3c_tp *tp, const k3c_param_table *t, void *g, k3c_dtype dt);
+int k3c_tp_dedup_grads(const k3c_tp *tp, const k3c_param_table *t, void *g, k3c_dtype dt, k3c_err *err);
 /* S_max [L, H] of the MLA heads other ranks own set to −FLT_MAX (this rank's forward wrote only its own), before the
  * maximum over the ranks. */
-void k3c_tp_mask_smax(const k3c_tp *tp, const k3c_config *cfg, float *smax);
+int k3c_tp_mask_smax(k3c_tp *tp, const k3c_config *cfg, float *smax, k3c_err *err);
 
 #endif

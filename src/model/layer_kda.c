@@ -83,7 +83,7 @@ static int cp_segments(const k3c_step *st, int cont, cp_seg *seg) {
     int64_t e0 = cx->first_len, e1 = e0 + cx->cu_rest[st->n_docs - 2];
     int n = 0;
     seg[n++] = (cp_seg){0, e0, 1, NULL, 1, 0};
-    if (st->n_docs > 2) seg[n++] = (cp_seg){e0, e1 - e0, st->n_docs - 2, cx->cu_rest, 0, 0};
+    if (st->n_docs > 2) seg[n++] = (cp_seg){e0, e1 - e0, st->n_docs - 2, cx->cu_rest_ops, 0, 0};
     seg[n++] = (cp_seg){e1, st->T - e1, 1, NULL, 0, 1};
     return n;
 }

@@ -50,7 +50,7 @@ typedef struct {
  * down projections, and the input gradients of their backward); the embedding and the cross-entropy are the
  * vocabulary-parallel ones of the hook: y, lse, loss and dlogits with the layout of the ops they replace (embedding_fwd
  * / _bwd over the whole table E [V, D]; xent over this rank's logits [T, V/size], targets global). Buffers hold the
- * model's real (t: K3C_F32 or K3C_F64) in host memory (the MPI communicator). */
+ * model's real (t: K3C_F32 or K3C_F64) in the backend's memory, as the ops they replace. */
 typedef struct {
     int rank, size;
     int (*sum)(void *ctx, k3c_dtype t, void *x, int64_t n, k3c_err *err);
@@ -80,16 +80,18 @@ void k3c_tp_layer_offsets(const k3c_param_table *t, int l, int rank, int size, k
  * contiguous token ranges over the ranks of a CP group, and the sequence-mixing layers exchange what crosses a range
  * boundary through this hook: the short-conv tails and the KDA state go rank to rank (their gradients back), MLA
  * gathers the normalised latent and the shared k_pe slot of every token (its gradient reduce-scattered back). The
- * fields describe this rank's range of the last split batch; the buffers hold the model's `real`, in host memory. */
+ * fields describe this rank's range of the last split batch; the buffers hold the model's `real`, in the backend's
+ * memory. */
 typedef struct {
     int64_t start;          /* this rank's first token in its sequence */
     int64_t first_len;      /* tokens of the first local document piece */
     int cont_prev;          /* 1: the first local piece continues a document of the previous rank */
     int cont_next;          /* 1: the next rank's first piece continues this rank's last */
     const int32_t *cu_rest; /* offsets of the local pieces after the first, from the second's start (n_docs − 1) */
-    int64_t T_keys;         /* MLA keys: the tokens [0, start + T) of the sequence ... */
+    const int32_t *cu_rest_ops; /* the same in the backend's memory (what the ops read) */
+    int64_t T_keys;             /* MLA keys: the tokens [0, start + T) of the sequence ... */
     int n_docs_keys;
-    const int32_t *cu_keys; /* ... and their document offsets */
+    const int32_t *cu_keys; /* ... and their document offsets (backend memory) */
     int64_t T_cap;          /* most tokens of a sequence (sizes the activation plan's key-side buffers) */
     /* Short conv i (0..2: q, k, v) of layer l: sends the last W−1 rows of x [T, C] to the next rank (cont_next) and
        points *state at the previous rank's (cont_prev; [C, W−1], zero before the document's start), else NULL. */
@@ -100,11 +102,12 @@ typedef struct {
                          k3c_err *err);
     /* KDA state [H, dk, dv] of layer l: buffer `which` (K3C_CP_H0 .. K3C_CP_DH0; NULL when that side has no
        neighbour in the document), and the pass that fills or sends it (H0: receive from the previous rank, HT: send
-       to the next, DHT: receive from the next, DH0: send to the previous; DHT and DH0 buffers are zeroed first). */
+       to the next, DHT: receive from the next, DH0: send to the previous; DH0, which the backward adds into, is zero at
+       the step's start). */
     void *(*kda_buf)(void *ctx, int l, int which);
     int (*kda_pass)(void *ctx, int l, int which, k3c_err *err);
     /* MLA layer l: the latent rows [T_cap, kv_lora_rank + qk_rope_dim] of the whole sequence (which 0; this rank
-       writes rows start.., mla_gather fills the others) and their gradient (which 1; zeroed by mla_buf, every rank
+       writes rows start.., mla_gather fills the others) and their gradient (which 1; zero at the step's start, every rank
        adds the rows it used, mla_scatter sums them over the group, leaving this rank's rows at start). */
     void *(*mla_buf)(void *ctx, int l, int which);
     int (*mla_gather)(void *ctx, int l, k3c_err *err);

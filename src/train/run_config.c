@@ -68,12 +68,14 @@ static int get_str(ctx *c, const k3c_json *o, const char *where, const char *key
     return 0;
 }
 
-/* "parallel": {"dp", "ep", "tp", "pp", "cp"}, each ≥ 1 (absent keys 1), and "micro_batches" (≥ 1, absent: pp);
- * checked against the world and the model when the run starts (dist/layout.c). No block leaves every degree 0. */
-static int parse_parallel(ctx *c, const k3c_json *p, k3c_parallel *out) {
-    static const char *const keys[] = {"dp", "ep", "tp", "pp", "cp", "micro_batches", NULL};
+/* "parallel": {"dp", "ep", "tp", "pp", "cp"}, each ≥ 1 (absent keys 1), "micro_batches" (≥ 1, absent: pp) and
+ * "force" (a boolean, absent: false); checked against the world and the model when the run starts (dist/layout.c).
+ * No block leaves every degree 0. */
+static int parse_parallel(ctx *c, const k3c_json *p, k3c_parallel *out, int *force) {
+    static const char *const keys[] = {"dp", "ep", "tp", "pp", "cp", "micro_batches", "force", NULL};
     int64_t *deg[] = {&out->dp, &out->ep, &out->tp, &out->pp, &out->cp, &out->micro_batches};
     memset(out, 0, sizeof *out);
+    *force = 0;
     if (!p) return 0;
     if (p->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: parallel: expected an object", c->file);
     int e = keys_known(c, p, "parallel.", keys);
@@ -83,6 +85,8 @@ static int parse_parallel(ctx *c, const k3c_json *p, k3c_parallel *out) {
             e = k3c_errf(c->err, K3C_ECONFIG, "%s: parallel.%s: %lld, must be 1..65536", c->file, keys[i],
                          (long long)*deg[i]);
     }
+    int present;
+    if (!e) e = k3c_json_get_bool(c, K3C_JSON_OPT, K3C_SPOT(p, "parallel.", "force"), K3C_NOSPOT, force, &present);
     return e;
 }
 
@@ -273,7 +277,7 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
         rc->qb_mode = -1;
     else
         return k3c_errf(c->err, K3C_ECONFIG, "%s: balancing: '%s' is not exact, histogram or off", c->file, bal);
-    if ((e = parse_parallel(c, k3c_json_get(r, "parallel"), &rc->parallel))) return e;
+    if ((e = parse_parallel(c, k3c_json_get(r, "parallel"), &rc->parallel, &rc->parallel_force))) return e;
     if ((e = parse_guard(c, k3c_json_get(r, "guard"), rc))) return e;
     int64_t tps;
     if ((e = get_int(c, r, "", "tokens_per_step", 0, 0, &tps))) return e;

@@ -60,7 +60,8 @@ typedef struct {
     k3c_comm *pp_comm, *stage_comm;
     k3c_comm *tp_comm; /* tensor parallelism (dist/tp.h): the TP group; NULL: every rank computes whole layers */
     k3c_tp tp;
-    k3c_comm *cp_comm; /* context parallelism (dist/cp.h): the CP group; NULL: every rank holds whole sequences */
+    k3c_comm *cp_comm;  /* context parallelism (dist/cp.h): the CP group; NULL: every rank holds whole sequences */
+    k3c_comm *own_comm; /* parallel.force without the caller's communicator: the one-rank one (owned) */
     k3c_cp cp;
     int rank; /* in the world: rank 0 writes metrics and checkpoints */
     k3c_guard guard;
@@ -222,7 +223,8 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
         const float nan = NAN;
         if ((e = be->upload(tr->m.g, &nan, sizeof nan, err))) return e;
     }
-    if (tr->tp_comm) k3c_tp_dedup_grads(&tr->tp, &tr->m.table, tr->m.g, K3C_F32); /* replicated entries counted once */
+    if (tr->tp_comm && (e = k3c_tp_dedup_grads(&tr->tp, &tr->m.table, tr->m.g, K3C_F32, err))) /* counted once */
+        return e;
     if (tr->dp && (e = k3c_dp_reduce_grads(tr->dp, tr->m.g, err))) return e;
     e = tr->pp ? k3c_pp_clip_grad_norm(tr->pp, be, tr->opt_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm,
                                        err)
@@ -237,7 +239,8 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
                : be->optim_step(tr->opt_inst, &tr->opt, &tr->m.table, 0, tr->m.table.n, tr->m.w, tr->m.g, tr->ostate,
                                 row->lr, tr->step + 1, err);
     if (e) return e;
-    if (tr->n_mla && tr->tp_comm) k3c_tp_mask_smax(&tr->tp, &tr->m.cfg, tr->stats.smax); /* others' heads */
+    if (tr->n_mla && tr->tp_comm && (e = k3c_tp_mask_smax(&tr->tp, &tr->m.cfg, tr->stats.smax, err))) /* others' */
+        return e;
     if (tr->n_mla && tr->dp &&
         (e = k3c_dp_max_smax(tr->dp, tr->stats.smax, tr->m.cfg.num_layers * tr->m.cfg.mla_heads, err)))
         return e;
@@ -515,7 +518,9 @@ static int optim_state(trainer *tr, k3c_comm *comm, const k3c_parallel *lay, k3c
         tr->m.tp = &tr->tp.hook;
         k3c_dp_set_tp(tr->dp, (int)lay->tp);
     }
-    if (ep > 1) { /* EP groups: ep consecutive ranks (EP inside DP), or every cp-th (CP innermost, docs/PARALLEL.md) */
+    /* EP groups: ep consecutive ranks (EP inside DP), or every cp-th (CP innermost, docs/PARALLEL.md); with
+       parallel.force even groups of one rank */
+    if (ep > 1 || (comm && tr->rc->parallel_force)) {
         k3c_comm *c = comm;
         const int cp = (int)lay->cp, color = cp > 1 ? c->rank / ((int)ep * cp) * cp + c->rank % cp : c->rank / (int)ep;
         CHECK_RC(k3c_comm_split(c, color, c->rank, &tr->ep_comm, err));
@@ -552,7 +557,11 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     k3c_comm *comm = o->comm;
     k3c_parallel lay; /* the "parallel" block against the ranks there are (one without a communicator) */
     if ((e = k3c_parallel_resolve(&rc->parallel, &cfg, comm ? comm->size : 1, rc->path, &lay, err))) return e;
-    if (lay.dp * lay.ep * lay.tp * lay.pp * lay.cp == 1) comm = NULL; /* alone: the single-process step */
+    if (lay.dp * lay.ep * lay.tp * lay.pp * lay.cp == 1 && !rc->parallel_force) comm = NULL; /* alone */
+    if (rc->parallel_force && !comm) { /* the parallel step over the one-rank communicator (parallel.force) */
+        if ((e = k3c_comm_self(&tr->own_comm, err))) return e;
+        comm = tr->own_comm;
+    }
     if (lay.cp > 1 && rc->recompute)
         return k3c_errf(err, K3C_EUNSUPPORTED, "%s: recompute with parallel.cp = %lld is not built yet", rc->path,
                         (long long)lay.cp);
@@ -631,6 +640,7 @@ static void teardown(trainer *tr) {
         k3c_cp_free(&tr->cp);
         k3c_comm_free(tr->cp_comm);
     }
+    k3c_comm_free(tr->own_comm);
     k3c_optim_free(&tr->opt);
     free(tr->resume_state);
     free(tr->telemetry);

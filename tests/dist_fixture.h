@@ -1,0 +1,159 @@
+/* dist_fixture.h — what the parallel-training tests share (test_dist_dp.c on the CPU, nccl/dist_nccl.c on the GPU):
+ * the global batch (packed documents of the tiny K3 model's vocabulary, a layout whose context-parallel ranges cross
+ * documents in every way, the same documents reversed for the fp32 floor), the 4-head variant for tp4, and the
+ * parallel pieces of a runner set up in the trainer's rank order (docs/PARALLEL.md "Launch"). Include after test.h. */
+#ifndef K3C_TEST_DIST_FIXTURE_H
+#define K3C_TEST_DIST_FIXTURE_H
+
+#include "base/check.h"
+#include "dist/cp.h"
+#include "dist/dp.h"
+#include "dist/ep.h"
+#include "dist/pp.h"
+#include "dist/tp.h"
+#include "model/config.h"
+
+#define T_BATCH 160
+
+typedef struct {
+    int32_t ids[T_BATCH], targets[T_BATCH], cu[T_BATCH + 1];
+    int n_docs;
+} batch;
+
+/* Documents of 1..29 tokens (a one-token document has no counted target), ids from a fixed LCG. */
+static void make_batch(batch *b) {
+    uint64_t s = 12345;
+    int t = 0;
+    b->n_docs = 0;
+    b->cu[0] = 0;
+    while (t < T_BATCH) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        int len = 1 + (int)((s >> 33) % 29);
+        if (t + len > T_BATCH) len = T_BATCH - t;
+        for (int i = 0; i < len; i++) {
+            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+            b->ids[t + i] = (int32_t)((s >> 35) % 32);
+        }
+        for (int i = 0; i < len; i++) b->targets[t + i] = i + 1 < len ? b->ids[t + i + 1] : -1;
+        t += len;
+        b->cu[++b->n_docs] = t;
+    }
+}
+
+/* Documents laid out so that context-parallel ranges cross them in every way (cp2: boundary 80; cp4: 40, 80, 120;
+ * cp2×dp2: the data-parallel split at 78, boundaries 39 and 119): a piece starting one token before a boundary (its
+ * conv tail partly before the document), a piece starting at a boundary, pieces continuing across one, a piece
+ * covering a whole rank (its state passes through), one-token pieces. */
+static void make_batch_cp(batch *b) {
+    static const int len[] = {5, 34, 2, 37, 47, 10, 1, 23, 1};
+    uint64_t s = 777;
+    int t = 0;
+    b->n_docs = 0;
+    b->cu[0] = 0;
+    for (size_t d = 0; d < sizeof len / sizeof *len; d++) {
+        for (int i = 0; i < len[d]; i++) {
+            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+            b->ids[t + i] = (int32_t)((s >> 35) % 32);
+        }
+        for (int i = 0; i < len[d]; i++) b->targets[t + i] = i + 1 < len[d] ? b->ids[t + i + 1] : -1;
+        t += len[d];
+        b->cu[++b->n_docs] = t;
+    }
+}
+
+/* The same documents in reverse order: the same loss, gradients and updates in exact arithmetic, other fp32 sums. */
+static void reverse_docs(const batch *a, batch *b) {
+    int t = 0;
+    b->n_docs = a->n_docs;
+    b->cu[0] = 0;
+    for (int d = a->n_docs - 1; d >= 0; d--) {
+        int len = a->cu[d + 1] - a->cu[d];
+        memcpy(b->ids + t, a->ids + a->cu[d], sizeof(int32_t) * (size_t)len);
+        memcpy(b->targets + t, a->targets + a->cu[d], sizeof(int32_t) * (size_t)len);
+        t += len;
+        b->cu[a->n_docs - d] = t;
+    }
+}
+
+/* The tiny model has 2 heads per mixer: 4 of each for tp4, MLA's head dims halved (2) so its widths stay those of the
+ * 2-head model (with 4 heads of dims 4 its fp32 floor, test_dist_dp.c's fp32_floor, is 2.9e-5: the single process
+ * differs from itself by more than the tests' 1e-5 there; 5.7e-6 here). */
+static void tp_variant(k3c_config *cfg, int tp) {
+    if (tp <= 2) return;
+    cfg->kda_heads = cfg->mla_heads = cfg->mla_kv_heads = tp;
+    cfg->qk_nope_dim = cfg->qk_rope_dim = cfg->v_head_dim = 2;
+}
+
+/* The parallel pieces of one runner. */
+typedef struct {
+    k3c_dp dp; /* data parallelism with ZeRO-1 over the ranks (pipeline: over the stage's) */
+    int dist;
+    k3c_comm *ep_comm; /* expert parallelism over groups of ep ranks */
+    k3c_ep ep;
+    k3c_comm *stage_comm, *pp_comm; /* pipeline parallelism: the stage's DP group, the pipeline group */
+    k3c_pp pp;
+    int use_pp;
+    k3c_comm *tp_comm; /* tensor parallelism over tp consecutive ranks */
+    k3c_tp tp;
+    k3c_comm *cp_comm; /* context parallelism over cp consecutive ranks */
+    k3c_cp cp;
+} dist_pieces;
+
+/* The pieces over comm (NULL: none) for model m on backend be with optimizer o (the full table's): DP always, then
+ * each of ep, tp, pp, cp whose degree is not 0 (1: over a group of one rank), the hooks set on m; stages outermost,
+ * CP innermost, EP next to it, TP innermost without CP; pp runs `micro` micro-batches, cp sequences up to T_cap. */
+static int pieces_init(dist_pieces *d, k3c_model *m, const k3c_backend_f32 *be, const k3c_optim *o, k3c_comm *comm,
+                       int ep, int tp, int pp, int cp, int micro, int64_t T_cap, k3c_err *err) {
+    memset(d, 0, sizeof *d);
+    if (!comm) return K3C_OK;
+    if (pp) { /* stage = rank / (ranks per stage), DP (and ZeRO-1) inside a stage */
+        int per = comm->size / pp;
+        CHECK_RC(k3c_comm_split(comm, comm->rank / per, comm->rank, &d->stage_comm, err));
+        CHECK_RC(k3c_comm_split(comm, comm->rank % per, comm->rank, &d->pp_comm, err));
+        CHECK_RC(k3c_pp_init(&d->pp, d->pp_comm, &m->cfg, &m->table, micro, be, err));
+        d->use_pp = 1;
+        CHECK_RC(k3c_dp_init_range(&d->dp, d->stage_comm, be, o, &m->table, d->pp.e0, d->pp.e1, err));
+    } else {
+        CHECK_RC(k3c_dp_init(&d->dp, comm, be, o, &m->table, err));
+    }
+    d->dist = 1;
+    if (tp) { /* the TP group: ranks that share rank / tp; the group takes one part of the batch */
+        CHECK_RC(k3c_comm_split(comm, comm->rank / tp, comm->rank, &d->tp_comm, err));
+        CHECK_RC(k3c_tp_init(&d->tp, d->tp_comm, be, &m->cfg, &m->table, err));
+        m->tp = &d->tp.hook;
+        k3c_dp_set_tp(&d->dp, tp);
+    }
+    if (ep) { /* the EP group: ranks that share rank / ep (as docs/PLAN.md orders ranks), or every cp-th next to CP */
+        int color = cp ? comm->rank / (ep * cp) * cp + comm->rank % cp : comm->rank / ep;
+        CHECK_RC(k3c_comm_split(comm, color, comm->rank, &d->ep_comm, err));
+        CHECK_RC(k3c_ep_init(&d->ep, d->ep_comm, be, &m->cfg, err));
+        m->experts = &d->ep.exchange;
+    }
+    if (cp) { /* the CP group: ranks that share rank / cp, each a range of its DP part's tokens */
+        CHECK_RC(k3c_comm_split(comm, comm->rank / cp, comm->rank, &d->cp_comm, err));
+        CHECK_RC(k3c_cp_init(&d->cp, d->cp_comm, m, T_cap, err));
+        m->context = &d->cp.exchange;
+    }
+    return K3C_OK;
+}
+
+static void pieces_free(dist_pieces *d) {
+    if (d->dist) k3c_dp_free(&d->dp);
+    if (d->ep_comm) {
+        k3c_ep_free(&d->ep);
+        k3c_comm_free(d->ep_comm);
+    }
+    if (d->tp_comm) {
+        k3c_tp_free(&d->tp);
+        k3c_comm_free(d->tp_comm);
+    }
+    if (d->cp_comm) {
+        k3c_cp_free(&d->cp);
+        k3c_comm_free(d->cp_comm);
+    }
+    if (d->use_pp) k3c_pp_free(&d->pp);
+    k3c_comm_free(d->pp_comm);
+    k3c_comm_free(d->stage_comm);
+}
+
+#endif
