@@ -14,6 +14,9 @@
 #include "model/config.h"
 
 #define T_BATCH 160
+#define GRAD_CLIP 0.05 /* below the tiny model's gradient norm, so clipping scales every step */
+#define QK_TAU 0.05    /* below its S_max, so QK-Clip scales heads */
+#define LR 1e-3        /* a usual peak learning rate; 1e-2 would move the tiny model further per step */
 
 typedef struct {
     int32_t ids[T_BATCH], targets[T_BATCH], cu[T_BATCH + 1];
@@ -154,6 +157,85 @@ static void pieces_free(dist_pieces *d) {
     if (d->use_pp) k3c_pp_free(&d->pp);
     k3c_comm_free(d->pp_comm);
     k3c_comm_free(d->stage_comm);
+}
+
+
+/* A model with its optimizer and step buffers on a backend, and its parallel pieces (none for the reference). */
+typedef struct {
+    k3c_model m;
+    k3c_optim opt;
+    const k3c_backend_f32 *be;
+    void *inst; /* the backend's optimizer instance (NULL on the CPU) */
+    float *state;
+    k3c_step_stats stats;
+    k3c_arena ar;
+    void *qb_ws; /* the backend's memory */
+    size_t qb_ws_bytes;
+    dist_pieces d;
+} runner;
+
+/* One training step in the trainer's order (src/train/trainer.c train_step), the parallel hooks where the runner has
+ * pieces; g_out (host memory): the step's summed gradients. */
+static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double *loss, float *g_out, double *norm,
+                int *clipped, k3c_err *err) {
+    const k3c_backend_f32 *be = r->be;
+    k3c_dp *dp = r->d.dist ? &r->d.dp : NULL;
+    k3c_model_batch b = {T_BATCH, gb->n_docs, gb->ids, gb->cu, gb->targets, 0, 0, NULL, NULL, NULL, NULL};
+    if (r->d.cp_comm)
+        CHECK_RC(k3c_cp_split_batch(&r->d.cp, dp, &b, err));
+    else if (dp)
+        CHECK_RC(k3c_dp_split_batch(dp, &b, err));
+    CHECK_RC(be->zero(r->m.g, (int64_t)r->m.table.total, err));
+    k3c_arena_reset(&r->ar, 0);
+    k3c_acts *acts;
+    if (r->d.use_pp) {
+        CHECK_RC(k3c_pp_step(&r->d.pp, &r->m, &b, &r->ar, 1, loss, err));
+    } else {
+        CHECK_RC(k3c_model_forward_f32(&r->m, &b, &r->ar, &acts, loss, NULL, err));
+        CHECK_RC(k3c_model_backward_f32(&r->m, acts, 1.0, err));
+    }
+    if (dp) CHECK_RC(k3c_dp_sum(dp, loss, err));
+    if (r->d.tp_comm) CHECK_RC(k3c_tp_dedup_grads(&r->d.tp, &r->m.table, r->m.g, K3C_F32, err));
+    if (dp) CHECK_RC(k3c_dp_reduce_grads(dp, r->m.g, err));
+    if (g_out) CHECK_RC(be->download(g_out, r->m.g, sizeof(float) * r->m.table.total, err));
+    if (g_out && r->d.use_pp) /* every stage's gradients (zero outside its entries): the whole gradient */
+        CHECK_RC(k3c_comm_allreduce(r->d.pp_comm, g_out, g_out, (int64_t)r->m.table.total, K3C_F32, K3C_COMM_SUM, NULL,
+                                    err));
+    if (r->d.use_pp)
+        CHECK_RC(k3c_pp_clip_grad_norm(&r->d.pp, be, r->inst, &r->m.table, r->m.g, GRAD_CLIP, norm, err));
+    else
+        CHECK_RC(be->clip_grad_norm(r->inst, &r->m.table, r->m.g, GRAD_CLIP, norm, err));
+    if (dp)
+        CHECK_RC(k3c_dp_optim_step(dp, be, r->inst, &r->m.table, r->m.w, r->m.g, r->state, LR, step_no, err));
+    else
+        CHECK_RC(
+            be->optim_step(r->inst, &r->opt, &r->m.table, 0, r->m.table.n, r->m.w, r->m.g, r->state, LR, step_no, err));
+    const k3c_config *c = &r->m.cfg;
+    if (r->d.tp_comm) CHECK_RC(k3c_tp_mask_smax(&r->d.tp, c, r->stats.smax, err));
+    if (dp) CHECK_RC(k3c_dp_max_smax(dp, r->stats.smax, c->num_layers * c->mla_heads, err));
+    CHECK_RC(be->qk_clip(be->ctx, c, &r->m.table, r->m.w, r->stats.smax, QK_TAU, r->stats.qk_clipped, err));
+    int32_t n;
+    CHECK_RC(be->download(&n, r->stats.qk_clipped, sizeof n, err));
+    if (r->d.use_pp)
+        CHECK_RC(k3c_comm_allreduce(r->d.pp_comm, &n, &n, 1, K3C_I32, K3C_COMM_SUM, NULL, err)); /* stages */
+    *clipped = n;
+    for (int l = 0; l < c->num_layers; l++) {
+        const k3c_route_stats *rs = &r->stats.route[l];
+        if (c->ffn[l] != K3C_FFN_MOE || rs->T == 0) continue; /* T = 0: another stage's layer */
+        float *logits = rs->logits, *cutoff = rs->cutoff;
+        int64_t T = rs->T;
+        if (dp) CHECK_RC(k3c_dp_gather_route(dp, rs, rs->n, &logits, &cutoff, &T, err));
+        size_t need = be->quantile_balance_workspace(qb_mode, T, rs->n);
+        if (need > r->qb_ws_bytes) {
+            if (r->qb_ws) be->free(r->qb_ws);
+            r->qb_ws = be->alloc(need);
+            r->qb_ws_bytes = r->qb_ws ? need : 0;
+            if (!r->qb_ws) return k3c_errf(err, K3C_ENOMEM, "quantile balancing workspace");
+        }
+        CHECK_RC(be->quantile_balance(be->ctx, qb_mode, logits, cutoff, T, rs->n, rs->k,
+                                      (float *)r->m.w + r->m.table.layer[l].router_bias, r->qb_ws, err));
+    }
+    return be->sync(err);
 }
 
 #endif

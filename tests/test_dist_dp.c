@@ -16,22 +16,8 @@
 
 #define STEPS 3
 #define TOL 1e-5
-#define GRAD_CLIP 0.05 /* below the tiny model's gradient norm, so clipping scales every step */
-#define QK_TAU 0.05    /* below its S_max, so QK-Clip scales heads */
-#define LR 1e-3        /* a usual peak learning rate; 1e-2 would move the tiny model further per step */
 #define MICRO 4        /* pipeline micro-batches per step */
 
-typedef struct {
-    k3c_model m;
-    k3c_optim opt;
-    const k3c_backend_f32 *be;
-    float *state;
-    k3c_step_stats stats;
-    k3c_arena ar;
-    void *qb_ws;
-    size_t qb_ws_bytes;
-    dist_pieces d; /* DP when comm is given; EP, PP, TP, CP of degrees above 1 */
-} runner;
 
 static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep, int pp, int tp, int cp, k3c_err *err) {
     memset(r, 0, sizeof *r);
@@ -57,66 +43,7 @@ static void runner_free(runner *r) {
     k3c_model_free_f32(&r->m);
     k3c_optim_free(&r->opt);
     free(r->state);
-    free(r->qb_ws);
-}
-
-/* One training step in the trainer's order (src/train/trainer.c train_step): the data-parallel hooks where dist. */
-static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double *loss, float *g_out, double *norm,
-                int *clipped, k3c_err *err) {
-    const k3c_backend_f32 *be = r->be;
-    k3c_dp *dp = r->d.dist ? &r->d.dp : NULL;
-    k3c_model_batch b = {T_BATCH, gb->n_docs, gb->ids, gb->cu, gb->targets, 0, 0, NULL, NULL, NULL, NULL};
-    if (r->d.cp_comm)
-        CHECK_RC(k3c_cp_split_batch(&r->d.cp, dp, &b, err));
-    else if (dp)
-        CHECK_RC(k3c_dp_split_batch(dp, &b, err));
-    CHECK_RC(be->zero(r->m.g, (int64_t)r->m.table.total, err));
-    k3c_arena_reset(&r->ar, 0);
-    k3c_acts *acts;
-    if (r->d.use_pp) {
-        CHECK_RC(k3c_pp_step(&r->d.pp, &r->m, &b, &r->ar, 1, loss, err));
-    } else {
-        CHECK_RC(k3c_model_forward_f32(&r->m, &b, &r->ar, &acts, loss, NULL, err));
-        CHECK_RC(k3c_model_backward_f32(&r->m, acts, 1.0, err));
-    }
-    if (dp) CHECK_RC(k3c_dp_sum(dp, loss, err));
-    if (r->d.tp_comm) CHECK_RC(k3c_tp_dedup_grads(&r->d.tp, &r->m.table, r->m.g, K3C_F32, err));
-    if (dp) CHECK_RC(k3c_dp_reduce_grads(dp, r->m.g, err));
-    if (g_out) memcpy(g_out, r->m.g, sizeof(float) * r->m.table.total);
-    if (g_out && r->d.use_pp) /* every stage's gradients (zero outside its entries), to compare the whole gradient */
-        CHECK_RC(k3c_comm_allreduce(r->d.pp_comm, g_out, g_out, (int64_t)r->m.table.total, K3C_F32, K3C_COMM_SUM, NULL,
-                                    err));
-    if (r->d.use_pp)
-        CHECK_RC(k3c_pp_clip_grad_norm(&r->d.pp, be, NULL, &r->m.table, r->m.g, GRAD_CLIP, norm, err));
-    else
-        CHECK_RC(be->clip_grad_norm(NULL, &r->m.table, r->m.g, GRAD_CLIP, norm, err));
-    if (dp)
-        CHECK_RC(k3c_dp_optim_step(dp, be, NULL, &r->m.table, r->m.w, r->m.g, r->state, LR, step_no, err));
-    else
-        CHECK_RC(
-            be->optim_step(NULL, &r->opt, &r->m.table, 0, r->m.table.n, r->m.w, r->m.g, r->state, LR, step_no, err));
-    const k3c_config *c = &r->m.cfg;
-    if (r->d.tp_comm) CHECK_RC(k3c_tp_mask_smax(&r->d.tp, c, r->stats.smax, err));
-    if (dp) CHECK_RC(k3c_dp_max_smax(dp, r->stats.smax, c->num_layers * c->mla_heads, err));
-    CHECK_RC(be->qk_clip(NULL, c, &r->m.table, r->m.w, r->stats.smax, QK_TAU, r->stats.qk_clipped, err));
-    *clipped = *r->stats.qk_clipped; /* pipeline: each stage clips its own layers' heads */
-    if (r->d.use_pp) CHECK_RC(k3c_comm_allreduce(r->d.pp_comm, clipped, clipped, 1, K3C_I32, K3C_COMM_SUM, NULL, err));
-    for (int l = 0; l < c->num_layers; l++) {
-        const k3c_route_stats *rs = &r->stats.route[l];
-        if (c->ffn[l] != K3C_FFN_MOE || rs->T == 0) continue; /* T = 0: another stage's layer */
-        float *logits = rs->logits, *cutoff = rs->cutoff;
-        int64_t T = rs->T;
-        if (dp) CHECK_RC(k3c_dp_gather_route(dp, rs, rs->n, &logits, &cutoff, &T, err));
-        size_t need = be->quantile_balance_workspace(qb_mode, T, rs->n);
-        if (need > r->qb_ws_bytes) {
-            free(r->qb_ws);
-            r->qb_ws = calloc(1, need);
-            r->qb_ws_bytes = need;
-        }
-        CHECK_RC(be->quantile_balance(NULL, qb_mode, logits, cutoff, T, rs->n, rs->k,
-                                      (float *)r->m.w + r->m.table.layer[l].router_bias, r->qb_ws, err));
-    }
-    return K3C_OK;
+    if (r->qb_ws) r->be->free(r->qb_ws);
 }
 
 /* Largest per-entry relative difference of x against ref over the table entries of kind `kind` (−1: all). */

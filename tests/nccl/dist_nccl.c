@@ -32,9 +32,6 @@
 #define STEPS 3
 #define TOL 1e-5     /* against the single-process CUDA step */
 #define CPU_TOL 1e-2 /* against the single-process CPU step (test_model_cuda's GPU-vs-CPU tolerance) */
-#define GRAD_CLIP 0.05
-#define QK_TAU 0.05
-#define LR 1e-3
 #define MICRO 4 /* pipeline micro-batches per step */
 #define CONFIG "configs/k3_test_tiny.json"
 
@@ -46,18 +43,6 @@ static int load_config(const k3c_backend_f32 *dev, k3c_config *cfg, k3c_err *err
     return k3c_config_load(strcmp(dev->name, "cpu") ? CONFIG_GPU : CONFIG, cfg, err);
 }
 
-typedef struct {
-    k3c_model m;
-    k3c_optim opt;
-    const k3c_backend_f32 *be;
-    void *inst; /* the backend's optimizer instance */
-    float *state;
-    k3c_step_stats stats;
-    k3c_arena ar;
-    void *qb_ws;
-    size_t qb_ws_bytes;
-    dist_pieces d;
-} runner;
 
 /* A layout: the degrees of the parallel pieces over the communicator's ranks (0: the piece is not used; 1: it is,
  * over a group of one rank), dp being what remains. */
@@ -99,69 +84,6 @@ static void runner_free(runner *r) {
     pieces_free(&r->d);
     k3c_model_free_f32(&r->m);
     k3c_optim_free(&r->opt);
-}
-
-/* One training step in the trainer's order (src/train/trainer.c train_step); g_out: the step's summed gradients. */
-static int step(runner *r, const batch *gb, int64_t step_no, double *loss, float *g_out, double *norm, int *clipped,
-                k3c_err *err) {
-    const k3c_backend_f32 *be = r->be;
-    k3c_dp *dp = r->d.dist ? &r->d.dp : NULL;
-    k3c_model_batch b = {T_BATCH, gb->n_docs, gb->ids, gb->cu, gb->targets, 0, 0, NULL, NULL, NULL, NULL};
-    if (r->d.cp_comm)
-        CHECK_RC(k3c_cp_split_batch(&r->d.cp, dp, &b, err));
-    else if (dp)
-        CHECK_RC(k3c_dp_split_batch(dp, &b, err));
-    CHECK_RC(be->zero(r->m.g, (int64_t)r->m.table.total, err));
-    k3c_arena_reset(&r->ar, 0);
-    k3c_acts *acts;
-    if (r->d.use_pp) {
-        CHECK_RC(k3c_pp_step(&r->d.pp, &r->m, &b, &r->ar, 1, loss, err));
-    } else {
-        CHECK_RC(k3c_model_forward_f32(&r->m, &b, &r->ar, &acts, loss, NULL, err));
-        CHECK_RC(k3c_model_backward_f32(&r->m, acts, 1.0, err));
-    }
-    if (dp) CHECK_RC(k3c_dp_sum(dp, loss, err));
-    if (r->d.tp_comm) CHECK_RC(k3c_tp_dedup_grads(&r->d.tp, &r->m.table, r->m.g, K3C_F32, err));
-    if (dp) CHECK_RC(k3c_dp_reduce_grads(dp, r->m.g, err));
-    if (g_out) CHECK_RC(be->download(g_out, r->m.g, sizeof(float) * r->m.table.total, err));
-    if (g_out && r->d.use_pp) /* every stage's gradients (zero outside its entries): the whole gradient */
-        CHECK_RC(k3c_comm_allreduce(r->d.pp_comm, g_out, g_out, (int64_t)r->m.table.total, K3C_F32, K3C_COMM_SUM, NULL,
-                                    err));
-    if (r->d.use_pp)
-        CHECK_RC(k3c_pp_clip_grad_norm(&r->d.pp, be, r->inst, &r->m.table, r->m.g, GRAD_CLIP, norm, err));
-    else
-        CHECK_RC(be->clip_grad_norm(r->inst, &r->m.table, r->m.g, GRAD_CLIP, norm, err));
-    if (dp)
-        CHECK_RC(k3c_dp_optim_step(dp, be, r->inst, &r->m.table, r->m.w, r->m.g, r->state, LR, step_no, err));
-    else
-        CHECK_RC(
-            be->optim_step(r->inst, &r->opt, &r->m.table, 0, r->m.table.n, r->m.w, r->m.g, r->state, LR, step_no, err));
-    const k3c_config *c = &r->m.cfg;
-    if (r->d.tp_comm) CHECK_RC(k3c_tp_mask_smax(&r->d.tp, c, r->stats.smax, err));
-    if (dp) CHECK_RC(k3c_dp_max_smax(dp, r->stats.smax, c->num_layers * c->mla_heads, err));
-    CHECK_RC(be->qk_clip(be->ctx, c, &r->m.table, r->m.w, r->stats.smax, QK_TAU, r->stats.qk_clipped, err));
-    int32_t n;
-    CHECK_RC(be->download(&n, r->stats.qk_clipped, sizeof n, err));
-    if (r->d.use_pp)
-        CHECK_RC(k3c_comm_allreduce(r->d.pp_comm, &n, &n, 1, K3C_I32, K3C_COMM_SUM, NULL, err)); /* stages */
-    *clipped = n;
-    for (int l = 0; l < c->num_layers; l++) {
-        const k3c_route_stats *rs = &r->stats.route[l];
-        if (c->ffn[l] != K3C_FFN_MOE || rs->T == 0) continue; /* T = 0: another stage's layer */
-        float *logits = rs->logits, *cutoff = rs->cutoff;
-        int64_t T = rs->T;
-        if (dp) CHECK_RC(k3c_dp_gather_route(dp, rs, rs->n, &logits, &cutoff, &T, err));
-        size_t need = be->quantile_balance_workspace(K3C_QB_EXACT, T, rs->n);
-        if (need > r->qb_ws_bytes) {
-            if (r->qb_ws) be->free(r->qb_ws);
-            r->qb_ws = be->alloc(need);
-            r->qb_ws_bytes = r->qb_ws ? need : 0;
-            if (!r->qb_ws) return k3c_errf(err, K3C_ENOMEM, "quantile balancing workspace");
-        }
-        CHECK_RC(be->quantile_balance(be->ctx, K3C_QB_EXACT, logits, cutoff, T, rs->n, rs->k,
-                                      (float *)r->m.w + r->m.table.layer[l].router_bias, r->qb_ws, err));
-    }
-    return be->sync(err);
 }
 
 /* Host copies of a runner's weights and full optimizer state (under ZeRO-1 gathered from the shards, with pipeline
@@ -225,7 +147,7 @@ static int run_steps(runner *r, const batch *gb, double *losses, float *g1, doub
     for (int64_t s = 1; s <= STEPS; s++) {
         double nn;
         int c;
-        int ok = step(r, gb, s, &losses[s - 1], s == 1 ? g1 : NULL, &nn, &c, &err) == K3C_OK;
+        int ok = step(r, gb, s, K3C_QB_EXACT, &losses[s - 1], s == 1 ? g1 : NULL, &nn, &c, &err) == K3C_OK;
         CHECK(ok, "step %lld on %s: %s", (long long)s, r->be->name, err.msg);
         if (!ok) return 0;
         *clipped += c;
