@@ -166,7 +166,7 @@ void k3c_eng_ws_free(k3c_eng_ws *ws) {
 
 /* ---------------------------------------------------------------- KDA (§3.1) */
 
-static int kda_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, int64_t n, k3c_err *err) {
+static int kda_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, int64_t n, float *y, k3c_err *err) {
     const k3c_config *c = &ws->w->cfg;
     const k3c_eng_dims *d = &ws->d;
     const eng_bufs *b = &ws->b;
@@ -200,12 +200,12 @@ static int kda_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
                      b->kda_ws, err));
     k3c_rmsnorm_sizes rs = {n * H, dk, c->rms_norm_eps};
     CHECK_RC(be->gated_rmsnorm_fwd(&rs, b->o, b->gl, L->o_norm, b->y1, NULL, err));
-    return op->qmat_mul(ws->be->ctx, &L->o_proj, b->y1, n, b->y, 0, err);
+    return op->qmat_mul(ws->be->ctx, &L->o_proj, b->y1, n, y, 0, err);
 }
 
 /* ---------------------------------------------------------------- MLA, absorbed (§4.2) */
 
-static int mla_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, int64_t n, k3c_err *err) {
+static int mla_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, int64_t n, float *y, k3c_err *err) {
     const k3c_config *c = &ws->w->cfg;
     const k3c_eng_dims *d = &ws->d;
     const eng_bufs *b = &ws->b;
@@ -244,7 +244,7 @@ static int mla_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
         CHECK_RC(be->sigmoid_gate_fwd(n * Hm * dv, b->mo, b->mg, b->mg, err));
         out = b->mg;
     }
-    return op->qmat_mul(ws->be->ctx, &L->o_proj, out, n, b->y, 0, err);
+    return op->qmat_mul(ws->be->ctx, &L->o_proj, out, n, y, 0, err);
 }
 
 /* ---------------------------------------------------------------- FFN (§6.2, §8, §9.2) */
@@ -257,7 +257,9 @@ static int glu_down(const k3c_eng_ws *ws, const k3c_qmat *down, int64_t inter, i
     return ws->ops->qmat_mul(ws->be->ctx, down, b->fh, n, y, 0, err);
 }
 
-static int ffn_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, int64_t n, k3c_err *err) {
+/* The FFN of xn, added into the residual stream M. Its products never accumulate into M: a GEMM with β = 1 sums in
+ * another order than the GEMV of a lone row, and a batched row must equal its solo run. */
+static int ffn_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, int64_t n, float *M, k3c_err *err) {
     const k3c_config *c = &ws->w->cfg;
     const eng_bufs *b = &ws->b;
     const k3c_backend_f32 *be = ws->be;
@@ -269,7 +271,8 @@ static int ffn_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
         xj[nj++] = (k3c_qmat_job){&L->mlp_gate, b->xn, n, b->fg, 0};
         xj[nj++] = (k3c_qmat_job){&L->mlp_up, b->xn, n, b->fu, 0};
         CHECK_RC(op->qmat_mul_many(ws->be->ctx, xj, nj, err));
-        return glu_down(ws, &L->mlp_down, L->mlp_gate.rows, n, b->y, err);
+        CHECK_RC(glu_down(ws, &L->mlp_down, L->mlp_gate.rows, n, b->y, err));
+        return be->add(n * D, b->y, M, err);
     }
     const k3c_dec_moe m = moe_of(c, L);
     xj[nj++] = (k3c_qmat_job){&L->router, b->xn, n, b->rlog, 0};
@@ -297,7 +300,7 @@ static int ffn_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
         CHECK_RC(glu_down(ws, &L->shared_down, L->shared_gate.rows, n, b->ys, err));
         CHECK_RC(be->add(n * D, b->ys, b->y, err));
     }
-    return K3C_OK;
+    return be->add(n * D, b->y, M, err);
 }
 
 /* ---------------------------------------------------------------- the layer walk (§5.3) */
@@ -340,12 +343,11 @@ static int step_body(void *arg, k3c_err *err) {
             R[nR++] = P == b->emb ? b->emb : keep;
         }
         CHECK_RC(be->rmsnorm_fwd(&rs, ain, L->input_norm, b->xn, NULL, err));
+        float *M = P == b->pa ? b->pb : b->pa; /* the mixer's output, then the residual stream after this layer */
         if (c->mixer[l] == K3C_MIXER_KDA)
-            CHECK_RC(kda_layer(ws, L, l, n, err));
+            CHECK_RC(kda_layer(ws, L, l, n, M, err));
         else
-            CHECK_RC(mla_layer(ws, L, l, n, err));
-        float *M = P == b->pa ? b->pb : b->pa;
-        CHECK_RC(be->copy2d(1, n * D, b->y, n * D, M, n * D, 0, err));
+            CHECK_RC(mla_layer(ws, L, l, n, M, err));
         if (!boundary) CHECK_RC(be->add(n * D, P, M, err));
         const float *min = M;
         if (S > 0) {
@@ -354,8 +356,7 @@ static int step_body(void *arg, k3c_err *err) {
             min = b->mixo;
         }
         CHECK_RC(be->rmsnorm_fwd(&rs, min, L->post_norm, b->xn, NULL, err));
-        CHECK_RC(ffn_layer(ws, L, l, n, err));
-        CHECK_RC(be->add(n * D, b->y, M, err));
+        CHECK_RC(ffn_layer(ws, L, l, n, M, err));
         P = M;
     }
     const float *h = P;
