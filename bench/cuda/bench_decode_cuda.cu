@@ -77,7 +77,7 @@ static run decode(harness &h, const k3c_weights &w, int64_t B, int64_t P, int64_
     for (int64_t s = 0; s < B; s++) {
         h.ok(k3c_eng_state_init(&st[(size_t)s], &d, P + S + 2, &h.err), "state"); /* + the warm-up steps */
         for (auto &x : ids) x = (int32_t)(k3c_rng_u64(&r) % (uint64_t)d.V);
-        k3c_eng_seg seg = {&st[(size_t)s], 0, P};
+        k3c_eng_seg seg = {&st[(size_t)s], 0, P, nullptr};
         int64_t last = P - 1;
         h.ok(k3c_eng_forward(&w, ws, ids.data(), &seg, 1, &last, 1, lg.data(), &h.err), "prefill");
     }
@@ -86,7 +86,7 @@ static run decode(harness &h, const k3c_weights &w, int64_t B, int64_t P, int64_
     for (int64_t t = -2; t < S; t++) { /* two warm-up steps (the first captures the graph) */
         if (t == 0) t0 = now_s();
         for (int64_t s = 0; s < B; s++) {
-            segs[(size_t)s] = {&st[(size_t)s], s, 1};
+            segs[(size_t)s] = {&st[(size_t)s], s, 1, nullptr};
             ids[(size_t)s] = (int32_t)(k3c_rng_u64(&r) % (uint64_t)d.V);
         }
         h.ok(k3c_eng_forward(&w, ws, ids.data(), segs.data(), (int)B, nullptr, B, lg.data(), &h.err), "decode");

@@ -99,23 +99,45 @@ __device__ __forceinline__ float conv_sigm(float x) { /* short_conv.c sigm */
     return e / (1.f + e);
 }
 
-/* One thread per (segment, channel): the W−1 previous inputs in registers (oldest first), seeded from the tails and
- * written back as the segment's last W−1 inputs; the CPU's summation order (oldest tap first). */
-__global__ void conv_kernel(const k3c_dec_seg *segs, int64_t off, int64_t P, int W, const float *x, const float *w,
-                            float *y) {
+/* KDA's three short convs in one launch: a block of dk threads per (head, segment, stream q/k/v), a thread per channel
+ * with the W−1 previous inputs in registers (oldest first), seeded from the tails and written back as the segment's last
+ * W−1 inputs, the CPU's summation order (oldest tap first); q and k rows then L2-normalised per head in the block
+ * (l2norm.c: the sum of squares in double, y = x · float(1/sqrt(Σ + 1e-6))). */
+struct qkv_args {
+    const float *x[3], *w[3];
+    float *y[3];
+};
+
+__global__ void qkv_conv_kernel(const k3c_dec_seg *segs, int64_t off, int64_t P, int W, qkv_args a) {
+    __shared__ double part[32];
+    const int i = blockIdx.z, dk = blockDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const k3c_dec_seg sg = segs[blockIdx.y];
-    const int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (p >= P) return;
-    float *tail = sg.kda + off + p * (W - 1);
+    const int64_t p = (int64_t)blockIdx.x * dk + threadIdx.x;
+    const float *x = a.x[i], *w = a.w[i];
+    float *y = a.y[i], *tail = sg.kda + off + (int64_t)i * P * (W - 1) + p * (W - 1);
+    const unsigned mask = dk >= 32 ? 0xffffffffu : (1u << dk) - 1;
     float win[MAXW], wt[MAXW];
     for (int j = 0; j < W - 1; j++) win[j] = tail[j];
     for (int j = 0; j < W; j++) wt[j] = w[p * W + j];
     for (int64_t t = 0; t < sg.len; t++) {
         const float xt = x[(sg.row0 + t) * P + p];
-        float a = 0.f;
-        for (int j = 0; j < W - 1; j++) a += wt[j] * win[j];
-        a += wt[W - 1] * xt;
-        y[(sg.row0 + t) * P + p] = a * conv_sigm(a);
+        float c = 0.f;
+        for (int j = 0; j < W - 1; j++) c += wt[j] * win[j];
+        c += wt[W - 1] * xt;
+        float v = c * conv_sigm(c);
+        if (i < 2) { /* block-uniform */
+            double ss = (double)v * v;
+            for (int o = (dk < 32 ? dk : 32) / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(mask, ss, o);
+            if (dk > 32) {
+                if (lane == 0) part[warp] = ss;
+                __syncthreads();
+                ss = 0;
+                for (int q = 0; q < dk / 32; q++) ss += part[q];
+                __syncthreads(); /* part is rewritten by the next token */
+            }
+            v = v * (float)(1.0 / sqrt(ss + 1e-6));
+        }
+        y[(sg.row0 + t) * P + p] = v;
         for (int j = 0; j + 1 < W - 1; j++) win[j] = win[j + 1];
         if (W > 1) win[W - 2] = xt;
     }
@@ -489,12 +511,16 @@ int cu_embed(const k3c_qmat *E, const int32_t *ids, int64_t n, float *y, k3c_err
     return K3C_OK;
 }
 
-int cu_conv(const k3c_dec_batch *b, const k3c_dec_dims *d, int64_t off, const float *x, const float *w, float *y,
-            k3c_err *err) {
+int cu_qkv_conv(const k3c_dec_batch *b, const k3c_dec_dims *d, int64_t off, const float *const x[3],
+                const float *const w[3], float *const y[3], k3c_err *err) {
     const int64_t P = d->H * d->dk;
     if (d->W < 1 || d->W > MAXW) return k3c_errf(err, K3C_EINVAL, "engine conv (cuda): kernel %lld", (long long)d->W);
-    conv_kernel<<<dim3((unsigned)((P + 127) / 128), (unsigned)b->nseg), 128, 0, K3C_STREAM>>>(b->dsegs, off, P,
-                                                                                              (int)d->W, x, w, y);
+    if (d->dk < 1 || d->dk > 1024 || (d->dk < 32 ? (d->dk & (d->dk - 1)) : d->dk % 32))
+        return k3c_errf(err, K3C_EUNSUPPORTED, "engine conv (cuda): head dim %lld (a power of two below 32 or a multiple "
+                        "of 32 up to 1024)", (long long)d->dk);
+    const qkv_args a = {{x[0], x[1], x[2]}, {w[0], w[1], w[2]}, {y[0], y[1], y[2]}};
+    qkv_conv_kernel<<<dim3((unsigned)d->H, (unsigned)b->nseg, 3), (unsigned)d->dk, 0, K3C_STREAM>>>(b->dsegs, off, P,
+                                                                                                  (int)d->W, a);
     K3C_CU_LAUNCHED("engine conv");
     return K3C_OK;
 }
@@ -658,6 +684,6 @@ int cu_glu(const k3c_glu_sizes *s, const float *gate, const float *up, float *h,
 } // namespace
 
 extern "C" const k3c_dec_ops k3c_dec_cuda = {
-    "cuda",    cu_qmat_mul, cu_qmat_mul_many, cu_heads_ws, cu_qmat_mul_heads, cu_embed, cu_conv, cu_kda_ws,     cu_kda,         cu_cache_put, cu_attend_ws,
+    "cuda",    cu_qmat_mul, cu_qmat_mul_many, cu_heads_ws, cu_qmat_mul_heads, cu_embed, cu_qkv_conv, cu_kda_ws,     cu_kda,         cu_cache_put, cu_attend_ws,
     cu_attend, cu_moe_ws,   cu_moe,   cu_glu,  cu_graph_open, cu_graph_close, cu_run,
 };

@@ -52,10 +52,12 @@ typedef struct k3c_dec_ops {
                           int64_t n, float *Y, int64_t ldy, int64_t hy, void *ws, k3c_err *err);
     /* y [n, cols] = rows ids[0..n) of E (ids in backend memory, checked by the caller) */
     int (*embed)(const k3c_qmat *E, const int32_t *ids, int64_t n, float *y, k3c_err *err);
-    /* Causal depthwise conv of x [n, P] with w [P, W] per segment, continuing from the tails at seg.kda + off
-     * ([P, W−1], updated to the segment's last W−1 inputs); y [n, P] (ops/short_conv.h) */
-    int (*conv)(const k3c_dec_batch *b, const k3c_dec_dims *d, int64_t off, const float *x, const float *w, float *y,
-                k3c_err *err);
+    /* KDA's q, k, v short convs: for i < 3 the causal depthwise conv of x[i] [n, P] with w[i] [P, W] per segment,
+     * continuing from the tails at seg.kda + off + i·P·(W−1) ([P, W−1], updated to the segment's last W−1 inputs),
+     * into y[i] [n, P] (ops/short_conv.h); then q and k (y[0], y[1]) L2-normalised per dk-wide head (k3c_l2norm_fwd,
+     * eps 1e-6) */
+    int (*qkv_conv)(const k3c_dec_batch *b, const k3c_dec_dims *d, int64_t off, const float *const x[3],
+                    const float *const w[3], float *const y[3], k3c_err *err);
     /* The delta-rule core per segment from and into S at seg.kda + off: o [n, P] from q, k (normalised), v, g [n, P]
      * and beta [n, H]; gate_bound as k3c_kda_dims.bound. ws: kda_workspace(d, n) bytes of backend memory */
     size_t (*kda_workspace)(const k3c_dec_dims *d, int64_t n);

@@ -5,6 +5,7 @@
 #include "base/check.h"
 #include "ops/decode.h"
 #include "ops/kda.h"
+#include "ops/l2norm.h"
 #include "ops/short_conv.h"
 
 #include <cblas.h>
@@ -51,16 +52,19 @@ static int cpu_embed(const k3c_qmat *E, const int32_t *ids, int64_t n, float *y,
     return K3C_OK;
 }
 
-static int cpu_conv(const k3c_dec_batch *b, const k3c_dec_dims *d, int64_t off, const float *x, const float *w,
-                    float *y, k3c_err *err) {
+static int cpu_qkv_conv(const k3c_dec_batch *b, const k3c_dec_dims *d, int64_t off, const float *const x[3],
+                        const float *const w[3], float *const y[3], k3c_err *err) {
     const int64_t P = d->H * d->dk;
-    for (int s = 0; s < b->nseg; s++) {
-        const k3c_dec_seg *g = &b->segs[s];
-        float *tail = g->kda + off;
-        k3c_short_conv_dims cd = {g->len, P, (int)d->W, 1};
-        CHECK_RC(k3c_short_conv_fwd_f32(&cd, NULL, x + g->row0 * P, w, tail, y + g->row0 * P, tail, err));
-    }
-    return K3C_OK;
+    for (int i = 0; i < 3; i++)
+        for (int s = 0; s < b->nseg; s++) {
+            const k3c_dec_seg *g = &b->segs[s];
+            float *tail = g->kda + off + i * P * (d->W - 1);
+            k3c_short_conv_dims cd = {g->len, P, (int)d->W, 1};
+            CHECK_RC(k3c_short_conv_fwd_f32(&cd, NULL, x[i] + g->row0 * P, w[i], tail, y[i] + g->row0 * P, tail, err));
+        }
+    k3c_l2norm_dims ld = {b->n * d->H, d->dk, 1e-6};
+    CHECK_RC(k3c_l2norm_fwd_f32(&ld, y[0], y[0], NULL, err));
+    return k3c_l2norm_fwd_f32(&ld, y[1], y[1], NULL, err);
 }
 
 static size_t cpu_kda_ws(const k3c_dec_dims *d, int64_t n) {
@@ -253,7 +257,7 @@ const k3c_dec_ops k3c_dec_cpu = {
     .heads_workspace = cpu_heads_ws,
     .qmat_mul_heads = cpu_qmat_mul_heads,
     .embed = cpu_embed,
-    .conv = cpu_conv,
+    .qkv_conv = cpu_qkv_conv,
     .kda_workspace = cpu_kda_ws,
     .kda = cpu_kda,
     .cache_put = cpu_cache_put,

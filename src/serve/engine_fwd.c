@@ -172,7 +172,7 @@ static int kda_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
     const eng_bufs *b = &ws->b;
     const k3c_backend_f32 *be = ws->be;
     const k3c_dec_ops *op = ws->ops;
-    const int64_t P = d->P, H = d->H, dk = d->dk, off = (int64_t)d->idx[l] * d->kda_floats;
+    const int64_t H = d->H, dk = d->dk, off = (int64_t)d->idx[l] * d->kda_floats;
     const k3c_qmat *Wp[3] = {&L->q_proj, &L->k_proj, &L->v_proj};
     const float *Wc[3] = {L->q_conv, L->k_conv, L->v_conv};
     /* every product of xn in one pass: q, k, v, β's logits, the gate's first factor, the output gate's */
@@ -184,12 +184,8 @@ static int kda_layer(const k3c_eng_ws *ws, const k3c_weights_layer *L, int l, in
                                 {&L->f_a, b->xn, n, b->fa, 0},
                                 {full ? &L->g_proj : &L->g_a, b->xn, n, full ? b->gl : b->ga, 0}};
     CHECK_RC(op->qmat_mul_many(ws->be->ctx, xj, 6, err));
-    for (int i = 0; i < 3; i++) /* tails after S [H, dk, dk]: q, k, v in turn */
-        CHECK_RC(
-            op->conv(&ws->batch, &ws->dd, off + H * dk * dk + i * P * (d->W - 1), b->pre[i], Wc[i], b->post[i], err));
-    k3c_l2norm_dims ld = {n * H, dk, 1e-6};
-    CHECK_RC(be->l2norm_fwd(&ld, b->post[0], b->post[0], NULL, err));
-    CHECK_RC(be->l2norm_fwd(&ld, b->post[1], b->post[1], NULL, err));
+    const float *const pre[3] = {b->pre[0], b->pre[1], b->pre[2]};
+    CHECK_RC(op->qkv_conv(&ws->batch, &ws->dd, off + H * dk * dk, pre, Wc, b->post, err)); /* tails after S [H, dk, dk] */
     CHECK_RC(be->sigmoid(n * H, b->blog, b->beta, err));
     const k3c_qmat_job sj[2] = {{&L->f_b, b->fa, n, b->z, 0}, {&L->g_b, b->ga, n, b->gl, 0}};
     CHECK_RC(op->qmat_mul_many(ws->be->ctx, sj, full ? 1 : 2, err));

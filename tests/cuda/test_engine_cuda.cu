@@ -57,7 +57,7 @@ static std::vector<float> engine_logits(harness &h, const k3c_weights *w, const 
     std::vector<float> out((size_t)(T * d.V));
     for (int64_t t = 0, i = 0; t < T; i++) {
         int64_t len = std::min(pieces[(size_t)i % pieces.size()], T - t);
-        k3c_eng_seg seg = {&st, 0, len};
+        k3c_eng_seg seg = {&st, 0, len, nullptr};
         h.ok(k3c_eng_forward(w, ws, ids + t, &seg, 1, nullptr, len, out.data() + t * d.V, &h.err), "forward");
         t += len;
     }
@@ -156,14 +156,14 @@ static void graph_vs_direct(harness &h, const char *name, const k3c_weights *w, 
         std::vector<float> lg((size_t)(32 * V));
         for (int s = 0; s < NS; s++) {
             h.ok(k3c_eng_state_init(&st[s], &d, cap, &h.err), "state");
-            k3c_eng_seg seg = {&st[s], 0, 3 + 5 * s};
+            k3c_eng_seg seg = {&st[s], 0, 3 + 5 * s, nullptr};
             int64_t last = seg.len - 1;
             h.ok(k3c_eng_forward(w, ws, ids.data() + s, &seg, 1, &last, 1, lg.data(), &h.err), "prefill");
         }
         for (int t = 0; t < STEPS; t++) {
             k3c_eng_seg segs[NS];
             int32_t tok[NS];
-            for (int s = 0; s < NS; s++) segs[s] = {&st[s], s, 1}, tok[s] = ids[(size_t)(20 + t + s)];
+            for (int s = 0; s < NS; s++) segs[s] = {&st[s], s, 1, nullptr}, tok[s] = ids[(size_t)(20 + t + s)];
             h.ok(k3c_eng_forward(w, ws, tok, segs, NS, nullptr, NS, lg.data(), &h.err), "decode");
             res[graphs].insert(res[graphs].end(), lg.begin(), lg.begin() + NS * V);
         }
