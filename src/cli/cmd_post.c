@@ -125,7 +125,8 @@ int cmd_rl(int argc, char **argv) {
             "seq_mean | const), with the k3 KL to the frozen init checkpoint when beta > 0.\n"
             "Other keys: out_dir, steps, temperature, top_p, lr, grad_clip, matrix_optimizer (adamw | muon),\n"
             "eps_low, eps_high, beta (>= 0), overlong_buffer, overlong_penalty, eval_every, eval_episodes\n"
-            "(greedy, held-out split), checkpoint_every, keep_checkpoints, seed, thinking, kda_chunk, threads.\n"
+            "(greedy, held-out split), checkpoint_every, keep_checkpoints, seed, thinking, kda_chunk, threads,\n"
+            "format_gate (default true: an episode whose output is not valid XTML scores 0).\n"
             "OUT/metrics.jsonl gets per step the reward and each verifier component, format-valid fraction,\n"
             "response length, zero-variance fraction, entropy, KL, clip fractions and rollout / update tokens/s;\n"
             "each evaluation writes OUT/eval_step_N.jsonl (per held-out episode: reward, format, the output).\n");
