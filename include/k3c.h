@@ -978,6 +978,7 @@ typedef struct {
     char path[1024], init[1024], out_dir[1024], env[32];
     int64_t steps, prompts_per_step, group_size, max_tokens, max_new;
     int max_turns, thinking, std_norm; /* std_norm: "advantage": "grpo" (1, default) or "dr_grpo" (0) */
+    int format_gate; /* "format_gate" (default true): an episode whose output is not valid XTML scores 0 */
     double temperature, top_p, lr, grad_clip, overlong_penalty;
     int64_t overlong_buffer, eval_every, eval_episodes, checkpoint_every, keep_checkpoints;
     k3c_rl_loss_opts loss; /* "loss_agg": token_mean (default) | seq_mean | const; eps_low, eps_high; beta >= 0 */

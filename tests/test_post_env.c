@@ -8,7 +8,8 @@
 
 #include <ctype.h>
 
-static const char *KINDS[] = {"arith", "arith_tool", "arith_small", "arith_tool_small", "code", "assistant", "vfs"};
+static const char *KINDS[] = {"arith", "arith_tool", "arith_small", "arith_tool_small", "arith_tool_one", "copy",
+                              "code",  "assistant",  "vfs"};
 
 static double comp(const k3c_reward *r, const char *name) {
     for (int i = 0; i < r->n; i++)
@@ -114,6 +115,56 @@ static void test_references(const k3c_tok *tok) {
         }
 }
 
+/* arith_tool_one: one number n in the question and a unit noun; the calculator's result scores 1, n alone, the unit
+ * alone or a neighbour 0; every noun drawn, answers within 4..99. copy: the sentence's one number scores 1. */
+static void test_arith_one_and_copy(void) {
+    static const struct {
+        const char *noun;
+        int k;
+    } U[] = {{"spiders", 8}, {"weeks", 7},     {"dozen", 12},   {"bicycles", 2},
+             {"dogs", 4},    {"tricycles", 3}, {"decades", 10}, {"ants", 6}};
+    int nouns = 0, ok = 1;
+    for (int i = 0; ok && i < 300; i++) {
+        k3c_env *e = env(i % 2 ? "arith_tool_one" : "copy", 9, i % 4 < 2, i);
+        if (!e) return;
+        const char *u = k3c_env_user(e);
+        int n = 0, numbers = 0, k = 0;
+        for (const char *p = u; *p; p++)
+            if (isdigit((unsigned char)*p) && (p == u || !isdigit((unsigned char)p[-1]))) n = atoi(p), numbers++;
+        for (int t = 0; t < 8; t++)
+            if (strstr(u, U[t].noun)) k = U[t].k, nouns |= 1 << t;
+        int want = i % 2 ? n * k : n;
+        char right[32], wrong[32];
+        snprintf(right, sizeof right, "#### %d", want);
+        k3c_reward r;
+        if (i % 2) {
+            char args[64];
+            snprintf(args, sizeof args, "{\"expression\":\"%d * %d\"}", n, k);
+            char *o = step(e, "calculator", args);
+            ok &= !strcmp(o, right + 5) && want >= 4 && want <= 99;
+            free(o);
+            int bad[] = {n, k, want + 1, want - 1};
+            for (int b = 0; b < 4; b++) {
+                snprintf(wrong, sizeof wrong, "#### %d", bad[b]);
+                k3c_env_score(e, wrong, &r);
+                ok &= r.reward == 0 || bad[b] == want;
+            }
+        } else {
+            char *o = step(e, "calculator", "{\"expression\":\"1\"}");
+            ok &= !strncmp(o, "error: this task has no tools", 29) && n >= 2 && n <= 99;
+            free(o);
+            snprintf(wrong, sizeof wrong, "#### %d", n + 1);
+            k3c_env_score(e, wrong, &r);
+            ok &= r.reward == 0;
+        }
+        k3c_env_score(e, right, &r);
+        ok &= numbers == 1 && r.reward == 1 && (i % 2 == 0 || comp(&r, "calculator_used") == 1);
+        CHECK(ok, "%s task %d: %s (number %d, unit %d): %s", i % 2 ? "arith_tool_one" : "copy", i, u, n, k, r.info);
+        k3c_env_free(e);
+    }
+    CHECK(nouns == 255, "arith_tool_one: nouns seen %#x", nouns);
+}
+
 static void test_arith(void) {
     double v;
     CHECK(k3c_calc_eval("2+3*4", &v) == 0 && v == 14, "precedence");
@@ -162,6 +213,7 @@ static void test_arith(void) {
         k3c_env_free(e);
     }
     CHECK(!big && templates == 31, "small arith: operands within range (%d), templates seen %#x", !big, templates);
+    test_arith_one_and_copy();
 }
 
 static void test_code(void) {

@@ -284,6 +284,16 @@ static void test_rl(void) {
                "{\"init\": \"out_a/step_00000008\", \"env\": \"poker\", \"out_dir\": \"x\", \"steps\": 1}");
     CHECK(run_rl("rl_e.json", 0, 0, &b, &err) == K3C_ECONFIG && strstr(err.msg, "env: environment \"poker\""), "%s",
           err.msg);
+    /* format_gate: on unless set false; a non-boolean is refused */
+    const char *gates[] = {"", ", \"format_gate\": false", ", \"format_gate\": 1"};
+    for (int g = 0; g < 3; g++) {
+        write_rl("rl_g.json", "rl_g", gates[g]);
+        snprintf(p, sizeof p, "%s/rl_g.json", dir);
+        k3c_rl_config c;
+        int rc = k3c_rl_config_load(p, &c, &err);
+        CHECK(g == 2 ? rc == K3C_ECONFIG && strstr(err.msg, "format_gate") : !rc && c.format_gate == (g == 0),
+              "format_gate case %d: rc %d %s", g, rc, err.msg);
+    }
 }
 
 int main(void) {

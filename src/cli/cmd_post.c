@@ -68,7 +68,8 @@ int cmd_env(int argc, char **argv) {
         printf("usage: k3c env reference|prompt --kind KIND [--seed S] [--split train|heldout] [--n N] [--start I]\n\n"
                "Prints N tasks of an environment, one JSON line each: `reference` gives the expert's conversation\n"
                "{\"messages\", \"tools\"} (SFT data for `k3c sft`), `prompt` the prompt alone. Kinds: arith,\n"
-               "arith_tool, arith_small, arith_tool_small (operands 2-5 and 1-9), code, assistant, vfs. Tasks are\n"
+               "arith_tool, arith_small, arith_tool_small (operands 2-5 and 1-9), arith_tool_one (one count times a\n"
+               "unit the noun implies), copy (repeat a sentence's number), code, assistant, vfs. Tasks are\n"
                "deterministic in (seed, split, index); the two splits never share a task.\n");
         return argc < 2 ? 2 : 0;
     }
@@ -113,7 +114,8 @@ int cmd_rl(int argc, char **argv) {
             "usage: k3c rl --config RL.json [--resume] [--max-steps N] [--quiet] [--log] [--device cpu|cuda] [--gemm "
             "fp32|tf32|bf16]\n\n"
             "RL with verifiable rewards from the checkpoint `init` (e.g. an SFT step dir) in environment `env`\n"
-            "(arith, arith_tool, arith_small, arith_tool_small, code, assistant, vfs). Each step samples\n"
+            "(arith, arith_tool, arith_small, arith_tool_small, arith_tool_one, copy, code, assistant, vfs). Each\n"
+            "step samples "
             "group_size episodes of each of\n"
             "prompts_per_step training tasks, decoded together on the inference engine (multi-turn: tool calls\n"
             "answered by the environment, up to max_turns\n"
@@ -123,7 +125,8 @@ int cmd_rl(int argc, char **argv) {
             "seq_mean | const), with the k3 KL to the frozen init checkpoint when beta > 0.\n"
             "Other keys: out_dir, steps, temperature, top_p, lr, grad_clip, matrix_optimizer (adamw | muon),\n"
             "eps_low, eps_high, beta (>= 0), overlong_buffer, overlong_penalty, eval_every, eval_episodes\n"
-            "(greedy, held-out split), checkpoint_every, keep_checkpoints, seed, thinking, kda_chunk, threads.\n"
+            "(greedy, held-out split), checkpoint_every, keep_checkpoints, seed, thinking, kda_chunk, threads,\n"
+            "format_gate (default true: an episode whose output is not valid XTML scores 0).\n"
             "OUT/metrics.jsonl gets per step the reward and each verifier component, format-valid fraction,\n"
             "response length, zero-variance fraction, entropy, KL, clip fractions and rollout / update tokens/s;\n"
             "each evaluation writes OUT/eval_step_N.jsonl (per held-out episode: reward, format, the output).\n");

@@ -5,9 +5,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const k3c_env_kind *const KINDS[] = {
-    &k3c_env_arith, &k3c_env_arith_tool, &k3c_env_arith_small, &k3c_env_arith_tool_small,
-    &k3c_env_code,  &k3c_env_assistant,  &k3c_env_vfs};
+static const k3c_env_kind *const KINDS[] = {&k3c_env_arith,
+                                            &k3c_env_arith_tool,
+                                            &k3c_env_arith_small,
+                                            &k3c_env_arith_tool_small,
+                                            &k3c_env_arith_tool_one,
+                                            &k3c_env_copy,
+                                            &k3c_env_code,
+                                            &k3c_env_assistant,
+                                            &k3c_env_vfs};
 
 uint64_t k3c_env_hash(const char *s, size_t n, uint64_t h) {
     for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 0x100000001b3ull; /* FNV-1a */
@@ -58,8 +64,8 @@ int k3c_env_new(const char *kind, uint64_t seed, int split, int64_t index, k3c_e
         if (!strcmp(KINDS[i]->name, kind)) k = KINDS[i];
     if (!k)
         return k3c_errf(err, K3C_EINVAL,
-                        "environment \"%s\": unknown (expected arith, arith_tool, arith_small, arith_tool_small, code, "
-                        "assistant or vfs)",
+                        "environment \"%s\": unknown (expected arith, arith_tool, arith_small, arith_tool_small, "
+                        "arith_tool_one, copy, code, assistant or vfs)",
                         kind);
     if (split != 0 && split != 1) return k3c_errf(err, K3C_EINVAL, "environment split: 0 (train) or 1 (held-out)");
     k3c_env *e = calloc(1, sizeof *e);

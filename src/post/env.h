@@ -46,6 +46,8 @@ void k3c_env_tool(k3c_sbuf *tools, const char *name, const char *desc, const cha
 int k3c_calc_eval(const char *s, double *out);
 
 extern const k3c_env_kind k3c_env_arith, k3c_env_arith_tool, k3c_env_arith_small, k3c_env_arith_tool_small,
-    k3c_env_code, k3c_env_assistant, k3c_env_vfs;
+    k3c_env_arith_tool_one, k3c_env_copy, k3c_env_code, k3c_env_assistant, k3c_env_vfs;
+/* First names the arith_tool_one and copy tasks draw from. */
+extern const char *const k3c_env_names[8];
 
 #endif

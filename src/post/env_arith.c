@@ -55,6 +55,35 @@ static void problem(arith_state *s, int t, int64_t a, int64_t b, int64_t c, k3c_
     }
 }
 
+/* `arith_tool_one`: one count n (the only number in the question) times a unit its noun implies (legs of spiders,
+ * days of weeks, ...), answers at most 99: read n, pick the unit, call the calculator, copy its result. The demo's
+ * tiny model learns to read a number from the `copy` task first (docs/POST.md "Demo"). Names and two sentence forms
+ * give the held-out split many tasks. */
+static const struct {
+    const char *question; /* %s the name, %lld the count */
+    int k;
+} ONE[] = {
+    {"%s sees %lld spiders. How many legs do they have?", 8},
+    {"%s travels for %lld weeks. How many days is that?", 7},
+    {"%s buys %lld dozen eggs. How many eggs is that?", 12},
+    {"%s fixes %lld bicycles. How many wheels do they have?", 2},
+    {"%s walks %lld dogs. How many legs do they have?", 4},
+    {"%s paints %lld tricycles. How many wheels do they have?", 3},
+    {"%s waits %lld decades. How many years is that?", 10},
+    {"%s counts %lld ants. How many legs do they have?", 6},
+};
+const char *const k3c_env_names[8] = {"Tom", "Ann", "Sam", "Mia", "Ben", "Eva", "Leo", "Zoe"};
+
+static int64_t problem_one(k3c_env *e, arith_state *s, k3c_sbuf *q) {
+    int t = (int)k3c_env_randint(e, 0, (int64_t)(sizeof ONE / sizeof *ONE) - 1), k = ONE[t].k;
+    const char *name = k3c_env_names[k3c_env_randint(e, 0, 7)];
+    int64_t n = k3c_env_randint(e, 2, 99 / k);
+    if (k3c_env_randint(e, 0, 1)) k3c_sbuf_printf(q, "%s", "Look: ");
+    k3c_sbuf_printf(q, ONE[t].question, name, (long long)n);
+    snprintf(s->expr, sizeof s->expr, "%lld * %d", (long long)n, k);
+    return n * k;
+}
+
 /* Operand ranges: the standard tasks (a 2-19, b 2-9, c below a·b), and the small ones (`arith_small`,
  * `arith_tool_small`: a and b 2-5, c 1-9), whose few operand values leave a tiny model a task it can start to learn
  * (docs/POST.md "Demo"). */
@@ -65,7 +94,8 @@ static void operands(k3c_env *e, int small, int64_t *a, int64_t *b, int64_t *c) 
     *c = k3c_env_randint(e, 1, small && hi > 9 ? 9 : hi);
 }
 
-static int init_common(k3c_env *e, int tool, int small, k3c_err *err) {
+/* range: 0 the standard operands, 1 the small ones, 2 the one-count tasks (arith_tool_one). */
+static int init_common(k3c_env *e, int tool, int range, k3c_err *err) {
     arith_state *s = calloc(1, sizeof *s);
     if (!s) return k3c_errf(err, K3C_ENOMEM, "out of memory");
     e->st = s;
@@ -73,11 +103,15 @@ static int init_common(k3c_env *e, int tool, int small, k3c_err *err) {
     k3c_sbuf_init(&q);
     int64_t ans = 0;
     for (;;) {
-        int t = (int)k3c_env_randint(e, 0, 4);
-        int64_t a, b, c;
-        operands(e, small, &a, &b, &c);
         q.len = 0;
-        problem(s, t, a, b, c, &q, &ans);
+        if (range == 2) {
+            ans = problem_one(e, s, &q);
+        } else {
+            int t = (int)k3c_env_randint(e, 0, 4);
+            int64_t a, b, c;
+            operands(e, range, &a, &b, &c);
+            problem(s, t, a, b, c, &q, &ans);
+        }
         if (k3c_env_in_split(k3c_env_hash(q.buf, q.len, 14695981039346656037ull), e->split)) break;
     }
     snprintf(s->truth, sizeof s->truth, "%lld", (long long)ans);
@@ -95,6 +129,7 @@ static int init_plain(k3c_env *e, k3c_err *err) { return init_common(e, 0, 0, er
 static int init_tool(k3c_env *e, k3c_err *err) { return init_common(e, 1, 0, err); }
 static int init_plain_small(k3c_env *e, k3c_err *err) { return init_common(e, 0, 1, err); }
 static int init_tool_small(k3c_env *e, k3c_err *err) { return init_common(e, 1, 1, err); }
+static int init_tool_one(k3c_env *e, k3c_err *err) { return init_common(e, 1, 2, err); }
 
 /* ---------------------------------------------------------------- the calculator: recursive descent */
 
@@ -219,3 +254,4 @@ const k3c_env_kind k3c_env_arith_tool = {"arith_tool", init_tool, step_tool, sco
 const k3c_env_kind k3c_env_arith_small = {"arith_small", init_plain_small, NULL, score, free_state, reference};
 const k3c_env_kind k3c_env_arith_tool_small = {"arith_tool_small", init_tool_small, step_tool, score,
                                                free_state,         reference};
+const k3c_env_kind k3c_env_arith_tool_one = {"arith_tool_one", init_tool_one, step_tool, score, free_state, reference};

@@ -52,6 +52,7 @@ static int read_rl(const k3c_json_ctx *c, const k3c_json *j, k3c_rl_config *r) {
                                        "keep_checkpoints",
                                        "seed",
                                        "thinking",
+                                       "format_gate",
                                        "kda_chunk",
                                        "threads",
                                        "grad_clip",
@@ -108,6 +109,8 @@ static int read_rl(const k3c_json_ctx *c, const k3c_json *j, k3c_rl_config *r) {
     CHECK_RC(pick(c, j, "matrix_optimizer", mats, 1, &r->matrix_optimizer));
     int present;
     CHECK_RC(k3c_json_get_bool(c, K3C_JSON_OPT, K3C_SPOT(j, "", "thinking"), K3C_NOSPOT, &r->thinking, &present));
+    CHECK_RC(k3c_json_get_bool(c, K3C_JSON_OPT, K3C_SPOT(j, "", "format_gate"), K3C_NOSPOT, &r->format_gate, &present));
+    if (!present) r->format_gate = 1;
     return K3C_OK;
 }
 
@@ -255,6 +258,12 @@ static int rl_updates(rl *s, rl_batch *b, k3c_rl_loss_stats *st, double *ent, do
     return rc;
 }
 
+/* The verifier's reward, or 0 for an episode whose output is not valid XTML when format_gate is on: an answer in an
+ * unclosed or unparsable message is not an answer, and without the gate nothing in the reward keeps the markup. */
+static double gated(const k3c_rl_config *c, const k3c_episode *ep) {
+    return c->format_gate && !ep->format_valid ? 0.0 : ep->reward.reward;
+}
+
 /* One RL step: rollouts, advantages, the policy-gradient update; fills the metrics line. */
 static int rl_step(rl *s, k3c_sbuf *line, double *mean_reward, k3c_err *err) {
     const k3c_rl_config *c = s->c;
@@ -268,8 +277,8 @@ static int rl_step(rl *s, k3c_sbuf *line, double *mean_reward, k3c_err *err) {
     if (!rc) rc = episodes(s, 0, s->step * P, B, G, c->temperature, ep, err);
     for (int i = 0; !rc && i < B; i++) {
         int64_t n_resp = ep[i].n - ep[i].n_prompt;
-        r[i] = ep[i].reward.reward +
-               k3c_rl_overlong_penalty(ep[i].n, c->max_tokens, c->overlong_buffer, c->overlong_penalty);
+        r[i] =
+            gated(c, &ep[i]) + k3c_rl_overlong_penalty(ep[i].n, c->max_tokens, c->overlong_buffer, c->overlong_penalty);
         for (int k = 0; k < ep[i].reward.n; k++) comp_sum[k] += ep[i].reward.c[k].value / B;
         len += (double)n_resp / B;
         fmt += (double)ep[i].format_valid / B;
@@ -360,7 +369,7 @@ static int evaluate(rl *s, double *reward, double *format, k3c_err *err) {
     *reward = *format = 0;
     int rc = ep ? episodes(s, 1, 0, n, 1, 0.0, ep, err) : k3c_errf(err, K3C_ENOMEM, "out of memory");
     for (int i = 0; !rc && i < n; i++) {
-        *reward += ep[i].reward.reward / n;
+        *reward += gated(s->c, &ep[i]) / n;
         *format += ep[i].format_valid / (double)n;
     }
     int have = !rc; /* on failure episodes() left none allocated */
