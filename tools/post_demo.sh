@@ -5,7 +5,7 @@
 # environment's expert conversations; RL then runs in the environment from the second stage's checkpoint.
 # Usage: tools/post_demo.sh [SEED] [OUT]   (defaults 1, runs/post). Overrides: K3C_POST_ENV (environment),
 # K3C_POST_COPY_STEPS (0 skips the copy stage), K3C_POST_SFT_STEPS, K3C_POST_RL_STEPS, K3C_POST_RL_LR, K3C_POST_EVAL
-# (held-out episodes), K3C_POST_THREADS.
+# (held-out episodes), K3C_POST_THREADS, K3C_POST_DEVICE (cuda: SFT and RL on the GPU, with K3C=build/cuda/k3c).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 K3C=${K3C:-./k3c} # K3C=/path/to/k3c runs another build
@@ -18,6 +18,8 @@ RL_STEPS=${K3C_POST_RL_STEPS:-24}
 RL_LR=${K3C_POST_RL_LR:-0.0003}
 EVAL=${K3C_POST_EVAL:-256}
 THREADS=${K3C_POST_THREADS:-2}
+DEVICE=()
+[ -n "${K3C_POST_DEVICE:-}" ] && DEVICE=(--device "$K3C_POST_DEVICE")
 # libgomp's default spins idle threads between the many small parallel regions of this tiny model: on a shared
 # machine that tripled the CPU time of an SFT step; passive waiting costs nothing on idle cores.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
@@ -31,8 +33,14 @@ t0=$(date +%s)
 timed() { # timed NAME CMD...: runs CMD, appends "NAME wall user sys" (seconds) to OUT/times.txt
     local name=$1
     shift
-    /usr/bin/time -o "$OUT/time.tmp" -f "$name %e %U %S" "$@"
-    cat "$OUT/time.tmp" >> "$OUT/times.txt" && rm -f "$OUT/time.tmp"
+    if [ -x /usr/bin/time ]; then
+        /usr/bin/time -o "$OUT/time.tmp" -f "$name %e %U %S" "$@"
+        cat "$OUT/time.tmp" >> "$OUT/times.txt" && rm -f "$OUT/time.tmp"
+    else # no GNU time (the GPU machine): wall seconds only
+        local t0=$SECONDS
+        "$@"
+        echo "$name $((SECONDS - t0)) - -" >> "$OUT/times.txt"
+    fi
 }
 
 sft() { # sft NAME INIT DATA VAL STEPS: one `k3c sft` run into OUT/NAME
@@ -41,7 +49,7 @@ sft() { # sft NAME INIT DATA VAL STEPS: one `k3c sft` run into OUT/NAME
  "thinking": false, "seq_len": 1024, "steps": $5, "lr": 0.003, "min_lr_ratio": 0.5, "warmup": 4, "schedule": "cosine",
  "seed": $SEED, "threads": $THREADS, "eval_every": $5, "checkpoint_every": $5, "keep_checkpoints": 1}
 JSON
-    timed "$1" $K3C sft --config "$OUT/$1.json" --quiet
+    timed "$1" $K3C sft --config "$OUT/$1.json" --quiet "${DEVICE[@]}"
 }
 if [ "$COPY_STEPS" -gt 0 ]; then
     echo "== SFT stage 1: $COPY_STEPS steps of 1,024 tokens of the copy task (3,000 training, 64 held-out conversations)"
@@ -63,7 +71,7 @@ cat > "$OUT/rl.json" <<JSON
  "checkpoint_every": $RL_STEPS, "keep_checkpoints": 1, "seed": $SEED, "threads": $THREADS}
 JSON
 echo "== RL: $RL_STEPS steps of 4 prompts x 8 samples, lr $RL_LR, held-out greedy evaluation of $EVAL episodes before and after"
-timed rl $K3C rl --config "$OUT/rl.json" --quiet
+timed rl $K3C rl --config "$OUT/rl.json" --quiet "${DEVICE[@]}"
 echo "== $(( $(date +%s) - t0 )) s wall; per phase (wall, user, sys seconds):"
 cat "$OUT/times.txt"
 $K3C env reference --kind "$ENV" --seed "$SEED" --split heldout --n "$EVAL" > "$OUT/heldout_ref.jsonl"
