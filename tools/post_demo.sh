@@ -18,8 +18,8 @@ RL_STEPS=${K3C_POST_RL_STEPS:-24}
 RL_LR=${K3C_POST_RL_LR:-0.0003}
 EVAL=${K3C_POST_EVAL:-256}
 THREADS=${K3C_POST_THREADS:-2}
-DEVICE=()
-[ -n "${K3C_POST_DEVICE:-}" ] && DEVICE=(--device "$K3C_POST_DEVICE")
+DEVICE=() CHUNK=16 # the GPU's KDA kernels run chunks of 64
+[ -n "${K3C_POST_DEVICE:-}" ] && DEVICE=(--device "$K3C_POST_DEVICE") && CHUNK=64
 # libgomp's default spins idle threads between the many small parallel regions of this tiny model: on a shared
 # machine that tripled the CPU time of an SFT step; passive waiting costs nothing on idle cores.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
@@ -47,7 +47,8 @@ sft() { # sft NAME INIT DATA VAL STEPS: one `k3c sft` run into OUT/NAME
     cat > "$OUT/$1.json" <<JSON
 {"init": "$2", "data": "$3", "val_data": "$4", "out_dir": "$OUT/$1",
  "thinking": false, "seq_len": 1024, "steps": $5, "lr": 0.003, "min_lr_ratio": 0.5, "warmup": 4, "schedule": "cosine",
- "seed": $SEED, "threads": $THREADS, "eval_every": $5, "checkpoint_every": $5, "keep_checkpoints": 1}
+ "seed": $SEED, "threads": $THREADS, "eval_every": $5, "checkpoint_every": $5, "keep_checkpoints": 1,
+ "kda_chunk": $CHUNK}
 JSON
     timed "$1" $K3C sft --config "$OUT/$1.json" --quiet "${DEVICE[@]}"
 }
@@ -68,7 +69,7 @@ cat > "$OUT/rl.json" <<JSON
 {"init": "$SFT_CKPT", "env": "$ENV", "out_dir": "$OUT/rl", "steps": $RL_STEPS, "prompts_per_step": 4,
  "group_size": 8, "max_turns": 2, "max_new": 96, "max_tokens": 512, "temperature": 1.0, "lr": $RL_LR,
  "ppo_epochs": 2, "advantage": "grpo", "loss_agg": "token_mean", "eval_every": $RL_STEPS, "eval_episodes": $EVAL,
- "checkpoint_every": $RL_STEPS, "keep_checkpoints": 1, "seed": $SEED, "threads": $THREADS}
+ "checkpoint_every": $RL_STEPS, "keep_checkpoints": 1, "seed": $SEED, "threads": $THREADS, "kda_chunk": $CHUNK}
 JSON
 echo "== RL: $RL_STEPS steps of 4 prompts x 8 samples, lr $RL_LR, held-out greedy evaluation of $EVAL episodes before and after"
 timed rl $K3C rl --config "$OUT/rl.json" --quiet "${DEVICE[@]}"
