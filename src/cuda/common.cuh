@@ -34,6 +34,15 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
 }
+/* Stored weight elements decoded in registers (k3c_qmat views: the engine's and qmat.cu's products): a bf16 value's
+ * bits, and E2M1 (bit 3 sign, bits 2–1 exponent, bit 0 mantissa): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives. */
+__device__ __forceinline__ float bf16f(uint16_t h) { return __int_as_float((int)((unsigned)h << 16)); }
+__device__ __forceinline__ float e2m1(unsigned nib) {
+    const unsigned e = (nib >> 1) & 3u, m = nib & 1u;
+    const float v = e == 0 ? 0.5f * (float)m : __int_as_float((int)(((e + 126u) << 23) | (m << 22)));
+    return nib & 8u ? -v : v;
+}
+
 __device__ __forceinline__ float2 unpack_bf16(uint32_t u) {
     __nv_bfloat162 v = *reinterpret_cast<__nv_bfloat162 *>(&u);
     return __bfloat1622float2(v);

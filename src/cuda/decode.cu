@@ -17,12 +17,8 @@ constexpr int DW = 8;        /* warps per block of the row-parallel products */
 constexpr int MAXW = 16;     /* K3C_SHORT_CONV_MAX_W */
 constexpr int ATT_WARPS = 4; /* warps per (row, head) of the latent attention */
 
-__device__ __forceinline__ float e2m1(unsigned nib) {
-    const unsigned e = (nib >> 1) & 3u, m = nib & 1u;
-    const float v = e == 0 ? 0.5f * (float)m : __int_as_float((int)(((e + 126u) << 23) | (m << 22)));
-    return nib & 8u ? -v : v;
-}
-__device__ __forceinline__ float bf16f(uint16_t h) { return __int_as_float((int)((unsigned)h << 16)); }
+using k3c_cu::bf16f;
+using k3c_cu::e2m1;
 
 /* Element c of row r of a [R, C] view of type TYPE (MXFP4: scale per 32 columns). */
 template <int TYPE>

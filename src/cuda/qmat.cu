@@ -8,14 +8,8 @@ namespace {
 constexpr int QM_WARPS = 4; /* rows per block: one warp per weight row */
 constexpr int QM_NB = 8;    /* inputs per pass: each weight is loaded once for QM_NB inputs */
 
-/* E2M1 (bit 3 sign, bits 2–1 exponent, bit 0 mantissa): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives. */
-__device__ __forceinline__ float e2m1(unsigned nib) {
-    const unsigned e = (nib >> 1) & 3u, m = nib & 1u;
-    const float v = e == 0 ? 0.5f * (float)m : __int_as_float((int)(((e + 126u) << 23) | (m << 22)));
-    return nib & 8u ? -v : v;
-}
-
-__device__ __forceinline__ float bf16f(uint16_t h) { return __int_as_float((int)((unsigned)h << 16)); }
+using k3c_cu::bf16f;
+using k3c_cu::e2m1;
 
 /* Lane-strided partial sums of row r against inputs j0 .. j0+nb−1, then a warp reduction; lane 0 writes. */
 template <int TYPE>
