@@ -299,6 +299,15 @@ __device__ __forceinline__ void tile_dots(const void *w, const uint8_t *scale, i
         for (int o = 16; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
 }
 
+/* Tile t's expert and its slots (slot 0 in the unused places, so every input row they point at is real); returns the
+ * tile's slot count. */
+__device__ __forceinline__ int tile_slots(const int32_t *order, const int32_t *tiles, int t, int64_t *e, int32_t *slot) {
+    const int j0 = tiles[3 * t + 1], nb = tiles[3 * t + 2];
+    *e = tiles[3 * t];
+    for (int j = 0; j < MB; j++) slot[j] = j < nb ? order[j0 + j] : 0;
+    return nb;
+}
+
 /* One warp per (tile, row of the gate and up products): h[slot, r] = act(w1[e] x) ⊙ c(w3[e] x) for the tile's slots. */
 template <int TYPE>
 __global__ void moe_up_kernel(experts w1, experts w3, int64_t I, int64_t lat, int64_t k, const float *x,
@@ -307,11 +316,11 @@ __global__ void moe_up_kernel(experts w1, experts w3, int64_t I, int64_t lat, in
     const int t = blockIdx.x;
     const int64_t r = (int64_t)blockIdx.y * DW + threadIdx.x / 32;
     if (t >= *ntile || r >= I) return;
-    const int64_t e = tiles[3 * t];
-    const int j0 = tiles[3 * t + 1], nb = tiles[3 * t + 2];
-    const float *xs[MB];
+    int64_t e;
     int32_t slot[MB];
-    for (int j = 0; j < MB; j++) slot[j] = j < nb ? order[j0 + j] : 0, xs[j] = x + (slot[j] / k) * lat;
+    const int nb = tile_slots(order, tiles, t, &e, slot);
+    const float *xs[MB];
+    for (int j = 0; j < MB; j++) xs[j] = x + (slot[j] / k) * lat;
     float g[MB], u[MB];
     tile_dots<TYPE>(w1.w + e * w1.stride, w1.scale + e * w1.sstride, r, lat, xs, nb, vec, g);
     tile_dots<TYPE>(w3.w + e * w3.stride, w3.scale + e * w3.sstride, r, lat, xs, nb, vec, u);
@@ -330,11 +339,11 @@ __global__ void moe_down_kernel(experts w2, int64_t I, int64_t lat, const int32_
     const int t = blockIdx.x;
     const int64_t r = (int64_t)blockIdx.y * DW + threadIdx.x / 32;
     if (t >= *ntile || r >= lat) return;
-    const int64_t e = tiles[3 * t];
-    const int j0 = tiles[3 * t + 1], nb = tiles[3 * t + 2];
-    const float *hs[MB];
+    int64_t e;
     int32_t slot[MB];
-    for (int j = 0; j < MB; j++) slot[j] = j < nb ? order[j0 + j] : 0, hs[j] = hbuf + (int64_t)slot[j] * I;
+    const int nb = tile_slots(order, tiles, t, &e, slot);
+    const float *hs[MB];
+    for (int j = 0; j < MB; j++) hs[j] = hbuf + (int64_t)slot[j] * I;
     float acc[MB];
     tile_dots<TYPE>(w2.w + e * w2.stride, w2.scale + e * w2.sstride, r, I, hs, nb, vec, acc);
     if ((threadIdx.x & 31) == 0)
