@@ -11,7 +11,9 @@
  *
  * Tolerances (relative L2 error). CUDA against the CPU float table: the old per-op harnesses' values (1e-5 pointwise,
  * norms, conv, gates, cross-entropy, AttnRes, S_max; 1e-4 GEMM-based ops and the router; 1e-2 the bf16 tensor-core
- * KDA and attention, 2e-3 their fp16 variants; 0 gathers, moves and router ids). CPU float against CPU double: float
+ * KDA and attention, 2e-3 their fp16 variants, 1e-5 the fp32 checking kernels (the KDA recurrence against the CPU's
+ * chunks: two fp32 algorithms, ≤ 1.6e-6 seen; 1e-4 with saturated gates, whose dg cancels: 2.1e-5 seen); 0 gathers,
+ * moves and router ids). CPU float against CPU double: float
  * rounding (unit 6e-8) grown by each op's reduction length — TOL_F32_POINT 1e-6 for moves and adds, TOL_F32_TRANS 1e-5
  * for the sigmoid ops (a transcendental and the 1 − s cancellation), 1e-5
  * for row reductions (norms, conv, softmax statistics, GEMMs), 1e-4 for the chained KDA / attention backward
@@ -71,7 +73,7 @@ enum {
     F_STATE_OUT = 1 << 8, /* short_conv: state_out only */
     F_H0 = 1 << 9,        /* kda: an initial state */
     F_SAT = 1 << 10,      /* kda: gates saturated at the lower bound */
-    F_FP16 = 1 << 11,     /* CUDA: the fp16 kernel variants (k3c_cuda_backend_use_fp16) */
+    F_FP16 = 1 << 11,     /* CUDA: the fp16 kernel variants (k3c_cuda_backend_kernels) */
     F_MASK = 1 << 12,     /* xent: a loss mask */
     F_NONE = 1 << 13,     /* xent: nothing counted */
     F_BIAS = 1 << 14,     /* router: a selection bias */
@@ -84,6 +86,7 @@ enum {
     F_NORSTD = 1 << 21,   /* rmsnorm: rstd not saved (forward only) */
     F_ZEROROW = 1 << 22,  /* l2norm: an all-zero row */
     F_WEIGHT = 1 << 23,   /* xent: per-position loss weights */
+    F_FP32K = 1 << 24,    /* CUDA: the fp32 checking kernels (KDA recurrence, attention_naive) */
 };
 
 typedef struct {
@@ -629,7 +632,7 @@ static void add_rows(bo_rows *R) {
         }
     }
     /* KDA chunked (op_harness kda_case): documents incl. an empty one, lower-bound and unbounded gates, saturated
-     * gates, an initial state; chunk 64 on every backend (bf16 and fp16 kernels on CUDA), chunk 16 and the token
+     * gates, an initial state; chunk 64 on every backend (bf16, fp16 and fp32 kernels on CUDA), chunk 16 and the token
      * recurrence where the backend supports them */
     {
         static const int32_t k1[] = {0, 37, 37, 200, 300}, k3[] = {0, 65, 190}, k5[] = {0, 120, 200};
@@ -648,9 +651,10 @@ static void add_rows(bo_rows *R) {
             /* Gates saturated at the bound: dg sums many terms of opposite sign, so float32 loses more of it (3–6e-4
              * measured, the same for the recurrence as for either chunk size: conditioning, not an algorithm error). */
             double ksat = kc[i].fl & F_SAT ? 1e-3 : K;
-            for (int fp16 = 0; fp16 < 2; fp16++) {
-                bo_case *c = row(R, OP_KDA, kc[i].T, kc[i].H, kc[i].dk, kc[i].dv, 64, kc[i].fl | (fp16 ? F_FP16 : 0), K,
-                                 fp16 ? TOL_F16 : 1e-2);
+            for (int v = 0; v < 3; v++) { /* CUDA: bf16, fp16 and the fp32 checking kernels */
+                static const int fl[3] = {0, F_FP16, F_FP32K};
+                bo_case *c = row(R, OP_KDA, kc[i].T, kc[i].H, kc[i].dk, kc[i].dv, 64, kc[i].fl | fl[v], K,
+                                 v == 0 ? 1e-2 : v == 1 ? TOL_F16 : kc[i].fl & F_SAT ? K : W);
                 c->x = kc[i].lb, set_cu(c, kc[i].n, kc[i].cu);
             }
             for (int chunk = 0; chunk <= 16; chunk += 16) {
@@ -658,6 +662,9 @@ static void add_rows(bo_rows *R) {
                 c->x = kc[i].lb, set_cu(c, kc[i].n, kc[i].cu);
             }
         }
+        /* the test model's narrow heads (dk 8: test_dist_nccl's config), on the fp32 kernels only */
+        bo_case *c = row(R, OP_KDA, 200, 2, 8, 8, 64, F_H0 | F_FP32K, K, W);
+        c->x = -5, set_cu(c, 3, k5);
     }
     /* attention (op_harness attn_case): MLA dims, documents incl. an empty one, small zero-padded dims */
     {
@@ -672,10 +679,12 @@ static void add_rows(bo_rows *R) {
                    {150, 2, 48, 32, 3, a4},
                    {130, 2, 24, 16, 0, NULL}};
         for (int i = 0; i < 5; i++)
-            for (int fp16 = 0; fp16 < 2; fp16++)
-                set_cu(row(R, OP_ATTENTION, ac[i].T, ac[i].H, ac[i].dqk, ac[i].dv, 0, fp16 ? F_FP16 : 0, K,
-                           fp16 ? TOL_F16 : 1e-2),
+            for (int v = 0; v < 3; v++) {
+                static const int fl[3] = {0, F_FP16, F_FP32K};
+                set_cu(row(R, OP_ATTENTION, ac[i].T, ac[i].H, ac[i].dqk, ac[i].dv, 0, fl[v], K,
+                           v == 0 ? 1e-2 : v == 1 ? TOL_F16 : W),
                        ac[i].n, ac[i].cu);
+            }
     }
     /* QK-Clip S_max (harness_mix test_max_logit): every other case with documents, an empty one; every third from
        query row T/3 on (q_begin: context parallelism's padding rows before it) */
@@ -769,7 +778,10 @@ static int supports(const bo_backend *b, k3c_backend_feature f, int64_t v) {
 
 static int run(bo_backend *b, const bo_case *c, bo_io *io, int phase) {
 #ifdef K3C_CUDA
-    if (b->cuda) k3c_cuda_backend_use_fp16((k3c_cuda_backend *)b->cuda, (c->flags & F_FP16) != 0);
+    if (b->cuda)
+        k3c_cuda_backend_kernels((k3c_cuda_backend *)b->cuda, c->flags & F_FP16    ? K3C_KERNELS_FP16
+                                                              : c->flags & F_FP32K ? K3C_KERNELS_FP32
+                                                                                   : K3C_KERNELS_BF16);
 #endif
     return b->f64 ? exec_f64(b->f64, c, io, phase) : exec_f32(b->f32, c, io, phase);
 }
@@ -831,7 +843,7 @@ static void run_case(bo_backend *b, bo_backend *ref, const bo_case *c, const bo_
         b->skipped++; /* the backend refuses this chunk through supports (checked in check_supports) */
         return;
     }
-    if ((c->flags & F_FP16) && !b->cuda) return; /* a CUDA kernel variant: nothing else to run on the CPU */
+    if ((c->flags & (F_FP16 | F_FP32K)) && !b->cuda) return; /* a CUDA kernel variant: nothing to run on the CPU */
     b->rows[c->op]++;
     bo_io x, r;
     io_copy(&x, tmpl);

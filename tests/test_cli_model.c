@@ -95,6 +95,14 @@ static void logits_and_generate_cli(void) {
              gpath);
     rc = run(cmd, out, sizeof out);
     CHECK(rc == 2 && strstr(out, "--device must be cpu or cuda"), "--device tpu (%d): %s", rc, out);
+    /* --kernels: a known mode for --device cuda only */
+    snprintf(cmd, sizeof cmd, "%s train --config x --device cuda --kernels fp64 2>&1", test_k3c_bin());
+    rc = run(cmd, out, sizeof out);
+    CHECK(rc == 2 && strstr(out, "--kernels must be bf16, fp16 or fp32 (got 'fp64')"), "--kernels fp64 (%d): %s", rc,
+          out);
+    snprintf(cmd, sizeof cmd, "%s train --config x --kernels fp32 2>&1", test_k3c_bin());
+    rc = run(cmd, out, sizeof out);
+    CHECK(rc == 2 && strstr(out, "apply to --device cuda"), "--kernels without --device cuda (%d): %s", rc, out);
     snprintf(cmd, sizeof cmd, "%s generate --model %s --ids %s --greedy 1 --device cuda 2>&1", test_k3c_bin(), dir,
              gpath);
     rc = run(cmd, out, sizeof out);

@@ -69,7 +69,7 @@ int main(int argc, char **argv) {
     const double gpu_ms = time_steps(h, m, b, reps, &arena_gib, &used_gib);
     double f16_ms = NAN; /* the fp16-kernel variant only at training lengths: a long step takes tens of seconds */
     if (T < 262144) {
-        k3c_cuda_backend_use_fp16(&cb, 1);
+        k3c_cuda_backend_kernels(&cb, K3C_KERNELS_FP16);
         h.ok(k3c_model_use_backend_f32(&m, &cb.table, &h.err), "to cuda (fp16 kernels)");
         f16_ms = time_steps(h, m, b, reps);
     }

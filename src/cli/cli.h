@@ -41,10 +41,16 @@ typedef struct {
     void *handle;        /* the backend's state */
     const void *backend; /* its k3c_backend_f32 table, NULL for the CPU */
 } cli_device;
-/* --device cpu|cuda and --gemm fp32|tf32|bf16 (the CUDA GEMM mode): 0, or prints a usage error and returns 2 */
-int cli_device_check(const char *cmd, const char *name, const char *gemm);
+/* --device cpu|cuda, --gemm fp32|tf32|bf16 (the CUDA GEMM mode) and --kernels bf16|fp16|fp32 (the CUDA KDA and
+ * attention kernels) as given (NULL when absent). */
+typedef struct {
+    const char *name, *gemm, *kernels;
+} cli_device_opts;
+cli_device_opts cli_device_opts_get(int argc, char **argv);
+/* 0, or prints a usage error and returns 2 */
+int cli_device_check(const char *cmd, const cli_device_opts *o);
 /* Opens --device (CUDA: the GPU numbered by the rank on its node under mpirun, cli_local_rank; else GPU 0). */
-int cli_device_open(const char *name, const char *gemm, cli_device *d, k3c_err *err);
+int cli_device_open(const cli_device_opts *o, cli_device *d, k3c_err *err);
 /* This process's rank among the ranks of its node (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID), 0 without mpirun. */
 int cli_local_rank(void);
 int cli_device_use(const cli_device *d, k3c_model *m, k3c_err *err);

@@ -214,7 +214,7 @@ int cmd_chat(int argc, char **argv) {
         printf(
             "usage: k3c chat --model DIR [--system TEXT] [--tools FILE.json] [--temperature 0.6] [--top-p 0.95]\n"
             "                [--seed 0] [--max-tokens 512] [--stop TEXT] [--no-thinking] [--pattern cl100k|kimi]\n"
-            "                [--kda 64|16|recurrent] [--image FILE ...] [--device cpu|cuda] [--gemm fp32|tf32|bf16]\n"
+            "                [--kda 64|16|recurrent] [--image FILE ...] [--device cpu|cuda] [--gemm fp32|tf32|bf16] [--kernels bf16|fp16|fp32]\n"
             "Reads one user message per line from stdin (/exit ends) and streams the reply: reasoning dimmed\n"
             "(\"reasoning: \" when not on a terminal), tool calls as JSON. --tools: a JSON array of OpenAI tools.\n"
             "--image FILE (PNG or JPEG, repeatable): the images go with the first message, before its text; the\n"
@@ -226,8 +226,8 @@ int cmd_chat(int argc, char **argv) {
     int chunk;
     if (!dir) return cli_usage_error("chat", "--model is required");
     if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("chat", "--kda must be 64, 16 or recurrent");
-    const char *device = cli_opt(argc, argv, "--device"), *gemm = cli_opt(argc, argv, "--gemm");
-    if (cli_device_check("chat", device, gemm)) return 2;
+    const cli_device_opts dopt = cli_device_opts_get(argc, argv);
+    if (cli_device_check("chat", &dopt)) return 2;
     k3c_sbuf opts;
     k3c_sbuf_init(&opts);
     if (!chat_opts(argc, argv, &opts)) return 2;
@@ -248,7 +248,7 @@ int cmd_chat(int argc, char **argv) {
     if (!rc) rc = k3c_serve_open(dir, 1, cli_opt(argc, argv, "--pattern"), &sv, &err);
     if (!rc) {
         sv.model->kda_chunk = chunk;
-        rc = cli_device_open(device, gemm, &dev, &err);
+        rc = cli_device_open(&dopt, &dev, &err);
         if (!rc) rc = cli_device_use(&dev, sv.model, &err);
         if (!rc)
             rc = chat_loop(&sv, system ? system : "You are a helpful assistant.", tools, opts.buf,

@@ -22,7 +22,7 @@ static int32_t *doc_offsets(int64_t B, int64_t T) {
 int cmd_logits(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         printf("usage: k3c logits --model DIR --ids FILE --out FILE [--name input_ids] [--kda 64|16|recurrent]\n"
-               "                  [--device cpu|cuda] [--gemm fp32|tf32|bf16]\n"
+               "                  [--device cpu|cuda] [--gemm fp32|tf32|bf16] [--kernels bf16|fp16|fp32]\n"
                "Runs the model on the I32 [B, T] tensor `input_ids` of a safetensors file (each row one sequence) and\n"
                "writes raw little-endian float32 logits [B, T, V] to --out (atomically).\n");
         return 0;
@@ -32,9 +32,8 @@ int cmd_logits(int argc, char **argv) {
     int chunk;
     if (!dir || !ids_path || !out) return cli_usage_error("logits", "--model, --ids and --out are required");
     if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("logits", "--kda must be 64, 16 or recurrent");
-    const char *device = cli_opt(argc, argv, "--device");
-    const char *gemm = cli_opt(argc, argv, "--gemm");
-    if (cli_device_check("logits", device, gemm)) return 2;
+    const cli_device_opts dopt = cli_device_opts_get(argc, argv);
+    if (cli_device_check("logits", &dopt)) return 2;
     k3c_err err = {0};
     k3c_model m;
     cli_device dev = {0};
@@ -42,7 +41,7 @@ int cmd_logits(int argc, char **argv) {
     int64_t B = 0, T = 0;
     if (k3c_model_open_f32(dir, 0, &m, &err)) return cli_fail("logits", &err);
     m.kda_chunk = chunk;
-    int rc = cli_device_open(device, gemm, &dev, &err);
+    int rc = cli_device_open(&dopt, &dev, &err);
     if (!rc) rc = cli_device_use(&dev, &m, &err);
     if (!rc) rc = k3c_st_read_ids(ids_path, name ? name : "input_ids", &ids, &B, &T, &err);
     k3c_arena arena = {0};
@@ -100,14 +99,14 @@ static int print_golden(const k3c_golden_report *r, int grads_ok, double tol_out
 }
 
 /* Forward + backward on the golden's input_ids (k3c_golden_check); prints the errors. Returns the exit code. */
-static int golden_check(const char *dir, const char *gpath, int chunk, const char *device, const char *gemm,
+static int golden_check(const char *dir, const char *gpath, int chunk, const cli_device_opts *dopt,
                         double tol_out, double tol_grad, int verbose, k3c_err *err) {
     k3c_model m;
     cli_device dev = {0};
     if (k3c_model_open_f32(dir, 1, &m, err)) return -1;
     m.kda_chunk = chunk;
     k3c_golden_report r = {.rows = calloc(4096, sizeof(k3c_golden_row)), .max_rows = 4096};
-    int rc = cli_device_open(device, gemm, &dev, err);
+    int rc = cli_device_open(dopt, &dev, err);
     if (!rc) rc = cli_device_use(&dev, &m, err);
     if (!rc && !r.rows) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
     if (!rc) rc = k3c_golden_check_f32(&m, gpath, &r, err);
@@ -121,7 +120,7 @@ static int golden_check(const char *dir, const char *gpath, int chunk, const cha
 int cmd_golden_check(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         printf("usage: k3c golden-check --model DIR --golden FILE [--kda 64|16|recurrent] [--tol-out 1e-4]\n"
-               "                        [--tol-grad 1e-3] [--device cpu|cuda] [--gemm fp32|tf32|bf16] [--verbose]\n"
+               "                        [--tol-grad 1e-3] [--device cpu|cuda] [--gemm fp32|tf32|bf16] [--kernels bf16|fp16|fp32] [--verbose]\n"
                "Runs forward + backward (float32) on the golden file's input_ids and prints the relative error of\n"
                "logits, loss and every grad.* tensor present (checkpoint or transformers names). Exit 1 above "
                "tolerance.\n");
@@ -135,11 +134,10 @@ int cmd_golden_check(int argc, char **argv) {
         !cli_opt_double(argc, argv, "--tol-grad", 1e-3, &tol_grad))
         return 2;
     if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("golden-check", "--kda must be 64, 16 or recurrent");
-    const char *device = cli_opt(argc, argv, "--device");
-    const char *gemm = cli_opt(argc, argv, "--gemm");
-    if (cli_device_check("golden-check", device, gemm)) return 2;
+    const cli_device_opts dopt = cli_device_opts_get(argc, argv);
+    if (cli_device_check("golden-check", &dopt)) return 2;
     k3c_err err = {0};
-    int rc = golden_check(dir, golden, chunk, device, gemm, tol_out, tol_grad, cli_flag(argc, argv, "--verbose"), &err);
+    int rc = golden_check(dir, golden, chunk, &dopt, tol_out, tol_grad, cli_flag(argc, argv, "--verbose"), &err);
     if (rc < 0) return cli_fail("golden-check", &err);
     printf("%s\n", rc ? "golden-check: FAILED" : "golden-check: passed");
     return rc;
@@ -205,7 +203,7 @@ int cmd_generate(int argc, char **argv) {
                "                    [--top-k K] [--min-p P] [--repetition-penalty R] [--presence-penalty A]\n"
                "                    [--frequency-penalty F] [--logprobs N] [--stop TEXT]\n"
                "                    [--pattern cl100k|kimi] [--kda 64|16|recurrent] [--device cpu|cuda] [--gemm "
-               "fp32|tf32|bf16]\n"
+               "fp32|tf32|bf16] [--kernels bf16|fp16|fp32]\n"
                "--prompt encodes TEXT with the checkpoint's tokenizer (tiktoken.model) and prints the continuation;\n"
                "--ids reads I32 token ids from a safetensors file and prints the new ids. --greedy N = --max-new N\n"
                "--temperature 0. Sampling: temperature (default 0.8) and nucleus top-p (default 0.95), seeded;\n"
@@ -251,9 +249,8 @@ int cmd_generate(int argc, char **argv) {
         return cli_usage_error("generate", "need --max-new ≥ 0 and 0 ≤ --logprobs ≤ %d", K3C_MAX_LOGPROBS);
     if (k3c_sampler_check(&smp, &serr)) return cli_usage_error("generate", "%s", serr.msg);
     if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("generate", "--kda must be 64, 16 or recurrent");
-    const char *device = cli_opt(argc, argv, "--device");
-    const char *gemm = cli_opt(argc, argv, "--gemm");
-    if (cli_device_check("generate", device, gemm)) return 2;
+    const cli_device_opts dopt = cli_device_opts_get(argc, argv);
+    if (cli_device_check("generate", &dopt)) return 2;
     k3c_err err = {0};
     k3c_serve sv;
     cli_device dev = {0};
@@ -262,7 +259,7 @@ int cmd_generate(int argc, char **argv) {
     sv.model->kda_chunk = chunk;
     int32_t *seq = NULL;
     int64_t len = 0;
-    int rc = cli_device_open(device, gemm, &dev, &err);
+    int rc = cli_device_open(&dopt, &dev, &err);
     if (!rc) rc = cli_device_use(&dev, sv.model, &err);
     if (!rc) rc = generate_prompt(&sv, prompt, ids_path, name, n, &seq, &len, &err);
     gen_out out = {0};

@@ -10,7 +10,7 @@
 int cmd_sft(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         printf("usage: k3c sft --config SFT.json [--resume] [--max-steps N] [--quiet] [--log] [--device cpu|cuda] "
-               "[--gemm fp32|tf32|bf16]\n\n"
+               "[--gemm fp32|tf32|bf16] [--kernels bf16|fp16|fp32]\n\n"
                "Fine-tunes the checkpoint `init` (a k3c step dir or a Hugging Face dir with config.json and\n"
                "safetensors) on `data`, a JSONL file of conversations {\"messages\", \"tools\"?, \"options\"?}\n"
                "rendered through XTML (\"format\": \"xtml\", default, or \"k2\"). The loss covers only what the model\n"
@@ -24,21 +24,21 @@ int cmd_sft(int argc, char **argv) {
                "  --resume        continue bit-exactly from OUT/latest\n"
                "  --max-steps N   stop after N steps in total\n"
                "  --quiet         no progress bar;  --log  one line per step (and the skipped lines) on stdout\n"
-               "  --device cuda   run on the GPU (build/cuda/k3c);  --gemm fp32|tf32|bf16  its GEMM mode (fp32)\n");
+               "  --device cuda   run on the GPU (build/cuda/k3c);  --gemm fp32|tf32|bf16  its GEMM mode (fp32);\n"
+               "                  --kernels bf16|fp16|fp32  its KDA and attention kernels (bf16; fp32: checking)\n");
         return 0;
     }
     const char *path = cli_opt(argc, argv, "--config");
     long long max_steps;
     if (!path) return cli_usage_error("sft", "--config is required");
     if (!cli_opt_int(argc, argv, "--max-steps", 0, &max_steps) || max_steps < 0) return 2;
-    const char *device = cli_opt(argc, argv, "--device");
-    const char *gemm = cli_opt(argc, argv, "--gemm");
-    if (cli_device_check("sft", device, gemm)) return 2;
+    const cli_device_opts dopt = cli_device_opts_get(argc, argv);
+    if (cli_device_check("sft", &dopt)) return 2;
     k3c_err err = {0};
     k3c_sft_config c;
     if (k3c_sft_config_load(path, &c, &err)) return cli_fail("sft", &err);
     cli_device dev;
-    if (cli_device_open(device, gemm, &dev, &err)) return cli_fail("sft", &err);
+    if (cli_device_open(&dopt, &dev, &err)) return cli_fail("sft", &err);
     k3c_train_opts o = {.resume = cli_flag(argc, argv, "--resume"),
                         .max_steps = max_steps,
                         .progress = cli_flag(argc, argv, "--quiet") ? NULL : stderr,
@@ -112,7 +112,7 @@ int cmd_rl(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         printf(
             "usage: k3c rl --config RL.json [--resume] [--max-steps N] [--quiet] [--log] [--device cpu|cuda] [--gemm "
-            "fp32|tf32|bf16]\n\n"
+            "fp32|tf32|bf16] [--kernels bf16|fp16|fp32]\n\n"
             "RL with verifiable rewards from the checkpoint `init` (e.g. an SFT step dir) in environment `env`\n"
             "(arith, arith_tool, arith_small, arith_tool_small, arith_tool_one, copy, code, assistant, vfs). Each\n"
             "step samples "
@@ -136,14 +136,13 @@ int cmd_rl(int argc, char **argv) {
     long long max_steps;
     if (!path) return cli_usage_error("rl", "--config is required");
     if (!cli_opt_int(argc, argv, "--max-steps", 0, &max_steps) || max_steps < 0) return 2;
-    const char *device = cli_opt(argc, argv, "--device");
-    const char *gemm = cli_opt(argc, argv, "--gemm");
-    if (cli_device_check("rl", device, gemm)) return 2;
+    const cli_device_opts dopt = cli_device_opts_get(argc, argv);
+    if (cli_device_check("rl", &dopt)) return 2;
     k3c_err err = {0};
     k3c_rl_config c;
     if (k3c_rl_config_load(path, &c, &err)) return cli_fail("rl", &err);
     cli_device dev;
-    if (cli_device_open(device, gemm, &dev, &err)) return cli_fail("rl", &err);
+    if (cli_device_open(&dopt, &dev, &err)) return cli_fail("rl", &err);
     k3c_train_opts o = {.resume = cli_flag(argc, argv, "--resume"),
                         .max_steps = max_steps,
                         .progress = cli_flag(argc, argv, "--quiet") ? NULL : stderr,

@@ -39,7 +39,7 @@ int cmd_serve(int argc, char **argv) {
         printf("usage: k3c serve --model DIR [--port 8000] [--host 127.0.0.1] [--slots 1] [--queue 64]\n"
                "                 [--api-key KEY] [--max-tokens-cap 1024] [--max-body 4194304] [--name NAME]\n"
                "                 [--pattern cl100k|kimi] [--kda 64|16|recurrent] [--device cpu|cuda] [--gemm "
-               "fp32|tf32|bf16]\n"
+               "fp32|tf32|bf16] [--kernels bf16|fp16|fp32]\n"
                "                 [--max-image-bytes 2097152]\n"
                "An OpenAI-compatible HTTP server: GET /v1/models, POST /v1/chat/completions (messages, tools,\n"
                "stream), POST /v1/completions, POST /tokenize, POST /detokenize, GET /health (503 while loading),\n"
@@ -53,9 +53,8 @@ int cmd_serve(int argc, char **argv) {
     k3c_server_opts o;
     int chunk;
     if (!dir) return cli_usage_error("serve", "--model is required");
-    const char *device = cli_opt(argc, argv, "--device");
-    const char *gemm = cli_opt(argc, argv, "--gemm");
-    if (cli_device_check("serve", device, gemm)) return 2;
+    const cli_device_opts dopt = cli_device_opts_get(argc, argv);
+    if (cli_device_check("serve", &dopt)) return 2;
     if (!serve_options(argc, argv, &o)) return 2;
     if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("serve", "--kda must be 64, 16 or recurrent");
     /* the model's name: --name, else the directory's last component */
@@ -74,7 +73,7 @@ int cmd_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     k3c_err err = {0};
     cli_device dev = {0}; /* opened before listening: a device this build lacks is refused up front */
-    if (cli_device_open(device, gemm, &dev, &err)) return cli_fail("serve", &err);
+    if (cli_device_open(&dopt, &dev, &err)) return cli_fail("serve", &err);
     k3c_server *srv;
     if (k3c_server_start(&o, &srv, &err)) {
         cli_device_release(&dev);

@@ -11,7 +11,7 @@
 int cmd_train(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         printf("usage: k3c train --config RUN.json [--resume] [--max-steps N] [--quiet] [--log]\n"
-               "                 [--device cpu|cuda] [--gemm fp32|tf32|bf16]\n\n"
+               "                 [--device cpu|cuda] [--gemm fp32|tf32|bf16] [--kernels bf16|fp16|fp32]\n\n"
                "Trains the model described by the run config (see configs/demo_run.json): stages of context length,\n"
                "tokens per step, steps, learning-rate schedule and data mixture; Per-Head Muon + AdamW; QK-Clip;\n"
                "quantile balancing of the MoE routers. Writes OUT/metrics.jsonl, OUT/metrics.png and checkpoints\n"
@@ -23,7 +23,10 @@ int cmd_train(int argc, char **argv) {
                "                  balancing and QK-Clip (build/cuda/k3c from `make cuda`; needs kda_chunk 64);\n"
                "                  checkpoints are downloaded from device memory\n"
                "  --gemm MODE     the GPU's GEMMs (linears, MLPs, experts): fp32 (default, the checking mode), tf32,\n"
-               "                  or bf16 tensor cores on operands rounded on the fly (fp32 masters and sums)\n\n"
+               "                  or bf16 tensor cores on operands rounded on the fly (fp32 masters and sums)\n"
+               "  --kernels MODE  the GPU's KDA and attention: bf16 (default, tensor cores), fp16, or fp32 (the\n"
+               "                  checking mode: the KDA recurrence and a warp per attention row; with --gemm fp32\n"
+               "                  the whole step is fp32, as on the CPU)\n\n"
                "Parallel: `mpirun -np N k3c train --config RUN.json` trains on N ranks; the run config's\n"
                "\"parallel\": {\"dp\": N} block (absent: dp = N) is checked against N and the model. Every rank\n"
                "loads the same global batch and trains on its share; rank 0 prints and writes metrics and\n"
@@ -37,14 +40,13 @@ int cmd_train(int argc, char **argv) {
     long long max_steps;
     if (!path) return cli_usage_error("train", "--config is required");
     if (!cli_opt_int(argc, argv, "--max-steps", 0, &max_steps) || max_steps < 0) return 2;
-    const char *device = cli_opt(argc, argv, "--device");
-    const char *gemm = cli_opt(argc, argv, "--gemm");
-    if (cli_device_check("train", device, gemm)) return 2;
+    const cli_device_opts dopt = cli_device_opts_get(argc, argv);
+    if (cli_device_check("train", &dopt)) return 2;
     k3c_err err = {0};
     k3c_run_config rc;
     if (k3c_run_config_load(path, &rc, &err)) return cli_fail("train", &err);
     cli_device dev;
-    if (cli_device_open(device, gemm, &dev, &err)) return cli_fail("train", &err);
+    if (cli_device_open(&dopt, &dev, &err)) return cli_fail("train", &err);
     k3c_comm *world = NULL, *comm = NULL; /* MPI when started by mpirun, else this process alone */
     if (k3c_comm_world(&world, &err)) {
         cli_device_release(&dev);

@@ -22,12 +22,29 @@ static int gemm_mode(const char *gemm) {
     return -1;
 }
 
-int cli_device_check(const char *cmd, const char *name, const char *gemm) {
-    if (name && strcmp(name, "cpu") != 0 && strcmp(name, "cuda") != 0)
-        return cli_usage_error(cmd, "--device must be cpu or cuda (got '%s')", name);
-    if (gemm_mode(gemm) < 0) return cli_usage_error(cmd, "--gemm must be fp32, tf32 or bf16 (got '%s')", gemm);
-    if (gemm && (!name || strcmp(name, "cuda") != 0))
-        return cli_usage_error(cmd, "--gemm applies to --device cuda (the CPU computes in the model's precision)");
+/* --kernels: the CUDA backend's k3c_kernel_mode (bf16 by default; fp32 the checking mode); -1 when not known. */
+static int kernel_mode(const char *kernels) {
+    if (!kernels || strcmp(kernels, "bf16") == 0) return 0;
+    if (strcmp(kernels, "fp16") == 0) return 1;
+    if (strcmp(kernels, "fp32") == 0) return 2;
+    return -1;
+}
+
+cli_device_opts cli_device_opts_get(int argc, char **argv) {
+    cli_device_opts o = {cli_opt(argc, argv, "--device"), cli_opt(argc, argv, "--gemm"),
+                         cli_opt(argc, argv, "--kernels")};
+    return o;
+}
+
+int cli_device_check(const char *cmd, const cli_device_opts *o) {
+    if (o->name && strcmp(o->name, "cpu") != 0 && strcmp(o->name, "cuda") != 0)
+        return cli_usage_error(cmd, "--device must be cpu or cuda (got '%s')", o->name);
+    if (gemm_mode(o->gemm) < 0) return cli_usage_error(cmd, "--gemm must be fp32, tf32 or bf16 (got '%s')", o->gemm);
+    if (kernel_mode(o->kernels) < 0)
+        return cli_usage_error(cmd, "--kernels must be bf16, fp16 or fp32 (got '%s')", o->kernels);
+    if ((o->gemm || o->kernels) && (!o->name || strcmp(o->name, "cuda") != 0))
+        return cli_usage_error(cmd, "--gemm and --kernels apply to --device cuda (the CPU computes in the model's "
+                                    "precision)");
     return 0;
 }
 
@@ -37,22 +54,22 @@ int cli_local_rank(void) {
     return s ? atoi(s) : 0;
 }
 
-int cli_device_open(const char *name, const char *gemm, cli_device *d, k3c_err *err) {
+int cli_device_open(const cli_device_opts *o, cli_device *d, k3c_err *err) {
     memset(d, 0, sizeof *d);
-    if (!name || strcmp(name, "cpu") == 0) return K3C_OK;
+    if (!o->name || strcmp(o->name, "cpu") == 0) return K3C_OK;
 #ifdef K3C_CUDA
     cuda_device *cd = calloc(1, sizeof *cd);
     if (!cd) return k3c_errf(err, K3C_ENOMEM, "out of memory");
-    int rc = k3c_cuda_backend_init(&cd->b, cli_local_rank(), gemm_mode(gemm), err); /* one GPU per rank */
+    int rc = k3c_cuda_backend_init(&cd->b, cli_local_rank(), gemm_mode(o->gemm), err); /* one GPU per rank */
     if (rc) {
         free(cd);
         return rc;
     }
+    k3c_cuda_backend_kernels(&cd->b, kernel_mode(o->kernels));
     d->handle = cd;
     d->backend = &cd->b.table;
     return K3C_OK;
 #else
-    (void)gemm;
     return k3c_errf(err, K3C_EUNSUPPORTED,
                     "--device cuda: this k3c was built without CUDA (build build/cuda/k3c with "
                     "`make cuda` and run that binary)");

@@ -64,9 +64,6 @@ int linear_bwd(void *ctx, const k3c_linear_sizes *s, const float *x, const float
     return rc;
 }
 
-size_t kda_fwd_ws(const k3c_kda_dims *d) { return k3c_kda_chunk_fwd_workspace_cuda(d); }
-size_t kda_bwd_ws(const k3c_kda_dims *d) { return k3c_kda_chunk_bwd_workspace_cuda(d); }
-
 int router_fwd(const k3c_router_sizes *s, const float *logits, const float *bias, int32_t *ids, float *w, float *cutoff,
                k3c_err *err) {
     return k3c_router_fwd_cuda(s, logits, bias, ids, w, cutoff, nullptr, err);
@@ -153,10 +150,7 @@ extern "C" int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int gemm, 
     t.short_conv_fwd = k3c_short_conv_fwd_cuda, t.short_conv_bwd_workspace = k3c_short_conv_bwd_workspace_cuda;
     t.short_conv_bwd = k3c_short_conv_bwd_cuda;
     t.kda_gate_fwd = k3c_kda_gate_fwd_cuda, t.kda_gate_bwd = k3c_kda_gate_bwd_cuda;
-    t.kda_fwd_workspace = kda_fwd_ws, t.kda_bwd_workspace = kda_bwd_ws;
-    t.attention_fwd_workspace = k3c_attention_fwd_workspace_cuda;
-    t.attention_bwd_workspace = k3c_attention_workspace_cuda;
-    k3c_cuda_backend_use_fp16(b, 0);
+    k3c_cuda_backend_kernels(b, K3C_KERNELS_BF16);
     t.attention_max_logit = k3c_attention_max_logit_cuda;
     t.router_fwd = router_fwd, t.router_bwd = k3c_router_bwd_cuda;
     t.moe_saved_bytes = k3c_moe_saved_bytes_cuda, t.moe_workspace = k3c_moe_workspace_cuda;
@@ -177,13 +171,27 @@ extern "C" int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int gemm, 
     return K3C_OK;
 }
 
-extern "C" void k3c_cuda_backend_use_fp16(k3c_cuda_backend *b, int on) {
+extern "C" void k3c_cuda_backend_kernels(k3c_cuda_backend *b, int mode) {
     k3c_backend_f32 &t = b->table;
-    b->fp16 = on;
-    t.kda_fwd = on ? k3c_kda_chunk_fwd_f16_cuda : k3c_kda_chunk_fwd_cuda;
-    t.kda_bwd = on ? k3c_kda_chunk_bwd_f16_cuda : k3c_kda_chunk_bwd_cuda;
-    t.attention_fwd = on ? k3c_attention_fwd_f16_cuda : k3c_attention_fwd_cuda;
-    t.attention_bwd = on ? k3c_attention_bwd_f16_cuda : k3c_attention_bwd_cuda;
+    b->kernels = mode;
+    if (mode == K3C_KERNELS_FP32) {
+        t.kda_fwd_workspace = k3c_kda_recurrent_fwd_workspace_cuda;
+        t.kda_bwd_workspace = k3c_kda_recurrent_bwd_workspace_cuda;
+        t.kda_fwd = k3c_kda_recurrent_fwd_cuda, t.kda_bwd = k3c_kda_recurrent_bwd_cuda;
+        t.attention_fwd_workspace = k3c_attention_naive_fwd_workspace_cuda;
+        t.attention_bwd_workspace = k3c_attention_naive_workspace_cuda;
+        t.attention_fwd = k3c_attention_naive_fwd_cuda, t.attention_bwd = k3c_attention_naive_bwd_cuda;
+        return;
+    }
+    const bool f16 = mode == K3C_KERNELS_FP16;
+    t.kda_fwd_workspace = k3c_kda_chunk_fwd_workspace_cuda;
+    t.kda_bwd_workspace = k3c_kda_chunk_bwd_workspace_cuda;
+    t.kda_fwd = f16 ? k3c_kda_chunk_fwd_f16_cuda : k3c_kda_chunk_fwd_cuda;
+    t.kda_bwd = f16 ? k3c_kda_chunk_bwd_f16_cuda : k3c_kda_chunk_bwd_cuda;
+    t.attention_fwd_workspace = k3c_attention_fwd_workspace_cuda;
+    t.attention_bwd_workspace = k3c_attention_workspace_cuda;
+    t.attention_fwd = f16 ? k3c_attention_fwd_f16_cuda : k3c_attention_fwd_cuda;
+    t.attention_bwd = f16 ? k3c_attention_bwd_f16_cuda : k3c_attention_bwd_cuda;
 }
 
 extern "C" void k3c_cuda_backend_destroy(k3c_cuda_backend *b) {

@@ -118,11 +118,18 @@ int k3c_kda_chunk_bwd_bf16_cuda(const k3c_kda_dims *d, const int32_t *cu_seqlens
                                 const uint16_t *v, const float *g, const float *beta, const float *h0,
                                 const uint16_t *dout, const float *dht, float *dq, float *dk, float *dv, float *dg,
                                 float *dbeta, float *dh0, void *ws, k3c_err *err);
-/* Token recurrence in fp32 (decode: T = n_docs tokens, cu = 0, 1, .., n_docs; ht may alias h0 for in-place decode).
- * dk ∈ {16, 32, 64, 128}, dv ≤ 1024. Needs no workspace (ws may be NULL). */
+/* Token recurrence in fp32 (decode: T = n_docs tokens, cu = 0, 1, .., n_docs; ht may alias h0 for in-place decode;
+ * and the fp32 checking kernels). dk ∈ {8, 16, 32, 64, 128}, dv ≤ 1024. The forward needs no workspace (ws may be NULL).
+ * The backward is k3c_kda_recurrent_bwd's (a state checkpoint every d->chunk tokens, 0 = 64; gradients ADDED to, each
+ * may be NULL), deterministic: the sums over state columns run in a fixed order. */
 size_t k3c_kda_recurrent_fwd_workspace_cuda(const k3c_kda_dims *d);
 int k3c_kda_recurrent_fwd_cuda(const k3c_kda_dims *d, const int32_t *cu_seqlens, const float *q, const float *k,
                                const float *v, const float *g, const float *beta, const float *h0, float *o, float *ht,
+                               void *ws, k3c_err *err);
+size_t k3c_kda_recurrent_bwd_workspace_cuda(const k3c_kda_dims *d);
+int k3c_kda_recurrent_bwd_cuda(const k3c_kda_dims *d, const int32_t *cu_seqlens, const float *q, const float *k,
+                               const float *v, const float *g, const float *beta, const float *h0, const float *dout,
+                               const float *dht, float *dq, float *dk, float *dv, float *dg, float *dbeta, float *dh0,
                                void *ws, k3c_err *err);
 
 /* ---------------------------------------------------------------- attention (attention.cu)
@@ -142,6 +149,17 @@ int k3c_attention_fwd_bf16_cuda(const k3c_attention_sizes *s, const int32_t *cu_
 int k3c_attention_bwd_bf16_cuda(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const uint16_t *q,
                                 const uint16_t *k, const uint16_t *v, const uint16_t *o, const float *lse,
                                 const uint16_t *dout, uint16_t *dq, uint16_t *dk, uint16_t *dv, void *ws, k3c_err *err);
+
+/* fp32 twins with no tensor cores (attention_naive.cu; the checking kernels): one warp per query row for o, lse and dq,
+ * one per key row for dk and dv, every sum in a fixed order. dqk, dv ≤ 256; o, lse written, dq, dk, dv ADDED to (each
+ * may be NULL). The backward's workspace holds D = rowsum(dO ⊙ O) (T·H floats); the forward needs none. */
+size_t k3c_attention_naive_fwd_workspace_cuda(const k3c_attention_sizes *s);
+size_t k3c_attention_naive_workspace_cuda(const k3c_attention_sizes *s); /* backward */
+int k3c_attention_naive_fwd_cuda(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const float *q,
+                                 const float *k, const float *v, float *o, float *lse, void *ws, k3c_err *err);
+int k3c_attention_naive_bwd_cuda(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const float *q,
+                                 const float *k, const float *v, const float *o, const float *lse, const float *dout,
+                                 float *dq, float *dk, float *dv, void *ws, k3c_err *err);
 
 /* ---------------------------------------------------------------- the fp16 variants (kda_f16.cu, attention_f16.cu)
  * The same kernels compiled with fp16 elements instead of bf16 (q, k, v, dout and every 16-bit intermediate: the
@@ -352,21 +370,27 @@ int k3c_copy2d_cuda(int64_t rows, int64_t cols, const float *src, int64_t ld_src
 /* ---------------------------------------------------------------- the backend table (backend.cu)
  * Every op a model or training step calls (ops/backend.h), on device `device`: parameters, gradients, optimizer
  * state and activation arenas in device memory (cudaMalloc; the host reaches them through the table's upload and
- * download); GEMMs through cuBLASLt at the backend's k3c_gemm_mode (fp32 by default); KDA always on the chunk-64 kernels
- * (bf16 q/k/v inside), attention on the bf16 flash kernels, or both on their fp16 variants after
- * k3c_cuda_backend_use_fp16(b, 1). k3c_model_use_backend_f32(m, &b->table, err) moves a model there. */
+ * download); GEMMs through cuBLASLt at the backend's k3c_gemm_mode (fp32 by default); KDA and attention on the kernels
+ * of its k3c_kernel_mode (k3c_cuda_backend_kernels). The model's kda_chunk is 64 in every mode (the chunk of the
+ * tensor-core kernels; the checkpoint interval of the fp32 recurrence). k3c_model_use_backend_f32(m, &b->table, err)
+ * moves a model there; switch modes before a model plans its workspaces (their sizes differ). */
+typedef enum {
+    K3C_KERNELS_BF16 = 0, /* KDA on the chunk-64 tensor-core kernels, attention on the flash kernels, bf16 operands */
+    K3C_KERNELS_FP16 = 1, /* the same kernels with fp16 operands (finer mantissa, scaled gradients) */
+    K3C_KERNELS_FP32 = 2  /* the checking mode: the fp32 KDA recurrence and attention_naive, no tensor cores */
+} k3c_kernel_mode;
 #include "ops/backend.h"
 typedef struct {
     k3c_cuda_ctx cu;
-    int gemm; /* k3c_gemm_mode of every GEMM-based op (linear, MLP, MoE experts) */
-    int fp16; /* KDA and attention on the fp16 kernel variants */
+    int gemm;    /* k3c_gemm_mode of every GEMM-based op (linear, MLP, MoE experts) */
+    int kernels; /* k3c_kernel_mode of KDA and attention */
     k3c_backend_f32 table;
 } k3c_cuda_backend;
 int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int gemm, k3c_err *err);
 /* The inference engine's ops on the GPU (decode.cu): the table's `decode` entry. */
 extern const k3c_dec_ops k3c_dec_cuda;
-/* Switches KDA and attention between the bf16 kernels (on = 0, the default) and their fp16 variants (on = 1). */
-void k3c_cuda_backend_use_fp16(k3c_cuda_backend *b, int on);
+/* Puts KDA and attention on the kernels of `mode` (a k3c_kernel_mode; K3C_KERNELS_BF16 after init). */
+void k3c_cuda_backend_kernels(k3c_cuda_backend *b, int mode);
 void k3c_cuda_backend_destroy(k3c_cuda_backend *b);
 
 #ifdef __cplusplus

@@ -11,16 +11,23 @@
  * a copy. Under `mpirun -np N` (one GPU per rank: GPU = the rank on its node) the NCCL id travels over MPI.
  * `--cpu` runs the same layouts with the CPU backend in the GPU's place over MPI or one rank (where there is no GPU).
  *
+ * The backend runs the fp32 checking kernels (K3C_KERNELS_FP32: the KDA recurrence and attention_naive) and fp32
+ * GEMMs, so the whole step is fp32 as on the CPU: the bf16 tensor-core kernels round their operands, and a rounding
+ * that flips with the summation order of a split grows through Muon and AdamW to 0.1–0.3 after 3 steps (measured
+ * 2026-12-03), which would hide any fault of the parallel code. The model is the CPU tests' (the fp32 kernels take its
+ * 8-wide heads); `--config FILE` runs another. On the make-run model (configs/k3_tiny.json: 8 layers, width 128) the
+ * GPU's own fp32 floor after 3 steps (documents reversed) is 8e-6, and ep1 and pp1 land at 1.2e-5 and 1.6e-5 (cuBLASLt
+ * picks other algorithms for the split shapes): above this test's 1e-5 by the floor's width, not by a fault.
+ *
  * Tolerances (relative ‖x − ref‖₂/‖ref‖₂ per parameter-table entry; router biases absolute, on the scale of the scores
- * they shift, as test_dist_dp.c explains): against the single-process CUDA step 1e-5, the CPU tests' tolerance (fp32
- * GEMMs; the KDA and attention kernels round their operands to bf16 the same way in both runs, so what differs is the
- * summation order of the split, as on the CPU; the GPU's own floor, one process on the documents reversed, is printed
- * next to it); against the single-process CPU step 1e-2, the GPU-vs-CPU tolerance of test_model_cuda (bf16 operands in
- * the KDA and attention kernels), on the loss, the step-1 gradients, the weights that start non-zero and the router
- * biases (absolute). A tensor that starts at zero (the AttnRes pseudo-queries) is all update, and AdamW's first steps
- * are ±lr wherever a gradient element is within the GPU's rounding of zero; the optimizer state's second moments square
- * the gradients' differences: both are printed against the CPU, checked only against the CUDA process. A
- * host-memory communicator is refused for device memory. */
+ * they shift, as test_dist_dp.c explains): against the single-process CUDA step 1e-5, the CPU tests' tolerance (what
+ * differs is the summation order of the split, as on the CPU; the GPU's own floor, one process on the documents
+ * reversed, is printed next to it); against the single-process CPU step 1e-4, test_model_cuda's tolerance for the fp32
+ * kernels (another KDA algorithm, cuBLASLt's summation order), on the loss, the step-1 gradients, the weights that
+ * start non-zero and the router biases (absolute). A tensor that starts at zero (the AttnRes pseudo-queries) is all
+ * update, and AdamW's first steps are ±lr wherever a gradient element is within rounding of zero; the optimizer
+ * state's second moments square the gradients' differences: both are printed against the CPU, checked only against
+ * the CUDA process. A host-memory communicator is refused for device memory. */
 #include "test.h"
 
 #include "cuda/cuda_ops.h"
@@ -31,18 +38,9 @@
 
 #define STEPS 3
 #define TOL 1e-5     /* against the single-process CUDA step */
-#define CPU_TOL 1e-2 /* against the single-process CPU step (test_model_cuda's GPU-vs-CPU tolerance) */
+#define CPU_TOL 1e-4 /* against the single-process CPU step (test_model_cuda's for the fp32 kernels; ≤ 6.8e-6 seen) */
 #define MICRO 4 /* pipeline micro-batches per step */
-#define CONFIG "configs/k3_test_tiny.json"
-
-/* The CUDA kernels' head widths (KDA d_k 32/64/128, attention widths multiples of 8) are wider than the CPU test
- * model's: on a device the make-run model's config (configs/k3_tiny.json: 8 layers of KDA and MLA, 16 experts top-4,
- * AttnRes), on the CPU (--cpu) the tiny one. */
-#define CONFIG_GPU "configs/k3_tiny.json"
-static int load_config(const k3c_backend_f32 *dev, k3c_config *cfg, k3c_err *err) {
-    return k3c_config_load(strcmp(dev->name, "cpu") ? CONFIG_GPU : CONFIG, cfg, err);
-}
-
+#define CONFIG "configs/k3_test_tiny.json" /* the CPU tests' model (test_dist_dp.c); --config FILE runs another */
 
 /* A layout: the degrees of the parallel pieces over the communicator's ranks (0: the piece is not used; 1: it is,
  * over a group of one rank), dp being what remains. */
@@ -181,10 +179,10 @@ static double gpu_floor(const k3c_config *cfg, const k3c_backend_f32 *be, const 
 }
 
 /* One layout against one CUDA process and one CPU process. */
-static void compare(k3c_comm *comm, const k3c_backend_f32 *cuda, layout lay) {
+static void compare(k3c_comm *comm, const k3c_backend_f32 *cuda, const char *config, layout lay) {
     k3c_err err = {0};
     k3c_config cfg;
-    if (load_config(cuda, &cfg, &err)) {
+    if (k3c_config_load(config, &cfg, &err)) {
         CHECK(0, "%s (run from the repository root)", err.msg);
         return;
     }
@@ -267,11 +265,11 @@ static void compare(k3c_comm *comm, const k3c_backend_f32 *cuda, layout lay) {
 }
 
 /* Device memory never meets a host-memory communicator: the one-rank "self" one is refused with a clear message. */
-static void refusals(const k3c_backend_f32 *cuda) {
+static void refusals(const k3c_backend_f32 *cuda, const char *config) {
     k3c_err err = {0};
     k3c_config cfg;
     k3c_model m;
-    if (load_config(cuda, &cfg, &err) || k3c_model_create_f32(&cfg, 1, &m, &err)) {
+    if (k3c_config_load(config, &cfg, &err) || k3c_model_create_f32(&cfg, 1, &m, &err)) {
         CHECK(0, "%s", err.msg);
         return;
     }
@@ -311,27 +309,38 @@ static void host_buffers(k3c_comm *c) {
 
 /* Each piece over all the ranks (ep, tp and pp where N divides the model's widths), and on 4 ranks the combinations
  * of test_dist_dp.c. */
-static void run_all(k3c_comm *c, const k3c_backend_f32 *cuda, int device) {
+static void run_all(k3c_comm *c, const k3c_backend_f32 *cuda, const char *config, int device) {
     const int N = c->size;
     host_buffers(c);
-    if (device) refusals(cuda);
-    compare(c, cuda, (layout){0, 0, 0, 0}); /* dp = N */
+    if (device) refusals(cuda, config);
+    compare(c, cuda, config, (layout){0, 0, 0, 0}); /* dp = N */
     if (4 % N == 0) { /* the tiny model's 4 experts, 2 heads (4 in the tp4 variant) and 4 layers */
-        compare(c, cuda, (layout){N, 0, 0, 0}); /* ep = N (one rank: the expert exchange over itself) */
-        compare(c, cuda, (layout){0, N, 0, 0});
-        compare(c, cuda, (layout){0, 0, N, 0});
+        compare(c, cuda, config, (layout){N, 0, 0, 0}); /* ep = N (one rank: the expert exchange over itself) */
+        compare(c, cuda, config, (layout){0, N, 0, 0});
+        compare(c, cuda, config, (layout){0, 0, N, 0});
     }
-    compare(c, cuda, (layout){0, 0, 0, N});
+    compare(c, cuda, config, (layout){0, 0, 0, N});
     if (N != 4) return;
     static const layout pairs[] = {{2, 0, 0, 0}, {0, 2, 0, 0}, {0, 0, 2, 0}, {0, 2, 2, 0}, {0, 0, 0, 2}, {2, 0, 0, 2}};
-    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) compare(c, cuda, pairs[i]);
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) compare(c, cuda, config, pairs[i]);
 }
 
 /* --cpu: the same layouts and checks with the CPU backend standing in for the GPU, over the MPI world (under mpirun)
  * or the one-rank communicator: a check of this program where there is no GPU. */
 int main(int argc, char **argv) {
     k3c_err err = {0};
-    const int cpu = argc > 1 && strcmp(argv[1], "--cpu") == 0;
+    int cpu = 0;
+    const char *config = CONFIG;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--cpu") == 0)
+            cpu = 1;
+        else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
+            config = argv[++i];
+        else {
+            fprintf(stderr, "usage: test_dist_nccl [--cpu] [--config MODEL.json] (unknown argument '%s')\n", argv[i]);
+            return 2;
+        }
+    }
     int gpus = 0;
     if (!cpu && (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1)) {
         printf("FAIL: no GPU (--cpu runs the checks on the CPU backend)\n0 passed, 1 failed\n");
@@ -342,8 +351,9 @@ int main(int argc, char **argv) {
     const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     int rank = boot ? boot->rank : 0, device = cpu ? 0 : (lr ? atoi(lr) : rank) % gpus;
     k3c_cuda_backend cb;
-    int ok = cpu || k3c_cuda_backend_init(&cb, device, 0 /* fp32 GEMMs */, &err) == K3C_OK;
+    int ok = cpu || k3c_cuda_backend_init(&cb, device, K3C_GEMM_FP32, &err) == K3C_OK;
     CHECK(ok, "CUDA backend on GPU %d: %s", device, err.msg);
+    if (ok && !cpu) k3c_cuda_backend_kernels(&cb, K3C_KERNELS_FP32);
     if (cpu && !boot)
         CHECK_OK(k3c_comm_self(&c, &err), &err);
     else if (ok)
@@ -351,7 +361,7 @@ int main(int argc, char **argv) {
                      : k3c_comm_nccl(boot, NULL, rank, boot ? boot->size : 1, device, &c, &err),
                  &err);
     if (c) {
-        run_all(c, cpu ? k3c_backend_cpu_f32() : &cb.table, !cpu);
+        run_all(c, cpu ? k3c_backend_cpu_f32() : &cb.table, config, !cpu);
         k3c_comm_free(c);
     }
     if (ok && !cpu) k3c_cuda_backend_destroy(&cb);
