@@ -197,12 +197,21 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
     if (dp) CHECK_RC(k3c_dp_sum(dp, loss, err));
     if (r->d.tp_comm) CHECK_RC(k3c_tp_dedup_grads(&r->d.tp, &r->m.table, r->m.g, K3C_F32, err));
     if (dp) CHECK_RC(k3c_dp_reduce_grads(dp, r->m.g, err));
-    if (g_out) CHECK_RC(be->download(g_out, r->m.g, sizeof(float) * r->m.table.total, err));
-    if (g_out && r->d.use_pp) /* every stage's gradients (zero outside its entries): the whole gradient */
-        CHECK_RC(k3c_comm_allreduce(r->d.pp_comm, g_out, g_out, (int64_t)r->m.table.total, K3C_F32, K3C_COMM_SUM, NULL,
-                                    err));
-    if (r->d.use_pp)
-        CHECK_RC(k3c_pp_clip_grad_norm(&r->d.pp, be, r->inst, &r->m.table, r->m.g, GRAD_CLIP, norm, err));
+    if (g_out && dp) { /* the owners' parts gathered, then every stage's (zero outside its entries): the whole gradient */
+        float *whole = be->alloc(sizeof(float) * r->m.table.total);
+        int e = whole ? k3c_dp_gather_grads(dp, &r->m.table, r->m.g, whole, err) : k3c_errf(err, K3C_ENOMEM, "grads");
+        if (!e) e = be->download(g_out, whole, sizeof(float) * r->m.table.total, err);
+        if (whole) be->free(whole);
+        CHECK_RC(e);
+        if (r->d.use_pp)
+            CHECK_RC(k3c_comm_allreduce(r->d.pp_comm, g_out, g_out, (int64_t)r->m.table.total, K3C_F32, K3C_COMM_SUM,
+                                        NULL, err));
+    } else if (g_out) {
+        CHECK_RC(be->download(g_out, r->m.g, sizeof(float) * r->m.table.total, err));
+    }
+    if (dp)
+        CHECK_RC(k3c_dp_clip_grad_norm(dp, r->d.use_pp ? r->d.pp_comm : NULL, r->inst, &r->m.table, r->m.g, GRAD_CLIP,
+                                       norm, err));
     else
         CHECK_RC(be->clip_grad_norm(r->inst, &r->m.table, r->m.g, GRAD_CLIP, norm, err));
     if (dp)

@@ -373,6 +373,50 @@ static void split_rules(k3c_comm *comm) {
     split_free(&m, &o, &dp);
 }
 
+/* ZeRO-1's gradient reduce-scatter: each rank's entries hold the sum over the ranks (rank r adds r + 1 times a
+ * pattern: exact in float), everything else is zero; the global clip norm counts every entry once; the gather gives
+ * every rank the whole sum. */
+static void reduce_scatter_rules(k3c_comm *comm) {
+    k3c_err err = {0};
+    k3c_model m;
+    k3c_optim o;
+    k3c_dp dp;
+    if (!split_setup(comm, &m, &o, &dp)) return;
+    const size_t n = m.table.total;
+    const int R = comm->size;
+    float *g = malloc(sizeof(float) * n), *whole = malloc(sizeof(float) * n);
+    void *inst = NULL;
+    const k3c_backend_f32 *be = k3c_backend_cpu_f32();
+    CHECK_OK(be->optim_open(be->ctx, &o, &m.table, &inst, &err), &err);
+    for (size_t i = 0; i < n; i++) g[i] = (float)((comm->rank + 1) * (int)(i % 7 + 1));
+    CHECK_OK(k3c_dp_reduce_grads(&dp, g, &err), &err);
+    const float tri = (float)(R * (R + 1) / 2); /* Σ_r (r + 1) */
+    size_t bad = 0, a = (size_t)dp.w_displ[comm->rank], b = a + (size_t)dp.w_count[comm->rank];
+    double ss = 0;
+    for (size_t i = 0; i < n; i++) {
+        const float want = tri * (float)(i % 7 + 1);
+        bad += (i >= a && i < b) ? g[i] != want : g[i] != 0;
+        ss += (double)want * want;
+    }
+    CHECK(bad == 0, "reduce-scatter: %zu entries wrong on rank %d (owner of [%zu, %zu))", bad, comm->rank, a, b);
+    double norm = 0;
+    CHECK_OK(k3c_dp_clip_grad_norm(&dp, NULL, inst, &m.table, g, 0, &norm, &err), &err);
+    double ref = 0; /* the router biases are not clipped (k3c_grad_norm) */
+    for (int i = 0; i < m.table.n; i++)
+        for (int64_t j = 0; m.table.p[i].kind != K3C_PK_ROUTER_BIAS && j < m.table.p[i].numel; j++) {
+            const double x = tri * (double)((m.table.p[i].offset + (size_t)j) % 7 + 1);
+            ref += x * x;
+        }
+    CHECK(fabs(norm - sqrt(ref)) <= 1e-12 * sqrt(ref), "global norm %.17g, want %.17g", norm, sqrt(ref));
+    CHECK_OK(k3c_dp_gather_grads(&dp, &m.table, g, whole, &err), &err);
+    bad = 0;
+    for (size_t i = 0; i < n; i++) bad += whole[i] != tri * (float)(i % 7 + 1);
+    CHECK(bad == 0 && ss > 0, "gathered gradient: %zu entries wrong", bad);
+    be->optim_close(inst);
+    free(g), free(whole);
+    split_free(&m, &o, &dp);
+}
+
 /* The context-parallel split: contiguous ranges in rank order covering the batch, pieces continued across them, and a
  * clear error for ranges shorter than the short conv's tail. */
 static void cp_split_rules(k3c_comm *comm) {
@@ -462,6 +506,7 @@ static void layouts(void) {
 /* Every layout of the ranks there are: dp = size, ep = size, dp2×ep2 on 4 ranks, pp = size, dp2×pp2 on 4 ranks. */
 static void run_all(k3c_comm *comm) {
     split_rules(comm);
+    reduce_scatter_rules(comm);
     f64_exact(comm, 1, 0);
     f64_tp(comm);
     if (comm->size > 1) cp_split_rules(comm);

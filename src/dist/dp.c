@@ -1,6 +1,6 @@
-/* dp.c — data parallelism with ZeRO-1: batch split at document boundaries with the global loss normalisation, gradient
- * sum, optimizer state sharded by whole table entries with the parameters all-gathered after the step, global S_max
- * and router statistics. Spec: docs/PARALLEL.md "Data parallelism (ZeRO-1)", docs/TRAINING.md §1.5. */
+/* dp.c — data parallelism with ZeRO-1: batch split at document boundaries with the global loss normalisation,
+ * gradients reduce-scattered to the owners of their entries and clipped by the global norm, optimizer state sharded by
+ * whole table entries with the parameters all-gathered after the step, global S_max and router statistics. Spec: docs/PARALLEL.md "Data parallelism (ZeRO-1)", docs/TRAINING.md §1.5. */
 #include "dist/dp.h"
 
 #include "base/check.h"
@@ -77,6 +77,12 @@ int k3c_dp_init_range(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, con
     for (int i = 0; i < t->n; i++)
         dp->shard.state_off[i] = i >= dp->first && i < dp->last ? o->state_off[i] - (size_t)dp->s_displ[dp->rank] : 0;
     dp->shard.state_numel = (size_t)dp->s_count[dp->rank];
+    dp->g_shard = be->alloc(sizeof(float) * (size_t)(dp->w_count[dp->rank] > 0 ? dp->w_count[dp->rank] : 1));
+    if (!dp->g_shard) {
+        k3c_dp_free(dp);
+        return k3c_errf(err, K3C_ENOMEM, "data parallelism: the gradient shard (%lld floats)",
+                        (long long)dp->w_count[comm->rank]);
+    }
     return K3C_OK;
 }
 
@@ -92,6 +98,7 @@ void k3c_dp_free(k3c_dp *dp) {
     free(dp->shard.state_off); /* the workspace belongs to the full optimizer */
     free(dp->cu);
     if (dp->route_buf) dp->be->free(dp->route_buf);
+    if (dp->g_shard) dp->be->free(dp->g_shard);
     memset(dp, 0, sizeof *dp);
 }
 
@@ -162,8 +169,34 @@ int k3c_dp_sum(k3c_dp *dp, double *x, k3c_err *err) {
 }
 
 int k3c_dp_reduce_grads(k3c_dp *dp, float *g, k3c_err *err) {
-    return k3c_comm_allreduce(dp->comm, g + dp->g_off, g + dp->g_off, (int64_t)dp->g_len, K3C_F32, K3C_COMM_SUM, NULL,
-                              err);
+    const int64_t mine = dp->w_count[dp->rank], at = dp->w_displ[dp->rank];
+    CHECK_RC(k3c_comm_reduce_scatter(dp->comm, g + dp->g_off, dp->g_shard, dp->w_count, K3C_F32, K3C_COMM_SUM, NULL,
+                                     err));
+    CHECK_RC(dp->be->zero(g + dp->g_off, (int64_t)dp->g_len, err));
+    return mine ? dp->be->copy2d(1, mine, dp->g_shard, mine, g + at, mine, 0, err) : K3C_OK;
+}
+
+int k3c_dp_clip_grad_norm(k3c_dp *dp, k3c_comm *pp_comm, void *inst, const k3c_param_table *t, float *g,
+                          double max_norm, double *norm, k3c_err *err) {
+    double local, ss;
+    CHECK_RC(dp->be->clip_grad_norm(inst, t, g, 0, &local, err));
+    ss = local * local;
+    CHECK_RC(k3c_comm_allreduce(dp->comm, &ss, &ss, 1, K3C_F64, K3C_COMM_SUM, NULL, err));
+    if (pp_comm) CHECK_RC(k3c_comm_allreduce(pp_comm, &ss, &ss, 1, K3C_F64, K3C_COMM_SUM, NULL, err));
+    *norm = sqrt(ss);
+    if (!isfinite(*norm) || !(max_norm > 0) || *norm <= max_norm || !(local > 0)) return K3C_OK;
+    /* the backend scales by bound / (its norm + 1e-6) of the norm it measures, here this rank's part: the bound that
+       makes that the global coefficient max_norm / (norm + 1e-6) */
+    double again;
+    return dp->be->clip_grad_norm(inst, t, g, max_norm * (local + 1e-6) / (*norm + 1e-6), &again, err);
+}
+
+int k3c_dp_gather_grads(k3c_dp *dp, const k3c_param_table *t, const float *g, float *out, k3c_err *err) {
+    CHECK_RC(dp->be->zero(out, (int64_t)t->total, err));
+    const int64_t mine = dp->w_count[dp->rank], at = dp->w_displ[dp->rank];
+    if (mine) CHECK_RC(dp->be->copy2d(1, mine, g + at, mine, out + at, mine, 0, err));
+    CHECK_RC(dp->be->sync(err));
+    return k3c_comm_allgather(dp->comm, NULL, out, dp->w_count, dp->w_displ, K3C_F32, NULL, err);
 }
 
 int k3c_dp_optim_step(k3c_dp *dp, const k3c_backend_f32 *be, void *inst, const k3c_param_table *t, float *w,

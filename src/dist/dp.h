@@ -1,5 +1,5 @@
 /* dp.h — data parallelism with ZeRO-1 for the trainer: the run config's "parallel" layout checked against the world
- * and the model, the global batch split at document boundaries, gradients summed over the ranks, the optimizer state
+ * and the model, the global batch split at document boundaries, gradients reduce-scattered to their owners, the optimizer state
  * sharded by whole parameter-table entries (one owner rank per entry: Per-Head Muon's head blocks and expert slices
  * never straddle ranks), parameters all-gathered after the step, QK-Clip's S_max and quantile balancing's router
  * statistics taken over the global batch. Spec: docs/PARALLEL.md "Data parallelism (ZeRO-1)". */
@@ -38,6 +38,7 @@ typedef struct {
     int64_t *T_all;   /* [size] tokens of every rank's part */
     float *route_buf; /* gathered router logits and cutoffs of one layer (backend memory) */
     size_t route_cap;
+    float *g_shard; /* this rank's entries of the reduce-scattered gradient (backend memory, w_count[rank] floats) */
 } k3c_dp;
 
 /* o: the optimizer initialised for t (full layout); the shard shares its workspace. w, g, the state and the router
@@ -67,8 +68,17 @@ void k3c_batch_part_aligned(const int32_t *cu, int n_docs, int64_t T, int part, 
 int k3c_dp_split_batch(k3c_dp *dp, k3c_model_batch *b, k3c_err *err);
 /* *x ← the sum of x over the ranks (the loss). */
 int k3c_dp_sum(k3c_dp *dp, double *x, k3c_err *err);
-/* g ← Σ_ranks g over the group's entries (every rank gets the whole sum, so clipping sees the global gradient). */
+/* ZeRO-1's gradient reduce-scatter: this rank's entries [first, last) of g ← their sum over the ranks, the rest of the
+ * group's entries zeroed (every entry then lives on its owner alone, so norms over the table count it once). */
 int k3c_dp_reduce_grads(k3c_dp *dp, float *g, k3c_err *err);
+/* Global-norm clipping of the owners' gradients: this rank's squared norm (its entries) summed over the group and,
+ * pp_comm non-NULL, over the pipeline's stages; then its entries scaled by the coefficient of the global norm.
+ * *norm: the global norm before clipping (max_norm <= 0: the norm only). */
+int k3c_dp_clip_grad_norm(k3c_dp *dp, k3c_comm *pp_comm, void *inst, const k3c_param_table *t, float *g,
+                          double max_norm, double *norm, k3c_err *err);
+/* out (backend memory, t->total floats) ← every owner's reduced entries of the group's range, zero elsewhere (the
+ * whole gradient of the group; tests and debugging: the step itself needs only the owners' parts). */
+int k3c_dp_gather_grads(k3c_dp *dp, const k3c_param_table *t, const float *g, float *out, k3c_err *err);
 /* The optimizer step of this rank's entries on its state shard, then every rank's updated entries gathered into w. */
 int k3c_dp_optim_step(k3c_dp *dp, const k3c_backend_f32 *be, void *inst, const k3c_param_table *t, float *w,
                       const float *g, float *state_shard, double lr, int64_t step, k3c_err *err);

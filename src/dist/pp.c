@@ -260,20 +260,6 @@ int k3c_pp_step(k3c_pp *pp, k3c_model *m, const k3c_model_batch *b, k3c_arena *a
     return K3C_OK;
 }
 
-int k3c_pp_clip_grad_norm(k3c_pp *pp, const k3c_backend_f32 *be, void *inst, const k3c_param_table *t, float *g,
-                          double max_norm, double *norm, k3c_err *err) {
-    double local, ss;
-    CHECK_RC(be->clip_grad_norm(inst, t, g, 0, &local, err));
-    ss = local * local;
-    CHECK_RC(k3c_comm_allreduce(pp->comm, &ss, &ss, 1, K3C_F64, K3C_COMM_SUM, NULL, err));
-    *norm = sqrt(ss);
-    if (!isfinite(*norm) || !(max_norm > 0) || *norm <= max_norm || !(local > 0)) return K3C_OK;
-    /* the backend scales by bound / (its norm + 1e-6) of the norm it measures, here this stage's: the bound that
-       makes that the global coefficient max_norm / (norm + 1e-6) */
-    double again;
-    return be->clip_grad_norm(inst, t, g, max_norm * (local + 1e-6) / (*norm + 1e-6), &again, err);
-}
-
 int k3c_pp_gather(k3c_pp *pp, const k3c_param_table *t, const k3c_optim *o, float *w, float *state, k3c_err *err) {
     const int P = pp->stages;
     int64_t *c = malloc(sizeof(int64_t) * 4 * (size_t)P), mine[4];

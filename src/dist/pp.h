@@ -43,10 +43,6 @@ void k3c_pp_free(k3c_pp *pp);
  * the maximum over the micro-batches. backward 0: forward only (validation; one micro-batch, nothing kept). */
 int k3c_pp_step(k3c_pp *pp, k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, int backward, double *loss,
                 k3c_err *err);
-/* Global-norm clipping over the stages: each stage's squared norm (its entries; the others' gradients are zero here)
- * summed over the pipeline group, then this stage's gradients scaled by the one coefficient of the global norm. */
-int k3c_pp_clip_grad_norm(k3c_pp *pp, const k3c_backend_f32 *be, void *inst, const k3c_param_table *t, float *g,
-                          double max_norm, double *norm, k3c_err *err);
 /* Every stage's parameters and optimizer state (single-process layout; state: the stage's range already gathered)
  * into every rank's w and state: for checkpoints. */
 int k3c_pp_gather(k3c_pp *pp, const k3c_param_table *t, const k3c_optim *o, float *w, float *state, k3c_err *err);

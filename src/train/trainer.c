@@ -226,8 +226,8 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     if (tr->tp_comm && (e = k3c_tp_dedup_grads(&tr->tp, &tr->m.table, tr->m.g, K3C_F32, err))) /* counted once */
         return e;
     if (tr->dp && (e = k3c_dp_reduce_grads(tr->dp, tr->m.g, err))) return e;
-    e = tr->pp ? k3c_pp_clip_grad_norm(tr->pp, be, tr->opt_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm,
-                                       err)
+    e = tr->dp ? k3c_dp_clip_grad_norm(tr->dp, tr->pp ? tr->pp_comm : NULL, tr->opt_inst, &tr->m.table, tr->m.g,
+                                       rc->grad_clip, &row->grad_norm, err) /* the owners' parts, summed */
                : be->clip_grad_norm(tr->opt_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm, err);
     if (e) return e;
     if (k3c_guard_judge(&tr->guard, rc, loss, row->grad_norm, tr->skip, sizeof tr->skip)) return K3C_OK;
