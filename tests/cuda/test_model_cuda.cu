@@ -261,8 +261,11 @@ static int mla_heads(const k3c_config &c) { return k3c_config_num_mla(&c) > 0 ? 
  * O(1), so only the loss and the agreement of the routes are checked; the logit and gradient errors are printed. */
 static const double PRECISION_RATIO = 16;
 /* The fp32 checking kernels (K3C_KERNELS_FP32) with fp32 GEMMs: the whole step in fp32, the KDA recurrence against the
- * CPU's chunks and cuBLASLt's summation order against OpenBLAS's; the op harness's chained tolerance. */
-static const double TOL_FP32 = 1e-4;
+ * CPU's chunks and cuBLASLt's summation order against OpenBLAS's: two float32 computations, each within its own
+ * rounding of the exact result. On the golden model the CPU's float32 gradients are up to 6.4e-5 from its float64
+ * ones (the cancelling A_log sums: 1–5e-5; two seeds, 2026-12-03), and the GPU's were 1.2e-4 from the CPU's on
+ * one seed; 3e-4 is about 5× that float32 floor. */
+static const double TOL_FP32 = 3e-4;
 
 static double tensor_rel(const step_out &x, const step_out &ref, const k3c_param &p, size_t *bad) {
     return rel(x.grads.data() + p.offset, ref.grads.data() + p.offset, (size_t)p.numel, bad);
