@@ -88,8 +88,7 @@ static double ckpt_diff(const fixture *fx, const char *x, const char *y, int ste
     }
     float *sa = malloc(sizeof(float) * fx->optim_numel), *sb = malloc(sizeof(float) * fx->optim_numel);
     char *ta = NULL, *tb = NULL;
-    if (!k3c_train_ckpt_load_state(a, sa, fx->optim_numel, &ta, &err) &&
-        !k3c_train_ckpt_load_state(b, sb, fx->optim_numel, &tb, &err))
+    if (!ckpt_state(a, sa, &ta, &err) && !ckpt_state(b, sb, &tb, &err))
         *state_diff = test_rel_err_f(sa, sb, fx->optim_numel);
     else
         CHECK(0, "optimizer state: %s", err.msg);
@@ -124,6 +123,80 @@ static void copy_at_step2(const fixture *fx, const char *dst, const char *src) {
     }
     snprintf(q, sizeof q, "%s/latest", p);
     write_text(q, "step_00000002\n");
+}
+
+/* Checkpoint `step` of run `run` holds every file of `present` (NULL-terminated) and none of `absent`. */
+static void check_files(const fixture *fx, const char *run, int step, const char *const *present,
+                        const char *const *absent) {
+    char p[1400], rel[160];
+    for (int k = 0; k < 2; k++)
+        for (const char *const *f = k ? absent : present; *f; f++) {
+            snprintf(rel, sizeof rel, "step_%08d/%s", step, *f);
+            out_path(fx, run, rel, p, sizeof p);
+            CHECK(exists(p) == !k, "%s: %s %s", run, rel, k ? "should not exist" : "missing");
+        }
+}
+
+/* Which files each layout writes: one process the single files (the old format), ZeRO-1 one optimizer shard per
+ * rank and its index, pipeline parallelism one model file per stage and the Hugging Face index. */
+static void check_layouts(const fixture *fx) {
+    typedef const char *const list[];
+    static list one = {"model.safetensors", "optimizer.safetensors", "checksums.json", NULL};
+    static list one_not = {"optimizer.safetensors.index.json", "model.safetensors.index.json", NULL};
+    static list force = {"model.safetensors", "optimizer-00001-of-00001.safetensors",
+                         "optimizer.safetensors.index.json", NULL};
+    static list dp2 = {"model.safetensors", "optimizer-00001-of-00002.safetensors",
+                       "optimizer-00002-of-00002.safetensors", "optimizer.safetensors.index.json", NULL};
+    static list dp2_not = {"optimizer.safetensors", "model.safetensors.index.json", NULL};
+    static list dpep = {"optimizer-00001-of-00004.safetensors", "optimizer-00004-of-00004.safetensors", NULL};
+    static list pp2 = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                       "model.safetensors.index.json", "optimizer-00002-of-00002.safetensors", NULL};
+    static list dppp = {"model-00002-of-00002.safetensors", "optimizer-00004-of-00004.safetensors", NULL};
+    static list pp2_not = {"model.safetensors", "optimizer.safetensors", NULL};
+    check_files(fx, "one", 2, one, one_not);
+    check_files(fx, "force1", 2, force, dp2_not);
+    check_files(fx, "dp2", 2, dp2, dp2_not);
+    check_files(fx, "dpep", 4, dpep, dp2_not);
+    check_files(fx, "pp2", 4, pp2, pp2_not);
+    check_files(fx, "dppp", 4, dppp, pp2_not);
+}
+
+/* A sharded checkpoint with a shard missing or damaged: resume fails with a message naming the file (step 2 is the
+ * only checkpoint, so there is nothing to fall back to); without checksums.json the reader names it too. */
+static void check_bad_shards(const fixture *fx) {
+    static const char *const shard = "optimizer-00002-of-00002.safetensors";
+    char cfg[1400], dir[1400], p[1500];
+    k3c_train_result r;
+    for (int k = 0; k < 2; k++) {
+        k3c_err err = {0};
+        write_cfg(fx, "badshard", NULL, cfg, sizeof cfg);
+        copy_at_step2(fx, "badshard", "dp2b");
+        out_path(fx, "badshard", "step_00000001", dir, sizeof dir);
+        replace_tree(dir, NULL);
+        out_path(fx, "badshard", "step_00000002", dir, sizeof dir);
+        snprintf(p, sizeof p, "%s/%s", dir, shard);
+        if (k == 0)
+            unlink(p);
+        else {
+            FILE *f = fopen(p, "r+b");
+            if (f && fseek(f, -3, SEEK_END) == 0) fputc('#', f);
+            if (f) fclose(f);
+        }
+        int rc = train(cfg, 1, 0, NULL, &r, &err);
+        CHECK(rc != K3C_OK && contains(err.msg, shard) && (k == 0 || contains(err.msg, "checksum")),
+              "resume with shard %s: rc %d: %s", k ? "damaged" : "missing", rc, err.msg);
+        printf("resume with a %s shard: %s\n", k ? "damaged" : "missing", err.msg);
+    }
+    snprintf(p, sizeof p, "%s/checksums.json", dir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/%s", dir, shard);
+    unlink(p);
+    k3c_err err = {0};
+    float *st = malloc(sizeof(float) * fx->optim_numel);
+    int rc = ckpt_state(dir, st, NULL, &err);
+    CHECK(rc != K3C_OK && contains(err.msg, shard), "optimizer state without a shard or checksums: rc %d: %s", rc,
+          err.msg);
+    free(st);
 }
 
 /* `k3c plan` prints the recommended layout as a "parallel" block that a run config accepts as it is. */
@@ -228,8 +301,24 @@ int main(void) {
     CHECK_OK(train(res4, 1, 0, NULL, &r, &err), &err);
     check_close(&fx, "res4", "one", 4, "pp2 checkpoint resumed by one process");
 
-    /* tensor parallelism: tp2 on 2 ranks, tp2×pp2 on 4; a dp2×ep2 checkpoint resumed at tp2 (every layout writes the
-       single-process layout, each rank reads the whole of it), and a tp2 checkpoint resumed by one process */
+    /* every layout's files, a pp2 checkpoint (a model file per stage, two optimizer shards) resumed at dp4 (four),
+       a dp2 checkpoint resumed at pp2, and a damaged or missing shard */
+    check_layouts(&fx);
+    char res9[1400], res10[1400];
+    write_cfg(&fx, "res9", "{\"dp\": 4}", res9, sizeof res9);
+    copy_at_step2(&fx, "res9", "pp2");
+    st = k3c_mpi(4, res9, "--resume", out, sizeof out);
+    CHECK(st == 0, "pp2 checkpoint resumed at dp4 exited %d:\n%s", st, out);
+    check_close(&fx, "res9", "one", 4, "pp2 checkpoint resumed at dp4");
+    write_cfg(&fx, "res10", "{\"pp\": 2}", res10, sizeof res10);
+    copy_at_step2(&fx, "res10", "dp2b");
+    st = k3c_mpi(2, res10, "--resume", out, sizeof out);
+    CHECK(st == 0, "dp2 checkpoint resumed at pp2 exited %d:\n%s", st, out);
+    check_close(&fx, "res10", "one", 4, "dp2 checkpoint resumed at pp2");
+    check_bad_shards(&fx);
+
+    /* tensor parallelism: tp2 on 2 ranks, tp2×pp2 on 4; a dp2×ep2 checkpoint (four optimizer shards) resumed at
+       tp2 (each rank reads the entries it owns from whichever shards hold them), and a tp2 checkpoint resumed by one process */
     char tp2[1400], tppp[1400], res5[1400], res6[1400];
     write_cfg(&fx, "tp2", "{\"tp\": 2}", tp2, sizeof tp2);
     st = k3c_mpi(2, tp2, "", out, sizeof out);
