@@ -316,6 +316,18 @@ int main(void) {
     CHECK(st == 0, "dp2 checkpoint resumed at pp2 exited %d:\n%s", st, out);
     check_close(&fx, "res10", "one", 4, "dp2 checkpoint resumed at pp2");
     check_bad_shards(&fx);
+    char failsave[1400], p[1500];
+    write_cfg(&fx, "failsave", "{\"dp\": 2}", failsave, sizeof failsave);
+    setenv("K3C_TEST_FAULT", "save:1", 1); /* rank 1 fails to write its shard: the save fails on both ranks */
+    st = k3c_mpi(2, failsave, "--max-steps 1", out, sizeof out);
+    unsetenv("K3C_TEST_FAULT");
+    CHECK(st != 0 && (contains(out, "another rank failed to write its part") || contains(out, "state floats given")),
+          "a failed shard write: exit %d:\n%s", st, out);
+    static const char *const none_left[] = {"step_00000001", ".tmp_step_00000001", "latest"};
+    for (int i = 0; i < 3; i++) {
+        out_path(&fx, "failsave", none_left[i], p, sizeof p);
+        CHECK(!exists(p), "a failed save left %s behind", p);
+    }
 
     /* tensor parallelism: tp2 on 2 ranks, tp2×pp2 on 4; a dp2×ep2 checkpoint (four optimizer shards) resumed at
        tp2 (each rank reads the entries it owns from whichever shards hold them), and a tp2 checkpoint resumed by one process */

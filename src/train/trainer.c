@@ -345,6 +345,14 @@ static int trainer_state_json(trainer *tr, k3c_sbuf *sb, k3c_err *err) {
     return sb->ok ? K3C_OK : k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory");
 }
 
+/* The checkpoint's test fault hook, for tests only: K3C_TEST_FAULT="save:R" makes world rank R's write of its part of
+ * a parallel checkpoint fail (a state size the writer refuses), so that the others must fail the save with it. */
+static int save_fault(const trainer *tr) {
+    const char *f = getenv("K3C_TEST_FAULT");
+    int r;
+    return f && sscanf(f, "save:%d", &r) == 1 && r == tr->rank;
+}
+
 /* Every rank writes its part (docs/PARALLEL.md "Checkpoints"): its ZeRO-1 state shard; the weights from rank 0, or
  * with pipeline parallelism from each stage's first rank (its stage's entries); one process the single-file layout. */
 static int save(trainer *tr, k3c_err *err) {
@@ -367,6 +375,7 @@ static int save(trainer *tr, k3c_err *err) {
             ck.w0 = !writes ? 0 : tr->pp ? tr->pp->e0 : 0;
             ck.w1 = !writes ? 0 : tr->pp ? tr->pp->e1 : tr->m.table.n;
             ck.w_part = tr->pp ? tr->pp->stage : 0, ck.w_parts = tr->pp ? tr->pp->stages : 1;
+            ck.optim_numel += (size_t)save_fault(tr);
         }
         e = k3c_train_ckpt_save(tr->rc->out_dir, tr->step, &ck, (int)tr->rc->keep_checkpoints, err);
     }
