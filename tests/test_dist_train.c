@@ -199,6 +199,36 @@ static void check_bad_shards(const fixture *fx) {
     free(st);
 }
 
+/* Run `name` (its "parallel" block) resumed on np ranks from `from`'s checkpoint of step 2 continues like one process. */
+static void resume_mpi(const fixture *fx, const char *name, const char *parallel, int np, const char *from,
+                       const char *what) {
+    static char out[1 << 16];
+    char cfg[1400];
+    write_cfg(fx, name, parallel, cfg, sizeof cfg);
+    copy_at_step2(fx, name, from);
+    int st = k3c_mpi(np, cfg, "--resume", out, sizeof out);
+    CHECK(st == 0, "%s exited %d:\n%s", what, st, out);
+    check_close(fx, name, "one", 4, what);
+}
+
+/* A rank whose write of its part fails (the test fault hook) fails the save on every rank, and nothing is left: no
+ * step directory, no temporary, no `latest`. */
+static void check_failed_save(const fixture *fx) {
+    static char out[1 << 16];
+    char cfg[1400], p[1500];
+    write_cfg(fx, "failsave", "{\"dp\": 2}", cfg, sizeof cfg);
+    setenv("K3C_TEST_FAULT", "save:1", 1);
+    int st = k3c_mpi(2, cfg, "--max-steps 1", out, sizeof out);
+    unsetenv("K3C_TEST_FAULT");
+    CHECK(st != 0 && (contains(out, "another rank failed to write its part") || contains(out, "state floats given")),
+          "a failed shard write: exit %d:\n%s", st, out);
+    static const char *const none_left[] = {"step_00000001", ".tmp_step_00000001", "latest"};
+    for (int i = 0; i < 3; i++) {
+        out_path(fx, "failsave", none_left[i], p, sizeof p);
+        CHECK(!exists(p), "a failed save left %s behind", p);
+    }
+}
+
 /* `k3c plan` prints the recommended layout as a "parallel" block that a run config accepts as it is. */
 static void plan_block(const fixture *fx) {
     char cmd[1024], line[1024], block[1024] = "", path[1400];
@@ -226,7 +256,7 @@ int main(void) {
         return 1;
     }
     static char out[1 << 16];
-    char one[1400], dp2[1400], dp2b[1400], res1[1400], res2[1400], bad[1400];
+    char one[1400], dp2[1400], dp2b[1400], res1[1400], bad[1400];
     k3c_err err = {0};
     k3c_train_result r;
     write_cfg(&fx, "one", NULL, one, sizeof one);
@@ -262,11 +292,7 @@ int main(void) {
     CHECK_OK(train(res1, 1, 0, NULL, &r, &err), &err);
     check_close(&fx, "res1", "one", 4, "dp2 checkpoint resumed by one process");
 
-    write_cfg(&fx, "res2", "{\"dp\": 2}", res2, sizeof res2);
-    copy_at_step2(&fx, "res2", "one");
-    st = k3c_mpi(2, res2, "--resume", out, sizeof out);
-    CHECK(st == 0, "one-process checkpoint resumed at dp2 exited %d:\n%s", st, out);
-    check_close(&fx, "res2", "one", 4, "one-process checkpoint resumed at dp2");
+    resume_mpi(&fx, "res2", "{\"dp\": 2}", 2, "one", "one-process checkpoint resumed at dp2");
 
     /* expert parallelism: ep2 on 2 ranks, dp2×ep2 on 4, and a dp2×ep2 checkpoint resumed by one process */
     char ep2[1400], dpep[1400], res3[1400];
@@ -304,34 +330,14 @@ int main(void) {
     /* every layout's files, a pp2 checkpoint (a model file per stage, two optimizer shards) resumed at dp4 (four),
        a dp2 checkpoint resumed at pp2, and a damaged or missing shard */
     check_layouts(&fx);
-    char res9[1400], res10[1400];
-    write_cfg(&fx, "res9", "{\"dp\": 4}", res9, sizeof res9);
-    copy_at_step2(&fx, "res9", "pp2");
-    st = k3c_mpi(4, res9, "--resume", out, sizeof out);
-    CHECK(st == 0, "pp2 checkpoint resumed at dp4 exited %d:\n%s", st, out);
-    check_close(&fx, "res9", "one", 4, "pp2 checkpoint resumed at dp4");
-    write_cfg(&fx, "res10", "{\"pp\": 2}", res10, sizeof res10);
-    copy_at_step2(&fx, "res10", "dp2b");
-    st = k3c_mpi(2, res10, "--resume", out, sizeof out);
-    CHECK(st == 0, "dp2 checkpoint resumed at pp2 exited %d:\n%s", st, out);
-    check_close(&fx, "res10", "one", 4, "dp2 checkpoint resumed at pp2");
+    resume_mpi(&fx, "res9", "{\"dp\": 4}", 4, "pp2", "pp2 checkpoint resumed at dp4");
+    resume_mpi(&fx, "res10", "{\"pp\": 2}", 2, "dp2b", "dp2 checkpoint resumed at pp2");
     check_bad_shards(&fx);
-    char failsave[1400], p[1500];
-    write_cfg(&fx, "failsave", "{\"dp\": 2}", failsave, sizeof failsave);
-    setenv("K3C_TEST_FAULT", "save:1", 1); /* rank 1 fails to write its shard: the save fails on both ranks */
-    st = k3c_mpi(2, failsave, "--max-steps 1", out, sizeof out);
-    unsetenv("K3C_TEST_FAULT");
-    CHECK(st != 0 && (contains(out, "another rank failed to write its part") || contains(out, "state floats given")),
-          "a failed shard write: exit %d:\n%s", st, out);
-    static const char *const none_left[] = {"step_00000001", ".tmp_step_00000001", "latest"};
-    for (int i = 0; i < 3; i++) {
-        out_path(&fx, "failsave", none_left[i], p, sizeof p);
-        CHECK(!exists(p), "a failed save left %s behind", p);
-    }
+    check_failed_save(&fx);
 
     /* tensor parallelism: tp2 on 2 ranks, tp2×pp2 on 4; a dp2×ep2 checkpoint (four optimizer shards) resumed at
        tp2 (each rank reads the entries it owns from whichever shards hold them), and a tp2 checkpoint resumed by one process */
-    char tp2[1400], tppp[1400], res5[1400], res6[1400];
+    char tp2[1400], tppp[1400], res6[1400];
     write_cfg(&fx, "tp2", "{\"tp\": 2}", tp2, sizeof tp2);
     st = k3c_mpi(2, tp2, "", out, sizeof out);
     CHECK(st == 0, "mpirun -np 2 k3c train (tp2) exited %d:\n%s", st, out);
@@ -341,11 +347,7 @@ int main(void) {
     st = k3c_mpi(4, tppp, "", out, sizeof out);
     CHECK(st == 0, "mpirun -np 4 k3c train (tp2×pp2) exited %d:\n%s", st, out);
     check_close(&fx, "tppp", "one", 4, "tp2×pp2 vs one process");
-    write_cfg(&fx, "res5", "{\"tp\": 2}", res5, sizeof res5);
-    copy_at_step2(&fx, "res5", "dpep");
-    st = k3c_mpi(2, res5, "--resume", out, sizeof out);
-    CHECK(st == 0, "dp2×ep2 checkpoint resumed at tp2 exited %d:\n%s", st, out);
-    check_close(&fx, "res5", "one", 4, "dp2×ep2 checkpoint resumed at tp2");
+    resume_mpi(&fx, "res5", "{\"tp\": 2}", 2, "dpep", "dp2×ep2 checkpoint resumed at tp2");
     write_cfg(&fx, "res6", NULL, res6, sizeof res6);
     copy_at_step2(&fx, "res6", "tp2");
     CHECK_OK(train(res6, 1, 0, NULL, &r, &err), &err);

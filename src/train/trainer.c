@@ -423,9 +423,6 @@ static int check_tokenizer(const k3c_run_config *rc, int64_t data_vocab, k3c_err
     return K3C_OK;
 }
 
-/* Loads checkpoint `dir` into the run: the weights through the model's backend (read into a host model, then uploaded),
- * the optimizer state (uploaded when the run's state already lives on the backend, else kept for optim_state), step,
- * tokens, the loader and the guard. Used by --resume before the model moves and by a rollback after. */
 /* The optimizer state of checkpoint `dir` into tr->ostate: the whole state, or under ZeRO-1 this rank's entries only,
  * read from whichever files of the checkpoint hold them (any layout wrote it). */
 static int load_optim_state(trainer *tr, const char *dir, k3c_err *err) {
@@ -440,6 +437,10 @@ static int load_optim_state(trainer *tr, const char *dir, k3c_err *err) {
     return e;
 }
 
+/* Loads checkpoint `dir` into the run: the weights through the model's backend (read into a host model, then uploaded),
+ * the optimizer state (now when the run's state already lives on the backend, else read by optim_state once this rank's
+ * entries are known), step, tokens, the loader and the guard. Used by --resume before the model moves and by a
+ * rollback after. */
 static int resume_from(trainer *tr, const char *dir, k3c_err *err) {
     k3c_model host;
     int e = k3c_model_open_f32(dir, 0, &host, err); /* verifies the directory's checksums.json first */
