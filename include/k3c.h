@@ -228,6 +228,8 @@ typedef struct k3c_acts k3c_acts;
     int k3c_model_load_##S(k3c_model *m, const k3c_checkpoint *ck, k3c_err *err);                                         \
     /* Writes <dir>/model.safetensors (F32, checkpoint names, per-expert tensors) atomically. */                          \
     int k3c_model_save_##S(const k3c_model *m, const char *path, k3c_err *err);                                           \
+    /* The same for the table entries [e0, e1) only (a pipeline stage's shard of a sharded checkpoint). */           \
+    int k3c_model_save_range_##S(const k3c_model *m, const char *path, int e0, int e1, k3c_err *err);                     \
     void k3c_model_free_##S(k3c_model *m);                                                                                \
     /* config.json + checkpoint of a directory → a loaded model. */                                                     \
     int k3c_model_open_##S(const char *dir, int with_grad, k3c_model *m, k3c_err *err);                                   \

@@ -88,8 +88,7 @@ static double ckpt_diff(const fixture *fx, const char *x, const char *y, int ste
     }
     float *sa = malloc(sizeof(float) * fx->optim_numel), *sb = malloc(sizeof(float) * fx->optim_numel);
     char *ta = NULL, *tb = NULL;
-    if (!k3c_train_ckpt_load_state(a, sa, fx->optim_numel, &ta, &err) &&
-        !k3c_train_ckpt_load_state(b, sb, fx->optim_numel, &tb, &err))
+    if (!ckpt_state(a, sa, &ta, &err) && !ckpt_state(b, sb, &tb, &err))
         *state_diff = test_rel_err_f(sa, sb, fx->optim_numel);
     else
         CHECK(0, "optimizer state: %s", err.msg);
@@ -126,6 +125,110 @@ static void copy_at_step2(const fixture *fx, const char *dst, const char *src) {
     write_text(q, "step_00000002\n");
 }
 
+/* Checkpoint `step` of run `run` holds every file of `present` (NULL-terminated) and none of `absent`. */
+static void check_files(const fixture *fx, const char *run, int step, const char *const *present,
+                        const char *const *absent) {
+    char p[1400], rel[160];
+    for (int k = 0; k < 2; k++)
+        for (const char *const *f = k ? absent : present; *f; f++) {
+            snprintf(rel, sizeof rel, "step_%08d/%s", step, *f);
+            out_path(fx, run, rel, p, sizeof p);
+            CHECK(exists(p) == !k, "%s: %s %s", run, rel, k ? "should not exist" : "missing");
+        }
+}
+
+/* Which files each layout writes: one process the single files (the old format), ZeRO-1 one optimizer shard per
+ * rank and its index, pipeline parallelism one model file per stage and the Hugging Face index. */
+static void check_layouts(const fixture *fx) {
+    typedef const char *const list[];
+    static list one = {"model.safetensors", "optimizer.safetensors", "checksums.json", NULL};
+    static list one_not = {"optimizer.safetensors.index.json", "model.safetensors.index.json", NULL};
+    static list force = {"model.safetensors", "optimizer-00001-of-00001.safetensors",
+                         "optimizer.safetensors.index.json", NULL};
+    static list dp2 = {"model.safetensors", "optimizer-00001-of-00002.safetensors",
+                       "optimizer-00002-of-00002.safetensors", "optimizer.safetensors.index.json", NULL};
+    static list dp2_not = {"optimizer.safetensors", "model.safetensors.index.json", NULL};
+    static list dpep = {"optimizer-00001-of-00004.safetensors", "optimizer-00004-of-00004.safetensors", NULL};
+    static list pp2 = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                       "model.safetensors.index.json", "optimizer-00002-of-00002.safetensors", NULL};
+    static list dppp = {"model-00002-of-00002.safetensors", "optimizer-00004-of-00004.safetensors", NULL};
+    static list pp2_not = {"model.safetensors", "optimizer.safetensors", NULL};
+    check_files(fx, "one", 2, one, one_not);
+    check_files(fx, "force1", 2, force, dp2_not);
+    check_files(fx, "dp2", 2, dp2, dp2_not);
+    check_files(fx, "dpep", 4, dpep, dp2_not);
+    check_files(fx, "pp2", 4, pp2, pp2_not);
+    check_files(fx, "dppp", 4, dppp, pp2_not);
+}
+
+/* A sharded checkpoint with a shard missing or damaged: resume fails with a message naming the file (step 2 is the
+ * only checkpoint, so there is nothing to fall back to); without checksums.json the reader names it too. */
+static void check_bad_shards(const fixture *fx) {
+    static const char *const shard = "optimizer-00002-of-00002.safetensors";
+    char cfg[1400], dir[1400], p[1500];
+    k3c_train_result r;
+    for (int k = 0; k < 2; k++) {
+        k3c_err err = {0};
+        write_cfg(fx, "badshard", NULL, cfg, sizeof cfg);
+        copy_at_step2(fx, "badshard", "dp2b");
+        out_path(fx, "badshard", "step_00000001", dir, sizeof dir);
+        replace_tree(dir, NULL);
+        out_path(fx, "badshard", "step_00000002", dir, sizeof dir);
+        snprintf(p, sizeof p, "%s/%s", dir, shard);
+        if (k == 0)
+            unlink(p);
+        else {
+            FILE *f = fopen(p, "r+b");
+            if (f && fseek(f, -3, SEEK_END) == 0) fputc('#', f);
+            if (f) fclose(f);
+        }
+        int rc = train(cfg, 1, 0, NULL, &r, &err);
+        CHECK(rc != K3C_OK && contains(err.msg, shard) && (k == 0 || contains(err.msg, "checksum")),
+              "resume with shard %s: rc %d: %s", k ? "damaged" : "missing", rc, err.msg);
+        printf("resume with a %s shard: %s\n", k ? "damaged" : "missing", err.msg);
+    }
+    snprintf(p, sizeof p, "%s/checksums.json", dir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/%s", dir, shard);
+    unlink(p);
+    k3c_err err = {0};
+    float *st = malloc(sizeof(float) * fx->optim_numel);
+    int rc = ckpt_state(dir, st, NULL, &err);
+    CHECK(rc != K3C_OK && contains(err.msg, shard), "optimizer state without a shard or checksums: rc %d: %s", rc,
+          err.msg);
+    free(st);
+}
+
+/* Run `name` (its "parallel" block) resumed on np ranks from `from`'s checkpoint of step 2 continues like one process. */
+static void resume_mpi(const fixture *fx, const char *name, const char *parallel, int np, const char *from,
+                       const char *what) {
+    static char out[1 << 16];
+    char cfg[1400];
+    write_cfg(fx, name, parallel, cfg, sizeof cfg);
+    copy_at_step2(fx, name, from);
+    int st = k3c_mpi(np, cfg, "--resume", out, sizeof out);
+    CHECK(st == 0, "%s exited %d:\n%s", what, st, out);
+    check_close(fx, name, "one", 4, what);
+}
+
+/* A rank whose write of its part fails (the test fault hook) fails the save on every rank, and nothing is left: no
+ * step directory, no temporary, no `latest`. */
+static void check_failed_save(const fixture *fx) {
+    static char out[1 << 16];
+    char cfg[1400], p[1500];
+    write_cfg(fx, "failsave", "{\"dp\": 2}", cfg, sizeof cfg);
+    setenv("K3C_TEST_FAULT", "save:1", 1);
+    int st = k3c_mpi(2, cfg, "--max-steps 1", out, sizeof out);
+    unsetenv("K3C_TEST_FAULT");
+    CHECK(st != 0 && (contains(out, "another rank failed to write its part") || contains(out, "state floats given")),
+          "a failed shard write: exit %d:\n%s", st, out);
+    static const char *const none_left[] = {"step_00000001", ".tmp_step_00000001", "latest"};
+    for (int i = 0; i < 3; i++) {
+        out_path(fx, "failsave", none_left[i], p, sizeof p);
+        CHECK(!exists(p), "a failed save left %s behind", p);
+    }
+}
+
 /* `k3c plan` prints the recommended layout as a "parallel" block that a run config accepts as it is. */
 static void plan_block(const fixture *fx) {
     char cmd[1024], line[1024], block[1024] = "", path[1400];
@@ -153,7 +256,7 @@ int main(void) {
         return 1;
     }
     static char out[1 << 16];
-    char one[1400], dp2[1400], dp2b[1400], res1[1400], res2[1400], bad[1400];
+    char one[1400], dp2[1400], dp2b[1400], res1[1400], bad[1400];
     k3c_err err = {0};
     k3c_train_result r;
     write_cfg(&fx, "one", NULL, one, sizeof one);
@@ -189,11 +292,7 @@ int main(void) {
     CHECK_OK(train(res1, 1, 0, NULL, &r, &err), &err);
     check_close(&fx, "res1", "one", 4, "dp2 checkpoint resumed by one process");
 
-    write_cfg(&fx, "res2", "{\"dp\": 2}", res2, sizeof res2);
-    copy_at_step2(&fx, "res2", "one");
-    st = k3c_mpi(2, res2, "--resume", out, sizeof out);
-    CHECK(st == 0, "one-process checkpoint resumed at dp2 exited %d:\n%s", st, out);
-    check_close(&fx, "res2", "one", 4, "one-process checkpoint resumed at dp2");
+    resume_mpi(&fx, "res2", "{\"dp\": 2}", 2, "one", "one-process checkpoint resumed at dp2");
 
     /* expert parallelism: ep2 on 2 ranks, dp2×ep2 on 4, and a dp2×ep2 checkpoint resumed by one process */
     char ep2[1400], dpep[1400], res3[1400];
@@ -228,9 +327,17 @@ int main(void) {
     CHECK_OK(train(res4, 1, 0, NULL, &r, &err), &err);
     check_close(&fx, "res4", "one", 4, "pp2 checkpoint resumed by one process");
 
-    /* tensor parallelism: tp2 on 2 ranks, tp2×pp2 on 4; a dp2×ep2 checkpoint resumed at tp2 (every layout writes the
-       single-process layout, each rank reads the whole of it), and a tp2 checkpoint resumed by one process */
-    char tp2[1400], tppp[1400], res5[1400], res6[1400];
+    /* every layout's files, a pp2 checkpoint (a model file per stage, two optimizer shards) resumed at dp4 (four),
+       a dp2 checkpoint resumed at pp2, and a damaged or missing shard */
+    check_layouts(&fx);
+    resume_mpi(&fx, "res9", "{\"dp\": 4}", 4, "pp2", "pp2 checkpoint resumed at dp4");
+    resume_mpi(&fx, "res10", "{\"pp\": 2}", 2, "dp2b", "dp2 checkpoint resumed at pp2");
+    check_bad_shards(&fx);
+    check_failed_save(&fx);
+
+    /* tensor parallelism: tp2 on 2 ranks, tp2×pp2 on 4; a dp2×ep2 checkpoint (four optimizer shards) resumed at
+       tp2 (each rank reads the entries it owns from whichever shards hold them), and a tp2 checkpoint resumed by one process */
+    char tp2[1400], tppp[1400], res6[1400];
     write_cfg(&fx, "tp2", "{\"tp\": 2}", tp2, sizeof tp2);
     st = k3c_mpi(2, tp2, "", out, sizeof out);
     CHECK(st == 0, "mpirun -np 2 k3c train (tp2) exited %d:\n%s", st, out);
@@ -240,11 +347,7 @@ int main(void) {
     st = k3c_mpi(4, tppp, "", out, sizeof out);
     CHECK(st == 0, "mpirun -np 4 k3c train (tp2×pp2) exited %d:\n%s", st, out);
     check_close(&fx, "tppp", "one", 4, "tp2×pp2 vs one process");
-    write_cfg(&fx, "res5", "{\"tp\": 2}", res5, sizeof res5);
-    copy_at_step2(&fx, "res5", "dpep");
-    st = k3c_mpi(2, res5, "--resume", out, sizeof out);
-    CHECK(st == 0, "dp2×ep2 checkpoint resumed at tp2 exited %d:\n%s", st, out);
-    check_close(&fx, "res5", "one", 4, "dp2×ep2 checkpoint resumed at tp2");
+    resume_mpi(&fx, "res5", "{\"tp\": 2}", 2, "dpep", "dp2×ep2 checkpoint resumed at tp2");
     write_cfg(&fx, "res6", NULL, res6, sizeof res6);
     copy_at_step2(&fx, "res6", "tp2");
     CHECK_OK(train(res6, 1, 0, NULL, &r, &err), &err);

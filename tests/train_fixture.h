@@ -373,6 +373,26 @@ static int steps_once(const mrow *rows, int n, int n_steps) {
 
 /* ---------------------------------------------------------------- checkpoint loading */
 
+/* The whole optimizer state (single-process layout, Muon as the fixture's runs) of a checkpoint written at any layout,
+ * and its trainer_state.json (ts NULL: not read). */
+static int ckpt_state(const char *dir, float *state, char **ts, k3c_err *err) {
+    k3c_config cfg;
+    k3c_param_table t;
+    k3c_optim opt;
+    int rc = k3c_config_load(dir, &cfg, err);
+    if (!rc) rc = k3c_params_build(&cfg, &t, err);
+    if (rc) return rc;
+    k3c_optim_defaults(&opt);
+    opt.matrix_optimizer = K3C_MATRIX_MUON;
+    rc = k3c_optim_init(&opt, &t, err);
+    if (!rc) {
+        rc = k3c_train_ckpt_load_state(dir, &t, &opt, 0, t.n, state, ts, err);
+        k3c_optim_free(&opt);
+    }
+    k3c_params_free(&t);
+    return rc;
+}
+
 /* Loads every part of a checkpoint directory the way resume does: config + model, optimizer state of the right size,
  * trainer_state.json with the expected step and a loader state the data sources accept. why[] says what failed. */
 static int ckpt_loads(const fixture *fx, const char *dir, int64_t step, char *why, size_t n) {
@@ -388,7 +408,7 @@ static int ckpt_loads(const fixture *fx, const char *dir, int64_t step, char *wh
     k3c_model_free_f32(&m);
     float *ost = malloc(sizeof(float) * fx->optim_numel);
     char *state = NULL;
-    rc = k3c_train_ckpt_load_state(dir, ost, fx->optim_numel, &state, &err);
+    rc = ckpt_state(dir, ost, &state, &err);
     free(ost);
     if (rc) {
         snprintf(why, n, "optimizer/trainer state: %s", err.msg);
@@ -438,16 +458,28 @@ static int count_lines(FILE *f) {
     return n;
 }
 
-/* Final model / optimizer / trainer state of out dir x and y at step `step` are byte-identical. */
+/* Final model / optimizer / trainer state of out dir x and y at step `step` are byte-identical: every model*,
+ * optimizer* and trainer_state.json file x's checksums.json lists (single files or shards and their indices). */
 static void check_same_final_at(const fixture *fx, const char *x, const char *y, int step, const char *what) {
-    static const char *const files[] = {"model.safetensors", "optimizer.safetensors", "trainer_state.json"};
-    for (int i = 0; i < 3; i++) {
-        char a[1300], b[1300], rel[64];
-        snprintf(rel, sizeof rel, "step_%08d/%s", step, files[i]);
+    char a[1300], b[1300], rel[64];
+    snprintf(rel, sizeof rel, "step_%08d/checksums.json", step);
+    out_path(fx, x, rel, a, sizeof a);
+    k3c_json *j = NULL;
+    k3c_err err = {0};
+    CHECK_OK(k3c_json_parse_file(a, &j, &err), &err);
+    const k3c_json *files = k3c_json_get(j, "files");
+    int n = 0;
+    for (size_t i = 0; files && i < files->n; i++) {
+        const char *f = files->keys[i];
+        if (strncmp(f, "model", 5) && strncmp(f, "optimizer", 9) && strcmp(f, "trainer_state.json")) continue;
+        snprintf(rel, sizeof rel, "step_%08d/%s", step, f);
         out_path(fx, x, rel, a, sizeof a);
         out_path(fx, y, rel, b, sizeof b);
         CHECK(files_equal(a, b), "%s: %s differs between %s and %s", what, rel, x, y);
+        n++;
     }
+    CHECK(n >= 3, "%s: %s step %d lists %d model/optimizer/trainer files", what, x, step, n);
+    k3c_json_free(j);
 }
 
 static void check_same_final(const fixture *fx, const char *x, const char *y, const char *what) {

@@ -88,6 +88,7 @@
 #define k3c_model_open k3c_model_open_f64
 #define k3c_model_plan_bytes k3c_model_plan_bytes_f64
 #define k3c_model_save k3c_model_save_f64
+#define k3c_model_save_range k3c_model_save_range_f64
 #define k3c_model_use_backend k3c_model_use_backend_f64
 #define k3c_moe_bwd k3c_moe_bwd_f64
 #define k3c_moe_combine k3c_moe_combine_f64
@@ -218,6 +219,7 @@
 #define k3c_model_open k3c_model_open_f32
 #define k3c_model_plan_bytes k3c_model_plan_bytes_f32
 #define k3c_model_save k3c_model_save_f32
+#define k3c_model_save_range k3c_model_save_range_f32
 #define k3c_model_use_backend k3c_model_use_backend_f32
 #define k3c_moe_bwd k3c_moe_bwd_f32
 #define k3c_moe_combine k3c_moe_combine_f32

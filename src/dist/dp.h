@@ -89,7 +89,8 @@ int k3c_dp_max_smax(k3c_dp *dp, float *smax, int64_t n, k3c_err *err);
  * (T_local tokens). */
 int k3c_dp_gather_route(k3c_dp *dp, const k3c_route_stats *r, int64_t n, float **logits, float **cutoff, int64_t *T,
                         k3c_err *err);
-/* The full optimizer state (single-process layout, every rank gets it) from the shards: for checkpoints. */
+/* The full optimizer state (single-process layout, every rank gets it) from the shards: for tests against one process
+ * (checkpoints gather nothing: every rank writes its own shard, train/checkpoint.h). */
 int k3c_dp_gather_state(k3c_dp *dp, const float *state_shard, float *full, k3c_err *err);
 
 #endif

@@ -44,7 +44,7 @@ void k3c_pp_free(k3c_pp *pp);
 int k3c_pp_step(k3c_pp *pp, k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, int backward, double *loss,
                 k3c_err *err);
 /* Every stage's parameters and optimizer state (single-process layout; state: the stage's range already gathered)
- * into every rank's w and state: for checkpoints. */
+ * into every rank's w and state: for tests against one process (checkpoints gather nothing, train/checkpoint.h). */
 int k3c_pp_gather(k3c_pp *pp, const k3c_param_table *t, const k3c_optim *o, float *w, float *state, k3c_err *err);
 
 #endif

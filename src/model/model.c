@@ -285,15 +285,17 @@ int k3c_model_load(k3c_model *m, const k3c_checkpoint *ck, k3c_err *err) {
     return rc;
 }
 
-int k3c_model_save(const k3c_model *m, const char *path, k3c_err *err) {
+int k3c_model_save_range(const k3c_model *m, const char *path, int e0, int e1, k3c_err *err) {
     const k3c_param_table *tab = &m->table;
+    const size_t off0 = e0 < tab->n ? tab->p[e0].offset : tab->total,
+                 off1 = e1 < tab->n ? tab->p[e1].offset : tab->total;
     int n = 0;
-    for (int i = 0; i < tab->n; i++) n += (int)(tab->p[i].stack ? tab->p[i].stack : 1);
-    k3c_st_entry *ent = calloc((size_t)n, sizeof *ent);
-    char(*names)[K3C_PARAM_NAME + 16] = calloc((size_t)n, sizeof *names);
+    for (int i = e0; i < e1; i++) n += (int)(tab->p[i].stack ? tab->p[i].stack : 1);
+    k3c_st_entry *ent = calloc((size_t)n + 1, sizeof *ent);
+    char(*names)[K3C_PARAM_NAME + 16] = calloc((size_t)n + 1, sizeof *names);
     /* the parameters may be backend memory the host cannot address: download them first */
-    real *host = malloc(tab->total * sizeof *host + 1);
-    float *conv = K3C_REAL_DOUBLE ? malloc(tab->total * sizeof *conv + 1) : (float *)host;
+    real *host = malloc((off1 - off0) * sizeof *host + 1);
+    float *conv = K3C_REAL_DOUBLE ? malloc((off1 - off0) * sizeof *conv + 1) : (float *)host;
     if (!ent || !names || !host || !conv) {
         free(ent);
         free(names);
@@ -301,11 +303,10 @@ int k3c_model_save(const k3c_model *m, const char *path, k3c_err *err) {
         free(host);
         return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", path);
     }
-    int rc = k3c_model_backend(m)->download(host, m->w, tab->total * sizeof *host, err);
-    for (size_t i = 0; K3C_REAL_DOUBLE && i < tab->total; i++) conv[i] = (float)host[i];
-    const float *src = conv;
+    int rc = k3c_model_backend(m)->download(host, (const real *)m->w + off0, (off1 - off0) * sizeof *host, err);
+    for (size_t i = 0; K3C_REAL_DOUBLE && i < off1 - off0; i++) conv[i] = (float)host[i];
     int k = 0;
-    for (int i = 0; i < tab->n; i++) {
+    for (int i = e0; i < e1; i++) {
         const k3c_param *p = &tab->p[i];
         for (int64_t e = 0; e < (p->stack ? p->stack : 1); e++, k++) {
             k3c_params_name(p, p->stack ? e : -1, names[k], sizeof names[k]);
@@ -313,7 +314,7 @@ int k3c_model_save(const k3c_model *m, const char *path, k3c_err *err) {
             ent[k].dtype = K3C_F32;
             ent[k].ndim = p->ndim;
             memcpy(ent[k].shape, p->shape, sizeof p->shape);
-            ent[k].data = src + p->offset + (size_t)e * (size_t)k3c_param_slice_numel(p);
+            ent[k].data = conv + (p->offset - off0) + (size_t)e * (size_t)k3c_param_slice_numel(p);
         }
     }
     static const char *const meta[] = {"format", "pt", "producer", "k3c", NULL};
@@ -323,6 +324,10 @@ int k3c_model_save(const k3c_model *m, const char *path, k3c_err *err) {
     if (conv != (float *)host) free(conv);
     free(host);
     return rc;
+}
+
+int k3c_model_save(const k3c_model *m, const char *path, k3c_err *err) {
+    return k3c_model_save_range(m, path, 0, m->table.n, err);
 }
 
 int k3c_model_open(const char *dir, int with_grad, k3c_model *m, k3c_err *err) {

@@ -87,7 +87,7 @@ static int resume(k3c_post_run *p, const char *out_dir, float **state, char **st
     k3c_ckpt_close(ck);
     *state = rc ? NULL : malloc(sizeof(float) * (p->opt.state_numel ? p->opt.state_numel : 1));
     if (!rc && !*state) rc = k3c_errf(err, K3C_ENOMEM, "resume: out of memory");
-    if (!rc) rc = k3c_train_ckpt_load_state(dir, *state, p->opt.state_numel, state_json, err);
+    if (!rc) rc = k3c_train_ckpt_load_state(dir, &p->m.table, &p->opt, 0, p->m.table.n, *state, state_json, err);
     return rc ? k3c_err_wrap(err, "resume from %s", dir) : K3C_OK;
 }
 
@@ -152,7 +152,12 @@ int k3c_post_run_save(k3c_post_run *p, const char *out_dir, int64_t step, const 
     float *state = malloc(sizeof(float) * (p->opt.state_numel ? p->opt.state_numel : 1));
     if (!state) return k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory");
     int rc = p->be->download(state, p->ostate, sizeof(float) * p->opt.state_numel, err);
-    k3c_train_ckpt ck = {&p->m, state, p->opt.state_numel, state_json, p->vocab, p->pattern};
+    k3c_train_ckpt ck = {.model = &p->m,
+                         .optim_state = state,
+                         .optim_numel = p->opt.state_numel,
+                         .trainer_state = state_json,
+                         .vocab = p->vocab,
+                         .pattern = p->pattern};
     if (!rc) rc = k3c_train_ckpt_save(out_dir, step, &ck, keep, err);
     free(state);
     return rc;

@@ -1,21 +1,38 @@
 /* checkpoint.h — training checkpoints: <out>/step_NNNNNNNN/ holds the model in Hugging Face layout (config.json,
- * model.safetensors, tokenizer), optimizer.safetensors, trainer_state.json and checksums.json (one FNV-1a 64 per
- * file, base/base.h); <out>/latest names the newest complete one. Written to a temporary directory and renamed, so a run killed mid-checkpoint leaves the previous one loadable. */
+ * model.safetensors or model-0000k-of-0000N.safetensors + model.safetensors.index.json, tokenizer), the optimizer state,
+ * trainer_state.json and checksums.json (one FNV-1a 64 per file, base/base.h); <out>/latest names the newest complete
+ * one. Written to a temporary directory and renamed, so a run killed mid-checkpoint leaves the previous one loadable.
+ * Spec: docs/PARALLEL.md "Checkpoints".
+ *
+ * The optimizer state: one process writes optimizer.safetensors (one tensor "state", the single-process layout); a
+ * parallel run writes every rank's ZeRO-1 shard to optimizer-0000r-of-0000N.safetensors, one tensor per table entry it
+ * owns (named by the entry), and optimizer.safetensors.index.json maps every entry to its file, so a reader at any
+ * layout takes the entries it owns from whichever files hold them. */
 #ifndef K3C_TRAIN_CHECKPOINT_H
 #define K3C_TRAIN_CHECKPOINT_H
 
+#include "dist/comm.h"
 #include "model/model.h"
+#include "ops/optim.h"
 
 typedef struct {
-    const k3c_model *model; /* float32 model (the router biases inside are the QB state) */
-    const float *optim_state;
-    size_t optim_numel;
+    const k3c_model *model;    /* float32 model (the router biases inside are the QB state) */
+    const float *optim_state;  /* host memory: the whole state (comm NULL), else the state of entries [s0, s1) */
+    size_t optim_numel;        /* floats there */
     const char *trainer_state; /* JSON text */
     const char *vocab;         /* tokenizer file to copy (its .specials.json too, when present); NULL = none */
     const char *pattern;       /* its pre-tokeniser ("cl100k" / "kimi"), written to k3c_tokenizer.json */
+    /* A sharded checkpoint: every rank of comm (the world) calls k3c_train_ckpt_save; NULL = one process. */
+    k3c_comm *comm;
+    const k3c_optim *opt; /* the single-process optimizer layout (entry i's state floats) */
+    int s0, s1;           /* the table entries whose optimizer state this rank holds */
+    int w0, w1;           /* the entries whose weights this rank writes (w0 == w1: none) */
+    int w_part, w_parts;  /* its weight file: model.safetensors when w_parts is 1, else model-<part+1>-of-<parts> */
 } k3c_train_ckpt;
 
-/* Writes the checkpoint of `step` under out_dir, updates out_dir/latest, keeps the newest `keep` checkpoints. */
+/* Writes the checkpoint of `step` under out_dir, updates out_dir/latest, keeps the newest `keep` checkpoints. With
+ * ck->comm every rank writes its files into the one temporary directory; the status is agreed over comm before rank 0
+ * writes the indices and checksums.json and renames it, so every rank returns the same success or failure. */
 int k3c_train_ckpt_save(const char *out_dir, int64_t step, const k3c_train_ckpt *ck, int keep, k3c_err *err);
 /* Path of the newest complete checkpoint (from out_dir/latest); K3C_ENOTFOUND when there is none. */
 int k3c_train_ckpt_latest(const char *out_dir, char *path, size_t n, k3c_err *err);
@@ -24,7 +41,11 @@ void k3c_train_ckpt_clean(const char *out_dir);
 /* The steps --resume may start from, best first: the one out_dir/latest names, then every older step_* directory,
  * newest first (fallbacks when a newer one fails its checksums). Returns how many (0: no checkpoint yet), or an error. */
 int k3c_train_ckpt_candidates(const char *out_dir, int64_t *steps, int cap, k3c_err *err);
-/* Reads optimizer.safetensors (must hold exactly numel floats) and trainer_state.json (malloc'd text). */
-int k3c_train_ckpt_load_state(const char *dir, float *optim_state, size_t numel, char **trainer_state, k3c_err *err);
+/* The optimizer state of table entries [e0, e1) of t under optimizer layout o (state gets their floats, from
+ * o->state_off[e0] on, contiguous) from either layout, whatever layout wrote it; trainer_state non-NULL: also
+ * trainer_state.json (malloc'd text). Errors name the file and the tensor. Checksums are verified by the model's
+ * reader (k3c_ckpt_open), not here. */
+int k3c_train_ckpt_load_state(const char *dir, const k3c_param_table *t, const k3c_optim *o, int e0, int e1,
+                              float *state, char **trainer_state, k3c_err *err);
 
 #endif

@@ -36,7 +36,7 @@ typedef struct {
     const k3c_backend_f32 *be; /* the model's backend, once it has moved there */
     float *ostate;             /* optimizer state in the backend's memory */
     void *opt_inst;            /* the backend's optimizer instance (optim_open) */
-    float *resume_state;       /* host copy of a resumed optimizer state, until it is uploaded */
+    char resume_dir[4200];     /* the checkpoint whose optimizer state optim_state loads ("": none) */
     k3c_step_stats stats;      /* what each forward records for QK-Clip, QB and telemetry */
     unsigned char *telemetry;  /* host copy of stats' telemetry range */
     k3c_arena arena;
@@ -63,7 +63,8 @@ typedef struct {
     k3c_comm *cp_comm;  /* context parallelism (dist/cp.h): the CP group; NULL: every rank holds whole sequences */
     k3c_comm *own_comm; /* parallel.force without the caller's communicator: the one-rank one (owned) */
     k3c_cp cp;
-    int rank; /* in the world: rank 0 writes metrics and checkpoints */
+    int rank;        /* in the world: rank 0 writes metrics, each rank its part of the checkpoints */
+    k3c_comm *world; /* the parallel step's communicator (not owned); NULL: this process alone */
     k3c_guard guard;
     int64_t attempts; /* batches tried in this invocation (the test fault hook counts them) */
     FILE *log;       /* where events are noted for the user (the per-step log, else the progress stream; may be NULL) */
@@ -330,37 +331,54 @@ static double unigram_entropy(const k3c_loader *ld) {
     return total ? h : NAN;
 }
 
-static int save(trainer *tr, k3c_err *err) {
+/* trainer_state.json: step, tokens, seed, the loader's and the guard's state (the same text on every rank). */
+static int trainer_state_json(trainer *tr, k3c_sbuf *sb, k3c_err *err) {
     char *ls = NULL;
-    float *state = malloc(sizeof(float) * (tr->opt.state_numel ? tr->opt.state_numel : 1));
-    if (!state) return k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory");
-    int e = tr->dp ? k3c_dp_gather_state(tr->dp, tr->ostate, state, err) /* every owner's shard */
-                   : tr->be->download(state, tr->ostate, sizeof(float) * tr->opt.state_numel, err); /* after the ops */
-    if (!e && tr->pp) e = k3c_pp_gather(tr->pp, &tr->m.table, &tr->opt, tr->m.w, state, err);       /* every stage's */
-    if (!e && tr->rank != 0) { /* rank 0 writes the checkpoint: the single-process layout */
-        free(state);
-        return K3C_OK;
-    }
-    if (!e) e = k3c_loader_state_to_json(tr->loader, &ls, err);
-    if (e) {
-        free(state);
-        return e;
-    }
-    k3c_sbuf sb;
-    k3c_sbuf_init(&sb);
-    k3c_sbuf_printf(&sb, "{\"step\": %lld, \"tokens\": %lld, \"seed\": %llu, \"loader\": ", (long long)tr->step,
+    CHECK_RC(k3c_loader_state_to_json(tr->loader, &ls, err));
+    k3c_sbuf_init(sb);
+    k3c_sbuf_printf(sb, "{\"step\": %lld, \"tokens\": %lld, \"seed\": %llu, \"loader\": ", (long long)tr->step,
                     (long long)tr->tokens, (unsigned long long)tr->rc->seed);
-    k3c_sbuf_json_string(&sb, ls, strlen(ls));
-    k3c_guard_to_json(&tr->guard, &sb);
-    k3c_sbuf_printf(&sb, "}\n");
+    k3c_sbuf_json_string(sb, ls, strlen(ls));
+    k3c_guard_to_json(&tr->guard, sb);
+    k3c_sbuf_printf(sb, "}\n");
     free(ls);
-    if (!sb.ok) {
-        k3c_sbuf_free(&sb);
-        free(state);
-        return k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory");
+    return sb->ok ? K3C_OK : k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory");
+}
+
+/* The checkpoint's test fault hook, for tests only: K3C_TEST_FAULT="save:R" makes world rank R's write of its part of
+ * a parallel checkpoint fail (a state size the writer refuses), so that the others must fail the save with it. */
+static int save_fault(const trainer *tr) {
+    const char *f = getenv("K3C_TEST_FAULT");
+    int r;
+    return f && sscanf(f, "save:%d", &r) == 1 && r == tr->rank;
+}
+
+/* Every rank writes its part (docs/PARALLEL.md "Checkpoints"): its ZeRO-1 state shard; the weights from rank 0, or
+ * with pipeline parallelism from each stage's first rank (its stage's entries); one process the single-file layout. */
+static int save(trainer *tr, k3c_err *err) {
+    const k3c_optim *o = tr->dp ? &tr->dp->shard : &tr->opt;
+    float *state = malloc(sizeof(float) * (o->state_numel ? o->state_numel : 1));
+    if (!state) return k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory");
+    k3c_sbuf sb = {0};
+    int e = tr->be->download(state, tr->ostate, sizeof(float) * o->state_numel, err); /* after the ops */
+    if (!e) e = trainer_state_json(tr, &sb, err);
+    if (!e) {
+        k3c_train_ckpt ck = {.model = &tr->m,
+                             .optim_state = state,
+                             .optim_numel = o->state_numel,
+                             .trainer_state = sb.buf,
+                             .vocab = tr->rc->vocab,
+                             .pattern = tr->rc->pattern};
+        if (tr->dp) { /* sharded: this rank's entries */
+            const int writes = tr->pp ? tr->stage_comm->rank == 0 : tr->rank == 0;
+            ck.comm = tr->world, ck.opt = &tr->opt, ck.s0 = tr->dp->first, ck.s1 = tr->dp->last;
+            ck.w0 = !writes ? 0 : tr->pp ? tr->pp->e0 : 0;
+            ck.w1 = !writes ? 0 : tr->pp ? tr->pp->e1 : tr->m.table.n;
+            ck.w_part = tr->pp ? tr->pp->stage : 0, ck.w_parts = tr->pp ? tr->pp->stages : 1;
+            ck.optim_numel += (size_t)save_fault(tr);
+        }
+        e = k3c_train_ckpt_save(tr->rc->out_dir, tr->step, &ck, (int)tr->rc->keep_checkpoints, err);
     }
-    k3c_train_ckpt ck = {&tr->m, state, tr->opt.state_numel, sb.buf, tr->rc->vocab, tr->rc->pattern};
-    e = k3c_train_ckpt_save(tr->rc->out_dir, tr->step, &ck, (int)tr->rc->keep_checkpoints, err);
     k3c_sbuf_free(&sb);
     free(state);
     return e;
@@ -405,38 +423,45 @@ static int check_tokenizer(const k3c_run_config *rc, int64_t data_vocab, k3c_err
     return K3C_OK;
 }
 
-/* Loads checkpoint `dir` into the run: the weights through the model's backend (read into a host model, then uploaded),
- * the optimizer state (uploaded when the run's state already lives on the backend, else kept for optim_state), step,
- * tokens, the loader and the guard. Used by --resume before the model moves and by a rollback after. */
-/* The resumed optimizer state into tr->ostate: the whole state, or under ZeRO-1 this rank's shard of it. */
-static int upload_resume_state(trainer *tr, k3c_err *err) {
+/* The optimizer state of checkpoint `dir` into tr->ostate: the whole state, or under ZeRO-1 this rank's entries only,
+ * read from whichever files of the checkpoint hold them (any layout wrote it). */
+static int load_optim_state(trainer *tr, const char *dir, k3c_err *err) {
     const k3c_optim *o = tr->dp ? &tr->dp->shard : &tr->opt;
-    const float *mine = tr->resume_state + (tr->dp ? tr->dp->s_displ[tr->dp->rank] : 0);
-    int e = tr->be->upload(tr->ostate, mine, sizeof(float) * o->state_numel, err);
+    float *host = malloc(sizeof(float) * (o->state_numel ? o->state_numel : 1));
+    if (!host) return k3c_errf(err, K3C_ENOMEM, "resume: out of memory");
+    int e = k3c_train_ckpt_load_state(dir, &tr->m.table, &tr->opt, tr->dp ? tr->dp->first : 0,
+                                      tr->dp ? tr->dp->last : tr->m.table.n, host, NULL, err);
+    if (!e) e = tr->be->upload(tr->ostate, host, sizeof(float) * o->state_numel, err);
     if (!e) e = tr->be->sync(err); /* the host copy is freed next */
-    free(tr->resume_state);
-    tr->resume_state = NULL;
+    free(host);
     return e;
 }
 
+/* Loads checkpoint `dir` into the run: the weights through the model's backend (read into a host model, then uploaded),
+ * the optimizer state (now when the run's state already lives on the backend, else read by optim_state once this rank's
+ * entries are known), step, tokens, the loader and the guard. Used by --resume before the model moves and by a
+ * rollback after. */
 static int resume_from(trainer *tr, const char *dir, k3c_err *err) {
     k3c_model host;
     int e = k3c_model_open_f32(dir, 0, &host, err); /* verifies the directory's checksums.json first */
     if (e) return e;
     const k3c_backend_f32 *be = k3c_model_backend_f32(&tr->m);
-    const size_t n_state = tr->opt.state_numel ? tr->opt.state_numel : 1;
     if (host.table.total != tr->m.table.total)
         e = k3c_errf(err, K3C_EFORMAT, "%s: holds %zu parameters but the run's model has %zu", dir, host.table.total,
                      tr->m.table.total);
     if (!e) e = be->upload(tr->m.w, host.w, sizeof(float) * host.table.total, err);
     if (!e) e = be->sync(err); /* the host copy is freed next */
     k3c_model_free_f32(&host);
-    char *state = NULL;
-    free(tr->resume_state);
-    tr->resume_state = e ? NULL : malloc(sizeof(float) * n_state);
-    if (!e && !tr->resume_state) e = k3c_errf(err, K3C_ENOMEM, "resume: out of memory");
-    if (!e) e = k3c_train_ckpt_load_state(dir, tr->resume_state, tr->opt.state_numel, &state, err);
-    if (!e && tr->ostate) e = upload_resume_state(tr, err); /* a rollback: the state exists already */
+    char *state = NULL, p[4300];
+    snprintf(p, sizeof p, "%s/trainer_state.json", dir);
+    /* the optimizer state: now on a rollback; at start once optim_state knows this rank's shard (its files checked
+       now, so that a checkpoint without them falls back to an older one) */
+    float none;
+    if (!e)
+        e = tr->ostate ? load_optim_state(tr, dir, err)
+                       : k3c_train_ckpt_load_state(dir, &tr->m.table, &tr->opt, 0, 0, &none, NULL, err);
+    if (!e) snprintf(tr->resume_dir, sizeof tr->resume_dir, "%s", tr->ostate ? "" : dir);
+    if (!e) e = k3c_read_file(p, &state, NULL, err);
     if (e) {
         free(state);
         return k3c_err_wrap(err, "resume from %s", dir);
@@ -539,7 +564,8 @@ static int optim_state(trainer *tr, k3c_comm *comm, const k3c_parallel *lay, k3c
     tr->ostate = tr->be->alloc(sizeof(float) * n_state);
     if (!tr->ostate) return k3c_errf(err, K3C_ENOMEM, "trainer: cannot allocate the optimizer state");
     CHECK_RC(tr->be->zero(tr->ostate, (int64_t)n_state, err));
-    if (tr->resume_state) CHECK_RC(upload_resume_state(tr, err));
+    if (tr->resume_dir[0] && load_optim_state(tr, tr->resume_dir, err)) /* this rank's entries */
+        return k3c_err_wrap(err, "resume from %s", tr->resume_dir);
     return tr->be->optim_open(tr->be->ctx, o, &tr->m.table, &tr->opt_inst, err);
 }
 
@@ -572,6 +598,7 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
                             rc->path, (long long)lay.cp, i, rc->stage[i].name, (long long)rc->stage[i].seq_len,
                             (long long)rc->stage[i].tokens_per_step);
     tr->rank = comm ? comm->rank : 0;
+    tr->world = comm;
     tr->m.kda_chunk = rc->kda_chunk;
     for (int l = 0; l < cfg.num_layers; l++) tr->m.recompute[l] = (uint8_t)rc->recompute;
     k3c_model_init_f32(&tr->m, rc->seed, rc->init_std);
@@ -642,7 +669,6 @@ static void teardown(trainer *tr) {
     }
     k3c_comm_free(tr->own_comm);
     k3c_optim_free(&tr->opt);
-    free(tr->resume_state);
     free(tr->telemetry);
     k3c_loader_close(tr->loader);
     k3c_batch_free(&tr->batch);
