@@ -6,21 +6,10 @@ namespace k3c_cu {
 
 constexpr int NAIVE_MAX = 8; /* values per lane: dqk and dv up to 256 */
 
-/* The document holding row i: [*bos, *eos) (the last of equal offsets, so empty documents are passed over). */
+/* The document holding row i: [*bos, *eos). */
 __device__ __forceinline__ void naive_doc(const int32_t *cu, int n_docs, int T, int i, int *bos, int *eos) {
-    if (!cu) {
-        *bos = 0, *eos = T;
-        return;
-    }
-    int lo = 0, hi = n_docs - 1; /* the largest d with cu[d] <= i */
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (cu[mid] <= i)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    *bos = cu[lo], *eos = cu[lo + 1];
+    const int d = doc_of(cu, n_docs, i);
+    *bos = cu ? cu[d] : 0, *eos = cu ? cu[d + 1] : T;
 }
 
 __device__ __forceinline__ float warp_sum(float x) {

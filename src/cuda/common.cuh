@@ -30,6 +30,21 @@ namespace k3c_cu {
 
 typedef __nv_bfloat16 bf16;
 
+/* The document holding token t of cu_seqlens cu (n_docs + 1 offsets): the last d with cu[d] <= t, so empty documents
+ * are passed over; 0 when cu is NULL (one document). */
+__device__ __forceinline__ int doc_of(const int32_t *cu, int n_docs, int64_t t) {
+    if (!cu) return 0;
+    int lo = 0, hi = n_docs - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (cu[mid] <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);

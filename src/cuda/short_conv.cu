@@ -10,19 +10,6 @@ namespace {
  * Conv state entry j of a channel is the input W−1−j tokens before the document's first: position s < t0 maps to
  * entry s − t0 + W − 1 (always >= 0 for the positions a window can reach). */
 
-/* The document holding token t: the last i with cu[i] <= t (so empty documents are skipped). */
-__device__ __forceinline__ int doc_of(const int32_t *cu, int n_docs, int64_t t) {
-    if (!cu) return 0;
-    int lo = 0, hi = n_docs - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (cu[mid] <= t)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
-}
 
 /* a_t[c] in the CPU's order (j ascending, positions before the start from st or skipped). */
 __device__ __forceinline__ float sc_preact(const float *x, const float *w, const float *st, int64_t C, int W,
@@ -43,7 +30,7 @@ __device__ __forceinline__ float sc_preact(const float *x, const float *w, const
 __global__ void sc_act_kernel(int64_t T, int64_t C, int W, int n_docs, const int32_t *cu, const float *x,
                               const float *w, const float *state_in, const float *dy, float *out, int mode) {
     for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-        const int doc = doc_of(cu, n_docs, t);
+        const int doc = k3c_cu::doc_of(cu, n_docs, t);
         const int64_t t0 = cu ? cu[doc] : 0;
         const float *st = state_in ? state_in + (int64_t)doc * C * (W - 1) : nullptr;
         for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
@@ -79,7 +66,7 @@ __global__ void sc_state_kernel(int64_t nd, int64_t T, int64_t C, int W, const i
 __global__ void sc_dx_kernel(int64_t T, int64_t C, int W, int n_docs, const int32_t *cu, const float *w,
                              const float *da, float *dx) {
     for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-        const int doc = doc_of(cu, n_docs, t);
+        const int doc = k3c_cu::doc_of(cu, n_docs, t);
         const int64_t t1 = cu ? cu[doc + 1] : T;
         for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
             float acc = dx[t * C + c];
@@ -102,7 +89,7 @@ __global__ void sc_dw_part_kernel(int64_t T, int64_t C, int W, int n_docs, int64
     float acc[K3C_SHORT_CONV_MAX_W];
 #pragma unroll
     for (int j = 0; j < K3C_SHORT_CONV_MAX_W; j++) acc[j] = 0.f;
-    int doc = doc_of(cu, n_docs, ta);
+    int doc = k3c_cu::doc_of(cu, n_docs, ta);
     int64_t t0 = cu ? cu[doc] : 0, t1 = cu ? cu[doc + 1] : T;
     for (int64_t t = ta; t < tb; t++) {
         while (t >= t1) { /* only with cu: t < T = cu[n_docs] stops this inside the table */

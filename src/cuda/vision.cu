@@ -160,18 +160,6 @@ __global__ void posemb_bwd_kernel(k3c_posemb_sizes s, const k3c_grid_thw *g, int
 }
 
 /* ================================================================ attention inside each item */
-__device__ int doc_of(const int32_t *cu, int n, int64_t i) {
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (cu[mid] <= i)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
-}
-
 __device__ float dotf(const float *a, const float *b, int64_t n) {
     float s = 0;
     for (int64_t k = 0; k < n; k++) s += a[k] * b[k];
@@ -183,7 +171,7 @@ __global__ void vit_attn_fwd_kernel(k3c_vit_attn_sizes s, const int32_t *cu, int
     const int64_t H = s.H, dh = s.dh, ld = H * dh;
     GRID_STRIDE(r, s.L * H) {
         const int64_t i = r / H, h = r % H;
-        const int d = doc_of(cu, n, i);
+        const int d = k3c_cu::doc_of(cu, n, i);
         const float *qi = q + i * ld + h * dh;
         float mx = -INFINITY, sum = 0, acc[MAX_DH];
         for (int64_t c = 0; c < dh; c++) acc[c] = 0;
@@ -206,7 +194,7 @@ __global__ void vit_attn_bwd_kernel(k3c_vit_attn_sizes s, const int32_t *cu, int
     const float sc = (float)s.scale;
     GRID_STRIDE(r, s.L * H) {
         const int64_t me = r / H, h = r % H;
-        const int d = doc_of(cu, n, me);
+        const int d = k3c_cu::doc_of(cu, n, me);
         float a1[MAX_DH], a2[MAX_DH];
         for (int64_t c = 0; c < dh; c++) a1[c] = a2[c] = 0;
         for (int64_t other = cu[d]; other < cu[d + 1]; other++) {
