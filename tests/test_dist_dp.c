@@ -418,8 +418,9 @@ static void reduce_scatter_rules(k3c_comm *comm) {
 }
 
 /* The gradient sum overlapped with the backward (k3c_dp_grads_begin / _finish) on a real step of the tiny model over
- * the ranks (dp, or with pp stages / tp groups inside): every layer's piece is started by the backward itself (the
- * hook ran once per layer of the stage, and those pieces are still in flight when the backward returns), and the
+ * the ranks (dp, or with pp stages / tp groups inside): every layer's piece and the head's are started by the backward
+ * itself (the hook ran once per layer of the stage and for its head, and those pieces are still in flight when the
+ * backward returns), and the
  * reduced gradient equals k3c_dp_reduce_grads' (after k3c_tp_dedup_grads) of the same local gradients within 1e-6
  * per entry (the same elements summed over the same ranks; only the collective's summation order may differ). */
 static void overlap_rules(k3c_comm *comm, int pp, int tp) {
@@ -453,7 +454,8 @@ static void overlap_rules(k3c_comm *comm, int pp, int tp) {
         CHECK_OK(k3c_model_forward_f32(&r.m, &b, &r.ar, &acts, &loss, NULL, &err), &err);
         CHECK_OK(k3c_model_backward_f32(&r.m, acts, 1.0, &err), &err);
     }
-    const int hooked = dp->hooked, flying = dp->in_flight, layers = (int)cfg.num_layers / (pp > 1 ? pp : 1);
+    const int head = pp < 2 || r.d.pp.stage == r.d.pp.stages - 1; /* the stage ends with the head */
+    const int hooked = dp->hooked, flying = dp->in_flight, layers = (int)cfg.num_layers / (pp > 1 ? pp : 1) + head;
     memcpy(local, r.m.g, sizeof(float) * n); /* the started pieces only read it */
     CHECK_OK(k3c_dp_grads_finish(dp, &r.m, &err), &err);
     memcpy(over, r.m.g, sizeof(float) * n);
@@ -462,7 +464,7 @@ static void overlap_rules(k3c_comm *comm, int pp, int tp) {
     CHECK_OK(k3c_dp_reduce_grads(dp, r.m.g, &err), &err);
     memcpy(ref, r.m.g, sizeof(float) * n);
     CHECK(hooked == layers && flying == hooked && r.m.grads == NULL,
-          "pp%d tp%d: %d pieces started during the backward (%d in flight at its end) for %d layers", pp, tp, hooked,
+          "pp%d tp%d: %d pieces started during the backward (%d in flight at its end) for %d layers and heads", pp, tp, hooked,
           flying, layers);
     const char *worst = "-";
     size_t differ = 0;

@@ -28,12 +28,15 @@ static void assign_owners(const k3c_param_table *t, int e0, int e1, int size, in
 static size_t state_end(const k3c_optim *o, int i) { return i < o->n_entries ? o->state_off[i] : o->state_numel; }
 
 /* The overlap's pieces: the runs of entries of [e0, e1) that belong to one layer (or to none: the embedding before
- * the layers, the final mix, norm and lm_head after them), each with every rank's share of its elements. The owners'
+ * the layers, layer −1; the final mix, norm and lm_head after them, the model's head, layer num_layers, which the
+ * backward completes first), each with every rank's share of its elements. The owners'
  * ranges are contiguous and in rank order, so rank r's share sits at the sum of the shares before it, where the
  * reduce-scatter of the piece puts rank r's block. */
 static int make_pieces(k3c_dp *dp, const k3c_param_table *t, int e0, int e1) {
     const int R = dp->size;
-    int n = 0;
+    int n = 0, L = 0;
+    for (int i = 0; i < t->n; i++)
+        if (t->p[i].layer + 1 > L) L = t->p[i].layer + 1;
     for (int i = e0; i < e1; i++) n += i == e0 || t->p[i].layer != t->p[i - 1].layer;
     dp->piece = calloc((size_t)(n > 0 ? n : 1), sizeof *dp->piece);
     int64_t *counts = calloc((size_t)(n > 0 ? n : 1) * (size_t)R, sizeof(int64_t));
@@ -48,7 +51,7 @@ static int make_pieces(k3c_dp *dp, const k3c_param_table *t, int e0, int e1) {
         q->count = counts + (size_t)dp->n_pieces++ * (size_t)R;
         q->e0 = i;
         for (q->e1 = i + 1; q->e1 < e1 && t->p[q->e1].layer == t->p[i].layer;) q->e1++;
-        q->layer = t->p[i].layer;
+        q->layer = t->p[i].layer >= 0 || t->p[i].offset == 0 ? t->p[i].layer : L; /* the head after the layers */
         const int64_t a = (int64_t)entry_end(t, q->e0), b = (int64_t)entry_end(t, q->e1);
         for (int r = 0; r < R; r++) {
             const int64_t lo = dp->w_displ[r] > a ? dp->w_displ[r] : a,
@@ -265,7 +268,7 @@ int k3c_dp_grads_finish(k3c_dp *dp, k3c_model *m, k3c_err *err) {
     m->grads = NULL;
     if (!dp->ov_g) return k3c_errf(err, K3C_EINVAL, "data parallelism: k3c_dp_grads_finish without k3c_dp_grads_begin");
     int e = K3C_OK;
-    for (int p = 0; !e && p < dp->n_pieces; p++) e = start_piece(dp, p, err); /* the embedding's, the head's */
+    for (int p = 0; !e && p < dp->n_pieces; p++) e = start_piece(dp, p, err); /* the embedding's */
     for (int p = 0; p < dp->n_pieces; p++) { /* every started piece is waited for, even after an error */
         k3c_dp_piece *q = &dp->piece[p];
         if (!q->started) continue;

@@ -23,7 +23,8 @@ int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world
  * the embedding's, or the head's), reduce-scattered on its own to the owners of its elements. */
 typedef struct {
     int e0, e1;          /* its table entries */
-    int layer;           /* the layer whose backward completes them; −1: the embedding or the head (after the backward) */
+    int layer;           /* the layer whose backward completes them; num_layers: the head (completed first); −1: the
+                            embedding (started by k3c_dp_grads_finish) */
     int64_t *count;      /* [size] elements of it each rank owns (its range ∩ the rank's; in rank order) */
     int64_t at;          /* where this rank's part lands in g_shard */
     k3c_comm_req *req;   /* in flight, or NULL */
@@ -92,12 +93,12 @@ int k3c_dp_sum(k3c_dp *dp, double *x, k3c_err *err);
  * group's entries zeroed (every entry then lives on its owner alone, so norms over the table count it once). */
 int k3c_dp_reduce_grads(k3c_dp *dp, float *g, k3c_err *err);
 /* The same reduce-scatter overlapped with the backward: _begin attaches a hook to m (m->grads) that, as the backward
- * completes each layer's gradients, starts the reduce-scatter of that layer's entries (with tp: its replicated entries
- * zeroed first on TP ranks other than 0, as k3c_tp_dedup_grads does) and returns at once; _finish detaches it, starts
- * the rest (embedding, head), waits for every piece and leaves g as k3c_dp_reduce_grads does (the same sums, each
- * over the same ranks' same elements). Float32 models; every rank of the group calls both around the same backwards.
- * Under pipeline parallelism only the last micro-batch's backward may complete a layer (pp.c passes the hook to it
- * alone). Between the two, m->g's entries of started pieces must stay untouched. */
+ * completes the head's gradients and then each layer's, starts the reduce-scatter of those entries (with tp: their
+ * replicated entries zeroed first on TP ranks other than 0, as k3c_tp_dedup_grads does) and returns at once; _finish
+ * detaches it, starts the rest (the embedding), waits for every piece and leaves g as k3c_dp_reduce_grads does (the
+ * same sums, each over the same ranks' same elements). Float32 models; every rank of the group calls both around
+ * the same backwards. Under pipeline parallelism only the last micro-batch's backward may complete a layer (pp.c
+ * passes the hook to it alone). Between the two, m->g's entries of started pieces must stay untouched. */
 int k3c_dp_grads_begin(k3c_dp *dp, k3c_model *m, const k3c_tp *tp, k3c_err *err);
 int k3c_dp_grads_finish(k3c_dp *dp, k3c_model *m, k3c_err *err);
 /* Global-norm clipping of the owners' gradients: this rank's squared norm (its entries) summed over the group and,

@@ -143,6 +143,7 @@ int k3c_model_backward_range(k3c_model *m, k3c_acts *a, double scale, const real
     }
     if (a->l1 == L) {
         CHECK_RC(head_bwd(m, a, scale, err));
+        if (m->grads) CHECK_RC(m->grads->layer_done(m->grads->ctx, L, err)); /* the head's gradients are final */
     } else { /* the later stages' gradients of the boundary tensors (some of them from before l0, passed through) */
         nb = k3c_boundary_sources(c, a->l1, bsrc);
         for (int i = 0; i < nb; i++) CHECK_RC(add_into(a, src_grad(a, bsrc[i]), dout[i], T * D, err));

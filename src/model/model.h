@@ -117,9 +117,10 @@ typedef struct {
 
 enum { K3C_CP_H0 = 0, K3C_CP_HT = 1, K3C_CP_DHT = 2, K3C_CP_DH0 = 3 };
 
-/* Called by the backward after layer l's backward (l from l1 − 1 down to l0): every gradient entry of layer l
- * (table entries with layer == l) is final for this backward, nothing later in it writes them, so the caller may start
- * reducing them while the backward goes on (data parallelism, src/dist/dp.c, docs/PARALLEL.md "Data parallelism
+/* Called by the backward after layer l's backward (l from l1 − 1 down to l0), and with l = num_layers after the head's
+ * (a range that ends at the last layer): every gradient entry of layer l (table entries with layer == l; for
+ * num_layers the final mix, norm and lm_head after the layers) is final for this backward, nothing later in it writes
+ * them, so the caller may start reducing them while the backward goes on (data parallelism, src/dist/dp.c, docs/PARALLEL.md "Data parallelism
  * (ZeRO-1)"). On a device backend the gradients may still be in flight on the backend's stream: the callee orders its
  * reads after it (the NCCL communicator does). */
 typedef struct {

@@ -227,7 +227,7 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
         const float nan = NAN;
         if ((e = be->upload(tr->m.g, &nan, sizeof nan, err))) return e;
     }
-    if (tr->dp && (e = k3c_dp_grads_finish(tr->dp, &tr->m, err))) return e; /* the embedding's and head's, then all */
+    if (tr->dp && (e = k3c_dp_grads_finish(tr->dp, &tr->m, err))) return e; /* the embedding's, then wait for all */
     e = tr->dp ? k3c_dp_clip_grad_norm(tr->dp, tr->pp ? tr->pp_comm : NULL, tr->opt_inst, &tr->m.table, tr->m.g,
                                        rc->grad_clip, &row->grad_norm, err) /* the owners' parts, summed */
                : be->clip_grad_norm(tr->opt_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm, err);
