@@ -464,8 +464,8 @@ static void overlap_rules(k3c_comm *comm, int pp, int tp) {
     CHECK_OK(k3c_dp_reduce_grads(dp, r.m.g, &err), &err);
     memcpy(ref, r.m.g, sizeof(float) * n);
     CHECK(hooked == layers && flying == hooked && r.m.grads == NULL,
-          "pp%d tp%d: %d pieces started during the backward (%d in flight at its end) for %d layers and heads", pp, tp, hooked,
-          flying, layers);
+          "pp%d tp%d: %d pieces started during the backward (%d in flight at its end) for %d layers and heads", pp, tp,
+          hooked, flying, layers);
     const char *worst = "-";
     size_t differ = 0;
     for (size_t i = 0; i < n; i++) differ += memcmp(&over[i], &ref[i], sizeof(float)) != 0;
@@ -573,7 +573,7 @@ static void run_all(k3c_comm *comm) {
     overlap_rules(comm, 1, 1);
     for (int pp = 2; pp <= comm->size && pp <= 2; pp *= 2) overlap_rules(comm, pp, 1); /* pp2, dp2×pp2 */
     for (int tp = 2; tp <= comm->size && tp <= 2; tp *= 2) overlap_rules(comm, 1, tp); /* tp2, dp2×tp2 */
-    if (comm->size == 4) overlap_rules(comm, 2, 2);                                   /* tp2×pp2 */
+    if (comm->size == 4) overlap_rules(comm, 2, 2);                                    /* tp2×pp2 */
     f64_exact(comm, 1, 0);
     f64_tp(comm);
     if (comm->size > 1) cp_split_rules(comm);

@@ -1,7 +1,8 @@
 /* dp.c — data parallelism with ZeRO-1: batch split at document boundaries with the global loss normalisation,
- * gradients reduce-scattered to the owners of their entries (after the backward, or layer by layer during it) and
- * clipped by the global norm, optimizer state sharded by
- * whole table entries with the parameters all-gathered after the step, global S_max and router statistics. Spec: docs/PARALLEL.md "Data parallelism (ZeRO-1)", docs/TRAINING.md §1.5. */
+ * gradients reduce-scattered to the owners of their entries (after the backward, or piece by piece during it) and
+ * clipped by the global norm, optimizer state sharded by whole table entries with the parameters all-gathered after
+ * the step, global S_max and router statistics. Spec: docs/PARALLEL.md "Data parallelism (ZeRO-1)", docs/TRAINING.md
+ * §1.5. */
 #include "dist/dp.h"
 
 #include "base/check.h"
@@ -28,10 +29,10 @@ static void assign_owners(const k3c_param_table *t, int e0, int e1, int size, in
 static size_t state_end(const k3c_optim *o, int i) { return i < o->n_entries ? o->state_off[i] : o->state_numel; }
 
 /* The overlap's pieces: the runs of entries of [e0, e1) that belong to one layer (or to none: the embedding before
- * the layers, layer −1; the final mix, norm and lm_head after them, the model's head, layer num_layers, which the
- * backward completes first), each with every rank's share of its elements. The owners'
- * ranges are contiguous and in rank order, so rank r's share sits at the sum of the shares before it, where the
- * reduce-scatter of the piece puts rank r's block. */
+ * the layers, layer −1; the final mix, norm and lm_head after them, the head, layer num_layers, which the backward
+ * completes first), each with every rank's share of its elements. The owners' ranges are contiguous and in rank
+ * order, so rank r's share sits at the sum of the shares before it, where the piece's reduce-scatter puts rank r's
+ * block. */
 static int make_pieces(k3c_dp *dp, const k3c_param_table *t, int e0, int e1) {
     const int R = dp->size;
     int n = 0, L = 0;
@@ -250,8 +251,7 @@ static int layer_done(void *ctx, int l, k3c_err *err) {
 
 int k3c_dp_grads_begin(k3c_dp *dp, k3c_model *m, const k3c_tp *tp, k3c_err *err) {
     if (m->precision != K3C_F32 || !m->g)
-        return k3c_errf(err, K3C_EINVAL, "data parallelism: the overlapped gradient sum needs a float32 model with "
-                                         "gradients");
+        return k3c_errf(err, K3C_EINVAL, "data parallelism: overlapping the gradient sum needs float32 gradients");
     if (dp->ov_g || dp->in_flight)
         return k3c_errf(err, K3C_EINVAL, "data parallelism: k3c_dp_grads_begin again before k3c_dp_grads_finish");
     for (int p = 0; p < dp->n_pieces; p++) dp->piece[p].started = 0, dp->piece[p].req = NULL;

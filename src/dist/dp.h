@@ -22,12 +22,12 @@ int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world
 /* A piece of the overlapped gradient reduce-scatter: a run of table entries that one layer's backward completes (or
  * the embedding's, or the head's), reduce-scattered on its own to the owners of its elements. */
 typedef struct {
-    int e0, e1;          /* its table entries */
-    int layer;           /* the layer whose backward completes them; num_layers: the head (completed first); −1: the
-                            embedding (started by k3c_dp_grads_finish) */
-    int64_t *count;      /* [size] elements of it each rank owns (its range ∩ the rank's; in rank order) */
-    int64_t at;          /* where this rank's part lands in g_shard */
-    k3c_comm_req *req;   /* in flight, or NULL */
+    int e0, e1;        /* its table entries */
+    int layer;         /* the layer whose backward completes them; num_layers: the head (completed first); −1: the
+                          embedding (started by k3c_dp_grads_finish) */
+    int64_t *count;    /* [size] elements of it each rank owns (its range ∩ the rank's; in rank order) */
+    int64_t at;        /* where this rank's part lands in g_shard */
+    k3c_comm_req *req; /* in flight, or NULL */
     int started;
 } k3c_dp_piece;
 
@@ -54,12 +54,12 @@ typedef struct {
     float *g_shard; /* this rank's entries of the reduce-scattered gradient (backend memory, w_count[rank] floats) */
     k3c_dp_piece *piece; /* the group's entries cut at layer boundaries (k3c_dp_grads_begin / _finish) */
     int n_pieces;
-    int hooked;              /* pieces the last backward started (layer_done); the rest start in _finish */
-    int in_flight;           /* pieces started and not yet waited for */
-    float *ov_g;             /* the gradient being reduced between _begin and _finish; NULL: none */
+    int hooked;    /* pieces the last backward started (layer_done); the rest start in _finish */
+    int in_flight; /* pieces started and not yet waited for */
+    float *ov_g;   /* the gradient being reduced between _begin and _finish; NULL: none */
     const k3c_param_table *ov_t;
-    const k3c_tp *ov_tp;     /* tensor parallelism: replicated entries counted once (k3c_tp_dedup_grads_range) */
-    k3c_grad_hook hook;      /* what the model calls while _begin holds it */
+    const k3c_tp *ov_tp; /* tensor parallelism: replicated entries counted once (k3c_tp_dedup_grads_range) */
+    k3c_grad_hook hook;  /* what the model calls while _begin holds it */
 } k3c_dp;
 
 /* o: the optimizer initialised for t (full layout); the shard shares its workspace. w, g, the state and the router

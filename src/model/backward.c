@@ -1,6 +1,6 @@
 /* backward.c — the whole-model backward: cross-entropy → lm_head → final norm → output mix → per layer in reverse (FFN,
  * its depth mix, the token mixer, its depth mix), accumulating every parameter gradient into m->g; m->grads hears
- * when each layer's gradients are final.
+ * when the head's and each layer's gradients are final.
  * Spec: docs/MODEL.md §1.2 (RMSNorm backward), §5.4 (AttnRes gradients), §3.4, §4.2, §9.2. */
 #include "base/check.h"
 #include "base/real.h"
