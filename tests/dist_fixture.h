@@ -188,6 +188,7 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
     CHECK_RC(be->zero(r->m.g, (int64_t)r->m.table.total, err));
     k3c_arena_reset(&r->ar, 0);
     k3c_acts *acts;
+    if (dp) CHECK_RC(k3c_dp_grads_begin(dp, &r->m, r->d.tp_comm ? &r->d.tp : NULL, err)); /* layer by layer */
     if (r->d.use_pp) {
         CHECK_RC(k3c_pp_step(&r->d.pp, &r->m, &b, &r->ar, 1, loss, err));
     } else {
@@ -195,8 +196,7 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
         CHECK_RC(k3c_model_backward_f32(&r->m, acts, 1.0, err));
     }
     if (dp) CHECK_RC(k3c_dp_sum(dp, loss, err));
-    if (r->d.tp_comm) CHECK_RC(k3c_tp_dedup_grads(&r->d.tp, &r->m.table, r->m.g, K3C_F32, err));
-    if (dp) CHECK_RC(k3c_dp_reduce_grads(dp, r->m.g, err));
+    if (dp) CHECK_RC(k3c_dp_grads_finish(dp, &r->m, err));
     if (g_out && dp) { /* the owners' parts gathered, then every stage's (zero outside its entries): the whole gradient */
         float *whole = be->alloc(sizeof(float) * r->m.table.total);
         int e = whole ? k3c_dp_gather_grads(dp, &r->m.table, r->m.g, whole, err) : k3c_errf(err, K3C_ENOMEM, "grads");

@@ -417,6 +417,69 @@ static void reduce_scatter_rules(k3c_comm *comm) {
     split_free(&m, &o, &dp);
 }
 
+/* The gradient sum overlapped with the backward (k3c_dp_grads_begin / _finish) on a real step of the tiny model over
+ * the ranks (dp, or with pp stages / tp groups inside): every layer's piece and the head's are started by the backward
+ * itself (the hook ran once per layer of the stage and for its head, and those pieces are still in flight when the
+ * backward returns), and the
+ * reduced gradient equals k3c_dp_reduce_grads' (after k3c_tp_dedup_grads) of the same local gradients within 1e-6
+ * per entry (the same elements summed over the same ranks; only the collective's summation order may differ). */
+static void overlap_rules(k3c_comm *comm, int pp, int tp) {
+    k3c_err err = {0};
+    k3c_config cfg;
+    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    tp_variant(&cfg, tp);
+    batch gb;
+    make_batch(&gb);
+    runner r;
+    if (runner_init(&r, &cfg, comm, 1, pp, tp, 1, &err)) {
+        CHECK(0, "overlap setup: %s", err.msg);
+        runner_free(&r);
+        return;
+    }
+    k3c_dp *dp = &r.d.dp;
+    const size_t n = r.m.table.total;
+    float *local = malloc(sizeof(float) * n), *over = malloc(sizeof(float) * n), *ref = malloc(sizeof(float) * n);
+    k3c_model_batch b = {T_BATCH, gb.n_docs, gb.ids, gb.cu, gb.targets, 0, 0, NULL, NULL, NULL, NULL};
+    k3c_acts *acts;
+    double loss;
+    CHECK_OK(k3c_dp_split_batch(dp, &b, &err), &err);
+    CHECK_OK(r.be->zero(r.m.g, (int64_t)n, &err), &err);
+    CHECK_OK(k3c_dp_grads_begin(dp, &r.m, tp > 1 ? &r.d.tp : NULL, &err), &err);
+    if (pp > 1) {
+        CHECK_OK(k3c_pp_step(&r.d.pp, &r.m, &b, &r.ar, 1, &loss, &err), &err);
+    } else {
+        CHECK_OK(k3c_model_forward_f32(&r.m, &b, &r.ar, &acts, &loss, NULL, &err), &err);
+        CHECK_OK(k3c_model_backward_f32(&r.m, acts, 1.0, &err), &err);
+    }
+    const int head = pp < 2 || r.d.pp.stage == r.d.pp.stages - 1; /* the stage ends with the head */
+    const int hooked = dp->hooked, flying = dp->in_flight, layers = (int)cfg.num_layers / (pp > 1 ? pp : 1) + head;
+    memcpy(local, r.m.g, sizeof(float) * n); /* the started pieces only read it */
+    CHECK_OK(k3c_dp_grads_finish(dp, &r.m, &err), &err);
+    memcpy(over, r.m.g, sizeof(float) * n);
+    memcpy(r.m.g, local, sizeof(float) * n); /* the same local gradients, summed after the backward */
+    if (tp > 1) CHECK_OK(k3c_tp_dedup_grads(&r.d.tp, &r.m.table, r.m.g, K3C_F32, &err), &err);
+    CHECK_OK(k3c_dp_reduce_grads(dp, r.m.g, &err), &err);
+    memcpy(ref, r.m.g, sizeof(float) * n);
+    CHECK(hooked == layers && flying == hooked && r.m.grads == NULL,
+          "pp%d tp%d: %d pieces started during the backward (%d in flight at its end) for %d layers and heads", pp, tp,
+          hooked, flying, layers);
+    const char *worst = "-";
+    size_t differ = 0;
+    for (size_t i = 0; i < n; i++) differ += memcmp(&over[i], &ref[i], sizeof(float)) != 0;
+    double rel = max_rel(&r.m.table, over, ref, -1, &worst);
+    CHECK(rel <= 1e-6, "pp%d tp%d: overlapped gradient sum %.3e from k3c_dp_reduce_grads' (%s)", pp, tp, rel, worst);
+    if (comm->rank == 0)
+        printf("overlap dp=%d pp=%d tp=%d: %d of %d pieces started during the backward; reduced gradients %s "
+               "k3c_dp_reduce_grads' (%zu elements differ on rank 0, largest relative difference %.2e)\n",
+               comm->size / (pp > 1 ? pp : 1) / (tp > 1 ? tp : 1), pp, tp, hooked, dp->n_pieces,
+               differ ? "differ from" : "equal bit for bit", differ, rel);
+    free(local), free(over), free(ref);
+    runner_free(&r);
+}
+
 /* The context-parallel split: contiguous ranges in rank order covering the batch, pieces continued across them, and a
  * clear error for ranges shorter than the short conv's tail. */
 static void cp_split_rules(k3c_comm *comm) {
@@ -507,6 +570,10 @@ static void layouts(void) {
 static void run_all(k3c_comm *comm) {
     split_rules(comm);
     reduce_scatter_rules(comm);
+    overlap_rules(comm, 1, 1);
+    for (int pp = 2; pp <= comm->size && pp <= 2; pp *= 2) overlap_rules(comm, pp, 1); /* pp2, dp2×pp2 */
+    for (int tp = 2; tp <= comm->size && tp <= 2; tp *= 2) overlap_rules(comm, 1, tp); /* tp2, dp2×tp2 */
+    if (comm->size == 4) overlap_rules(comm, 2, 2);                                    /* tp2×pp2 */
     f64_exact(comm, 1, 0);
     f64_tp(comm);
     if (comm->size > 1) cp_split_rules(comm);

@@ -1,6 +1,8 @@
 /* dp.c — data parallelism with ZeRO-1: batch split at document boundaries with the global loss normalisation,
- * gradients reduce-scattered to the owners of their entries and clipped by the global norm, optimizer state sharded by
- * whole table entries with the parameters all-gathered after the step, global S_max and router statistics. Spec: docs/PARALLEL.md "Data parallelism (ZeRO-1)", docs/TRAINING.md §1.5. */
+ * gradients reduce-scattered to the owners of their entries (after the backward, or piece by piece during it) and
+ * clipped by the global norm, optimizer state sharded by whole table entries with the parameters all-gathered after
+ * the step, global S_max and router statistics. Spec: docs/PARALLEL.md "Data parallelism (ZeRO-1)", docs/TRAINING.md
+ * §1.5. */
 #include "dist/dp.h"
 
 #include "base/check.h"
@@ -25,6 +27,42 @@ static void assign_owners(const k3c_param_table *t, int e0, int e1, int size, in
 }
 
 static size_t state_end(const k3c_optim *o, int i) { return i < o->n_entries ? o->state_off[i] : o->state_numel; }
+
+/* The overlap's pieces: the runs of entries of [e0, e1) that belong to one layer (or to none: the embedding before
+ * the layers, layer −1; the final mix, norm and lm_head after them, the head, layer num_layers, which the backward
+ * completes first), each with every rank's share of its elements. The owners' ranges are contiguous and in rank
+ * order, so rank r's share sits at the sum of the shares before it, where the piece's reduce-scatter puts rank r's
+ * block. */
+static int make_pieces(k3c_dp *dp, const k3c_param_table *t, int e0, int e1) {
+    const int R = dp->size;
+    int n = 0, L = 0;
+    for (int i = 0; i < t->n; i++)
+        if (t->p[i].layer + 1 > L) L = t->p[i].layer + 1;
+    for (int i = e0; i < e1; i++) n += i == e0 || t->p[i].layer != t->p[i - 1].layer;
+    dp->piece = calloc((size_t)(n > 0 ? n : 1), sizeof *dp->piece);
+    int64_t *counts = calloc((size_t)(n > 0 ? n : 1) * (size_t)R, sizeof(int64_t));
+    if (!dp->piece || !counts) {
+        free(counts);
+        return K3C_ENOMEM;
+    }
+    dp->piece[0].count = counts; /* one block for all: k3c_dp_free frees it through the first piece */
+    for (int i = e0; i < e1; i++) {
+        if (i > e0 && t->p[i].layer == t->p[i - 1].layer) continue;
+        k3c_dp_piece *q = &dp->piece[dp->n_pieces];
+        q->count = counts + (size_t)dp->n_pieces++ * (size_t)R;
+        q->e0 = i;
+        for (q->e1 = i + 1; q->e1 < e1 && t->p[q->e1].layer == t->p[i].layer;) q->e1++;
+        q->layer = t->p[i].layer >= 0 || t->p[i].offset == 0 ? t->p[i].layer : L; /* the head after the layers */
+        const int64_t a = (int64_t)entry_end(t, q->e0), b = (int64_t)entry_end(t, q->e1);
+        for (int r = 0; r < R; r++) {
+            const int64_t lo = dp->w_displ[r] > a ? dp->w_displ[r] : a,
+                          hi = dp->w_displ[r] + dp->w_count[r] < b ? dp->w_displ[r] + dp->w_count[r] : b;
+            q->count[r] = hi > lo ? hi - lo : 0;
+            if (r == dp->rank) q->at = q->count[r] ? lo - dp->w_displ[r] : 0;
+        }
+    }
+    return K3C_OK;
+}
 
 int k3c_dp_init(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_optim *o, const k3c_param_table *t,
                 k3c_err *err) {
@@ -77,6 +115,10 @@ int k3c_dp_init_range(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, con
     for (int i = 0; i < t->n; i++)
         dp->shard.state_off[i] = i >= dp->first && i < dp->last ? o->state_off[i] - (size_t)dp->s_displ[dp->rank] : 0;
     dp->shard.state_numel = (size_t)dp->s_count[dp->rank];
+    if (make_pieces(dp, t, e0, e1)) {
+        k3c_dp_free(dp);
+        return k3c_errf(err, K3C_ENOMEM, "data parallelism: out of memory");
+    }
     dp->g_shard = be->alloc(sizeof(float) * (size_t)(dp->w_count[dp->rank] > 0 ? dp->w_count[dp->rank] : 1));
     if (!dp->g_shard) {
         k3c_dp_free(dp);
@@ -98,7 +140,10 @@ void k3c_dp_free(k3c_dp *dp) {
     free(dp->shard.state_off); /* the workspace belongs to the full optimizer */
     free(dp->cu);
     if (dp->route_buf) dp->be->free(dp->route_buf);
-    if (dp->g_shard) dp->be->free(dp->g_shard);
+    /* pieces still in flight (a backward that failed: the job ends) may yet write the shard, so it is left */
+    if (dp->g_shard && !dp->in_flight) dp->be->free(dp->g_shard);
+    if (dp->piece) free(dp->piece[0].count);
+    free(dp->piece);
     memset(dp, 0, sizeof *dp);
 }
 
@@ -168,12 +213,74 @@ int k3c_dp_sum(k3c_dp *dp, double *x, k3c_err *err) {
     return k3c_comm_allreduce(dp->comm, x, x, 1, K3C_F64, K3C_COMM_SUM, NULL, err);
 }
 
-int k3c_dp_reduce_grads(k3c_dp *dp, float *g, k3c_err *err) {
+/* After the reduce-scatter: the group's entries of g zeroed, this rank's own sums (g_shard) put back in place. */
+static int shard_into_place(k3c_dp *dp, float *g, k3c_err *err) {
     const int64_t mine = dp->w_count[dp->rank], at = dp->w_displ[dp->rank];
-    CHECK_RC(k3c_comm_reduce_scatter(dp->comm, g + dp->g_off, dp->g_shard, dp->w_count, K3C_F32, K3C_COMM_SUM, NULL,
-                                     err));
     CHECK_RC(dp->be->zero(g + dp->g_off, (int64_t)dp->g_len, err));
     return mine ? dp->be->copy2d(1, mine, dp->g_shard, mine, g + at, mine, 0, err) : K3C_OK;
+}
+
+int k3c_dp_reduce_grads(k3c_dp *dp, float *g, k3c_err *err) {
+    CHECK_RC(k3c_comm_reduce_scatter(dp->comm, g + dp->g_off, dp->g_shard, dp->w_count, K3C_F32, K3C_COMM_SUM, NULL,
+                                     err));
+    return shard_into_place(dp, g, err);
+}
+
+/* Starts piece p's reduce-scatter (once): its entries of ov_g, deduplicated over the TP group first, to the owners'
+ * places in g_shard. The communicator orders its reads after the compute issued so far (NCCL: after_compute). */
+static int start_piece(k3c_dp *dp, int p, k3c_err *err) {
+    k3c_dp_piece *q = &dp->piece[p];
+    if (q->started) return K3C_OK;
+    if (dp->ov_tp) CHECK_RC(k3c_tp_dedup_grads_range(dp->ov_tp, dp->ov_t, dp->ov_g, K3C_F32, q->e0, q->e1, err));
+    CHECK_RC(k3c_comm_reduce_scatter(dp->comm, dp->ov_g + entry_end(dp->ov_t, q->e0), dp->g_shard + q->at, q->count,
+                                     K3C_F32, K3C_COMM_SUM, &q->req, err));
+    q->started = 1;
+    dp->in_flight++;
+    return K3C_OK;
+}
+
+static int layer_done(void *ctx, int l, k3c_err *err) {
+    k3c_dp *dp = ctx;
+    for (int p = 0; p < dp->n_pieces; p++)
+        if (dp->piece[p].layer == l && !dp->piece[p].started) {
+            CHECK_RC(start_piece(dp, p, err));
+            dp->hooked++;
+        }
+    return K3C_OK;
+}
+
+int k3c_dp_grads_begin(k3c_dp *dp, k3c_model *m, const k3c_tp *tp, k3c_err *err) {
+    if (m->precision != K3C_F32 || !m->g)
+        return k3c_errf(err, K3C_EINVAL, "data parallelism: overlapping the gradient sum needs float32 gradients");
+    if (dp->ov_g || dp->in_flight)
+        return k3c_errf(err, K3C_EINVAL, "data parallelism: k3c_dp_grads_begin again before k3c_dp_grads_finish");
+    for (int p = 0; p < dp->n_pieces; p++) dp->piece[p].started = 0, dp->piece[p].req = NULL;
+    dp->hooked = 0;
+    dp->ov_g = m->g;
+    dp->ov_t = &m->table;
+    dp->ov_tp = tp;
+    dp->hook = (k3c_grad_hook){layer_done, dp};
+    m->grads = &dp->hook;
+    return K3C_OK;
+}
+
+int k3c_dp_grads_finish(k3c_dp *dp, k3c_model *m, k3c_err *err) {
+    m->grads = NULL;
+    if (!dp->ov_g) return k3c_errf(err, K3C_EINVAL, "data parallelism: k3c_dp_grads_finish without k3c_dp_grads_begin");
+    int e = K3C_OK;
+    for (int p = 0; !e && p < dp->n_pieces; p++) e = start_piece(dp, p, err); /* the embedding's */
+    for (int p = 0; p < dp->n_pieces; p++) { /* every started piece is waited for, even after an error */
+        k3c_dp_piece *q = &dp->piece[p];
+        if (!q->started) continue;
+        int e2 = k3c_comm_wait(q->req, e ? NULL : err);
+        q->req = NULL;
+        q->started = 0;
+        dp->in_flight--;
+        if (!e) e = e2;
+    }
+    float *g = dp->ov_g;
+    dp->ov_g = NULL;
+    return e ? e : shard_into_place(dp, g, err);
 }
 
 int k3c_dp_clip_grad_norm(k3c_dp *dp, k3c_comm *pp_comm, void *inst, const k3c_param_table *t, float *g,

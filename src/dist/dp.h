@@ -7,6 +7,7 @@
 #define K3C_DIST_DP_H
 
 #include "dist/comm.h"
+#include "dist/tp.h"
 #include "model/model.h"
 #include "ops/backend.h"
 
@@ -18,6 +19,18 @@ int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world
                          k3c_err *err);
 
 /* ---------------------------------------------------------------- data parallelism with ZeRO-1 (dp.c) */
+/* A piece of the overlapped gradient reduce-scatter: a run of table entries that one layer's backward completes (or
+ * the embedding's, or the head's), reduce-scattered on its own to the owners of its elements. */
+typedef struct {
+    int e0, e1;        /* its table entries */
+    int layer;         /* the layer whose backward completes them; num_layers: the head (completed first); −1: the
+                          embedding (started by k3c_dp_grads_finish) */
+    int64_t *count;    /* [size] elements of it each rank owns (its range ∩ the rank's; in rank order) */
+    int64_t at;        /* where this rank's part lands in g_shard */
+    k3c_comm_req *req; /* in flight, or NULL */
+    int started;
+} k3c_dp_piece;
+
 typedef struct {
     k3c_comm *comm;            /* the data-parallel group (not owned) */
     const k3c_backend_f32 *be; /* whose memory holds w, g, the state and the gathered router statistics */
@@ -39,6 +52,14 @@ typedef struct {
     float *route_buf; /* gathered router logits and cutoffs of one layer (backend memory) */
     size_t route_cap;
     float *g_shard; /* this rank's entries of the reduce-scattered gradient (backend memory, w_count[rank] floats) */
+    k3c_dp_piece *piece; /* the group's entries cut at layer boundaries (k3c_dp_grads_begin / _finish) */
+    int n_pieces;
+    int hooked;    /* pieces the last backward started (layer_done); the rest start in _finish */
+    int in_flight; /* pieces started and not yet waited for */
+    float *ov_g;   /* the gradient being reduced between _begin and _finish; NULL: none */
+    const k3c_param_table *ov_t;
+    const k3c_tp *ov_tp; /* tensor parallelism: replicated entries counted once (k3c_tp_dedup_grads_range) */
+    k3c_grad_hook hook;  /* what the model calls while _begin holds it */
 } k3c_dp;
 
 /* o: the optimizer initialised for t (full layout); the shard shares its workspace. w, g, the state and the router
@@ -71,6 +92,15 @@ int k3c_dp_sum(k3c_dp *dp, double *x, k3c_err *err);
 /* ZeRO-1's gradient reduce-scatter: this rank's entries [first, last) of g ← their sum over the ranks, the rest of the
  * group's entries zeroed (every entry then lives on its owner alone, so norms over the table count it once). */
 int k3c_dp_reduce_grads(k3c_dp *dp, float *g, k3c_err *err);
+/* The same reduce-scatter overlapped with the backward: _begin attaches a hook to m (m->grads) that, as the backward
+ * completes the head's gradients and then each layer's, starts the reduce-scatter of those entries (with tp: their
+ * replicated entries zeroed first on TP ranks other than 0, as k3c_tp_dedup_grads does) and returns at once; _finish
+ * detaches it, starts the rest (the embedding), waits for every piece and leaves g as k3c_dp_reduce_grads does (the
+ * same sums, each over the same ranks' same elements). Float32 models; every rank of the group calls both around
+ * the same backwards. Under pipeline parallelism only the last micro-batch's backward may complete a layer (pp.c
+ * passes the hook to it alone). Between the two, m->g's entries of started pieces must stay untouched. */
+int k3c_dp_grads_begin(k3c_dp *dp, k3c_model *m, const k3c_tp *tp, k3c_err *err);
+int k3c_dp_grads_finish(k3c_dp *dp, k3c_model *m, k3c_err *err);
 /* Global-norm clipping of the owners' gradients: this rank's squared norm (its entries) summed over the group and,
  * pp_comm non-NULL, over the pipeline's stages; then its entries scaled by the coefficient of the global norm.
  * *norm: the global norm before clipping (max_norm <= 0: the norm only). */

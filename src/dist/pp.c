@@ -155,7 +155,12 @@ static int backward(pipe *p, int i, k3c_err *err) {
     float *d = region(p, p->dout, pp->n_out, i);
     if (pp->n_out) CHECK_RC(k3c_comm_recv(pp->back, d, pp->n_out * TD, K3C_F32, pp->stage + 1, 2 * i + 1, NULL, err));
     for (int k = 0; k < pp->n_out; k++) dout[k] = d + k * TD;
-    CHECK_RC(k3c_model_backward_range_f32(p->m, p->acts, 1.0, pp->n_out ? dout : NULL, err));
+    /* the micro-batches' gradients add up: only the last backward completes a layer's (m->grads, k3c_dp_grads_begin) */
+    const k3c_grad_hook *hook = p->m->grads;
+    if (i + 1 < p->n) p->m->grads = NULL;
+    int e = k3c_model_backward_range_f32(p->m, p->acts, 1.0, pp->n_out ? dout : NULL, err);
+    p->m->grads = hook;
+    CHECK_RC(e);
     p->live = -1; /* the backward's buffers overwrote the arena's tail */
     if (!pp->n_in) return K3C_OK;
     float *x[K3C_ATTNRES_MAX_SOURCES], *o = region(p, p->din, pp->n_in, i);

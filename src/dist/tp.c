@@ -266,9 +266,14 @@ void k3c_tp_free(k3c_tp *tp) {
 }
 
 int k3c_tp_dedup_grads(const k3c_tp *tp, const k3c_param_table *t, void *g, k3c_dtype dt, k3c_err *err) {
+    return k3c_tp_dedup_grads_range(tp, t, g, dt, 0, t->n, err);
+}
+
+int k3c_tp_dedup_grads_range(const k3c_tp *tp, const k3c_param_table *t, void *g, k3c_dtype dt, int e0, int e1,
+                             k3c_err *err) {
     const size_t es = k3c_comm_dtype_size(dt);
     if (tp->rank == 0) return K3C_OK;
-    for (int i = 0; i < t->n; i++) /* zero bits are a zero of either precision: es / 4 floats an element */
+    for (int i = e0; i < e1; i++) /* zero bits are a zero of either precision: es / 4 floats an element */
         if (tp->split[i] == K3C_TP_SAME)
             CHECK_RC(tp->be->zero((float *)((char *)g + es * t->p[i].offset), t->p[i].numel * (int64_t)(es / 4), err));
     return K3C_OK;

@@ -34,6 +34,10 @@ void k3c_tp_free(k3c_tp *tp);
  * group keeps it on TP rank 0 only, so the sum counts it once (split entries are zero outside this rank's share,
  * partial ones hold this rank's part: the sum completes both). g: the model's real (K3C_F32 or K3C_F64). */
 int k3c_tp_dedup_grads(const k3c_tp *tp, const k3c_param_table *t, void *g, k3c_dtype dt, k3c_err *err);
+/* The same over the table entries [e0, e1) only (one layer's, as its backward completes them: docs/PARALLEL.md "Data
+ * parallelism (ZeRO-1)", the overlapped reduce-scatter). */
+int k3c_tp_dedup_grads_range(const k3c_tp *tp, const k3c_param_table *t, void *g, k3c_dtype dt, int e0, int e1,
+                             k3c_err *err);
 /* S_max [L, H] of the MLA heads other ranks own set to −FLT_MAX (this rank's forward wrote only its own), before the
  * maximum over the ranks. */
 int k3c_tp_mask_smax(k3c_tp *tp, const k3c_config *cfg, float *smax, k3c_err *err);

@@ -1,5 +1,6 @@
 /* backward.c — the whole-model backward: cross-entropy → lm_head → final norm → output mix → per layer in reverse (FFN,
- * its depth mix, the token mixer, its depth mix), accumulating every parameter gradient into m->g.
+ * its depth mix, the token mixer, its depth mix), accumulating every parameter gradient into m->g; m->grads hears
+ * when the head's and each layer's gradients are final.
  * Spec: docs/MODEL.md §1.2 (RMSNorm backward), §5.4 (AttnRes gradients), §3.4, §4.2, §9.2. */
 #include "base/check.h"
 #include "base/real.h"
@@ -142,11 +143,15 @@ int k3c_model_backward_range(k3c_model *m, k3c_acts *a, double scale, const real
     }
     if (a->l1 == L) {
         CHECK_RC(head_bwd(m, a, scale, err));
+        if (m->grads) CHECK_RC(m->grads->layer_done(m->grads->ctx, L, err)); /* the head's gradients are final */
     } else { /* the later stages' gradients of the boundary tensors (some of them from before l0, passed through) */
         nb = k3c_boundary_sources(c, a->l1, bsrc);
         for (int i = 0; i < nb; i++) CHECK_RC(add_into(a, src_grad(a, bsrc[i]), dout[i], T * D, err));
     }
-    for (int l = a->l1 - 1; l >= a->l0; l--) CHECK_RC(layer_bwd(a, l, err));
+    for (int l = a->l1 - 1; l >= a->l0; l--) {
+        CHECK_RC(layer_bwd(a, l, err));
+        if (m->grads) CHECK_RC(m->grads->layer_done(m->grads->ctx, l, err)); /* layer l's gradients are final */
+    }
     if (a->l0 == 0) {
         CHECK_RC(k3c_acts_embed_overrides_bwd(a, D, err));
         k3c_embedding_sizes es = {T, V, D};

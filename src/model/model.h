@@ -117,6 +117,17 @@ typedef struct {
 
 enum { K3C_CP_H0 = 0, K3C_CP_HT = 1, K3C_CP_DHT = 2, K3C_CP_DH0 = 3 };
 
+/* Called by the backward after layer l's backward (l from l1 − 1 down to l0), and with l = num_layers after the head's
+ * (a range that ends at the last layer): every gradient entry of layer l (table entries with layer == l; for
+ * num_layers the final mix, norm and lm_head after the layers) is final for this backward, nothing later in it writes
+ * them, so the caller may start reducing them while the backward goes on (data parallelism, src/dist/dp.c,
+ * docs/PARALLEL.md "Data parallelism (ZeRO-1)"). On a device backend the gradients may still be in flight on the
+ * backend's stream: the callee orders its reads after it (the NCCL communicator does). */
+typedef struct {
+    int (*layer_done)(void *ctx, int l, k3c_err *err);
+    void *ctx;
+} k3c_grad_hook;
+
 /* A residual-stream tensor of a step, by index: the embedding, P after layer l's attention (pmid), or after its FFN
  * (pend). Depth mixes list their sources this way so the backward finds each source's gradient buffer. */
 #define K3C_SRC_EMB (-1)
@@ -155,6 +166,7 @@ typedef struct k3c_model {
     const k3c_expert_exchange *experts;  /* NULL, or expert parallelism: the routed experts of every MoE layer */
     const k3c_tensor_parallel *tp;       /* NULL, or tensor parallelism: this rank's heads, widths and vocabulary */
     const k3c_context_exchange *context; /* NULL, or context parallelism: this rank holds a range of the sequence */
+    const k3c_grad_hook *grads;          /* NULL, or called as the head's and each layer's gradients are final */
 } k3c_model;
 
 /* Step statistics for forwards of up to T tokens in the model's backend memory (with S_max when the model has MLA

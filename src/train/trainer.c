@@ -206,6 +206,9 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     k3c_arena_reset(&tr->arena, 0);
     k3c_acts *acts;
     double loss;
+    /* data parallelism: each layer's gradient sum starts as soon as the backward completes it (tensor parallelism's
+       replicated entries counted once per layer first); k3c_dp_grads_finish completes the sum */
+    if (tr->dp && (e = k3c_dp_grads_begin(tr->dp, &tr->m, tr->tp_comm ? &tr->tp : NULL, err))) return e;
     if (tr->pp) { /* the stages' 1F1B over micro-batches: forward and backward together */
         if ((e = k3c_pp_step(tr->pp, &tr->m, &b, &tr->arena, 1, &loss, err))) return e;
     } else if ((e = k3c_model_forward_f32(&tr->m, &b, &tr->arena, &acts, &loss, NULL, err))) {
@@ -218,15 +221,14 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     if (fault == 1) loss = NAN;
     row->loss = loss;
     row->grad_norm = NAN;
-    if (k3c_guard_judge(&tr->guard, rc, loss, 0, tr->skip, sizeof tr->skip)) return K3C_OK; /* before the backward */
+    if (k3c_guard_judge(&tr->guard, rc, loss, 0, tr->skip, sizeof tr->skip)) /* before the backward */
+        return tr->dp ? k3c_dp_grads_finish(tr->dp, &tr->m, err) : K3C_OK; /* what is in flight (pp), then discarded */
     if (!tr->pp && (e = k3c_model_backward_f32(&tr->m, acts, 1.0, err))) return e;
     if (fault == 2) {
         const float nan = NAN;
         if ((e = be->upload(tr->m.g, &nan, sizeof nan, err))) return e;
     }
-    if (tr->tp_comm && (e = k3c_tp_dedup_grads(&tr->tp, &tr->m.table, tr->m.g, K3C_F32, err))) /* counted once */
-        return e;
-    if (tr->dp && (e = k3c_dp_reduce_grads(tr->dp, tr->m.g, err))) return e;
+    if (tr->dp && (e = k3c_dp_grads_finish(tr->dp, &tr->m, err))) return e; /* the embedding's, then wait for all */
     e = tr->dp ? k3c_dp_clip_grad_norm(tr->dp, tr->pp ? tr->pp_comm : NULL, tr->opt_inst, &tr->m.table, tr->m.g,
                                        rc->grad_clip, &row->grad_norm, err) /* the owners' parts, summed */
                : be->clip_grad_norm(tr->opt_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm, err);
