@@ -32,15 +32,7 @@ __device__ __forceinline__ int fkey(float f) {
  * malformed offsets (reported by the host after the kernel) cannot send a read out of bounds. */
 __device__ __forceinline__ int doc_start(const int32_t *cu, int n_docs, int i) {
     if (!cu) return 0;
-    int lo = 0, hi = n_docs - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (cu[mid] <= i)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const int b = cu[lo];
+    const int b = cu[k3c_cu::doc_of(cu, n_docs, i)];
     return b < 0 ? 0 : (b > i ? i : b);
 }
 
