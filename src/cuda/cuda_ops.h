@@ -43,12 +43,16 @@ typedef struct {
     void *lt;          /* cublasLtHandle_t */
     void *lt_ws;       /* cuBLASLt workspace (device) */
     size_t lt_ws_bytes;
+    void *lt_plans;    /* the GEMM plans already chosen (gemm.cu): descriptors + algorithm per shape */
     char name[128];
 } k3c_cuda_ctx;
 
 /* Selects `device`, reads its properties, creates the cuBLASLt handle and a workspace of lt_ws_bytes (0 = 32 MiB). */
 int k3c_cuda_init(k3c_cuda_ctx *ctx, int device, size_t lt_ws_bytes, k3c_err *err);
 void k3c_cuda_destroy(k3c_cuda_ctx *ctx);
+/* The table of GEMM plans (gemm.cu; k3c_cuda_init / _destroy call these). */
+int k3c_cuda_lt_plans_new(k3c_cuda_ctx *ctx, k3c_err *err);
+void k3c_cuda_lt_plans_free(k3c_cuda_ctx *ctx);
 
 int k3c_cuda_malloc(void **p, size_t bytes, k3c_err *err);
 void k3c_cuda_free(void *p);
@@ -75,7 +79,7 @@ int k3c_cuda_copy(void *dst, const void *src, size_t bytes, k3c_err *err);
  * or, transposed, [K,M]; B is [K,N] or [N,K]; rows are dense (leading dimension = stored row width).
  * k3c_gemm_bf16_cuda: A, B bf16, fp32 accumulation, C bf16 (c_f32 = 0) or float (c_f32 = 1).
  * k3c_matmul_cuda: the float twin of k3c_matmul at a k3c_gemm_mode: full fp32, TF32 tensor cores, or bf16 tensor cores
- * (A and B rounded to bf16 on the fly into stream-ordered scratch; fp32 accumulation, C stays float). */
+ * (A and B rounded to bf16 inside cuBLASLt, CUBLAS_COMPUTE_32F_FAST_16BF; fp32 accumulation, C stays float). */
 typedef enum {
     K3C_GEMM_FP32 = 0, /* full fp32: the checking mode */
     K3C_GEMM_TF32 = 1, /* TF32 tensor cores (inputs rounded to 10 mantissa bits) */
