@@ -452,7 +452,10 @@ static int open_held(trainer *tr, const char *dir, k3c_model *host, k3c_err *err
     CHECK_RC(k3c_config_load(dir, &cfg, err));
     CHECK_RC(k3c_ckpt_open(dir, &ck, err));
     int e = k3c_model_create_experts_f32(&cfg, 0, tr->m.table.expert0, tr->m.table.held, host, err);
-    if (!e && (e = k3c_model_load_f32(host, ck, err))) k3c_model_free_f32(host);
+    if (!e && (e = k3c_model_load_f32(host, ck, err))) {
+        k3c_model_free_f32(host);
+        k3c_err_wrap(err, "%s (model.safetensors or the files model.safetensors.index.json names)", dir);
+    }
     k3c_ckpt_close(ck);
     return e;
 }
