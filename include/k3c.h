@@ -220,6 +220,10 @@ typedef struct k3c_acts k3c_acts;
 #define K3C_MODEL_API(real, S)                                                                                            \
     /* Creates a model with zeroed parameters (and gradients when with_grad). */                                          \
     int k3c_model_create_##S(const k3c_config *cfg, int with_grad, k3c_model *m, k3c_err *err);                           \
+    /* The same holding only routed experts [e0, e0 + n) of every MoE layer (expert parallelism's residency,          \
+       k3c_params_build_experts): init gives them the values the whole model's init does, load skips the others. */    \
+    int k3c_model_create_experts_##S(const k3c_config *cfg, int with_grad, int64_t e0, int64_t n, k3c_model *m,        \
+                                     k3c_err *err);                                                                       \
     /* Random initialisation for training from scratch (seed; std = initializer_range). Writes w from the host: call   \
        it (and k3c_model_load) before k3c_model_use_backend moves the model to a device. */  \
     void k3c_model_init_##S(k3c_model *m, uint64_t seed, double std);                                                     \
@@ -230,6 +234,9 @@ typedef struct k3c_acts k3c_acts;
     int k3c_model_save_##S(const k3c_model *m, const char *path, k3c_err *err);                                           \
     /* The same for the table entries [e0, e1) only (a pipeline stage's shard of a sharded checkpoint). */           \
     int k3c_model_save_range_##S(const k3c_model *m, const char *path, int e0, int e1, k3c_err *err);                     \
+    /* The same; experts_only: the stacked routed-expert entries alone (the experts an EP rank holds). */                \
+    int k3c_model_save_entries_##S(const k3c_model *m, const char *path, int e0, int e1, int experts_only,               \
+                                   k3c_err *err);                                                                         \
     void k3c_model_free_##S(k3c_model *m);                                                                                \
     /* config.json + checkpoint of a directory → a loaded model. */                                                     \
     int k3c_model_open_##S(const char *dir, int with_grad, k3c_model *m, k3c_err *err);                                   \

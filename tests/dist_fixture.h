@@ -93,6 +93,7 @@ typedef struct {
     int dist;
     k3c_comm *ep_comm; /* expert parallelism over groups of ep ranks */
     k3c_ep ep;
+    k3c_comm *x_comm; /* expert residency: the ranks holding this rank's experts (ZeRO-1's group for them) */
     k3c_comm *stage_comm, *pp_comm; /* pipeline parallelism: the stage's DP group, the pipeline group */
     k3c_pp pp;
     int use_pp;
@@ -102,13 +103,53 @@ typedef struct {
     k3c_cp cp;
 } dist_pieces;
 
+/* The EP rank of world rank `rank` (EP groups: ep consecutive ranks, or every cp-th next to CP) and so the experts
+ * [*e0, *e0 + *n) its model holds (docs/PARALLEL.md "Expert parallelism"); ep < 2: all. */
+static void ep_residency(const k3c_config *cfg, int rank, int ep, int cp, int64_t *e0, int64_t *n) {
+    *e0 = 0, *n = cfg->num_experts;
+    if (ep > 1) k3c_ep_experts(cfg, rank % (ep * (cp > 1 ? cp : 1)) / (cp > 1 ? cp : 1), ep, e0, n);
+}
+
+/* dst (the layout of held, a table with an expert residency) ← src (the layout of whole, the same model's table with
+ * every expert): what the held table's entries hold of the whole model's. */
+static void held_part(const k3c_param_table *whole, const k3c_param_table *held, const float *src, float *dst) {
+    for (int i = 0; i < held->n; i++) {
+        const k3c_param *p = &held->p[i], *q = &whole->p[i];
+        memcpy(dst + p->offset, src + q->offset + (size_t)(p->stack0 * k3c_param_slice_numel(p)),
+               sizeof(float) * (size_t)p->numel);
+    }
+}
+
+/* The same for optimizer state (whole's layout wo → held's ho): each entry's blocks (momentum; m, v) in turn. */
+static void held_state(const k3c_param_table *whole, const k3c_optim *wo, const k3c_param_table *held,
+                       const k3c_optim *ho, const float *src, float *dst) {
+    for (int i = 0; i < held->n; i++) {
+        const k3c_param *p = &held->p[i], *q = &whole->p[i];
+        const size_t len = (i + 1 < ho->n_entries ? ho->state_off[i + 1] : ho->state_numel) - ho->state_off[i];
+        for (size_t b = 0; p->numel && b < len / (size_t)p->numel; b++)
+            memcpy(dst + ho->state_off[i] + b * (size_t)p->numel,
+                   src + wo->state_off[i] + b * (size_t)q->numel + (size_t)(p->stack0 * k3c_param_slice_numel(p)),
+                   sizeof(float) * (size_t)p->numel);
+    }
+}
+
 /* The pieces over comm (NULL: none) for model m on backend be with optimizer o (the full table's): DP always, then
  * each of ep, tp, pp, cp whose degree is not 0 (1: over a group of one rank), the hooks set on m; stages outermost,
- * CP innermost, EP next to it, TP innermost without CP; pp runs `micro` micro-batches, cp sequences up to T_cap. */
+ * CP innermost, EP next to it, TP innermost without CP; pp runs `micro` micro-batches, cp sequences up to T_cap.
+ * A model holding only its EP rank's experts (ep_residency) gets ZeRO-1 over the ranks holding the same ones for
+ * them. */
 static int pieces_init(dist_pieces *d, k3c_model *m, const k3c_backend_f32 *be, const k3c_optim *o, k3c_comm *comm,
                        int ep, int tp, int pp, int cp, int micro, int64_t T_cap, k3c_err *err) {
     memset(d, 0, sizeof *d);
     if (!comm) return K3C_OK;
+    if (ep) { /* the EP group: ranks that share rank / ep (as docs/PLAN.md orders ranks), or every cp-th next to CP */
+        int color = cp ? comm->rank / (ep * cp) * cp + comm->rank % cp : comm->rank / ep;
+        CHECK_RC(k3c_comm_split(comm, color, comm->rank, &d->ep_comm, err));
+        CHECK_RC(k3c_ep_init(&d->ep, d->ep_comm, be, &m->cfg, err));
+        d->ep.resident = m->table.held < m->table.experts;
+        if (d->ep.resident) CHECK_RC(k3c_comm_split(comm, d->ep_comm->rank, comm->rank, &d->x_comm, err));
+        m->experts = &d->ep.exchange;
+    }
     if (pp) { /* stage = rank / (ranks per stage), DP (and ZeRO-1) inside a stage */
         int per = comm->size / pp;
         CHECK_RC(k3c_comm_split(comm, comm->rank / per, comm->rank, &d->stage_comm, err));
@@ -117,7 +158,7 @@ static int pieces_init(dist_pieces *d, k3c_model *m, const k3c_backend_f32 *be, 
         d->use_pp = 1;
         CHECK_RC(k3c_dp_init_range(&d->dp, d->stage_comm, be, o, &m->table, d->pp.e0, d->pp.e1, err));
     } else {
-        CHECK_RC(k3c_dp_init(&d->dp, comm, be, o, &m->table, err));
+        CHECK_RC(k3c_dp_init_experts(&d->dp, comm, d->x_comm, be, o, &m->table, 0, m->table.n, err));
     }
     d->dist = 1;
     if (tp) { /* the TP group: ranks that share rank / tp; the group takes one part of the batch */
@@ -125,12 +166,6 @@ static int pieces_init(dist_pieces *d, k3c_model *m, const k3c_backend_f32 *be, 
         CHECK_RC(k3c_tp_init(&d->tp, d->tp_comm, be, &m->cfg, &m->table, err));
         m->tp = &d->tp.hook;
         k3c_dp_set_tp(&d->dp, tp);
-    }
-    if (ep) { /* the EP group: ranks that share rank / ep (as docs/PLAN.md orders ranks), or every cp-th next to CP */
-        int color = cp ? comm->rank / (ep * cp) * cp + comm->rank % cp : comm->rank / ep;
-        CHECK_RC(k3c_comm_split(comm, color, comm->rank, &d->ep_comm, err));
-        CHECK_RC(k3c_ep_init(&d->ep, d->ep_comm, be, &m->cfg, err));
-        m->experts = &d->ep.exchange;
     }
     if (cp) { /* the CP group: ranks that share rank / cp, each a range of its DP part's tokens */
         CHECK_RC(k3c_comm_split(comm, comm->rank / cp, comm->rank, &d->cp_comm, err));
@@ -146,6 +181,7 @@ static void pieces_free(dist_pieces *d) {
         k3c_ep_free(&d->ep);
         k3c_comm_free(d->ep_comm);
     }
+    k3c_comm_free(d->x_comm);
     if (d->tp_comm) {
         k3c_tp_free(&d->tp);
         k3c_comm_free(d->tp_comm);

@@ -21,7 +21,9 @@
 
 static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep, int pp, int tp, int cp, k3c_err *err) {
     memset(r, 0, sizeof *r);
-    CHECK_RC(k3c_model_create_f32(cfg, 1, &r->m, err));
+    int64_t e0, held; /* EP: this rank's experts only */
+    ep_residency(cfg, comm ? comm->rank : 0, comm ? ep : 1, cp, &e0, &held);
+    CHECK_RC(k3c_model_create_experts_f32(cfg, 1, e0, held, &r->m, err));
     k3c_model_init_f32(&r->m, 7, 0.1);
     r->m.kda_chunk = 16;
     r->be = k3c_model_backend_f32(&r->m);
@@ -113,6 +115,42 @@ static double fp32_floor(const k3c_config *cfg, const batch *gb, const runner *r
  * Histogram QB is a step function of the scores (a score one ulp across a bin edge moves the bias by up to a bin
  * width, and the next step routes differently), so it is compared over one step: loss, gradients and weights within
  * TOL, router biases within one bin width (the estimator's resolution, docs/MODEL.md §7.3). */
+/* Expert residency: an EP rank holds its E/ep experts' w1, w3, w2 of every MoE layer and nothing more of them, and
+ * starts from the values the one-process init gives them (held_part); returns 1 when that fails. */
+static int held_check(const runner *ref, const runner *par, k3c_comm *comm) {
+    const k3c_param_table *w = &ref->m.table, *h = &par->m.table;
+    const k3c_config *c = &ref->m.cfg;
+    if (h->held == w->held) return 0;
+    int64_t moe = 0, I = c->moe_intermediate_size, L = c->latent_dim > 0 ? c->latent_dim : c->hidden_size;
+    for (int l = 0; l < c->num_layers; l++) moe += c->ffn[l] == K3C_FFN_MOE;
+    const int64_t fewer = (w->experts - h->held) * 3 * I * L * moe; /* (E − E/ep)·3 matrices of I·L per MoE layer */
+    CHECK(w->total - h->total == (size_t)fewer && h->held * (w->experts / h->held) == w->experts,
+          "rank %d holds %lld of %lld experts: %zu parameters, one process %zu (want %lld fewer)", comm->rank,
+          (long long)h->held, (long long)w->experts, h->total, w->total, (long long)fewer);
+    k3c_model fresh; /* the one-process init at this rank's residency equals its part of the whole init */
+    k3c_err err = {0};
+    int bad = k3c_model_create_experts_f32(&ref->m.cfg, 0, h->expert0, h->held, &fresh, &err) != K3C_OK;
+    float *part = malloc(sizeof(float) * h->total);
+    if (!bad) {
+        k3c_model whole;
+        bad = k3c_model_create_f32(&ref->m.cfg, 0, &whole, &err) != K3C_OK;
+        if (!bad) {
+            k3c_model_init_f32(&whole, 7, 0.1);
+            k3c_model_init_f32(&fresh, 7, 0.1);
+            held_part(&whole.table, h, whole.w, part);
+            bad = memcmp(part, fresh.w, sizeof(float) * h->total) != 0;
+            k3c_model_free_f32(&whole);
+        }
+        k3c_model_free_f32(&fresh);
+    }
+    free(part);
+    CHECK(!bad, "rank %d: the held experts' init differs from the one-process init (%s)", comm->rank, err.msg);
+    if (comm->rank == 0 && !bad)
+        printf("expert residency: rank 0 holds experts [%lld, %lld): %zu parameters, one process %zu\n",
+               (long long)h->expert0, (long long)(h->expert0 + h->held), h->total, w->total);
+    return bad;
+}
+
 static void compare(k3c_comm *comm, int ep, int pp, int tp, int cp, int qb_mode) {
     k3c_err err = {0};
     k3c_config cfg;
@@ -132,28 +170,35 @@ static void compare(k3c_comm *comm, int ep, int pp, int tp, int cp, int qb_mode)
     CHECK(ok, "setup: %s", err.msg);
     if (!ok) return;
     const int steps = qb_mode == K3C_QB_EXACT ? STEPS : 1;
-    const k3c_param_table *t = &ref.m.table;
-    size_t n = t->total;
-    float *g_ref = malloc(sizeof(float) * n), *g_par = malloc(sizeof(float) * n), *b0 = malloc(sizeof(float) * n);
-    memcpy(b0, ref.m.w, sizeof(float) * n); /* the biases before the step set the histogram range */
+    /* everything compared in the parallel rank's layout (with EP its experts only): the reference's part of it */
+    const k3c_param_table *t = &par.m.table;
+    size_t n = t->total, N = ref.m.table.total;
+    float *g_ref = malloc(sizeof(float) * N), *g_par = malloc(sizeof(float) * n), *b0 = malloc(sizeof(float) * n),
+          *rw = malloc(sizeof(float) * n), *rg = malloc(sizeof(float) * n),
+          *rs = malloc(sizeof(float) * (par.opt.state_numel + 1));
+    held_part(&ref.m.table, t, ref.m.w, b0); /* the biases before the step set the histogram range */
     double loss_rel = 0, norm1 = 0;
     int clipped = 0, bias_moved = 0;
     if (!run_both(&ref, &par, &gb, steps, qb_mode, g_ref, g_par, &loss_rel, &norm1, &clipped)) goto out;
-    float *st = malloc(sizeof(float) * ref.opt.state_numel);
+    held_part(&ref.m.table, t, ref.m.w, rw);
+    held_part(&ref.m.table, t, g_ref, rg);
+    held_state(&ref.m.table, &ref.opt, t, &par.opt, ref.state, rs);
+    if (held_check(&ref, &par, comm)) goto out;
+    float *st = malloc(sizeof(float) * par.opt.state_numel);
     CHECK_OK(k3c_dp_gather_state(&par.d.dp, par.state, st, &err), &err);
     if (par.d.use_pp) /* each stage stepped its own weights: gather them (and the state) from every stage */
-        CHECK_OK(k3c_pp_gather(&par.d.pp, &par.m.table, &ref.opt, par.m.w, st, &err), &err);
+        CHECK_OK(k3c_pp_gather(&par.d.pp, &par.m.table, &par.opt, par.m.w, st, &err), &err);
     const char *wg = "-", *ww = "-", *wb = "-";
-    double g_rel = max_rel(t, g_par, g_ref, -1, &wg), w_rel = 0, b_rel = 0, b_abs = 0, b_bins = 0;
+    double g_rel = max_rel(t, g_par, rg, -1, &wg), w_rel = 0, b_rel = 0, b_abs = 0, b_bins = 0;
     for (int i = 0; i < t->n; i++) { /* weights other than the router biases */
         const k3c_param *p = &t->p[i];
-        double r = test_rel_err_f((float *)par.m.w + p->offset, (float *)ref.m.w + p->offset, (size_t)p->numel);
+        double r = test_rel_err_f((float *)par.m.w + p->offset, rw + p->offset, (size_t)p->numel);
         if (p->kind != K3C_PK_ROUTER_BIAS && r > w_rel) w_rel = r, ww = p->name;
     }
-    b_rel = max_rel(t, par.m.w, ref.m.w, K3C_PK_ROUTER_BIAS, &wb);
+    b_rel = max_rel(t, par.m.w, rw, K3C_PK_ROUTER_BIAS, &wb);
     for (int l = 0; l < cfg.num_layers; l++) {
         if (cfg.ffn[l] != K3C_FFN_MOE) continue;
-        const float *bp = (float *)par.m.w + t->layer[l].router_bias, *br = (float *)ref.m.w + t->layer[l].router_bias,
+        const float *bp = (float *)par.m.w + t->layer[l].router_bias, *br = rw + t->layer[l].router_bias,
                     *bb = b0 + t->layer[l].router_bias;
         float lo = bb[0], hi = bb[0];
         for (int j = 0; j < cfg.num_experts; j++) lo = fminf(lo, bb[j]), hi = fmaxf(hi, bb[j]);
@@ -175,13 +220,21 @@ static void compare(k3c_comm *comm, int ep, int pp, int tp, int cp, int qb_mode)
     /* the test must exercise what it claims: clipping, QK-Clip and balancing all acted */
     CHECK(norm1 > GRAD_CLIP && clipped > 0 && bias_moved, "clipping (norm %.3g), QK-Clip (%d heads) or QB did not act",
           norm1, clipped);
-    double s_rel = max_rel_state(&ref.opt, st, ref.state);
+    double s_rel = max_rel_state(&par.opt, st, rs);
     CHECK(s_rel <= TOL, "optimizer state after %d steps: relative difference %.3e", steps, s_rel);
-    /* ZeRO-1 keeps every rank's weights identical: the all-gathered w has no spread across ranks */
+    /* ZeRO-1 keeps every rank's weights identical: the all-gathered w has no spread across the ranks holding them (all
+       ranks; for the experts under EP, the ranks holding the same ones) */
     float *lo = malloc(sizeof(float) * n), *hi = malloc(sizeof(float) * n);
-    CHECK_OK(k3c_comm_allreduce(comm, par.m.w, lo, (int64_t)n, K3C_F32, K3C_COMM_MIN, NULL, &err), &err);
-    CHECK_OK(k3c_comm_allreduce(comm, par.m.w, hi, (int64_t)n, K3C_F32, K3C_COMM_MAX, NULL, &err), &err);
-    CHECK(memcmp(lo, hi, sizeof(float) * n) == 0, "weights differ between ranks");
+    for (int pass = 0; pass < 2; pass++) {
+        k3c_comm *c = pass && par.d.x_comm ? par.d.x_comm : comm;
+        CHECK_OK(k3c_comm_allreduce(c, par.m.w, lo, (int64_t)n, K3C_F32, K3C_COMM_MIN, NULL, &err), &err);
+        CHECK_OK(k3c_comm_allreduce(c, par.m.w, hi, (int64_t)n, K3C_F32, K3C_COMM_MAX, NULL, &err), &err);
+        size_t spread = 0;
+        for (int i = 0; i < t->n; i++)
+            if (!par.d.x_comm || !t->p[i].stack == !pass)
+                spread += memcmp(lo + t->p[i].offset, hi + t->p[i].offset, sizeof(float) * (size_t)t->p[i].numel) != 0;
+        CHECK(spread == 0, "weights differ between ranks (%zu entries%s)", spread, pass ? ", experts" : "");
+    }
     CHECK(par.d.dp.shard.state_numel < ref.opt.state_numel || comm->size == 1,
           "ZeRO-1: rank %d holds %zu of %zu state floats", comm->rank, par.d.dp.shard.state_numel, ref.opt.state_numel);
     if (comm->rank == 0) {
@@ -202,6 +255,7 @@ out:
     free(g_ref);
     free(g_par);
     free(b0);
+    free(rw), free(rg), free(rs);
     runner_free(&ref);
     runner_free(&par);
 }
@@ -391,14 +445,16 @@ static void reduce_scatter_rules(k3c_comm *comm) {
     for (size_t i = 0; i < n; i++) g[i] = (float)((comm->rank + 1) * (int)(i % 7 + 1));
     CHECK_OK(k3c_dp_reduce_grads(&dp, g, &err), &err);
     const float tri = (float)(R * (R + 1) / 2); /* Σ_r (r + 1) */
-    size_t bad = 0, a = (size_t)dp.w_displ[comm->rank], b = a + (size_t)dp.w_count[comm->rank];
+    size_t bad = 0, owned = 0;
     double ss = 0;
-    for (size_t i = 0; i < n; i++) {
-        const float want = tri * (float)(i % 7 + 1);
-        bad += (i >= a && i < b) ? g[i] != want : g[i] != 0;
-        ss += (double)want * want;
-    }
-    CHECK(bad == 0, "reduce-scatter: %zu entries wrong on rank %d (owner of [%zu, %zu))", bad, comm->rank, a, b);
+    for (int e = 0; e < m.table.n; e++)
+        for (size_t i = m.table.p[e].offset; i < m.table.p[e].offset + (size_t)m.table.p[e].numel; i++) {
+            const float want = tri * (float)(i % 7 + 1);
+            bad += dp.mine[e] ? g[i] != want : g[i] != 0;
+            owned += dp.mine[e];
+            ss += (double)want * want;
+        }
+    CHECK(bad == 0, "reduce-scatter: %zu entries wrong on rank %d (owner of %zu elements)", bad, comm->rank, owned);
     double norm = 0;
     CHECK_OK(k3c_dp_clip_grad_norm(&dp, NULL, inst, &m.table, g, 0, &norm, &err), &err);
     double ref = 0; /* the router biases are not clipped (k3c_grad_norm) */

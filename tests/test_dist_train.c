@@ -138,7 +138,8 @@ static void check_files(const fixture *fx, const char *run, int step, const char
 }
 
 /* Which files each layout writes: one process the single files (the old format), ZeRO-1 one optimizer shard per
- * rank and its index, pipeline parallelism one model file per stage and the Hugging Face index. */
+ * rank and its index, pipeline parallelism one model file per stage and expert parallelism one per EP rank, with the
+ * Hugging Face index. */
 static void check_layouts(const fixture *fx) {
     typedef const char *const list[];
     static list one = {"model.safetensors", "optimizer.safetensors", "checksums.json", NULL};
@@ -148,7 +149,11 @@ static void check_layouts(const fixture *fx) {
     static list dp2 = {"model.safetensors", "optimizer-00001-of-00002.safetensors",
                        "optimizer-00002-of-00002.safetensors", "optimizer.safetensors.index.json", NULL};
     static list dp2_not = {"optimizer.safetensors", "model.safetensors.index.json", NULL};
-    static list dpep = {"optimizer-00001-of-00004.safetensors", "optimizer-00004-of-00004.safetensors", NULL};
+    /* expert parallelism: each EP rank of the first DP replica writes its experts (the first every other tensor too) */
+    static list dpep = {"optimizer-00001-of-00004.safetensors", "optimizer-00004-of-00004.safetensors",
+                        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                        "model.safetensors.index.json", NULL};
+    static list dpep_not = {"model.safetensors", "optimizer.safetensors", NULL};
     static list pp2 = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
                        "model.safetensors.index.json", "optimizer-00002-of-00002.safetensors", NULL};
     static list dppp = {"model-00002-of-00002.safetensors", "optimizer-00004-of-00004.safetensors", NULL};
@@ -156,7 +161,7 @@ static void check_layouts(const fixture *fx) {
     check_files(fx, "one", 2, one, one_not);
     check_files(fx, "force1", 2, force, dp2_not);
     check_files(fx, "dp2", 2, dp2, dp2_not);
-    check_files(fx, "dpep", 4, dpep, dp2_not);
+    check_files(fx, "dpep", 4, dpep, dpep_not);
     check_files(fx, "pp2", 4, pp2, pp2_not);
     check_files(fx, "dppp", 4, dppp, pp2_not);
 }

@@ -1,6 +1,7 @@
 /* test_plan.c — `k3c plan`: exact parameter totals (K3, the golden tiny models, a hand-built config), FLOPs, memory and
  * communication formulas against hand-computed small cases, layout errors, the K3 search at 4096 GPUs × 1M, the CLI. */
 #include "base/json.h"
+#include "model/params.h"
 #include "plan/plan.h"
 #include "test.h"
 
@@ -445,8 +446,37 @@ static void test_cli(void) {
     CHECK(run_cli(args, out, sizeof out) == 0 && strstr(out, "339,828") && strstr(out, "339,804"), "tiny: %s", out);
 }
 
+/* The memory model's EP split against what the trainer allocates: an EP rank's parameter table (expert residency,
+ * k3c_params_build_experts) holds the plan's per-GPU routed-expert parameters, ex / ep, and every other parameter;
+ * ZeRO-1 shards the experts' state over the ranks holding the same ones (dp·cp·tp, the plan's expert DP group) and the
+ * rest over dp·ep·cp, as src/dist/dp.c does (k3c_dp_init_experts). */
+static void test_ep_memory_matches_tables(void) {
+    k3c_config c;
+    k3c_err err = {0};
+    CHECK_OK(k3c_config_load("configs/k3_test_tiny.json", &c, &err), &err);
+    for (int64_t ep = 1; ep <= 4; ep *= 2) {
+        k3c_plan_layout L;
+        k3c_plan_layout_default(&L);
+        L.seq = 8, L.ep = ep, L.dp = 2, L.global_batch_tokens = 8 * 2 * ep;
+        k3c_plan_model m;
+        CHECK_OK(k3c_plan_model_init(&m, &c, L.seq, &err), &err);
+        k3c_plan_stage_params sp;
+        k3c_plan_stage_params_of(&m, &L, 0, &sp);
+        k3c_param_table t;
+        CHECK_OK(k3c_params_build_experts(&c, 0, c.num_experts / ep, &t, &err), &err);
+        double held = 0;
+        for (int i = 0; i < t.n; i++) held += t.p[i].stack ? (double)t.p[i].numel : 0;
+        CHECK_NEAR(sp.ex, held, "routed-expert parameters per GPU");
+        CHECK_NEAR(sp.ne + sp.ex, (double)t.total, "parameters per GPU");
+        CHECK(k3c_plan_dp_group_expert(&L) == L.dp && k3c_plan_dp_group_dense(&L) == L.dp * ep, "ZeRO-1 groups");
+        k3c_params_free(&t);
+        k3c_plan_model_free(&m);
+    }
+}
+
 int main(void) {
     test_tiny_params();
+    test_ep_memory_matches_tables();
     test_k3_params();
     test_golden_params();
     test_flops();

@@ -386,7 +386,7 @@ static int ckpt_state(const char *dir, float *state, char **ts, k3c_err *err) {
     opt.matrix_optimizer = K3C_MATRIX_MUON;
     rc = k3c_optim_init(&opt, &t, err);
     if (!rc) {
-        rc = k3c_train_ckpt_load_state(dir, &t, &opt, 0, t.n, state, ts, err);
+        rc = k3c_train_ckpt_load_state(dir, &t, &opt, NULL, state, ts, err);
         k3c_optim_free(&opt);
     }
     k3c_params_free(&t);

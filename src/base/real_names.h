@@ -76,6 +76,7 @@
 #define k3c_model_backward k3c_model_backward_f64
 #define k3c_model_check_backend k3c_model_check_backend_f64
 #define k3c_model_create k3c_model_create_f64
+#define k3c_model_create_experts k3c_model_create_experts_f64
 #define k3c_model_download k3c_model_download_f64
 #define k3c_model_forward k3c_model_forward_f64
 #define k3c_model_forward_range k3c_model_forward_range_f64
@@ -89,6 +90,7 @@
 #define k3c_model_plan_bytes k3c_model_plan_bytes_f64
 #define k3c_model_save k3c_model_save_f64
 #define k3c_model_save_range k3c_model_save_range_f64
+#define k3c_model_save_entries k3c_model_save_entries_f64
 #define k3c_model_use_backend k3c_model_use_backend_f64
 #define k3c_moe_bwd k3c_moe_bwd_f64
 #define k3c_moe_combine k3c_moe_combine_f64
@@ -207,6 +209,7 @@
 #define k3c_model_backward k3c_model_backward_f32
 #define k3c_model_check_backend k3c_model_check_backend_f32
 #define k3c_model_create k3c_model_create_f32
+#define k3c_model_create_experts k3c_model_create_experts_f32
 #define k3c_model_download k3c_model_download_f32
 #define k3c_model_forward k3c_model_forward_f32
 #define k3c_model_forward_range k3c_model_forward_range_f32
@@ -220,6 +223,7 @@
 #define k3c_model_plan_bytes k3c_model_plan_bytes_f32
 #define k3c_model_save k3c_model_save_f32
 #define k3c_model_save_range k3c_model_save_range_f32
+#define k3c_model_save_entries k3c_model_save_entries_f32
 #define k3c_model_use_backend k3c_model_use_backend_f32
 #define k3c_moe_bwd k3c_moe_bwd_f32
 #define k3c_moe_combine k3c_moe_combine_f32

@@ -12,118 +12,134 @@
 #include <string.h>
 
 static size_t entry_end(const k3c_param_table *t, int i) { return i < t->n ? t->p[i].offset : t->total; }
-
-/* Owners: consecutive entries of [e0, e1), rank r taking entries until the running element count reaches (r + 1)/size
- * of the range, so each rank updates (and stores state for) about 1/size of them; an entry is never split. */
-static void assign_owners(const k3c_param_table *t, int e0, int e1, int size, int *first) {
-    int i = e0;
-    size_t done = 0, total = entry_end(t, e1) - entry_end(t, e0);
-    for (int r = 0; r < size; r++) {
-        first[r] = i;
-        size_t goal = (size_t)((double)total * (r + 1) / size);
-        while (i < e1 && (r == size - 1 || done + (size_t)t->p[i].numel / 2 < goal)) done += (size_t)t->p[i++].numel;
-    }
-    first[size] = e1;
-}
-
 static size_t state_end(const k3c_optim *o, int i) { return i < o->n_entries ? o->state_off[i] : o->state_numel; }
 
-/* The overlap's pieces: the runs of entries of [e0, e1) that belong to one layer (or to none: the embedding before
- * the layers, layer −1; the final mix, norm and lm_head after them, the head, layer num_layers, which the backward
- * completes first), each with every rank's share of its elements. The owners' ranges are contiguous and in rank
- * order, so rank r's share sits at the sum of the shares before it, where the piece's reduce-scatter puts rank r's
- * block. */
-static int make_pieces(k3c_dp *dp, const k3c_param_table *t, int e0, int e1) {
+/* Entry i is summed and owned inside the expert group (a stacked routed-expert entry under an expert residency). */
+static int is_expert(const k3c_dp *dp, const k3c_param_table *t, int i) { return dp->xcomm && t->p[i].stack > 0; }
+static k3c_comm *comm_of(const k3c_dp *dp, int x) { return x ? dp->xcomm : dp->comm; }
+static int rank_of(const k3c_dp *dp, int x) { return x ? dp->xcomm->rank : dp->rank; }
+
+/* Owners: the entries of [e0, e1) of one class (x: expert entries over the expert group; else the others over the
+ * group) in order, rank r of its comm taking entries until the running element count reaches (r + 1)/size of the
+ * class's elements, so each rank updates (and stores state for) about 1/size of them; an entry is never split. */
+static void assign_owners(k3c_dp *dp, const k3c_param_table *t, int e0, int e1, int x) {
+    const int size = comm_of(dp, x)->size;
+    size_t total = 0, done = 0;
+    for (int i = e0; i < e1; i++) total += is_expert(dp, t, i) == x ? (size_t)t->p[i].numel : 0;
+    int r = 0;
+    for (int i = e0; i < e1; i++) {
+        if (is_expert(dp, t, i) != x) continue;
+        while (r < size - 1 && !(done + (size_t)t->p[i].numel / 2 < (size_t)((double)total * (r + 1) / size))) r++;
+        dp->owner[i] = r;
+        done += (size_t)t->p[i].numel;
+    }
+}
+
+/* The pieces: the runs of entries of [e0, e1) of one layer and one class (the embedding before the layers, layer −1;
+ * the final mix, norm and lm_head after them, the head, layer num_layers, which the backward completes first), each
+ * with every rank's share of its elements and optimizer state. Owners are assigned in order, so inside a piece each
+ * rank's entries are consecutive and in rank order, where the piece's reduce-scatter and all-gathers put them. */
+static int make_pieces(k3c_dp *dp, const k3c_param_table *t, const k3c_optim *o, int e0, int e1) {
     const int R = dp->size;
     int n = 0, L = 0;
     for (int i = 0; i < t->n; i++)
         if (t->p[i].layer + 1 > L) L = t->p[i].layer + 1;
-    for (int i = e0; i < e1; i++) n += i == e0 || t->p[i].layer != t->p[i - 1].layer;
+    for (int i = e0; i < e1; i++)
+        n += i == e0 || t->p[i].layer != t->p[i - 1].layer || is_expert(dp, t, i) != is_expert(dp, t, i - 1);
     dp->piece = calloc((size_t)(n > 0 ? n : 1), sizeof *dp->piece);
-    int64_t *counts = calloc((size_t)(n > 0 ? n : 1) * (size_t)R, sizeof(int64_t));
+    int64_t *counts = calloc((size_t)(n > 0 ? n : 1) * (size_t)R * 4, sizeof(int64_t));
     if (!dp->piece || !counts) {
         free(counts);
         return K3C_ENOMEM;
     }
     dp->piece[0].count = counts; /* one block for all: k3c_dp_free frees it through the first piece */
+    int64_t at = 0, s_at = 0;
     for (int i = e0; i < e1; i++) {
-        if (i > e0 && t->p[i].layer == t->p[i - 1].layer) continue;
+        const int x = is_expert(dp, t, i);
+        if (i > e0 && t->p[i].layer == t->p[i - 1].layer && x == is_expert(dp, t, i - 1)) continue;
         k3c_dp_piece *q = &dp->piece[dp->n_pieces];
-        q->count = counts + (size_t)dp->n_pieces++ * (size_t)R;
+        q->count = counts + (size_t)dp->n_pieces++ * (size_t)R * 4;
+        q->displ = q->count + R, q->s_count = q->displ + R, q->s_displ = q->s_count + R;
         q->e0 = i;
-        for (q->e1 = i + 1; q->e1 < e1 && t->p[q->e1].layer == t->p[i].layer;) q->e1++;
+        q->x = x;
+        for (q->e1 = i + 1; q->e1 < e1 && t->p[q->e1].layer == t->p[i].layer && is_expert(dp, t, q->e1) == x;) q->e1++;
         q->layer = t->p[i].layer >= 0 || t->p[i].offset == 0 ? t->p[i].layer : L; /* the head after the layers */
-        const int64_t a = (int64_t)entry_end(t, q->e0), b = (int64_t)entry_end(t, q->e1);
-        for (int r = 0; r < R; r++) {
-            const int64_t lo = dp->w_displ[r] > a ? dp->w_displ[r] : a,
-                          hi = dp->w_displ[r] + dp->w_count[r] < b ? dp->w_displ[r] + dp->w_count[r] : b;
-            q->count[r] = hi > lo ? hi - lo : 0;
-            if (r == dp->rank) q->at = q->count[r] ? lo - dp->w_displ[r] : 0;
+        q->off = (int64_t)entry_end(t, q->e0);
+        q->s_off = (int64_t)state_end(o, q->e0);
+        for (int j = q->e0; j < q->e1; j++) {
+            q->count[dp->owner[j]] += t->p[j].numel;
+            q->s_count[dp->owner[j]] += (int64_t)(state_end(o, j + 1) - o->state_off[j]);
         }
+        const int size = comm_of(dp, x)->size, me = rank_of(dp, x);
+        for (int r = 1; r < size; r++)
+            q->displ[r] = q->displ[r - 1] + q->count[r - 1], q->s_displ[r] = q->s_displ[r - 1] + q->s_count[r - 1];
+        q->at = at, q->s_at = s_at;
+        for (int j = q->e0; j < q->e1; j++) /* the shard's state: its entries' state, in table order */
+            if (dp->owner[j] == me)
+                dp->shard.state_off[j] = (size_t)s_at + o->state_off[j] - (size_t)(q->s_off + q->s_displ[me]);
+        at += q->count[me], s_at += q->s_count[me];
     }
+    dp->g_mine = at;
+    dp->shard.state_numel = (size_t)s_at;
     return K3C_OK;
 }
 
 int k3c_dp_init(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_optim *o, const k3c_param_table *t,
                 k3c_err *err) {
-    return k3c_dp_init_range(dp, comm, be, o, t, 0, t->n, err);
+    return k3c_dp_init_experts(dp, comm, NULL, be, o, t, 0, t->n, err);
 }
 
 int k3c_dp_init_range(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_optim *o,
                       const k3c_param_table *t, int e0, int e1, k3c_err *err) {
+    return k3c_dp_init_experts(dp, comm, NULL, be, o, t, e0, e1, err);
+}
+
+int k3c_dp_init_experts(k3c_dp *dp, k3c_comm *comm, k3c_comm *xcomm, const k3c_backend_f32 *be, const k3c_optim *o,
+                        const k3c_param_table *t, int e0, int e1, k3c_err *err) {
     memset(dp, 0, sizeof *dp);
     CHECK_RC(k3c_comm_check_memory(comm, be->name, "data parallelism", err));
     for (int i = 0; i < t->n; i++)
         if (t->p[i].offset != (i ? t->p[i - 1].offset + (size_t)t->p[i - 1].numel : 0))
             return k3c_errf(err, K3C_EINVAL, "data parallelism: parameter %s is not contiguous with the one before",
                             t->p[i].name);
+    if (xcomm && (comm->size % xcomm->size || xcomm->size > comm->size))
+        return k3c_errf(err, K3C_EINVAL, "data parallelism: an expert group of %d ranks in a group of %d",
+                        xcomm->size, comm->size);
     dp->comm = comm;
+    dp->xcomm = xcomm;
     dp->be = be;
     dp->rank = comm->rank;
     dp->size = comm->size;
-    int R = dp->size, *first = malloc(sizeof(int) * (size_t)(R + 1));
-    dp->w_count = calloc((size_t)R * 6, sizeof(int64_t));
+    int R = dp->size;
+    dp->ones = calloc((size_t)R * 2, sizeof(int64_t));
     dp->T_all = calloc((size_t)R, sizeof(int64_t));
+    dp->owner = malloc(sizeof(int) * (size_t)(t->n > 0 ? t->n : 1));
+    dp->mine = calloc((size_t)(t->n > 0 ? t->n : 1), 1);
     dp->shard = *o;
-    dp->shard.state_off = malloc(sizeof(size_t) * (size_t)(t->n > 0 ? t->n : 1));
-    if (!first || !dp->w_count || !dp->T_all || !dp->shard.state_off) {
-        free(first);
+    dp->shard.state_off = calloc((size_t)(t->n > 0 ? t->n : 1), sizeof(size_t));
+    if (!dp->ones || !dp->T_all || !dp->owner || !dp->mine || !dp->shard.state_off) {
         k3c_dp_free(dp);
         return k3c_errf(err, K3C_ENOMEM, "data parallelism: out of memory");
     }
-    dp->w_displ = dp->w_count + R;
-    dp->s_count = dp->w_count + 2 * R;
-    dp->s_displ = dp->w_count + 3 * R;
-    dp->ones = dp->w_count + 4 * R;
-    dp->iota = dp->w_count + 5 * R;
+    dp->iota = dp->ones + R;
     for (int r = 0; r < R; r++) dp->ones[r] = 1, dp->iota[r] = r;
-    assign_owners(t, e0, e1, R, first);
+    for (int i = 0; i < t->n; i++) dp->owner[i] = -1;
+    assign_owners(dp, t, e0, e1, 0);
+    if (xcomm) assign_owners(dp, t, e0, e1, 1);
+    for (int i = e0; i < e1; i++) dp->mine[i] = dp->owner[i] == rank_of(dp, is_expert(dp, t, i));
     dp->g_off = entry_end(t, e0);
     dp->g_len = entry_end(t, e1) - dp->g_off;
-    for (int r = 0; r < R; r++) {
-        dp->w_displ[r] = (int64_t)entry_end(t, first[r]);
-        dp->w_count[r] = (int64_t)entry_end(t, first[r + 1]) - dp->w_displ[r];
-        dp->s_displ[r] = (int64_t)state_end(o, first[r]);
-        dp->s_count[r] = (int64_t)state_end(o, first[r + 1]) - dp->s_displ[r];
-    }
-    dp->first = first[dp->rank];
-    dp->last = first[dp->rank + 1];
     dp->part = dp->rank;
     dp->parts = dp->size;
-    free(first);
-    /* the shard's state offsets count from its first entry; entries of other owners are never stepped here */
-    for (int i = 0; i < t->n; i++)
-        dp->shard.state_off[i] = i >= dp->first && i < dp->last ? o->state_off[i] - (size_t)dp->s_displ[dp->rank] : 0;
-    dp->shard.state_numel = (size_t)dp->s_count[dp->rank];
-    if (make_pieces(dp, t, e0, e1)) {
+    /* the shard's state offsets (make_pieces) count this rank's entries only; other owners' are never stepped here */
+    if (make_pieces(dp, t, o, e0, e1)) {
         k3c_dp_free(dp);
         return k3c_errf(err, K3C_ENOMEM, "data parallelism: out of memory");
     }
-    dp->g_shard = be->alloc(sizeof(float) * (size_t)(dp->w_count[dp->rank] > 0 ? dp->w_count[dp->rank] : 1));
+    dp->g_shard = be->alloc(sizeof(float) * (size_t)(dp->g_mine > 0 ? dp->g_mine : 1));
     if (!dp->g_shard) {
         k3c_dp_free(dp);
-        return k3c_errf(err, K3C_ENOMEM, "data parallelism: the gradient shard (%lld floats)",
-                        (long long)dp->w_count[comm->rank]);
+        return k3c_errf(err, K3C_ENOMEM, "data parallelism: the gradient shard (%lld floats)", (long long)dp->g_mine);
     }
     return K3C_OK;
 }
@@ -135,7 +151,9 @@ void k3c_dp_set_tp(k3c_dp *dp, int tp) {
 }
 
 void k3c_dp_free(k3c_dp *dp) {
-    free(dp->w_count);
+    free(dp->ones);
+    free(dp->owner);
+    free(dp->mine);
     free(dp->T_all);
     free(dp->shard.state_off); /* the workspace belongs to the full optimizer */
     free(dp->cu);
@@ -215,15 +233,30 @@ int k3c_dp_sum(k3c_dp *dp, double *x, k3c_err *err) {
 
 /* After the reduce-scatter: the group's entries of g zeroed, this rank's own sums (g_shard) put back in place. */
 static int shard_into_place(k3c_dp *dp, float *g, k3c_err *err) {
-    const int64_t mine = dp->w_count[dp->rank], at = dp->w_displ[dp->rank];
     CHECK_RC(dp->be->zero(g + dp->g_off, (int64_t)dp->g_len, err));
-    return mine ? dp->be->copy2d(1, mine, dp->g_shard, mine, g + at, mine, 0, err) : K3C_OK;
+    for (int p = 0; p < dp->n_pieces; p++) {
+        const k3c_dp_piece *q = &dp->piece[p];
+        const int me = rank_of(dp, q->x);
+        const int64_t mine = q->count[me];
+        if (mine) CHECK_RC(dp->be->copy2d(1, mine, dp->g_shard + q->at, mine, g + q->off + q->displ[me], mine, 0, err));
+    }
+    return K3C_OK;
 }
 
+static int start_piece(k3c_dp *dp, int p, k3c_err *err);
+static int wait_pieces(k3c_dp *dp, int e, k3c_err *err);
+
 int k3c_dp_reduce_grads(k3c_dp *dp, float *g, k3c_err *err) {
-    CHECK_RC(k3c_comm_reduce_scatter(dp->comm, g + dp->g_off, dp->g_shard, dp->w_count, K3C_F32, K3C_COMM_SUM, NULL,
-                                     err));
-    return shard_into_place(dp, g, err);
+    if (dp->ov_g || dp->in_flight)
+        return k3c_errf(err, K3C_EINVAL, "data parallelism: k3c_dp_reduce_grads between _begin and _finish");
+    dp->ov_g = g;
+    dp->ov_t = NULL;
+    dp->ov_tp = NULL;
+    int e = K3C_OK;
+    for (int p = 0; !e && p < dp->n_pieces; p++) e = start_piece(dp, p, err);
+    e = wait_pieces(dp, e, err);
+    dp->ov_g = NULL;
+    return e ? e : shard_into_place(dp, g, err);
 }
 
 /* Starts piece p's reduce-scatter (once): its entries of ov_g, deduplicated over the TP group first, to the owners'
@@ -232,8 +265,8 @@ static int start_piece(k3c_dp *dp, int p, k3c_err *err) {
     k3c_dp_piece *q = &dp->piece[p];
     if (q->started) return K3C_OK;
     if (dp->ov_tp) CHECK_RC(k3c_tp_dedup_grads_range(dp->ov_tp, dp->ov_t, dp->ov_g, K3C_F32, q->e0, q->e1, err));
-    CHECK_RC(k3c_comm_reduce_scatter(dp->comm, dp->ov_g + entry_end(dp->ov_t, q->e0), dp->g_shard + q->at, q->count,
-                                     K3C_F32, K3C_COMM_SUM, &q->req, err));
+    CHECK_RC(k3c_comm_reduce_scatter(comm_of(dp, q->x), dp->ov_g + q->off, dp->g_shard + q->at, q->count, K3C_F32,
+                                     K3C_COMM_SUM, &q->req, err));
     q->started = 1;
     dp->in_flight++;
     return K3C_OK;
@@ -264,12 +297,9 @@ int k3c_dp_grads_begin(k3c_dp *dp, k3c_model *m, const k3c_tp *tp, k3c_err *err)
     return K3C_OK;
 }
 
-int k3c_dp_grads_finish(k3c_dp *dp, k3c_model *m, k3c_err *err) {
-    m->grads = NULL;
-    if (!dp->ov_g) return k3c_errf(err, K3C_EINVAL, "data parallelism: k3c_dp_grads_finish without k3c_dp_grads_begin");
-    int e = K3C_OK;
-    for (int p = 0; !e && p < dp->n_pieces; p++) e = start_piece(dp, p, err); /* the embedding's */
-    for (int p = 0; p < dp->n_pieces; p++) { /* every started piece is waited for, even after an error */
+/* Waits for every started piece, even after an error (e: the first one so far); returns the first error. */
+static int wait_pieces(k3c_dp *dp, int e, k3c_err *err) {
+    for (int p = 0; p < dp->n_pieces; p++) {
         k3c_dp_piece *q = &dp->piece[p];
         if (!q->started) continue;
         int e2 = k3c_comm_wait(q->req, e ? NULL : err);
@@ -278,6 +308,15 @@ int k3c_dp_grads_finish(k3c_dp *dp, k3c_model *m, k3c_err *err) {
         dp->in_flight--;
         if (!e) e = e2;
     }
+    return e;
+}
+
+int k3c_dp_grads_finish(k3c_dp *dp, k3c_model *m, k3c_err *err) {
+    m->grads = NULL;
+    if (!dp->ov_g) return k3c_errf(err, K3C_EINVAL, "data parallelism: k3c_dp_grads_finish without k3c_dp_grads_begin");
+    int e = K3C_OK;
+    for (int p = 0; !e && p < dp->n_pieces; p++) e = start_piece(dp, p, err); /* the embedding's */
+    e = wait_pieces(dp, e, err);
     float *g = dp->ov_g;
     dp->ov_g = NULL;
     return e ? e : shard_into_place(dp, g, err);
@@ -298,19 +337,40 @@ int k3c_dp_clip_grad_norm(k3c_dp *dp, k3c_comm *pp_comm, void *inst, const k3c_p
     return dp->be->clip_grad_norm(inst, t, g, max_norm * (local + 1e-6) / (*norm + 1e-6), &again, err);
 }
 
+/* Every piece's owners' parts of x gathered in place over the piece's group. */
+static int gather_pieces(k3c_dp *dp, float *x, k3c_err *err) {
+    for (int p = 0; p < dp->n_pieces; p++) {
+        const k3c_dp_piece *q = &dp->piece[p];
+        CHECK_RC(k3c_comm_allgather(comm_of(dp, q->x), NULL, x + q->off, q->count, q->displ, K3C_F32, NULL, err));
+    }
+    return K3C_OK;
+}
+
 int k3c_dp_gather_grads(k3c_dp *dp, const k3c_param_table *t, const float *g, float *out, k3c_err *err) {
     CHECK_RC(dp->be->zero(out, (int64_t)t->total, err));
-    const int64_t mine = dp->w_count[dp->rank], at = dp->w_displ[dp->rank];
-    if (mine) CHECK_RC(dp->be->copy2d(1, mine, g + at, mine, out + at, mine, 0, err));
+    for (int p = 0; p < dp->n_pieces; p++) {
+        const k3c_dp_piece *q = &dp->piece[p];
+        const int64_t mine = q->count[rank_of(dp, q->x)], at = q->off + q->displ[rank_of(dp, q->x)];
+        if (mine) CHECK_RC(dp->be->copy2d(1, mine, g + at, mine, out + at, mine, 0, err));
+    }
     CHECK_RC(dp->be->sync(err));
-    return k3c_comm_allgather(dp->comm, NULL, out, dp->w_count, dp->w_displ, K3C_F32, NULL, err);
+    return gather_pieces(dp, out, err);
 }
 
 int k3c_dp_optim_step(k3c_dp *dp, const k3c_backend_f32 *be, void *inst, const k3c_param_table *t, float *w,
                       const float *g, float *state_shard, double lr, int64_t step, k3c_err *err) {
-    CHECK_RC(be->optim_step(inst, &dp->shard, t, dp->first, dp->last, w, g, state_shard, lr, step, err));
+    for (int i = 0; i < t->n;) { /* each run of this rank's entries */
+        if (!dp->mine[i]) {
+            i++;
+            continue;
+        }
+        int j = i + 1;
+        while (j < t->n && dp->mine[j]) j++;
+        CHECK_RC(be->optim_step(inst, &dp->shard, t, i, j, w, g, state_shard, lr, step, err));
+        i = j;
+    }
     CHECK_RC(be->sync(err)); /* the owners' updates are read by the all-gather */
-    return k3c_comm_allgather(dp->comm, NULL, w, dp->w_count, dp->w_displ, K3C_F32, NULL, err);
+    return gather_pieces(dp, w, err);
 }
 
 int k3c_dp_max_smax(k3c_dp *dp, float *smax, int64_t n, k3c_err *err) {
@@ -347,5 +407,10 @@ int k3c_dp_gather_route(k3c_dp *dp, const k3c_route_stats *r, int64_t n, float *
 }
 
 int k3c_dp_gather_state(k3c_dp *dp, const float *state_shard, float *full, k3c_err *err) {
-    return k3c_comm_allgather(dp->comm, state_shard, full, dp->s_count, dp->s_displ, K3C_F32, NULL, err);
+    for (int p = 0; p < dp->n_pieces; p++) {
+        const k3c_dp_piece *q = &dp->piece[p];
+        CHECK_RC(k3c_comm_allgather(comm_of(dp, q->x), state_shard + q->s_at, full + q->s_off, q->s_count,
+                                    q->s_displ, K3C_F32, NULL, err));
+    }
+    return K3C_OK;
 }

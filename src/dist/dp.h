@@ -22,37 +22,42 @@ int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world
 /* A piece of the overlapped gradient reduce-scatter: a run of table entries that one layer's backward completes (or
  * the embedding's, or the head's), reduce-scattered on its own to the owners of its elements. */
 typedef struct {
-    int e0, e1;        /* its table entries */
+    int e0, e1;        /* its table entries (one layer's, one class: expert entries or the others) */
+    int x;             /* 1: expert entries, summed and owned inside the expert group (xcomm); 0: over comm */
     int layer;         /* the layer whose backward completes them; num_layers: the head (completed first); −1: the
                           embedding (started by k3c_dp_grads_finish) */
-    int64_t *count;    /* [size] elements of it each rank owns (its range ∩ the rank's; in rank order) */
-    int64_t at;        /* where this rank's part lands in g_shard */
+    int64_t off;       /* its first element in w and g */
+    int64_t *count;    /* [its group's size] elements of it each rank owns (in rank order, consecutive) */
+    int64_t *displ;    /* [size] where each rank's elements start, from off */
+    int64_t s_off;     /* its first optimizer-state float in the full (single-process) layout */
+    int64_t *s_count, *s_displ; /* [size] the same for its optimizer state */
+    int64_t at, s_at;  /* where this rank's part lands in g_shard, in the state shard */
     k3c_comm_req *req; /* in flight, or NULL */
     int started;
 } k3c_dp_piece;
 
 typedef struct {
     k3c_comm *comm;            /* the data-parallel group (not owned) */
+    k3c_comm *xcomm;           /* expert residency: the ranks holding this rank's experts (not owned); NULL: none */
     const k3c_backend_f32 *be; /* whose memory holds w, g, the state and the gathered router statistics */
     int rank, size;
     int part, parts;      /* this rank's part of the batch (rank, size; tensor parallelism: rank / tp, size / tp) */
     int replica;          /* 1: a TP rank other than the group's first, whose loss and router statistics repeat its */
-    int first, last;      /* this rank's table entries [first, last) */
+    int *owner;           /* [t->n] the owner of each entry (a rank of comm, of xcomm for expert entries); −1: none */
+    uint8_t *mine;        /* [t->n] 1: this rank owns the entry (steps it, holds its state) */
     size_t g_off, g_len;  /* the elements of the group's entries (all of them, or a pipeline stage's) */
-    int64_t *w_count;     /* [size] elements of w each rank owns (its entries' contiguous range) */
-    int64_t *w_displ;     /* [size] where that range starts */
-    int64_t *s_count;     /* [size] optimizer-state floats each rank holds */
-    int64_t *s_displ;     /* [size] where they sit in the full state (the single-process layout) */
+    int64_t g_mine;       /* elements this rank owns */
     int64_t *ones, *iota; /* [size] 1, 1, …; 0, 1, … (counts of one-element gathers) */
-    k3c_optim shard;      /* the optimizer restricted to [first, last): state offsets relative to this shard */
+    k3c_optim shard;      /* the optimizer restricted to this rank's entries: state offsets into its shard */
     int32_t *cu;          /* the local batch's cu_seqlens */
     int cu_cap;
     int64_t T_local;  /* tokens of this rank's part of the last training batch (0 on a TP replica) */
     int64_t *T_all;   /* [size] tokens of every rank's part */
     float *route_buf; /* gathered router logits and cutoffs of one layer (backend memory) */
     size_t route_cap;
-    float *g_shard; /* this rank's entries of the reduce-scattered gradient (backend memory, w_count[rank] floats) */
-    k3c_dp_piece *piece; /* the group's entries cut at layer boundaries (k3c_dp_grads_begin / _finish) */
+    float *g_shard; /* this rank's entries of the reduce-scattered gradient (backend memory, g_mine floats, in piece
+                       order) */
+    k3c_dp_piece *piece; /* the group's entries cut at layer (and class) boundaries */
     int n_pieces;
     int hooked;    /* pieces the last backward started (layer_done); the rest start in _finish */
     int in_flight; /* pieces started and not yet waited for */
@@ -62,7 +67,8 @@ typedef struct {
     k3c_grad_hook hook;  /* what the model calls while _begin holds it */
 } k3c_dp;
 
-/* o: the optimizer initialised for t (full layout); the shard shares its workspace. w, g, the state and the router
+/* o: the optimizer initialised for t (full layout); the shard shares its workspace. Owners: consecutive entries, about
+ * 1/size of the elements each, an entry never split. w, g, the state and the router
  * statistics live in be's memory: a device backend needs a device communicator (k3c_comm_check_memory). */
 int k3c_dp_init(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_optim *o, const k3c_param_table *t,
                 k3c_err *err);
@@ -70,6 +76,12 @@ int k3c_dp_init(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c
  * sum and the gathers cover them alone. */
 int k3c_dp_init_range(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_optim *o,
                       const k3c_param_table *t, int e0, int e1, k3c_err *err);
+/* The same under an expert residency (expert parallelism, k3c_model_create_experts): the stacked routed-expert
+ * entries of t hold this rank's experts, and xcomm is the ranks of comm that hold the same ones (one per data-parallel
+ * replica): those entries are summed, owned and gathered over xcomm, the others over comm. Every rank's global norm
+ * then counts each expert once. xcomm NULL: k3c_dp_init_range. */
+int k3c_dp_init_experts(k3c_dp *dp, k3c_comm *comm, k3c_comm *xcomm, const k3c_backend_f32 *be, const k3c_optim *o,
+                        const k3c_param_table *t, int e0, int e1, k3c_err *err);
 void k3c_dp_free(k3c_dp *dp);
 /* Tensor parallelism inside the group (tp consecutive ranks share one part of the batch): rank r takes part r / tp;
  * only the first rank of each TP group adds its loss to k3c_dp_sum and its router statistics to k3c_dp_gather_route. */
@@ -89,7 +101,7 @@ void k3c_batch_part_aligned(const int32_t *cu, int n_docs, int64_t T, int part, 
 int k3c_dp_split_batch(k3c_dp *dp, k3c_model_batch *b, k3c_err *err);
 /* *x ← the sum of x over the ranks (the loss). */
 int k3c_dp_sum(k3c_dp *dp, double *x, k3c_err *err);
-/* ZeRO-1's gradient reduce-scatter: this rank's entries [first, last) of g ← their sum over the ranks, the rest of the
+/* ZeRO-1's gradient reduce-scatter: this rank's entries (mine) of g ← their sum over the ranks, the rest of the
  * group's entries zeroed (every entry then lives on its owner alone, so norms over the table count it once). */
 int k3c_dp_reduce_grads(k3c_dp *dp, float *g, k3c_err *err);
 /* The same reduce-scatter overlapped with the backward: _begin attaches a hook to m (m->grads) that, as the backward

@@ -78,6 +78,12 @@ static int plan(k3c_ep *ep, k3c_ep_layer *L, int64_t T, int64_t k, const int32_t
     return K3C_OK;
 }
 
+/* Where this rank's experts start in the stacked w1 / w3 / w2 (and their gradients) the model passes: at slice 0 when
+ * the model holds only them (expert residency, ep->resident), else at slice rank·local of the whole stack. */
+static size_t local_experts_at(const k3c_ep *ep, const k3c_moe_sizes *s) {
+    return ep->resident ? 0 : (size_t)(ep->rank * ep->local * s->inter * s->dim);
+}
+
 /* The local experts' op sizes for R received rows (one slot each) and its workspace. */
 static int local_sizes(k3c_ep *ep, const k3c_moe_sizes *s, int64_t R, k3c_moe_sizes *ls, k3c_err *err) {
     *ls = (k3c_moe_sizes){R, s->dim, s->inter, ep->local, 1, s->act};
@@ -125,7 +131,7 @@ static int ep_fwd(void *ctx, int l, int real_bytes, const k3c_moe_sizes *s, cons
     CHECK_RC(grow_be(be, &L->saved, &L->cap_saved, be->moe_saved_bytes(&ls), 1, err));
     CHECK_RC(unit_gates(ep, R, err));
     CHECK_RC(grow_be(be, (void **)&ep->out, &ep->out_cap, (size_t)(R * D), sizeof(float), err));
-    const size_t off = (size_t)(ep->rank * ep->local * s->inter * D);
+    const size_t off = local_experts_at(ep, s);
     if (R)
         CHECK_RC(be->moe_fwd(be->ctx, &ls, L->xr, L->idr, ep->ones, (const float *)w1 + off, (const float *)w3 + off,
                              (const float *)w2 + off, ep->out, L->saved, ep->ws, err));
@@ -185,7 +191,7 @@ static int ep_bwd(void *ctx, int l, int real_bytes, const k3c_moe_sizes *s, cons
     float *dxr = ep->out;
     CHECK_RC(be->zero(dxr, R * D, err));
     CHECK_RC(unit_gates(ep, R, err));
-    const size_t off = (size_t)(ep->rank * ep->local * s->inter * D);
+    const size_t off = local_experts_at(ep, s);
     if (R)
         CHECK_RC(be->moe_bwd(be->ctx, &ls, L->xr, L->idr, ep->ones, (const float *)w1 + off, (const float *)w3 + off,
                              (const float *)w2 + off, L->saved, ep->dyr, dxr, (float *)dw1 + off, (float *)dw3 + off,
@@ -231,6 +237,11 @@ int k3c_ep_init(k3c_ep *ep, k3c_comm *comm, const k3c_backend_f32 *be, const k3c
     }
     ep->exchange = (k3c_expert_exchange){ep_fwd, ep_bwd, ep};
     return K3C_OK;
+}
+
+void k3c_ep_experts(const k3c_config *cfg, int rank, int size, int64_t *e0, int64_t *n) {
+    *n = cfg->num_experts / size;
+    *e0 = (int64_t)rank * *n;
 }
 
 void k3c_ep_free(k3c_ep *ep) {

@@ -27,6 +27,8 @@ typedef struct {
     k3c_comm *comm; /* the EP group (not owned) */
     int rank, size;
     int64_t E, local;          /* experts in the model, experts per rank */
+    int resident;              /* 1: the model's table holds only this rank's experts (k3c_model_create_experts with
+                                  k3c_ep_experts): the expert weights it passes start at them; 0: every expert */
     const k3c_backend_f32 *be; /* runs the local experts; its memory holds the model's tensors */
     k3c_ep_layer *layer;       /* [num_layers] */
     int n_layers;
@@ -44,5 +46,7 @@ typedef struct {
 /* ep over `comm` (its size divides cfg's routed experts; rank r holds experts [r·E/P, (r+1)·E/P)). */
 int k3c_ep_init(k3c_ep *ep, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_config *cfg, k3c_err *err);
 void k3c_ep_free(k3c_ep *ep);
+/* The experts rank `rank` of an EP group of `size` holds: [*e0, *e0 + *n) (size divides cfg's routed experts). */
+void k3c_ep_experts(const k3c_config *cfg, int rank, int size, int64_t *e0, int64_t *n);
 
 #endif

@@ -18,11 +18,16 @@ int k3c_model_download(const k3c_model *m, void *host_dst, const void *src, size
 }
 
 int k3c_model_create(const k3c_config *cfg, int with_grad, k3c_model *m, k3c_err *err) {
+    return k3c_model_create_experts(cfg, with_grad, 0, cfg->num_experts, m, err);
+}
+
+int k3c_model_create_experts(const k3c_config *cfg, int with_grad, int64_t e0, int64_t n, k3c_model *m,
+                             k3c_err *err) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->precision = REAL_DTYPE;
     m->kda_chunk = 64;
-    int rc = k3c_params_build(cfg, &m->table, err);
+    int rc = k3c_params_build_experts(cfg, e0, n, &m->table, err);
     if (rc) return rc;
     size_t bytes = m->table.total * sizeof(real); /* < 2^63 elements (params.c), the product checked here */
     if (m->table.total > SIZE_MAX / (2 * sizeof(real))) {
@@ -172,6 +177,8 @@ void k3c_model_init(k3c_model *m, uint64_t seed, double std) {
         real *x = w + p->offset;
         uint64_t s =
             seed * 1000003u + (uint64_t)i; /* one stream per tensor: init does not depend on order or threads */
+        /* the held experts draw the elements the whole model's entry gives them (expert residency) */
+        const uint64_t j0 = (uint64_t)(p->stack0 * k3c_param_slice_numel(p));
         const char *n = p->name;
         if (p->kind == K3C_PK_ROUTER_BIAS || ends_with(n, "res_proj.weight")) {
             memset(x, 0, (size_t)p->numel * sizeof *x); /* QB starts from b = 0; AttnRes queries 0 → uniform mix */
@@ -181,19 +188,20 @@ void k3c_model_init(k3c_model *m, uint64_t seed, double std) {
             for (int64_t j = 0; j < p->numel; j++) /* lower-bound gate: A = 0 (fla safe_gate); softplus: log U(1,16) */
                 x[j] = j >= p->used                          ? 0
                        : c->kda_gate == K3C_GATE_LOWER_BOUND ? 0
-                                                             : (real)log(1.0 + 15.0 * k3c_uniform_at(s, (uint64_t)j));
+                                                             : (real)log(1.0 + 15.0 * k3c_uniform_at(s, j0 + (uint64_t)j));
         } else if (ends_with(n, "dt_bias")) {
             for (int64_t j = 0; j < p->numel; j++) { /* fla: softplus⁻¹(dt), dt = exp(U(log 1e-3, log 0.1)) ≥ 1e-4 */
-                double dt = exp(log(1e-3) + (log(0.1) - log(1e-3)) * k3c_uniform_at(s, (uint64_t)j));
+                double dt = exp(log(1e-3) + (log(0.1) - log(1e-3)) * k3c_uniform_at(s, j0 + (uint64_t)j));
                 if (dt < 1e-4) dt = 1e-4;
                 x[j] = (real)(dt + log(-expm1(-dt)));
             }
         } else if (ends_with(n, "conv1d.weight")) {
             double bound = 1.0 / sqrt((double)c->conv_kernel); /* nn.Conv1d default (fan_in = kernel for depthwise) */
-            for (int64_t j = 0; j < p->numel; j++) x[j] = (real)(bound * (2 * k3c_uniform_at(s, (uint64_t)j) - 1));
+            for (int64_t j = 0; j < p->numel; j++)
+                x[j] = (real)(bound * (2 * k3c_uniform_at(s, j0 + (uint64_t)j) - 1));
         } else {
             double sd = is_output_proj(n) ? out_std : std;
-            for (int64_t j = 0; j < p->numel; j++) x[j] = (real)(sd * k3c_normal_at(s, (uint64_t)j));
+            for (int64_t j = 0; j < p->numel; j++) x[j] = (real)(sd * k3c_normal_at(s, j0 + (uint64_t)j));
         }
     }
 }
@@ -260,6 +268,7 @@ int k3c_model_load(k3c_model *m, const k3c_checkpoint *ck, k3c_err *err) {
         char name[K3C_PARAM_NAME + 32];
         snprintf(name, sizeof name, "%.*s%s", (int)(strlen(t->name) - (packed ? strlen("_packed") : 0)), t->name, "");
         int e, j = k3c_params_lookup(tab, name, &e);
+        if (j == K3C_PARAM_NOT_HELD) continue; /* an expert another rank holds (expert residency) */
         if (j < 0) {
             rc = k3c_errf(err, K3C_EFORMAT, "%s: unexpected tensor %s (not in the model the config describes)", t->file,
                           t->name);
@@ -278,7 +287,7 @@ int k3c_model_load(k3c_model *m, const k3c_checkpoint *ck, k3c_err *err) {
             if (!seen[base[i] + (size_t)e]) {
                 char name[K3C_PARAM_NAME + 16];
                 k3c_params_name(&tab->p[i], e, name, sizeof name);
-                rc = k3c_errf(err, K3C_EFORMAT, "checkpoint is missing tensor %s", name);
+                rc = k3c_errf(err, K3C_EFORMAT, "checkpoint is missing tensor %s (no file of it holds it)", name);
             }
     free(seen);
     free(base);
@@ -286,11 +295,15 @@ int k3c_model_load(k3c_model *m, const k3c_checkpoint *ck, k3c_err *err) {
 }
 
 int k3c_model_save_range(const k3c_model *m, const char *path, int e0, int e1, k3c_err *err) {
+    return k3c_model_save_entries(m, path, e0, e1, 0, err);
+}
+
+int k3c_model_save_entries(const k3c_model *m, const char *path, int e0, int e1, int experts_only, k3c_err *err) {
     const k3c_param_table *tab = &m->table;
     const size_t off0 = e0 < tab->n ? tab->p[e0].offset : tab->total,
                  off1 = e1 < tab->n ? tab->p[e1].offset : tab->total;
     int n = 0;
-    for (int i = e0; i < e1; i++) n += (int)(tab->p[i].stack ? tab->p[i].stack : 1);
+    for (int i = e0; i < e1; i++) n += (int)(tab->p[i].stack ? tab->p[i].stack : !experts_only);
     k3c_st_entry *ent = calloc((size_t)n + 1, sizeof *ent);
     char(*names)[K3C_PARAM_NAME + 16] = calloc((size_t)n + 1, sizeof *names);
     /* the parameters may be backend memory the host cannot address: download them first */
@@ -308,7 +321,7 @@ int k3c_model_save_range(const k3c_model *m, const char *path, int e0, int e1, k
     int k = 0;
     for (int i = e0; i < e1; i++) {
         const k3c_param *p = &tab->p[i];
-        for (int64_t e = 0; e < (p->stack ? p->stack : 1); e++, k++) {
+        for (int64_t e = 0; e < (p->stack ? p->stack : !experts_only); e++, k++) {
             k3c_params_name(p, p->stack ? e : -1, names[k], sizeof names[k]);
             ent[k].name = names[k];
             ent[k].dtype = K3C_F32;

@@ -13,6 +13,7 @@ typedef struct {
     const k3c_config *cfg;
     int layer;
     char scope[96]; /* "model.layers.3." etc. (without the config prefix) */
+    int64_t e0, n;  /* the expert residency: the routed experts the stacked entries hold */
     int oom;
     char overflow[K3C_PARAM_NAME]; /* the first entry whose size overflows int64, "" while none does */
     k3c_param scratch;
@@ -148,8 +149,9 @@ static void ffn_params(builder *b, k3c_layer_offsets *o, int moe) {
         char name[64];
         snprintf(name, sizeof name, "block_sparse_moe.experts.%%d.%s.weight", leaf[k]);
         const int64_t shape[4] = {k < 2 ? I : L, k < 2 ? L : I, 0, 0};
-        *dst[k] = add_stacked(b, name, K3C_PK_MATRIX, 2, shape, E);
+        *dst[k] = add_stacked(b, name, K3C_PK_MATRIX, 2, shape, b->n);
         last(b)->mxfp4 = (uint8_t)c->experts_mxfp4;
+        last(b)->stack0 = b->e0;
     }
 }
 
@@ -161,12 +163,20 @@ static void init_offsets(k3c_layer_offsets *o) {
 static int build_index(k3c_param_table *t);
 
 int k3c_params_build(const k3c_config *cfg, k3c_param_table *t, k3c_err *err) {
+    return k3c_params_build_experts(cfg, 0, cfg->num_experts, t, err);
+}
+
+int k3c_params_build_experts(const k3c_config *cfg, int64_t e0, int64_t n, k3c_param_table *t, k3c_err *err) {
     memset(t, 0, sizeof *t);
     /* the bounds of the validator keep every derived width (heads × head_dim, ...) far from overflowing */
     CHECK_RC(k3c_config_validate(cfg, "params: config", err));
+    if (e0 < 0 || n < (cfg->num_experts > 0) || e0 > cfg->num_experts - n)
+        return k3c_errf(err, K3C_EINVAL, "params: experts [%lld, %lld) of a model of %lld", (long long)e0,
+                        (long long)(e0 + n), (long long)cfg->num_experts);
     t->layer = malloc((size_t)(cfg->num_layers > 0 ? cfg->num_layers : 1) * sizeof *t->layer);
     if (!t->layer) return k3c_errf(err, K3C_ENOMEM, "params: out of memory");
-    builder bb = {.t = t, .cfg = cfg, .layer = -1}, *b = &bb;
+    t->experts = cfg->num_experts, t->expert0 = e0, t->held = n;
+    builder bb = {.t = t, .cfg = cfg, .layer = -1, .e0 = e0, .n = n}, *b = &bb;
     int64_t D = cfg->hidden_size, V = cfg->vocab_size;
     k3c_global_offsets *g = &t->glob;
     snprintf(b->scope, sizeof b->scope, "model.");
@@ -222,7 +232,7 @@ void k3c_params_name(const k3c_param *p, int64_t expert, char *buf, size_t n) {
     if (p->stack) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"
-        snprintf(buf, n, p->name, (int)expert);
+        snprintf(buf, n, p->name, (int)(p->stack0 + expert));
 #pragma GCC diagnostic pop
     } else {
         snprintf(buf, n, "%s", p->name);
@@ -280,8 +290,9 @@ int k3c_params_lookup(const k3c_param_table *t, const char *name, int *expert) {
     snprintf(pat, sizeof pat, "%.*s%%d%s", (int)(d - name), name, end);
     i = find_exact(t, pat);
     long e = strtol(d, NULL, 10);
-    if (i < 0 || !t->p[i].stack || e >= t->p[i].stack) return -1;
-    if (expert) *expert = (int)e;
+    if (i < 0 || !t->p[i].stack || e >= t->experts) return -1;
+    if (e < t->p[i].stack0 || e >= t->p[i].stack0 + t->p[i].stack) return K3C_PARAM_NOT_HELD; /* another rank's */
+    if (expert) *expert = (int)(e - t->p[i].stack0);
     return i;
 }
 

@@ -21,7 +21,8 @@ typedef struct {
     char name[K3C_PARAM_NAME]; /* checkpoint name; for stacked experts the pattern "...experts.%d.w1.weight" */
     int ndim;
     int64_t shape[4];  /* stored (checkpoint) shape; stacked experts: the per-expert shape */
-    int64_t stack;     /* 0, or E: the tensor is E consecutive per-expert slices */
+    int64_t stack;     /* 0, or the number of consecutive per-expert slices held (E; n under an expert residency) */
+    int64_t stack0;    /* stacked: the expert id of slice 0 (residency [e0, e0 + n): e0; else 0) */
     int64_t numel;     /* total elements (all slices) */
     size_t offset;     /* element offset into the flat buffer */
     uint8_t kind;      /* k3c_param_kind */
@@ -56,17 +57,25 @@ typedef struct {
     k3c_global_offsets glob;
     k3c_layer_offsets *layer; /* cfg->num_layers entries */
     int *slot;                /* open-addressing hash of entry names (stacked entries under their "%d" pattern) */
+    int64_t experts;          /* cfg->num_experts: the routed experts of the whole model */
+    int64_t expert0, held;    /* expert residency: the stacked entries hold experts [expert0, expert0 + held) */
     int n_slots;              /* a power of two, > 2·n */
 } k3c_param_table;
 
 /* Builds the inventory for cfg (names carry cfg->tensor_prefix). */
 int k3c_params_build(const k3c_config *cfg, k3c_param_table *t, k3c_err *err);
+/* The same with an expert residency (expert parallelism, docs/PARALLEL.md): every stacked routed-expert entry (w1, w3,
+ * w2 of each MoE layer) holds only experts [e0, e0 + n) as slices 0..n−1 (stack = n, stack0 = e0); every other entry
+ * and the entry order are those of the whole model. (0, num_experts) is k3c_params_build. */
+int k3c_params_build_experts(const k3c_config *cfg, int64_t e0, int64_t n, k3c_param_table *t, k3c_err *err);
 void k3c_params_free(k3c_param_table *t);
+#define K3C_PARAM_NOT_HELD (-2)
 /* The entry whose name (or stacked pattern expanded for some expert) equals `name`; *expert gets the slice (−1 if not
- * stacked). Returns the entry index or −1. Also accepts the transformers spelling of the dense layer-0 MLP
+ * stacked): expert e is slice e − stack0. Returns the entry index, −1 for an unknown name, or K3C_PARAM_NOT_HELD for
+ * a routed expert of the model outside the table's residency. Also accepts the transformers spelling of the dense layer-0 MLP
  * ("block_sparse_moe.{gate,up,down}_proj" for "mlp.*"). */
 int k3c_params_lookup(const k3c_param_table *t, const char *name, int *expert);
-/* Writes the checkpoint name of slice e of entry i. */
+/* Writes the checkpoint name of slice e of entry p (stacked: expert stack0 + e). */
 void k3c_params_name(const k3c_param *p, int64_t expert, char *buf, size_t n);
 /* Elements of one slice (= numel for unstacked entries). */
 static inline int64_t k3c_param_slice_numel(const k3c_param *p) { return p->stack ? p->numel / p->stack : p->numel; }

@@ -87,7 +87,7 @@ static int resume(k3c_post_run *p, const char *out_dir, float **state, char **st
     k3c_ckpt_close(ck);
     *state = rc ? NULL : malloc(sizeof(float) * (p->opt.state_numel ? p->opt.state_numel : 1));
     if (!rc && !*state) rc = k3c_errf(err, K3C_ENOMEM, "resume: out of memory");
-    if (!rc) rc = k3c_train_ckpt_load_state(dir, &p->m.table, &p->opt, 0, p->m.table.n, *state, state_json, err);
+    if (!rc) rc = k3c_train_ckpt_load_state(dir, &p->m.table, &p->opt, NULL, *state, state_json, err);
     return rc ? k3c_err_wrap(err, "resume from %s", dir) : K3C_OK;
 }
 

@@ -147,13 +147,23 @@ static int write_weights(const char *tmp, const k3c_train_ckpt *ck, k3c_err *err
         snprintf(p, sizeof p, "%s/model.safetensors", tmp);
     else
         snprintf(p, sizeof p, "%s/model-%05d-of-%05d.safetensors", tmp, ck->w_part + 1, ck->w_parts);
-    return k3c_model_save_range_f32(ck->model, p, ck->w0, ck->w1, err);
+    return k3c_model_save_entries_f32(ck->model, p, ck->w0, ck->w1, ck->w_experts_only, err);
 }
 
 static size_t state_end(const k3c_optim *o, int i) { return i < o->n_entries ? o->state_off[i] : o->state_numel; }
 
-/* This rank's optimizer state: the single tensor "state" (one process), or one tensor per entry of [s0, s1) that has
- * state, named by the entry, to optimizer-<rank+1>-of-<ranks>.safetensors. */
+/* Stacked entry p's state (len floats: blocks of numel — Muon's momentum, AdamW's m then v) → per expert, its blocks'
+ * slices one after another (dst, len floats): expert e's tensor is dst + e·len/stack. */
+static void slices_of(const k3c_param *p, size_t len, const float *src, float *dst) {
+    const size_t slice = (size_t)k3c_param_slice_numel(p), blocks = len / (size_t)p->numel;
+    for (size_t e = 0; e < (size_t)p->stack; e++)
+        for (size_t b = 0; b < blocks; b++)
+            memcpy(dst + (e * blocks + b) * slice, src + b * (size_t)p->numel + e * slice, sizeof(float) * slice);
+}
+
+/* This rank's optimizer state: the single tensor "state" (one process), or one tensor per entry of `mine` that has
+ * state, named by the entry (a stacked entry: one per held expert, under its name), to
+ * optimizer-<rank+1>-of-<ranks>.safetensors. */
 static int write_optim(const char *tmp, const k3c_train_ckpt *ck, k3c_err *err) {
     char p[4200];
     if (!ck->comm) {
@@ -164,21 +174,41 @@ static int write_optim(const char *tmp, const k3c_train_ckpt *ck, k3c_err *err) 
     const k3c_param_table *t = &ck->model->table;
     const k3c_optim *o = ck->opt;
     snprintf(p, sizeof p, "%s/optimizer-%05d-of-%05d.safetensors", tmp, ck->comm->rank + 1, ck->comm->size);
-    if (state_end(o, ck->s1) - state_end(o, ck->s0) != ck->optim_numel)
-        return k3c_errf(err, K3C_EINVAL, "%s: %zu state floats given for entries [%d, %d), which hold %zu", p,
-                        ck->optim_numel, ck->s0, ck->s1, state_end(o, ck->s1) - state_end(o, ck->s0));
-    k3c_st_entry *ent = calloc((size_t)(ck->s1 - ck->s0) + 1, sizeof *ent);
-    if (!ent) return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", p);
+    size_t held = 0;
     int n = 0;
-    for (int i = ck->s0; i < ck->s1; i++) {
+    for (int i = 0; i < t->n; i++)
+        if (ck->mine[i]) held += state_end(o, i + 1) - o->state_off[i], n += t->p[i].stack ? (int)t->p[i].stack : 1;
+    if (held != ck->optim_numel)
+        return k3c_errf(err, K3C_EINVAL, "%s: %zu state floats given for entries that hold %zu", p, ck->optim_numel,
+                        held);
+    k3c_st_entry *ent = calloc((size_t)n + 1, sizeof *ent);
+    char(*names)[K3C_PARAM_NAME + 16] = calloc((size_t)n + 1, sizeof *names);
+    float *sliced = malloc(sizeof(float) * (held + 1)); /* the experts' tensors, each contiguous */
+    if (!ent || !names || !sliced) {
+        free(ent), free(names), free(sliced);
+        return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", p);
+    }
+    n = 0;
+    size_t at = 0;
+    for (int i = 0; i < t->n; i++) {
+        const k3c_param *q = &t->p[i];
         const size_t len = state_end(o, i + 1) - o->state_off[i];
-        if (len)
-            ent[n++] = (k3c_st_entry){
-                t->p[i].name, K3C_F32, 1, {(int64_t)len}, ck->optim_state + (o->state_off[i] - state_end(o, ck->s0))};
+        if (!ck->mine[i] || !len) continue;
+        if (!q->stack) {
+            ent[n++] = (k3c_st_entry){q->name, K3C_F32, 1, {(int64_t)len}, ck->optim_state + at};
+        } else {
+            slices_of(q, len, ck->optim_state + at, sliced + at);
+            for (int64_t e = 0; e < q->stack; e++, n++) {
+                k3c_params_name(q, e, names[n], sizeof names[n]);
+                ent[n] = (k3c_st_entry){names[n], K3C_F32, 1, {(int64_t)len / q->stack},
+                                        sliced + at + (size_t)e * (len / (size_t)q->stack)};
+            }
+        }
+        at += len;
     }
     static const char *const meta[] = {"format", "k3c-optimizer-shard", NULL};
     int rc = k3c_st_write(p, ent, n, meta, err);
-    free(ent);
+    free(ent), free(names), free(sliced);
     return rc;
 }
 
@@ -333,19 +363,47 @@ int k3c_train_ckpt_latest(const char *out_dir, char *path, size_t n, k3c_err *er
     return K3C_OK;
 }
 
-/* The single-process file: entries [e0, e1) of the one tensor "state" (float32, exactly o->state_numel floats). */
-static int load_single(const char *p, const k3c_optim *o, int e0, int e1, float *state, k3c_err *err) {
+/* Stacked entry p's state for the experts it holds (dst, len floats as o lays it out) from the whole model's entry
+ * (src: its blocks of all `experts` slices). */
+static void held_from_whole(const k3c_param *p, size_t len, int64_t experts, const float *src, float *dst) {
+    const size_t slice = (size_t)k3c_param_slice_numel(p), blocks = len / (size_t)p->numel;
+    for (size_t b = 0; b < blocks; b++)
+        memcpy(dst + b * (size_t)p->numel, src + b * slice * (size_t)experts + (size_t)p->stack0 * slice,
+               sizeof(float) * (size_t)p->numel);
+}
+
+/* Floats of entry i's state in the whole model's layout (a stacked entry of all the model's experts). */
+static size_t whole_len(const k3c_param_table *t, const k3c_optim *o, int i) {
+    const size_t len = state_end(o, i + 1) - o->state_off[i];
+    return t->p[i].stack ? len / (size_t)t->p[i].stack * (size_t)t->experts : len;
+}
+
+/* The single-process file: the entries of `mine` from the one tensor "state" (float32, the whole model's layout). */
+static int load_single(const char *p, const k3c_param_table *tab, const k3c_optim *o, const uint8_t *mine,
+                       float *state, k3c_err *err) {
     k3c_safetensors *st;
     CHECK_RC(k3c_st_open(p, &st, err));
     const k3c_st_tensor *t = k3c_st_find(st, "state");
+    size_t whole = 0;
+    for (int i = 0; i < tab->n; i++) whole += whole_len(tab, o, i);
     int rc = K3C_OK;
     if (!t)
         rc = k3c_errf(err, K3C_EFORMAT, "%s: no tensor 'state'", p);
-    else if (t->dtype != K3C_F32 || t->nbytes != sizeof(float) * o->state_numel)
+    else if (t->dtype != K3C_F32 || t->nbytes != sizeof(float) * whole)
         rc = k3c_errf(err, K3C_EFORMAT, "%s: tensor 'state' holds %zu bytes, the run's optimizer needs %zu float32", p,
-                      t->nbytes, o->state_numel);
-    else
-        memcpy(state, (const float *)t->data + state_end(o, e0), sizeof(float) * (state_end(o, e1) - state_end(o, e0)));
+                      t->nbytes, whole);
+    size_t at = 0, from = 0;
+    for (int i = 0; !rc && i < tab->n; i++) {
+        const size_t len = state_end(o, i + 1) - o->state_off[i];
+        if (!mine || mine[i]) {
+            if (tab->p[i].stack)
+                held_from_whole(&tab->p[i], len, tab->experts, (const float *)t->data + from, state + at);
+            else
+                memcpy(state + at, (const float *)t->data + from, sizeof(float) * len);
+            at += len;
+        }
+        from += whole_len(tab, o, i);
+    }
     k3c_st_close(st);
     return rc;
 }
@@ -359,6 +417,7 @@ typedef struct {
 /* The open shard file holding entry `name` (opened once, on first use). */
 static int shard_of(shard_reader *r, const char *name, k3c_safetensors **out, k3c_err *err) {
     const k3c_json *f = k3c_json_get(r->map, name);
+    if (!f && !err) return K3C_ENOTFOUND; /* a probe */
     if (!f) return k3c_errf(err, K3C_EFORMAT, "%s: weight_map has no entry '%s' (its optimizer state)", r->index, name);
     if (f->type != K3C_JSON_STRING || strchr(f->string, '/') || !f->string[0])
         return k3c_errf(err, K3C_EFORMAT, "%s: weight_map.%s: expected a file name beside the index", r->index, name);
@@ -388,9 +447,38 @@ static int load_entry(shard_reader *r, const char *name, size_t len, float *dst,
     return K3C_OK;
 }
 
-/* The sharded layout: each entry of [e0, e1) that has state, from the file the index names. */
-static int load_sharded(const char *dir, const char *index, const k3c_param_table *t, const k3c_optim *o, int e0,
-                        int e1, float *state, k3c_err *err) {
+/* A stacked entry's held experts: one tensor per expert (this writer), else the whole entry under its pattern name
+ * (one written before expert residency). */
+static int load_stacked(shard_reader *r, const k3c_param_table *t, int i, size_t len, float *dst, k3c_err *err) {
+    const k3c_param *p = &t->p[i];
+    const size_t per = len / (size_t)p->stack, slice = (size_t)k3c_param_slice_numel(p), blocks = per / slice;
+    char name[K3C_PARAM_NAME + 16];
+    k3c_safetensors *st = NULL;
+    k3c_params_name(p, 0, name, sizeof name);
+    if (shard_of(r, name, &st, NULL) == K3C_ENOTFOUND && shard_of(r, p->name, &st, NULL) != K3C_ENOTFOUND) {
+        float *whole = malloc(sizeof(float) * (per * (size_t)t->experts + 1));
+        if (!whole) return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", r->index);
+        int rc = load_entry(r, p->name, per * (size_t)t->experts, whole, err);
+        if (!rc) held_from_whole(p, len, t->experts, whole, dst);
+        free(whole);
+        return rc;
+    }
+    float *tmp = malloc(sizeof(float) * (per + 1));
+    if (!tmp) return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", r->index);
+    int rc = K3C_OK;
+    for (int64_t e = 0; !rc && e < p->stack; e++) {
+        k3c_params_name(p, e, name, sizeof name);
+        rc = load_entry(r, name, per, tmp, err);
+        for (size_t b = 0; !rc && b < blocks; b++)
+            memcpy(dst + b * (size_t)p->numel + (size_t)e * slice, tmp + b * slice, sizeof(float) * slice);
+    }
+    free(tmp);
+    return rc;
+}
+
+/* The sharded layout: each entry of `mine` that has state, from the file the index names. */
+static int load_sharded(const char *dir, const char *index, const k3c_param_table *t, const k3c_optim *o,
+                        const uint8_t *mine, float *state, k3c_err *err) {
     k3c_json *root = NULL;
     CHECK_RC(k3c_json_parse_file(index, &root, err));
     shard_reader r = {dir, index, k3c_json_get(root, "weight_map"), NULL};
@@ -399,9 +487,13 @@ static int load_sharded(const char *dir, const char *index, const k3c_param_tabl
                  : k3c_errf(err, K3C_EFORMAT, "%s: missing weight_map object", index);
     if (!rc && !(r.open = calloc(r.map->n + 1, sizeof *r.open)))
         rc = k3c_errf(err, K3C_ENOMEM, "%s: out of memory", index);
-    for (int i = e0; i < e1 && !rc; i++) {
+    size_t at = 0;
+    for (int i = 0; i < t->n && !rc; i++) {
         const size_t len = state_end(o, i + 1) - o->state_off[i];
-        if (len) rc = load_entry(&r, t->p[i].name, len, state + (o->state_off[i] - state_end(o, e0)), err);
+        if ((mine && !mine[i]) || !len) continue;
+        rc = t->p[i].stack ? load_stacked(&r, t, i, len, state + at, err)
+                           : load_entry(&r, t->p[i].name, len, state + at, err);
+        at += len;
     }
     for (size_t k = 0; r.open && k < r.map->n; k++) k3c_st_close(r.open[k]);
     free(r.open);
@@ -409,16 +501,16 @@ static int load_sharded(const char *dir, const char *index, const k3c_param_tabl
     return rc;
 }
 
-int k3c_train_ckpt_load_state(const char *dir, const k3c_param_table *t, const k3c_optim *o, int e0, int e1,
+int k3c_train_ckpt_load_state(const char *dir, const k3c_param_table *t, const k3c_optim *o, const uint8_t *mine,
                               float *state, char **trainer_state, k3c_err *err) {
     char p[4200], ix[4200];
     snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
     snprintf(ix, sizeof ix, "%s/optimizer.safetensors.index.json", dir);
-    if (o->n_entries != t->n || e0 < 0 || e1 > t->n || e0 > e1)
-        return k3c_errf(err, K3C_EINVAL, "%s: optimizer state of entries [%d, %d) of a table of %d", dir, e0, e1, t->n);
-    int rc = access(p, F_OK) == 0 ? load_single(p, o, e0, e1, state, err)
+    if (o->n_entries != t->n)
+        return k3c_errf(err, K3C_EINVAL, "%s: optimizer state of a table of %d entries, not %d", dir, o->n_entries, t->n);
+    int rc = access(p, F_OK) == 0 ? load_single(p, t, o, mine, state, err)
              : access(ix, F_OK) == 0
-                 ? load_sharded(dir, ix, t, o, e0, e1, state, err)
+                 ? load_sharded(dir, ix, t, o, mine, state, err)
                  : k3c_errf(err, K3C_ENOTFOUND,
                             "%s: neither optimizer.safetensors nor optimizer.safetensors.index.json", dir);
     if (rc || !trainer_state) return rc;

@@ -6,8 +6,10 @@
  *
  * The optimizer state: one process writes optimizer.safetensors (one tensor "state", the single-process layout); a
  * parallel run writes every rank's ZeRO-1 shard to optimizer-0000r-of-0000N.safetensors, one tensor per table entry it
- * owns (named by the entry), and optimizer.safetensors.index.json maps every entry to its file, so a reader at any
- * layout takes the entries it owns from whichever files hold them. */
+ * owns (named by the entry; a stacked routed-expert entry one tensor per expert it holds, under the expert's name,
+ * its state blocks — Muon's momentum, or AdamW's m then v — of that expert), and optimizer.safetensors.index.json maps
+ * every tensor to its file, so a reader at any layout and expert residency takes the entries it owns from whichever
+ * files hold them. */
 #ifndef K3C_TRAIN_CHECKPOINT_H
 #define K3C_TRAIN_CHECKPOINT_H
 
@@ -17,7 +19,8 @@
 
 typedef struct {
     const k3c_model *model;    /* float32 model (the router biases inside are the QB state) */
-    const float *optim_state;  /* host memory: the whole state (comm NULL), else the state of entries [s0, s1) */
+    const float *optim_state;  /* host memory: the whole state (comm NULL), else the state of the entries of `mine`,
+                                  in table order */
     size_t optim_numel;        /* floats there */
     const char *trainer_state; /* JSON text */
     const char *vocab;         /* tokenizer file to copy (its .specials.json too, when present); NULL = none */
@@ -25,8 +28,9 @@ typedef struct {
     /* A sharded checkpoint: every rank of comm (the world) calls k3c_train_ckpt_save; NULL = one process. */
     k3c_comm *comm;
     const k3c_optim *opt; /* the single-process optimizer layout (entry i's state floats) */
-    int s0, s1;           /* the table entries whose optimizer state this rank holds */
+    const uint8_t *mine;  /* [t->n] 1: the entries whose optimizer state this rank holds */
     int w0, w1;           /* the entries whose weights this rank writes (w0 == w1: none) */
+    int w_experts_only;   /* 1: of those only the stacked routed-expert entries (an EP rank other than the first) */
     int w_part, w_parts;  /* its weight file: model.safetensors when w_parts is 1, else model-<part+1>-of-<parts> */
 } k3c_train_ckpt;
 
@@ -41,11 +45,11 @@ void k3c_train_ckpt_clean(const char *out_dir);
 /* The steps --resume may start from, best first: the one out_dir/latest names, then every older step_* directory,
  * newest first (fallbacks when a newer one fails its checksums). Returns how many (0: no checkpoint yet), or an error. */
 int k3c_train_ckpt_candidates(const char *out_dir, int64_t *steps, int cap, k3c_err *err);
-/* The optimizer state of table entries [e0, e1) of t under optimizer layout o (state gets their floats, from
- * o->state_off[e0] on, contiguous) from either layout, whatever layout wrote it; trainer_state non-NULL: also
- * trainer_state.json (malloc'd text). Errors name the file and the tensor. Checksums are verified by the model's
- * reader (k3c_ckpt_open), not here. */
-int k3c_train_ckpt_load_state(const char *dir, const k3c_param_table *t, const k3c_optim *o, int e0, int e1,
+/* The optimizer state of the table entries of `mine` ([t->n]; NULL: all) of t under optimizer layout o (state gets
+ * their floats in table order, each entry's as o lays it out) from either layout, whatever layout or expert residency
+ * wrote it (a stacked entry: the experts t holds); trainer_state non-NULL: also trainer_state.json (malloc'd text).
+ * Errors name the file and the tensor. Checksums are verified by the model's reader (k3c_ckpt_open), not here. */
+int k3c_train_ckpt_load_state(const char *dir, const k3c_param_table *t, const k3c_optim *o, const uint8_t *mine,
                               float *state, char **trainer_state, k3c_err *err);
 
 #endif

@@ -55,6 +55,9 @@ typedef struct {
     k3c_dp dp_store;
     k3c_comm *ep_comm; /* expert parallelism (dist/ep.h): the EP group; NULL: every rank holds every expert */
     k3c_ep ep;
+    int ep_rank, ep_size; /* this rank's place in its EP group (it holds experts ep_rank·E/ep_size onwards) */
+    k3c_comm *x_comm;     /* ep_size > 1: the ranks holding this rank's experts (one per DP replica), ZeRO-1's group
+                             for them */
     k3c_pp *pp; /* pipeline parallelism (dist/pp.h) over pp_comm, dp over the stage's stage_comm; NULL: one stage */
     k3c_pp pp_store;
     k3c_comm *pp_comm, *stage_comm;
@@ -371,12 +374,15 @@ static int save(trainer *tr, k3c_err *err) {
                              .trainer_state = sb.buf,
                              .vocab = tr->rc->vocab,
                              .pattern = tr->rc->pattern};
-        if (tr->dp) { /* sharded: this rank's entries */
-            const int writes = tr->pp ? tr->stage_comm->rank == 0 : tr->rank == 0;
-            ck.comm = tr->world, ck.opt = &tr->opt, ck.s0 = tr->dp->first, ck.s1 = tr->dp->last;
+        if (tr->dp) { /* sharded: this rank's entries; the weights from the first DP replica's ranks, one file per
+                         pipeline stage or per EP rank (the first with every entry, the others their experts) */
+            const int writes = tr->pp ? tr->stage_comm->rank == 0 : tr->x_comm ? tr->x_comm->rank == 0 : tr->rank == 0;
+            ck.comm = tr->world, ck.opt = &tr->opt, ck.mine = tr->dp->mine;
             ck.w0 = !writes ? 0 : tr->pp ? tr->pp->e0 : 0;
             ck.w1 = !writes ? 0 : tr->pp ? tr->pp->e1 : tr->m.table.n;
-            ck.w_part = tr->pp ? tr->pp->stage : 0, ck.w_parts = tr->pp ? tr->pp->stages : 1;
+            ck.w_part = tr->pp ? tr->pp->stage : tr->x_comm ? tr->ep_rank : 0;
+            ck.w_parts = tr->pp ? tr->pp->stages : tr->x_comm ? tr->ep_size : 1;
+            ck.w_experts_only = tr->x_comm && tr->ep_rank > 0;
             ck.optim_numel += (size_t)save_fault(tr);
         }
         e = k3c_train_ckpt_save(tr->rc->out_dir, tr->step, &ck, (int)tr->rc->keep_checkpoints, err);
@@ -431,11 +437,26 @@ static int load_optim_state(trainer *tr, const char *dir, k3c_err *err) {
     const k3c_optim *o = tr->dp ? &tr->dp->shard : &tr->opt;
     float *host = malloc(sizeof(float) * (o->state_numel ? o->state_numel : 1));
     if (!host) return k3c_errf(err, K3C_ENOMEM, "resume: out of memory");
-    int e = k3c_train_ckpt_load_state(dir, &tr->m.table, &tr->opt, tr->dp ? tr->dp->first : 0,
-                                      tr->dp ? tr->dp->last : tr->m.table.n, host, NULL, err);
+    int e = k3c_train_ckpt_load_state(dir, &tr->m.table, &tr->opt, tr->dp ? tr->dp->mine : NULL, host, NULL, err);
     if (!e) e = tr->be->upload(tr->ostate, host, sizeof(float) * o->state_numel, err);
     if (!e) e = tr->be->sync(err); /* the host copy is freed next */
     free(host);
+    return e;
+}
+
+/* The model of checkpoint `dir` on the host, holding the experts the run's model holds (whichever of its files have
+ * them; a held tensor no file has is an error naming it). */
+static int open_held(trainer *tr, const char *dir, k3c_model *host, k3c_err *err) {
+    k3c_config cfg;
+    k3c_checkpoint *ck = NULL;
+    CHECK_RC(k3c_config_load(dir, &cfg, err));
+    CHECK_RC(k3c_ckpt_open(dir, &ck, err));
+    int e = k3c_model_create_experts_f32(&cfg, 0, tr->m.table.expert0, tr->m.table.held, host, err);
+    if (!e && (e = k3c_model_load_f32(host, ck, err))) {
+        k3c_model_free_f32(host);
+        k3c_err_wrap(err, "%s (model.safetensors or the files model.safetensors.index.json names)", dir);
+    }
+    k3c_ckpt_close(ck);
     return e;
 }
 
@@ -445,7 +466,7 @@ static int load_optim_state(trainer *tr, const char *dir, k3c_err *err) {
  * rollback after. */
 static int resume_from(trainer *tr, const char *dir, k3c_err *err) {
     k3c_model host;
-    int e = k3c_model_open_f32(dir, 0, &host, err); /* verifies the directory's checksums.json first */
+    int e = open_held(tr, dir, &host, err); /* verifies the directory's checksums.json first */
     if (e) return e;
     const k3c_backend_f32 *be = k3c_model_backend_f32(&tr->m);
     if (host.table.total != tr->m.table.total)
@@ -459,9 +480,12 @@ static int resume_from(trainer *tr, const char *dir, k3c_err *err) {
     /* the optimizer state: now on a rollback; at start once optim_state knows this rank's shard (its files checked
        now, so that a checkpoint without them falls back to an older one) */
     float none;
+    uint8_t *no = e || tr->ostate ? NULL : calloc((size_t)tr->m.table.n + 1, 1); /* the files only, no entry */
+    if (!e && !tr->ostate && !no) e = k3c_errf(err, K3C_ENOMEM, "resume: out of memory");
     if (!e)
         e = tr->ostate ? load_optim_state(tr, dir, err)
-                       : k3c_train_ckpt_load_state(dir, &tr->m.table, &tr->opt, 0, 0, &none, NULL, err);
+                       : k3c_train_ckpt_load_state(dir, &tr->m.table, &tr->opt, no, &none, NULL, err);
+    free(no);
     if (!e) snprintf(tr->resume_dir, sizeof tr->resume_dir, "%s", tr->ostate ? "" : dir);
     if (!e) e = k3c_read_file(p, &state, NULL, err);
     if (e) {
@@ -525,6 +549,20 @@ static int resume(trainer *tr, k3c_err *err) {
 static int optim_state(trainer *tr, k3c_comm *comm, const k3c_parallel *lay, k3c_err *err) {
     tr->be = k3c_model_backend_f32(&tr->m);
     int64_t ep = lay->ep;
+    /* EP groups: ep consecutive ranks (EP inside DP), or every cp-th (CP innermost, docs/PARALLEL.md); with
+       parallel.force even groups of one rank. The ranks holding the same experts (one per DP replica) own and
+       sum those experts' entries among themselves (ZeRO-1 over them), the other entries over every rank. */
+    if (comm && (ep > 1 || tr->rc->parallel_force)) {
+        const int cp = (int)lay->cp,
+                  color = cp > 1 ? comm->rank / ((int)ep * cp) * cp + comm->rank % cp : comm->rank / (int)ep;
+        CHECK_RC(k3c_comm_split(comm, color, comm->rank, &tr->ep_comm, err));
+        if (tr->ep_comm->rank != tr->ep_rank)
+            return k3c_errf(err, K3C_EINVAL, "expert parallelism: rank %d is EP rank %d, expected %d", comm->rank,
+                            tr->ep_comm->rank, tr->ep_rank);
+        CHECK_RC(k3c_ep_init(&tr->ep, tr->ep_comm, tr->be, &tr->m.cfg, err));
+        tr->ep.resident = ep > 1;
+        tr->m.experts = &tr->ep.exchange;
+    }
     if (comm && lay->pp > 1) { /* stages outermost: stage = rank / (dp·ep), DP with ZeRO-1 inside a stage */
         const int per = comm->size / (int)lay->pp;
         CHECK_RC(k3c_comm_split(comm, comm->rank / per, comm->rank, &tr->stage_comm, err));
@@ -536,7 +574,9 @@ static int optim_state(trainer *tr, k3c_comm *comm, const k3c_parallel *lay, k3c
                                    tr->pp->e1, err));
         tr->dp = &tr->dp_store;
     } else if (comm) {
-        CHECK_RC(k3c_dp_init(&tr->dp_store, comm, tr->be, &tr->opt, &tr->m.table, err));
+        if (ep > 1) CHECK_RC(k3c_comm_split(comm, tr->ep_rank, comm->rank, &tr->x_comm, err));
+        CHECK_RC(k3c_dp_init_experts(&tr->dp_store, comm, tr->x_comm, tr->be, &tr->opt, &tr->m.table, 0,
+                                     tr->m.table.n, err));
         tr->dp = &tr->dp_store;
     }
     if (lay->tp > 1) { /* TP groups: tp consecutive ranks (TP innermost, docs/PARALLEL.md), one part of the batch */
@@ -544,15 +584,6 @@ static int optim_state(trainer *tr, k3c_comm *comm, const k3c_parallel *lay, k3c
         CHECK_RC(k3c_tp_init(&tr->tp, tr->tp_comm, tr->be, &tr->m.cfg, &tr->m.table, err));
         tr->m.tp = &tr->tp.hook;
         k3c_dp_set_tp(tr->dp, (int)lay->tp);
-    }
-    /* EP groups: ep consecutive ranks (EP inside DP), or every cp-th (CP innermost, docs/PARALLEL.md); with
-       parallel.force even groups of one rank */
-    if (ep > 1 || (comm && tr->rc->parallel_force)) {
-        k3c_comm *c = comm;
-        const int cp = (int)lay->cp, color = cp > 1 ? c->rank / ((int)ep * cp) * cp + c->rank % cp : c->rank / (int)ep;
-        CHECK_RC(k3c_comm_split(c, color, c->rank, &tr->ep_comm, err));
-        CHECK_RC(k3c_ep_init(&tr->ep, tr->ep_comm, tr->be, &tr->m.cfg, err));
-        tr->m.experts = &tr->ep.exchange;
     }
     if (lay->cp > 1) { /* CP groups: cp consecutive ranks, each a range of its DP part's tokens */
         int64_t T_cap = 0;
@@ -580,11 +611,16 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
         return k3c_errf(err, K3C_EIO, "%s: cannot create: %s", rc->out_dir, strerror(errno));
     k3c_config cfg;
     int e = k3c_config_load(rc->model_config, &cfg, err);
-    if (!e) e = k3c_model_create_f32(&cfg, 1, &tr->m, err);
     if (e) return e;
     k3c_comm *comm = o->comm;
     k3c_parallel lay; /* the "parallel" block against the ranks there are (one without a communicator) */
     if ((e = k3c_parallel_resolve(&rc->parallel, &cfg, comm ? comm->size : 1, rc->path, &lay, err))) return e;
+    /* expert parallelism: this rank holds its EP group's share of the routed experts only (EP groups: optim_state) */
+    tr->ep_size = comm && lay.ep > 1 ? (int)lay.ep : 1;
+    tr->ep_rank = tr->ep_size > 1 ? comm->rank % (int)(lay.ep * lay.cp) / (int)lay.cp : 0;
+    int64_t e0 = 0, held = cfg.num_experts;
+    if (tr->ep_size > 1) k3c_ep_experts(&cfg, tr->ep_rank, tr->ep_size, &e0, &held);
+    if ((e = k3c_model_create_experts_f32(&cfg, 1, e0, held, &tr->m, err))) return e;
     if (lay.dp * lay.ep * lay.tp * lay.pp * lay.cp == 1 && !rc->parallel_force) comm = NULL; /* alone */
     if (rc->parallel_force && !comm) { /* the parallel step over the one-rank communicator (parallel.force) */
         if ((e = k3c_comm_self(&tr->own_comm, err))) return e;
@@ -658,6 +694,7 @@ static void teardown(trainer *tr) {
         k3c_ep_free(&tr->ep);
         k3c_comm_free(tr->ep_comm);
     }
+    k3c_comm_free(tr->x_comm);
     if (tr->pp) k3c_pp_free(tr->pp);
     if (tr->tp_comm) {
         k3c_tp_free(&tr->tp);

@@ -52,7 +52,9 @@ typedef struct {
 static int runner_init(runner *r, const k3c_config *cfg, const k3c_backend_f32 *be, k3c_comm *comm, layout lay,
                        k3c_err *err) {
     memset(r, 0, sizeof *r);
-    CHECK_RC(k3c_model_create_f32(cfg, 1, &r->m, err));
+    int64_t e0, held; /* EP: this rank's experts only */
+    ep_residency(cfg, comm ? comm->rank : 0, comm ? lay.ep : 1, lay.cp, &e0, &held);
+    CHECK_RC(k3c_model_create_experts_f32(cfg, 1, e0, held, &r->m, err));
     k3c_model_init_f32(&r->m, 7, 0.1);
     r->m.kda_chunk = 64; /* the CUDA kernels' chunk */
     if (be) CHECK_RC(k3c_model_use_backend_f32(&r->m, be, err));
@@ -215,7 +217,21 @@ static void compare(k3c_comm *comm, const k3c_backend_f32 *cuda, const char *con
     ok = ok && fetch(&cpu, w_cpu, s_cpu, &err) == K3C_OK && fetch(&ref, w_ref, s_ref, &err) == K3C_OK &&
          fetch(&par, w_par, s_par, &err) == K3C_OK;
     CHECK(ok, "%s: %s", name, err.msg);
+    /* compared in the parallel rank's layout (with EP its experts only): the one-process runs' part of it */
+    float *whole = malloc(sizeof(float) * (5 * n + 2 * ns + 1)), *w_ref_whole = w_ref;
+    if (ok && whole) {
+        const k3c_param_table *h = &par.m.table;
+        float *x[] = {g_cpu, g_ref, w_cpu, w_ref, w0};
+        for (int k = 0; k < 5; k++) held_part(t, h, x[k], whole + (size_t)k * n), x[k] = whole + (size_t)k * n;
+        g_cpu = x[0], g_ref = x[1], w_cpu = x[2], w_ref = x[3], w0 = x[4];
+        held_state(t, &cpu.opt, h, &par.opt, s_cpu, whole + 5 * n);
+        held_state(t, &cpu.opt, h, &par.opt, s_ref, whole + 5 * n + ns);
+        s_cpu = whole + 5 * n, s_ref = whole + 5 * n + ns;
+        t = h;
+    }
+    ok = ok && whole;
     if (ok) {
+        const size_t n = t->total; /* the parallel rank's */
         diffs dg = {0}, dc = {0}; /* against the CUDA process, against the CPU process */
         for (int s = 0; s < STEPS; s++) {
             dg.loss = fmax(dg.loss, fabs(l_par[s] - l_ref[s]) / fabs(l_ref[s]));
@@ -227,8 +243,8 @@ static void compare(k3c_comm *comm, const k3c_backend_f32 *cuda, const char *con
         weights_diff(t, w_par, w_cpu, w0, &dc);
         diffs dz = {0}; /* against the CPU, every weight (printed) */
         weights_diff(t, w_par, w_cpu, NULL, &dz);
-        dg.state = state_diff(&cpu.opt, s_par, s_ref);
-        dc.state = state_diff(&cpu.opt, s_par, s_cpu);
+        dg.state = state_diff(&par.opt, s_par, s_ref);
+        dc.state = state_diff(&par.opt, s_par, s_cpu);
         CHECK(dg.loss <= TOL && dg.grad <= TOL && dg.w <= TOL && dg.bias_abs <= TOL && dg.state <= TOL,
               "%s vs one CUDA process: loss %.3e, step-1 gradients %.3e (%s), weights %.3e (%s), router biases "
               "%.3e, optimizer state %.3e (tolerance %g)",
@@ -244,10 +260,20 @@ static void compare(k3c_comm *comm, const k3c_backend_f32 *cuda, const char *con
             for (int64_t j = 0; t->p[i].kind == K3C_PK_ROUTER_BIAS && j < t->p[i].numel; j++)
                 moved |= w_ref[t->p[i].offset + j] != 0;
         CHECK(moved, "quantile balancing left every router bias at 0");
-        float *lo = malloc(sizeof(float) * n), *hi = malloc(sizeof(float) * n); /* ZeRO-1: identical on every rank */
-        CHECK_OK(k3c_comm_allreduce(comm, w_par, lo, (int64_t)n, K3C_F32, K3C_COMM_MIN, NULL, &err), &err);
-        CHECK_OK(k3c_comm_allreduce(comm, w_par, hi, (int64_t)n, K3C_F32, K3C_COMM_MAX, NULL, &err), &err);
-        CHECK(lo && hi && memcmp(lo, hi, sizeof(float) * n) == 0, "%s: weights differ between ranks", name);
+        /* ZeRO-1: identical on every rank holding them (the experts under EP: the ranks holding the same ones) */
+        float *lo = malloc(sizeof(float) * n), *hi = malloc(sizeof(float) * n);
+        for (int pass = 0; lo && hi && pass < 2; pass++) {
+            k3c_comm *c = pass && par.d.x_comm ? par.d.x_comm : comm;
+            CHECK_OK(k3c_comm_allreduce(c, w_par, lo, (int64_t)n, K3C_F32, K3C_COMM_MIN, NULL, &err), &err);
+            CHECK_OK(k3c_comm_allreduce(c, w_par, hi, (int64_t)n, K3C_F32, K3C_COMM_MAX, NULL, &err), &err);
+            size_t spread = 0;
+            for (int i = 0; i < t->n; i++)
+                if (!par.d.x_comm || !t->p[i].stack == !pass)
+                    spread += memcmp(lo + t->p[i].offset, hi + t->p[i].offset,
+                                     sizeof(float) * (size_t)t->p[i].numel) != 0;
+            CHECK(spread == 0, "%s: weights differ between ranks (%zu entries)", name, spread);
+        }
+        CHECK(lo && hi, "out of memory");
         free(lo), free(hi);
         if (comm->rank == 0)
             printf("%s, %d steps on %s: vs one such process loss %.2e, step-1 gradients %.2e, weights %.2e, router "
@@ -256,8 +282,9 @@ static void compare(k3c_comm *comm, const k3c_backend_f32 *cuda, const char *con
                    "%.2e\n",
                    name, STEPS, cuda->name, dg.loss, dg.grad, dg.w, dg.bias_abs, dg.bias_rel, dg.state, dc.loss,
                    dc.grad, dc.w, dz.w, dz.worst_w ? dz.worst_w : "-", dc.bias_abs, dc.state,
-                   gpu_floor(&cfg, cuda, &gb, w_ref));
+                   gpu_floor(&cfg, cuda, &gb, w_ref_whole));
     }
+    free(whole);
     free(buf);
     runner_free(&cpu);
     runner_free(&ref);
