@@ -58,10 +58,10 @@ enum {
     OP_BF16,
     OP_COUNT
 };
-static const char *const op_names[OP_COUNT] = {
-    "zero",       "add",      "copy2d", "sigmoid",   "embedding", "rmsnorm", "linear", "sig_gate", "xent",   "l2norm",
-    "short_conv", "kda_gate", "kda",    "attention", "max_logit", "router",  "moe",    "mlp",      "attnres",
-    "moe_perm",   "bf16"};
+static const char *const op_names[OP_COUNT] = {"zero",    "add",       "copy2d",    "sigmoid", "embedding",  "rmsnorm",
+                                               "linear",  "sig_gate",  "xent",      "l2norm",  "short_conv", "kda_gate",
+                                               "kda",     "attention", "max_logit", "router",  "moe",        "mlp",
+                                               "attnres", "moe_perm",  "bf16"};
 
 /* variant flags (meaning per op, see the rows) */
 enum {

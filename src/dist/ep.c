@@ -65,7 +65,8 @@ static int64_t total(const int64_t *count, int P) {
 static int wire(k3c_ep *ep, const float *src, const int64_t *scount, float *dst, const int64_t *rcount, int64_t D,
                 k3c_err *err) {
     const k3c_backend_f32 *be = ep->be;
-    if (!(ep->wire_bf16 < 0 ? be->wire_bf16 : ep->wire_bf16)) return exchange(ep, src, scount, dst, rcount, D, K3C_F32, err);
+    if (!(ep->wire_bf16 < 0 ? be->wire_bf16 : ep->wire_bf16))
+        return exchange(ep, src, scount, dst, rcount, D, K3C_F32, err);
     const int64_t ns = total(scount, ep->size) * D, nr = total(rcount, ep->size) * D;
     CHECK_RC(grow_be(be, (void **)&ep->w16, &ep->w16_cap, (size_t)(ns + nr), sizeof(uint16_t), err));
     uint16_t *s16 = ep->w16, *r16 = s16 + ns;

@@ -67,8 +67,7 @@ void k3c_moe_combine(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *
     }
 }
 
-void k3c_moe_gather_bwd(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *pos, const real *dxperm,
-                        real *dx) {
+void k3c_moe_gather_bwd(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *pos, const real *dxperm, real *dx) {
 #pragma omp parallel for schedule(static) if (tokens * top_k * dim > PAR_MIN_WORK)
     for (int64_t t = 0; t < tokens; t++)
         for (int64_t j = 0; j < top_k; j++) {
