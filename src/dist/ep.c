@@ -41,7 +41,9 @@ static int unit_gates(k3c_ep *ep, int64_t R, k3c_err *err) {
     return rc;
 }
 
-/* Exchanges rows: send[scount[p]·width] to each p, recv[rcount[p]·width] from each p, in rank order. */
+/* Exchanges rows: send[scount[p]·width] to each p, recv[rcount[p]·width] from each p, in rank order. Started and
+ * waited for at once: on NCCL the wait puts the exchange before the backend stream's next op without stopping the host
+ * (a blocking call would synchronise); a host buffer (the local expert ids) is staged and still returns in order. */
 static int exchange(k3c_ep *ep, const void *send, const int64_t *scount, void *recv, const int64_t *rcount,
                     int64_t width, k3c_dtype t, k3c_err *err) {
     int P = ep->size;
@@ -50,7 +52,9 @@ static int exchange(k3c_ep *ep, const void *send, const int64_t *scount, void *r
         sc[p] = scount[p] * width, sd[p] = so, so += sc[p];
         rc[p] = rcount[p] * width, rd[p] = ro, ro += rc[p];
     }
-    return k3c_comm_alltoall(ep->comm, send, sc, sd, recv, rc, rd, t, NULL, err);
+    k3c_comm_req *req = NULL;
+    CHECK_RC(k3c_comm_alltoall(ep->comm, send, sc, sd, recv, rc, rd, t, &req, err));
+    return k3c_comm_wait(req, err);
 }
 
 static int64_t total(const int64_t *count, int P) {
