@@ -970,6 +970,19 @@ static void check_supports(const bo_backend *cuda) {
                   !cuda->f32->supports(K3C_FEATURE_KDA_CHUNK, 0),
               "CUDA runs chunk 64 only");
 
+    /* The wire dtype: bf16 only where the kernels round activations to bf16 anyway (the CUDA bf16 mode) */
+    CHECK(k3c_backend_cpu_f32()->wire_bf16 == 0 && k3c_backend_cpu_f64()->wire_bf16 == 0, "the CPU wire is float");
+#ifdef K3C_CUDA
+    if (cuda) {
+        k3c_cuda_backend *cb = (k3c_cuda_backend *)cuda->cuda;
+        int w[3];
+        for (int mode = 0; mode < 3; mode++) k3c_cuda_backend_kernels(cb, mode), w[mode] = cb->table.wire_bf16;
+        k3c_cuda_backend_kernels(cb, K3C_KERNELS_BF16);
+        CHECK(w[K3C_KERNELS_BF16] == 1 && w[K3C_KERNELS_FP16] == 0 && w[K3C_KERNELS_FP32] == 0,
+              "CUDA wire_bf16 by kernel mode: bf16 %d, fp16 %d, fp32 %d", w[0], w[1], w[2]);
+    }
+#endif
+
     /* Binding a model: a backend that ignores its kda_chunk is refused, naming the backend and the setting. A CPU
      * table that claims chunk 64 only stands in for one (the CUDA table's answer). */
     k3c_model m;
