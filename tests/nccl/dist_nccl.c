@@ -7,8 +7,9 @@
  *
  * Not a test_*.c (`make test` has no GPU): `make nccl` builds it as build/nccl/test_dist_nccl; run it from the
  * repository root. Alone it runs on GPU 0 over the one-rank NCCL communicator: every layout of one rank (dp1, ep1, tp1,
- * pp1, cp1) runs the whole parallel code path (the hooks, the host copies, the staged host buffers), every collective
- * a copy. Under `mpirun -np N` (one GPU per rank: GPU = the rank on its node) the NCCL id travels over MPI.
+ * pp1, cp1) runs the whole parallel code path (the hooks, the host copies, the staged host buffers, EP's device-side
+ * row moves), every collective a copy. Under `mpirun -np N` (one GPU per rank: GPU = the rank on its node) the NCCL id
+ * travels over MPI.
  * `--cpu` runs the same layouts with the CPU backend in the GPU's place over MPI or one rank (where there is no GPU).
  *
  * The backend runs the fp32 checking kernels (K3C_KERNELS_FP32: the KDA recurrence and attention_naive) and fp32
