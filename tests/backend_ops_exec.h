@@ -195,6 +195,24 @@ static int BO_FN(call)(const BO_BE *be, const bo_case *c, bo_io *io, void **d, i
         }
         break;
     }
+    case OP_MOE_PERM: {
+        const int64_t T = c->a, k = c->b, D = c->c, rows = (int64_t)(io->t[4].n / (size_t)D);
+        const int32_t *pos = I32(0), *perm = I32(1);
+        if (phase == 0) {
+            rc = be->moe_gather(rows, k, D, perm, CR(2), R(4), err);
+            if (!rc) rc = be->moe_combine(T, k, D, pos, CR(3), CR(6), R(5), err);
+        } else {
+            rc = be->moe_gather_bwd(T, k, D, pos, CR(8), R(9), err);
+            if (!rc) rc = be->moe_combine_bwd(T, k, D, pos, CR(3), CR(6), CR(7), R(10), R(11), err);
+        }
+        break;
+    }
+    case OP_BF16:
+        scratch = be->alloc(bytes_real((size_t)c->a, sizeof(uint16_t)));
+        rc = scratch ? be->to_bf16(c->a, CR(0), (uint16_t *)scratch, err)
+                     : k3c_errf(err, K3C_ENOMEM, "harness: bf16 scratch");
+        if (!rc) rc = be->from_bf16(c->a, (const uint16_t *)scratch, R(1), err);
+        break;
     case OP_ATTNRES: {
         k3c_attnres_sizes s = {c->a, c->b, c->c, c->x};
         const BO_REAL *v[K3C_ATTNRES_MAX_SOURCES];

@@ -54,11 +54,14 @@ enum {
     OP_MOE,
     OP_MLP,
     OP_ATTNRES,
+    OP_MOE_PERM,
+    OP_BF16,
     OP_COUNT
 };
-static const char *const op_names[OP_COUNT] = {
-    "zero",       "add",      "copy2d", "sigmoid",   "embedding", "rmsnorm", "linear", "sig_gate", "xent",   "l2norm",
-    "short_conv", "kda_gate", "kda",    "attention", "max_logit", "router",  "moe",    "mlp",      "attnres"};
+static const char *const op_names[OP_COUNT] = {"zero",    "add",       "copy2d",    "sigmoid", "embedding",  "rmsnorm",
+                                               "linear",  "sig_gate",  "xent",      "l2norm",  "short_conv", "kda_gate",
+                                               "kda",     "attention", "max_logit", "router",  "moe",        "mlp",
+                                               "attnres", "moe_perm",  "bf16"};
 
 /* variant flags (meaning per op, see the rows) */
 enum {
@@ -190,6 +193,33 @@ static void l2rows(double *x, size_t n, size_t d) {
         for (size_t i = 0; i < d; i++) s += x[r * d + i] * x[r * d + i];
         for (size_t i = 0; i < d; i++) x[r * d + i] = (double)(float)(x[r * d + i] / sqrt(s + 1e-6));
     }
+}
+
+/* A dispatch plan for moe_perm (T = c->a tokens, k = c->b slots, E = c->d experts, a fraction c->x of dead slots):
+ * k distinct experts per token, pos and perm as k3c_moe_plan makes them (perm's tail past the live rows −1).
+ * Returns the live rows. */
+static size_t perm_plan(const bo_case *c, k3c_rng *r, double *pos, double *perm) {
+    const int64_t T = c->a, k = c->b, E = c->d, S = T * k;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(S ? S : 1) * 3), *pe = ids + S, *po = pe + S;
+    int64_t *off = malloc(sizeof(int64_t) * (size_t)(E + 1));
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            int32_t id, dup;
+            do {
+                id = (int32_t)floor(k3c_rng_uniform(r) * (double)E), dup = 0;
+                for (int64_t i = 0; i < j; i++) dup |= ids[t * k + i] == id;
+            } while (dup);
+            ids[t * k + j] = id;
+        }
+    for (int64_t i = 0; i < S; i++)
+        if (k3c_rng_uniform(r) < c->x) ids[i] = -1;
+    k3c_err err = {0};
+    size_t live = 0;
+    if (k3c_moe_plan(T, k, E, ids, off, pe, po, &err) == K3C_OK) live = (size_t)off[E];
+    for (int64_t i = 0; i < S; i++) pos[i] = po[i], perm[i] = (size_t)i < live ? pe[i] : -1;
+    free(ids);
+    free(off);
+    return live;
 }
 
 /* The tensors of case c (inputs drawn from r), in the order backend_ops_exec.h indexes them. */
@@ -413,6 +443,30 @@ static void setup(const bo_case *c, bo_io *io, k3c_rng *r) {
         acc_t(io, "dw3", D * C * B, 1, r, 0);
         acc_t(io, "dw2", D * B * C, 1, r, 0);
         acc_t(io, "dtopk_w", A * E, 1, r, 0);
+        break;
+    }
+    case OP_MOE_PERM: { /* T, k, D, E; x = the fraction of dead slots (id −1) */
+        bo_tensor *pos = add_t(io, "pos", BO_T_I32, A * B, -1, 0), *perm = add_t(io, "perm", BO_T_I32, A * B, -1, 0);
+        size_t live = perm_plan(c, r, pos->h, perm->h);
+        in_t(io, "x", A * C, r, 1.0);
+        bo_tensor *w = in_t(io, "w", A * B, r, 1.0);
+        for (size_t i = 0; i < A * B; i++) w->h[i] = (double)(float)sigm(w->h[i]);
+        out_t(io, "xperm", live * C, 0)->exact = 1;
+        out_t(io, "y", A * C, 0);
+        in_t(io, "yperm", live * C, r, 1.0);
+        in_t(io, "dy", A * C, r, 1.0);
+        in_t(io, "dxperm", live * C, r, 1.0);
+        acc_t(io, "dx", A * C, 1, r, 0)->exact = 1; /* added slot by slot in slot order on every backend */
+        bo_tensor *dyp = out_t(io, "dyperm", live * C, 1);
+        dyp->exact = 1, dyp->absent = (f & F_NODX) != 0;
+        acc_t(io, "dw", A * B, 1, r, (f & F_NODW) != 0);
+        break;
+    }
+    case OP_BF16: { /* the round trip real → bf16 → real, with ties to even, zeros, huge and tiny values */
+        bo_tensor *x = in_t(io, "x", A, r, 3.0);
+        static const double special[8] = {1.00390625, 1.01171875, -0.0, 0.0, 3.0e38, -1.0e-38, 65504.0, -2.5};
+        for (size_t i = 0; i < A && i < 8; i++) x->h[i] = special[i];
+        out_t(io, "y", A, 0)->exact = 1;
         break;
     }
     case OP_MLP:
@@ -726,6 +780,20 @@ static void add_rows(bo_rows *R) {
             row(R, OP_MLP, 33, 64, 80, 0, 0, situ ? F_SITU : 0, W, 1e-4);
         }
     }
+    /* the permutation steps of expert parallelism on their own (moe_gather / _bwd, moe_combine / _bwd) and the
+     * bf16 packing of its wire. Gathers, the slot-order adds of gather_bwd, dyperm and the round trip are exact
+     * against the CPU float table; combine (k products summed) 1e-6; dw (a D-long dot) the row reductions' 1e-5. */
+    {
+        int64_t pc[5][4] = {{150, 8, 128, 64}, {97, 2, 96, 5}, {64, 4, 33, 16}, {1, 1, 7, 3}, {0, 2, 16, 4}};
+        for (int i = 0; i < 5; i++)
+            for (int v = 0; v < 3; v++) {
+                bo_case *c = row(R, OP_MOE_PERM, pc[i][0], pc[i][1], pc[i][2], pc[i][3], 0,
+                                 v == 1 ? F_NODW : v == 2 ? F_NODX : 0, P, 1e-6);
+                c->x = v == 0 ? 0.0 : 0.25, c->tol_cpu_bwd = W, c->tol_cuda_bwd = W;
+            }
+        static const int64_t bn[3] = {8, 1000, 100003};
+        for (int i = 0; i < 3; i++) row(R, OP_BF16, bn[i], 0, 0, 0, 0, 0, 0, 0);
+    }
     /* AttnRes (harness_mix test_attnres): NULL and aliased dv entries, gradient subsets, 200 sources (two 128-source
      * groups), many token chunks; every case with the saved statistics and recomputing them. Old CUDA tolerances:
      * 1e-5 forward, 1e-4 backward. dw, dγ sum softmax-weighted deviations from the mean score, which cancel: a single
@@ -752,7 +820,9 @@ static void add_rows(bo_rows *R) {
     }
 }
 
-static int has_bwd(int op) { return op != OP_ZERO && op != OP_ADD && op != OP_COPY2D && op != OP_MAX_LOGIT; }
+static int has_bwd(int op) {
+    return op != OP_ZERO && op != OP_ADD && op != OP_COPY2D && op != OP_MAX_LOGIT && op != OP_BF16;
+}
 
 static void shape_of(const bo_case *c, char *s, size_t n) {
     int k = snprintf(s, n, "%lld,%lld,%lld,%lld,%lld f%x", (long long)c->a, (long long)c->b, (long long)c->c,
@@ -900,6 +970,19 @@ static void check_supports(const bo_backend *cuda) {
                   !cuda->f32->supports(K3C_FEATURE_KDA_CHUNK, 0),
               "CUDA runs chunk 64 only");
 
+    /* The wire dtype: bf16 only where the kernels round activations to bf16 anyway (the CUDA bf16 mode) */
+    CHECK(k3c_backend_cpu_f32()->wire_bf16 == 0 && k3c_backend_cpu_f64()->wire_bf16 == 0, "the CPU wire is float");
+#ifdef K3C_CUDA
+    if (cuda) {
+        k3c_cuda_backend *cb = (k3c_cuda_backend *)cuda->cuda;
+        int w[3];
+        for (int mode = 0; mode < 3; mode++) k3c_cuda_backend_kernels(cb, mode), w[mode] = cb->table.wire_bf16;
+        k3c_cuda_backend_kernels(cb, K3C_KERNELS_BF16);
+        CHECK(w[K3C_KERNELS_BF16] == 1 && w[K3C_KERNELS_FP16] == 0 && w[K3C_KERNELS_FP32] == 0,
+              "CUDA wire_bf16 by kernel mode: bf16 %d, fp16 %d, fp32 %d", w[0], w[1], w[2]);
+    }
+#endif
+
     /* Binding a model: a backend that ignores its kda_chunk is refused, naming the backend and the setting. A CPU
      * table that claims chunk 64 only stands in for one (the CUDA table's answer). */
     k3c_model m;
@@ -926,6 +1009,41 @@ static void check_supports(const bo_backend *cuda) {
     m.kda_chunk = 64;
     CHECK_OK(k3c_model_use_backend_f64(&m, NULL, &err), &err);
     k3c_model_free_f64(&m);
+}
+
+/* The permutation steps against their adjoints in float64 (the CPU double table, host memory), on a plan with dead
+ * slots: ⟨gather(x), u⟩ = ⟨x, gather_bwd(u)⟩, and combine's output y = combine(w, yperm) is linear in yperm and in w,
+ * so ⟨y, v⟩ = ⟨yperm, dyperm(v)⟩ = Σ_i w_i · dw_i(v). Relative tolerance 1e-12 (sums of a few thousand doubles). */
+static double dot(const double *a, const double *b, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+static void check_perm_adjoint(uint64_t seed) {
+    const k3c_backend_f64 *be = k3c_backend_cpu_f64();
+    bo_case c = {.op = OP_MOE_PERM, .a = 37, .b = 3, .c = 24, .d = 8, .x = 0.2};
+    const int64_t T = c.a, k = c.b, D = c.c, S = T * k;
+    k3c_rng r = {seed ^ 0x5eed, 0};
+    double *pd = malloc(sizeof(double) * (size_t)(2 * S)), *h = calloc((size_t)(6 * T * D + 6 * S * D + 2 * S), 8);
+    const int64_t live = (int64_t)perm_plan(&c, &r, pd, pd + S), n = live * D;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)(2 * S)), *perm = pos + S;
+    for (int64_t i = 0; i < 2 * S; i++) pos[i] = (int32_t)pd[i];
+    double *x = h, *dx = x + T * D, *y = dx + T * D, *v = y + T * D, *u = v + T * D, *xp = u + n, *yp = xp + n,
+           *dyp = yp + n, *w = dyp + n, *dw = w + S;
+    for (int64_t i = 0; i < T * D; i++) x[i] = k3c_rng_normal(&r), v[i] = k3c_rng_normal(&r);
+    for (int64_t i = 0; i < n; i++) u[i] = k3c_rng_normal(&r), yp[i] = k3c_rng_normal(&r);
+    for (int64_t i = 0; i < S; i++) w[i] = k3c_rng_uniform(&r);
+    k3c_err err = {0};
+    CHECK_OK(be->moe_gather(live, k, D, perm, x, xp, &err), &err);
+    CHECK_OK(be->moe_gather_bwd(T, k, D, pos, u, dx, &err), &err);
+    CHECK_OK(be->moe_combine(T, k, D, pos, w, yp, y, &err), &err);
+    CHECK_OK(be->moe_combine_bwd(T, k, D, pos, w, yp, v, dyp, dw, &err), &err);
+    double g1 = dot(xp, u, n), g2 = dot(x, dx, T * D), c1 = dot(y, v, T * D), c2 = dot(yp, dyp, n), c3 = dot(w, dw, S);
+    CHECK(live > 0 && live < S, "the plan has live and dead slots (%lld of %lld live)", (long long)live, (long long)S);
+    CHECK(fabs(g1 - g2) <= 1e-12 * fabs(g1), "gather adjoint: %.17g vs %.17g", g1, g2);
+    CHECK(fabs(c1 - c2) <= 1e-12 * fabs(c1), "combine adjoint in yperm: %.17g vs %.17g", c1, c2);
+    CHECK(fabs(c1 - c3) <= 1e-12 * fabs(c1), "combine adjoint in w: %.17g vs %.17g", c1, c3);
+    free(pd), free(h), free(pos);
 }
 
 int main(int argc, char **argv) {
@@ -956,6 +1074,7 @@ int main(int argc, char **argv) {
         printf("built with CUDA but no usable GPU (%s): CPU cases only\n", cerr.msg);
 #endif
     check_supports(cuda);
+    check_perm_adjoint(seed);
     k3c_rng rng = {seed, 0};
     for (int i = 0; i < R.n; i++) {
         bo_io tmpl;

@@ -622,6 +622,53 @@ static void layouts(void) {
           "pp with ep: %s", err.msg);
 }
 
+/* The bf16 wire of expert parallelism, forced on the CPU (whose tables leave wire_bf16 at 0): ep = size against one
+ * float32 process over one step. Every row that crosses ranks (token rows, expert outputs, output and input
+ * gradients) is rounded once to bf16 — a relative 2^-9 = 2.0e-3 at most per element — and all sums stay float32, so
+ * the loss and the step-1 gradients may differ by that rounding carried through the layers, not more: BF16_TOL
+ * 1e-2 (five units of the bf16 rounding; measured below it, printed). The difference must also exceed the float32
+ * wire's TOL, or the rows did not travel as bf16. */
+#define BF16_TOL 1e-2
+static void ep_bf16_wire(k3c_comm *comm) {
+    k3c_err err = {0};
+    k3c_config cfg;
+    if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    batch gb;
+    make_batch(&gb);
+    runner ref, par;
+    int ok = runner_init(&ref, &cfg, NULL, 1, 1, 1, 1, &err) == K3C_OK;
+    ok = ok && runner_init(&par, &cfg, comm, comm->size, 1, 1, 1, &err) == K3C_OK;
+    CHECK(ok, "setup: %s", err.msg);
+    if (!ok) return;
+    par.d.ep.wire_bf16 = 1;
+    const k3c_param_table *t = &par.m.table; /* this rank's layout (its experts only): the reference's part of it */
+    float *g_ref = malloc(sizeof(float) * ref.m.table.total), *g_par = malloc(sizeof(float) * t->total),
+          *rg = malloc(sizeof(float) * t->total);
+    double loss_rel = 0, norm1 = 0;
+    int clipped = 0;
+    if (run_both(&ref, &par, &gb, 1, K3C_QB_EXACT, g_ref, g_par, &loss_rel, &norm1, &clipped)) {
+        const char *wg = "-";
+        held_part(&ref.m.table, t, g_ref, rg);
+        double g_rel = max_rel(t, g_par, rg, -1, &wg);
+        CHECK(loss_rel <= BF16_TOL, "bf16 wire, ep=%d: loss relative difference %.3e", comm->size, loss_rel);
+        CHECK(g_rel <= BF16_TOL, "bf16 wire, ep=%d: step-1 gradients %.3e (%s)", comm->size, g_rel, wg);
+        CHECK(g_rel > TOL, "bf16 wire, ep=%d: gradients %.3e within the float32 tolerance: no bf16 on the wire?",
+              comm->size, g_rel);
+        if (comm->rank == 0)
+            printf("ep=%d with the bf16 wire, 1 step: relative differences loss %.2e, step-1 gradients %.2e (%s); "
+                   "tolerance %g\n",
+                   comm->size, loss_rel, g_rel, wg, BF16_TOL);
+    }
+    free(g_ref);
+    free(g_par);
+    free(rg);
+    runner_free(&ref);
+    runner_free(&par);
+}
+
 /* Every layout of the ranks there are: dp = size, ep = size, dp2×ep2 on 4 ranks, pp = size, dp2×pp2 on 4 ranks. */
 static void run_all(k3c_comm *comm) {
     split_rules(comm);
@@ -639,6 +686,7 @@ static void run_all(k3c_comm *comm) {
         compare(comm, ep, 1, 1, 1, K3C_QB_EXACT);
         compare(comm, ep, 1, 1, 1, K3C_QB_HISTOGRAM);
     }
+    if (comm->size > 1) ep_bf16_wire(comm);
     for (int pp = 2; pp <= comm->size; pp *= 2) /* pp = size, and dp2×pp2 on 4 ranks */
         compare(comm, 1, pp, 1, 1, K3C_QB_EXACT);
     for (int tp = 2; tp <= comm->size; tp *= 2) /* tp = size, and dp2×tp2 on 4 ranks */

@@ -24,6 +24,7 @@
 #define k3c_backend k3c_backend_f64
 #define k3c_backend_cpu k3c_backend_cpu_f64
 #define k3c_copy2d k3c_copy2d_f64
+#define k3c_from_bf16 k3c_from_bf16_f64
 #define k3c_embedding_bwd k3c_embedding_bwd_f64
 #define k3c_embedding_fwd k3c_embedding_fwd_f64
 #define k3c_ffn_alloc k3c_ffn_alloc_f64
@@ -94,8 +95,10 @@
 #define k3c_model_use_backend k3c_model_use_backend_f64
 #define k3c_moe_bwd k3c_moe_bwd_f64
 #define k3c_moe_combine k3c_moe_combine_f64
+#define k3c_moe_combine_bwd k3c_moe_combine_bwd_f64
 #define k3c_moe_fwd k3c_moe_fwd_f64
 #define k3c_moe_gather k3c_moe_gather_f64
+#define k3c_moe_gather_bwd k3c_moe_gather_bwd_f64
 #define k3c_moe_saved_bytes k3c_moe_saved_bytes_f64
 #define k3c_moe_workspace k3c_moe_workspace_f64
 #define k3c_posemb_bwd k3c_posemb_bwd_f64
@@ -136,6 +139,7 @@
 #define k3c_vit_block_acts k3c_vit_block_acts_f64
 #define k3c_xent_bwd k3c_xent_bwd_f64
 #define k3c_xent_fwd k3c_xent_fwd_f64
+#define k3c_to_bf16 k3c_to_bf16_f64
 #define k3c_zero k3c_zero_f64
 #else
 #define k3c_acts_carve_backward k3c_acts_carve_backward_f32
@@ -157,6 +161,7 @@
 #define k3c_backend k3c_backend_f32
 #define k3c_backend_cpu k3c_backend_cpu_f32
 #define k3c_copy2d k3c_copy2d_f32
+#define k3c_from_bf16 k3c_from_bf16_f32
 #define k3c_embedding_bwd k3c_embedding_bwd_f32
 #define k3c_embedding_fwd k3c_embedding_fwd_f32
 #define k3c_ffn_alloc k3c_ffn_alloc_f32
@@ -227,8 +232,10 @@
 #define k3c_model_use_backend k3c_model_use_backend_f32
 #define k3c_moe_bwd k3c_moe_bwd_f32
 #define k3c_moe_combine k3c_moe_combine_f32
+#define k3c_moe_combine_bwd k3c_moe_combine_bwd_f32
 #define k3c_moe_fwd k3c_moe_fwd_f32
 #define k3c_moe_gather k3c_moe_gather_f32
+#define k3c_moe_gather_bwd k3c_moe_gather_bwd_f32
 #define k3c_moe_saved_bytes k3c_moe_saved_bytes_f32
 #define k3c_moe_workspace k3c_moe_workspace_f32
 #define k3c_posemb_bwd k3c_posemb_bwd_f32
@@ -269,6 +276,7 @@
 #define k3c_vit_block_acts k3c_vit_block_acts_f32
 #define k3c_xent_bwd k3c_xent_bwd_f32
 #define k3c_xent_fwd k3c_xent_fwd_f32
+#define k3c_to_bf16 k3c_to_bf16_f32
 #define k3c_zero k3c_zero_f32
 #endif
 #endif

@@ -81,6 +81,14 @@ int moe_bwd(void *ctx, const k3c_moe_sizes *s, const float *x, const int32_t *id
     return k3c_moe_bwd_cuda(&b->cu, s, x, ids, w, w1, w3, w2, saved, dy, dx, dw1, dw3, dw2, dw, ws, b->gemm, err);
 }
 
+/* Activations to and from bf16 bits (the expert-parallel wire), n elements in the table's int64_t. */
+int to_bf16(int64_t n, const float *x, uint16_t *y, k3c_err *err) {
+    return n > 0 ? k3c_cuda_f32_to_bf16(x, y, (size_t)n, err) : K3C_OK;
+}
+int from_bf16(int64_t n, const uint16_t *x, float *y, k3c_err *err) {
+    return n > 0 ? k3c_cuda_bf16_to_f32(x, y, (size_t)n, err) : K3C_OK;
+}
+
 /* ---------------------------------------------------------------- dense GLU MLP from GEMMs and the GLU twin
  * saved: G = x W_gateᵀ, U = x W_upᵀ [T, I] each (required: the backward does not recompute them); ws: H, dG, dU. */
 size_t ti_bytes(const k3c_mlp_sizes *s) { return ((size_t)(s->tokens * s->inter) * sizeof(float) + 255) / 256 * 256; }
@@ -155,6 +163,9 @@ extern "C" int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int gemm, 
     t.router_fwd = router_fwd, t.router_bwd = k3c_router_bwd_cuda;
     t.moe_saved_bytes = k3c_moe_saved_bytes_cuda, t.moe_workspace = k3c_moe_workspace_cuda;
     t.moe_fwd = moe_fwd, t.moe_bwd = moe_bwd;
+    t.moe_gather = k3c_moe_gather_cuda, t.moe_gather_bwd = k3c_moe_gather_bwd_cuda;
+    t.moe_combine = k3c_moe_combine_cuda, t.moe_combine_bwd = k3c_moe_combine_bwd_cuda;
+    t.to_bf16 = to_bf16, t.from_bf16 = from_bf16;
     t.mlp_saved_bytes = mlp_saved_bytes, t.mlp_workspace = mlp_workspace, t.mlp_fwd = mlp_fwd, t.mlp_bwd = mlp_bwd;
     t.attnres_saved_elems = k3c_attnres_saved_elems_f32, t.attnres_workspace = k3c_attnres_workspace_cuda;
     t.attnres_fwd = k3c_attnres_fwd_cuda, t.attnres_bwd = k3c_attnres_bwd_cuda;
@@ -174,6 +185,8 @@ extern "C" int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int gemm, 
 extern "C" void k3c_cuda_backend_kernels(k3c_cuda_backend *b, int mode) {
     k3c_backend_f32 &t = b->table;
     b->kernels = mode;
+    /* the bf16 kernels round activations to bf16 anyway: expert-parallel rows may travel so (ops/backend.h) */
+    t.wire_bf16 = mode == K3C_KERNELS_BF16;
     if (mode == K3C_KERNELS_FP32) {
         t.kda_fwd_workspace = k3c_kda_recurrent_fwd_workspace_cuda;
         t.kda_bwd_workspace = k3c_kda_recurrent_bwd_workspace_cuda;

@@ -204,6 +204,12 @@ int k3c_moe_gather_cuda(int64_t rows, int64_t top_k, int64_t dim, const int32_t 
                         k3c_err *err);
 int k3c_moe_combine_cuda(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *pos, const float *w,
                          const float *yperm, float *y, k3c_err *err);
+/* The adjoints of gather and combine (ops/moe.h k3c_moe_gather_bwd, k3c_moe_combine_bwd): gather_bwd adds slot by
+ * slot in slot order as the CPU does (equal bits); combine_bwd's dw sums over d in a fixed block order. */
+int k3c_moe_gather_bwd_cuda(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *pos, const float *dxperm,
+                            float *dx, k3c_err *err);
+int k3c_moe_combine_bwd_cuda(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *pos, const float *w,
+                             const float *yperm, const float *dy, float *dyperm, float *dw, k3c_err *err);
 int k3c_glu_fwd_cuda(const k3c_glu_sizes *s, const float *gate, const float *up, float *h, k3c_err *err);
 int k3c_glu_bwd_cuda(const k3c_glu_sizes *s, const float *gate, const float *up, const float *dh, float *dgate,
                      float *dup, k3c_err *err);
@@ -393,7 +399,8 @@ typedef struct {
 int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int gemm, k3c_err *err);
 /* The inference engine's ops on the GPU (decode.cu): the table's `decode` entry. */
 extern const k3c_dec_ops k3c_dec_cuda;
-/* Puts KDA and attention on the kernels of `mode` (a k3c_kernel_mode; K3C_KERNELS_BF16 after init). */
+/* Puts KDA and attention on the kernels of `mode` (a k3c_kernel_mode; K3C_KERNELS_BF16 after init) and sets the
+ * table's wire_bf16 (1 in the bf16 mode only: expert-parallel rows travel as bf16 there). */
 void k3c_cuda_backend_kernels(k3c_cuda_backend *b, int mode);
 void k3c_cuda_backend_destroy(k3c_cuda_backend *b);
 

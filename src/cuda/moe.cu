@@ -118,6 +118,38 @@ __global__ void combine_kernel(int k, int64_t D, const int32_t *pos, const float
     }
 }
 
+/* dx[t] += dxp[pos[t·k + j]] for t's live slots, added one slot at a time in slot order (the CPU op's rounding). */
+__global__ void gather_bwd_kernel(int k, int64_t D, const int32_t *pos, const float *dxp, float *dx) {
+    const int64_t t = blockIdx.x;
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+        float v = dx[t * D + d];
+        for (int j = 0; j < k; j++) {
+            const int r = pos[t * k + j];
+            if (r >= 0) v += dxp[(int64_t)r * D + d];
+        }
+        dx[t * D + d] = v;
+    }
+}
+
+/* One block per slot i (row r = pos[i]): dyp[r] = w[i]·dy[i / k]; dw[i] += ⟨dy[i / k], yp[r]⟩ (fixed-order block sum). */
+__global__ void combine_bwd_kernel(int k, int64_t D, const int32_t *pos, const float *w, const float *yp,
+                                   const float *dy, float *dyp, float *dw) {
+    __shared__ float red[32];
+    const int64_t i = blockIdx.x;
+    const int r = pos[i];
+    if (r < 0) return;
+    const float *g = dy + (i / k) * D, *o = yp + (int64_t)r * D;
+    const float p = dyp ? w[i] : 0.f;
+    float dot = 0.f;
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+        if (dw) dot += g[d] * o[d];
+        if (dyp) dyp[(int64_t)r * D + d] = p * g[d];
+    }
+    if (!dw) return;
+    dot = block_sum(dot, red);
+    if (threadIdx.x == 0) dw[i] += dot;
+}
+
 /* The fused middle of the expert backward, one block per padded row r of slot s = pperm[r] (p = topk_w[s]):
  *   dtopk_w[s] += ⟨dH_r, h_r⟩ with h = glu(G, U);  H_r = p·h_r (W2's effective input);
  *   dH_r ← p·dH_r ⊙ c ⊙ act' (= dG, in place);  dU_r = p·dH_r ⊙ act ⊙ c'. */
@@ -192,6 +224,27 @@ extern "C" int k3c_moe_combine_cuda(int64_t tokens, int64_t top_k, int64_t dim, 
     if (tokens == 0) return 0;
     combine_kernel<<<(unsigned)tokens, 128, 0, K3C_STREAM>>>((int)top_k, dim, pos, w, yperm, y, 0);
     K3C_CU_LAUNCHED("moe_combine");
+    return 0;
+}
+
+extern "C" int k3c_moe_gather_bwd_cuda(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *pos,
+                                       const float *dxperm, float *dx, k3c_err *err) {
+    if (tokens < 0 || top_k < 1 || dim < 1 || tokens > INT32_MAX)
+        return k3c_errf(err, K3C_EINVAL, "moe_gather_bwd_cuda: bad sizes");
+    if (tokens == 0) return 0;
+    gather_bwd_kernel<<<(unsigned)tokens, 128, 0, K3C_STREAM>>>((int)top_k, dim, pos, dxperm, dx);
+    K3C_CU_LAUNCHED("moe_gather_bwd");
+    return 0;
+}
+
+extern "C" int k3c_moe_combine_bwd_cuda(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *pos, const float *w,
+                                        const float *yperm, const float *dy, float *dyperm, float *dw, k3c_err *err) {
+    if (tokens < 0 || top_k < 1 || dim < 1 || tokens * top_k > INT32_MAX)
+        return k3c_errf(err, K3C_EINVAL, "moe_combine_bwd_cuda: bad sizes");
+    if (tokens == 0 || (!dyperm && !dw)) return 0;
+    combine_bwd_kernel<<<(unsigned)(tokens * top_k), 128, 0, K3C_STREAM>>>((int)top_k, dim, pos, w, yperm, dy, dyperm,
+                                                                           dw);
+    K3C_CU_LAUNCHED("moe_combine_bwd");
     return 0;
 }
 

@@ -11,16 +11,17 @@
 /* What one MoE layer's forward keeps for its backward. */
 typedef struct {
     int64_t T, k, D; /* tokens, slots per token, row width of the last forward */
-    int32_t *order;  /* [T·k] slot ids in send order (grouped by destination rank, ascending slot id inside) */
-    int32_t *pos;    /* [T·k] row of each slot in the send order */
+    int32_t *idx;    /* [2·T·k] (backend memory): order, the slot ids in send order (grouped by destination rank,
+                        ascending slot id inside), then pos, the send row of each slot (−1: a dead slot) */
+    int64_t live;    /* rows sent (the live slots) */
     int64_t *scount; /* [P] rows sent to each rank */
     int64_t *rcount; /* [P] rows received from each rank */
     int64_t R;       /* rows received (computed here) */
     float *xr;       /* [R, D] received token rows (backend memory) */
     int32_t *idr;    /* [R] their local expert ids (backend memory, after xr) */
-    float *back;     /* [T·k, D] expert outputs of this rank's slots, in send order (host) */
+    float *back;     /* [live, D] expert outputs of this rank's slots, in send order (backend memory) */
     void *saved;     /* the local expert op's saved buffer for R rows (backend memory) */
-    size_t cap_slots, cap_xr, cap_back, cap_saved;
+    size_t cap_idx, cap_xr, cap_back, cap_saved;
 } k3c_ep_layer;
 
 typedef struct {
@@ -29,17 +30,21 @@ typedef struct {
     int64_t E, local;          /* experts in the model, experts per rank */
     int resident;              /* 1: the model's table holds only this rank's experts (k3c_model_create_experts with
                                   k3c_ep_experts): the expert weights it passes start at them; 0: every expert */
-    const k3c_backend_f32 *be; /* runs the local experts; its memory holds the model's tensors */
+    const k3c_backend_f32 *be; /* runs the local experts and the row moves; its memory holds the model's tensors */
     k3c_ep_layer *layer;       /* [num_layers] */
     int n_layers;
-    int64_t *tmp; /* [4·P] displacements */
-    void *ws;     /* the local expert op's workspace (backend memory) */
+    int64_t *tmp;  /* [4·P + 1] displacements */
+    int wire_bf16; /* −1 (k3c_ep_init): the backend's be->wire_bf16; 0: rows travel as float32; 1: as bf16 (a test
+                      forces it on the CPU) */
+    void *ws;      /* the local expert op's workspace (backend memory) */
     size_t ws_bytes;
-    float *rows;             /* host: rows to send (token rows, output gradients) and their expert ids */
-    float *host;             /* host copies of the hook's tensors (x, w, y; dy, dx, w, dw) */
+    int32_t *host;           /* host: the expert ids [T·k], the plan's order and pos [2·T·k], the sent rows' local
+                                expert ids [T·k] */
+    float *rows;             /* backend: rows to send (gathered token rows, weighted output gradients) */
+    uint16_t *w16;           /* backend: the bf16 wire's send and receive rows */
     float *out, *dyr, *ones; /* backend memory: the local experts' outputs (or input gradients), the received
                                   output gradients, the unit gate weights */
-    size_t rows_cap, host_cap, out_cap, dyr_cap, ones_cap;
+    size_t host_cap, rows_cap, w16_cap, out_cap, dyr_cap, ones_cap;
     k3c_expert_exchange exchange; /* what the model calls: set m->experts = &ep->exchange */
 } k3c_ep;
 

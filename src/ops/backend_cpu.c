@@ -140,6 +140,41 @@ static int moe_bwd(void *ctx, const k3c_moe_sizes *s, const real *x, const int32
     (void)ctx;
     return k3c_moe_bwd(s, x, ids, w, w1, w3, w2, saved, dy, dx, dw1, dw3, dw2, dw, ws, err);
 }
+/* The permutation steps and the bf16 packing (void helpers) for expert parallelism. */
+static int moe_gather(int64_t rows, int64_t k, int64_t dim, const int32_t *perm, const real *x, real *xperm,
+                      k3c_err *err) {
+    (void)err;
+    k3c_moe_gather(rows, k, dim, perm, x, xperm);
+    return K3C_OK;
+}
+static int moe_gather_bwd(int64_t tokens, int64_t k, int64_t dim, const int32_t *pos, const real *dxperm, real *dx,
+                          k3c_err *err) {
+    (void)err;
+    k3c_moe_gather_bwd(tokens, k, dim, pos, dxperm, dx);
+    return K3C_OK;
+}
+static int moe_combine(int64_t tokens, int64_t k, int64_t dim, const int32_t *pos, const real *w, const real *yperm,
+                       real *y, k3c_err *err) {
+    (void)err;
+    k3c_moe_combine(tokens, k, dim, pos, w, yperm, y);
+    return K3C_OK;
+}
+static int moe_combine_bwd(int64_t tokens, int64_t k, int64_t dim, const int32_t *pos, const real *w, const real *yperm,
+                           const real *dy, real *dyperm, real *dw, k3c_err *err) {
+    (void)err;
+    k3c_moe_combine_bwd(tokens, k, dim, pos, w, yperm, dy, dyperm, dw);
+    return K3C_OK;
+}
+static int to_bf16(int64_t n, const real *x, uint16_t *y, k3c_err *err) {
+    (void)err;
+    k3c_to_bf16(n, x, y);
+    return K3C_OK;
+}
+static int from_bf16(int64_t n, const uint16_t *x, real *y, k3c_err *err) {
+    (void)err;
+    k3c_from_bf16(n, x, y);
+    return K3C_OK;
+}
 static int mlp_fwd(void *ctx, const k3c_mlp_sizes *s, const real *x, const real *wg, const real *wu, const real *wd,
                    real *y, void *saved, void *ws, k3c_err *err) {
     (void)ctx;
@@ -246,6 +281,12 @@ static const k3c_backend cpu_table = {
     .moe_workspace = k3c_moe_workspace,
     .moe_fwd = moe_fwd,
     .moe_bwd = moe_bwd,
+    .moe_gather = moe_gather,
+    .moe_gather_bwd = moe_gather_bwd,
+    .moe_combine = moe_combine,
+    .moe_combine_bwd = moe_combine_bwd,
+    .to_bf16 = to_bf16,
+    .from_bf16 = from_bf16,
     .mlp_saved_bytes = k3c_mlp_saved_bytes,
     .mlp_workspace = k3c_mlp_workspace,
     .mlp_fwd = mlp_fwd,

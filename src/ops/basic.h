@@ -116,6 +116,10 @@ typedef struct {
     void k3c_add_##S(int64_t n, const real *x, real *y);                                                                      \
     void k3c_copy2d_##S(int64_t rows, int64_t cols, const real *src, int64_t ld_src, real *dst, int64_t ld_dst,               \
                         int accumulate);                                                                                      \
+    /* Activations to and from bf16 bits (uint16_t) for a wire that moves them at half width: real → float → bf16,     \
+       rounded to nearest even (k3c_f32_to_bf16); back exactly. */                                                         \
+    void k3c_to_bf16_##S(int64_t n, const real *x, uint16_t *y);                                                              \
+    void k3c_from_bf16_##S(int64_t n, const uint16_t *x, real *y);                                                            \
                                                                                                                               \
     /* y = softmax(x) per row (max-subtracted); y may alias x. */                                                             \
     int k3c_softmax_fwd_##S(const k3c_softmax_sizes *s, const real *x, real *y, k3c_err *err);                                \

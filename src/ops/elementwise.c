@@ -1,5 +1,5 @@
-/* elementwise.c — the sigmoid backward and the activation moves (zero, add, strided 2-D copy) a model step needs
- * between ops. docs/CODE.md "Ops" (a model step calls ops only, so every backend can run it). */
+/* elementwise.c — the sigmoid backward and the activation moves (zero, add, strided 2-D copy, bf16 packing) a model
+ * step needs between ops. docs/CODE.md "Ops" (a model step calls ops only, so every backend can run it). */
 #include "base/real.h"
 #include "ops/basic.h"
 
@@ -30,4 +30,14 @@ void k3c_copy2d(int64_t rows, int64_t cols, const real *src, int64_t ld_src, rea
         else
             memcpy(d, s, sizeof(real) * (size_t)cols);
     }
+}
+
+void k3c_to_bf16(int64_t n, const real *x, uint16_t *y) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) y[i] = k3c_f32_to_bf16((float)x[i]);
+}
+
+void k3c_from_bf16(int64_t n, const uint16_t *x, real *y) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) y[i] = (real)k3c_bf16_to_f32(x[i]);
 }

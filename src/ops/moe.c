@@ -67,6 +67,34 @@ void k3c_moe_combine(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *
     }
 }
 
+void k3c_moe_gather_bwd(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *pos, const real *dxperm, real *dx) {
+#pragma omp parallel for schedule(static) if (tokens * top_k * dim > PAR_MIN_WORK)
+    for (int64_t t = 0; t < tokens; t++)
+        for (int64_t j = 0; j < top_k; j++) {
+            int32_t r = pos[t * top_k + j];
+            if (r < 0) continue;
+            const real *src = dxperm + (int64_t)r * dim;
+            for (int64_t d = 0; d < dim; d++) dx[t * dim + d] += src[d];
+        }
+}
+
+void k3c_moe_combine_bwd(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *pos, const real *w,
+                         const real *yperm, const real *dy, real *dyperm, real *dw) {
+#pragma omp parallel for schedule(static) if (tokens * top_k * dim > PAR_MIN_WORK)
+    for (int64_t i = 0; i < tokens * top_k; i++) {
+        int32_t r = pos[i];
+        if (r < 0) continue;
+        const real *g = dy + (i / top_k) * dim, *o = yperm + (int64_t)r * dim;
+        if (dw) {
+            real acc = 0;
+            for (int64_t d = 0; d < dim; d++) acc += g[d] * o[d];
+            dw[i] += acc;
+        }
+        if (dyperm)
+            for (int64_t d = 0; d < dim; d++) dyperm[(int64_t)r * dim + d] = w[i] * g[d];
+    }
+}
+
 /* ---------------------------------------------------------------- one expert on a block of n contiguous rows */
 static int act_ok(const k3c_glu_act *a) {
     return a->act == K3C_ACT_SILU || (a->act == K3C_ACT_SITU && a->beta1 > 0 && a->beta2 > 0);

@@ -45,13 +45,22 @@ int k3c_moe_plan(int64_t tokens, int64_t top_k, int64_t experts, const int32_t *
                  int32_t *perm, int32_t *pos, k3c_err *err);
 
 /* gather:  xperm[row] = x[perm[row] / k] for row < rows (dispatch).
+ * gather_bwd (its adjoint): dx[t] += yperm[pos[t·k + j]] for each live slot j of t, added into dx one slot at a time
+ *          in slot order (as k3c_moe_bwd's un-permute).
  * combine: y[t] = Σ_j w[t, j] · yperm[pos[t·k + j]] over live slots (overwrites y; a token with no live slot gets 0);
- *          summed in slot order, so the result is deterministic for any thread count. */
+ *          summed in slot order, so the result is deterministic for any thread count.
+ * combine_bwd: for each live slot i = t·k + j (r = pos[i]): dyperm[r] = w[i] · dy[t] (rows of no live slot untouched)
+ *          and dw[i] += ⟨dy[t], yperm[r]⟩ (summed over d in order, then added); dyperm or dw may be NULL.
+ * Each row belongs to at most one slot (a plan's pos), so every output element has one writer. */
 #define K3C_MOE_PERM_API(real, S)                                                                                      \
     void k3c_moe_gather_##S(int64_t rows, int64_t top_k, int64_t dim, const int32_t *perm, const real *x,              \
                             real *xperm);                                                                              \
+    void k3c_moe_gather_bwd_##S(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *pos, const real *dxperm,    \
+                                real *dx);                                                                             \
     void k3c_moe_combine_##S(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *pos, const real *w,            \
-                             const real *yperm, real *y);
+                             const real *yperm, real *y);                                                              \
+    void k3c_moe_combine_bwd_##S(int64_t tokens, int64_t top_k, int64_t dim, const int32_t *pos, const real *w,        \
+                                 const real *yperm, const real *dy, real *dyperm, real *dw);
 K3C_DECLARE_REAL(K3C_MOE_PERM_API)
 
 /* ================================================================ routed experts (§9.2 inner part: u = Σ p_i E_i(z))

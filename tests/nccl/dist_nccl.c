@@ -7,8 +7,9 @@
  *
  * Not a test_*.c (`make test` has no GPU): `make nccl` builds it as build/nccl/test_dist_nccl; run it from the
  * repository root. Alone it runs on GPU 0 over the one-rank NCCL communicator: every layout of one rank (dp1, ep1, tp1,
- * pp1, cp1) runs the whole parallel code path (the hooks, the host copies, the staged host buffers), every collective
- * a copy. Under `mpirun -np N` (one GPU per rank: GPU = the rank on its node) the NCCL id travels over MPI.
+ * pp1, cp1) runs the whole parallel code path (the hooks, the host copies, the staged host buffers, EP's device-side
+ * row moves), every collective a copy. Under `mpirun -np N` (one GPU per rank: GPU = the rank on its node) the NCCL id
+ * travels over MPI.
  * `--cpu` runs the same layouts with the CPU backend in the GPU's place over MPI or one rank (where there is no GPU).
  *
  * The backend runs the fp32 checking kernels (K3C_KERNELS_FP32: the KDA recurrence and attention_naive) and fp32
@@ -291,6 +292,49 @@ static void compare(k3c_comm *comm, const k3c_backend_f32 *cuda, const char *con
     runner_free(&par);
 }
 
+/* The bf16 wire of expert parallelism (ep = N, forced: the fp32 checking kernels leave the table's wire_bf16 at 0)
+ * against one process over one step, as test_dist_dp.c does on the CPU: every row crossing ranks rounded once to bf16,
+ * sums in fp32, so the loss and step-1 gradients within BF16_TOL (1e-2; 4.1e-3 on the CPU), and the gradients further
+ * than TOL from the fp32 process (else the rows did not travel as bf16). */
+#define BF16_TOL 1e-2
+static void ep_bf16_wire(k3c_comm *comm, const k3c_backend_f32 *be, const char *config) {
+    k3c_err err = {0};
+    k3c_config cfg;
+    if (k3c_config_load(config, &cfg, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    batch gb;
+    make_batch(&gb);
+    runner ref, par;
+    memset(&par, 0, sizeof par);
+    int ok = runner_init(&ref, &cfg, be, NULL, (layout){0}, &err) == K3C_OK;
+    ok = ok && runner_init(&par, &cfg, be, comm, (layout){comm->size, 0, 0, 0}, &err) == K3C_OK;
+    CHECK(ok, "setup (bf16 wire): %s", err.msg);
+    const size_t n = ref.m.table.total;
+    float *g_ref = malloc(sizeof(float) * n), *g_par = malloc(sizeof(float) * n);
+    double l_ref, l_par, nn;
+    int c;
+    if (ok) par.d.ep.wire_bf16 = 1;
+    ok = ok && g_ref && g_par && step(&ref, &gb, 1, K3C_QB_EXACT, &l_ref, g_ref, &nn, &c, &err) == K3C_OK &&
+         step(&par, &gb, 1, K3C_QB_EXACT, &l_par, g_par, &nn, &c, &err) == K3C_OK;
+    CHECK(ok, "bf16 wire step: %s", err.msg);
+    if (ok) {
+        const char *worst = "-";
+        double dl = fabs(l_par - l_ref) / fabs(l_ref), dg = grads_diff(&ref.m.table, g_par, g_ref, &worst);
+        CHECK(dl <= BF16_TOL && dg <= BF16_TOL && dg > TOL,
+              "ep%d with the bf16 wire vs one process: loss %.3e, step-1 gradients %.3e (%s): want within %g and "
+              "above %g",
+              comm->size, dl, dg, worst, BF16_TOL, TOL);
+        if (comm->rank == 0)
+            printf("ep%d with the bf16 wire, 1 step on %s: vs one such process loss %.2e, step-1 gradients %.2e (%s)\n",
+                   comm->size, be->name, dl, dg, worst);
+    }
+    free(g_ref), free(g_par);
+    runner_free(&ref);
+    runner_free(&par);
+}
+
 /* Device memory never meets a host-memory communicator: the one-rank "self" one is refused with a clear message. */
 static void refusals(const k3c_backend_f32 *cuda, const char *config) {
     k3c_err err = {0};
@@ -343,6 +387,7 @@ static void run_all(k3c_comm *c, const k3c_backend_f32 *cuda, const char *config
     compare(c, cuda, config, (layout){0, 0, 0, 0}); /* dp = N */
     if (4 % N == 0) { /* the tiny model's 4 experts, 2 heads (4 in the tp4 variant) and 4 layers */
         compare(c, cuda, config, (layout){N, 0, 0, 0}); /* ep = N (one rank: the expert exchange over itself) */
+        ep_bf16_wire(c, cuda, config);
         compare(c, cuda, config, (layout){0, N, 0, 0});
         compare(c, cuda, config, (layout){0, 0, N, 0});
     }
