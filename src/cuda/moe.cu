@@ -21,52 +21,72 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
     return s;
 }
 
-/* ================================================================ plan: stable counting sort in one block
- * Histogram, serial scan (E is at most a few hundred), then placement in chunks of blockDim slots: inside a warp,
- * __match_any gives each slot its rank among same-expert slots; warps take their expert cursors in warp order, so rows
- * keep ascending slot order inside an expert. An id outside [−1, E) leaves offsets[0] = −1 − (first bad slot). */
-__global__ void plan_kernel(int S, int E, const int32_t *ids, long long *off, int32_t *perm, int32_t *pos) {
-    __shared__ int bad;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
-    if (tid == 0) bad = INT_MAX;
-    for (int e = tid; e <= E; e += blockDim.x) off[e] = 0;
-    __syncthreads();
-    for (int i = tid; i < S; i += blockDim.x) {
+/* ================================================================ plan: a stable counting sort over chunks
+ * Three passes. plan_count: each block counts its chunk of PLAN_CHUNK slots per expert (cnt[b·E + e]) and records the
+ * first bad id. plan_scan: expert-major prefix sums give offsets[e] and each (block, expert) its first row, so the
+ * rows of an expert keep ascending slot order across blocks. plan_place: each block walks its chunk in order; inside
+ * a warp __match_any gives each slot its rank among same-expert slots, and warps take their expert cursors in warp
+ * order. An id outside [−1, E) leaves offsets[0] = −1 − (first bad slot). */
+constexpr int PLAN_CHUNK = 1024, PLAN_THREADS = 256;
+constexpr int PLAN_NO_BAD = 0x7f7f7f7f; /* what cudaMemsetAsync(0x7f) leaves: above every slot index */
+
+__global__ void plan_count_kernel(int S, int E, const int32_t *ids, int *cnt, int *bad) {
+    const int b = blockIdx.x, end = min(S, (b + 1) * PLAN_CHUNK);
+    for (int i = b * PLAN_CHUNK + threadIdx.x; i < end; i += blockDim.x) {
         const int id = ids[i];
         if (id < -1 || id >= E)
-            atomicMin(&bad, i);
+            atomicMin(bad, i);
         else if (id >= 0)
-            atomicAdd((unsigned long long *)&off[id + 1], 1ull);
+            atomicAdd(&cnt[(size_t)b * E + id], 1);
     }
-    __syncthreads();
-    if (bad != INT_MAX) {
-        if (tid == 0) off[0] = -1 - (long long)bad;
+}
+
+/* cnt[b·E + e] becomes the first row of block b's slots of expert e. */
+__global__ void plan_scan_kernel(int E, int B, int *cnt, const int *bad, long long *off) {
+    if (*bad != PLAN_NO_BAD) {
+        if (threadIdx.x == 0) off[0] = -1 - (long long)*bad;
         return;
     }
-    if (tid == 0)
-        for (int e = 0; e < E; e++) off[e + 1] += off[e];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) { /* per expert: blocks' counts → offsets within the expert */
+        int run = 0;
+        for (int b = 0; b < B; b++) {
+            const int c = cnt[(size_t)b * E + e];
+            cnt[(size_t)b * E + e] = run, run += c;
+        }
+        off[e + 1] = run;
+    }
     __syncthreads();
-    /* off[e] now serves as expert e's fill cursor */
-    for (int base = 0; base < S; base += blockDim.x) {
-        const int i = base + tid, id = i < S ? ids[i] : -2;
+    if (threadIdx.x == 0) { /* E is at most a few thousand: a serial scan of the totals */
+        off[0] = 0;
+        for (int e = 0; e < E; e++) off[e + 1] += off[e];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        for (int b = 0; b < B; b++) cnt[(size_t)b * E + e] += (int)off[e];
+}
+
+__global__ void plan_place_kernel(int S, int E, const int32_t *ids, int *cur, const int *bad, int32_t *perm,
+                                  int32_t *pos) {
+    if (*bad != PLAN_NO_BAD) return;
+    const int b = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const int end = min(S, (b + 1) * PLAN_CHUNK);
+    int *c = cur + (size_t)b * E; /* this block's cursors, touched by no other block */
+    for (int base = b * PLAN_CHUNK; base < end; base += blockDim.x) {
+        const int i = base + tid, id = i < end ? ids[i] : -2;
         const unsigned mask = __match_any_sync(0xffffffffu, id);
         const int leader = __ffs(mask) - 1, rank = __popc(mask & ((1u << lane) - 1));
         for (int w = 0; w < nw; w++) {
             if (warp == w) {
-                long long b = 0;
-                if (lane == leader && id >= 0) b = off[id], off[id] = b + __popc(mask);
-                b = __shfl_sync(0xffffffffu, b, leader);
+                int r = 0;
+                if (lane == leader && id >= 0) r = c[id], c[id] = r + __popc(mask);
+                r = __shfl_sync(0xffffffffu, r, leader);
                 if (id >= 0)
-                    perm[b + rank] = i, pos[i] = (int32_t)(b + rank);
-                else if (i < S)
+                    perm[r + rank] = i, pos[i] = r + rank;
+                else if (i < end)
                     pos[i] = -1;
             }
             __syncthreads();
         }
-    }
-    if (tid == 0) {
-        for (int e = E; e > 0; e--) off[e] = off[e - 1];
-        off[0] = 0;
     }
 }
 
@@ -192,8 +212,18 @@ extern "C" int k3c_moe_plan_cuda(int64_t tokens, int64_t top_k, int64_t experts,
         return k3c_errf(err, K3C_EINVAL, "moe_plan_cuda: bad sizes T = %lld, k = %lld, E = %lld (T·k must be < 2^31)",
                         (long long)tokens, (long long)top_k, (long long)experts);
     const int S = (int)(tokens * top_k), E = (int)experts;
-    plan_kernel<<<1, 1024, 0, K3C_STREAM>>>(S, E, topk_ids, (long long *)offsets, perm, pos);
+    const int B = S > 0 ? (S + PLAN_CHUNK - 1) / PLAN_CHUNK : 0;
+    const size_t cnt_bytes = (size_t)B * E * sizeof(int);
+    void *scratch = NULL; /* [B·E] counts, then the bad-slot flag */
+    K3C_CU(cudaMallocAsync(&scratch, cnt_bytes + sizeof(int), K3C_STREAM));
+    int *cnt = (int *)scratch, *bad = (int *)((char *)scratch + cnt_bytes);
+    K3C_CU(cudaMemsetAsync(cnt, 0, cnt_bytes, K3C_STREAM));
+    K3C_CU(cudaMemsetAsync(bad, 0x7f, sizeof(int), K3C_STREAM));
+    if (B) plan_count_kernel<<<B, PLAN_THREADS, 0, K3C_STREAM>>>(S, E, topk_ids, cnt, bad);
+    plan_scan_kernel<<<1, 1024, 0, K3C_STREAM>>>(E, B, cnt, bad, (long long *)offsets);
+    if (B) plan_place_kernel<<<B, PLAN_THREADS, 0, K3C_STREAM>>>(S, E, topk_ids, cnt, bad, perm, pos);
     K3C_CU_LAUNCHED("moe_plan");
+    K3C_CU(cudaFreeAsync(scratch, K3C_STREAM));
     std::vector<int64_t> tmp;
     if (!offsets_host) tmp.resize((size_t)E + 1), offsets_host = tmp.data();
     K3C_CU(

@@ -589,7 +589,9 @@ int main(int argc, char **argv) {
         for (int situ = 0; situ < 2; situ++) test_glu(h, &r, situ);
         std::vector<router_case> rc = {{300, 64, 8, 1, 1, 2.446}, {100, 16, 1, 1, 0, 1.0}, {77, 40, 6, 0, 1, 1.5}};
         for (auto &c : rc) test_router(h, &r, c);
-        std::vector<moe_case> mc = {{150, 128, 192, 8, 3, 1}, {97, 96, 80, 5, 2, 0}, {64, 64, 64, 33, 4, 1}};
+        std::vector<moe_case> mc = {{150, 128, 192, 8, 3, 1}, {97, 96, 80, 5, 2, 0}, {64, 64, 64, 33, 4, 1},
+                                   /* plans over many chunks of slots (moe.cu PLAN_CHUNK), K3's 896 experts */
+                                   {4099, 16, 16, 64, 8, 0}, {700, 16, 16, 896, 8, 1}};
         for (auto &c : mc) test_moe(h, &ctx, &r, c);
     }
     if (getenv("K3C_MOE_TIME")) time_moe(h, &ctx);
