@@ -43,16 +43,12 @@ typedef struct {
     void *lt;          /* cublasLtHandle_t */
     void *lt_ws;       /* cuBLASLt workspace (device) */
     size_t lt_ws_bytes;
-    void *lt_plans;    /* the GEMM plans already chosen (gemm.cu): descriptors + algorithm per shape */
     char name[128];
 } k3c_cuda_ctx;
 
 /* Selects `device`, reads its properties, creates the cuBLASLt handle and a workspace of lt_ws_bytes (0 = 32 MiB). */
 int k3c_cuda_init(k3c_cuda_ctx *ctx, int device, size_t lt_ws_bytes, k3c_err *err);
 void k3c_cuda_destroy(k3c_cuda_ctx *ctx);
-/* The table of GEMM plans (gemm.cu; k3c_cuda_init / _destroy call these). */
-int k3c_cuda_lt_plans_new(k3c_cuda_ctx *ctx, k3c_err *err);
-void k3c_cuda_lt_plans_free(k3c_cuda_ctx *ctx);
 
 int k3c_cuda_malloc(void **p, size_t bytes, k3c_err *err);
 void k3c_cuda_free(void *p);

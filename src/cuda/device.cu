@@ -31,14 +31,11 @@ extern "C" int k3c_cuda_init(k3c_cuda_ctx *ctx, int device, size_t lt_ws_bytes, 
         return k3c_errf(err, K3C_EDEVICE, "cuda: cudaMalloc(%zu) for the cuBLASLt workspace: %s", ctx->lt_ws_bytes,
                         cudaGetErrorString(e));
     }
-    int rc = k3c_cuda_lt_plans_new(ctx, err);
-    if (rc) k3c_cuda_destroy(ctx);
-    return rc;
+    return K3C_OK;
 }
 
 extern "C" void k3c_cuda_destroy(k3c_cuda_ctx *ctx) {
     if (!ctx) return;
-    k3c_cuda_lt_plans_free(ctx);
     if (ctx->lt_ws) cudaFree(ctx->lt_ws);
     if (ctx->lt) cublasLtDestroy((cublasLtHandle_t)ctx->lt);
     ctx->lt = ctx->lt_ws = NULL;

@@ -107,18 +107,13 @@ __global__ void pad_map_kernel(int S, const int32_t *ids, const int32_t *pos, co
 }
 
 /* ================================================================ gather / combine / GLU */
-/* xperm[row] = x[perm[row] / k]; rows with perm < 0 (padding) become zero, so the per-expert GEMMs may run over the
- * padded row counts (multiples of 64, which repeat from step to step and keep the GEMM plans reusable) and the weight
- * gradients' sums over rows see nothing from padding. One block per row. */
+/* xperm[row] = x[perm[row] / k]; rows with perm < 0 (padding) are left alone. One block per row. */
 __global__ void gather_kernel(int k, int64_t D, const int32_t *perm, const float *x, float *xp) {
     const int64_t row = blockIdx.x;
     const int s = perm[row];
-    float *dst = xp + row * D;
-    if (s < 0) {
-        for (int64_t d = threadIdx.x; d < D; d += blockDim.x) dst[d] = 0.f;
-        return;
-    }
+    if (s < 0) return;
     const float *src = x + (int64_t)(s / k) * D;
+    float *dst = xp + row * D;
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) dst[d] = src[d];
 }
 
@@ -178,13 +173,10 @@ __global__ void expert_mid_bwd_kernel(int64_t I, glu_params q, const int32_t *pp
     __shared__ float red[32];
     const int64_t r = blockIdx.x;
     const int s = pperm[r];
+    if (s < 0) return;
+    const float p = topk_w[s];
     const float *g = G + r * I, *u = U + r * I;
     float *h = H + r * I, *dh = dH + r * I, *du = dU + r * I;
-    if (s < 0) { /* padding: zero rows for the weight gradients' sums */
-        for (int64_t i = threadIdx.x; i < I; i += blockDim.x) h[i] = dh[i] = du[i] = 0.f;
-        return;
-    }
-    const float p = topk_w[s];
     float dot = 0.f;
     for (int64_t i = threadIdx.x; i < I; i += blockDim.x) {
         float a, c, da, dc;
@@ -376,7 +368,7 @@ int moe_front(k3c_cuda_ctx *ctx, const moe_dims &m, const float *x, const int32_
     if (rows > 0) gather_kernel<<<(unsigned)rows, 128, 0, K3C_STREAM>>>((int)m.k, m.D, sv.pperm, x, sc.X);
     K3C_CU_LAUNCHED("moe gather");
     for (int64_t e = 0; e < m.E; e++) {
-        const int64_t r0 = pstart[e], n = pstart[e + 1] - r0; /* padded rows: zero */
+        const int64_t r0 = pstart[e], n = off[e + 1] - off[e];
         if (n == 0) continue;
         if ((rc = k3c_matmul_cuda(ctx, 0, 1, n, m.I, m.D, 1.0, sc.X + r0 * m.D, w1 + e * m.I * m.D, 0.0,
                                   sv.G + r0 * m.I, gemm, err)))
@@ -424,7 +416,7 @@ extern "C" int k3c_moe_fwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const
         K3C_CU_LAUNCHED("moe glu_fwd");
     }
     for (int64_t e = 0; e < m.E; e++) {
-        const int64_t r0 = pstart[e], n = pstart[e + 1] - r0;
+        const int64_t r0 = pstart[e], n = off[e + 1] - off[e];
         if (n == 0) continue;
         if ((rc = k3c_matmul_cuda(ctx, 0, 1, n, m.D, m.I, 1.0, sc.H + r0 * m.I, w2 + e * m.D * m.I, 0.0,
                                   sc.Y + r0 * m.D, gemm, err)))
@@ -469,7 +461,7 @@ extern "C" int k3c_moe_bwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const
     gather_kernel<<<(unsigned)rows, 128, 0, K3C_STREAM>>>((int)m.k, D, sv.pperm, dy, sc.Y);
     K3C_CU_LAUNCHED("moe gather dy");
     for (int64_t e = 0; e < m.E; e++) { /* dH = dY W2 (unscaled by p) */
-        const int64_t r0 = pstart[e], n = pstart[e + 1] - r0;
+        const int64_t r0 = pstart[e], n = off[e + 1] - off[e];
         if (n == 0) continue;
         if ((rc = k3c_matmul_cuda(ctx, 0, 0, n, I, D, 1.0, sc.Y + r0 * D, w2 + e * D * I, 0.0, sc.dH + r0 * I, gemm,
                                   err)))
@@ -479,7 +471,7 @@ extern "C" int k3c_moe_bwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const
                                                                   sc.dU, dtopk_w);
     K3C_CU_LAUNCHED("moe expert_mid_bwd");
     for (int64_t e = 0; e < m.E; e++) {
-        const int64_t r0 = pstart[e], n = pstart[e + 1] - r0;
+        const int64_t r0 = pstart[e], n = off[e + 1] - off[e];
         if (n == 0) continue;
         const float *Xe = sc.X + r0 * D, *dYe = sc.Y + r0 * D, *He = sc.H + r0 * I, *dGe = sc.dH + r0 * I,
                     *dUe = sc.dU + r0 * I;
