@@ -191,6 +191,16 @@ int k3c_config_num_moe(const k3c_config *cfg);
  * backward to every parameter gradient. Every function exists for float32 (_f32) and float64 (_f64) parameters. */
 typedef struct k3c_model k3c_model; /* defined in the library (src/model/model.h) */
 
+/* The part of a model one rank holds (docs/PARALLEL.md "Residency"): the routed experts [expert0, expert0 + experts)
+ * of every MoE layer (expert parallelism) and the layers [layer0, layer1), with the embedding when layer0 is 0 and the
+ * output mix, final norm and lm_head when layer1 is the last (a pipeline stage). Every other parameter keeps its name
+ * and shape but holds no elements here. k3c_residency_whole: all of it. */
+typedef struct {
+    int64_t expert0, experts;
+    int layer0, layer1;
+} k3c_residency;
+k3c_residency k3c_residency_whole(const k3c_config *cfg);
+
 /* A batch: T tokens packed as documents (cu_seqlens: n_docs + 1 offsets). targets[t] = the id to predict at t (−1 =
  * not counted); NULL targets = next token inside each document. */
 typedef struct {
@@ -220,10 +230,10 @@ typedef struct k3c_acts k3c_acts;
 #define K3C_MODEL_API(real, S)                                                                                            \
     /* Creates a model with zeroed parameters (and gradients when with_grad). */                                          \
     int k3c_model_create_##S(const k3c_config *cfg, int with_grad, k3c_model *m, k3c_err *err);                           \
-    /* The same holding only routed experts [e0, e0 + n) of every MoE layer (expert parallelism's residency,          \
-       k3c_params_build_experts): init gives them the values the whole model's init does, load skips the others. */    \
-    int k3c_model_create_experts_##S(const k3c_config *cfg, int with_grad, int64_t e0, int64_t n, k3c_model *m,        \
-                                     k3c_err *err);                                                                       \
+    /* The same holding only the residency's part (expert and pipeline parallelism, k3c_params_build_resident): init      \
+       gives it the values the whole model's init does, load reads it and skips the rest, save writes only it. */         \
+    int k3c_model_create_resident_##S(const k3c_config *cfg, int with_grad, const k3c_residency *r, k3c_model *m,         \
+                                      k3c_err *err);                                                                      \
     /* Random initialisation for training from scratch (seed; std = initializer_range). Writes w from the host: call   \
        it (and k3c_model_load) before k3c_model_use_backend moves the model to a device. */  \
     void k3c_model_init_##S(k3c_model *m, uint64_t seed, double std);                                                     \

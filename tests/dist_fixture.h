@@ -103,15 +103,18 @@ typedef struct {
     k3c_cp cp;
 } dist_pieces;
 
-/* The EP rank of world rank `rank` (EP groups: ep consecutive ranks, or every cp-th next to CP) and so the experts
- * [*e0, *e0 + *n) its model holds (docs/PARALLEL.md "Expert parallelism"); ep < 2: all. */
-static void ep_residency(const k3c_config *cfg, int rank, int ep, int cp, int64_t *e0, int64_t *n) {
-    *e0 = 0, *n = cfg->num_experts;
-    if (ep > 1) k3c_ep_experts(cfg, rank % (ep * (cp > 1 ? cp : 1)) / (cp > 1 ? cp : 1), ep, e0, n);
+/* What world rank `rank` of `size` holds (docs/PARALLEL.md "Residency"): the experts of its EP rank (EP groups: ep
+ * consecutive ranks, or every cp-th next to CP; ep < 2: all) and the layers of its pipeline stage (stages outermost:
+ * rank / (size / pp); pp < 2: all). */
+static k3c_residency residency_of(const k3c_config *cfg, int rank, int size, int ep, int pp, int cp) {
+    k3c_residency r = k3c_residency_whole(cfg);
+    if (ep > 1) k3c_ep_experts(cfg, rank % (ep * (cp > 1 ? cp : 1)) / (cp > 1 ? cp : 1), ep, &r.expert0, &r.experts);
+    if (pp > 1) k3c_pp_layers(cfg, rank / (size / pp), pp, &r.layer0, &r.layer1);
+    return r;
 }
 
-/* dst (the layout of held, a table with an expert residency) ← src (the layout of whole, the same model's table with
- * every expert): what the held table's entries hold of the whole model's. */
+/* dst (the layout of held, a table with a residency) ← src (the layout of whole, the same model's whole table): what the
+ * held table's entries hold of the whole model's (nothing of an absent entry). */
 static void held_part(const k3c_param_table *whole, const k3c_param_table *held, const float *src, float *dst) {
     for (int i = 0; i < held->n; i++) {
         const k3c_param *p = &held->p[i], *q = &whole->p[i];
@@ -136,8 +139,8 @@ static void held_state(const k3c_param_table *whole, const k3c_optim *wo, const 
 /* The pieces over comm (NULL: none) for model m on backend be with optimizer o (the full table's): DP always, then
  * each of ep, tp, pp, cp whose degree is not 0 (1: over a group of one rank), the hooks set on m; stages outermost,
  * CP innermost, EP next to it, TP innermost without CP; pp runs `micro` micro-batches, cp sequences up to T_cap.
- * A model holding only its EP rank's experts (ep_residency) gets ZeRO-1 over the ranks holding the same ones for
- * them. */
+ * The model holds what residency_of gives its rank; one holding only its EP rank's experts gets ZeRO-1 over the ranks
+ * holding the same ones for them. */
 static int pieces_init(dist_pieces *d, k3c_model *m, const k3c_backend_f32 *be, const k3c_optim *o, k3c_comm *comm,
                        int ep, int tp, int pp, int cp, int micro, int64_t T_cap, k3c_err *err) {
     memset(d, 0, sizeof *d);
@@ -146,20 +149,22 @@ static int pieces_init(dist_pieces *d, k3c_model *m, const k3c_backend_f32 *be, 
         int color = cp ? comm->rank / (ep * cp) * cp + comm->rank % cp : comm->rank / ep;
         CHECK_RC(k3c_comm_split(comm, color, comm->rank, &d->ep_comm, err));
         CHECK_RC(k3c_ep_init(&d->ep, d->ep_comm, be, &m->cfg, err));
-        d->ep.resident = m->table.held < m->table.experts;
-        if (d->ep.resident) CHECK_RC(k3c_comm_split(comm, d->ep_comm->rank, comm->rank, &d->x_comm, err));
+        d->ep.resident = m->table.res.experts < m->table.experts;
         m->experts = &d->ep.exchange;
     }
-    if (pp) { /* stage = rank / (ranks per stage), DP (and ZeRO-1) inside a stage */
+    k3c_comm *group = comm; /* the DP group: every rank, or a stage's */
+    int e0 = 0, e1 = m->table.n;
+    if (pp) { /* stage = rank / (ranks per stage), DP (and ZeRO-1) inside a stage, EP groups inside it too */
         int per = comm->size / pp;
         CHECK_RC(k3c_comm_split(comm, comm->rank / per, comm->rank, &d->stage_comm, err));
         CHECK_RC(k3c_comm_split(comm, comm->rank % per, comm->rank, &d->pp_comm, err));
         CHECK_RC(k3c_pp_init(&d->pp, d->pp_comm, &m->cfg, &m->table, micro, be, err));
         d->use_pp = 1;
-        CHECK_RC(k3c_dp_init_range(&d->dp, d->stage_comm, be, o, &m->table, d->pp.e0, d->pp.e1, err));
-    } else {
-        CHECK_RC(k3c_dp_init_experts(&d->dp, comm, d->x_comm, be, o, &m->table, 0, m->table.n, err));
+        group = d->stage_comm, e0 = d->pp.e0, e1 = d->pp.e1;
     }
+    if (ep && d->ep.resident) /* the ranks of the DP group holding the same experts */
+        CHECK_RC(k3c_comm_split(group, d->ep_comm->rank, group->rank, &d->x_comm, err));
+    CHECK_RC(k3c_dp_init_experts(&d->dp, group, d->x_comm, be, o, &m->table, e0, e1, err));
     d->dist = 1;
     if (tp) { /* the TP group: ranks that share rank / tp; the group takes one part of the batch */
         CHECK_RC(k3c_comm_split(comm, comm->rank / tp, comm->rank, &d->tp_comm, err));
@@ -233,15 +238,12 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
     }
     if (dp) CHECK_RC(k3c_dp_sum(dp, loss, err));
     if (dp) CHECK_RC(k3c_dp_grads_finish(dp, &r->m, err));
-    if (g_out && dp) { /* the owners' parts gathered, then every stage's (zero outside its entries): the whole gradient */
+    if (g_out && dp) { /* the owners' parts gathered: the whole gradient of what the rank holds (its stage's) */
         float *whole = be->alloc(sizeof(float) * r->m.table.total);
         int e = whole ? k3c_dp_gather_grads(dp, &r->m.table, r->m.g, whole, err) : k3c_errf(err, K3C_ENOMEM, "grads");
         if (!e) e = be->download(g_out, whole, sizeof(float) * r->m.table.total, err);
         if (whole) be->free(whole);
         CHECK_RC(e);
-        if (r->d.use_pp)
-            CHECK_RC(k3c_comm_allreduce(r->d.pp_comm, g_out, g_out, (int64_t)r->m.table.total, K3C_F32, K3C_COMM_SUM,
-                                        NULL, err));
     } else if (g_out) {
         CHECK_RC(be->download(g_out, r->m.g, sizeof(float) * r->m.table.total, err));
     }

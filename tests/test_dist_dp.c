@@ -2,8 +2,8 @@
  * process: the tiny K3 model (configs/k3_test_tiny.json: KDA + MLA, 4 experts top-2, AttnRes) trained for 3 steps on
  * one global batch of packed documents, once whole on every rank (the reference: the trainer's single-process step)
  * and once split over the ranks (the trainer's parallel step) at every layout of the ranks: dp = N, ep = N, dp2×ep2,
- * pp = N (4 micro-batches, 1F1B), dp2×pp2, tp = N (src/dist/tp.c; tp4 on a 4-head variant), dp2×tp2, tp2×pp2, cp = N
- * (src/dist/cp.c), dp2×cp2 and cp2×ep2.
+ * pp = N (4 micro-batches, 1F1B), dp2×pp2, ep2×pp2, tp = N (src/dist/tp.c; tp4 on a 4-head variant), dp2×tp2,
+ * tp2×pp2, cp = N (src/dist/cp.c), dp2×cp2 and cp2×ep2.
  * fp32; relative difference of a tensor = ‖x − ref‖₂ / ‖ref‖₂ per parameter-table entry (test_rel_err), tolerance
  * 1e-5 for the loss, every gradient of step 1 (after the sum over ranks) and every weight and optimizer-state entry
  * after 3 steps (Muon + AdamW with clipping active, QK-Clip clipping heads, exact quantile balancing; router biases
@@ -16,14 +16,14 @@
 
 #define STEPS 3
 #define TOL 1e-5
-#define MICRO 4        /* pipeline micro-batches per step */
-
+#define MICRO 4 /* pipeline micro-batches per step */
 
 static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep, int pp, int tp, int cp, k3c_err *err) {
     memset(r, 0, sizeof *r);
-    int64_t e0, held; /* EP: this rank's experts only */
-    ep_residency(cfg, comm ? comm->rank : 0, comm ? ep : 1, cp, &e0, &held);
-    CHECK_RC(k3c_model_create_experts_f32(cfg, 1, e0, held, &r->m, err));
+    /* EP: this rank's experts only, PP: its stage's layers only */
+    const k3c_residency res =
+        residency_of(cfg, comm ? comm->rank : 0, comm ? comm->size : 1, comm ? ep : 1, comm ? pp : 1, cp);
+    CHECK_RC(k3c_model_create_resident_f32(cfg, 1, &res, &r->m, err));
     k3c_model_init_f32(&r->m, 7, 0.1);
     r->m.kda_chunk = 16;
     r->be = k3c_model_backend_f32(&r->m);
@@ -115,21 +115,31 @@ static double fp32_floor(const k3c_config *cfg, const batch *gb, const runner *r
  * Histogram QB is a step function of the scores (a score one ulp across a bin edge moves the bias by up to a bin
  * width, and the next step routes differently), so it is compared over one step: loss, gradients and weights within
  * TOL, router biases within one bin width (the estimator's resolution, docs/MODEL.md §7.3). */
-/* Expert residency: an EP rank holds its E/ep experts' w1, w3, w2 of every MoE layer and nothing more of them, and
- * starts from the values the one-process init gives them (held_part); returns 1 when that fails. */
+/* Residency: an EP rank holds its E/ep experts' w1, w3, w2 of every MoE layer and nothing more of them, a pipeline
+ * stage its layers' entries (with the embedding or the head on the first or last stage) and nothing of the others, and
+ * both start from the values the one-process init gives them (held_part); returns 1 when that fails. */
 static int held_check(const runner *ref, const runner *par, k3c_comm *comm) {
     const k3c_param_table *w = &ref->m.table, *h = &par->m.table;
     const k3c_config *c = &ref->m.cfg;
-    if (h->held == w->held) return 0;
-    int64_t moe = 0, I = c->moe_intermediate_size, L = c->latent_dim > 0 ? c->latent_dim : c->hidden_size;
-    for (int l = 0; l < c->num_layers; l++) moe += c->ffn[l] == K3C_FFN_MOE;
-    const int64_t fewer = (w->experts - h->held) * 3 * I * L * moe; /* (E − E/ep)·3 matrices of I·L per MoE layer */
-    CHECK(w->total - h->total == (size_t)fewer && h->held * (w->experts / h->held) == w->experts,
-          "rank %d holds %lld of %lld experts: %zu parameters, one process %zu (want %lld fewer)", comm->rank,
-          (long long)h->held, (long long)w->experts, h->total, w->total, (long long)fewer);
+    const k3c_residency *r = &h->res;
+    if (h->total == w->total) return 0;
+    int64_t fewer = 0, I = c->moe_intermediate_size, L = c->latent_dim > 0 ? c->latent_dim : c->hidden_size;
+    for (int i = 0; i < w->n; i++) { /* what the residency leaves out, entry by entry */
+        const k3c_param *p = &w->p[i];
+        const int at = p->layer >= 0 ? p->layer : i == 0 ? 0 : (int)c->num_layers - 1;
+        if (at < r->layer0 || at >= r->layer1)
+            fewer += p->numel;
+        else if (p->stack)
+            fewer += (w->experts - r->experts) * I * L; /* (E − E/ep) matrices of I·L */
+    }
+    CHECK(w->total - h->total == (size_t)fewer && r->experts * (w->experts / r->experts) == w->experts,
+          "rank %d holds experts [%lld, %lld) of %lld and layers [%d, %d): %zu parameters, one process %zu (want %lld "
+          "fewer)",
+          comm->rank, (long long)r->expert0, (long long)(r->expert0 + r->experts), (long long)w->experts, r->layer0,
+          r->layer1, h->total, w->total, (long long)fewer);
     k3c_model fresh; /* the one-process init at this rank's residency equals its part of the whole init */
     k3c_err err = {0};
-    int bad = k3c_model_create_experts_f32(&ref->m.cfg, 0, h->expert0, h->held, &fresh, &err) != K3C_OK;
+    int bad = k3c_model_create_resident_f32(&ref->m.cfg, 0, r, &fresh, &err) != K3C_OK;
     float *part = malloc(sizeof(float) * h->total);
     if (!bad) {
         k3c_model whole;
@@ -144,10 +154,10 @@ static int held_check(const runner *ref, const runner *par, k3c_comm *comm) {
         k3c_model_free_f32(&fresh);
     }
     free(part);
-    CHECK(!bad, "rank %d: the held experts' init differs from the one-process init (%s)", comm->rank, err.msg);
+    CHECK(!bad, "rank %d: the held part's init differs from the one-process init (%s)", comm->rank, err.msg);
     if (comm->rank == 0 && !bad)
-        printf("expert residency: rank 0 holds experts [%lld, %lld): %zu parameters, one process %zu\n",
-               (long long)h->expert0, (long long)(h->expert0 + h->held), h->total, w->total);
+        printf("residency: rank 0 holds experts [%lld, %lld), layers [%d, %d): %zu parameters, one process %zu\n",
+               (long long)r->expert0, (long long)(r->expert0 + r->experts), r->layer0, r->layer1, h->total, w->total);
     return bad;
 }
 
@@ -184,10 +194,8 @@ static void compare(k3c_comm *comm, int ep, int pp, int tp, int cp, int qb_mode)
     held_part(&ref.m.table, t, g_ref, rg);
     held_state(&ref.m.table, &ref.opt, t, &par.opt, ref.state, rs);
     if (held_check(&ref, &par, comm)) goto out;
-    float *st = malloc(sizeof(float) * par.opt.state_numel);
+    float *st = malloc(sizeof(float) * par.opt.state_numel); /* each stage its own entries' (residency) */
     CHECK_OK(k3c_dp_gather_state(&par.d.dp, par.state, st, &err), &err);
-    if (par.d.use_pp) /* each stage stepped its own weights: gather them (and the state) from every stage */
-        CHECK_OK(k3c_pp_gather(&par.d.pp, &par.m.table, &par.opt, par.m.w, st, &err), &err);
     const char *wg = "-", *ww = "-", *wb = "-";
     double g_rel = max_rel(t, g_par, rg, -1, &wg), w_rel = 0, b_rel = 0, b_abs = 0, b_bins = 0;
     for (int i = 0; i < t->n; i++) { /* weights other than the router biases */
@@ -196,7 +204,7 @@ static void compare(k3c_comm *comm, int ep, int pp, int tp, int cp, int qb_mode)
         if (p->kind != K3C_PK_ROUTER_BIAS && r > w_rel) w_rel = r, ww = p->name;
     }
     b_rel = max_rel(t, par.m.w, rw, K3C_PK_ROUTER_BIAS, &wb);
-    for (int l = 0; l < cfg.num_layers; l++) {
+    for (int l = t->res.layer0; l < t->res.layer1; l++) { /* the rank's layers (a pipeline stage holds its own) */
         if (cfg.ffn[l] != K3C_FFN_MOE) continue;
         const float *bp = (float *)par.m.w + t->layer[l].router_bias, *br = rw + t->layer[l].router_bias,
                     *bb = b0 + t->layer[l].router_bias;
@@ -209,6 +217,12 @@ static void compare(k3c_comm *comm, int ep, int pp, int tp, int cp, int qb_mode)
             bias_moved |= br[j] != 0;
         }
     }
+    double s_rel = max_rel_state(&par.opt, st, rs);
+    /* each rank compares the part it holds: the figures are the worst rank's */
+    double fig[8] = {loss_rel, g_rel, w_rel, b_rel, b_abs, b_bins, s_rel, bias_moved};
+    CHECK_OK(k3c_comm_allreduce(comm, fig, fig, 8, K3C_F64, K3C_COMM_MAX, NULL, &err), &err);
+    loss_rel = fig[0], g_rel = fig[1], w_rel = fig[2], b_rel = fig[3], b_abs = fig[4], b_bins = fig[5], s_rel = fig[6];
+    bias_moved = fig[7] > 0;
     CHECK(loss_rel <= TOL, "loss: relative difference %.3e", loss_rel);
     CHECK(g_rel <= TOL, "step-1 gradients: relative difference %.3e (%s)", g_rel, wg);
     CHECK(w_rel <= TOL, "weights after %d steps: relative difference %.3e (%s)", steps, w_rel, ww);
@@ -220,13 +234,12 @@ static void compare(k3c_comm *comm, int ep, int pp, int tp, int cp, int qb_mode)
     /* the test must exercise what it claims: clipping, QK-Clip and balancing all acted */
     CHECK(norm1 > GRAD_CLIP && clipped > 0 && bias_moved, "clipping (norm %.3g), QK-Clip (%d heads) or QB did not act",
           norm1, clipped);
-    double s_rel = max_rel_state(&par.opt, st, rs);
     CHECK(s_rel <= TOL, "optimizer state after %d steps: relative difference %.3e", steps, s_rel);
     /* ZeRO-1 keeps every rank's weights identical: the all-gathered w has no spread across the ranks holding them (all
-       ranks; for the experts under EP, the ranks holding the same ones) */
+       ranks, or a stage's; for the experts under EP, the ranks holding the same ones) */
     float *lo = malloc(sizeof(float) * n), *hi = malloc(sizeof(float) * n);
     for (int pass = 0; pass < 2; pass++) {
-        k3c_comm *c = pass && par.d.x_comm ? par.d.x_comm : comm;
+        k3c_comm *c = pass && par.d.x_comm ? par.d.x_comm : par.d.use_pp ? par.d.stage_comm : comm;
         CHECK_OK(k3c_comm_allreduce(c, par.m.w, lo, (int64_t)n, K3C_F32, K3C_COMM_MIN, NULL, &err), &err);
         CHECK_OK(k3c_comm_allreduce(c, par.m.w, hi, (int64_t)n, K3C_F32, K3C_COMM_MAX, NULL, &err), &err);
         size_t spread = 0;
@@ -616,10 +629,9 @@ static void layouts(void) {
     CHECK(k3c_parallel_resolve(&(k3c_parallel){2, 1, 1, 2, 1, 0}, &cfg, 4, "run.json", &out, &err) == 0 &&
               out.pp == 2 && out.micro_batches == 2,
           "dp2×pp2 on 4 ranks: %s", err.msg);
-    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 2, 1, 2, 1, 0}, &cfg, 4, "run.json", &out, &err) ==
-                  K3C_EUNSUPPORTED &&
-              strstr(err.msg, "pp = 2 with ep = 2"),
-          "pp with ep: %s", err.msg);
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 2, 1, 2, 1, 0}, &cfg, 4, "run.json", &out, &err) == 0 &&
+              out.ep == 2 && out.pp == 2,
+          "ep2×pp2 on 4 ranks: %s", err.msg);
 }
 
 /* The bf16 wire of expert parallelism, forced on the CPU (whose tables leave wire_bf16 at 0): ep = size against one
@@ -669,7 +681,8 @@ static void ep_bf16_wire(k3c_comm *comm) {
     runner_free(&par);
 }
 
-/* Every layout of the ranks there are: dp = size, ep = size, dp2×ep2 on 4 ranks, pp = size, dp2×pp2 on 4 ranks. */
+/* Every layout of the ranks there are: dp, ep, pp, tp and cp = size; on 4 ranks dp2×ep2, dp2×pp2, dp2×tp2, tp2×pp2,
+ * ep2×pp2, dp2×cp2 and cp2×ep2. */
 static void run_all(k3c_comm *comm) {
     split_rules(comm);
     reduce_scatter_rules(comm);
@@ -692,6 +705,7 @@ static void run_all(k3c_comm *comm) {
     for (int tp = 2; tp <= comm->size; tp *= 2) /* tp = size, and dp2×tp2 on 4 ranks */
         compare(comm, 1, 1, tp, 1, K3C_QB_EXACT);
     if (comm->size == 4) compare(comm, 1, 2, 2, 1, K3C_QB_EXACT); /* tp2×pp2 */
+    if (comm->size == 4) compare(comm, 2, 2, 1, 1, K3C_QB_EXACT); /* ep2×pp2 */
     for (int cp = 2; cp <= comm->size; cp *= 2)                   /* cp = size, and cp2×dp2 on 4 ranks */
         compare(comm, 1, 1, 1, cp, K3C_QB_EXACT);
     if (comm->size == 4) compare(comm, 2, 1, 1, 2, K3C_QB_EXACT); /* cp2×ep2 */

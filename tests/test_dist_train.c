@@ -3,7 +3,8 @@
  * in one process: the checkpoints after 2 and 4 steps equal within 1e-5 (per-tensor relative, fp32; router biases
  * absolute, see ckpt_diff), a dp2 run resumed from its own checkpoint continues bit for bit, a dp2 checkpoint resumed
  * by one process (and a one-process checkpoint resumed at dp2) continues like the single process; the same for ep2,
- * dp2×ep2, pp2, dp2×pp2, tp2, tp2×pp2 (a dp2×ep2 checkpoint resumed at tp2, a tp2 checkpoint by one process), cp2,
+ * dp2×ep2, pp2, dp2×pp2, ep2×pp2 (its checkpoint resumed by one process and at pp2, a pp2 one at ep2×pp2), tp2,
+ * tp2×pp2 (a dp2×ep2 checkpoint resumed at tp2, a tp2 checkpoint by one process), cp2,
  * dp2×cp2 and ep2×cp2; one rank with "force" (the parallel step kept) equals one process; and impossible layouts fail
  * with messages naming the field. */
 #include "test.h"
@@ -158,12 +159,16 @@ static void check_layouts(const fixture *fx) {
                        "model.safetensors.index.json", "optimizer-00002-of-00002.safetensors", NULL};
     static list dppp = {"model-00002-of-00002.safetensors", "optimizer-00004-of-00004.safetensors", NULL};
     static list pp2_not = {"model.safetensors", "optimizer.safetensors", NULL};
+    /* expert parallelism inside stages: one model file per stage and EP rank */
+    static list eppp = {"model-00001-of-00004.safetensors", "model-00004-of-00004.safetensors",
+                        "model.safetensors.index.json", "optimizer-00004-of-00004.safetensors", NULL};
     check_files(fx, "one", 2, one, one_not);
     check_files(fx, "force1", 2, force, dp2_not);
     check_files(fx, "dp2", 2, dp2, dp2_not);
     check_files(fx, "dpep", 4, dpep, dpep_not);
     check_files(fx, "pp2", 4, pp2, pp2_not);
     check_files(fx, "dppp", 4, dppp, pp2_not);
+    check_files(fx, "eppp", 4, eppp, pp2_not);
 }
 
 /* A sharded checkpoint with a shard missing or damaged: resume fails with a message naming the file (step 2 is the
@@ -331,6 +336,22 @@ int main(void) {
     copy_at_step2(&fx, "res4", "pp2");
     CHECK_OK(train(res4, 1, 0, NULL, &r, &err), &err);
     check_close(&fx, "res4", "one", 4, "pp2 checkpoint resumed by one process");
+
+    /* expert parallelism inside pipeline stages: ep2×pp2 on 4 ranks (each rank holds its stage's layers and its
+       experts of them), its checkpoint (a model file per stage and EP rank) resumed by one process and at pp2, and a
+       pp2 checkpoint resumed at ep2×pp2 */
+    char eppp[1400], res11[1400];
+    write_cfg(&fx, "eppp", "{\"ep\": 2, \"pp\": 2}", eppp, sizeof eppp);
+    st = k3c_mpi(4, eppp, "", out, sizeof out);
+    CHECK(st == 0, "mpirun -np 4 k3c train (ep2×pp2) exited %d:\n%s", st, out);
+    check_close(&fx, "eppp", "one", 2, "ep2×pp2 vs one process");
+    check_close(&fx, "eppp", "one", 4, "ep2×pp2 vs one process");
+    write_cfg(&fx, "res11", NULL, res11, sizeof res11);
+    copy_at_step2(&fx, "res11", "eppp");
+    CHECK_OK(train(res11, 1, 0, NULL, &r, &err), &err);
+    check_close(&fx, "res11", "one", 4, "ep2×pp2 checkpoint resumed by one process");
+    resume_mpi(&fx, "res12", "{\"pp\": 2}", 2, "eppp", "ep2×pp2 checkpoint resumed at pp2");
+    resume_mpi(&fx, "res13", "{\"ep\": 2, \"pp\": 2}", 4, "pp2", "pp2 checkpoint resumed at ep2×pp2");
 
     /* every layout's files, a pp2 checkpoint (a model file per stage, two optimizer shards) resumed at dp4 (four),
        a dp2 checkpoint resumed at pp2, and a damaged or missing shard */

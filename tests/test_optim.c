@@ -544,6 +544,7 @@ static void test_qk_clip(void) {
     k3c_param_table t;
     memset(&t, 0, sizeof t);
     t.layer = lay;
+    t.res = k3c_residency_whole(&cfg);
     const float smax2[6] = {1e9f, 1e9f, 1e9f, /* layer 0 (KDA): not read */ 200, 10, 1000};
     const double gamma2[3] = {0.5, 1, 0.1};
     memcpy(w, w0, sizeof w);

@@ -446,11 +446,13 @@ static void test_cli(void) {
     CHECK(run_cli(args, out, sizeof out) == 0 && strstr(out, "339,828") && strstr(out, "339,804"), "tiny: %s", out);
 }
 
-/* The memory model's EP split against what the trainer allocates: an EP rank's parameter table (expert residency,
- * k3c_params_build_experts) holds the plan's per-GPU routed-expert parameters, ex / ep, and every other parameter;
+/* The memory model's EP and PP splits against what the trainer allocates: an EP rank's parameter table (its residency,
+ * k3c_params_build_resident) holds the plan's per-GPU routed-expert parameters, ex / ep, and every other parameter; a
+ * pipeline stage's table the plan's parameters of that stage (its layers, the embedding on the first, the head on the
+ * last);
  * ZeRO-1 shards the experts' state over the ranks holding the same ones (dp·cp·tp, the plan's expert DP group) and the
  * rest over dp·ep·cp, as src/dist/dp.c does (k3c_dp_init_experts). */
-static void test_ep_memory_matches_tables(void) {
+static void test_memory_matches_tables(void) {
     k3c_config c;
     k3c_err err = {0};
     CHECK_OK(k3c_config_load("configs/k3_test_tiny.json", &c, &err), &err);
@@ -463,7 +465,9 @@ static void test_ep_memory_matches_tables(void) {
         k3c_plan_stage_params sp;
         k3c_plan_stage_params_of(&m, &L, 0, &sp);
         k3c_param_table t;
-        CHECK_OK(k3c_params_build_experts(&c, 0, c.num_experts / ep, &t, &err), &err);
+        k3c_residency r = k3c_residency_whole(&c);
+        r.experts = c.num_experts / ep;
+        CHECK_OK(k3c_params_build_resident(&c, &r, &t, &err), &err);
         double held = 0;
         for (int i = 0; i < t.n; i++) held += t.p[i].stack ? (double)t.p[i].numel : 0;
         CHECK_NEAR(sp.ex, held, "routed-expert parameters per GPU");
@@ -472,11 +476,39 @@ static void test_ep_memory_matches_tables(void) {
         k3c_params_free(&t);
         k3c_plan_model_free(&m);
     }
+    for (int64_t pp = 2; pp <= 4; pp *= 2) {
+        k3c_plan_layout L;
+        k3c_plan_layout_default(&L);
+        L.seq = 8, L.pp = pp, L.global_batch_tokens = 8 * pp;
+        k3c_plan_model m;
+        CHECK_OK(k3c_plan_model_init(&m, &c, L.seq, &err), &err);
+        double sum = 0;
+        for (int64_t s = 0; s < pp; s++) {
+            k3c_plan_stage_params sp;
+            k3c_plan_stage_params_of(&m, &L, s, &sp);
+            int64_t first, count;
+            k3c_plan_stage_layers(c.num_layers, pp, s, &first, &count);
+            k3c_residency r = k3c_residency_whole(&c);
+            r.layer0 = (int)first, r.layer1 = (int)(first + count);
+            k3c_param_table t;
+            CHECK_OK(k3c_params_build_resident(&c, &r, &t, &err), &err);
+            CHECK(fabs(sp.ne + sp.ex - (double)t.total) < 0.5, "pp%lld stage %lld: plan %.0f parameters, table %zu",
+                  (long long)pp, (long long)s, sp.ne + sp.ex, t.total);
+            sum += (double)t.total;
+            k3c_params_free(&t);
+        }
+        k3c_param_table whole;
+        CHECK_OK(k3c_params_build(&c, &whole, &err), &err);
+        CHECK(sum == (double)whole.total, "pp%lld: the stages hold %.0f parameters, the model %zu", (long long)pp, sum,
+              whole.total);
+        k3c_params_free(&whole);
+        k3c_plan_model_free(&m);
+    }
 }
 
 int main(void) {
     test_tiny_params();
-    test_ep_memory_matches_tables();
+    test_memory_matches_tables();
     test_k3_params();
     test_golden_params();
     test_flops();

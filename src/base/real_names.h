@@ -77,7 +77,7 @@
 #define k3c_model_backward k3c_model_backward_f64
 #define k3c_model_check_backend k3c_model_check_backend_f64
 #define k3c_model_create k3c_model_create_f64
-#define k3c_model_create_experts k3c_model_create_experts_f64
+#define k3c_model_create_resident k3c_model_create_resident_f64
 #define k3c_model_download k3c_model_download_f64
 #define k3c_model_forward k3c_model_forward_f64
 #define k3c_model_forward_range k3c_model_forward_range_f64
@@ -214,7 +214,7 @@
 #define k3c_model_backward k3c_model_backward_f32
 #define k3c_model_check_backend k3c_model_check_backend_f32
 #define k3c_model_create k3c_model_create_f32
-#define k3c_model_create_experts k3c_model_create_experts_f32
+#define k3c_model_create_resident k3c_model_create_resident_f32
 #define k3c_model_download k3c_model_download_f32
 #define k3c_model_forward k3c_model_forward_f32
 #define k3c_model_forward_range k3c_model_forward_range_f32

@@ -73,7 +73,7 @@ extern "C" int k3c_qk_clip_cuda(void *ctx, const k3c_config *cfg, const k3c_para
                          lora ? cfg->q_lora_rank : cfg->hidden_size,
                          cfg->kv_lora_rank};
     K3C_CU(cudaMemsetAsync(n_clipped, 0, sizeof *n_clipped, K3C_STREAM));
-    for (int l = 0; l < cfg->num_layers; l++) {
+    for (int l = t->res.layer0; l < t->res.layer1; l++) { /* the held layers (another stage clips its own) */
         if (cfg->mixer[l] != K3C_MIXER_MLA) continue;
         const k3c_layer_offsets *o = &t->layer[l];
         const size_t q_off = lora ? o->q_b : o->q_proj;

@@ -76,7 +76,7 @@ int k3c_dp_init(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c
  * sum and the gathers cover them alone. */
 int k3c_dp_init_range(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c_optim *o,
                       const k3c_param_table *t, int e0, int e1, k3c_err *err);
-/* The same under an expert residency (expert parallelism, k3c_model_create_experts): the stacked routed-expert
+/* The same under an expert residency (expert parallelism, k3c_model_create_resident): the stacked routed-expert
  * entries of t hold this rank's experts, and xcomm is the ranks of comm that hold the same ones (one per data-parallel
  * replica): those entries are summed, owned and gathered over xcomm, the others over comm. Every rank's global norm
  * then counts each expert once. xcomm NULL: k3c_dp_init_range. */

@@ -28,7 +28,7 @@ typedef struct {
     k3c_comm *comm; /* the EP group (not owned) */
     int rank, size;
     int64_t E, local;          /* experts in the model, experts per rank */
-    int resident;              /* 1: the model's table holds only this rank's experts (k3c_model_create_experts with
+    int resident;              /* 1: the model's table holds only this rank's experts (k3c_model_create_resident with
                                   k3c_ep_experts): the expert weights it passes start at them; 0: every expert */
     const k3c_backend_f32 *be; /* runs the local experts and the row moves; its memory holds the model's tensors */
     k3c_ep_layer *layer;       /* [num_layers] */

@@ -1,6 +1,6 @@
 /* pp.c — pipeline parallelism: contiguous stages of layers, micro-batches at document boundaries under a 1F1B
- * schedule, the Block AttnRes boundary state sent forward and its gradients back, stage-level recomputation, the global
- * gradient norm over the stages and checkpoints gathered from every stage. Spec: docs/PARALLEL.md "Pipeline
+ * schedule, the Block AttnRes boundary state sent forward and its gradients back, stage-level recomputation and each
+ * stage's layers (what its model holds). Spec: docs/PARALLEL.md "Pipeline
  * parallelism", docs/MODEL.md §5.3 (the state a boundary carries). */
 #include "dist/pp.h"
 
@@ -11,11 +11,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The first table entry at or after element offset `off`. */
-static int entry_at(const k3c_param_table *t, size_t off) {
+/* The first table entry of layer l (the table is ordered embedding, layers, head: entries of one layer together). */
+static int first_entry(const k3c_param_table *t, int l) {
     int i = 0;
-    while (i < t->n && t->p[i].offset < off) i++;
+    while (i < t->n && t->p[i].layer != l) i++;
     return i;
+}
+
+void k3c_pp_layers(const k3c_config *cfg, int stage, int stages, int *l0, int *l1) {
+    *l0 = stage * ((int)cfg->num_layers / stages);
+    *l1 = *l0 + (int)cfg->num_layers / stages;
 }
 
 int k3c_pp_init(k3c_pp *pp, k3c_comm *comm, const k3c_config *cfg, const k3c_param_table *t, int micro,
@@ -31,10 +36,13 @@ int k3c_pp_init(k3c_pp *pp, k3c_comm *comm, const k3c_config *cfg, const k3c_par
     CHECK_RC(k3c_comm_split(comm, 0, comm->rank, &pp->back, err));
     pp->stage = comm->rank;
     pp->stages = P;
-    pp->l0 = pp->stage * (L / P);
-    pp->l1 = pp->l0 + L / P;
-    pp->e0 = pp->l0 == 0 ? 0 : entry_at(t, t->layer[pp->l0].input_norm);
-    pp->e1 = pp->l1 == L ? t->n : entry_at(t, t->layer[pp->l1].input_norm);
+    k3c_pp_layers(cfg, pp->stage, P, &pp->l0, &pp->l1);
+    if (t->res.layer0 != pp->l0 || t->res.layer1 != pp->l1)
+        return k3c_errf(err, K3C_EINVAL,
+                        "pipeline parallelism: stage %d runs layers [%d, %d) but its model holds [%d, %d)", pp->stage,
+                        pp->l0, pp->l1, t->res.layer0, t->res.layer1);
+    pp->e0 = pp->l0 == 0 ? 0 : first_entry(t, pp->l0);
+    pp->e1 = pp->l1 == L ? t->n : first_entry(t, pp->l1);
     pp->micro = micro;
     int src[K3C_ATTNRES_MAX_SOURCES];
     pp->n_in = pp->l0 > 0 ? k3c_boundary_sources(cfg, pp->l0, src) : 0;
@@ -195,7 +203,8 @@ static int plan(pipe *p, const k3c_model_batch *b, int n, k3c_err *err) {
     if (b->n_embeds)
         return k3c_errf(err, K3C_EINVAL,
                         "pipeline parallelism: input-embedding overrides (image rows) are not split yet");
-    if (b->weight) return k3c_errf(err, K3C_EINVAL, "pipeline parallelism: per-position loss weights are not split yet");
+    if (b->weight)
+        return k3c_errf(err, K3C_EINVAL, "pipeline parallelism: per-position loss weights are not split yet");
     double norm = b->loss_norm;
     if (!(norm > 0)) {
         int64_t counted = 0;
@@ -263,25 +272,4 @@ int k3c_pp_step(k3c_pp *pp, k3c_model *m, const k3c_model_batch *b, k3c_arena *a
     if (e) return e; /* the loss: the last stage's sum of its micro-batches, to every stage */
     CHECK_RC(k3c_comm_allreduce(pp->comm, &p.loss, loss, 1, K3C_F64, K3C_COMM_SUM, NULL, err));
     return K3C_OK;
-}
-
-int k3c_pp_gather(k3c_pp *pp, const k3c_param_table *t, const k3c_optim *o, float *w, float *state, k3c_err *err) {
-    const int P = pp->stages;
-    int64_t *c = malloc(sizeof(int64_t) * 4 * (size_t)P), mine[4];
-    if (!c) return k3c_errf(err, K3C_ENOMEM, "pipeline parallelism: out of memory");
-    size_t w0 = pp->e0 < t->n ? t->p[pp->e0].offset : t->total, w1 = pp->e1 < t->n ? t->p[pp->e1].offset : t->total;
-    size_t s0 = pp->e0 < o->n_entries ? o->state_off[pp->e0] : o->state_numel;
-    size_t s1 = pp->e1 < o->n_entries ? o->state_off[pp->e1] : o->state_numel;
-    mine[0] = (int64_t)(w1 - w0), mine[1] = (int64_t)w0, mine[2] = (int64_t)(s1 - s0), mine[3] = (int64_t)s0;
-    int64_t *cnt = c, *ones = c + P, *iota = c + 2 * P, *all = c + 3 * P;
-    for (int r = 0; r < P; r++) ones[r] = 1, iota[r] = r;
-    int e = K3C_OK;
-    for (int k = 0; k < 4 && !e; k++) { /* counts and displacements of w, then of the state */
-        e = k3c_comm_allgather(pp->comm, &mine[k], all, ones, iota, K3C_I64, NULL, err);
-        if (!e && k % 2 == 0) memcpy(cnt, all, sizeof(int64_t) * (size_t)P);
-        if (!e && k == 1) e = k3c_comm_allgather(pp->comm, NULL, w, cnt, all, K3C_F32, NULL, err);
-        if (!e && k == 3) e = k3c_comm_allgather(pp->comm, NULL, state, cnt, all, K3C_F32, NULL, err);
-    }
-    free(c);
-    return e;
 }

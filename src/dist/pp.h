@@ -30,8 +30,12 @@ typedef struct {
     k3c_comm_req **req; /* [2·micro] sends in flight */
 } k3c_pp;
 
+/* The layers [*l0, *l1) of stage `stage` of `stages` (dividing cfg's layers): what its model holds
+ * (k3c_residency.layer0, layer1; docs/PARALLEL.md "Residency"). */
+void k3c_pp_layers(const k3c_config *cfg, int stage, int stages, int *l0, int *l1);
 /* pp over `comm` (its size = the stages, dividing cfg's layers; the stage is comm's rank), `micro` micro-batches per
- * step (>= 1); the boundary tensors live in be's memory (a device backend needs a device communicator). */
+ * step (>= 1); the boundary tensors live in be's memory (a device backend needs a device communicator). t: the
+ * stage's model's table, holding the stage's layers only (k3c_pp_layers). */
 int k3c_pp_init(k3c_pp *pp, k3c_comm *comm, const k3c_config *cfg, const k3c_param_table *t, int micro,
                 const k3c_backend_f32 *be, k3c_err *err);
 void k3c_pp_free(k3c_pp *pp);
@@ -43,8 +47,5 @@ void k3c_pp_free(k3c_pp *pp);
  * the maximum over the micro-batches. backward 0: forward only (validation; one micro-batch, nothing kept). */
 int k3c_pp_step(k3c_pp *pp, k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, int backward, double *loss,
                 k3c_err *err);
-/* Every stage's parameters and optimizer state (single-process layout; state: the stage's range already gathered)
- * into every rank's w and state: for tests against one process (checkpoints gather nothing, train/checkpoint.h). */
-int k3c_pp_gather(k3c_pp *pp, const k3c_param_table *t, const k3c_optim *o, float *w, float *state, k3c_err *err);
 
 #endif

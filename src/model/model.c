@@ -18,16 +18,17 @@ int k3c_model_download(const k3c_model *m, void *host_dst, const void *src, size
 }
 
 int k3c_model_create(const k3c_config *cfg, int with_grad, k3c_model *m, k3c_err *err) {
-    return k3c_model_create_experts(cfg, with_grad, 0, cfg->num_experts, m, err);
+    const k3c_residency whole = k3c_residency_whole(cfg);
+    return k3c_model_create_resident(cfg, with_grad, &whole, m, err);
 }
 
-int k3c_model_create_experts(const k3c_config *cfg, int with_grad, int64_t e0, int64_t n, k3c_model *m,
-                             k3c_err *err) {
+int k3c_model_create_resident(const k3c_config *cfg, int with_grad, const k3c_residency *r, k3c_model *m,
+                              k3c_err *err) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->precision = REAL_DTYPE;
     m->kda_chunk = 64;
-    int rc = k3c_params_build_experts(cfg, e0, n, &m->table, err);
+    int rc = k3c_params_build_resident(cfg, r, &m->table, err);
     if (rc) return rc;
     size_t bytes = m->table.total * sizeof(real); /* < 2^63 elements (params.c), the product checked here */
     if (m->table.total > SIZE_MAX / (2 * sizeof(real))) {
@@ -268,7 +269,7 @@ int k3c_model_load(k3c_model *m, const k3c_checkpoint *ck, k3c_err *err) {
         char name[K3C_PARAM_NAME + 32];
         snprintf(name, sizeof name, "%.*s%s", (int)(strlen(t->name) - (packed ? strlen("_packed") : 0)), t->name, "");
         int e, j = k3c_params_lookup(tab, name, &e);
-        if (j == K3C_PARAM_NOT_HELD) continue; /* an expert another rank holds (expert residency) */
+        if (j == K3C_PARAM_NOT_HELD) continue; /* another rank's expert or layer (docs/PARALLEL.md "Residency") */
         if (j < 0) {
             rc = k3c_errf(err, K3C_EFORMAT, "%s: unexpected tensor %s (not in the model the config describes)", t->file,
                           t->name);
@@ -283,7 +284,7 @@ int k3c_model_load(k3c_model *m, const k3c_checkpoint *ck, k3c_err *err) {
         rc = load_one(m, ck, t, &tab->p[j], e, packed, err);
     }
     for (int i = 0; i < tab->n && !rc; i++)
-        for (int64_t e = 0; e < (tab->p[i].stack ? tab->p[i].stack : 1) && !rc; e++)
+        for (int64_t e = 0; !tab->p[i].absent && e < (tab->p[i].stack ? tab->p[i].stack : 1) && !rc; e++)
             if (!seen[base[i] + (size_t)e]) {
                 char name[K3C_PARAM_NAME + 16];
                 k3c_params_name(&tab->p[i], e, name, sizeof name);
@@ -303,7 +304,7 @@ int k3c_model_save_entries(const k3c_model *m, const char *path, int e0, int e1,
     const size_t off0 = e0 < tab->n ? tab->p[e0].offset : tab->total,
                  off1 = e1 < tab->n ? tab->p[e1].offset : tab->total;
     int n = 0;
-    for (int i = e0; i < e1; i++) n += (int)(tab->p[i].stack ? tab->p[i].stack : !experts_only);
+    for (int i = e0; i < e1; i++) n += tab->p[i].absent ? 0 : (int)(tab->p[i].stack ? tab->p[i].stack : !experts_only);
     k3c_st_entry *ent = calloc((size_t)n + 1, sizeof *ent);
     char(*names)[K3C_PARAM_NAME + 16] = calloc((size_t)n + 1, sizeof *names);
     /* the parameters may be backend memory the host cannot address: download them first */
@@ -321,7 +322,7 @@ int k3c_model_save_entries(const k3c_model *m, const char *path, int e0, int e1,
     int k = 0;
     for (int i = e0; i < e1; i++) {
         const k3c_param *p = &tab->p[i];
-        for (int64_t e = 0; e < (p->stack ? p->stack : !experts_only); e++, k++) {
+        for (int64_t e = 0; !p->absent && e < (p->stack ? p->stack : !experts_only); e++, k++) {
             k3c_params_name(p, p->stack ? e : -1, names[k], sizeof names[k]);
             ent[k].name = names[k];
             ent[k].dtype = K3C_F32;

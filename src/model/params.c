@@ -13,7 +13,9 @@ typedef struct {
     const k3c_config *cfg;
     int layer;
     char scope[96]; /* "model.layers.3." etc. (without the config prefix) */
-    int64_t e0, n;  /* the expert residency: the routed experts the stacked entries hold */
+    int64_t e0, n;  /* the residency: the routed experts the stacked entries hold ... */
+    int l0, l1;     /* ... and the layers (docs/PARALLEL.md "Residency") */
+    int global_at;  /* the layer a global entry goes with: 0 for the embedding, the last for the head */
     int oom;
     char overflow[K3C_PARAM_NAME]; /* the first entry whose size overflows int64, "" while none does */
     k3c_param scratch;
@@ -45,6 +47,10 @@ static size_t add_stacked(builder *b, const char *leaf, int kind, int ndim, cons
     }
     ok = ok && k3c_add_ok((int64_t)t->total, numel, &total);
     if (!ok && !b->overflow[0]) snprintf(b->overflow, sizeof b->overflow, "%s", p->name);
+    /* outside the held layers (global entries: the embedding before the first, the head after the last) */
+    const int at = b->layer >= 0 ? b->layer : b->global_at;
+    p->absent = (uint8_t)(at < b->l0 || at >= b->l1);
+    ok = ok && !p->absent; /* an absent entry: no elements here */
     p->numel = ok ? numel : 0;
     p->used = p->numel;
     p->kind = (uint8_t)kind;
@@ -82,7 +88,7 @@ static void kda_params(builder *b, k3c_layer_offsets *o) {
     if (strcmp(c->model_type, "kimi_k3") == 0) {
         /* K3 stores A_log padded to max(head_dim, H) entries; only the first H are read (docs/FORMATS.md §7 #1). */
         o->A_log = VEC("self_attn.A_log", dk > H ? dk : H);
-        last(b)->used = H;
+        if (!last(b)->absent) last(b)->used = H;
     } else {
         o->A_log = add(b, "self_attn.A_log", K3C_PK_VECTOR, 4, 1, 1, H, 1);
     }
@@ -162,21 +168,30 @@ static void init_offsets(k3c_layer_offsets *o) {
 
 static int build_index(k3c_param_table *t);
 
-int k3c_params_build(const k3c_config *cfg, k3c_param_table *t, k3c_err *err) {
-    return k3c_params_build_experts(cfg, 0, cfg->num_experts, t, err);
+k3c_residency k3c_residency_whole(const k3c_config *cfg) {
+    return (k3c_residency){0, cfg->num_experts, 0, (int)cfg->num_layers};
 }
 
-int k3c_params_build_experts(const k3c_config *cfg, int64_t e0, int64_t n, k3c_param_table *t, k3c_err *err) {
+int k3c_params_build(const k3c_config *cfg, k3c_param_table *t, k3c_err *err) {
+    const k3c_residency whole = k3c_residency_whole(cfg);
+    return k3c_params_build_resident(cfg, &whole, t, err);
+}
+
+int k3c_params_build_resident(const k3c_config *cfg, const k3c_residency *r, k3c_param_table *t, k3c_err *err) {
     memset(t, 0, sizeof *t);
     /* the bounds of the validator keep every derived width (heads × head_dim, ...) far from overflowing */
     CHECK_RC(k3c_config_validate(cfg, "params: config", err));
+    const int64_t e0 = r->expert0, n = r->experts;
     if (e0 < 0 || n < (cfg->num_experts > 0) || e0 > cfg->num_experts - n)
         return k3c_errf(err, K3C_EINVAL, "params: experts [%lld, %lld) of a model of %lld", (long long)e0,
                         (long long)(e0 + n), (long long)cfg->num_experts);
+    if (r->layer0 < 0 || r->layer0 >= r->layer1 || r->layer1 > cfg->num_layers)
+        return k3c_errf(err, K3C_EINVAL, "params: layers [%d, %d) of a model of %lld", r->layer0, r->layer1,
+                        (long long)cfg->num_layers);
     t->layer = malloc((size_t)(cfg->num_layers > 0 ? cfg->num_layers : 1) * sizeof *t->layer);
     if (!t->layer) return k3c_errf(err, K3C_ENOMEM, "params: out of memory");
-    t->experts = cfg->num_experts, t->expert0 = e0, t->held = n;
-    builder bb = {.t = t, .cfg = cfg, .layer = -1, .e0 = e0, .n = n}, *b = &bb;
+    t->experts = cfg->num_experts, t->res = *r;
+    builder bb = {.t = t, .cfg = cfg, .layer = -1, .e0 = e0, .n = n, .l0 = r->layer0, .l1 = r->layer1}, *b = &bb;
     int64_t D = cfg->hidden_size, V = cfg->vocab_size;
     k3c_global_offsets *g = &t->glob;
     snprintf(b->scope, sizeof b->scope, "model.");
@@ -201,6 +216,7 @@ int k3c_params_build_experts(const k3c_config *cfg, int64_t e0, int64_t n, k3c_p
         ffn_params(b, o, cfg->ffn[l] == K3C_FFN_MOE);
     }
     b->layer = -1;
+    b->global_at = (int)cfg->num_layers - 1;
     snprintf(b->scope, sizeof b->scope, "model.");
     g->final_norm = VEC("norm.weight", D);
     g->out_res_norm = g->out_res_proj = K3C_NOPARAM;
@@ -280,7 +296,7 @@ int k3c_params_lookup(const k3c_param_table *t, const char *name, int *expert) {
     }
     if (expert) *expert = -1;
     int i = find_exact(t, name);
-    if (i >= 0) return t->p[i].stack ? -1 : i;
+    if (i >= 0) return t->p[i].stack ? -1 : t->p[i].absent ? K3C_PARAM_NOT_HELD : i;
     /* a routed expert: "...experts.<e>.w1.weight" is slice e of the entry named "...experts.%d.w1.weight" */
     const char *ex = strstr(name, ".experts.");
     if (!ex) return -1;
@@ -291,7 +307,8 @@ int k3c_params_lookup(const k3c_param_table *t, const char *name, int *expert) {
     i = find_exact(t, pat);
     long e = strtol(d, NULL, 10);
     if (i < 0 || !t->p[i].stack || e >= t->experts) return -1;
-    if (e < t->p[i].stack0 || e >= t->p[i].stack0 + t->p[i].stack) return K3C_PARAM_NOT_HELD; /* another rank's */
+    if (t->p[i].absent || e < t->p[i].stack0 || e >= t->p[i].stack0 + t->p[i].stack)
+        return K3C_PARAM_NOT_HELD; /* another rank's */
     if (expert) *expert = (int)(e - t->p[i].stack0);
     return i;
 }

@@ -30,6 +30,7 @@ typedef struct {
     int layer;         /* -1 for global tensors */
     uint8_t mxfp4;     /* stored as MXFP4 (weight_packed + weight_scale) in the source checkpoint */
     int64_t used;      /* leading elements the model reads (A_log padding: only the first H); = numel else */
+    uint8_t absent;    /* 1: outside the table's residency (another pipeline stage's): numel 0, no elements */
 } k3c_param;
 
 /* Offsets (elements into the flat buffer; K3C_NOPARAM when absent) of one decoder layer. */
@@ -58,22 +59,25 @@ typedef struct {
     k3c_layer_offsets *layer; /* cfg->num_layers entries */
     int *slot;                /* open-addressing hash of entry names (stacked entries under their "%d" pattern) */
     int64_t experts;          /* cfg->num_experts: the routed experts of the whole model */
-    int64_t expert0, held;    /* expert residency: the stacked entries hold experts [expert0, expert0 + held) */
+    k3c_residency res;        /* what the entries hold: the stacked ones experts [res.expert0, + res.experts), the
+                                 layers [res.layer0, res.layer1) (the others are absent) */
     int n_slots;              /* a power of two, > 2·n */
 } k3c_param_table;
 
 /* Builds the inventory for cfg (names carry cfg->tensor_prefix). */
 int k3c_params_build(const k3c_config *cfg, k3c_param_table *t, k3c_err *err);
-/* The same with an expert residency (expert parallelism, docs/PARALLEL.md): every stacked routed-expert entry (w1, w3,
- * w2 of each MoE layer) holds only experts [e0, e0 + n) as slices 0..n−1 (stack = n, stack0 = e0); every other entry
- * and the entry order are those of the whole model. (0, num_experts) is k3c_params_build. */
-int k3c_params_build_experts(const k3c_config *cfg, int64_t e0, int64_t n, k3c_param_table *t, k3c_err *err);
+/* The same for a part of the model (docs/PARALLEL.md "Residency"): every stacked routed-expert entry (w1, w3, w2 of
+ * each MoE layer) holds only experts [e0, e0 + n) as slices 0..n−1 (stack = n, stack0 = e0), and the entries outside
+ * the layers [layer0, layer1) (the embedding unless layer0 is 0, the head unless layer1 is the last) are absent: name,
+ * shape and position in the entry order kept, no elements. Entry indices are those of the whole model's table;
+ * k3c_residency_whole(cfg) is k3c_params_build. */
+int k3c_params_build_resident(const k3c_config *cfg, const k3c_residency *r, k3c_param_table *t, k3c_err *err);
 void k3c_params_free(k3c_param_table *t);
 #define K3C_PARAM_NOT_HELD (-2)
 /* The entry whose name (or stacked pattern expanded for some expert) equals `name`; *expert gets the slice (−1 if not
  * stacked): expert e is slice e − stack0. Returns the entry index, −1 for an unknown name, or K3C_PARAM_NOT_HELD for
- * a routed expert of the model outside the table's residency. Also accepts the transformers spelling of the dense layer-0 MLP
- * ("block_sparse_moe.{gate,up,down}_proj" for "mlp.*"). */
+ * a tensor of the model outside the table's residency (another rank's expert or layer). Also accepts the transformers
+ * spelling of the dense layer-0 MLP ("block_sparse_moe.{gate,up,down}_proj" for "mlp.*"). */
 int k3c_params_lookup(const k3c_param_table *t, const char *name, int *expert);
 /* Writes the checkpoint name of slice e of entry p (stacked: expert stack0 + e). */
 void k3c_params_name(const k3c_param *p, int64_t expert, char *buf, size_t n);

@@ -42,7 +42,7 @@ int k3c_qk_clip(const k3c_config *cfg, const k3c_param_table *t, float *w, const
                 int *n_clipped, k3c_err *err) {
     int total = 0;
     if (n_clipped) *n_clipped = 0;
-    for (int l = 0; l < cfg->num_layers; l++) {
+    for (int l = t->res.layer0; l < t->res.layer1; l++) { /* the held layers (another stage clips its own) */
         if (cfg->mixer[l] != K3C_MIXER_MLA) continue;
         int c = 0;
         int rc = k3c_qk_clip_layer(cfg, &t->layer[l], w, s_max + (size_t)l * (size_t)cfg->mla_heads, tau, &c, err);

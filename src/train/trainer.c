@@ -375,13 +375,16 @@ static int save(trainer *tr, k3c_err *err) {
                              .vocab = tr->rc->vocab,
                              .pattern = tr->rc->pattern};
         if (tr->dp) { /* sharded: this rank's entries; the weights from the first DP replica's ranks, one file per
-                         pipeline stage or per EP rank (the first with every entry, the others their experts) */
-            const int writes = tr->pp ? tr->stage_comm->rank == 0 : tr->x_comm ? tr->x_comm->rank == 0 : tr->rank == 0;
+                         pipeline stage and EP rank (the EP rank 0 with the stage's every entry, the others their
+                         experts) */
+            const int stage = tr->pp ? tr->pp->stage : 0, stages = tr->pp ? tr->pp->stages : 1;
+            const k3c_comm *first = tr->x_comm ? tr->x_comm : tr->pp ? tr->stage_comm : tr->world;
+            const int writes = first->rank == 0;
             ck.comm = tr->world, ck.opt = &tr->opt, ck.mine = tr->dp->mine;
             ck.w0 = !writes ? 0 : tr->pp ? tr->pp->e0 : 0;
             ck.w1 = !writes ? 0 : tr->pp ? tr->pp->e1 : tr->m.table.n;
-            ck.w_part = tr->pp ? tr->pp->stage : tr->x_comm ? tr->ep_rank : 0;
-            ck.w_parts = tr->pp ? tr->pp->stages : tr->x_comm ? tr->ep_size : 1;
+            ck.w_part = stage * tr->ep_size + (tr->x_comm ? tr->ep_rank : 0);
+            ck.w_parts = stages * tr->ep_size;
             ck.w_experts_only = tr->x_comm && tr->ep_rank > 0;
             ck.optim_numel += (size_t)save_fault(tr);
         }
@@ -444,14 +447,14 @@ static int load_optim_state(trainer *tr, const char *dir, k3c_err *err) {
     return e;
 }
 
-/* The model of checkpoint `dir` on the host, holding the experts the run's model holds (whichever of its files have
- * them; a held tensor no file has is an error naming it). */
+/* The model of checkpoint `dir` on the host, holding the part of it the run's model holds (its experts and layers,
+ * from whichever of its files have them; a held tensor no file has is an error naming it). */
 static int open_held(trainer *tr, const char *dir, k3c_model *host, k3c_err *err) {
     k3c_config cfg;
     k3c_checkpoint *ck = NULL;
     CHECK_RC(k3c_config_load(dir, &cfg, err));
     CHECK_RC(k3c_ckpt_open(dir, &ck, err));
-    int e = k3c_model_create_experts_f32(&cfg, 0, tr->m.table.expert0, tr->m.table.held, host, err);
+    int e = k3c_model_create_resident_f32(&cfg, 0, &tr->m.table.res, host, err);
     if (!e && (e = k3c_model_load_f32(host, ck, err))) {
         k3c_model_free_f32(host);
         k3c_err_wrap(err, "%s (model.safetensors or the files model.safetensors.index.json names)", dir);
@@ -563,20 +566,20 @@ static int optim_state(trainer *tr, k3c_comm *comm, const k3c_parallel *lay, k3c
         tr->ep.resident = ep > 1;
         tr->m.experts = &tr->ep.exchange;
     }
-    if (comm && lay->pp > 1) { /* stages outermost: stage = rank / (dp·ep), DP with ZeRO-1 inside a stage */
+    k3c_comm *group = comm; /* the DP group: every rank, or a stage's */
+    int e0 = 0, e1 = tr->m.table.n;
+    if (comm && lay->pp > 1) { /* stages outermost: stage = rank / (dp·ep), DP with ZeRO-1 and EP inside a stage */
         const int per = comm->size / (int)lay->pp;
         CHECK_RC(k3c_comm_split(comm, comm->rank / per, comm->rank, &tr->stage_comm, err));
         CHECK_RC(k3c_comm_split(comm, comm->rank % per, comm->rank, &tr->pp_comm, err));
         CHECK_RC(
             k3c_pp_init(&tr->pp_store, tr->pp_comm, &tr->m.cfg, &tr->m.table, (int)lay->micro_batches, tr->be, err));
         tr->pp = &tr->pp_store;
-        CHECK_RC(k3c_dp_init_range(&tr->dp_store, tr->stage_comm, tr->be, &tr->opt, &tr->m.table, tr->pp->e0,
-                                   tr->pp->e1, err));
-        tr->dp = &tr->dp_store;
-    } else if (comm) {
-        if (ep > 1) CHECK_RC(k3c_comm_split(comm, tr->ep_rank, comm->rank, &tr->x_comm, err));
-        CHECK_RC(k3c_dp_init_experts(&tr->dp_store, comm, tr->x_comm, tr->be, &tr->opt, &tr->m.table, 0,
-                                     tr->m.table.n, err));
+        group = tr->stage_comm, e0 = tr->pp->e0, e1 = tr->pp->e1;
+    }
+    if (comm) {
+        if (ep > 1) CHECK_RC(k3c_comm_split(group, tr->ep_rank, group->rank, &tr->x_comm, err));
+        CHECK_RC(k3c_dp_init_experts(&tr->dp_store, group, tr->x_comm, tr->be, &tr->opt, &tr->m.table, e0, e1, err));
         tr->dp = &tr->dp_store;
     }
     if (lay->tp > 1) { /* TP groups: tp consecutive ranks (TP innermost, docs/PARALLEL.md), one part of the batch */
@@ -618,9 +621,11 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     /* expert parallelism: this rank holds its EP group's share of the routed experts only (EP groups: optim_state) */
     tr->ep_size = comm && lay.ep > 1 ? (int)lay.ep : 1;
     tr->ep_rank = tr->ep_size > 1 ? comm->rank % (int)(lay.ep * lay.cp) / (int)lay.cp : 0;
-    int64_t e0 = 0, held = cfg.num_experts;
-    if (tr->ep_size > 1) k3c_ep_experts(&cfg, tr->ep_rank, tr->ep_size, &e0, &held);
-    if ((e = k3c_model_create_experts_f32(&cfg, 1, e0, held, &tr->m, err))) return e;
+    k3c_residency res = k3c_residency_whole(&cfg); /* and a pipeline stage its layers (docs/PARALLEL.md "Residency") */
+    if (tr->ep_size > 1) k3c_ep_experts(&cfg, tr->ep_rank, tr->ep_size, &res.expert0, &res.experts);
+    if (comm && lay.pp > 1) /* stages outermost (optim_state) */
+        k3c_pp_layers(&cfg, comm->rank / (comm->size / (int)lay.pp), (int)lay.pp, &res.layer0, &res.layer1);
+    if ((e = k3c_model_create_resident_f32(&cfg, 1, &res, &tr->m, err))) return e;
     if (lay.dp * lay.ep * lay.tp * lay.pp * lay.cp == 1 && !rc->parallel_force) comm = NULL; /* alone */
     if (rc->parallel_force && !comm) { /* the parallel step over the one-rank communicator (parallel.force) */
         if ((e = k3c_comm_self(&tr->own_comm, err))) return e;

@@ -40,7 +40,7 @@
 #define STEPS 3
 #define TOL 1e-5     /* against the single-process CUDA step */
 #define CPU_TOL 1e-4 /* against the single-process CPU step (both fp32; ≤ 6.8e-6 seen on the H200, 2026-12-03) */
-#define MICRO 4 /* pipeline micro-batches per step */
+#define MICRO 4      /* pipeline micro-batches per step */
 #define CONFIG "configs/k3_test_tiny.json" /* the CPU tests' model (test_dist_dp.c); --config FILE runs another */
 
 /* A layout: the degrees of the parallel pieces over the communicator's ranks (0: the piece is not used; 1: it is,
@@ -53,9 +53,10 @@ typedef struct {
 static int runner_init(runner *r, const k3c_config *cfg, const k3c_backend_f32 *be, k3c_comm *comm, layout lay,
                        k3c_err *err) {
     memset(r, 0, sizeof *r);
-    int64_t e0, held; /* EP: this rank's experts only */
-    ep_residency(cfg, comm ? comm->rank : 0, comm ? lay.ep : 1, lay.cp, &e0, &held);
-    CHECK_RC(k3c_model_create_experts_f32(cfg, 1, e0, held, &r->m, err));
+    /* EP: this rank's experts only, PP: its stage's layers only */
+    const k3c_residency res =
+        residency_of(cfg, comm ? comm->rank : 0, comm ? comm->size : 1, comm ? lay.ep : 1, comm ? lay.pp : 1, lay.cp);
+    CHECK_RC(k3c_model_create_resident_f32(cfg, 1, &res, &r->m, err));
     k3c_model_init_f32(&r->m, 7, 0.1);
     r->m.kda_chunk = 64; /* the CUDA kernels' chunk */
     if (be) CHECK_RC(k3c_model_use_backend_f32(&r->m, be, err));
@@ -87,12 +88,11 @@ static void runner_free(runner *r) {
     k3c_optim_free(&r->opt);
 }
 
-/* Host copies of a runner's weights and full optimizer state (under ZeRO-1 gathered from the shards, with pipeline
- * stages from every stage: the weights in place in backend memory). */
+/* Host copies of a runner's weights and full optimizer state of what it holds (under ZeRO-1 gathered from the shards;
+ * a pipeline stage's entries only). */
 static int fetch(runner *r, float *w, float *state, k3c_err *err) {
     if (r->d.dist) {
         CHECK_RC(k3c_dp_gather_state(&r->d.dp, r->state, state, err));
-        if (r->d.use_pp) CHECK_RC(k3c_pp_gather(&r->d.pp, &r->m.table, &r->opt, r->m.w, state, err));
     } else if (state) {
         CHECK_RC(r->be->download(state, r->state, sizeof(float) * r->opt.state_numel, err));
     }
@@ -218,7 +218,8 @@ static void compare(k3c_comm *comm, const k3c_backend_f32 *cuda, const char *con
     ok = ok && fetch(&cpu, w_cpu, s_cpu, &err) == K3C_OK && fetch(&ref, w_ref, s_ref, &err) == K3C_OK &&
          fetch(&par, w_par, s_par, &err) == K3C_OK;
     CHECK(ok, "%s: %s", name, err.msg);
-    /* compared in the parallel rank's layout (with EP its experts only): the one-process runs' part of it */
+    /* compared in the parallel rank's layout (with EP its experts, with PP its stage's only): the one-process runs' part
+       of it */
     float *whole = malloc(sizeof(float) * (5 * n + 2 * ns + 1)), *w_ref_whole = w_ref;
     if (ok && whole) {
         const k3c_param_table *h = &par.m.table;
@@ -233,7 +234,7 @@ static void compare(k3c_comm *comm, const k3c_backend_f32 *cuda, const char *con
     ok = ok && whole;
     if (ok) {
         const size_t n = t->total; /* the parallel rank's */
-        diffs dg = {0}, dc = {0}; /* against the CUDA process, against the CPU process */
+        diffs dg = {0}, dc = {0};  /* against the CUDA process, against the CPU process */
         for (int s = 0; s < STEPS; s++) {
             dg.loss = fmax(dg.loss, fabs(l_par[s] - l_ref[s]) / fabs(l_ref[s]));
             dc.loss = fmax(dc.loss, fabs(l_par[s] - l_cpu[s]) / fabs(l_cpu[s]));
@@ -260,18 +261,20 @@ static void compare(k3c_comm *comm, const k3c_backend_f32 *cuda, const char *con
         for (int i = 0; i < t->n; i++)
             for (int64_t j = 0; t->p[i].kind == K3C_PK_ROUTER_BIAS && j < t->p[i].numel; j++)
                 moved |= w_ref[t->p[i].offset + j] != 0;
+        CHECK_OK(k3c_comm_allreduce(comm, &moved, &moved, 1, K3C_I32, K3C_COMM_MAX, NULL, &err), &err); /* stages */
         CHECK(moved, "quantile balancing left every router bias at 0");
-        /* ZeRO-1: identical on every rank holding them (the experts under EP: the ranks holding the same ones) */
+        /* ZeRO-1: identical on every rank holding them (a stage's ranks; the experts under EP: the ranks holding the
+           same ones) */
         float *lo = malloc(sizeof(float) * n), *hi = malloc(sizeof(float) * n);
         for (int pass = 0; lo && hi && pass < 2; pass++) {
-            k3c_comm *c = pass && par.d.x_comm ? par.d.x_comm : comm;
+            k3c_comm *c = pass && par.d.x_comm ? par.d.x_comm : par.d.use_pp ? par.d.stage_comm : comm;
             CHECK_OK(k3c_comm_allreduce(c, w_par, lo, (int64_t)n, K3C_F32, K3C_COMM_MIN, NULL, &err), &err);
             CHECK_OK(k3c_comm_allreduce(c, w_par, hi, (int64_t)n, K3C_F32, K3C_COMM_MAX, NULL, &err), &err);
             size_t spread = 0;
             for (int i = 0; i < t->n; i++)
                 if (!par.d.x_comm || !t->p[i].stack == !pass)
-                    spread += memcmp(lo + t->p[i].offset, hi + t->p[i].offset,
-                                     sizeof(float) * (size_t)t->p[i].numel) != 0;
+                    spread +=
+                        memcmp(lo + t->p[i].offset, hi + t->p[i].offset, sizeof(float) * (size_t)t->p[i].numel) != 0;
             CHECK(spread == 0, "%s: weights differ between ranks (%zu entries)", name, spread);
         }
         CHECK(lo && hi, "out of memory");
@@ -395,8 +398,10 @@ static void run_all(k3c_comm *c, const k3c_backend_f32 *cuda, const char *config
         compare(c, cuda, config, (layout){0, 0, N, 0});
     }
     compare(c, cuda, config, (layout){0, 0, 0, N});
+    if (N == 1) compare(c, cuda, config, (layout){1, 0, 1, 0}); /* ep×pp: the expert exchange inside a stage */
     if (N != 4) return;
-    static const layout pairs[] = {{2, 0, 0, 0}, {0, 2, 0, 0}, {0, 0, 2, 0}, {0, 2, 2, 0}, {0, 0, 0, 2}, {2, 0, 0, 2}};
+    static const layout pairs[] = {{2, 0, 0, 0}, {0, 2, 0, 0}, {0, 0, 2, 0}, {0, 2, 2, 0},
+                                   {2, 0, 2, 0}, {0, 0, 0, 2}, {2, 0, 0, 2}};
     for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) compare(c, cuda, config, pairs[i]);
 }
 
