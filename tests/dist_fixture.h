@@ -104,11 +104,13 @@ typedef struct {
 } dist_pieces;
 
 /* What world rank `rank` of `size` holds (docs/PARALLEL.md "Residency"): the experts of its EP rank (EP groups: ep
- * consecutive ranks, or every cp-th next to CP; ep < 2: all) and the layers of its pipeline stage (stages outermost:
- * rank / (size / pp); pp < 2: all). */
-static k3c_residency residency_of(const k3c_config *cfg, int rank, int size, int ep, int pp, int cp) {
+ * consecutive ranks, or every tp-th or cp-th next to TP or CP, k3c_ep_place; ep < 2: all) and the layers of its
+ * pipeline stage (stages outermost: rank / (size / pp); pp < 2: all). */
+static k3c_residency residency_of(const k3c_config *cfg, int rank, int size, int ep, int tp, int pp, int cp) {
     k3c_residency r = k3c_residency_whole(cfg);
-    if (ep > 1) k3c_ep_experts(cfg, rank % (ep * (cp > 1 ? cp : 1)) / (cp > 1 ? cp : 1), ep, &r.expert0, &r.experts);
+    int ep_rank, color;
+    k3c_ep_place(rank, ep > 1 ? ep : 1, (tp > 1 ? tp : 1) * (cp > 1 ? cp : 1), &ep_rank, &color);
+    if (ep > 1) k3c_ep_experts(cfg, ep_rank, ep, &r.expert0, &r.experts);
     if (pp > 1) k3c_pp_layers(cfg, rank / (size / pp), pp, &r.layer0, &r.layer1);
     return r;
 }
@@ -145,8 +147,10 @@ static int pieces_init(dist_pieces *d, k3c_model *m, const k3c_backend_f32 *be, 
                        int ep, int tp, int pp, int cp, int micro, int64_t T_cap, k3c_err *err) {
     memset(d, 0, sizeof *d);
     if (!comm) return K3C_OK;
-    if (ep) { /* the EP group: ranks that share rank / ep (as docs/PLAN.md orders ranks), or every cp-th next to CP */
-        int color = cp ? comm->rank / (ep * cp) * cp + comm->rank % cp : comm->rank / ep;
+    if (ep) { /* the EP group: ep consecutive ranks (as docs/PLAN.md orders ranks), or every tp-th or cp-th next to TP
+                 or CP (k3c_ep_place) */
+        int ep_rank, color;
+        k3c_ep_place(comm->rank, ep, (tp ? tp : 1) * (cp ? cp : 1), &ep_rank, &color);
         CHECK_RC(k3c_comm_split(comm, color, comm->rank, &d->ep_comm, err));
         CHECK_RC(k3c_ep_init(&d->ep, d->ep_comm, be, &m->cfg, err));
         d->ep.resident = m->table.res.experts < m->table.experts;

@@ -3,7 +3,7 @@
  * one global batch of packed documents, once whole on every rank (the reference: the trainer's single-process step)
  * and once split over the ranks (the trainer's parallel step) at every layout of the ranks: dp = N, ep = N, dp2×ep2,
  * pp = N (4 micro-batches, 1F1B), dp2×pp2, ep2×pp2, tp = N (src/dist/tp.c; tp4 on a 4-head variant), dp2×tp2,
- * tp2×pp2, cp = N (src/dist/cp.c), dp2×cp2 and cp2×ep2.
+ * tp2×pp2, ep2×tp2, cp = N (src/dist/cp.c), dp2×cp2 and cp2×ep2.
  * fp32; relative difference of a tensor = ‖x − ref‖₂ / ‖ref‖₂ per parameter-table entry (test_rel_err), tolerance
  * 1e-5 for the loss, every gradient of step 1 (after the sum over ranks) and every weight and optimizer-state entry
  * after 3 steps (Muon + AdamW with clipping active, QK-Clip clipping heads, exact quantile balancing; router biases
@@ -22,7 +22,7 @@ static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep,
     memset(r, 0, sizeof *r);
     /* EP: this rank's experts only, PP: its stage's layers only */
     const k3c_residency res =
-        residency_of(cfg, comm ? comm->rank : 0, comm ? comm->size : 1, comm ? ep : 1, comm ? pp : 1, cp);
+        residency_of(cfg, comm ? comm->rank : 0, comm ? comm->size : 1, comm ? ep : 1, tp, comm ? pp : 1, cp);
     CHECK_RC(k3c_model_create_resident_f32(cfg, 1, &res, &r->m, err));
     k3c_model_init_f32(&r->m, 7, 0.1);
     r->m.kda_chunk = 16;
@@ -613,10 +613,9 @@ static void layouts(void) {
           "tp not dividing the MLP: %s", err.msg);
     CHECK(k3c_parallel_resolve(&(k3c_parallel){2, 1, 2, 1, 1, 0}, &cfg, 4, "run.json", &out, &err) == 0 && out.tp == 2,
           "dp2×tp2 on 4 ranks: %s", err.msg);
-    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 2, 2, 1, 1, 0}, &cfg, 4, "run.json", &out, &err) ==
-                  K3C_EUNSUPPORTED &&
-              strstr(err.msg, "tp = 2 with ep = 2"),
-          "tp with ep: %s", err.msg);
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 2, 2, 1, 1, 0}, &cfg, 4, "run.json", &out, &err) == 0 &&
+              out.ep == 2 && out.tp == 2,
+          "ep2×tp2 on 4 ranks: %s", err.msg);
     CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 3, 1, 0}, &cfg, 3, "run.json", &out, &err) == K3C_ECONFIG &&
               strstr(err.msg, "layers"),
           "pp not dividing layers: %s", err.msg);
@@ -682,7 +681,7 @@ static void ep_bf16_wire(k3c_comm *comm) {
 }
 
 /* Every layout of the ranks there are: dp, ep, pp, tp and cp = size; on 4 ranks dp2×ep2, dp2×pp2, dp2×tp2, tp2×pp2,
- * ep2×pp2, dp2×cp2 and cp2×ep2. */
+ * ep2×pp2, ep2×tp2, dp2×cp2 and cp2×ep2. */
 static void run_all(k3c_comm *comm) {
     split_rules(comm);
     reduce_scatter_rules(comm);
@@ -706,6 +705,7 @@ static void run_all(k3c_comm *comm) {
         compare(comm, 1, 1, tp, 1, K3C_QB_EXACT);
     if (comm->size == 4) compare(comm, 1, 2, 2, 1, K3C_QB_EXACT); /* tp2×pp2 */
     if (comm->size == 4) compare(comm, 2, 2, 1, 1, K3C_QB_EXACT); /* ep2×pp2 */
+    if (comm->size == 4) compare(comm, 2, 1, 2, 1, K3C_QB_EXACT); /* ep2×tp2 */
     for (int cp = 2; cp <= comm->size; cp *= 2)                   /* cp = size, and cp2×dp2 on 4 ranks */
         compare(comm, 1, 1, 1, cp, K3C_QB_EXACT);
     if (comm->size == 4) compare(comm, 2, 1, 1, 2, K3C_QB_EXACT); /* cp2×ep2 */

@@ -4,7 +4,8 @@
  * absolute, see ckpt_diff), a dp2 run resumed from its own checkpoint continues bit for bit, a dp2 checkpoint resumed
  * by one process (and a one-process checkpoint resumed at dp2) continues like the single process; the same for ep2,
  * dp2×ep2, pp2, dp2×pp2, ep2×pp2 (its checkpoint resumed by one process and at pp2, a pp2 one at ep2×pp2), tp2,
- * tp2×pp2 (a dp2×ep2 checkpoint resumed at tp2, a tp2 checkpoint by one process), cp2,
+ * tp2×pp2 (a dp2×ep2 checkpoint resumed at tp2, a tp2 checkpoint by one process), ep2×tp2 (its checkpoint resumed by
+ * one process, a tp2 one at ep2×tp2), cp2,
  * dp2×cp2 and ep2×cp2; one rank with "force" (the parallel step kept) equals one process; and impossible layouts fail
  * with messages naming the field. */
 #include "test.h"
@@ -374,6 +375,18 @@ int main(void) {
     CHECK(st == 0, "mpirun -np 4 k3c train (tp2×pp2) exited %d:\n%s", st, out);
     check_close(&fx, "tppp", "one", 4, "tp2×pp2 vs one process");
     resume_mpi(&fx, "res5", "{\"tp\": 2}", 2, "dpep", "dp2×ep2 checkpoint resumed at tp2");
+    /* expert groups beside the TP groups: ep2×tp2 on 4 ranks (EP groups of every second rank), its checkpoint resumed
+       by one process, and a tp2 checkpoint resumed at ep2×tp2 */
+    char eptp[1400], res14[1400];
+    write_cfg(&fx, "eptp", "{\"ep\": 2, \"tp\": 2}", eptp, sizeof eptp);
+    st = k3c_mpi(4, eptp, "", out, sizeof out);
+    CHECK(st == 0, "mpirun -np 4 k3c train (ep2×tp2) exited %d:\n%s", st, out);
+    check_close(&fx, "eptp", "one", 4, "ep2×tp2 vs one process");
+    write_cfg(&fx, "res14", NULL, res14, sizeof res14);
+    copy_at_step2(&fx, "res14", "eptp");
+    CHECK_OK(train(res14, 1, 0, NULL, &r, &err), &err);
+    check_close(&fx, "res14", "one", 4, "ep2×tp2 checkpoint resumed by one process");
+    resume_mpi(&fx, "res15", "{\"ep\": 2, \"tp\": 2}", 4, "tp2", "tp2 checkpoint resumed at ep2×tp2");
     write_cfg(&fx, "res6", NULL, res6, sizeof res6);
     copy_at_step2(&fx, "res6", "tp2");
     CHECK_OK(train(res6, 1, 0, NULL, &r, &err), &err);

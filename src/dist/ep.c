@@ -239,6 +239,11 @@ void k3c_ep_experts(const k3c_config *cfg, int rank, int size, int64_t *e0, int6
     *e0 = (int64_t)rank * *n;
 }
 
+void k3c_ep_place(int rank, int ep, int inner, int *ep_rank, int *color) {
+    *ep_rank = rank % (ep * inner) / inner;
+    *color = rank / (ep * inner) * inner + rank % inner;
+}
+
 void k3c_ep_free(k3c_ep *ep) {
     const k3c_backend_f32 *be = ep->be;
     for (int l = 0; ep->layer && l < ep->n_layers; l++) {

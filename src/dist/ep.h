@@ -53,5 +53,9 @@ int k3c_ep_init(k3c_ep *ep, k3c_comm *comm, const k3c_backend_f32 *be, const k3c
 void k3c_ep_free(k3c_ep *ep);
 /* The experts rank `rank` of an EP group of `size` holds: [*e0, *e0 + *n) (size divides cfg's routed experts). */
 void k3c_ep_experts(const k3c_config *cfg, int rank, int size, int64_t *e0, int64_t *n);
+/* Where world rank `rank` sits in the EP groups of `ep` ranks (docs/PARALLEL.md "Launch"): a group takes every
+ * inner-th rank, inner being the TP or CP group's size (those innermost; 1 without them), so its ranks share
+ * rank / (ep·inner) and rank % inner; *ep_rank: its rank in the group, *color: the group's (k3c_comm_split). */
+void k3c_ep_place(int rank, int ep, int inner, int *ep_rank, int *color);
 
 #endif

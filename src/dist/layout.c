@@ -40,7 +40,6 @@ int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world
     } unbuilt[] = {
         {4, 3, "context parallelism combines with data and expert parallelism only so far"},
         {4, 2, "context and tensor parallelism do not combine yet"},
-        {2, 1, "tensor parallelism combines with data and pipeline parallelism only so far"},
     };
     for (size_t i = 0; i < sizeof unbuilt / sizeof *unbuilt; i++)
         if (d[unbuilt[i].a] > 1 && d[unbuilt[i].b] > 1)

@@ -552,12 +552,13 @@ static int resume(trainer *tr, k3c_err *err) {
 static int optim_state(trainer *tr, k3c_comm *comm, const k3c_parallel *lay, k3c_err *err) {
     tr->be = k3c_model_backend_f32(&tr->m);
     int64_t ep = lay->ep;
-    /* EP groups: ep consecutive ranks (EP inside DP), or every cp-th (CP innermost, docs/PARALLEL.md); with
-       parallel.force even groups of one rank. The ranks holding the same experts (one per DP replica) own and
-       sum those experts' entries among themselves (ZeRO-1 over them), the other entries over every rank. */
+    /* EP groups: ep consecutive ranks (EP inside DP), or every tp-th or cp-th (TP or CP innermost,
+       docs/PARALLEL.md); with parallel.force even groups of one rank. The ranks holding the same experts (one per
+       DP replica and TP rank) own and sum those experts' entries among themselves (ZeRO-1 over them), the other
+       entries over every rank. */
     if (comm && (ep > 1 || tr->rc->parallel_force)) {
-        const int cp = (int)lay->cp,
-                  color = cp > 1 ? comm->rank / ((int)ep * cp) * cp + comm->rank % cp : comm->rank / (int)ep;
+        int ep_rank, color;
+        k3c_ep_place(comm->rank, (int)ep, (int)(lay->tp * lay->cp), &ep_rank, &color);
         CHECK_RC(k3c_comm_split(comm, color, comm->rank, &tr->ep_comm, err));
         if (tr->ep_comm->rank != tr->ep_rank)
             return k3c_errf(err, K3C_EINVAL, "expert parallelism: rank %d is EP rank %d, expected %d", comm->rank,
@@ -620,7 +621,8 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     if ((e = k3c_parallel_resolve(&rc->parallel, &cfg, comm ? comm->size : 1, rc->path, &lay, err))) return e;
     /* expert parallelism: this rank holds its EP group's share of the routed experts only (EP groups: optim_state) */
     tr->ep_size = comm && lay.ep > 1 ? (int)lay.ep : 1;
-    tr->ep_rank = tr->ep_size > 1 ? comm->rank % (int)(lay.ep * lay.cp) / (int)lay.cp : 0;
+    int color;
+    if (tr->ep_size > 1) k3c_ep_place(comm->rank, tr->ep_size, (int)(lay.tp * lay.cp), &tr->ep_rank, &color);
     k3c_residency res = k3c_residency_whole(&cfg); /* and a pipeline stage its layers (docs/PARALLEL.md "Residency") */
     if (tr->ep_size > 1) k3c_ep_experts(&cfg, tr->ep_rank, tr->ep_size, &res.expert0, &res.experts);
     if (comm && lay.pp > 1) /* stages outermost (optim_state) */

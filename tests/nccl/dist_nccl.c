@@ -54,8 +54,8 @@ static int runner_init(runner *r, const k3c_config *cfg, const k3c_backend_f32 *
                        k3c_err *err) {
     memset(r, 0, sizeof *r);
     /* EP: this rank's experts only, PP: its stage's layers only */
-    const k3c_residency res =
-        residency_of(cfg, comm ? comm->rank : 0, comm ? comm->size : 1, comm ? lay.ep : 1, comm ? lay.pp : 1, lay.cp);
+    const k3c_residency res = residency_of(cfg, comm ? comm->rank : 0, comm ? comm->size : 1, comm ? lay.ep : 1, lay.tp,
+                                           comm ? lay.pp : 1, lay.cp);
     CHECK_RC(k3c_model_create_resident_f32(cfg, 1, &res, &r->m, err));
     k3c_model_init_f32(&r->m, 7, 0.1);
     r->m.kda_chunk = 64; /* the CUDA kernels' chunk */
@@ -399,9 +399,10 @@ static void run_all(k3c_comm *c, const k3c_backend_f32 *cuda, const char *config
     }
     compare(c, cuda, config, (layout){0, 0, 0, N});
     if (N == 1) compare(c, cuda, config, (layout){1, 0, 1, 0}); /* ep×pp: the expert exchange inside a stage */
+    if (N == 1) compare(c, cuda, config, (layout){1, 1, 0, 0}); /* ep×tp: the expert exchange beside TP */
     if (N != 4) return;
     static const layout pairs[] = {{2, 0, 0, 0}, {0, 2, 0, 0}, {0, 0, 2, 0}, {0, 2, 2, 0},
-                                   {2, 0, 2, 0}, {0, 0, 0, 2}, {2, 0, 0, 2}};
+                                   {2, 0, 2, 0}, {2, 2, 0, 0}, {0, 0, 0, 2}, {2, 0, 0, 2}};
     for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) compare(c, cuda, config, pairs[i]);
 }
 
