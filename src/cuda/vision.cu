@@ -14,23 +14,38 @@ constexpr float GELU_C = 0.7978845608028654f, GELU_A = 0.044715f, INV_SQRT2 = 0.
                 INV_SQRT_2PI = 0.3989422804014327f;
 constexpr int MAX_DH = 256;
 
-/* ================================================================ GELU */
+/* ================================================================ GELU
+ * 1 + erf(z) and 1 + tanh(u) cancel to 0 in float for negative inputs (erff(−3.9) rounds to −1), where the CPU's double
+ * keeps the tiny tail; so the kernels use erfc(−z) and 1 + tanh(u) = 2σ(2u), 1 − tanh²(u) = 4σ(2u)(1 − σ(2u)) with
+ * σ and 1 − σ both from e = exp(−2u), accurate on both sides. */
+__device__ inline void tanh_parts(float u, float *s, float *one_minus_s) {
+    const float e = expf(-2.f * u); /* inf for very negative u: s = 0, 1 − s = 1 (nan-free) */
+    *s = 1.f / (1.f + e);
+    *one_minus_s = isinf(e) ? 1.f : e / (1.f + e);
+}
+
 __global__ void gelu_kernel(int64_t n, const float *x, float *y, int erf_form) {
     GRID_STRIDE(i, n) {
         const float v = x[i];
-        y[i] = erf_form ? 0.5f * v * (1.f + erff(v * INV_SQRT2))
-                        : 0.5f * v * (1.f + tanhf(GELU_C * (v + GELU_A * v * v * v)));
+        if (erf_form) {
+            y[i] = 0.5f * v * erfcf(-v * INV_SQRT2);
+        } else {
+            float s, r;
+            tanh_parts(GELU_C * (v + GELU_A * v * v * v), &s, &r);
+            y[i] = v * s;
+        }
     }
 }
 __global__ void gelu_bwd_kernel(int64_t n, const float *x, const float *dy, float *dx, int erf_form) {
     GRID_STRIDE(i, n) {
         const float v = x[i];
         float d;
-        if (erf_form)
-            d = 0.5f * (1.f + erff(v * INV_SQRT2)) + v * INV_SQRT_2PI * expf(-0.5f * v * v);
-        else {
-            const float t = tanhf(GELU_C * (v + GELU_A * v * v * v));
-            d = 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * GELU_C * (1.f + 3.f * GELU_A * v * v);
+        if (erf_form) {
+            d = 0.5f * erfcf(-v * INV_SQRT2) + v * INV_SQRT_2PI * expf(-0.5f * v * v);
+        } else {
+            float s, r;
+            tanh_parts(GELU_C * (v + GELU_A * v * v * v), &s, &r);
+            d = s + 2.f * v * s * r * GELU_C * (1.f + 3.f * GELU_A * v * v);
         }
         dx[i] += dy[i] * d;
     }
