@@ -210,6 +210,28 @@ static void check_bad_shards(const fixture *fx) {
     free(st);
 }
 
+/* `name` (its "parallel" block) trained from scratch on np ranks continues like one process (steps 2 and 4). */
+static void run_mpi(const fixture *fx, const char *name, const char *parallel, int np, const char *what) {
+    static char out[1 << 16];
+    char cfg[1400];
+    write_cfg(fx, name, parallel, cfg, sizeof cfg);
+    int st = k3c_mpi(np, cfg, "", out, sizeof out);
+    CHECK(st == 0, "mpirun -np %d k3c train (%s) exited %d:\n%s", np, what, st, out);
+    check_close(fx, name, "one", 2, what);
+    check_close(fx, name, "one", 4, what);
+}
+
+/* `name` (one process) resumed from `from`'s checkpoint of step 2 continues like one process. */
+static void resume_one(const fixture *fx, const char *name, const char *from, const char *what) {
+    char cfg[1400];
+    k3c_err err = {0};
+    k3c_train_result r;
+    write_cfg(fx, name, NULL, cfg, sizeof cfg);
+    copy_at_step2(fx, name, from);
+    CHECK_OK(train(cfg, 1, 0, NULL, &r, &err), &err);
+    check_close(fx, name, "one", 4, what);
+}
+
 /* Run `name` (its "parallel" block) resumed on np ranks from `from`'s checkpoint of step 2 continues like one process. */
 static void resume_mpi(const fixture *fx, const char *name, const char *parallel, int np, const char *from,
                        const char *what) {
@@ -267,7 +289,7 @@ int main(void) {
         return 1;
     }
     static char out[1 << 16];
-    char one[1400], dp2[1400], dp2b[1400], res1[1400], bad[1400];
+    char one[1400], dp2b[1400], bad[1400];
     k3c_err err = {0};
     k3c_train_result r;
     write_cfg(&fx, "one", NULL, one, sizeof one);
@@ -284,11 +306,7 @@ int main(void) {
     CHECK(st == 0, "mpirun -np 1 k3c train (parallel.force) exited %d:\n%s", st, out);
     check_close(&fx, "force2", "one", 4, "mpirun -np 1 with parallel.force vs one process");
 
-    write_cfg(&fx, "dp2", "{\"dp\": 2}", dp2, sizeof dp2);
-    st = k3c_mpi(2, dp2, "", out, sizeof out);
-    CHECK(st == 0, "mpirun -np 2 k3c train (dp2) exited %d:\n%s", st, out);
-    check_close(&fx, "dp2", "one", 2, "dp2 vs one process");
-    check_close(&fx, "dp2", "one", 4, "dp2 vs one process");
+    run_mpi(&fx, "dp2", "{\"dp\": 2}", 2, "dp2 vs one process");
 
     /* dp2 stopped after 2 steps and resumed at dp2: bit for bit the uninterrupted dp2 run */
     write_cfg(&fx, "dp2b", "{\"dp\": 2}", dp2b, sizeof dp2b);
@@ -298,59 +316,26 @@ int main(void) {
     check_same_final_at(&fx, "dp2b", "dp2", 4, "dp2 resumed at dp2");
 
     /* a dp2 checkpoint resumed by one process, and a one-process checkpoint resumed at dp2 */
-    write_cfg(&fx, "res1", NULL, res1, sizeof res1);
-    copy_at_step2(&fx, "res1", "dp2b");
-    CHECK_OK(train(res1, 1, 0, NULL, &r, &err), &err);
-    check_close(&fx, "res1", "one", 4, "dp2 checkpoint resumed by one process");
+    resume_one(&fx, "res1", "dp2b", "dp2 checkpoint resumed by one process");
 
     resume_mpi(&fx, "res2", "{\"dp\": 2}", 2, "one", "one-process checkpoint resumed at dp2");
 
     /* expert parallelism: ep2 on 2 ranks, dp2×ep2 on 4, and a dp2×ep2 checkpoint resumed by one process */
-    char ep2[1400], dpep[1400], res3[1400];
-    write_cfg(&fx, "ep2", "{\"ep\": 2}", ep2, sizeof ep2);
-    st = k3c_mpi(2, ep2, "", out, sizeof out);
-    CHECK(st == 0, "mpirun -np 2 k3c train (ep2) exited %d:\n%s", st, out);
-    check_close(&fx, "ep2", "one", 4, "ep2 vs one process");
-    write_cfg(&fx, "dpep", "{\"dp\": 2, \"ep\": 2}", dpep, sizeof dpep);
-    st = k3c_mpi(4, dpep, "", out, sizeof out);
-    CHECK(st == 0, "mpirun -np 4 k3c train (dp2×ep2) exited %d:\n%s", st, out);
-    check_close(&fx, "dpep", "one", 2, "dp2×ep2 vs one process");
-    check_close(&fx, "dpep", "one", 4, "dp2×ep2 vs one process");
-    write_cfg(&fx, "res3", NULL, res3, sizeof res3);
-    copy_at_step2(&fx, "res3", "dpep");
-    CHECK_OK(train(res3, 1, 0, NULL, &r, &err), &err);
-    check_close(&fx, "res3", "one", 4, "dp2×ep2 checkpoint resumed by one process");
+    run_mpi(&fx, "ep2", "{\"ep\": 2}", 2, "ep2 vs one process");
+    run_mpi(&fx, "dpep", "{\"dp\": 2, \"ep\": 2}", 4, "dp2×ep2 vs one process");
+    resume_one(&fx, "res3", "dpep", "dp2×ep2 checkpoint resumed by one process");
 
     /* pipeline parallelism: pp2 on 2 ranks, dp2×pp2 on 4 (micro-batches = pp), and a pp2 checkpoint resumed by one
        process */
-    char pp2[1400], dppp[1400], res4[1400];
-    write_cfg(&fx, "pp2", "{\"pp\": 2}", pp2, sizeof pp2);
-    st = k3c_mpi(2, pp2, "", out, sizeof out);
-    CHECK(st == 0, "mpirun -np 2 k3c train (pp2) exited %d:\n%s", st, out);
-    check_close(&fx, "pp2", "one", 2, "pp2 vs one process");
-    check_close(&fx, "pp2", "one", 4, "pp2 vs one process");
-    write_cfg(&fx, "dppp", "{\"dp\": 2, \"pp\": 2}", dppp, sizeof dppp);
-    st = k3c_mpi(4, dppp, "", out, sizeof out);
-    CHECK(st == 0, "mpirun -np 4 k3c train (dp2×pp2) exited %d:\n%s", st, out);
-    check_close(&fx, "dppp", "one", 4, "dp2×pp2 vs one process");
-    write_cfg(&fx, "res4", NULL, res4, sizeof res4);
-    copy_at_step2(&fx, "res4", "pp2");
-    CHECK_OK(train(res4, 1, 0, NULL, &r, &err), &err);
-    check_close(&fx, "res4", "one", 4, "pp2 checkpoint resumed by one process");
+    run_mpi(&fx, "pp2", "{\"pp\": 2}", 2, "pp2 vs one process");
+    run_mpi(&fx, "dppp", "{\"dp\": 2, \"pp\": 2}", 4, "dp2×pp2 vs one process");
+    resume_one(&fx, "res4", "pp2", "pp2 checkpoint resumed by one process");
 
     /* expert parallelism inside pipeline stages: ep2×pp2 on 4 ranks (each rank holds its stage's layers and its
        experts of them), its checkpoint (a model file per stage and EP rank) resumed by one process and at pp2, and a
        pp2 checkpoint resumed at ep2×pp2 */
-    char eppp[1400], res11[1400];
-    write_cfg(&fx, "eppp", "{\"ep\": 2, \"pp\": 2}", eppp, sizeof eppp);
-    st = k3c_mpi(4, eppp, "", out, sizeof out);
-    CHECK(st == 0, "mpirun -np 4 k3c train (ep2×pp2) exited %d:\n%s", st, out);
-    check_close(&fx, "eppp", "one", 2, "ep2×pp2 vs one process");
-    check_close(&fx, "eppp", "one", 4, "ep2×pp2 vs one process");
-    write_cfg(&fx, "res11", NULL, res11, sizeof res11);
-    copy_at_step2(&fx, "res11", "eppp");
-    CHECK_OK(train(res11, 1, 0, NULL, &r, &err), &err);
-    check_close(&fx, "res11", "one", 4, "ep2×pp2 checkpoint resumed by one process");
+    run_mpi(&fx, "eppp", "{\"ep\": 2, \"pp\": 2}", 4, "ep2×pp2 vs one process");
+    resume_one(&fx, "res11", "eppp", "ep2×pp2 checkpoint resumed by one process");
     resume_mpi(&fx, "res12", "{\"pp\": 2}", 2, "eppp", "ep2×pp2 checkpoint resumed at pp2");
     resume_mpi(&fx, "res13", "{\"ep\": 2, \"pp\": 2}", 4, "pp2", "pp2 checkpoint resumed at ep2×pp2");
 
@@ -364,33 +349,15 @@ int main(void) {
 
     /* tensor parallelism: tp2 on 2 ranks, tp2×pp2 on 4; a dp2×ep2 checkpoint (four optimizer shards) resumed at
        tp2 (each rank reads the entries it owns from whichever shards hold them), and a tp2 checkpoint resumed by one process */
-    char tp2[1400], tppp[1400], res6[1400];
-    write_cfg(&fx, "tp2", "{\"tp\": 2}", tp2, sizeof tp2);
-    st = k3c_mpi(2, tp2, "", out, sizeof out);
-    CHECK(st == 0, "mpirun -np 2 k3c train (tp2) exited %d:\n%s", st, out);
-    check_close(&fx, "tp2", "one", 2, "tp2 vs one process");
-    check_close(&fx, "tp2", "one", 4, "tp2 vs one process");
-    write_cfg(&fx, "tppp", "{\"tp\": 2, \"pp\": 2}", tppp, sizeof tppp);
-    st = k3c_mpi(4, tppp, "", out, sizeof out);
-    CHECK(st == 0, "mpirun -np 4 k3c train (tp2×pp2) exited %d:\n%s", st, out);
-    check_close(&fx, "tppp", "one", 4, "tp2×pp2 vs one process");
+    run_mpi(&fx, "tp2", "{\"tp\": 2}", 2, "tp2 vs one process");
+    run_mpi(&fx, "tppp", "{\"tp\": 2, \"pp\": 2}", 4, "tp2×pp2 vs one process");
     resume_mpi(&fx, "res5", "{\"tp\": 2}", 2, "dpep", "dp2×ep2 checkpoint resumed at tp2");
     /* expert groups beside the TP groups: ep2×tp2 on 4 ranks (EP groups of every second rank), its checkpoint resumed
        by one process, and a tp2 checkpoint resumed at ep2×tp2 */
-    char eptp[1400], res14[1400];
-    write_cfg(&fx, "eptp", "{\"ep\": 2, \"tp\": 2}", eptp, sizeof eptp);
-    st = k3c_mpi(4, eptp, "", out, sizeof out);
-    CHECK(st == 0, "mpirun -np 4 k3c train (ep2×tp2) exited %d:\n%s", st, out);
-    check_close(&fx, "eptp", "one", 4, "ep2×tp2 vs one process");
-    write_cfg(&fx, "res14", NULL, res14, sizeof res14);
-    copy_at_step2(&fx, "res14", "eptp");
-    CHECK_OK(train(res14, 1, 0, NULL, &r, &err), &err);
-    check_close(&fx, "res14", "one", 4, "ep2×tp2 checkpoint resumed by one process");
+    run_mpi(&fx, "eptp", "{\"ep\": 2, \"tp\": 2}", 4, "ep2×tp2 vs one process");
+    resume_one(&fx, "res14", "eptp", "ep2×tp2 checkpoint resumed by one process");
     resume_mpi(&fx, "res15", "{\"ep\": 2, \"tp\": 2}", 4, "tp2", "tp2 checkpoint resumed at ep2×tp2");
-    write_cfg(&fx, "res6", NULL, res6, sizeof res6);
-    copy_at_step2(&fx, "res6", "tp2");
-    CHECK_OK(train(res6, 1, 0, NULL, &r, &err), &err);
-    check_close(&fx, "res6", "one", 4, "tp2 checkpoint resumed by one process");
+    resume_one(&fx, "res6", "tp2", "tp2 checkpoint resumed by one process");
 
     /* context parallelism: cp2 on 2 ranks, dp2×cp2 on 4, a cp2 checkpoint resumed by one process and a one-process
        checkpoint resumed at cp2; one sequence per data-parallel part, so the ranges of the ranks cut through pieces */
