@@ -36,6 +36,8 @@ extern "C" {
 int k3c_qmat_mul_cuda(const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate, k3c_err *err);
 
 /* ---------------------------------------------------------------- device plumbing (device.cu) */
+#define K3C_CUDA_LANES 8 /* at most this many side streams for runs of independent small GEMMs (the routed experts') */
+#define K3C_CUDA_LANES_DEFAULT 4
 typedef struct {
     int device;        /* CUDA ordinal */
     int sm_count;      /* multiprocessors */
@@ -43,12 +45,25 @@ typedef struct {
     void *lt;          /* cublasLtHandle_t */
     void *lt_ws;       /* cuBLASLt workspace (device) */
     size_t lt_ws_bytes;
+    /* Lanes: a small GEMM fills only part of the GPU (an expert's 2,048 × 512 output is 64 tiles of 128 × 128 for
+       132 SMs), so independent ones run on `lanes` side streams at once, each with its own cuBLASLt workspace,
+       between a fork from and a join into the calling thread's stream. 0: everything on that stream. */
+    int lanes;
+    void *lane[K3C_CUDA_LANES];       /* cudaStream_t */
+    void *lane_ws[K3C_CUDA_LANES];    /* lt_ws_bytes each */
+    void *lane_ev[K3C_CUDA_LANES + 1]; /* cudaEvent_t: each lane's join, then the fork */
     char name[128];
 } k3c_cuda_ctx;
 
-/* Selects `device`, reads its properties, creates the cuBLASLt handle and a workspace of lt_ws_bytes (0 = 32 MiB). */
+/* Selects `device`, reads its properties, creates the cuBLASLt handle and a workspace of lt_ws_bytes (0 = 32 MiB),
+ * and the lanes (K3C_CUDA_LANES_DEFAULT of them; the environment's K3C_CUDA_LANES = 0..8 overrides, 0 turning them
+ * off). */
 int k3c_cuda_init(k3c_cuda_ctx *ctx, int device, size_t lt_ws_bytes, k3c_err *err);
 void k3c_cuda_destroy(k3c_cuda_ctx *ctx);
+/* The lanes wait for the work queued so far on the calling thread's stream (fork), or that stream waits for
+ * everything queued on the lanes (join). No-ops without lanes. */
+int k3c_cuda_lanes_fork(k3c_cuda_ctx *ctx, k3c_err *err);
+int k3c_cuda_lanes_join(k3c_cuda_ctx *ctx, k3c_err *err);
 
 int k3c_cuda_malloc(void **p, size_t bytes, k3c_err *err);
 void k3c_cuda_free(void *p);
@@ -86,6 +101,9 @@ int k3c_gemm_bf16_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, i
                        const uint16_t *A, const uint16_t *B, float beta, void *C, int c_f32, k3c_err *err);
 int k3c_matmul_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, double alpha,
                     const float *A, const float *B, double beta, float *C, int gemm, k3c_err *err);
+/* The same on lane `i` mod the lanes (between k3c_cuda_lanes_fork and _join), or on the thread's stream without. */
+int k3c_matmul_lane_cuda(k3c_cuda_ctx *ctx, int i, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                         double alpha, const float *A, const float *B, double beta, float *C, int gemm, k3c_err *err);
 /* batch products of k3c_matmul_cuda in one strided-batched call: item i reads A + i·sA, B + i·sB, writes C + i·sC
  * (element strides; 256-byte aligned items keep cuBLASLt's heuristics on their default assumptions). */
 int k3c_matmul_batched_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, double alpha,

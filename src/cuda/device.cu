@@ -1,6 +1,7 @@
 /* device.cu — CUDA device plumbing: context (properties, cuBLASLt handle + workspace), checked allocation and copies,
  * bf16 conversions and a 16-byte-wide copy kernel. docs/CODE.md "cuda/" and "Precision policy". */
 #include <cublasLt.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda/common.cuh"
@@ -31,11 +32,49 @@ extern "C" int k3c_cuda_init(k3c_cuda_ctx *ctx, int device, size_t lt_ws_bytes, 
         return k3c_errf(err, K3C_EDEVICE, "cuda: cudaMalloc(%zu) for the cuBLASLt workspace: %s", ctx->lt_ws_bytes,
                         cudaGetErrorString(e));
     }
+    const char *env = getenv("K3C_CUDA_LANES");
+    const int lanes =
+        env && *env >= '0' && *env <= '0' + K3C_CUDA_LANES && !env[1] ? *env - '0' : K3C_CUDA_LANES_DEFAULT;
+    for (int i = 0; e == cudaSuccess && i <= lanes; i++) {
+        if (i < lanes) e = cudaStreamCreateWithFlags((cudaStream_t *)&ctx->lane[i], cudaStreamNonBlocking);
+        if (e == cudaSuccess && i < lanes) e = cudaMalloc(&ctx->lane_ws[i], ctx->lt_ws_bytes);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags((cudaEvent_t *)&ctx->lane_ev[i], cudaEventDisableTiming);
+    }
+    if (e != cudaSuccess) {
+        k3c_cuda_destroy(ctx);
+        return k3c_errf(err, K3C_EDEVICE, "cuda: %d GEMM lanes (streams, workspaces, events): %s", lanes,
+                        cudaGetErrorString(e));
+    }
+    ctx->lanes = lanes;
+    return K3C_OK;
+}
+
+extern "C" int k3c_cuda_lanes_fork(k3c_cuda_ctx *ctx, k3c_err *err) {
+    if (!ctx->lanes) return K3C_OK;
+    cudaEvent_t fork = (cudaEvent_t)ctx->lane_ev[ctx->lanes];
+    K3C_CU(cudaEventRecord(fork, K3C_STREAM));
+    for (int i = 0; i < ctx->lanes; i++) K3C_CU(cudaStreamWaitEvent((cudaStream_t)ctx->lane[i], fork, 0));
+    return K3C_OK;
+}
+
+extern "C" int k3c_cuda_lanes_join(k3c_cuda_ctx *ctx, k3c_err *err) {
+    for (int i = 0; i < ctx->lanes; i++) {
+        K3C_CU(cudaEventRecord((cudaEvent_t)ctx->lane_ev[i], (cudaStream_t)ctx->lane[i]));
+        K3C_CU(cudaStreamWaitEvent(K3C_STREAM, (cudaEvent_t)ctx->lane_ev[i], 0));
+    }
     return K3C_OK;
 }
 
 extern "C" void k3c_cuda_destroy(k3c_cuda_ctx *ctx) {
     if (!ctx) return;
+    for (int i = 0; i <= K3C_CUDA_LANES; i++) {
+        if (i < K3C_CUDA_LANES && ctx->lane[i]) cudaStreamDestroy((cudaStream_t)ctx->lane[i]);
+        if (i < K3C_CUDA_LANES && ctx->lane_ws[i]) cudaFree(ctx->lane_ws[i]);
+        if (ctx->lane_ev[i]) cudaEventDestroy((cudaEvent_t)ctx->lane_ev[i]);
+        if (i < K3C_CUDA_LANES) ctx->lane[i] = ctx->lane_ws[i] = NULL;
+        ctx->lane_ev[i] = NULL;
+    }
+    ctx->lanes = 0;
     if (ctx->lt_ws) cudaFree(ctx->lt_ws);
     if (ctx->lt) cublasLtDestroy((cublasLtHandle_t)ctx->lt);
     ctx->lt = ctx->lt_ws = NULL;

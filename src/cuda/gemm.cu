@@ -16,9 +16,10 @@
 /* cuBLASLt is column-major: the row-major product C = op(A) op(B) is computed as Cᵀ = op(B)ᵀ op(A)ᵀ, i.e. with the
  * operands swapped and each row-major buffer read as its column-major transpose. batch > 1: that many products at
  * element strides sA, sB, sC in one strided-batched call. */
-static int lt_gemm(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                   const void *A, const void *B, float beta, void *C, cudaDataType_t ab_type, cudaDataType_t c_type,
-                   cublasComputeType_t compute, int32_t batch, int64_t sA, int64_t sB, int64_t sC, k3c_err *err) {
+static int lt_gemm(k3c_cuda_ctx *ctx, int lane, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                   float alpha, const void *A, const void *B, float beta, void *C, cudaDataType_t ab_type,
+                   cudaDataType_t c_type, cublasComputeType_t compute, int32_t batch, int64_t sA, int64_t sB,
+                   int64_t sC, k3c_err *err) {
     if (M < 0 || N < 0 || K < 0)
         return k3c_errf(err, K3C_EINVAL, "gemm: negative size %lld %lld %lld", (long long)M, (long long)N,
                         (long long)K);
@@ -59,7 +60,8 @@ static int lt_gemm(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64
         goto done;
     }
     K3C_LT(cublasLtMatmul((cublasLtHandle_t)ctx->lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur.algo,
-                          ctx->lt_ws, ctx->lt_ws_bytes, K3C_STREAM));
+                          lane < 0 ? ctx->lt_ws : ctx->lane_ws[lane], ctx->lt_ws_bytes,
+                          lane < 0 ? K3C_STREAM : (cudaStream_t)ctx->lane[lane]));
 done:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (lc) cublasLtMatrixLayoutDestroy(lc);
@@ -72,8 +74,8 @@ done:
 extern "C" int k3c_gemm_bf16_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                                   float alpha, const uint16_t *A, const uint16_t *B, float beta, void *C, int c_f32,
                                   k3c_err *err) {
-    return lt_gemm(ctx, trans_a, trans_b, M, N, K, alpha, A, B, beta, C, CUDA_R_16BF, c_f32 ? CUDA_R_32F : CUDA_R_16BF,
-                   CUBLAS_COMPUTE_32F, 1, 0, 0, 0, err);
+    return lt_gemm(ctx, -1, trans_a, trans_b, M, N, K, alpha, A, B, beta, C, CUDA_R_16BF,
+                   c_f32 ? CUDA_R_32F : CUDA_R_16BF, CUBLAS_COMPUTE_32F, 1, 0, 0, 0, err);
 }
 
 extern "C" const char *k3c_gemm_mode_name(int gemm) {
@@ -94,8 +96,16 @@ extern "C" int k3c_matmul_batched_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans
                                        double beta, float *C, int64_t sC, int32_t batch, int gemm, k3c_err *err) {
     if (batch < 0) return k3c_errf(err, K3C_EINVAL, "gemm: negative batch %d", (int)batch);
     if (batch == 0) return K3C_OK;
-    return lt_gemm(ctx, trans_a, trans_b, M, N, K, (float)alpha, A, B, (float)beta, C, CUDA_R_32F, CUDA_R_32F,
+    return lt_gemm(ctx, -1, trans_a, trans_b, M, N, K, (float)alpha, A, B, (float)beta, C, CUDA_R_32F, CUDA_R_32F,
                    float_compute(gemm), batch, sA, sB, sC, err);
+}
+
+extern "C" int k3c_matmul_lane_cuda(k3c_cuda_ctx *ctx, int i, int trans_a, int trans_b, int64_t M, int64_t N,
+                                    int64_t K, double alpha, const float *A, const float *B, double beta, float *C,
+                                    int gemm, k3c_err *err) {
+    const int lane = ctx && ctx->lanes > 0 && i >= 0 ? i % ctx->lanes : -1;
+    return lt_gemm(ctx, lane, trans_a, trans_b, M, N, K, (float)alpha, A, B, (float)beta, C, CUDA_R_32F, CUDA_R_32F,
+                   float_compute(gemm), 1, 0, 0, 0, err);
 }
 
 extern "C" int k3c_matmul_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,

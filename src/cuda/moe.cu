@@ -367,17 +367,18 @@ int moe_front(k3c_cuda_ctx *ctx, const moe_dims &m, const float *x, const int32_
     const int64_t rows = pstart[m.E];
     if (rows > 0) gather_kernel<<<(unsigned)rows, 128, 0, K3C_STREAM>>>((int)m.k, m.D, sv.pperm, x, sc.X);
     K3C_CU_LAUNCHED("moe gather");
+    if ((rc = k3c_cuda_lanes_fork(ctx, err))) return rc; /* the experts' GEMMs side by side (cuda_ops.h "Lanes") */
     for (int64_t e = 0; e < m.E; e++) {
         const int64_t r0 = pstart[e], n = off[e + 1] - off[e];
         if (n == 0) continue;
-        if ((rc = k3c_matmul_cuda(ctx, 0, 1, n, m.I, m.D, 1.0, sc.X + r0 * m.D, w1 + e * m.I * m.D, 0.0,
-                                  sv.G + r0 * m.I, gemm, err)))
+        if ((rc = k3c_matmul_lane_cuda(ctx, (int)e, 0, 1, n, m.I, m.D, 1.0, sc.X + r0 * m.D, w1 + e * m.I * m.D, 0.0,
+                                       sv.G + r0 * m.I, gemm, err)))
             return rc;
-        if ((rc = k3c_matmul_cuda(ctx, 0, 1, n, m.I, m.D, 1.0, sc.X + r0 * m.D, w3 + e * m.I * m.D, 0.0,
-                                  sv.U + r0 * m.I, gemm, err)))
+        if ((rc = k3c_matmul_lane_cuda(ctx, (int)e, 0, 1, n, m.I, m.D, 1.0, sc.X + r0 * m.D, w3 + e * m.I * m.D, 0.0,
+                                       sv.U + r0 * m.I, gemm, err)))
             return rc;
     }
-    return 0;
+    return k3c_cuda_lanes_join(ctx, err);
 }
 
 } // namespace
@@ -415,13 +416,15 @@ extern "C" int k3c_moe_fwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const
                                                                           sv.pperm);
         K3C_CU_LAUNCHED("moe glu_fwd");
     }
+    if ((rc = k3c_cuda_lanes_fork(ctx, err))) return rc;
     for (int64_t e = 0; e < m.E; e++) {
         const int64_t r0 = pstart[e], n = off[e + 1] - off[e];
         if (n == 0) continue;
-        if ((rc = k3c_matmul_cuda(ctx, 0, 1, n, m.D, m.I, 1.0, sc.H + r0 * m.I, w2 + e * m.D * m.I, 0.0,
-                                  sc.Y + r0 * m.D, gemm, err)))
+        if ((rc = k3c_matmul_lane_cuda(ctx, (int)e, 0, 1, n, m.D, m.I, 1.0, sc.H + r0 * m.I, w2 + e * m.D * m.I, 0.0,
+                                       sc.Y + r0 * m.D, gemm, err)))
             return rc;
     }
+    if ((rc = k3c_cuda_lanes_join(ctx, err))) return rc;
     combine_kernel<<<(unsigned)m.T, 128, 0, K3C_STREAM>>>((int)m.k, m.D, sv.ppos, topk_w, sc.Y, y, 0);
     K3C_CU_LAUNCHED("moe combine");
     return 0;
@@ -460,30 +463,40 @@ extern "C" int k3c_moe_bwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const
     if (rows == 0) return 0;
     gather_kernel<<<(unsigned)rows, 128, 0, K3C_STREAM>>>((int)m.k, D, sv.pperm, dy, sc.Y);
     K3C_CU_LAUNCHED("moe gather dy");
+    if ((rc = k3c_cuda_lanes_fork(ctx, err))) return rc;
     for (int64_t e = 0; e < m.E; e++) { /* dH = dY W2 (unscaled by p) */
         const int64_t r0 = pstart[e], n = off[e + 1] - off[e];
         if (n == 0) continue;
-        if ((rc = k3c_matmul_cuda(ctx, 0, 0, n, I, D, 1.0, sc.Y + r0 * D, w2 + e * D * I, 0.0, sc.dH + r0 * I, gemm,
-                                  err)))
+        if ((rc = k3c_matmul_lane_cuda(ctx, (int)e, 0, 0, n, I, D, 1.0, sc.Y + r0 * D, w2 + e * D * I, 0.0,
+                                       sc.dH + r0 * I, gemm, err)))
             return rc;
     }
+    if ((rc = k3c_cuda_lanes_join(ctx, err))) return rc;
     expert_mid_bwd_kernel<<<(unsigned)rows, 256, 0, K3C_STREAM>>>(I, q, sv.pperm, topk_w, sv.G, sv.U, sc.H, sc.dH,
                                                                   sc.dU, dtopk_w);
     K3C_CU_LAUNCHED("moe expert_mid_bwd");
-    for (int64_t e = 0; e < m.E; e++) {
+    if ((rc = k3c_cuda_lanes_fork(ctx, err))) return rc;
+    for (int64_t e = 0; e < m.E; e++) { /* an expert's five GEMMs in order on its lane */
         const int64_t r0 = pstart[e], n = off[e + 1] - off[e];
+        const int L = (int)e;
         if (n == 0) continue;
         const float *Xe = sc.X + r0 * D, *dYe = sc.Y + r0 * D, *He = sc.H + r0 * I, *dGe = sc.dH + r0 * I,
                     *dUe = sc.dU + r0 * I;
-        if (dw2 && (rc = k3c_matmul_cuda(ctx, 1, 0, D, I, n, 1.0, dYe, He, 1.0, dw2 + e * D * I, gemm, err))) return rc;
-        if (dw1 && (rc = k3c_matmul_cuda(ctx, 1, 0, I, D, n, 1.0, dGe, Xe, 1.0, dw1 + e * I * D, gemm, err))) return rc;
-        if (dw3 && (rc = k3c_matmul_cuda(ctx, 1, 0, I, D, n, 1.0, dUe, Xe, 1.0, dw3 + e * I * D, gemm, err))) return rc;
+        if (dw2 && (rc = k3c_matmul_lane_cuda(ctx, L, 1, 0, D, I, n, 1.0, dYe, He, 1.0, dw2 + e * D * I, gemm, err)))
+            return rc;
+        if (dw1 && (rc = k3c_matmul_lane_cuda(ctx, L, 1, 0, I, D, n, 1.0, dGe, Xe, 1.0, dw1 + e * I * D, gemm, err)))
+            return rc;
+        if (dw3 && (rc = k3c_matmul_lane_cuda(ctx, L, 1, 0, I, D, n, 1.0, dUe, Xe, 1.0, dw3 + e * I * D, gemm, err)))
+            return rc;
         if (!dx) continue;
         /* dX of these rows overwrites the gathered dy, dead once dW2 is formed */
         float *dXe = sc.Y + r0 * D;
-        if ((rc = k3c_matmul_cuda(ctx, 0, 0, n, D, I, 1.0, dGe, w1 + e * I * D, 0.0, dXe, gemm, err))) return rc;
-        if ((rc = k3c_matmul_cuda(ctx, 0, 0, n, D, I, 1.0, dUe, w3 + e * I * D, 1.0, dXe, gemm, err))) return rc;
+        if ((rc = k3c_matmul_lane_cuda(ctx, L, 0, 0, n, D, I, 1.0, dGe, w1 + e * I * D, 0.0, dXe, gemm, err)))
+            return rc;
+        if ((rc = k3c_matmul_lane_cuda(ctx, L, 0, 0, n, D, I, 1.0, dUe, w3 + e * I * D, 1.0, dXe, gemm, err)))
+            return rc;
     }
+    if ((rc = k3c_cuda_lanes_join(ctx, err))) return rc;
     if (dx) {
         combine_kernel<<<(unsigned)m.T, 128, 0, K3C_STREAM>>>((int)m.k, D, sv.ppos, nullptr, sc.Y, dx, 1);
         K3C_CU_LAUNCHED("moe dx un-permute");
