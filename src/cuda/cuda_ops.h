@@ -49,8 +49,8 @@ typedef struct {
        132 SMs), so independent ones run on `lanes` side streams at once, each with its own cuBLASLt workspace,
        between a fork from and a join into the calling thread's stream. 0: everything on that stream. */
     int lanes;
-    void *lane[K3C_CUDA_LANES];       /* cudaStream_t */
-    void *lane_ws[K3C_CUDA_LANES];    /* lt_ws_bytes each */
+    void *lane[K3C_CUDA_LANES];        /* cudaStream_t */
+    void *lane_ws[K3C_CUDA_LANES];     /* lt_ws_bytes each */
     void *lane_ev[K3C_CUDA_LANES + 1]; /* cudaEvent_t: each lane's join, then the fork */
     char name[128];
 } k3c_cuda_ctx;

@@ -16,10 +16,9 @@
 /* cuBLASLt is column-major: the row-major product C = op(A) op(B) is computed as Cᵀ = op(B)ᵀ op(A)ᵀ, i.e. with the
  * operands swapped and each row-major buffer read as its column-major transpose. batch > 1: that many products at
  * element strides sA, sB, sC in one strided-batched call. */
-static int lt_gemm(k3c_cuda_ctx *ctx, int lane, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
-                   float alpha, const void *A, const void *B, float beta, void *C, cudaDataType_t ab_type,
-                   cudaDataType_t c_type, cublasComputeType_t compute, int32_t batch, int64_t sA, int64_t sB,
-                   int64_t sC, k3c_err *err) {
+static int lt_gemm(k3c_cuda_ctx *ctx, int lane, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                   const void *A, const void *B, float beta, void *C, cudaDataType_t ab_type, cudaDataType_t c_type,
+                   cublasComputeType_t compute, int32_t batch, int64_t sA, int64_t sB, int64_t sC, k3c_err *err) {
     if (M < 0 || N < 0 || K < 0)
         return k3c_errf(err, K3C_EINVAL, "gemm: negative size %lld %lld %lld", (long long)M, (long long)N,
                         (long long)K);
@@ -100,9 +99,9 @@ extern "C" int k3c_matmul_batched_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans
                    float_compute(gemm), batch, sA, sB, sC, err);
 }
 
-extern "C" int k3c_matmul_lane_cuda(k3c_cuda_ctx *ctx, int i, int trans_a, int trans_b, int64_t M, int64_t N,
-                                    int64_t K, double alpha, const float *A, const float *B, double beta, float *C,
-                                    int gemm, k3c_err *err) {
+extern "C" int k3c_matmul_lane_cuda(k3c_cuda_ctx *ctx, int i, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                                    double alpha, const float *A, const float *B, double beta, float *C, int gemm,
+                                    k3c_err *err) {
     const int lane = ctx && ctx->lanes > 0 && i >= 0 ? i % ctx->lanes : -1;
     return lt_gemm(ctx, lane, trans_a, trans_b, M, N, K, (float)alpha, A, B, (float)beta, C, CUDA_R_32F, CUDA_R_32F,
                    float_compute(gemm), 1, 0, 0, 0, err);
