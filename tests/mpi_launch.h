@@ -65,9 +65,9 @@ static inline void test_mpirun(const char *self, int np, const char *args) {
     CHECK(st == 0, "np=%d: mpirun exited with status %d", np, st);
 }
 
-/* The main of a test that checks itself on the self communicator and then on 2 and 4 MPI ranks: run_all(comm) holds
- * the checks (a launched rank runs them on the MPI world and prints its summary). */
-static inline int test_mpi_main(const char *self, void (*run_all)(k3c_comm *c)) {
+/* The main of a test that checks itself on the self communicator and then on 2, 4, … up to max_np MPI ranks (doubling):
+ * run_all(comm) holds the checks (a launched rank runs them on the MPI world and prints its summary). */
+static inline int test_mpi_main_ranks(const char *self, void (*run_all)(k3c_comm *c), int max_np) {
     k3c_err err = {0};
     k3c_comm *c = NULL;
     int launched = k3c_comm_mpi_launched();
@@ -82,12 +82,14 @@ static inline int test_mpi_main(const char *self, void (*run_all)(k3c_comm *c)) 
         return test_failed_ ? 1 : 0;
     }
     CHECK(k3c_comm_mpi_available(), "this build has no MPI (libopenmpi-dev is a dependency: tools/setup.sh)");
-    if (k3c_comm_mpi_available()) {
-        test_mpirun(self, 2, "");
-        test_mpirun(self, 4, "");
-    }
+    for (int np = 2; k3c_comm_mpi_available() && np <= max_np; np *= 2) test_mpirun(self, np, "");
     printf("%d passed, %d failed\n", test_passed_, test_failed_);
     return test_failed_ ? 1 : 0;
+}
+
+/* The same on 2 and 4 MPI ranks. */
+static inline int test_mpi_main(const char *self, void (*run_all)(k3c_comm *c)) {
+    return test_mpi_main_ranks(self, run_all, 4);
 }
 
 #endif

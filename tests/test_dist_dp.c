@@ -3,12 +3,12 @@
  * one global batch of packed documents, once whole on every rank (the reference: the trainer's single-process step)
  * and once split over the ranks (the trainer's parallel step) at every layout of the ranks: dp = N, ep = N, dp2×ep2,
  * pp = N (4 micro-batches, 1F1B), dp2×pp2, ep2×pp2, tp = N (src/dist/tp.c; tp4 on a 4-head variant), dp2×tp2,
- * tp2×pp2, ep2×tp2, cp = N (src/dist/cp.c), dp2×cp2 and cp2×ep2.
+ * tp2×pp2, ep2×tp2, cp = N (src/dist/cp.c), dp2×cp2 and cp2×ep2; on 8 ranks ep2×tp2×pp2.
  * fp32; relative difference of a tensor = ‖x − ref‖₂ / ‖ref‖₂ per parameter-table entry (test_rel_err), tolerance
  * 1e-5 for the loss, every gradient of step 1 (after the sum over ranks) and every weight and optimizer-state entry
  * after 3 steps (Muon + AdamW with clipping active, QK-Clip clipping heads, exact quantile balancing; router biases
  * on the scale of the scores, see compare()); histogram balancing over one step. In float64 the data split's loss and
- * gradients equal the whole batch's to 1e-12. Runs on the self communicator here and on 2 and 4 MPI ranks. */
+ * gradients equal the whole batch's to 1e-12. Runs on the self communicator here and on 2, 4 and 8 MPI ranks. */
 #include "test.h"
 
 #include "dist_fixture.h"
@@ -681,8 +681,12 @@ static void ep_bf16_wire(k3c_comm *comm) {
 }
 
 /* Every layout of the ranks there are: dp, ep, pp, tp and cp = size; on 4 ranks dp2×ep2, dp2×pp2, dp2×tp2, tp2×pp2,
- * ep2×pp2, ep2×tp2, dp2×cp2 and cp2×ep2. */
+ * ep2×pp2, ep2×tp2, dp2×cp2 and cp2×ep2; on 8 ranks ep2×tp2×pp2 only. */
 static void run_all(k3c_comm *comm) {
+    if (comm->size == 8) { /* the three-way ep2×tp2×pp2 only (EP beside TP inside the stages) */
+        compare(comm, 2, 2, 2, 1, K3C_QB_EXACT);
+        return;
+    }
     split_rules(comm);
     reduce_scatter_rules(comm);
     overlap_rules(comm, 1, 1);
@@ -713,5 +717,5 @@ static void run_all(k3c_comm *comm) {
 
 int main(int argc, char **argv) {
     if (!k3c_comm_mpi_launched()) layouts(); /* the parent only: no communication */
-    return test_mpi_main(argv[0], run_all);
+    return test_mpi_main_ranks(argv[0], run_all, 8); /* 8: the three-way ep2×tp2×pp2 */
 }

@@ -5,7 +5,7 @@
  * by one process (and a one-process checkpoint resumed at dp2) continues like the single process; the same for ep2,
  * dp2×ep2, pp2, dp2×pp2, ep2×pp2 (its checkpoint resumed by one process and at pp2, a pp2 one at ep2×pp2), tp2,
  * tp2×pp2 (a dp2×ep2 checkpoint resumed at tp2, a tp2 checkpoint by one process), ep2×tp2 (its checkpoint resumed by
- * one process, a tp2 one at ep2×tp2), cp2,
+ * one process, a tp2 one at ep2×tp2), ep2×tp2×pp2 on 8 ranks, cp2,
  * dp2×cp2 and ep2×cp2; one rank with "force" (the parallel step kept) equals one process; and impossible layouts fail
  * with messages naming the field. */
 #include "test.h"
@@ -358,6 +358,8 @@ int main(void) {
     resume_one(&fx, "res14", "eptp", "ep2×tp2 checkpoint resumed by one process");
     resume_mpi(&fx, "res15", "{\"ep\": 2, \"tp\": 2}", 4, "tp2", "tp2 checkpoint resumed at ep2×tp2");
     resume_one(&fx, "res6", "tp2", "tp2 checkpoint resumed by one process");
+    /* all three on 8 ranks: EP beside TP inside pipeline stages */
+    run_mpi(&fx, "eptppp", "{\"ep\": 2, \"tp\": 2, \"pp\": 2}", 8, "ep2×tp2×pp2 vs one process");
 
     /* context parallelism: cp2 on 2 ranks, dp2×cp2 on 4, a cp2 checkpoint resumed by one process and a one-process
        checkpoint resumed at cp2; one sequence per data-parallel part, so the ranges of the ranks cut through pieces */
