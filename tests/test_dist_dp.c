@@ -161,7 +161,8 @@ static int held_check(const runner *ref, const runner *par, k3c_comm *comm) {
     return bad;
 }
 
-static void compare(k3c_comm *comm, int ep, int pp, int tp, int cp, int qb_mode) {
+/* layers > 0: the model's first `layers` layers only (3: pipeline stages of uneven depth, 2 + 1). */
+static void compare_layers(k3c_comm *comm, int layers, int ep, int pp, int tp, int cp, int qb_mode) {
     k3c_err err = {0};
     k3c_config cfg;
     if (k3c_config_load("configs/k3_test_tiny.json", &cfg, &err)) {
@@ -169,6 +170,7 @@ static void compare(k3c_comm *comm, int ep, int pp, int tp, int cp, int qb_mode)
         return;
     }
     tp_variant(&cfg, tp);
+    if (layers > 0) cfg.num_layers = layers; /* the per-layer plan of the first ones stays as it is */
     batch gb;
     if (cp > 1)
         make_batch_cp(&gb);
@@ -251,12 +253,13 @@ static void compare(k3c_comm *comm, int ep, int pp, int tp, int cp, int qb_mode)
     CHECK(par.d.dp.shard.state_numel < ref.opt.state_numel || comm->size == 1,
           "ZeRO-1: rank %d holds %zu of %zu state floats", comm->rank, par.d.dp.shard.state_numel, ref.opt.state_numel);
     if (comm->rank == 0) {
-        printf("dp=%d ep=%d tp=%d pp=%d cp=%d qb=%s, %d step%s: relative differences loss %.2e, step-1 gradients "
+        printf("%d layers, dp=%d ep=%d tp=%d pp=%d cp=%d qb=%s, %d step%s: relative differences loss %.2e, step-1 "
+               "gradients "
                "%.2e, weights %.2e, router biases %.2e (absolute %.2e, %.2g bins), optimizer state %.2e; ZeRO-1 "
                "state %zu of %zu floats on rank 0\n",
-               comm->size / ep / pp / tp / cp, ep, tp, pp, cp, qb_mode ? "histogram" : "exact", steps,
-               steps > 1 ? "s" : "", loss_rel, g_rel, w_rel, b_rel, b_abs, b_bins, s_rel, par.d.dp.shard.state_numel,
-               ref.opt.state_numel);
+               (int)cfg.num_layers, comm->size / ep / pp / tp / cp, ep, tp, pp, cp, qb_mode ? "histogram" : "exact",
+               steps, steps > 1 ? "s" : "", loss_rel, g_rel, w_rel, b_rel, b_abs, b_bins, s_rel,
+               par.d.dp.shard.state_numel, ref.opt.state_numel);
         if (qb_mode == K3C_QB_EXACT && comm->size > 1)
             printf("  fp32 floor: one process on the documents reversed differs from itself by %.2e\n",
                    fp32_floor(&cfg, &gb, &ref, qb_mode));
@@ -271,6 +274,10 @@ out:
     free(rw), free(rg), free(rs);
     runner_free(&ref);
     runner_free(&par);
+}
+
+static void compare(k3c_comm *comm, int ep, int pp, int tp, int cp, int qb_mode) {
+    compare_layers(comm, 0, ep, pp, tp, cp, qb_mode);
 }
 
 /* One float64 forward and backward of m (initialised like the runners) over b: *loss, gradients in m->g. */
@@ -616,9 +623,11 @@ static void layouts(void) {
     CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 2, 2, 1, 1, 0}, &cfg, 4, "run.json", &out, &err) == 0 &&
               out.ep == 2 && out.tp == 2,
           "ep2×tp2 on 4 ranks: %s", err.msg);
-    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 3, 1, 0}, &cfg, 3, "run.json", &out, &err) == K3C_ECONFIG &&
-              strstr(err.msg, "layers"),
-          "pp not dividing layers: %s", err.msg);
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 3, 1, 0}, &cfg, 3, "run.json", &out, &err) == 0 && out.pp == 3,
+          "pp3 of 4 layers (stages 2 + 1 + 1): %s", err.msg);
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 5, 1, 0}, &cfg, 5, "run.json", &out, &err) == K3C_ECONFIG &&
+              strstr(err.msg, "parallel.pp = 5 is more stages than the model's 4 layers"),
+          "pp beyond the layers: %s", err.msg);
     CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 2, 2, 0}, &cfg, 4, "run.json", &out, &err) ==
                   K3C_EUNSUPPORTED &&
               strstr(err.msg, "cp = 2 with pp = 2"),
@@ -707,15 +716,16 @@ static void run_all(k3c_comm *comm) {
         compare(comm, 1, pp, 1, 1, K3C_QB_EXACT);
     for (int tp = 2; tp <= comm->size; tp *= 2) /* tp = size, and dp2×tp2 on 4 ranks */
         compare(comm, 1, 1, tp, 1, K3C_QB_EXACT);
-    if (comm->size == 4) compare(comm, 1, 2, 2, 1, K3C_QB_EXACT); /* tp2×pp2 */
-    if (comm->size == 4) compare(comm, 2, 2, 1, 1, K3C_QB_EXACT); /* ep2×pp2 */
-    if (comm->size == 4) compare(comm, 2, 1, 2, 1, K3C_QB_EXACT); /* ep2×tp2 */
-    for (int cp = 2; cp <= comm->size; cp *= 2)                   /* cp = size, and cp2×dp2 on 4 ranks */
+    if (comm->size == 4) compare(comm, 1, 2, 2, 1, K3C_QB_EXACT);          /* tp2×pp2 */
+    if (comm->size == 4) compare(comm, 2, 2, 1, 1, K3C_QB_EXACT);          /* ep2×pp2 */
+    if (comm->size > 1) compare_layers(comm, 3, 1, 2, 1, 1, K3C_QB_EXACT); /* pp2 (dp2×pp2 on 4) of 2 + 1 layers */
+    if (comm->size == 4) compare(comm, 2, 1, 2, 1, K3C_QB_EXACT);          /* ep2×tp2 */
+    for (int cp = 2; cp <= comm->size; cp *= 2)                            /* cp = size, and cp2×dp2 on 4 ranks */
         compare(comm, 1, 1, 1, cp, K3C_QB_EXACT);
     if (comm->size == 4) compare(comm, 2, 1, 1, 2, K3C_QB_EXACT); /* cp2×ep2 */
 }
 
 int main(int argc, char **argv) {
-    if (!k3c_comm_mpi_launched()) layouts(); /* the parent only: no communication */
+    if (!k3c_comm_mpi_launched()) layouts();         /* the parent only: no communication */
     return test_mpi_main_ranks(argv[0], run_all, 8); /* 8: the three-way ep2×tp2×pp2 */
 }

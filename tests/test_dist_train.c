@@ -330,6 +330,8 @@ int main(void) {
     run_mpi(&fx, "pp2", "{\"pp\": 2}", 2, "pp2 vs one process");
     run_mpi(&fx, "dppp", "{\"dp\": 2, \"pp\": 2}", 4, "dp2×pp2 vs one process");
     resume_one(&fx, "res4", "pp2", "pp2 checkpoint resumed by one process");
+    /* stages of uneven depth: pp3 of the 4 layers (2 + 1 + 1) */
+    run_mpi(&fx, "pp3", "{\"pp\": 3}", 3, "pp3 (stages of 2, 1, 1 layers) vs one process");
 
     /* expert parallelism inside pipeline stages: ep2×pp2 on 4 ranks (each rank holds its stage's layers and its
        experts of them), its checkpoint (a model file per stage and EP rank) resumed by one process and at pp2, and a
@@ -402,10 +404,10 @@ int main(void) {
     st = k3c_mpi(3, bad, "", out, sizeof out);
     CHECK(st != 0 && contains(out, "parallel.ep = 3 does not divide the model's 4 routed experts"), "ep3: exit %d:\n%s",
           st, out);
-    write_cfg(&fx, "bad", "{\"pp\": 3}", bad, sizeof bad);
-    st = k3c_mpi(3, bad, "", out, sizeof out);
-    CHECK(st != 0 && contains(out, "parallel.pp = 3 does not divide the model's 4 layers"), "pp3: exit %d:\n%s", st,
-          out);
+    write_cfg(&fx, "bad", "{\"pp\": 5}", bad, sizeof bad);
+    st = k3c_mpi(5, bad, "", out, sizeof out);
+    CHECK(st != 0 && contains(out, "parallel.pp = 5 is more stages than the model's 4 layers"), "pp5: exit %d:\n%s",
+          st, out);
     write_cfg(&fx, "bad", "{\"tp\": 4}", bad, sizeof bad);
     st = k3c_mpi(4, bad, "", out, sizeof out);
     CHECK(st != 0 && contains(out, "parallel.tp = 4 does not divide the model's 2 KDA heads"), "tp4: exit %d:\n%s", st,

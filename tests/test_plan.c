@@ -1,6 +1,7 @@
 /* test_plan.c — `k3c plan`: exact parameter totals (K3, the golden tiny models, a hand-built config), FLOPs, memory and
  * communication formulas against hand-computed small cases, layout errors, the K3 search at 4096 GPUs × 1M, the CLI. */
 #include "base/json.h"
+#include "dist/pp.h"
 #include "model/params.h"
 #include "plan/plan.h"
 #include "test.h"
@@ -377,6 +378,17 @@ static void test_cli(void) {
     CHECK(strstr(out, "best layout") && strstr(out, ": fits") && strstr(out, "step time estimate") &&
               strstr(out, "communication"),
           "best layout report");
+    /* the recommended block and whether the trainer runs it: at 512 GPUs ep16 × pp32 (93 layers: stages of 3 and
+       2), at 2048 with cp, which does not combine with pp yet */
+    snprintf(args, sizeof args, "%s --gpus 512", k3);
+    CHECK(run_cli(args, out, sizeof out) == 0 &&
+              strstr(out, "run config: \"parallel\": {\"dp\": 1, \"ep\": 16, \"tp\": 1, \"pp\": 32, \"cp\": 1}") &&
+              !strstr(out, "does not run this layout"),
+          "512 GPUs: %s", out);
+    snprintf(args, sizeof args, "%s --gpus 2048", k3);
+    CHECK(run_cli(args, out, sizeof out) == 0 && strstr(out, "note: k3c train does not run this layout yet") &&
+              strstr(out, "cp = 4 with pp = 32"),
+          "2048 GPUs: %s", out);
     snprintf(args, sizeof args, "%s --gpus 4096 --seq 1048576 --json --top 3", k3);
     CHECK(run_cli(args, out, sizeof out) == 0, "json exit");
     k3c_json *j = NULL;
@@ -476,7 +488,7 @@ static void test_memory_matches_tables(void) {
         k3c_params_free(&t);
         k3c_plan_model_free(&m);
     }
-    for (int64_t pp = 2; pp <= 4; pp *= 2) {
+    for (int64_t pp = 2; pp <= 4; pp++) { /* pp3: stages of 2, 1 and 1 layers */
         k3c_plan_layout L;
         k3c_plan_layout_default(&L);
         L.seq = 8, L.pp = pp, L.global_batch_tokens = 8 * pp;
@@ -488,8 +500,11 @@ static void test_memory_matches_tables(void) {
             k3c_plan_stage_params_of(&m, &L, s, &sp);
             int64_t first, count;
             k3c_plan_stage_layers(c.num_layers, pp, s, &first, &count);
-            k3c_residency r = k3c_residency_whole(&c);
-            r.layer0 = (int)first, r.layer1 = (int)(first + count);
+            k3c_residency r = k3c_residency_whole(&c); /* the trainer's stage (dist/pp.c) is the plan's */
+            k3c_pp_layers(&c, (int)s, (int)pp, &r.layer0, &r.layer1);
+            CHECK(r.layer0 == first && r.layer1 == first + count,
+                  "pp%lld stage %lld: layers [%d, %d), plan [%lld, %lld)", (long long)pp, (long long)s, r.layer0,
+                  r.layer1, (long long)first, (long long)(first + count));
             k3c_param_table t;
             CHECK_OK(k3c_params_build_resident(&c, &r, &t, &err), &err);
             CHECK(fabs(sp.ne + sp.ex - (double)t.total) < 0.5, "pp%lld stage %lld: plan %.0f parameters, table %zu",

@@ -2,6 +2,7 @@
  * layouts for training (or serving) a Kimi-K3-class model on N GPUs (src/plan, docs/PLAN.md). */
 #include "base/json.h"
 #include "cli.h"
+#include "dist/dp.h"
 #include "plan/plan.h"
 
 #include <stdlib.h>
@@ -452,12 +453,19 @@ static int run_serve(const k3c_config *cfg, const plan_opts *o, k3c_sbuf *j) {
     }
     return 0;
 }
-/* The layout as the run config's "parallel" block (docs/PARALLEL.md), ready to paste, and its launch line. */
-static void print_run_block(const k3c_plan_layout *L) {
+/* The layout as the run config's "parallel" block (docs/PARALLEL.md), ready to paste, and its launch line; a layout
+ * the trainer does not run yet (k3c_parallel_resolve: a combination not built) says so before anyone launches it. */
+static void print_run_block(const k3c_config *cfg, const k3c_plan_layout *L) {
     printf("run config: \"parallel\": {\"dp\": %lld, \"ep\": %lld, \"tp\": %lld, \"pp\": %lld, \"cp\": %lld}\n"
-           "launch: mpirun -np %lld k3c train --config RUN.json\n\n",
+           "launch: mpirun -np %lld k3c train --config RUN.json\n",
            (long long)L->dp, (long long)L->ep, (long long)L->tp, (long long)L->pp, (long long)L->cp,
            (long long)k3c_plan_gpus(L));
+    const k3c_parallel p = {L->dp, L->ep, L->tp, L->pp, L->cp, 0};
+    k3c_parallel out;
+    k3c_err err = {0};
+    if (k3c_parallel_resolve(&p, cfg, (int)k3c_plan_gpus(L), "RUN.json", &out, &err))
+        printf("note: k3c train does not run this layout yet: %s\n", err.msg);
+    printf("\n");
 }
 
 static int run_train(const k3c_config *cfg, const plan_opts *o, k3c_sbuf *j) {
@@ -515,7 +523,7 @@ static int run_train(const k3c_config *cfg, const plan_opts *o, k3c_sbuf *j) {
             printf("best ");
         }
         print_eval(&best[0], o);
-        print_run_block(&best[0].layout);
+        print_run_block(cfg, &best[0].layout);
         if (!best[0].fits)
             fprintf(stderr, "k3c plan: warning: this layout needs %.1f GB per GPU, over %.0f GB\n",
                     gb(best[0].mem.total), o->hw.gpu_mem_gb);

@@ -29,8 +29,8 @@ int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world
         return k3c_errf(err, K3C_ECONFIG, "%s: parallel.ep = %lld does not divide the model's %lld routed experts",
                         file, (long long)out->ep, (long long)cfg->num_experts);
     CHECK_RC(k3c_tp_check(cfg, out->tp, file, err)); /* vocabulary and intermediate widths */
-    if (cfg->num_layers % out->pp)
-        return k3c_errf(err, K3C_ECONFIG, "%s: parallel.pp = %lld does not divide the model's %lld layers", file,
+    if (out->pp > cfg->num_layers) /* stages of L / pp layers, the first L mod pp one more (k3c_pp_layers) */
+        return k3c_errf(err, K3C_ECONFIG, "%s: parallel.pp = %lld is more stages than the model's %lld layers", file,
                         (long long)out->pp, (long long)cfg->num_layers);
     /* valid layouts whose combination is not built yet: degree indices into d (dp ep tp pp cp) and what does combine */
     static const char *const name[5] = {"dp", "ep", "tp", "pp", "cp"};

@@ -18,8 +18,9 @@ static int first_entry(const k3c_param_table *t, int l) {
 }
 
 void k3c_pp_layers(const k3c_config *cfg, int stage, int stages, int *l0, int *l1) {
-    *l0 = stage * ((int)cfg->num_layers / stages);
-    *l1 = *l0 + (int)cfg->num_layers / stages;
+    const int base = (int)cfg->num_layers / stages, extra = (int)cfg->num_layers % stages; /* the first `extra`: +1 */
+    *l0 = stage * base + (stage < extra ? stage : extra);
+    *l1 = *l0 + base + (stage < extra);
 }
 
 int k3c_pp_init(k3c_pp *pp, k3c_comm *comm, const k3c_config *cfg, const k3c_param_table *t, int micro,
@@ -27,7 +28,7 @@ int k3c_pp_init(k3c_pp *pp, k3c_comm *comm, const k3c_config *cfg, const k3c_par
     memset(pp, 0, sizeof *pp);
     const int L = (int)cfg->num_layers, P = comm->size;
     CHECK_RC(k3c_comm_check_memory(comm, be->name, "pipeline parallelism", err));
-    if (L % P || micro < 1)
+    if (P > L || micro < 1)
         return k3c_errf(err, K3C_EINVAL, "pipeline parallelism: %d stages for %d layers, %d micro-batches", P, L,
                         micro);
     pp->comm = comm;
