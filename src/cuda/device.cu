@@ -35,11 +35,12 @@ extern "C" int k3c_cuda_init(k3c_cuda_ctx *ctx, int device, size_t lt_ws_bytes, 
     const char *env = getenv("K3C_CUDA_LANES");
     const int lanes =
         env && *env >= '0' && *env <= '0' + K3C_CUDA_LANES && !env[1] ? *env - '0' : K3C_CUDA_LANES_DEFAULT;
-    for (int i = 0; e == cudaSuccess && i <= lanes; i++) {
-        if (i < lanes) e = cudaStreamCreateWithFlags((cudaStream_t *)&ctx->lane[i], cudaStreamNonBlocking);
-        if (e == cudaSuccess && i < lanes) e = cudaMalloc(&ctx->lane_ws[i], ctx->lt_ws_bytes);
-        if (e == cudaSuccess) e = cudaEventCreateWithFlags((cudaEvent_t *)&ctx->lane_ev[i], cudaEventDisableTiming);
+    for (int i = 0; e == cudaSuccess && i < lanes; i++) {
+        e = cudaStreamCreateWithFlags((cudaStream_t *)&ctx->lane[i], cudaStreamNonBlocking);
+        if (e == cudaSuccess) e = cudaMalloc(&ctx->lane_ws[i], ctx->lt_ws_bytes);
     }
+    for (int i = 0; e == cudaSuccess && i <= lanes; i++) /* each lane's join, then the fork */
+        e = cudaEventCreateWithFlags((cudaEvent_t *)&ctx->lane_ev[i], cudaEventDisableTiming);
     if (e != cudaSuccess) {
         k3c_cuda_destroy(ctx);
         return k3c_errf(err, K3C_EDEVICE, "cuda: %d GEMM lanes (streams, workspaces, events): %s", lanes,
@@ -67,11 +68,13 @@ extern "C" int k3c_cuda_lanes_join(k3c_cuda_ctx *ctx, k3c_err *err) {
 
 extern "C" void k3c_cuda_destroy(k3c_cuda_ctx *ctx) {
     if (!ctx) return;
+    for (int i = 0; i < K3C_CUDA_LANES; i++) {
+        if (ctx->lane[i]) cudaStreamDestroy((cudaStream_t)ctx->lane[i]);
+        if (ctx->lane_ws[i]) cudaFree(ctx->lane_ws[i]);
+        ctx->lane[i] = ctx->lane_ws[i] = NULL;
+    }
     for (int i = 0; i <= K3C_CUDA_LANES; i++) {
-        if (i < K3C_CUDA_LANES && ctx->lane[i]) cudaStreamDestroy((cudaStream_t)ctx->lane[i]);
-        if (i < K3C_CUDA_LANES && ctx->lane_ws[i]) cudaFree(ctx->lane_ws[i]);
         if (ctx->lane_ev[i]) cudaEventDestroy((cudaEvent_t)ctx->lane_ev[i]);
-        if (i < K3C_CUDA_LANES) ctx->lane[i] = ctx->lane_ws[i] = NULL;
         ctx->lane_ev[i] = NULL;
     }
     ctx->lanes = 0;

@@ -5,6 +5,7 @@
 
 #include "base/check.h"
 #include "dist/dp.h"
+#include "plan/plan.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -18,9 +19,10 @@ static int first_entry(const k3c_param_table *t, int l) {
 }
 
 void k3c_pp_layers(const k3c_config *cfg, int stage, int stages, int *l0, int *l1) {
-    const int base = (int)cfg->num_layers / stages, extra = (int)cfg->num_layers % stages; /* the first `extra`: +1 */
-    *l0 = stage * base + (stage < extra ? stage : extra);
-    *l1 = *l0 + base + (stage < extra);
+    int64_t first, count; /* the split k3c plan sizes (one formula for both) */
+    k3c_plan_stage_layers(cfg->num_layers, stages, stage, &first, &count);
+    *l0 = (int)first;
+    *l1 = (int)(first + count);
 }
 
 int k3c_pp_init(k3c_pp *pp, k3c_comm *comm, const k3c_config *cfg, const k3c_param_table *t, int micro,

@@ -31,8 +31,8 @@ typedef struct {
 } k3c_pp;
 
 /* The layers [*l0, *l1) of stage `stage` of `stages` (at most cfg's layers): L / stages each, the first L mod stages
- * stages one more (docs/PLAN.md's split; K3's 93 layers on 32 stages: 29 of 3, 3 of 2); what its model holds
- * (k3c_residency.layer0, layer1; docs/PARALLEL.md "Residency"). */
+ * stages one more (k3c_plan_stage_layers, docs/PLAN.md's split; K3's 93 layers on 32 stages: 29 of 3, 3 of 2); what
+ * its model holds (k3c_residency.layer0, layer1; docs/PARALLEL.md "Residency"). */
 void k3c_pp_layers(const k3c_config *cfg, int stage, int stages, int *l0, int *l1);
 /* pp over `comm` (its size = the stages, at most cfg's layers; the stage is comm's rank), `micro` micro-batches per
  * step (>= 1); the boundary tensors live in be's memory (a device backend needs a device communicator). t: the
