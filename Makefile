@@ -7,7 +7,7 @@ NVCC    ?= nvcc
 BUILD   ?= build
 OPT     ?= -O2 -march=x86-64-v3
 SAN     ?=
-CFLAGS  := -std=c11 $(OPT) $(SAN) -g -fopenmp -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE \
+CFLAGS  := -std=c11 $(OPT) $(SAN) -g -fopenmp -Wall -Wextra -Wpointer-arith -Werror -Wno-unused-parameter -D_GNU_SOURCE \
            -Iinclude -Isrc -I/usr/include/x86_64-linux-gnu/openblas-openmp -MMD -MP $(EXTRA_CFLAGS)
 OPENBLAS_LIB := /usr/lib/x86_64-linux-gnu/openblas-openmp
 LDLIBS  := -L$(OPENBLAS_LIB) -Wl,-rpath,$(OPENBLAS_LIB) -lopenblas -lmicrohttpd -lpng -ljpeg -lseccomp -lm -lpthread $(EXTRA_LDLIBS)

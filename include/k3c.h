@@ -194,10 +194,13 @@ typedef struct k3c_model k3c_model; /* defined in the library (src/model/model.h
 /* The part of a model one rank holds (docs/PARALLEL.md "Residency"): the routed experts [expert0, expert0 + experts)
  * of every MoE layer (expert parallelism) and the layers [layer0, layer1), with the embedding when layer0 is 0 and the
  * output mix, final norm and lm_head when layer1 is the last (a pipeline stage). Every other parameter keeps its name
- * and shape but holds no elements here. k3c_residency_whole: all of it. */
+ * and shape but holds no elements here. With tp_size > 1 (tensor parallelism) every tensor the TP group splits holds
+ * share tp_rank of tp_size only: its rows (heads, intermediate or vocabulary rows) or its columns (the row-parallel
+ * projections). k3c_residency_whole: all of it (tp_size 0 or 1: whole tensors). */
 typedef struct {
     int64_t expert0, experts;
     int layer0, layer1;
+    int tp_rank, tp_size;
 } k3c_residency;
 k3c_residency k3c_residency_whole(const k3c_config *cfg);
 
@@ -227,48 +230,48 @@ typedef struct {
 /* Per-step activations, planned up front from the batch shape (k3c_model_plan_bytes) and carved from one arena. */
 typedef struct k3c_acts k3c_acts;
 
-#define K3C_MODEL_API(real, S)                                                                                            \
-    /* Creates a model with zeroed parameters (and gradients when with_grad). */                                          \
-    int k3c_model_create_##S(const k3c_config *cfg, int with_grad, k3c_model *m, k3c_err *err);                           \
+#define K3C_MODEL_API(real, S)                                                                                              \
+    /* Creates a model with zeroed parameters (and gradients when with_grad). */                                            \
+    int k3c_model_create_##S(const k3c_config *cfg, int with_grad, k3c_model *m, k3c_err *err);                             \
     /* The same holding only the residency's part (expert and pipeline parallelism, k3c_params_build_resident): init      \
-       gives it the values the whole model's init does, load reads it and skips the rest, save writes only it. */         \
-    int k3c_model_create_resident_##S(const k3c_config *cfg, int with_grad, const k3c_residency *r, k3c_model *m,         \
-                                      k3c_err *err);                                                                      \
+       gives it the values the whole model's init does, load reads it and skips the rest, save writes only it. */ \
+    int k3c_model_create_resident_##S(const k3c_config *cfg, int with_grad, const k3c_residency *r, k3c_model *m,           \
+                                      k3c_err *err);                                                                        \
     /* Random initialisation for training from scratch (seed; std = initializer_range). Writes w from the host: call   \
-       it (and k3c_model_load) before k3c_model_use_backend moves the model to a device. */  \
-    void k3c_model_init_##S(k3c_model *m, uint64_t seed, double std);                                                     \
+       it (and k3c_model_load) before k3c_model_use_backend moves the model to a device. */    \
+    void k3c_model_init_##S(k3c_model *m, uint64_t seed, double std);                                                       \
     /* Loads every tensor of a checkpoint dir (F32/BF16/F16/F64; MXFP4 experts decoded exactly). Every parameter must   \
-       be present and every tensor known; mismatches are errors naming the tensor. */ \
-    int k3c_model_load_##S(k3c_model *m, const k3c_checkpoint *ck, k3c_err *err);                                         \
-    /* Writes <dir>/model.safetensors (F32, checkpoint names, per-expert tensors) atomically. */                          \
-    int k3c_model_save_##S(const k3c_model *m, const char *path, k3c_err *err);                                           \
-    /* The same for the table entries [e0, e1) only (a pipeline stage's shard of a sharded checkpoint). */           \
-    int k3c_model_save_range_##S(const k3c_model *m, const char *path, int e0, int e1, k3c_err *err);                     \
-    /* The same; experts_only: the stacked routed-expert entries alone (the experts an EP rank holds). */                \
-    int k3c_model_save_entries_##S(const k3c_model *m, const char *path, int e0, int e1, int experts_only,               \
-                                   k3c_err *err);                                                                         \
-    void k3c_model_free_##S(k3c_model *m);                                                                                \
-    /* config.json + checkpoint of a directory → a loaded model. */                                                     \
-    int k3c_model_open_##S(const char *dir, int with_grad, k3c_model *m, k3c_err *err);                                   \
+       be present and every tensor known; mismatches are errors naming the tensor. */   \
+    int k3c_model_load_##S(k3c_model *m, const k3c_checkpoint *ck, k3c_err *err);                                           \
+    /* Writes <dir>/model.safetensors (F32, checkpoint names, per-expert tensors) atomically. */                            \
+    int k3c_model_save_##S(const k3c_model *m, const char *path, k3c_err *err);                                             \
+    /* The same for the table entries [e0, e1) only (a pipeline stage's shard of a sharded checkpoint). */                  \
+    int k3c_model_save_range_##S(const k3c_model *m, const char *path, int e0, int e1, k3c_err *err);                       \
+    /* The same; experts_only: the stacked routed-expert entries alone (the experts an EP rank holds). */                   \
+    int k3c_model_save_entries_##S(const k3c_model *m, const char *path, int e0, int e1, int experts_only,                  \
+                                   k3c_err *err);                                                                           \
+    void k3c_model_free_##S(k3c_model *m);                                                                                  \
+    /* config.json + checkpoint of a directory → a loaded model. */                                                       \
+    int k3c_model_open_##S(const char *dir, int with_grad, k3c_model *m, k3c_err *err);                                     \
     /* Moves w and g into memory of backend `be` (a const k3c_backend_##S *, ops/backend.h; NULL = the CPU) and runs \
-       every later forward and backward there. The host reads and writes them through be->download / be->upload. */    \
-    int k3c_model_use_backend_##S(k3c_model *m, const void *be, k3c_err *err);                                            \
-    /* The backend the model runs on (its own, or the CPU reference of this precision). */                                \
-    const struct k3c_backend_##S *k3c_model_backend_##S(const k3c_model *m);                                              \
+       every later forward and backward there. The host reads and writes them through be->download / be->upload. */      \
+    int k3c_model_use_backend_##S(k3c_model *m, const void *be, k3c_err *err);                                              \
+    /* The backend the model runs on (its own, or the CPU reference of this precision). */                                  \
+    const struct k3c_backend_##S *k3c_model_backend_##S(const k3c_model *m);                                                \
     /* Copies bytes of the model's backend memory (e.g. the logits a forward returned) into host memory; waits for the \
-       backend. */  \
-    int k3c_model_download_##S(const k3c_model *m, void *host_dst, const void *src, size_t bytes, k3c_err *err);          \
+       backend. */    \
+    int k3c_model_download_##S(const k3c_model *m, void *host_dst, const void *src, size_t bytes, k3c_err *err);            \
     /* An activation arena of `bytes` (k3c_model_plan_bytes or more) in the backend's memory; release it with         \
-       k3c_model_arena_free. */   \
-    int k3c_model_arena_init_##S(const k3c_model *m, size_t bytes, k3c_arena *a, k3c_err *err);                           \
-    void k3c_model_arena_free_##S(const k3c_model *m, k3c_arena *a);                                                      \
-    /* Bytes of activations a forward+backward over T tokens needs. */                                                    \
-    size_t k3c_model_plan_bytes_##S(const k3c_model *m, int64_t T, int n_docs);                                           \
+       k3c_model_arena_free. */     \
+    int k3c_model_arena_init_##S(const k3c_model *m, size_t bytes, k3c_arena *a, k3c_err *err);                             \
+    void k3c_model_arena_free_##S(const k3c_model *m, k3c_arena *a);                                                        \
+    /* Bytes of activations a forward+backward over T tokens needs. */                                                      \
+    size_t k3c_model_plan_bytes_##S(const k3c_model *m, int64_t T, int n_docs);                                             \
     /* Forward to logits [T, V] (written to *logits_out if non-NULL, pointing into the arena) and the mean loss.       \
-       `arena` must hold k3c_model_plan_bytes; activations stay there for the backward. */  \
-    int k3c_model_forward_##S(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, k3c_acts **acts, double *loss,    \
-                              real **logits_out, k3c_err *err);                                                           \
-    /* Backward of the loss of the last forward: ADDS every parameter gradient into m->g (dloss = 1 · scale). */         \
+       `arena` must hold k3c_model_plan_bytes; activations stay there for the backward. */    \
+    int k3c_model_forward_##S(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, k3c_acts **acts, double *loss,      \
+                              real **logits_out, k3c_err *err);                                                             \
+    /* Backward of the loss of the last forward: ADDS every parameter gradient into m->g (dloss = 1 · scale). */           \
     int k3c_model_backward_##S(k3c_model *m, k3c_acts *acts, double scale, k3c_err *err);
 
 K3C_MODEL_API(float, f32)

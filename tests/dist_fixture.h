@@ -99,29 +99,33 @@ typedef struct {
     int use_pp;
     k3c_comm *tp_comm; /* tensor parallelism over tp consecutive ranks */
     k3c_tp tp;
+    k3c_comm *t_comm;  /* the ranks of the DP group with this TP rank (ZeRO-1's group for its shares) */
     k3c_comm *cp_comm; /* context parallelism over cp consecutive ranks */
     k3c_cp cp;
 } dist_pieces;
 
 /* What world rank `rank` of `size` holds (docs/PARALLEL.md "Residency"): the experts of its EP rank (EP groups: ep
- * consecutive ranks, or every tp-th or cp-th next to TP or CP, k3c_ep_place; ep < 2: all) and the layers of its
- * pipeline stage (stages outermost: rank / (size / pp); pp < 2: all). */
+ * consecutive ranks, or every tp-th or cp-th next to TP or CP, k3c_ep_place; ep < 2: all), the layers of its
+ * pipeline stage (stages outermost: rank / (size / pp); pp < 2: all) and its TP rank's shares (TP innermost: rank %
+ * tp; tp < 2: whole tensors). */
 static k3c_residency residency_of(const k3c_config *cfg, int rank, int size, int ep, int tp, int pp, int cp) {
     k3c_residency r = k3c_residency_whole(cfg);
     int ep_rank, color;
     k3c_ep_place(rank, ep > 1 ? ep : 1, (tp > 1 ? tp : 1) * (cp > 1 ? cp : 1), &ep_rank, &color);
     if (ep > 1) k3c_ep_experts(cfg, ep_rank, ep, &r.expert0, &r.experts);
     if (pp > 1) k3c_pp_layers(cfg, rank / (size / pp), pp, &r.layer0, &r.layer1);
+    if (tp > 1) r.tp_rank = rank % tp, r.tp_size = tp;
     return r;
 }
 
 /* dst (the layout of held, a table with a residency) ← src (the layout of whole, the same model's whole table): what the
- * held table's entries hold of the whole model's (nothing of an absent entry). */
+ * held table's entries hold of the whole model's (nothing of an absent entry; a tensor-parallel share its part). */
 static void held_part(const k3c_param_table *whole, const k3c_param_table *held, const float *src, float *dst) {
     for (int i = 0; i < held->n; i++) {
         const k3c_param *p = &held->p[i], *q = &whole->p[i];
-        memcpy(dst + p->offset, src + q->offset + (size_t)(p->stack0 * k3c_param_slice_numel(p)),
-               sizeof(float) * (size_t)p->numel);
+        k3c_param_share_copy(p, held->res.tp_rank, sizeof(float),
+                             (void *)(src + q->offset + (size_t)(p->stack0 * k3c_param_slice_numel(p))),
+                             dst + p->offset, 0);
     }
 }
 
@@ -132,9 +136,10 @@ static void held_state(const k3c_param_table *whole, const k3c_optim *wo, const 
         const k3c_param *p = &held->p[i], *q = &whole->p[i];
         const size_t len = (i + 1 < ho->n_entries ? ho->state_off[i + 1] : ho->state_numel) - ho->state_off[i];
         for (size_t b = 0; p->numel && b < len / (size_t)p->numel; b++)
-            memcpy(dst + ho->state_off[i] + b * (size_t)p->numel,
-                   src + wo->state_off[i] + b * (size_t)q->numel + (size_t)(p->stack0 * k3c_param_slice_numel(p)),
-                   sizeof(float) * (size_t)p->numel);
+            k3c_param_share_copy(p, held->res.tp_rank, sizeof(float),
+                                 (void *)(src + wo->state_off[i] + b * (size_t)q->numel +
+                                          (size_t)(p->stack0 * k3c_param_slice_numel(p))),
+                                 dst + ho->state_off[i] + b * (size_t)p->numel, 0);
     }
 }
 
@@ -168,18 +173,20 @@ static int pieces_init(dist_pieces *d, k3c_model *m, const k3c_backend_f32 *be, 
     }
     if (ep && d->ep.resident) /* the ranks of the DP group holding the same experts */
         CHECK_RC(k3c_comm_split(group, d->ep_comm->rank, group->rank, &d->x_comm, err));
-    CHECK_RC(k3c_dp_init_experts(&d->dp, group, d->x_comm, be, o, &m->table, e0, e1, err));
-    d->dist = 1;
     if (tp) { /* the TP group: ranks that share rank / tp; the group takes one part of the batch */
         CHECK_RC(k3c_comm_split(comm, comm->rank / tp, comm->rank, &d->tp_comm, err));
+        CHECK_RC(k3c_comm_split(group, group->rank % tp, group->rank, &d->t_comm, err));
         CHECK_RC(k3c_tp_init(&d->tp, d->tp_comm, be, &m->cfg, &m->table, err));
         m->tp = &d->tp.hook;
-        k3c_dp_set_tp(&d->dp, tp);
     }
+    const k3c_dp_groups g = {group, d->x_comm, d->t_comm, d->tp_comm};
+    CHECK_RC(k3c_dp_init_groups(&d->dp, &g, be, o, &m->table, e0, e1, err));
+    d->dist = 1;
     if (cp) { /* the CP group: ranks that share rank / cp, each a range of its DP part's tokens */
         CHECK_RC(k3c_comm_split(comm, comm->rank / cp, comm->rank, &d->cp_comm, err));
         CHECK_RC(k3c_cp_init(&d->cp, d->cp_comm, m, T_cap, err));
         m->context = &d->cp.exchange;
+        if (pp) d->pp.cp = &d->cp; /* inside the stages: each micro-batch cut into ranges */
     }
     return K3C_OK;
 }
@@ -195,6 +202,7 @@ static void pieces_free(dist_pieces *d) {
         k3c_tp_free(&d->tp);
         k3c_comm_free(d->tp_comm);
     }
+    k3c_comm_free(d->t_comm);
     if (d->cp_comm) {
         k3c_cp_free(&d->cp);
         k3c_comm_free(d->cp_comm);
@@ -203,7 +211,6 @@ static void pieces_free(dist_pieces *d) {
     k3c_comm_free(d->pp_comm);
     k3c_comm_free(d->stage_comm);
 }
-
 
 /* A model with its optimizer and step buffers on a backend, and its parallel pieces (none for the reference). */
 typedef struct {
@@ -226,7 +233,9 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
     const k3c_backend_f32 *be = r->be;
     k3c_dp *dp = r->d.dist ? &r->d.dp : NULL;
     k3c_model_batch b = {T_BATCH, gb->n_docs, gb->ids, gb->cu, gb->targets, 0, 0, NULL, NULL, NULL, NULL};
-    if (r->d.cp_comm)
+    if (r->d.cp_comm && r->d.use_pp)
+        CHECK_RC(k3c_cp_part(&r->d.cp, dp, &b, err)); /* k3c_pp_step cuts its micro-batches into ranges */
+    else if (r->d.cp_comm)
         CHECK_RC(k3c_cp_split_batch(&r->d.cp, dp, &b, err));
     else if (dp)
         CHECK_RC(k3c_dp_split_batch(dp, &b, err));
@@ -236,6 +245,7 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
     if (dp) CHECK_RC(k3c_dp_grads_begin(dp, &r->m, r->d.tp_comm ? &r->d.tp : NULL, err)); /* layer by layer */
     if (r->d.use_pp) {
         CHECK_RC(k3c_pp_step(&r->d.pp, &r->m, &b, &r->ar, 1, loss, err));
+        if (r->d.cp_comm) CHECK_RC(k3c_dp_local_tokens(dp, r->d.pp.T_local, err));
     } else {
         CHECK_RC(k3c_model_forward_f32(&r->m, &b, &r->ar, &acts, loss, NULL, err));
         CHECK_RC(k3c_model_backward_f32(&r->m, acts, 1.0, err));
@@ -269,6 +279,8 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
     CHECK_RC(be->download(&n, r->stats.qk_clipped, sizeof n, err));
     if (r->d.use_pp)
         CHECK_RC(k3c_comm_allreduce(r->d.pp_comm, &n, &n, 1, K3C_I32, K3C_COMM_SUM, NULL, err)); /* stages */
+    if (r->d.tp_comm) /* each TP rank clips its own heads */
+        CHECK_RC(k3c_comm_allreduce(r->d.tp_comm, &n, &n, 1, K3C_I32, K3C_COMM_SUM, NULL, err));
     *clipped = n;
     for (int l = 0; l < c->num_layers; l++) {
         const k3c_route_stats *rs = &r->stats.route[l];

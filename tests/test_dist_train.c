@@ -6,7 +6,7 @@
  * dp2×ep2, pp2, dp2×pp2, ep2×pp2 (its checkpoint resumed by one process and at pp2, a pp2 one at ep2×pp2), tp2,
  * tp2×pp2 (a dp2×ep2 checkpoint resumed at tp2, a tp2 checkpoint by one process), ep2×tp2 (its checkpoint resumed by
  * one process, a tp2 one at ep2×tp2), ep2×tp2×pp2 on 8 ranks, cp2,
- * dp2×cp2 and ep2×cp2; one rank with "force" (the parallel step kept) equals one process; and impossible layouts fail
+ * dp2×cp2, ep2×cp2 and cp2×pp2; one rank with "force" (the parallel step kept) equals one process; and impossible layouts fail
  * with messages naming the field. */
 #include "test.h"
 
@@ -153,8 +153,8 @@ static void check_layouts(const fixture *fx) {
     static list dp2_not = {"optimizer.safetensors", "model.safetensors.index.json", NULL};
     /* expert parallelism: each EP rank of the first DP replica writes its experts (the first every other tensor too) */
     static list dpep = {"optimizer-00001-of-00004.safetensors", "optimizer-00004-of-00004.safetensors",
-                        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
-                        "model.safetensors.index.json", NULL};
+                        "model-00001-of-00002.safetensors",     "model-00002-of-00002.safetensors",
+                        "model.safetensors.index.json",         NULL};
     static list dpep_not = {"model.safetensors", "optimizer.safetensors", NULL};
     static list pp2 = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
                        "model.safetensors.index.json", "optimizer-00002-of-00002.safetensors", NULL};
@@ -385,6 +385,15 @@ int main(void) {
         check_close(&fx, with[i][0], "onecp2", 2, what);
         check_close(&fx, with[i][0], "onecp2", 4, what);
     }
+    { /* cp2×pp2 on 4 ranks: CP inside the pipeline stages, each of 3 micro-batches (whole document pieces of the
+         step's sequences of 32) cut into 2 ranges, which cut through pieces */
+        char path[1400];
+        write_cfg(&fx, "cppp", "{\"cp\": 2, \"pp\": 2, \"micro_batches\": 3}", path, sizeof path);
+        st = k3c_mpi(4, path, "", out, sizeof out);
+        CHECK(st == 0, "mpirun -np 4 k3c train (cp2×pp2) exited %d:\n%s", st, out);
+        check_close(&fx, "cppp", "one", 2, "cp2×pp2 vs one process");
+        check_close(&fx, "cppp", "one", 4, "cp2×pp2 vs one process");
+    }
     write_cfg_stages(&fx, "res7", NULL, CP0, CP1, res7, sizeof res7);
     copy_at_step2(&fx, "res7", "cp2");
     CHECK_OK(train(res7, 1, 0, NULL, &r, &err), &err);
@@ -406,8 +415,8 @@ int main(void) {
           st, out);
     write_cfg(&fx, "bad", "{\"pp\": 5}", bad, sizeof bad);
     st = k3c_mpi(5, bad, "", out, sizeof out);
-    CHECK(st != 0 && contains(out, "parallel.pp = 5 is more stages than the model's 4 layers"), "pp5: exit %d:\n%s",
-          st, out);
+    CHECK(st != 0 && contains(out, "parallel.pp = 5 is more stages than the model's 4 layers"), "pp5: exit %d:\n%s", st,
+          out);
     write_cfg(&fx, "bad", "{\"tp\": 4}", bad, sizeof bad);
     st = k3c_mpi(4, bad, "", out, sizeof out);
     CHECK(st != 0 && contains(out, "parallel.tp = 4 does not divide the model's 2 KDA heads"), "tp4: exit %d:\n%s", st,

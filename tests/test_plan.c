@@ -379,7 +379,7 @@ static void test_cli(void) {
               strstr(out, "communication"),
           "best layout report");
     /* the recommended block and whether the trainer runs it: at 512 GPUs ep16 × pp32 (93 layers: stages of 3 and
-       2), at 2048 with cp, which does not combine with pp yet */
+       2), at 2048 ep8 × tp2 × pp32 × cp4, whose cp does not combine with tp yet */
     snprintf(args, sizeof args, "%s --gpus 512", k3);
     CHECK(run_cli(args, out, sizeof out) == 0 &&
               strstr(out, "run config: \"parallel\": {\"dp\": 1, \"ep\": 16, \"tp\": 1, \"pp\": 32, \"cp\": 1}") &&
@@ -387,7 +387,7 @@ static void test_cli(void) {
           "512 GPUs: %s", out);
     snprintf(args, sizeof args, "%s --gpus 2048", k3);
     CHECK(run_cli(args, out, sizeof out) == 0 && strstr(out, "note: k3c train does not run this layout yet") &&
-              strstr(out, "cp = 4 with pp = 32"),
+              strstr(out, "cp = 4 with tp = 2"),
           "2048 GPUs: %s", out);
     snprintf(args, sizeof args, "%s --gpus 4096 --seq 1048576 --json --top 3", k3);
     CHECK(run_cli(args, out, sizeof out) == 0, "json exit");

@@ -1,7 +1,8 @@
 /* test_residency.c — a model that holds only part of the parameters (k3c_model_create_resident; docs/PARALLEL.md
- * "Residency"): some routed experts (expert parallelism) or a pipeline stage's layers. It starts from the whole init's
- * part, loads its part of a whole checkpoint, refuses one that lacks a held tensor (naming it), saves only what it
- * holds, and QK-Clip leaves the layers it does not hold alone. One process; the MPI tests train with it. */
+ * "Residency"): some routed experts (expert parallelism), a pipeline stage's layers, or a tensor-parallel share of the
+ * split tensors. It starts from the whole init's part, loads its part of a whole checkpoint, refuses one that lacks a
+ * held tensor (naming it), saves only what it holds (a TP share: not at all, its group gathers whole tensors), and
+ * QK-Clip leaves the layers and heads it does not hold alone. One process; the MPI tests train with it. */
 #include "test.h"
 
 #include "model/model.h"
@@ -25,7 +26,7 @@ static int save_dir(const k3c_model *m, const char *dir, k3c_err *err) {
 }
 
 static int create(const k3c_config *cfg, int64_t e0, int64_t n, int l0, int l1, k3c_model *m, k3c_err *err) {
-    const k3c_residency r = {e0, n, l0, l1};
+    const k3c_residency r = {e0, n, l0, l1, 0, 1};
     return k3c_model_create_resident_f32(cfg, 0, &r, m, err);
 }
 
@@ -109,6 +110,79 @@ static void stages(const k3c_config *cfg, const k3c_model *whole, const char *wh
     for (int i = 0; i < 4; i++) k3c_model_free_f32(all[i]);
 }
 
+/* Tensor-parallel shares of the 4-layer model at tp2: each split entry holds its rows or columns, the two shares put
+ * back into a whole tensor give the whole init (and the whole checkpoint loaded into a share equals the share's own
+ * init), the replicated entries are whole, QK-Clip clips the share's heads as the whole model clips them, and saving
+ * a share table refuses with a message. */
+static void tp_shares(const k3c_config *cfg, const k3c_model *whole, const char *whole_dir) {
+    k3c_err err = {0};
+    const int tp = 2;
+    k3c_model sh[2], loaded;
+    k3c_residency r = k3c_residency_whole(cfg);
+    r.tp_size = tp;
+    for (int t = 0; t < tp; t++) {
+        r.tp_rank = t;
+        CHECK_OK(k3c_model_create_resident_f32(cfg, 0, &r, &sh[t], &err), &err);
+        k3c_model_init_f32(&sh[t], 7, 0.1);
+    }
+    CHECK_OK(k3c_model_create_resident_f32(cfg, 0, &r, &loaded, &err), &err); /* rank 1's */
+    CHECK_OK(load_dir(&loaded, whole_dir, &err), &err);
+    CHECK(memcmp(loaded.w, sh[1].w, sizeof(float) * loaded.table.total) == 0,
+          "TP share 1 of 2 loaded from the whole checkpoint differs from its init");
+    const k3c_param_table *w = &whole->table, *h = &sh[0].table;
+    int rows = 0, cols = 0, bad = 0;
+    float *put = malloc(sizeof(float) * w->total);
+    memcpy(put, whole->w, sizeof(float) * w->total);
+    for (int i = 0; i < h->n; i++) {
+        const k3c_param *p = &h->p[i], *q = &w->p[i];
+        const int split = p->tp_split == K3C_TP_ROWS || p->tp_split == K3C_TP_COLS;
+        rows += p->tp_split == K3C_TP_ROWS, cols += p->tp_split == K3C_TP_COLS;
+        bad += p->tp_share != split || p->whole_numel != q->numel ||
+               (split ? p->numel != q->used / tp : p->numel != q->numel);
+        float *x = put + q->offset;
+        for (int64_t j = 0; split && j < q->numel; j++) x[j] = j < q->used ? NAN : x[j]; /* K3's A_log padding kept */
+        for (int t = 0; split && t < tp; t++)
+            k3c_param_share_copy(p, t, sizeof(float), x, (float *)sh[t].w + sh[t].table.p[i].offset, 1);
+    }
+    CHECK(bad == 0 && rows > 0 && cols > 0, "share shapes: %d wrong (%d row splits, %d column splits)", bad, rows,
+          cols);
+    CHECK(memcmp(put, whole->w, sizeof(float) * w->total) == 0,
+          "the tp2 shares put together differ from the whole init");
+    printf("tp2 share 0: %zu of %zu parameters (%d entries split by rows, %d by columns)\n", h->total, w->total, rows,
+           cols);
+    /* QK-Clip: every head far above τ; each share clips its own heads, as the whole model clips them */
+    const int64_t L = cfg->num_layers, H = cfg->mla_heads;
+    float *smax = malloc(sizeof(float) * (size_t)(L * H)), *wc = malloc(sizeof(float) * w->total);
+    for (int64_t i = 0; i < L * H; i++) smax[i] = 1e3f * (float)(1 + i);
+    memcpy(wc, whole->w, sizeof(float) * w->total);
+    int nw = 0, n[2] = {0, 0};
+    CHECK_OK(k3c_qk_clip(cfg, w, wc, smax, 100.0, &nw, &err), &err);
+    memcpy(put, wc, sizeof(float) * w->total);
+    for (int t = 0; t < tp; t++) CHECK_OK(k3c_qk_clip(cfg, &sh[t].table, sh[t].w, smax, 100.0, &n[t], &err), &err);
+    for (int i = 0; i < h->n; i++)
+        for (int t = 0; h->p[i].tp_share && t < tp; t++)
+            k3c_param_share_copy(&h->p[i], t, sizeof(float), put + w->p[i].offset,
+                                 (float *)sh[t].w + sh[t].table.p[i].offset, 1);
+    CHECK(n[0] + n[1] == nw && n[0] == n[1] && memcmp(put, wc, sizeof(float) * w->total) == 0,
+          "QK-Clip of the shares (%d + %d heads) differs from the whole model's (%d)", n[0], n[1], nw);
+    char p[4300];
+    snprintf(p, sizeof p, "%s/share.safetensors", whole_dir);
+    k3c_err e2 = {0};
+    int rc = k3c_model_save_f32(&sh[0], p, &e2);
+    CHECK(rc == K3C_EINVAL && strstr(e2.msg, "tensor-parallel share 0 of 2"), "saving a share table: rc %d '%s'", rc,
+          e2.msg);
+    k3c_model bad3;
+    r.tp_size = 3, r.tp_rank = 0; /* 3 divides no head count of the tiny model */
+    rc = k3c_model_create_resident_f32(cfg, 0, &r, &bad3, &e2);
+    CHECK(rc == K3C_ECONFIG && strstr(e2.msg, "tensor parallelism over 3 ranks does not divide"),
+          "tp3 shares: rc %d '%s'", rc, e2.msg);
+    r.tp_size = 2, r.tp_rank = 2;
+    rc = k3c_model_create_resident_f32(cfg, 0, &r, &bad3, &e2);
+    CHECK(rc == K3C_EINVAL && strstr(e2.msg, "share 2 of 2"), "share 2 of 2: rc %d '%s'", rc, e2.msg);
+    free(put), free(smax), free(wc);
+    k3c_model_free_f32(&sh[0]), k3c_model_free_f32(&sh[1]), k3c_model_free_f32(&loaded);
+}
+
 int main(void) {
     k3c_err err = {0};
     k3c_config cfg;
@@ -153,6 +227,7 @@ int main(void) {
     CHECK(memcmp(low2.w, low.w, sizeof(float) * low.table.total) == 0, "experts [0, %lld) round trip", (long long)half);
 
     stages(&cfg, &whole, whole_dir, tmp);
+    tp_shares(&cfg, &whole, whole_dir);
     k3c_model *all[] = {&whole, &low, &low2, &high, &high_init};
     for (int i = 0; i < 5; i++) k3c_model_free_f32(all[i]);
     return test_summary();

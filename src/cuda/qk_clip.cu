@@ -25,14 +25,15 @@ __device__ bool layer_finite(const float *s_max, int64_t H) {
 
 struct clip_rows {
     int64_t H, nope, rope, dv, q_cols, kv_cols;
+    int64_t h0; /* the first head held (a tensor-parallel share holds heads [h0, h0 + gridDim.y) from row 0) */
 };
 
 /* blockIdx.y = head, blockIdx.z = part (0: q nope rows × sqrt γ, 1: q rope rows × γ, 2: k nope rows of kv_b × sqrt γ) */
 __global__ void clip_kernel(float *q, float *kvb, const float *s_max, double tau, clip_rows d) {
     const int64_t h = blockIdx.y;
     const int part = (int)blockIdx.z;
-    if (!(s_max[h] > tau) || !layer_finite(s_max, d.H)) return;
-    const double gamma = tau / (double)s_max[h];
+    if (!(s_max[d.h0 + h] > tau) || !layer_finite(s_max, d.H)) return;
+    const double gamma = tau / (double)s_max[d.h0 + h];
     const float f = part == 1 ? (float)gamma : (float)sqrt(gamma);
     float *x;
     int64_t n;
@@ -47,15 +48,15 @@ __global__ void clip_kernel(float *q, float *kvb, const float *s_max, double tau
         x[i] = __fmul_rn(x[i], f);
 }
 
-/* One thread, stream-ordered after the layer's clip: adds the layer's clipped heads (−1 sticks). */
-__global__ void count_kernel(const float *s_max, int64_t H, double tau, int32_t *n_clipped) {
+/* One thread, stream-ordered after the layer's clip: adds the layer's clipped heads of [h0, h0 + hn) (−1 sticks). */
+__global__ void count_kernel(const float *s_max, int64_t H, int64_t h0, int64_t hn, double tau, int32_t *n_clipped) {
     if (*n_clipped < 0) return;
     if (!layer_finite(s_max, H)) {
         *n_clipped = -1;
         return;
     }
     int32_t c = 0;
-    for (int64_t h = 0; h < H; h++) c += s_max[h] > tau;
+    for (int64_t h = h0; h < h0 + hn; h++) c += s_max[h] > tau;
     *n_clipped += c;
 }
 
@@ -71,7 +72,9 @@ extern "C" int k3c_qk_clip_cuda(void *ctx, const k3c_config *cfg, const k3c_para
                          cfg->qk_rope_dim,
                          cfg->v_head_dim,
                          lora ? cfg->q_lora_rank : cfg->hidden_size,
-                         cfg->kv_lora_rank};
+                         cfg->kv_lora_rank,
+                         t->res.tp_rank * (cfg->mla_heads / t->res.tp_size)};
+    const int64_t hn = cfg->mla_heads / t->res.tp_size; /* a TP share: its heads */
     K3C_CU(cudaMemsetAsync(n_clipped, 0, sizeof *n_clipped, K3C_STREAM));
     for (int l = t->res.layer0; l < t->res.layer1; l++) { /* the held layers (another stage clips its own) */
         if (cfg->mixer[l] != K3C_MIXER_MLA) continue;
@@ -83,9 +86,9 @@ extern "C" int k3c_qk_clip_cuda(void *ctx, const k3c_config *cfg, const k3c_para
         const float *sm = s_max + (size_t)l * (size_t)d.H;
         const int64_t most = (d.nope > d.rope ? d.nope : d.rope) * (d.q_cols > d.kv_cols ? d.q_cols : d.kv_cols);
         const unsigned bx = (unsigned)((most + NT - 1) / NT < 1024 ? (most + NT - 1) / NT : 1024);
-        clip_kernel<<<dim3(bx ? bx : 1, (unsigned)d.H, 3), NT, 0, K3C_STREAM>>>(w + q_off, w + o->kv_b, sm, tau, d);
+        clip_kernel<<<dim3(bx ? bx : 1, (unsigned)hn, 3), NT, 0, K3C_STREAM>>>(w + q_off, w + o->kv_b, sm, tau, d);
         K3C_CU_LAUNCHED("qk_clip");
-        count_kernel<<<1, 1, 0, K3C_STREAM>>>(sm, d.H, tau, n_clipped);
+        count_kernel<<<1, 1, 0, K3C_STREAM>>>(sm, d.H, d.h0, hn, tau, n_clipped);
         K3C_CU_LAUNCHED("qk_clip count");
     }
     return K3C_OK;

@@ -221,70 +221,73 @@ void k3c_cp_free(k3c_cp *cp) {
 
 /* ---------------------------------------------------------------- the batch split */
 
-int k3c_cp_split_batch(k3c_cp *cp, k3c_dp *dp, k3c_model_batch *b, k3c_err *err) {
-    const int C = cp->size, parts = dp->size / C, part = dp->rank / C;
-    if (dp->size % C || dp->rank % C != cp->rank)
-        return k3c_errf(err, K3C_EINVAL, "context parallelism: the CP group must be the ranks sharing rank / cp");
-    if (!b->targets || !b->cu_seqlens)
-        return k3c_errf(err, K3C_EINVAL, "context parallelism: the batch needs explicit targets and cu_seqlens");
-    if (b->n_docs < parts)
-        return k3c_errf(err, K3C_EINVAL,
-                        "context parallelism: the batch has %d document pieces for %d data-parallel parts (each part "
-                        "needs a whole piece: lower the stage's seq_len or raise tokens_per_step)",
-                        b->n_docs, parts);
-    if (b->n_embeds || b->weight)
-        return k3c_errf(err, K3C_EINVAL, "context parallelism: embedding overrides and loss weights are not split yet");
+int64_t k3c_cp_range_len(const k3c_cp *cp, int64_t T) {
+    return (cp->rank + 1) * T / cp->size - cp->rank * T / cp->size;
+}
+
+int k3c_cp_range(k3c_cp *cp, k3c_model_batch *b, k3c_err *err) {
+    const int C = cp->size;
+    const int32_t *cu = b->cu_seqlens;
     for (int l = 0; l < cp->m->cfg.num_layers; l++)
         if (cp->m->recompute[l])
             return k3c_errf(err, K3C_EUNSUPPORTED, "context parallelism: layer %d recomputes its forward", l);
-    int64_t counted = 0;
-    for (int64_t t = 0; t < b->T; t++) counted += b->targets[t] >= 0;
-    if (!counted) return k3c_errf(err, K3C_EINVAL, "context parallelism: the batch has no counted target");
-    int d0, d1;
-    k3c_batch_part_aligned(b->cu_seqlens, b->n_docs, b->T, part, parts, C, &d0, &d1);
-    const int32_t *cu = b->cu_seqlens;
-    /* rank r: tokens [r·Td/C, (r+1)·Td/C) of the part, equal ranges when C divides it (at most one token apart) */
-    const int64_t base = cu[d0], Td = cu[d1] - base, s = cp->rank * Td / C, e = (cp->rank + 1) * Td / C, Tl = e - s;
+    /* rank r: tokens [r·Td/C, (r+1)·Td/C), equal ranges when C divides Td (at most one token apart) */
+    const int64_t Td = b->T, s = cp->rank * Td / C, e = (cp->rank + 1) * Td / C, Tl = e - s;
     if (Td / C < cp->W - 1 || Td < C)
         return k3c_errf(err, K3C_EINVAL,
-                        "context parallelism: %lld tokens for %d ranks (data-parallel part %d of %d): a range must "
-                        "hold at least one token and the short conv's tail of %lld",
-                        (long long)Td, C, part, parts, (long long)(cp->W - 1));
+                        "context parallelism: %lld tokens for %d ranks: a range must hold at least one token and the "
+                        "short conv's tail of %lld",
+                        (long long)Td, C, (long long)(cp->W - 1));
     if (Td > cp->T_cap)
         return k3c_errf(err, K3C_EINVAL, "context parallelism: a sequence of %lld tokens exceeds the %lld planned",
                         (long long)Td, (long long)cp->T_cap);
-    int f = d0, z = d0; /* the pieces holding the range's first and last token */
-    while (cu[f + 1] - base <= s) f++;
-    while (cu[z + 1] - base < e) z++;
+    int f = 0, z = 0; /* the pieces holding the range's first and last token */
+    while (cu[f + 1] <= s) f++;
+    while (cu[z + 1] < e) z++;
     k3c_context_exchange *x = &cp->exchange;
     int n = z - f + 1;
     cp->cu[0] = 0;
-    for (int d = 1; d < n; d++) cp->cu[d] = (int32_t)(cu[f + d] - base - s);
+    for (int d = 1; d < n; d++) cp->cu[d] = (int32_t)(cu[f + d] - s);
     cp->cu[n] = (int32_t)Tl;
     for (int d = 0; d < n; d++) cp->cu_rest[d] = cp->cu[d + 1] - cp->cu[1];
-    for (int d = d0; d <= z; d++) cp->cu_keys[d - d0] = (int32_t)(cu[d] - base);
-    cp->cu_keys[z - d0 + 1] = (int32_t)e;
-    cp->prev_len = s - (cu[f] - base);
+    for (int d = 0; d <= z; d++) cp->cu_keys[d] = cu[d];
+    cp->cu_keys[z + 1] = (int32_t)e;
+    cp->prev_len = s - cu[f];
     x->start = s;
     x->first_len = cp->cu[1];
     x->cont_prev = cp->prev_len > 0;
-    x->cont_next = e < Td && cu[z + 1] - base > e;
+    x->cont_next = e < Td && cu[z + 1] > e;
     x->cu_rest = cp->cu_rest;
     x->cu_rest_ops = cp->cu_ops;
     x->T_keys = e;
-    x->n_docs_keys = z - d0 + 1;
+    x->n_docs_keys = z + 1;
     x->cu_keys = cp->cu_ops + T_cap_keys(cp);
     CHECK_RC(cp->mem.upload(cp->cu_ops, cp->cu_rest, sizeof(int32_t) * (size_t)n, err)); /* what the ops read */
-    CHECK_RC(cp->mem.upload(cp->cu_ops + T_cap_keys(cp), cp->cu_keys, sizeof(int32_t) * (size_t)(z - d0 + 2), err));
+    CHECK_RC(cp->mem.upload(cp->cu_ops + T_cap_keys(cp), cp->cu_keys, sizeof(int32_t) * (size_t)(z + 2), err));
     CHECK_RC(zero_grads(cp, err));
     for (int r = 0; r < C; r++)
         cp->displs[r] = r * Td / C * cp->lkva, cp->counts[r] = (r + 1) * Td / C * cp->lkva - cp->displs[r];
     b->T = Tl;
     b->n_docs = n;
-    b->ids += base + s;
-    b->targets += base + s;
+    b->ids += s;
+    b->targets += s;
     b->cu_seqlens = cp->cu;
-    b->loss_norm = (double)counted;
-    dp->T_local = Tl;
-    return k3c_comm_allgather(dp->comm, &dp->T_local, dp->T_all, dp->ones, dp->iota, K3C_I64, NULL, err);
+    return K3C_OK;
+}
+
+int k3c_cp_part(k3c_cp *cp, k3c_dp *dp, k3c_model_batch *b, k3c_err *err) {
+    const int C = cp->size;
+    if (dp->size % C || dp->rank % C != cp->rank)
+        return k3c_errf(err, K3C_EINVAL, "context parallelism: the CP group must be the ranks sharing rank / cp");
+    if (b->n_embeds || b->weight)
+        return k3c_errf(err, K3C_EINVAL, "context parallelism: embedding overrides and loss weights are not split yet");
+    return k3c_dp_take_part(dp, b, dp->rank / C, dp->size / C, C, "context parallelism", err);
+}
+
+int k3c_cp_split_batch(k3c_cp *cp, k3c_dp *dp, k3c_model_batch *b, k3c_err *err) {
+    CHECK_RC(k3c_cp_part(cp, dp, b, err));
+    const int part = dp->rank / cp->size, parts = dp->size / cp->size;
+    int e = k3c_cp_range(cp, b, err);
+    if (e) return err ? k3c_err_wrap(err, "data-parallel part %d of %d", part, parts) : e;
+    return k3c_dp_local_tokens(dp, b->T, err);
 }

@@ -32,8 +32,8 @@ typedef struct {
     char *buf;  /* backend memory: per layer, KDA: h0, ht, dht, dh0 [S] and 3 conv tails [P, W−1]; MLA: latent,
                    gradient [T_cap, lkva] */
     char *rows; /* host [max(3·(W−1)·P, T_cap·lkva)]: received tails and host copies, one rank's latent gradient */
-    int32_t *cu_ops;          /* backend memory: cu_rest, then cu_keys (aligned), where the ops read them */
-    int64_t *counts, *displs; /* [size] latent gather / scatter blocks */
+    int32_t *cu_ops;                 /* backend memory: cu_rest, then cu_keys (aligned), where the ops read them */
+    int64_t *counts, *displs;        /* [size] latent gather / scatter blocks */
     int32_t *cu, *cu_rest, *cu_keys; /* [T_cap + 1] each */
     k3c_context_exchange exchange;   /* what the model calls: set m->context = &cp->exchange */
 } k3c_cp;
@@ -50,5 +50,13 @@ void k3c_cp_free(k3c_cp *cp);
  * the router gathers. K3C_EINVAL naming the sizes when a range would be shorter than the conv tail or the part exceeds
  * T_cap. */
 int k3c_cp_split_batch(k3c_cp *cp, k3c_dp *dp, k3c_model_batch *b, k3c_err *err);
+/* Its two halves, for the pipeline (which cuts the part into micro-batches and each of those into ranges): b ← the
+ * data-parallel part of this rank's CP group (whole pieces, loss_norm the whole batch's); and b (whole pieces, cu from
+ * 0) ← this rank's range of it, the exchange set for it (its conv-tail and state neighbours, the latent blocks) and
+ * the gradient buffers zeroed: call it before each forward of that sequence (dp's token counts are the caller's:
+ * k3c_dp_local_tokens). k3c_cp_range_len: the tokens of this rank's range of a sequence of T. */
+int k3c_cp_part(k3c_cp *cp, k3c_dp *dp, k3c_model_batch *b, k3c_err *err);
+int k3c_cp_range(k3c_cp *cp, k3c_model_batch *b, k3c_err *err);
+int64_t k3c_cp_range_len(const k3c_cp *cp, int64_t T);
 
 #endif

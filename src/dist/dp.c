@@ -14,21 +14,23 @@
 static size_t entry_end(const k3c_param_table *t, int i) { return i < t->n ? t->p[i].offset : t->total; }
 static size_t state_end(const k3c_optim *o, int i) { return i < o->n_entries ? o->state_off[i] : o->state_numel; }
 
-/* Entry i is summed and owned inside the expert group (a stacked routed-expert entry under an expert residency). */
-static int is_expert(const k3c_dp *dp, const k3c_param_table *t, int i) { return dp->xcomm && t->p[i].stack > 0; }
-static k3c_comm *comm_of(const k3c_dp *dp, int x) { return x ? dp->xcomm : dp->comm; }
-static int rank_of(const k3c_dp *dp, int x) { return x ? dp->xcomm->rank : dp->rank; }
+/* Entry i's class: 1 summed and owned inside the expert group (a stacked routed-expert entry under an expert
+ * residency), 2 inside the ranks of this TP rank (a tensor-parallel share), 0 over the group. */
+static int class_of(const k3c_dp *dp, const k3c_param_table *t, int i) {
+    return dp->xcomm && t->p[i].stack > 0 ? 1 : dp->tcomm && t->p[i].tp_share ? 2 : 0;
+}
+static k3c_comm *comm_of(const k3c_dp *dp, int x) { return x == 1 ? dp->xcomm : x == 2 ? dp->tcomm : dp->comm; }
+static int rank_of(const k3c_dp *dp, int x) { return comm_of(dp, x)->rank; }
 
-/* Owners: the entries of [e0, e1) of one class (x: expert entries over the expert group; else the others over the
- * group) in order, rank r of its comm taking entries until the running element count reaches (r + 1)/size of the
+/* Owners: the entries of [e0, e1) of one class (class_of: over its comm) in order, rank r of its comm taking entries until the running element count reaches (r + 1)/size of the
  * class's elements, so each rank updates (and stores state for) about 1/size of them; an entry is never split. */
 static void assign_owners(k3c_dp *dp, const k3c_param_table *t, int e0, int e1, int x) {
     const int size = comm_of(dp, x)->size;
     size_t total = 0, done = 0;
-    for (int i = e0; i < e1; i++) total += is_expert(dp, t, i) == x ? (size_t)t->p[i].numel : 0;
+    for (int i = e0; i < e1; i++) total += class_of(dp, t, i) == x ? (size_t)t->p[i].numel : 0;
     int r = 0;
     for (int i = e0; i < e1; i++) {
-        if (is_expert(dp, t, i) != x) continue;
+        if (class_of(dp, t, i) != x) continue;
         while (r < size - 1 && !(done + (size_t)t->p[i].numel / 2 < (size_t)((double)total * (r + 1) / size))) r++;
         dp->owner[i] = r;
         done += (size_t)t->p[i].numel;
@@ -45,7 +47,7 @@ static int make_pieces(k3c_dp *dp, const k3c_param_table *t, const k3c_optim *o,
     for (int i = 0; i < t->n; i++)
         if (t->p[i].layer + 1 > L) L = t->p[i].layer + 1;
     for (int i = e0; i < e1; i++)
-        n += i == e0 || t->p[i].layer != t->p[i - 1].layer || is_expert(dp, t, i) != is_expert(dp, t, i - 1);
+        n += i == e0 || t->p[i].layer != t->p[i - 1].layer || class_of(dp, t, i) != class_of(dp, t, i - 1);
     dp->piece = calloc((size_t)(n > 0 ? n : 1), sizeof *dp->piece);
     int64_t *counts = calloc((size_t)(n > 0 ? n : 1) * (size_t)R * 4, sizeof(int64_t));
     if (!dp->piece || !counts) {
@@ -55,14 +57,14 @@ static int make_pieces(k3c_dp *dp, const k3c_param_table *t, const k3c_optim *o,
     dp->piece[0].count = counts; /* one block for all: k3c_dp_free frees it through the first piece */
     int64_t at = 0, s_at = 0;
     for (int i = e0; i < e1; i++) {
-        const int x = is_expert(dp, t, i);
-        if (i > e0 && t->p[i].layer == t->p[i - 1].layer && x == is_expert(dp, t, i - 1)) continue;
+        const int x = class_of(dp, t, i);
+        if (i > e0 && t->p[i].layer == t->p[i - 1].layer && x == class_of(dp, t, i - 1)) continue;
         k3c_dp_piece *q = &dp->piece[dp->n_pieces];
         q->count = counts + (size_t)dp->n_pieces++ * (size_t)R * 4;
         q->displ = q->count + R, q->s_count = q->displ + R, q->s_displ = q->s_count + R;
         q->e0 = i;
         q->x = x;
-        for (q->e1 = i + 1; q->e1 < e1 && t->p[q->e1].layer == t->p[i].layer && is_expert(dp, t, q->e1) == x;) q->e1++;
+        for (q->e1 = i + 1; q->e1 < e1 && t->p[q->e1].layer == t->p[i].layer && class_of(dp, t, q->e1) == x;) q->e1++;
         q->layer = t->p[i].layer >= 0 || t->p[i].offset == 0 ? t->p[i].layer : L; /* the head after the layers */
         q->off = (int64_t)entry_end(t, q->e0);
         q->s_off = (int64_t)state_end(o, q->e0);
@@ -96,6 +98,52 @@ int k3c_dp_init_range(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, con
 
 int k3c_dp_init_experts(k3c_dp *dp, k3c_comm *comm, k3c_comm *xcomm, const k3c_backend_f32 *be, const k3c_optim *o,
                         const k3c_param_table *t, int e0, int e1, k3c_err *err) {
+    const k3c_dp_groups g = {comm, xcomm, NULL, NULL};
+    return k3c_dp_init_groups(dp, &g, be, o, t, e0, e1, err);
+}
+
+/* A share whose Muon reads the whole matrix: whole-matrix Muon, or row blocks cut by a column split. */
+static int needs_whole(const k3c_optim *o, const k3c_param *p) {
+    return p->tp_share && p->kind == K3C_PK_MATRIX && o->matrix_optimizer == K3C_MATRIX_MUON &&
+           !(p->tp_split == K3C_TP_ROWS && o->per_head && p->head_rows > 0);
+}
+
+/* The table of this rank's entries that need_whole at their whole shape (all at offset 0), its optimizer (state at 0)
+ * and backend instance, and the staging. */
+static int whole_init(k3c_dp *dp, const k3c_optim *o, const k3c_param_table *t, k3c_err *err) {
+    int n = 0;
+    dp->whole_step = calloc((size_t)(t->n > 0 ? t->n : 1), 1);
+    dp->whole_at = calloc((size_t)(t->n > 0 ? t->n : 1), sizeof(int));
+    if (!dp->whole_step || !dp->whole_at) return k3c_errf(err, K3C_ENOMEM, "data parallelism: out of memory");
+    for (int i = 0; i < t->n; i++) n += dp->whole_step[i] = (uint8_t)(dp->mine[i] && needs_whole(o, &t->p[i]));
+    if (!n) return K3C_OK;
+    dp->whole.p = calloc((size_t)n, sizeof *dp->whole.p);
+    if (!dp->whole.p) return k3c_errf(err, K3C_ENOMEM, "data parallelism: out of memory");
+    for (int i = 0; i < t->n; i++) {
+        if (!dp->whole_step[i]) continue;
+        k3c_param *q = &dp->whole.p[dp->whole.n];
+        *q = t->p[i];
+        memcpy(q->shape, q->whole_shape, sizeof q->shape);
+        q->numel = q->used = q->whole_numel;
+        q->offset = 0;
+        q->tp_share = 0;
+        dp->whole_at[i] = dp->whole.n++;
+        if ((size_t)q->numel > dp->whole.total) dp->whole.total = (size_t)q->numel;
+    }
+    dp->whole_opt = *o;
+    CHECK_RC(k3c_optim_init(&dp->whole_opt, &dp->whole, err));
+    for (int k = 0; k < dp->whole.n; k++) dp->whole_opt.state_off[k] = 0; /* one staging: entry by entry */
+    dp->whole_opt.state_numel = dp->whole.total;
+    dp->stage = dp->be->alloc(sizeof(float) * 4 * dp->whole.total);
+    if (!dp->stage)
+        return k3c_errf(err, K3C_ENOMEM, "data parallelism: whole-matrix Muon staging (%zu floats)",
+                        4 * dp->whole.total);
+    return dp->be->optim_open(dp->be->ctx, &dp->whole_opt, &dp->whole, &dp->whole_inst, err);
+}
+
+int k3c_dp_init_groups(k3c_dp *dp, const k3c_dp_groups *gr, const k3c_backend_f32 *be, const k3c_optim *o,
+                       const k3c_param_table *t, int e0, int e1, k3c_err *err) {
+    k3c_comm *comm = gr->comm, *xcomm = gr->xcomm;
     memset(dp, 0, sizeof *dp);
     CHECK_RC(k3c_comm_check_memory(comm, be->name, "data parallelism", err));
     for (int i = 0; i < t->n; i++)
@@ -103,10 +151,19 @@ int k3c_dp_init_experts(k3c_dp *dp, k3c_comm *comm, k3c_comm *xcomm, const k3c_b
             return k3c_errf(err, K3C_EINVAL, "data parallelism: parameter %s is not contiguous with the one before",
                             t->p[i].name);
     if (xcomm && (comm->size % xcomm->size || xcomm->size > comm->size))
-        return k3c_errf(err, K3C_EINVAL, "data parallelism: an expert group of %d ranks in a group of %d",
-                        xcomm->size, comm->size);
+        return k3c_errf(err, K3C_EINVAL, "data parallelism: an expert group of %d ranks in a group of %d", xcomm->size,
+                        comm->size);
+    const int tp = gr->tpcomm ? gr->tpcomm->size : 1;
+    if (tp != (t->res.tp_size > 1 ? t->res.tp_size : 1) ||
+        (tp > 1 && (!gr->tcomm || gr->tcomm->size * tp != comm->size)))
+        return k3c_errf(err, K3C_EINVAL,
+                        "data parallelism: a TP group of %d ranks (of %d, %d with this TP rank) for a table of "
+                        "tensor-parallel shares of %d",
+                        tp, comm->size, gr->tcomm ? gr->tcomm->size : 0, t->res.tp_size);
     dp->comm = comm;
     dp->xcomm = xcomm;
+    dp->tcomm = tp > 1 ? gr->tcomm : NULL;
+    dp->tpcomm = tp > 1 ? gr->tpcomm : NULL;
     dp->be = be;
     dp->rank = comm->rank;
     dp->size = comm->size;
@@ -124,13 +181,14 @@ int k3c_dp_init_experts(k3c_dp *dp, k3c_comm *comm, k3c_comm *xcomm, const k3c_b
     dp->iota = dp->ones + R;
     for (int r = 0; r < R; r++) dp->ones[r] = 1, dp->iota[r] = r;
     for (int i = 0; i < t->n; i++) dp->owner[i] = -1;
-    assign_owners(dp, t, e0, e1, 0);
-    if (xcomm) assign_owners(dp, t, e0, e1, 1);
-    for (int i = e0; i < e1; i++) dp->mine[i] = dp->owner[i] == rank_of(dp, is_expert(dp, t, i));
+    for (int x = 0; x < 3; x++)
+        if (comm_of(dp, x)) assign_owners(dp, t, e0, e1, x);
+    for (int i = e0; i < e1; i++) dp->mine[i] = dp->owner[i] == rank_of(dp, class_of(dp, t, i));
     dp->g_off = entry_end(t, e0);
     dp->g_len = entry_end(t, e1) - dp->g_off;
-    dp->part = dp->rank;
-    dp->parts = dp->size;
+    dp->part = dp->rank / tp; /* TP innermost: a TP group takes one part of the batch */
+    dp->parts = dp->size / tp;
+    dp->replica = dp->rank % tp != 0;
     /* the shard's state offsets (make_pieces) count this rank's entries only; other owners' are never stepped here */
     if (make_pieces(dp, t, o, e0, e1)) {
         k3c_dp_free(dp);
@@ -141,13 +199,9 @@ int k3c_dp_init_experts(k3c_dp *dp, k3c_comm *comm, k3c_comm *xcomm, const k3c_b
         k3c_dp_free(dp);
         return k3c_errf(err, K3C_ENOMEM, "data parallelism: the gradient shard (%lld floats)", (long long)dp->g_mine);
     }
-    return K3C_OK;
-}
-
-void k3c_dp_set_tp(k3c_dp *dp, int tp) {
-    dp->part = dp->rank / tp;
-    dp->parts = dp->size / tp;
-    dp->replica = dp->rank % tp != 0;
+    int e = whole_init(dp, o, t, err);
+    if (e) k3c_dp_free(dp);
+    return e;
 }
 
 void k3c_dp_free(k3c_dp *dp) {
@@ -162,6 +216,12 @@ void k3c_dp_free(k3c_dp *dp) {
     if (dp->g_shard && !dp->in_flight) dp->be->free(dp->g_shard);
     if (dp->piece) free(dp->piece[0].count);
     free(dp->piece);
+    if (dp->whole_inst) dp->be->optim_close(dp->whole_inst);
+    if (dp->stage) dp->be->free(dp->stage);
+    k3c_optim_free(&dp->whole_opt);
+    k3c_params_free(&dp->whole);
+    free(dp->whole_step);
+    free(dp->whole_at);
     memset(dp, 0, sizeof *dp);
 }
 
@@ -188,30 +248,30 @@ void k3c_batch_part(const int32_t *cu, int n_docs, int64_t T, int part, int part
     k3c_batch_part_aligned(cu, n_docs, T, part, parts, 1, d0, d1);
 }
 
-int k3c_dp_split_batch(k3c_dp *dp, k3c_model_batch *b, k3c_err *err) {
-    int R = dp->parts, n = b->cu_seqlens ? b->n_docs : 1;
-    if (n < R)
-        return k3c_errf(err, K3C_EINVAL,
-                        "data parallelism: the batch has %d document pieces for %d ranks (each rank needs a whole "
-                        "piece: lower the stage's seq_len or raise tokens_per_step)",
-                        n, R);
+int k3c_dp_take_part(k3c_dp *dp, k3c_model_batch *b, int part, int parts, int mult, const char *who, k3c_err *err) {
+    int n = b->cu_seqlens ? b->n_docs : 1;
     if (!b->targets || !b->cu_seqlens)
-        return k3c_errf(err, K3C_EINVAL, "data parallelism: the batch needs explicit targets and cu_seqlens");
+        return k3c_errf(err, K3C_EINVAL, "%s: the batch needs explicit targets and cu_seqlens", who);
+    if (n < parts)
+        return k3c_errf(err, K3C_EINVAL,
+                        "%s: the batch has %d document pieces for %d %s (each needs a whole piece: lower the stage's "
+                        "seq_len or raise tokens_per_step)",
+                        who, n, parts, mult > 1 ? "data-parallel parts" : "ranks");
     if (b->n_embeds)
-        return k3c_errf(err, K3C_EINVAL, "data parallelism: input-embedding overrides (image rows) are not split yet");
-    if (b->weight) return k3c_errf(err, K3C_EINVAL, "data parallelism: per-position loss weights are not split yet");
+        return k3c_errf(err, K3C_EINVAL, "%s: input-embedding overrides (image rows) are not split yet", who);
+    if (b->weight) return k3c_errf(err, K3C_EINVAL, "%s: per-position loss weights are not split yet", who);
     int64_t counted = 0;
     for (int64_t t = 0; t < b->T; t++) counted += b->targets[t] >= 0;
-    if (!counted) return k3c_errf(err, K3C_EINVAL, "data parallelism: the batch has no counted target");
+    if (!counted) return k3c_errf(err, K3C_EINVAL, "%s: the batch has no counted target", who);
     int d0, d1;
-    k3c_batch_part(b->cu_seqlens, n, b->T, dp->part, R, &d0, &d1);
+    k3c_batch_part_aligned(b->cu_seqlens, n, b->T, part, parts, mult, &d0, &d1);
     if (d1 - d0 + 1 > dp->cu_cap) {
         free(dp->cu);
         dp->cu_cap = d1 - d0 + 1;
         dp->cu = malloc(sizeof(int32_t) * (size_t)dp->cu_cap);
         if (!dp->cu) {
             dp->cu_cap = 0;
-            return k3c_errf(err, K3C_ENOMEM, "data parallelism: out of memory");
+            return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", who);
         }
     }
     int32_t t0 = b->cu_seqlens[d0];
@@ -222,8 +282,17 @@ int k3c_dp_split_batch(k3c_dp *dp, k3c_model_batch *b, k3c_err *err) {
     b->targets += t0;
     b->cu_seqlens = dp->cu;
     b->loss_norm = (double)counted;
-    dp->T_local = dp->replica ? 0 : b->T; /* the router statistics: once per part */
+    return K3C_OK;
+}
+
+int k3c_dp_local_tokens(k3c_dp *dp, int64_t T, k3c_err *err) {
+    dp->T_local = T;
     return k3c_comm_allgather(dp->comm, &dp->T_local, dp->T_all, dp->ones, dp->iota, K3C_I64, NULL, err);
+}
+
+int k3c_dp_split_batch(k3c_dp *dp, k3c_model_batch *b, k3c_err *err) {
+    CHECK_RC(k3c_dp_take_part(dp, b, dp->part, dp->parts, 1, "data parallelism", err));
+    return k3c_dp_local_tokens(dp, dp->replica ? 0 : b->T, err); /* the router statistics: once per part */
 }
 
 int k3c_dp_sum(k3c_dp *dp, double *x, k3c_err *err) {
@@ -357,19 +426,63 @@ int k3c_dp_gather_grads(k3c_dp *dp, const k3c_param_table *t, const float *g, fl
     return gather_pieces(dp, out, err);
 }
 
+/* whole (the entry's whole layout) ← its shares of x over the TP group, in rank order (tmp: room for them). */
+static int gather_whole(k3c_dp *dp, const k3c_param *p, const float *x, float *whole, float *tmp, k3c_err *err) {
+    const int tp = dp->tpcomm->size;
+    int64_t cnt[2 * 64], *dsp = cnt + 64;
+    for (int r = 0; r < tp; r++) cnt[r] = p->numel, dsp[r] = r * p->numel;
+    const int cols = p->tp_split == K3C_TP_COLS;
+    CHECK_RC(k3c_comm_allgather(dp->tpcomm, x, cols ? tmp : whole, cnt, dsp, K3C_F32, NULL, err));
+    for (int r = 0; cols && r < tp; r++) /* share r: columns [r·c, (r + 1)·c) of every row */
+        CHECK_RC(dp->be->copy2d(p->shape[0], p->shape[1], tmp + r * p->numel, p->shape[1], whole + r * p->shape[1],
+                                p->whole_shape[1], 0, err));
+    return K3C_OK;
+}
+
+/* x (this rank's share) ← its part of whole. */
+static int keep_share(k3c_dp *dp, const k3c_param *p, const float *whole, float *x, k3c_err *err) {
+    const int64_t me = dp->tpcomm->rank;
+    if (p->tp_split == K3C_TP_COLS)
+        return dp->be->copy2d(p->shape[0], p->shape[1], whole + me * p->shape[1], p->whole_shape[1], x, p->shape[1], 0,
+                              err);
+    return dp->be->copy2d(1, p->numel, whole + me * p->numel, p->numel, x, p->numel, 0, err);
+}
+
+/* Entry i (this rank's, whole_step): weight, gradient and momentum gathered whole over the TP group, one Muon step of
+ * the whole matrix (every TP rank computes the same), this rank's share of weight and momentum kept. */
+static int step_whole(k3c_dp *dp, const k3c_param_table *t, int i, float *w, const float *g, float *state, double lr,
+                      int64_t step, k3c_err *err) {
+    const k3c_param *p = &t->p[i];
+    const size_t n = dp->whole.total;
+    float *W = dp->stage, *G = W + n, *M = G + n, *tmp = M + n, *mom = state + dp->shard.state_off[i];
+    if (dp->tpcomm->size > 64)
+        return k3c_errf(err, K3C_EUNSUPPORTED, "data parallelism: whole-matrix Muon over %d TP ranks (at most 64)",
+                        dp->tpcomm->size);
+    CHECK_RC(gather_whole(dp, p, w + p->offset, W, tmp, err));
+    CHECK_RC(gather_whole(dp, p, g + p->offset, G, tmp, err));
+    CHECK_RC(gather_whole(dp, p, mom, M, tmp, err));
+    const int k = dp->whole_at[i];
+    CHECK_RC(dp->be->optim_step(dp->whole_inst, &dp->whole_opt, &dp->whole, k, k + 1, W, G, M, lr, step, err));
+    CHECK_RC(keep_share(dp, p, W, w + p->offset, err));
+    CHECK_RC(keep_share(dp, p, M, mom, err));
+    return dp->be->sync(err); /* the staging is reused by the next entry's gathers */
+}
+
 int k3c_dp_optim_step(k3c_dp *dp, const k3c_backend_f32 *be, void *inst, const k3c_param_table *t, float *w,
                       const float *g, float *state_shard, double lr, int64_t step, k3c_err *err) {
-    for (int i = 0; i < t->n;) { /* each run of this rank's entries */
-        if (!dp->mine[i]) {
+    for (int i = 0; i < t->n;) { /* each run of this rank's entries (those stepped whole after) */
+        if (!dp->mine[i] || dp->whole_step[i]) {
             i++;
             continue;
         }
         int j = i + 1;
-        while (j < t->n && dp->mine[j]) j++;
+        while (j < t->n && dp->mine[j] && !dp->whole_step[j]) j++;
         CHECK_RC(be->optim_step(inst, &dp->shard, t, i, j, w, g, state_shard, lr, step, err));
         i = j;
     }
     CHECK_RC(be->sync(err)); /* the owners' updates are read by the all-gather */
+    for (int i = 0; i < t->n; i++)
+        if (dp->whole_step[i]) CHECK_RC(step_whole(dp, t, i, w, g, state_shard, lr, step, err));
     return gather_pieces(dp, w, err);
 }
 
@@ -409,8 +522,8 @@ int k3c_dp_gather_route(k3c_dp *dp, const k3c_route_stats *r, int64_t n, float *
 int k3c_dp_gather_state(k3c_dp *dp, const float *state_shard, float *full, k3c_err *err) {
     for (int p = 0; p < dp->n_pieces; p++) {
         const k3c_dp_piece *q = &dp->piece[p];
-        CHECK_RC(k3c_comm_allgather(comm_of(dp, q->x), state_shard + q->s_at, full + q->s_off, q->s_count,
-                                    q->s_displ, K3C_F32, NULL, err));
+        CHECK_RC(k3c_comm_allgather(comm_of(dp, q->x), state_shard + q->s_at, full + q->s_off, q->s_count, q->s_displ,
+                                    K3C_F32, NULL, err));
     }
     return K3C_OK;
 }

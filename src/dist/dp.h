@@ -22,23 +22,26 @@ int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world
 /* A piece of the overlapped gradient reduce-scatter: a run of table entries that one layer's backward completes (or
  * the embedding's, or the head's), reduce-scattered on its own to the owners of its elements. */
 typedef struct {
-    int e0, e1;        /* its table entries (one layer's, one class: expert entries or the others) */
-    int x;             /* 1: expert entries, summed and owned inside the expert group (xcomm); 0: over comm */
-    int layer;         /* the layer whose backward completes them; num_layers: the head (completed first); −1: the
+    int e0, e1;     /* its table entries (one layer's, one class: expert entries or the others) */
+    int x;          /* its class: 1 expert entries, summed and owned inside the expert group (xcomm); 2 tensor-
+                          parallel shares, inside the ranks of this TP rank (tcomm); 0 the others, over comm */
+    int layer;      /* the layer whose backward completes them; num_layers: the head (completed first); −1: the
                           embedding (started by k3c_dp_grads_finish) */
-    int64_t off;       /* its first element in w and g */
-    int64_t *count;    /* [its group's size] elements of it each rank owns (in rank order, consecutive) */
-    int64_t *displ;    /* [size] where each rank's elements start, from off */
-    int64_t s_off;     /* its first optimizer-state float in the full (single-process) layout */
+    int64_t off;    /* its first element in w and g */
+    int64_t *count; /* [its group's size] elements of it each rank owns (in rank order, consecutive) */
+    int64_t *displ; /* [size] where each rank's elements start, from off */
+    int64_t s_off;  /* its first optimizer-state float in the full (single-process) layout */
     int64_t *s_count, *s_displ; /* [size] the same for its optimizer state */
-    int64_t at, s_at;  /* where this rank's part lands in g_shard, in the state shard */
-    k3c_comm_req *req; /* in flight, or NULL */
+    int64_t at, s_at;           /* where this rank's part lands in g_shard, in the state shard */
+    k3c_comm_req *req;          /* in flight, or NULL */
     int started;
 } k3c_dp_piece;
 
 typedef struct {
     k3c_comm *comm;            /* the data-parallel group (not owned) */
     k3c_comm *xcomm;           /* expert residency: the ranks holding this rank's experts (not owned); NULL: none */
+    k3c_comm *tcomm;           /* tensor-parallel shares: the ranks of comm with this rank's TP rank (not owned) */
+    k3c_comm *tpcomm;          /* the TP group (not owned); NULL: no tensor parallelism */
     const k3c_backend_f32 *be; /* whose memory holds w, g, the state and the gathered router statistics */
     int rank, size;
     int part, parts;      /* this rank's part of the batch (rank, size; tensor parallelism: rank / tp, size / tp) */
@@ -65,7 +68,25 @@ typedef struct {
     const k3c_param_table *ov_t;
     const k3c_tp *ov_tp; /* tensor parallelism: replicated entries counted once (k3c_tp_dedup_grads_range) */
     k3c_grad_hook hook;  /* what the model calls while _begin holds it */
+    /* Muon of a tensor-parallel share that needs its whole matrix (whole-matrix Muon, or a column share): each owner
+       gathers the entry's weight, gradient and momentum over the TP group and steps the whole matrix (each TP rank
+       the same, bit for bit), keeping its share. whole: a table of those entries at their whole shape (all at offset
+       0: one staging of the largest), its optimizer and backend instance; stage: 4 · whole.total floats. */
+    uint8_t *whole_step; /* [t->n] 1: one of those entries */
+    int *whole_at;       /* [t->n] its entry in `whole` */
+    k3c_param_table whole;
+    k3c_optim whole_opt;
+    void *whole_inst;
+    float *stage;
 } k3c_dp;
+
+/* The groups of data parallelism with ZeRO-1 (see k3c_dp_init_groups). */
+typedef struct {
+    k3c_comm *comm;   /* the data-parallel group (every rank, or a pipeline stage's) */
+    k3c_comm *xcomm;  /* expert residency: the ranks of comm holding this rank's experts; NULL: none */
+    k3c_comm *tcomm;  /* tensor parallelism: the ranks of comm with this rank's TP rank; NULL: none */
+    k3c_comm *tpcomm; /* tensor parallelism: this rank's TP group (consecutive ranks of comm); NULL: none */
+} k3c_dp_groups;
 
 /* o: the optimizer initialised for t (full layout); the shard shares its workspace. Owners: consecutive entries, about
  * 1/size of the elements each, an entry never split. w, g, the state and the router
@@ -82,10 +103,14 @@ int k3c_dp_init_range(k3c_dp *dp, k3c_comm *comm, const k3c_backend_f32 *be, con
  * then counts each expert once. xcomm NULL: k3c_dp_init_range. */
 int k3c_dp_init_experts(k3c_dp *dp, k3c_comm *comm, k3c_comm *xcomm, const k3c_backend_f32 *be, const k3c_optim *o,
                         const k3c_param_table *t, int e0, int e1, k3c_err *err);
+/* The same with tensor parallelism inside the group (g->tpcomm: tp consecutive ranks sharing one part of the batch,
+ * rank r taking part r / tp; only the first rank of each TP group adds its loss to k3c_dp_sum and its router
+ * statistics to k3c_dp_gather_route). t holds this rank's tensor-parallel shares (k3c_residency.tp_rank, tp_size):
+ * the split entries are summed, owned and gathered over g->tcomm (owner d of share t on the rank of TP rank t in
+ * replica d, so a TP group owns all shares of an entry or none), the replicated ones over g->comm. */
+int k3c_dp_init_groups(k3c_dp *dp, const k3c_dp_groups *g, const k3c_backend_f32 *be, const k3c_optim *o,
+                       const k3c_param_table *t, int e0, int e1, k3c_err *err);
 void k3c_dp_free(k3c_dp *dp);
-/* Tensor parallelism inside the group (tp consecutive ranks share one part of the batch): rank r takes part r / tp;
- * only the first rank of each TP group adds its loss to k3c_dp_sum and its router statistics to k3c_dp_gather_route. */
-void k3c_dp_set_tp(k3c_dp *dp, int tp);
 
 /* Part `part` of `parts` of a packed batch: its document pieces [*d0, *d1), consecutive and whole, the split points the
  * piece boundaries nearest to equal token shares, at least one piece each (n_docs >= parts). */
@@ -99,6 +124,12 @@ void k3c_batch_part_aligned(const int32_t *cu, int n_docs, int64_t T, int part, 
  * the ranks' losses and gradients add up to the single-process mean. K3C_EINVAL when the batch has fewer pieces than
  * ranks. */
 int k3c_dp_split_batch(k3c_dp *dp, k3c_model_batch *b, k3c_err *err);
+/* The split alone: b ← part `part` of `parts` (split points at multiples of mult where there are such; the pieces'
+ * offsets in dp's buffer), loss_norm = the counted targets of the whole batch; errors name `who`. */
+int k3c_dp_take_part(k3c_dp *dp, k3c_model_batch *b, int part, int parts, int mult, const char *who, k3c_err *err);
+/* This rank ran T tokens of the step's batch (its router statistics): every rank's count gathered for
+ * k3c_dp_gather_route. */
+int k3c_dp_local_tokens(k3c_dp *dp, int64_t T, k3c_err *err);
 /* *x ← the sum of x over the ranks (the loss). */
 int k3c_dp_sum(k3c_dp *dp, double *x, k3c_err *err);
 /* ZeRO-1's gradient reduce-scatter: this rank's entries (mine) of g ← their sum over the ranks, the rest of the
@@ -121,7 +152,8 @@ int k3c_dp_clip_grad_norm(k3c_dp *dp, k3c_comm *pp_comm, void *inst, const k3c_p
 /* out (backend memory, t->total floats) ← every owner's reduced entries of the group's range, zero elsewhere (the
  * whole gradient of the group; tests and debugging: the step itself needs only the owners' parts). */
 int k3c_dp_gather_grads(k3c_dp *dp, const k3c_param_table *t, const float *g, float *out, k3c_err *err);
-/* The optimizer step of this rank's entries on its state shard, then every rank's updated entries gathered into w. */
+/* The optimizer step of this rank's entries on its state shard (a share whose Muon needs the whole matrix: gathered
+ * over the TP group, stepped whole, its share kept), then every rank's updated entries gathered into w. */
 int k3c_dp_optim_step(k3c_dp *dp, const k3c_backend_f32 *be, void *inst, const k3c_param_table *t, float *w,
                       const float *g, float *state_shard, double lr, int64_t step, k3c_err *err);
 /* S_max [n] ← its maximum over the ranks (QK-Clip then clips the same heads on every rank). */

@@ -38,7 +38,6 @@ int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world
         int a, b;
         const char *why;
     } unbuilt[] = {
-        {4, 3, "context parallelism combines with data and expert parallelism only so far"},
         {4, 2, "context and tensor parallelism do not combine yet"},
     };
     for (size_t i = 0; i < sizeof unbuilt / sizeof *unbuilt; i++)

@@ -95,7 +95,9 @@ typedef struct {
     k3c_model *m;
     k3c_arena *arena;
     k3c_model_batch *mb; /* [n] */
-    int64_t *off;        /* [n] first token of each */
+    int64_t *off, *T;    /* [n] first token of each among this rank's tokens, and how many it runs (with CP: its
+                            range of the micro-batch) */
+    int cut;             /* 1: context parallelism cuts each micro-batch into ranges (pp->cp with m->context) */
     int n;
     float *in, *out, *dout, *din; /* [n_in or n_out, T, D] regions of pp->buf, micro-batch i at its offset */
     k3c_step_stats *full, view;   /* the caller's statistics, and micro-batch i's view of them */
@@ -123,16 +125,20 @@ static void set_view(pipe *p, int i) {
     p->m->stats = &p->view;
 }
 
+/* Micro-batch i's forward (before its backward too, unless the arena still holds it): with CP its range is set for
+ * the exchange first, which the backward that follows also reads. */
 static int run_forward(pipe *p, int i, k3c_err *err) {
     k3c_pp *pp = p->pp;
     float *in[K3C_ATTNRES_MAX_SOURCES];
-    int64_t TD = p->mb[i].T * pp->D;
+    int64_t TD = p->T[i] * pp->D;
     for (int k = 0; k < pp->n_in; k++) in[k] = region(p, p->in, pp->n_in, i) + k * TD;
     set_view(p, i);
     k3c_arena_reset(p->arena, 0);
     double loss;
     p->live = -1;
-    CHECK_RC(k3c_model_forward_range_f32(p->m, &p->mb[i], pp->l0, pp->l1, in, p->arena, &p->acts, &loss, err));
+    k3c_model_batch b = p->mb[i];
+    if (p->cut) CHECK_RC(k3c_cp_range(pp->cp, &b, err));
+    CHECK_RC(k3c_model_forward_range_f32(p->m, &b, pp->l0, pp->l1, in, p->arena, &p->acts, &loss, err));
     p->live = i;
     p->loss += pp->l1 == (int)p->m->cfg.num_layers ? loss : 0;
     return K3C_OK;
@@ -141,7 +147,7 @@ static int run_forward(pipe *p, int i, k3c_err *err) {
 /* Forward of micro-batch i: receive its boundary, run the stage, send the next boundary on (asynchronously). */
 static int forward(pipe *p, int i, k3c_err *err) {
     k3c_pp *pp = p->pp;
-    int64_t TD = p->mb[i].T * pp->D;
+    int64_t TD = p->T[i] * pp->D;
     if (pp->n_in)
         CHECK_RC(k3c_comm_recv(pp->comm, region(p, p->in, pp->n_in, i), pp->n_in * TD, K3C_F32, pp->stage - 1, 2 * i,
                                NULL, err));
@@ -159,7 +165,7 @@ static int forward(pipe *p, int i, k3c_err *err) {
  * back), the later stages' boundary gradients in, this stage's boundary gradients back. */
 static int backward(pipe *p, int i, k3c_err *err) {
     k3c_pp *pp = p->pp;
-    int64_t TD = p->mb[i].T * pp->D;
+    int64_t TD = p->T[i] * pp->D;
     if (p->live != i) CHECK_RC(run_forward(p, i, err));
     const float *dout[K3C_ATTNRES_MAX_SOURCES];
     float *d = region(p, p->dout, pp->n_out, i);
@@ -225,19 +231,22 @@ static int plan(pipe *p, const k3c_model_batch *b, int n, k3c_err *err) {
         pp->cu_cap = pp->cu ? nd + n : 0;
     }
     p->mb = malloc(sizeof *p->mb * (size_t)n);
-    p->off = malloc(sizeof *p->off * (size_t)n);
+    p->off = malloc(sizeof *p->off * 2 * (size_t)n);
     if (!pp->buf || !pp->cu || !p->mb || !p->off) return k3c_errf(err, K3C_ENOMEM, "pipeline parallelism: buffers");
+    p->T = p->off + n;
     p->in = pp->buf;
     p->din = p->in + (size_t)b->T * pp->D * pp->n_in;
     p->out = p->din + (size_t)b->T * pp->D * pp->n_in;
     p->dout = p->out + (size_t)b->T * pp->D * pp->n_out;
     int32_t *cu = pp->cu;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0, at = 0; i < n; i++) {
         int d0, d1;
         k3c_batch_part(b->cu_seqlens, nd, b->T, i, n, &d0, &d1);
         int32_t t0 = b->cu_seqlens[d0];
         for (int d = d0; d <= d1; d++) cu[d - d0] = b->cu_seqlens[d] - t0;
-        p->off[i] = t0;
+        p->off[i] = at;
+        p->T[i] = p->cut ? k3c_cp_range_len(pp->cp, b->cu_seqlens[d1] - t0) : b->cu_seqlens[d1] - t0;
+        at += (int)p->T[i];
         p->mb[i] = (k3c_model_batch){.T = b->cu_seqlens[d1] - t0,
                                      .n_docs = d1 - d0,
                                      .ids = b->ids + t0,
@@ -254,7 +263,7 @@ int k3c_pp_step(k3c_pp *pp, k3c_model *m, const k3c_model_batch *b, k3c_arena *a
                 k3c_err *err) {
     if (!b->targets || !b->cu_seqlens)
         return k3c_errf(err, K3C_EINVAL, "pipeline parallelism: the batch needs explicit targets and cu_seqlens");
-    pipe p = {.pp = pp, .m = m, .arena = arena, .full = m->stats, .live = -1};
+    pipe p = {.pp = pp, .m = m, .arena = arena, .full = m->stats, .live = -1, .cut = pp->cp && m->context};
     int e = plan(&p, b, backward ? pp->micro : 1, err);
     if (!e) e = schedule(&p, backward, err);
     for (int i = 0; i < 2 * pp->micro; i++) { /* every send completes before its buffer is reused */
@@ -263,9 +272,10 @@ int k3c_pp_step(k3c_pp *pp, k3c_model *m, const k3c_model_batch *b, k3c_arena *a
         if (!e) e = e2;
     }
     m->stats = p.full;
+    pp->T_local = e ? 0 : p.off[p.n - 1] + p.T[p.n - 1];
     for (int l = pp->l0; !e && p.full && l < pp->l1; l++)
         if (m->cfg.ffn[l] == K3C_FFN_MOE) { /* the whole batch's statistics, at the caller's pointers */
-            p.full->route[l].T = b->T;
+            p.full->route[l].T = pp->T_local;
             p.full->route[l].k = p.view.route[l].k;
             p.full->route[l].n = p.view.route[l].n;
         }

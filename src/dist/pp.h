@@ -7,6 +7,7 @@
 #define K3C_DIST_PP_H
 
 #include "dist/comm.h"
+#include "dist/cp.h"
 #include "model/model.h"
 #include "ops/backend.h"
 
@@ -28,6 +29,9 @@ typedef struct {
     float *smax;        /* [L·H] S_max of one micro-batch's forward (backend memory) */
     float *smax_host;   /* [2·L·H] host copies of it and of the batch's S_max, to take their maximum */
     k3c_comm_req **req; /* [2·micro] sends in flight */
+    k3c_cp *cp;         /* NULL, or context parallelism inside the stage (set by the caller, with m->context): each
+                           micro-batch is cut into this rank's range of it before each of its forwards */
+    int64_t T_local;    /* tokens this rank ran in the last step (its ranges, or the batch) */
 } k3c_pp;
 
 /* The layers [*l0, *l1) of stage `stage` of `stages` (at most cfg's layers): L / stages each, the first L mod stages
@@ -42,10 +46,11 @@ int k3c_pp_init(k3c_pp *pp, k3c_comm *comm, const k3c_config *cfg, const k3c_par
 void k3c_pp_free(k3c_pp *pp);
 
 /* One step's forward and backward of this stage over b (this rank's batch, explicit targets and cu_seqlens; its
- * loss_norm, or else its counted targets, normalises every micro-batch), 1F1B over pp->micro micro-batches;
+ * loss_norm, or else its counted targets, normalises every micro-batch; with pp->cp and m->context set, its CP
+ * group's data-parallel part, each micro-batch run as this rank's range of it), 1F1B over pp->micro micro-batches;
  * gradients ADDED into m->g (this stage's entries). *loss: the batch loss (summed on the last stage, sent to every
- * stage). With m->stats set, its route statistics of this stage's MoE layers cover b in token order and its S_max is
- * the maximum over the micro-batches. backward 0: forward only (validation; one micro-batch, nothing kept). */
+ * stage). With m->stats set, its route statistics of this stage's MoE layers cover b in token order (with CP: this
+ * rank's ranges of the micro-batches, one after another) and its S_max is the maximum over the micro-batches. backward 0: forward only (validation; one micro-batch, nothing kept). */
 int k3c_pp_step(k3c_pp *pp, k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, int backward, double *loss,
                 k3c_err *err);
 

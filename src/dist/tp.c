@@ -65,8 +65,8 @@ static int red_buffer(k3c_tp *tp, int64_t n, k3c_err *err) {
 
 /* The loops of the vocabulary-parallel embedding and cross-entropy on the model's real (float or double), with the
  * arithmetic of the single-process ops (ops/embedding.c, ops/xent.c: exponentials in real, sums in double).
- * Embedding: y[t] = E[ids[t]] from the rank holding that row (zero rows elsewhere; the caller sums over the group);
- * its backward dE[ids[t]] += dy[t] (row_add) for this rank's rows in token order. Cross-entropy over logits split by vocabulary
+ * Embedding: y[t] = E[ids[t]] from the rank holding that row (E: its rows [V/size, D]; zero rows elsewhere; the caller
+ * sums over the group); its backward dE[ids[t]] += dy[t] (row_add) for this rank's rows in token order. Cross-entropy over logits split by vocabulary
  * rows: per token the maximum over the group (all-reduce max), the sum of exponentials and the target's logit from its
  * owner (one all-reduce sum), then lse and the loss as the single-process op: every rank gets the whole loss and lse.
  * Its backward needs no communication: this rank's rows of the softmax from the global lse, the one-hot on the
@@ -150,7 +150,7 @@ static int tp_embed_fwd(void *ctx, k3c_dtype dt, int64_t T, int64_t V, int64_t D
     CHECK_RC(vocab_rows(tp, ids, T, V, "embedding", &v0, &v1, err));
     for (int64_t t = 0; t < T; t++) { /* its row from the rank holding it, zero rows elsewhere */
         if (ids[t] >= v0 && ids[t] < v1)
-            CHECK_RC(be->download(yh + row * t, (const char *)E + row * ids[t], row, err));
+            CHECK_RC(be->download(yh + row * t, (const char *)E + row * (ids[t] - v0), row, err));
         else
             memset(yh + row * t, 0, row);
     }
@@ -172,7 +172,7 @@ static int tp_embed_bwd(void *ctx, k3c_dtype dt, int64_t T, int64_t V, int64_t D
     CHECK_RC(be->download(dyh, dy, row * (size_t)T, err));
     for (int64_t t = 0; t < T; t++) { /* dE[ids[t]] += dy[t] for this rank's rows, in token order */
         if (ids[t] < v0 || ids[t] >= v1) continue;
-        char *dst = (char *)dE + row * ids[t];
+        char *dst = (char *)dE + row * (ids[t] - v0);
         CHECK_RC(be->download(r, dst, row, err));
         if (dt == K3C_F64)
             row_add_f64(D, dyh + row * t, r);
@@ -245,6 +245,11 @@ int k3c_tp_init(k3c_tp *tp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c
     memset(tp, 0, sizeof *tp);
     CHECK_RC(k3c_comm_check_memory(comm, be->name, "tensor parallelism", err));
     CHECK_RC(k3c_tp_check(cfg, comm->size, "tensor parallelism", err));
+    if (t->res.tp_size != comm->size || t->res.tp_rank != comm->rank)
+        return k3c_errf(err, K3C_EINVAL,
+                        "tensor parallelism: rank %d of a TP group of %d needs a model holding share %d of %d "
+                        "(k3c_residency.tp_rank, tp_size), not share %d of %d",
+                        comm->rank, comm->size, comm->rank, comm->size, t->res.tp_rank, t->res.tp_size);
     tp->comm = comm;
     tp->be = be;
     tp->rank = comm->rank;
@@ -258,7 +263,36 @@ int k3c_tp_init(k3c_tp *tp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c
     return K3C_OK;
 }
 
+int k3c_tp_gather_entry(k3c_tp *tp, const k3c_param *p, const float *x, int64_t blocks, float *out, k3c_err *err) {
+    const int R = tp->size;
+    const size_t n = (size_t)p->numel * (size_t)blocks, all = n * (size_t)R;
+    if (R > 64) return k3c_errf(err, K3C_EUNSUPPORTED, "tensor parallelism: gathers over %d ranks (at most 64)", R);
+    if (all > tp->stage_cap) { /* the group's shares, in the backend's memory (a device communicator's) */
+        if (tp->stage) tp->be->free(tp->stage);
+        tp->stage = tp->be->alloc(sizeof(float) * all);
+        tp->stage_cap = tp->stage ? all : 0;
+        if (!tp->stage) return k3c_errf(err, K3C_ENOMEM, "tensor parallelism: gathering %s", p->name);
+    }
+    int64_t cnt[2 * 64], *dsp = cnt + 64;
+    for (int r = 0; r < R; r++) cnt[r] = (int64_t)n, dsp[r] = r * (int64_t)n;
+    CHECK_RC(tp->be->upload(tp->stage + (size_t)tp->rank * n, x, sizeof(float) * n, err));
+    CHECK_RC(tp->be->sync(err));
+    CHECK_RC(k3c_comm_allgather(tp->comm, NULL, tp->stage, cnt, dsp, K3C_F32, NULL, err));
+    if (tp->rank != 0) return K3C_OK;
+    float *h = malloc(sizeof(float) * all);
+    if (!h) return k3c_errf(err, K3C_ENOMEM, "tensor parallelism: gathering %s", p->name);
+    int e = tp->be->download(h, tp->stage, sizeof(float) * all, err);
+    memset(out, 0, sizeof(float) * (size_t)p->whole_numel * (size_t)blocks); /* K3's A_log padding: no share's */
+    for (int r = 0; !e && r < R; r++)
+        for (int64_t b = 0; b < blocks; b++)
+            k3c_param_share_copy(p, r, sizeof(float), out + (size_t)b * (size_t)p->whole_numel,
+                                 h + (size_t)r * n + (size_t)b * (size_t)p->numel, 1);
+    free(h);
+    return e;
+}
+
 void k3c_tp_free(k3c_tp *tp) {
+    if (tp->stage) tp->be->free(tp->stage);
     free(tp->split);
     free(tp->red);
     free(tp->host);

@@ -106,7 +106,7 @@ static int head_bwd(k3c_model *m, k3c_acts *a, double scale, k3c_err *err) {
         CHECK_RC(be->xent_bwd(&xs, a->logits, a->targets, NULL, a->lse, scale, dlogits, err));
     CHECK_RC(be->zero(a->dxn, T * D, err));
     k3c_linear_sizes ls = {T, D, Vl, 0};
-    const size_t head = go->lm_head + (size_t)(k3c_tp_rank(m) * Vl * D);
+    const size_t head = go->lm_head; /* this rank's vocabulary rows */
     CHECK_RC(be->linear_bwd(be->ctx, &ls, a->hn, w + head, dlogits, a->dxn, g + head, err));
     k3c_arena_reset(a->arena, mark);
     CHECK_RC(k3c_tp_sum(&a->st, a->dxn, T * D, err));

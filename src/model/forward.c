@@ -439,8 +439,7 @@ int k3c_model_forward_range(k3c_model *m, const k3c_model_batch *b, int l0, int 
         CHECK_RC(be->rmsnorm_fwd(&rs, a->hfin, w + m->table.glob.final_norm, a->hn, a->rfin, err));
         const int64_t Vl = V / k3c_tp_size(m); /* tensor parallelism: this rank's vocabulary rows */
         k3c_linear_sizes ls = {T, D, Vl, 0};
-        CHECK_RC(
-            be->linear_fwd(be->ctx, &ls, a->hn, w + m->table.glob.lm_head + k3c_tp_rank(m) * Vl * D, a->logits, err));
+        CHECK_RC(be->linear_fwd(be->ctx, &ls, a->hn, w + m->table.glob.lm_head, a->logits, err));
         k3c_xent_sizes xs = {T, V, b->loss_norm, a->weight};
         a->loss_norm = b->loss_norm;
         double l = 0;

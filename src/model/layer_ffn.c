@@ -29,11 +29,6 @@ static ffn_shape shape_of(const k3c_model *m, int l, int64_t T) {
     return s;
 }
 
-/* The MLP's full intermediate width (the dense MLP's, or the shared experts' fused one). */
-static int64_t mlp_width(const k3c_model *m, const ffn_shape *s) {
-    return (s->moe ? s->shw : s->inter) * k3c_tp_size(m);
-}
-
 static k3c_mlp_sizes mlp_sizes(const k3c_model *m, const ffn_shape *s) {
     k3c_mlp_sizes ms = {s->T, s->D, s->moe ? s->shw : s->inter, k3c_glu_act_from_config(&m->cfg)};
     return ms;
@@ -44,13 +39,6 @@ static k3c_moe_sizes moe_sizes(const k3c_model *m, const ffn_shape *s) {
     return ms;
 }
 
-/* Where the forward copies this rank's columns of the down projection: after the MLP op's workspace. */
-static real *down_buf(const k3c_step *st, const ffn_shape *s) {
-    k3c_mlp_sizes ms = mlp_sizes(st->m, s);
-    size_t ws = (st->be->mlp_workspace(&ms) + 63) & ~(size_t)63;
-    return (real *)((char *)st->scratch + ws);
-}
-
 size_t k3c_ffn_scratch(const k3c_model *m, int l, int64_t T) {
     ffn_shape s = shape_of(m, l, T);
     const k3c_backend *be = k3c_model_backend(m);
@@ -58,7 +46,6 @@ size_t k3c_ffn_scratch(const k3c_model *m, int l, int64_t T) {
     if (!s.moe || s.shw > 0) {
         k3c_mlp_sizes ms = mlp_sizes(m, &s);
         a = be->mlp_workspace(&ms);
-        if (m->tp) a = ((a + 63) & ~(size_t)63) + k3c_tp_cols_bytes(m, s.D, mlp_width(m, &s));
     }
     if (s.moe) {
         k3c_moe_sizes es = moe_sizes(m, &s);
@@ -118,18 +105,16 @@ static int record_routes(const k3c_step *st, int l, const ffn_shape *s, const k3
  * parallelism (gate and up by rows, down by columns) and summed over the group. */
 static int dense_fwd(k3c_step *st, const ffn_shape *s, const real *xn, size_t og, size_t ou, size_t od, void *saved,
                      real *y, k3c_err *err) {
-    const real *w = st->w, *Wd;
+    const real *w = st->w;
     k3c_mlp_sizes ms = mlp_sizes(st->m, s);
-    CHECK_RC(k3c_tp_cols(st, s->D, mlp_width(st->m, s), w + od, down_buf(st, s), &Wd, err));
-    CHECK_RC(st->be->mlp_fwd(st->be->ctx, &ms, xn, w + og, w + ou, Wd, y, saved, st->scratch, err));
+    CHECK_RC(st->be->mlp_fwd(st->be->ctx, &ms, xn, w + og, w + ou, w + od, y, saved, st->scratch, err));
     return k3c_tp_sum(st, y, s->T * s->D, err);
 }
 
 int k3c_ffn_layer_fwd(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, real *y, k3c_err *err) {
     k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
-    k3c_layer_offsets ob;
-    const k3c_layer_offsets *o = k3c_tp_offsets(m, l, &ob);
+    const k3c_layer_offsets *o = &m->table.layer[l];
     const real *w = st->w;
     ffn_shape s = shape_of(m, l, st->T);
     int64_t T = s.T;
@@ -173,22 +158,18 @@ int k3c_ffn_layer_fwd(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, real
 
 size_t k3c_ffn_bwd_bytes(const k3c_model *m, int l, int64_t T) {
     ffn_shape s = shape_of(m, l, T);
-    size_t down = !s.moe || s.shw > 0 ? 2 * k3c_tp_cols_bytes(m, s.D, mlp_width(m, &s)) : 0;
-    return (s.moe ? sizeof(real) * (size_t)(T * (s.k + s.E + 3 * s.lat)) + 8 * 64 : 0) + down;
+    return s.moe ? sizeof(real) * (size_t)(T * (s.k + s.E + 3 * s.lat)) + 8 * 64 : 0;
 }
 
 /* The MLP's backward; under tensor parallelism its input gradient is this rank's part, summed over the group while
  * dxn holds nothing else (the MLP's backward runs first, into a zeroed dxn). */
 static int dense_bwd(k3c_step *st, const ffn_shape *s, const real *xn, size_t og, size_t ou, size_t od, void *saved,
                      const real *dy, real *dxn, k3c_arena *tmp, k3c_err *err) {
-    const real *w = st->w, *Wd;
-    real *g = st->g, *dWd;
+    const real *w = st->w;
+    real *g = st->g;
     k3c_mlp_sizes ms = mlp_sizes(st->m, s);
-    int64_t width = mlp_width(st->m, s);
-    CHECK_RC(k3c_tp_cols_begin(st, tmp, s->D, width, w + od, g + od, &Wd, &dWd, err));
-    CHECK_RC(st->be->mlp_bwd(st->be->ctx, &ms, xn, w + og, w + ou, Wd, saved, dy, dxn, g + og, g + ou, dWd, st->scratch,
-                             err));
-    CHECK_RC(k3c_tp_cols_end(st, s->D, width, dWd, g + od, err));
+    CHECK_RC(st->be->mlp_bwd(st->be->ctx, &ms, xn, w + og, w + ou, w + od, saved, dy, dxn, g + og, g + ou, g + od,
+                             st->scratch, err));
     return k3c_tp_sum(st, dxn, s->T * s->D, err);
 }
 
@@ -196,8 +177,7 @@ int k3c_ffn_layer_bwd(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, cons
                       k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
-    k3c_layer_offsets ob;
-    const k3c_layer_offsets *o = k3c_tp_offsets(m, l, &ob);
+    const k3c_layer_offsets *o = &m->table.layer[l];
     const real *w = st->w;
     real *g = st->g;
     ffn_shape s = shape_of(m, l, st->T);

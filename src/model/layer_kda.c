@@ -34,10 +34,8 @@ size_t k3c_kda_scratch(const k3c_model *m, int64_t T, int n_docs) {
     k3c_kda_dims d = core_dims(m, T, n_docs);
     k3c_short_conv_dims cd = {T, shape_of(m, T).P, (int)m->cfg.conv_kernel, n_docs};
     size_t a = be->kda_fwd_workspace(&d), b = be->kda_bwd_workspace(&d), c = be->short_conv_bwd_workspace(&cd);
-    size_t o = k3c_tp_cols_bytes(m, m->cfg.hidden_size, m->cfg.kda_heads * m->cfg.kda_head_dim); /* o_proj's columns */
     a = a > b ? a : b;
-    a = a > c ? a : c;
-    return a > o ? a : o;
+    return a > c ? a : c;
 }
 
 void k3c_kda_alloc(const k3c_model *m, int64_t T, k3c_acts_carver *c, k3c_kda_acts *a) {
@@ -168,8 +166,7 @@ static int core_bwd(k3c_step *st, int l, const k3c_kda_dims *kd, k3c_kda_acts *a
 int k3c_kda_layer_fwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, real *y, k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
-    k3c_layer_offsets ob;
-    const k3c_layer_offsets *o = k3c_tp_offsets(m, l, &ob);
+    const k3c_layer_offsets *o = &m->table.layer[l];
     const real *w = st->w;
     kda_shape s = shape_of(m, st->T);
     int64_t T = s.T;
@@ -200,22 +197,19 @@ int k3c_kda_layer_fwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, real
     }
     k3c_rmsnorm_sizes rs = {T * s.H, s.dk, c->rms_norm_eps};
     CHECK_RC(st->be->gated_rmsnorm_fwd(&rs, a->o, a->gl, w + o->o_norm, a->y1, a->ro, err));
-    /* row-parallel under tensor parallelism (the caller sums y); the scratch is free again after the core */
-    return k3c_lin_rowpar(st, T, c->kda_heads * s.dk, s.D, a->y1, w + o->o_proj, st->scratch, y, err);
+    return k3c_lin_rowpar(st, T, c->kda_heads * s.dk, s.D, a->y1, w + o->o_proj, y, err); /* the caller sums y */
 }
 
 size_t k3c_kda_bwd_bytes(const k3c_model *m, int64_t T) {
     kda_shape s = shape_of(m, T);
-    return sizeof(real) * (size_t)(T * (7 * s.P + 3 * s.dk + 2 * s.H) + s.P * s.W) + 17 * 64 +
-           2 * k3c_tp_cols_bytes(m, s.D, m->cfg.kda_heads * s.dk);
+    return sizeof(real) * (size_t)(T * (7 * s.P + 3 * s.dk + 2 * s.H) + s.P * s.W) + 17 * 64;
 }
 
 int k3c_kda_layer_bwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, const real *dy, real *dxn, k3c_arena *tmp,
                       k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
-    k3c_layer_offsets ob;
-    const k3c_layer_offsets *o = k3c_tp_offsets(m, l, &ob);
+    const k3c_layer_offsets *o = &m->table.layer[l];
     const real *w = st->w;
     real *g = st->g;
     kda_shape s = shape_of(m, st->T);
@@ -223,8 +217,7 @@ int k3c_kda_layer_bwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, cons
     real *dy1 = k3c_tmp_zeros(st, tmp, T * s.P, err), *d_o = k3c_tmp_zeros(st, tmp, T * s.P, err);
     real *dgl = k3c_tmp_zeros(st, tmp, T * s.P, err), *dlow = k3c_tmp_zeros(st, tmp, T * s.dk, err);
     if (!dy1 || !d_o || !dgl || !dlow) return k3c_errf(err, K3C_ENOMEM, "layer %d: KDA backward scratch", l);
-    CHECK_RC(
-        k3c_lin_rowpar_bwd(st, T, c->kda_heads * s.dk, s.D, a->y1, w + o->o_proj, dy, dy1, g + o->o_proj, tmp, err));
+    CHECK_RC(k3c_lin_rowpar_bwd(st, T, c->kda_heads * s.dk, s.D, a->y1, w + o->o_proj, dy, dy1, g + o->o_proj, err));
     k3c_rmsnorm_sizes rs = {T * s.H, s.dk, c->rms_norm_eps};
     CHECK_RC(st->be->gated_rmsnorm_bwd(&rs, a->o, a->gl, w + o->o_norm, a->ro, dy1, d_o, dgl, g + o->o_norm, err));
     if (c->kda_full_rank_gate) {

@@ -44,9 +44,7 @@ size_t k3c_mla_scratch(const k3c_model *m, int64_t T, int n_docs) {
     k3c_attention_sizes as = attn_sizes(&s, n_docs);
     const k3c_backend *be = k3c_model_backend(m);
     size_t f = be->attention_fwd_workspace(&as), b = be->attention_bwd_workspace(&as);
-    size_t o = k3c_tp_cols_bytes(m, s.D, m->cfg.mla_heads * s.dv); /* o_proj's columns */
-    f = f > b ? f : b;
-    return f > o ? f : o;
+    return f > b ? f : b;
 }
 
 void k3c_mla_alloc(const k3c_model *m, int64_t T, k3c_acts_carver *c, k3c_mla_acts *a) {
@@ -78,8 +76,7 @@ void k3c_mla_alloc(const k3c_model *m, int64_t T, k3c_acts_carver *c, k3c_mla_ac
 int k3c_mla_layer_fwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real *y, k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
-    k3c_layer_offsets ob;
-    const k3c_layer_offsets *o = k3c_tp_offsets(m, l, &ob);
+    const k3c_layer_offsets *o = &m->table.layer[l];
     const real *w = st->w;
     mla_shape s = shape_of(m, st->T);
     int64_t T = s.T, H = s.H;
@@ -129,8 +126,7 @@ int k3c_mla_layer_fwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real
         CHECK_RC(st->be->sigmoid_gate_fwd(T * H * s.dv, out, a->gl, a->og, err));
         out = a->og;
     }
-    /* row-parallel under tensor parallelism (the caller sums y); the scratch is free again after the attention */
-    return k3c_lin_rowpar(st, T, c->mla_heads * s.dv, s.D, out, w + o->o_proj, st->scratch, y, err);
+    return k3c_lin_rowpar(st, T, c->mla_heads * s.dv, s.D, out, w + o->o_proj, y, err); /* the caller sums y */
 }
 
 size_t k3c_mla_bwd_bytes(const k3c_model *m, int64_t T) {
@@ -139,15 +135,14 @@ size_t k3c_mla_bwd_bytes(const k3c_model *m, int64_t T) {
     int64_t n = T * s.H * s.dv + Tk * s.H * s.dv + Tk * s.H * s.dqk + Tk * s.H * s.dqk + Tk * s.H * s.dv +
                 Tk * s.H * (s.nope + s.dv) + T * (s.rkv + s.rope) + 2 * T * s.rkv + 2 * T * s.r +
                 (m->context ? Tk * s.rkv : 0);
-    return sizeof(real) * (size_t)n + 17 * 64 + 2 * k3c_tp_cols_bytes(m, s.D, m->cfg.mla_heads * s.dv);
+    return sizeof(real) * (size_t)n + 17 * 64;
 }
 
 int k3c_mla_layer_bwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, const real *dy, real *dxn, k3c_arena *tmp,
                       k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
-    k3c_layer_offsets ob;
-    const k3c_layer_offsets *o = k3c_tp_offsets(m, l, &ob);
+    const k3c_layer_offsets *o = &m->table.layer[l];
     const real *w = st->w;
     real *g = st->g;
     mla_shape s = shape_of(m, st->T);
@@ -165,8 +160,7 @@ int k3c_mla_layer_bwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, cons
         return k3c_errf(err, K3C_ENOMEM, "layer %d: MLA backward scratch (arena %zu of %zu used)", l, tmp->used,
                         tmp->cap);
     const real *out = c->mla_output_gate ? a->og : a->o + t0 * H * s.dv; /* as in the forward */
-    CHECK_RC(
-        k3c_lin_rowpar_bwd(st, T, c->mla_heads * s.dv, s.D, out, w + o->o_proj, dy, dout, g + o->o_proj, tmp, err));
+    CHECK_RC(k3c_lin_rowpar_bwd(st, T, c->mla_heads * s.dv, s.D, out, w + o->o_proj, dy, dout, g + o->o_proj, err));
     real *d_oq = d_o + t0 * H * s.dv; /* the queries' rows; the padding rows keep a zero output gradient */
     if (c->mla_output_gate) {
         real *dgl = dv; /* borrow: same size, zeroed, refilled below */

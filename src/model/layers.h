@@ -131,12 +131,6 @@ static inline int k3c_lin_bwd(const k3c_step *st, int64_t T, int64_t in, int64_t
  * Alone: size 1, rank 0, and every helper is the plain op. */
 static inline int64_t k3c_tp_size(const k3c_model *m) { return m->tp ? m->tp->size : 1; }
 static inline int64_t k3c_tp_rank(const k3c_model *m) { return m->tp ? m->tp->rank : 0; }
-/* Layer l's offsets for this rank: its share of every row-split tensor (*buf holds them under tensor parallelism). */
-static inline const k3c_layer_offsets *k3c_tp_offsets(const k3c_model *m, int l, k3c_layer_offsets *buf) {
-    if (!m->tp) return &m->table.layer[l];
-    k3c_tp_layer_offsets(&m->table, l, m->tp->rank, m->tp->size, buf);
-    return buf;
-}
 /* x ← Σ over the TP group of this rank's partial x (after the ops that wrote it have finished). */
 static inline int k3c_tp_sum(const k3c_step *st, real *x, int64_t n, k3c_err *err) {
     const k3c_tensor_parallel *tp = st->m->tp;
@@ -144,63 +138,22 @@ static inline int k3c_tp_sum(const k3c_step *st, real *x, int64_t n, k3c_err *er
     CHECK_RC(st->be->sync(err));
     return tp->sum(tp->ctx, REAL_DTYPE, x, n, err);
 }
-/* Bytes of a copy of this rank's columns of a [out, in] weight (0 alone). */
-static inline size_t k3c_tp_cols_bytes(const k3c_model *m, int64_t out, int64_t in) {
-    return m->tp ? sizeof(real) * (size_t)(out * (in / m->tp->size)) + 64 : 0;
-}
-/* This rank's columns [rank·in/size, …) of the full-layout W [out, in] copied to wbuf [out, in/size] (a linear op
- * takes a contiguous weight) into *Wl; alone *Wl = W. */
-static inline int k3c_tp_cols(const k3c_step *st, int64_t out, int64_t in, const real *W, real *wbuf, const real **Wl,
-                              k3c_err *err) {
-    *Wl = W;
-    if (!st->m->tp) return K3C_OK;
-    int64_t il = in / st->m->tp->size;
-    *Wl = wbuf;
-    return st->be->copy2d(out, il, W + st->m->tp->rank * il, in, wbuf, il, 0, err);
-}
 /* n zeroed reals from the step's temporary arena (NULL when it is full or zeroing failed). */
 static inline real *k3c_tmp_zeros(const k3c_step *st, k3c_arena *tmp, int64_t n, k3c_err *err) {
     real *p = (real *)k3c_arena_alloc(tmp, sizeof(real) * (size_t)n);
     return p && st->be->zero(p, n, err) == K3C_OK ? p : NULL;
 }
 
-/* The row-parallel projection y[T, out] = x[T, in/size] W[:, this rank's columns]ᵀ (alone: the whole W, in = its
- * columns); the caller sums y over the group. wbuf: k3c_tp_cols_bytes of free memory (unused alone). */
+/* The row-parallel projection y[T, out] = x[T, in/size] Wᵀ, W [out, in/size] this rank's columns (a share table holds
+ * just them; alone: the whole W); the caller sums y over the group. */
 static inline int k3c_lin_rowpar(const k3c_step *st, int64_t T, int64_t in, int64_t out, const real *x, const real *W,
-                                 real *wbuf, real *y, k3c_err *err) {
-    const real *Wl;
-    CHECK_RC(k3c_tp_cols(st, out, in, W, wbuf, &Wl, err));
-    return k3c_lin(st, T, in / k3c_tp_size(st->m), out, x, Wl, y, 0, err);
+                                 real *y, k3c_err *err) {
+    return k3c_lin(st, T, in / k3c_tp_size(st->m), out, x, W, y, 0, err);
 }
-/* The backward of a row-parallel weight W [out, in] with gradient dW: *Wl ← this rank's columns of W, *dWl ← a zeroed
- * buffer for their gradient [out, in/size], both from tmp (alone: W and dW themselves); after the op's backward has
- * added into *dWl, k3c_tp_cols_end adds it into dW's columns. */
-static inline int k3c_tp_cols_begin(const k3c_step *st, k3c_arena *tmp, int64_t out, int64_t in, const real *W,
-                                    real *dW, const real **Wl, real **dWl, k3c_err *err) {
-    *Wl = W;
-    *dWl = dW;
-    if (!st->m->tp) return K3C_OK;
-    int64_t il = in / st->m->tp->size;
-    real *wbuf = (real *)k3c_arena_alloc(tmp, sizeof(real) * (size_t)(out * il));
-    *dWl = k3c_tmp_zeros(st, tmp, out * il, err);
-    if (!wbuf || !*dWl)
-        return k3c_errf(err, K3C_ENOMEM, "tensor parallelism: backward scratch of a row-parallel projection");
-    return k3c_tp_cols(st, out, in, W, wbuf, Wl, err);
-}
-static inline int k3c_tp_cols_end(const k3c_step *st, int64_t out, int64_t in, const real *dWl, real *dW,
-                                  k3c_err *err) {
-    if (!st->m->tp) return K3C_OK;
-    int64_t il = in / st->m->tp->size;
-    return st->be->copy2d(out, il, dWl, il, dW + st->m->tp->rank * il, in, 1, err);
-}
-/* Its backward: dx += dy W_l, dW[:, this rank's columns] += dyᵀ x. */
+/* Its backward: dx += dy W, dW += dyᵀ x (this rank's columns). */
 static inline int k3c_lin_rowpar_bwd(const k3c_step *st, int64_t T, int64_t in, int64_t out, const real *x,
-                                     const real *W, const real *dy, real *dx, real *dW, k3c_arena *tmp, k3c_err *err) {
-    const real *Wl;
-    real *dWl;
-    CHECK_RC(k3c_tp_cols_begin(st, tmp, out, in, W, dW, &Wl, &dWl, err));
-    CHECK_RC(k3c_lin_bwd(st, T, in / k3c_tp_size(st->m), out, x, Wl, dy, dx, dWl, err));
-    return k3c_tp_cols_end(st, out, in, dWl, dW, err);
+                                     const real *W, const real *dy, real *dx, real *dW, k3c_err *err) {
+    return k3c_lin_bwd(st, T, in / k3c_tp_size(st->m), out, x, W, dy, dx, dW, err);
 }
 
 /* Pointer to parameter (or gradient) block `off` of base; NULL when the model has no such tensor. */

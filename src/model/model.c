@@ -169,6 +169,11 @@ static int is_output_proj(const char *name) {
            ends_with(name, "routed_expert_up_proj.weight");
 }
 
+/* The random draw of element j of entry p: its index in the whole model's entry (j0: where the held experts start). */
+static uint64_t at(const k3c_param_table *t, const k3c_param *p, uint64_t j0, int64_t j) {
+    return j0 + (uint64_t)k3c_param_whole_index(t, p, j);
+}
+
 void k3c_model_init(k3c_model *m, uint64_t seed, double std) {
     real *w = m->w;
     const k3c_config *c = &m->cfg;
@@ -178,7 +183,7 @@ void k3c_model_init(k3c_model *m, uint64_t seed, double std) {
         real *x = w + p->offset;
         uint64_t s =
             seed * 1000003u + (uint64_t)i; /* one stream per tensor: init does not depend on order or threads */
-        /* the held experts draw the elements the whole model's entry gives them (expert residency) */
+        /* the held experts and tensor-parallel shares draw the elements the whole model's entry gives them */
         const uint64_t j0 = (uint64_t)(p->stack0 * k3c_param_slice_numel(p));
         const char *n = p->name;
         if (p->kind == K3C_PK_ROUTER_BIAS || ends_with(n, "res_proj.weight")) {
@@ -187,24 +192,33 @@ void k3c_model_init(k3c_model *m, uint64_t seed, double std) {
             for (int64_t j = 0; j < p->numel; j++) x[j] = 1;
         } else if (ends_with(n, "A_log")) {
             for (int64_t j = 0; j < p->numel; j++) /* lower-bound gate: A = 0 (fla safe_gate); softplus: log U(1,16) */
-                x[j] = j >= p->used                          ? 0
-                       : c->kda_gate == K3C_GATE_LOWER_BOUND ? 0
-                                                             : (real)log(1.0 + 15.0 * k3c_uniform_at(s, j0 + (uint64_t)j));
+                x[j] = j >= p->used ? 0
+                       : c->kda_gate == K3C_GATE_LOWER_BOUND
+                           ? 0
+                           : (real)log(1.0 + 15.0 * k3c_uniform_at(s, at(&m->table, p, j0, j)));
         } else if (ends_with(n, "dt_bias")) {
             for (int64_t j = 0; j < p->numel; j++) { /* fla: softplus⁻¹(dt), dt = exp(U(log 1e-3, log 0.1)) ≥ 1e-4 */
-                double dt = exp(log(1e-3) + (log(0.1) - log(1e-3)) * k3c_uniform_at(s, j0 + (uint64_t)j));
+                double dt = exp(log(1e-3) + (log(0.1) - log(1e-3)) * k3c_uniform_at(s, at(&m->table, p, j0, j)));
                 if (dt < 1e-4) dt = 1e-4;
                 x[j] = (real)(dt + log(-expm1(-dt)));
             }
         } else if (ends_with(n, "conv1d.weight")) {
             double bound = 1.0 / sqrt((double)c->conv_kernel); /* nn.Conv1d default (fan_in = kernel for depthwise) */
             for (int64_t j = 0; j < p->numel; j++)
-                x[j] = (real)(bound * (2 * k3c_uniform_at(s, j0 + (uint64_t)j) - 1));
+                x[j] = (real)(bound * (2 * k3c_uniform_at(s, at(&m->table, p, j0, j)) - 1));
         } else {
             double sd = is_output_proj(n) ? out_std : std;
-            for (int64_t j = 0; j < p->numel; j++) x[j] = (real)(sd * k3c_normal_at(s, j0 + (uint64_t)j));
+            for (int64_t j = 0; j < p->numel; j++) x[j] = (real)(sd * k3c_normal_at(s, at(&m->table, p, j0, j)));
         }
     }
+}
+
+static int read_real(const k3c_st_tensor *t, real *dst, size_t n, k3c_err *err) {
+#if K3C_REAL_DOUBLE
+    return k3c_st_read_f64(t, dst, n, err);
+#else
+    return k3c_st_read_f32(t, dst, n, err);
+#endif
 }
 
 /* Reads one checkpoint tensor into slice `e` of entry p (shape must match; MXFP4 pairs decoded). */
@@ -230,22 +244,25 @@ static int load_one(k3c_model *m, const k3c_checkpoint *ck, const k3c_st_tensor 
                             (long long)rows, (long long)cols, (long long)p->shape[0], (long long)p->shape[1]);
         return K3C_OK;
     }
+    const int64_t *want_shape = p->whole_shape; /* a tensor-parallel share reads its part of the whole tensor */
     int same = t->ndim == p->ndim;
-    for (int i = 0; same && i < p->ndim; i++) same = t->shape[i] == p->shape[i];
+    for (int i = 0; same && i < p->ndim; i++) same = t->shape[i] == want_shape[i];
     if (!same) {
         char want[96] = "", got[96] = "";
         for (int i = 0; i < p->ndim; i++)
-            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? "," : "", (long long)p->shape[i]);
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? "," : "", (long long)want_shape[i]);
         for (int i = 0; i < t->ndim; i++)
             snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? "," : "", (long long)t->shape[i]);
         return k3c_errf(err, K3C_EFORMAT, "%s: tensor %s has shape [%s], the config implies [%s]", t->file, t->name,
                         got, want);
     }
-#if K3C_REAL_DOUBLE
-    return k3c_st_read_f64(t, dst, n, err);
-#else
-    return k3c_st_read_f32(t, dst, n, err);
-#endif
+    if (!p->tp_share) return read_real(t, dst, n, err);
+    real *whole = malloc(sizeof(real) * (size_t)p->whole_numel);
+    if (!whole) return k3c_errf(err, K3C_ENOMEM, "%s: %s: out of memory", t->file, t->name);
+    int rc = read_real(t, whole, (size_t)p->whole_numel, err);
+    if (!rc) k3c_param_share_copy(p, m->table.res.tp_rank, sizeof(real), whole, dst, 0);
+    free(whole);
+    return rc;
 }
 
 int k3c_model_load(k3c_model *m, const k3c_checkpoint *ck, k3c_err *err) {
@@ -301,40 +318,21 @@ int k3c_model_save_range(const k3c_model *m, const char *path, int e0, int e1, k
 
 int k3c_model_save_entries(const k3c_model *m, const char *path, int e0, int e1, int experts_only, k3c_err *err) {
     const k3c_param_table *tab = &m->table;
+    if (tab->res.tp_size > 1)
+        return k3c_errf(
+            err, K3C_EINVAL,
+            "%s: the model holds tensor-parallel share %d of %d; the whole tensors are gathered over the TP "
+            "group first (k3c_tp_gather_whole)",
+            path, tab->res.tp_rank, tab->res.tp_size);
     const size_t off0 = e0 < tab->n ? tab->p[e0].offset : tab->total,
                  off1 = e1 < tab->n ? tab->p[e1].offset : tab->total;
-    int n = 0;
-    for (int i = e0; i < e1; i++) n += tab->p[i].absent ? 0 : (int)(tab->p[i].stack ? tab->p[i].stack : !experts_only);
-    k3c_st_entry *ent = calloc((size_t)n + 1, sizeof *ent);
-    char(*names)[K3C_PARAM_NAME + 16] = calloc((size_t)n + 1, sizeof *names);
     /* the parameters may be backend memory the host cannot address: download them first */
     real *host = malloc((off1 - off0) * sizeof *host + 1);
     float *conv = K3C_REAL_DOUBLE ? malloc((off1 - off0) * sizeof *conv + 1) : (float *)host;
-    if (!ent || !names || !host || !conv) {
-        free(ent);
-        free(names);
-        if (conv != (float *)host) free(conv);
-        free(host);
-        return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", path);
-    }
-    int rc = k3c_model_backend(m)->download(host, (const real *)m->w + off0, (off1 - off0) * sizeof *host, err);
-    for (size_t i = 0; K3C_REAL_DOUBLE && i < off1 - off0; i++) conv[i] = (float)host[i];
-    int k = 0;
-    for (int i = e0; i < e1; i++) {
-        const k3c_param *p = &tab->p[i];
-        for (int64_t e = 0; !p->absent && e < (p->stack ? p->stack : !experts_only); e++, k++) {
-            k3c_params_name(p, p->stack ? e : -1, names[k], sizeof names[k]);
-            ent[k].name = names[k];
-            ent[k].dtype = K3C_F32;
-            ent[k].ndim = p->ndim;
-            memcpy(ent[k].shape, p->shape, sizeof p->shape);
-            ent[k].data = conv + (p->offset - off0) + (size_t)e * (size_t)k3c_param_slice_numel(p);
-        }
-    }
-    static const char *const meta[] = {"format", "pt", "producer", "k3c", NULL};
-    if (!rc) rc = k3c_st_write(path, ent, n, meta, err);
-    free(ent);
-    free(names);
+    int rc = !host || !conv ? k3c_errf(err, K3C_ENOMEM, "%s: out of memory", path) : K3C_OK;
+    if (!rc) rc = k3c_model_backend(m)->download(host, (const real *)m->w + off0, (off1 - off0) * sizeof *host, err);
+    for (size_t i = 0; !rc && K3C_REAL_DOUBLE && i < off1 - off0; i++) conv[i] = (float)host[i];
+    if (!rc) rc = k3c_params_write(tab, conv, path, e0, e1, experts_only, err);
     if (conv != (float *)host) free(conv);
     free(host);
     return rc;

@@ -43,14 +43,15 @@ typedef struct {
     void *ctx;
 } k3c_expert_exchange;
 
-/* Tensor parallelism (src/dist/tp.c, docs/PARALLEL.md "Tensor parallelism"): the parameters stay in the full layout on
- * every rank; rank r of `size` computes its share of every split tensor: the KDA and MLA heads [r·H/size, (r+1)·H/size),
- * the same share of the rows of the dense MLP's and the shared experts' intermediate, of the vocabulary rows of the
- * embedding and lm_head (k3c_tp_split). sum() adds a partial result over the TP group in place (after o_proj, the MLPs'
- * down projections, and the input gradients of their backward); the embedding and the cross-entropy are the
- * vocabulary-parallel ones of the hook: y, lse, loss and dlogits with the layout of the ops they replace (embedding_fwd
- * / _bwd over the whole table E [V, D]; xent over this rank's logits [T, V/size], targets global). Buffers hold the
- * model's real (t: K3C_F32 or K3C_F64) in the backend's memory, as the ops they replace. */
+/* Tensor parallelism (src/dist/tp.c, docs/PARALLEL.md "Tensor parallelism"): the model holds only its rank's share of
+ * every split tensor (k3c_residency.tp_rank, tp_size) and computes with it: rank r of `size` the KDA and MLA heads
+ * [r·H/size, (r+1)·H/size), the same share of the rows of the dense MLP's and the shared experts' intermediate, of the
+ * vocabulary rows of the embedding and lm_head (k3c_tp_split). sum() adds a partial result over the TP group in place
+ * (after o_proj, the MLPs' down projections, and the input gradients of their backward); the embedding and the cross-
+ * entropy are the vocabulary-parallel ones of the hook: y, lse, loss and dlogits with the layout of the ops they
+ * replace (embedding_fwd / _bwd over this rank's rows E [V/size, D], ids global; xent over this rank's logits [T,
+ * V/size], targets global). Buffers hold the model's real (t: K3C_F32 or K3C_F64) in the backend's memory, as the ops
+ * they replace. */
 typedef struct {
     int rank, size;
     int (*sum)(void *ctx, k3c_dtype t, void *x, int64_t n, k3c_err *err);
@@ -64,17 +65,6 @@ typedef struct {
                     const int32_t *targets, const void *lse, double dloss, void *dlogits, k3c_err *err);
     void *ctx;
 } k3c_tensor_parallel;
-
-/* How tensor parallelism treats a parameter-table entry (src/model/tp_split.c): split by rows (column-parallel
- * projections, per-head vectors, vocabulary rows), by columns (the row-parallel o_proj and down projections), or
- * replicated: with the same gradient on every rank (its inputs and output gradients are the whole ones: norms, AttnRes,
- * router, latent projections, routed experts) or with a partial one (it feeds or reads every head: KDA's f_a, g_a and
- * o_norm, MLA's q_a, kv_a and their norms), which the ranks sum. */
-typedef enum { K3C_TP_SAME = 0, K3C_TP_PARTIAL, K3C_TP_ROWS, K3C_TP_COLS } k3c_tp_split;
-k3c_tp_split k3c_tp_split_of(const k3c_param_table *t, int entry);
-/* Layer l's offsets with every row-split tensor moved to the first row of rank's share (rank·used/size elements in);
- * the others as they are. */
-void k3c_tp_layer_offsets(const k3c_param_table *t, int l, int rank, int size, k3c_layer_offsets *out);
 
 /* Context parallelism (src/dist/cp.c, docs/PARALLEL.md "Context parallelism"): the batch's sequence is split into
  * contiguous token ranges over the ranks of a CP group, and the sequence-mixing layers exchange what crosses a range

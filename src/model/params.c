@@ -169,7 +169,7 @@ static void init_offsets(k3c_layer_offsets *o) {
 static int build_index(k3c_param_table *t);
 
 k3c_residency k3c_residency_whole(const k3c_config *cfg) {
-    return (k3c_residency){0, cfg->num_experts, 0, (int)cfg->num_layers};
+    return (k3c_residency){0, cfg->num_experts, 0, (int)cfg->num_layers, 0, 1};
 }
 
 int k3c_params_build(const k3c_config *cfg, k3c_param_table *t, k3c_err *err) {
@@ -188,9 +188,13 @@ int k3c_params_build_resident(const k3c_config *cfg, const k3c_residency *r, k3c
     if (r->layer0 < 0 || r->layer0 >= r->layer1 || r->layer1 > cfg->num_layers)
         return k3c_errf(err, K3C_EINVAL, "params: layers [%d, %d) of a model of %lld", r->layer0, r->layer1,
                         (long long)cfg->num_layers);
+    const int tp = r->tp_size > 1 ? r->tp_size : 1;
+    if (r->tp_rank < 0 || r->tp_rank >= tp)
+        return k3c_errf(err, K3C_EINVAL, "params: tensor-parallel share %d of %d", r->tp_rank, tp);
     t->layer = malloc((size_t)(cfg->num_layers > 0 ? cfg->num_layers : 1) * sizeof *t->layer);
     if (!t->layer) return k3c_errf(err, K3C_ENOMEM, "params: out of memory");
     t->experts = cfg->num_experts, t->res = *r;
+    t->res.tp_size = tp;
     builder bb = {.t = t, .cfg = cfg, .layer = -1, .e0 = e0, .n = n, .l0 = r->layer0, .l1 = r->layer1}, *b = &bb;
     int64_t D = cfg->hidden_size, V = cfg->vocab_size;
     k3c_global_offsets *g = &t->glob;
@@ -230,7 +234,14 @@ int k3c_params_build_resident(const k3c_config *cfg, const k3c_residency *r, k3c
         k3c_params_free(t);
         return k3c_errf(err, K3C_ECONFIG, "params: %s: the model has more than 2^63 parameters", b->overflow);
     }
-    if (b->oom || build_index(t)) {
+    int cut = b->oom ? -1 : k3c_params_tp_split(t, cfg, tp);
+    if (cut > 0) {
+        char name[K3C_PARAM_NAME];
+        snprintf(name, sizeof name, "%s", t->p[cut - 1].name);
+        k3c_params_free(t);
+        return k3c_errf(err, K3C_ECONFIG, "params: tensor parallelism over %d ranks does not divide %s", tp, name);
+    }
+    if (cut || build_index(t)) {
         k3c_params_free(t);
         return k3c_errf(err, K3C_ENOMEM, "params: out of memory");
     }
@@ -318,4 +329,35 @@ int64_t k3c_params_trainable(const k3c_param_table *t) {
     for (int i = 0; i < t->n; i++)
         if (t->p[i].kind != K3C_PK_ROUTER_BIAS) n += t->p[i].used;
     return n;
+}
+
+int k3c_params_write(const k3c_param_table *t, const float *x, const char *path, int e0, int e1, int experts_only,
+                     k3c_err *err) {
+    const size_t off0 = e0 < t->n ? t->p[e0].offset : t->total;
+    int n = 0;
+    for (int i = e0; i < e1; i++) n += t->p[i].absent ? 0 : (int)(t->p[i].stack ? t->p[i].stack : !experts_only);
+    k3c_st_entry *ent = calloc((size_t)n + 1, sizeof *ent);
+    char(*names)[K3C_PARAM_NAME + 16] = calloc((size_t)n + 1, sizeof *names);
+    if (!ent || !names) {
+        free(ent);
+        free(names);
+        return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", path);
+    }
+    int k = 0;
+    for (int i = e0; i < e1; i++) {
+        const k3c_param *p = &t->p[i];
+        for (int64_t e = 0; !p->absent && e < (p->stack ? p->stack : !experts_only); e++, k++) {
+            k3c_params_name(p, p->stack ? e : -1, names[k], sizeof names[k]);
+            ent[k].name = names[k];
+            ent[k].dtype = K3C_F32;
+            ent[k].ndim = p->ndim;
+            memcpy(ent[k].shape, p->shape, sizeof p->shape);
+            ent[k].data = x + (p->offset - off0) + (size_t)e * (size_t)k3c_param_slice_numel(p);
+        }
+    }
+    static const char *const meta[] = {"format", "pt", "producer", "k3c", NULL};
+    int rc = k3c_st_write(path, ent, n, meta, err);
+    free(ent);
+    free(names);
+    return rc;
 }

@@ -17,6 +17,13 @@ typedef enum {
     K3C_PK_ROUTER_BIAS, /* e_score_correction_bias: not trained by gradient (quantile balancing owns it) */
 } k3c_param_kind;
 
+/* How tensor parallelism treats an entry (src/model/tp_split.c): split by rows (column-parallel projections, per-head
+ * vectors, vocabulary rows), by columns (the row-parallel o_proj and down projections), or replicated: with the same
+ * gradient on every rank (its inputs and output gradients are the whole ones: norms, AttnRes, router, latent
+ * projections, routed experts) or with a partial one (it feeds or reads every head: KDA's f_a, g_a and o_norm, MLA's
+ * q_a, kv_a and their norms), which the ranks sum. */
+typedef enum { K3C_TP_SAME = 0, K3C_TP_PARTIAL, K3C_TP_ROWS, K3C_TP_COLS } k3c_tp_split;
+
 typedef struct {
     char name[K3C_PARAM_NAME]; /* checkpoint name; for stacked experts the pattern "...experts.%d.w1.weight" */
     int ndim;
@@ -31,6 +38,9 @@ typedef struct {
     uint8_t mxfp4;     /* stored as MXFP4 (weight_packed + weight_scale) in the source checkpoint */
     int64_t used;      /* leading elements the model reads (A_log padding: only the first H); = numel else */
     uint8_t absent;    /* 1: outside the table's residency (another pipeline stage's): numel 0, no elements */
+    uint8_t tp_split;  /* k3c_tp_split */
+    uint8_t tp_share;  /* 1: holds share res.tp_rank of res.tp_size of the whole tensor (rows or columns) */
+    int64_t whole_shape[4], whole_numel; /* the whole tensor's (the checkpoint's); = shape, numel unless tp_share */
 } k3c_param;
 
 /* Offsets (elements into the flat buffer; K3C_NOPARAM when absent) of one decoder layer. */
@@ -83,6 +93,23 @@ int k3c_params_lookup(const k3c_param_table *t, const char *name, int *expert);
 void k3c_params_name(const k3c_param *p, int64_t expert, char *buf, size_t n);
 /* Elements of one slice (= numel for unstacked entries). */
 static inline int64_t k3c_param_slice_numel(const k3c_param *p) { return p->stack ? p->numel / p->stack : p->numel; }
+/* Sets every entry's tp_split and whole shape; size > 1: cuts the split entries to share t->res.tp_rank (their rows
+ * or columns) and lays the table out again (k3c_params_build_resident calls it). Returns 0, −1 when out of memory, or
+ * 1 + the index of an entry whose split dimension size does not divide. */
+int k3c_params_tp_split(k3c_param_table *t, const k3c_config *cfg, int size);
+/* Share `part` of a tensor-parallel entry (p->tp_share; its shape is every share's) and the whole tensor, both of
+ * element size es: dir 0 copies the share's elements out of whole (whole_numel elements) into share (numel), dir 1
+ * puts them back into whole. An entry without shares: a plain copy. */
+void k3c_param_share_copy(const k3c_param *p, int part, size_t es, void *whole, void *share, int dir);
+/* Index in the whole tensor of element j of entry p (j itself unless p->tp_share). */
+int64_t k3c_param_whole_index(const k3c_param_table *t, const k3c_param *p, int64_t j);
+/* How tensor parallelism treats entry i (its tp_split). */
+static inline k3c_tp_split k3c_tp_split_of(const k3c_param_table *t, int i) { return (k3c_tp_split)t->p[i].tp_split; }
+/* Writes entries [e0, e1) of a table without tensor-parallel shares to the safetensors file path (F32, checkpoint
+ * names, one tensor per expert; experts_only: the stacked routed-expert entries alone) atomically; x (host memory)
+ * holds their elements from entry e0's offset on. */
+int k3c_params_write(const k3c_param_table *t, const float *x, const char *path, int e0, int e1, int experts_only,
+                     k3c_err *err);
 /* Trainable element count (excludes router correction biases and A_log padding). */
 int64_t k3c_params_trainable(const k3c_param_table *t);
 

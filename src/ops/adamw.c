@@ -119,6 +119,23 @@ int k3c_optim_init(k3c_optim *o, const k3c_param_table *t, k3c_err *err) {
     return K3C_OK;
 }
 
+int k3c_optim_layout(k3c_optim *o, const k3c_param_table *t, k3c_err *err) {
+    int rc = check_hp(o, err);
+    if (rc) return rc;
+    o->ws = NULL;
+    o->ws_numel = 0;
+    o->state_off = malloc((size_t)(t->n > 0 ? t->n : 1) * sizeof *o->state_off);
+    if (!o->state_off) return k3c_errf(err, K3C_ENOMEM, "optimizer: out of memory");
+    size_t off = 0;
+    for (int i = 0; i < t->n; i++) {
+        o->state_off[i] = off;
+        off += entry_state(o, &t->p[i]);
+    }
+    o->n_entries = t->n;
+    o->state_numel = off;
+    return K3C_OK;
+}
+
 void k3c_optim_free(k3c_optim *o) {
     free(o->state_off);
     k3c_aligned_free(o->ws);

@@ -87,6 +87,9 @@ int k3c_optim_parse_matrix(const char *name, int *out, k3c_err *err);
 size_t k3c_optim_state_numel(const k3c_optim *o, const k3c_param_table *t);
 /* Validates the hyper-parameters against t and allocates the layout and workspace (k3c_optim_free before re-init). */
 int k3c_optim_init(k3c_optim *o, const k3c_param_table *t, k3c_err *err);
+/* The state layout alone (state_off, state_numel; no workspace: it cannot step): where entries' state lies, e.g. in a
+ * checkpoint of another table. */
+int k3c_optim_layout(k3c_optim *o, const k3c_param_table *t, k3c_err *err);
 void k3c_optim_free(k3c_optim *o);
 /* One update of every entry of t (w, g: t->total floats; state: k3c_optim_state_numel floats) with learning rate lr;
  * step ≥ 1 is the 1-based update count (AdamW bias correction). g is not modified. */

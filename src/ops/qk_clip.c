@@ -9,8 +9,10 @@ static void scale_rows(float *w, int64_t r0, int64_t nrows, int64_t cols, float 
     for (int64_t i = 0; i < nrows * cols; i++) x[i] *= f;
 }
 
-int k3c_qk_clip_layer(const k3c_config *cfg, const k3c_layer_offsets *o, float *w, const float *s_max, double tau,
-                      int *n_clipped, k3c_err *err) {
+/* Heads [h0, h0 + hn) of s_max [mla_heads], held from row 0 of q and kv_b (a tensor-parallel share holds only its
+ * heads); every S_max of the layer must be finite. */
+static int clip_heads(const k3c_config *cfg, const k3c_layer_offsets *o, float *w, const float *s_max, double tau,
+                      int64_t h0, int64_t hn, int *n_clipped, k3c_err *err) {
     if (n_clipped) *n_clipped = 0;
     if (!(tau > 0)) return k3c_errf(err, K3C_EINVAL, "qk_clip: tau must be > 0 (got %g)", tau);
     const int lora = cfg->q_lora_rank > 0;
@@ -23,11 +25,11 @@ int k3c_qk_clip_layer(const k3c_config *cfg, const k3c_layer_offsets *o, float *
         if (!isfinite(s_max[h]))
             return k3c_errf(err, K3C_ENUMERIC, "qk_clip: S_max of head %lld is %g", (long long)h, (double)s_max[h]);
     int clipped = 0;
-    for (int64_t h = 0; h < H; h++) {
-        if (!(s_max[h] > tau)) continue;
+    for (int64_t h = 0; h < hn; h++) {
+        if (!(s_max[h0 + h] > tau)) continue;
         /* q·k is bilinear: sqrt(γ) on both nope factors and γ on the query's rope part scale every logit by γ,
          * while the shared k_pe (all heads read it) stays untouched. */
-        const double gamma = tau / (double)s_max[h];
+        const double gamma = tau / (double)s_max[h0 + h];
         const float sg = (float)sqrt(gamma), g1 = (float)gamma;
         scale_rows(w + q_off, h * (nope + rope), nope, q_cols, sg);
         scale_rows(w + q_off, h * (nope + rope) + nope, rope, q_cols, g1);
@@ -38,14 +40,20 @@ int k3c_qk_clip_layer(const k3c_config *cfg, const k3c_layer_offsets *o, float *
     return K3C_OK;
 }
 
+int k3c_qk_clip_layer(const k3c_config *cfg, const k3c_layer_offsets *o, float *w, const float *s_max, double tau,
+                      int *n_clipped, k3c_err *err) {
+    return clip_heads(cfg, o, w, s_max, tau, 0, cfg->mla_heads, n_clipped, err);
+}
+
 int k3c_qk_clip(const k3c_config *cfg, const k3c_param_table *t, float *w, const float *s_max, double tau,
                 int *n_clipped, k3c_err *err) {
     int total = 0;
     if (n_clipped) *n_clipped = 0;
+    const int64_t hn = cfg->mla_heads / t->res.tp_size, h0 = t->res.tp_rank * hn; /* a TP share: its heads */
     for (int l = t->res.layer0; l < t->res.layer1; l++) { /* the held layers (another stage clips its own) */
         if (cfg->mixer[l] != K3C_MIXER_MLA) continue;
         int c = 0;
-        int rc = k3c_qk_clip_layer(cfg, &t->layer[l], w, s_max + (size_t)l * (size_t)cfg->mla_heads, tau, &c, err);
+        int rc = clip_heads(cfg, &t->layer[l], w, s_max + (size_t)l * (size_t)cfg->mla_heads, tau, h0, hn, &c, err);
         if (rc) return err ? k3c_err_wrap(err, "layer %d", l) : rc;
         total += c;
     }

@@ -17,7 +17,8 @@
  * non-finite S_max, K3C_EINVAL for τ ≤ 0 or missing offsets. */
 int k3c_qk_clip_layer(const k3c_config *cfg, const k3c_layer_offsets *o, float *w, const float *s_max, double tau,
                       int *n_clipped, k3c_err *err);
-/* Every MLA layer of t: s_max [num_layers, mla_heads] indexed by decoder layer (rows of KDA layers are not read). */
+/* Every MLA layer of t: s_max [num_layers, mla_heads] indexed by decoder layer (rows of KDA layers are not read); a
+ * table of tensor-parallel shares clips (and counts) the heads of its share. */
 int k3c_qk_clip(const k3c_config *cfg, const k3c_param_table *t, float *w, const float *s_max, double tau,
                 int *n_clipped, k3c_err *err);
 

@@ -147,6 +147,7 @@ static int write_weights(const char *tmp, const k3c_train_ckpt *ck, k3c_err *err
         snprintf(p, sizeof p, "%s/model.safetensors", tmp);
     else
         snprintf(p, sizeof p, "%s/model-%05d-of-%05d.safetensors", tmp, ck->w_part + 1, ck->w_parts);
+    if (ck->w_host) return k3c_params_write(ck->table, ck->w_host, p, ck->w0, ck->w1, ck->w_experts_only, err);
     return k3c_model_save_entries_f32(ck->model, p, ck->w0, ck->w1, ck->w_experts_only, err);
 }
 
@@ -171,7 +172,7 @@ static int write_optim(const char *tmp, const k3c_train_ckpt *ck, k3c_err *err) 
         k3c_st_entry e = {"state", K3C_F32, 1, {(int64_t)ck->optim_numel}, ck->optim_state};
         return k3c_st_write(p, &e, 1, NULL, err);
     }
-    const k3c_param_table *t = &ck->model->table;
+    const k3c_param_table *t = ck->table ? ck->table : &ck->model->table;
     const k3c_optim *o = ck->opt;
     snprintf(p, sizeof p, "%s/optimizer-%05d-of-%05d.safetensors", tmp, ck->comm->rank + 1, ck->comm->size);
     size_t held = 0;
@@ -200,7 +201,10 @@ static int write_optim(const char *tmp, const k3c_train_ckpt *ck, k3c_err *err) 
             slices_of(q, len, ck->optim_state + at, sliced + at);
             for (int64_t e = 0; e < q->stack; e++, n++) {
                 k3c_params_name(q, e, names[n], sizeof names[n]);
-                ent[n] = (k3c_st_entry){names[n], K3C_F32, 1, {(int64_t)len / q->stack},
+                ent[n] = (k3c_st_entry){names[n],
+                                        K3C_F32,
+                                        1,
+                                        {(int64_t)len / q->stack},
                                         sliced + at + (size_t)e * (len / (size_t)q->stack)};
             }
         }
@@ -372,15 +376,25 @@ static void held_from_whole(const k3c_param *p, size_t len, int64_t experts, con
                sizeof(float) * (size_t)p->numel);
 }
 
-/* Floats of entry i's state in the whole model's layout (a stacked entry of all the model's experts). */
+/* Floats of entry i's state in the whole model's layout (a stacked entry of all the model's experts, a
+ * tensor-parallel share's whole tensor). */
 static size_t whole_len(const k3c_param_table *t, const k3c_optim *o, int i) {
+    const k3c_param *p = &t->p[i];
     const size_t len = state_end(o, i + 1) - o->state_off[i];
-    return t->p[i].stack ? len / (size_t)t->p[i].stack * (size_t)t->experts : len;
+    if (p->tp_share) return len / (size_t)p->numel * (size_t)p->whole_numel;
+    return p->stack ? len / (size_t)p->stack * (size_t)t->experts : len;
+}
+
+/* A tensor-parallel share's state (dst, len floats: its blocks) from the whole entry's (src: the same blocks whole). */
+static void share_from_whole(const k3c_param_table *t, const k3c_param *p, size_t len, const float *src, float *dst) {
+    for (size_t b = 0; b < len / (size_t)p->numel; b++)
+        k3c_param_share_copy(p, t->res.tp_rank, sizeof(float), (void *)(src + b * (size_t)p->whole_numel),
+                             dst + b * (size_t)p->numel, 0);
 }
 
 /* The single-process file: the entries of `mine` from the one tensor "state" (float32, the whole model's layout). */
-static int load_single(const char *p, const k3c_param_table *tab, const k3c_optim *o, const uint8_t *mine,
-                       float *state, k3c_err *err) {
+static int load_single(const char *p, const k3c_param_table *tab, const k3c_optim *o, const uint8_t *mine, float *state,
+                       k3c_err *err) {
     k3c_safetensors *st;
     CHECK_RC(k3c_st_open(p, &st, err));
     const k3c_st_tensor *t = k3c_st_find(st, "state");
@@ -398,6 +412,8 @@ static int load_single(const char *p, const k3c_param_table *tab, const k3c_opti
         if (!mine || mine[i]) {
             if (tab->p[i].stack)
                 held_from_whole(&tab->p[i], len, tab->experts, (const float *)t->data + from, state + at);
+            else if (tab->p[i].tp_share)
+                share_from_whole(tab, &tab->p[i], len, (const float *)t->data + from, state + at);
             else
                 memcpy(state + at, (const float *)t->data + from, sizeof(float) * len);
             at += len;
@@ -476,6 +492,18 @@ static int load_stacked(shard_reader *r, const k3c_param_table *t, int i, size_t
     return rc;
 }
 
+/* A tensor-parallel share's state from its whole entry's tensor. */
+static int load_share(shard_reader *r, const k3c_param_table *t, int i, size_t len, float *dst, k3c_err *err) {
+    const k3c_param *p = &t->p[i];
+    const size_t whole = len / (size_t)p->numel * (size_t)p->whole_numel;
+    float *tmp = malloc(sizeof(float) * (whole + 1));
+    if (!tmp) return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", r->index);
+    int rc = load_entry(r, p->name, whole, tmp, err);
+    if (!rc) share_from_whole(t, p, len, tmp, dst);
+    free(tmp);
+    return rc;
+}
+
 /* The sharded layout: each entry of `mine` that has state, from the file the index names. */
 static int load_sharded(const char *dir, const char *index, const k3c_param_table *t, const k3c_optim *o,
                         const uint8_t *mine, float *state, k3c_err *err) {
@@ -491,8 +519,9 @@ static int load_sharded(const char *dir, const char *index, const k3c_param_tabl
     for (int i = 0; i < t->n && !rc; i++) {
         const size_t len = state_end(o, i + 1) - o->state_off[i];
         if ((mine && !mine[i]) || !len) continue;
-        rc = t->p[i].stack ? load_stacked(&r, t, i, len, state + at, err)
-                           : load_entry(&r, t->p[i].name, len, state + at, err);
+        rc = t->p[i].stack      ? load_stacked(&r, t, i, len, state + at, err)
+             : t->p[i].tp_share ? load_share(&r, t, i, len, state + at, err)
+                                : load_entry(&r, t->p[i].name, len, state + at, err);
         at += len;
     }
     for (size_t k = 0; r.open && k < r.map->n; k++) k3c_st_close(r.open[k]);
@@ -507,7 +536,8 @@ int k3c_train_ckpt_load_state(const char *dir, const k3c_param_table *t, const k
     snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
     snprintf(ix, sizeof ix, "%s/optimizer.safetensors.index.json", dir);
     if (o->n_entries != t->n)
-        return k3c_errf(err, K3C_EINVAL, "%s: optimizer state of a table of %d entries, not %d", dir, o->n_entries, t->n);
+        return k3c_errf(err, K3C_EINVAL, "%s: optimizer state of a table of %d entries, not %d", dir, o->n_entries,
+                        t->n);
     int rc = access(p, F_OK) == 0 ? load_single(p, t, o, mine, state, err)
              : access(ix, F_OK) == 0
                  ? load_sharded(dir, ix, t, o, mine, state, err)

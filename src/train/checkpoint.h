@@ -27,11 +27,15 @@ typedef struct {
     const char *pattern;       /* its pre-tokeniser ("cl100k" / "kimi"), written to k3c_tokenizer.json */
     /* A sharded checkpoint: every rank of comm (the world) calls k3c_train_ckpt_save; NULL = one process. */
     k3c_comm *comm;
-    const k3c_optim *opt; /* the single-process optimizer layout (entry i's state floats) */
-    const uint8_t *mine;  /* [t->n] 1: the entries whose optimizer state this rank holds */
-    int w0, w1;           /* the entries whose weights this rank writes (w0 == w1: none) */
-    int w_experts_only;   /* 1: of those only the stacked routed-expert entries (an EP rank other than the first) */
-    int w_part, w_parts;  /* its weight file: model.safetensors when w_parts is 1, else model-<part+1>-of-<parts> */
+    const k3c_optim *opt;         /* the single-process optimizer layout of `table` (entry i's state floats) */
+    const uint8_t *mine;          /* [table->n] 1: the entries whose optimizer state this rank writes */
+    const k3c_param_table *table; /* what mine, opt, optim_state and w_host lay out: the model's (NULL), or, with
+                                     tensor parallelism, the whole tensors' (k3c_tp_gather_entry) */
+    const float *w_host;          /* NULL: the weights from the model; else (host memory) entries [w0, w1) of `table`
+                                     from entry w0's offset */
+    int w0, w1;                   /* the entries whose weights this rank writes (w0 == w1: none) */
+    int w_experts_only;  /* 1: of those only the stacked routed-expert entries (an EP rank other than the first) */
+    int w_part, w_parts; /* its weight file: model.safetensors when w_parts is 1, else model-<part+1>-of-<parts> */
 } k3c_train_ckpt;
 
 /* Writes the checkpoint of `step` under out_dir, updates out_dir/latest, keeps the newest `keep` checkpoints. With
@@ -47,7 +51,7 @@ void k3c_train_ckpt_clean(const char *out_dir);
 int k3c_train_ckpt_candidates(const char *out_dir, int64_t *steps, int cap, k3c_err *err);
 /* The optimizer state of the table entries of `mine` ([t->n]; NULL: all) of t under optimizer layout o (state gets
  * their floats in table order, each entry's as o lays it out) from either layout, whatever layout or expert residency
- * wrote it (a stacked entry: the experts t holds); trainer_state non-NULL: also trainer_state.json (malloc'd text).
+ * wrote it (a stacked entry: the experts t holds; a tensor-parallel share: its part of the whole entry's); trainer_state non-NULL: also trainer_state.json (malloc'd text).
  * Errors name the file and the tensor. Checksums are verified by the model's reader (k3c_ckpt_open), not here. */
 int k3c_train_ckpt_load_state(const char *dir, const k3c_param_table *t, const k3c_optim *o, const uint8_t *mine,
                               float *state, char **trainer_state, k3c_err *err);

@@ -63,6 +63,9 @@ typedef struct {
     k3c_comm *pp_comm, *stage_comm;
     k3c_comm *tp_comm; /* tensor parallelism (dist/tp.h): the TP group; NULL: every rank computes whole layers */
     k3c_tp tp;
+    k3c_comm *t_comm;            /* tp: the ranks of the DP group with this TP rank (ZeRO-1's group for its shares) */
+    k3c_param_table whole_table; /* tp: the table of whole tensors and its state layout (checkpoints hold them) */
+    k3c_optim whole_layout;
     k3c_comm *cp_comm;  /* context parallelism (dist/cp.h): the CP group; NULL: every rank holds whole sequences */
     k3c_comm *own_comm; /* parallel.force without the caller's communicator: the one-rank one (owned) */
     k3c_cp cp;
@@ -108,8 +111,11 @@ static int next_batch(trainer *tr, const k3c_stage *st, int val, k3c_val_iter *i
     if (e) return e;
     k3c_batch *b = &tr->batch;
     *mb = (k3c_model_batch){b->T, b->n_docs, b->ids, b->cu_seqlens, b->targets, 0, 0, NULL, NULL, NULL, NULL};
-    if (tr->dp && !val && /* this rank's share: whole pieces, or a range of them (context parallelism) */
-        (e = tr->cp_comm ? k3c_cp_split_batch(&tr->cp, tr->dp, mb, err) : k3c_dp_split_batch(tr->dp, mb, err)))
+    if (tr->dp && !val && /* this rank's share: whole pieces, or a range of them (context parallelism; with pipeline
+                             stages its group's part, each micro-batch cut into ranges by k3c_pp_step) */
+        (e = !tr->cp_comm ? k3c_dp_split_batch(tr->dp, mb, err)
+             : tr->pp     ? k3c_cp_part(&tr->cp, tr->dp, mb, err)
+                          : k3c_cp_split_batch(&tr->cp, tr->dp, mb, err)))
         return e;
     tr->m.context = tr->cp_comm && !val ? &tr->cp.exchange : NULL; /* validation batches run whole on every rank */
     return ensure_arena(tr, mb->T, mb->n_docs, err);
@@ -214,6 +220,7 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     if (tr->dp && (e = k3c_dp_grads_begin(tr->dp, &tr->m, tr->tp_comm ? &tr->tp : NULL, err))) return e;
     if (tr->pp) { /* the stages' 1F1B over micro-batches: forward and backward together */
         if ((e = k3c_pp_step(tr->pp, &tr->m, &b, &tr->arena, 1, &loss, err))) return e;
+        if (tr->cp_comm && (e = k3c_dp_local_tokens(tr->dp, tr->pp->T_local, err))) return e; /* its ranges */
     } else if ((e = k3c_model_forward_f32(&tr->m, &b, &tr->arena, &acts, &loss, NULL, err))) {
         return e;
     }
@@ -260,6 +267,8 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
         int32_t n;
         memcpy(&n, tr->telemetry + ((char *)tr->stats.qk_clipped - (char *)tr->stats.mem), sizeof n);
         if (tr->pp && (e = k3c_comm_allreduce(tr->pp_comm, &n, &n, 1, K3C_I32, K3C_COMM_SUM, NULL, err))) return e;
+        if (tr->tp_comm && (e = k3c_comm_allreduce(tr->tp_comm, &n, &n, 1, K3C_I32, K3C_COMM_SUM, NULL, err)))
+            return e; /* each TP rank clips its own heads */
         if (n < 0) return k3c_errf(err, K3C_ENUMERIC, "step %lld: QK-Clip: non-finite S_max", (long long)tr->step + 1);
         row->qk_clipped = n;
     }
@@ -358,11 +367,67 @@ static int save_fault(const trainer *tr) {
     return f && sscanf(f, "save:%d", &r) == 1 && r == tr->rank;
 }
 
+/* Tensor parallelism: the checkpoint holds whole tensors, so any layout reads it. The weights: the writing rank's TP
+ * group gathers every share of [w0, w1) to it (*w_host: the whole layout of tr->whole_table); the state: each TP group
+ * gathers the shares it owns to its TP rank 0, which writes them whole (*out, *mine: the entries this rank writes,
+ * in order). Every rank of a TP group gathers the same entries in the same order. */
+static int tp_whole(trainer *tr, k3c_train_ckpt *ck, int gathers, const float *state, float **w_host, float **out,
+                    uint8_t **mine, k3c_err *err) {
+    const k3c_param_table *t = &tr->m.table, *W = &tr->whole_table;
+    const int e0 = tr->pp ? tr->pp->e0 : 0, e1 = tr->pp ? tr->pp->e1 : t->n, first = tr->tp.rank == 0;
+    size_t most = 1, n_out = 0;
+    for (int i = 0; i < t->n; i++) {
+        const size_t len = (i + 1 < t->n ? tr->opt.state_off[i + 1] : tr->opt.state_numel) - tr->opt.state_off[i];
+        if ((size_t)t->p[i].numel > most) most = (size_t)t->p[i].numel;
+        if (tr->dp->mine[i] && (first || !t->p[i].tp_share))
+            n_out += t->p[i].numel ? len / (size_t)t->p[i].numel * (size_t)W->p[i].numel : 0;
+    }
+    float *tmp = malloc(sizeof(float) * most);
+    *mine = calloc((size_t)t->n + 1, 1);
+    *out = malloc(sizeof(float) * (n_out + 1));
+    *w_host = ck->w0 < ck->w1
+                  ? malloc(sizeof(float) * (W->p[e1 - 1].offset + (size_t)W->p[e1 - 1].numel - W->p[e0].offset + 1))
+                  : NULL;
+    if (!tmp || !*mine || !*out || (ck->w0 < ck->w1 && !*w_host)) {
+        free(tmp);
+        return k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory");
+    }
+    int e = K3C_OK;
+    for (int i = e0; gathers && !e && i < e1; i++) { /* the weights, to the writer (TP rank 0) */
+        const k3c_param *p = &t->p[i];
+        if (p->absent || (ck->w_experts_only && !p->stack) || (!p->tp_share && !*w_host)) continue;
+        float *dst = *w_host ? *w_host + (W->p[i].offset - W->p[e0].offset) : NULL;
+        e = tr->be->download(p->tp_share ? tmp : dst, (const float *)tr->m.w + p->offset,
+                             sizeof(float) * (size_t)p->numel, err);
+        if (!e && p->tp_share) e = k3c_tp_gather_entry(&tr->tp, p, tmp, 1, dst, err);
+    }
+    size_t at = 0;
+    for (int i = 0; !e && i < t->n; i++) { /* the state of this rank's entries */
+        const k3c_param *p = &t->p[i];
+        if (!tr->dp->mine[i]) continue;
+        const size_t len = (i + 1 < t->n ? tr->opt.state_off[i + 1] : tr->opt.state_numel) - tr->opt.state_off[i];
+        const size_t blocks = p->numel ? len / (size_t)p->numel : 0;
+        (*mine)[i] = (uint8_t)(first || !p->tp_share);
+        if (p->tp_share)
+            e = k3c_tp_gather_entry(&tr->tp, p, state + tr->dp->shard.state_off[i], (int64_t)blocks,
+                                    first ? *out + at : NULL, err);
+        else
+            memcpy(*out + at, state + tr->dp->shard.state_off[i], sizeof(float) * len);
+        at += (*mine)[i] ? blocks * (size_t)W->p[i].numel : 0;
+    }
+    free(tmp);
+    ck->table = W, ck->opt = &tr->whole_layout, ck->mine = *mine;
+    ck->w_host = *w_host, ck->optim_state = *out, ck->optim_numel = n_out;
+    return e;
+}
+
 /* Every rank writes its part (docs/PARALLEL.md "Checkpoints"): its ZeRO-1 state shard; the weights from rank 0, or
- * with pipeline parallelism from each stage's first rank (its stage's entries); one process the single-file layout. */
+ * with pipeline parallelism from each stage's first rank (its stage's entries); one process the single-file layout.
+ * Tensor parallelism writes whole tensors (tp_whole). */
 static int save(trainer *tr, k3c_err *err) {
     const k3c_optim *o = tr->dp ? &tr->dp->shard : &tr->opt;
-    float *state = malloc(sizeof(float) * (o->state_numel ? o->state_numel : 1));
+    float *state = malloc(sizeof(float) * (o->state_numel ? o->state_numel : 1)), *w_host = NULL, *whole = NULL;
+    uint8_t *mine = NULL;
     if (!state) return k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory");
     k3c_sbuf sb = {0};
     int e = tr->be->download(state, tr->ostate, sizeof(float) * o->state_numel, err); /* after the ops */
@@ -386,12 +451,17 @@ static int save(trainer *tr, k3c_err *err) {
             ck.w_part = stage * tr->ep_size + (tr->x_comm ? tr->ep_rank : 0);
             ck.w_parts = stages * tr->ep_size;
             ck.w_experts_only = tr->x_comm && tr->ep_rank > 0;
+            if (tr->tp_comm) /* the writer's TP group: the first tp ranks of `first` */
+                e = tp_whole(tr, &ck, first->rank < tr->tp.size, state, &w_host, &whole, &mine, err);
             ck.optim_numel += (size_t)save_fault(tr);
         }
-        e = k3c_train_ckpt_save(tr->rc->out_dir, tr->step, &ck, (int)tr->rc->keep_checkpoints, err);
+        if (!e) e = k3c_train_ckpt_save(tr->rc->out_dir, tr->step, &ck, (int)tr->rc->keep_checkpoints, err);
     }
     k3c_sbuf_free(&sb);
     free(state);
+    free(w_host);
+    free(whole);
+    free(mine);
     return e;
 }
 
@@ -578,16 +648,17 @@ static int optim_state(trainer *tr, k3c_comm *comm, const k3c_parallel *lay, k3c
         tr->pp = &tr->pp_store;
         group = tr->stage_comm, e0 = tr->pp->e0, e1 = tr->pp->e1;
     }
-    if (comm) {
-        if (ep > 1) CHECK_RC(k3c_comm_split(group, tr->ep_rank, group->rank, &tr->x_comm, err));
-        CHECK_RC(k3c_dp_init_experts(&tr->dp_store, group, tr->x_comm, tr->be, &tr->opt, &tr->m.table, e0, e1, err));
-        tr->dp = &tr->dp_store;
-    }
     if (lay->tp > 1) { /* TP groups: tp consecutive ranks (TP innermost, docs/PARALLEL.md), one part of the batch */
         CHECK_RC(k3c_comm_split(comm, comm->rank / (int)lay->tp, comm->rank, &tr->tp_comm, err));
+        CHECK_RC(k3c_comm_split(group, group->rank % (int)lay->tp, group->rank, &tr->t_comm, err));
         CHECK_RC(k3c_tp_init(&tr->tp, tr->tp_comm, tr->be, &tr->m.cfg, &tr->m.table, err));
         tr->m.tp = &tr->tp.hook;
-        k3c_dp_set_tp(tr->dp, (int)lay->tp);
+    }
+    if (comm) {
+        if (ep > 1) CHECK_RC(k3c_comm_split(group, tr->ep_rank, group->rank, &tr->x_comm, err));
+        const k3c_dp_groups g = {group, tr->x_comm, tr->t_comm, tr->tp_comm};
+        CHECK_RC(k3c_dp_init_groups(&tr->dp_store, &g, tr->be, &tr->opt, &tr->m.table, e0, e1, err));
+        tr->dp = &tr->dp_store;
     }
     if (lay->cp > 1) { /* CP groups: cp consecutive ranks, each a range of its DP part's tokens */
         int64_t T_cap = 0;
@@ -595,6 +666,7 @@ static int optim_state(trainer *tr, k3c_comm *comm, const k3c_parallel *lay, k3c
             if (tr->rc->stage[i].tokens_per_step > T_cap) T_cap = tr->rc->stage[i].tokens_per_step;
         CHECK_RC(k3c_comm_split(comm, comm->rank / (int)lay->cp, comm->rank, &tr->cp_comm, err));
         CHECK_RC(k3c_cp_init(&tr->cp, tr->cp_comm, &tr->m, T_cap, err));
+        if (tr->pp) tr->pp->cp = &tr->cp; /* CP inside the stages: each micro-batch cut into ranges */
     }
     const k3c_optim *o = tr->dp ? &tr->dp->shard : &tr->opt; /* ZeRO-1: this rank's shard of the state */
     const size_t n_state = o->state_numel ? o->state_numel : 1;
@@ -627,6 +699,10 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     if (tr->ep_size > 1) k3c_ep_experts(&cfg, tr->ep_rank, tr->ep_size, &res.expert0, &res.experts);
     if (comm && lay.pp > 1) /* stages outermost (optim_state) */
         k3c_pp_layers(&cfg, comm->rank / (comm->size / (int)lay.pp), (int)lay.pp, &res.layer0, &res.layer1);
+    if (comm && lay.tp > 1) { /* TP innermost: its shares of the split tensors, and the whole ones' inventory */
+        if ((e = k3c_params_build_resident(&cfg, &res, &tr->whole_table, err))) return e;
+        res.tp_rank = comm->rank % (int)lay.tp, res.tp_size = (int)lay.tp;
+    }
     if ((e = k3c_model_create_resident_f32(&cfg, 1, &res, &tr->m, err))) return e;
     if (lay.dp * lay.ep * lay.tp * lay.pp * lay.cp == 1 && !rc->parallel_force) comm = NULL; /* alone */
     if (rc->parallel_force && !comm) { /* the parallel step over the one-rank communicator (parallel.force) */
@@ -654,6 +730,9 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     tr->opt.eps = rc->eps;
     if ((e = k3c_optim_parse_matrix(rc->matrix_optimizer, &tr->opt.matrix_optimizer, err))) return e;
     if ((e = k3c_optim_init(&tr->opt, &tr->m.table, err))) return e;
+    tr->whole_layout = tr->opt;
+    tr->whole_layout.state_off = NULL, tr->whole_layout.ws = NULL;
+    if (tr->whole_table.p && (e = k3c_optim_layout(&tr->whole_layout, &tr->whole_table, err))) return e;
     if ((e = k3c_mem_check(sizeof(float) * tr->opt.state_numel, "trainer: optimizer state", err))) return e;
     tr->n_mla = k3c_config_num_mla(&cfg);
     k3c_data_source src[K3C_RUN_MAX_SOURCES];
@@ -707,6 +786,9 @@ static void teardown(trainer *tr) {
         k3c_tp_free(&tr->tp);
         k3c_comm_free(tr->tp_comm);
     }
+    k3c_comm_free(tr->t_comm);
+    k3c_params_free(&tr->whole_table);
+    k3c_optim_free(&tr->whole_layout);
     if (tr->pp_comm) k3c_comm_free(tr->pp_comm);
     if (tr->stage_comm) k3c_comm_free(tr->stage_comm);
     if (tr->cp_comm) {
