@@ -182,8 +182,9 @@ static int pieces_init(dist_pieces *d, k3c_model *m, const k3c_backend_f32 *be, 
     const k3c_dp_groups g = {group, d->x_comm, d->t_comm, d->tp_comm};
     CHECK_RC(k3c_dp_init_groups(&d->dp, &g, be, o, &m->table, e0, e1, err));
     d->dist = 1;
-    if (cp) { /* the CP group: ranks that share rank / cp, each a range of its DP part's tokens */
-        CHECK_RC(k3c_comm_split(comm, comm->rank / cp, comm->rank, &d->cp_comm, err));
+    if (cp) { /* the CP group: ranks that share rank / (tp·cp) and rank % tp, each a range of its DP part's tokens */
+        const int t = tp ? tp : 1; /* every tp-th rank with TP innermost */
+        CHECK_RC(k3c_comm_split(comm, comm->rank / (t * cp) * t + comm->rank % t, comm->rank, &d->cp_comm, err));
         CHECK_RC(k3c_cp_init(&d->cp, d->cp_comm, m, T_cap, err));
         m->context = &d->cp.exchange;
         if (pp) d->pp.cp = &d->cp; /* inside the stages: each micro-batch cut into ranges */
@@ -245,7 +246,7 @@ static int step(runner *r, const batch *gb, int64_t step_no, int qb_mode, double
     if (dp) CHECK_RC(k3c_dp_grads_begin(dp, &r->m, r->d.tp_comm ? &r->d.tp : NULL, err)); /* layer by layer */
     if (r->d.use_pp) {
         CHECK_RC(k3c_pp_step(&r->d.pp, &r->m, &b, &r->ar, 1, loss, err));
-        if (r->d.cp_comm) CHECK_RC(k3c_dp_local_tokens(dp, r->d.pp.T_local, err));
+        if (r->d.cp_comm) CHECK_RC(k3c_dp_local_tokens(dp, dp->replica ? 0 : r->d.pp.T_local, err));
     } else {
         CHECK_RC(k3c_model_forward_f32(&r->m, &b, &r->ar, &acts, loss, NULL, err));
         CHECK_RC(k3c_model_backward_f32(&r->m, acts, 1.0, err));

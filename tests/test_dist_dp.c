@@ -3,12 +3,13 @@
  * one global batch of packed documents, once whole on every rank (the reference: the trainer's single-process step)
  * and once split over the ranks (the trainer's parallel step) at every layout of the ranks: dp = N, ep = N, dp2×ep2,
  * pp = N (4 micro-batches, 1F1B), dp2×pp2, ep2×pp2, tp = N (src/dist/tp.c; tp4 on a 4-head variant), dp2×tp2,
- * tp2×pp2, ep2×tp2, cp = N (src/dist/cp.c), dp2×cp2, cp2×ep2 and cp2×pp2; on 8 ranks ep2×tp2×pp2.
+ * tp2×pp2, ep2×tp2, cp = N (src/dist/cp.c), dp2×cp2, cp2×ep2, cp2×pp2 and cp2×tp2; on 8 ranks ep2×tp2×pp2,
+ * cp2×tp2×pp2 and ep2×cp2×tp2; on 16 ranks ep2×tp2×pp2×cp2 (2 micro-batches).
  * fp32; relative difference of a tensor = ‖x − ref‖₂ / ‖ref‖₂ per parameter-table entry (test_rel_err), tolerance
  * 1e-5 for the loss, every gradient of step 1 (after the sum over ranks) and every weight and optimizer-state entry
  * after 3 steps (Muon + AdamW with clipping active, QK-Clip clipping heads, exact quantile balancing; router biases
  * on the scale of the scores, see compare()); histogram balancing over one step. In float64 the data split's loss and
- * gradients equal the whole batch's to 1e-12. Runs on the self communicator here and on 2, 4 and 8 MPI ranks. */
+ * gradients equal the whole batch's to 1e-12. Runs on the self communicator here and on 2, 4, 8 and 16 MPI ranks. */
 #include "test.h"
 
 #include "dist_fixture.h"
@@ -20,6 +21,9 @@
 
 static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep, int pp, int tp, int cp, k3c_err *err) {
     memset(r, 0, sizeof *r);
+    /* on 16 ranks (ep2×tp2×pp2×cp2: two data parts of 80 tokens) 2 micro-batches, whose cp2 ranges stay longer than
+       the conv tail */
+    const int micro = comm && comm->size == 16 ? 2 : MICRO;
     /* EP: this rank's experts only, PP: its stage's layers only */
     const k3c_residency res =
         residency_of(cfg, comm ? comm->rank : 0, comm ? comm->size : 1, comm ? ep : 1, tp, comm ? pp : 1, cp);
@@ -30,7 +34,7 @@ static int runner_init(runner *r, const k3c_config *cfg, k3c_comm *comm, int ep,
     k3c_optim_defaults(&r->opt);
     CHECK_RC(k3c_optim_init(&r->opt, &r->m.table, err));
     CHECK_RC(pieces_init(&r->d, &r->m, r->be, &r->opt, comm, ep > 1 ? ep : 0, tp > 1 ? tp : 0, pp > 1 ? pp : 0,
-                         cp > 1 ? cp : 0, MICRO, T_BATCH, err));
+                         cp > 1 ? cp : 0, micro, T_BATCH, err));
     size_t n_state = r->d.dist ? r->d.dp.shard.state_numel : r->opt.state_numel;
     r->state = calloc(n_state ? n_state : 1, sizeof(float));
     CHECK_RC(k3c_step_stats_init_f32(&r->m, T_BATCH, &r->stats, err));
@@ -693,10 +697,9 @@ static void layouts(void) {
     CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 5, 1, 0}, &cfg, 5, "run.json", &out, &err) == K3C_ECONFIG &&
               strstr(err.msg, "parallel.pp = 5 is more stages than the model's 4 layers"),
           "pp beyond the layers: %s", err.msg);
-    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 2, 1, 2, 0}, &cfg, 4, "run.json", &out, &err) ==
-                  K3C_EUNSUPPORTED &&
-              strstr(err.msg, "cp = 2 with tp = 2"),
-          "a valid layout not built yet: %s", err.msg);
+    CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 2, 1, 2, 0}, &cfg, 4, "run.json", &out, &err) == 0 &&
+              out.cp == 2 && out.tp == 2,
+          "cp2×tp2 on 4 ranks: %s", err.msg);
     CHECK(k3c_parallel_resolve(&(k3c_parallel){1, 1, 1, 2, 2, 0}, &cfg, 4, "run.json", &out, &err) == 0 &&
               out.cp == 2 && out.pp == 2,
           "cp2×pp2 on 4 ranks: %s", err.msg);
@@ -760,8 +763,14 @@ static void ep_bf16_wire(k3c_comm *comm) {
 /* Every layout of the ranks there are: dp, ep, pp, tp and cp = size; on 4 ranks dp2×ep2, dp2×pp2, dp2×tp2, tp2×pp2,
  * ep2×pp2, ep2×tp2, dp2×cp2 and cp2×ep2; on 8 ranks ep2×tp2×pp2 only. */
 static void run_all(k3c_comm *comm) {
-    if (comm->size == 8) { /* the three-way ep2×tp2×pp2 only (EP beside TP inside the stages) */
+    if (comm->size == 16) { /* the four kinds that split the model, at once (K3's layouts at scale) */
+        compare(comm, 2, 2, 2, 2, K3C_QB_EXACT);
+        return;
+    }
+    if (comm->size == 8) { /* three-way only: ep2×tp2×pp2 (EP beside TP inside the stages), cp2×tp2×pp2, ep2×cp2×tp2 */
         compare(comm, 2, 2, 2, 1, K3C_QB_EXACT);
+        compare(comm, 1, 2, 2, 2, K3C_QB_EXACT);
+        compare(comm, 2, 1, 2, 2, K3C_QB_EXACT);
         return;
     }
     split_rules(comm);
@@ -792,9 +801,10 @@ static void run_all(k3c_comm *comm) {
         compare(comm, 1, 1, 1, cp, K3C_QB_EXACT);
     if (comm->size == 4) compare(comm, 2, 1, 1, 2, K3C_QB_EXACT); /* cp2×ep2 */
     if (comm->size == 4) compare(comm, 1, 2, 1, 2, K3C_QB_EXACT); /* cp2×pp2: ranges of each micro-batch */
+    if (comm->size == 4) compare(comm, 1, 1, 2, 2, K3C_QB_EXACT); /* cp2×tp2: a TP group per range */
 }
 
 int main(int argc, char **argv) {
-    if (!k3c_comm_mpi_launched()) layouts();         /* the parent only: no communication */
-    return test_mpi_main_ranks(argv[0], run_all, 8); /* 8: the three-way ep2×tp2×pp2 */
+    if (!k3c_comm_mpi_launched()) layouts();          /* the parent only: no communication */
+    return test_mpi_main_ranks(argv[0], run_all, 16); /* 8: the three-way layouts, 16: the four-way one */
 }

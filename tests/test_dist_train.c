@@ -6,7 +6,7 @@
  * dp2×ep2, pp2, dp2×pp2, ep2×pp2 (its checkpoint resumed by one process and at pp2, a pp2 one at ep2×pp2), tp2,
  * tp2×pp2 (a dp2×ep2 checkpoint resumed at tp2, a tp2 checkpoint by one process), ep2×tp2 (its checkpoint resumed by
  * one process, a tp2 one at ep2×tp2), ep2×tp2×pp2 on 8 ranks, cp2,
- * dp2×cp2, ep2×cp2 and cp2×pp2; one rank with "force" (the parallel step kept) equals one process; and impossible layouts fail
+ * dp2×cp2, ep2×cp2, cp2×pp2 and cp2×tp2; one rank with "force" (the parallel step kept) equals one process; and impossible layouts fail
  * with messages naming the field. */
 #include "test.h"
 
@@ -393,6 +393,14 @@ int main(void) {
         CHECK(st == 0, "mpirun -np 4 k3c train (cp2×pp2) exited %d:\n%s", st, out);
         check_close(&fx, "cppp", "one", 2, "cp2×pp2 vs one process");
         check_close(&fx, "cppp", "one", 4, "cp2×pp2 vs one process");
+    }
+    { /* cp2×tp2 on 4 ranks: a TP pair on each range, the KDA state of its heads passed along the ranges */
+        char path[1400];
+        write_cfg_stages(&fx, "cptp", "{\"cp\": 2, \"tp\": 2}", CP0, CP1, path, sizeof path);
+        st = k3c_mpi(4, path, "", out, sizeof out);
+        CHECK(st == 0, "mpirun -np 4 k3c train (cp2×tp2) exited %d:\n%s", st, out);
+        check_close(&fx, "cptp", "onecp", 2, "cp2×tp2 vs one process");
+        check_close(&fx, "cptp", "onecp", 4, "cp2×tp2 vs one process");
     }
     write_cfg_stages(&fx, "res7", NULL, CP0, CP1, res7, sizeof res7);
     copy_at_step2(&fx, "res7", "cp2");

@@ -378,16 +378,17 @@ static void test_cli(void) {
     CHECK(strstr(out, "best layout") && strstr(out, ": fits") && strstr(out, "step time estimate") &&
               strstr(out, "communication"),
           "best layout report");
-    /* the recommended block and whether the trainer runs it: at 512 GPUs ep16 × pp32 (93 layers: stages of 3 and
-       2), at 2048 ep8 × tp2 × pp32 × cp4, whose cp does not combine with tp yet */
+    /* the recommended block, which the trainer runs: at 512 GPUs ep16 × pp32 (93 layers: stages of 3 and 2), at
+       2048 ep8 × tp2 × pp32 × cp4 */
     snprintf(args, sizeof args, "%s --gpus 512", k3);
     CHECK(run_cli(args, out, sizeof out) == 0 &&
               strstr(out, "run config: \"parallel\": {\"dp\": 1, \"ep\": 16, \"tp\": 1, \"pp\": 32, \"cp\": 1}") &&
               !strstr(out, "does not run this layout"),
           "512 GPUs: %s", out);
     snprintf(args, sizeof args, "%s --gpus 2048", k3);
-    CHECK(run_cli(args, out, sizeof out) == 0 && strstr(out, "note: k3c train does not run this layout yet") &&
-              strstr(out, "cp = 4 with tp = 2"),
+    CHECK(run_cli(args, out, sizeof out) == 0 &&
+              strstr(out, "run config: \"parallel\": {\"dp\": 1, \"ep\": 8, \"tp\": 2, \"pp\": 32, \"cp\": 4}") &&
+              !strstr(out, "does not run this layout"),
           "2048 GPUs: %s", out);
     snprintf(args, sizeof args, "%s --gpus 4096 --seq 1048576 --json --top 3", k3);
     CHECK(run_cli(args, out, sizeof out) == 0, "json exit");

@@ -172,9 +172,10 @@ int k3c_cp_init(k3c_cp *cp, k3c_comm *comm, k3c_model *m, int64_t T_cap, k3c_err
     cp->dt = m->precision;
     cp->es = m->precision == K3C_F64 ? 8 : 4;
     cp->T_cap = T_cap;
-    cp->P = c->kda_heads * c->kda_head_dim;
+    const int64_t tp = m->tp ? m->tp->size : 1; /* tensor parallelism: this rank's KDA heads (the latent is whole) */
+    cp->P = c->kda_heads / tp * c->kda_head_dim;
     cp->W = c->conv_kernel;
-    cp->S = c->kda_heads * c->kda_head_dim * c->kda_head_dim;
+    cp->S = c->kda_heads / tp * c->kda_head_dim * c->kda_head_dim;
     cp->lkva = c->kv_lora_rank + c->qk_rope_dim;
     int L = c->num_layers;
     cp->layer_off = calloc((size_t)L, sizeof(int64_t));
@@ -275,19 +276,23 @@ int k3c_cp_range(k3c_cp *cp, k3c_model_batch *b, k3c_err *err) {
     return K3C_OK;
 }
 
+/* The ranks of a data-parallel part: cp·tp consecutive ones of the DP group (TP innermost, then CP). */
+static int part_ranks(const k3c_cp *cp, const k3c_dp *dp) { return cp->size * (dp->tpcomm ? dp->tpcomm->size : 1); }
+
 int k3c_cp_part(k3c_cp *cp, k3c_dp *dp, k3c_model_batch *b, k3c_err *err) {
-    const int C = cp->size;
-    if (dp->size % C || dp->rank % C != cp->rank)
-        return k3c_errf(err, K3C_EINVAL, "context parallelism: the CP group must be the ranks sharing rank / cp");
+    const int C = cp->size, R = part_ranks(cp, dp);
+    if (dp->size % R || dp->rank % R / (R / C) != cp->rank)
+        return k3c_errf(err, K3C_EINVAL,
+                        "context parallelism: the CP group must be the ranks sharing rank / (cp·tp) and rank %% tp");
     if (b->n_embeds || b->weight)
         return k3c_errf(err, K3C_EINVAL, "context parallelism: embedding overrides and loss weights are not split yet");
-    return k3c_dp_take_part(dp, b, dp->rank / C, dp->size / C, C, "context parallelism", err);
+    return k3c_dp_take_part(dp, b, dp->rank / R, dp->size / R, C, "context parallelism", err);
 }
 
 int k3c_cp_split_batch(k3c_cp *cp, k3c_dp *dp, k3c_model_batch *b, k3c_err *err) {
     CHECK_RC(k3c_cp_part(cp, dp, b, err));
-    const int part = dp->rank / cp->size, parts = dp->size / cp->size;
+    const int R = part_ranks(cp, dp);
     int e = k3c_cp_range(cp, b, err);
-    if (e) return err ? k3c_err_wrap(err, "data-parallel part %d of %d", part, parts) : e;
-    return k3c_dp_local_tokens(dp, b->T, err);
+    if (e) return err ? k3c_err_wrap(err, "data-parallel part %d of %d", dp->rank / R, dp->size / R) : e;
+    return k3c_dp_local_tokens(dp, dp->replica ? 0 : b->T, err); /* a TP group's tokens once */
 }

@@ -39,12 +39,14 @@ typedef struct {
 } k3c_cp;
 
 /* cp over `comm` for model m (float32, or float64 on the CPU; a device backend needs a device communicator),
- * sequences of up to T_cap tokens. */
+ * sequences of up to T_cap tokens. With tensor parallelism (m->tp set first) the KDA state and conv tails are those of
+ * this rank's heads, passed between the CP ranks of the same TP rank. */
 int k3c_cp_init(k3c_cp *cp, k3c_comm *comm, k3c_model *m, int64_t T_cap, k3c_err *err);
 void k3c_cp_free(k3c_cp *cp);
 
 /* b (the global batch every rank loaded) becomes this rank's range: the data-parallel part of its group (dp over
- * every rank, cp innermost: the CP group of world rank r is the ranks sharing r / cp; the parts split at document-piece
+ * every rank, cp innermost but for tp: the CP group of rank r of dp's group is the ranks sharing r / (cp·tp) and r % tp,
+ * a TP group's ranks taking the same range; the parts split at document-piece
  * boundaries, at multiples of cp where there are such) cut into cp contiguous token ranges, equal when cp divides the
  * part (else at most one token apart); loss_norm = the counted targets of the whole batch; dp's token counts set for
  * the router gathers. K3C_EINVAL naming the sizes when a range would be shorter than the conv tail or the part exceeds

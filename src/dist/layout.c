@@ -1,5 +1,5 @@
 /* layout.c — the run config's "parallel" block checked against the world size and the model before a parallel run
- * starts: clear errors for impossible layouts, then for the kinds of parallelism not built yet.
+ * starts: clear errors for impossible layouts.
  * Spec: docs/PARALLEL.md "Launch". */
 #include "dist/dp.h"
 #include "dist/tp.h"
@@ -32,18 +32,5 @@ int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world
     if (out->pp > cfg->num_layers) /* stages of L / pp layers, the first L mod pp one more (k3c_pp_layers) */
         return k3c_errf(err, K3C_ECONFIG, "%s: parallel.pp = %lld is more stages than the model's %lld layers", file,
                         (long long)out->pp, (long long)cfg->num_layers);
-    /* valid layouts whose combination is not built yet: degree indices into d (dp ep tp pp cp) and what does combine */
-    static const char *const name[5] = {"dp", "ep", "tp", "pp", "cp"};
-    static const struct {
-        int a, b;
-        const char *why;
-    } unbuilt[] = {
-        {4, 2, "context and tensor parallelism do not combine yet"},
-    };
-    for (size_t i = 0; i < sizeof unbuilt / sizeof *unbuilt; i++)
-        if (d[unbuilt[i].a] > 1 && d[unbuilt[i].b] > 1)
-            return k3c_errf(err, K3C_EUNSUPPORTED, "%s: parallel: %s = %lld with %s = %lld: %s (docs/PARALLEL.md)",
-                            file, name[unbuilt[i].a], (long long)d[unbuilt[i].a], name[unbuilt[i].b],
-                            (long long)d[unbuilt[i].b], unbuilt[i].why);
     return K3C_OK;
 }

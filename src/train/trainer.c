@@ -220,7 +220,8 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     if (tr->dp && (e = k3c_dp_grads_begin(tr->dp, &tr->m, tr->tp_comm ? &tr->tp : NULL, err))) return e;
     if (tr->pp) { /* the stages' 1F1B over micro-batches: forward and backward together */
         if ((e = k3c_pp_step(tr->pp, &tr->m, &b, &tr->arena, 1, &loss, err))) return e;
-        if (tr->cp_comm && (e = k3c_dp_local_tokens(tr->dp, tr->pp->T_local, err))) return e; /* its ranges */
+        if (tr->cp_comm && (e = k3c_dp_local_tokens(tr->dp, tr->dp->replica ? 0 : tr->pp->T_local, err)))
+            return e; /* its ranges (a TP group's once) */
     } else if ((e = k3c_model_forward_f32(&tr->m, &b, &tr->arena, &acts, &loss, NULL, err))) {
         return e;
     }
@@ -660,11 +661,13 @@ static int optim_state(trainer *tr, k3c_comm *comm, const k3c_parallel *lay, k3c
         CHECK_RC(k3c_dp_init_groups(&tr->dp_store, &g, tr->be, &tr->opt, &tr->m.table, e0, e1, err));
         tr->dp = &tr->dp_store;
     }
-    if (lay->cp > 1) { /* CP groups: cp consecutive ranks, each a range of its DP part's tokens */
+    if (lay->cp > 1) { /* CP groups: cp consecutive ranks (every tp-th with TP innermost), each a range of its DP
+                          part's tokens */
         int64_t T_cap = 0;
         for (int i = 0; i < tr->rc->n_stages; i++)
             if (tr->rc->stage[i].tokens_per_step > T_cap) T_cap = tr->rc->stage[i].tokens_per_step;
-        CHECK_RC(k3c_comm_split(comm, comm->rank / (int)lay->cp, comm->rank, &tr->cp_comm, err));
+        const int tp = (int)lay->tp, tc = tp * (int)lay->cp;
+        CHECK_RC(k3c_comm_split(comm, comm->rank / tc * tp + comm->rank % tp, comm->rank, &tr->cp_comm, err));
         CHECK_RC(k3c_cp_init(&tr->cp, tr->cp_comm, &tr->m, T_cap, err));
         if (tr->pp) tr->pp->cp = &tr->cp; /* CP inside the stages: each micro-batch cut into ranges */
     }
