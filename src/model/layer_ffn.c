@@ -102,13 +102,53 @@ static int record_routes(const k3c_step *st, int l, const ffn_shape *s, const k3
 }
 
 /* The dense MLP or the shared experts: y = down(act(gate x) · up x), split over the intermediate under tensor
- * parallelism (gate and up by rows, down by columns) and summed over the group. */
+ * parallelism (gate and up by rows, down by columns): this rank's part, which the caller sums over the group. */
 static int dense_fwd(k3c_step *st, const ffn_shape *s, const real *xn, size_t og, size_t ou, size_t od, void *saved,
                      real *y, k3c_err *err) {
     const real *w = st->w;
     k3c_mlp_sizes ms = mlp_sizes(st->m, s);
-    CHECK_RC(st->be->mlp_fwd(st->be->ctx, &ms, xn, w + og, w + ou, w + od, y, saved, st->scratch, err));
-    return k3c_tp_sum(st, y, s->T * s->D, err);
+    return st->be->mlp_fwd(st->be->ctx, &ms, xn, w + og, w + ou, w + od, y, saved, st->scratch, err);
+}
+
+/* Under tensor parallelism the routed path (latent projections, experts, the router's backward) runs on this rank's
+ * rows [*t0, *t0 + *n) of the T tokens only (rank r of size: r·T/size onwards), the other ranks on theirs: its output
+ * and input gradient are zero elsewhere and complete in the group's sum, so no rank computes the routed experts
+ * twice. Alone: every row. */
+static void token_rows(const k3c_model *m, int64_t T, int64_t *t0, int64_t *n) {
+    const int64_t r = k3c_tp_rank(m), P = k3c_tp_size(m);
+    *t0 = r * T / P;
+    *n = (r + 1) * T / P - *t0;
+}
+
+/* The routed experts of rows [t0, t0 + n) (on the latent with its norm, K3) into those rows of y. */
+static int routed_fwd(k3c_step *st, int l, const ffn_shape *s, const real *xn, k3c_ffn_acts *a, int64_t t0, int64_t n,
+                      real *y, k3c_err *err) {
+    const k3c_model *m = st->m;
+    const k3c_config *c = &m->cfg;
+    const k3c_layer_offsets *o = &m->table.layer[l];
+    const real *w = st->w, *xin = xn + t0 * s->D;
+    if (s->latent) {
+        CHECK_RC(k3c_lin(st, n, s->D, s->lat, xin, w + o->latent_down, a->zin + t0 * s->lat, 0, err));
+        xin = a->zin + t0 * s->lat;
+    }
+    ffn_shape rs = *s;
+    rs.T = n;
+    k3c_moe_sizes es = moe_sizes(m, &rs);
+    real *u = s->latent ? a->u + t0 * s->lat : y + t0 * s->D;
+    const int32_t *ids = a->ids + t0 * s->k;
+    const real *topw = a->topw + t0 * s->k;
+    const k3c_expert_exchange *ex = m->experts; /* expert parallelism: the experts on their ranks */
+    int rc = ex ? ex->fwd(ex->ctx, l, (int)sizeof(real), &es, xin, ids, topw, w + o->w1, w + o->w3, w + o->w2, u, err)
+                : st->be->moe_fwd(st->be->ctx, &es, xin, ids, topw, w + o->w1, w + o->w3, w + o->w2, u, a->moe_saved,
+                                  st->scratch, err);
+    if (rc || !s->latent) return rc;
+    const real *un = u;
+    if (c->latent_norm) {
+        k3c_rmsnorm_sizes ns = {n, s->lat, c->rms_norm_eps};
+        CHECK_RC(st->be->rmsnorm_fwd(&ns, u, w + o->latent_norm, a->un + t0 * s->lat, a->ru + t0, err));
+        un = a->un + t0 * s->lat;
+    }
+    return k3c_lin(st, n, s->lat, s->D, un, w + o->latent_up, y + t0 * s->D, 0, err);
 }
 
 int k3c_ffn_layer_fwd(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, real *y, k3c_err *err) {
@@ -117,43 +157,27 @@ int k3c_ffn_layer_fwd(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, real
     const k3c_layer_offsets *o = &m->table.layer[l];
     const real *w = st->w;
     ffn_shape s = shape_of(m, l, st->T);
-    int64_t T = s.T;
+    int64_t T = s.T, t0, n;
     if (!s.moe) {
         int rc = dense_fwd(st, &s, xn, o->mlp_gate, o->mlp_up, o->mlp_down, a->mlp_saved, y, err);
+        if (!rc) rc = k3c_tp_sum(st, y, T * s.D, err);
         return rc ? k3c_err_wrap(err, "layer %d: dense MLP", l) : K3C_OK;
     }
+    /* the router on every row (its statistics are the whole batch's on every rank), the experts on this rank's */
     CHECK_RC(k3c_lin(st, T, s.D, s.E, xn, w + o->router, a->logits, 0, err));
     k3c_router_sizes rs = {T, s.E, s.k, c->renormalize, c->routed_scaling_factor};
     int rc = st->be->router_fwd(&rs, a->logits, w + o->router_bias, a->ids, a->topw, a->cutoff, err);
     if (rc) return k3c_err_wrap(err, "layer %d: router", l);
     CHECK_RC(record_routes(st, l, &s, a, err));
-    const real *xin = xn;
-    if (s.latent) {
-        CHECK_RC(k3c_lin(st, T, s.D, s.lat, xn, w + o->latent_down, a->zin, 0, err));
-        xin = a->zin;
-    }
-    k3c_moe_sizes es = moe_sizes(m, &s);
-    real *u = s.latent ? a->u : y;
-    const k3c_expert_exchange *ex = m->experts; /* expert parallelism: the experts on their ranks */
-    rc = ex ? ex->fwd(ex->ctx, l, (int)sizeof(real), &es, xin, a->ids, a->topw, w + o->w1, w + o->w3, w + o->w2, u, err)
-            : st->be->moe_fwd(st->be->ctx, &es, xin, a->ids, a->topw, w + o->w1, w + o->w3, w + o->w2, u, a->moe_saved,
-                              st->scratch, err);
-    if (rc) return k3c_err_wrap(err, "layer %d: routed experts", l);
-    if (s.latent) {
-        const real *un = u;
-        if (c->latent_norm) {
-            k3c_rmsnorm_sizes ns = {T, s.lat, c->rms_norm_eps};
-            CHECK_RC(st->be->rmsnorm_fwd(&ns, u, w + o->latent_norm, a->un, a->ru, err));
-            un = a->un;
-        }
-        CHECK_RC(k3c_lin(st, T, s.lat, s.D, un, w + o->latent_up, y, 0, err));
-    }
+    token_rows(m, T, &t0, &n);
+    if (n < T) CHECK_RC(st->be->zero(y, T * s.D, err)); /* the other ranks' rows: theirs */
+    if ((rc = routed_fwd(st, l, &s, xn, a, t0, n, y, err))) return k3c_err_wrap(err, "layer %d: routed experts", l);
     if (s.shw > 0) {
         rc = dense_fwd(st, &s, xn, o->shared_gate, o->shared_up, o->shared_down, a->mlp_saved, a->ys, err);
         if (rc) return k3c_err_wrap(err, "layer %d: shared experts", l);
         CHECK_RC(st->be->add(T * s.D, a->ys, y, err));
     }
-    return K3C_OK;
+    return k3c_tp_sum(st, y, T * s.D, err); /* the shared experts' parts and the routed rows of every rank */
 }
 
 size_t k3c_ffn_bwd_bytes(const k3c_model *m, int l, int64_t T) {
@@ -161,68 +185,87 @@ size_t k3c_ffn_bwd_bytes(const k3c_model *m, int l, int64_t T) {
     return s.moe ? sizeof(real) * (size_t)(T * (s.k + s.E + 3 * s.lat)) + 8 * 64 : 0;
 }
 
-/* The MLP's backward; under tensor parallelism its input gradient is this rank's part, summed over the group while
- * dxn holds nothing else (the MLP's backward runs first, into a zeroed dxn). */
+/* The MLP's backward: its input gradient added into dxn (under tensor parallelism this rank's part, which the caller
+ * sums over the group). */
 static int dense_bwd(k3c_step *st, const ffn_shape *s, const real *xn, size_t og, size_t ou, size_t od, void *saved,
-                     const real *dy, real *dxn, k3c_arena *tmp, k3c_err *err) {
+                     const real *dy, real *dxn, k3c_err *err) {
     const real *w = st->w;
     real *g = st->g;
     k3c_mlp_sizes ms = mlp_sizes(st->m, s);
-    CHECK_RC(st->be->mlp_bwd(st->be->ctx, &ms, xn, w + og, w + ou, w + od, saved, dy, dxn, g + og, g + ou, g + od,
-                             st->scratch, err));
-    return k3c_tp_sum(st, dxn, s->T * s->D, err);
+    return st->be->mlp_bwd(st->be->ctx, &ms, xn, w + og, w + ou, w + od, saved, dy, dxn, g + og, g + ou, g + od,
+                           st->scratch, err);
 }
 
-int k3c_ffn_layer_bwd(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, const real *dy, real *dxn, k3c_arena *tmp,
-                      k3c_err *err) {
+/* The routed path's backward over rows [t0, t0 + n) (routed_fwd's): its weights' gradients (this rank's rows' part
+ * under tensor parallelism) and its input gradient added into those rows of dxn. */
+static int routed_bwd(k3c_step *st, int l, const ffn_shape *s, const real *xn, k3c_ffn_acts *a, const real *dy,
+                      real *dxn, int64_t t0, int64_t n, k3c_arena *tmp, k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
     const k3c_layer_offsets *o = &m->table.layer[l];
     const real *w = st->w;
     real *g = st->g;
+    real *dtopw = k3c_tmp_zeros(st, tmp, n * s->k, err), *dlogits = k3c_tmp_zeros(st, tmp, n * s->E, err);
+    real *du = NULL, *dun = NULL, *dz = NULL;
+    if (s->latent) {
+        du = k3c_tmp_zeros(st, tmp, n * s->lat, err);
+        dun = k3c_tmp_zeros(st, tmp, n * s->lat, err);
+        dz = k3c_tmp_zeros(st, tmp, n * s->lat, err);
+        if (!du || !dun || !dz) return k3c_errf(err, K3C_ENOMEM, "MoE backward scratch");
+    }
+    if (!dtopw || !dlogits) return k3c_errf(err, K3C_ENOMEM, "MoE backward scratch");
+    const real *du_moe = dy + t0 * s->D, *xin = xn + t0 * s->D;
+    real *dxin = dxn + t0 * s->D;
+    if (s->latent) {
+        const real *un = (c->latent_norm ? a->un : a->u) + t0 * s->lat;
+        CHECK_RC(k3c_lin_bwd(st, n, s->lat, s->D, un, w + o->latent_up, dy + t0 * s->D, c->latent_norm ? dun : du,
+                             g + o->latent_up, err));
+        if (c->latent_norm) {
+            k3c_rmsnorm_sizes ns = {n, s->lat, c->rms_norm_eps};
+            CHECK_RC(st->be->rmsnorm_bwd(&ns, a->u + t0 * s->lat, w + o->latent_norm, a->ru + t0, dun, du,
+                                         g + o->latent_norm, err));
+        }
+        du_moe = du;
+        xin = a->zin + t0 * s->lat;
+        dxin = dz;
+    }
+    ffn_shape rs = *s;
+    rs.T = n;
+    k3c_moe_sizes es = moe_sizes(m, &rs);
+    const int32_t *ids = a->ids + t0 * s->k;
+    const real *topw = a->topw + t0 * s->k;
+    const k3c_expert_exchange *ex = m->experts;
+    int rc = ex ? ex->bwd(ex->ctx, l, (int)sizeof(real), &es, xin, ids, topw, w + o->w1, w + o->w3, w + o->w2, du_moe,
+                          dxin, g + o->w1, g + o->w3, g + o->w2, dtopw, err)
+                : st->be->moe_bwd(st->be->ctx, &es, xin, ids, topw, w + o->w1, w + o->w3, w + o->w2, a->moe_saved,
+                                  du_moe, dxin, g + o->w1, g + o->w3, g + o->w2, dtopw, st->scratch, err);
+    if (rc) return k3c_err_wrap(err, "routed experts backward");
+    if (s->latent)
+        CHECK_RC(k3c_lin_bwd(st, n, s->D, s->lat, xn + t0 * s->D, w + o->latent_down, dz, dxn + t0 * s->D,
+                             g + o->latent_down, err));
+    k3c_router_sizes rs2 = {n, s->E, s->k, c->renormalize, c->routed_scaling_factor};
+    rc = st->be->router_bwd(&rs2, a->logits + t0 * s->E, ids, dtopw, dlogits, err);
+    if (rc) return k3c_err_wrap(err, "router backward");
+    return k3c_lin_bwd(st, n, s->D, s->E, xn + t0 * s->D, w + o->router, dlogits, dxn + t0 * s->D, g + o->router, err);
+}
+
+int k3c_ffn_layer_bwd(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, const real *dy, real *dxn, k3c_arena *tmp,
+                      k3c_err *err) {
+    const k3c_model *m = st->m;
+    const k3c_layer_offsets *o = &m->table.layer[l];
     ffn_shape s = shape_of(m, l, st->T);
-    int64_t T = s.T;
+    int64_t T = s.T, t0, n;
     int rc;
     if (!s.moe || s.shw > 0) {
         size_t og = s.moe ? o->shared_gate : o->mlp_gate, ou = s.moe ? o->shared_up : o->mlp_up;
         size_t od = s.moe ? o->shared_down : o->mlp_down;
-        rc = dense_bwd(st, &s, xn, og, ou, od, a->mlp_saved, dy, dxn, tmp, err);
+        rc = dense_bwd(st, &s, xn, og, ou, od, a->mlp_saved, dy, dxn, err);
         if (rc) return k3c_err_wrap(err, "layer %d: MLP backward", l);
-        if (!s.moe) return K3C_OK;
     }
-    real *dtopw = k3c_tmp_zeros(st, tmp, T * s.k, err), *dlogits = k3c_tmp_zeros(st, tmp, T * s.E, err);
-    real *du = NULL, *dun = NULL, *dz = NULL;
-    if (s.latent) {
-        du = k3c_tmp_zeros(st, tmp, T * s.lat, err);
-        dun = k3c_tmp_zeros(st, tmp, T * s.lat, err);
-        dz = k3c_tmp_zeros(st, tmp, T * s.lat, err);
-        if (!du || !dun || !dz) return k3c_errf(err, K3C_ENOMEM, "layer %d: MoE backward scratch", l);
+    if (s.moe) {
+        token_rows(m, T, &t0, &n);
+        if ((rc = routed_bwd(st, l, &s, xn, a, dy, dxn, t0, n, tmp, err))) return k3c_err_wrap(err, "layer %d", l);
     }
-    if (!dtopw || !dlogits) return k3c_errf(err, K3C_ENOMEM, "layer %d: MoE backward scratch", l);
-    const real *du_moe = dy, *xin = xn;
-    real *dxin = dxn;
-    if (s.latent) {
-        const real *un = c->latent_norm ? a->un : a->u;
-        CHECK_RC(
-            k3c_lin_bwd(st, T, s.lat, s.D, un, w + o->latent_up, dy, c->latent_norm ? dun : du, g + o->latent_up, err));
-        if (c->latent_norm) {
-            k3c_rmsnorm_sizes ns = {T, s.lat, c->rms_norm_eps};
-            CHECK_RC(st->be->rmsnorm_bwd(&ns, a->u, w + o->latent_norm, a->ru, dun, du, g + o->latent_norm, err));
-        }
-        du_moe = du;
-        xin = a->zin;
-        dxin = dz;
-    }
-    k3c_moe_sizes es = moe_sizes(m, &s);
-    const k3c_expert_exchange *ex = m->experts;
-    rc = ex ? ex->bwd(ex->ctx, l, (int)sizeof(real), &es, xin, a->ids, a->topw, w + o->w1, w + o->w3, w + o->w2, du_moe,
-                      dxin, g + o->w1, g + o->w3, g + o->w2, dtopw, err)
-            : st->be->moe_bwd(st->be->ctx, &es, xin, a->ids, a->topw, w + o->w1, w + o->w3, w + o->w2, a->moe_saved,
-                              du_moe, dxin, g + o->w1, g + o->w3, g + o->w2, dtopw, st->scratch, err);
-    if (rc) return k3c_err_wrap(err, "layer %d: routed experts backward", l);
-    if (s.latent) CHECK_RC(k3c_lin_bwd(st, T, s.D, s.lat, xn, w + o->latent_down, dz, dxn, g + o->latent_down, err));
-    k3c_router_sizes rs = {T, s.E, s.k, c->renormalize, c->routed_scaling_factor};
-    rc = st->be->router_bwd(&rs, a->logits, a->ids, dtopw, dlogits, err);
-    if (rc) return k3c_err_wrap(err, "layer %d: router backward", l);
-    return k3c_lin_bwd(st, T, s.D, s.E, xn, w + o->router, dlogits, dxn, g + o->router, err);
+    /* this rank's parts (the MLP's, its routed rows') summed over the group; dxn held nothing else (zeroed) */
+    return k3c_tp_sum(st, dxn, T * s.D, err);
 }

@@ -13,8 +13,11 @@ static const size_t ROWS[] = {F(q_proj), F(k_proj), F(v_proj),   F(q_conv), F(k_
                               F(q_b),    F(kv_b),   F(mlp_gate), F(mlp_up), F(shared_gate), F(shared_up)};
 /* Split by input columns: the row-parallel projections back to the hidden size. */
 static const size_t COLS[] = {F(o_proj), F(mlp_down), F(shared_down)};
-/* Replicated, read by (or reading) every head: each rank's gradient is its heads' part of the sum. */
-static const size_t PARTIAL[] = {F(f_a), F(g_a), F(o_norm), F(q_a), F(q_a_norm), F(kv_a), F(kv_a_norm)};
+/* Replicated, with each rank's gradient its part of the sum: read by (or reading) every head, or the routed path of
+ * the MoE, which each rank runs on its own rows of the tokens (model/layer_ffn.c token_rows). */
+static const size_t PARTIAL[] = {F(f_a),       F(g_a),       F(o_norm), F(q_a),         F(q_a_norm),
+                                 F(kv_a),      F(kv_a_norm), F(router), F(latent_down), F(latent_norm),
+                                 F(latent_up), F(w1),        F(w3),     F(w2)};
 #undef F
 
 static size_t field(const k3c_layer_offsets *o, size_t at) { return *(const size_t *)((const char *)o + at); }
