@@ -175,6 +175,13 @@ static int held_check(const runner *ref, const runner *par, k3c_comm *comm) {
 static int whole_of(runner *par, const k3c_param_table *t, const k3c_optim *xo, const k3c_optim *so, const float *x,
                     float *out, k3c_err *err) {
     const k3c_param_table *h = &par->m.table;
+    size_t most = 1; /* per rank: an entry's numel times its blocks */
+    for (int i = 0; par->d.tp_comm && i < h->n; i++) {
+        const size_t len =
+            xo ? (i + 1 < h->n ? xo->state_off[i + 1] : xo->state_numel) - xo->state_off[i] : (size_t)h->p[i].numel;
+        most = len > most ? len : most;
+    }
+    if (par->d.tp_comm) CHECK_RC(k3c_tp_gather_room(&par->d.tp, most, err));
     for (int i = 0; i < h->n; i++) {
         const k3c_param *p = &h->p[i];
         const size_t len =

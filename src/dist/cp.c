@@ -226,6 +226,18 @@ int64_t k3c_cp_range_len(const k3c_cp *cp, int64_t T) {
     return (cp->rank + 1) * T / cp->size - cp->rank * T / cp->size;
 }
 
+int k3c_cp_check_len(const k3c_cp *cp, int64_t T, k3c_err *err) {
+    if (T / cp->size < cp->W - 1 || T < cp->size)
+        return k3c_errf(err, K3C_EINVAL,
+                        "context parallelism: %lld tokens for %d ranks: a range must hold at least one token and the "
+                        "short conv's tail of %lld",
+                        (long long)T, cp->size, (long long)(cp->W - 1));
+    if (T > cp->T_cap)
+        return k3c_errf(err, K3C_EINVAL, "context parallelism: a sequence of %lld tokens exceeds the %lld planned",
+                        (long long)T, (long long)cp->T_cap);
+    return K3C_OK;
+}
+
 int k3c_cp_range(k3c_cp *cp, k3c_model_batch *b, k3c_err *err) {
     const int C = cp->size;
     const int32_t *cu = b->cu_seqlens;
@@ -234,14 +246,7 @@ int k3c_cp_range(k3c_cp *cp, k3c_model_batch *b, k3c_err *err) {
             return k3c_errf(err, K3C_EUNSUPPORTED, "context parallelism: layer %d recomputes its forward", l);
     /* rank r: tokens [r·Td/C, (r+1)·Td/C), equal ranges when C divides Td (at most one token apart) */
     const int64_t Td = b->T, s = cp->rank * Td / C, e = (cp->rank + 1) * Td / C, Tl = e - s;
-    if (Td / C < cp->W - 1 || Td < C)
-        return k3c_errf(err, K3C_EINVAL,
-                        "context parallelism: %lld tokens for %d ranks: a range must hold at least one token and the "
-                        "short conv's tail of %lld",
-                        (long long)Td, C, (long long)(cp->W - 1));
-    if (Td > cp->T_cap)
-        return k3c_errf(err, K3C_EINVAL, "context parallelism: a sequence of %lld tokens exceeds the %lld planned",
-                        (long long)Td, (long long)cp->T_cap);
+    CHECK_RC(k3c_cp_check_len(cp, Td, err));
     int f = 0, z = 0; /* the pieces holding the range's first and last token */
     while (cu[f + 1] <= s) f++;
     while (cu[z + 1] < e) z++;

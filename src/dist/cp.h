@@ -60,5 +60,8 @@ int k3c_cp_split_batch(k3c_cp *cp, k3c_dp *dp, k3c_model_batch *b, k3c_err *err)
 int k3c_cp_part(k3c_cp *cp, k3c_dp *dp, k3c_model_batch *b, k3c_err *err);
 int k3c_cp_range(k3c_cp *cp, k3c_model_batch *b, k3c_err *err);
 int64_t k3c_cp_range_len(const k3c_cp *cp, int64_t T);
+/* K3C_EINVAL naming the sizes unless a sequence of T tokens cuts into cp ranges of at least the conv tail and fits
+ * T_cap (what k3c_cp_range checks; the pipeline checks every micro-batch before its first message). */
+int k3c_cp_check_len(const k3c_cp *cp, int64_t T, k3c_err *err);
 
 #endif

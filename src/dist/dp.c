@@ -154,6 +154,8 @@ int k3c_dp_init_groups(k3c_dp *dp, const k3c_dp_groups *gr, const k3c_backend_f3
         return k3c_errf(err, K3C_EINVAL, "data parallelism: an expert group of %d ranks in a group of %d", xcomm->size,
                         comm->size);
     const int tp = gr->tpcomm ? gr->tpcomm->size : 1;
+    if (tp > K3C_TP_MAX)
+        return k3c_errf(err, K3C_EUNSUPPORTED, "data parallelism: a TP group of %d ranks (at most %d)", tp, K3C_TP_MAX);
     if (tp != (t->res.tp_size > 1 ? t->res.tp_size : 1) ||
         (tp > 1 && (!gr->tcomm || gr->tcomm->size * tp != comm->size)))
         return k3c_errf(err, K3C_EINVAL,
@@ -429,7 +431,7 @@ int k3c_dp_gather_grads(k3c_dp *dp, const k3c_param_table *t, const float *g, fl
 /* whole (the entry's whole layout) ← its shares of x over the TP group, in rank order (tmp: room for them). */
 static int gather_whole(k3c_dp *dp, const k3c_param *p, const float *x, float *whole, float *tmp, k3c_err *err) {
     const int tp = dp->tpcomm->size;
-    int64_t cnt[2 * 64], *dsp = cnt + 64;
+    int64_t cnt[2 * K3C_TP_MAX], *dsp = cnt + K3C_TP_MAX;
     for (int r = 0; r < tp; r++) cnt[r] = p->numel, dsp[r] = r * p->numel;
     const int cols = p->tp_split == K3C_TP_COLS;
     CHECK_RC(k3c_comm_allgather(dp->tpcomm, x, cols ? tmp : whole, cnt, dsp, K3C_F32, NULL, err));
@@ -455,9 +457,6 @@ static int step_whole(k3c_dp *dp, const k3c_param_table *t, int i, float *w, con
     const k3c_param *p = &t->p[i];
     const size_t n = dp->whole.total;
     float *W = dp->stage, *G = W + n, *M = G + n, *tmp = M + n, *mom = state + dp->shard.state_off[i];
-    if (dp->tpcomm->size > 64)
-        return k3c_errf(err, K3C_EUNSUPPORTED, "data parallelism: whole-matrix Muon over %d TP ranks (at most 64)",
-                        dp->tpcomm->size);
     CHECK_RC(gather_whole(dp, p, w + p->offset, W, tmp, err));
     CHECK_RC(gather_whole(dp, p, g + p->offset, G, tmp, err));
     CHECK_RC(gather_whole(dp, p, mom, M, tmp, err));

@@ -246,6 +246,10 @@ static int plan(pipe *p, const k3c_model_batch *b, int n, k3c_err *err) {
         for (int d = d0; d <= d1; d++) cu[d - d0] = b->cu_seqlens[d] - t0;
         p->off[i] = at;
         p->T[i] = p->cut ? k3c_cp_range_len(pp->cp, b->cu_seqlens[d1] - t0) : b->cu_seqlens[d1] - t0;
+        if (p->cut) { /* every micro-batch's ranges checked before the first message */
+            int e = k3c_cp_check_len(pp->cp, b->cu_seqlens[d1] - t0, err);
+            if (e) return err ? k3c_err_wrap(err, "pipeline micro-batch %d of %d", i, n) : e;
+        }
         at += (int)p->T[i];
         p->mb[i] = (k3c_model_batch){.T = b->cu_seqlens[d1] - t0,
                                      .n_docs = d1 - d0,

@@ -245,6 +245,8 @@ int k3c_tp_init(k3c_tp *tp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c
     memset(tp, 0, sizeof *tp);
     CHECK_RC(k3c_comm_check_memory(comm, be->name, "tensor parallelism", err));
     CHECK_RC(k3c_tp_check(cfg, comm->size, "tensor parallelism", err));
+    if (comm->size > K3C_TP_MAX)
+        return k3c_errf(err, K3C_EUNSUPPORTED, "tensor parallelism over %d ranks (at most %d)", comm->size, K3C_TP_MAX);
     if (t->res.tp_size != comm->size || t->res.tp_rank != comm->rank)
         return k3c_errf(err, K3C_EINVAL,
                         "tensor parallelism: rank %d of a TP group of %d needs a model holding share %d of %d "
@@ -263,36 +265,48 @@ int k3c_tp_init(k3c_tp *tp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c
     return K3C_OK;
 }
 
+int k3c_tp_gather_room(k3c_tp *tp, size_t floats, k3c_err *err) {
+    const size_t all = floats * (size_t)tp->size;
+    int bad = 0;
+    if (all > tp->stage_cap) { /* the group's shares, in the backend's memory (a device communicator's) */
+        if (tp->stage) tp->be->free(tp->stage);
+        free(tp->stage_host);
+        tp->stage = tp->be->alloc(sizeof(float) * all);
+        tp->stage_host = tp->rank == 0 ? malloc(sizeof(float) * all) : NULL; /* where rank 0 reads them */
+        tp->stage_cap = tp->stage && (tp->rank != 0 || tp->stage_host) ? all : 0;
+        bad = tp->stage_cap == 0;
+    }
+    int32_t any = bad; /* every rank learns whether one failed, so all skip the gathers alike */
+    CHECK_RC(k3c_comm_allreduce(tp->comm, &any, &any, 1, K3C_I32, K3C_COMM_MAX, NULL, err));
+    if (bad) return k3c_errf(err, K3C_ENOMEM, "tensor parallelism: room to gather %zu floats", all);
+    return any ? k3c_errf(err, K3C_ENOMEM, "tensor parallelism: another rank of the group has no room to gather")
+               : K3C_OK;
+}
+
 int k3c_tp_gather_entry(k3c_tp *tp, const k3c_param *p, const float *x, int64_t blocks, float *out, k3c_err *err) {
     const int R = tp->size;
     const size_t n = (size_t)p->numel * (size_t)blocks, all = n * (size_t)R;
-    if (R > 64) return k3c_errf(err, K3C_EUNSUPPORTED, "tensor parallelism: gathers over %d ranks (at most 64)", R);
-    if (all > tp->stage_cap) { /* the group's shares, in the backend's memory (a device communicator's) */
-        if (tp->stage) tp->be->free(tp->stage);
-        tp->stage = tp->be->alloc(sizeof(float) * all);
-        tp->stage_cap = tp->stage ? all : 0;
-        if (!tp->stage) return k3c_errf(err, K3C_ENOMEM, "tensor parallelism: gathering %s", p->name);
-    }
-    int64_t cnt[2 * 64], *dsp = cnt + 64;
+    if (all > tp->stage_cap)
+        return k3c_errf(err, K3C_EINVAL, "tensor parallelism: gathering %s needs k3c_tp_gather_room(%zu)", p->name, n);
+    int64_t cnt[2 * K3C_TP_MAX], *dsp = cnt + K3C_TP_MAX;
     for (int r = 0; r < R; r++) cnt[r] = (int64_t)n, dsp[r] = r * (int64_t)n;
+    float *h = tp->stage_host;
     CHECK_RC(tp->be->upload(tp->stage + (size_t)tp->rank * n, x, sizeof(float) * n, err));
     CHECK_RC(tp->be->sync(err));
     CHECK_RC(k3c_comm_allgather(tp->comm, NULL, tp->stage, cnt, dsp, K3C_F32, NULL, err));
     if (tp->rank != 0) return K3C_OK;
-    float *h = malloc(sizeof(float) * all);
-    if (!h) return k3c_errf(err, K3C_ENOMEM, "tensor parallelism: gathering %s", p->name);
-    int e = tp->be->download(h, tp->stage, sizeof(float) * all, err);
+    CHECK_RC(tp->be->download(h, tp->stage, sizeof(float) * all, err));
     memset(out, 0, sizeof(float) * (size_t)p->whole_numel * (size_t)blocks); /* K3's A_log padding: no share's */
-    for (int r = 0; !e && r < R; r++)
+    for (int r = 0; r < R; r++)
         for (int64_t b = 0; b < blocks; b++)
             k3c_param_share_copy(p, r, sizeof(float), out + (size_t)b * (size_t)p->whole_numel,
                                  h + (size_t)r * n + (size_t)b * (size_t)p->numel, 1);
-    free(h);
-    return e;
+    return K3C_OK;
 }
 
 void k3c_tp_free(k3c_tp *tp) {
     if (tp->stage) tp->be->free(tp->stage);
+    free(tp->stage_host);
     free(tp->split);
     free(tp->red);
     free(tp->host);

@@ -9,6 +9,8 @@
 #include "model/model.h"
 #include "ops/backend.h"
 
+#define K3C_TP_MAX 64 /* ranks of a TP group (the gathers' counts live on the stack) */
+
 typedef struct {
     k3c_comm *comm; /* the TP group (not owned) */
     int rank, size;
@@ -19,7 +21,8 @@ typedef struct {
     int64_t red_cap;
     char *host; /* host copies of a hook's tensors */
     size_t host_cap, host_used;
-    float *stage; /* k3c_tp_gather_entry's shares (the backend's memory) */
+    float *stage;      /* k3c_tp_gather_entry's shares (the backend's memory) */
+    float *stage_host; /* rank 0: their host copy */
     size_t stage_cap;
     k3c_tensor_parallel hook; /* what the model calls: set m->tp = &tp->hook */
 } k3c_tp;
@@ -38,6 +41,9 @@ void k3c_tp_free(k3c_tp *tp);
  * blocks), and rank 0 gets out (host memory, blocks × p->whole_numel floats) ← the same blocks whole (elements no
  * share holds, K3's A_log padding, zero). Every rank of the group calls it for the same entries in the same order. */
 int k3c_tp_gather_entry(k3c_tp *tp, const k3c_param *p, const float *x, int64_t blocks, float *out, k3c_err *err);
+/* Room for gathers of up to `floats` per rank, agreed over the group first (a collective: every rank gets the same
+ * success or failure, so none is left waiting in a gather another skips). */
+int k3c_tp_gather_room(k3c_tp *tp, size_t floats, k3c_err *err);
 /* Before the replicated entries' gradients are summed over every rank: an entry replicated with the same gradient on
  * each rank of the group keeps it on TP rank 0 only, so the sum counts it once (partial ones hold this rank's part:
  * the sum completes them; shares are summed over the ranks of the same TP rank). g: the model's real (K3C_F32 or

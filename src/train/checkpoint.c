@@ -292,8 +292,8 @@ int k3c_train_ckpt_save(const char *out_dir, int64_t step, const k3c_train_ckpt 
     snprintf(tmp, sizeof tmp, "%s/.tmp_step_%08lld", out_dir, (long long)step);
     snprintf(fin, sizeof fin, "%s/step_%08lld", out_dir, (long long)step);
     const int root = !ck->comm || ck->comm->rank == 0;
-    int rc = K3C_OK;
-    if (root) {
+    int rc = ck->failed;
+    if (root && !rc) {
         remove_tree(tmp);
         if (mkdir(tmp, 0755) != 0) rc = k3c_errf(err, K3C_EIO, "%s: cannot create: %s", tmp, strerror(errno));
     }

@@ -36,6 +36,7 @@ typedef struct {
     int w0, w1;                   /* the entries whose weights this rank writes (w0 == w1: none) */
     int w_experts_only;  /* 1: of those only the stacked routed-expert entries (an EP rank other than the first) */
     int w_part, w_parts; /* its weight file: model.safetensors when w_parts is 1, else model-<part+1>-of-<parts> */
+    int failed;          /* an error of this rank's before the save (err holds it): every rank fails the save alike */
 } k3c_train_ckpt;
 
 /* Writes the checkpoint of `step` under out_dir, updates out_dir/latest, keeps the newest `keep` checkpoints. With

@@ -377,9 +377,9 @@ static int tp_whole(trainer *tr, k3c_train_ckpt *ck, int gathers, const float *s
     const k3c_param_table *t = &tr->m.table, *W = &tr->whole_table;
     const int e0 = tr->pp ? tr->pp->e0 : 0, e1 = tr->pp ? tr->pp->e1 : t->n, first = tr->tp.rank == 0;
     size_t most = 1, n_out = 0;
-    for (int i = 0; i < t->n; i++) {
+    for (int i = 0; i < t->n; i++) { /* a share's state has at most 2 blocks (AdamW's m, v) */
         const size_t len = (i + 1 < t->n ? tr->opt.state_off[i + 1] : tr->opt.state_numel) - tr->opt.state_off[i];
-        if ((size_t)t->p[i].numel > most) most = (size_t)t->p[i].numel;
+        if ((size_t)t->p[i].numel * 2 > most) most = (size_t)t->p[i].numel * 2;
         if (tr->dp->mine[i] && (first || !t->p[i].tp_share))
             n_out += t->p[i].numel ? len / (size_t)t->p[i].numel * (size_t)W->p[i].numel : 0;
     }
@@ -389,11 +389,16 @@ static int tp_whole(trainer *tr, k3c_train_ckpt *ck, int gathers, const float *s
     *w_host = ck->w0 < ck->w1
                   ? malloc(sizeof(float) * (W->p[e1 - 1].offset + (size_t)W->p[e1 - 1].numel - W->p[e0].offset + 1))
                   : NULL;
-    if (!tmp || !*mine || !*out || (ck->w0 < ck->w1 && !*w_host)) {
+    int e = !tmp || !*mine || !*out || (ck->w0 < ck->w1 && !*w_host)
+                ? k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory")
+                : K3C_OK;
+    k3c_err e2 = {0}; /* the group agrees on the room, so all of it gathers or none does */
+    const int room = k3c_tp_gather_room(&tr->tp, most, e ? &e2 : err);
+    if (!e) e = room;
+    if (e) {
         free(tmp);
-        return k3c_errf(err, K3C_ENOMEM, "checkpoint: out of memory");
+        return e;
     }
-    int e = K3C_OK;
     for (int i = e0; gathers && !e && i < e1; i++) { /* the weights, to the writer (TP rank 0) */
         const k3c_param *p = &t->p[i];
         if (p->absent || (ck->w_experts_only && !p->stack) || (!p->tp_share && !*w_host)) continue;
@@ -453,10 +458,10 @@ static int save(trainer *tr, k3c_err *err) {
             ck.w_parts = stages * tr->ep_size;
             ck.w_experts_only = tr->x_comm && tr->ep_rank > 0;
             if (tr->tp_comm) /* the writer's TP group: the first tp ranks of `first` */
-                e = tp_whole(tr, &ck, first->rank < tr->tp.size, state, &w_host, &whole, &mine, err);
+                ck.failed = tp_whole(tr, &ck, first->rank < tr->tp.size, state, &w_host, &whole, &mine, err);
             ck.optim_numel += (size_t)save_fault(tr);
         }
-        if (!e) e = k3c_train_ckpt_save(tr->rc->out_dir, tr->step, &ck, (int)tr->rc->keep_checkpoints, err);
+        e = k3c_train_ckpt_save(tr->rc->out_dir, tr->step, &ck, (int)tr->rc->keep_checkpoints, err);
     }
     k3c_sbuf_free(&sb);
     free(state);
