@@ -204,15 +204,18 @@ static void test_memory(void) {
     L.tp = 2, L.ep = 2, L.dp = 2, L.zero = 1, L.optimizer = K3C_OPT_MUON, L.grad_bytes = 2;
     L.recompute = K3C_RC_SELECTIVE, L.global_batch_tokens = 32;
     CHECK_OK(k3c_plan_memory_train(&c, &L, &m, &err), &err);
-    /* per GPU: TP-split 1090/2 = 545 + replicated norms 40 + router 36 = 621; experts 384/2 = 192 */
-    CHECK_NEAR(m.weights, 2 * 621 + 2 * 192, "weights tp/ep");
-    CHECK_NEAR(m.grads, 2 * (617 + 192), "grads");
-    /* Muon: matrices (816/2 + router 32 = 440) 8 B, other trainable 177 × 12 B, experts 192 × 8 B; ZeRO-1 over 4 */
-    CHECK_NEAR(m.optimizer, (440 * 8 + 177 * 12) / 4.0 + 192 * 8 / 4.0, "optimizer muon zero1");
+    /* per GPU, as k3c train splits it (src/model/tp_split.c): of the 1090 mixer and MLP parameters the 120 of the
+       latent projections and the mixers' shared tensors (f_a, o_norm, q_a, kv_a and their norms) whole, the other
+       970 halved: 485 + 120 + replicated norms 40 + router 36 = 681; experts 384/2 = 192 */
+    CHECK_NEAR(m.weights, 2 * 681 + 2 * 192, "weights tp/ep");
+    CHECK_NEAR(m.grads, 2 * (677 + 192), "grads");
+    /* Muon: matrices ((816 − 112)/2 + 112 whole + router 32 = 496) 8 B, other trainable 181 × 12 B, experts 192 × 8 B;
+       ZeRO-1 over 4 */
+    CHECK_NEAR(m.optimizer, (496 * 8 + 181 * 12) / 4.0 + 192 * 8 / 4.0, "optimizer muon zero1");
     CHECK_NEAR(m.activations, 4 * (720 + 232), "activations selective");
     /* MLA: the sequence's latent 8·6·2 (no CP: no remote k, v blocks); dh 4·8·4; logits 4·10·2 */
     CHECK_NEAR(m.working, 96 + 128 + 80, "working");
-    CHECK_NEAR(m.total, 1626 + 1618 + 1795 + 3808 + 304, "total tp/ep");
+    CHECK_NEAR(m.total, 1746 + 1738 + 1919 + 3808 + 304, "total tp/ep");
     /* CP 2 (DP 1): 2 tokens per GPU; MLA adds two remote blocks of k, v: 2·(8/2)·(2 heads/2)·6·2 = 96 */
     L.cp = 2, L.dp = 1, L.global_batch_tokens = 16;
     CHECK_OK(k3c_plan_memory_train(&c, &L, &m, &err), &err);
@@ -222,8 +225,8 @@ static void test_memory(void) {
     /* ZeRO-3 shards weights too; its gather buffer holds the two largest layers' weights */
     L.zero = 3;
     CHECK_OK(k3c_plan_memory_train(&c, &L, &m, &err), &err);
-    CHECK_NEAR(m.weights, 2 * 621 / 4.0 + 2 * 192 / 4.0, "zero3 weights");
-    CHECK_NEAR(m.grads, 2 * 617 / 4.0 + 2 * 192 / 4.0, "zero3 grads");
+    CHECK_NEAR(m.weights, 2 * 681 / 4.0 + 2 * 192 / 4.0, "zero3 weights");
+    CHECK_NEAR(m.grads, 2 * 677 / 4.0 + 2 * 192 / 4.0, "zero3 grads");
     CHECK_NEAR(k3c_plan_opt_bytes(K3C_OPT_ADAMW, 1), 12, "adamw");
     CHECK_NEAR(k3c_plan_opt_bytes(K3C_OPT_MUON, 1), 8, "muon");
 }
@@ -264,9 +267,9 @@ static void test_comm(void) {
     /* EP: one MoE layer, dispatch + combine, fwd + bwd, 4 tokens · top-2 · 8 · 2 B, half leaves the GPU */
     CHECK_NEAR(cm.mb_bytes[K3C_COMM_EP], 4 * 64, "ep bytes");
     CHECK_NEAR(cm.mb_bytes[K3C_COMM_CP] + cm.mb_bytes[K3C_COMM_PP], 0, "no cp / pp");
-    /* DP, ZeRO-1, once per step: reduce-scatter bf16 grads (617 + 192) and all-gather bf16 weights (621 + 192),
+    /* DP, ZeRO-1, once per step: reduce-scatter bf16 grads (677 + 192) and all-gather bf16 weights (681 + 192),
      * both groups of 4, 3/4 sent */
-    CHECK_NEAR(cm.step_bytes[K3C_COMM_DP], 0.75 * (2 * 617 + 2 * 192 + 2 * 621 + 2 * 192), "dp bytes");
+    CHECK_NEAR(cm.step_bytes[K3C_COMM_DP], 0.75 * (2 * 677 + 2 * 192 + 2 * 681 + 2 * 192), "dp bytes");
     CHECK_NEAR(cm.step_seconds[K3C_COMM_DP], cm.step_bytes[K3C_COMM_DP] / 9e11, "dp time");
     /* PP 2: stage 0 sends its output rows forward, 4 tokens · 8 · 2 B */
     L.pp = 2, L.dp = 1;
@@ -459,8 +462,9 @@ static void test_cli(void) {
     CHECK(run_cli(args, out, sizeof out) == 0 && strstr(out, "339,828") && strstr(out, "339,804"), "tiny: %s", out);
 }
 
-/* The memory model's EP and PP splits against what the trainer allocates: an EP rank's parameter table (its residency,
- * k3c_params_build_resident) holds the plan's per-GPU routed-expert parameters, ex / ep, and every other parameter; a
+/* The memory model's EP, TP and PP splits against what the trainer allocates: an EP rank's parameter table (its
+ * residency, k3c_params_build_resident) holds the plan's per-GPU routed-expert parameters, ex / ep, and every other
+ * parameter; a TP rank's table (its shares, the replicated tensors whole) the plan's per-GPU parameters; a
  * pipeline stage's table the plan's parameters of that stage (its layers, the embedding on the first, the head on the
  * last);
  * ZeRO-1 shards the experts' state over the ranks holding the same ones (dp·cp·tp, the plan's expert DP group) and the
@@ -486,6 +490,23 @@ static void test_memory_matches_tables(void) {
         CHECK_NEAR(sp.ex, held, "routed-expert parameters per GPU");
         CHECK_NEAR(sp.ne + sp.ex, (double)t.total, "parameters per GPU");
         CHECK(k3c_plan_dp_group_expert(&L) == L.dp && k3c_plan_dp_group_dense(&L) == L.dp * ep, "ZeRO-1 groups");
+        k3c_params_free(&t);
+        k3c_plan_model_free(&m);
+    }
+    for (int64_t ep = 1; ep <= 2; ep *= 2) { /* tp2 and ep2 × tp2: a TP rank's share table (k3c_residency.tp_size) */
+        k3c_plan_layout L;
+        k3c_plan_layout_default(&L);
+        L.seq = 8, L.ep = ep, L.tp = 2, L.global_batch_tokens = 8 * ep;
+        k3c_plan_model m;
+        CHECK_OK(k3c_plan_model_init(&m, &c, L.seq, &err), &err);
+        k3c_plan_stage_params sp;
+        k3c_plan_stage_params_of(&m, &L, 0, &sp);
+        k3c_param_table t;
+        k3c_residency r = k3c_residency_whole(&c);
+        r.experts = c.num_experts / ep, r.tp_size = 2;
+        CHECK_OK(k3c_params_build_resident(&c, &r, &t, &err), &err);
+        CHECK(fabs(sp.ne + sp.ex - (double)t.total) < 0.5, "ep%lld×tp2: plan %.0f parameters per GPU, table %zu",
+              (long long)ep, sp.ne + sp.ex, t.total);
         k3c_params_free(&t);
         k3c_plan_model_free(&m);
     }

@@ -18,7 +18,7 @@ double k3c_plan_expert_weight_bytes(const k3c_config *cfg, int mxfp4) {
 }
 
 static void add_params(k3c_plan_stage_params *p, const k3c_plan_layer_sum *s, const k3c_plan_layout *lay, double wex) {
-    double ne = s->ne_tp / (double)lay->tp + s->ne_rep, ex = s->ex / (double)lay->ep;
+    double ne = (s->ne_tp - (lay->tp > 1 ? s->pad : 0)) / (double)lay->tp + s->ne_rep, ex = s->ex / (double)lay->ep;
     p->ne += ne;
     p->ne_mat += s->mat_tp / (double)lay->tp + s->mat_rep;
     p->ex += ex;

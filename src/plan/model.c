@@ -70,13 +70,18 @@ double k3c_plan_layer_act_bytes(const k3c_config *cfg, int l, int recompute) {
 static void fill_layer(const k3c_config *cfg, int l, double keys, k3c_plan_layer_sum *s) {
     k3c_plan_count c;
     k3c_plan_layer_count(cfg, l, &c);
-    static const int tp_comps[] = {K3C_PC_KDA, K3C_PC_MLA, K3C_PC_DENSE, K3C_PC_LATENT, K3C_PC_SHARED};
-    static const int rep_comps[] = {K3C_PC_NORM, K3C_PC_ATTNRES, K3C_PC_ROUTER};
+    /* as k3c train splits them (src/model/tp_split.c): the latent projections and the mixers' shared tensors whole */
+    static const int tp_comps[] = {K3C_PC_KDA, K3C_PC_MLA, K3C_PC_DENSE, K3C_PC_SHARED};
+    static const int rep_comps[] = {K3C_PC_NORM, K3C_PC_ATTNRES, K3C_PC_ROUTER, K3C_PC_LATENT};
     memset(s, 0, sizeof *s);
     for (size_t i = 0; i < sizeof tp_comps / sizeof *tp_comps; i++) {
-        s->ne_tp += (double)c.n[tp_comps[i]];
-        s->mat_tp += (double)c.matrix[tp_comps[i]];
+        const int k = tp_comps[i];
+        s->ne_tp += (double)(c.n[k] - c.rep[k]);
+        s->mat_tp += (double)(c.matrix[k] - c.rep_matrix[k]);
+        s->ne_rep += (double)c.rep[k];
+        s->mat_rep += (double)c.rep_matrix[k];
     }
+    s->pad = (double)c.pad;
     for (size_t i = 0; i < sizeof rep_comps / sizeof *rep_comps; i++) {
         s->ne_rep += (double)c.n[rep_comps[i]];
         s->mat_rep += (double)c.matrix[rep_comps[i]];

@@ -21,8 +21,19 @@ static void add(k3c_plan_count *o, int c, int64_t n, int matrix, int f32) {
     o->tensors++;
 }
 
+/* The same for a tensor tensor parallelism replicates (whole on every TP rank; src/model/tp_split.c). */
+static void add_rep(k3c_plan_count *o, int c, int64_t n, int matrix, int f32) {
+    add(o, c, n, matrix, f32);
+    o->rep[c] += n;
+    if (matrix) o->rep_matrix[c] += n;
+}
+
 void k3c_plan_count_add(k3c_plan_count *acc, const k3c_plan_count *x) {
-    for (int c = 0; c < K3C_PC_COUNT; c++) acc->n[c] += x->n[c], acc->matrix[c] += x->matrix[c];
+    for (int c = 0; c < K3C_PC_COUNT; c++) {
+        acc->n[c] += x->n[c], acc->matrix[c] += x->matrix[c];
+        acc->rep[c] += x->rep[c], acc->rep_matrix[c] += x->rep_matrix[c];
+    }
+    acc->pad += x->pad;
     acc->frozen += x->frozen;
     acc->f32 += x->f32;
     acc->tensors += x->tensors;
@@ -77,32 +88,33 @@ static void count_kda(const k3c_config *cfg, k3c_plan_count *o) {
     int k3 = is_k3(cfg);
     for (int i = 0; i < 3; i++) add(o, K3C_PC_KDA, P * d, 1, 0);                 /* q/k/v_proj */
     for (int i = 0; i < 3; i++) add(o, K3C_PC_KDA, P * cfg->conv_kernel, 0, k3); /* q/k/v_conv1d [P,1,W] */
-    add(o, K3C_PC_KDA, dk * d, 1, 0);                                            /* f_a_proj */
+    add_rep(o, K3C_PC_KDA, dk * d, 1, 0);                                        /* f_a_proj */
     add(o, K3C_PC_KDA, P * dk, 1, 0);                                            /* f_b_proj */
     add(o, K3C_PC_KDA, H * d, 1, 0);                                             /* b_proj */
     /* A_log: Kimi Linear [1,1,H,1]; the K3 release pads it to head_dim (only the first H entries are used). */
     add(o, K3C_PC_KDA, k3 && dk > H ? dk : H, 0, 1);
-    add(o, K3C_PC_KDA, P, 0, 1);   /* dt_bias [P] */
-    add(o, K3C_PC_KDA, dk, 0, k3); /* o_norm [d_v], shared by heads */
+    o->pad += k3 && dk > H ? dk - H : 0;
+    add(o, K3C_PC_KDA, P, 0, 1);       /* dt_bias [P] */
+    add_rep(o, K3C_PC_KDA, dk, 0, k3); /* o_norm [d_v], shared by heads */
     if (cfg->kda_full_rank_gate)
         add(o, K3C_PC_KDA, P * d, 1, 0); /* g_proj */
     else
-        add(o, K3C_PC_KDA, dk * d, 1, 0), add(o, K3C_PC_KDA, P * dk, 1, 0); /* g_a_proj, g_b_proj */
-    add(o, K3C_PC_KDA, d * P, 1, 0);                                        /* o_proj */
+        add_rep(o, K3C_PC_KDA, dk * d, 1, 0), add(o, K3C_PC_KDA, P * dk, 1, 0); /* g_a_proj, g_b_proj */
+    add(o, K3C_PC_KDA, d * P, 1, 0);                                            /* o_proj */
 }
 
 static void count_mla(const k3c_config *cfg, k3c_plan_count *o) {
     int64_t d = cfg->hidden_size, H = cfg->mla_heads, qd = cfg->qk_nope_dim + cfg->qk_rope_dim;
     int64_t kvl = cfg->kv_lora_rank, ql = cfg->q_lora_rank;
     if (ql > 0) {
-        add(o, K3C_PC_MLA, ql * d, 1, 0);      /* q_a_proj */
-        add(o, K3C_PC_MLA, ql, 0, 0);          /* q_a_layernorm */
+        add_rep(o, K3C_PC_MLA, ql * d, 1, 0);  /* q_a_proj */
+        add_rep(o, K3C_PC_MLA, ql, 0, 0);      /* q_a_layernorm */
         add(o, K3C_PC_MLA, H * qd * ql, 1, 0); /* q_b_proj */
     } else {
         add(o, K3C_PC_MLA, H * qd * d, 1, 0); /* q_proj */
     }
-    add(o, K3C_PC_MLA, (kvl + cfg->qk_rope_dim) * d, 1, 0);                      /* kv_a_proj_with_mqa */
-    add(o, K3C_PC_MLA, kvl, 0, 0);                                               /* kv_a_layernorm */
+    add_rep(o, K3C_PC_MLA, (kvl + cfg->qk_rope_dim) * d, 1, 0);                  /* kv_a_proj_with_mqa */
+    add_rep(o, K3C_PC_MLA, kvl, 0, 0);                                           /* kv_a_layernorm */
     add(o, K3C_PC_MLA, H * (cfg->qk_nope_dim + cfg->v_head_dim) * kvl, 1, 0);    /* kv_b_proj */
     if (cfg->mla_output_gate) add(o, K3C_PC_MLA, H * cfg->v_head_dim * d, 1, 0); /* g_proj */
     add(o, K3C_PC_MLA, d * H * cfg->v_head_dim, 1, 0);                           /* o_proj */

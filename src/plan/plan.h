@@ -32,6 +32,10 @@ typedef struct {
     int64_t frozen;               /* stored but never trained: the router correction bias (set by QB, §7) */
     int64_t f32;                  /* F32 in the release: A_log, dt_bias, router bias; K3 also convs and o_norm */
     int64_t tensors;              /* checkpoint tensors (an MXFP4 weight is two: weight_packed + weight_scale) */
+    int64_t rep[K3C_PC_COUNT];    /* of n, whole on every rank of a TP group (k3c train's replicated entries: KDA's
+                                     f_a, g_a, o_norm, MLA's q_a, kv_a and their norms) */
+    int64_t rep_matrix[K3C_PC_COUNT]; /* of rep, hidden matrices */
+    int64_t pad;                      /* of n, elements no TP share holds (K3's A_log padding past the H used) */
 } k3c_plan_count;
 
 typedef struct {
@@ -131,6 +135,7 @@ int64_t k3c_plan_micro_batches(const k3c_plan_layout *lay);
  * Everything the layout evaluation needs from one decoder layer, computed once per (config, sequence length). */
 typedef struct {
     double ne_tp, ne_rep, ex; /* parameters: TP-sharded non-expert, TP-replicated non-expert, routed experts */
+    double pad;               /* of ne_tp, elements held only without TP (K3's A_log padding) */
     double mat_tp, mat_rep;   /* hidden matrices among ne_tp / ne_rep (Muon-eligible; experts all are) */
     double frozen;            /* replicated and never trained (router correction bias) */
     double fwd;               /* forward FLOPs per token (training form, causal keys (seq+1)/2) */
