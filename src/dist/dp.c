@@ -451,7 +451,7 @@ static int keep_share(k3c_dp *dp, const k3c_param *p, const float *whole, float 
 }
 
 /* Entry i (this rank's, whole_step): weight, gradient and momentum gathered whole over the TP group, one Muon step of
- * the whole matrix (every TP rank computes the same), this rank's share of weight and momentum kept. */
+ * the whole matrix on one rank of the group, this rank's share of the broadcast weight and momentum kept. */
 static int step_whole(k3c_dp *dp, const k3c_param_table *t, int i, float *w, const float *g, float *state, double lr,
                       int64_t step, k3c_err *err) {
     const k3c_param *p = &t->p[i];
@@ -460,8 +460,14 @@ static int step_whole(k3c_dp *dp, const k3c_param_table *t, int i, float *w, con
     CHECK_RC(gather_whole(dp, p, w + p->offset, W, tmp, err));
     CHECK_RC(gather_whole(dp, p, g + p->offset, G, tmp, err));
     CHECK_RC(gather_whole(dp, p, mom, M, tmp, err));
-    const int k = dp->whole_at[i];
-    CHECK_RC(dp->be->optim_step(dp->whole_inst, &dp->whole_opt, &dp->whole, k, k + 1, W, G, M, lr, step, err));
+    /* the group's ranks take turns (the k-th such entry on TP rank k mod tp, the same list on each): one
+       Newton–Schulz per entry in the group, its whole weight and momentum broadcast */
+    const int k = dp->whole_at[i], root = k % dp->tpcomm->size;
+    if (dp->tpcomm->rank == root)
+        CHECK_RC(dp->be->optim_step(dp->whole_inst, &dp->whole_opt, &dp->whole, k, k + 1, W, G, M, lr, step, err));
+    CHECK_RC(dp->be->sync(err)); /* the broadcast reads the update */
+    CHECK_RC(k3c_comm_bcast(dp->tpcomm, W, p->whole_numel, K3C_F32, root, NULL, err));
+    CHECK_RC(k3c_comm_bcast(dp->tpcomm, M, p->whole_numel, K3C_F32, root, NULL, err));
     CHECK_RC(keep_share(dp, p, W, w + p->offset, err));
     CHECK_RC(keep_share(dp, p, M, mom, err));
     return dp->be->sync(err); /* the staging is reused by the next entry's gathers */

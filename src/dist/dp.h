@@ -69,8 +69,8 @@ typedef struct {
     const k3c_tp *ov_tp; /* tensor parallelism: replicated entries counted once (k3c_tp_dedup_grads_range) */
     k3c_grad_hook hook;  /* what the model calls while _begin holds it */
     /* Muon of a tensor-parallel share that needs its whole matrix (whole-matrix Muon, or a column share): each owner
-       gathers the entry's weight, gradient and momentum over the TP group and steps the whole matrix (each TP rank
-       the same, bit for bit), keeping its share. whole: a table of those entries at their whole shape (all at offset
+       gathers the entry's weight, gradient and momentum over the TP group, one rank of the group (in turn) steps the
+       whole matrix and broadcasts it, and each keeps its share. whole: a table of those entries at their whole shape (all at offset
        0: one staging of the largest), its optimizer and backend instance; stage: 4 · whole.total floats. */
     uint8_t *whole_step; /* [t->n] 1: one of those entries */
     int *whole_at;       /* [t->n] its entry in `whole` */
