@@ -177,15 +177,13 @@ static int whole_of(runner *par, const k3c_param_table *t, const k3c_optim *xo, 
     const k3c_param_table *h = &par->m.table;
     size_t most = 1; /* per rank: an entry's numel times its blocks */
     for (int i = 0; par->d.tp_comm && i < h->n; i++) {
-        const size_t len =
-            xo ? (i + 1 < h->n ? xo->state_off[i + 1] : xo->state_numel) - xo->state_off[i] : (size_t)h->p[i].numel;
+        const size_t len = xo ? k3c_optim_entry_floats(xo, i) : (size_t)h->p[i].numel;
         most = len > most ? len : most;
     }
     if (par->d.tp_comm) CHECK_RC(k3c_tp_gather_room(&par->d.tp, most, err));
     for (int i = 0; i < h->n; i++) {
         const k3c_param *p = &h->p[i];
-        const size_t len =
-            xo ? (i + 1 < h->n ? xo->state_off[i + 1] : xo->state_numel) - xo->state_off[i] : (size_t)p->numel;
+        const size_t len = xo ? k3c_optim_entry_floats(xo, i) : (size_t)p->numel;
         const float *src = x + (xo ? xo->state_off[i] : p->offset);
         float *dst = out + (so ? so->state_off[i] : t->p[i].offset);
         if (!p->numel || !len) continue;

@@ -469,6 +469,20 @@ static void test_cli(void) {
  * last);
  * ZeRO-1 shards the experts' state over the ranks holding the same ones (dp·cp·tp, the plan's expert DP group) and the
  * rest over dp·ep·cp, as src/dist/dp.c does (k3c_dp_init_experts). */
+/* The plan's parameters per GPU of layout L's first stage (*sp) and the parameter table of one of its ranks (*t: its
+ * EP rank's experts, TP rank 0's shares). */
+static void plan_and_table(const k3c_config *c, const k3c_plan_layout *L, k3c_plan_stage_params *sp,
+                           k3c_param_table *t) {
+    k3c_err err = {0};
+    k3c_plan_model m;
+    CHECK_OK(k3c_plan_model_init(&m, c, L->seq, &err), &err);
+    k3c_plan_stage_params_of(&m, L, 0, sp);
+    k3c_plan_model_free(&m);
+    k3c_residency r = k3c_residency_whole(c);
+    r.experts = c->num_experts / L->ep, r.tp_size = (int)L->tp;
+    CHECK_OK(k3c_params_build_resident(c, &r, t, &err), &err);
+}
+
 static void test_memory_matches_tables(void) {
     k3c_config c;
     k3c_err err = {0};
@@ -477,38 +491,26 @@ static void test_memory_matches_tables(void) {
         k3c_plan_layout L;
         k3c_plan_layout_default(&L);
         L.seq = 8, L.ep = ep, L.dp = 2, L.global_batch_tokens = 8 * 2 * ep;
-        k3c_plan_model m;
-        CHECK_OK(k3c_plan_model_init(&m, &c, L.seq, &err), &err);
         k3c_plan_stage_params sp;
-        k3c_plan_stage_params_of(&m, &L, 0, &sp);
         k3c_param_table t;
-        k3c_residency r = k3c_residency_whole(&c);
-        r.experts = c.num_experts / ep;
-        CHECK_OK(k3c_params_build_resident(&c, &r, &t, &err), &err);
+        plan_and_table(&c, &L, &sp, &t);
         double held = 0;
         for (int i = 0; i < t.n; i++) held += t.p[i].stack ? (double)t.p[i].numel : 0;
         CHECK_NEAR(sp.ex, held, "routed-expert parameters per GPU");
         CHECK_NEAR(sp.ne + sp.ex, (double)t.total, "parameters per GPU");
         CHECK(k3c_plan_dp_group_expert(&L) == L.dp && k3c_plan_dp_group_dense(&L) == L.dp * ep, "ZeRO-1 groups");
         k3c_params_free(&t);
-        k3c_plan_model_free(&m);
     }
     for (int64_t ep = 1; ep <= 2; ep *= 2) { /* tp2 and ep2 × tp2: a TP rank's share table (k3c_residency.tp_size) */
         k3c_plan_layout L;
         k3c_plan_layout_default(&L);
         L.seq = 8, L.ep = ep, L.tp = 2, L.global_batch_tokens = 8 * ep;
-        k3c_plan_model m;
-        CHECK_OK(k3c_plan_model_init(&m, &c, L.seq, &err), &err);
         k3c_plan_stage_params sp;
-        k3c_plan_stage_params_of(&m, &L, 0, &sp);
         k3c_param_table t;
-        k3c_residency r = k3c_residency_whole(&c);
-        r.experts = c.num_experts / ep, r.tp_size = 2;
-        CHECK_OK(k3c_params_build_resident(&c, &r, &t, &err), &err);
+        plan_and_table(&c, &L, &sp, &t);
         CHECK(fabs(sp.ne + sp.ex - (double)t.total) < 0.5, "ep%lld×tp2: plan %.0f parameters per GPU, table %zu",
               (long long)ep, sp.ne + sp.ex, t.total);
         k3c_params_free(&t);
-        k3c_plan_model_free(&m);
     }
     for (int64_t pp = 2; pp <= 4; pp++) { /* pp3: stages of 2, 1 and 1 layers */
         k3c_plan_layout L;

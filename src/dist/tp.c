@@ -256,10 +256,6 @@ int k3c_tp_init(k3c_tp *tp, k3c_comm *comm, const k3c_backend_f32 *be, const k3c
     tp->be = be;
     tp->rank = comm->rank;
     tp->size = comm->size;
-    tp->n_entries = t->n;
-    tp->split = malloc((size_t)(t->n > 0 ? t->n : 1));
-    if (!tp->split) return k3c_errf(err, K3C_ENOMEM, "tensor parallelism: out of memory");
-    for (int i = 0; i < t->n; i++) tp->split[i] = (uint8_t)k3c_tp_split_of(t, i);
     tp->hook =
         (k3c_tensor_parallel){tp->rank, tp->size, tp_sum, tp_embed_fwd, tp_embed_bwd, tp_xent_fwd, tp_xent_bwd, tp};
     return K3C_OK;
@@ -307,7 +303,6 @@ int k3c_tp_gather_entry(k3c_tp *tp, const k3c_param *p, const float *x, int64_t 
 void k3c_tp_free(k3c_tp *tp) {
     if (tp->stage) tp->be->free(tp->stage);
     free(tp->stage_host);
-    free(tp->split);
     free(tp->red);
     free(tp->host);
     memset(tp, 0, sizeof *tp);
@@ -322,7 +317,7 @@ int k3c_tp_dedup_grads_range(const k3c_tp *tp, const k3c_param_table *t, void *g
     const size_t es = k3c_comm_dtype_size(dt);
     if (tp->rank == 0) return K3C_OK;
     for (int i = e0; i < e1; i++) /* zero bits are a zero of either precision: es / 4 floats an element */
-        if (tp->split[i] == K3C_TP_SAME)
+        if (k3c_tp_split_of(t, i) == K3C_TP_SAME)
             CHECK_RC(tp->be->zero((float *)((char *)g + es * t->p[i].offset), t->p[i].numel * (int64_t)(es / 4), err));
     return K3C_OK;
 }

@@ -14,8 +14,6 @@
 typedef struct {
     k3c_comm *comm; /* the TP group (not owned) */
     int rank, size;
-    uint8_t *split; /* [table entries] k3c_tp_split */
-    int n_entries;
     const k3c_backend_f32 *be; /* whose memory holds the model's tensors (the hooks work on host copies) */
     double *red;               /* per-token reductions of the cross-entropy [3·T] */
     int64_t red_cap;

@@ -87,6 +87,10 @@ int k3c_optim_parse_matrix(const char *name, int *out, k3c_err *err);
 size_t k3c_optim_state_numel(const k3c_optim *o, const k3c_param_table *t);
 /* Validates the hyper-parameters against t and allocates the layout and workspace (k3c_optim_free before re-init). */
 int k3c_optim_init(k3c_optim *o, const k3c_param_table *t, k3c_err *err);
+/* Floats of entry i's state under o's layout (Muon: numel; AdamW: 2·numel; the router bias: 0). */
+static inline size_t k3c_optim_entry_floats(const k3c_optim *o, int i) {
+    return (i + 1 < o->n_entries ? o->state_off[i + 1] : o->state_numel) - o->state_off[i];
+}
 /* The state layout alone (state_off, state_numel; no workspace: it cannot step): where entries' state lies, e.g. in a
  * checkpoint of another table. */
 int k3c_optim_layout(k3c_optim *o, const k3c_param_table *t, k3c_err *err);

@@ -378,7 +378,7 @@ static int tp_whole(trainer *tr, k3c_train_ckpt *ck, int gathers, const float *s
     const int e0 = tr->pp ? tr->pp->e0 : 0, e1 = tr->pp ? tr->pp->e1 : t->n, first = tr->tp.rank == 0;
     size_t most = 1, n_out = 0;
     for (int i = 0; i < t->n; i++) { /* a share's state has at most 2 blocks (AdamW's m, v) */
-        const size_t len = (i + 1 < t->n ? tr->opt.state_off[i + 1] : tr->opt.state_numel) - tr->opt.state_off[i];
+        const size_t len = k3c_optim_entry_floats(&tr->opt, i);
         if ((size_t)t->p[i].numel * 2 > most) most = (size_t)t->p[i].numel * 2;
         if (tr->dp->mine[i] && (first || !t->p[i].tp_share))
             n_out += t->p[i].numel ? len / (size_t)t->p[i].numel * (size_t)W->p[i].numel : 0;
@@ -411,7 +411,7 @@ static int tp_whole(trainer *tr, k3c_train_ckpt *ck, int gathers, const float *s
     for (int i = 0; !e && i < t->n; i++) { /* the state of this rank's entries */
         const k3c_param *p = &t->p[i];
         if (!tr->dp->mine[i]) continue;
-        const size_t len = (i + 1 < t->n ? tr->opt.state_off[i + 1] : tr->opt.state_numel) - tr->opt.state_off[i];
+        const size_t len = k3c_optim_entry_floats(&tr->opt, i);
         const size_t blocks = p->numel ? len / (size_t)p->numel : 0;
         (*mine)[i] = (uint8_t)(first || !p->tp_share);
         if (p->tp_share)
