@@ -708,7 +708,10 @@ static void add_rows(bo_rows *R) {
             for (int v = 0; v < 3; v++) { /* CUDA: bf16, fp16 and the fp32 checking kernels */
                 static const int fl[3] = {0, F_FP16, F_FP32K};
                 bo_case *c = row(R, OP_KDA, kc[i].T, kc[i].H, kc[i].dk, kc[i].dv, 64, kc[i].fl | fl[v], K,
-                                 v == 0 ? 1e-2 : v == 1 ? TOL_F16 : kc[i].fl & F_SAT ? K : W);
+                                 v == 0             ? 1e-2
+                                 : v == 1           ? TOL_F16
+                                 : kc[i].fl & F_SAT ? K
+                                                    : W);
                 c->x = kc[i].lb, set_cu(c, kc[i].n, kc[i].cu);
             }
             for (int chunk = 0; chunk <= 16; chunk += 16) {
@@ -736,7 +739,9 @@ static void add_rows(bo_rows *R) {
             for (int v = 0; v < 3; v++) {
                 static const int fl[3] = {0, F_FP16, F_FP32K};
                 set_cu(row(R, OP_ATTENTION, ac[i].T, ac[i].H, ac[i].dqk, ac[i].dv, 0, fl[v], K,
-                           v == 0 ? 1e-2 : v == 1 ? TOL_F16 : W),
+                           v == 0   ? 1e-2
+                           : v == 1 ? TOL_F16
+                                    : W),
                        ac[i].n, ac[i].cu);
             }
     }
@@ -788,7 +793,10 @@ static void add_rows(bo_rows *R) {
         for (int i = 0; i < 5; i++)
             for (int v = 0; v < 3; v++) {
                 bo_case *c = row(R, OP_MOE_PERM, pc[i][0], pc[i][1], pc[i][2], pc[i][3], 0,
-                                 v == 1 ? F_NODW : v == 2 ? F_NODX : 0, P, 1e-6);
+                                 v == 1   ? F_NODW
+                                 : v == 2 ? F_NODX
+                                          : 0,
+                                 P, 1e-6);
                 c->x = v == 0 ? 0.0 : 0.25, c->tol_cpu_bwd = W, c->tol_cuda_bwd = W;
             }
         static const int64_t bn[3] = {8, 1000, 100003};
@@ -1057,16 +1065,22 @@ int main(int argc, char **argv) {
     add_rows(&R);
     bo_backend cpu64 = {.name = "cpu64", .f64 = k3c_backend_cpu_f64()};
     bo_backend cpu32 = {.name = "cpu32", .f32 = k3c_backend_cpu_f32()};
-    bo_backend *cuda = NULL, *cuda_bf16 = NULL;
+    bo_backend *cuda = NULL, *cuda_bf16 = NULL, *cuda_bf16c = NULL;
 #ifdef K3C_CUDA
-    static k3c_cuda_backend cb, cbf;
-    /* bf16 GEMMs: operands rounded to 8 significant bits, sums in fp32 — 1e-2 as the bf16 KDA and attention */
+    static k3c_cuda_backend cb, cbf, cbc;
+    /* bf16 GEMMs: operands rounded to 8 significant bits, sums in fp32 — 1e-2 as the bf16 KDA and attention; once as
+       the backend chooses (cuBLASLt rounding the float operands, copies for long reductions), once with every
+       product on bf16 copies of its operands (gemm.cu bf16_copy 1) */
     bo_backend cudab = {.name = "cuda"}, cudabf = {.name = "cuda-bf16", .gemm_tol = 1e-2};
+    bo_backend cudabc = {.name = "cuda-bf16-copies", .gemm_tol = 1e-2};
     k3c_err cerr = {0};
     if (k3c_cuda_backend_init(&cb, 0, K3C_GEMM_FP32, &cerr) == K3C_OK &&
-        k3c_cuda_backend_init(&cbf, 0, K3C_GEMM_BF16, &cerr) == K3C_OK) {
+        k3c_cuda_backend_init(&cbf, 0, K3C_GEMM_BF16, &cerr) == K3C_OK &&
+        k3c_cuda_backend_init(&cbc, 0, K3C_GEMM_BF16, &cerr) == K3C_OK) {
+        cbc.cu.bf16_copy = 1;
         cudab.f32 = &cb.table, cudab.cuda = &cb, cuda = &cudab;
         cudabf.f32 = &cbf.table, cudabf.cuda = &cbf, cuda_bf16 = &cudabf;
+        cudabc.f32 = &cbc.table, cudabc.cuda = &cbc, cuda_bf16c = &cudabc;
         printf("CUDA backend on %s: every case also runs on it against the CPU float table, the GEMM-based ones "
                "also with bf16 GEMMs\n",
                cb.cu.name);
@@ -1083,10 +1097,12 @@ int main(int argc, char **argv) {
         if (cuda) run_case(cuda, &cpu32, &R.v[i], &tmpl);
         const int op = R.v[i].op;
         if (cuda_bf16 && (op == OP_LINEAR || op == OP_MLP || op == OP_MOE)) run_case(cuda_bf16, &cpu32, &R.v[i], &tmpl);
+        if (cuda_bf16c && (op == OP_LINEAR || op == OP_MLP || op == OP_MOE))
+            run_case(cuda_bf16c, &cpu32, &R.v[i], &tmpl);
         io_free(&tmpl);
     }
-    bo_backend *bes[3] = {&cpu32, cuda, cuda_bf16};
-    for (int k = 0; k < 3; k++) {
+    bo_backend *bes[4] = {&cpu32, cuda, cuda_bf16, cuda_bf16c};
+    for (int k = 0; k < 4; k++) {
         if (!bes[k]) continue;
         printf("%s against %s (%d rows skipped as unsupported):\n", bes[k]->name, k ? "cpu32" : "cpu64",
                bes[k]->skipped);
@@ -1095,7 +1111,7 @@ int main(int argc, char **argv) {
                    bes[k]->passed[op], bes[k]->failed[op]);
     }
 #ifdef K3C_CUDA
-    if (cuda) k3c_cuda_backend_destroy(&cb), k3c_cuda_backend_destroy(&cbf);
+    if (cuda) k3c_cuda_backend_destroy(&cb), k3c_cuda_backend_destroy(&cbf), k3c_cuda_backend_destroy(&cbc);
 #endif
     free(R.v);
     return test_summary();

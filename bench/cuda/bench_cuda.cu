@@ -1,6 +1,8 @@
 /* bench_cuda.cu — times the CUDA ops against the issue-5 anchors (fla chunk_kda, PyTorch SDPA flash, cuBLAS, copy) on
  * random device data: CUDA events after warm-up, median of many runs. Prints one table row per case; bench/RESULTS.md
- * records them. docs/CODE.md "cuda/"; docs/MODEL.md §3.2 (KDA FLOPs), §4.2 (MLA dims). */
+ * records them. docs/CODE.md "cuda/"; docs/MODEL.md §3.2 (KDA FLOPs), §4.2 (MLA dims).
+ * Usage: bench_cuda [cases: copy,gemm,kda,attn (the default) | gmodes: the training step's GEMM shapes in each float
+ *        GEMM mode against bf16 operands | long | prof]. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,6 +145,48 @@ static void bench_gemm(k3c_cuda_ctx *ctx) {
     k3c_cuda_free(A), k3c_cuda_free(B), k3c_cuda_free(C);
 }
 
+/* The whole-step GEMM shapes (kimi_linear_medium, 16,384 tokens) in each GEMM mode: float operands rounded by
+ * cuBLASLt (the training default), TF32, and bf16 operands stored as bf16 (what bf16 activations and weight copies
+ * would run), and float operands copied to bf16 before each product (ctx->bf16_copy). The anchor column is the
+ * bf16-operand time. */
+static void bench_gemm_modes(k3c_cuda_ctx *ctx) {
+    struct shape {
+        const char *what;
+        int ta, tb;
+        int64_t M, N, K;
+    } sh[] = {
+        {"proj fwd x·Wt", 0, 1, 16384, 1024, 1024}, {"proj dX dY·W", 0, 0, 16384, 1024, 1024},
+        {"proj dW dYt·X", 1, 0, 1024, 1024, 16384}, {"lm head fwd", 0, 1, 16384, 32768, 1024},
+        {"lm head dW", 1, 0, 32768, 1024, 16384},   {"expert up fwd", 0, 1, 2048, 512, 1024},
+        {"expert down fwd", 0, 1, 2048, 1024, 512}, {"expert up dW", 1, 0, 512, 1024, 2048},
+    };
+    for (auto &s : sh) {
+        const size_t na = (size_t)s.M * s.K, nb = (size_t)s.K * s.N, nc = (size_t)s.M * s.N;
+        void *A = dalloc(na * 4), *B = dalloc(nb * 4), *C = dalloc(nc * 4);
+        void *Ah = dalloc(na * 2), *Bh = dalloc(nb * 2);
+        fill(A, na, 0), fill(B, nb, 0), fill(Ah, na, 1), fill(Bh, nb, 1);
+        const double fl = 2.0 * s.M * s.N * s.K;
+        double bf = time_ms([&] {
+            OK(k3c_gemm_bf16_cuda(ctx, s.ta, s.tb, s.M, s.N, s.K, 1.f, (uint16_t *)Ah, (uint16_t *)Bh, 0.f, C, 1,
+                                  &err));
+        });
+        const char *what[3] = {"gemm f32-in, Lt rounds (bf16)", "gemm f32-in, bf16 copies", "gemm tf32"};
+        for (int v = 0; v < 3; v++) {
+            const int keep = ctx->bf16_copy;
+            ctx->bf16_copy = v == 1;
+            double ms = time_ms([&] {
+                OK(k3c_matmul_cuda(ctx, s.ta, s.tb, s.M, s.N, s.K, 1.0, (float *)A, (float *)B, 0.0, (float *)C,
+                                   v < 2 ? K3C_GEMM_BF16 : K3C_GEMM_TF32, &err));
+            });
+            ctx->bf16_copy = keep;
+            row(what[v],
+                std::string(s.what) + " " + std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K),
+                ms, bf, fmt("%.0f vs %.0f TFLOP/s", fl / (ms * 1e-3) / 1e12, fl / (bf * 1e-3) / 1e12));
+        }
+        k3c_cuda_free(A), k3c_cuda_free(B), k3c_cuda_free(C), k3c_cuda_free(Ah), k3c_cuda_free(Bh);
+    }
+}
+
 static void bench_kda(int T, double anchor_fwd, double anchor_fb) {
     const int H = 32, D = 128;
     k3c_kda_dims d = {};
@@ -225,6 +269,7 @@ int main(int argc, char **argv) {
     printf("| case | shape | ours ms | anchor ms | ours/anchor | note |\n|---|---|---|---|---|---|\n");
     if (strstr(only, "copy")) bench_copy();
     if (strstr(only, "gemm")) bench_gemm(&ctx);
+    if (strstr(only, "gmodes")) bench_gemm_modes(&ctx);
     if (strstr(only, "prof")) { /* one call of each op at T = 16K, for ncu */
         g_prof = 1;
         if (strstr(only, "kda")) bench_kda(16384, 1.89, 8.71);

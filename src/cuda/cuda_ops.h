@@ -52,12 +52,15 @@ typedef struct {
     void *lane[K3C_CUDA_LANES];        /* cudaStream_t */
     void *lane_ws[K3C_CUDA_LANES];     /* lt_ws_bytes each */
     void *lane_ev[K3C_CUDA_LANES + 1]; /* cudaEvent_t: each lane's join, then the fork */
+    /* bf16 GEMM mode on float operands: 0 = cuBLASLt rounds them (FAST_16BF), 1 = products run on bf16 copies of
+       both operands, 2 = on copies where that pays (gemm.cu bf16_copies_pay) */
+    int bf16_copy;
     char name[128];
 } k3c_cuda_ctx;
 
 /* Selects `device`, reads its properties, creates the cuBLASLt handle and a workspace of lt_ws_bytes (0 = 32 MiB),
  * and the lanes (K3C_CUDA_LANES_DEFAULT of them; the environment's K3C_CUDA_LANES = 0..8 overrides, 0 turning them
- * off). */
+ * off). bf16_copy is 0 (the copy path has not run on a GPU yet: bench/RESULTS.md 2026-12-05); the environment's K3C_CUDA_BF16_COPY = 0, 1 or 2 overrides. */
 int k3c_cuda_init(k3c_cuda_ctx *ctx, int device, size_t lt_ws_bytes, k3c_err *err);
 void k3c_cuda_destroy(k3c_cuda_ctx *ctx);
 /* The lanes wait for the work queued so far on the calling thread's stream (fork), or that stream waits for
