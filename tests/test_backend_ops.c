@@ -708,10 +708,7 @@ static void add_rows(bo_rows *R) {
             for (int v = 0; v < 3; v++) { /* CUDA: bf16, fp16 and the fp32 checking kernels */
                 static const int fl[3] = {0, F_FP16, F_FP32K};
                 bo_case *c = row(R, OP_KDA, kc[i].T, kc[i].H, kc[i].dk, kc[i].dv, 64, kc[i].fl | fl[v], K,
-                                 v == 0             ? 1e-2
-                                 : v == 1           ? TOL_F16
-                                 : kc[i].fl & F_SAT ? K
-                                                    : W);
+                                 v == 0 ? 1e-2 : v == 1 ? TOL_F16 : kc[i].fl & F_SAT ? K : W);
                 c->x = kc[i].lb, set_cu(c, kc[i].n, kc[i].cu);
             }
             for (int chunk = 0; chunk <= 16; chunk += 16) {
@@ -739,9 +736,7 @@ static void add_rows(bo_rows *R) {
             for (int v = 0; v < 3; v++) {
                 static const int fl[3] = {0, F_FP16, F_FP32K};
                 set_cu(row(R, OP_ATTENTION, ac[i].T, ac[i].H, ac[i].dqk, ac[i].dv, 0, fl[v], K,
-                           v == 0   ? 1e-2
-                           : v == 1 ? TOL_F16
-                                    : W),
+                           v == 0 ? 1e-2 : v == 1 ? TOL_F16 : W),
                        ac[i].n, ac[i].cu);
             }
     }
@@ -793,10 +788,7 @@ static void add_rows(bo_rows *R) {
         for (int i = 0; i < 5; i++)
             for (int v = 0; v < 3; v++) {
                 bo_case *c = row(R, OP_MOE_PERM, pc[i][0], pc[i][1], pc[i][2], pc[i][3], 0,
-                                 v == 1   ? F_NODW
-                                 : v == 2 ? F_NODX
-                                          : 0,
-                                 P, 1e-6);
+                                 v == 1 ? F_NODW : v == 2 ? F_NODX : 0, P, 1e-6);
                 c->x = v == 0 ? 0.0 : 0.25, c->tol_cpu_bwd = W, c->tol_cuda_bwd = W;
             }
         static const int64_t bn[3] = {8, 1000, 100003};
@@ -1069,7 +1061,7 @@ int main(int argc, char **argv) {
 #ifdef K3C_CUDA
     static k3c_cuda_backend cb, cbf, cbc;
     /* bf16 GEMMs: operands rounded to 8 significant bits, sums in fp32 — 1e-2 as the bf16 KDA and attention; once as
-       the backend chooses (cuBLASLt rounding the float operands, copies for long reductions), once with every
+       the backend is set up (K3C_CUDA_BF16_COPY, default: cuBLASLt rounds the float operands), once with every
        product on bf16 copies of its operands (gemm.cu bf16_copy 1) */
     bo_backend cudab = {.name = "cuda"}, cudabf = {.name = "cuda-bf16", .gemm_tol = 1e-2};
     bo_backend cudabc = {.name = "cuda-bf16-copies", .gemm_tol = 1e-2};

@@ -49,12 +49,6 @@ extern "C" int k3c_cuda_init(k3c_cuda_ctx *ctx, int device, size_t lt_ws_bytes, 
     ctx->lanes = lanes;
     env = getenv("K3C_CUDA_BF16_COPY");
     ctx->bf16_copy = env && *env >= '0' && *env <= '2' && !env[1] ? *env - '0' : 0;
-    /* stream-ordered scratch (bf16 operand copies, partial sums) stays in the pool between steps instead of going
-       back to the driver at every synchronisation */
-    cudaMemPool_t pool;
-    uint64_t keep = UINT64_MAX;
-    if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess)
-        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
     return K3C_OK;
 }
 
