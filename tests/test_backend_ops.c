@@ -772,8 +772,10 @@ static void add_rows(bo_rows *R) {
             row(R, OP_ROUTER, rc[i].T, rc[i].n, rc[i].k, rc[i].renorm, 0,
                 (rc[i].bias ? F_BIAS : 0) | (rc[i].k < rc[i].n ? F_CUTOFF : 0), W, 1e-4)
                 ->x = rc[i].scale;
-        int64_t mc[3][6] = {{150, 128, 192, 8, 3, 1}, {97, 96, 80, 5, 2, 0}, {64, 64, 64, 33, 4, 1}};
-        for (int i = 0; i < 3; i++)
+        /* the last: over 128 rows per expert (the CUDA grouped products' row tiles, moe_grouped.cu) */
+        int64_t mc[4][6] = {
+            {150, 128, 192, 8, 3, 1}, {97, 96, 80, 5, 2, 0}, {64, 64, 64, 33, 4, 1}, {300, 64, 96, 4, 2, 0}};
+        for (int i = 0; i < 4; i++)
             row(R, OP_MOE, mc[i][0], mc[i][1], mc[i][2], mc[i][3], mc[i][4], mc[i][5] ? F_SITU : 0, W, 1e-4);
         for (int situ = 0; situ < 2; situ++) {
             row(R, OP_MLP, 150, 128, 192, 0, 0, situ ? F_SITU : 0, W, 1e-4);
@@ -1061,7 +1063,7 @@ int main(int argc, char **argv) {
 #ifdef K3C_CUDA
     static k3c_cuda_backend cb, cbf, cbc;
     /* bf16 GEMMs: operands rounded to 8 significant bits, sums in fp32 — 1e-2 as the bf16 KDA and attention; once as
-       the backend is set up (K3C_CUDA_BF16_COPY, default: cuBLASLt rounds the float operands), once with every
+       the backend is set up (K3C_CUDA_BF16_COPY, default 2: copies where they pay), once with every
        product on bf16 copies of its operands (gemm.cu bf16_copy 1) */
     bo_backend cudab = {.name = "cuda"}, cudabf = {.name = "cuda-bf16", .gemm_tol = 1e-2};
     bo_backend cudabc = {.name = "cuda-bf16-copies", .gemm_tol = 1e-2};

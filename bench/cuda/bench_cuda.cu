@@ -2,7 +2,8 @@
  * random device data: CUDA events after warm-up, median of many runs. Prints one table row per case; bench/RESULTS.md
  * records them. docs/CODE.md "cuda/"; docs/MODEL.md §3.2 (KDA FLOPs), §4.2 (MLA dims).
  * Usage: bench_cuda [cases: copy,gemm,kda,attn (the default) | gmodes: the training step's GEMM shapes in each float
- *        GEMM mode against bf16 operands | long | prof]. */
+ *        GEMM mode against bf16 operands | moe: the routed experts per GEMM mode against a dense bf16 GEMM | long |
+ *        prof]. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -261,6 +262,51 @@ static void bench_attn(int T, int dqk, double anchor_fwd, double anchor_fb) {
     k3c_cuda_free(dk), k3c_cuda_free(dvv), k3c_cuda_free(lse), k3c_cuda_free(ws);
 }
 
+/* The routed experts of one MoE layer (T tokens, top-k of E experts, dim D, intermediate I, SiTU), forward and forward +
+ * backward, per GEMM mode: tf32 runs one cuBLASLt product per expert, bf16 the grouped products (moe_grouped.cu). The
+ * anchor is a dense bf16 cuBLASLt GEMM of the same FLOPs ([T·k × D]·[D × 3I]), so ours/anchor ≤ 1.43 is the issue's
+ * "≥ 70% of the dense bf16 GEMM rate". Routes come from the CUDA router on random logits. */
+static void bench_moe(k3c_cuda_ctx *ctx, int64_t T, int64_t D, int64_t I, int64_t E, int64_t k) {
+    k3c_moe_sizes s = {T, D, I, E, k, {K3C_ACT_SITU, 4.0, 25.0}};
+    k3c_router_sizes rs = {T, E, k, 1, 1.0};
+    const size_t W = (size_t)E * I * D, S = (size_t)(T * k);
+    void *x = dalloc(T * D * 4), *y = dalloc(T * D * 4), *dy = dalloc(T * D * 4), *dx = dalloc(T * D * 4);
+    void *w[3], *dw[3], *lg = dalloc(T * E * 4), *ids = dalloc(S * 4), *tw = dalloc(S * 4), *dtw = dalloc(S * 4);
+    void *sv = dalloc(k3c_moe_saved_bytes_cuda(&s)), *ws = dalloc(k3c_moe_workspace_cuda(&s));
+    for (int i = 0; i < 3; i++) {
+        w[i] = dalloc(W * 4), dw[i] = dalloc(W * 4);
+        fill(w[i], W, 0, FILL_NORMAL, 1.f / sqrtf((float)(i == 2 ? I : D))), fill(dw[i], W, 0);
+    }
+    fill(x, T * D, 0), fill(dy, T * D, 0), fill(lg, T * E, 0), fill(dx, T * D, 0), fill(dtw, S, 0);
+    OK(k3c_router_fwd_cuda(&rs, (float *)lg, nullptr, (int32_t *)ids, (float *)tw, nullptr, nullptr, &err));
+    /* the anchor: [S × D]·[D × 3I] on bf16 operands (the MoE forward's multiply-adds), fp32 out */
+    const double flops = 2.0 * S * 3.0 * D * I;
+    void *A = dalloc(S * D * 2), *B = dalloc(D * 3 * I * 2), *C = dalloc(S * 3 * I * 4);
+    fill(A, S * D, 1), fill(B, D * 3 * I, 1);
+    const double dense = time_ms([&] {
+        OK(k3c_gemm_bf16_cuda(ctx, 0, 0, S, 3 * I, D, 1.f, (uint16_t *)A, (uint16_t *)B, 0.f, C, 1, &err));
+    });
+    k3c_cuda_free(A), k3c_cuda_free(B), k3c_cuda_free(C);
+    const std::string shape = fmt("T%.0f D%.0f I%.0f", T, D, I) + fmt(" E%.0f k%.0f", E, k);
+    for (int gemm : {K3C_GEMM_TF32, K3C_GEMM_BF16}) {
+        auto fwd = [&] {
+            OK(k3c_moe_fwd_cuda(ctx, &s, (float *)x, (int32_t *)ids, (float *)tw, (float *)w[0], (float *)w[1],
+                                (float *)w[2], (float *)y, sv, ws, gemm, &err));
+        };
+        auto bwd = [&] {
+            OK(k3c_moe_bwd_cuda(ctx, &s, (float *)x, (int32_t *)ids, (float *)tw, (float *)w[0], (float *)w[1],
+                                (float *)w[2], sv, (float *)dy, (float *)dx, (float *)dw[0], (float *)dw[1],
+                                (float *)dw[2], (float *)dtw, ws, gemm, &err));
+        };
+        const double f = time_ms(fwd, 2, 7), fb = time_ms([&] { fwd(), bwd(); }, 2, 7);
+        const std::string name = std::string("moe experts ") + k3c_gemm_mode_name(gemm);
+        row((name + " fwd").c_str(), shape, f, dense, fmt("%.0f TFLOP/s; dense bf16 %.0f", flops / (f * 1e-3) / 1e12,
+                                                           flops / (dense * 1e-3) / 1e12));
+        row((name + " fwd+bwd").c_str(), shape, fb, 3 * dense, fmt("%.0f TFLOP/s", 3 * flops / (fb * 1e-3) / 1e12));
+    }
+    for (void *p : {x, y, dy, dx, lg, ids, tw, dtw, sv, ws, w[0], w[1], w[2], dw[0], dw[1], dw[2]}) k3c_cuda_free(p);
+}
+
 int main(int argc, char **argv) {
     k3c_cuda_ctx ctx;
     OK(k3c_cuda_init(&ctx, 0, 0, &err));
@@ -270,6 +316,10 @@ int main(int argc, char **argv) {
     if (strstr(only, "copy")) bench_copy();
     if (strstr(only, "gemm")) bench_gemm(&ctx);
     if (strstr(only, "gmodes")) bench_gemm_modes(&ctx);
+    if (strstr(only, "moe")) {
+        bench_moe(&ctx, 16384, 1024, 512, 64, 8); /* kimi_linear_medium's routed experts */
+        bench_moe(&ctx, 16384, 3584, 3072, 64, 8); /* K3's latent expert (ℓ 3584, I 3072), 64 of its 896 experts */
+    }
     if (strstr(only, "prof")) { /* one call of each op at T = 16K, for ncu */
         g_prof = 1;
         if (strstr(only, "kda")) bench_kda(16384, 1.89, 8.71);

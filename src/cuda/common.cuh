@@ -58,6 +58,10 @@ __device__ __forceinline__ float e2m1(unsigned nib) {
     return nib & 8u ? -v : v;
 }
 
+/* A float result stored as the output's element type (float, or bf16 rounded to nearest). */
+__device__ __forceinline__ void store_as(float *p, float v) { *p = v; }
+__device__ __forceinline__ void store_as(bf16 *p, float v) { *p = __float2bfloat16_rn(v); }
+
 __device__ __forceinline__ float2 unpack_bf16(uint32_t u) {
     __nv_bfloat162 v = *reinterpret_cast<__nv_bfloat162 *>(&u);
     return __bfloat1622float2(v);

@@ -60,7 +60,8 @@ typedef struct {
 
 /* Selects `device`, reads its properties, creates the cuBLASLt handle and a workspace of lt_ws_bytes (0 = 32 MiB),
  * and the lanes (K3C_CUDA_LANES_DEFAULT of them; the environment's K3C_CUDA_LANES = 0..8 overrides, 0 turning them
- * off). bf16_copy is 0 (the copy path has not run on a GPU yet: bench/RESULTS.md 2026-12-05); the environment's K3C_CUDA_BF16_COPY = 0, 1 or 2 overrides. */
+ * off). bf16_copy is 2 (copies where they pay: the kimi_linear_medium step 164.8 → 160.4 ms, H200, bench/RESULTS.md
+ * 2026-12-05); the environment's K3C_CUDA_BF16_COPY = 0, 1 or 2 overrides. */
 int k3c_cuda_init(k3c_cuda_ctx *ctx, int device, size_t lt_ws_bytes, k3c_err *err);
 void k3c_cuda_destroy(k3c_cuda_ctx *ctx);
 /* The lanes wait for the work queued so far on the calling thread's stream (fork), or that stream waits for

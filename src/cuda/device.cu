@@ -48,7 +48,7 @@ extern "C" int k3c_cuda_init(k3c_cuda_ctx *ctx, int device, size_t lt_ws_bytes, 
     }
     ctx->lanes = lanes;
     env = getenv("K3C_CUDA_BF16_COPY");
-    ctx->bf16_copy = env && *env >= '0' && *env <= '2' && !env[1] ? *env - '0' : 0;
+    ctx->bf16_copy = env && *env >= '0' && *env <= '2' && !env[1] ? *env - '0' : 2;
     return K3C_OK;
 }
 

@@ -41,13 +41,14 @@ __device__ __forceinline__ void glu_point(const glu_params &q, float g, float u,
 }
 
 /* h = act(g) ⊙ c(u) over rows × I; rowmap (optional): rows whose entry is < 0 are skipped (padding). */
-__global__ void glu_fwd_kernel(int64_t n, int64_t I, glu_params q, const float *g, const float *u, float *h,
+template <typename T>
+__global__ void glu_fwd_kernel(int64_t n, int64_t I, glu_params q, const float *g, const float *u, T *h,
                                const int32_t *rowmap) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         if (rowmap && rowmap[i / I] < 0) continue;
         float a, c, da, dc;
         glu_point(q, g[i], u[i], a, c, da, dc);
-        h[i] = a * c;
+        k3c_cu::store_as(h + i, a * c);
     }
 }
 
