@@ -466,22 +466,25 @@ extern "C" size_t k3c_moe_workspace_cuda(const k3c_moe_sizes *s) {
 
 namespace {
 
-/* H·W2ᵀ per expert into the float Y (the grouped product reads H as bf16). */
-int down_gemms(k3c_cuda_ctx *ctx, const moe_dims &m, const float *w2, const weights_bf16 *wb,
-               const k3c_moe_groups &groups, const moe_scratch_d &sc, const std::vector<int64_t> &off,
-               const std::vector<int64_t> &pstart, int gemm, k3c_err *err) {
+/* The W2 products per expert, or grouped with bf16 operands: forward Y = H·W2ᵀ (N = D, K = I); backward
+ * dH = dY·W2 (N = I, K = D, W2 read k-major), unscaled by p. */
+int w2_gemms(k3c_cuda_ctx *ctx, const moe_dims &m, bool bwd, const float *w2, const weights_bf16 *wb,
+             const k3c_moe_groups &groups, const moe_scratch_d &sc, const std::vector<int64_t> &off,
+             const std::vector<int64_t> &pstart, int gemm, k3c_err *err) {
+    const float *A = bwd ? sc.Y : sc.H;
+    float *C = bwd ? sc.dH : sc.Y;
+    const int64_t N = bwd ? m.I : m.D, K = bwd ? m.D : m.I;
     if (wb) {
-        const k3c_moe_gemm p = {(const bf16 *)sc.H, wb->w2, m.I, m.I, m.D * m.I, sc.Y, nullptr, m.D, 0, m.D,
-                                0,                  m.D,    m.I};
-        return k3c_moe_gemm_tokens_cuda(&groups, &p, 0, err);
+        const k3c_moe_gemm p = {(const bf16 *)A, wb->w2, K, m.I, m.D * m.I, C, nullptr, N, 0, N, 0, N, K};
+        return k3c_moe_gemm_tokens_cuda(&groups, &p, bwd ? 1 : 0, err);
     }
     int rc;
     if ((rc = k3c_cuda_lanes_fork(ctx, err))) return rc;
     for (int64_t e = 0; e < m.E; e++) {
         const int64_t r0 = pstart[e], n = off[e + 1] - off[e];
         if (n == 0) continue;
-        if ((rc = k3c_matmul_lane_cuda(ctx, (int)e, 0, 1, n, m.D, m.I, 1.0, sc.H + r0 * m.I, w2 + e * m.D * m.I, 0.0,
-                                       sc.Y + r0 * m.D, gemm, err)))
+        if ((rc = k3c_matmul_lane_cuda(ctx, (int)e, 0, bwd ? 0 : 1, n, N, K, 1.0, A + r0 * K, w2 + e * m.D * m.I,
+                                       0.0, C + r0 * N, gemm, err)))
             return rc;
     }
     return k3c_cuda_lanes_join(ctx, err);
@@ -521,7 +524,7 @@ extern "C" int k3c_moe_fwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const
                                                                               sv.pperm);
         K3C_CU_LAUNCHED("moe glu_fwd");
     }
-    if ((rc = down_gemms(ctx, m, w2, wb, groups, sc, off, pstart, gemm, err))) return rc;
+    if ((rc = w2_gemms(ctx, m, false, w2, wb, groups, sc, off, pstart, gemm, err))) return rc;
     combine_kernel<<<(unsigned)m.T, 128, 0, K3C_STREAM>>>((int)m.k, m.D, sv.ppos, topk_w, sc.Y, y, 0);
     K3C_CU_LAUNCHED("moe combine");
     return 0;
@@ -575,27 +578,6 @@ int bwd_per_expert(k3c_cuda_ctx *ctx, const moe_dims &m, const float *w1, const 
     return k3c_cuda_lanes_join(ctx, err);
 }
 
-/* dH = dY W2 (unscaled by p), per expert or grouped (bf16 dY, W2 read [K = D][N = I]). */
-int dh_gemms(k3c_cuda_ctx *ctx, const moe_dims &m, const float *w2, const weights_bf16 *wb,
-             const k3c_moe_groups &groups, const moe_scratch_d &sc, const std::vector<int64_t> &off,
-             const std::vector<int64_t> &pstart, int gemm, k3c_err *err) {
-    const int64_t D = m.D, I = m.I;
-    if (wb) {
-        const k3c_moe_gemm p = {(const bf16 *)sc.Y, wb->w2, D, I, D * I, sc.dH, nullptr, I, 0, I, 0, I, D};
-        return k3c_moe_gemm_tokens_cuda(&groups, &p, 1, err);
-    }
-    int rc;
-    if ((rc = k3c_cuda_lanes_fork(ctx, err))) return rc;
-    for (int64_t e = 0; e < m.E; e++) {
-        const int64_t r0 = pstart[e], n = off[e + 1] - off[e];
-        if (n == 0) continue;
-        if ((rc = k3c_matmul_lane_cuda(ctx, (int)e, 0, 0, n, I, D, 1.0, sc.Y + r0 * D, w2 + e * D * I, 0.0,
-                                       sc.dH + r0 * I, gemm, err)))
-            return rc;
-    }
-    return k3c_cuda_lanes_join(ctx, err);
-}
-
 } // namespace
 
 extern "C" int k3c_moe_bwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const float *x, const int32_t *topk_ids,
@@ -639,7 +621,7 @@ extern "C" int k3c_moe_bwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const
     else
         gather_kernel<<<(unsigned)rows, 128, 0, K3C_STREAM>>>((int)m.k, D, sv.pperm, dy, sc.Y);
     K3C_CU_LAUNCHED("moe gather dy");
-    if ((rc = dh_gemms(ctx, m, w2, wb, groups, sc, off, pstart, gemm, err))) return rc;
+    if ((rc = w2_gemms(ctx, m, true, w2, wb, groups, sc, off, pstart, gemm, err))) return rc;
     if (wb) {
         bf16 *dGU = (bf16 *)sc.dU;
         expert_mid_bwd_kernel<<<(unsigned)rows, 256, 0, K3C_STREAM>>>(I, q, sv.pperm, topk_w, sv.G, sv.U, (bf16 *)sc.H,
