@@ -30,19 +30,23 @@ namespace k3c_cu {
 
 typedef __nv_bfloat16 bf16;
 
-/* The document holding token t of cu_seqlens cu (n_docs + 1 offsets): the last d with cu[d] <= t, so empty documents
- * are passed over; 0 when cu is NULL (one document). */
-__device__ __forceinline__ int doc_of(const int32_t *cu, int n_docs, int64_t t) {
-    if (!cu) return 0;
-    int lo = 0, hi = n_docs - 1;
+/* The last i < n with a[i] <= v over ascending offsets a (a[0] <= v), so empty ranges are passed over. */
+__device__ __forceinline__ int last_at_most(const int32_t *a, int n, int64_t v) {
+    int lo = 0, hi = n - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
-        if (cu[mid] <= t)
+        if (a[mid] <= v)
             lo = mid;
         else
             hi = mid - 1;
     }
     return lo;
+}
+
+/* The document holding token t of cu_seqlens cu (n_docs + 1 offsets): the last d with cu[d] <= t, so empty documents
+ * are passed over; 0 when cu is NULL (one document). */
+__device__ __forceinline__ int doc_of(const int32_t *cu, int n_docs, int64_t t) {
+    return cu ? last_at_most(cu, n_docs, t) : 0;
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {

@@ -15,19 +15,6 @@ constexpr int LD_R = BM + 8; /* [K][rows] tiles: 272-byte rows */
 constexpr int TILE = BM * LD_K > BK * LD_R ? BM * LD_K : BK * LD_R;
 constexpr size_t SMEM = 2 * STAGES * TILE * sizeof(bf16);
 
-/* The expert holding row tile mt: the last e with tile0[e] <= mt (a nonempty expert, since tile0[E] > mt). */
-__device__ __forceinline__ int expert_of_tile(const int32_t *tile0, int E, int mt) {
-    int lo = 0, hi = E - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (tile0[mid] <= mt)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
-}
-
 /* WEIGHTS = 0: a token product (A [rows][K], B per expert [N][K] or, B_KMAJOR, [K][N]); 1: a weight product (A and B
  * both [tokens][·], read transposed along the tokens). */
 template <bool WEIGHTS, bool B_KMAJOR>
@@ -41,7 +28,7 @@ __global__ void __launch_bounds__(THREADS, 2) moe_gemm_kernel(k3c_moe_groups g, 
          * covers few experts, so A is read from memory about once (2-D with the row tiles fastest read it N/BN times) */
         const int ntiles = (int)((p.N + BN - 1) / BN), mt = blockIdx.x / ntiles;
         n0 = (blockIdx.x - mt * ntiles) * BN;
-        e = expert_of_tile(g.table + 2 * E, E, mt);
+        e = last_at_most(g.table + 2 * E, E, mt); /* the expert holding row tile mt (tile0, nonempty) */
         m0 = (mt - g.table[2 * E + e]) * BM;
         mvalid = g.table[E + e] - m0, K = (int)p.K;
     } else {
