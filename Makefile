@@ -58,7 +58,7 @@ $(BUILD)/k3c: $(CLI_OBJ) $(LIB) $(EXTRA_DEPS)
 k3c: $(BUILD)/k3c
 	cp $< $@
 
-$(BUILD)/tests/%: tests/%.c $(LIB) tests/test.h
+$(BUILD)/tests/%: tests/%.c $(LIB) tests/test.h $(EXTRA_DEPS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DK3C_REAL_DOUBLE=1 -Itests $< -o $@ $(LIB) $(LDFLAGS) $(LDLIBS)
 
