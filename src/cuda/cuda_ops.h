@@ -258,11 +258,13 @@ int k3c_moe_bwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const float *x, 
 int k3c_short_conv_fwd_cuda(const k3c_short_conv_dims *d, const int32_t *cu_seqlens, const float *x, const float *w,
                             const float *state_in, float *y, float *state_out, k3c_err *err);
 /* Workspace bytes of the backward: the pre-activation gradient (T·C floats) plus per-segment partial sums of dw
- * (one segment = 256 tokens or more; ⌈T / segment⌉ · C · W floats), each part 256-byte aligned. */
+ * (one segment = 64 tokens or more; ⌈T / segment⌉ · C · W floats), each part 256-byte aligned. The first part is
+ * used only for dstate_in. */
 size_t k3c_short_conv_bwd_workspace_cuda(const k3c_short_conv_dims *d);
-/* Adds dx [T, C], dw [C, W], dstate_in [n_docs, C, W−1] (each may be NULL). dw: each (token segment, channel) sums its
- * tokens in order, then each weight sums its segments in order (deterministic; the CPU sums all tokens in one run, so
- * the two agree within float rounding of that order). ws: k3c_short_conv_bwd_workspace_cuda bytes (may be NULL when
+/* Adds dx [T, C], dw [C, W], dstate_in [n_docs, C, W−1] (each may be NULL). One pass over the tokens (dx, da and the dw
+ * partial sums together). dw: each (token segment, channel) sums its tokens in order, then each weight sums its
+ * segments in a fixed order (deterministic; the CPU sums all tokens in one run, so the two agree within float rounding
+ * of that order). ws: k3c_short_conv_bwd_workspace_cuda bytes (may be NULL when
  * T = 0). */
 int k3c_short_conv_bwd_cuda(const k3c_short_conv_dims *d, const int32_t *cu_seqlens, const float *x, const float *w,
                             const float *state_in, const float *dy, float *dx, float *dw, float *dstate_in, void *ws,
