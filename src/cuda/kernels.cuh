@@ -48,8 +48,6 @@ inline unsigned grid_for(int64_t n, int threads) {
 }
 /* Grids that loop over rows (tokens): one block per row up to 2^20 rows, then block-stride. */
 inline unsigned grid_rows(int64_t rows) { return (unsigned)(rows < (1 << 20) ? (rows > 0 ? rows : 1) : (1 << 20)); }
-/* Threads for a block that strides over a row of n values: enough warps to cover it, at most 256. */
-inline int threads_for_row(int64_t n) { return n >= 256 ? 256 : (int)((n + 31) / 32) * 32; }
 
 } // namespace
 

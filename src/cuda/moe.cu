@@ -371,6 +371,15 @@ struct weights_bf16 {
         w2 = gu + 2 * n;
         return k3c_moe_weights_bf16_cuda(m.E, m.D, m.I, w1, w3, w2_f, gu, w2, err);
     }
+    /* *wb = these weights, made, where the call runs the grouped products (grouped_mode); NULL otherwise. */
+    int make_for(const moe_dims &m, int gemm, const float *w1, const float *w3, const float *w2_f,
+                 const weights_bf16 **wb, k3c_err *err) {
+        *wb = nullptr;
+        if (!grouped_mode(m, gemm)) return 0;
+        const int rc = make(m, w1, w3, w2_f, err);
+        if (!rc) *wb = this;
+        return rc;
+    }
 };
 
 /* Host copy of the plan's offsets → padded starts pstart[E + 1]; uploads delta[e] = pstart[e] − offsets[e] and, for
@@ -505,12 +514,9 @@ extern "C" int k3c_moe_fwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const
     const size_t nsc = scratch_layout(m, ws, &sc);
     saved_layout(m, saved ? saved : (unsigned char *)ws + nsc, &sv);
     weights_bf16 wbuf;
-    const weights_bf16 *wb = nullptr;
+    const weights_bf16 *wb;
     int rc;
-    if (grouped_mode(m, gemm)) {
-        if ((rc = wbuf.make(m, w1, w3, w2, err))) return rc;
-        wb = &wbuf;
-    }
+    if ((rc = wbuf.make_for(m, gemm, w1, w3, w2, &wb, err))) return rc;
     std::vector<int64_t> pstart, off;
     k3c_moe_groups groups = {};
     if ((rc = moe_front(ctx, m, x, topk_ids, w1, w3, wb, &groups, sv, sc, off, pstart, gemm, err))) return rc;
@@ -594,12 +600,9 @@ extern "C" int k3c_moe_bwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const
     moe_saved_d sv;
     const size_t nsc = scratch_layout(m, ws, &sc);
     weights_bf16 wbuf;
-    const weights_bf16 *wb = nullptr;
+    const weights_bf16 *wb;
     int rc;
-    if (grouped_mode(m, gemm)) {
-        if ((rc = wbuf.make(m, w1, w3, w2, err))) return rc;
-        wb = &wbuf;
-    }
+    if ((rc = wbuf.make_for(m, gemm, w1, w3, w2, &wb, err))) return rc;
     std::vector<int64_t> pstart, off((size_t)m.E + 1);
     k3c_moe_groups groups = {};
     if (saved) {

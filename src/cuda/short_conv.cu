@@ -1,7 +1,6 @@
 /* short_conv.cu — fp32 CUDA twin of the causal short convolution + SiLU, forward and backward in one pass over the
- * tokens each (ops/short_conv.c term by term). docs/MODEL.md §3.1 step 2, §3.4 "Short-conv backward"; declarations in cuda/cuda_ops.h. */
-#include <limits.h>
-
+ * tokens each (ops/short_conv.c term by term). docs/MODEL.md §3.1 step 2, §3.4 "Short-conv backward"; declarations
+ * in cuda/cuda_ops.h. */
 #include "cuda/kernels.cuh"
 
 namespace {
