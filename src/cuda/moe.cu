@@ -359,24 +359,28 @@ bool grouped_mode(const moe_dims &m, int gemm) {
     return gemm == K3C_GEMM_BF16 && m.D % 8 == 0 && m.I % 8 == 0 && m.D * m.I <= GROUPED_MAX_DI;
 }
 
-/* The experts' weights in bf16 for one call: gu [E][2I][D] = [W1_e; W3_e], w2 [E][D][I]; stream-ordered memory. */
+/* The experts' weights in bf16 for one call, stream-ordered memory: the forward's gu [E][2I][D] = [W1_e; W3_e] and
+ * w2 [E][D][I], or (t, the backward's) their transposes gu [E][D][2I] and w2 [E][I][D], so that every token product
+ * of either direction reads K-major weights (the wgmma kernel's layout, moe_wgmma.cu). */
 struct weights_bf16 {
     bf16 *gu = nullptr, *w2 = nullptr;
+    bool t = false;
     ~weights_bf16() {
         if (gu) cudaFreeAsync(gu, K3C_STREAM);
     }
-    int make(const moe_dims &m, const float *w1, const float *w3, const float *w2_f, k3c_err *err) {
+    int make(const moe_dims &m, const float *w1, const float *w3, const float *w2_f, bool transposed, k3c_err *err) {
         const size_t n = (size_t)(m.E * m.I * m.D);
         K3C_CU(cudaMallocAsync((void **)&gu, 3 * n * sizeof(bf16), K3C_STREAM));
-        w2 = gu + 2 * n;
-        return k3c_moe_weights_bf16_cuda(m.E, m.D, m.I, w1, w3, w2_f, gu, w2, err);
+        w2 = gu + 2 * n, t = transposed;
+        return t ? k3c_moe_weights_bf16_t_cuda(m.E, m.D, m.I, w1, w3, w2_f, gu, w2, err)
+                 : k3c_moe_weights_bf16_cuda(m.E, m.D, m.I, w1, w3, w2_f, gu, w2, err);
     }
     /* *wb = these weights, made, where the call runs the grouped products (grouped_mode); NULL otherwise. */
-    int make_for(const moe_dims &m, int gemm, const float *w1, const float *w3, const float *w2_f,
+    int make_for(const moe_dims &m, int gemm, const float *w1, const float *w3, const float *w2_f, bool transposed,
                  const weights_bf16 **wb, k3c_err *err) {
         *wb = nullptr;
         if (!grouped_mode(m, gemm)) return 0;
-        const int rc = make(m, w1, w3, w2_f, err);
+        const int rc = make(m, w1, w3, w2_f, transposed, err);
         if (!rc) *wb = this;
         return rc;
     }
@@ -412,10 +416,10 @@ int pad_plan(const moe_dims &m, const std::vector<int64_t> &off, std::vector<int
 int front_gemms(k3c_cuda_ctx *ctx, const moe_dims &m, const float *w1, const float *w3, const weights_bf16 *wb,
                 const k3c_moe_groups &groups, const moe_saved_d &sv, const moe_scratch_d &sc,
                 const std::vector<int64_t> &off, const std::vector<int64_t> &pstart, int gemm, k3c_err *err) {
-    if (wb) {
-        const k3c_moe_gemm p = {(const bf16 *)sc.X, wb->gu, m.D, m.D, 2 * m.I * m.D, sv.G, sv.U, m.I, 0, m.I,
-                                0,                  2 * m.I, m.D};
-        return k3c_moe_gemm_tokens_cuda(&groups, &p, 0, err);
+    if (wb) { /* the backward's recompute has the transposed weights, [K = D][N = 2I] */
+        const k3c_moe_gemm p = {(const bf16 *)sc.X, wb->gu, m.D, wb->t ? 2 * m.I : m.D, 2 * m.I * m.D, sv.G, sv.U, m.I,
+                                0, m.I, 0, 2 * m.I, m.D};
+        return k3c_moe_gemm_tokens_cuda(&groups, &p, wb->t ? 1 : 0, err);
     }
     int rc;
     if ((rc = k3c_cuda_lanes_fork(ctx, err))) return rc; /* the experts' GEMMs side by side (cuda_ops.h "Lanes") */
@@ -476,7 +480,7 @@ extern "C" size_t k3c_moe_workspace_cuda(const k3c_moe_sizes *s) {
 namespace {
 
 /* The W2 products per expert, or grouped with bf16 operands: forward Y = H·W2ᵀ (N = D, K = I); backward
- * dH = dY·W2 (N = I, K = D, W2 read k-major), unscaled by p. */
+ * dH = dY·W2 (N = I, K = D; grouped: W2ᵀ from the transposed weights, K-major), unscaled by p. */
 int w2_gemms(k3c_cuda_ctx *ctx, const moe_dims &m, bool bwd, const float *w2, const weights_bf16 *wb,
              const k3c_moe_groups &groups, const moe_scratch_d &sc, const std::vector<int64_t> &off,
              const std::vector<int64_t> &pstart, int gemm, k3c_err *err) {
@@ -484,8 +488,8 @@ int w2_gemms(k3c_cuda_ctx *ctx, const moe_dims &m, bool bwd, const float *w2, co
     float *C = bwd ? sc.dH : sc.Y;
     const int64_t N = bwd ? m.I : m.D, K = bwd ? m.D : m.I;
     if (wb) {
-        const k3c_moe_gemm p = {(const bf16 *)A, wb->w2, K, m.I, m.D * m.I, C, nullptr, N, 0, N, 0, N, K};
-        return k3c_moe_gemm_tokens_cuda(&groups, &p, bwd ? 1 : 0, err);
+        const k3c_moe_gemm p = {(const bf16 *)A, wb->w2, K, K, m.D * m.I, C, nullptr, N, 0, N, 0, N, K};
+        return k3c_moe_gemm_tokens_cuda(&groups, &p, 0, err);
     }
     int rc;
     if ((rc = k3c_cuda_lanes_fork(ctx, err))) return rc;
@@ -516,7 +520,7 @@ extern "C" int k3c_moe_fwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const
     weights_bf16 wbuf;
     const weights_bf16 *wb;
     int rc;
-    if ((rc = wbuf.make_for(m, gemm, w1, w3, w2, &wb, err))) return rc;
+    if ((rc = wbuf.make_for(m, gemm, w1, w3, w2, false, &wb, err))) return rc;
     std::vector<int64_t> pstart, off;
     k3c_moe_groups groups = {};
     if ((rc = moe_front(ctx, m, x, topk_ids, w1, w3, wb, &groups, sv, sc, off, pstart, gemm, err))) return rc;
@@ -550,8 +554,8 @@ int bwd_grouped(const moe_dims &m, const weights_bf16 &wb, const k3c_moe_groups 
     const k3c_moe_gemm pw13 = {dGU, X, 2 * I, D, 0, dw1, dw3, D, I * D, I, 2 * I, D, 0};
     if ((dw1 || dw3) && (rc = k3c_moe_gemm_weights_cuda(&groups, &pw13, err))) return rc;
     if (!dx) return 0;
-    const k3c_moe_gemm px = {dGU, wb.gu, 2 * I, D, 2 * I * D, sc.Y, nullptr, D, 0, D, 0, D, 2 * I};
-    return k3c_moe_gemm_tokens_cuda(&groups, &px, 1, err);
+    const k3c_moe_gemm px = {dGU, wb.gu, 2 * I, 2 * I, 2 * I * D, sc.Y, nullptr, D, 0, D, 0, D, 2 * I}; /* [W1; W3]ᵀ */
+    return k3c_moe_gemm_tokens_cuda(&groups, &px, 0, err);
 }
 
 /* The same per expert through cuBLASLt (float operands), an expert's five GEMMs in order on its lane. */
@@ -602,7 +606,7 @@ extern "C" int k3c_moe_bwd_cuda(k3c_cuda_ctx *ctx, const k3c_moe_sizes *s, const
     weights_bf16 wbuf;
     const weights_bf16 *wb;
     int rc;
-    if ((rc = wbuf.make_for(m, gemm, w1, w3, w2, &wb, err))) return rc;
+    if ((rc = wbuf.make_for(m, gemm, w1, w3, w2, true, &wb, err))) return rc;
     std::vector<int64_t> pstart, off((size_t)m.E + 1);
     k3c_moe_groups groups = {};
     if (saved) {

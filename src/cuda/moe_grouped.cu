@@ -157,6 +157,28 @@ __global__ void weights_bf16_kernel(int64_t E, int64_t ID, const float *w1, cons
     }
 }
 
+/* dst[e][c][r] (row stride ldd) = src[e][r][c] for an fp32 [R][C] per expert, rounded to bf16: 32 × 32 tiles through
+ * shared memory, so both the reads and the writes are coalesced. */
+__global__ void transpose_bf16_kernel(int64_t R, int64_t C, const float *src, bf16 *dst, int64_t ldd, int64_t s_dst) {
+    __shared__ float t[32][33];
+    const int64_t e = blockIdx.z, r0 = blockIdx.y * 32LL, c0 = blockIdx.x * 32LL;
+    const float *s = src + e * R * C;
+    for (int i = threadIdx.y; i < 32; i += blockDim.y)
+        if (r0 + i < R && c0 + threadIdx.x < C) t[i][threadIdx.x] = s[(r0 + i) * C + c0 + threadIdx.x];
+    __syncthreads();
+    for (int i = threadIdx.y; i < 32; i += blockDim.y)
+        if (c0 + i < C && r0 + threadIdx.x < R)
+            dst[e * s_dst + (c0 + i) * ldd + r0 + threadIdx.x] = __float2bfloat16_rn(t[threadIdx.x][i]);
+}
+
+int transpose_bf16(int64_t E, int64_t R, int64_t C, const float *src, bf16 *dst, int64_t ldd, int64_t s_dst,
+                   k3c_err *err) {
+    const dim3 grid((unsigned)((C + 31) / 32), (unsigned)((R + 31) / 32), (unsigned)E);
+    transpose_bf16_kernel<<<grid, dim3(32, 8), 0, K3C_STREAM>>>(R, C, src, dst, ldd, s_dst);
+    K3C_CU_LAUNCHED("moe transpose_bf16");
+    return 0;
+}
+
 } // namespace
 
 int k3c_moe_gemm_tokens_cuda(const k3c_moe_groups *g, const k3c_moe_gemm *p, int b_kmajor, k3c_err *err) {
@@ -164,6 +186,7 @@ int k3c_moe_gemm_tokens_cuda(const k3c_moe_groups *g, const k3c_moe_gemm *p, int
     if (g->tiles == 0 || p->N == 0) return 0;
     const int64_t blocks = (int64_t)g->tiles * ((p->N + BN - 1) / BN);
     if (blocks > INT32_MAX) return k3c_errf(err, K3C_EINVAL, "moe_gemm_tokens_cuda: %lld tiles", (long long)blocks);
+    if (!b_kmajor && k3c_moe_wgmma_ok()) return k3c_moe_gemm_tokens_wgmma_cuda(g, p, err);
     const dim3 grid((unsigned)blocks);
     return b_kmajor ? launch<false, true>(grid, g, p, err) : launch<false, false>(grid, g, p, err);
 }
@@ -186,4 +209,15 @@ int k3c_moe_weights_bf16_cuda(int64_t E, int64_t D, int64_t I, const float *w1, 
                                                                                                    w2, gu, w2b);
     K3C_CU_LAUNCHED("moe weights_bf16");
     return 0;
+}
+
+int k3c_moe_weights_bf16_t_cuda(int64_t E, int64_t D, int64_t I, const float *w1, const float *w3, const float *w2,
+                                bf16 *guT, bf16 *w2T, k3c_err *err) {
+    if (E < 1 || D < 1 || I < 1 || E > 65535 || (D + 31) / 32 > 65535 || (I + 31) / 32 > 65535)
+        return k3c_errf(err, K3C_EINVAL, "moe_weights_bf16_t_cuda: bad sizes E %lld D %lld I %lld", (long long)E,
+                        (long long)D, (long long)I);
+    int rc;
+    if ((rc = transpose_bf16(E, I, D, w1, guT, 2 * I, 2 * I * D, err))) return rc;     /* [I][D] → columns 0..I−1 */
+    if ((rc = transpose_bf16(E, I, D, w3, guT + I, 2 * I, 2 * I * D, err))) return rc; /* → columns I..2I−1 */
+    return transpose_bf16(E, D, I, w2, w2T, D, I * D, err);                            /* [D][I] → [I][D] */
 }

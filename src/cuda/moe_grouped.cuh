@@ -32,10 +32,18 @@ struct k3c_moe_gemm {
 };
 
 int k3c_moe_gemm_tokens_cuda(const k3c_moe_groups *g, const k3c_moe_gemm *p, int b_kmajor, k3c_err *err);
+/* The token product with both operands K-major (b_kmajor 0) on Hopper's wgmma (moe_wgmma.cu); k3c_moe_gemm_tokens_cuda
+ * takes it where k3c_moe_wgmma_ok (the current device is sm_90). */
+int k3c_moe_wgmma_ok(void);
+int k3c_moe_gemm_tokens_wgmma_cuda(const k3c_moe_groups *g, const k3c_moe_gemm *p, k3c_err *err);
 int k3c_moe_gemm_weights_cuda(const k3c_moe_groups *g, const k3c_moe_gemm *p, k3c_err *err);
 
 /* The experts' weights in bf16 for the grouped products: gu[e] = [w1[e]; w3[e]] ([2I][D]) and w2b = w2 ([E][D][I]). */
 int k3c_moe_weights_bf16_cuda(int64_t E, int64_t D, int64_t I, const float *w1, const float *w3, const float *w2,
                               __nv_bfloat16 *gu, __nv_bfloat16 *w2b, k3c_err *err);
+/* The same transposed, for the backward's token products with K-major weights: guT[e] = [w1[e]; w3[e]]ᵀ ([D][2I]) and
+ * w2T[e] = w2[e]ᵀ ([I][D]). */
+int k3c_moe_weights_bf16_t_cuda(int64_t E, int64_t D, int64_t I, const float *w1, const float *w3, const float *w2,
+                                __nv_bfloat16 *guT, __nv_bfloat16 *w2T, k3c_err *err);
 
 #endif
