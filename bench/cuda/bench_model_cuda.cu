@@ -1,23 +1,61 @@
-/* bench_model_cuda.cu — one whole-model training step (forward + backward, no optimizer) of a config on the CUDA backend
- * and on the CPU reference: ms per step and tokens/s, median of several steps after warm-up. Issue 5 (benchmarks).
+/* bench_model_cuda.cu — one whole-model training step (gradients zeroed, forward, backward and, on the GPU, the
+ * optimizer update) of a config on the CUDA backend and on the CPU reference: ms per step and tokens/s, median of
+ * several steps after warm-up. Issues 5 and 16 (the anchor's step, side_device.py, ends with a fused AdamW update).
  * Usage: bench_model_cuda [config.json] [tokens] [docs] [gemm 0|1|2: fp32, tf32, bf16] [cpu 0|1: also time the CPU reference]
- *        [recompute 0|1: keep only layer outputs, re-run layers in the backward] — long sequences: docs 1, recompute 1. */
+ *        [recompute 0|1: keep only layer outputs, re-run layers in the backward] — long sequences: docs 1, recompute 1.
+ *        [optimizer adamw (default) | muon | none: the GPU step's update, state in device memory] */
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "cuda/testing.cuh"
 
 extern "C" {
 #include "model/model.h"
+#include "ops/backend.h"
+#include "ops/optim.h"
 }
 
 static double now_ms() {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-/* Median ms of `reps` forward+backward steps (after one warm-up step). */
+/* The update that ends the GPU step: the trainer's optimizer (src/train/trainer.c) through the backend table, its
+ * state zeroed in backend memory, at a constant learning rate. */
+struct step_update {
+    const k3c_backend_f32 *be = nullptr;
+    k3c_optim opt{};
+    void *inst = nullptr;
+    float *state = nullptr;
+    int64_t step = 0;
+    void open(harness &h, const k3c_backend_f32 *table, const k3c_model &m, const char *matrix) {
+        be = table;
+        k3c_optim_defaults(&opt);
+        h.ok(k3c_optim_parse_matrix(matrix, &opt.matrix_optimizer, &h.err), "optimizer name");
+        h.ok(k3c_optim_init(&opt, &m.table, &h.err), "optimizer init");
+        state = (float *)be->alloc(sizeof(float) * (opt.state_numel ? opt.state_numel : 1));
+        if (!state) h.ok(k3c_errf(&h.err, K3C_ENOMEM, "optimizer state"), "optimizer state");
+        h.ok(be->zero(state, (int64_t)opt.state_numel, &h.err), "optimizer state");
+        h.ok(be->optim_open(be->ctx, &opt, &m.table, &inst, &h.err), "optimizer open");
+    }
+    void run(harness &h, k3c_model &m) {
+        if (!be) return;
+        h.ok(be->optim_step(inst, &opt, &m.table, 0, m.table.n, (float *)m.w, (const float *)m.g, state, 1e-4, ++step,
+                            &h.err),
+             "optimizer step");
+    }
+    void close() { /* before the backend goes */
+        if (!be) return;
+        be->optim_close(inst);
+        be->free(state);
+        k3c_optim_free(&opt);
+        be = nullptr;
+    }
+};
+
+/* Median ms of `reps` steps (after one warm-up step): zero the gradients, forward, backward, the update (if any). */
 static double time_steps(harness &h, k3c_model &m, const k3c_model_batch &b, int reps, double *arena_gib = nullptr,
-                         double *used_gib = nullptr) {
+                         double *used_gib = nullptr, step_update *upd = nullptr) {
     k3c_arena arena{};
     const size_t bytes = k3c_model_plan_bytes_f32(&m, b.T, b.n_docs);
     if (arena_gib) *arena_gib = (double)bytes / (1u << 30);
@@ -26,10 +64,13 @@ static double time_steps(harness &h, k3c_model &m, const k3c_model_batch &b, int
     for (int i = 0; i <= reps; i++) {
         const double t0 = now_ms();
         k3c_arena_reset(&arena, 0);
+        if (upd && upd->be) h.ok(upd->be->zero((float *)m.g, (int64_t)m.table.total, &h.err), "zero gradients");
         k3c_acts *acts;
         double loss;
         h.ok(k3c_model_forward_f32(&m, &b, &arena, &acts, &loss, nullptr, &h.err), "forward");
         h.ok(k3c_model_backward_f32(&m, acts, 1.0, &h.err), "backward"); /* ends with a synchronisation */
+        if (upd) upd->run(h, m);
+        if (upd && upd->be) h.ok(upd->be->sync(&h.err), "sync");
         if (i) t.push_back(now_ms() - t0);
     }
     size_t free_b = 0, total_b = 0;
@@ -47,6 +88,7 @@ int main(int argc, char **argv) {
     const int gemm = argc > 4 ? atoi(argv[4]) : K3C_GEMM_TF32;
     const int with_cpu = argc > 5 ? atoi(argv[5]) : 1;
     const int recompute = argc > 6 ? atoi(argv[6]) : 0;
+    const char *optimizer = argc > 7 ? argv[7] : "adamw";
     const int reps = T >= 262144 ? 3 : 10; /* a 1M-token step takes tens of seconds */
     harness h;
     k3c_config cfg;
@@ -66,23 +108,27 @@ int main(int argc, char **argv) {
     const double cpu_ms = with_cpu ? time_steps(h, m, b, 2) : NAN;
     h.ok(k3c_model_use_backend_f32(&m, &cb.table, &h.err), "to cuda");
     double arena_gib = 0, used_gib = NAN;
-    const double gpu_ms = time_steps(h, m, b, reps, &arena_gib, &used_gib);
+    step_update upd;
+    if (strcmp(optimizer, "none") != 0) upd.open(h, &cb.table, m, optimizer);
+    const double gpu_ms = time_steps(h, m, b, reps, &arena_gib, &used_gib, &upd);
     double f16_ms = NAN; /* the fp16-kernel variant only at training lengths: a long step takes tens of seconds */
     if (T < 262144) {
         k3c_cuda_backend_kernels(&cb, K3C_KERNELS_FP16);
         h.ok(k3c_model_use_backend_f32(&m, &cb.table, &h.err), "to cuda (fp16 kernels)");
-        f16_ms = time_steps(h, m, b, reps);
+        f16_ms = time_steps(h, m, b, reps, nullptr, nullptr, &upd);
     }
     printf(
-        "\n==== whole-model training step (forward + backward), %s, %lld tokens in %d documents, recompute %d ====\n",
-        cfg_path, (long long)T, docs, recompute);
+        "\n==== whole-model training step (forward + backward + %s update), %s, %lld tokens in %d documents, recompute "
+        "%d ====\n",
+        optimizer, cfg_path, (long long)T, docs, recompute);
     printf("memory: activation arena %.2f GiB; device memory in use at the end of the steps %.2f GiB\n", arena_gib,
            used_gib);
     printf("%-28s %12s %14s\n", "backend", "ms/step", "tokens/s");
-    printf("%-28s %12.2f %14.0f\n", "cpu (this host, OpenMP)", cpu_ms, T / cpu_ms * 1e3);
+    printf("%-28s %12.2f %14.0f\n", "cpu (OpenMP, no update)", cpu_ms, T / cpu_ms * 1e3);
     printf("cuda (%s GEMMs)%*s %12.2f %14.0f\n", k3c_gemm_mode_name(gemm), 11, "", gpu_ms, T / gpu_ms * 1e3);
     printf("%-28s %12.2f %14.0f\n", "  same, fp16 KDA/attention", f16_ms, T / f16_ms * 1e3);
     if (with_cpu) printf("speed-up %.1fx on %s\n", cpu_ms / gpu_ms, cb.cu.name);
+    upd.close();
     k3c_model_free_f32(&m);
     k3c_cuda_backend_destroy(&cb);
     return 0;
