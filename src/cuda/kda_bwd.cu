@@ -214,10 +214,12 @@ template <int DK> struct cbwd_layout {
 };
 
 __device__ __forceinline__ float bf(const elem x) { return from_e(x); }
-__device__ __forceinline__ void add2(float *p, float x, float y) {
-    float2 v = *reinterpret_cast<float2 *>(p);
-    v.x += x, v.y += y;
-    *reinterpret_cast<float2 *>(p) = v;
+/* The gradients are added into global memory as reductions (RED: the thread does not wait for the old value), not as
+ * load–add–store, which stalled each thread on one memory round trip per add. Every address still has its adders in
+ * a fixed order (one thread in program order, or threads separated by a barrier), so the sums are the same float
+ * additions in the same order as before (float atomics flush subnormal values, below 1.2e-38, to zero). */
+__device__ __forceinline__ void red2(float *p, float x, float y) {
+    atomicAdd(reinterpret_cast<float2 *>(p), make_float2(x, y));
 }
 
 template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel(cbwd_args a) {
@@ -366,9 +368,7 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
                     const int64_t off = (row0 + row * rs) * a.DV + col;
                     const float y0 = dy[nt][2 * hf], y1 = dy[nt][2 * hf + 1];
                     const float2 vv = unpack_e(*reinterpret_cast<const uint32_t *>(a.v + off));
-                    float2 cur = *reinterpret_cast<float2 *>(a.dv + off);
-                    cur.x += bs[row] * y0, cur.y += bs[row] * y1;
-                    *reinterpret_cast<float2 *>(a.dv + off) = cur;
+                    red2(a.dv + off, bs[row] * y0, bs[row] * y1);
                     (hf ? dbv1 : dbv0) += y0 * vv.x + y1 * vv.y;
                 }
         }
@@ -417,8 +417,8 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
                 cs0 += k0 * dk0, cs1 += k1 * dk1;
                 if (row < L.len) {
                     const int64_t off = (row0 + row * rs) * DK + col;
-                    add2(a.dq + off, dq0, dq1);
-                    add2(a.dk + off, dk0, dk1);
+                    red2(a.dq + off, dq0, dq1);
+                    red2(a.dk + off, dk0, dk1);
                 }
             }
 #pragma unroll
@@ -483,7 +483,7 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
                 (hf ? db1 : db0) += x0 * kg0 + x1 * kg1;
                 dGs[j * LDD + d] += bs[j] * kg0 * x0;
                 dGs[j * LDD + d + 1] += bs[j] * kg1 * x1;
-                if (j < L.len) add2(a.dk + (row0 + j * rs) * DK + d, bs[j] * ga0 * x0, bs[j] * ga1 * x1);
+                if (j < L.len) red2(a.dk + (row0 + j * rs) * DK + d, bs[j] * ga0 * x0, bs[j] * ga1 * x1);
             }
         db0 += __shfl_xor_sync(0xffffffffu, db0, 1), db0 += __shfl_xor_sync(0xffffffffu, db0, 2);
         db1 += __shfl_xor_sync(0xffffffffu, db1, 1), db1 += __shfl_xor_sync(0xffffffffu, db1, 2);
@@ -586,8 +586,8 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
                     (hf ? pb1 : pb0) += k0 * ak0 + k1 * ak1; /* dβ_i += Σ_j dL_ij L_ij / β_i */
                     if (i < L.len) {
                         const int64_t off = (row0 + i * rs) * DK + d;
-                        add2(a.dq + off, dq0, dq1);
-                        add2(a.dk + off, bs[i] * ak0, bs[i] * ak1);
+                        red2(a.dq + off, dq0, dq1);
+                        red2(a.dk + off, bs[i] * ak0, bs[i] * ak1);
                     }
                 }
             pb0 += __shfl_xor_sync(0xffffffffu, pb0, 1), pb0 += __shfl_xor_sync(0xffffffffu, pb0, 2);
@@ -637,7 +637,7 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
                 const int j = r0w + g8 + 8 * hf, d = nt * 8 + 2 * t4;
                 dGs[j * LDD + d] -= bf(Ks[j * LDK + d]) * acc5[nt][2 * hf];
                 dGs[j * LDD + d + 1] -= bf(Ks[j * LDK + d + 1]) * acc5[nt][2 * hf + 1];
-                if (j < L.len) add2(a.dk + (row0 + j * rs) * DK + d, acc5[nt][2 * hf], acc5[nt][2 * hf + 1]);
+                if (j < L.len) red2(a.dk + (row0 + j * rs) * DK + d, acc5[nt][2 * hf], acc5[nt][2 * hf + 1]);
             }
     __syncthreads();
     /* diagonal tiles elementwise, thread → (channel d, block); row sums in registers, column sums in a 16-entry
@@ -664,7 +664,7 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
             }
             const float dqi = a.scale * rq, dki = bi * rk;
             dGs[i * LDD + d] += qi * dqi + ki * dki;
-            if (i < L.len) a.dq[(row0 + i * rs) * DK + d] += dqi, a.dk[(row0 + i * rs) * DK + d] += dki;
+            if (i < L.len) atomicAdd(a.dq + (row0 + i * rs) * DK + d, dqi), atomicAdd(a.dk + (row0 + i * rs) * DK + d, dki);
             float pb = ki * rk;
 #pragma unroll
             for (int o = 16; o; o >>= 1) pb += __shfl_xor_sync(0xffffffffu, pb, o);
@@ -674,7 +674,7 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
         for (int jj = 0; jj < 16; jj++) {
             const int j = j0 + jj;
             dGs[j * LDD + d] -= bf(Ks[j * LDK + d]) * colk[jj];
-            if (j < L.len) a.dk[(row0 + j * rs) * DK + d] += colk[jj];
+            if (j < L.len) atomicAdd(a.dk + (row0 + j * rs) * DK + d, colk[jj]);
         }
     }
     __syncthreads();
@@ -690,7 +690,7 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
         s = 0.f;
         for (int i = 63; i >= 0; i--) {
             s += dGs[i * LDD + d];
-            if (i < L.len) a.dg[(row0 + i * rs) * DK + d] += s;
+            if (i < L.len) atomicAdd(a.dg + (row0 + i * rs) * DK + d, s);
         }
     }
     if (tid < L.len) {
