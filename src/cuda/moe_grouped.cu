@@ -195,6 +195,7 @@ int k3c_moe_gemm_weights_cuda(const k3c_moe_groups *g, const k3c_moe_gemm *p, k3
     if (check(g, p, "moe_gemm_weights_cuda", err)) return K3C_EINVAL;
     if (p->M == 0 || p->N == 0) return 0;
     if (g->experts > 65535) return k3c_errf(err, K3C_EINVAL, "moe_gemm_weights_cuda: %d experts > 65535", g->experts);
+    if (k3c_moe_wgmma_ok()) return k3c_moe_gemm_weights_wgmma_cuda(g, p, err);
     const dim3 grid((unsigned)((p->N + BN - 1) / BN), (unsigned)((p->M + BM - 1) / BM), (unsigned)g->experts);
     return launch<true, true>(grid, g, p, err);
 }

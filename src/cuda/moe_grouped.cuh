@@ -32,10 +32,13 @@ struct k3c_moe_gemm {
 };
 
 int k3c_moe_gemm_tokens_cuda(const k3c_moe_groups *g, const k3c_moe_gemm *p, int b_kmajor, k3c_err *err);
-/* The token product with both operands K-major (b_kmajor 0) on Hopper's wgmma (moe_wgmma.cu); k3c_moe_gemm_tokens_cuda
- * takes it where k3c_moe_wgmma_ok (the current device is sm_90). */
+/* The token product with both operands K-major (b_kmajor 0) and the weight product (both operands token-major, read
+ * MN-major) on Hopper's wgmma (moe_wgmma.cu); k3c_moe_gemm_tokens_cuda and k3c_moe_gemm_weights_cuda take them where
+ * k3c_moe_wgmma_ok (the current device is sm_90), the mma.sync kernels elsewhere. Neither checks its arguments: the
+ * callers' checks stand. */
 int k3c_moe_wgmma_ok(void);
 int k3c_moe_gemm_tokens_wgmma_cuda(const k3c_moe_groups *g, const k3c_moe_gemm *p, k3c_err *err);
+int k3c_moe_gemm_weights_wgmma_cuda(const k3c_moe_groups *g, const k3c_moe_gemm *p, k3c_err *err);
 int k3c_moe_gemm_weights_cuda(const k3c_moe_groups *g, const k3c_moe_gemm *p, k3c_err *err);
 
 /* The experts' weights in bf16 for the grouped products: gu[e] = [w1[e]; w3[e]] ([2I][D]) and w2b = w2 ([E][D][I]). */
