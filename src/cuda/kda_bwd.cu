@@ -664,7 +664,10 @@ template <int DK> __global__ void __launch_bounds__(256, 1) kda_chunk_bwd_kernel
             }
             const float dqi = a.scale * rq, dki = bi * rk;
             dGs[i * LDD + d] += qi * dqi + ki * dki;
-            if (i < L.len) atomicAdd(a.dq + (row0 + i * rs) * DK + d, dqi), atomicAdd(a.dk + (row0 + i * rs) * DK + d, dki);
+            if (i < L.len) {
+                atomicAdd(a.dq + (row0 + i * rs) * DK + d, dqi);
+                atomicAdd(a.dk + (row0 + i * rs) * DK + d, dki);
+            }
             float pb = ki * rk;
 #pragma unroll
             for (int o = 16; o; o >>= 1) pb += __shfl_xor_sync(0xffffffffu, pb, o);

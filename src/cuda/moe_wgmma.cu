@@ -241,10 +241,8 @@ int k3c_moe_gemm_tokens_wgmma_cuda(const k3c_moe_groups *g, const k3c_moe_gemm *
     return 0;
 }
 
+/* k3c_moe_gemm_weights_cuda has checked the sizes: M, N > 0, experts ≤ 65535 (the grid's z) */
 int k3c_moe_gemm_weights_wgmma_cuda(const k3c_moe_groups *g, const k3c_moe_gemm *p, k3c_err *err) {
-    if (p->M == 0 || p->N == 0) return 0;
-    if (g->experts > 65535)
-        return k3c_errf(err, K3C_EINVAL, "moe_gemm_weights_wgmma_cuda: %d experts > 65535", g->experts);
     const dim3 grid((unsigned)((p->N + BN - 1) / BN), (unsigned)((p->M + BM - 1) / BM), (unsigned)g->experts);
     K3C_CU(cudaFuncSetAttribute(moe_wgmma_weights_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM));
     moe_wgmma_weights_kernel<<<grid, THREADS, SMEM, K3C_STREAM>>>(*g, *p);
