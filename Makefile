@@ -12,7 +12,7 @@ CFLAGS  := -std=c11 $(OPT) $(SAN) -g -fopenmp -Wall -Wextra -Wpointer-arith -Wer
 OPENBLAS_LIB := /usr/lib/x86_64-linux-gnu/openblas-openmp
 LDLIBS  := -L$(OPENBLAS_LIB) -Wl,-rpath,$(OPENBLAS_LIB) -lopenblas -lmicrohttpd -lpng -ljpeg -lseccomp -lm -lpthread $(EXTRA_LDLIBS)
 LDFLAGS := -fopenmp $(SAN)
-# MPI (src/dist/comm_mpi.c only): include and link flags from OpenMPI's wrapper or pkg-config, so the library builds
+# MPI (src/parallel/comm_mpi.c only): include and link flags from OpenMPI's wrapper or pkg-config, so the library builds
 # with the plain compiler; `make K3C_MPI=0` (or no MPI installed) builds the communicator without it.
 K3C_MPI ?= $(if $(shell command -v mpicc 2>/dev/null || pkg-config --exists ompi-c 2>/dev/null && echo y),1,0)
 ifeq ($(K3C_MPI),1)
@@ -41,7 +41,7 @@ all: $(LIB) k3c
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
-$(BUILD)/obj/src/dist/comm_mpi.o: CFLAGS += $(MPI_CFLAGS)
+$(BUILD)/obj/src/parallel/comm_mpi.o: CFLAGS += $(MPI_CFLAGS)
 $(BUILD)/obj/%.f32.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DK3C_REAL_DOUBLE=0 -c $< -o $@
@@ -134,25 +134,25 @@ cuda-tests: cuda
 	@+$(CUDA_MAKE) build/cuda/tests/test_backend_ops $(CU_PROG_BIN)
 
 # ---------------------------------------------------------------- NCCL (compiles without a GPU; not part of `make cuda`)
-# The NCCL communicator (src/dist/comm_nccl.cu) and its test build/nccl/test_comm_nccl, linked with the CPU library (MPI
+# The NCCL communicator (src/parallel/comm_nccl.cu) and its test build/nccl/test_comm_nccl, linked with the CPU library (MPI
 # bootstraps the multi-rank case) and -lnccl: run it alone (one rank) or under mpirun with one GPU per rank.
 # build/nccl/k3c and build/nccl/test_dist_nccl are the GPU build of `make cuda` with NCCL and MPI (the CPU build's
 # comm_mpi.o, which bootstraps NCCL under mpirun): the GPU's parallel training step (docs/PARALLEL.md "Launch").
 NCCL_HOME ?= $(CUDA_HOME)
 NCCL_LIBS := -L$(NCCL_HOME)/lib64 -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcudart -lstdc++
-NCCL_CUDA_LINK := $(BUILD)/obj/src/dist/comm_mpi.o build/nccl/comm_nccl.o build/cuda/libk3c.a $(CU_OBJ) \
+NCCL_CUDA_LINK := $(BUILD)/obj/src/parallel/comm_mpi.o build/nccl/comm_nccl.o build/cuda/libk3c.a $(CU_OBJ) \
 	    build/cuda/libk3c.a $(LDFLAGS) $(LDLIBS) $(CUDA_LIBS) $(NCCL_LIBS)
-build/nccl/comm_nccl.o: src/dist/comm_nccl.cu src/dist/comm.h
+build/nccl/comm_nccl.o: src/parallel/comm_nccl.cu src/parallel/comm.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -I$(NCCL_HOME)/include -c $< -o $@
 build/nccl/test_comm_nccl: tests/nccl/nccl_comm.c build/nccl/comm_nccl.o $(LIB) tests/test.h
 	$(CC) $(CFLAGS) -DK3C_REAL_DOUBLE=1 -Itests -I$(CUDA_HOME)/include $< build/nccl/comm_nccl.o -o $@ $(LIB) $(LDFLAGS) \
 	    $(LDLIBS) $(NCCL_LIBS)
-build/nccl/test_dist_nccl: tests/nccl/dist_nccl.c build/nccl/comm_nccl.o $(BUILD)/obj/src/dist/comm_mpi.o \
+build/nccl/test_dist_nccl: tests/nccl/dist_nccl.c build/nccl/comm_nccl.o $(BUILD)/obj/src/parallel/comm_mpi.o \
 	    build/cuda/libk3c.a $(CU_OBJ) tests/test.h
 	$(CC) $(CFLAGS) -DK3C_CUDA -DK3C_REAL_DOUBLE=1 -Itests -I$(CUDA_HOME)/include $< -o $@ $(NCCL_CUDA_LINK)
 NCCL_CLI_OBJ := $(patsubst %.c,build/cuda/obj/%.o,$(CLI_SRC))
-build/nccl/k3c: build/nccl/comm_nccl.o $(BUILD)/obj/src/dist/comm_mpi.o build/cuda/libk3c.a $(CU_OBJ) $(NCCL_CLI_OBJ)
+build/nccl/k3c: build/nccl/comm_nccl.o $(BUILD)/obj/src/parallel/comm_mpi.o build/cuda/libk3c.a $(CU_OBJ) $(NCCL_CLI_OBJ)
 	$(CC) -o $@ $(NCCL_CLI_OBJ) $(NCCL_CUDA_LINK)
 nccl: $(LIB) build/nccl/test_comm_nccl
 	@+$(CUDA_MAKE) $(CU_OBJ) build/cuda/k3c

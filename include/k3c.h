@@ -716,7 +716,7 @@ typedef struct {
     FILE *progress;      /* progress bar (drawn only when a terminal; NULL = none) */
     FILE *log;           /* per-step lines (NULL = none) */
     const void *backend; /* the k3c_backend_f32 (ops/backend.h) the model runs on; NULL = the CPU reference */
-    void *comm;          /* the k3c_comm (src/dist/comm.h) of every rank of the run; NULL = this process alone. Rank 0
+    void *comm;          /* the k3c_comm (src/parallel/comm.h) of every rank of the run; NULL = this process alone. Rank 0
                             writes metrics and checkpoints */
 } k3c_train_opts;
 

@@ -6,11 +6,11 @@
 #define K3C_TEST_DIST_FIXTURE_H
 
 #include "base/check.h"
-#include "dist/cp.h"
-#include "dist/dp.h"
-#include "dist/ep.h"
-#include "dist/pp.h"
-#include "dist/tp.h"
+#include "parallel/cp.h"
+#include "parallel/dp.h"
+#include "parallel/ep.h"
+#include "parallel/pp.h"
+#include "parallel/tp.h"
 #include "model/config.h"
 
 #define T_BATCH 160

@@ -5,7 +5,7 @@
 #ifndef K3C_TEST_MPI_LAUNCH_H
 #define K3C_TEST_MPI_LAUNCH_H
 
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 /* The closing line of one rank (the launcher parses it; "N passed, N failed" alone is the launcher's). */
 static inline void test_rank_summary(int rank) {

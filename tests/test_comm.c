@@ -1,4 +1,4 @@
-/* test_comm.c — every operation of the communicator (src/dist/comm.h) against hand-computed results: on the one-rank
+/* test_comm.c — every operation of the communicator (src/parallel/comm.h) against hand-computed results: on the one-rank
  * self communicator here, and on 2 and 4 MPI ranks (the program relaunches itself under mpirun, tests/mpi_launch.h),
  * blocking and started/waited, in place, on the world and on split sub-groups, plus the argument errors. */
 #include "test.h"

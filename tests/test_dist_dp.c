@@ -1,9 +1,9 @@
-/* test_dist_dp.c — data parallelism with ZeRO-1 (src/dist/dp.c) and expert parallelism (src/dist/ep.c) equal one
+/* test_dist_dp.c — data parallelism with ZeRO-1 (src/parallel/dp.c) and expert parallelism (src/parallel/ep.c) equal one
  * process: the tiny K3 model (configs/k3_test_tiny.json: KDA + MLA, 4 experts top-2, AttnRes) trained for 3 steps on
  * one global batch of packed documents, once whole on every rank (the reference: the trainer's single-process step)
  * and once split over the ranks (the trainer's parallel step) at every layout of the ranks: dp = N, ep = N, dp2×ep2,
- * pp = N (4 micro-batches, 1F1B), dp2×pp2, ep2×pp2, tp = N (src/dist/tp.c; tp4 on a 4-head variant), dp2×tp2,
- * tp2×pp2, ep2×tp2, cp = N (src/dist/cp.c), dp2×cp2, cp2×ep2, cp2×pp2 and cp2×tp2; on 8 ranks ep2×tp2×pp2,
+ * pp = N (4 micro-batches, 1F1B), dp2×pp2, ep2×pp2, tp = N (src/parallel/tp.c; tp4 on a 4-head variant), dp2×tp2,
+ * tp2×pp2, ep2×tp2, cp = N (src/parallel/cp.c), dp2×cp2, cp2×ep2, cp2×pp2 and cp2×tp2; on 8 ranks ep2×tp2×pp2,
  * cp2×tp2×pp2 and ep2×cp2×tp2; on 16 ranks ep2×tp2×pp2×cp2 (2 micro-batches).
  * fp32; relative difference of a tensor = ‖x − ref‖₂ / ‖ref‖₂ per parameter-table entry (test_rel_err), tolerance
  * 1e-5 for the loss, every gradient of step 1 (after the sum over ranks) and every weight and optimizer-state entry

@@ -287,7 +287,7 @@ static void recompute_same(void) {
     for (int mode = 0; mode < 3; mode++) free(g[mode]);
 }
 
-/* The model as a chain of layer ranges (pipeline stages, dist/pp.c): each stage its own model and arena, the boundary
+/* The model as a chain of layer ranges (pipeline stages, parallel/pp.c): each stage its own model and arena, the boundary
  * tensors (AttnRes blocks and partial sum) copied forward and their gradients back. The loss and the gradients summed
  * over the stages equal the whole model's bit for bit: every stream gradient is summed in the same order. */
 static void ranges_same(void) {

@@ -1,7 +1,7 @@
 /* test_plan.c — `k3c plan`: exact parameter totals (K3, the golden tiny models, a hand-built config), FLOPs, memory and
  * communication formulas against hand-computed small cases, layout errors, the K3 search at 4096 GPUs × 1M, the CLI. */
 #include "base/json.h"
-#include "dist/pp.h"
+#include "parallel/pp.h"
 #include "model/params.h"
 #include "plan/plan.h"
 #include "test.h"
@@ -468,7 +468,7 @@ static void test_cli(void) {
  * pipeline stage's table the plan's parameters of that stage (its layers, the embedding on the first, the head on the
  * last);
  * ZeRO-1 shards the experts' state over the ranks holding the same ones (dp·cp·tp, the plan's expert DP group) and the
- * rest over dp·ep·cp, as src/dist/dp.c does (k3c_dp_init_experts). */
+ * rest over dp·ep·cp, as src/parallel/dp.c does (k3c_dp_init_experts). */
 /* The plan's parameters per GPU of layout L's first stage (*sp) and the parameter table of one of its ranks (*t: its
  * EP rank's experts, TP rank 0's shares). */
 static void plan_and_table(const k3c_config *c, const k3c_plan_layout *L, k3c_plan_stage_params *sp,
@@ -524,7 +524,7 @@ static void test_memory_matches_tables(void) {
             k3c_plan_stage_params_of(&m, &L, s, &sp);
             int64_t first, count;
             k3c_plan_stage_layers(c.num_layers, pp, s, &first, &count);
-            k3c_residency r = k3c_residency_whole(&c); /* the trainer's stage (dist/pp.c) is the plan's */
+            k3c_residency r = k3c_residency_whole(&c); /* the trainer's stage (parallel/pp.c) is the plan's */
             k3c_pp_layers(&c, (int)s, (int)pp, &r.layer0, &r.layer1);
             CHECK(r.layer0 == first && r.layer1 == first + count,
                   "pp%lld stage %lld: layers [%d, %d), plan [%lld, %lld)", (long long)pp, (long long)s, r.layer0,

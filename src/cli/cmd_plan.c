@@ -2,7 +2,7 @@
  * layouts for training (or serving) a Kimi-K3-class model on N GPUs (src/plan, docs/PLAN.md). */
 #include "base/json.h"
 #include "cli.h"
-#include "dist/dp.h"
+#include "parallel/dp.h"
 #include "plan/plan.h"
 
 #include <stdlib.h>

@@ -2,7 +2,7 @@
  * JSONL, periodic validation and atomic checkpoints (k3c_train_run in k3c.h), then plots the metrics to PNG (plot.c). */
 #include "cli.h"
 
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -30,7 +30,7 @@ typedef struct {
     size_t telemetry_bytes;
 } k3c_step_stats;
 
-/* Routed experts that live on other ranks (expert parallelism, src/dist/ep.c): replaces the backend's moe_fwd /
+/* Routed experts that live on other ranks (expert parallelism, src/parallel/ep.c): replaces the backend's moe_fwd /
  * moe_bwd of every MoE layer with the same contract (ops/moe.h: y overwritten; dx, dw*, dtopk_w added), exchanging
  * token rows with the ranks that hold the experts. Float32 models only (real_bytes 4); layer l keeps what its
  * backward needs until the next forward of l. */
@@ -43,7 +43,7 @@ typedef struct {
     void *ctx;
 } k3c_expert_exchange;
 
-/* Tensor parallelism (src/dist/tp.c, docs/PARALLEL.md "Tensor parallelism"): the model holds only its rank's share of
+/* Tensor parallelism (src/parallel/tp.c, docs/PARALLEL.md "Tensor parallelism"): the model holds only its rank's share of
  * every split tensor (k3c_residency.tp_rank, tp_size) and computes with it: rank r of `size` the KDA and MLA heads
  * [r·H/size, (r+1)·H/size), the same share of the rows of the dense MLP's and the shared experts' intermediate, of the
  * vocabulary rows of the embedding and lm_head (k3c_tp_split). sum() adds a partial result over the TP group in place
@@ -66,7 +66,7 @@ typedef struct {
     void *ctx;
 } k3c_tensor_parallel;
 
-/* Context parallelism (src/dist/cp.c, docs/PARALLEL.md "Context parallelism"): the batch's sequence is split into
+/* Context parallelism (src/parallel/cp.c, docs/PARALLEL.md "Context parallelism"): the batch's sequence is split into
  * contiguous token ranges over the ranks of a CP group, and the sequence-mixing layers exchange what crosses a range
  * boundary through this hook: the short-conv tails and the KDA state go rank to rank (their gradients back), MLA
  * gathers the normalised latent and the shared k_pe slot of every token (its gradient reduce-scattered back). The
@@ -110,7 +110,7 @@ enum { K3C_CP_H0 = 0, K3C_CP_HT = 1, K3C_CP_DHT = 2, K3C_CP_DH0 = 3 };
 /* Called by the backward after layer l's backward (l from l1 − 1 down to l0), and with l = num_layers after the head's
  * (a range that ends at the last layer): every gradient entry of layer l (table entries with layer == l; for
  * num_layers the final mix, norm and lm_head after the layers) is final for this backward, nothing later in it writes
- * them, so the caller may start reducing them while the backward goes on (data parallelism, src/dist/dp.c,
+ * them, so the caller may start reducing them while the backward goes on (data parallelism, src/parallel/dp.c,
  * docs/PARALLEL.md "Data parallelism (ZeRO-1)"). On a device backend the gradients may still be in flight on the
  * backend's stream: the callee orders its reads after it (the NCCL communicator does). */
 typedef struct {

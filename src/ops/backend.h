@@ -55,7 +55,7 @@ static inline const char *k3c_backend_feature_name(k3c_backend_feature f) {
         /* 1 when this backend honours feature f set to value (see k3c_backend_feature), else 0 */                       \
         int (*supports)(k3c_backend_feature f, int64_t value);                                                           \
         /* 1 when this instance's kernels already round activations to bf16 (the CUDA bf16 kernel mode, set by        \
-           k3c_cuda_backend_kernels): activation rows crossing ranks may then travel as bf16 (dist/ep.c); 0 (the     \
+           k3c_cuda_backend_kernels): activation rows crossing ranks may then travel as bf16 (parallel/ep.c); 0 (the     \
            CPU tables, the GPU's fp16 and fp32 checking modes): as real */                                           \
         int wire_bf16;                                                                                                   \
         /* moves and elementwise (ops/elementwise.c) */                                                                  \
@@ -132,7 +132,7 @@ static inline const char *k3c_backend_feature_name(k3c_backend_feature f) {
         int (*moe_bwd)(void *ctx, const k3c_moe_sizes *s, const real *x, const int32_t *topk_ids, const real *topk_w,    \
                        const real *w1, const real *w3, const real *w2, const void *saved, const real *dy, real *dx,      \
                        real *dw1, real *dw3, real *dw2, real *dtopk_w, void *ws, k3c_err *err);                          \
-        /* The permutation steps of ops/moe.h on their own (expert parallelism, dist/ep.c), in slot order: moe_gather \
+        /* The permutation steps of ops/moe.h on their own (expert parallelism, parallel/ep.c), in slot order: moe_gather \
            (xperm[r] = x[perm[r] / k], r < rows), moe_gather_bwd (its adjoint: dx[t] += the rows pos[t·k + j] of t's \
            live slots, added one by one), moe_combine (k3c_moe_combine: overwrites y), moe_combine_bwd (dyperm,     \
            dw each may be NULL: dyperm[pos[i]] = w[i]·dy[i / k], dw[i] += ⟨dy[i / k], yperm[pos[i]]⟩ for each live \

@@ -13,7 +13,7 @@
 #ifndef K3C_TRAIN_CHECKPOINT_H
 #define K3C_TRAIN_CHECKPOINT_H
 
-#include "dist/comm.h"
+#include "parallel/comm.h"
 #include "model/model.h"
 #include "ops/optim.h"
 

@@ -69,7 +69,7 @@ static int get_str(ctx *c, const k3c_json *o, const char *where, const char *key
 }
 
 /* "parallel": {"dp", "ep", "tp", "pp", "cp"}, each ≥ 1 (absent keys 1), "micro_batches" (≥ 1, absent: pp) and
- * "force" (a boolean, absent: false); checked against the world and the model when the run starts (dist/layout.c).
+ * "force" (a boolean, absent: false); checked against the world and the model when the run starts (parallel/layout.c).
  * No block leaves every degree 0. */
 static int parse_parallel(ctx *c, const k3c_json *p, k3c_parallel *out, int *force) {
     static const char *const keys[] = {"dp", "ep", "tp", "pp", "cp", "micro_batches", "force", NULL};

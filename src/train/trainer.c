@@ -5,15 +5,15 @@
  * Every step op runs through the model's backend table (ops/backend.h), the same code on the CPU and a device. The host
  * waits for the device twice per step: for the loss (end of the forward) and the gradient norm (it decides the clip and
  * is logged); after QB it downloads the step's telemetry (the MoE layers' routed expert ids and the QK-Clip count, one
- * contiguous range of the step statistics) for the load metrics. Under mpirun the step is split by dist/ (dp.h, ep.h,
+ * contiguous range of the step statistics) for the load metrics. Under mpirun the step is split by parallel/ (dp.h, ep.h,
  * pp.h; docs/PARALLEL.md). */
 #include "base/check.h"
 #include "base/json.h"
-#include "dist/cp.h"
-#include "dist/dp.h"
-#include "dist/ep.h"
-#include "dist/pp.h"
-#include "dist/tp.h"
+#include "parallel/cp.h"
+#include "parallel/dp.h"
+#include "parallel/ep.h"
+#include "parallel/pp.h"
+#include "parallel/tp.h"
 #include "ops/backend.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
@@ -51,22 +51,22 @@ typedef struct {
     int moe_layer[K3C_MAX_LAYERS]; /* per-layer load telemetry of the last step */
     double layer_ratio[K3C_MAX_LAYERS], layer_cv[K3C_MAX_LAYERS];
     int n_moe;
-    k3c_dp *dp; /* data parallelism over opts->comm (dist/dp.h); NULL: this process alone */
+    k3c_dp *dp; /* data parallelism over opts->comm (parallel/dp.h); NULL: this process alone */
     k3c_dp dp_store;
-    k3c_comm *ep_comm; /* expert parallelism (dist/ep.h): the EP group; NULL: every rank holds every expert */
+    k3c_comm *ep_comm; /* expert parallelism (parallel/ep.h): the EP group; NULL: every rank holds every expert */
     k3c_ep ep;
     int ep_rank, ep_size; /* this rank's place in its EP group (it holds experts ep_rank·E/ep_size onwards) */
     k3c_comm *x_comm;     /* ep_size > 1: the ranks holding this rank's experts (one per DP replica), ZeRO-1's group
                              for them */
-    k3c_pp *pp; /* pipeline parallelism (dist/pp.h) over pp_comm, dp over the stage's stage_comm; NULL: one stage */
+    k3c_pp *pp; /* pipeline parallelism (parallel/pp.h) over pp_comm, dp over the stage's stage_comm; NULL: one stage */
     k3c_pp pp_store;
     k3c_comm *pp_comm, *stage_comm;
-    k3c_comm *tp_comm; /* tensor parallelism (dist/tp.h): the TP group; NULL: every rank computes whole layers */
+    k3c_comm *tp_comm; /* tensor parallelism (parallel/tp.h): the TP group; NULL: every rank computes whole layers */
     k3c_tp tp;
     k3c_comm *t_comm;            /* tp: the ranks of the DP group with this TP rank (ZeRO-1's group for its shares) */
     k3c_param_table whole_table; /* tp: the table of whole tensors and its state layout (checkpoints hold them) */
     k3c_optim whole_layout;
-    k3c_comm *cp_comm;  /* context parallelism (dist/cp.h): the CP group; NULL: every rank holds whole sequences */
+    k3c_comm *cp_comm;  /* context parallelism (parallel/cp.h): the CP group; NULL: every rank holds whole sequences */
     k3c_comm *own_comm; /* parallel.force without the caller's communicator: the one-rank one (owned) */
     k3c_cp cp;
     int rank;        /* in the world: rank 0 writes metrics, each rank its part of the checkpoints */

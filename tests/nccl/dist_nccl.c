@@ -1,4 +1,4 @@
-/* dist_nccl.c — the parallel training step on the CUDA backend over the NCCL communicator (src/dist/, comm_nccl.cu)
+/* dist_nccl.c — the parallel training step on the CUDA backend over the NCCL communicator (src/parallel/, comm_nccl.cu)
  * equals the single-process CUDA step, and the CPU's: the tiny K3 model (configs/k3_test_tiny.json: KDA + MLA, 4
  * experts top-2, AttnRes) trained for 3 steps (Per-Head Muon + AdamW with clipping active, QK-Clip clipping heads, exact
  * quantile balancing) on one global batch of packed documents, for each of dp, ep, tp, pp (4 micro-batches, 1F1B) and cp

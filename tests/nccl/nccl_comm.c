@@ -1,11 +1,11 @@
-/* nccl_comm.c — the NCCL communicator (src/dist/comm_nccl.cu) against hand-computed results on device buffers:
+/* nccl_comm.c — the NCCL communicator (src/parallel/comm_nccl.cu) against hand-computed results on device buffers:
  * all-reduce (sum, max), uneven reduce-scatter and all-gather (also in place), all-to-all(v), send/recv, broadcast,
  * barrier, split, started and waited. Not a test_*.c (`make test` has no GPU): `make nccl` builds it as
  * build/nccl/test_comm_nccl, to run on a GPU machine. Alone it is a one-rank communicator; under `mpirun -np N` (one
  * GPU per rank, device = rank % GPUs) the id travels over MPI. */
 #include "test.h"
 
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 #include <cuda_runtime_api.h>
 

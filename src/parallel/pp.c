@@ -1,10 +1,10 @@
 /* pp.c — pipeline parallelism: contiguous stages of layers (what each stage's model holds), micro-batches at document
  * boundaries under a 1F1B schedule, the Block AttnRes boundary state sent forward and its gradients back, stage-level
  * recomputation. Spec: docs/PARALLEL.md "Pipeline parallelism", docs/MODEL.md §5.3 (the state a boundary carries). */
-#include "dist/pp.h"
+#include "parallel/pp.h"
 
 #include "base/check.h"
-#include "dist/dp.h"
+#include "parallel/dp.h"
 #include "plan/plan.h"
 
 #include <math.h>

@@ -4,7 +4,7 @@
 #ifndef K3C_DIST_EP_H
 #define K3C_DIST_EP_H
 
-#include "dist/comm.h"
+#include "parallel/comm.h"
 #include "model/model.h"
 #include "ops/backend.h"
 

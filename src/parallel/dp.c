@@ -3,7 +3,7 @@
  * clipped by the global norm, optimizer state sharded by whole table entries with the parameters all-gathered after
  * the step, global S_max and router statistics. Spec: docs/PARALLEL.md "Data parallelism (ZeRO-1)", docs/TRAINING.md
  * §1.5. */
-#include "dist/dp.h"
+#include "parallel/dp.h"
 
 #include "base/check.h"
 

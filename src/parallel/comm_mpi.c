@@ -2,7 +2,7 @@
  * non-blocking collective or point-to-point call, so a started operation progresses while the caller computes.
  * Built with MPI when the Makefile finds it (K3C_MPI, flags from `mpicc --showme`); otherwise the entry points say so.
  * Spec: docs/PARALLEL.md "Communicator". */
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 #ifdef K3C_MPI
 #include <limits.h>

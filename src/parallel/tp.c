@@ -1,7 +1,7 @@
 /* tp.c — tensor parallelism: the model's hook (sums over the TP group, the vocabulary-parallel embedding and
  * cross-entropy), the layout checks, and the gradient bookkeeping of replicated entries before the sum over ranks.
  * Spec: docs/PARALLEL.md "Tensor parallelism". */
-#include "dist/tp.h"
+#include "parallel/tp.h"
 
 #include "base/check.h"
 #include "model/config.h"

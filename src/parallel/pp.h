@@ -6,8 +6,8 @@
 #ifndef K3C_DIST_PP_H
 #define K3C_DIST_PP_H
 
-#include "dist/comm.h"
-#include "dist/cp.h"
+#include "parallel/comm.h"
+#include "parallel/cp.h"
 #include "model/model.h"
 #include "ops/backend.h"
 

@@ -60,7 +60,7 @@ void k3c_comm_mpi_finalize(void);
 /* Ends every rank of the MPI job with exit code `code` (a rank that failed alone would leave the others waiting in a
  * collective); returns only when MPI is not running. */
 void k3c_comm_mpi_abort(int code);
-/* NCCL (device memory, one GPU per rank; src/dist/comm_nccl.cu, built by `make nccl`, linked with -lnccl): the
+/* NCCL (device memory, one GPU per rank; src/parallel/comm_nccl.cu, built by `make nccl`, linked with -lnccl): the
  * unique id travels over `boot` (e.g. the MPI world; then rank and size are boot's) or, boot NULL, through the file
  * `rendezvous` that rank 0 writes (a path every rank sees; NULL with size 1: a one-rank communicator). */
 int k3c_comm_nccl(k3c_comm *boot, const char *rendezvous, int rank, int size, int device, k3c_comm **out, k3c_err *err);

@@ -5,7 +5,7 @@
 #ifndef K3C_DIST_TP_H
 #define K3C_DIST_TP_H
 
-#include "dist/comm.h"
+#include "parallel/comm.h"
 #include "model/model.h"
 #include "ops/backend.h"
 

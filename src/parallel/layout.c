@@ -1,8 +1,8 @@
 /* layout.c — the run config's "parallel" block checked against the world size and the model before a parallel run
  * starts: clear errors for impossible layouts.
  * Spec: docs/PARALLEL.md "Launch". */
-#include "dist/dp.h"
-#include "dist/tp.h"
+#include "parallel/dp.h"
+#include "parallel/tp.h"
 
 #include "base/check.h"
 

@@ -6,8 +6,8 @@
 #ifndef K3C_DIST_DP_H
 #define K3C_DIST_DP_H
 
-#include "dist/comm.h"
-#include "dist/tp.h"
+#include "parallel/comm.h"
+#include "parallel/tp.h"
 #include "model/model.h"
 #include "ops/backend.h"
 

@@ -2,7 +2,7 @@
  * local experts run on what arrived (the backend's routed-expert op with k = 1), the outputs sent back and combined
  * with the gate weights on the token's own rank; the backward sends the weighted output gradients the same way and
  * returns the input gradients. Spec: docs/PARALLEL.md "Expert parallelism", docs/MODEL.md §9.2. */
-#include "dist/ep.h"
+#include "parallel/ep.h"
 
 #include "base/check.h"
 

@@ -1,6 +1,6 @@
 /* comm.c — the communicator's checked entry points (argument checks shared by every backend) and the one-rank "self"
  * backend. Spec: docs/PARALLEL.md "Communicator". */
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 #include "base/check.h"
 

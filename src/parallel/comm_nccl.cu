@@ -7,7 +7,7 @@
  * (MPI) or through a rendezvous file. Built by `make nccl` where NCCL's headers exist (not part of `make cuda`).
  * Spec: docs/PARALLEL.md "Communicator". */
 extern "C" {
-#include "dist/comm.h"
+#include "parallel/comm.h"
 }
 
 #include <cuda_runtime.h>

@@ -1,12 +1,12 @@
 /* cp.h — context parallelism: a packed sequence split into contiguous token ranges over the ranks of a CP group; the
  * KDA layers hand their short-conv tails and chunk state rank to rank (gradients back), the MLA layers all-gather the
  * normalised latent and shared k_pe slot (gradient reduce-scattered). Plugs into the model as its
- * k3c_context_exchange; everything token-wise stays local, and the data-parallel hooks (dist/dp.h, over every rank)
+ * k3c_context_exchange; everything token-wise stays local, and the data-parallel hooks (parallel/dp.h, over every rank)
  * sum the gradients and gather the router statistics. Spec: docs/PARALLEL.md "Context parallelism". */
 #ifndef K3C_DIST_CP_H
 #define K3C_DIST_CP_H
 
-#include "dist/dp.h"
+#include "parallel/dp.h"
 
 /* The memory moves of the model's backend table (float32 or float64: one of the zeros is set). */
 typedef struct {

@@ -1,7 +1,7 @@
 /* cp.c — context parallelism: the sequence split into contiguous token ranges, the KDA conv tails and chunk state
  * handed rank to rank (their gradients back), the MLA latent all-gathered and its gradient reduce-scattered.
  * Spec: docs/PARALLEL.md "Context parallelism", docs/MODEL.md §3.1 (short conv, KDA state), §4.2 (MLA latent). */
-#include "dist/cp.h"
+#include "parallel/cp.h"
 
 #include "base/check.h"
 
