@@ -31,7 +31,7 @@ static double time_generate(k3c_model *m, int64_t n, int reps, double *wall) {
         k3c_gen_opts o = {.sampler = {.top_p = 1}, .max_new = n, .stop_id = -1};
         int64_t len;
         double t0 = cpu_now(), w0 = k3c_now();
-        if (k3c_generate(m, seq, 16, &o, &len, &err) || len != 16 + n) {
+        if (k3c_model_generate(m, seq, 16, &o, &len, &err) || len != 16 + n) {
             printf("generate: %s (length %lld)\n", err.msg, (long long)len);
             exit(1);
         }

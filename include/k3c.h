@@ -253,6 +253,9 @@ typedef struct k3c_acts k3c_acts;
     void k3c_model_free_##S(k3c_model *m);                                                                                  \
     /* config.json + checkpoint of a directory → a loaded model. */                                                       \
     int k3c_model_open_##S(const char *dir, int with_grad, k3c_model *m, k3c_err *err);                                     \
+    /* The same into a model of its own (for callers that know k3c_model by name only); free with k3c_model_close. */    \
+    int k3c_model_load_dir_##S(const char *dir, int with_grad, k3c_model **out, k3c_err *err);                              \
+    void k3c_model_close_##S(k3c_model *m);                                                                                 \
     /* Moves w and g into memory of backend `be` (a const k3c_backend_##S *, ops/backend.h; NULL = the CPU) and runs \
        every later forward and backward there. The host reads and writes them through be->download / be->upload. */      \
     int k3c_model_use_backend_##S(k3c_model *m, const void *be, k3c_err *err);                                              \
@@ -544,17 +547,27 @@ int32_t k3c_sample_seq(const k3c_sampler *s, const float *logits, int64_t V, uin
 /* K3C_EINVAL naming the first setting out of range. */
 int k3c_sampler_check(const k3c_sampler *s, k3c_err *err);
 
-/* A model opened for serving. */
+/* A model opened for serving: the checkpoint's weights as stored, nothing converted (docs/ENGINE.md "Weights"). */
+typedef struct k3c_weights k3c_weights; /* weight views (src/serve/weights.h) */
 typedef struct {
-    k3c_model *model;   /* float32 weights, no gradients */
-    k3c_tok *tok;       /* the directory's tokenizer (k3c_tok_load_dir), or NULL when not asked for */
-    k3c_vision *vision; /* float32 vision tower + projector when config.json has a vision_config, else NULL */
+    k3c_weights *weights; /* the safetensors mmap'd read-only: bf16 / float32 matrices and MXFP4 experts as views into
+                             the files, or their copy in a device's memory (k3c_serve_use_backend) */
+    k3c_tok *tok;         /* the directory's tokenizer (k3c_tok_load_dir), or NULL when not asked for */
+    k3c_vision *vision;   /* float32 vision tower + projector when config.json has a vision_config, else NULL */
 } k3c_serve;
 
-/* Opens <dir>: config.json + checkpoint and, when with_tok, the tokenizer (pattern NULL: the one k3c_tokenizer.json
- * names). On failure nothing stays open. */
+/* Opens <dir>: config.json + checkpoint (one file or an index + shards, verified against checksums.json where the
+ * trainer wrote one) and, when with_tok, the tokenizer (pattern NULL: the one k3c_tokenizer.json names). On failure
+ * nothing stays open. */
 int k3c_serve_open(const char *dir, int with_tok, const char *pattern, k3c_serve *s, k3c_err *err);
+/* Moves the weights into the memory of backend (a k3c_backend_f32, ops/backend.h; NULL or the CPU's: they stay where
+ * they are) as stored, bf16 and MXFP4 included, and releases the host mapping; the engine then runs there. */
+int k3c_serve_use_backend(k3c_serve *s, const void *backend, k3c_err *err);
 void k3c_serve_close(k3c_serve *s);
+/* The config the weights were built for. */
+const k3c_config *k3c_weights_config(const k3c_weights *w);
+/* Bytes of backend memory an uploaded copy holds (0 for weights mmap'd on the host). */
+size_t k3c_weights_device_bytes(const k3c_weights *w);
 
 /* Called with every generated id (i counts from 0); a non-zero return stops the generation (not an error). */
 typedef int (*k3c_token_fn)(void *ctx, int32_t id, int64_t i);
@@ -570,11 +583,15 @@ typedef struct {
     k3c_sampled_fn on_sampled; /* NULL, or called instead of on_token */
 } k3c_gen_opts;
 
-/* Appends up to o->max_new sampled ids to the prompt: seq holds n_prompt ids and has room for n_prompt + max_new;
- * *n_seq receives the final length. A float32 model on the CPU runs on the inference engine (prefill, then one
- * decode step per token over the kept state); a model on another backend recomputes the prefix per token. Sample
- * draws are keyed by position, so a (seed, prompt) pair always gives the same continuation. */
-int k3c_generate(k3c_model *m, int32_t *seq, int64_t n_prompt, const k3c_gen_opts *o, int64_t *n_seq, k3c_err *err);
+/* Appends up to o->max_new sampled ids to the prompt on the inference engine (prefill, then one decode step per token
+ * over the kept state), wherever the weights live: seq holds n_prompt ids and has room for n_prompt + max_new;
+ * *n_seq receives the final length. Sample draws are keyed by position, so a (seed, prompt) pair always gives the same
+ * continuation. */
+int k3c_generate(const k3c_weights *w, int32_t *seq, int64_t n_prompt, const k3c_gen_opts *o, int64_t *n_seq,
+                 k3c_err *err);
+/* The same over the parameters of a float32 model on any backend (views; the model being trained, e.g. an RL policy). */
+int k3c_model_generate(const k3c_model *m, int32_t *seq, int64_t n_prompt, const k3c_gen_opts *o, int64_t *n_seq,
+                       k3c_err *err);
 
 /* ---------------------------------------------------------------- inference engine (docs/ENGINE.md)
  * Continuous batching on the CPU: submitted sequences join between steps, each step runs one forward over a prompt
@@ -583,7 +600,6 @@ int k3c_generate(k3c_model *m, int32_t *seq, int64_t n_prompt, const k3c_gen_opt
  * state (KDA recurrent state and conv tails, MLA latent cache); with snapshot_every it also keeps prefix snapshots of
  * that state, and a new prompt resumes from the longest snapshot that is a prefix of it. */
 typedef struct k3c_engine k3c_engine;
-typedef struct k3c_weights k3c_weights; /* weight views (src/serve/weights.h) */
 
 typedef struct {
     int max_seqs;           /* sequences decoding at once (0 = 8); more wait in a queue */

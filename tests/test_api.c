@@ -41,7 +41,7 @@ static void serve(void) {
     int32_t *ids = NULL;
     int64_t B = 0, T = 0, len = 0;
     int rc = k3c_serve_open(dir, 0, NULL, &sv, &err);
-    EXPECT(rc == 0 && sv.model && !sv.tok, "serve_open: %s", err.msg);
+    EXPECT(rc == 0 && sv.weights && !sv.tok, "serve_open: %s", err.msg);
     if (rc) return;
     rc = k3c_st_read_ids(gpath, "prompt_ids", &ids, &B, &T, &err);
     EXPECT(rc == 0 && B == 1 && T > 0, "prompt_ids: %s", err.msg);
@@ -49,18 +49,23 @@ static void serve(void) {
     int streamed = 0;
     k3c_gen_opts o = {.sampler = {.top_p = 1}, .max_new = 4, .stop_id = -1, .on_token = count, .ctx = &streamed};
     if (seq) memcpy(seq, ids, sizeof(int32_t) * (size_t)T);
-    EXPECT(seq && k3c_generate(sv.model, seq, T, &o, &len, &err) == 0 && len == T + 4 && streamed == 4 &&
+    EXPECT(seq && k3c_generate(sv.weights, seq, T, &o, &len, &err) == 0 && len == T + 4 && streamed == 4 &&
                memcmp(seq + T, want, sizeof want) == 0,
            "generate: %s", err.msg);
+    k3c_model *m = NULL;
+    rc = k3c_model_load_dir_f32(dir, 0, &m, &err);
+    EXPECT(rc == 0, "model_open: %s", err.msg);
+    if (rc) seq = (free(seq), NULL);
     k3c_arena arena = {0};
     k3c_acts *acts;
     float *logits;
     double loss = 0;
     k3c_model_batch b = {T, 1, ids, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL};
-    rc = seq ? k3c_model_arena_init_f32(sv.model, k3c_model_plan_bytes_f32(sv.model, T, 1), &arena, &err) : 1;
-    EXPECT(rc == 0 && k3c_model_forward_f32(sv.model, &b, &arena, &acts, &loss, &logits, &err) == 0 && loss > 0,
+    rc = seq ? k3c_model_arena_init_f32(m, k3c_model_plan_bytes_f32(m, T, 1), &arena, &err) : 1;
+    EXPECT(rc == 0 && k3c_model_forward_f32(m, &b, &arena, &acts, &loss, &logits, &err) == 0 && loss > 0,
            "forward: %s", err.msg);
-    k3c_model_arena_free_f32(sv.model, &arena);
+    if (m) k3c_model_arena_free_f32(m, &arena);
+    k3c_model_close_f32(m);
     free(seq);
     free(ids);
     k3c_serve_close(&sv);

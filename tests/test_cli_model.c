@@ -164,7 +164,7 @@ static void generate_library(void) {
         seen s = {{0}, 0, run == 2 ? 1 : 0};
         k3c_gen_opts o = {
             .sampler = {.top_p = 1}, .max_new = 16, .stop_id = run == 1 ? want[2] : -1, .on_token = collect, .ctx = &s};
-        CHECK_OK(k3c_generate(sv.model, seq, np, &o, &len, &err), &err);
+        CHECK_OK(k3c_generate(sv.weights, seq, np, &o, &len, &err), &err);
         int64_t want_len = run == 0 ? 16 : run == 1 ? 3 : 1;
         int streamed = run == 1 ? 2 : (int)want_len;
         CHECK(len == np + want_len && s.n == streamed, "run %d: length %lld, %d streamed", run, (long long)(len - np),
@@ -173,7 +173,7 @@ static void generate_library(void) {
             CHECK(s.ids[i] == want[i] && seq[np + i] == want[i], "run %d id %d: %d", run, i, s.ids[i]);
     }
     k3c_gen_opts bad = {.sampler = {.top_p = 1}, .max_new = 4, .stop_id = -1};
-    CHECK(k3c_generate(sv.model, seq, 0, &bad, &len, &err) == K3C_EINVAL, "an empty prompt is an error");
+    CHECK(k3c_generate(sv.weights, seq, 0, &bad, &len, &err) == K3C_EINVAL, "an empty prompt is an error");
     free(seq);
     k3c_st_close(st);
     k3c_serve_close(&sv);

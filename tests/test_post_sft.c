@@ -152,9 +152,15 @@ static void test_rollout_batch(void) {
     k3c_err err = {0};
     char p[1024];
     snprintf(p, sizeof p, "%s/out_a/step_00000008", dir);
-    k3c_serve sv;
-    CHECK_OK(k3c_serve_open(p, 1, NULL, &sv, &err), &err);
+    k3c_model m; /* the policy a run trains: a float32 model, its rollouts on the engine over its parameters */
+    k3c_tok *tok = NULL;
+    CHECK_OK(k3c_model_open_f32(p, 0, &m, &err), &err);
     if (err.code) return;
+    CHECK_OK(k3c_tok_load_dir(p, NULL, &tok, &err), &err);
+    if (err.code) {
+        k3c_model_free_f32(&m);
+        return;
+    }
     enum { N = 6 };
     k3c_env *e[N] = {0};
     k3c_sampler sm[N];
@@ -164,16 +170,16 @@ static void test_rollout_batch(void) {
         CHECK_OK(k3c_env_new("arith_tool", 5, 0, i / 2, &e[i], &err), &err);
         sm[i] = (k3c_sampler){.temperature = i == 0 ? 0.0 : 1.0, .top_p = 1, .seed = 11 + (uint64_t)i};
     }
-    CHECK_OK(k3c_rollout_batch(sv.model, e, sm, N, sv.tok, &o, 0, a, &err), &err);
+    CHECK_OK(k3c_rollout_batch(&m, e, sm, N, tok, &o, 0, a, &err), &err);
     int same = 1;
     double worst = 0;
-    const int64_t V = sv.model->cfg.vocab_size;
+    const int64_t V = m.cfg.vocab_size;
     for (int i = 0; !err.code && i < N; i++) {
         k3c_env *f;
         k3c_policy pol;
         CHECK_OK(k3c_env_new("arith_tool", 5, 0, i / 2, &f, &err), &err);
-        CHECK_OK(k3c_policy_from_model(sv.model, &sm[i], &pol, &err), &err);
-        CHECK_OK(k3c_rollout(f, sv.tok, &pol, &o, &b, &err), &err);
+        CHECK_OK(k3c_policy_from_model(&m, &sm[i], &pol, &err), &err);
+        CHECK_OK(k3c_rollout(f, tok, &pol, &o, &b, &err), &err);
         same &= b.n == a[i].n && !memcmp(b.ids, a[i].ids, sizeof *b.ids * (size_t)b.n) &&
                 !memcmp(b.mask, a[i].mask, (size_t)b.n) && b.turns == a[i].turns &&
                 b.reward.reward == a[i].reward.reward && b.format_valid == a[i].format_valid &&
@@ -186,20 +192,21 @@ static void test_rollout_batch(void) {
         k3c_model_batch mb = {.T = a[i].n, .n_docs = 1, .ids = a[i].ids};
         k3c_acts *acts;
         float *logits;
-        CHECK_OK(k3c_model_arena_init_f32(sv.model, k3c_model_plan_bytes_f32(sv.model, a[i].n, 1), &ar, &err), &err);
-        CHECK_OK(k3c_model_forward_f32(sv.model, &mb, &ar, &acts, NULL, &logits, &err), &err);
+        CHECK_OK(k3c_model_arena_init_f32(&m, k3c_model_plan_bytes_f32(&m, a[i].n, 1), &ar, &err), &err);
+        CHECK_OK(k3c_model_forward_f32(&m, &mb, &ar, &acts, NULL, &logits, &err), &err);
         for (int64_t t = a[i].n_prompt; !err.code && t < a[i].n; t++) {
             if (!a[i].mask[t]) continue;
             double lp;
             k3c_logp_entropy(logits + (t - 1) * V, V, a[i].ids[t], &lp, NULL);
             worst = fmax(worst, fabs(lp - a[i].logp[t]));
         }
-        k3c_model_arena_free_f32(sv.model, &ar);
+        k3c_model_arena_free_f32(&m, &ar);
     }
     CHECK(same, "batched episodes == one-by-one episodes");
     CHECK(worst < 1e-4, "engine logprobs vs the training forward: max |diff| %.3g (tol 1e-4)", worst);
     for (int i = 0; i < N; i++) k3c_episode_free(&a[i]), k3c_env_free(e[i]);
-    k3c_serve_close(&sv);
+    k3c_tok_free(tok);
+    k3c_model_free_f32(&m);
 }
 
 /* RL from the SFT checkpoint: rollouts, metrics, checkpoints, bit-exact resume, refused settings. */

@@ -217,7 +217,7 @@ static void refusals(k3c_sched *s) {
 
 /* Closing with a job held in its first token and one queued behind (1 slot): both get on_done, the queued one
  * CANCELLED. */
-static void close_ends_all(k3c_model *m) {
+static void close_ends_all(const k3c_weights *m) {
     k3c_sched *s = NULL;
     k3c_err err = {0};
     CHECK_OK(k3c_sched_new(m, 1, 4, &s, &err), &err);
@@ -251,7 +251,7 @@ int main(void) {
     CHECK_OK(rc, &err);
     if (rc) return test_summary();
     k3c_sched *s = NULL;
-    CHECK_OK(k3c_sched_new(sv.model, N_JOBS, 8, &s, &err), &err);
+    CHECK_OK(k3c_sched_new(sv.weights, N_JOBS, 8, &s, &err), &err);
     if (s) {
         batch_and_seed(s);
         logprobs(s);
@@ -259,7 +259,7 @@ int main(void) {
         refusals(s);
         k3c_sched_free(s);
     }
-    close_ends_all(sv.model);
+    close_ends_all(sv.weights);
     k3c_serve_close(&sv);
     return test_summary();
 }

@@ -156,10 +156,10 @@ static int image_parts(int argc, char **argv, k3c_sbuf *out, k3c_err *err) {
 
 static int chat_loop(k3c_serve *sv, const char *system, const char *tools, const char *opts, const char *images,
                      k3c_err *err) {
-    const k3c_config *cfg = &sv->model->cfg;
+    const k3c_config *cfg = k3c_weights_config(sv->weights);
     int64_t nv = k3c_tok_n_vocab(sv->tok);
     k3c_sched *sched;
-    int rc = k3c_sched_new(sv->model, 1, 0, &sched, err);
+    int rc = k3c_sched_new(sv->weights, 1, 0, &sched, err);
     if (rc) return rc;
     const int64_t ctx = k3c_sched_max_ctx(sched);
     k3c_api_limits lim = {sv->tok,
@@ -214,7 +214,7 @@ int cmd_chat(int argc, char **argv) {
         printf(
             "usage: k3c chat --model DIR [--system TEXT] [--tools FILE.json] [--temperature 0.6] [--top-p 0.95]\n"
             "                [--seed 0] [--max-tokens 512] [--stop TEXT] [--no-thinking] [--pattern cl100k|kimi]\n"
-            "                [--kda 64|16|recurrent] [--image FILE ...] [--device cpu|cuda] [--gemm fp32|tf32|bf16] [--kernels bf16|fp16|fp32]\n"
+            "                [--image FILE ...] [--device cpu|cuda] [--gemm fp32|tf32|bf16] [--kernels bf16|fp16|fp32]\n"
             "Reads one user message per line from stdin (/exit ends) and streams the reply: reasoning dimmed\n"
             "(\"reasoning: \" when not on a terminal), tool calls as JSON. --tools: a JSON array of OpenAI tools.\n"
             "--image FILE (PNG or JPEG, repeatable): the images go with the first message, before its text; the\n"
@@ -223,9 +223,7 @@ int cmd_chat(int argc, char **argv) {
     }
     const char *dir = cli_opt(argc, argv, "--model"), *tools_path = cli_opt(argc, argv, "--tools");
     const char *system = cli_opt(argc, argv, "--system");
-    int chunk;
     if (!dir) return cli_usage_error("chat", "--model is required");
-    if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("chat", "--kda must be 64, 16 or recurrent");
     const cli_device_opts dopt = cli_device_opts_get(argc, argv);
     if (cli_device_check("chat", &dopt)) return 2;
     k3c_sbuf opts;
@@ -247,9 +245,8 @@ int cmd_chat(int argc, char **argv) {
     cli_device dev = {0};
     if (!rc) rc = k3c_serve_open(dir, 1, cli_opt(argc, argv, "--pattern"), &sv, &err);
     if (!rc) {
-        sv.model->kda_chunk = chunk;
         rc = cli_device_open(&dopt, &dev, &err);
-        if (!rc) rc = cli_device_use(&dev, sv.model, &err);
+        if (!rc) rc = k3c_serve_use_backend(&sv, dev.backend, &err);
         if (!rc)
             rc = chat_loop(&sv, system ? system : "You are a helpful assistant.", tools, opts.buf,
                            images.len ? images.buf : NULL, &err);

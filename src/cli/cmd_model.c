@@ -149,6 +149,8 @@ typedef struct {
     k3c_stopper stop; /* text mode: stop.tok set */
     int failed;
     k3c_err err;
+    double t_first, t_last; /* when the first and the last id came (--timing) */
+    int64_t n;              /* ids so far */
 } gen_out;
 
 static void print_text(void *ctx, const char *s, size_t n) {
@@ -159,6 +161,8 @@ static void print_text(void *ctx, const char *s, size_t n) {
 static int print_token(void *ctx, const k3c_sampled *t, int64_t i) {
     gen_out *g = ctx;
     int rc = 0;
+    g->t_last = k3c_now();
+    if (g->n++ == 0) g->t_first = g->t_last;
     if (!g->stop.tok)
         printf("%s%d", i ? " " : "", t->id);
     else if ((rc = k3c_stopper_feed(&g->stop, t->id, &g->err)) < 0)
@@ -201,8 +205,8 @@ int cmd_generate(int argc, char **argv) {
         printf("usage: k3c generate --model DIR (--prompt TEXT | --ids FILE [--name prompt_ids])\n"
                "                    [--max-new N] [--greedy N] [--temperature T] [--top-p P] [--seed S]\n"
                "                    [--top-k K] [--min-p P] [--repetition-penalty R] [--presence-penalty A]\n"
-               "                    [--frequency-penalty F] [--logprobs N] [--stop TEXT]\n"
-               "                    [--pattern cl100k|kimi] [--kda 64|16|recurrent] [--device cpu|cuda] [--gemm "
+               "                    [--frequency-penalty F] [--logprobs N] [--stop TEXT] [--timing]\n"
+               "                    [--pattern cl100k|kimi] [--device cpu|cuda] [--gemm "
                "fp32|tf32|bf16] [--kernels bf16|fp16|fp32]\n"
                "--prompt encodes TEXT with the checkpoint's tokenizer (tiktoken.model) and prints the continuation;\n"
                "--ids reads I32 token ids from a safetensors file and prints the new ids. --greedy N = --max-new N\n"
@@ -210,17 +214,19 @@ int cmd_generate(int argc, char **argv) {
                "--top-k and --min-p cut further (0 = off); --repetition-penalty (Hugging Face, over prompt and\n"
                "output, 1 = off), --presence-penalty / --frequency-penalty (OpenAI, over the output, 0 = off).\n"
                "--logprobs N prints each token's logprob and the N most likely (raw model distribution) on stderr.\n"
-               "--stop ends the text before TEXT (prompt mode).\n"
+               "--stop ends the text before TEXT (prompt mode). --timing prints on stderr the load time, the prompt's\n"
+               "time to the first new id and the decode rate of the ids after it.\n"
+               "The checkpoint is read as stored (mmap'd: bf16 / float32 matrices, MXFP4 experts, nothing converted).\n"
                "The inference engine keeps the decode state (docs/ENGINE.md: chunked KDA for the prompt on the CPU,\n"
-               "the recurrence per new token); --device cuda runs the same engine on the GPU in float32 (state and\n"
-               "latent cache in device memory, decode steps replayed as CUDA graphs, sampling on the host).\n");
+               "the recurrence per new token); --device cuda uploads the weights as stored and runs the same engine on\n"
+               "the GPU (state and latent cache in device memory, decode steps replayed as CUDA graphs, sampling on\n"
+               "the host).\n");
         return 0;
     }
     const char *dir = cli_opt(argc, argv, "--model"), *ids_path = cli_opt(argc, argv, "--ids");
     const char *prompt = cli_opt(argc, argv, "--prompt"), *name = cli_opt(argc, argv, "--name");
     long long n, greedy, seed, top_k, logprobs;
     double temp, top_p, min_p, rep, pres, freq;
-    int chunk;
     if (!dir || (!ids_path == !prompt))
         return cli_usage_error("generate", "--model and one of --ids / --prompt are required");
     if (!cli_opt_int(argc, argv, "--max-new", 64, &n) || !cli_opt_int(argc, argv, "--greedy", -1, &greedy) ||
@@ -248,19 +254,19 @@ int cmd_generate(int argc, char **argv) {
     if (n < 0 || logprobs < 0 || logprobs > K3C_MAX_LOGPROBS)
         return cli_usage_error("generate", "need --max-new ≥ 0 and 0 ≤ --logprobs ≤ %d", K3C_MAX_LOGPROBS);
     if (k3c_sampler_check(&smp, &serr)) return cli_usage_error("generate", "%s", serr.msg);
-    if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("generate", "--kda must be 64, 16 or recurrent");
     const cli_device_opts dopt = cli_device_opts_get(argc, argv);
     if (cli_device_check("generate", &dopt)) return 2;
     k3c_err err = {0};
     k3c_serve sv;
     cli_device dev = {0};
+    const double t_open = k3c_now();
     if (k3c_serve_open(dir, prompt != NULL, cli_opt(argc, argv, "--pattern"), &sv, &err))
         return cli_fail("generate", &err);
-    sv.model->kda_chunk = chunk;
     int32_t *seq = NULL;
     int64_t len = 0;
     int rc = cli_device_open(&dopt, &dev, &err);
-    if (!rc) rc = cli_device_use(&dev, sv.model, &err);
+    if (!rc) rc = k3c_serve_use_backend(&sv, dev.backend, &err);
+    const double t_loaded = k3c_now();
     if (!rc) rc = generate_prompt(&sv, prompt, ids_path, name, n, &seq, &len, &err);
     gen_out out = {0};
     const char *stop = cli_opt(argc, argv, "--stop");
@@ -270,11 +276,27 @@ int cmd_generate(int argc, char **argv) {
                        .stop_id = sv.tok ? k3c_tok_special_id(sv.tok, "<|endoftext|>") : -1,
                        .ctx = &out,
                        .on_sampled = print_token};
-    if (!rc) rc = k3c_generate(sv.model, seq, len, &go, &len, &err);
+    const int64_t n_prompt = len;
+    const double t_gen = k3c_now();
+    if (!rc) rc = k3c_generate(sv.weights, seq, len, &go, &len, &err);
     if (!rc && out.failed) rc = (err = out.err).code;
     if (out.stop.tok) k3c_stopper_finish(&out.stop);
     k3c_stopper_free(&out.stop);
     if (!rc) printf("\n");
+    if (!rc && cli_flag(argc, argv, "--timing")) {
+        fflush(stdout);
+        fprintf(stderr, "generate: load %.3f s", t_loaded - t_open);
+        if (dev.backend)
+            fprintf(stderr, " (%.1f MiB of weights in device memory, as stored)",
+                    (double)k3c_weights_device_bytes(sv.weights) / (1 << 20));
+        fprintf(stderr, "\n");
+        if (out.n > 0)
+            fprintf(stderr, "generate: prompt %lld ids, first new id after %.3f s\n", (long long)n_prompt,
+                    out.t_first - t_gen);
+        if (out.n > 1)
+            fprintf(stderr, "generate: decode %lld ids in %.3f s = %.2f ids/s\n", (long long)(out.n - 1),
+                    out.t_last - out.t_first, (double)(out.n - 1) / (out.t_last - out.t_first));
+    }
     free(seq);
     k3c_serve_close(&sv);
     cli_device_release(&dev);

@@ -38,7 +38,7 @@ int cmd_serve(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         printf("usage: k3c serve --model DIR [--port 8000] [--host 127.0.0.1] [--slots 1] [--queue 64]\n"
                "                 [--api-key KEY] [--max-tokens-cap 1024] [--max-body 4194304] [--name NAME]\n"
-               "                 [--pattern cl100k|kimi] [--kda 64|16|recurrent] [--device cpu|cuda] [--gemm "
+               "                 [--pattern cl100k|kimi] [--device cpu|cuda] [--gemm "
                "fp32|tf32|bf16] [--kernels bf16|fp16|fp32]\n"
                "                 [--max-image-bytes 2097152]\n"
                "An OpenAI-compatible HTTP server: GET /v1/models, POST /v1/chat/completions (messages, tools,\n"
@@ -51,12 +51,10 @@ int cmd_serve(int argc, char **argv) {
     }
     const char *dir = cli_opt(argc, argv, "--model");
     k3c_server_opts o;
-    int chunk;
     if (!dir) return cli_usage_error("serve", "--model is required");
     const cli_device_opts dopt = cli_device_opts_get(argc, argv);
     if (cli_device_check("serve", &dopt)) return 2;
     if (!serve_options(argc, argv, &o)) return 2;
-    if (!cli_kda_chunk(argc, argv, &chunk)) return cli_usage_error("serve", "--kda must be 64, 16 or recurrent");
     /* the model's name: --name, else the directory's last component */
     char model_name[256], path[1024];
     snprintf(path, sizeof path, "%s", dir);
@@ -85,8 +83,7 @@ int cmd_serve(int argc, char **argv) {
     k3c_serve sv;
     int rc = k3c_serve_open(dir, 1, cli_opt(argc, argv, "--pattern"), &sv, &err);
     if (!rc) {
-        sv.model->kda_chunk = chunk;
-        rc = cli_device_use(&dev, sv.model, &err);
+        rc = k3c_serve_use_backend(&sv, dev.backend, &err);
         if (!rc) rc = k3c_server_ready(srv, &sv, &err);
         if (rc) k3c_serve_close(&sv);
     }

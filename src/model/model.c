@@ -358,3 +358,20 @@ int k3c_model_open(const char *dir, int with_grad, k3c_model *m, k3c_err *err) {
     k3c_ckpt_close(ck);
     return rc;
 }
+
+int k3c_model_load_dir(const char *dir, int with_grad, k3c_model **out, k3c_err *err) {
+    *out = calloc(1, sizeof **out);
+    if (!*out) return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", dir);
+    int rc = k3c_model_open(dir, with_grad, *out, err);
+    if (rc) {
+        free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+void k3c_model_close(k3c_model *m) {
+    if (!m) return;
+    k3c_model_free(m);
+    free(m);
+}

@@ -260,17 +260,8 @@ int k3c_rollout_batch(k3c_model *m, k3c_env *const *envs, const k3c_sampler *sam
                       const k3c_rollout_opts *o, int threads, k3c_episode *eps, k3c_err *err) {
     memset(eps, 0, sizeof *eps * (size_t)n);
     if (n <= 0) return K3C_OK;
-    if (m->backend || m->precision != K3C_F32) { /* no engine there: one episode at a time */
-        int rc = K3C_OK;
-        for (int i = 0; !rc && i < n; i++) {
-            k3c_policy pol;
-            rc = k3c_policy_from_model(m, &samplers[i], &pol, err);
-            if (!rc) rc = k3c_rollout(envs[i], tok, &pol, o, &eps[i], err);
-            k3c_policy_free(&pol);
-        }
-        for (int i = 0; rc && i < n; i++) k3c_episode_free(&eps[i]);
-        return rc;
-    }
+    if (m->precision != K3C_F32)
+        return k3c_errf(err, K3C_EUNSUPPORTED, "rollouts: the inference engine reads float32 weights (a float64 model)");
     /* Snapshots every 32 tokens and at prompt ends: a resubmitted episode recomputes at most 31 of its own ids. */
     int slots = n < 64 ? n : 64; /* more wait in the engine's queue */
     k3c_engine_opts eo = {.max_seqs = slots,
@@ -303,7 +294,7 @@ static int model_generate(void *ctx, int32_t *seq, int64_t n, int64_t max_new, i
     model_policy *p = ctx;
     k3c_gen_opts g = {.sampler = p->s, .max_new = max_new, .stop_id = stop};
     int64_t n_seq = n;
-    int rc = k3c_generate(p->m, seq, n, &g, &n_seq, err);
+    int rc = k3c_model_generate(p->m, seq, n, &g, &n_seq, err);
     *got = n_seq - n;
     return rc;
 }

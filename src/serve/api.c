@@ -374,8 +374,8 @@ void k3c_api_handle(k3c_server *s, const char *method, const char *path, const c
 int k3c_server_ready(k3c_server *s, k3c_serve *sv, k3c_err *err) {
     if (!sv->tok)
         return k3c_errf(err, K3C_EINVAL, "serve: the model directory has no tokenizer (%s)", K3C_TOK_DIR_VOCAB);
-    const k3c_config *cfg = &sv->model->cfg;
-    int rc = k3c_sched_new(sv->model, s->o.slots, s->o.queue_max, &s->sched, err);
+    const k3c_config *cfg = k3c_weights_config(sv->weights);
+    int rc = k3c_sched_new(sv->weights, s->o.slots, s->o.queue_max, &s->sched, err);
     if (rc) return rc;
     s->sv = sv;
     int64_t nv = k3c_tok_n_vocab(sv->tok);

@@ -1,33 +1,55 @@
-/* generate.c — k3c_serve_open (model + tokenizer of a directory) and k3c_generate, the decode loop behind `k3c generate`:
- * one sequence on the inference engine (docs/ENGINE.md), or prefix recomputation for a model on another backend. */
+/* generate.c — k3c_serve_open (a directory's weights as stored, tokenizer and vision tower) and k3c_generate, the
+ * decode loop behind `k3c generate`: one sequence on the inference engine. docs/ENGINE.md "Weights", "The step". */
 #include "base/check.h"
-#include "model/model.h"
+#include "serve/weights.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 int k3c_serve_open(const char *dir, int with_tok, const char *pattern, k3c_serve *s, k3c_err *err) {
     memset(s, 0, sizeof *s);
-    if (!(s->model = calloc(1, sizeof *s->model))) return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", dir);
-    int rc = k3c_model_open_f32(dir, 0, s->model, err);
-    if (!rc && with_tok) rc = k3c_tok_load_dir(dir, pattern, &s->tok, err);
-    if (!rc && s->model->cfg.vision.present) rc = k3c_vision_open_f32(dir, 0, &s->vision, err);
+    if (!(s->weights = calloc(1, sizeof *s->weights))) return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", dir);
+    int rc = k3c_weights_open(dir, s->weights, err);
+    if (rc) { /* k3c_weights_open left nothing open */
+        free(s->weights);
+        s->weights = NULL;
+        return rc;
+    }
+    if (with_tok) rc = k3c_tok_load_dir(dir, pattern, &s->tok, err);
+    if (!rc && s->weights->cfg.vision.present) rc = k3c_vision_open_f32(dir, 0, &s->vision, err);
     if (rc) k3c_serve_close(s);
     return rc;
+}
+
+int k3c_serve_use_backend(k3c_serve *s, const void *backend, k3c_err *err) {
+    const k3c_backend_f32 *be = backend;
+    if (!be || be == k3c_backend_cpu_f32() || s->weights->be == be) return K3C_OK;
+    k3c_weights *dev = calloc(1, sizeof *dev);
+    if (!dev) return k3c_errf(err, K3C_ENOMEM, "out of memory");
+    int rc = k3c_weights_to_backend(s->weights, be, dev, err);
+    if (rc) {
+        free(dev);
+        return rc;
+    }
+    k3c_weights_free(s->weights); /* the mapping: every byte the engine reads is now in the backend's memory */
+    free(s->weights);
+    s->weights = dev;
+    return K3C_OK;
 }
 
 void k3c_serve_close(k3c_serve *s) {
     k3c_tok_free(s->tok);
     k3c_vision_free(s->vision);
-    s->vision = NULL;
-    if (s->model) k3c_model_free_f32(s->model); /* frees what open loaded, also after a partial open */
-    free(s->model);
-    s->tok = NULL;
-    s->model = NULL;
+    if (s->weights) k3c_weights_free(s->weights);
+    free(s->weights);
+    memset(s, 0, sizeof *s);
 }
 
-static int gen_check(const k3c_model *m, const int32_t *seq, int64_t n_prompt, const k3c_gen_opts *o, k3c_err *err) {
-    if (!m || !seq || !o) return k3c_errf(err, K3C_EINVAL, "generate: NULL argument");
+const k3c_config *k3c_weights_config(const k3c_weights *w) { return &w->cfg; }
+size_t k3c_weights_device_bytes(const k3c_weights *w) { return w->bytes; }
+
+static int gen_check(const int32_t *seq, int64_t n_prompt, const k3c_gen_opts *o, k3c_err *err) {
+    if (!seq || !o) return k3c_errf(err, K3C_EINVAL, "generate: NULL argument");
     if (n_prompt < 1 || o->max_new < 0)
         return k3c_errf(err, K3C_EINVAL,
                         "generate: needs a prompt of at least one id and max_new >= 0 (got %lld, %lld)",
@@ -43,49 +65,19 @@ static int emit(const k3c_gen_opts *o, const k3c_sampled *t, int64_t i) {
     return o->on_token ? o->on_token(o->ctx, t->id, i) : 0;
 }
 
-/* A model on another backend (the GPU): recompute the prefix for every token. */
-static int generate_recompute(k3c_model *m, int32_t *seq, int64_t n_prompt, const k3c_gen_opts *o, int64_t *n_seq,
-                              k3c_err *err) {
-    int64_t V = m->cfg.vocab_size, len = n_prompt;
-    k3c_arena arena = {0};
-    float *last = malloc(sizeof(float) * (size_t)V);
-    void *ws = malloc(k3c_sample_workspace(V));
-    int rc = ws && last
-                 ? k3c_model_arena_init_f32(m, k3c_model_plan_bytes_f32(m, n_prompt + o->max_new, 1), &arena, err)
-                 : k3c_errf(err, K3C_ENOMEM, "generate: out of memory");
-    for (int64_t i = 0; !rc && i < o->max_new; i++) {
-        k3c_arena_reset(&arena, 0);
-        k3c_model_batch b = {len, 1, seq, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL};
-        k3c_acts *acts;
-        float *logits;
-        if ((rc = k3c_model_forward_f32(m, &b, &arena, &acts, NULL, &logits, err))) break;
-        /* the last row only, into host memory (the sampler runs on the host) */
-        if ((rc = k3c_model_download_f32(m, last, logits + (len - 1) * V, sizeof(float) * (size_t)V, err))) break;
-        k3c_history h = {seq, n_prompt, seq + n_prompt, len - n_prompt};
-        k3c_sampled t;
-        seq[len] = k3c_sample_seq(&o->sampler, last, V, (uint64_t)len, &h, &t, ws);
-        len++;
-        if (emit(o, &t, i)) break;
-    }
-    *n_seq = len;
-    k3c_model_arena_free_f32(m, &arena);
-    free(last);
-    free(ws);
-    return rc;
-}
-
-int k3c_generate(k3c_model *m, int32_t *seq, int64_t n_prompt, const k3c_gen_opts *o, int64_t *n_seq, k3c_err *err) {
-    int rc = gen_check(m, seq, n_prompt, o, err);
+int k3c_generate(const k3c_weights *w, int32_t *seq, int64_t n_prompt, const k3c_gen_opts *o, int64_t *n_seq,
+                 k3c_err *err) {
+    if (!w) return k3c_errf(err, K3C_EINVAL, "generate: NULL weights");
+    int rc = gen_check(seq, n_prompt, o, err);
     if (rc) return rc;
     *n_seq = n_prompt;
     if (o->max_new == 0) return K3C_OK;
-    if (m->precision != K3C_F32) return generate_recompute(m, seq, n_prompt, o, n_seq, err);
     k3c_engine_opts eo = {.max_seqs = 1, .max_ctx = n_prompt + o->max_new + 1};
     k3c_request r = {.sampler = o->sampler, .max_new = o->max_new, .n_stop = o->stop_id >= 0};
     r.stop_ids[0] = o->stop_id;
     k3c_engine *e;
     int64_t id;
-    CHECK_RC(k3c_engine_open(m, &eo, &e, err));
+    CHECK_RC(k3c_engine_open_weights(w, &eo, &e, err));
     rc = k3c_engine_submit(e, seq, n_prompt, &r, &id, err);
     k3c_engine_event ev;
     int n_ev, stop = 0;
@@ -95,5 +87,15 @@ int k3c_generate(k3c_model *m, int32_t *seq, int64_t n_prompt, const k3c_gen_opt
         stop = emit(o, &ev.token, *n_seq - n_prompt - 1) || ev.finish;
     }
     k3c_engine_close(e);
+    return rc;
+}
+
+int k3c_model_generate(const k3c_model *m, int32_t *seq, int64_t n_prompt, const k3c_gen_opts *o, int64_t *n_seq,
+                       k3c_err *err) {
+    if (!m) return k3c_errf(err, K3C_EINVAL, "generate: NULL model");
+    k3c_weights w;
+    CHECK_RC(k3c_weights_from_model(m, &w, err));
+    int rc = k3c_generate(&w, seq, n_prompt, o, n_seq, err);
+    k3c_weights_free(&w);
     return rc;
 }

@@ -3,7 +3,7 @@
  * (continuous batching), routing each sequence's events to its job's sink. */
 #include "serve/sched.h"
 
-#include "model/model.h"
+#include "serve/weights.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -197,9 +197,9 @@ static void *engine_thread(void *arg) {
     return NULL;
 }
 
-int k3c_sched_new(k3c_model *m, int slots, int queue_max, k3c_sched **out, k3c_err *err) {
+int k3c_sched_new(const k3c_weights *w, int slots, int queue_max, k3c_sched **out, k3c_err *err) {
     *out = NULL;
-    if (!m || slots < 1 || slots > 256 || queue_max < 0)
+    if (!w || slots < 1 || slots > 256 || queue_max < 0)
         return k3c_errf(err, K3C_EINVAL, "scheduler: need a model, 1..256 slots and a queue bound >= 0 (got %d, %d)",
                         slots, queue_max);
     k3c_sched *s = calloc(1, sizeof *s);
@@ -211,13 +211,14 @@ int k3c_sched_new(k3c_model *m, int slots, int queue_max, k3c_sched **out, k3c_e
     }
     s->slots = slots;
     s->queue_max = queue_max;
-    s->hidden = m->cfg.hidden_size;
+    const k3c_config *c = &w->cfg;
+    s->hidden = c->hidden_size;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->max_ctx =
-        m->cfg.max_positions > 0 && m->cfg.max_positions < K3C_SCHED_MAX_CTX ? m->cfg.max_positions : K3C_SCHED_MAX_CTX;
+        c->max_positions > 0 && c->max_positions < K3C_SCHED_MAX_CTX ? c->max_positions : K3C_SCHED_MAX_CTX;
     k3c_engine_opts eo = {.max_seqs = slots, .max_ctx = s->max_ctx};
-    int rc = k3c_engine_open(m, &eo, &s->e, err);
+    int rc = k3c_engine_open_weights(w, &eo, &s->e, err);
     if (!rc && pthread_create(&s->thread, NULL, engine_thread, s))
         rc = k3c_errf(err, K3C_ENOMEM, "scheduler: cannot start the engine thread");
     s->started = !rc;

@@ -57,10 +57,10 @@ typedef struct {
 typedef struct k3c_sched k3c_sched;
 typedef struct k3c_sched_job k3c_sched_job;
 
-/* A scheduler over an open float32 CPU model: one engine thread runs the inference engine (k3c_engine) with `slots`
- * sequences decoding together (continuous batching); at most `queue_max` more wait. A model the engine cannot run
- * (another backend or precision) is refused with the engine's error. */
-int k3c_sched_new(k3c_model *m, int slots, int queue_max, k3c_sched **out, k3c_err *err);
+/* A scheduler over weights (as stored, on the host or a device; they outlive the scheduler): one engine thread runs
+ * the inference engine (k3c_engine) with `slots` sequences decoding together (continuous batching); at most
+ * `queue_max` more wait. */
+int k3c_sched_new(const k3c_weights *w, int slots, int queue_max, k3c_sched **out, k3c_err *err);
 /* Cancels every job (each gets its on_done soon) and refuses new ones; returns at once. */
 void k3c_sched_close(k3c_sched *s);
 /* Tokens a sequence may hold, prompt + output: the model's max_position_embeddings capped at K3C_SCHED_MAX_CTX (the

@@ -59,8 +59,9 @@ struct k3c_weights {
     const k3c_backend_f32 *be;                /* the backend whose memory every view points into (NULL: the CPU) */
     void **owned;
     int n_owned, cap_owned;
-    void **owned_be; /* blocks of be's memory (the absorbed key side of a model on the GPU) */
+    void **owned_be; /* blocks of be's memory (the absorbed key side of a model on the GPU, an uploaded copy) */
     int n_owned_be, cap_owned_be;
+    size_t bytes; /* of an uploaded copy (k3c_weights_to_backend): the one block of be's memory it fills */
 };
 typedef struct k3c_weights k3c_weights;
 
@@ -103,6 +104,10 @@ int k3c_weights_check(const k3c_weights *w, k3c_err *err);
  * the mapping, kept as stored; vectors (norms, biases, A_log, conv kernels) are converted to float. Nothing is
  * dequantised. On failure nothing stays open and the error names the file and tensor. */
 int k3c_weights_open(const char *dir, k3c_weights *w, k3c_err *err);
+/* A copy of host weights (k3c_weights_open's, as stored) in backend be's memory: one block, every matrix in its stored
+ * type (bf16, float32, MXFP4 and its scales), each MoE matrix's experts evenly spaced, vectors as float. src stays
+ * as it was; the caller may free it once this returns. */
+int k3c_weights_to_backend(const k3c_weights *src, const k3c_backend_f32 *be, k3c_weights *dst, k3c_err *err);
 void k3c_weights_free(k3c_weights *w);
 
 #endif
