@@ -5,7 +5,7 @@
 #define K3C_OPS_OPTIM_H
 
 #include "base/base.h"
-#include "model/params.h"
+#include "ops/param_table.h"
 
 /* Everything here works on float32 buffers laid out like the parameter table: w, g are table.total floats. */
 

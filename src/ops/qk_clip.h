@@ -4,7 +4,7 @@
 #define K3C_OPS_QK_CLIP_H
 
 #include "k3c.h"
-#include "model/params.h"
+#include "ops/param_table.h"
 
 /* ================================================================ QK-Clip for MLA (§10.2)
  * After the optimizer step, for each head h with S_max^h > τ, γ = τ / S_max^h:

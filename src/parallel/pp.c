@@ -5,7 +5,6 @@
 
 #include "base/check.h"
 #include "parallel/dp.h"
-#include "plan/plan.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -20,7 +19,7 @@ static int first_entry(const k3c_param_table *t, int l) {
 
 void k3c_pp_layers(const k3c_config *cfg, int stage, int stages, int *l0, int *l1) {
     int64_t first, count; /* the split k3c plan sizes (one formula for both) */
-    k3c_plan_stage_layers(cfg->num_layers, stages, stage, &first, &count);
+    k3c_stage_layers(cfg->num_layers, stages, stage, &first, &count);
     *l0 = (int)first;
     *l1 = (int)(first + count);
 }

@@ -2,6 +2,8 @@
  * reasons (heads, experts, layers, sequence, batch), micro-batch count and the 1F1B bubble (docs/PLAN.md). */
 #include "plan/plan.h"
 
+#include "model/params.h"
+
 #include <string.h>
 
 static const char *const rc_names[] = {"none", "selective", "full"};
@@ -35,9 +37,7 @@ void k3c_plan_layout_default(k3c_plan_layout *lay) {
 int64_t k3c_plan_gpus(const k3c_plan_layout *lay) { return lay->tp * lay->cp * lay->pp * lay->ep * lay->dp; }
 
 void k3c_plan_stage_layers(int64_t layers, int64_t pp, int64_t s, int64_t *first, int64_t *count) {
-    int64_t base = layers / pp, extra = layers % pp;
-    *count = base + (s < extra);
-    *first = s * base + (s < extra ? s : extra);
+    k3c_stage_layers(layers, pp, s, first, count);
 }
 
 int64_t k3c_plan_micro_batches(const k3c_plan_layout *lay) {
