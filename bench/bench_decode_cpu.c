@@ -1,7 +1,7 @@
 /* bench_decode_cpu.c — CPU decode of a release checkpoint served as stored (k3c_weights_open: mmap'd bf16 trunk, MXFP4
  * experts) through the inference engine: load time, greedy tokens/s with 1 and 2 threads, peak resident memory, the
  * weight bytes a token reads, and this machine's read bandwidth in the same run → % of the bandwidth roofline.
- * Issue 12 "Performance". Usage: bench_decode_cpu [DIR (default /work/cpu_bench)] [REPS (default 3)] [MAX_THREADS (1 or
+ * Usage: bench_decode_cpu [DIR (default /work/cpu_bench)] [REPS (default 3)] [MAX_THREADS (1 or
  * 2, default 2)]. Not a test. */
 #include "bench_mem.h"
 #include "serve/weights.h"

@@ -1,6 +1,6 @@
 /* bench_prefill_cpu.c — prefill throughput of the inference engine on KDA layers from 1K to 64K prompt tokens: the
  * engine's chunked prefill (k3c_kda_chunk_fwd per prompt chunk, from and into the sequence's state) should cost the
- * same per token at any length, and the decode state of a KDA sequence does not grow with it. Issue 12 "Performance".
+ * same per token at any length, and the decode state of a KDA sequence does not grow with it.
  * A k3_tiny model (configs/k3_tiny.json) with every mixer turned into KDA (8 KDA layers, MoE FFNs), random weights,
  * one sequence, 1 thread. Usage: bench_prefill_cpu [MAX_K (default 64)] [REPS (default 2)]. Prints a table; not a
  * test. */

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# serve_load.sh — load benchmark of `k3c serve` (issue 12 "Server"): starts the server on 127.0.0.1 with a model, runs
+# serve_load.sh — load benchmark of `k3c serve`: starts the server on 127.0.0.1 with a model, runs
 # wrk with 16 connections (16 concurrent streamed chat requests, each bounded to MAX_TOKENS new tokens) for SECONDS,
 # and prints errors, p50/p99 latency, requests/s, the engine's batch (sequences per decode step, mean and max) and the
 # server's resident memory at start, middle and end.

@@ -1,6 +1,6 @@
 /* test_backend_ops.c — one table-driven harness for every op entry of the backend table (ops/backend.h), forward and
  * backward: the CPU float table against the CPU double one, and (built with -DK3C_CUDA, a GPU present) the CUDA table
- * against the CPU float one. docs/CODE.md "Ops" (one signature, every backend, stated tolerances); issue 11.
+ * against the CPU float one. docs/CODE.md "Ops" (one signature, every backend, stated tolerances).
  *
  * A case is a row of the table below: op, shape, variant flags, tolerances. Inputs are fresh seeded random numbers
  * (the seed is printed; argv[1] or K3C_SEED sets it, 20261203 by default so make test is reproducible), rounded to float so every backend reads the same values.
@@ -544,7 +544,7 @@ static void set_cu(bo_case *c, int n, const int32_t *cu) {
 }
 
 /* Every case the per-op CUDA harnesses ran (tests/cuda/op_harness.cu, harness_norms.cu, harness_seq.cu,
- * harness_mix.cu before issue 11), plus the CPU-only KDA algorithms (chunk 16, the token recurrence). */
+ * harness_mix.cu before this table), plus the CPU-only KDA algorithms (chunk 16, the token recurrence). */
 static void add_rows(bo_rows *R) {
     const double P = TOL_F32_POINT, S = TOL_F32_TRANS, W = TOL_F32_ROW, K = TOL_F32_CHAIN;
     /* moves (harness_mix test_moves) */

@@ -1,4 +1,4 @@
-/* test_limits.c — bounded inputs (issue 17 item 1): every config dimension has an upper bound stated in its error, sizes
+/* test_limits.c — bounded inputs: every config dimension has an upper bound stated in its error, sizes
  * are computed with overflow checks, and a command checks the memory it will need before allocating it. The CLI cases
  * run `k3c` as a child and measure its peak RSS (getrusage of the child), so "fails fast" means "in little memory". */
 #include "test.h"
@@ -12,7 +12,7 @@
 #include <sys/wait.h>
 
 /* Peak RSS a refused command may reach: the binary, its libraries and (under ASan) the sanitizer runtime; the bug this
- * guards against grew to 16.5 GB. */
+ * guards against grew to gigabytes. */
 #define SMALL_RSS_KB (64 * 1024)
 
 /* Runs k3c with argv (NULL-terminated, argv[0] = "k3c"); returns its exit status, its output in out[n] and its peak

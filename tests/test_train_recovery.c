@@ -1,4 +1,4 @@
-/* test_train_recovery.c — the trainer recovering from bad states (issue 17): checkpoints carry per-file checksums that
+/* test_train_recovery.c — the trainer recovering from bad states: checkpoints carry per-file checksums that
  * every reader verifies and --resume falls back past a corrupt one; --resume before the first checkpoint starts from
  * step 0 and removes stale temporaries; the guard skips non-finite or spiking steps and rolls back to the last good
  * checkpoint with a lower learning rate (docs/TRAINING.md §8, §8.1). See train_fixture.h. */

@@ -161,7 +161,7 @@ static void test_tiny(void) {
     k3c_weights wm, wq, ws;
     CHECK_OK(k3c_model_open_f32(dir, 0, &m, &err), &err);
     CHECK_OK(k3c_model_open_f64(dir, 0, &m64, &err), &err);
-    /* The issue's exactness bound against the float64 training forward: 1e-5 relative, or twice the float32 training
+    /* The engine's exactness bound against the float64 training forward: 1e-5 relative, or twice the float32 training
      * forward's own distance from float64 where float32 rounding alone exceeds half of it (the rule of test_engine.c).
      * Two float32 paths each within it of the exact logits are within twice it of each other: the bound of the pair.
      * (Measured in the -O2 build: the pair within 6.7e-6, under 1e-5 itself; the -O1 sanitizer build vectorises the

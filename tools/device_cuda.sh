@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # device_cuda.sh — carries the CUDA test and benchmark programs that `make cuda-tests` built to a GPU machine and runs
-# them there (issue 11: one build; nothing is compiled here). The GPU machine has the CUDA runtime but not Debian's
+# them there (one build; nothing is compiled here). The GPU machine has the CUDA runtime but not Debian's
 # OpenBLAS, and build/cuda is far larger than a device call may carry, so:
 #   tools/device_cuda.sh pack     # here: devrun/bin (stripped, xz), devrun/lib (the non-CUDA shared libraries they
 #                                 # link), devrun/golden/k3_tiny_a, k3_vision_tiny; carry devrun (about 40 MB)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kill_resume.sh — crash safety at `make run` scale (issue 17): trains the demo model (configs/k3_tiny.json under
+# kill_resume.sh — crash safety at `make run` scale: trains the demo model (configs/k3_tiny.json under
 # configs/demo_run.json, on the runs/demo tokenizer and shards of tools/run_demo.sh) once without interruption, then
 # again while killing it with SIGKILL at random moments KILLS times, resuming with --resume after every kill; finally it
 # compares the two runs' last checkpoints (model.safetensors, optimizer.safetensors, trainer_state.json) with cmp and

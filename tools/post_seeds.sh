@@ -2,7 +2,7 @@
 # post_seeds.sh — the 3-seed comparison of `make post` (not part of make test): for seeds 1, 2, 3 the whole
 # tools/post_demo.sh (its own copy SFT, task SFT, RL, held-out sets and samples: only the `make run` checkpoint is
 # shared), then the per-seed held-out rewards, the mean and standard deviation across seeds after SFT and after RL and
-# of the per-seed gains, and the mean gain over the largest of those standard deviations (issue 13 asks for > 3).
+# of the per-seed gains, and the mean gain over the largest of those standard deviations (the goal is > 3).
 # K3C_POST_PARALLEL=1 runs the three seeds at once, one thread each. docs/POST.md "Demo".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,5 +29,5 @@ sd = max(st.stdev(sft), st.stdev(rl), st.stdev(d), 1e-9)
 print(f"seeds: format-valid after SFT {fv} %; SFT {st.mean(sft):.3f} ± {st.stdev(sft):.3f}, "
       f"RL {st.mean(rl):.3f} ± {st.stdev(rl):.3f}, gain {st.mean(d):.3f} ± {st.stdev(d):.3f} "
       f"(per seed {', '.join(f'{x:+.3f}' for x in d)}; gain / largest seed std: {st.mean(d) / sd:.2f}; "
-      f"issue 13 asks for > 3)")
+      f"goal > 3)")
 PY

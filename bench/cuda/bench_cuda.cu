@@ -1,4 +1,4 @@
-/* bench_cuda.cu — times the CUDA ops against the issue-5 anchors (fla chunk_kda, PyTorch SDPA flash, cuBLAS, copy) on
+/* bench_cuda.cu — times the CUDA ops against their anchors (fla chunk_kda, PyTorch SDPA flash, cuBLAS, copy) on
  * random device data: CUDA events after warm-up, median of many runs. Prints one table row per case; bench/RESULTS.md
  * records them. docs/CODE.md "cuda/"; docs/MODEL.md §3.2 (KDA FLOPs), §4.2 (MLA dims).
  * Usage: bench_cuda [cases: copy,gemm,kda,attn (the default) | gmodes: the training step's GEMM shapes in each float
@@ -264,7 +264,7 @@ static void bench_attn(int T, int dqk, double anchor_fwd, double anchor_fb) {
 
 /* The routed experts of one MoE layer (T tokens, top-k of E experts, dim D, intermediate I, SiTU), forward and forward +
  * backward, per GEMM mode: tf32 runs one cuBLASLt product per expert, bf16 the grouped products (moe_grouped.cu). The
- * anchor is a dense bf16 cuBLASLt GEMM of the same FLOPs ([T·k × D]·[D × 3I]), so ours/anchor ≤ 1.43 is the issue's
+ * anchor is a dense bf16 cuBLASLt GEMM of the same FLOPs ([T·k × D]·[D × 3I]), so ours/anchor ≤ 1.43 is the target
  * "≥ 70% of the dense bf16 GEMM rate". Routes come from the CUDA router on random logits. */
 static void bench_moe(k3c_cuda_ctx *ctx, int64_t T, int64_t D, int64_t I, int64_t E, int64_t k) {
     k3c_moe_sizes s = {T, D, I, E, k, {K3C_ACT_SITU, 4.0, 25.0}};
@@ -334,7 +334,7 @@ int main(int argc, char **argv) {
         bench_kda(16384, 1.89, 8.71);
         bench_kda(65536, 7.44, 34.3);
     }
-    if (strstr(only, "long")) { /* flatness of tokens/s up to 1M tokens (issue 16 item 6); no anchor at these lengths */
+    if (strstr(only, "long")) { /* flatness of tokens/s up to 1M tokens; no anchor at these lengths */
         bench_kda(262144, NAN, NAN);
         bench_kda(1048576, NAN, NAN);
     }

@@ -1,6 +1,6 @@
 /* bench_decode_cuda.cu — decode speed of the inference engine on the GPU (`--device cuda`): batch-1 ms/token against the
  * bandwidth roofline (bytes one token must read / the device copy bandwidth measured in the same run) and aggregate
- * tokens/s of batches of decoding sequences, over a config with random float32 weights. Issue 12 item 7.
+ * tokens/s of batches of decoding sequences, over a config with random float32 weights.
  * Usage: bench_decode_cuda [config.json] [prompt tokens] [decode steps] [batches, comma-separated]. */
 #include <algorithm>
 #include <chrono>

@@ -1,6 +1,6 @@
 /* bench_model_cuda.cu — one whole-model training step (gradients zeroed, forward, backward and, on the GPU, the
  * optimizer update) of a config on the CUDA backend and on the CPU reference: ms per step and tokens/s, median of
- * several steps after warm-up. Issues 5 and 16 (the anchor's step, side_device.py, ends with a fused AdamW update).
+ * several steps after warm-up (the anchor's step, side_device.py, ends with a fused AdamW update).
  * Usage: bench_model_cuda [config.json] [tokens] [docs] [gemm 0|1|2: fp32, tf32, bf16] [cpu 0|1: also time the CPU reference]
  *        [recompute 0|1: keep only layer outputs, re-run layers in the backward] — long sequences: docs 1, recompute 1.
  *        [optimizer adamw (default) | muon | none: the GPU step's update, state in device memory] */

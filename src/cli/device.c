@@ -1,5 +1,5 @@
 /* device.c — `--device cpu|cuda` of the model commands: opens the CUDA backend (ops/backend.h, its table holds the
- * training-step entries too) in a build made with `make cuda`, a clear error in a CPU-only build. Issue 5. */
+ * training-step entries too) in a build made with `make cuda`, a clear error in a CPU-only build. */
 #include "cli.h"
 
 #include <stdlib.h>

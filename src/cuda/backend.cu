@@ -1,5 +1,5 @@
 /* backend.cu — the CUDA backend's op table (ops/backend.h, float): every op a model or training step calls, run by its
- * CUDA twin on the calling thread's stream, with parameters and activations in device memory. Issue 5; docs/CODE.md "Ops". */
+ * CUDA twin on the calling thread's stream, with parameters and activations in device memory. docs/CODE.md "Ops". */
 #include "cuda/common.cuh"
 
 extern "C" {

@@ -60,8 +60,8 @@ typedef struct {
 
 /* Selects `device`, reads its properties, creates the cuBLASLt handle and a workspace of lt_ws_bytes (0 = 32 MiB),
  * and the lanes (K3C_CUDA_LANES_DEFAULT of them; the environment's K3C_CUDA_LANES = 0..8 overrides, 0 turning them
- * off). bf16_copy is 2 (copies where they pay: the kimi_linear_medium step 164.8 → 160.4 ms, H200, bench/RESULTS.md
- * 2026-12-05); the environment's K3C_CUDA_BF16_COPY = 0, 1 or 2 overrides. */
+ * off). bf16_copy is 2 (copies where they pay: the product does many multiply-adds per operand element; gemm.cu
+ * bf16_copies_pay); the environment's K3C_CUDA_BF16_COPY = 0, 1 or 2 overrides. */
 int k3c_cuda_init(k3c_cuda_ctx *ctx, int device, size_t lt_ws_bytes, k3c_err *err);
 void k3c_cuda_destroy(k3c_cuda_ctx *ctx);
 /* The lanes wait for the work queued so far on the calling thread's stream (fork), or that stream waits for
@@ -189,7 +189,7 @@ int k3c_attention_naive_bwd_cuda(const k3c_attention_sizes *s, const int32_t *cu
  * values become ±inf; in the backward, dout and dht are scaled into [1/2, 1) and the state gradients kept in fp16 grow
  * with document length where gates decay slowly, so very long documents belong on the bf16 kernels). Same signatures
  * and workspaces as the float twins above. The precise choice where activations
- * are known to be bounded, and what checks a whole model against the CPU inside a tight tolerance (issue 5). */
+ * are known to be bounded, and what checks a whole model against the CPU inside a tight tolerance. */
 int k3c_kda_chunk_fwd_f16_cuda(const k3c_kda_dims *d, const int32_t *cu_seqlens, const float *q, const float *k,
                                const float *v, const float *g, const float *beta, const float *h0, float *o, float *ht,
                                void *ws, k3c_err *err);

@@ -85,8 +85,7 @@ extern "C" const char *k3c_gemm_mode_name(int gemm) {
 
 /* K3C_GEMM_BF16 with the operands left in float asks cuBLASLt to round them itself (CUBLAS_COMPUTE_32F_FAST_16BF).
  * cuBLASLt runs that as its TF32 kernels on float loads (sm90_xmma_gemm_f32f32_tf32f32, and sm80 CUTLASS TF32 kernels
- * for long reductions), 1.6x to 3.1x the time of the same product on bf16 operands (bench_cuda gmodes, H200,
- * 2026-12-05). */
+ * for long reductions), clearly slower than the same product on bf16 operands (bench_cuda gmodes). */
 static cublasComputeType_t float_compute(int gemm) {
     return gemm == K3C_GEMM_TF32   ? CUBLAS_COMPUTE_32F_FAST_TF32
            : gemm == K3C_GEMM_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF
@@ -122,7 +121,7 @@ __global__ void bf16_copy_kernel(bf16_copy_job j) {
 
 /* Whether a float product in bf16 mode runs on bf16 copies of its operands (ctx->bf16_copy: 0 never, 1 always,
  * 2 where it pays). Copying reads 4 and writes 2 bytes per operand element, so it pays where the product has many
- * multiply-adds per operand element: long reductions (a weight gradient over the tokens, 3.1x faster on copies at
+ * multiply-adds per operand element: long reductions (a weight gradient over the tokens, e.g.
  * 1,024 x 1,024 x 16,384) and wide outputs (the LM head); a 16,384 x 1,024 x 1,024 projection breaks even and an
  * expert's 2,048 x 512 x 1,024 loses (bench_cuda gmodes). */
 static int bf16_copies_pay(const k3c_cuda_ctx *ctx, int64_t M, int64_t N, int64_t K) {

@@ -132,7 +132,7 @@ __device__ __forceinline__ void store8(bf16 *p, float4 a, float4 b) {
 }
 
 /* The same, 8 values per thread and step (two 16-byte loads, one 16- or 32-byte store): the scalar kernel's 2-byte
- * stores held it at a third of the memory bandwidth (ncu, H100, 2026-12-06: 0.30 ms per gather at the medium shape). */
+ * stores held it at a fraction of the memory bandwidth (ncu). */
 template <typename T> __global__ void gather8_kernel(int k, int64_t D, const int32_t *perm, const float *x, T *xp) {
     const int64_t row = blockIdx.x;
     const int s = perm[row];
@@ -380,9 +380,9 @@ int moe_check(const k3c_moe_sizes *s, const char *op, glu_params *q, k3c_err *er
 /* The bf16 GEMM mode runs small experts as grouped products on bf16 operands (moe_grouped.cu): the activations are
  * gathered, and the GLU and its backward write, straight into bf16 (in the float scratch's space), and the weights are
  * rounded once per call. Other modes, widths that are not multiples of 8, and large experts take one cuBLASLt product
- * per expert: bench_cuda moe (H200, 2026-12-05) has the grouped layer 1.31x faster at D 1,024 x I 512 but 0.80x at
+ * per expert: bench_cuda moe has the grouped layer faster at D 1,024 x I 512 but slower at
  * K3's latent 3,584 x 3,072, where each expert's product already fills the GPU and the grouped kernel's mma.sync
- * tiles (~190 TFLOP/s) lose to cuBLASLt's (~240). The bound between the two is not measured. */
+ * tiles lose to cuBLASLt's. The bound between the two is not measured. */
 constexpr int64_t GROUPED_MAX_DI = (int64_t)1 << 20;
 bool grouped_mode(const moe_dims &m, int gemm) {
     return gemm == K3C_GEMM_BF16 && m.D % 8 == 0 && m.I % 8 == 0 && m.D * m.I <= GROUPED_MAX_DI;

@@ -1,5 +1,5 @@
 /* moe_grouped.cu — grouped GEMMs over the routed experts: one launch per product for all experts, bf16 operands through
- * mma.sync m16n8k16 with fp32 accumulation, a 4-stage cp.async pipeline. docs/MODEL.md §9.2; issue 16 "MoE". */
+ * mma.sync m16n8k16 with fp32 accumulation, a 4-stage cp.async pipeline. docs/MODEL.md §9.2. */
 #include "cuda/moe_grouped.cuh"
 
 using namespace k3c_cu;

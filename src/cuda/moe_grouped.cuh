@@ -1,5 +1,5 @@
 /* moe_grouped.cuh — the routed experts' products over all experts in one launch each (bf16 operands, fp32
- * accumulation): the bf16 GEMM mode of moe.cu. docs/MODEL.md §9.2; issue 16 "MoE: grouped GEMM in one launch". */
+ * accumulation): the bf16 GEMM mode of moe.cu. docs/MODEL.md §9.2. */
 #ifndef K3C_CUDA_MOE_GROUPED_CUH
 #define K3C_CUDA_MOE_GROUPED_CUH
 

@@ -1,5 +1,5 @@
 /* moe_wgmma.cu — the routed experts' token and weight products on Hopper's warpgroup MMA (wgmma, sm_90a): bf16 operands
- * from 128-byte-swizzled shared memory, fp32 accumulators in registers. docs/MODEL.md §9.2; issue 16 "MoE: wgmma". */
+ * from 128-byte-swizzled shared memory, fp32 accumulators in registers. docs/MODEL.md §9.2. */
 #include "cuda/moe_grouped.cuh"
 
 using namespace k3c_cu;

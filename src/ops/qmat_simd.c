@@ -57,8 +57,8 @@ static inline void mx_decode32(const uint8_t *p, __m256 w[4]) {
 /* ---------------------------------------------------------------- one stored row · one input */
 /* A decode GEMV uses every weight byte once: the row is read as one sequential stream with a software prefetch
  * PREFETCH bytes ahead (crossing into the next row, which follows in memory), which keeps more lines in flight than
- * the hardware prefetcher alone (a microbenchmark on the shared 2-core machine: 13.3–15.3 → 14.3–17.9 GB/s per
- * CPU-second, against 16.5–18.8 for a plain streaming sum; 4 or 2 rows per pass measured worse). */
+ * the hardware prefetcher alone (closer to a plain streaming sum's rate; 4 or 2 interleaved rows per pass were
+ * slower: several streams at once defeat the prefetchers). */
 #define PREFETCH 1024
 
 __attribute__((noinline)) static float dot_bf16(const uint16_t *w, const float *x, int64_t C) {

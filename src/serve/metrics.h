@@ -1,5 +1,5 @@
 /* metrics.h — the server's counters in the Prometheus text exposition format (version 0.0.4): requests by endpoint and
- * status, prompt and generated tokens, queue and running gauges, request latency histograms (issue 12 item 6). */
+ * status, prompt and generated tokens, queue and running gauges, request latency histograms. */
 #ifndef K3C_SERVE_METRICS_H
 #define K3C_SERVE_METRICS_H
 

@@ -1,6 +1,6 @@
 /* request.h — the OpenAI-compatible request layer: a JSON body → a validated request (sampling parameters, stop
  * strings, the prompt ids, rendered through the chat format for chat completions) or an OpenAI-style error naming the
- * parameter (issue 12 item 6). No I/O: the HTTP layer and the fuzz target call it alike. */
+ * parameter. No I/O: the HTTP layer and the fuzz target call it alike. */
 #ifndef K3C_SERVE_REQUEST_H
 #define K3C_SERVE_REQUEST_H
 

@@ -1,5 +1,5 @@
 /* response.h — OpenAI-compatible response bodies: error objects, chat completions and completions, their streamed
- * chunk objects as server-sent events ("data: {...}\n\n", closed by "data: [DONE]"), and usage (issue 12 item 6). */
+ * chunk objects as server-sent events ("data: {...}\n\n", closed by "data: [DONE]"), and usage. */
 #ifndef K3C_SERVE_RESPONSE_H
 #define K3C_SERVE_RESPONSE_H
 

@@ -1,4 +1,4 @@
-/* sched.c — the scheduler of sched.h over the batched inference engine (docs/ENGINE.md, issue 12 items 2 and 6): one
+/* sched.c — the scheduler of sched.h over the batched inference engine (docs/ENGINE.md): one
  * engine thread admits queued jobs into the engine as slots free up and steps every active sequence together
  * (continuous batching), routing each sequence's events to its job's sink. */
 #include "serve/sched.h"

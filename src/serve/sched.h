@@ -1,5 +1,5 @@
 /* sched.h — the scheduler the server and `k3c chat` submit generation requests to: prompt ids + sampling parameters in,
- * a stream of token events and a finish reason out, cancellable (issue 12 item 6). The one seam between the HTTP layer
+ * a stream of token events and a finish reason out, cancellable. The one seam between the HTTP layer
  * and the decode engine: swapping in the batched engine replaces sched.c alone. */
 #ifndef K3C_SERVE_SCHED_H
 #define K3C_SERVE_SCHED_H

@@ -1,5 +1,5 @@
 /* server.h — `k3c serve`: an OpenAI-compatible HTTP server (libmicrohttpd, a thread per connection) in front of the
- * scheduler (issue 12 item 6; docs/SERVING.md). http.c is the HTTP layer, api.c the endpoints. */
+ * scheduler (docs/SERVING.md). http.c is the HTTP layer, api.c the endpoints. */
 #ifndef K3C_SERVE_SERVER_H
 #define K3C_SERVE_SERVER_H
 

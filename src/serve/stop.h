@@ -1,5 +1,5 @@
 /* stop.h — the text side of generation: an incremental detokeniser that never emits half a UTF-8 character and ends
- * generation on stop strings, holding back text that could still become one (issue 12 item 4: "stop strings"). */
+ * generation on stop strings, holding back text that could still become one. */
 #ifndef K3C_SERVE_STOP_H
 #define K3C_SERVE_STOP_H
 

@@ -1,7 +1,7 @@
 /* data.c — interleaved image-text training samples: JSONL lines {"text": "...<image>...", "images": [paths],
  * "answer": "..."} decoded, preprocessed and tokenized (each <image> becomes the image's K3 prompt with its merged-token
  * count of <|media_pad|>), targets with no loss on image tokens (and, with an answer, on the answer only); a bad line
- * is reported (file, line, reason) and skipped. Spec: docs/VISION.md "Training data"; issue 18. */
+ * is reported (file, line, reason) and skipped. Spec: docs/VISION.md "Training data". */
 #include "base/check.h"
 #include "base/json.h"
 #include "vision/vision.h"

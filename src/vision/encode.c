@@ -1,6 +1,6 @@
 /* encode.c — `k3c vision encode` as a library call: packed pixels and grid_thws from a safetensors file through the
  * float32 tower and projector, merged tokens and image embeddings written as a safetensors file.
- * Spec: docs/VISION.md "Command"; issue 18 item 5. */
+ * Spec: docs/VISION.md "Command". */
 #include "vision/vision.h"
 
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* image.c — PNG (libpng) and JPEG (libjpeg-turbo) decoding to 8-bit RGB, as Pillow's Image.open(...).convert("RGB")
  * gives it: palettes and gray expanded, alpha dropped (not composited), 16-bit samples truncated to their high byte.
- * Spec: docs/VISION.md "Preprocessing"; issue 18 item 2. */
+ * Spec: docs/VISION.md "Preprocessing". */
 #include "base/base.h"
 
 #include <jpeglib.h>

@@ -1,6 +1,6 @@
 /* train.c — `k3c vision train`: the text model and the vision tower trained together on interleaved image-text
  * samples (the tower's embeddings replace the <|media_pad|> rows, d_embeds flows back into the tower), and held-out
- * accuracy by scoring every candidate answer. Spec: docs/VISION.md "Training data" and "Demo"; issue 18. */
+ * accuracy by scoring every candidate answer. Spec: docs/VISION.md "Training data" and "Demo". */
 #include "base/check.h"
 #include "model/model.h"
 #include "ops/optim.h"

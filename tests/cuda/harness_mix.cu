@@ -1,6 +1,6 @@
 /* harness_mix.cu — runs the CUDA twins of src/cuda/mix.cu (AttnRes fwd / bwd, QK-Clip S_max, zero / add / copy2d)
  * against their CPU float32 ops from libk3c.a on fresh random inputs (seed printed), outputs poisoned with NaN,
- * gradients pre-filled (the backward adds). fp32 tolerance 1e-5 relative; moves exact. Issue 5; docs/CODE.md "Ops". */
+ * gradients pre-filled (the backward adds). fp32 tolerance 1e-5 relative; moves exact. docs/CODE.md "Ops". */
 #include <time.h>
 
 #include <algorithm>

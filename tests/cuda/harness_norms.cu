@@ -1,6 +1,6 @@
 /* harness_norms.cu — checks the CUDA twins of embedding, RMSNorm (plain / gated) and the L2 norm (src/cuda/norms.cu)
  * against the CPU float32 ops of libk3c.a on fresh random inputs (seed printed), outputs poisoned with NaN, gradients
- * added onto random initial contents. Issue 5; docs/CODE.md "Ops". Needs a GPU; usage: harness_norms [seed]. */
+ * added onto random initial contents. docs/CODE.md "Ops". Needs a GPU; usage: harness_norms [seed]. */
 #include <time.h>
 
 #include <algorithm>

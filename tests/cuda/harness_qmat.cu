@@ -1,6 +1,6 @@
 /* harness_qmat.cu — checks the CUDA weight-view product (src/cuda/qmat.cu) against the CPU reference k3c_qmat_mul_ref
  * (libk3c.a) on fresh random weights (float32, bf16, MXFP4 with scales 118..135) and inputs, n = 1..17, with and
- * without accumulation, outputs poisoned with NaN. Issue 12 item 3. Needs a GPU; usage: harness_qmat [seed]. */
+ * without accumulation, outputs poisoned with NaN. Needs a GPU; usage: harness_qmat [seed]. */
 #include "cuda/cuda_ops.h"
 #include "cuda/testing.cuh"
 

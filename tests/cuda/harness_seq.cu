@@ -1,5 +1,5 @@
 /* harness_seq.cu — runs the fp32 CUDA twins of cuda/cuda_seq.h (short conv, KDA gate, sigmoid gate / sigmoid, masked
- * cross-entropy) against the libk3c _f32 CPU ops on fresh random inputs (seed printed; argv[1] sets it). Issue 5;
+ * cross-entropy) against the libk3c _f32 CPU ops on fresh random inputs (seed printed; argv[1] sets it).
  * docs/CODE.md "Ops". Outputs are poisoned with NaN before each run; gradients start from non-zero contents (the ops add).
  * Tolerance: 1e-5 relative (rel_err = ‖gpu − cpu‖ / ‖cpu − initial‖); copies and counts exactly. Needs a GPU. */
 #include <time.h>

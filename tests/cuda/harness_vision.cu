@@ -1,7 +1,7 @@
 /* harness_vision.cu — checks the CUDA twins of the vision tower's ops (src/cuda/vision.cu: GELU tanh / erf, 2D rotary,
  * the interpolated position table both ways, block-diagonal attention, the sd2_tpool merge) through the CUDA op table
  * against the CPU float32 table on fresh random inputs (seed printed), outputs poisoned with NaN, gradients added onto
- * random initial contents, then the whole golden tower on CUDA against the CPU (embeddings, every gradient). Issue 18;
+ * random initial contents, then the whole golden tower on CUDA against the CPU (embeddings, every gradient).
  * docs/VISION.md. Needs a GPU and ../shared (or K3C_SHARED); usage: harness_vision [seed]. */
 #include "cuda/cuda_ops.h"
 #include "cuda/testing.cuh"
@@ -163,7 +163,7 @@ static void test_tower(harness &h, k3c_rng *r, const k3c_backend_f32 *gpu, const
 
 /* bf16 on the GPU against the release code's bf16 run: the golden tower with every GEMM on bf16 tensor cores
  * (K3C_GEMM_BF16), the golden's packed images and 2-frame clip, both interpolation modes; the projector output within
- * 2e-2 (norm-wise) of the golden's bf16 output (issue 18). The fp32 GPU tower's distance to the same bf16 golden is
+ * 2e-2 (norm-wise) of the golden's bf16 output. The fp32 GPU tower's distance to the same bf16 golden is
  * printed beside it: bf16 runs of different implementations differ by rounding order, not by an error of either. */
 static void test_tower_bf16(harness &h, const k3c_backend_f32 *gpu_bf16) {
     const char *dir = getenv("K3C_SHARED") ? getenv("K3C_SHARED") : "../shared";

@@ -1,6 +1,6 @@
 /* op_harness.cu — runs every CUDA op against its CPU float32 twin from libk3c.a on fresh random inputs (seed printed),
  * outputs poisoned with NaN before each run; bf16 paths within 1e-2 relative, their fp16 variants within 2e-3, fp32
- * paths within 1e-4. Issue 5; docs/CODE.md "Ops" (one harness over every backend). Built and run by tools/device_cuda.sh only (needs a GPU). */
+ * paths within 1e-4. docs/CODE.md "Ops" (one harness over every backend). Built and run by tools/device_cuda.sh only (needs a GPU). */
 #include <time.h>
 
 #include <algorithm>
@@ -57,7 +57,7 @@ static void test_gemm(harness &h, k3c_cuda_ctx *ctx, k3c_rng *r) {
 }
 
 /* ---------------------------------------------------------------- KDA
- * Tolerances: bf16 kernels 1e-2 (issue 5); their fp16 variants 2e-3 (the same algorithm with rounding 8× finer than
+ * Tolerances: bf16 kernels 1e-2; their fp16 variants 2e-3 (the same algorithm with rounding 8× finer than
  * bf16's: an error that did not shrink with the element would be the algorithm's, not the storage's). */
 static const double TOL_F16 = 2e-3;
 struct kda_case {

@@ -1,7 +1,7 @@
 /* test_engine_cuda.cu — the inference engine on the GPU (the CUDA backend's engine ops, ops/decode.h) against the same
  * engine on the CPU: per-position logits under three prefill/decode schedules, greedy ids (the CPU's and the goldens'),
  * batched sequences joining and leaving equal to solo runs, graph-replayed decode steps equal to direct ones.
- * Issue 12 item 7; docs/ENGINE.md. Built by `make cuda-tests`, run on the GPU machine (tools/device_cuda.sh). */
+ * docs/ENGINE.md. Built by `make cuda-tests`, run on the GPU machine (tools/device_cuda.sh). */
 #include "cuda/testing.cuh"
 
 extern "C" {

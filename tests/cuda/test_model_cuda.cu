@@ -1,5 +1,5 @@
 /* test_model_cuda.cu — a whole model's forward and backward on the CUDA backend against the CPU float32 reference: loss,
- * logits, every parameter gradient, QK-Clip's S_max and the routing, on packed documents. Issue 5 ("a tiny K3 model's
+ * logits, every parameter gradient, QK-Clip's S_max and the routing, on packed documents. The goal ("a tiny K3 model's
  * loss and gradients on the GPU match the CPU within bf16 tolerance"). Built and run by tools/device_cuda.sh. */
 #include <time.h>
 
@@ -14,7 +14,7 @@ extern "C" {
 }
 
 /* The GPU path keeps KDA's and attention's operands and intermediates in bf16 (or fp16: the variants), accumulation and
- * GEMMs in fp32. The issue's bf16 tolerance (relative, as in the op harness). */
+ * GEMMs in fp32. The stated bf16 tolerance (relative, as in the op harness). */
 static const double TOL = 1e-2;
 
 /* ---------------------------------------------------------------- the bf16 noise floor
@@ -249,7 +249,7 @@ static int mla_heads(const k3c_config &c) { return k3c_config_num_mla(&c) > 0 ? 
 /* The experts' outputs agree unless a route flips; the two kinds of check:
  * strict (top_k = num_experts: no discrete routing decisions), every tensor compared:
  *   - the fp16 kernel variants (the same KDA and attention kernels on fp16 elements, rounding 8× finer): loss, logits,
- *     S_max and every gradient tensor within the issue's bf16 tolerance TOL;
+ *     S_max and every gradient tensor within the bf16 tolerance TOL;
  *   - the bf16 kernels: loss and S_max within TOL; the logits, and the gradient tensors' errors (RMS over tensors),
  *     within 16× the fp16 variant's. bf16's unit roundoff is 8× fp16's, so an error that comes from element rounding
  *     alone is about 8× larger (measured 7.9–8.5 on the logits); a defect that only the bf16 path has (the bounded
@@ -263,7 +263,7 @@ static const double PRECISION_RATIO = 16;
 /* The fp32 checking kernels (K3C_KERNELS_FP32) with fp32 GEMMs: the whole step in fp32, the KDA recurrence against the
  * CPU's chunks and cuBLASLt's summation order against OpenBLAS's: two float32 computations, each within its own
  * rounding of the exact result. On the golden model the CPU's float32 gradients are up to 6.4e-5 from its float64
- * ones (the cancelling A_log sums: 1–5e-5; two seeds, 2026-12-03), and the GPU's were 1.2e-4 from the CPU's on
+ * ones (the cancelling A_log sums: 1–5e-5; two seeds), and the GPU's were 1.2e-4 from the CPU's on
  * one seed; 3e-4 is about 5× that float32 floor. */
 static const double TOL_FP32 = 3e-4;
 

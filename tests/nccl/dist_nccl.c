@@ -14,8 +14,8 @@
  *
  * The backend runs the fp32 checking kernels (K3C_KERNELS_FP32: the KDA recurrence and attention_naive) and fp32
  * GEMMs, so the whole step is fp32 as on the CPU: the bf16 tensor-core kernels round their operands, and a rounding
- * that flips with the summation order of a split grows through Muon and AdamW to 0.1–0.3 after 3 steps (measured
- * 2026-12-03), which would hide any fault of the parallel code. The model is the CPU tests' (the fp32 kernels take its
+ * that flips with the summation order of a split grows through Muon and AdamW to 0.1–0.3 after 3 steps (measured),
+ * which would hide any fault of the parallel code. The model is the CPU tests' (the fp32 kernels take its
  * 8-wide heads); `--config FILE` runs another. On the make-run model (configs/k3_tiny.json: 8 layers, width 128) the
  * GPU's own fp32 floor after 3 steps (documents reversed) is 8e-6, and ep1 and pp1 land at 1.2e-5 and 1.6e-5 (cuBLASLt
  * picks other algorithms for the split shapes): above this test's 1e-5 by the floor's width, not by a fault.
@@ -39,7 +39,7 @@
 
 #define STEPS 3
 #define TOL 1e-5     /* against the single-process CUDA step */
-#define CPU_TOL 1e-4 /* against the single-process CPU step (both fp32; ≤ 6.8e-6 seen on the H200, 2026-12-03) */
+#define CPU_TOL 1e-4 /* against the single-process CPU step (both fp32; ≤ 6.8e-6 seen) */
 #define MICRO 4      /* pipeline micro-batches per step */
 #define CONFIG "configs/k3_test_tiny.json" /* the CPU tests' model (test_dist_dp.c); --config FILE runs another */
 
