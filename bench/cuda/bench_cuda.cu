@@ -312,7 +312,7 @@ int main(int argc, char **argv) {
     k3c_cuda_ctx ctx;
     OK(k3c_cuda_init(&ctx, 0, 0, &err));
     const char *only = argc > 1 ? argv[1] : "copy,gemm,kda,attn";
-    printf("device %s (%d SMs); date 2026-12-02\n", ctx.name, ctx.sm_count);
+    printf("device %s (%d SMs)\n", ctx.name, ctx.sm_count);
     printf("| case | shape | ours ms | anchor ms | ours/anchor | note |\n|---|---|---|---|---|---|\n");
     if (strstr(only, "copy")) bench_copy();
     if (strstr(only, "gemm")) bench_gemm(&ctx);
