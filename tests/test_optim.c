@@ -1,5 +1,6 @@
 /* test_optim.c — AdamW, Newton–Schulz / (Per-Head) Muon, the combined optimizer over a parameter table, gradient-norm
  * clipping, the learning-rate schedule and QK-Clip. Spec: docs/MODEL.md §10, docs/TRAINING.md §1.3. */
+#include "model/params.h"
 #include "test.h"
 #include "ops/backend.h"
 #include "ops/optim.h"

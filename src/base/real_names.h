@@ -88,6 +88,7 @@
 #define k3c_model_init k3c_model_init_f64
 #define k3c_model_load k3c_model_load_f64
 #define k3c_model_open k3c_model_open_f64
+#define k3c_model_views k3c_model_views_f64
 #define k3c_model_load_dir k3c_model_load_dir_f64
 #define k3c_model_close k3c_model_close_f64
 #define k3c_model_plan_bytes k3c_model_plan_bytes_f64
@@ -227,6 +228,7 @@
 #define k3c_model_init k3c_model_init_f32
 #define k3c_model_load k3c_model_load_f32
 #define k3c_model_open k3c_model_open_f32
+#define k3c_model_views k3c_model_views_f32
 #define k3c_model_load_dir k3c_model_load_dir_f32
 #define k3c_model_close k3c_model_close_f32
 #define k3c_model_plan_bytes k3c_model_plan_bytes_f32

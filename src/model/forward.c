@@ -405,6 +405,8 @@ int k3c_model_forward_range(k3c_model *m, const k3c_model_batch *b, int l0, int 
     if (max_sources(c) > K3C_ATTNRES_MAX_SOURCES)
         return k3c_errf(err, K3C_EUNSUPPORTED, "forward: too many AttnRes blocks");
     const k3c_backend *be = k3c_model_backend(m);
+    const k3c_weights *views = k3c_model_views(m, err);
+    if (!views) return err->code;
     CHECK_RC(ensure_meta(m, T, b->n_docs, l0, l1, err));
     k3c_acts *a = k3c_arena_calloc(&m->meta, sizeof *a);
     k3c_acts_carver cv = k3c_acts_carver_at(arena, &m->meta);
@@ -423,7 +425,8 @@ int k3c_model_forward_range(k3c_model *m, const k3c_model_batch *b, int l0, int 
                        .cu = b->cu_seqlens ? a->cu : NULL,
                        .scratch = a->st.scratch,
                        .w = m->w,
-                       .g = m->g};
+                       .g = m->g,
+                       .views = views};
     CHECK_RC(upload_batch(be, b, n_docs, a, err));
     if (l0 == 0) {
         CHECK_RC(embed_fwd(m, be, T, a, err));

@@ -101,13 +101,22 @@ static int record_routes(const k3c_step *st, int l, const ffn_shape *s, const k3
 #endif
 }
 
-/* The dense MLP or the shared experts: y = down(act(gate x) · up x), split over the intermediate under tensor
- * parallelism (gate and up by rows, down by columns): this rank's part, which the caller sums over the group. */
-static int dense_fwd(k3c_step *st, const ffn_shape *s, const real *xn, size_t og, size_t ou, size_t od, void *saved,
-                     real *y, k3c_err *err) {
-    const real *w = st->w;
+/* The dense MLP or the shared experts, y = down(act(gate x) · up x), split over the intermediate under tensor
+ * parallelism (gate and up by rows, down by columns): this rank's part, which the caller sums over the group. In a
+ * training forward the backend's MLP op (saving its pre-activations); in a decode step gate and up are already made
+ * (in dec->mlp_gate / mlp_up, with the layer's other products of x): the GLU and the down product. */
+static int dense_fwd(k3c_step *st, const ffn_shape *s, const real *xn, const k3c_qmat *gate, const k3c_qmat *up,
+                     const k3c_qmat *down, void *saved, real *y, k3c_err *err) {
     k3c_mlp_sizes ms = mlp_sizes(st->m, s);
-    return st->be->mlp_fwd(st->be->ctx, &ms, xn, w + og, w + ou, w + od, y, saved, st->scratch, err);
+#if !K3C_REAL_DOUBLE
+    const k3c_decode *d = st->dec;
+    if (d) {
+        k3c_glu_sizes gs = {s->T, ms.inter, ms.act};
+        CHECK_RC(d->ops->glu(&gs, d->mlp_gate, d->mlp_up, d->mlp_h, err));
+        return k3c_proj1(st, s->T, down, ms.inter, s->D, d->mlp_h, y, err);
+    }
+#endif
+    return st->be->mlp_fwd(st->be->ctx, &ms, xn, gate->w, up->w, down->w, y, saved, st->scratch, err);
 }
 
 /* Under tensor parallelism the routed path (latent projections, experts, the router's backward) runs on this rank's
@@ -120,60 +129,83 @@ static void token_rows(const k3c_model *m, int64_t T, int64_t *t0, int64_t *n) {
     *n = (r + 1) * T / P - *t0;
 }
 
-/* The routed experts of rows [t0, t0 + n) (on the latent with its norm, K3) into those rows of y. */
-static int routed_fwd(k3c_step *st, int l, const ffn_shape *s, const real *xn, k3c_ffn_acts *a, int64_t t0, int64_t n,
-                      real *y, k3c_err *err) {
-    const k3c_model *m = st->m;
-    const k3c_config *c = &m->cfg;
-    const k3c_layer_offsets *o = &m->table.layer[l];
-    const real *w = st->w, *xin = xn + t0 * s->D;
-    if (s->latent) {
-        CHECK_RC(k3c_lin(st, n, s->D, s->lat, xin, w + o->latent_down, a->zin + t0 * s->lat, 0, err));
-        xin = a->zin + t0 * s->lat;
-    }
+/* The routed experts of xin's n rows into u: expert parallelism's exchange, the backend's grouped experts (saving
+ * what the backward needs), or in a decode step the engine's experts over the weights as stored. */
+static int experts_fwd(k3c_step *st, int l, const ffn_shape *s, const k3c_weights_layer *L, const real *xin,
+                       const int32_t *ids, const real *topw, int64_t n, void *saved, real *u, k3c_err *err) {
     ffn_shape rs = *s;
     rs.T = n;
-    k3c_moe_sizes es = moe_sizes(m, &rs);
+    k3c_moe_sizes es = moe_sizes(st->m, &rs);
+#if !K3C_REAL_DOUBLE
+    if (st->dec) {
+        const k3c_dec_moe dm = {L->w1, L->w3, L->w2, s->E, s->k, s->lat, s->inter, es.act};
+        return st->dec->ops->moe(&dm, xin, n, ids, topw, u, st->dec->moe_ws, err);
+    }
+#endif
+    const k3c_expert_exchange *ex = st->m->experts; /* expert parallelism: the experts on their ranks */
+    const void *w1 = L->w1[0].w, *w3 = L->w3[0].w, *w2 = L->w2[0].w; /* stacked: expert e at e · rows · cols */
+    return ex ? ex->fwd(ex->ctx, l, (int)sizeof(real), &es, xin, ids, topw, w1, w3, w2, u, err)
+              : st->be->moe_fwd(st->be->ctx, &es, xin, ids, topw, w1, w3, w2, u, saved, st->scratch, err);
+}
+
+/* The routed experts of rows [t0, t0 + n) (on the latent with its norm, K3) into those rows of y; the latent input
+ * z = W↓x is made already (a->zin). */
+static int routed_fwd(k3c_step *st, int l, const ffn_shape *s, const real *xn, k3c_ffn_acts *a, int64_t t0, int64_t n,
+                      real *y, k3c_err *err) {
+    const k3c_config *c = &st->m->cfg;
+    const k3c_weights_layer *L = &st->views->layer[l];
+    const real *xin = s->latent ? a->zin + t0 * s->lat : xn + t0 * s->D;
     real *u = s->latent ? a->u + t0 * s->lat : y + t0 * s->D;
-    const int32_t *ids = a->ids + t0 * s->k;
-    const real *topw = a->topw + t0 * s->k;
-    const k3c_expert_exchange *ex = m->experts; /* expert parallelism: the experts on their ranks */
-    int rc = ex ? ex->fwd(ex->ctx, l, (int)sizeof(real), &es, xin, ids, topw, w + o->w1, w + o->w3, w + o->w2, u, err)
-                : st->be->moe_fwd(st->be->ctx, &es, xin, ids, topw, w + o->w1, w + o->w3, w + o->w2, u, a->moe_saved,
-                                  st->scratch, err);
-    if (rc || !s->latent) return rc;
+    CHECK_RC(experts_fwd(st, l, s, L, xin, a->ids + t0 * s->k, a->topw + t0 * s->k, n, a->moe_saved, u, err));
+    if (!s->latent) return K3C_OK;
     const real *un = u;
     if (c->latent_norm) {
         k3c_rmsnorm_sizes ns = {n, s->lat, c->rms_norm_eps};
-        CHECK_RC(st->be->rmsnorm_fwd(&ns, u, w + o->latent_norm, a->un + t0 * s->lat, a->ru + t0, err));
+        CHECK_RC(st->be->rmsnorm_fwd(&ns, u, L->latent_norm, a->un + t0 * s->lat, a->ru ? a->ru + t0 : NULL, err));
         un = a->un + t0 * s->lat;
     }
-    return k3c_lin(st, n, s->lat, s->D, un, w + o->latent_up, y + t0 * s->D, 0, err);
+    return k3c_proj1(st, n, &L->latent_up, s->lat, s->D, un, y + t0 * s->D, err);
 }
 
 int k3c_ffn_layer_fwd(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, real *y, k3c_err *err) {
     k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
-    const k3c_layer_offsets *o = &m->table.layer[l];
-    const real *w = st->w;
+    const k3c_weights_layer *L = &st->views->layer[l];
     ffn_shape s = shape_of(m, l, st->T);
     int64_t T = s.T, t0, n;
+    /* every product of xn in one pass where the step allows it: the router, the latent down-projection, and in a
+       decode step the dense or shared experts' gate and up (training: inside the backend's MLP op) */
+    k3c_proj_job xj[4] = {{0}};
+    int nj = 0;
+    const k3c_qmat *gate = s.moe ? &L->shared_gate : &L->mlp_gate, *up = s.moe ? &L->shared_up : &L->mlp_up;
+    token_rows(m, T, &t0, &n);
+    if (s.moe) {
+        xj[nj++] = (k3c_proj_job){&L->router, xn, a->logits, s.D, s.E};
+        if (s.latent && n == T) xj[nj++] = (k3c_proj_job){&L->latent_down, xn, a->zin, s.D, s.lat};
+    }
+#if !K3C_REAL_DOUBLE
+    if (st->dec && (!s.moe || s.shw > 0)) {
+        xj[nj++] = (k3c_proj_job){gate, xn, st->dec->mlp_gate, s.D, mlp_sizes(m, &s).inter};
+        xj[nj++] = (k3c_proj_job){up, xn, st->dec->mlp_up, s.D, mlp_sizes(m, &s).inter};
+    }
+#endif
+    CHECK_RC(k3c_proj(st, T, xj, nj, err));
     if (!s.moe) {
-        int rc = dense_fwd(st, &s, xn, o->mlp_gate, o->mlp_up, o->mlp_down, a->mlp_saved, y, err);
+        int rc = dense_fwd(st, &s, xn, gate, up, &L->mlp_down, a->mlp_saved, y, err);
         if (!rc) rc = k3c_tp_sum(st, y, T * s.D, err);
         return rc ? k3c_err_wrap(err, "layer %d: dense MLP", l) : K3C_OK;
     }
     /* the router on every row (its statistics are the whole batch's on every rank), the experts on this rank's */
-    CHECK_RC(k3c_lin(st, T, s.D, s.E, xn, w + o->router, a->logits, 0, err));
     k3c_router_sizes rs = {T, s.E, s.k, c->renormalize, c->routed_scaling_factor};
-    int rc = st->be->router_fwd(&rs, a->logits, w + o->router_bias, a->ids, a->topw, a->cutoff, err);
+    int rc = st->be->router_fwd(&rs, a->logits, L->router_bias, a->ids, a->topw, a->cutoff, err);
     if (rc) return k3c_err_wrap(err, "layer %d: router", l);
     CHECK_RC(record_routes(st, l, &s, a, err));
-    token_rows(m, T, &t0, &n);
     if (n < T) CHECK_RC(st->be->zero(y, T * s.D, err)); /* the other ranks' rows: theirs */
+    if (s.latent && n < T)
+        CHECK_RC(k3c_proj1(st, n, &L->latent_down, s.D, s.lat, xn + t0 * s.D, a->zin + t0 * s.lat, err));
     if ((rc = routed_fwd(st, l, &s, xn, a, t0, n, y, err))) return k3c_err_wrap(err, "layer %d: routed experts", l);
     if (s.shw > 0) {
-        rc = dense_fwd(st, &s, xn, o->shared_gate, o->shared_up, o->shared_down, a->mlp_saved, a->ys, err);
+        rc = dense_fwd(st, &s, xn, gate, up, &L->shared_down, a->mlp_saved, a->ys, err);
         if (rc) return k3c_err_wrap(err, "layer %d: shared experts", l);
         CHECK_RC(st->be->add(T * s.D, a->ys, y, err));
     }

@@ -163,41 +163,67 @@ static int core_bwd(k3c_step *st, int l, const k3c_kda_dims *kd, k3c_kda_acts *a
     return dh0 ? cx->kda_pass(cx->ctx, l, K3C_CP_DH0, err) : K3C_OK;
 }
 
+/* Short conv + SiLU of q, k and v, then q and k L2-normalised per head: in a decode step the engine's one op over every
+ * segment from and into its conv tails (after S [H, dk, dk] in the layer's state block). */
+static int conv_qkv_fwd(k3c_step *st, int l, const kda_shape *s, const k3c_weights_layer *L, k3c_kda_acts *a,
+                        k3c_err *err) {
+    const real *pre[3] = {a->qh, a->kh, a->vh}, *Wc[3] = {L->q_conv, L->k_conv, L->v_conv};
+    real *post[3] = {a->qn, a->kn, a->vc};
+#if !K3C_REAL_DOUBLE
+    const k3c_decode *d = st->dec;
+    if (d) {
+        const int64_t off = (int64_t)d->idx[l] * d->dims->kda_floats + s->H * s->dk * s->dk;
+        return d->ops->qkv_conv(d->batch, d->dims, off, pre, Wc, post, err);
+    }
+#endif
+    for (int i = 0; i < 3; i++) CHECK_RC(conv_fwd(st, l, i, s->P, (int)s->W, pre[i], Wc[i], post[i], err));
+    k3c_l2norm_dims ld = {s->T * s->H, s->dk, 1e-6};
+    CHECK_RC(st->be->l2norm_fwd(&ld, a->qn, a->qn, a->rq, err));
+    return st->be->l2norm_fwd(&ld, a->kn, a->kn, a->rk, err);
+}
+
+/* The delta-rule core: in a decode step per segment from and into its KDA state (the recurrence for one token, the
+ * chunked form for a run of them), else over the batch's documents. */
+static int core_any_fwd(k3c_step *st, int l, const k3c_kda_dims *kd, k3c_kda_acts *a, k3c_err *err) {
+#if !K3C_REAL_DOUBLE
+    const k3c_decode *d = st->dec;
+    if (d)
+        return d->ops->kda(d->batch, d->dims, (int64_t)d->idx[l] * d->dims->kda_floats, a->qn, a->kn, a->vc, a->g,
+                           a->beta, kd->gate_lower_bound, a->o, d->kda_ws, err);
+#endif
+    CHECK_RC(k3c_model_check_backend(st->m, st->be, err)); /* kda_chunk may have changed since the backend was bound */
+    return core_fwd(st, l, kd, a, err);
+}
+
 int k3c_kda_layer_fwd(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, real *y, k3c_err *err) {
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
-    const k3c_layer_offsets *o = &m->table.layer[l];
-    const real *w = st->w;
+    const k3c_weights_layer *L = &st->views->layer[l];
     kda_shape s = shape_of(m, st->T);
     int64_t T = s.T;
-    const real *Wp[3] = {w + o->q_proj, w + o->k_proj, w + o->v_proj};
-    const real *Wc[3] = {w + o->q_conv, w + o->k_conv, w + o->v_conv};
-    real *pre[3] = {a->qh, a->kh, a->vh}, *post[3] = {a->qn, a->kn, a->vc};
-    for (int i = 0; i < 3; i++) {
-        CHECK_RC(k3c_lin(st, T, s.D, s.P, xn, Wp[i], pre[i], 0, err));
-        CHECK_RC(conv_fwd(st, l, i, s.P, (int)s.W, pre[i], Wc[i], post[i], err));
-    }
-    k3c_l2norm_dims ld = {T * s.H, s.dk, 1e-6};
-    CHECK_RC(st->be->l2norm_fwd(&ld, a->qn, a->qn, a->rq, err));
-    CHECK_RC(st->be->l2norm_fwd(&ld, a->kn, a->kn, a->rk, err));
-    CHECK_RC(k3c_lin(st, T, s.D, s.H, xn, w + o->b_proj, a->blog, 0, err));
+    const int full = c->kda_full_rank_gate;
+    /* every product of xn in one pass: q, k, v, β's logits, the forget gate's first factor, the output gate's */
+    const k3c_proj_job xj[6] = {{&L->q_proj, xn, a->qh, s.D, s.P},
+                                {&L->k_proj, xn, a->kh, s.D, s.P},
+                                {&L->v_proj, xn, a->vh, s.D, s.P},
+                                {&L->b_proj, xn, a->blog, s.D, s.H},
+                                {&L->f_a, xn, a->fa, s.D, s.dk},
+                                full ? (k3c_proj_job){&L->g_proj, xn, a->gl, s.D, s.P}
+                                     : (k3c_proj_job){&L->g_a, xn, a->ga, s.D, s.dk}};
+    CHECK_RC(k3c_proj(st, T, xj, 6, err));
+    CHECK_RC(conv_qkv_fwd(st, l, &s, L, a, err));
     CHECK_RC(st->be->sigmoid(T * s.H, a->blog, a->beta, err));
-    CHECK_RC(k3c_lin(st, T, s.D, s.dk, xn, w + o->f_a, a->fa, 0, err));
-    CHECK_RC(k3c_lin(st, T, s.dk, s.P, a->fa, w + o->f_b, a->z, 0, err));
+    /* the second factors: the forget gate's z = f_b f_a x and the low-rank output gate's logits */
+    const k3c_proj_job sj[2] = {{&L->f_b, a->fa, a->z, s.dk, s.P}, {&L->g_b, a->ga, a->gl, s.dk, s.P}};
+    CHECK_RC(k3c_proj(st, T, sj, full ? 1 : 2, err));
     k3c_kda_gate_dims gd = {T, s.H, s.dk, c->kda_gate, c->gate_lower_bound};
-    CHECK_RC(st->be->kda_gate_fwd(&gd, a->z, w + o->dt_bias, w + o->A_log, a->g, err));
+    CHECK_RC(st->be->kda_gate_fwd(&gd, a->z, L->dt_bias, L->A_log, a->g, err));
     k3c_kda_dims kd = core_dims(m, T, st->n_docs);
-    CHECK_RC(k3c_model_check_backend(m, st->be, err)); /* kda_chunk may have changed since the backend was bound */
-    CHECK_RC(core_fwd(st, l, &kd, a, err));
-    if (c->kda_full_rank_gate) {
-        CHECK_RC(k3c_lin(st, T, s.D, s.P, xn, w + o->g_proj, a->gl, 0, err));
-    } else {
-        CHECK_RC(k3c_lin(st, T, s.D, s.dk, xn, w + o->g_a, a->ga, 0, err));
-        CHECK_RC(k3c_lin(st, T, s.dk, s.P, a->ga, w + o->g_b, a->gl, 0, err));
-    }
+    CHECK_RC(core_any_fwd(st, l, &kd, a, err));
     k3c_rmsnorm_sizes rs = {T * s.H, s.dk, c->rms_norm_eps};
-    CHECK_RC(st->be->gated_rmsnorm_fwd(&rs, a->o, a->gl, w + o->o_norm, a->y1, a->ro, err));
-    return k3c_lin_rowpar(st, T, c->kda_heads * s.dk, s.D, a->y1, w + o->o_proj, y, err); /* the caller sums y */
+    CHECK_RC(st->be->gated_rmsnorm_fwd(&rs, a->o, a->gl, L->o_norm, a->y1, a->ro, err));
+    /* row-parallel under tensor parallelism: the caller sums y */
+    return k3c_proj1(st, T, &L->o_proj, c->kda_heads * s.dk / k3c_tp_size(m), s.D, a->y1, y, err);
 }
 
 size_t k3c_kda_bwd_bytes(const k3c_model *m, int64_t T) {

@@ -73,60 +73,108 @@ void k3c_mla_alloc(const k3c_model *m, int64_t T, k3c_acts_carver *c, k3c_mla_ac
     }
 }
 
-int k3c_mla_layer_fwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real *y, k3c_err *err) {
+/* Attention over the keys of a training forward: the latent expanded by kv_b into per-head keys [k_nope_h ; k_pe]
+ * (k_pe shared by all heads, never rotated) and values, causal attention inside the documents (context parallelism:
+ * over the sequence's keys up to this rank's last token), and QK-Clip's S_max. *out: the heads' outputs [T, H·dv]. */
+static int attend_expanded(k3c_step *st, int l, const mla_shape *s, const k3c_weights_layer *L, k3c_mla_acts *a,
+                           const real **out, k3c_err *err) {
     const k3c_model *m = st->m;
-    const k3c_config *c = &m->cfg;
-    const k3c_layer_offsets *o = &m->table.layer[l];
-    const real *w = st->w;
-    mla_shape s = shape_of(m, st->T);
-    int64_t T = s.T, H = s.H;
     const k3c_context_exchange *cx = m->context;
-    const int64_t t0 = cx ? cx->start : 0, Tk = cx ? cx->T_keys : T; /* queries: rows [t0, t0 + T) of Tk */
-    if (cx) CHECK_RC(st->be->zero(a->q, Tk * H * s.dqk, err));
-    real *q = a->q + t0 * H * s.dqk;
-    if (s.r > 0) {
-        CHECK_RC(k3c_lin(st, T, s.D, s.r, xn, w + o->q_a, a->qa, 0, err));
-        k3c_rmsnorm_sizes rs = {T, s.r, c->mla_norm_eps};
-        CHECK_RC(st->be->rmsnorm_fwd(&rs, a->qa, w + o->q_a_norm, a->qan, a->rqa, err));
-        CHECK_RC(k3c_lin(st, T, s.r, H * s.dqk, a->qan, w + o->q_b, q, 0, err));
-    } else {
-        CHECK_RC(k3c_lin(st, T, s.D, H * s.dqk, xn, w + o->q_proj, q, 0, err));
-    }
-    CHECK_RC(k3c_lin(st, T, s.D, s.rkv + s.rope, xn, w + o->kv_a, a->kva, 0, err));
-    const int64_t lkva = s.rkv + s.rope, lkv = s.nope + s.dv;
-    CHECK_RC(st->be->copy2d(T, s.rkv, a->kva, lkva, a->c, s.rkv, 0, err));
-    k3c_rmsnorm_sizes rc = {T, s.rkv, c->mla_norm_eps};
-    CHECK_RC(st->be->rmsnorm_fwd(&rc, a->c, w + o->kv_a_norm, a->cn, a->rc, err));
+    const int64_t T = s->T, H = s->H, t0 = cx ? cx->start : 0, Tk = cx ? cx->T_keys : T;
+    const int64_t lkva = s->rkv + s->rope, lkv = s->nope + s->dv;
     const real *kva = a->kva; /* [Tk, rkv + rope]: the normalised latent is read from cnk, k_pe from here */
     if (cx) {                 /* this rank's [latent ; k_pe] rows into the sequence's, gathered from every rank */
         real *lat = cx->mla_buf(cx->ctx, l, 0);
-        CHECK_RC(st->be->copy2d(T, s.rkv, a->cn, s.rkv, lat + t0 * lkva, lkva, 0, err));
-        CHECK_RC(st->be->copy2d(T, s.rope, a->kva + s.rkv, lkva, lat + t0 * lkva + s.rkv, lkva, 0, err));
+        CHECK_RC(st->be->copy2d(T, s->rkv, a->cn, s->rkv, lat + t0 * lkva, lkva, 0, err));
+        CHECK_RC(st->be->copy2d(T, s->rope, a->kva + s->rkv, lkva, lat + t0 * lkva + s->rkv, lkva, 0, err));
         CHECK_RC(cx->mla_gather(cx->ctx, l, err));
-        CHECK_RC(st->be->copy2d(Tk, s.rkv, lat, lkva, a->cnk, s.rkv, 0, err));
+        CHECK_RC(st->be->copy2d(Tk, s->rkv, lat, lkva, a->cnk, s->rkv, 0, err));
         kva = lat;
     }
-    CHECK_RC(k3c_lin(st, Tk, s.rkv, H * (s.nope + s.dv), a->cnk, w + o->kv_b, a->kv, 0, err));
-    /* per head: k = [k_nope_h ; k_pe] (k_pe shared by all heads, never rotated), v = v_h */
-    CHECK_RC(st->be->copy2d(Tk * H, s.nope, a->kv, lkv, a->k, s.dqk, 0, err));
+    CHECK_RC(k3c_proj1(st, Tk, &L->kv_b, s->rkv, H * lkv, a->cnk, a->kv, err));
+    CHECK_RC(st->be->copy2d(Tk * H, s->nope, a->kv, lkv, a->k, s->dqk, 0, err));
     for (int64_t h = 0; h < H; h++)
-        CHECK_RC(st->be->copy2d(Tk, s.rope, kva + s.rkv, lkva, a->k + h * s.dqk + s.nope, H * s.dqk, 0, err));
-    CHECK_RC(st->be->copy2d(Tk * H, s.dv, a->kv + s.nope, lkv, a->v, s.dv, 0, err));
-    k3c_attention_sizes as = attn_sizes(&s, cx ? cx->n_docs_keys : st->n_docs);
+        CHECK_RC(st->be->copy2d(Tk, s->rope, kva + s->rkv, lkva, a->k + h * s->dqk + s->nope, H * s->dqk, 0, err));
+    CHECK_RC(st->be->copy2d(Tk * H, s->dv, a->kv + s->nope, lkv, a->v, s->dv, 0, err));
+    k3c_attention_sizes as = attn_sizes(s, cx ? cx->n_docs_keys : st->n_docs);
     const int32_t *cu = cx ? cx->cu_keys : st->cu;
     as.T = Tk, as.q_begin = t0;
     CHECK_RC(st->be->attention_fwd(&as, cu, a->q, a->k, a->v, a->o, a->lse, st->scratch, err));
     /* S_max of QK-Clip (§10.2) from the queries and keys while they are live (recomputed layers share buffers) */
     if (m->stats && m->stats->smax)
         CHECK_RC(st->be->attention_max_logit(&as, cu, a->q, a->k,
-                                             m->stats->smax + (size_t)(l * c->mla_heads + k3c_tp_rank(m) * H), err));
-    const real *out = a->o + t0 * H * s.dv;
+                                             m->stats->smax + (size_t)(l * m->cfg.mla_heads + k3c_tp_rank(m) * H),
+                                             err));
+    *out = a->o + t0 * H * s->dv;
+    return K3C_OK;
+}
+
+/* Attention over the latent cache of a decode step (MODEL.md §4.2 "Absorbed form"): [c_KV (normalised) ; k_pe] of every
+ * new row appended to its sequence's cache before anyone attends (a token sees itself); per head the query moves into
+ * latent space, q̃_h = [W_UK,hᵀ q_nope,h ; q_pe,h], attends over the cached rows (MQA: values are the cached latents),
+ * and the output returns with W_UV,h. Keys and values are never expanded. *out: [n, H·dv]. */
+static int attend_absorbed(k3c_step *st, int l, const mla_shape *s, const k3c_weights_layer *L, k3c_mla_acts *a,
+                           const real **out, k3c_err *err) {
+#if K3C_REAL_DOUBLE
+    (void)l, (void)s, (void)L, (void)a, (void)out;
+    return k3c_errf(err, K3C_EUNSUPPORTED, "decode step: float32 only");
+#else
+    const k3c_decode *d = st->dec;
+    const k3c_dec_ops *op = d->ops;
+    const int64_t n = s->T, H = s->H, nope = s->nope, rope = s->rope, dqk = s->dqk, rkv = s->rkv;
+    const int64_t lw = rkv + rope;
+    const int j = d->idx[l];
+    CHECK_RC(op->cache_put(d->batch, d->dims, j, a->cn, a->kva, err));
+    CHECK_RC(op->qmat_mul_heads(st->be->ctx, L->uk_t, H, a->q, H * dqk, dqk, n, d->qlat, lw, n * lw, d->heads_ws, err));
+    if (n <= H) /* the rope parts: one strided copy per row or per head, whichever is fewer */
+        for (int64_t r = 0; r < n; r++)
+            CHECK_RC(st->be->copy2d(H, rope, a->q + r * H * dqk + nope, dqk, d->qlat + r * lw + rkv, n * lw, 0, err));
+    else
+        for (int64_t h = 0; h < H; h++)
+            CHECK_RC(st->be->copy2d(n, rope, a->q + h * dqk + nope, H * dqk, d->qlat + h * n * lw + rkv, lw, 0, err));
+    const float scale = (float)(1.0 / sqrt((double)dqk));
+    CHECK_RC(op->attend(d->batch, d->dims, j, d->qlat, scale, d->olat, d->att_ws, err));
+    /* the head outputs o_h = W_UV,h õ_h straight into their columns of o [n, H·dv] */
+    CHECK_RC(op->qmat_mul_heads(st->be->ctx, L->uv, H, d->olat, rkv, n * rkv, n, a->o, H * s->dv, s->dv, d->heads_ws,
+                                err));
+    *out = a->o;
+    return K3C_OK;
+#endif
+}
+
+int k3c_mla_layer_fwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real *y, k3c_err *err) {
+    const k3c_model *m = st->m;
+    const k3c_config *c = &m->cfg;
+    const k3c_weights_layer *L = &st->views->layer[l];
+    mla_shape s = shape_of(m, st->T);
+    int64_t T = s.T, H = s.H;
+    const k3c_context_exchange *cx = m->context;
+    const int64_t t0 = cx ? cx->start : 0, Tk = cx ? cx->T_keys : T; /* queries: rows [t0, t0 + T) of Tk */
+    if (cx) CHECK_RC(st->be->zero(a->q, Tk * H * s.dqk, err));
+    real *q = a->q + t0 * H * s.dqk;
+    /* every product of xn in one pass: the query's first factor, [latent ; k_pe], the output gate's logits */
+    k3c_proj_job xj[3] = {s.r > 0 ? (k3c_proj_job){&L->q_a, xn, a->qa, s.D, s.r}
+                                  : (k3c_proj_job){&L->q_proj, xn, q, s.D, H * s.dqk},
+                          {&L->kv_a, xn, a->kva, s.D, s.rkv + s.rope},
+                          {&L->g_proj, xn, a->gl, s.D, H * s.dv}};
+    CHECK_RC(k3c_proj(st, T, xj, c->mla_output_gate ? 3 : 2, err));
+    if (s.r > 0) {
+        k3c_rmsnorm_sizes rs = {T, s.r, c->mla_norm_eps};
+        CHECK_RC(st->be->rmsnorm_fwd(&rs, a->qa, L->q_a_norm, a->qan, a->rqa, err));
+        CHECK_RC(k3c_proj1(st, T, &L->q_b, s.r, H * s.dqk, a->qan, q, err));
+    }
+    const int64_t lkva = s.rkv + s.rope;
+    CHECK_RC(st->be->copy2d(T, s.rkv, a->kva, lkva, a->c, s.rkv, 0, err));
+    k3c_rmsnorm_sizes rc = {T, s.rkv, c->mla_norm_eps};
+    CHECK_RC(st->be->rmsnorm_fwd(&rc, a->c, L->kv_a_norm, a->cn, a->rc, err));
+    const real *out = NULL;
+    CHECK_RC(st->dec ? attend_absorbed(st, l, &s, L, a, &out, err) : attend_expanded(st, l, &s, L, a, &out, err));
     if (c->mla_output_gate) {
-        CHECK_RC(k3c_lin(st, T, s.D, H * s.dv, xn, w + o->g_proj, a->gl, 0, err));
         CHECK_RC(st->be->sigmoid_gate_fwd(T * H * s.dv, out, a->gl, a->og, err));
         out = a->og;
     }
-    return k3c_lin_rowpar(st, T, c->mla_heads * s.dv, s.D, out, w + o->o_proj, y, err); /* the caller sums y */
+    /* row-parallel under tensor parallelism: the caller sums y */
+    return k3c_proj1(st, T, &L->o_proj, c->mla_heads * s.dv / k3c_tp_size(m), s.D, out, y, err);
 }
 
 size_t k3c_mla_bwd_bytes(const k3c_model *m, int64_t T) {

@@ -8,6 +8,7 @@
 #include "base/carve.h"
 #include "base/check.h"
 #include "model/model.h"
+#include "model/weights.h"
 #include "ops/backend.h"
 
 /* A step's buffers are planned twice by the same code: once with measuring carvers (base/carve.h), then carved for
@@ -48,17 +49,32 @@ static inline int k3c_acts_carver_take(k3c_acts_carver *c, k3c_arena *dev, k3c_a
     return c->dev.oom || c->host.oom;
 }
 
+/* A step of the inference engine (docs/ENGINE.md "The step"): its rows are segments of sequences, each read against
+ * and advancing its decode state (KDA state and conv tails, MLA latent cache), and nothing is kept for a backward.
+ * Float32 only. */
+typedef struct {
+    const k3c_dec_ops *ops;      /* the engine's ops of the step's backend (ops/decode.h) */
+    const k3c_dec_batch *batch;  /* the segments, in host and backend memory */
+    const k3c_dec_dims *dims;    /* the state's layout */
+    const int *idx;              /* layer l's index among the layers of its mixer kind: its state / cache slot */
+    void *kda_ws, *att_ws, *heads_ws, *moe_ws; /* the ops' workspaces */
+    float *mlp_gate, *mlp_up, *mlp_h;          /* [rows, widest of the dense and shared intermediates] */
+    float *qlat, *olat; /* absorbed MLA: queries [Hm, rows, rkv + rope] and outputs [Hm, rows, rkv] in latent space */
+} k3c_decode;
+
 /* What a step's layers share: the model, the batch layout, a scratch region for op workspaces, the error. */
 typedef struct {
     k3c_model *m;
     const k3c_backend *be; /* runs every op of the step (m->backend or the CPU reference) */
-    int64_t T;
+    int64_t T;             /* rows (tokens of the batch; in a decode step every segment's) */
     int n_docs;
     const int32_t *cu;
     void *scratch; /* op workspaces (largest need of any op in the step) */
     size_t scratch_bytes;
-    const real *w; /* parameters */
-    real *g;       /* gradients */
+    const real *w;             /* parameters (training: the backward reads them, and writes g) */
+    real *g;                   /* gradients */
+    const k3c_weights *views;  /* what the forward reads every weight through: views of w, or weights as stored */
+    const k3c_decode *dec;     /* NULL: a training forward over whole documents; else a decode step */
 } k3c_step;
 
 typedef struct {
@@ -125,6 +141,41 @@ static inline int k3c_lin_bwd(const k3c_step *st, int64_t T, int64_t in, int64_t
                               const real *dy, real *dx, real *dW, k3c_err *err) {
     k3c_linear_sizes s = {T, in, out, 0};
     return st->be->linear_bwd(st->be->ctx, &s, x, W, dy, dx, dW, err);
+}
+
+/* One product of a layer's input: Y [rows, out] = X [rows, in] · Wᵀ (in, out: this rank's share under tensor
+ * parallelism; a view's shape is the whole tensor's). */
+typedef struct {
+    const k3c_qmat *W;
+    const real *X;
+    real *Y;
+    int64_t in, out;
+} k3c_proj_job;
+
+/* The products of one layer input, through the weights' views: in a training forward each a GEMM of the backend's
+ * linear op over real-typed views of the parameters; in a decode step one pass over all of them (the engine's
+ * qmat_mul_many over the weights as stored: each weight row read once for every row of the step). */
+static inline int k3c_proj(const k3c_step *st, int64_t T, const k3c_proj_job *jobs, int n, k3c_err *err) {
+#if !K3C_REAL_DOUBLE
+    if (st->dec) {
+        k3c_qmat_job q[8];
+        if (n == 1) return st->dec->ops->qmat_mul(st->be->ctx, jobs[0].W, jobs[0].X, T, jobs[0].Y, 0, err);
+        if (n > 8) return k3c_errf(err, K3C_EINVAL, "decode step: %d products of one input (at most 8)", n);
+        for (int i = 0; i < n; i++) q[i] = (k3c_qmat_job){jobs[i].W, jobs[i].X, T, jobs[i].Y, 0};
+        return st->dec->ops->qmat_mul_many(st->be->ctx, q, n, err);
+    }
+#endif
+    for (int i = 0; i < n; i++) {
+        k3c_linear_sizes s = {T, jobs[i].in, jobs[i].out, 0};
+        CHECK_RC(st->be->linear_fwd(st->be->ctx, &s, jobs[i].X, (const real *)jobs[i].W->w, jobs[i].Y, err));
+    }
+    return K3C_OK;
+}
+/* One product: k3c_proj of a single job. */
+static inline int k3c_proj1(const k3c_step *st, int64_t T, const k3c_qmat *W, int64_t in, int64_t out, const real *x,
+                            real *y, k3c_err *err) {
+    const k3c_proj_job j = {W, x, y, in, out};
+    return k3c_proj(st, T, &j, 1, err);
 }
 
 /* ---------------------------------------------------------------- tensor parallelism (model.h k3c_tensor_parallel)

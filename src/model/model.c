@@ -1,6 +1,7 @@
 /* model.c — model lifetime: parameters in one flat buffer under checkpoint names; random init for training from scratch
  * (docs/MODEL.md §3.1 init table, §5.1, §10), loading from Hugging Face checkpoints (docs/FORMATS.md §5–§7), saving. */
 #include "base/real.h"
+#include "model/weights.h"
 #include "model/model.h"
 #include "ops/backend.h"
 #include "ops/mxfp4.h"
@@ -57,7 +58,22 @@ void k3c_model_free(k3c_model *m) {
     }
     k3c_params_free(&m->table);
     k3c_arena_free(&m->meta);
+    if (m->views) k3c_weights_free(m->views);
+    free(m->views);
     memset(m, 0, sizeof *m);
+}
+
+const k3c_weights *k3c_model_views(k3c_model *m, k3c_err *err) {
+    if (m->views && m->views_of == m->w) return m->views;
+    if (!m->views && !(m->views = calloc(1, sizeof *m->views))) {
+        k3c_errf(err, K3C_ENOMEM, "model: out of memory");
+        return NULL;
+    }
+    k3c_weights_free(m->views);
+    m->views_of = NULL;
+    if (k3c_weights_of_params(&m->cfg, &m->table, m->w, sizeof(real), NULL, m->views, err)) return NULL;
+    m->views_of = m->w;
+    return m->views;
 }
 
 int k3c_model_check_backend(const k3c_model *m, const void *bev, k3c_err *err) {

@@ -157,6 +157,8 @@ typedef struct k3c_model {
     const k3c_tensor_parallel *tp;       /* NULL, or tensor parallelism: this rank's heads, widths and vocabulary */
     const k3c_context_exchange *context; /* NULL, or context parallelism: this rank holds a range of the sequence */
     const k3c_grad_hook *grads;          /* NULL, or called as the head's and each layer's gradients are final */
+    struct k3c_weights *views;           /* views of w the forward reads its weights through (model/weights.h) */
+    const void *views_of;                /* the w they were built over (rebuilt when w moves to another backend) */
 } k3c_model;
 
 /* Step statistics for forwards of up to T tokens in the model's backend memory (with S_max when the model has MLA
@@ -169,6 +171,10 @@ void k3c_step_stats_free_f64(const k3c_model *m, k3c_step_stats *s);
  * (its kda_chunk); use_backend and every KDA layer forward ask it. */
 int k3c_model_check_backend_f32(const k3c_model *m, const void *be, k3c_err *err);
 int k3c_model_check_backend_f64(const k3c_model *m, const void *be, k3c_err *err);
+
+/* The views of m's parameters a forward reads (model/weights.h), built on first use and again after w moved. */
+#define K3C_MODEL_VIEWS_API(real, S) const struct k3c_weights *k3c_model_views_##S(k3c_model *m, k3c_err *err);
+K3C_DECLARE_REAL(K3C_MODEL_VIEWS_API)
 
 /* The model over a range of layers [l0, l1) (0 <= l0 < l1 <= L; k3c_model_forward / backward are the range [0, L)).
  * l0 == 0 starts from the embedding of b->ids, else from `in`: the k3c_boundary_sources(l0) tensors [T, D] in backend

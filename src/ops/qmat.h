@@ -9,6 +9,7 @@ typedef enum {
     K3C_QMAT_F32 = 0, /* w: float [rows, cols] row-major */
     K3C_QMAT_BF16,    /* w: uint16 bf16 [rows, cols] row-major */
     K3C_QMAT_MXFP4,   /* w: packed U8 [rows, cols/2] (low nibble = even column), scale: UE8M0 U8 [rows, cols/32] */
+    K3C_QMAT_F64,     /* w: double [rows, cols]: a float64 model's parameters, read by its training path only */
 } k3c_qmat_type;
 
 /* A view: the matrix does not own its storage (it points into a loaded or mmap'd checkpoint, or model parameters). */

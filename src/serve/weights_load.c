@@ -185,7 +185,7 @@ static k3c_qmat ld_mat(void *ctx, size_t off, int64_t rows, int64_t cols) {
     return q;
 }
 
-static const float *ld_vec(void *ctx, size_t off) {
+static const void *ld_vec(void *ctx, size_t off) {
     loader *ld = ctx;
     const k3c_param *p;
     const slice_src *s = off == K3C_NOPARAM || ld->rc ? NULL : slice_at(ld, off, &p);

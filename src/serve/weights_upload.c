@@ -36,7 +36,7 @@ static k3c_qmat put_mat(mover *m, const k3c_qmat *q) {
     return d;
 }
 
-static const float *put_vec(mover *m, const float *v, int64_t n) {
+static const void *put_vec(mover *m, const void *v, int64_t n) {
     return v ? put(m, v, sizeof(float) * (size_t)n) : NULL;
 }
 

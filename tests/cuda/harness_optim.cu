@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "model/params.h"
 #include "cuda/testing.cuh"
 #include "cuda/cuda_optim.h"
 
