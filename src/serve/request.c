@@ -236,7 +236,7 @@ static int check_roles(k3c_json *msgs, k3c_api_error *e) {
         for (size_t k = 0; k < sizeof known / sizeof *known; k++) ok |= !strcmp(role->string, known[k]);
         if (!ok)
             return BAD_VALUE(e, "messages",
-                             "'messages[%zu].role' is '%.64s'; supported roles are system, developer, user, assistant "
+                             "'messages[%zu].role' is '%s'; supported roles are system, developer, user, assistant "
                              "and tool",
                              i, role->string);
     }
