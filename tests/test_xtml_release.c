@@ -303,6 +303,67 @@ static void parse_strict(void) {
     }
 }
 
+/* Random output made of markers, tag names and text: recovering parsing never fails, never leaves a control token in
+ * text, and gives the same result one-shot and fed in random pieces. */
+static void random_outputs(void) {
+    static const char *frags[] = {"<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>", "<|im_end|>", "[EOS]",
+                                  "<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
+                                  "<|tool_call_end|>", "<|tool_calls_section_end|>", "<think>", "</think>", "think",
+                                  "response", "tools", "call tool=\"f\" index=\"1\"", "call", "argument key=\"a\" "
+                                  "type=\"number\"", "argument key=\"s\"", "json", "message", "banana", " ", "x",
+                                  "12345678901234567890", "0.1", "{\"a\": 1, \"a\": 2}", "\xc3\xa9", "<|", "|>",
+                                  "<|se", "functions.f:0", "\n"};
+    const size_t nf = sizeof frags / sizeof *frags;
+    k3c_rng rng = {36, 0};
+    int bad = 0, dirty = 0, differ = 0;
+    for (int iter = 0; iter < 3000; iter++) {
+        k3c_sbuf s;
+        k3c_sbuf_init(&s);
+        size_t len = 1 + k3c_rng_u64(&rng) % 40;
+        for (size_t i = 0; i < len; i++) {
+            const char *f = frags[k3c_rng_u64(&rng) % nf];
+            k3c_sbuf_append(&s, f, strlen(f));
+        }
+        if (iter % 100 == 0)
+            for (int i = 0; i < 1100; i++) k3c_sbuf_append(&s, "z", 1);
+        k3c_chat_parse_opts po = {iter & 1 ? K3C_CHAT_K2 : K3C_CHAT_XTML, (iter >> 1) % 3 == 1, (iter >> 1) % 3 == 2, 0};
+        k3c_chat_result one;
+        k3c_err err = {0};
+        if (k3c_chat_parse(&po, s.buf, s.len, &one, &err) != K3C_OK) {
+            bad++;
+            k3c_sbuf_free(&s);
+            continue;
+        }
+        dirty += !clean(one.reasoning, one.reasoning_len) || !clean(one.content, one.content_len);
+        k3c_chat_parser *p;
+        CHECK_OK(k3c_chat_parser_new(&po, NULL, NULL, &p, &err), &err);
+        int rc = K3C_OK;
+        for (size_t at = 0; at < s.len && !rc;) {
+            size_t k = 1 + k3c_rng_u64(&rng) % 9;
+            if (k > s.len - at) k = s.len - at;
+            rc = k3c_chat_parser_feed(p, s.buf + at, k, &err);
+            at += k;
+        }
+        if (!rc) rc = k3c_chat_parser_finish(p, &err);
+        k3c_sbuf a, b;
+        k3c_sbuf_init(&a);
+        k3c_sbuf_init(&b);
+        k3c_chat_result_json(&a, &one);
+        if (!rc) k3c_chat_result_json(&b, k3c_chat_parser_result(p));
+        if (rc || a.len != b.len || memcmp(a.buf, b.buf, a.len)) {
+            if (!differ) printf("differ: %s\n one-shot %s\n streamed %s\n", s.buf, a.buf, b.buf ? b.buf : "");
+            differ++;
+        }
+        k3c_sbuf_free(&a);
+        k3c_sbuf_free(&b);
+        k3c_chat_parser_free(p);
+        k3c_chat_result_free(&one);
+        k3c_sbuf_free(&s);
+    }
+    CHECK(bad == 0 && dirty == 0 && differ == 0, "random outputs: %d errors, %d with control tokens in text, %d differ",
+          bad, dirty, differ);
+}
+
 /* Done when: arguments holding 12345678901234567890 and 0.1 come back unchanged through render and parse. */
 static void roundtrip_numbers(void) {
     const char *msgs = "[{\"role\":\"user\",\"content\":\"u\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":"
@@ -369,6 +430,7 @@ int main(void) {
     parse_recovery();
     parse_header_overflow();
     parse_strict();
+    random_outputs();
     roundtrip_numbers();
     cli();
     return test_summary();

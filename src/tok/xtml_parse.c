@@ -570,13 +570,14 @@ static int scan(k3c_chat_parser *p, int final, k3c_err *err) {
             const char *hit = memmem(s, n, ms[j], strlen(ms[j]));
             if (hit && (!best || hit < best)) best = hit, bm = ms[j];
         }
-        if (p->header && (best ? (size_t)(best - s) : n) > HEADER_MAX) {
+        /* bytes that may still begin a marker do not count, so a split input decides as a whole one does */
+        size_t keep = best || final ? 0 : holdback(s, n, ms, nm);
+        if (p->header && (best ? (size_t)(best - s) : n - keep) > HEADER_MAX) {
             p->header = 0; /* no tag: what follows the stray marker is channel text */
             continue;
         }
         if (!best) {
             if (p->header) break; /* a tag header is structure: wait for its <|sep|> */
-            size_t keep = final ? 0 : holdback(s, n, ms, nm);
             sink(p, s, n - keep);
             used += n - keep;
             break;
