@@ -130,13 +130,14 @@ static void render_numbers(void) {
         "\"{\\\"a\\\": 1, \\\"f\\\": 1.50, \\\"e\\\": 1E5, \\\"n\\\": -12345678901234567890123, \\\"o\\\": {\\\"k\\\": "
         "2.50, \\\"k\\\": [1e-5, -0]}, \\\"a\\\": 3}\"}}]}]",
         NULL, "{\"add_generation_prompt\":false,\"thinking\":false}",
-        ASST RESP_EMPTY "<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|>"
-                        "<|open|>argument key=\"a\" type=\"number\"<|sep|>3<|close|>argument<|sep|>"
-                        "<|open|>argument key=\"f\" type=\"number\"<|sep|>1.5<|close|>argument<|sep|>"
-                        "<|open|>argument key=\"e\" type=\"number\"<|sep|>100000.0<|close|>argument<|sep|>"
-                        "<|open|>argument key=\"n\" type=\"number\"<|sep|>-12345678901234567890123<|close|>argument<|sep|>"
-                        "<|open|>argument key=\"o\" type=\"object\"<|sep|>{\"k\": [1e-05, 0]}<|close|>argument<|sep|>"
-                        "<|close|>call<|sep|><|close|>tools<|sep|>" END);
+        ASST RESP_EMPTY
+        "<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|>"
+        "<|open|>argument key=\"a\" type=\"number\"<|sep|>3<|close|>argument<|sep|>"
+        "<|open|>argument key=\"f\" type=\"number\"<|sep|>1.5<|close|>argument<|sep|>"
+        "<|open|>argument key=\"e\" type=\"number\"<|sep|>100000.0<|close|>argument<|sep|>"
+        "<|open|>argument key=\"n\" type=\"number\"<|sep|>-12345678901234567890123<|close|>argument<|sep|>"
+        "<|open|>argument key=\"o\" type=\"object\"<|sep|>{\"k\": [1e-05, 0]}<|close|>argument<|sep|>"
+        "<|close|>call<|sep|><|close|>tools<|sep|>" END);
     /* numbers elsewhere: tool declarations and attribute values keep their digits too */
     check_render("[{\"role\":\"user\",\"name\":12345678901234567890,\"content\":\"q\"}]",
                  "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"maximum\":"
@@ -166,11 +167,12 @@ static void render_tools_and_roles(void) {
     free(with);
     free(without);
     /* tool results after a skipped message still bind to the preceding assistant's calls */
-    check_render("[{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"a\",\"function\":{\"name\":\"f\",\"arguments\":{}}}]},"
-                 "{\"role\":\"note\",\"content\":\"n\"},{\"role\":\"tool\",\"tool_call_id\":\"a\",\"content\":\"R\"}]",
-                 NULL, "{\"add_generation_prompt\":false,\"thinking\":false}",
-                 ASST RESP_EMPTY "<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|><|close|>call<|sep|>"
-                                 "<|close|>tools<|sep|>" END "<|open|>message role=\"tool\" tool=\"f\" index=\"1\"<|sep|>R" END);
+    check_render(
+        "[{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"a\",\"function\":{\"name\":\"f\",\"arguments\":{}}}]},"
+        "{\"role\":\"note\",\"content\":\"n\"},{\"role\":\"tool\",\"tool_call_id\":\"a\",\"content\":\"R\"}]",
+        NULL, "{\"add_generation_prompt\":false,\"thinking\":false}",
+        ASST RESP_EMPTY "<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|><|close|>call<|sep|>"
+                        "<|close|>tools<|sep|>" END "<|open|>message role=\"tool\" tool=\"f\" index=\"1\"<|sep|>R" END);
 }
 
 /* ---------------------------------------------------------------- parsing */
@@ -248,9 +250,10 @@ static void parse_recovery(void) {
                 "", "ABCDEF", NULL, 0);
     check_parse(&THINK, "r<|tool_call_begin|>s<|close|>json<|sep|>", "rs", "", NULL, 0);
     /* a header with surrounding whitespace still names its element */
-    snprintf(s, sizeof s, "x<|close|> think <|sep|>y<|open|>  tools<|sep|><|open|>call tool=\"calc\" index=\"1\"<|sep|>"
-                          "<|open|>argument key=\"expression\" type=\"string\"<|sep|>2+2<|close|>argument<|sep|>"
-                          "<|close|>call\n<|sep|>");
+    snprintf(s, sizeof s,
+             "x<|close|> think <|sep|>y<|open|>  tools<|sep|><|open|>call tool=\"calc\" index=\"1\"<|sep|>"
+             "<|open|>argument key=\"expression\" type=\"string\"<|sep|>2+2<|close|>argument<|sep|>"
+             "<|close|>call\n<|sep|>");
     check_parse(&THINK, s, "x", "y", want, 0);
     /* a call without a name is read and discarded; an argument outside a call too; the next call is kept */
     snprintf(s, sizeof s,
@@ -271,8 +274,8 @@ static void parse_recovery(void) {
                 "<|tool_call_argument_begin|>{\"n\": 12345678901234567890}<|tool_call_end|><|tool_calls_section_end|>",
                 "", "abc", "f|1|{\"n\":12345678901234567890}|1\n", 0);
     check_parse(&K2,
-                "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"a\": 1",
-                "", "", "f|0|\"{\\\"a\\\": 1\"|0\n", 0);
+                "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"a\": 1", "",
+                "", "f|0|\"{\\\"a\\\": 1\"|0\n", 0);
 }
 
 /* A stray <|open|> followed by text and no separator: the text is content, the marker is not. */
@@ -306,13 +309,41 @@ static void parse_strict(void) {
 /* Random output made of markers, tag names and text: recovering parsing never fails, never leaves a control token in
  * text, and gives the same result one-shot and fed in random pieces. */
 static void random_outputs(void) {
-    static const char *frags[] = {"<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>", "<|im_end|>", "[EOS]",
-                                  "<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
-                                  "<|tool_call_end|>", "<|tool_calls_section_end|>", "<think>", "</think>", "think",
-                                  "response", "tools", "call tool=\"f\" index=\"1\"", "call", "argument key=\"a\" "
-                                  "type=\"number\"", "argument key=\"s\"", "json", "message", "banana", " ", "x",
-                                  "12345678901234567890", "0.1", "{\"a\": 1, \"a\": 2}", "\xc3\xa9", "<|", "|>",
-                                  "<|se", "functions.f:0", "\n"};
+    static const char *frags[] = {"<|open|>",
+                                  "<|close|>",
+                                  "<|sep|>",
+                                  "<|end_of_msg|>",
+                                  "<|im_end|>",
+                                  "[EOS]",
+                                  "<|tool_calls_section_begin|>",
+                                  "<|tool_call_begin|>",
+                                  "<|tool_call_argument_begin|>",
+                                  "<|tool_call_end|>",
+                                  "<|tool_calls_section_end|>",
+                                  "<think>",
+                                  "</think>",
+                                  "think",
+                                  "response",
+                                  "tools",
+                                  "call tool=\"f\" index=\"1\"",
+                                  "call",
+                                  "argument key=\"a\" "
+                                  "type=\"number\"",
+                                  "argument key=\"s\"",
+                                  "json",
+                                  "message",
+                                  "banana",
+                                  " ",
+                                  "x",
+                                  "12345678901234567890",
+                                  "0.1",
+                                  "{\"a\": 1, \"a\": 2}",
+                                  "\xc3\xa9",
+                                  "<|",
+                                  "|>",
+                                  "<|se",
+                                  "functions.f:0",
+                                  "\n"};
     const size_t nf = sizeof frags / sizeof *frags;
     k3c_rng rng = {36, 0};
     int bad = 0, dirty = 0, differ = 0;
@@ -326,7 +357,8 @@ static void random_outputs(void) {
         }
         if (iter % 100 == 0)
             for (int i = 0; i < 1100; i++) k3c_sbuf_append(&s, "z", 1);
-        k3c_chat_parse_opts po = {iter & 1 ? K3C_CHAT_K2 : K3C_CHAT_XTML, (iter >> 1) % 3 == 1, (iter >> 1) % 3 == 2, 0};
+        k3c_chat_parse_opts po = {iter & 1 ? K3C_CHAT_K2 : K3C_CHAT_XTML, (iter >> 1) % 3 == 1, (iter >> 1) % 3 == 2,
+                                  0};
         k3c_chat_result one;
         k3c_err err = {0};
         if (k3c_chat_parse(&po, s.buf, s.len, &one, &err) != K3C_OK) {
@@ -415,8 +447,8 @@ static void cli(void) {
         int st = p ? pclose(p) : -1;
         out[n] = 0;
         CHECK(st == 0 && strstr(out, want[i]), "%s: %s", flags[i], out);
-        CHECK(strstr(out, "{\"id\":2,\"parsed\":{\"reasoning\":\"B\""), "%s: the line's own options win: %s",
-              flags[i], out);
+        CHECK(strstr(out, "{\"id\":2,\"parsed\":{\"reasoning\":\"B\""), "%s: the line's own options win: %s", flags[i],
+              out);
     }
     snprintf(cmd, sizeof cmd, "%s xtml parse --in-response --in-think --in %s >/dev/null 2>&1", test_k3c_bin(), path);
     CHECK(system(cmd) != 0, "both start channels refused");

@@ -584,7 +584,7 @@ int k3c_json_is_integral(const k3c_json *v) {
 
 int k3c_json_bad_type(const k3c_json_ctx *c, k3c_json_spot s, const char *want, const k3c_json *v) {
     int number = v->type == K3C_JSON_NUMBER && strcmp(want, "an integer") == 0;
-    const char *got = !number                    ? k3c_json_type_name(v)
+    const char *got = !number                   ? k3c_json_type_name(v)
                       : k3c_json_is_integral(v) ? "an integer beyond the 64-bit range"
                                                 : "a number with a fraction or exponent";
     return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected %s, got %s", c->file, s.path, s.key, want, got);

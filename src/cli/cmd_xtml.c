@@ -19,7 +19,8 @@ static void usage(FILE *out) {
         "        thinking, thinking_effort (low|high|max), tool_choice, response_format, response_schema,\n"
         "        image_prompts, default_system (k2). MARKUP runs are control tokens: tokenize each run on its own.\n"
         "parse   reads {\"id\", \"assistant_output\", \"parse_options\"} (parse_options: format, in_think,\n"
-        "        in_response, strict) and prints {\"id\":..., \"parsed\": {\"reasoning\", \"content\", \"tool_calls\":\n"
+        "        in_response, strict) and prints {\"id\":..., \"parsed\": {\"reasoning\", \"content\", "
+        "\"tool_calls\":\n"
         "        [{\"name\", \"index\", \"arguments\"}], \"finished\"}} or {\"id\":..., \"error\": MSG}. The output\n"
         "        starts in the channel the prompt opened: --in-think (think), --in-response (response), neither\n"
         "        (outside any: text is content), unless the line's parse_options say; output that breaks the\n"
@@ -79,9 +80,10 @@ int cmd_xtml(int argc, char **argv) {
     if (!render && strcmp(sub, "parse")) return cli_usage_error("xtml", "unknown subcommand '%s'", sub);
     const char *in = cli_opt(argc - 1, argv + 1, "--in");
     if (!in) return cli_usage_error("xtml", "needs --in FILE.jsonl");
-    k3c_chat_parse_opts dflt = {K3C_CHAT_XTML, cli_flag(argc, argv, "--in-think"), cli_flag(argc, argv, "--in-response"),
-                                cli_flag(argc, argv, "--strict")};
-    if (dflt.in_think && dflt.in_response) return cli_usage_error("xtml", "--in-think and --in-response exclude each other");
+    k3c_chat_parse_opts dflt = {K3C_CHAT_XTML, cli_flag(argc, argv, "--in-think"),
+                                cli_flag(argc, argv, "--in-response"), cli_flag(argc, argv, "--strict")};
+    if (dflt.in_think && dflt.in_response)
+        return cli_usage_error("xtml", "--in-think and --in-response exclude each other");
     k3c_err err = {0};
     char *data = NULL;
     size_t n = 0;

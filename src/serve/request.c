@@ -222,9 +222,11 @@ static int check_roles(k3c_json *msgs, k3c_api_error *e) {
         if (m->type != K3C_JSON_OBJECT) return BAD_TYPE(e, "messages", "an array of objects");
         for (size_t k = 0; k < m->n; k++)
             if (!strcmp(m->keys[k], "role")) role = &m->items[k];
-        if (!role || role->type != K3C_JSON_STRING)
-            return k3c_api_fail(e, 400, "invalid_request_error", role ? "invalid_type" : "missing_required_parameter",
-                                "messages", "'messages[%zu].role' must be a string", i);
+        if (!role)
+            return k3c_api_fail(e, 400, "invalid_request_error", "missing_required_parameter", "messages",
+                                "'messages[%zu].role' is missing", i);
+        if (role->type != K3C_JSON_STRING)
+            return BAD_TYPE(e, "messages", "an array of messages whose role is a string");
         if (!strcmp(role->string, "developer")) {
             char *sys = strdup("system");
             if (!sys) return k3c_api_fail(e, 500, "server_error", NULL, "", "out of memory");

@@ -106,7 +106,8 @@ int k3c_turn_chat_thinking(const char *dir, int *thinking, k3c_err *err) {
     int on = 0, present = 0;
     int rc = j->type == K3C_JSON_OBJECT ? k3c_json_get_obj(&c, K3C_SPOT(j, "", "chat"), &chat)
                                         : k3c_errf(err, K3C_EFORMAT, "%s: expected an object", path);
-    if (!rc && chat) rc = k3c_json_get_bool(&c, K3C_JSON_OPT, K3C_SPOT(chat, "chat.", "thinking"), K3C_NOSPOT, &on, &present);
+    if (!rc && chat)
+        rc = k3c_json_get_bool(&c, K3C_JSON_OPT, K3C_SPOT(chat, "chat.", "thinking"), K3C_NOSPOT, &on, &present);
     if (!rc && present) *thinking = on;
     k3c_json_free(j);
     return rc;

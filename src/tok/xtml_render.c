@@ -852,7 +852,8 @@ int k3c_chat_render(const k3c_json *messages, const k3c_json *tools, const k3c_j
         return k3c_errf(err, K3C_EINVAL, "messages: expected an array of message objects");
     /* A mapping of name to tool is declared as it stands, as the release's encoder does. */
     if (tools && tools->type != K3C_JSON_NULL && tools->type != K3C_JSON_ARRAY && tools->type != K3C_JSON_OBJECT)
-        return k3c_errf(err, K3C_EINVAL, "tools: expected an array of tool objects, a mapping of name to tool, or null");
+        return k3c_errf(err, K3C_EINVAL,
+                        "tools: expected an array of tool objects, a mapping of name to tool, or null");
     render_opts o;
     int rc = read_opts(options, &o, err);
     if (rc) return rc;
