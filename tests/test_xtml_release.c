@@ -249,6 +249,11 @@ static void parse_recovery(void) {
     check_parse(&RESP, "<|close|>call<|sep|>A<|close|>argument<|sep|>B<|open|>banana<|sep|>C<|sep|>D<|im_end|>E[EOS]F",
                 "", "ABCDEF", NULL, 0);
     check_parse(&THINK, "r<|tool_call_begin|>s<|close|>json<|sep|>", "rs", "", NULL, 0);
+    /* an unknown element inside an argument value leaves the value open */
+    check_parse(&RESP,
+                "<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|><|open|>argument key=\"s\" "
+                "type=\"string\"<|sep|>a <|open|>b<|sep|>c<|close|>argument<|sep|><|close|>call<|sep|>",
+                "", "", "f|1|{\"s\":\"a c\"}|1\n", 0);
     /* a header with surrounding whitespace still names its element */
     snprintf(s, sizeof s,
              "x<|close|> think <|sep|>y<|open|>  tools<|sep|><|open|>call tool=\"calc\" index=\"1\"<|sep|>"

@@ -393,6 +393,8 @@ static int xtml_open(k3c_chat_parser *p, const char *h, size_t n, k3c_err *err) 
     tag[tl] = 0;
     int chan = tag_is(h, n, "think") || tag_is(h, n, "response") || tag_is(h, n, "tools") || tag_is(h, n, "message");
     int value = tag_is(h, n, "argument") || tag_is(h, n, "json");
+    if (!chan && !value && !tag_is(h, n, "call"))
+        return MALFORMED(p, err, "model output: unknown XTML element <|open|>%s", tag);
     /* An element the model left open ends where the next one begins (a channel, a call, an argument). */
     int rc = K3C_OK;
     if (p->ch == CH_ARG || p->ch == CH_JSON) rc = close_value(p);
@@ -406,12 +408,10 @@ static int xtml_open(k3c_chat_parser *p, const char *h, size_t n, k3c_err *err) 
         p->ch = CH_TOOLS;
     else if (tag_is(h, n, "message"))
         p->ch = CH_TOP;
-    else if (tag_is(h, n, "call"))
-        return xtml_open_call(p, h, n, err);
     else if (value)
         return xtml_open_value(p, h, n, tag[0] == 'a', err);
     else
-        return MALFORMED(p, err, "model output: unknown XTML element <|open|>%s", tag);
+        return xtml_open_call(p, h, n, err);
     return K3C_OK;
 }
 
