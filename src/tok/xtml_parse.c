@@ -535,6 +535,22 @@ static int on_marker(k3c_chat_parser *p, const char *m, const char *h, size_t hn
     return K3C_OK;
 }
 
+/* The first marker in s[0..n) (*which: which one), NULL if none. Every marker starts with '<' or '[', so one pass over
+ * the text finds it: reading an output stays linear in its length however many markers it has. */
+static const char *find_marker(const char *s, size_t n, const char *const *ms, size_t nm, const char **which) {
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '<' && s[i] != '[') continue;
+        for (size_t j = 0; j < nm; j++) {
+            size_t ml = strlen(ms[j]);
+            if (ml <= n - i && !memcmp(s + i, ms[j], ml)) {
+                *which = ms[j];
+                return s + i;
+            }
+        }
+    }
+    return NULL;
+}
+
 /* Bytes at the end of s[0..n) that might still become a marker, or complete a UTF-8 character: held back. */
 static size_t holdback(const char *s, size_t n, const char *const *ms, size_t nm) {
     size_t h = 0;
@@ -565,11 +581,7 @@ static int scan(k3c_chat_parser *p, int final, k3c_err *err) {
         size_t n = p->pend.len - used;
         const char *ms[K3C_CHAT_N_SPECIALS + 2];
         size_t nm = markers(p, ms);
-        const char *best = NULL, *bm = NULL;
-        for (size_t j = 0; j < nm; j++) {
-            const char *hit = memmem(s, n, ms[j], strlen(ms[j]));
-            if (hit && (!best || hit < best)) best = hit, bm = ms[j];
-        }
+        const char *bm = NULL, *best = find_marker(s, n, ms, nm, &bm);
         /* bytes that may still begin a marker do not count, so a split input decides as a whole one does */
         size_t keep = best || final ? 0 : holdback(s, n, ms, nm);
         if (p->header && (best ? (size_t)(best - s) : n - keep) > HEADER_MAX) {
