@@ -488,6 +488,30 @@ static void chat_release(void) {
     k3c_turn_free(&t);
 }
 
+/* A special token that is no chat marker (here an image token of the vision tokenizer) has no text in a reply. */
+static void other_specials(void) {
+    const char *dir = test_tmpdir("serve_units_vision");
+    k3c_tok *tok = NULL;
+    k3c_err err = {0};
+    if (serve_model_dir_v(dir, 1) || k3c_tok_load_dir(dir, NULL, &tok, &err)) {
+        CHECK(0, "vision tokenizer: %s", err.msg);
+        return;
+    }
+    k3c_tok_ids ids = {0};
+    const char *out = "a<|media_pad|>b<|open|>response<|sep|>c<|media_end|>";
+    CHECK_OK(k3c_tok_encode(tok, out, strlen(out), K3C_TOK_ALLOW_SPECIAL, &ids, &err), &err);
+    k3c_chat_parse_opts po = {K3C_CHAT_XTML, 0, 1, 0};
+    k3c_turn t;
+    CHECK_OK(k3c_turn_init(&t, tok, &po, NULL, 0, NULL, NULL, NULL, &err), &err);
+    for (size_t i = 0; i < ids.n; i++) CHECK(k3c_turn_token(&t, ids.ids[i], 0, &err) == 0, "token %zu", i);
+    CHECK_OK(k3c_turn_finish(&t, &err), &err);
+    CHECK(t.msg.content.len == 3 && !memcmp(t.msg.content.buf, "abc", 3), "image tokens are no text: '%s'",
+          t.msg.content.buf ? t.msg.content.buf : "");
+    k3c_turn_free(&t);
+    k3c_tok_ids_free(&ids);
+    k3c_tok_free(tok);
+}
+
 /* trainer_state.json's "chat" record: thinking on / off, absent, malformed. */
 static void chat_defaults(void) {
     const char *dir = test_tmpdir("serve_units_chat");
@@ -539,6 +563,7 @@ int main(void) {
         canned_stream();
         chat_release();
         chat_defaults();
+        other_specials();
     }
     error_body();
     k3c_tok_free(g_tok);

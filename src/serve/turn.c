@@ -64,8 +64,20 @@ int k3c_turn_init(k3c_turn *t, const k3c_tok *tok, const k3c_chat_parse_opts *ch
     return rc;
 }
 
+/* 1 if id is one of the chat formats' control tokens, the specials the chat parser reads. */
+static int chat_marker(const k3c_tok *tok, int32_t id) {
+    const unsigned char *b;
+    size_t nb;
+    if (k3c_tok_token_bytes(tok, id, &b, &nb, NULL)) return 0;
+    for (int i = 0; i < K3C_CHAT_N_SPECIALS; i++)
+        if (strlen(k3c_chat_specials[i]) == nb && !memcmp(b, k3c_chat_specials[i], nb)) return 1;
+    return 0;
+}
+
 int k3c_turn_token(k3c_turn *t, int32_t id, int is_stop, k3c_err *err) {
     if (is_stop) return 1;
+    /* Any other special (an image token, a tokenizer's own extras) means nothing in a reply: it has no text. */
+    if (t->parser && k3c_tok_is_special(t->stop.tok, id) && !chat_marker(t->stop.tok, id)) return 0;
     int rc = k3c_stopper_feed(&t->stop, id, err);
     if (rc >= 0 && (t->msg.nomem || !t->msg.reasoning.ok || !t->msg.content.ok))
         return k3c_errf(err, K3C_ENOMEM, "chat turn: out of memory");
