@@ -35,7 +35,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
                           NULL,
                           K3C_API_MAX_IMAGES,
                           K3C_API_MAX_IMAGE_BYTES,
-                          K3C_API_MAX_IMAGE_PIXELS};
+                          K3C_API_MAX_IMAGE_PIXELS,
+                          0};
     lim.n_vocab = k3c_tok_n_vocab(lim.tok) - ((data[0] >> 3) & 1); /* sometimes a model vocabulary one smaller */
     k3c_api_req q;
     k3c_api_error e;

@@ -255,6 +255,68 @@ static void test_writer(void) {
     k3c_sbuf_free(&s);
 }
 
+/* Writes v with `flags` and compares with `want`. */
+static void check_write(const k3c_json *v, int flags, const char *want) {
+    k3c_sbuf s;
+    k3c_sbuf_init(&s);
+    k3c_sbuf_json_value(&s, v, flags);
+    CHECK(s.ok && !strcmp(s.buf, want), "wrote '%s', want '%s'", s.buf, want);
+    k3c_sbuf_free(&s);
+}
+
+/* Numbers keep their literal: an integer of any size is written back digit for digit, a decimal as written (LEXEMES)
+ * or as Python's repr(float) of it (the default, what json.dumps(json.loads(...)) gives). */
+static void test_lexemes(void) {
+    const char *doc = "[12345678901234567890, -12345678901234567890, 0.1, 0.10, 1E5, -0, 7, 1.5e-7, "
+                      "0.30000000000000000001, 123456789012345678901234567890.5]";
+    k3c_json *v = parse_ok(doc);
+    if (!v) return;
+    CHECK(!v->items[0].is_integer && k3c_json_is_integral(&v->items[0]) && v->items[0].number == 12345678901234567890.0,
+          "a big integer: integral, not int64, nearest double kept");
+    CHECK(v->items[6].is_integer && v->items[6].lexeme == NULL, "an int64 integer keeps no copy of its literal");
+    CHECK(v->items[5].lexeme && !strcmp(v->items[5].lexeme, "-0"), "-0 keeps its sign in the literal");
+    CHECK(!k3c_json_is_integral(&v->items[2]) && !k3c_json_is_integral(&v->items[4]), "fractions, exponents");
+    check_write(v, K3C_JSON_W_LEXEMES,
+                "[12345678901234567890,-12345678901234567890,0.1,0.10,1E5,-0,7,1.5e-7,0.30000000000000000001,"
+                "123456789012345678901234567890.5]");
+    check_write(v, 0,
+                "[12345678901234567890,-12345678901234567890,0.1,0.1,100000.0,0,7,1.5e-07,0.3,1.2345678901234568e+29]");
+    k3c_json_free(v);
+    /* the typed getters still read every number; a big integer is named as such */
+    v = parse_ok("{\"big\": 12345678901234567890, \"x\": 0.10}");
+    k3c_err err = {0};
+    k3c_json_ctx c = {"t.json", &err};
+    int64_t i = 0;
+    double d = 0;
+    CHECK(k3c_json_get_int(&c, K3C_JSON_REQ, K3C_SPOT(v, "", "big"), K3C_NOSPOT, &i, NULL) != 0 &&
+              strstr(err.msg, "expected an integer, got an integer beyond the 64-bit range"),
+          "big integer message: '%s'", err.msg);
+    CHECK(k3c_json_get_num(&c, K3C_JSON_REQ, K3C_SPOT(v, "", "x"), K3C_NOSPOT, &d, NULL) == 0 && d == 0.1, "0.10");
+    k3c_json_free(v);
+}
+
+/* Duplicate keys: an error by default; with K3C_JSON_P_DUP_KEYS, Python's reading (first position, last value). */
+static void test_duplicates(void) {
+    const char *doc = "{\"a\": 1, \"b\": {\"x\": 1, \"x\": [2]}, \"a\": 3, \"c\": 4, \"a\": \"last\"}";
+    reject(doc, strlen(doc), "1:24", "duplicate key \"x\"");
+    k3c_json *v = NULL;
+    k3c_err err = {0};
+    CHECK_OK(k3c_json_parse_ex(doc, strlen(doc), "t.json", K3C_JSON_P_DUP_KEYS, &v, &err), &err);
+    if (v) check_write(v, 0, "{\"a\":\"last\",\"b\":{\"x\":[2]},\"c\":4}");
+    k3c_json_free(v);
+    /* large objects take the hashed path */
+    k3c_sbuf s;
+    k3c_sbuf_init(&s);
+    k3c_sbuf_append(&s, "{", 1);
+    for (int k = 0; k < 40; k++) k3c_sbuf_printf(&s, "%s\"k%d\":%d", k ? "," : "", k % 25, k);
+    k3c_sbuf_append(&s, "}", 1);
+    CHECK_OK(k3c_json_parse_ex(s.buf, s.len, "t.json", K3C_JSON_P_DUP_KEYS, &v, &err), &err);
+    CHECK(v && v->n == 25 && !strcmp(v->keys[3], "k3") && v->items[3].integer == 28 && v->items[24].integer == 24,
+          "40 members, 25 keys: first positions, last values");
+    k3c_json_free(v);
+    k3c_sbuf_free(&s);
+}
+
 static void test_file(void) {
     const char *dir = test_tmpdir("test_json");
     char path[4200];
@@ -331,6 +393,8 @@ int main(void) {
     test_rejections();
     test_limits();
     test_writer();
+    test_lexemes();
+    test_duplicates();
     test_file();
     test_getters();
     return test_summary();

@@ -4,6 +4,7 @@
 #include "test.h"
 
 #include "model/model.h"
+#include "serve/turn.h"
 
 #include <sys/stat.h>
 
@@ -265,6 +266,14 @@ static void test_rl(void) {
     snprintf(pa, sizeof pa, "%s/rl_a/step_00000002/model.safetensors", dir);
     snprintf(pb, sizeof pb, "%s/rl_b/step_00000002/model.safetensors", dir);
     CHECK(b.steps == 2 && same_file(pa, pb), "resumed RL run == uninterrupted");
+    /* each checkpoint records the chat options it was tuned with, which serve and chat take as defaults */
+    int thinking = 5;
+    snprintf(pa, sizeof pa, "%s/out_a/step_00000008", dir);
+    CHECK(k3c_turn_chat_thinking(pa, &thinking, &err) == 0 && thinking == 0, "SFT records thinking off (%d)", thinking);
+    snprintf(pa, sizeof pa, "%s/rl_a/step_00000002", dir);
+    thinking = 5;
+    CHECK(k3c_turn_chat_thinking(pa, &thinking, &err) == 0 && thinking == 0, "RL records thinking off (%d)", thinking);
+    snprintf(pa, sizeof pa, "%s/rl_a/step_00000002/model.safetensors", dir);
     /* the KL to the frozen init checkpoint and several clipped updates per batch */
     /* (a length penalty over the whole budget makes every group's rewards differ, so every step updates) */
     write_text("rl_c.json",

@@ -158,6 +158,14 @@ static void whole_answers(int port) {
           "usage adds up");
     k3c_json_free(j);
     http_resp_free(&r);
+    /* developer is OpenAI's system role; whatever the (random) model writes, no chat control token is text */
+    const char *dev = "{\"messages\":[{\"role\":\"developer\",\"content\":\"Be brief.\"},{\"role\":\"user\","
+                      "\"content\":\"Hi\"}],\"max_tokens\":24,\"seed\":5}";
+    CHECK(http_do(port, "POST", "/v1/chat/completions", KEY, dev, &r) == 0 && r.status == 200 && r.body &&
+              !strstr(r.body, "<|open|>") && !strstr(r.body, "<|close|>") && !strstr(r.body, "<|sep|>") &&
+              !strstr(r.body, "<|end_of_msg|>"),
+          "developer role: %d %s", r.status, r.body ? r.body : "");
+    http_resp_free(&r);
     /* text completions: a string prompt and an id prompt; greedy is deterministic */
     const char *greedy = "{\"prompt\":\"Hello world\",\"max_tokens\":8,\"temperature\":0}";
     char first[4096] = "";
@@ -487,6 +495,7 @@ static void bad_requests(int port) {
     expect(port, "POST", chat, KEY, "{\"model\":\"gpt-9\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 404,
            "model_not_found");
     expect(port, "POST", chat, KEY, "{\"model\":\"tiny\"}", 400, "missing_required_parameter");
+    expect(port, "POST", chat, KEY, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400, "invalid_value");
     expect(port, "POST", chat, KEY, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":5000}", 400,
            "context_length_exceeded");
     expect(port, "POST", "/v1/completions", KEY, "{\"prompt\":[1,2,1000000]}", 400, "invalid_value");
@@ -651,7 +660,7 @@ int main(void) {
         double gen1 = metric(port, "\nk3c_generation_tokens_total ");
         double e401 = metric(port, "k3c_requests_total{endpoint=\"/v1/chat/completions\",status=\"401\"} ");
         double hist = metric(port, "k3c_request_duration_seconds_count{endpoint=\"/v1/completions\"} ");
-        CHECK(chat1 - (chat0 < 0 ? 0 : chat0) == 5 && gen1 > gen0 && e401 == 2 && hist >= 5,
+        CHECK(chat1 - (chat0 < 0 ? 0 : chat0) == 6 && gen1 > gen0 && e401 == 2 && hist >= 5,
               "metrics moved: chat %g→%g, tokens %g→%g, 401s %g, completions timed %g", chat0, chat1, gen0, gen1, e401,
               hist);
     }

@@ -302,7 +302,7 @@ static void canned_stream(void) {
     k3c_api_meta meta;
     k3c_api_meta_init(&meta, 1, "tiny", 42);
     void *pair[2] = {&sse, &meta};
-    k3c_chat_parse_opts po = {K3C_CHAT_XTML, 1};
+    k3c_chat_parse_opts po = {K3C_CHAT_XTML, 1, 0, 0};
     k3c_turn t;
     CHECK_OK(k3c_turn_init(&t, g_tok, &po, NULL, 0, on_delta_sse, NULL, pair, &err), &err);
     int32_t eom = k3c_tok_special_id(g_tok, "<|end_of_msg|>");
@@ -370,17 +370,172 @@ static void canned_stream(void) {
     k3c_sbuf_free(&sse);
     k3c_turn_free(&t);
     k3c_tok_ids_free(&ids);
-    /* output that breaks the markup is content from there on, not an error */
+    /* output that breaks the markup is read past, not an error, and none of its markup becomes text */
     const char *broken = "fine<|close|>think<|sep|><|open|>response<|sep|>ok<|tool_call_end|>tail";
     CHECK_OK(k3c_tok_encode(g_tok, broken, strlen(broken), K3C_TOK_ALLOW_SPECIAL, &ids, &err), &err);
-    k3c_chat_parse_opts pk = {K3C_CHAT_XTML, 1};
+    k3c_chat_parse_opts pk = {K3C_CHAT_XTML, 1, 0, 0};
     CHECK_OK(k3c_turn_init(&t, g_tok, &pk, NULL, 0, NULL, NULL, NULL, &err), &err);
     for (i = 0; i < ids.n; i++) CHECK(k3c_turn_token(&t, ids.ids[i], 0, &err) == 0, "token %zu", i);
     CHECK_OK(k3c_turn_finish(&t, &err), &err);
-    CHECK(t.msg.content.len >= 4 && strstr(t.msg.content.buf, "tail"), "broken markup kept as content: '%s'",
+    CHECK(t.msg.content.len == 6 && !memcmp(t.msg.content.buf, "oktail", 6), "broken markup read past: '%s'",
           t.msg.content.buf ? t.msg.content.buf : "");
     k3c_turn_free(&t);
     k3c_tok_ids_free(&ids);
+}
+
+/* Runs model output (specials spelled as markers) through a turn with parse options po; the whole response JSON goes
+ * to *resp (caller frees), the finish reason as the server picks it. */
+static void run_turn(const k3c_chat_parse_opts *po, const char *out, k3c_turn *t, k3c_sbuf *resp) {
+    k3c_err err = {0};
+    k3c_tok_ids ids = {0};
+    CHECK_OK(k3c_tok_encode(g_tok, out, strlen(out), K3C_TOK_ALLOW_SPECIAL, &ids, &err), &err);
+    CHECK_OK(k3c_turn_init(t, g_tok, po, NULL, 0, NULL, NULL, NULL, &err), &err);
+    int32_t eom = k3c_tok_special_id(g_tok, "<|end_of_msg|>");
+    for (size_t i = 0; i < ids.n; i++)
+        if (k3c_turn_token(t, ids.ids[i], ids.ids[i] == eom, &err)) break;
+    CHECK_OK(k3c_turn_finish(t, &err), &err);
+    k3c_api_meta meta;
+    k3c_api_meta_init(&meta, 1, "tiny", 7);
+    k3c_sbuf_init(resp);
+    k3c_api_chat_json(resp, &meta, &t->msg, k3c_api_chat_finish(K3C_SCHED_FINISH_STOP, t->msg.ncalls), 3, 4);
+    k3c_tok_ids_free(&ids);
+}
+
+/* The chat format as the release has it, through the request and response code: roles, numbers, the channel the
+ * checkpoint's defaults open, and a model whose channel markers do not fit the prompt. */
+static void chat_release(void) {
+    k3c_api_limits lim = limits();
+    lim.max_context = 1024;
+    k3c_api_req q;
+    k3c_api_error e;
+    k3c_err err = {0};
+    /* developer is system; the prompt is the same as with a system message */
+    const char *dev = "{\"messages\":[{\"role\":\"developer\",\"content\":\"Be brief\"},{\"role\":\"user\","
+                      "\"content\":\"Hi\"}]}";
+    const char *sys = "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief\"},{\"role\":\"user\","
+                      "\"content\":\"Hi\"}]}";
+    k3c_api_req q2;
+    CHECK(k3c_api_parse(K3C_API_CHAT, dev, strlen(dev), &lim, &q, &e) == 0, "developer accepted: %s", e.message);
+    CHECK(k3c_api_parse(K3C_API_CHAT, sys, strlen(sys), &lim, &q2, &e) == 0, "system accepted: %s", e.message);
+    CHECK(q.prompt.n == q2.prompt.n && q.prompt.n && !memcmp(q.prompt.ids, q2.prompt.ids, q.prompt.n * 4),
+          "developer renders as system (%zu / %zu ids)", q.prompt.n, q2.prompt.n);
+    k3c_api_req_free(&q);
+    k3c_api_req_free(&q2);
+    const char *wiz = "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}";
+    CHECK(k3c_api_parse(K3C_API_CHAT, wiz, strlen(wiz), &lim, &q, &e) == 400 && strstr(e.message, "'wizard'") &&
+              !strcmp(e.param, "messages"),
+          "an unknown role is a 400 naming it: %s", e.message);
+    k3c_api_req_free(&q);
+    /* numbers in a request's tool-call arguments reach the prompt with every digit */
+    const char *args = "{\"messages\":[{\"role\":\"user\",\"content\":\"pay\"},{\"role\":\"assistant\",\"content\":"
+                       "null,\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"pay\","
+                       "\"arguments\":\"{\\\"id\\\": 12345678901234567890, \\\"amount\\\": 0.1}\"}}]},{\"role\":"
+                       "\"tool\",\"tool_call_id\":\"c1\",\"content\":\"{\\\"paid\\\": 12345678901234567890}\"}],"
+                       "\"thinking\":false}";
+    CHECK(k3c_api_parse(K3C_API_CHAT, args, strlen(args), &lim, &q, &e) == 0, "tool-call request: %s", e.message);
+    char *text = NULL;
+    size_t tn = 0;
+    if (q.prompt.n) CHECK_OK(k3c_tok_decode(g_tok, q.prompt.ids, q.prompt.n, &text, &tn, &err), &err);
+    CHECK(text && strstr(text, "key=\"id\" type=\"number\"<|sep|>12345678901234567890<|close|>") &&
+              strstr(text, "key=\"amount\" type=\"number\"<|sep|>0.1<|close|>") &&
+              strstr(text, "{\"paid\": 12345678901234567890}"),
+          "the prompt keeps the digits: %s", text ? text : "");
+    CHECK(q.parse.in_response && !q.parse.in_think && !q.parse.strict, "thinking off: the response channel is open");
+    free(text);
+    k3c_api_req_free(&q);
+    /* a checkpoint tuned without thinking: requests default to the response channel, "thinking" still decides */
+    lim.thinking_off = 1;
+    CHECK(k3c_api_parse(K3C_API_CHAT, sys, strlen(sys), &lim, &q, &e) == 0 && q.parse.in_response && !q.parse.in_think,
+          "thinking_off default");
+    k3c_api_req_free(&q);
+    const char *on = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"thinking\":true}";
+    CHECK(k3c_api_parse(K3C_API_CHAT, on, strlen(on), &lim, &q, &e) == 0 && q.parse.in_think && !q.parse.in_response,
+          "an explicit thinking wins");
+    k3c_api_req_free(&q);
+
+    /* the model's arguments come back in the response with every digit */
+    k3c_turn t;
+    k3c_sbuf resp;
+    k3c_chat_parse_opts think = {K3C_CHAT_XTML, 1, 0, 0};
+    const char *calls = "<|open|>tools<|sep|><|open|>call tool=\"pay\" index=\"1\"<|sep|><|open|>argument key=\"id\" "
+                        "type=\"number\"<|sep|>12345678901234567890<|close|>argument<|sep|><|open|>argument "
+                        "key=\"amount\" type=\"number\"<|sep|>0.1<|close|>argument<|sep|><|close|>call<|sep|><|close|>"
+                        "tools<|sep|><|close|>message<|sep|><|end_of_msg|>";
+    char out[2048];
+    /* the case: the prompt opened think, the model closes response and calls the tool */
+    snprintf(out, sizeof out, "<|close|>response<|sep|>%s", calls);
+    run_turn(&think, out, &t, &resp);
+    k3c_json *j = NULL;
+    CHECK_OK(k3c_json_parse(resp.buf, resp.len, "response", &j, &err), &err);
+    const k3c_json *ch = j ? k3c_json_get(j, "choices") : NULL, *c0 = ch && ch->n ? &ch->items[0] : NULL;
+    const k3c_json *msg = k3c_json_get(c0, "message"), *tc = k3c_json_get(msg, "tool_calls");
+    const k3c_json *fn = tc && tc->n ? k3c_json_get(&tc->items[0], "function") : NULL;
+    const k3c_json *a = k3c_json_get(fn, "arguments"), *fin = k3c_json_get(c0, "finish_reason");
+    CHECK(a && a->type == K3C_JSON_STRING && !strcmp(a->string, "{\"id\":12345678901234567890,\"amount\":0.1}"),
+          "arguments unchanged: %s", resp.buf);
+    CHECK(fin && !strcmp(fin->string, "tool_calls") && t.msg.content.len == 0 && t.msg.reasoning.len == 0,
+          "a tool call, no markup as text: %s", resp.buf);
+    k3c_json_free(j);
+    k3c_sbuf_free(&resp);
+    k3c_turn_free(&t);
+    /* no control token in any text field, whatever the model writes */
+    const char *messy = "a<|sep|>b<|close|>call<|sep|><|open|>response<|sep|>c<|im_end|>d<|open|>x<|sep|>e[EOS]";
+    run_turn(&think, messy, &t, &resp);
+    CHECK(!strstr(resp.buf, "<|") && !strstr(resp.buf, "[EOS]") && t.msg.content.len == 3 &&
+              !memcmp(t.msg.content.buf, "cde", 3) && t.msg.reasoning.len == 2,
+          "messy output: %s", resp.buf);
+    k3c_sbuf_free(&resp);
+    k3c_turn_free(&t);
+}
+
+/* A special token that is no chat marker (here an image token of the vision tokenizer) has no text in a reply. */
+static void other_specials(void) {
+    const char *dir = test_tmpdir("serve_units_vision");
+    k3c_tok *tok = NULL;
+    k3c_err err = {0};
+    if (serve_model_dir_v(dir, 1) || k3c_tok_load_dir(dir, NULL, &tok, &err)) {
+        CHECK(0, "vision tokenizer: %s", err.msg);
+        return;
+    }
+    k3c_tok_ids ids = {0};
+    const char *out = "a<|media_pad|>b<|open|>response<|sep|>c<|media_end|>";
+    CHECK_OK(k3c_tok_encode(tok, out, strlen(out), K3C_TOK_ALLOW_SPECIAL, &ids, &err), &err);
+    k3c_chat_parse_opts po = {K3C_CHAT_XTML, 0, 1, 0};
+    k3c_turn t;
+    CHECK_OK(k3c_turn_init(&t, tok, &po, NULL, 0, NULL, NULL, NULL, &err), &err);
+    for (size_t i = 0; i < ids.n; i++) CHECK(k3c_turn_token(&t, ids.ids[i], 0, &err) == 0, "token %zu", i);
+    CHECK_OK(k3c_turn_finish(&t, &err), &err);
+    CHECK(t.msg.content.len == 3 && !memcmp(t.msg.content.buf, "abc", 3), "image tokens are no text: '%s'",
+          t.msg.content.buf ? t.msg.content.buf : "");
+    k3c_turn_free(&t);
+    k3c_tok_ids_free(&ids);
+    k3c_tok_free(tok);
+}
+
+/* trainer_state.json's "chat" record: thinking on / off, absent, malformed. */
+static void chat_defaults(void) {
+    const char *dir = test_tmpdir("serve_units_chat");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    const char *bodies[4] = {"{\"step\": 3, \"chat\": {\"format\": \"xtml\", \"thinking\": false}}",
+                             "{\"step\": 3, \"chat\": {\"thinking\": true}}", "{\"step\": 3}",
+                             "{\"chat\": {\"thinking\": \"no\"}}"};
+    int want[4] = {0, 1, -1, -1};
+    k3c_err err = {0};
+    int thinking = 5;
+    remove(path);
+    CHECK(k3c_turn_chat_thinking(dir, &thinking, &err) == 0 && thinking == -1, "no trainer_state.json: unrecorded");
+    for (int i = 0; i < 4; i++) {
+        FILE *f = fopen(path, "w");
+        if (!f) continue;
+        fputs(bodies[i], f);
+        fclose(f);
+        int rc = k3c_turn_chat_thinking(dir, &thinking, &err);
+        if (i < 3)
+            CHECK(rc == 0 && thinking == want[i], "record %d: rc %d thinking %d (%s)", i, rc, thinking, err.msg);
+        else
+            CHECK(rc != 0 && strstr(err.msg, "chat.thinking"), "malformed record refused: %s", err.msg);
+    }
 }
 
 static void error_body(void) {
@@ -406,6 +561,9 @@ int main(void) {
         stop_strings();
         validation();
         canned_stream();
+        chat_release();
+        chat_defaults();
+        other_specials();
     }
     error_body();
     k3c_tok_free(g_tok);

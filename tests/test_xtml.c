@@ -332,7 +332,7 @@ static void test_k2_render(void) {
 /* ---------------------------------------------------------------- parsing */
 
 static void test_parse(void) {
-    k3c_chat_parse_opts think = {K3C_CHAT_XTML, 1}, resp = {K3C_CHAT_XTML, 0}, k2 = {K3C_CHAT_K2, 0};
+    k3c_chat_parse_opts think = {K3C_CHAT_XTML, 1, 0, 0}, resp = {K3C_CHAT_XTML, 0, 1, 0}, k2 = {K3C_CHAT_K2, 0, 0, 0};
     const char *call =
         "<|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|>"
         "<|open|>argument key=\"city\" type=\"string\"<|sep|>Paris <|close|>argument<|sep|>"
@@ -354,10 +354,10 @@ static void test_parse(void) {
     s.len = 0;
     k3c_sbuf_printf(&s, "<|close|>response<|sep|>%s", call);
     check_parse(&resp, s.buf, "", "", want, 1);
-    /* truncated output: text so far, an unfinished call dropped, an unfinished marker was text */
+    /* truncated output: text so far, an unfinished call returned as far as it got, an unfinished marker was text */
     check_parse(&resp, "Hello<|clo", "", "Hello<|clo", NULL, 0);
     check_parse(&resp, "Hi<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"f\"<|sep|><|open|>arg", "",
-                "Hi", NULL, 0);
+                "Hi", "f|1|{}\n", 0);
     /* held back while undecided: a marker prefix and an incomplete UTF-8 character */
     deltas d = {.want = "Hello\xc2\xb0"};
     k3c_sbuf_init(&d.content);
@@ -385,7 +385,7 @@ static void test_parse(void) {
                 "<|tool_calls_section_begin|><|tool_call_begin|>functions.g:0<|tool_call_argument_begin|>{}"
                 "<|tool_call_end|><|tool_calls_section_end|>",
                 "", "", "g|0|{}\n", 0);
-    k3c_chat_parse_opts k2t = {K3C_CHAT_K2, 1};
+    k3c_chat_parse_opts k2t = {K3C_CHAT_K2, 1, 0, 0};
     check_parse(&k2t, "hmm</think>Answer<|im_end|>ignored", "hmm", "Answer", NULL, 1);
     k3c_sbuf_free(&s);
 }
@@ -397,7 +397,7 @@ static void test_roundtrip(void) {
                        "\"{\\\"s\\\": \\\"a\\\\nb\\\", \\\"n\\\": -2.5e-7, \\\"l\\\": [1, {\\\"k\\\": false}]}\"}}]}]";
     const char *opts[2] = {"{\"add_generation_prompt\":false}", "{\"add_generation_prompt\":false,\"format\":\"k2\"}"};
     const char *starts[2] = {OPEN_ASST "<|open|>think<|sep|>", "<|im_assistant|>assistant<|im_middle|>"};
-    k3c_chat_parse_opts po[2] = {{K3C_CHAT_XTML, 1}, {K3C_CHAT_K2, 0}};
+    k3c_chat_parse_opts po[2] = {{K3C_CHAT_XTML, 1, 0, 0}, {K3C_CHAT_K2, 0, 0, 0}};
     const char *want[2] = {"q\"&|1|{\"s\":\"a\\nb\",\"n\":-2.5e-07,\"l\":[1,{\"k\":false}]}\n",
                            "q\"&|0|{\"s\":\"a\\nb\",\"n\":-2.5e-07,\"l\":[1,{\"k\":false}]}\n"};
     for (int f = 0; f < 2; f++) {
@@ -424,13 +424,10 @@ static void test_errors(void) {
     check_render_error(u, NULL, "{\"format\":\"chatml\"}", "options.format");
     check_render_error(u, NULL, "{\"format\":\"k2\",\"tool_choice\":\"none\"}", "not supported by the k2 format");
     check_render_error(u, NULL, "{\"image_prompts\":[\"<I>\"]}", "image_prompts");
-    check_render_error(u, "{\"a\":1}", NULL, "tools");
+    check_render_error(u, "5", NULL, "tools");
     check_render_error("{\"role\":\"user\"}", NULL, NULL, "messages");
-    check_render_error("[{\"role\":\"robot\",\"content\":\"x\"}]", NULL, NULL,
-                       "messages[0].role: unknown role \"robot\"");
     check_render_error("[{\"role\":\"robot\",\"content\":\"x\"}]", NULL, "{\"format\":\"k2\"}", "unknown role");
-    check_render_error("[{\"content\":\"x\"}]", NULL, NULL, "messages[0].role");
-    check_render_error("[\"hi\"]", NULL, NULL, "messages[0]");
+    check_render_error("[{\"content\":\"x\"}]", NULL, NULL, "messages[0].role: missing");
     check_render_error("[{\"role\":\"user\",\"content\":5}]", NULL, NULL, "messages[0].content");
     check_render_error("[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]", NULL, NULL, "content[0]");
     const char *noname =
@@ -442,7 +439,8 @@ static void test_errors(void) {
                        NULL, NULL, "must be a JSON object");
     check_render_error("[{\"role\":\"tool\",\"content\":\"r\"}]", NULL, NULL, "tool name");
 
-    k3c_chat_parse_opts x = {K3C_CHAT_XTML, 0}, k2 = {K3C_CHAT_K2, 0};
+    /* strict parsing (format checks) refuses what the default parsing reads past */
+    k3c_chat_parse_opts x = {K3C_CHAT_XTML, 0, 1, 1}, k2 = {K3C_CHAT_K2, 0, 0, 1};
     struct {
         const k3c_chat_parse_opts *o;
         const char *out, *needle;
@@ -478,7 +476,7 @@ static void test_cli(void) {
         return;
     }
     fprintf(f, "{\"id\":1,\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"tools\":null,\"options\":"
-               "{\"thinking\":false}}\n\n{\"id\":\"x\", oops}\n{\"id\":3,\"messages\":[{\"role\":\"bot\"}]}\n");
+               "{\"thinking\":false}}\n\n{\"id\":\"x\", oops}\n{\"id\":3,\"messages\":[{\"content\":\"x\"}]}\n");
     fclose(f);
     snprintf(cmd, sizeof cmd, "%s xtml render --in %s 2>&1", test_k3c_bin(), path);
     FILE *p = popen(cmd, "r");
@@ -492,7 +490,7 @@ static void test_cli(void) {
           "render line: %s", out);
     CHECK(strstr(out, "{\"id\":null,\"error\":\"") && strstr(out, "in.jsonl:3:"), "malformed line with its number: %s",
           out);
-    CHECK(strstr(out, "{\"id\":3,\"error\":\"messages[0].role: unknown role \\\"bot\\\""), "bad role: %s", out);
+    CHECK(strstr(out, "{\"id\":3,\"error\":\"messages[0].role: missing\""), "no role: %s", out);
     CHECK(st != 0, "exit status reports the failed lines");
     snprintf(cmd, sizeof cmd, "%s xtml parse --in %s 2>&1", test_k3c_bin(), test_shared("golden/xtml/examples.jsonl"));
     p = popen(cmd, "r");

@@ -1,5 +1,6 @@
-/* json.c — a strict RFC 8259 JSON reader (exact int64 integers, UTF-8 validated, duplicate keys rejected), the typed
- * field getters every config reader uses, and the k3c_sbuf text writer with round-trip number formatting (docs/FORMATS.md §1.2). */
+/* json.c — a strict RFC 8259 JSON reader (exact int64 integers, number literals kept, UTF-8 validated, duplicate keys
+ * rejected unless asked for Python's reading), the typed field getters every config reader uses, and the k3c_sbuf text
+ * writer with round-trip number formatting (docs/FORMATS.md §1.2, §1.3). */
 #include "base/json.h"
 
 #include <errno.h>
@@ -13,7 +14,7 @@
 typedef struct {
     const unsigned char *s;
     size_t n, pos;
-    int depth;
+    int depth, flags;
     const char *name;
     k3c_err *err;
 } parser;
@@ -246,15 +247,17 @@ static int parse_number(parser *p, k3c_json *v) {
             return fail_at(p, i, K3C_EFORMAT, "invalid number (digit expected in exponent)");
         while (i < p->n && is_digit(p->s[i])) i++;
     }
-    char small[64], *tmp = small;
+    char small[64], *lex = small;
     size_t len = i - start;
-    if (len >= sizeof small && !(tmp = malloc(len + 1))) return NOMEM(p);
-    memcpy(tmp, p->s + start, len);
-    tmp[len] = 0;
+    if (len >= sizeof small && !(lex = malloc(len + 1))) return NOMEM(p);
+    memcpy(lex, p->s + start, len);
+    lex[len] = 0;
     errno = 0;
-    double x = strtod(tmp, NULL);
-    if (tmp != small) free(tmp);
-    if (isinf(x)) return fail_at(p, start, K3C_EFORMAT, "number out of range (overflows double)");
+    double x = strtod(lex, NULL);
+    if (isinf(x)) {
+        if (lex != small) free(lex);
+        return fail_at(p, start, K3C_EFORMAT, "number out of range (overflows double)");
+    }
     v->type = K3C_JSON_NUMBER;
     v->number = x;
     if (integral) {
@@ -273,6 +276,17 @@ static int parse_number(parser *p, k3c_json *v) {
             v->is_integer = 1;
             v->integer = neg ? acc : -acc;
         }
+    }
+    /* Most numbers are int64 integers that "%lld" spells again: they keep no copy of their literal. */
+    char canon[24];
+    int canonical = v->is_integer && snprintf(canon, sizeof canon, "%lld", (long long)v->integer) == (int)len &&
+                    !memcmp(canon, lex, len);
+    if (!canonical) {
+        v->lexeme = lex != small ? lex : malloc(len + 1);
+        if (!v->lexeme) return NOMEM(p);
+        if (lex == small) memcpy(v->lexeme, small, len + 1);
+    } else if (lex != small) {
+        free(lex);
     }
     p->pos = i;
     return K3C_OK;
@@ -413,6 +427,21 @@ static int parse_members(parser *p, k3c_json *v, size_t **lens, size_t **at) {
     }
 }
 
+/* Python's dict semantics for a repeated key: the first position keeps the key, the last value wins. */
+static void merge_duplicate(k3c_json *v, size_t *lens, size_t *at, size_t dup) {
+    size_t j = 0;
+    while (lens[j] != lens[dup] || memcmp(v->keys[j], v->keys[dup], lens[dup])) j++;
+    free_value(&v->items[j]);
+    v->items[j] = v->items[dup];
+    free(v->keys[dup]);
+    size_t tail = v->n - dup - 1;
+    memmove(v->items + dup, v->items + dup + 1, tail * sizeof *v->items);
+    memmove(v->keys + dup, v->keys + dup + 1, tail * sizeof *v->keys);
+    memmove(lens + dup, lens + dup + 1, tail * sizeof *lens);
+    memmove(at + dup, at + dup + 1, tail * sizeof *at);
+    v->n--;
+}
+
 static int parse_object(parser *p, k3c_json *v) {
     v->type = K3C_JSON_OBJECT;
     p->pos++;
@@ -423,13 +452,17 @@ static int parse_object(parser *p, k3c_json *v) {
     }
     size_t *lens = NULL, *at = NULL;
     int rc = parse_members(p, v, &lens, &at);
-    if (rc == K3C_OK) {
+    while (rc == K3C_OK) {
         int nomem = 0;
         long dup = find_duplicate(v->keys, lens, v->n, &nomem);
         if (nomem)
             rc = NOMEM(p);
+        else if (dup >= 0 && (p->flags & K3C_JSON_P_DUP_KEYS))
+            merge_duplicate(v, lens, at, (size_t)dup);
         else if (dup >= 0)
             rc = fail_at(p, at[dup], K3C_EFORMAT, "duplicate key \"%.200s\"", v->keys[dup]);
+        else
+            break;
     }
     free(lens);
     free(at);
@@ -474,8 +507,12 @@ static int parse_value(parser *p, k3c_json *v) {
 }
 
 int k3c_json_parse(const char *text, size_t n, const char *name, k3c_json **out, k3c_err *err) {
+    return k3c_json_parse_ex(text, n, name, 0, out, err);
+}
+
+int k3c_json_parse_ex(const char *text, size_t n, const char *name, int flags, k3c_json **out, k3c_err *err) {
     *out = NULL;
-    parser p = {(const unsigned char *)text, n, 0, 0, name ? name : "<json>", err};
+    parser p = {(const unsigned char *)text, n, 0, 0, flags, name ? name : "<json>", err};
     if (!text && n) return k3c_errf(err, K3C_EINVAL, "%s: NULL text", p.name);
     k3c_json *v = calloc(1, sizeof *v);
     if (!v) return k3c_errf(err, K3C_ENOMEM, "%s: out of memory", p.name);
@@ -515,6 +552,7 @@ static void free_value(k3c_json *v) {
     free(v->items);
     free(v->keys);
     free(v->string);
+    free(v->lexeme);
 }
 
 void k3c_json_free(k3c_json *v) {
@@ -539,10 +577,17 @@ const char *k3c_json_type_name(const k3c_json *v) {
     return names[v->type];
 }
 
+int k3c_json_is_integral(const k3c_json *v) {
+    if (!v || v->type != K3C_JSON_NUMBER) return 0;
+    return v->is_integer || (v->lexeme && !strpbrk(v->lexeme, ".eE"));
+}
+
 int k3c_json_bad_type(const k3c_json_ctx *c, k3c_json_spot s, const char *want, const k3c_json *v) {
-    int fraction = v->type == K3C_JSON_NUMBER && strcmp(want, "an integer") == 0;
-    return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected %s, got %s", c->file, s.path, s.key, want,
-                    fraction ? "a number with a fraction or exponent" : k3c_json_type_name(v));
+    int number = v->type == K3C_JSON_NUMBER && strcmp(want, "an integer") == 0;
+    const char *got = !number                   ? k3c_json_type_name(v)
+                      : k3c_json_is_integral(v) ? "an integer beyond the 64-bit range"
+                                                : "a number with a fraction or exponent";
+    return k3c_errf(c->err, K3C_ECONFIG, "%s: %s%s: expected %s, got %s", c->file, s.path, s.key, want, got);
 }
 
 /* Converts v (present, not null) to the requested kind into *d (and *i for integers / booleans). */
@@ -794,14 +839,20 @@ static int key_cmp(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b); /* UTF-8 byte order = code point order */
 }
 
-/* Python's json.dumps(v, ensure_ascii=False, ...): integers as written, other numbers as repr(float), non-ASCII raw. */
+/* Python's json.dumps(v, ensure_ascii=False, ...): integers as written, other numbers as repr(float), non-ASCII raw;
+ * or, with LEXEMES, every number as written. */
 void k3c_sbuf_json_value(k3c_sbuf *s, const k3c_json *v, int flags) {
     const char *comma = (flags & K3C_JSON_W_SPACED) ? ", " : ",", *colon = (flags & K3C_JSON_W_SPACED) ? ": " : ":";
     switch (v->type) {
     case K3C_JSON_NULL: k3c_sbuf_append(s, "null", 4); break;
     case K3C_JSON_BOOL: v->boolean ? k3c_sbuf_append(s, "true", 4) : k3c_sbuf_append(s, "false", 5); break;
     case K3C_JSON_NUMBER:
-        if (v->is_integer)
+        /* Python reads an integer literal as an exact int of any size, and "-0" as 0. */
+        if (v->is_integer && !(flags & K3C_JSON_W_LEXEMES))
+            k3c_sbuf_printf(s, "%lld", (long long)v->integer);
+        else if (v->lexeme && ((flags & K3C_JSON_W_LEXEMES) || k3c_json_is_integral(v)))
+            k3c_sbuf_append(s, v->lexeme, strlen(v->lexeme));
+        else if (v->is_integer)
             k3c_sbuf_printf(s, "%lld", (long long)v->integer);
         else
             k3c_sbuf_json_number_py(s, v->number);

@@ -1,5 +1,6 @@
 /* json.h — a small strict JSON (RFC 8259) reader and writer for configs, safetensors headers, datasets and metrics.
- * Strict: no trailing commas, comments, NaN/Infinity, duplicate keys or invalid UTF-8; errors give line:column. */
+ * Strict: no trailing commas, comments, NaN/Infinity, duplicate keys or invalid UTF-8; errors give line:column.
+ * Numbers keep their literal, so a value is never changed on its way through (docs/FORMATS.md §1.3). */
 #ifndef K3C_JSON_H
 #define K3C_JSON_H
 
@@ -18,9 +19,11 @@ typedef struct k3c_json k3c_json;
 struct k3c_json {
     k3c_json_type type;
     int boolean;
-    double number;  /* every number */
+    double number;  /* every number (the nearest double) */
     int is_integer; /* the literal had no fraction/exponent and fits int64: `integer` is exact */
     int64_t integer;
+    char *lexeme; /* numbers: the literal as written when `integer` does not spell it (a fraction, an exponent, an
+                   * integer beyond int64, -0); NULL otherwise. Writers re-emit it, so no digit is lost. */
     char *string; /* NUL-terminated UTF-8 (may contain \u0000 as an embedded NUL: use len) */
     size_t len;
     size_t n;        /* array / object element count */
@@ -30,6 +33,10 @@ struct k3c_json {
 
 /* Parses text[0..n). `name` (a file name) prefixes error messages: "config.json:3:14: expected ','". */
 int k3c_json_parse(const char *text, size_t n, const char *name, k3c_json **out, k3c_err *err);
+/* K3C_JSON_P_DUP_KEYS: a repeated object key is not an error; as Python's json.loads reads it, the key keeps its first
+ * position and takes the last value (how chat renderers read tool-call arguments a client sent as text). */
+enum { K3C_JSON_P_DUP_KEYS = 1 };
+int k3c_json_parse_ex(const char *text, size_t n, const char *name, int flags, k3c_json **out, k3c_err *err);
 /* Reads a whole file and parses it; error messages are prefixed with the path. */
 int k3c_json_parse_file(const char *path, k3c_json **out, k3c_err *err);
 void k3c_json_free(k3c_json *v);
@@ -38,6 +45,8 @@ void k3c_json_free(k3c_json *v);
 int k3c_utf8_valid(const char *s, size_t n);
 
 const k3c_json *k3c_json_get(const k3c_json *obj, const char *key); /* NULL if absent or obj not an object */
+/* 1 if v is a number written without fraction or exponent (an integer of any size), else 0. */
+int k3c_json_is_integral(const k3c_json *v);
 
 /* ---------------------------------------------------------------- typed field getters
  * The one reader of config fields (model config.json, run configs): every message names the file and the field,
@@ -84,10 +93,11 @@ void k3c_sbuf_json_string(k3c_sbuf *s, const char *str, size_t n); /* quoted and
 void k3c_sbuf_json_number(k3c_sbuf *s, double x);                  /* shortest round-trip form ("%.17g" fallback) */
 void k3c_sbuf_json_number_py(k3c_sbuf *s, double x);               /* Python's repr(float): "1.0", "1e+16", "1e-05" */
 
-/* Writes v the way Python's json.dumps(v, ensure_ascii=False) does (what chat templates hash and the model saw):
- * integers as written, other numbers as repr(float), non-ASCII raw; keys in document order unless SORT_KEYS;
- * "," and ":" unless SPACED (", " and ": ", Python's default separators). */
-enum { K3C_JSON_W_SORT_KEYS = 1, K3C_JSON_W_SPACED = 2 };
+/* Writes v the way Python's json.dumps(json.loads(text), ensure_ascii=False) does (what chat templates hash and the
+ * model saw): integers exactly as written (any size), other numbers as repr(float), non-ASCII raw; keys in document
+ * order unless SORT_KEYS; "," and ":" unless SPACED (", " and ": ", Python's default separators). LEXEMES: every
+ * number exactly as it was written (0.10, 1E5, 12345678901234567890 unchanged), for JSON passed on, not re-rendered. */
+enum { K3C_JSON_W_SORT_KEYS = 1, K3C_JSON_W_SPACED = 2, K3C_JSON_W_LEXEMES = 4 };
 void k3c_sbuf_json_value(k3c_sbuf *s, const k3c_json *v, int flags);
 
 #endif

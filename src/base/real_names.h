@@ -9,6 +9,7 @@
 #define k3c_acts_embed_overrides_bwd k3c_acts_embed_overrides_bwd_f64
 #define k3c_acts_layer_fwd k3c_acts_layer_fwd_f64
 #define k3c_acts_src k3c_acts_src_f64
+#define k3c_acts_run_layers k3c_acts_run_layers_f64
 #define k3c_add k3c_add_f64
 #define k3c_attention_bwd k3c_attention_bwd_f64
 #define k3c_attention_fwd k3c_attention_fwd_f64
@@ -149,6 +150,7 @@
 #define k3c_acts_embed_overrides_bwd k3c_acts_embed_overrides_bwd_f32
 #define k3c_acts_layer_fwd k3c_acts_layer_fwd_f32
 #define k3c_acts_src k3c_acts_src_f32
+#define k3c_acts_run_layers k3c_acts_run_layers_f32
 #define k3c_add k3c_add_f32
 #define k3c_attention_bwd k3c_attention_bwd_f32
 #define k3c_attention_fwd k3c_attention_fwd_f32

@@ -117,7 +117,17 @@ static int chat_opts(int argc, char **argv, k3c_sbuf *o) {
         return 0;
     k3c_sbuf_printf(o, ",\"temperature\":%.17g,\"top_p\":%.17g,\"seed\":%lld,\"max_tokens\":%lld", temp, top_p, seed,
                     max_tokens);
-    if (cli_flag(argc, argv, "--no-thinking")) k3c_sbuf_append(o, ",\"thinking\":false", 17);
+    /* --thinking / --no-thinking, else the chat options the checkpoint was fine-tuned with */
+    int thinking = -1;
+    k3c_err err = {0};
+    const char *dir = cli_opt(argc, argv, "--model");
+    if (dir && k3c_turn_chat_thinking(dir, &thinking, &err)) {
+        cli_fail("chat", &err);
+        return 0;
+    }
+    if (cli_flag(argc, argv, "--thinking")) thinking = 1;
+    if (cli_flag(argc, argv, "--no-thinking")) thinking = 0;
+    if (thinking >= 0) k3c_sbuf_printf(o, ",\"thinking\":%s", thinking ? "true" : "false");
     const char *stop = cli_opt(argc, argv, "--stop");
     if (stop) {
         k3c_sbuf_append(o, ",\"stop\":", 8);
@@ -171,7 +181,8 @@ static int chat_loop(k3c_serve *sv, const char *system, const char *tools, const
                           sv->vision,
                           K3C_API_MAX_IMAGES,
                           K3C_API_MAX_IMAGE_BYTES,
-                          K3C_API_MAX_IMAGE_PIXELS};
+                          K3C_API_MAX_IMAGE_PIXELS,
+                          0};
     int32_t stop_ids[K3C_SCHED_MAX_STOP_IDS] = {0};
     int n_stop = k3c_turn_stop_ids(sv->tok, cfg, stop_ids, K3C_SCHED_MAX_STOP_IDS);
     k3c_sbuf history;
@@ -213,12 +224,13 @@ int cmd_chat(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         printf(
             "usage: k3c chat --model DIR [--system TEXT] [--tools FILE.json] [--temperature 0.6] [--top-p 0.95]\n"
-            "                [--seed 0] [--max-tokens 512] [--stop TEXT] [--no-thinking] [--pattern cl100k|kimi]\n"
+            "                [--seed 0] [--max-tokens 512] [--stop TEXT] [--thinking|--no-thinking] [--pattern cl100k|kimi]\n"
             "                [--image FILE ...] [--device cpu|cuda] [--gemm fp32|tf32|bf16] [--kernels bf16|fp16|fp32]\n"
             "Reads one user message per line from stdin (/exit ends) and streams the reply: reasoning dimmed\n"
             "(\"reasoning: \" when not on a terminal), tool calls as JSON. --tools: a JSON array of OpenAI tools.\n"
             "--image FILE (PNG or JPEG, repeatable): the images go with the first message, before its text; the\n"
-            "model needs a vision tower (config.json vision_config, docs/VISION.md).\n");
+            "model needs a vision tower (config.json vision_config, docs/VISION.md). Thinking defaults to what the\n"
+            "checkpoint was fine-tuned with (trainer_state.json \"chat\", written by k3c sft / rl), else on.\n");
         return 0;
     }
     const char *dir = cli_opt(argc, argv, "--model"), *tools_path = cli_opt(argc, argv, "--tools");

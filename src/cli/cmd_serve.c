@@ -46,7 +46,8 @@ int cmd_serve(int argc, char **argv) {
                "GET /metrics (Prometheus). --slots N: sequences decoded together by the inference engine\n"
                "(continuous batching; --device cuda runs it on the GPU). --port 0 picks a free port (printed).\n"
                "The API key may also come from K3C_API_KEY; /health and /metrics need none. SIGINT / SIGTERM stop\n"
-               "it gracefully. docs/SERVING.md.\n");
+               "it gracefully. Requests default to the chat options the checkpoint was fine-tuned with\n"
+               "(trainer_state.json \"chat\", written by k3c sft / rl). docs/SERVING.md.\n");
         return 0;
     }
     const char *dir = cli_opt(argc, argv, "--model");
@@ -55,6 +56,10 @@ int cmd_serve(int argc, char **argv) {
     const cli_device_opts dopt = cli_device_opts_get(argc, argv);
     if (cli_device_check("serve", &dopt)) return 2;
     if (!serve_options(argc, argv, &o)) return 2;
+    int thinking = -1; /* the checkpoint's chat options are the requests' defaults */
+    k3c_err cerr = {0};
+    if (k3c_turn_chat_thinking(dir, &thinking, &cerr)) return cli_fail("serve", &cerr);
+    o.thinking_off = thinking == 0;
     /* the model's name: --name, else the directory's last component */
     char model_name[256], path[1024];
     snprintf(path, sizeof path, "%s", dir);

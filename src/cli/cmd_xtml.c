@@ -11,16 +11,20 @@ static void usage(FILE *out) {
     fprintf(
         out,
         "usage: k3c xtml render --in FILE.jsonl\n"
-        "       k3c xtml parse --in FILE.jsonl\n\n"
+        "       k3c xtml parse --in FILE.jsonl [--in-think | --in-response] [--strict]\n\n"
         "render  reads objects {\"id\", \"messages\", \"tools\", \"options\"} (one per line) and prints, per line,\n"
         "        {\"id\":..., \"rendered\": PROMPT, \"segments\": [[TEXT, MARKUP], ...]} or {\"id\":..., \"error\": "
         "MSG}.\n"
         "        options: format (\"xtml\" for K3, default; \"k2\" for Kimi Linear), add_generation_prompt,\n"
         "        thinking, thinking_effort (low|high|max), tool_choice, response_format, response_schema,\n"
         "        image_prompts, default_system (k2). MARKUP runs are control tokens: tokenize each run on its own.\n"
-        "parse   reads {\"id\", \"assistant_output\", \"parse_options\"} (parse_options: format, in_think) and prints\n"
-        "        {\"id\":..., \"parsed\": {\"reasoning\", \"content\", \"tool_calls\": [{\"name\", \"index\",\n"
-        "        \"arguments\"}], \"finished\"}} or {\"id\":..., \"error\": MSG}.\n"
+        "parse   reads {\"id\", \"assistant_output\", \"parse_options\"} (parse_options: format, in_think,\n"
+        "        in_response, strict) and prints {\"id\":..., \"parsed\": {\"reasoning\", \"content\", "
+        "\"tool_calls\":\n"
+        "        [{\"name\", \"index\", \"arguments\"}], \"finished\"}} or {\"id\":..., \"error\": MSG}. The output\n"
+        "        starts in the channel the prompt opened: --in-think (think), --in-response (response), neither\n"
+        "        (outside any: text is content), unless the line's parse_options say; output that breaks the\n"
+        "        markup is read past (recovered) unless --strict. A call cut off is returned with finished false.\n"
         "--in -  reads standard input. Errors are reported per line (malformed JSON with its line number); the\n"
         "        exit status is 1 if any line failed.\n");
 }
@@ -44,13 +48,20 @@ static int render_line(const k3c_json *obj, k3c_sbuf *o, k3c_err *err) {
     return K3C_OK;
 }
 
-static int parse_line(const k3c_json *obj, k3c_sbuf *o, k3c_err *err) {
+/* `dflt`: the command line's start channel and strictness, for what the line's parse_options leave out. */
+static int parse_line(const k3c_json *obj, const k3c_chat_parse_opts *dflt, k3c_sbuf *o, k3c_err *err) {
     const k3c_json *out = k3c_json_get(obj, "assistant_output");
     if (!out || out->type != K3C_JSON_STRING)
         return k3c_errf(err, K3C_EINVAL, "\"assistant_output\": missing or not a string");
+    const k3c_json *pj = k3c_json_get(obj, "parse_options");
     k3c_chat_parse_opts po;
-    int rc = k3c_chat_parse_opts_from_json(k3c_json_get(obj, "parse_options"), &po, err);
+    int rc = k3c_chat_parse_opts_from_json(pj, &po, err);
     if (rc) return rc;
+    if (!k3c_json_get(pj, "in_think") && !k3c_json_get(pj, "in_response")) {
+        po.in_think = dflt->in_think;
+        po.in_response = dflt->in_response;
+    }
+    if (!k3c_json_get(pj, "strict")) po.strict = dflt->strict;
     k3c_chat_result r;
     if ((rc = k3c_chat_parse(&po, out->string, out->len, &r, err))) return rc;
     k3c_sbuf_append(o, ",\"parsed\":", 10);
@@ -69,6 +80,10 @@ int cmd_xtml(int argc, char **argv) {
     if (!render && strcmp(sub, "parse")) return cli_usage_error("xtml", "unknown subcommand '%s'", sub);
     const char *in = cli_opt(argc - 1, argv + 1, "--in");
     if (!in) return cli_usage_error("xtml", "needs --in FILE.jsonl");
+    k3c_chat_parse_opts dflt = {K3C_CHAT_XTML, cli_flag(argc, argv, "--in-think"),
+                                cli_flag(argc, argv, "--in-response"), cli_flag(argc, argv, "--strict")};
+    if (dflt.in_think && dflt.in_response)
+        return cli_usage_error("xtml", "--in-think and --in-response exclude each other");
     k3c_err err = {0};
     char *data = NULL;
     size_t n = 0;
@@ -110,7 +125,7 @@ int cmd_xtml(int argc, char **argv) {
         else
             k3c_sbuf_append(&o, "null", 4);
         size_t mark = o.len;
-        if (!rc) rc = render ? render_line(obj, &o, &err) : parse_line(obj, &o, &err);
+        if (!rc) rc = render ? render_line(obj, &o, &err) : parse_line(obj, &dflt, &o, &err);
         if (rc) {
             o.len = mark;
             k3c_sbuf_append(&o, ",\"error\":", 9);

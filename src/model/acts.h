@@ -44,4 +44,8 @@ struct k3c_acts {
     k3c_arena *arena;
 };
 
+/* Layers [a->l0, a->l1) over a's buffers and, on the range that ends the model, the output mix (a->hfin): the training
+ * forward's walk, and a decode step's (model/decode.c) over buffers planned for one step. */
+int k3c_acts_run_layers(k3c_acts *a, k3c_err *err);
+
 #endif

@@ -226,12 +226,12 @@ size_t k3c_model_plan_bytes(const k3c_model *m, int64_t T, int n_docs) {
 }
 
 /* h = Mix(sources) with the layer's (or the output's) pseudo-query and key norm. */
-static int run_mix(const k3c_acts *a, k3c_mix *mx, size_t proj, size_t norm, k3c_err *err) {
+static int run_mix(const k3c_acts *a, k3c_mix *mx, const real *proj, const real *norm, k3c_err *err) {
     const k3c_config *c = &a->st.m->cfg;
     const real *v[K3C_ATTNRES_MAX_SOURCES];
     for (int i = 0; i < mx->n; i++) v[i] = src_ptr(a, mx->src[i]);
     k3c_attnres_sizes s = {a->T, c->hidden_size, mx->n, c->rms_norm_eps};
-    int rc = a->st.be->attnres_fwd(&s, v, a->st.w + proj, a->st.w + norm, mx->out, mx->saved, err);
+    int rc = a->st.be->attnres_fwd(&s, v, proj, norm, mx->out, mx->saved, err);
     return rc ? k3c_err_wrap(err, "AttnRes mix over %d sources", mx->n) : K3C_OK;
 }
 
@@ -330,8 +330,7 @@ static int layer_fwd(k3c_acts *a, int l, k3c_err *err) {
     k3c_step *st = &a->st;
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
-    const k3c_layer_offsets *o = &m->table.layer[l];
-    const real *w = st->w;
+    const k3c_weights_layer *L = &st->views->layer[l];
     int64_t T = a->T, D = c->hidden_size, S = c->attn_res_block;
     int Rsrc[K3C_ATTNRES_MAX_SOURCES], nR, P;
     sources_before(c, l, Rsrc, &nR, &P);
@@ -339,14 +338,14 @@ static int layer_fwd(k3c_acts *a, int l, k3c_err *err) {
     a->boundary[l] = S > 0 && l % S == 0;
     if (S > 0 && l > 0) {
         set_sources(&a->amix[l], Rsrc, nR, P);
-        CHECK_RC(run_mix(a, &a->amix[l], o->attn_res_proj, o->attn_res_norm, err));
+        CHECK_RC(run_mix(a, &a->amix[l], L->attn_res_proj, L->attn_res_norm, err));
         a->ain[l] = a->amix[l].out;
     } else {
         a->ain[l] = src_ptr(a, P);
     }
     if (a->boundary[l]) Rsrc[nR++] = P;
     k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
-    CHECK_RC(st->be->rmsnorm_fwd(&rs, a->ain[l], w + o->input_norm, a->axn[l], a->arstd[l], err));
+    CHECK_RC(st->be->rmsnorm_fwd(&rs, a->ain[l], L->input_norm, a->axn[l], a->arstd[l], err));
     if (c->mixer[l] == K3C_MIXER_KDA)
         CHECK_RC(k3c_kda_layer_fwd(st, l, a->axn[l], &a->kda[l], a->pmid[l], err));
     else
@@ -355,18 +354,18 @@ static int layer_fwd(k3c_acts *a, int l, k3c_err *err) {
     if (!a->boundary[l]) CHECK_RC(st->be->add(T * D, src_ptr(a, P), a->pmid[l], err));
     if (S > 0) {
         set_sources(&a->mmix[l], Rsrc, nR, K3C_SRC_MID(l));
-        CHECK_RC(run_mix(a, &a->mmix[l], o->mlp_res_proj, o->mlp_res_norm, err));
+        CHECK_RC(run_mix(a, &a->mmix[l], L->mlp_res_proj, L->mlp_res_norm, err));
         a->min[l] = a->mmix[l].out;
     } else {
         a->min[l] = a->pmid[l];
     }
-    CHECK_RC(st->be->rmsnorm_fwd(&rs, a->min[l], w + o->post_norm, a->mxn[l], a->mrstd[l], err));
+    CHECK_RC(st->be->rmsnorm_fwd(&rs, a->min[l], L->post_norm, a->mxn[l], a->mrstd[l], err));
     CHECK_RC(k3c_ffn_layer_fwd(st, l, a->mxn[l], &a->ffn[l], a->pend[l], err));
     CHECK_RC(st->be->add(T * D, a->pmid[l], a->pend[l], err));
     return K3C_OK;
 }
 
-static int run_layers(k3c_acts *a, k3c_err *err) {
+int k3c_acts_run_layers(k3c_acts *a, k3c_err *err) {
     const k3c_model *m = a->st.m;
     const k3c_config *c = &m->cfg;
     int L = (int)c->num_layers;
@@ -377,7 +376,7 @@ static int run_layers(k3c_acts *a, k3c_err *err) {
         int Rsrc[K3C_ATTNRES_MAX_SOURCES], nR, P;
         sources_before(c, L, Rsrc, &nR, &P); /* the output mix sees the sources a layer L would */
         set_sources(&a->fmix, Rsrc, nR, P);
-        CHECK_RC(run_mix(a, &a->fmix, m->table.glob.out_res_proj, m->table.glob.out_res_norm, err));
+        CHECK_RC(run_mix(a, &a->fmix, a->st.views->out_res_proj, a->st.views->out_res_norm, err));
         a->hfin = a->fmix.out;
     } else {
         a->hfin = src_ptr(a, K3C_SRC_END(L - 1));
@@ -435,14 +434,12 @@ int k3c_model_forward_range(k3c_model *m, const k3c_model_batch *b, int l0, int 
         int bsrc[K3C_ATTNRES_MAX_SOURCES], nb = k3c_boundary_sources(c, l0, bsrc);
         for (int i = 0; i < nb; i++) *(bsrc[i] == K3C_SRC_EMB ? &a->emb : &a->pend[bsrc[i] / 2]) = in[i];
     }
-    CHECK_RC(run_layers(a, err));
+    CHECK_RC(k3c_acts_run_layers(a, err));
     if (l1 == c->num_layers) {
-        const real *w = m->w;
         k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
-        CHECK_RC(be->rmsnorm_fwd(&rs, a->hfin, w + m->table.glob.final_norm, a->hn, a->rfin, err));
+        CHECK_RC(be->rmsnorm_fwd(&rs, a->hfin, views->final_norm, a->hn, a->rfin, err));
         const int64_t Vl = V / k3c_tp_size(m); /* tensor parallelism: this rank's vocabulary rows */
-        k3c_linear_sizes ls = {T, D, Vl, 0};
-        CHECK_RC(be->linear_fwd(be->ctx, &ls, a->hn, w + m->table.glob.lm_head, a->logits, err));
+        CHECK_RC(k3c_proj1(&a->st, T, &views->lm_head, D, Vl, a->hn, a->logits, err));
         k3c_xent_sizes xs = {T, V, b->loss_norm, a->weight};
         a->loss_norm = b->loss_norm;
         double l = 0;

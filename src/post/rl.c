@@ -440,9 +440,11 @@ int k3c_rl_run(const k3c_rl_config *c, const k3c_train_opts *o, k3c_rl_result *r
         }
         k3c_sbuf_free(&line);
         if (!rc && ((c->checkpoint_every > 0 && s.step % c->checkpoint_every == 0) || last)) {
-            char st[128];
-            snprintf(st, sizeof st, "{\"step\": %lld, \"seed\": %llu, \"kind\": \"rl\"}\n", (long long)s.step,
-                     (unsigned long long)c->seed);
+            char st[192]; /* "chat": the chat options of the rollouts, serve's and chat's defaults */
+            snprintf(st, sizeof st,
+                     "{\"step\": %lld, \"seed\": %llu, \"kind\": \"rl\", \"chat\": {\"format\": \"xtml\", "
+                     "\"thinking\": %s}}\n",
+                     (long long)s.step, (unsigned long long)c->seed, c->thinking ? "true" : "false");
             rc = k3c_post_run_save(&s.r, c->out_dir, s.step, st, (int)c->keep_checkpoints, err);
         }
     }

@@ -88,7 +88,7 @@ static void parse_turn(k3c_env *env, const k3c_tok *tok, const k3c_rollout_opts 
                        k3c_chat_result *res) {
     char *text = NULL;
     size_t len = 0;
-    k3c_chat_parse_opts po = {K3C_CHAT_XTML, o->thinking};
+    k3c_chat_parse_opts po = {K3C_CHAT_XTML, o->thinking, !o->thinking, 1}; /* strict: malformed output scores 0 */
     k3c_err perr = {0};
     ep->turns++;
     /* An id the tokenizer does not know (a model vocabulary padded past the tokenizer's) is malformed output. */

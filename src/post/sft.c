@@ -171,10 +171,14 @@ static int step(sft *s, k3c_metrics_row *row, k3c_err *err) {
     return K3C_OK;
 }
 
+/* trainer_state.json; "chat" records the chat options the model was tuned with, serve's and chat's defaults. */
 static int save(sft *s, k3c_err *err) {
-    char ts[256];
-    snprintf(ts, sizeof ts, "{\"step\": %lld, \"tokens\": %lld, \"cursor\": %zu, \"seed\": %llu, \"kind\": \"sft\"}\n",
-             (long long)s->step, (long long)s->tokens, s->cursor, (unsigned long long)s->c->seed);
+    char ts[320];
+    snprintf(ts, sizeof ts,
+             "{\"step\": %lld, \"tokens\": %lld, \"cursor\": %zu, \"seed\": %llu, \"kind\": \"sft\", \"chat\": "
+             "{\"format\": \"%s\", \"thinking\": %s}}\n",
+             (long long)s->step, (long long)s->tokens, s->cursor, (unsigned long long)s->c->seed,
+             s->c->format == K3C_CHAT_K2 ? "k2" : "xtml", s->c->thinking ? "true" : "false");
     return k3c_post_run_save(&s->r, s->c->out_dir, s->step, ts, (int)s->c->keep_checkpoints, err);
 }
 

@@ -154,7 +154,7 @@ int k3c_verify_format(const char *output, size_t n, const char *tools_json, int 
     *out = (k3c_reward){0};
     k3c_json *tools = NULL;
     if (tools_json && k3c_json_parse(tools_json, strlen(tools_json), "tools", &tools, err)) return err->code;
-    k3c_chat_parse_opts po = {K3C_CHAT_XTML, in_think};
+    k3c_chat_parse_opts po = {K3C_CHAT_XTML, in_think, !in_think, 1}; /* strict: malformed output scores 0 */
     k3c_chat_result res;
     k3c_err e = {0};
     if (k3c_chat_parse(&po, output, n, &res, &e)) {

@@ -388,7 +388,8 @@ int k3c_server_ready(k3c_server *s, k3c_serve *sv, k3c_err *err) {
                               sv->vision,
                               K3C_API_MAX_IMAGES,
                               s->o.max_image_bytes,
-                              K3C_API_MAX_IMAGE_PIXELS};
+                              K3C_API_MAX_IMAGE_PIXELS,
+                              s->o.thinking_off};
     s->n_stop_ids = k3c_turn_stop_ids(sv->tok, cfg, s->stop_ids, K3C_SCHED_MAX_STOP_IDS);
     atomic_store(&s->ready, 1);
     return 0;

@@ -213,6 +213,38 @@ static int chat_options(const k3c_json *o, const k3c_api_limits *lim, const char
     return s->ok ? 0 : k3c_api_fail(e, 500, "server_error", NULL, "", "out of memory");
 }
 
+/* Every message is an object with a known role; OpenAI's "developer" (system instructions for current models) is
+ * read as "system", which is what the chat formats have. The role is rewritten in the request's own tree. */
+static int check_roles(k3c_json *msgs, k3c_api_error *e) {
+    static const char *const known[] = {"system", "user", "assistant", "tool"};
+    for (size_t i = 0; i < msgs->n; i++) {
+        k3c_json *m = &msgs->items[i], *role = NULL;
+        if (m->type != K3C_JSON_OBJECT) return BAD_TYPE(e, "messages", "an array of objects");
+        for (size_t k = 0; k < m->n; k++)
+            if (!strcmp(m->keys[k], "role")) role = &m->items[k];
+        if (!role)
+            return k3c_api_fail(e, 400, "invalid_request_error", "missing_required_parameter", "messages",
+                                "'messages[%zu].role' is missing", i);
+        if (role->type != K3C_JSON_STRING)
+            return BAD_TYPE(e, "messages", "an array of messages whose role is a string");
+        if (!strcmp(role->string, "developer")) {
+            char *sys = strdup("system");
+            if (!sys) return k3c_api_fail(e, 500, "server_error", NULL, "", "out of memory");
+            free(role->string);
+            role->string = sys;
+            role->len = strlen(sys);
+        }
+        int ok = 0;
+        for (size_t k = 0; k < sizeof known / sizeof *known; k++) ok |= !strcmp(role->string, known[k]);
+        if (!ok)
+            return BAD_VALUE(e, "messages",
+                             "'messages[%zu].role' is '%s'; supported roles are system, developer, user, assistant "
+                             "and tool",
+                             i, role->string);
+    }
+    return 0;
+}
+
 static int parse_chat(const k3c_json *o, const k3c_api_limits *lim, k3c_api_req *r, k3c_api_error *e) {
     const k3c_json *msgs = field(o, "messages"), *tools = field(o, "tools");
     if (!msgs)
@@ -220,15 +252,16 @@ static int parse_chat(const k3c_json *o, const k3c_api_limits *lim, k3c_api_req 
                             "Missing required parameter: 'messages'");
     if (msgs->type != K3C_JSON_ARRAY) return BAD_TYPE(e, "messages", "an array");
     if (msgs->n == 0) return BAD_VALUE(e, "messages", "'messages' must not be empty");
-    for (size_t i = 0; i < msgs->n; i++)
-        if (msgs->items[i].type != K3C_JSON_OBJECT) return BAD_TYPE(e, "messages", "an array of objects");
+    int rc = check_roles((k3c_json *)msgs, e); /* msgs lies in r->root, which the request owns */
+    if (rc) return rc;
     if (tools && tools->type != K3C_JSON_ARRAY) return BAD_TYPE(e, "tools", "an array");
     r->has_tools = tools && tools->n > 0;
-    int thinking = lim->format == K3C_CHAT_XTML, logprobs = 0;
+    int thinking = lim->format == K3C_CHAT_XTML && !lim->thinking_off, logprobs = 0;
     k3c_sbuf opts, images;
     k3c_sbuf_init(&opts);
     k3c_sbuf_init(&images);
-    int rc = bool_field(o, "logprobs", &logprobs, e), n_img = rc ? 0 : k3c_api_images(msgs, lim, r, &images, e);
+    rc = bool_field(o, "logprobs", &logprobs, e);
+    int n_img = rc ? 0 : k3c_api_images(msgs, lim, r, &images, e);
     if (n_img >= 400) rc = n_img;
     if (!rc) rc = chat_options(o, lim, n_img ? images.buf : NULL, &opts, &thinking, e);
     r->params.logprobs = logprobs;
@@ -248,10 +281,12 @@ static int parse_chat(const k3c_json *o, const k3c_api_limits *lim, k3c_api_req 
         rc = BAD_VALUE(e, "messages", "%s", err.msg);
     if (!rc) rc = k3c_api_image_rows(lim, r, e);
     if (!rc) {
-        r->parse.format = lim->format;
-        /* the generation prompt opened the think channel: XTML with thinking on, K2 ending in <think> */
-        r->parse.in_think =
-            lim->format == K3C_CHAT_XTML ? thinking : pr.len >= 7 && !memcmp(pr.text + pr.len - 7, "<think>", 7);
+        /* the channel the generation prompt opened: XTML's think (thinking on) or response, K2's <think> if it ends
+         * there; output that does not fit it is recovered, never passed on as markup */
+        int xtml = lim->format == K3C_CHAT_XTML;
+        r->parse = (k3c_chat_parse_opts){lim->format, 0, 0, 0};
+        r->parse.in_think = xtml ? thinking : pr.len >= 7 && !memcmp(pr.text + pr.len - 7, "<think>", 7);
+        r->parse.in_response = xtml && !thinking;
     }
     free(segs);
     k3c_chat_prompt_free(&pr);

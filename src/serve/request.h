@@ -36,6 +36,7 @@ typedef struct {
     int max_images;           /* per request */
     size_t max_image_bytes;   /* encoded bytes of one image */
     int64_t max_image_pixels; /* decoded pixels of one image */
+    int thinking_off;         /* XTML requests default to thinking off (a checkpoint fine-tuned without it) */
 } k3c_api_limits;
 
 /* The image limits a server and `k3c chat` apply: 16 images of 2 MiB and 16 Mpixel each. */

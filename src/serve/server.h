@@ -20,6 +20,7 @@ typedef struct {
     int max_connections;
     const char *model_name; /* what /v1/models lists and requests may name */
     size_t max_image_bytes; /* encoded bytes of one image part at most (413 beyond) */
+    int thinking_off;       /* requests default to thinking off (the checkpoint was fine-tuned without thinking) */
 } k3c_server_opts;
 
 void k3c_server_opts_default(k3c_server_opts *o);

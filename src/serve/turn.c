@@ -1,11 +1,13 @@
 /* turn.c — ids → text → chat deltas for one assistant turn (turn.h), and the blocking run `k3c chat` uses. */
 #include "serve/turn.h"
 
+#include "base/check.h"
 #include "tok/tok.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void msg_add_call(k3c_turn_msg *m, const char *name, const char *args) {
     if (m->ncalls == m->cap) {
@@ -44,10 +46,8 @@ static void turn_text(void *ctx, const char *s, size_t n) {
         t->on_text(t->ctx, s, n);
         return;
     }
-    if (!t->raw && k3c_chat_parser_feed(t->parser, s, n, NULL) == 0) return;
-    t->raw = 1; /* this piece was not taken: pass it on whole, and all that follows */
-    k3c_chat_delta d = {.kind = K3C_CHAT_DELTA_CONTENT, .text = s, .len = n};
-    turn_delta(t, &d);
+    /* The parser reads past output that breaks the markup; it fails only out of memory, and the turn reports that. */
+    if (k3c_chat_parser_feed(t->parser, s, n, NULL)) t->msg.nomem = 1;
 }
 
 int k3c_turn_init(k3c_turn *t, const k3c_tok *tok, const k3c_chat_parse_opts *chat, const char *const *stops, int nstop,
@@ -64,8 +64,20 @@ int k3c_turn_init(k3c_turn *t, const k3c_tok *tok, const k3c_chat_parse_opts *ch
     return rc;
 }
 
+/* 1 if id is one of the chat formats' control tokens, the specials the chat parser reads. */
+static int chat_marker(const k3c_tok *tok, int32_t id) {
+    const unsigned char *b;
+    size_t nb;
+    if (k3c_tok_token_bytes(tok, id, &b, &nb, NULL)) return 0;
+    for (int i = 0; i < K3C_CHAT_N_SPECIALS; i++)
+        if (strlen(k3c_chat_specials[i]) == nb && !memcmp(b, k3c_chat_specials[i], nb)) return 1;
+    return 0;
+}
+
 int k3c_turn_token(k3c_turn *t, int32_t id, int is_stop, k3c_err *err) {
     if (is_stop) return 1;
+    /* Any other special (an image token, a tokenizer's own extras) means nothing in a reply: it has no text. */
+    if (t->parser && k3c_tok_is_special(t->stop.tok, id) && !chat_marker(t->stop.tok, id)) return 0;
     int rc = k3c_stopper_feed(&t->stop, id, err);
     if (rc >= 0 && (t->msg.nomem || !t->msg.reasoning.ok || !t->msg.content.ok))
         return k3c_errf(err, K3C_ENOMEM, "chat turn: out of memory");
@@ -74,7 +86,7 @@ int k3c_turn_token(k3c_turn *t, int32_t id, int is_stop, k3c_err *err) {
 
 int k3c_turn_finish(k3c_turn *t, k3c_err *err) {
     k3c_stopper_finish(&t->stop);
-    if (t->parser && !t->raw) k3c_chat_parser_finish(t->parser, NULL); /* a failure here only drops an open call */
+    if (t->parser && k3c_chat_parser_finish(t->parser, NULL)) t->msg.nomem = 1;
     if (t->msg.nomem || !t->msg.reasoning.ok || !t->msg.content.ok)
         return k3c_errf(err, K3C_ENOMEM, "chat turn: out of memory");
     return 0;
@@ -92,6 +104,25 @@ void k3c_turn_free(k3c_turn *t) {
     free(t->msg.call_name);
     free(t->msg.call_args);
     memset(t, 0, sizeof *t);
+}
+
+int k3c_turn_chat_thinking(const char *dir, int *thinking, k3c_err *err) {
+    *thinking = -1;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    if (access(path, F_OK) != 0) return K3C_OK;
+    k3c_json *j;
+    CHECK_RC(k3c_json_parse_file(path, &j, err));
+    k3c_json_ctx c = {path, err};
+    const k3c_json *chat = NULL;
+    int on = 0, present = 0;
+    int rc = j->type == K3C_JSON_OBJECT ? k3c_json_get_obj(&c, K3C_SPOT(j, "", "chat"), &chat)
+                                        : k3c_errf(err, K3C_EFORMAT, "%s: expected an object", path);
+    if (!rc && chat)
+        rc = k3c_json_get_bool(&c, K3C_JSON_OPT, K3C_SPOT(chat, "chat.", "thinking"), K3C_NOSPOT, &on, &present);
+    if (!rc && present) *thinking = on;
+    k3c_json_free(j);
+    return rc;
 }
 
 k3c_chat_format k3c_turn_format(const k3c_config *cfg) {

@@ -22,13 +22,13 @@ typedef struct {
     k3c_chat_delta_fn on_delta;
     k3c_text_fn on_text;
     void *ctx;
-    int raw;          /* the output broke the chat markup: the rest of it is content as it stands */
     k3c_turn_msg msg; /* chat: the message so far */
 } k3c_turn;
 
 /* chat NULL: completion (special tokens are not spelled out; text goes to on_text). Else the parser's deltas go to
  * on_delta (NULL: only collected in t->msg). Output that breaks the markup (a model's slip, e.g. a tool-call end
- * without its start) is not an error: from there on the text is content as it stands. */
+ * without its start, a channel the prompt did not open) is not an error: the parser reads past it (chat->strict should
+ * be 0), and no markup ever reaches the message as text. */
 int k3c_turn_init(k3c_turn *t, const k3c_tok *tok, const k3c_chat_parse_opts *chat, const char *const *stops, int nstop,
                   k3c_chat_delta_fn on_delta, k3c_text_fn on_text, void *ctx, k3c_err *err);
 /* One generated id (is_stop: an end-of-turn id, not shown). Returns 1 when generation should end (a stop string),
@@ -37,6 +37,11 @@ int k3c_turn_token(k3c_turn *t, int32_t id, int is_stop, k3c_err *err);
 /* Releases held-back text and closes the parser. */
 int k3c_turn_finish(k3c_turn *t, k3c_err *err);
 void k3c_turn_free(k3c_turn *t);
+
+/* The thinking option a checkpoint was fine-tuned with (trainer_state.json's "chat", which `k3c sft` and `k3c rl`
+ * write; docs/POST.md): *thinking 1 or 0, or -1 when the directory records none. A record that is there but malformed
+ * is an error naming the file and field. */
+int k3c_turn_chat_thinking(const char *dir, int *thinking, k3c_err *err);
 
 /* K3 XTML for kimi_k3 configs, the K2 envelope for kimi_linear. */
 k3c_chat_format k3c_turn_format(const k3c_config *cfg);

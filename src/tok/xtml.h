@@ -37,8 +37,8 @@ typedef struct {
     size_t nseg;
 } k3c_chat_prompt;
 
-/* Renders `messages` (a JSON array of {role, content, ...}), `tools` (an array of OpenAI tool objects, or NULL / null)
- * and `options` (an object or NULL):
+/* Renders `messages` (a JSON array of {role, content, ...}), `tools` (an array of OpenAI tool objects, a mapping of name
+ * to tool, or NULL / null) and `options` (an object or NULL):
  *   format                  "xtml" (default) or "k2"
  *   add_generation_prompt   bool, default true
  *   thinking                bool, default true (XTML: think channel on every assistant turn and in the prompt)
@@ -49,26 +49,38 @@ typedef struct {
  *   image_prompts           array of strings spliced (as markup) at each image part / placeholder (XTML)
  *   default_system          K2: the system turn added when the first message is not a system one
  * XTML reproduces the release's encoding_k3.py byte for byte (including tool results re-sorted into call order,
- * key-sorted compact tool JSON, argument values as Python's json.dumps writes them). Errors name the message index and
- * field. `out` is owned by the caller (k3c_chat_prompt_free). */
+ * key-sorted compact tool JSON, argument values as Python's json.dumps writes them: exact integers of any size, floats
+ * in repr, arguments sent as text read as json.loads reads them). Like the release, XTML skips messages that are not
+ * objects and roles other than system, user, assistant and tool. Errors name the message index and field. `out` is
+ * owned by the caller (k3c_chat_prompt_free). */
 int k3c_chat_render(const k3c_json *messages, const k3c_json *tools, const k3c_json *options, k3c_chat_prompt *out,
                     k3c_err *err);
 void k3c_chat_prompt_free(k3c_chat_prompt *p);
 
 /* ---------------------------------------------------------------- parsing model output */
 
+/* Where the output starts: in the channel the generation prompt opened (think, or XTML's response), or outside any
+ * (text before the first marker is then content). Output that breaks the markup — a close without its open, a missing
+ * or unexpected channel marker, an element the format does not have, a call without a name — is read past: tool calls
+ * and content are recovered, and no chat control token ever lands in reasoning or content. `strict` makes such output
+ * an error instead (format checks that score it). */
 typedef struct {
     k3c_chat_format format;
-    int in_think; /* the generation prompt opened the think channel (XTML thinking on; K2 prompt ending in <think>) */
+    int in_think;    /* the prompt opened the think channel (XTML thinking on; K2 prompt ending in <think>) */
+    int in_response; /* XTML: the prompt opened the response channel (thinking off) */
+    int strict;
 } k3c_chat_parse_opts;
 
-/* From a JSON object {"format": "xtml"|"k2", "in_think": bool} (NULL: XTML, in_think = 1 for XTML, 0 for K2). */
+/* From a JSON object {"format": "xtml"|"k2", "in_think": bool, "in_response": bool, "strict": bool} (absent: false;
+ * NULL: XTML, neither channel open). */
 int k3c_chat_parse_opts_from_json(const k3c_json *o, k3c_chat_parse_opts *out, k3c_err *err);
 
 typedef struct {
     char *name;
     int index;       /* as written in the output: XTML's index attribute (1-based), K2's functions.name:IDX (0-based) */
-    char *arguments; /* compact JSON object text, values typed ({"n":3,"s":"x"}); a JSON string if unparsable */
+    char *arguments; /* compact JSON object text, values typed ({"n":3,"s":"x"}, integers of any size exact); a JSON
+                      * string if unparsable. XTML reads typed arguments, one json element, or a bare JSON block. */
+    int finished;    /* 0: the output ended inside the call (the arguments read so far) */
 } k3c_chat_tool_call;
 
 typedef struct {
@@ -83,7 +95,7 @@ typedef enum {
     K3C_CHAT_DELTA_REASONING,  /* text, len */
     K3C_CHAT_DELTA_CONTENT,    /* text, len */
     K3C_CHAT_DELTA_CALL_BEGIN, /* name, index: a tool call started (CALL follows, unless the output is cut off) */
-    K3C_CHAT_DELTA_CALL,       /* name, index, arguments (JSON text): a tool call is complete */
+    K3C_CHAT_DELTA_CALL,       /* name, index, arguments (JSON text): a tool call is complete (partial: cut off) */
     K3C_CHAT_DELTA_FINISHED,
 } k3c_chat_delta_kind;
 
@@ -94,6 +106,7 @@ typedef struct {
     const char *name;
     int index;
     const char *arguments;
+    int partial; /* CALL: the output ended inside this call */
 } k3c_chat_delta;
 typedef void (*k3c_chat_delta_fn)(void *ctx, const k3c_chat_delta *d);
 
@@ -104,7 +117,8 @@ typedef struct k3c_chat_parser k3c_chat_parser;
 int k3c_chat_parser_new(const k3c_chat_parse_opts *opts, k3c_chat_delta_fn on_delta, void *ctx, k3c_chat_parser **out,
                         k3c_err *err);
 int k3c_chat_parser_feed(k3c_chat_parser *p, const char *s, size_t n, k3c_err *err);
-/* End of output: releases held-back text (an unfinished marker was text after all); an unclosed tool call is dropped. */
+/* End of output: releases held-back text (an unfinished marker was text after all, an unfinished tag header was not);
+ * a tool call left open is returned with the arguments read so far (finished 0). */
 int k3c_chat_parser_finish(k3c_chat_parser *p, k3c_err *err);
 const k3c_chat_result *k3c_chat_parser_result(const k3c_chat_parser *p);
 void k3c_chat_parser_free(k3c_chat_parser *p);

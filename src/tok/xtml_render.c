@@ -284,8 +284,10 @@ static int content(builder *b, const k3c_json *c, const char *what) {
     return K3C_OK;
 }
 
-/* OpenAI sends tool-call arguments as a JSON string. An object renders as typed `argument` children; text that does
- * not parse is kept verbatim in a `json` block (the model sees back what it emitted); anything else is an error. */
+/* OpenAI sends tool-call arguments as a JSON string. It is read as the release reads it (Python's json.loads: a
+ * repeated key keeps its first position and its last value) and an object renders as typed `argument` children; text
+ * that does not parse is kept verbatim in a `json` block (the model sees back what it emitted); anything else is an
+ * error. */
 static int call_arguments(builder *b, const k3c_json *a, k3c_json **parsed, const char **raw, size_t *raw_len,
                           const char *what) {
     *parsed = NULL;
@@ -295,7 +297,7 @@ static int call_arguments(builder *b, const k3c_json *a, k3c_json **parsed, cons
         return k3c_errf(b->err, K3C_EINVAL, "%s.arguments: expected an object or a JSON object string", what);
     if (py_blank(a->string, a->len)) return K3C_OK;
     k3c_err perr;
-    if (k3c_json_parse(a->string, a->len, "arguments", parsed, &perr) != K3C_OK) {
+    if (k3c_json_parse_ex(a->string, a->len, "arguments", K3C_JSON_P_DUP_KEYS, parsed, &perr) != K3C_OK) {
         *raw = a->string;
         *raw_len = a->len;
         return K3C_OK;
@@ -595,9 +597,11 @@ static int xtml_message(builder *b, const msg_ref *ref, size_t i, const render_o
     char w[64];
     snprintf(w, sizeof w, "messages[%zu]", i);
     const k3c_json *m = ref->m, *role = k3c_json_get(m, "role");
-    if (m->type != K3C_JSON_OBJECT) return k3c_errf(b->err, K3C_EINVAL, "%s: expected an object", w);
-    if (!role || role->type != K3C_JSON_STRING)
-        return k3c_errf(b->err, K3C_EINVAL, "%s.role: missing or not a string", w);
+    /* The release's encoder passes over what it does not know: a message that is not an object, a role it has no
+     * rendering for (the server maps OpenAI's "developer" to "system" before it gets here). */
+    if (m->type != K3C_JSON_OBJECT) return K3C_OK;
+    if (!role) return k3c_errf(b->err, K3C_EINVAL, "%s.role: missing", w);
+    if (role->type != K3C_JSON_STRING) return K3C_OK;
     const char *r = role->string;
     const k3c_json *name = k3c_json_get(m, "name");
     int rc = K3C_OK;
@@ -647,8 +651,7 @@ static int xtml_message(builder *b, const msg_ref *ref, size_t i, const render_o
         end_message(b);
         return K3C_OK;
     }
-    return k3c_errf(b->err, K3C_EINVAL, "%s.role: unknown role \"%s\" (expected system, user, assistant or tool)", w,
-                    r);
+    return K3C_OK;
 }
 
 static int render_xtml(builder *b, const k3c_json *messages, const k3c_json *tools, const render_opts *o) {
@@ -847,8 +850,10 @@ int k3c_chat_render(const k3c_json *messages, const k3c_json *tools, const k3c_j
     *out = (k3c_chat_prompt){0};
     if (!messages || messages->type != K3C_JSON_ARRAY)
         return k3c_errf(err, K3C_EINVAL, "messages: expected an array of message objects");
-    if (tools && tools->type != K3C_JSON_NULL && tools->type != K3C_JSON_ARRAY)
-        return k3c_errf(err, K3C_EINVAL, "tools: expected an array of tool objects or null");
+    /* A mapping of name to tool is declared as it stands, as the release's encoder does. */
+    if (tools && tools->type != K3C_JSON_NULL && tools->type != K3C_JSON_ARRAY && tools->type != K3C_JSON_OBJECT)
+        return k3c_errf(err, K3C_EINVAL,
+                        "tools: expected an array of tool objects, a mapping of name to tool, or null");
     render_opts o;
     int rc = read_opts(options, &o, err);
     if (rc) return rc;
