@@ -2,6 +2,7 @@
  * generates greedily, runs a forward, reads config / safetensors / a run config and round-trips text through a
  * tokenizer (no internal header, so a declaration missing from k3c.h fails the build). */
 #include "k3c.h"
+#include "k3c/train.h"
 
 #include <stdlib.h>
 #include <string.h>

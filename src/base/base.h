@@ -4,6 +4,11 @@
 #define K3C_BASE_BASE_H
 
 #include "k3c.h"
+#include "k3c/post.h"
+#include "k3c/serve.h"
+#include "k3c/train.h"
+#include "k3c/vision.h"
+#include "k3c/device.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -38,8 +38,8 @@ int cli_plot_panels(const char *jsonl, const char *png, const char *const *keys,
 /* --device cpu|cuda (src/cli/device.c): open the named backend (NULL or "cpu": the CPU, backend stays NULL), move
  * models onto it, and release it after every model and arena on it is freed. */
 typedef struct {
-    void *handle;        /* the backend's state */
-    const void *backend; /* its k3c_backend_f32 table, NULL for the CPU */
+    void *handle;        /* the k3c_device */
+    const struct k3c_backend_f32 *backend; /* its table (k3c_device_backend), NULL for the CPU */
 } cli_device;
 /* --device cpu|cuda, --gemm fp32|tf32|bf16 (the CUDA GEMM mode) and --kernels bf16|fp16|fp32 (the CUDA KDA and
  * attention kernels) as given (NULL when absent). */

@@ -1,18 +1,10 @@
 /* device.c — `--device cpu|cuda` of the model commands: opens the CUDA backend (ops/backend.h, its table holds the
  * training-step entries too) in a build made with `make cuda`, a clear error in a CPU-only build. */
 #include "cli.h"
+#include "k3c/device.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-#ifdef K3C_CUDA
-#include "cuda/cuda_ops.h"
-
-/* The handle of --device cuda. */
-typedef struct {
-    k3c_cuda_backend b;
-} cuda_device;
-#endif
 
 /* --gemm: the CUDA backend's k3c_gemm_mode (fp32, the checking mode, by default); -1 when not a known name. */
 static int gemm_mode(const char *gemm) {
@@ -56,24 +48,13 @@ int cli_local_rank(void) {
 
 int cli_device_open(const cli_device_opts *o, cli_device *d, k3c_err *err) {
     memset(d, 0, sizeof *d);
-    if (!o->name || strcmp(o->name, "cpu") == 0) return K3C_OK;
-#ifdef K3C_CUDA
-    cuda_device *cd = calloc(1, sizeof *cd);
-    if (!cd) return k3c_errf(err, K3C_ENOMEM, "out of memory");
-    int rc = k3c_cuda_backend_init(&cd->b, cli_local_rank(), gemm_mode(o->gemm), err); /* one GPU per rank */
-    if (rc) {
-        free(cd);
-        return rc;
-    }
-    k3c_cuda_backend_kernels(&cd->b, kernel_mode(o->kernels));
-    d->handle = cd;
-    d->backend = &cd->b.table;
+    k3c_device *dev = NULL;
+    /* one GPU per rank under mpirun */
+    int rc = k3c_device_open(o->name, cli_local_rank(), o->gemm, o->kernels, &dev, err);
+    if (rc) return rc;
+    d->handle = dev;
+    d->backend = k3c_device_backend(dev);
     return K3C_OK;
-#else
-    return k3c_errf(err, K3C_EUNSUPPORTED,
-                    "--device cuda: this k3c was built without CUDA (build build/cuda/k3c with "
-                    "`make cuda` and run that binary)");
-#endif
 }
 
 int cli_device_use(const cli_device *d, k3c_model *m, k3c_err *err) {
@@ -81,9 +62,6 @@ int cli_device_use(const cli_device *d, k3c_model *m, k3c_err *err) {
 }
 
 void cli_device_release(cli_device *d) {
-#ifdef K3C_CUDA
-    if (d->handle) k3c_cuda_backend_destroy(&((cuda_device *)d->handle)->b);
-#endif
-    free(d->handle);
+    k3c_device_close(d->handle);
     memset(d, 0, sizeof *d);
 }

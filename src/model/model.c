@@ -87,7 +87,7 @@ int k3c_model_check_backend(const k3c_model *m, const void *bev, k3c_err *err) {
     return K3C_OK;
 }
 
-int k3c_model_use_backend(k3c_model *m, const void *bev, k3c_err *err) {
+int k3c_model_use_backend(k3c_model *m, const k3c_backend *bev, k3c_err *err) {
     const k3c_backend *from = k3c_model_backend(m), *to = bev ? (const k3c_backend *)bev : k3c_backend_cpu();
     int rc = k3c_model_check_backend(m, to, err);
     if (rc) return rc;

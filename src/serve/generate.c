@@ -21,7 +21,7 @@ int k3c_serve_open(const char *dir, int with_tok, const char *pattern, k3c_serve
     return rc;
 }
 
-int k3c_serve_use_backend(k3c_serve *s, const void *backend, k3c_err *err) {
+int k3c_serve_use_backend(k3c_serve *s, const k3c_backend_f32 *backend, k3c_err *err) {
     const k3c_backend_f32 *be = backend;
     if (!be || be == k3c_backend_cpu_f32() || s->weights->be == be) return K3C_OK;
     k3c_weights *dev = calloc(1, sizeof *dev);

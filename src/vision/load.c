@@ -97,7 +97,7 @@ int k3c_vision_open(const char *dir, int with_grad, k3c_vision **out, k3c_err *e
     return K3C_OK;
 }
 
-int k3c_vision_use_backend(k3c_vision *v, const void *backend, k3c_err *err) {
+int k3c_vision_use_backend(k3c_vision *v, const k3c_backend *backend, k3c_err *err) {
     const k3c_backend *be = backend ? backend : k3c_backend_cpu();
     if (v->precision != REAL_DTYPE)
         return k3c_errf(err, K3C_EINVAL, "vision_use_backend: tower of the other precision");

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <chrono>
 
-#include "model/params.h"
 #include "cuda/testing.cuh"
 #include "cuda/cuda_optim.h"
+extern "C" {
+#include "model/params.h"
+}
 
 /* Tolerances (relative to the CHANGE of each buffer over the steps, ‖x − ref‖ / ‖ref − x0‖):
  *  - AdamW entries, every optimizer state, untouched entries: 1e-6. The kernels use the CPU's float operations in the
