@@ -170,7 +170,10 @@ static int BO_FN(call)(const BO_BE *be, const bo_case *c, bo_io *io, void **d, i
     case OP_MOE:
     case OP_MLP: {
         /* The saved buffer has each backend's own layout, so the backward runs the backend's own forward first. */
-        k3c_glu_act act = {f & F_SITU ? K3C_ACT_SITU : K3C_ACT_SILU, f & F_SITU ? 2.0 : 0, f & F_SITU ? 3.0 : 0};
+        k3c_glu_act act = {f & F_SITU   ? K3C_ACT_SITU
+                           : f & F_GELU ? K3C_ACT_GELU
+                                        : K3C_ACT_SILU,
+                           f & F_SITU ? 2.0 : 0, f & F_SITU ? 3.0 : 0};
         k3c_moe_sizes ms = {c->a, c->b, c->c, c->d, c->e, act};
         k3c_mlp_sizes ls = {c->a, c->b, c->c, act};
         int moe = c->op == OP_MOE;

@@ -90,6 +90,7 @@ enum {
     F_ZEROROW = 1 << 22,  /* l2norm: an all-zero row */
     F_WEIGHT = 1 << 23,   /* xent: per-position loss weights */
     F_FP32K = 1 << 24,    /* CUDA: the fp32 checking kernels (KDA recurrence, attention_naive) */
+    F_GELU = 1 << 25,     /* moe, mlp: the GELU GLU (GeGLU) */
 };
 
 typedef struct {
@@ -777,9 +778,11 @@ static void add_rows(bo_rows *R) {
             {150, 128, 192, 8, 3, 1}, {97, 96, 80, 5, 2, 0}, {64, 64, 64, 33, 4, 1}, {300, 64, 96, 4, 2, 0}};
         for (int i = 0; i < 4; i++)
             row(R, OP_MOE, mc[i][0], mc[i][1], mc[i][2], mc[i][3], mc[i][4], mc[i][5] ? F_SITU : 0, W, 1e-4);
-        for (int situ = 0; situ < 2; situ++) {
-            row(R, OP_MLP, 150, 128, 192, 0, 0, situ ? F_SITU : 0, W, 1e-4);
-            row(R, OP_MLP, 33, 64, 80, 0, 0, situ ? F_SITU : 0, W, 1e-4);
+        row(R, OP_MOE, mc[1][0], mc[1][1], mc[1][2], mc[1][3], mc[1][4], F_GELU, W, 1e-4);
+        static const int act_flag[3] = {0, F_SITU, F_GELU};
+        for (int a = 0; a < 3; a++) {
+            row(R, OP_MLP, 150, 128, 192, 0, 0, act_flag[a], W, 1e-4);
+            row(R, OP_MLP, 33, 64, 80, 0, 0, act_flag[a], W, 1e-4);
         }
     }
     /* the permutation steps of expert parallelism on their own (moe_gather / _bwd, moe_combine / _bwd) and the

@@ -56,13 +56,14 @@ static void glu_fd_case(const char *name, k3c_glu_act act, const double *g0, con
 
 static void test_glu(void) {
     k3c_rng rng = {101, 0};
-    const k3c_glu_act silu = {K3C_ACT_SILU, 0, 0}, situ = {K3C_ACT_SITU, 4, 25};
+    const k3c_glu_act silu = {K3C_ACT_SILU, 0, 0}, situ = {K3C_ACT_SITU, 4, 25}, gelu = {K3C_ACT_GELU, 0, 0};
     enum { ROWS = 5, INTER = 8, N = ROWS * INTER };
     double g[N], u[N];
     randn(&rng, g, N, 2.0);
     randn(&rng, u, N, 2.0);
     glu_fd_case("silu moderate", silu, g, u, ROWS, INTER, &rng);
     glu_fd_case("situ moderate", situ, g, u, ROWS, INTER, &rng);
+    glu_fd_case("gelu moderate", gelu, g, u, ROWS, INTER, &rng);
     /* large |g|, |u|: tanh saturates (g/β1 up to 10, u/β2 up to 8) and the sigmoid saturates */
     const double big_g[] = {6, -6, 10, -10, 20, -20, 40, -40}, big_u[] = {40, -40, 80, -80, 200, -200, 30, -60};
     for (int i = 0; i < N; i++) {
@@ -71,6 +72,7 @@ static void test_glu(void) {
     }
     glu_fd_case("situ saturated", situ, g, u, ROWS, INTER, &rng);
     glu_fd_case("silu large", silu, g, u, ROWS, INTER, &rng);
+    glu_fd_case("gelu large", gelu, g, u, ROWS, INTER, &rng);
 
     /* exact values at a few points (formulas of §8 evaluated here in double) */
     double gg[3] = {1.5, -3, 50}, uu[3] = {-2, 70, 0.5}, h[3];
@@ -87,6 +89,21 @@ static void test_glu(void) {
     maxd = 0;
     for (int i = 0; i < 3; i++) maxd = fmax(maxd, fabs(h[i] - gg[i] / (1 + exp(-gg[i])) * uu[i]) / fabs(h[i]));
     CHECK_LE(maxd, 1e-15, "SiLU forward vs formula");
+    /* GeGLU: gelu(g)·u with Φ from erfc (an independent formula: Φ(g) = ½ erfc(−g/√2)) */
+    k3c_glu_sizes s3g = {1, 3, gelu};
+    k3c_glu_fwd_f64(&s3g, gg, uu, h, NULL);
+    maxd = 0;
+    for (int i = 0; i < 3; i++) {
+        double want = gg[i] * 0.5 * erfc(-gg[i] / sqrt(2.0)) * uu[i];
+        maxd = fmax(maxd, fabs(h[i] - want) / fabs(want));
+    }
+    CHECK_LE(maxd, 1e-14, "GELU forward vs formula");
+    /* GELU(1) = 0.841344746068543 (Φ(1) = 0.841344746068543), GELU(-1) = -0.158655253931457 */
+    double g1[2] = {1, -1}, u1[2] = {1, 1}, h1[2];
+    k3c_glu_sizes s2g = {1, 2, gelu};
+    k3c_glu_fwd_f64(&s2g, g1, u1, h1, NULL);
+    CHECK(fabs(h1[0] - 0.841344746068543) < 1e-14 && fabs(h1[1] + 0.158655253931457) < 1e-14, "GELU(±1) = %.15f, %.15f",
+          h1[0], h1[1]);
 
     k3c_err err = {0};
     k3c_glu_sizes bad = {1, 3, {K3C_ACT_SITU, 0, 25}};
