@@ -167,6 +167,13 @@ static int BO_FN(call)(const BO_BE *be, const bo_case *c, bo_io *io, void **d, i
                         : be->router_bwd(&s, CR(0), I32(2), CR(5), R(6), err);
         break;
     }
+    case OP_AUX_LOSS: {
+        k3c_router_sizes s = {c->a, c->b, c->c, 0, 1.0};
+        WS(be->aux_loss_workspace(&s));
+        rc = ws ? be->aux_loss_bwd(&s, CR(0), I32(1), c->x, c->d, c->e, R(2), ws, err)
+                : k3c_errf(err, K3C_ENOMEM, "harness: workspace");
+        break;
+    }
     case OP_MOE:
     case OP_MLP: {
         /* The saved buffer has each backend's own layout, so the backward runs the backend's own forward first. */
