@@ -59,6 +59,7 @@ typedef struct {
     size_t scratch_bytes;
     const real *w; /* parameters */
     real *g;       /* gradients */
+    double dloss;  /* the backward's scale of the loss (k3c_model_backward's `scale`) */
 } k3c_step;
 
 typedef struct {
