@@ -1,4 +1,4 @@
-/* test_arms.c — the experiment arms end to end (docs/TRAINING.md "Arms"): a short training run of the tiny test model
+/* test_arms.c — the experiment arms end to end (docs/TRAINING.md §1.6): a short training run of the tiny test model
  * with each balancing method, activation, KDA gate, hybrid layout, AttnRes, QK-Clip, optimizer and stage arm, each with
  * finite losses and the effect its switch must have; the run-config errors of the switches; the auxiliary loss's
  * gradient inside the model's backward. Fixture: tests/train_fixture.h. */

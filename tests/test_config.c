@@ -250,7 +250,7 @@ static void test_round_trips(const k3c_config *kl, const k3c_config *k3t, const 
           err.msg);
 }
 
-/* The experiment arms a config can express (docs/TRAINING.md "Arms"): activation, KDA gate, hybrid layout, AttnRes.
+/* The experiment arms a config can express (docs/TRAINING.md §1.6): activation, KDA gate, hybrid layout, AttnRes.
  * Each variant of the tiny K3 config must save and load back to an equal struct. */
 static void test_arm_round_trips(const k3c_config *k3t) {
     const char *dir = test_tmpdir("config_arms");

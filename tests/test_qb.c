@@ -1,6 +1,6 @@
 /* test_qb.c — Quantile Balancing: Fig. 5, convergence on a strongly skewed router, histogram vs exact, separability
  * over micro-batches, padding masks, and load telemetry; the auxiliary-loss-free bias step (DeepSeek-V3) of its
- * baseline arm. Spec: docs/MODEL.md §7.2–§7.4, docs/TRAINING.md "Arms". */
+ * baseline arm. Spec: docs/MODEL.md §7.2–§7.4, docs/TRAINING.md §1.6. */
 #include "test.h"
 #include "ops/backend.h"
 #include "ops/quantile_balance.h"

@@ -1,6 +1,6 @@
 /* quantile_balance.cu — Quantile Balancing on the GPU: the CUDA twin of the backend table's quantile_balance entry
  * (k3c_qb_update of ops/quantile_balance.c over s = sigmoid(router logits)), exact and histogram, and of its baseline
- * arm bias_balance (ops/bias_balance.c, DeepSeek-V3's sign step). docs/MODEL.md §7.2–§7.3, docs/TRAINING.md "Arms".
+ * arm bias_balance (ops/bias_balance.c, DeepSeek-V3's sign step). docs/MODEL.md §7.2–§7.3, docs/TRAINING.md §1.6.
  *
  * Everything stays on the device, so the trainer never waits for a router: scores s_ij = (float)sigmoid(double logit)
  * and r_ij = α_i − s_ij as on the CPU; exact: per expert one block finds the ascending order statistic q = ⌊m·k/n⌋ of

@@ -1,6 +1,6 @@
 /* router.cu — fp32 CUDA twin of the sigmoid top-k router (selection with ties to the lower index, renormalised weights)
  * and its backward (ops/router.c), and of the auxiliary balancing loss's gradient (ops/aux_loss.c). docs/MODEL.md §6.2,
- * docs/TRAINING.md "Arms"; declarations in cuda/cuda_ops.h. */
+ * docs/TRAINING.md §1.6; declarations in cuda/cuda_ops.h. */
 #include <limits.h>
 
 #include "cuda/common.cuh"

@@ -1,5 +1,5 @@
 /* aux_loss.c — the Switch / GShard auxiliary load-balancing loss of a sigmoid router and its gradient into the logits,
- * a baseline arm against quantile balancing. Spec: docs/TRAINING.md "Arms" (balancing), docs/MODEL.md §6.2. */
+ * a baseline arm against quantile balancing. Spec: docs/TRAINING.md §1.6 (balancing), docs/MODEL.md §6.2. */
 #include "base/real.h"
 #include "ops/moe.h"
 

@@ -1,5 +1,5 @@
 /* bias_balance.c — DeepSeek-V3's auxiliary-loss-free balancing of the router bias (a sign step of the load error per
- * expert), a baseline arm for quantile balancing. Spec: docs/TRAINING.md "Arms" (balancing), docs/MODEL.md §7. */
+ * expert), a baseline arm for quantile balancing. Spec: docs/TRAINING.md §1.6 (balancing), docs/MODEL.md §7. */
 #include "ops/moe.h"
 #include "ops/quantile_balance.h"
 

@@ -1,5 +1,5 @@
 /* glu.c — SiLU-GLU, SiTU-GLU and GELU-GLU activations h = act(g) ⊙ c(u), forward and exact backward.
- * Implements docs/MODEL.md §8 (derivatives as in NeMo's _situ_bwd_core; GeGLU: docs/TRAINING.md "Arms"). */
+ * Implements docs/MODEL.md §8 (derivatives as in NeMo's _situ_bwd_core; GeGLU: docs/TRAINING.md §1.6). */
 #include "base/real.h"
 #include "ops/glu.h"
 

@@ -36,7 +36,7 @@ typedef struct {
 K3C_DECLARE_REAL(K3C_ROUTER_API)
 
 /* ================================================================ Switch / GShard auxiliary load-balancing loss
- * A baseline arm for quantile balancing (docs/TRAINING.md "Arms"): with f_e = c_e / (T·k) the fraction of the T·k routes
+ * A baseline arm for quantile balancing (docs/TRAINING.md §1.6): with f_e = c_e / (T·k) the fraction of the T·k routes
  * that went to expert e (c_e counted from topk_ids, a constant of the loss) and P_e = (1/T) Σ_t p_te the mean router
  * probability, p_te = s_te / Σ_j s_tj the sigmoid scores normalised over all n experts (DeepSeek-V3's form for a sigmoid
  * router),  L_aux = α · n · Σ_e f_e P_e  (1·α at perfect balance).

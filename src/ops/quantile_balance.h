@@ -65,7 +65,7 @@ int64_t k3c_qb_update(int mode, const float *s, const float *alpha, const uint8_
                       int64_t k, float *b, void *ws, k3c_err *err);
 
 /* ---------------------------------------------------------------- auxiliary-loss-free bias (DeepSeek-V3)
- * A baseline arm for quantile balancing (docs/TRAINING.md "Arms"): after each step, with load_j the routes expert j got
+ * A baseline arm for quantile balancing (docs/TRAINING.md §1.6): after each step, with load_j the routes expert j got
  * in this step's batch and mean = Σ_j load_j / n,  b_j ← b_j + γ·sign(mean − load_j)  (no centring: DeepSeek-V3's
  * rule). The sign is decided in integers (n·load_j against Σ load), so equal loads never move by rounding.
  * k3c_bias_update: from the loads [n]. k3c_bias_balance: the loads of the routes the router's own selection rule

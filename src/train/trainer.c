@@ -166,7 +166,7 @@ static int load_telemetry(trainer *tr, double *max_ratio, double *cv, k3c_err *e
     return K3C_OK;
 }
 
-/* The router biases' update after the optimizer step (docs/TRAINING.md "Arms"), from this step's router logits and
+/* The router biases' update after the optimizer step (docs/TRAINING.md §1.6), from this step's router logits and
  * cutoffs: quantile balancing (§7.2) or the auxiliary-loss-free sign step. The new bias routes the next batch, never this
  * one. The auxiliary loss and "none" leave the bias as it is. */
 static int balance(trainer *tr, k3c_err *err) {
