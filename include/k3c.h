@@ -697,7 +697,7 @@ typedef struct {
     /* optimizer */
     char matrix_optimizer[16]; /* "muon" or "adamw" */
     double weight_decay, beta1, beta2, eps, grad_clip, qk_clip_tau;
-    /* balancing (docs/TRAINING.md "Arms"): quantile balancing ("exact" = "quantile", "histogram"), DeepSeek-V3's
+    /* balancing (docs/TRAINING.md §1.6): quantile balancing ("exact" = "quantile", "histogram"), DeepSeek-V3's
      * auxiliary-loss-free bias step ("bias", step bias_gamma), the Switch / GShard auxiliary loss ("aux", coefficient
      * aux_alpha), or none ("none" = "off": the router bias stays frozen) */
     int balancing;                /* k3c_balancing */
