@@ -5,6 +5,11 @@
 #pragma GCC diagnostic ignored "-Wunused-function" /* the fixture helpers this program does not need */
 #include "train_fixture.h"
 
+/* the routers' logits and routes of a forward (the float64 build: real is double), for the objective with the
+ * auxiliary loss */
+#include "base/real.h"
+#include "model/acts.h"
+
 #define ARM_STEPS 4
 
 /* out/<rel> of the arm's final checkpoint */
@@ -339,12 +344,108 @@ static void test_model_aux(const fixture *fx) {
     k3c_model_free_f64(&m);
 }
 
+/* The objective J = cross-entropy + α·Σ_l L_aux,l with each layer's routes held at those of the base point (f is a
+ * constant of the loss), from the forward's own router logits. */
+static double aux_objective(k3c_model *m, const k3c_model_batch *b, k3c_arena *ar, int32_t *const *ids0, double alpha,
+                            k3c_acts **acts) {
+    k3c_err err = {0};
+    double loss = NAN, ws[64];
+    k3c_arena_reset(ar, 0);
+    if (k3c_model_forward_f64(m, b, ar, acts, &loss, NULL, &err)) return NAN;
+    const k3c_config *c = &m->cfg;
+    for (int l = 0; l < c->num_layers; l++) {
+        if (c->ffn[l] != K3C_FFN_MOE) continue;
+        k3c_router_sizes rs = {b->T, c->num_experts, c->top_k, 0, 1.0};
+        double aux = NAN;
+        if (k3c_aux_loss_fwd_f64(&rs, (*acts)->ffn[l].logits, ids0 ? ids0[l] : (*acts)->ffn[l].ids, alpha, &aux, ws,
+                                 &err))
+            return NAN;
+        loss += aux;
+    }
+    return loss;
+}
+
+/* Central differences of J in float64 against the backward with aux_loss_alpha = α: the routers' weights (the loss's
+ * direct inputs) and entries below them (the gradient that flows on through the MoE layers' inputs). */
+static void test_model_aux_fd(const fixture *fx) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/model.json", fx->dir);
+    k3c_config cfg;
+    k3c_model m;
+    k3c_err err = {0};
+    if (k3c_config_load(path, &cfg, &err) || k3c_model_create_f64(&cfg, 1, &m, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    m.kda_chunk = 16;
+    k3c_model_init_f64(&m, 11, 0.3);
+    enum { T = 20 };
+    const double alpha = 0.5;
+    int32_t tok[T], cu[3] = {0, 9, T};
+    for (int t = 0; t < T; t++) tok[t] = (int32_t)((t * 53 + 7) % VOCAB);
+    k3c_model_batch b = {T, 2, tok, cu, NULL, 0, 0, NULL, NULL, NULL, NULL};
+    k3c_arena ar;
+    CHECK_OK(k3c_arena_init(&ar, k3c_model_plan_bytes_f64(&m, T, 2), &err), &err);
+    k3c_acts *acts;
+    int32_t *ids0[K3C_MAX_LAYERS] = {0};
+    aux_objective(&m, &b, &ar, NULL, alpha, &acts);
+    for (int l = 0; l < cfg.num_layers; l++)
+        if (cfg.ffn[l] == K3C_FFN_MOE) {
+            ids0[l] = malloc(sizeof(int32_t) * T * (size_t)cfg.top_k);
+            memcpy(ids0[l], acts->ffn[l].ids, sizeof(int32_t) * T * (size_t)cfg.top_k);
+        }
+    m.aux_loss_alpha = alpha;
+    memset(m.g, 0, m.table.total * sizeof(double));
+    CHECK_OK(k3c_model_backward_f64(&m, acts, 1.0, &err), &err);
+    double *w = m.w, *g = malloc(m.table.total * sizeof(double)), num = 0, den = 0;
+    memcpy(g, m.g, m.table.total * sizeof(double));
+    int checked = 0;
+    for (int i = 0; i < m.table.n; i++) {
+        const k3c_param *p = &m.table.p[i];
+        if (p->kind == K3C_PK_ROUTER_BIAS || p->used == 0) continue;
+        const int router = strstr(p->name, "block_sparse_moe.gate.weight") != NULL;
+        for (int k = 0; k < (router ? 6 : 1); k++) {
+            int64_t j = (int64_t)(k3c_uniform_at(17 + (uint64_t)i, (uint64_t)k) * (double)p->used);
+            double *x = &w[p->offset + j], x0 = *x, h = 1e-6 * (fabs(x0) > 1 ? fabs(x0) : 1);
+            *x = x0 + h;
+            double jp = aux_objective(&m, &b, &ar, ids0, alpha, &acts);
+            *x = x0 - h;
+            double jm = aux_objective(&m, &b, &ar, ids0, alpha, &acts);
+            *x = x0;
+            double fd = (jp - jm) / (2 * h), an = g[p->offset + j];
+            num += (fd - an) * (fd - an);
+            den += an * an;
+            checked++;
+        }
+    }
+    char what[160];
+    snprintf(what, sizeof what, "objective with the auxiliary loss: f64 finite differences, normwise over %d entries",
+             checked);
+    CHECK_LE(sqrt(num / den), 1e-6, what);
+    /* without the term in the backward the same differences disagree: the check sees the auxiliary gradient */
+    m.aux_loss_alpha = 0;
+    aux_objective(&m, &b, &ar, NULL, alpha, &acts);
+    memset(m.g, 0, m.table.total * sizeof(double));
+    CHECK_OK(k3c_model_backward_f64(&m, acts, 1.0, &err), &err);
+    double off = 0, scale = 0;
+    for (size_t j = 0; j < m.table.total; j++) {
+        off += (g[j] - ((double *)m.g)[j]) * (g[j] - ((double *)m.g)[j]);
+        scale += g[j] * g[j];
+    }
+    CHECK(sqrt(off / scale) > 1e-4, "the auxiliary term moves the gradient by %.3g of its norm", sqrt(off / scale));
+    for (int l = 0; l < cfg.num_layers; l++) free(ids0[l]);
+    free(g);
+    k3c_arena_free(&ar);
+    k3c_model_free_f64(&m);
+}
+
 int main(void) {
     fixture fx;
     memset(&fx, 0, sizeof fx);
     if (build_fixture(&fx, "test_arms")) return test_summary();
     test_switch_errors(&fx);
     test_model_aux(&fx);
+    test_model_aux_fd(&fx);
     test_balancing(&fx);
     test_model_arms(&fx);
     test_run_arms(&fx);
