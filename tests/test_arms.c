@@ -141,6 +141,13 @@ static void test_balancing(const fixture *fx) {
     CHECK(!same_model(fx, out[3], out[4]), "the auxiliary loss changed nothing against no balancing");
     CHECK(same_model(fx, out[4], out[5]), "\"none\" and \"off\" trained different models");
     CHECK(!same_model(fx, out[0], out[2]), "the bias arm trained the quantile-balancing model");
+    /* per-layer recomputation rebuilds the routes the auxiliary gradient reads: the same model bit for bit */
+    run_params p = defaults("bal_aux_rc");
+    p.balancing = "aux";
+    p.extra = ", \"aux_alpha\": 0.05, \"recompute\": \"all\"";
+    arm_run(fx, "bal_aux_rc", p, cfg, sizeof cfg);
+    if (train_arm(fx, cfg, "bal_aux_rc", "aux with recompute") == 0 && ok[3])
+        CHECK(same_model(fx, "bal_aux_rc", out[3]), "the auxiliary loss with recompute trained another model");
 }
 
 /* ---------------------------------------------------------------- model arms */
