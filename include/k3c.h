@@ -118,7 +118,7 @@ int k3c_st_write(const char *path, const k3c_st_entry *entries, int n, const cha
 
 typedef enum { K3C_MIXER_KDA = 0, K3C_MIXER_MLA = 1 } k3c_mixer;
 typedef enum { K3C_FFN_DENSE = 0, K3C_FFN_MOE = 1 } k3c_ffn;
-typedef enum { K3C_ACT_SILU = 0, K3C_ACT_SITU = 1 } k3c_act;
+typedef enum { K3C_ACT_SILU = 0, K3C_ACT_SITU = 1, K3C_ACT_GELU = 2 } k3c_act; /* SwiGLU, SiTU-GLU, GeGLU */
 typedef enum { K3C_GATE_SOFTPLUS = 0, K3C_GATE_LOWER_BOUND = 1 } k3c_kda_gate;
 
 typedef struct {

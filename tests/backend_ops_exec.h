@@ -167,10 +167,20 @@ static int BO_FN(call)(const BO_BE *be, const bo_case *c, bo_io *io, void **d, i
                         : be->router_bwd(&s, CR(0), I32(2), CR(5), R(6), err);
         break;
     }
+    case OP_AUX_LOSS: {
+        k3c_router_sizes s = {c->a, c->b, c->c, 0, 1.0};
+        WS(be->aux_loss_workspace(&s));
+        rc = ws ? be->aux_loss_bwd(&s, CR(0), I32(1), c->x, c->d, c->e, R(2), ws, err)
+                : k3c_errf(err, K3C_ENOMEM, "harness: workspace");
+        break;
+    }
     case OP_MOE:
     case OP_MLP: {
         /* The saved buffer has each backend's own layout, so the backward runs the backend's own forward first. */
-        k3c_glu_act act = {f & F_SITU ? K3C_ACT_SITU : K3C_ACT_SILU, f & F_SITU ? 2.0 : 0, f & F_SITU ? 3.0 : 0};
+        k3c_glu_act act = {f & F_SITU   ? K3C_ACT_SITU
+                           : f & F_GELU ? K3C_ACT_GELU
+                                        : K3C_ACT_SILU,
+                           f & F_SITU ? 2.0 : 0, f & F_SITU ? 3.0 : 0};
         k3c_moe_sizes ms = {c->a, c->b, c->c, c->d, c->e, act};
         k3c_mlp_sizes ls = {c->a, c->b, c->c, act};
         int moe = c->op == OP_MOE;

@@ -56,12 +56,13 @@ enum {
     OP_ATTNRES,
     OP_MOE_PERM,
     OP_BF16,
+    OP_AUX_LOSS,
     OP_COUNT
 };
 static const char *const op_names[OP_COUNT] = {"zero",    "add",       "copy2d",    "sigmoid", "embedding",  "rmsnorm",
                                                "linear",  "sig_gate",  "xent",      "l2norm",  "short_conv", "kda_gate",
                                                "kda",     "attention", "max_logit", "router",  "moe",        "mlp",
-                                               "attnres", "moe_perm",  "bf16"};
+                                               "attnres", "moe_perm",  "bf16",      "aux_loss"};
 
 /* variant flags (meaning per op, see the rows) */
 enum {
@@ -90,6 +91,7 @@ enum {
     F_ZEROROW = 1 << 22,  /* l2norm: an all-zero row */
     F_WEIGHT = 1 << 23,   /* xent: per-position loss weights */
     F_FP32K = 1 << 24,    /* CUDA: the fp32 checking kernels (KDA recurrence, attention_naive) */
+    F_GELU = 1 << 25,     /* moe, mlp: the GELU GLU (GeGLU) */
 };
 
 typedef struct {
@@ -417,6 +419,13 @@ static void setup(const bo_case *c, bo_io *io, k3c_rng *r) {
         out_t(io, "cutoff", A, 0)->absent = !(f & F_CUTOFF);
         in_t(io, "dtopk_w", A * C, r, 1.0);
         acc_t(io, "dlogits", A * B, 1, r, 0);
+        break;
+    }
+    case OP_AUX_LOSS: { /* T, n, k, row0, rows; x = coef; some slots dropped (−1) */
+        in_t(io, "logits", A * B, r, 1.5);
+        bo_tensor *ids = add_t(io, "ids", BO_T_I32, A * C, -1, 0);
+        for (size_t i = 0; i < A * C; i++) ids->h[i] = i % 7 == 3 ? -1 : floor(k3c_rng_uniform(r) * (double)B);
+        acc_t(io, "dlogits", E * B, 0, r, 0);
         break;
     }
     case OP_MOE: {
@@ -772,14 +781,20 @@ static void add_rows(bo_rows *R) {
             row(R, OP_ROUTER, rc[i].T, rc[i].n, rc[i].k, rc[i].renorm, 0,
                 (rc[i].bias ? F_BIAS : 0) | (rc[i].k < rc[i].n ? F_CUTOFF : 0), W, 1e-4)
                 ->x = rc[i].scale;
+        /* the auxiliary balancing loss's gradient: all rows, and a range of them (tensor parallelism's share) */
+        row(R, OP_AUX_LOSS, 300, 64, 8, 0, 300, 0, W, 1e-5)->x = 0.01;
+        row(R, OP_AUX_LOSS, 77, 40, 6, 20, 33, 0, W, 1e-5)->x = 0.7;
+        row(R, OP_AUX_LOSS, 5, 3, 1, 4, 1, 0, W, 1e-5)->x = 1.0;
         /* the last: over 128 rows per expert (the CUDA grouped products' row tiles, moe_grouped.cu) */
         int64_t mc[4][6] = {
             {150, 128, 192, 8, 3, 1}, {97, 96, 80, 5, 2, 0}, {64, 64, 64, 33, 4, 1}, {300, 64, 96, 4, 2, 0}};
         for (int i = 0; i < 4; i++)
             row(R, OP_MOE, mc[i][0], mc[i][1], mc[i][2], mc[i][3], mc[i][4], mc[i][5] ? F_SITU : 0, W, 1e-4);
-        for (int situ = 0; situ < 2; situ++) {
-            row(R, OP_MLP, 150, 128, 192, 0, 0, situ ? F_SITU : 0, W, 1e-4);
-            row(R, OP_MLP, 33, 64, 80, 0, 0, situ ? F_SITU : 0, W, 1e-4);
+        row(R, OP_MOE, mc[1][0], mc[1][1], mc[1][2], mc[1][3], mc[1][4], F_GELU, W, 1e-4);
+        static const int act_flag[3] = {0, F_SITU, F_GELU};
+        for (int a = 0; a < 3; a++) {
+            row(R, OP_MLP, 150, 128, 192, 0, 0, act_flag[a], W, 1e-4);
+            row(R, OP_MLP, 33, 64, 80, 0, 0, act_flag[a], W, 1e-4);
         }
     }
     /* the permutation steps of expert parallelism on their own (moe_gather / _bwd, moe_combine / _bwd) and the
@@ -823,7 +838,8 @@ static void add_rows(bo_rows *R) {
 }
 
 static int has_bwd(int op) {
-    return op != OP_ZERO && op != OP_ADD && op != OP_COPY2D && op != OP_MAX_LOGIT && op != OP_BF16;
+    return op != OP_ZERO && op != OP_ADD && op != OP_COPY2D && op != OP_MAX_LOGIT && op != OP_BF16 &&
+           op != OP_AUX_LOSS; /* a gradient on its own: its one call is phase 0 */
 }
 
 static void shape_of(const bo_case *c, char *s, size_t n) {

@@ -250,6 +250,59 @@ static void test_round_trips(const k3c_config *kl, const k3c_config *k3t, const 
           err.msg);
 }
 
+/* The experiment arms a config can express (docs/TRAINING.md §1.6): activation, KDA gate, hybrid layout, AttnRes.
+ * Each variant of the tiny K3 config must save and load back to an equal struct. */
+static void test_arm_round_trips(const k3c_config *k3t) {
+    const char *dir = test_tmpdir("config_arms");
+    char name[64];
+    static const int acts[3] = {K3C_ACT_SITU, K3C_ACT_SILU, K3C_ACT_GELU};
+    for (int i = 0; i < 3; i++) {
+        k3c_config a = *k3t;
+        a.act = acts[i];
+        if (a.act != K3C_ACT_SITU) a.situ_beta = a.situ_linear_beta = 0;
+        snprintf(name, sizeof name, "act%d", a.act);
+        round_trip(&a, dir, name);
+    }
+    static const double bounds[4] = {0, -5, -2.5, -0.5}; /* 0: Kimi Linear's unbounded softplus gate */
+    for (int i = 0; i < 4; i++) {
+        k3c_config g = *k3t;
+        g.kda_gate = bounds[i] ? K3C_GATE_LOWER_BOUND : K3C_GATE_SOFTPLUS;
+        g.gate_lower_bound = bounds[i];
+        snprintf(name, sizeof name, "gate%d", i);
+        round_trip(&g, dir, name);
+    }
+    /* layouts: all KDA, all MLA, alternating 1:1, MLA first then KDA, 3:1 with MLA at every 4th (any placement) */
+    static const char *const plans[5] = {"all_kda", "all_mla", "alternate", "mla_first", "ratio_3_1"};
+    for (int i = 0; i < 5; i++) {
+        k3c_config h = *k3t;
+        char mix[K3C_MAX_LAYERS + 1], ffn[K3C_MAX_LAYERS + 1];
+        for (int l = 0; l < h.num_layers; l++) {
+            const int mla = i == 1 || (i == 2 && l % 2) || (i == 3 && l == 0) || (i == 4 && l % 4 == 3);
+            h.mixer[l] = mla ? K3C_MIXER_MLA : K3C_MIXER_KDA;
+            mix[l] = mla ? 'M' : 'K';
+            ffn[l] = h.ffn[l] == K3C_FFN_MOE ? 'E' : 'D';
+        }
+        mix[h.num_layers] = ffn[h.num_layers] = 0;
+        round_trip(&h, dir, plans[i]);
+        k3c_err err = {0};
+        k3c_config back;
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s.json", dir, plans[i]);
+        CHECK_OK(k3c_config_load(path, &back, &err), &err);
+        plan_is(&back, mix, ffn, plans[i]);
+        CHECK(k3c_config_num_mla(&back) == (i == 0   ? 0
+                                            : i == 1 ? h.num_layers
+                                                     : k3c_config_num_mla(&h)),
+              "%s: %d MLA layers", plans[i], k3c_config_num_mla(&back));
+    }
+    for (int64_t blk = 0; blk <= 4; blk += 1) {
+        k3c_config r = *k3t;
+        r.attn_res_block = blk; /* 0: plain residuals */
+        snprintf(name, sizeof name, "attnres%lld", (long long)blk);
+        round_trip(&r, dir, name);
+    }
+}
+
 /* ---------------------------------------------------------------- malformed configs */
 
 /* Parses base with one substitution and expects failure `code` with every one of needles in the message. */
@@ -297,7 +350,7 @@ static void test_malformed(void) {
                 E, "text_config.mlp_layer_types[1]", NULL);
     expect_fail("top_k > num_experts", B, "'num_experts_per_token': 2", "'num_experts_per_token': 9", E,
                 "num_experts_per_token", "1..num_experts");
-    expect_fail("unknown hidden_act", B, "'hidden_act': 'silu'", "'hidden_act': 'gelu'", E, "hidden_act", "gelu");
+    expect_fail("unknown hidden_act", B, "'hidden_act': 'silu'", "'hidden_act': 'relu'", E, "hidden_act", "relu");
     expect_fail("gate bound below -5", K, "'gate_lower_bound': -5.0", "'gate_lower_bound': -6.0", E,
                 "text_config.linear_attn_config.gate_lower_bound", "[-5, 0)");
     expect_fail("gate bound not negative", K, "'gate_lower_bound': -5.0", "'gate_lower_bound': 0.0", E,
@@ -338,6 +391,7 @@ int main(void) {
     test_k3_release(&k3);
     test_spellings(&kl, &k3t);
     test_round_trips(&kl, &k3t, &k3);
+    test_arm_round_trips(&k3t);
     test_malformed();
     return test_summary();
 }

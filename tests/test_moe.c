@@ -56,13 +56,14 @@ static void glu_fd_case(const char *name, k3c_glu_act act, const double *g0, con
 
 static void test_glu(void) {
     k3c_rng rng = {101, 0};
-    const k3c_glu_act silu = {K3C_ACT_SILU, 0, 0}, situ = {K3C_ACT_SITU, 4, 25};
+    const k3c_glu_act silu = {K3C_ACT_SILU, 0, 0}, situ = {K3C_ACT_SITU, 4, 25}, gelu = {K3C_ACT_GELU, 0, 0};
     enum { ROWS = 5, INTER = 8, N = ROWS * INTER };
     double g[N], u[N];
     randn(&rng, g, N, 2.0);
     randn(&rng, u, N, 2.0);
     glu_fd_case("silu moderate", silu, g, u, ROWS, INTER, &rng);
     glu_fd_case("situ moderate", situ, g, u, ROWS, INTER, &rng);
+    glu_fd_case("gelu moderate", gelu, g, u, ROWS, INTER, &rng);
     /* large |g|, |u|: tanh saturates (g/β1 up to 10, u/β2 up to 8) and the sigmoid saturates */
     const double big_g[] = {6, -6, 10, -10, 20, -20, 40, -40}, big_u[] = {40, -40, 80, -80, 200, -200, 30, -60};
     for (int i = 0; i < N; i++) {
@@ -71,6 +72,7 @@ static void test_glu(void) {
     }
     glu_fd_case("situ saturated", situ, g, u, ROWS, INTER, &rng);
     glu_fd_case("silu large", silu, g, u, ROWS, INTER, &rng);
+    glu_fd_case("gelu large", gelu, g, u, ROWS, INTER, &rng);
 
     /* exact values at a few points (formulas of §8 evaluated here in double) */
     double gg[3] = {1.5, -3, 50}, uu[3] = {-2, 70, 0.5}, h[3];
@@ -87,6 +89,21 @@ static void test_glu(void) {
     maxd = 0;
     for (int i = 0; i < 3; i++) maxd = fmax(maxd, fabs(h[i] - gg[i] / (1 + exp(-gg[i])) * uu[i]) / fabs(h[i]));
     CHECK_LE(maxd, 1e-15, "SiLU forward vs formula");
+    /* GeGLU: gelu(g)·u with Φ from erfc (an independent formula: Φ(g) = ½ erfc(−g/√2)) */
+    k3c_glu_sizes s3g = {1, 3, gelu};
+    k3c_glu_fwd_f64(&s3g, gg, uu, h, NULL);
+    maxd = 0;
+    for (int i = 0; i < 3; i++) {
+        double want = gg[i] * 0.5 * erfc(-gg[i] / sqrt(2.0)) * uu[i];
+        maxd = fmax(maxd, fabs(h[i] - want) / fabs(want));
+    }
+    CHECK_LE(maxd, 1e-14, "GELU forward vs formula");
+    /* GELU(1) = 0.841344746068543 (Φ(1) = 0.841344746068543), GELU(-1) = -0.158655253931457 */
+    double g1[2] = {1, -1}, u1[2] = {1, 1}, h1[2];
+    k3c_glu_sizes s2g = {1, 2, gelu};
+    k3c_glu_fwd_f64(&s2g, g1, u1, h1, NULL);
+    CHECK(fabs(h1[0] - 0.841344746068543) < 1e-14 && fabs(h1[1] + 0.158655253931457) < 1e-14, "GELU(±1) = %.15f, %.15f",
+          h1[0], h1[1]);
 
     k3c_err err = {0};
     k3c_glu_sizes bad = {1, 3, {K3C_ACT_SITU, 0, 25}};
@@ -505,12 +522,87 @@ static void test_mlp(void) {
     k3c_aligned_free(saved);
 }
 
+/* ---------------------------------------------------------------- the Switch / GShard auxiliary loss */
+
+typedef struct {
+    k3c_router_sizes s;
+    double *lg;
+    const int32_t *ids;
+    double alpha, ws[16];
+} aux_ctx;
+
+static double aux_loss(void *p) {
+    aux_ctx *c = p;
+    double l = NAN;
+    k3c_aux_loss_fwd_f64(&c->s, c->lg, c->ids, c->alpha, &l, c->ws, NULL);
+    return l;
+}
+
+static void test_aux_loss(void) {
+    k3c_err err = {0};
+    double ws[16], loss = 0;
+    /* Hand-computed: token 0 logits (ln 3, 0, −ln 3) give s = (3/4, 1/2, 1/4), p = (1/2, 1/3, 1/6); token 1 all 0 gives
+     * p = 1/3 each. Routes {0, 1}, {2, 0}: f = (1/2, 1/4, 1/4), P = (5/12, 1/3, 1/4), Σ f P = 17/48, L = α·3·17/48. */
+    double lg[6] = {log(3.0), 0, -log(3.0), 0, 0, 0};
+    int32_t ids[4] = {0, 1, 2, 0};
+    k3c_router_sizes s = {2, 3, 2, 1, 1.0};
+    CHECK_OK(k3c_aux_loss_fwd_f64(&s, lg, ids, 0.01, &loss, ws, &err), &err);
+    CHECK(fabs(loss - 0.01 * 17.0 / 16.0) < 1e-15, "aux loss %.17g, want 0.01·17/16", loss);
+    /* perfect balance (uniform p, each expert equally routed): L = α */
+    double lg0[6] = {0, 0, 0, 0, 0, 0};
+    int32_t ids0[3] = {0, 1, 2};
+    k3c_router_sizes s1 = {3, 3, 1, 0, 1.0};
+    double lg3[9] = {0};
+    CHECK_OK(k3c_aux_loss_fwd_f64(&s1, lg3, ids0, 0.5, &loss, ws, &err), &err);
+    CHECK(fabs(loss - 0.5) < 1e-15, "balanced aux loss %.17g, want α = 0.5", loss);
+    /* Gradient of token 1 (s = 1/2, S = 3/2, p = 1/3): w = n f / T = (3/4, 3/8, 3/8), Σ w p = 1/2,
+     * ∂/∂s = (w − 1/2)/S = (1/6, −1/12, −1/12), times s(1 − s) = 1/4 and coef. Rows [1, 2) only. */
+    double d[3] = {1, 2, 3};
+    CHECK_OK(k3c_aux_loss_bwd_f64(&s, lg0, ids, 0.02, 1, 1, d, ws, &err), &err);
+    const double want[3] = {1 + 0.02 / 24, 2 - 0.02 / 48, 3 - 0.02 / 48};
+    CHECK(fabs(d[0] - want[0]) < 1e-15 && fabs(d[1] - want[1]) < 1e-15 && fabs(d[2] - want[2]) < 1e-15,
+          "aux gradient (%.17g, %.17g, %.17g) (adds to the buffer)", d[0], d[1], d[2]);
+
+    /* float64 finite differences on random logits, routes from the router (constants of the loss) */
+    enum { T = 9, NE = 6, K = 2 };
+    k3c_rng rng = {2718, 0};
+    double L[T * NE], full[T * NE], part[T * NE];
+    randn(&rng, L, T * NE, 1.5);
+    int32_t rid[T * K];
+    double tw[T * K];
+    k3c_router_sizes rs = {T, NE, K, 1, 1.0};
+    CHECK_OK(k3c_router_fwd_f64(&rs, L, NULL, rid, tw, NULL, &err), &err);
+    rid[3] = -1; /* a dropped slot counts nothing */
+    aux_ctx c = {rs, L, rid, 0.3, {0}};
+    memset(full, 0, sizeof full);
+    CHECK_OK(k3c_aux_loss_bwd_f64(&rs, L, rid, 0.3, 0, T, full, ws, &err), &err);
+    CHECK_LE(test_fd_rel_err(aux_loss, &c, L, T * NE, full), FD_TOL, "aux loss dlogits FD rel err");
+    /* rows [2, 7) alone give those rows of the whole gradient (tensor parallelism's split) */
+    memset(part, 0, sizeof part);
+    CHECK_OK(k3c_aux_loss_bwd_f64(&rs, L, rid, 0.3, 2, 5, part, ws, &err), &err);
+    double md = 0;
+    for (int i = 0; i < 5 * NE; i++) md = fmax(md, fabs(part[i] - full[2 * NE + i]));
+    CHECK(md == 0, "aux gradient of rows [2, 7) differs from the whole batch's by %g", md);
+    /* errors: an id outside [-1, n), rows outside the batch, a non-finite logit (nothing written) */
+    rid[0] = NE;
+    CHECK(k3c_aux_loss_bwd_f64(&rs, L, rid, 0.3, 0, T, part, ws, &err) == K3C_EINVAL && strstr(err.msg, "expert id"),
+          "bad id: %s", err.msg);
+    rid[0] = 0;
+    CHECK(k3c_aux_loss_bwd_f64(&rs, L, rid, 0.3, 5, 5, part, ws, &err) == K3C_EINVAL, "rows outside the batch");
+    memcpy(part, full, sizeof part);
+    L[4] = INFINITY;
+    CHECK(k3c_aux_loss_bwd_f64(&rs, L, rid, 0.3, 0, T, part, ws, &err) == K3C_ENUMERIC &&
+              memcmp(part, full, sizeof part) == 0,
+          "non-finite logit: rc and untouched gradient");
+}
+
 int main(void) {
     test_glu();
     test_situ_facts();
     test_router_select();
     test_router_bias();
     test_router_grad();
+    test_aux_loss();
     test_plan();
     test_moe_case("silu", (k3c_glu_act){K3C_ACT_SILU, 0, 0}, 0);
     test_moe_case("situ", (k3c_glu_act){K3C_ACT_SITU, 4, 25}, 0);

@@ -1,5 +1,6 @@
 /* test_qb.c — Quantile Balancing: Fig. 5, convergence on a strongly skewed router, histogram vs exact, separability
- * over micro-batches, padding masks, and load telemetry. Spec: docs/MODEL.md §7.2–§7.4. */
+ * over micro-batches, padding masks, and load telemetry; the auxiliary-loss-free bias step (DeepSeek-V3) of its
+ * baseline arm. Spec: docs/MODEL.md §7.2–§7.4, docs/TRAINING.md §1.6. */
 #include "test.h"
 #include "ops/backend.h"
 #include "ops/quantile_balance.h"
@@ -356,6 +357,78 @@ static void test_backend_entry(void) {
     }
 }
 
+/* ---------------------------------------------------------------- the auxiliary-loss-free bias step */
+
+static void test_bias_update_hand(void) {
+    /* loads (5, 1, 3, 3): mean 3, so expert 0 is over (−γ), expert 1 under (+γ), 2 and 3 exactly at the mean (0) */
+    const int64_t loads[4] = {5, 1, 3, 3};
+    float b[4] = {0, 0, 0.5f, -0.5f};
+    k3c_bias_update(loads, 4, 0.01, b);
+    CHECK(b[0] == (float)-0.01 && b[1] == (float)0.01 && b[2] == 0.5f && b[3] == -0.5f, "bias (%g, %g, %g, %g)", b[0],
+          b[1], b[2], b[3]);
+    /* a mean that is not an integer: loads (2, 1, 0, 0), mean 3/4, signs (−, −, +, +) */
+    const int64_t l2[4] = {2, 1, 0, 0};
+    float c[4] = {1, 1, 1, 1};
+    k3c_bias_update(l2, 4, 0.25, c);
+    CHECK(c[0] == 0.75f && c[1] == 0.75f && c[2] == 1.25f && c[3] == 1.25f, "bias (%g, %g, %g, %g)", c[0], c[1], c[2],
+          c[3]);
+
+    /* From logits: three tokens, four experts, top-1. Tokens 0, 1 pick expert 0, token 2 picks expert 2: loads
+     * (2, 0, 1, 0), mean 3/4: b = (−γ, +γ, −γ, +γ). */
+    const float lg[12] = {3, 0, 0, 0, 2, 1, 0, -1, 0, 0, 4, 0};
+    float bb[4] = {0, 0, 0, 0};
+    k3c_err err = {0};
+    void *ws = malloc(k3c_bias_balance_workspace(3, 4, 1));
+    CHECK_OK(k3c_bias_balance(lg, 3, 4, 1, 0.001, bb, ws, &err), &err);
+    CHECK(bb[0] == (float)-0.001 && bb[1] == (float)0.001 && bb[2] == (float)-0.001 && bb[3] == (float)0.001,
+          "bias from logits (%g, %g, %g, %g)", bb[0], bb[1], bb[2], bb[3]);
+    /* the bias routes: +1 on expert 3 sends every token there, loads (0, 0, 0, 3): (+γ, +γ, +γ, −γ) */
+    float bh[4] = {0, 0, 0, 1};
+    CHECK_OK(k3c_bias_balance(lg, 3, 4, 1, 0.001, bh, ws, &err), &err);
+    CHECK(bh[0] == (float)0.001 && bh[1] == (float)0.001 && bh[2] == (float)0.001 && bh[3] == (float)(1 - 0.001),
+          "bias that routes (%g, %g, %g, %.9g)", bh[0], bh[1], bh[2], bh[3]);
+    /* errors leave b as it was */
+    float keep[4] = {0, 0, 0, 0};
+    CHECK(k3c_bias_balance(lg, 3, 4, 1, 0, keep, ws, &err) == K3C_EINVAL && strstr(err.msg, "gamma"), "gamma 0: %s",
+          err.msg);
+    CHECK(k3c_bias_balance(lg, 3, 4, 4, 0.001, keep, ws, &err) == K3C_EINVAL, "k = n rejected");
+    float bad[12];
+    memcpy(bad, lg, sizeof bad);
+    bad[7] = NAN;
+    CHECK(k3c_bias_balance(bad, 3, 4, 1, 0.001, keep, ws, &err) == K3C_ENUMERIC, "NaN logit: %s", err.msg);
+    CHECK(keep[0] == 0 && keep[1] == 0 && keep[2] == 0 && keep[3] == 0, "rejected input changed the bias");
+    free(ws);
+}
+
+/* On the skewed router of test_skewed the sign steps bring the load ratio down, and the table entry is the op. */
+static void test_bias_converges(void) {
+    static float s[M * N], logit[M * N];
+    skewed_batch(s, 5);
+    for (int i = 0; i < M * N; i++) logit[i] = logf(s[i] / (1 - s[i])); /* the scores' logits */
+    const k3c_backend_f32 *be = k3c_backend_cpu_f32();
+    void *ws = malloc(be->bias_balance_workspace(M, N, K));
+    float b[N] = {0}, bt[N] = {0}, alpha[M];
+    int32_t *ids = malloc(sizeof(int32_t) * M * K);
+    int64_t loads[N];
+    k3c_load_stats st0, st;
+    route(s, b, M, N, K, ids, alpha);
+    loads_of(ids, M, K, N, loads, &st0);
+    k3c_err err = {0};
+    int same = 1;
+    for (int it = 0; it < 300; it++) {
+        CHECK_OK(k3c_bias_balance(logit, M, N, K, 0.005, b, ws, &err), &err);
+        CHECK_OK(be->bias_balance(be->ctx, logit, M, N, K, 0.005, bt, ws, &err), &err);
+        same &= memcmp(b, bt, sizeof b) == 0;
+    }
+    route(s, b, M, N, K, ids, alpha);
+    loads_of(ids, M, K, N, loads, &st);
+    CHECK(same, "the table's bias_balance differs from k3c_bias_balance");
+    CHECK(st0.max_over_mean > 4 && st.max_over_mean < 1.5, "bias step: max/mean %.3f -> %.3f", st0.max_over_mean,
+          st.max_over_mean);
+    free(ids);
+    free(ws);
+}
+
 int main(void) {
     test_fig5();
     test_skewed();
@@ -364,5 +437,7 @@ int main(void) {
     test_histogram_hand();
     test_telemetry();
     test_backend_entry();
+    test_bias_update_hand();
+    test_bias_converges();
     return test_summary();
 }

@@ -34,6 +34,13 @@ typedef struct {
     int64_t micro_batches;
 } k3c_parallel;
 
+typedef enum {
+    K3C_BALANCE_QUANTILE = 0,
+    K3C_BALANCE_BIAS = 1,
+    K3C_BALANCE_AUX = 2,
+    K3C_BALANCE_NONE = 3
+} k3c_balancing;
+
 typedef struct {
     char path[1024];         /* the config file (errors name it) */
     char model_config[1024]; /* HF config.json of the model to train */
@@ -53,8 +60,12 @@ typedef struct {
     /* optimizer */
     char matrix_optimizer[16]; /* "muon" or "adamw" */
     double weight_decay, beta1, beta2, eps, grad_clip, qk_clip_tau;
-    /* balancing: "exact", "histogram" or "off" (then the router bias stays frozen) */
-    int qb_mode; /* -1 off, else k3c_qb_mode */
+    /* balancing (docs/TRAINING.md §1.6): quantile balancing ("exact" = "quantile", "histogram"), DeepSeek-V3's
+     * auxiliary-loss-free bias step ("bias", step bias_gamma), the Switch / GShard auxiliary loss ("aux", coefficient
+     * aux_alpha), or none ("none" = "off": the router bias stays frozen) */
+    int balancing;                /* k3c_balancing */
+    int qb_mode;                  /* K3C_BALANCE_QUANTILE: the k3c_qb_mode; else -1 */
+    double bias_gamma, aux_alpha; /* the bias step γ ("bias") and the loss coefficient α ("aux") */
     int64_t log_every, eval_every, eval_batches, checkpoint_every, keep_checkpoints;
     k3c_parallel parallel;
     /* "parallel": {"force": true}: the parallel step even with one rank (ZeRO-1 and the expert exchange over the

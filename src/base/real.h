@@ -24,6 +24,7 @@ typedef double real;
 #define rtanh tanh
 #define rfabs fabs
 #define rlog1p log1p
+#define rerf erf
 #define REAL_EPS 2.220446049250313e-16
 #else
 typedef float real;
@@ -36,6 +37,7 @@ typedef float real;
 #define rtanh tanhf
 #define rfabs fabsf
 #define rlog1p log1pf
+#define rerf erff
 #define REAL_EPS 1.1920929e-07f
 #endif
 

@@ -112,6 +112,9 @@
 #define k3c_rope2d_bwd k3c_rope2d_bwd_f64
 #define k3c_rope2d_fwd k3c_rope2d_fwd_f64
 #define k3c_rope2d_table k3c_rope2d_table_f64
+#define k3c_aux_loss_bwd k3c_aux_loss_bwd_f64
+#define k3c_aux_loss_fwd k3c_aux_loss_fwd_f64
+#define k3c_aux_loss_workspace k3c_aux_loss_workspace_f64
 #define k3c_router_bwd k3c_router_bwd_f64
 #define k3c_router_fwd k3c_router_fwd_f64
 #define k3c_short_conv_bwd k3c_short_conv_bwd_f64
@@ -253,6 +256,9 @@
 #define k3c_rope2d_bwd k3c_rope2d_bwd_f32
 #define k3c_rope2d_fwd k3c_rope2d_fwd_f32
 #define k3c_rope2d_table k3c_rope2d_table_f32
+#define k3c_aux_loss_bwd k3c_aux_loss_bwd_f32
+#define k3c_aux_loss_fwd k3c_aux_loss_fwd_f32
+#define k3c_aux_loss_workspace k3c_aux_loss_workspace_f32
 #define k3c_router_bwd k3c_router_bwd_f32
 #define k3c_router_fwd k3c_router_fwd_f32
 #define k3c_short_conv_bwd k3c_short_conv_bwd_f32

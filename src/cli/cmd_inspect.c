@@ -316,7 +316,7 @@ static void print_config(const k3c_config *c) {
     if (c->act == K3C_ACT_SITU)
         printf("activation    situ (beta %g, linear beta %g)\n", c->situ_beta, c->situ_linear_beta);
     else
-        printf("activation    silu\n");
+        printf("activation    %s\n", c->act == K3C_ACT_GELU ? "gelu" : "silu");
     if (c->attn_res_block)
         printf("AttnRes       block size %lld layers\n", (long long)c->attn_res_block);
     else

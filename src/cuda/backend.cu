@@ -161,6 +161,7 @@ extern "C" int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int gemm, 
     k3c_cuda_backend_kernels(b, K3C_KERNELS_BF16);
     t.attention_max_logit = k3c_attention_max_logit_cuda;
     t.router_fwd = router_fwd, t.router_bwd = k3c_router_bwd_cuda;
+    t.aux_loss_workspace = k3c_aux_loss_workspace_cuda, t.aux_loss_bwd = k3c_aux_loss_bwd_cuda;
     t.moe_saved_bytes = k3c_moe_saved_bytes_cuda, t.moe_workspace = k3c_moe_workspace_cuda;
     t.moe_fwd = moe_fwd, t.moe_bwd = moe_bwd;
     t.moe_gather = k3c_moe_gather_cuda, t.moe_gather_bwd = k3c_moe_gather_bwd_cuda;
@@ -172,6 +173,7 @@ extern "C" int k3c_cuda_backend_init(k3c_cuda_backend *b, int device, int gemm, 
     t.decode = &k3c_dec_cuda;
     k3c_cuda_optim_entries(b);
     t.quantile_balance_workspace = k3c_quantile_balance_workspace_cuda, t.quantile_balance = k3c_quantile_balance_cuda;
+    t.bias_balance_workspace = k3c_bias_balance_workspace_cuda, t.bias_balance = k3c_bias_balance_cuda;
     t.qk_clip = k3c_qk_clip_cuda;
     t.gelu_tanh = k3c_gelu_tanh_cuda, t.gelu_tanh_bwd = k3c_gelu_tanh_bwd_cuda;
     t.gelu_erf = k3c_gelu_erf_cuda, t.gelu_erf_bwd = k3c_gelu_erf_bwd_cuda;

@@ -214,6 +214,12 @@ int k3c_router_fwd_cuda(const k3c_router_sizes *s, const float *logits, const fl
                         float *topk_w, float *cutoff, int *nonfinite, k3c_err *err);
 int k3c_router_bwd_cuda(const k3c_router_sizes *s, const float *logits, const int32_t *topk_ids, const float *dtopk_w,
                         float *dlogits, k3c_err *err);
+/* The auxiliary balancing loss's gradient (k3c_aux_loss_bwd): ws holds the route counts (k3c_aux_loss_workspace_cuda
+ * bytes). Ids outside [0, n) count nothing (the CPU's K3C_EINVAL needs a synchronisation); the logits are the router's,
+ * which its forward already found finite. Asynchronous. */
+size_t k3c_aux_loss_workspace_cuda(const k3c_router_sizes *s);
+int k3c_aux_loss_bwd_cuda(const k3c_router_sizes *s, const float *logits, const int32_t *topk_ids, double coef,
+                          int64_t row0, int64_t rows, float *dlogits, void *ws, k3c_err *err);
 /* The stable counting-sort plan of k3c_moe_plan, on the device (one block). SYNCHRONISES: it copies offsets[0..E]
  * to offsets_host (optional, host memory) to report bad ids as K3C_EINVAL and because the per-expert GEMMs need them. */
 int k3c_moe_plan_cuda(int64_t tokens, int64_t top_k, int64_t experts, const int32_t *topk_ids, int64_t *offsets,

@@ -69,6 +69,12 @@ void k3c_cuda_optim_entries(k3c_cuda_backend *b);
 size_t k3c_quantile_balance_workspace_cuda(int mode, int64_t m, int64_t n);
 int k3c_quantile_balance_cuda(void *ctx, int mode, const float *logits, const float *cutoff, int64_t m, int64_t n,
                               int64_t k, float *b, void *ws, k3c_err *err);
+/* The table's bias_balance entry (ops/quantile_balance.h k3c_bias_balance): the routes from k3c_router_fwd_cuda's
+ * selection (the forward's own), counted on the device, then the sign step; b unchanged for a non-finite logit or bias.
+ * ws: k3c_bias_balance_workspace_cuda bytes of device memory. Asynchronous. */
+size_t k3c_bias_balance_workspace_cuda(int64_t m, int64_t n, int64_t k);
+int k3c_bias_balance_cuda(void *ctx, const float *logits, int64_t m, int64_t n, int64_t k, double gamma, float *b,
+                          void *ws, k3c_err *err);
 /* The table's qk_clip entry: k3c_qk_clip with S_max and the count in device memory (*n_clipped = −1 for a non-finite
  * S_max, that layer untouched). Asynchronous. */
 int k3c_qk_clip_cuda(void *ctx, const k3c_config *cfg, const k3c_param_table *t, float *w, const float *s_max,

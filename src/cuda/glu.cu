@@ -1,4 +1,4 @@
-/* glu.cu — fp32 CUDA twin of the SiLU / SiTU gated linear unit h = act(gate) ⊙ c(up), forward and backward
+/* glu.cu — fp32 CUDA twin of the SiLU / SiTU / GELU gated linear unit h = act(gate) ⊙ c(up), forward and backward
  * (ops/glu.c). docs/MODEL.md §8; declarations in cuda/cuda_ops.h. */
 #include "cuda/glu.cuh"
 

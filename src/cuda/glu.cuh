@@ -1,4 +1,4 @@
-/* glu.cuh — the SiLU / SiTU GLU pointwise math and kernels (bitwise the CPU float formulas of ops/glu.c), shared by the
+/* glu.cuh — the SiLU / SiTU / GELU GLU pointwise math and kernels (bitwise the CPU float formulas of ops/glu.c), shared by the
  * GLU twin (glu.cu) and the routed experts (moe.cu). docs/MODEL.md §8. */
 #ifndef K3C_CUDA_GLU_CUH
 #define K3C_CUDA_GLU_CUH
@@ -22,15 +22,20 @@ __device__ __forceinline__ float tanh_glu(float x) {
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 struct glu_params {
-    int situ;
+    int act; /* k3c_act */
     float b1, b2;
 };
 
 /* a = act(g), c = c(u) and their derivatives (glu.c glu_point). */
 __device__ __forceinline__ void glu_point(const glu_params &q, float g, float u, float &a, float &c, float &da,
                                           float &dc) {
+    if (q.act == K3C_ACT_GELU) { /* exact erf GELU: Φ = ½(1 + erf(g/√2)), a' = Φ + g·φ(g) */
+        const float phi = 0.5f * (1.0f + erff(g * 0.7071067811865476f));
+        a = g * phi, da = phi + g * 0.3989422804014327f * expf(-0.5f * g * g), c = u, dc = 1.0f;
+        return;
+    }
     float sg = sigm(g);
-    if (!q.situ) {
+    if (q.act == K3C_ACT_SILU) {
         a = g * sg, da = sg + g * sg * (1.0f - sg), c = u, dc = 1.0f;
     } else {
         float t = tanh_glu(g / q.b1), tau = tanh_glu(u / q.b2);
@@ -63,16 +68,13 @@ __global__ void glu_bwd_kernel(int64_t n, glu_params q, const float *g, const fl
 }
 
 inline int glu_params_of(const k3c_glu_act *a, glu_params *q, const char *op, k3c_err *err) {
-    if (a->act == K3C_ACT_SILU) {
-        *q = {0, 0.f, 0.f};
+    if (k3c_glu_act_ok(a)) {
+        const bool situ = a->act == K3C_ACT_SITU;
+        *q = {a->act, situ ? (float)a->beta1 : 0.f, situ ? (float)a->beta2 : 0.f};
         return 0;
     }
-    if (a->act == K3C_ACT_SITU && a->beta1 > 0 && a->beta2 > 0) {
-        *q = {1, (float)a->beta1, (float)a->beta2};
-        return 0;
-    }
-    return k3c_errf(err, K3C_EINVAL, "%s: activation %d with betas (%g, %g): need SiLU, or SiTU with betas > 0", op,
-                    a->act, a->beta1, a->beta2);
+    return k3c_errf(err, K3C_EINVAL, "%s: activation %d with betas (%g, %g): need SiLU, GELU, or SiTU with betas > 0",
+                    op, a->act, a->beta1, a->beta2);
 }
 
 } // namespace

@@ -1,6 +1,6 @@
 /* quantile_balance.cu — Quantile Balancing on the GPU: the CUDA twin of the backend table's quantile_balance entry
- * (k3c_qb_update of ops/quantile_balance.c over s = sigmoid(router logits)), exact and histogram. docs/MODEL.md
- * §7.2–§7.3.
+ * (k3c_qb_update of ops/quantile_balance.c over s = sigmoid(router logits)), exact and histogram, and of its baseline
+ * arm bias_balance (ops/bias_balance.c, DeepSeek-V3's sign step). docs/MODEL.md §7.2–§7.3, docs/TRAINING.md §1.6.
  *
  * Everything stays on the device, so the trainer never waits for a router: scores s_ij = (float)sigmoid(double logit)
  * and r_ij = α_i − s_ij as on the CPU; exact: per expert one block finds the ascending order statistic q = ⌊m·k/n⌋ of
@@ -163,7 +163,60 @@ __global__ void centre_kernel(const float *b_raw, int64_t n, float *b, const int
     for (int64_t j = 0; j < n; j++) b[j] = (float)__dsub_rn((double)b_raw[j], mean);
 }
 
+/* ---------------------------------------------------------------- the auxiliary-loss-free bias step */
+__global__ void route_count_kernel(int64_t mk, int64_t n, const int32_t *ids, unsigned long long *loads) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < mk; i += (int64_t)gridDim.x * blockDim.x)
+        if (ids[i] >= 0 && ids[i] < n) atomicAdd(loads + ids[i], 1ULL);
+}
+
+/* b_j += γ·sign(Σ loads − n·load_j), the sign decided in integers (k3c_bias_update); a flagged input leaves b as it was. */
+__global__ void bias_step_kernel(const unsigned long long *loads, int64_t n, double gamma, float *b, const int *flag) {
+    if (*flag) return;
+    long long total = 0;
+    for (int64_t j = 0; j < n; j++) total += (long long)loads[j];
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        const long long d = total - n * (long long)loads[j];
+        b[j] = (float)__dadd_rn((double)b[j], d > 0 ? gamma : d < 0 ? -gamma : 0.0);
+    }
+}
+
 } // namespace
+
+extern "C" size_t k3c_bias_balance_workspace_cuda(int64_t m, int64_t n, int64_t k) {
+    const size_t mk = (size_t)(m > 0 ? m : 0) * (size_t)(k > 0 ? k : 0);
+    return 64 + align64(sizeof(int32_t) * mk) + align64(sizeof(float) * mk) +
+           sizeof(unsigned long long) * (size_t)(n > 0 ? n : 1);
+}
+
+extern "C" int k3c_bias_balance_cuda(void *ctx, const float *logits, int64_t m, int64_t n, int64_t k, double gamma,
+                                     float *b, void *ws, k3c_err *err) {
+    (void)ctx;
+    if (m < 0 || n < 2 || k < 1 || k >= n || k > K3C_ROUTER_MAX_TOPK)
+        return k3c_errf(err, K3C_EINVAL, "bias_balance: bad sizes m = %lld, n = %lld, k = %lld (need 1 <= k < n)",
+                        (long long)m, (long long)n, (long long)k);
+    if (!(gamma > 0) || !isfinite(gamma))
+        return k3c_errf(err, K3C_EINVAL, "bias_balance: gamma %g, must be finite and > 0", gamma);
+    if (m == 0) return K3C_OK;
+    if (!ws) return k3c_errf(err, K3C_EINVAL, "bias_balance (cuda): the workspace is required");
+    const size_t mk = (size_t)m * (size_t)k;
+    char *p = static_cast<char *>(ws);
+    int *flag = reinterpret_cast<int *>(p);
+    int32_t *ids = reinterpret_cast<int32_t *>(p + 64);
+    float *w = reinterpret_cast<float *>(p + 64 + align64(sizeof(int32_t) * mk));
+    unsigned long long *loads =
+        reinterpret_cast<unsigned long long *>(p + 64 + align64(sizeof(int32_t) * mk) + align64(sizeof(float) * mk));
+    K3C_CU(cudaMemsetAsync(flag, 0, sizeof *flag, K3C_STREAM));
+    K3C_CU(cudaMemsetAsync(loads, 0, sizeof *loads * (size_t)n, K3C_STREAM));
+    k3c_router_sizes rs = {m, n, k, 0, 1.0};
+    const int rc = k3c_router_fwd_cuda(&rs, logits, b, ids, w, nullptr, flag, err);
+    if (rc) return rc;
+    const int64_t blocks = ((int64_t)mk + NT - 1) / NT;
+    route_count_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), NT, 0, K3C_STREAM>>>((int64_t)mk, n, ids, loads);
+    K3C_CU_LAUNCHED("bias_balance counts");
+    bias_step_kernel<<<1, NT, 0, K3C_STREAM>>>(loads, n, gamma, b, flag);
+    K3C_CU_LAUNCHED("bias_balance step");
+    return K3C_OK;
+}
 
 extern "C" size_t k3c_quantile_balance_workspace_cuda(int mode, int64_t m, int64_t n) {
     const size_t head = 64 + align64(sizeof(float) * (size_t)n) + 64;

@@ -1,5 +1,6 @@
 /* router.cu — fp32 CUDA twin of the sigmoid top-k router (selection with ties to the lower index, renormalised weights)
- * and its backward (ops/router.c). docs/MODEL.md §6.2; declarations in cuda/cuda_ops.h. */
+ * and its backward (ops/router.c), and of the auxiliary balancing loss's gradient (ops/aux_loss.c). docs/MODEL.md §6.2,
+ * docs/TRAINING.md §1.6; declarations in cuda/cuda_ops.h. */
 #include <limits.h>
 
 #include "cuda/common.cuh"
@@ -99,7 +100,59 @@ __global__ void router_bwd_kernel(int64_t T, int n, int k, int renorm, float rsf
     }
 }
 
+/* ================================================================ auxiliary balancing loss */
+__global__ void aux_count_kernel(int64_t m, int n, const int32_t *ids, unsigned long long *counts) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < m; i += (int64_t)gridDim.x * blockDim.x)
+        if (ids[i] >= 0 && ids[i] < n) atomicAdd(counts + ids[i], 1ULL);
+}
+
+/* One thread per row (aux_loss.c's loop): w_e = n·c_e/(T²k), dlogit_tj += coef·(w_j − Σ_e w_e p_te)/S_t·s_j(1 − s_j). */
+__global__ void aux_bwd_kernel(int64_t rows, int64_t row0, int n, double wscale, float coef, const float *logits,
+                               const unsigned long long *counts, float *dlogits) {
+    const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t >= rows) return;
+    const float *lg = logits + (row0 + t) * n;
+    float S = 0.f, dot = 0.f;
+    for (int e = 0; e < n; e++) {
+        const float se = sigm(lg[e]);
+        S += se;
+        dot += (float)(wscale * (double)counts[e]) * se;
+    }
+    dot /= S;
+    for (int j = 0; j < n; j++) {
+        const float sj = sigm(lg[j]);
+        dlogits[t * n + j] += coef * ((float)(wscale * (double)counts[j]) - dot) / S * sj * (1.0f - sj);
+    }
+}
+
 } // namespace
+
+extern "C" size_t k3c_aux_loss_workspace_cuda(const k3c_router_sizes *s) {
+    return s ? sizeof(unsigned long long) * (size_t)(s->experts > 0 ? s->experts : 1) : 0;
+}
+
+extern "C" int k3c_aux_loss_bwd_cuda(const k3c_router_sizes *s, const float *logits, const int32_t *topk_ids,
+                                     double coef, int64_t row0, int64_t rows, float *dlogits, void *ws, k3c_err *err) {
+    if (!s || s->tokens < 0 || s->experts < 1 || s->experts > INT32_MAX || s->top_k < 1 || s->top_k > s->experts)
+        return k3c_errf(err, K3C_EINVAL, "aux_loss_bwd_cuda: bad sizes (need 1 <= k <= n)");
+    if (row0 < 0 || rows < 0 || row0 + rows > s->tokens)
+        return k3c_errf(err, K3C_EINVAL, "aux_loss_bwd_cuda: rows [%lld, %lld) outside the %lld tokens",
+                        (long long)row0, (long long)(row0 + rows), (long long)s->tokens);
+    if (!ws) return k3c_errf(err, K3C_EINVAL, "aux_loss_bwd_cuda: the workspace is required");
+    if (!dlogits || rows == 0) return 0;
+    const int64_t T = s->tokens, n = s->experts, mk = T * s->top_k;
+    unsigned long long *counts = static_cast<unsigned long long *>(ws);
+    K3C_CU(cudaMemsetAsync(counts, 0, sizeof *counts * (size_t)n, K3C_STREAM));
+    const int64_t cb = (mk + 255) / 256;
+    aux_count_kernel<<<(unsigned)(cb < 4096 ? (cb > 0 ? cb : 1) : 4096), 256, 0, K3C_STREAM>>>(mk, (int)n, topk_ids,
+                                                                                               counts);
+    K3C_CU_LAUNCHED("aux_loss counts");
+    const double wscale = (double)n / ((double)T * (double)T * (double)s->top_k);
+    aux_bwd_kernel<<<(unsigned)((rows + 127) / 128), 128, 0, K3C_STREAM>>>(rows, row0, (int)n, wscale, (float)coef,
+                                                                           logits, counts, dlogits);
+    K3C_CU_LAUNCHED("aux_loss backward");
+    return 0;
+}
 
 extern "C" int k3c_router_fwd_cuda(const k3c_router_sizes *s, const float *logits, const float *bias, int32_t *topk_ids,
                                    float *topk_w, float *cutoff, int *nonfinite, k3c_err *err) {

@@ -133,6 +133,7 @@ int k3c_model_backward_range(k3c_model *m, k3c_acts *a, double scale, const real
     if (k3c_acts_carver_take(&cv, a->arena, &m->meta))
         return k3c_errf(err, K3C_ENOMEM, "backward: activation arena too small");
     const k3c_backend *be = a->st.be;
+    a->st.dloss = scale; /* terms the layers add to the objective themselves (the routers' auxiliary loss) */
     if (a->demb) CHECK_RC(be->zero(a->demb, T * D, err));
     int nb = k3c_boundary_sources(c, a->l0, bsrc);
     for (int i = 0; a->l0 > 0 && i < nb; i++)

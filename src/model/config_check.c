@@ -221,7 +221,8 @@ int k3c_config_validate(const k3c_config *cfg, const char *name_for_errors, k3c_
     validate_mla(&v, cfg, nmla > 0);
     validate_moe(&v, cfg);
     validate_plan(&v, cfg); /* after the MoE fields, so that an out-of-range one is named as such */
-    need(&v, cfg->act == K3C_ACT_SILU || cfg->act == K3C_ACT_SITU, "hidden_act", "silu (0) or situ (1)", cfg->act);
+    need(&v, cfg->act == K3C_ACT_SILU || cfg->act == K3C_ACT_SITU || cfg->act == K3C_ACT_GELU, "hidden_act",
+         "silu (0), situ (1) or gelu (2)", cfg->act);
     if (cfg->act == K3C_ACT_SITU) {
         POS(&v, cfg->situ_beta, "activation_situ_beta");
         POS(&v, cfg->situ_linear_beta, "activation_situ_linear_beta");

@@ -255,10 +255,12 @@ static int parse_act(text_ctx *x, k3c_config *cfg) {
         cfg->act = K3C_ACT_SILU;
     else if (strcmp(act, "situ") == 0)
         cfg->act = K3C_ACT_SITU;
+    else if (strcmp(act, "gelu") == 0) /* GeGLU with the exact erf GELU (Hugging Face's "gelu") */
+        cfg->act = K3C_ACT_GELU;
     else
         return k3c_errf(c->err, K3C_ECONFIG,
-                        "%s: %shidden_act: unknown activation \"%s\" (expected \"silu\" or \"situ\")", c->file, x->tp,
-                        act);
+                        "%s: %shidden_act: unknown activation \"%s\" (expected \"silu\", \"situ\" or \"gelu\")",
+                        c->file, x->tp, act);
     int f = cfg->act == K3C_ACT_SITU ? K3C_JSON_REQ : K3C_JSON_OPT;
     if ((rc = k3c_json_get_num(c, f, T("activation_situ_beta"), K3C_NOSPOT, &cfg->situ_beta, NULL))) return rc;
     return k3c_json_get_num(c, f, T("activation_situ_linear_beta"), K3C_NOSPOT, &cfg->situ_linear_beta, NULL);

@@ -167,7 +167,7 @@ static void write_text(jw *w, const k3c_config *cfg, int k3) {
     jw_int(w, k3 ? "max_position_embeddings" : "model_max_length", cfg->max_positions);
     jw_num(w, "rms_norm_eps", cfg->rms_norm_eps);
     if (cfg->mla_norm_eps != (k3 ? cfg->rms_norm_eps : 1e-6)) jw_num(w, "mla_norm_eps", cfg->mla_norm_eps);
-    jw_str(w, "hidden_act", cfg->act == K3C_ACT_SITU ? "situ" : "silu");
+    jw_str(w, "hidden_act", cfg->act == K3C_ACT_SITU ? "situ" : cfg->act == K3C_ACT_GELU ? "gelu" : "silu");
     if (cfg->act == K3C_ACT_SITU || cfg->situ_beta) jw_num(w, "activation_situ_beta", cfg->situ_beta);
     if (cfg->act == K3C_ACT_SITU || cfg->situ_linear_beta)
         jw_num(w, "activation_situ_linear_beta", cfg->situ_linear_beta);

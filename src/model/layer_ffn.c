@@ -49,7 +49,10 @@ size_t k3c_ffn_scratch(const k3c_model *m, int l, int64_t T) {
     }
     if (s.moe) {
         k3c_moe_sizes es = moe_sizes(m, &s);
+        k3c_router_sizes rs = {T, s.E, s.k, 0, 1.0};
+        size_t x = be->aux_loss_workspace(&rs);
         b = be->moe_workspace(&es);
+        if (x > b) b = x;
     }
     return a > b ? a : b;
 }
@@ -278,6 +281,12 @@ static int routed_bwd(k3c_step *st, int l, const ffn_shape *s, const real *xn, k
     k3c_router_sizes rs2 = {n, s->E, s->k, c->renormalize, c->routed_scaling_factor};
     rc = st->be->router_bwd(&rs2, a->logits + t0 * s->E, ids, dtopw, dlogits, err);
     if (rc) return k3c_err_wrap(err, "router backward");
+    if (m->aux_loss_alpha > 0) { /* the whole batch's routes and probabilities, this rank's rows of the gradient */
+        k3c_router_sizes ra = {s->T, s->E, s->k, 0, 1.0};
+        rc = st->be->aux_loss_bwd(&ra, a->logits, a->ids, m->aux_loss_alpha * st->dloss, t0, n, dlogits, st->scratch,
+                                  err);
+        if (rc) return k3c_err_wrap(err, "auxiliary balancing loss backward");
+    }
     return k3c_lin_bwd(st, n, s->D, s->E, xn + t0 * s->D, w + o->router, dlogits, dxn + t0 * s->D, g + o->router, err);
 }
 

@@ -73,6 +73,7 @@ typedef struct {
     size_t scratch_bytes;
     const real *w;             /* parameters (training: the backward reads them, and writes g) */
     real *g;                   /* gradients */
+    double dloss;              /* the backward's scale of the loss (k3c_model_backward's `scale`) */
     const k3c_weights *views;  /* what the forward reads every weight through: views of w, or weights as stored */
     const k3c_decode *dec;     /* NULL: a training forward over whole documents; else a decode step */
 } k3c_step;

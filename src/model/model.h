@@ -147,6 +147,8 @@ typedef struct k3c_model {
     int kda_chunk;                     /* 0 = token recurrence, else chunk size (16 or 64) */
     uint8_t recompute[K3C_MAX_LAYERS]; /* 1 = keep only the layer's residual-stream outputs; the backward re-runs its
                                           forward (activation memory of one layer instead of all of them) */
+    double aux_loss_alpha; /* > 0: every router's auxiliary balancing loss α·L_aux (ops/moe.h) is part of the objective;
+                              the backward adds its gradient, the reported loss stays the cross-entropy (0 = none) */
     k3c_arena meta;        /* host memory of the last forward's bookkeeping (its k3c_acts, pointer tables), reused by
                               every forward: one model runs one step at a time */
     k3c_step_stats *stats; /* NULL, or where every forward records route statistics and S_max (owned by the caller,

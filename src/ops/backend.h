@@ -125,6 +125,10 @@ static inline const char *k3c_backend_feature_name(k3c_backend_feature f) {
                           real *topk_w, real *cutoff, k3c_err *err);                                                     \
         int (*router_bwd)(const k3c_router_sizes *s, const real *logits, const int32_t *topk_ids, const real *dtopk_w,   \
                           real *dlogits, k3c_err *err);                                                                  \
+        /* the auxiliary balancing loss's gradient (k3c_aux_loss_bwd); ws: aux_loss_workspace bytes */                   \
+        size_t (*aux_loss_workspace)(const k3c_router_sizes *s);                                                         \
+        int (*aux_loss_bwd)(const k3c_router_sizes *s, const real *logits, const int32_t *topk_ids, double coef,         \
+                            int64_t row0, int64_t rows, real *dlogits, void *ws, k3c_err *err);                          \
         size_t (*moe_saved_bytes)(const k3c_moe_sizes *s);                                                               \
         size_t (*moe_workspace)(const k3c_moe_sizes *s);                                                                 \
         int (*moe_fwd)(void *ctx, const k3c_moe_sizes *s, const real *x, const int32_t *topk_ids, const real *topk_w,    \
@@ -180,6 +184,11 @@ static inline const char *k3c_backend_feature_name(k3c_backend_feature f) {
         size_t (*quantile_balance_workspace)(int mode, int64_t m, int64_t n);                                            \
         int (*quantile_balance)(void *ctx, int mode, const float *logits, const float *cutoff, int64_t m, int64_t n,     \
                                 int64_t k, float *b, void *ws, k3c_err *err);                                            \
+        /* The auxiliary-loss-free bias step instead (k3c_bias_balance: the router's selection over logits [m, n]        \
+           with b, then b_j += gamma * sign(mean load - load_j)); ws: bias_balance_workspace bytes. Async. */            \
+        size_t (*bias_balance_workspace)(int64_t m, int64_t n, int64_t k);                                               \
+        int (*bias_balance)(void *ctx, const float *logits, int64_t m, int64_t n, int64_t k, double gamma, float *b,     \
+                            void *ws, k3c_err *err);                                                                     \
         /* k3c_qk_clip over every MLA layer of t (s_max [num_layers, mla_heads]); *n_clipped (backend memory) gets the \
            heads scaled, or -1 for a non-finite S_max (the CPU also returns K3C_ENUMERIC; CUDA leaves those heads  \
            untouched and reports it only through *n_clipped, the host reads it with the step's telemetry). */ \

@@ -97,6 +97,11 @@ static int quantile_balance(void *ctx, int mode, const float *logits, const floa
     int64_t rc = k3c_qb_update(mode, s, cutoff, NULL, m, n, k, b, (char *)ws + scores_bytes(m, n), err);
     return rc < 0 ? (int)rc : K3C_OK;
 }
+static int bias_balance(void *ctx, const float *logits, int64_t m, int64_t n, int64_t k, double gamma, float *b,
+                        void *ws, k3c_err *err) {
+    (void)ctx;
+    return k3c_bias_balance(logits, m, n, k, gamma, b, ws, err);
+}
 static int qk_clip(void *ctx, const k3c_config *cfg, const k3c_param_table *t, float *w, const float *s_max, double tau,
                    int32_t *n_clipped, k3c_err *err) {
     (void)ctx;
@@ -277,6 +282,8 @@ static const k3c_backend cpu_table = {
     .attention_max_logit = k3c_attention_max_logit,
     .router_fwd = k3c_router_fwd,
     .router_bwd = k3c_router_bwd,
+    .aux_loss_workspace = k3c_aux_loss_workspace,
+    .aux_loss_bwd = k3c_aux_loss_bwd,
     .moe_saved_bytes = k3c_moe_saved_bytes,
     .moe_workspace = k3c_moe_workspace,
     .moe_fwd = moe_fwd,
@@ -301,6 +308,8 @@ static const k3c_backend cpu_table = {
     .clip_grad_norm = clip_grad_norm,
     .quantile_balance_workspace = quantile_balance_workspace,
     .quantile_balance = quantile_balance,
+    .bias_balance_workspace = k3c_bias_balance_workspace,
+    .bias_balance = bias_balance,
     .qk_clip = qk_clip,
     .gelu_tanh = gelu_tanh,
     .gelu_tanh_bwd = gelu_tanh_bwd,

@@ -1,5 +1,5 @@
-/* glu.c — SiLU-GLU and SiTU-GLU activations h = act(g) ⊙ c(u), forward and exact backward.
- * Implements docs/MODEL.md §8 (derivatives as in NeMo's _situ_bwd_core). */
+/* glu.c — SiLU-GLU, SiTU-GLU and GELU-GLU activations h = act(g) ⊙ c(u), forward and exact backward.
+ * Implements docs/MODEL.md §8 (derivatives as in NeMo's _situ_bwd_core; GeGLU: docs/TRAINING.md §1.6). */
 #include "base/real.h"
 #include "ops/glu.h"
 
@@ -8,10 +8,9 @@
 
 static int check_sizes(const k3c_glu_sizes *s, const char *op, k3c_err *err) {
     if (!s || s->rows < 0 || s->inter < 0) return k3c_errf(err, K3C_EINVAL, "%s: bad sizes", op);
-    if (s->act.act == K3C_ACT_SILU) return 0;
-    if (s->act.act == K3C_ACT_SITU && s->act.beta1 > 0 && s->act.beta2 > 0) return 0;
-    return k3c_errf(err, K3C_EINVAL, "%s: activation %d with betas (%g, %g): need SiLU, or SiTU with betas > 0", op,
-                    s->act.act, s->act.beta1, s->act.beta2);
+    if (k3c_glu_act_ok(&s->act)) return 0;
+    return k3c_errf(err, K3C_EINVAL, "%s: activation %d with betas (%g, %g): need SiLU, GELU, or SiTU with betas > 0",
+                    op, s->act.act, s->act.beta1, s->act.beta2);
 }
 
 /* tanh for float: libm's tanhf (via expm1f) dominated the CPU profile of a SiTU model. One expf for |x| ≥ 0.125
@@ -33,11 +32,23 @@ static inline float tanh_glu(float x) {
 /* 1/(1 + e^−g): exp overflows to +inf for g ≪ 0, giving exactly 0, which is the right limit. */
 static inline real sigmoid(real g) { return (real)1 / ((real)1 + rexp(-g)); }
 
+#define INV_SQRT2 0.7071067811865476
+#define INV_SQRT_2PI 0.3989422804014327
+
 /* One element: a = act(g), c = c(u) and their derivatives. SiLU: a = gσ(g), a' = σ + gσ(1−σ), c = u.
+ * GELU: Φ = ½(1 + erf(g/√2)), a = gΦ, a' = Φ + g·φ(g) with φ(g) = e^(−g²/2)/√(2π), c = u.
  * SiTU: t = tanh(g/β1), a = β1·t·σ(g) (the sigmoid sees the uncapped g), a' = (1−t²)σ + β1·t·σ(1−σ);
  *       τ = tanh(u/β2), c = β2·τ, c' = 1−τ². */
 static inline void glu_point(const k3c_glu_act *act, real b1, real b2, real g, real u, real *a, real *c, real *da,
                              real *dc) {
+    if (act->act == K3C_ACT_GELU) {
+        real phi = (real)0.5 * ((real)1 + rerf(g * (real)INV_SQRT2));
+        *a = g * phi;
+        *da = phi + g * (real)INV_SQRT_2PI * rexp((real)-0.5 * g * g);
+        *c = u;
+        *dc = 1;
+        return;
+    }
     real sg = sigmoid(g);
     if (act->act == K3C_ACT_SILU) {
         *a = g * sg;

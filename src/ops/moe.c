@@ -96,10 +96,6 @@ void k3c_moe_combine_bwd(int64_t tokens, int64_t top_k, int64_t dim, const int32
 }
 
 /* ---------------------------------------------------------------- one expert on a block of n contiguous rows */
-static int act_ok(const k3c_glu_act *a) {
-    return a->act == K3C_ACT_SILU || (a->act == K3C_ACT_SITU && a->beta1 > 0 && a->beta2 > 0);
-}
-
 /* G = X W1ᵀ, U = X W3ᵀ [n, I]; the activation H = act(G) ⊙ c(U). */
 static void expert_gate_up(int64_t n, int64_t D, int64_t I, const real *X, const real *W1, const real *W3, real *G,
                            real *U) {
@@ -187,8 +183,9 @@ static int moe_check(const k3c_moe_sizes *s, const char *op, k3c_err *err) {
         return k3c_errf(err, K3C_EINVAL, "%s: bad sizes T = %lld, D = %lld, I = %lld, E = %lld, k = %lld", op,
                         (long long)s->tokens, (long long)s->dim, (long long)s->inter, (long long)s->experts,
                         (long long)s->top_k);
-    if (!act_ok(&s->act))
-        return k3c_errf(err, K3C_EINVAL, "%s: activation %d with betas (%g, %g) is not SiLU or SiTU with betas > 0", op,
+    if (!k3c_glu_act_ok(&s->act))
+        return k3c_errf(err, K3C_EINVAL,
+                        "%s: activation %d with betas (%g, %g) is not SiLU, GELU or SiTU with betas > 0", op,
                         s->act.act, s->act.beta1, s->act.beta2);
     return 0;
 }
@@ -322,8 +319,9 @@ static int mlp_check(const k3c_mlp_sizes *s, const char *op, k3c_err *err) {
         s->inter > INT32_MAX)
         return k3c_errf(err, K3C_EINVAL, "%s: bad sizes T = %lld, D = %lld, I = %lld", op, (long long)s->tokens,
                         (long long)s->dim, (long long)s->inter);
-    if (!act_ok(&s->act))
-        return k3c_errf(err, K3C_EINVAL, "%s: activation %d with betas (%g, %g) is not SiLU or SiTU with betas > 0", op,
+    if (!k3c_glu_act_ok(&s->act))
+        return k3c_errf(err, K3C_EINVAL,
+                        "%s: activation %d with betas (%g, %g) is not SiLU, GELU or SiTU with betas > 0", op,
                         s->act.act, s->act.beta1, s->act.beta2);
     return 0;
 }

@@ -35,6 +35,25 @@ typedef struct {
                            const real *dtopk_w, real *dlogits, k3c_err *err);
 K3C_DECLARE_REAL(K3C_ROUTER_API)
 
+/* ================================================================ Switch / GShard auxiliary load-balancing loss
+ * A baseline arm for quantile balancing (docs/TRAINING.md §1.6): with f_e = c_e / (T·k) the fraction of the T·k routes
+ * that went to expert e (c_e counted from topk_ids, a constant of the loss) and P_e = (1/T) Σ_t p_te the mean router
+ * probability, p_te = s_te / Σ_j s_tj the sigmoid scores normalised over all n experts (DeepSeek-V3's form for a sigmoid
+ * router),  L_aux = α · n · Σ_e f_e P_e  (1·α at perfect balance).
+ * fwd: *loss = L_aux over all T tokens (host double).
+ * bwd: dlogits [rows, n] += coef · ∂(L_aux/α)/∂logits for tokens [row0, row0 + rows) (coef = α · the loss's scale):
+ *      ∂/∂s_tj = (w_j − Σ_e w_e p_te) / Σ_e s_te with w_e = n·f_e/T, then · s_tj(1 − s_tj). f counts every token, so a
+ *      caller that owns only some rows (tensor parallelism) still gets the whole batch's loss gradient for its rows.
+ * topk_ids [T, k]: −1 = a dropped slot (not counted); others must be in [0, n) (K3C_EINVAL). ws: aux_loss_workspace
+ * bytes. Non-finite logits → K3C_ENUMERIC. */
+#define K3C_AUX_LOSS_API(real, S)                                                                                      \
+    size_t k3c_aux_loss_workspace_##S(const k3c_router_sizes *s);                                                      \
+    int k3c_aux_loss_fwd_##S(const k3c_router_sizes *s, const real *logits, const int32_t *topk_ids, double alpha,     \
+                             double *loss, void *ws, k3c_err *err);                                                    \
+    int k3c_aux_loss_bwd_##S(const k3c_router_sizes *s, const real *logits, const int32_t *topk_ids, double coef,      \
+                             int64_t row0, int64_t rows, real *dlogits, void *ws, k3c_err *err);
+K3C_DECLARE_REAL(K3C_AUX_LOSS_API)
+
 /* ================================================================ dispatch plan (the future EP all-to-all)
  * A routed slot is (t, j), slot id t·k + j. The plan sorts live slots by expert (counting sort, stable: ascending slot
  * id inside an expert, so deterministic): rows offsets[e] .. offsets[e+1]−1 of the permuted buffers belong to expert e,

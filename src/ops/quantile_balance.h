@@ -64,6 +64,20 @@ size_t k3c_qb_workspace(int mode, int64_t m, int64_t n);
 int64_t k3c_qb_update(int mode, const float *s, const float *alpha, const uint8_t *mask, int64_t m, int64_t n,
                       int64_t k, float *b, void *ws, k3c_err *err);
 
+/* ---------------------------------------------------------------- auxiliary-loss-free bias (DeepSeek-V3)
+ * A baseline arm for quantile balancing (docs/TRAINING.md §1.6): after each step, with load_j the routes expert j got
+ * in this step's batch and mean = Σ_j load_j / n,  b_j ← b_j + γ·sign(mean − load_j)  (no centring: DeepSeek-V3's
+ * rule). The sign is decided in integers (n·load_j against Σ load), so equal loads never move by rounding.
+ * k3c_bias_update: from the loads [n]. k3c_bias_balance: the loads of the routes the router's own selection rule
+ * (k3c_router_fwd_f32, ties to the lower index) gives for logits [m, n] with the bias b that routed them, so it equals
+ * the forward's routes exactly, and from statistics gathered over data-parallel ranks as well; ws:
+ * k3c_bias_balance_workspace bytes. K3C_ENUMERIC (b untouched) for a non-finite logit, bias or γ-step; needs 1 ≤ k < n
+ * and γ > 0. m = 0 leaves b unchanged. */
+void k3c_bias_update(const int64_t *loads, int64_t n, double gamma, float *b);
+size_t k3c_bias_balance_workspace(int64_t m, int64_t n, int64_t k);
+int k3c_bias_balance(const float *logits, int64_t m, int64_t n, int64_t k, double gamma, float *b, void *ws,
+                     k3c_err *err);
+
 /* ---------------------------------------------------------------- load telemetry
  * loads [n] ← routes per expert from topk_ids [m, k] (id −1 = dropped slot, skipped; mask as above). Statistics over
  * the n experts: mean = routes/n, max/mean, min/mean, coefficient of variation = population std / mean (0 when no

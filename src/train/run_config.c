@@ -7,6 +7,7 @@
 #include "ops/quantile_balance.h"
 #include "train/guard.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -182,6 +183,47 @@ static int parse_guard(ctx *c, const k3c_json *g, k3c_run_config *rc) {
     return 0;
 }
 
+/* "balancing" (quantile balancing by default) and the coefficient of the method that has one: "bias_gamma" only with
+ * "bias", "aux_alpha" only with "aux" (a coefficient the method would ignore is an error, not a silent no-op). */
+static int parse_balancing(ctx *c, const k3c_json *r, k3c_run_config *rc) {
+    static const struct {
+        const char *name;
+        int method, qb_mode;
+    } methods[] = {{"exact", K3C_BALANCE_QUANTILE, K3C_QB_EXACT},
+                   {"quantile", K3C_BALANCE_QUANTILE, K3C_QB_EXACT},
+                   {"histogram", K3C_BALANCE_QUANTILE, K3C_QB_HISTOGRAM},
+                   {"bias", K3C_BALANCE_BIAS, -1},
+                   {"aux", K3C_BALANCE_AUX, -1},
+                   {"none", K3C_BALANCE_NONE, -1},
+                   {"off", K3C_BALANCE_NONE, -1}};
+    char bal[16];
+    int e = get_str(c, r, "", "balancing", "exact", bal, sizeof bal), found = 0;
+    if (e) return e;
+    for (size_t i = 0; i < sizeof methods / sizeof methods[0] && !found; i++)
+        if (strcmp(bal, methods[i].name) == 0)
+            rc->balancing = methods[i].method, rc->qb_mode = methods[i].qb_mode, found = 1;
+    if (!found)
+        return k3c_errf(c->err, K3C_ECONFIG,
+                        "%s: balancing: '%s' is not exact (= quantile), histogram, bias, aux or none (= off)", c->file,
+                        bal);
+    static const struct {
+        const char *key;
+        int method;
+        double def;
+    } coef[2] = {{"bias_gamma", K3C_BALANCE_BIAS, 0.001}, {"aux_alpha", K3C_BALANCE_AUX, 0.01}};
+    double *out[2] = {&rc->bias_gamma, &rc->aux_alpha};
+    for (int i = 0; i < 2; i++) {
+        if (k3c_json_get(r, coef[i].key) && rc->balancing != coef[i].method)
+            return k3c_errf(c->err, K3C_ECONFIG, "%s: %s: only with balancing \"%s\" (this run balances by '%s')",
+                            c->file, coef[i].key, coef[i].method == K3C_BALANCE_BIAS ? "bias" : "aux", bal);
+        if ((e = get_num(c, r, "", coef[i].key, coef[i].def, 0, out[i]))) return e;
+        if (!(*out[i] > 0) || !isfinite(*out[i]))
+            return k3c_errf(c->err, K3C_ECONFIG, "%s: %s: %g, must be > 0", c->file, coef[i].key, *out[i]);
+        if (rc->balancing != coef[i].method) *out[i] = 0; /* unused by this run */
+    }
+    return 0;
+}
+
 static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
     if (r->type != K3C_JSON_OBJECT) return k3c_errf(c->err, K3C_ECONFIG, "%s: expected a JSON object", c->file);
     static const char *const keys[] = {"model",
@@ -196,6 +238,8 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
                                        "threads",
                                        "optimizer",
                                        "balancing",
+                                       "bias_gamma",
+                                       "aux_alpha",
                                        "tokens_per_step",
                                        "log_every",
                                        "eval_every",
@@ -263,20 +307,15 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
     if (!e) e = get_num(c, o, "optimizer.", "grad_clip", 1.0, 0, &rc->grad_clip);
     if (!e) e = get_num(c, o, "optimizer.", "qk_clip_tau", K3C_QK_CLIP_TAU, 0, &rc->qk_clip_tau);
     if (e) return e;
+    if (!(rc->qk_clip_tau >= 0))
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: optimizer.qk_clip_tau: %g, must be > 0, or 0 (QK-Clip off)", c->file,
+                        rc->qk_clip_tau);
     char bal[16];
     if ((e = get_str(c, r, "", "recompute", "none", bal, sizeof bal))) return e;
     if (strcmp(bal, "none") && strcmp(bal, "all"))
         return k3c_errf(c->err, K3C_ECONFIG, "%s: recompute: '%s' is not none or all", c->file, bal);
     rc->recompute = strcmp(bal, "all") == 0;
-    if ((e = get_str(c, r, "", "balancing", "exact", bal, sizeof bal))) return e;
-    if (strcmp(bal, "exact") == 0)
-        rc->qb_mode = K3C_QB_EXACT;
-    else if (strcmp(bal, "histogram") == 0)
-        rc->qb_mode = K3C_QB_HISTOGRAM;
-    else if (strcmp(bal, "off") == 0)
-        rc->qb_mode = -1;
-    else
-        return k3c_errf(c->err, K3C_ECONFIG, "%s: balancing: '%s' is not exact, histogram or off", c->file, bal);
+    if ((e = parse_balancing(c, r, rc))) return e;
     if ((e = parse_parallel(c, k3c_json_get(r, "parallel"), &rc->parallel, &rc->parallel_force))) return e;
     if ((e = parse_guard(c, k3c_json_get(r, "guard"), rc))) return e;
     int64_t tps;

@@ -1,6 +1,7 @@
 /* trainer.c — the training loop: packed batches → forward/backward → clipping → Per-Head Muon + AdamW → QK-Clip →
- * quantile balancing of every MoE router → metrics, validation, checkpoints; stages change context length, schedule and
- * mixture. Spec: docs/TRAINING.md §1–§2, docs/MODEL.md §7.2 (QB after the optimizer step), §10.
+ * balancing of every MoE router (quantile balancing, or an experiment arm) → metrics, validation, checkpoints; stages
+ * change context length, schedule and mixture. Spec: docs/TRAINING.md §1–§2 and "Arms", docs/MODEL.md §7.2 (QB after
+ * the optimizer step), §10.
  *
  * Every step op runs through the model's backend table (ops/backend.h), the same code on the CPU and a device. The host
  * waits for the device twice per step: for the loss (end of the forward) and the gradient norm (it decides the clip and
@@ -165,10 +166,15 @@ static int load_telemetry(trainer *tr, double *max_ratio, double *cv, k3c_err *e
     return K3C_OK;
 }
 
-/* Quantile balancing after the optimizer step, from this step's router logits and cutoffs (§7.2): the new bias routes the
- * next batch, never this one. */
+/* The router biases' update after the optimizer step (docs/TRAINING.md §1.6), from this step's router logits and
+ * cutoffs: quantile balancing (§7.2) or the auxiliary-loss-free sign step. The new bias routes the next batch, never this
+ * one. The auxiliary loss and "none" leave the bias as it is. */
 static int balance(trainer *tr, k3c_err *err) {
     const k3c_config *c = &tr->m.cfg;
+    const k3c_run_config *rc = tr->rc;
+    const int qb = rc->balancing == K3C_BALANCE_QUANTILE;
+    if (!qb && rc->balancing != K3C_BALANCE_BIAS) return K3C_OK;
+    const char *what = qb ? "quantile balancing" : "bias balancing";
     float *w = tr->m.w;
     for (int l = 0; l < c->num_layers; l++) {
         const k3c_route_stats *r = &tr->stats.route[l];
@@ -176,17 +182,23 @@ static int balance(trainer *tr, k3c_err *err) {
         const float *logits = r->logits, *cutoff = r->cutoff;
         int64_t T = r->T; /* data parallelism: the whole batch's statistics, so every rank sets the same bias */
         if (tr->dp && k3c_dp_gather_route(tr->dp, r, r->n, (float **)&logits, (float **)&cutoff, &T, err))
-            return k3c_err_wrap(err, "layer %d: quantile balancing", l);
-        size_t need = tr->be->quantile_balance_workspace(tr->rc->qb_mode, T, r->n);
+            return k3c_err_wrap(err, "layer %d: %s", l, what);
+        size_t need = qb ? tr->be->quantile_balance_workspace(rc->qb_mode, T, r->n)
+                         : tr->be->bias_balance_workspace(T, r->n, r->k);
         if (need > tr->qb_ws_bytes) {
             if (tr->qb_ws) tr->be->free(tr->qb_ws);
             tr->qb_ws = tr->be->alloc(need);
             tr->qb_ws_bytes = tr->qb_ws ? need : 0;
-            if (!tr->qb_ws) return k3c_errf(err, K3C_ENOMEM, "quantile balancing workspace");
+            if (!tr->qb_ws) return k3c_errf(err, K3C_ENOMEM, "%s workspace", what);
         }
-        if (tr->be->quantile_balance(tr->be->ctx, tr->rc->qb_mode, logits, cutoff, T, r->n, r->k,
-                                     w + tr->m.table.layer[l].router_bias, tr->qb_ws, err))
-            return k3c_err_wrap(err, "layer %d: quantile balancing", l);
+        float *bias = w + tr->m.table.layer[l].router_bias;
+        int e =
+            qb ? tr->be->quantile_balance(tr->be->ctx, rc->qb_mode, logits, cutoff, T, r->n, r->k, bias, tr->qb_ws, err)
+               : tr->be->bias_balance(tr->be->ctx, logits, T, r->n, r->k, rc->bias_gamma, bias, tr->qb_ws, err);
+        if (e) {
+            k3c_err_wrap(err, "layer %d: %s", l, what);
+            return e;
+        }
     }
     return K3C_OK;
 }
@@ -253,18 +265,19 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
                : be->optim_step(tr->opt_inst, &tr->opt, &tr->m.table, 0, tr->m.table.n, tr->m.w, tr->m.g, tr->ostate,
                                 row->lr, tr->step + 1, err);
     if (e) return e;
-    if (tr->n_mla && tr->tp_comm && (e = k3c_tp_mask_smax(&tr->tp, &tr->m.cfg, tr->stats.smax, err))) /* others' */
+    const int clip = tr->n_mla && rc->qk_clip_tau > 0; /* qk_clip_tau 0: QK-Clip off (an experiment arm) */
+    if (clip && tr->tp_comm && (e = k3c_tp_mask_smax(&tr->tp, &tr->m.cfg, tr->stats.smax, err))) /* others' */
         return e;
-    if (tr->n_mla && tr->dp &&
+    if (clip && tr->dp &&
         (e = k3c_dp_max_smax(tr->dp, tr->stats.smax, tr->m.cfg.num_layers * tr->m.cfg.mla_heads, err)))
         return e;
-    if (tr->n_mla && (e = be->qk_clip(be->ctx, &tr->m.cfg, &tr->m.table, tr->m.w, tr->stats.smax, rc->qk_clip_tau,
-                                      tr->stats.qk_clipped, err)))
+    if (clip && (e = be->qk_clip(be->ctx, &tr->m.cfg, &tr->m.table, tr->m.w, tr->stats.smax, rc->qk_clip_tau,
+                                 tr->stats.qk_clipped, err)))
         return e;
-    if (rc->qb_mode >= 0 && (e = balance(tr, err))) return e;
+    if ((e = balance(tr, err))) return e;
     if ((e = load_telemetry(tr, &row->max_load_ratio, &row->load_cv, err))) return e;
     row->qk_clipped = 0;
-    if (tr->n_mla) {
+    if (clip) {
         int32_t n;
         memcpy(&n, tr->telemetry + ((char *)tr->stats.qk_clipped - (char *)tr->stats.mem), sizeof n);
         if (tr->pp && (e = k3c_comm_allreduce(tr->pp_comm, &n, &n, 1, K3C_I32, K3C_COMM_SUM, NULL, err))) return e;
@@ -728,6 +741,13 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
                             (long long)rc->stage[i].tokens_per_step);
     tr->rank = comm ? comm->rank : 0;
     tr->world = comm;
+    if (rc->balancing == K3C_BALANCE_AUX &&
+        comm) /* its f_e and P_e would be one rank's, its gradient summed over all */
+        return k3c_errf(err, K3C_EUNSUPPORTED,
+                        "%s: balancing \"aux\" with the parallel step (a \"parallel\" block or several ranks) is not "
+                        "built yet",
+                        rc->path);
+    tr->m.aux_loss_alpha = rc->balancing == K3C_BALANCE_AUX ? rc->aux_alpha : 0;
     tr->m.kda_chunk = rc->kda_chunk;
     for (int l = 0; l < cfg.num_layers; l++) tr->m.recompute[l] = (uint8_t)rc->recompute;
     k3c_model_init_f32(&tr->m, rc->seed, rc->init_std);

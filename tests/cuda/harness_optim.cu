@@ -1,7 +1,7 @@
 /* harness_optim.cu — the GPU training-step ops against the CPU ones: the optimizer (src/cuda/optim.cu vs ops/adamw.c,
  * muon.c, grad_norm.c: AdamW, (Per-Head) Muon with NS5, entry sub-ranges, gradient-norm clipping), the backend table's
- * training entries in device memory, quantile balancing and QK-Clip (cuda/quantile_balance.cu, qk_clip.cu vs the CPU
- * table's entries). docs/MODEL.md §7, §10.
+ * training entries in device memory, quantile balancing, the bias step of its baseline arm and QK-Clip
+ * (cuda/quantile_balance.cu, qk_clip.cu vs the CPU table's entries). docs/MODEL.md §7, §10, docs/TRAINING.md §1.6.
  * Usage: harness_optim [seed]. Needs configs/k3_test_tiny.json and configs/k3_tiny.json (skipped when absent). */
 #include <algorithm>
 #include <chrono>
@@ -346,6 +346,53 @@ static void test_quantile_balance(harness &h, k3c_cuda_backend *bk, k3c_rng *rng
         }
 }
 
+/* ---------------------------------------------------------------- the auxiliary-loss-free bias step
+ * Bitwise: the routes are the router twin's (ids equal to the CPU's), the sign is decided on integer loads and the step
+ * is one double add per expert. Near ties of biased scores (closer than float rounding) are redrawn, since either
+ * pick would be right there. */
+static void test_bias_balance(harness &h, k3c_cuda_backend *bk, k3c_rng *rng) {
+    const k3c_backend_f32 *gpu = &bk->table, *cpu = k3c_backend_cpu_f32();
+    struct shape {
+        int64_t m, n, k;
+        double sd, bsd;
+    } shapes[] = {{4096, 64, 6, 1.5, 0.05}, {1000, 8, 2, 0.5, 0}, {777, 33, 5, 3.0, 0.2}, {3, 16, 1, 1.0, 0.01}};
+    for (const shape &sh : shapes) {
+        const std::string name = fmt("m=%lld n=%lld k=%lld", (long long)sh.m, (long long)sh.n, (long long)sh.k);
+        std::vector<float> b0 = randn(rng, (size_t)sh.n, sh.bsd), lg = randn(rng, (size_t)(sh.m * sh.n), sh.sd);
+        for (int64_t i = 0; i < sh.m; i++)
+            for (bool again = true; again;) {
+                again = false;
+                float *row = lg.data() + i * sh.n;
+                for (int64_t a = 0; a < sh.n && !again; a++)
+                    for (int64_t c = 0; c < a && !again; c++) {
+                        const double va = 1 / (1 + exp(-(double)row[a])) + b0[(size_t)a];
+                        const double vc = 1 / (1 + exp(-(double)row[c])) + b0[(size_t)c];
+                        again = fabs(va - vc) < 1e-5;
+                    }
+                if (again) {
+                    std::vector<float> fresh = randn(rng, (size_t)sh.n, sh.sd);
+                    std::copy(fresh.begin(), fresh.end(), row);
+                }
+            }
+        std::vector<float> bc = b0, wsc(cpu->bias_balance_workspace(sh.m, sh.n, sh.k) / 4 + 1);
+        h.ok(cpu->bias_balance(cpu->ctx, lg.data(), sh.m, sh.n, sh.k, 0.001, bc.data(), wsc.data(), &h.err),
+             "bias_balance (cpu table)");
+        float *dl = put(h, gpu, lg.data(), lg.size()), *db = put(h, gpu, b0.data(), b0.size());
+        void *ws = gpu->alloc(gpu->bias_balance_workspace(sh.m, sh.n, sh.k));
+        if (!ws) h.ok(k3c_errf(&h.err, K3C_ENOMEM, "bias_balance workspace"), "alloc");
+        h.ok(gpu->bias_balance(gpu->ctx, dl, sh.m, sh.n, sh.k, 0.001, db, ws, &h.err), "bias_balance (cuda table)");
+        std::vector<float> bg = get(h, gpu, db, b0.size());
+        h.check_le("bias_balance", name, "bit_diffs", (double)bit_diffs(bg.data(), bc.data(), bc.size()), 0);
+        /* a non-finite logit leaves the bias as it was */
+        lg[lg.size() / 2] = NAN;
+        h.ok(gpu->upload(dl, lg.data(), sizeof(float) * lg.size(), &h.err), "upload");
+        h.ok(gpu->bias_balance(gpu->ctx, dl, sh.m, sh.n, sh.k, 0.001, db, ws, &h.err), "bias_balance nan (cuda)");
+        std::vector<float> bn = get(h, gpu, db, b0.size());
+        h.check_le("bias_balance", name + " nan", "changed", (double)bit_diffs(bn.data(), bg.data(), bg.size()), 0);
+        gpu->free(dl), gpu->free(db), gpu->free(ws);
+    }
+}
+
 /* ---------------------------------------------------------------- QK-Clip
  * Tolerance: bitwise (γ and sqrt γ in double, one float multiply per element, as on the CPU); the number of heads
  * clipped equal. A non-finite S_max: the CPU returns K3C_ENUMERIC, the device reports −1 and leaves that layer as is. */
@@ -452,6 +499,7 @@ int main(int argc, char **argv) {
     h.ok(k3c_cuda_backend_init(bk, 0, 0, &h.err), "k3c_cuda_backend_init");
     test_table(h, bk, &rng, t);
     test_quantile_balance(h, bk, &rng);
+    test_bias_balance(h, bk, &rng);
     test_qk_clip(h, bk, &rng, "configs/k3_test_tiny.json");
     test_qk_clip(h, bk, &rng, "configs/k3_tiny.json");
     /* the model tables the trainer steps */
