@@ -249,7 +249,8 @@ int k3c_server_start(const k3c_server_opts *o, k3c_server **out, k3c_err *err) {
         return rc;
     }
     /* beyond max_conns_per_ip an address's connections are answered 503 (http_conn.c); beyond twice that
-     * libmicrohttpd refuses them at accept, so one address cannot take the whole connection limit */
+     * libmicrohttpd refuses them at accept, so one address cannot take the whole connection limit. Its idle timeout,
+     * a second past the request deadline (which the watchdog keeps), ends answers the client stopped reading. */
     const unsigned hard_per_ip = 2u * (unsigned)o->max_conns_per_ip;
     s->daemon = MHD_start_daemon(
         MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME, (uint16_t)o->port, NULL, NULL, on_request, s,
@@ -257,7 +258,7 @@ int k3c_server_start(const k3c_server_opts *o, k3c_server **out, k3c_err *err) {
         on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_CONNECTION_LIMIT,
         (unsigned)o->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
         hard_per_ip < (unsigned)o->max_connections ? hard_per_ip : (unsigned)o->max_connections,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)ceil(o->request_timeout), MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)ceil(o->request_timeout) + 1, MHD_OPTION_END);
     if (!s->daemon) {
         http_guard_free(s->guard);
         k3c_metrics_free(s->metrics);
