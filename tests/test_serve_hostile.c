@@ -19,11 +19,23 @@
 #define DEADLINE 3 /* --request-timeout */
 #define N_BURST 200
 
+#define TEST_LIMIT_S 150 /* the whole test, whatever happens: a hung server fails it instead of hanging it */
+
 typedef struct {
     pid_t pid;
     FILE *out;
     int port;
 } server;
+
+static volatile pid_t g_server = -1; /* the server running now, for the alarm */
+
+static void on_alarm(int sig) {
+    (void)sig;
+    static const char msg[] = "FAIL test_serve_hostile: still running after the time limit; server killed\n";
+    if (write(1, msg, sizeof msg - 1) < 0) _exit(2);
+    if (g_server > 0) kill(g_server, SIGKILL);
+    _exit(1);
+}
 
 /* Starts `k3c serve` with the given extra flags (NULL-terminated); port 0 on failure. */
 static server start(const char *dir, const char *const *flags) {
@@ -42,6 +54,7 @@ static server start(const char *dir, const char *const *flags) {
         _exit(127);
     }
     close(fds[1]);
+    g_server = sv.pid;
     sv.out = fdopen(fds[0], "r");
     char line[512];
     if (sv.out && fgets(line, sizeof line, sv.out)) {
@@ -71,7 +84,7 @@ static void stop(server *sv) {
     rest[n] = 0;
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(rest, "stopped"), "clean stop (status %d): %s", st, rest);
     if (sv->out) fclose(sv->out);
-    sv->pid = -1;
+    sv->pid = g_server = -1;
 }
 
 static double metric(int port, const char *series) {
@@ -356,6 +369,8 @@ static void time_limits(const char *dir) {
 
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGALRM, on_alarm);
+    alarm(TEST_LIMIT_S);
     struct rlimit rl; /* the flood needs a descriptor per connection */
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
         rl.rlim_cur = rl.rlim_max;

@@ -37,7 +37,8 @@ static void reply_json(api_reply *r, int status) {
 struct api_stream {
     k3c_server *s;
     pthread_mutex_t mu;
-    int refs, done, streaming, include_usage, chat, failed, gone;
+    atomic_int refs; /* atomic, not under mu: the HTTP layer takes one while holding its own lock (lock order) */
+    int done, streaming, include_usage, chat, failed, gone;
     k3c_api_wake wake; /* armed by a read that found nothing: called (mu held) once there is something */
     void *wake_ctx;
     k3c_sbuf out; /* SSE bytes not yet read by the HTTP layer */
@@ -53,10 +54,7 @@ struct api_stream {
 };
 
 static void call_unref(api_stream *c) {
-    pthread_mutex_lock(&c->mu);
-    int last = --c->refs == 0;
-    pthread_mutex_unlock(&c->mu);
-    if (!last) return;
+    if (atomic_fetch_sub(&c->refs, 1) != 1) return;
     k3c_sched_release(c->job);
     k3c_turn_free(&c->turn);
     k3c_sbuf_free(&c->out);
@@ -161,11 +159,7 @@ void k3c_api_stream_disarm(api_stream *c) {
     pthread_mutex_unlock(&c->mu);
 }
 
-void k3c_api_stream_hold(api_stream *c) {
-    pthread_mutex_lock(&c->mu);
-    c->refs++;
-    pthread_mutex_unlock(&c->mu);
-}
+void k3c_api_stream_hold(api_stream *c) { atomic_fetch_add(&c->refs, 1); }
 
 void k3c_api_stream_gone(api_stream *c) {
     pthread_mutex_lock(&c->mu);

@@ -109,7 +109,8 @@ int k3c_api_result(api_stream *c, api_reply *r, k3c_api_wake wake, void *ctx);
 void k3c_api_stream_disarm(api_stream *st);
 /* The client went away: the generation is cancelled and reads answer -1. */
 void k3c_api_stream_gone(api_stream *st);
-void k3c_api_stream_hold(api_stream *st); /* one more reference, given back with k3c_api_stream_close */
+/* One more reference, given back with k3c_api_stream_close; takes no lock, so a caller may hold its own. */
+void k3c_api_stream_hold(api_stream *st);
 /* The HTTP layer is done with the call (finished or the connection closed): cancels its generation if still on. */
 void k3c_api_stream_close(api_stream *st);
 
