@@ -337,6 +337,31 @@ static char *long_body(int n, int stream) {
     return b.buf;
 }
 
+/* SIGTERM with 4 answers running and 4 queued, streamed and whole: each still gets its answer, ended ("cancelled" or
+ * its own finish), and the server exits cleanly. */
+static void stop_in_flight(server *sv) {
+    int fds[8], sent = 0;
+    for (int i = 0; i < 8; i++) {
+        char *b = long_body(4000, i % 2);
+        fds[i] = http_connect(sv->port);
+        sent += fds[i] >= 0 && http_send(fds[i], "POST", "/v1/completions", NULL, b, strlen(b)) == 0;
+        free(b);
+    }
+    double queued = wait_metric(sv->port, "\nk3c_queue_length ", 4, 1, 10);
+    CHECK(sent == 8 && queued >= 4, "8 in flight before SIGTERM (%d sent, %g queued)", sent, queued);
+    stop(sv);
+    int answered = 0;
+    for (int i = 0; i < 8; i++) {
+        http_resp r = {0};
+        int rc = fds[i] >= 0 ? http_read(fds[i], &r) : -1;
+        if (fds[i] >= 0) close(fds[i]);
+        answered += rc == 0 && r.status == 200 && strstr(r.body, "\"finish_reason\":\"") &&
+                    (i % 2 == 0 || strstr(r.body, "data: [DONE]"));
+        http_resp_free(&r);
+    }
+    CHECK(answered == 8, "a graceful stop answers what was in flight: %d of 8", answered);
+}
+
 /* With one slot, --gen-timeout and --queue-timeout far below a 4,000-token prompt's work: of a stream and a whole
  * request sent together, the one admitted first runs past its limit and the other waits past its own. */
 static void time_limits(const char *dir) {
@@ -419,6 +444,7 @@ int main(void) {
               "resident memory %ld kB before, %ld kB after the load, %ld kB after another burst", rss0, rss1, rss2);
         printf("  hostile load: %.1f s, threads %d, resident %ld -> %ld -> %ld kB\n", k3c_now() - t0, threads0, rss0,
                rss1, rss2);
+        stop_in_flight(&sv);
     }
     stop(&sv);
     time_limits(dir);

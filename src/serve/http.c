@@ -278,8 +278,9 @@ void k3c_server_stop(k3c_server *s) {
     atomic_store(&s->stopping, 1);
     MHD_socket listen_fd = MHD_quiesce_daemon(s->daemon); /* no new connections */
     if (s->sched) k3c_sched_close(s->sched);              /* generations end; streams send their closing events */
-    /* every parked connection is woken by its generation's end; libmicrohttpd must not stop with one suspended */
-    http_guard_stop(s->guard, 30);
+    /* every parked connection is woken by its generation's end and sends its last bytes (a client that reads too
+     * slowly is cut after a grace); libmicrohttpd must not stop with a connection suspended */
+    http_guard_stop(s->guard, 10);
     MHD_stop_daemon(s->daemon);                            /* closes every connection, joins its threads */
     if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd); /* ours after a quiesce, once the threads are gone */
     http_guard_free(s->guard);

@@ -40,7 +40,7 @@ struct http_guard {
     http_conn *wait_head, *wait_tail, *parked;
     ip_count *buckets[N_BUCKETS];
     double timeout;
-    int per_ip, n_open, n_parked, stop, started, closing;
+    int per_ip, n_open, n_waiting, n_parked, stop, started, closing;
     uint64_t timed_out, over_limit;
     pthread_t thread;
 };
@@ -59,6 +59,7 @@ static void unlink_conn(http_guard *g, http_conn *c) {
     else if (c->list == LIST_WAITING)
         g->wait_tail = c->prev;
     if (c->list == LIST_PARKED) g->n_parked--;
+    if (c->list == LIST_WAITING) g->n_waiting--;
     c->prev = c->next = NULL;
     c->list = LIST_NONE;
 }
@@ -73,6 +74,7 @@ static void push_waiting(http_guard *g, http_conn *c, double now) {
         g->wait_head = c;
     g->wait_tail = c;
     c->list = LIST_WAITING;
+    g->n_waiting++;
 }
 
 static void push_parked(http_guard *g, http_conn *c) {
@@ -236,6 +238,7 @@ void http_guard_answered(http_conn *c) {
     pthread_mutex_lock(&c->g->mu);
     c->call = NULL;
     push_waiting(c->g, c, k3c_now());
+    if (c->g->closing) pthread_cond_broadcast(&c->g->cv);
     pthread_mutex_unlock(&c->g->mu);
 }
 
@@ -266,7 +269,6 @@ void http_guard_wake(void *ctx) {
         unlink_conn(g, c);
         c->call = NULL;
         MHD_resume_connection(c->mhd);
-        pthread_cond_broadcast(&g->cv);
     } else {
         c->woken = 1;
     }
@@ -277,14 +279,14 @@ void http_guard_stop(http_guard *g, double seconds) {
     const double end = k3c_now() + seconds;
     pthread_mutex_lock(&g->mu);
     g->closing = 1;
-    while (g->n_parked > 0 && k3c_now() < end) {
+    while (g->n_open > g->n_waiting && k3c_now() < end) { /* answers in flight: parked or sending */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += SWEEP_NS;
         if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
         pthread_cond_timedwait(&g->cv, &g->mu, &ts);
     }
-    while (g->parked) { /* a generation that did not end in time: its connection closes unanswered */
+    while (g->parked) { /* a call that did not end in time: its connection closes unanswered */
         http_conn *c = g->parked;
         unlink_conn(g, c);
         c->call = NULL;

@@ -87,7 +87,8 @@ void http_guard_answered(http_conn *c);  /* the answer ended: the next request's
  * (then nothing is suspended). */
 int http_guard_park(http_conn *c, api_stream *call);
 void http_guard_wake(void *conn);
-/* Refuses further parking, waits up to `seconds` for every parked connection to be woken, then resumes the rest. */
+/* Refuses further parking, waits up to `seconds` for every answer in flight to end (parked connections woken, their
+ * last bytes sent), then resumes the connections still parked. */
 void http_guard_stop(http_guard *g, double seconds);
 void http_guard_stats(http_guard *g, k3c_conn_stats *st);
 
