@@ -18,6 +18,8 @@
 #define PER_IP 512 /* the flood's first 512 connections are within the per-address limit, the rest over it */
 #define DEADLINE 3 /* --request-timeout */
 #define N_BURST 200
+#define N_LIMITED 12 /* sent together to the time-limited server */
+#define N_EXTRA 40 /* more from the flood's address: 2 × PER_IP - N_IDLE of them still fit, the rest are refused */
 
 #define TEST_LIMIT_S 150 /* the whole test, whatever happens: a hung server fails it instead of hanging it */
 
@@ -166,6 +168,22 @@ static void idle_flood(const server *sv, int threads0) {
     CHECK(opened == N_IDLE, "opened %d of %d idle connections", opened, N_IDLE);
     double conns = wait_metric(sv->port, "\nk3c_connections ", N_IDLE, 1, 2.0);
     CHECK(conns >= N_IDLE, "the server holds the %d idle connections (%g open)", N_IDLE, conns);
+    /* beyond twice the per-address limit the address's connections are refused at accept */
+    int extra[N_EXTRA], refused = 0;
+    for (int i = 0; i < N_EXTRA; i++) extra[i] = connect_from(sv->port, "127.0.0.2");
+    for (double t = k3c_now(); k3c_now() - t < 1.0 && refused < N_EXTRA - (2 * PER_IP - N_IDLE);) {
+        refused = 0;
+        for (int i = 0; i < N_EXTRA; i++) {
+            struct pollfd q = {.fd = extra[i], .events = POLLIN};
+            char b;
+            refused += extra[i] < 0 || (poll(&q, 1, 0) > 0 && recv(extra[i], &b, 1, MSG_PEEK) <= 0);
+        }
+        usleep(20 * 1000);
+    }
+    for (int i = 0; i < N_EXTRA; i++)
+        if (extra[i] >= 0) close(extra[i]);
+    CHECK(refused == N_EXTRA - (2 * PER_IP - N_IDLE), "%d more connections: %d refused at accept (want %d)", N_EXTRA,
+          refused, N_EXTRA - (2 * PER_IP - N_IDLE));
     /* another client is served at once */
     double worst = 0;
     int ok = 0;
@@ -328,11 +346,13 @@ static void all_free(const server *sv) {
 
 /* ---------------------------------------------------------------- time limits */
 
-static char *long_body(int n, int stream) {
+/* A prompt of n ids that starts differently for each salt, so no two share a cached prefix (each costs a whole
+ * prefill). */
+static char *long_body(int n, int stream, int salt) {
     k3c_sbuf b;
     k3c_sbuf_init(&b);
     k3c_sbuf_append(&b, "{\"prompt\":[", 11);
-    for (int i = 0; i < n; i++) k3c_sbuf_printf(&b, "%s%d", i ? "," : "", 32 + (i * 37) % 380);
+    for (int i = 0; i < n; i++) k3c_sbuf_printf(&b, "%s%d", i ? "," : "", 32 + (i * 37 + salt * 101) % 380);
     k3c_sbuf_printf(&b, "],\"max_tokens\":64,\"min_p\":0.0,\"seed\":1,\"stream\":%s}", stream ? "true" : "false");
     return b.buf;
 }
@@ -342,7 +362,7 @@ static char *long_body(int n, int stream) {
 static void stop_in_flight(server *sv) {
     int fds[8], sent = 0;
     for (int i = 0; i < 8; i++) {
-        char *b = long_body(4000, i % 2);
+        char *b = long_body(4000, i % 2, 10 + i);
         fds[i] = http_connect(sv->port);
         sent += fds[i] >= 0 && http_send(fds[i], "POST", "/v1/completions", NULL, b, strlen(b)) == 0;
         free(b);
@@ -362,41 +382,53 @@ static void stop_in_flight(server *sv) {
     CHECK(answered == 8, "a graceful stop answers what was in flight: %d of 8", answered);
 }
 
-/* With one slot, --gen-timeout and --queue-timeout far below a 4,000-token prompt's work: of a stream and a whole
- * request sent together, the one admitted first runs past its limit and the other waits past its own. */
+/* What a time-limited answer carries: 1 generation_timeout, 2 queue_timeout (with the right status, or as an error
+ * event followed by [DONE] in a 200 stream), 0 anything else. */
+static int limit_kind(const http_resp *r, int stream) {
+    const char *b = r->body ? r->body : "";
+    const int gen = strstr(b, "\"code\":\"generation_timeout\"") != NULL,
+              queue = strstr(b, "\"code\":\"queue_timeout\"") != NULL;
+    if (!strstr(b, "\"type\":\"server_error\"")) return 0;
+    if (stream) return r->status == 200 && strstr(b, "data: {\"error\"") && strstr(b, "data: [DONE]") ? gen + 2 * queue : 0;
+    if (gen) return r->status == 504;
+    return queue && r->status == 503 && r->headers && strcasestr(r->headers, "\r\nRetry-After: 1") ? 2 : 0;
+}
+
+/* One slot, --gen-timeout and --queue-timeout of 1 ms: a 4,000-token prompt's first step (its prefill) outlasts both.
+ * Alone, a request ends at the generation limit (504, or an error event); of 12 sent together, each ends at one of the
+ * limits, and those queued behind another's first step at the queue limit (503 with Retry-After, or an error event). */
 static void time_limits(const char *dir) {
-    const char *flags[] = {"--slots", "1", "--max-tokens-cap", "64", "--gen-timeout", "0.05", "--queue-timeout",
-                           "0.05", NULL};
+    const char *flags[] = {"--slots", "1", "--max-tokens-cap", "64", "--gen-timeout", "0.001", "--queue-timeout",
+                           "0.001", NULL};
     server sv = start(dir, flags);
     if (!sv.port) return;
-    char *st = long_body(4000, 1), *whole = long_body(4000, 0);
-    int fs = http_connect(sv.port), fw = http_connect(sv.port);
-    CHECK(fs >= 0 && fw >= 0 && http_send(fs, "POST", "/v1/completions", NULL, st, strlen(st)) == 0 &&
-              http_send(fw, "POST", "/v1/completions", NULL, whole, strlen(whole)) == 0,
-          "time limits: both sent");
-    http_resp rs = {0}, rw = {0};
-    if (fs >= 0) http_read(fs, &rs), close(fs);
-    if (fw >= 0) http_read(fw, &rw), close(fw);
-    const char *sb = rs.body ? rs.body : "", *wb = rw.body ? rw.body : "";
-    const int s_gen = strstr(sb, "\"code\":\"generation_timeout\"") != NULL,
-              s_queue = strstr(sb, "\"code\":\"queue_timeout\"") != NULL;
-    CHECK(rs.status == 200 && (s_gen || s_queue) && strstr(sb, "data: [DONE]"),
-          "the stream ends with a time-limit error event and [DONE]: %.300s", sb);
-    const int w_gen = rw.status == 504 && strstr(wb, "\"code\":\"generation_timeout\""),
-              w_queue = rw.status == 503 && strstr(wb, "\"code\":\"queue_timeout\"") && rw.headers &&
-                        strcasestr(rw.headers, "\r\nRetry-After: 1");
-    CHECK((s_gen && w_queue) || (s_queue && w_gen), "one ran past --gen-timeout, the other waited past --queue-timeout:"
-                                                    " stream %s, whole %d %.200s",
-          s_gen ? "generation" : s_queue ? "queue" : "neither", rw.status, wb);
-    http_resp_free(&rs);
-    http_resp_free(&rw);
-    http_resp r;
-    CHECK(http_do(sv.port, "POST", "/v1/completions", NULL, whole, &r) == 0 && r.status == 504 &&
-              strstr(r.body, "\"type\":\"server_error\"") && strstr(r.body, "generation_timeout"),
-          "alone: 504 generation_timeout (%d %s)", r.status, r.body ? r.body : "");
-    http_resp_free(&r);
-    free(st);
-    free(whole);
+    for (int stream = 0; stream < 2; stream++) {
+        char *b = long_body(4000, stream, 1 + stream);
+        http_resp r;
+        int rc = http_do(sv.port, "POST", "/v1/completions", NULL, b, &r);
+        CHECK(rc == 0 && limit_kind(&r, stream) == 1, "alone, %s: generation_timeout (%d %.300s)",
+              stream ? "streamed" : "whole", r.status, r.body ? r.body : "");
+        http_resp_free(&r);
+        free(b);
+    }
+    int fds[N_LIMITED], kinds[3][2] = {{0}};
+    for (int i = 0; i < N_LIMITED; i++) {
+        char *b = long_body(4000, i % 2, 20 + i);
+        fds[i] = http_connect(sv.port);
+        if (fds[i] >= 0 && http_send(fds[i], "POST", "/v1/completions", NULL, b, strlen(b))) close(fds[i]), fds[i] = -1;
+        free(b);
+    }
+    for (int i = 0; i < N_LIMITED; i++) {
+        http_resp r = {0};
+        if (fds[i] >= 0 && http_read(fds[i], &r) == 0) kinds[limit_kind(&r, i % 2)][i % 2]++;
+        if (fds[i] >= 0) close(fds[i]);
+        http_resp_free(&r);
+    }
+    CHECK(kinds[0][0] + kinds[0][1] == 0 && kinds[1][0] + kinds[1][1] >= 1 && kinds[2][0] + kinds[2][1] >= 1,
+          "%d together: %d whole / %d streamed past the generation limit, %d / %d past the queue limit, %d / %d other",
+          N_LIMITED, kinds[1][0], kinds[1][1], kinds[2][0], kinds[2][1], kinds[0][0], kinds[0][1]);
+    printf("  time limits, %d together: generation %d + %d, queue %d + %d (whole + streamed)\n", N_LIMITED, kinds[1][0],
+           kinds[1][1], kinds[2][0], kinds[2][1]);
     stop(&sv);
 }
 
