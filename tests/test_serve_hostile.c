@@ -19,7 +19,7 @@
 #define DEADLINE 3 /* --request-timeout */
 #define N_BURST 200
 #define N_LIMITED 12 /* sent together to the time-limited server */
-#define N_EXTRA 40 /* more from the flood's address: 2 × PER_IP - N_IDLE of them still fit, the rest are refused */
+#define N_EXTRA 40   /* more from the flood's address: 2 × PER_IP - N_IDLE of them still fit, the rest are refused */
 
 #define TEST_LIMIT_S 150 /* the whole test, whatever happens: a hung server fails it instead of hanging it */
 
@@ -198,7 +198,8 @@ static void idle_flood(const server *sv, int threads0) {
     }
     http_resp r;
     const double t = k3c_now();
-    int rc = http_do(sv->port, "POST", "/v1/completions", NULL, "{\"prompt\":\"Hi\",\"max_tokens\":4,\"stream\":true}", &r);
+    int rc =
+        http_do(sv->port, "POST", "/v1/completions", NULL, "{\"prompt\":\"Hi\",\"max_tokens\":4,\"stream\":true}", &r);
     const double dt_stream = k3c_now() - t;
     CHECK(rc == 0 && r.status == 200 && strstr(r.body, "[DONE]"), "a stream amid the idle connections: %d", r.status);
     http_resp_free(&r);
@@ -206,8 +207,8 @@ static void idle_flood(const server *sv, int threads0) {
           "another client amid %d idle connections: %d/5 answered, slowest %.3f s, a stream in %.3f s", N_IDLE, ok,
           worst, dt_stream);
     const int threads = n_threads(sv->pid);
-    CHECK(threads <= threads0 + 1, "no thread per connection: %d threads with %d idle connections, %d before",
-          threads, N_IDLE, threads0);
+    CHECK(threads <= threads0 + 1, "no thread per connection: %d threads with %d idle connections, %d before", threads,
+          N_IDLE, threads0);
     /* one of the flood's connections beyond the per-address limit asks something: 503 + Retry-After */
     const int last = N_IDLE - 2; /* an even index: nothing sent on it yet */
     rc = http_send(fds[last], "POST", "/tokenize", NULL, "{\"prompt\":\"x\"}", 14);
@@ -389,7 +390,8 @@ static int limit_kind(const http_resp *r, int stream) {
     const int gen = strstr(b, "\"code\":\"generation_timeout\"") != NULL,
               queue = strstr(b, "\"code\":\"queue_timeout\"") != NULL;
     if (!strstr(b, "\"type\":\"server_error\"")) return 0;
-    if (stream) return r->status == 200 && strstr(b, "data: {\"error\"") && strstr(b, "data: [DONE]") ? gen + 2 * queue : 0;
+    if (stream)
+        return r->status == 200 && strstr(b, "data: {\"error\"") && strstr(b, "data: [DONE]") ? gen + 2 * queue : 0;
     if (gen) return r->status == 504;
     return queue && r->status == 503 && r->headers && strcasestr(r->headers, "\r\nRetry-After: 1") ? 2 : 0;
 }
@@ -399,7 +401,7 @@ static int limit_kind(const http_resp *r, int stream) {
  * limits, and those queued behind another's first step at the queue limit (503 with Retry-After, or an error event). */
 static void time_limits(const char *dir) {
     const char *flags[] = {"--slots", "1", "--max-tokens-cap", "64", "--gen-timeout", "0.001", "--queue-timeout",
-                           "0.001", NULL};
+                           "0.001",   NULL};
     server sv = start(dir, flags);
     if (!sv.port) return;
     for (int stream = 0; stream < 2; stream++) {
@@ -448,8 +450,8 @@ int main(void) {
     char per_ip[16], deadline[16];
     snprintf(per_ip, sizeof per_ip, "%d", PER_IP);
     snprintf(deadline, sizeof deadline, "%d", DEADLINE);
-    const char *flags[] = {"--slots",         "4",   "--queue",   "256",    "--max-tokens-cap",   "16",
-                           "--max-conns",     "2000", "--threads", "2",      "--max-conns-per-ip", per_ip,
+    const char *flags[] = {"--slots",           "4",      "--queue",   "256", "--max-tokens-cap",   "16",
+                           "--max-conns",       "2000",   "--threads", "2",   "--max-conns-per-ip", per_ip,
                            "--request-timeout", deadline, NULL};
     server sv = start(dir, flags);
     if (sv.port) {

@@ -243,8 +243,8 @@ static void close_ends_all(k3c_model *m) {
 
 static k3c_sched_job *submit_limited(k3c_sched *s, const int32_t *prompt, double max_gen_s, double max_queue_s,
                                      job_rec *r) {
-    k3c_sched_req q = {.prompt = prompt, .n_prompt = 6, .max_new = MAX_NEW, .max_gen_s = max_gen_s,
-                       .max_queue_s = max_queue_s};
+    k3c_sched_req q = {
+        .prompt = prompt, .n_prompt = 6, .max_new = MAX_NEW, .max_gen_s = max_gen_s, .max_queue_s = max_queue_s};
     k3c_gen_params_default(&q.params);
     k3c_sched_sink sink = {rec_token, rec_done, r};
     k3c_sched_job *j = NULL;

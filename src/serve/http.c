@@ -107,7 +107,8 @@ static enum MHD_Result send_error(struct MHD_Connection *conn, req_ctx *rc, int 
 /* A whole answer: sent once the generation ended, else the connection is parked until it does. */
 static enum MHD_Result answer_whole(struct MHD_Connection *conn, req_ctx *rc) {
     api_reply r;
-    if (!k3c_api_result(rc->call, &r, http_guard_wake, rc->conn)) return http_guard_park(rc->conn, rc->call) ? MHD_NO : MHD_YES;
+    if (!k3c_api_result(rc->call, &r, http_guard_wake, rc->conn))
+        return http_guard_park(rc->conn, rc->call) ? MHD_NO : MHD_YES;
     k3c_api_stream_close(rc->call);
     rc->call = NULL;
     if (r.status == 0) { /* the client left while its answer was computed */
@@ -252,13 +253,13 @@ int k3c_server_start(const k3c_server_opts *o, k3c_server **out, k3c_err *err) {
      * libmicrohttpd refuses them at accept, so one address cannot take the whole connection limit. Its idle timeout,
      * a second past the request deadline (which the watchdog keeps), ends answers the client stopped reading. */
     const unsigned hard_per_ip = 2u * (unsigned)o->max_conns_per_ip;
-    s->daemon = MHD_start_daemon(
-        MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME, (uint16_t)o->port, NULL, NULL, on_request, s,
-        MHD_OPTION_SOCK_ADDR, &addr, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)o->threads, MHD_OPTION_NOTIFY_COMPLETED,
-        on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)o->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-        hard_per_ip < (unsigned)o->max_connections ? hard_per_ip : (unsigned)o->max_connections,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)ceil(o->request_timeout) + 1, MHD_OPTION_END);
+    s->daemon =
+        MHD_start_daemon(MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME, (uint16_t)o->port, NULL, NULL,
+                         on_request, s, MHD_OPTION_SOCK_ADDR, &addr, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)o->threads,
+                         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                         MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                         hard_per_ip < (unsigned)o->max_connections ? hard_per_ip : (unsigned)o->max_connections,
+                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)ceil(o->request_timeout) + 1, MHD_OPTION_END);
     if (!s->daemon) {
         http_guard_free(s->guard);
         k3c_metrics_free(s->metrics);

@@ -120,7 +120,8 @@ void k3c_metrics_render_conns(k3c_sbuf *s, const k3c_conn_stats *c) {
                     "# TYPE k3c_connections_parked gauge\nk3c_connections_parked %d\n"
                     "# HELP k3c_connections_timed_out_total Connections closed for not sending a whole request in "
                     "time.\n# TYPE k3c_connections_timed_out_total counter\nk3c_connections_timed_out_total %llu\n"
-                    "# HELP k3c_connections_over_limit_total Connections beyond the per-address limit (answered "
-                    "503).\n# TYPE k3c_connections_over_limit_total counter\nk3c_connections_over_limit_total %llu\n",
+                    "# HELP k3c_connections_over_limit_total Connections accepted beyond the per-address limit (their "
+                    "requests are answered 503).\n# TYPE k3c_connections_over_limit_total "
+                    "counter\nk3c_connections_over_limit_total %llu\n",
                     c->open, c->parked, (unsigned long long)c->timed_out, (unsigned long long)c->over_limit);
 }

@@ -38,10 +38,10 @@ typedef struct {
 } k3c_sched_req;
 
 typedef enum {
-    K3C_SCHED_FINISH_STOP = 0,  /* a stop id, or the sink asked to stop (a stop string) */
-    K3C_SCHED_FINISH_LENGTH,    /* max_new ids */
-    K3C_SCHED_FINISH_CANCELLED, /* k3c_sched_cancel, or the scheduler shut down */
-    K3C_SCHED_FINISH_ERROR,     /* the engine failed: the message is in the done event */
+    K3C_SCHED_FINISH_STOP = 0,      /* a stop id, or the sink asked to stop (a stop string) */
+    K3C_SCHED_FINISH_LENGTH,        /* max_new ids */
+    K3C_SCHED_FINISH_CANCELLED,     /* k3c_sched_cancel, or the scheduler shut down */
+    K3C_SCHED_FINISH_ERROR,         /* the engine failed: the message is in the done event */
     K3C_SCHED_FINISH_TIMEOUT,       /* generated for longer than max_gen_s */
     K3C_SCHED_FINISH_QUEUE_TIMEOUT, /* waited for a slot longer than max_queue_s (nothing generated) */
 } k3c_sched_finish;

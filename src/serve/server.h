@@ -80,7 +80,7 @@ int http_guard_new(double request_timeout, int per_ip, http_guard **out, k3c_err
 void http_guard_free(http_guard *g);
 http_conn *http_guard_open(http_guard *g, struct MHD_Connection *mhd, int fd, uint32_t ipv4); /* NULL: no memory */
 void http_guard_close(http_conn *c);
-int http_guard_over(http_conn *c);      /* 1: its address has more than per_ip connections, this one among the extra */
+int http_guard_over(http_conn *c);       /* 1: its address has more than per_ip connections, this one among the extra */
 void http_guard_answering(http_conn *c); /* the request is whole (or answered early): its deadline no longer runs */
 void http_guard_answered(http_conn *c);  /* the answer ended: the next request's deadline starts */
 /* Suspends the connection (from a libmicrohttpd callback of it) until http_guard_wake(c); 1 when the server is stopping
