@@ -206,6 +206,7 @@ static void idle_flood(const server *sv, int threads0) {
     CHECK(ok == 5 && worst < 1.0 && dt_stream < 1.0,
           "another client amid %d idle connections: %d/5 answered, slowest %.3f s, a stream in %.3f s", N_IDLE, ok,
           worst, dt_stream);
+    printf("  amid %d idle connections: slowest of 5 answers %.3f s, a stream %.3f s\n", N_IDLE, worst, dt_stream);
     const int threads = n_threads(sv->pid);
     CHECK(threads <= threads0 + 1, "no thread per connection: %d threads with %d idle connections, %d before", threads,
           N_IDLE, threads0);
