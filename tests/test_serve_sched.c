@@ -1,7 +1,8 @@
 /* test_serve_sched.c — the server's scheduler (src/serve/sched.c) on the batched engine, without HTTP: jobs decode
  * together (a sink holds the engine thread until every job is queued, so the batch is certain, not timed), every job
  * completes, logprobs are valid, a seeded job gives the same ids alone and in a batch, a cancelled job leaves its slot,
- * a job the engine refuses ends with an error, and closing ends queued and running jobs. */
+ * a job the engine refuses ends with an error, closing ends queued and running jobs, and the time limits end a job that
+ * generates too long and one that waits too long for a slot. */
 #include "serve_fixture.h"
 
 #include "serve/sched.h"
@@ -240,6 +241,49 @@ static void close_ends_all(const k3c_weights *m) {
     k3c_sched_free(s);
 }
 
+static k3c_sched_job *submit_limited(k3c_sched *s, const int32_t *prompt, double max_gen_s, double max_queue_s,
+                                     job_rec *r) {
+    k3c_sched_req q = {
+        .prompt = prompt, .n_prompt = 6, .max_new = MAX_NEW, .max_gen_s = max_gen_s, .max_queue_s = max_queue_s};
+    k3c_gen_params_default(&q.params);
+    k3c_sched_sink sink = {rec_token, rec_done, r};
+    k3c_sched_job *j = NULL;
+    k3c_err err = {0};
+    CHECK_OK(k3c_sched_submit(s, &q, &sink, &j, &err), &err);
+    return j;
+}
+
+/* One slot: a job held in its first token for 0.4 s runs past its 0.1 s generation limit, a job queued behind it with
+ * a 0.1 s queue limit times out unstarted, and a third without limits is served. */
+static void time_limits(const k3c_weights *m) {
+    k3c_sched *s = NULL;
+    k3c_err err = {0};
+    CHECK_OK(k3c_sched_new(m, 1, 4, &s, &err), &err);
+    if (!s) return;
+    int gate = 1;
+    job_rec a, b, c;
+    rec_init(&a, s, &gate);
+    rec_init(&b, s, NULL);
+    rec_init(&c, s, NULL);
+    k3c_sched_job *ja = submit_limited(s, PROMPTS[2], 0.1, 0, &a), *jb = submit_limited(s, PROMPTS[1], 0, 0.1, &b),
+                  *jc = submit_limited(s, PROMPTS[3], 0, 0, &c);
+    usleep(400 * 1000);
+    open_gate(&gate);
+    if (ja) wait_done(&a);
+    if (jb) wait_done(&b);
+    if (jc) wait_done(&c);
+    CHECK(a.why == K3C_SCHED_FINISH_TIMEOUT && a.n_gen >= 1 && !strcmp(k3c_sched_finish_name(a.why), "timeout"),
+          "past its generation limit: %s after %lld ids", k3c_sched_finish_name(a.why), (long long)a.n_gen);
+    CHECK(b.why == K3C_SCHED_FINISH_QUEUE_TIMEOUT && b.n == 0, "past its queue limit: %s after %d ids",
+          k3c_sched_finish_name(b.why), b.n);
+    CHECK((c.why == K3C_SCHED_FINISH_STOP || c.why == K3C_SCHED_FINISH_LENGTH) && c.n >= 1,
+          "no limits: served (%s, %d ids)", k3c_sched_finish_name(c.why), c.n);
+    k3c_sched_release(ja);
+    k3c_sched_release(jb);
+    k3c_sched_release(jc);
+    k3c_sched_free(s);
+}
+
 int main(void) {
     const char *tmp = test_tmpdir("serve_sched");
     char dir[4096];
@@ -260,6 +304,7 @@ int main(void) {
         k3c_sched_free(s);
     }
     close_ends_all(sv.weights);
+    time_limits(sv.weights);
     k3c_serve_close(&sv);
     return test_summary();
 }

@@ -7,6 +7,29 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+
+/* The connection flags: limits, polling threads and time limits. */
+static int serve_conn_options(int argc, char **argv, k3c_server_opts *o) {
+    long long conns, per_ip, threads;
+    if (!cli_opt_int(argc, argv, "--max-conns", o->max_connections, &conns) ||
+        !cli_opt_int(argc, argv, "--max-conns-per-ip", o->max_conns_per_ip, &per_ip) ||
+        !cli_opt_int(argc, argv, "--threads", o->threads, &threads) ||
+        !cli_opt_double(argc, argv, "--request-timeout", o->request_timeout, &o->request_timeout) ||
+        !cli_opt_double(argc, argv, "--gen-timeout", o->max_gen_s, &o->max_gen_s) ||
+        !cli_opt_double(argc, argv, "--queue-timeout", o->max_queue_s, &o->max_queue_s))
+        return 0;
+    if (conns < 1 || conns > 1000000 || per_ip < 1 || per_ip > conns || threads < 1 || threads > 256 ||
+        !(o->request_timeout >= 1 && o->request_timeout <= 86400) || !(o->max_gen_s >= 0) || !(o->max_queue_s >= 0)) {
+        cli_usage_error("serve", "need 1 <= max-conns <= 1000000, 1 <= max-conns-per-ip <= max-conns, 1 <= threads "
+                                 "<= 256, 1 <= request-timeout <= 86400, gen-timeout >= 0, queue-timeout >= 0");
+        return 0;
+    }
+    o->max_connections = (int)conns;
+    o->max_conns_per_ip = (int)per_ip;
+    o->threads = (int)threads;
+    return 1;
+}
 
 static int serve_options(int argc, char **argv, k3c_server_opts *o) {
     long long port, slots, queue, cap, body, img;
@@ -15,7 +38,8 @@ static int serve_options(int argc, char **argv, k3c_server_opts *o) {
         !cli_opt_int(argc, argv, "--queue", o->queue_max, &queue) ||
         !cli_opt_int(argc, argv, "--max-tokens-cap", o->max_tokens_cap, &cap) ||
         !cli_opt_int(argc, argv, "--max-body", (long long)o->max_body, &body) ||
-        !cli_opt_int(argc, argv, "--max-image-bytes", (long long)o->max_image_bytes, &img))
+        !cli_opt_int(argc, argv, "--max-image-bytes", (long long)o->max_image_bytes, &img) ||
+        !serve_conn_options(argc, argv, o))
         return 0;
     if (port < 0 || port > 65535 || slots < 1 || slots > 256 || queue < 0 || cap < 1 || body < 64 || img < 1) {
         cli_usage_error("serve", "need 0 <= port <= 65535, 1 <= slots <= 256, queue >= 0, max-tokens-cap >= 1, "
@@ -40,11 +64,17 @@ int cmd_serve(int argc, char **argv) {
                "                 [--api-key KEY] [--max-tokens-cap 1024] [--max-body 4194304] [--name NAME]\n"
                "                 [--pattern cl100k|kimi] [--device cpu|cuda] [--gemm "
                "fp32|tf32|bf16] [--kernels bf16|fp16|fp32]\n"
-               "                 [--max-image-bytes 2097152]\n"
+               "                 [--max-image-bytes 2097152] [--max-conns 4096] [--max-conns-per-ip 64] [--threads 4]\n"
+               "                 [--request-timeout 30] [--gen-timeout 600] [--queue-timeout 60]\n"
                "An OpenAI-compatible HTTP server: GET /v1/models, POST /v1/chat/completions (messages, tools,\n"
                "stream), POST /v1/completions, POST /tokenize, POST /detokenize, GET /health (503 while loading),\n"
                "GET /metrics (Prometheus). --slots N: sequences decoded together by the inference engine\n"
                "(continuous batching; --device cuda runs it on the GPU). --port 0 picks a free port (printed).\n"
+               "Connections: --threads polling threads serve them all (idle ones hold no thread); a request must\n"
+               "arrive whole within --request-timeout seconds of connecting or of the previous answer, else the\n"
+               "connection is closed; an address's connections beyond --max-conns-per-ip are answered 503 with\n"
+               "Retry-After (beyond twice it, refused). A generation may run --gen-timeout seconds (504) and wait\n"
+               "--queue-timeout seconds for a slot (503); 0 = no limit.\n"
                "The API key may also come from K3C_API_KEY; /health and /metrics need none. SIGINT / SIGTERM stop\n"
                "it gracefully. Requests default to the chat options the checkpoint was fine-tuned with\n"
                "(trainer_state.json \"chat\", written by k3c sft / rl). docs/SERVING.md.\n");
@@ -74,6 +104,12 @@ int cmd_serve(int argc, char **argv) {
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* every connection is a descriptor: take what the hard limit allows (the server checks it is enough) */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
     k3c_err err = {0};
     cli_device dev = {0}; /* opened before listening: a device this build lacks is refused up front */
     if (cli_device_open(&dopt, &dev, &err)) return cli_fail("serve", &err);

@@ -5,7 +5,6 @@
 #include "model/model.h"
 #include "tok/tok.h"
 
-#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,20 +30,17 @@ static void reply_json(api_reply *r, int status) {
     r->content_type = "application/json";
 }
 
-/* 1 when the client closed its side (a disconnect while its request waits or streams). */
-static int client_gone(int fd) {
-    if (fd < 0) return 0;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
-}
-
 /* ---------------------------------------------------------------- a generation call */
 
+/* One generation: written by the engine thread (sinks), read by the HTTP layer, which never waits on it: when there is
+ * nothing to read it arms a one-shot wake and parks the connection until the engine has more. */
 struct api_stream {
     k3c_server *s;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int refs, done, streaming, include_usage, chat, failed, client_fd;
+    atomic_int refs; /* atomic, not under mu: the HTTP layer takes one while holding its own lock (lock order) */
+    int done, streaming, include_usage, chat, failed, gone;
+    k3c_api_wake wake; /* armed by a read that found nothing: called (mu held) once there is something */
+    void *wake_ctx;
     k3c_sbuf out; /* SSE bytes not yet read by the HTTP layer */
     size_t out_off;
     k3c_turn turn;
@@ -58,18 +54,22 @@ struct api_stream {
 };
 
 static void call_unref(api_stream *c) {
-    pthread_mutex_lock(&c->mu);
-    int last = --c->refs == 0;
-    pthread_mutex_unlock(&c->mu);
-    if (!last) return;
+    if (atomic_fetch_sub(&c->refs, 1) != 1) return;
     k3c_sched_release(c->job);
     k3c_turn_free(&c->turn);
     k3c_sbuf_free(&c->out);
     k3c_sbuf_free(&c->text);
     k3c_api_logprobs_free(&c->lp);
-    pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);
+}
+
+/* Fires the armed wake (mu held) when the reader has something: new stream bytes, or the end. */
+static void notify(api_stream *c) {
+    if (!c->wake || (!c->done && !(c->streaming && c->out_off < c->out.len))) return;
+    k3c_api_wake fn = c->wake;
+    c->wake = NULL;
+    fn(c->wake_ctx);
 }
 
 static void on_delta(void *ctx, const k3c_chat_delta *d) {
@@ -92,9 +92,22 @@ static int on_token(void *ctx, const k3c_sampled *t, int is_stop) {
     int rc = c->meta.lp && !is_stop && k3c_api_logprobs_add(c->meta.lp, t, &c->err) ? -1 : 0;
     if (!rc) rc = k3c_turn_token(&c->turn, t->id, is_stop, &c->err);
     if (rc < 0) c->failed = 1;
-    pthread_cond_broadcast(&c->cv);
+    notify(c);
     pthread_mutex_unlock(&c->mu);
     return rc != 0;
+}
+
+/* The error a failed or timed-out call answers with. */
+static void call_error(const api_stream *c, k3c_api_error *e) {
+    if (c->why == K3C_SCHED_FINISH_TIMEOUT)
+        k3c_api_fail(e, 504, "server_error", "generation_timeout", NULL,
+                     "The generation ran past the server's limit of %g s (%lld tokens generated)", c->s->o.max_gen_s,
+                     (long long)c->n_gen);
+    else if (c->why == K3C_SCHED_FINISH_QUEUE_TIMEOUT)
+        k3c_api_fail(e, 503, "server_error", "queue_timeout", NULL,
+                     "The request waited longer than %g s for a free slot; retry later", c->s->o.max_queue_s);
+    else
+        k3c_api_fail(e, 500, "server_error", NULL, NULL, "generation failed: %s", c->err.msg);
 }
 
 static void on_done(void *ctx, k3c_sched_finish why, int64_t n_gen, const k3c_err *err) {
@@ -103,53 +116,56 @@ static void on_done(void *ctx, k3c_sched_finish why, int64_t n_gen, const k3c_er
     c->why = why;
     c->n_gen = n_gen;
     if (err) c->err = *err;
-    c->failed |= err != NULL || why == K3C_SCHED_FINISH_ERROR || k3c_turn_finish(&c->turn, c->failed ? NULL : &c->err);
+    c->failed |= err != NULL || why == K3C_SCHED_FINISH_ERROR || why == K3C_SCHED_FINISH_TIMEOUT ||
+                 why == K3C_SCHED_FINISH_QUEUE_TIMEOUT || k3c_turn_finish(&c->turn, c->failed ? NULL : &c->err);
     if (c->streaming && c->failed) {
         k3c_api_error e;
-        k3c_api_fail(&e, 500, "server_error", NULL, NULL, "generation failed: %s", c->err.msg);
+        call_error(c, &e);
         k3c_sse_error(&c->out, &e);
     } else if (c->streaming) {
         const char *fin = c->chat ? k3c_api_chat_finish(why, c->turn.msg.ncalls) : k3c_sched_finish_name(why);
         k3c_sse_finish(&c->out, &c->meta, fin, c->include_usage, c->n_prompt, n_gen);
     }
     c->done = 1;
-    pthread_cond_broadcast(&c->cv);
+    notify(c);
     pthread_mutex_unlock(&c->mu);
     k3c_metrics_tokens(c->s->metrics, c->n_prompt, n_gen);
     call_unref(c);
 }
 
-/* Waits on the call's condition for at most 200 ms (mu held): long enough to be idle, short enough to notice a
- * client that hung up. */
-static void wait_a_while(api_stream *c) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 200 * 1000 * 1000;
-    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
-    pthread_cond_timedwait(&c->cv, &c->mu, &ts);
-}
-
-long k3c_api_stream_read(api_stream *c, char *buf, size_t max) {
+long k3c_api_stream_read(api_stream *c, char *buf, size_t max, k3c_api_wake wake, void *ctx) {
     pthread_mutex_lock(&c->mu);
-    long got = 0;
-    for (;;) {
-        if (c->out_off < c->out.len) {
-            size_t n = c->out.len - c->out_off < max ? c->out.len - c->out_off : max;
-            memcpy(buf, c->out.buf + c->out_off, n);
-            c->out_off += n;
-            if (c->out_off == c->out.len) c->out_off = c->out.len = 0;
-            got = (long)n;
-            break;
-        }
-        if (c->done) break;
-        wait_a_while(c);
-        if (!c->done && c->out_off == c->out.len && client_gone(c->client_fd)) {
-            got = -1;
-            break;
-        }
+    long got = K3C_API_AGAIN;
+    if (c->gone) {
+        got = -1;
+    } else if (c->out_off < c->out.len) {
+        size_t n = c->out.len - c->out_off < max ? c->out.len - c->out_off : max;
+        memcpy(buf, c->out.buf + c->out_off, n);
+        c->out_off += n;
+        if (c->out_off == c->out.len) c->out_off = c->out.len = 0;
+        got = (long)n;
+    } else if (c->done) {
+        got = 0;
+    } else {
+        c->wake = wake, c->wake_ctx = ctx;
     }
     pthread_mutex_unlock(&c->mu);
     return got;
+}
+
+void k3c_api_stream_disarm(api_stream *c) {
+    pthread_mutex_lock(&c->mu);
+    c->wake = NULL;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void k3c_api_stream_hold(api_stream *c) { atomic_fetch_add(&c->refs, 1); }
+
+void k3c_api_stream_gone(api_stream *c) {
+    pthread_mutex_lock(&c->mu);
+    c->gone = 1;
+    pthread_mutex_unlock(&c->mu);
+    k3c_sched_cancel(c->job); /* may run on_done here when still queued */
 }
 
 void k3c_api_stream_close(api_stream *c) {
@@ -159,7 +175,7 @@ void k3c_api_stream_close(api_stream *c) {
 
 /* Starts a generation for a validated request; returns the call (two references: the caller's and the engine's) or
  * NULL with the error reply set. */
-static api_stream *start_call(k3c_server *s, k3c_api_req *q, int client_fd, api_reply *r) {
+static api_stream *start_call(k3c_server *s, k3c_api_req *q, api_reply *r) {
     api_stream *c = calloc(1, sizeof *c);
     k3c_err err = {0};
     if (!c) {
@@ -167,7 +183,6 @@ static api_stream *start_call(k3c_server *s, k3c_api_req *q, int client_fd, api_
         return NULL;
     }
     pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
     k3c_sbuf_init(&c->out);
     k3c_sbuf_init(&c->text);
     c->s = s;
@@ -175,7 +190,6 @@ static api_stream *start_call(k3c_server *s, k3c_api_req *q, int client_fd, api_
     c->chat = q->kind == K3C_API_CHAT;
     c->streaming = q->stream;
     c->include_usage = q->include_usage;
-    c->client_fd = client_fd;
     c->n_prompt = (int64_t)q->prompt.n;
     k3c_api_meta_init(&c->meta, c->chat, s->model_name, atomic_fetch_add(&s->serial, 1) ^ (uint64_t)time(NULL) << 20);
     c->lp.tok = s->lim.tok;
@@ -193,7 +207,9 @@ static api_stream *start_call(k3c_server *s, k3c_api_req *q, int client_fd, api_
                         .params = q->params,
                         .n_embeds = q->n_embeds,
                         .embed_pos = q->embed_pos,
-                        .embeds = q->embeds};
+                        .embeds = q->embeds,
+                        .max_queue_s = s->o.max_queue_s,
+                        .max_gen_s = s->o.max_gen_s};
     memcpy(sr.stop_ids, s->stop_ids, sizeof sr.stop_ids);
     k3c_sched_sink sink = {on_token, on_done, c};
     c->refs = 2;
@@ -201,53 +217,33 @@ static api_stream *start_call(k3c_server *s, k3c_api_req *q, int client_fd, api_
     if (rc) {
         c->refs = 1;
         call_unref(c);
-        if (rc == K3C_ENOMEM)
+        if (rc == K3C_ENOMEM) {
             fail(r, 503, "server_error", "server_overloaded", "The server is overloaded (%s); retry later", err.msg);
-        else
+            r->retry_after = 1;
+        } else {
             fail(r, 400, "invalid_request_error", NULL, "%s", err.msg);
+        }
         return NULL;
     }
     return c;
 }
 
-/* Waits for a whole (non-streamed) answer; 0 if the client went away meanwhile (then nothing is sent). */
-static int wait_done(api_stream *c) {
-    int gone = 0;
+int k3c_api_result(api_stream *c, api_reply *r, k3c_api_wake wake, void *ctx) {
     pthread_mutex_lock(&c->mu);
-    while (!c->done) {
-        wait_a_while(c);
-        if (!c->done && !gone && client_gone(c->client_fd)) {
-            gone = 1;
-            pthread_mutex_unlock(&c->mu);
-            k3c_sched_cancel(c->job);
-            pthread_mutex_lock(&c->mu);
-        }
-    }
+    const int done = c->done, gone = c->gone;
+    if (!done) c->wake = wake, c->wake_ctx = ctx;
     pthread_mutex_unlock(&c->mu);
-    return !gone;
-}
-
-static void generate(k3c_server *s, k3c_api_kind kind, const char *body, size_t n, int fd, api_reply *r) {
-    k3c_api_req q;
-    k3c_api_error e;
-    if (k3c_api_parse(kind, body, n, &s->lim, &q, &e)) {
-        reply_error(r, &e);
-        k3c_api_req_free(&q);
-        return;
-    }
-    api_stream *c = start_call(s, &q, fd, r);
-    k3c_api_req_free(&q);
-    if (!c) return;
-    if (c->streaming) {
-        r->status = 200;
-        r->content_type = "text/event-stream";
-        r->stream = c;
-        return;
-    }
-    if (!wait_done(c)) {
+    if (!done) return 0;
+    k3c_sbuf_init(&r->body);
+    r->call = NULL;
+    r->retry_after = 0;
+    if (gone) {
         r->status = 0; /* nobody to answer */
     } else if (c->failed) {
-        fail(r, 500, "server_error", NULL, "generation failed: %s", c->err.msg);
+        k3c_api_error e;
+        call_error(c, &e);
+        reply_error(r, &e);
+        r->retry_after = c->why == K3C_SCHED_FINISH_QUEUE_TIMEOUT;
     } else {
         reply_json(r, 200);
         if (c->chat)
@@ -257,7 +253,26 @@ static void generate(k3c_server *s, k3c_api_kind kind, const char *body, size_t 
             k3c_api_completion_json(&r->body, &c->meta, c->text.buf ? c->text.buf : "", c->text.len,
                                     k3c_sched_finish_name(c->why), c->n_prompt, c->n_gen);
     }
-    k3c_api_stream_close(c);
+    return 1;
+}
+
+static void generate(k3c_server *s, k3c_api_kind kind, const char *body, size_t n, api_reply *r) {
+    k3c_api_req q;
+    k3c_api_error e;
+    if (k3c_api_parse(kind, body, n, &s->lim, &q, &e)) {
+        reply_error(r, &e);
+        k3c_api_req_free(&q);
+        return;
+    }
+    api_stream *c = start_call(s, &q, r);
+    k3c_api_req_free(&q);
+    if (!c) return;
+    r->call = c;
+    r->streamed = c->streaming;
+    if (c->streaming) {
+        r->status = 200;
+        r->content_type = "text/event-stream";
+    }
 }
 
 /* ---------------------------------------------------------------- the other endpoints */
@@ -321,7 +336,7 @@ static const route ROUTES[] = {
 };
 
 static int handle(k3c_server *s, const char *method, const char *path, const char *auth, const char *body, size_t n,
-                  int fd, api_reply *r) {
+                  api_reply *r) {
     const route *rt = NULL;
     for (size_t i = 0; i < sizeof ROUTES / sizeof *ROUTES; i++)
         if (!strcmp(path, ROUTES[i].path)) rt = &ROUTES[i];
@@ -347,26 +362,34 @@ static int handle(k3c_server *s, const char *method, const char *path, const cha
         r->status = 200;
         r->content_type = "text/plain; version=0.0.4";
         k3c_metrics_render(s->metrics, &r->body, &st, ready);
+        k3c_conn_stats cs;
+        http_guard_stats(s->guard, &cs);
+        k3c_metrics_render_conns(&r->body, &cs);
         return 0;
     }
     if (!authorized(s, auth))
         return fail(r, 401, "authentication_error", "invalid_api_key", "%s",
                     "Incorrect API key provided: send it as 'Authorization: Bearer KEY'");
     if (!strcmp(path, "/v1/models")) return models(s, r);
-    if (!ready)
+    if (!ready) {
+        r->retry_after = 1;
         return fail(r, 503, "server_error", "model_loading", "%s",
                     atomic_load(&s->stopping) ? "The server is shutting down" : "The model is still loading");
+    }
     if (rt->kind == K3C_API_TOKENIZE || rt->kind == K3C_API_DETOKENIZE)
         return tokenize(s, (k3c_api_kind)rt->kind, body, n, r);
-    generate(s, (k3c_api_kind)rt->kind, body, n, fd, r);
+    generate(s, (k3c_api_kind)rt->kind, body, n, r);
     return 0;
 }
 
 void k3c_api_handle(k3c_server *s, const char *method, const char *path, const char *auth, const char *body, size_t n,
-                    int fd, api_reply *r) {
+                    api_reply *r) {
     k3c_sbuf_init(&r->body);
-    r->stream = NULL;
-    handle(s, method, path, auth, body, n, fd, r);
+    r->call = NULL;
+    r->streamed = 0;
+    r->retry_after = 0;
+    r->status = 0;
+    handle(s, method, path, auth, body, n, r);
 }
 
 /* ---------------------------------------------------------------- model hand-over */

@@ -10,7 +10,7 @@ static const char *const ENDPOINTS[] = {
     "/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/health", "/metrics",
     "other"};
 #define N_EP (int)(sizeof ENDPOINTS / sizeof *ENDPOINTS)
-static const int STATUSES[] = {200, 400, 401, 404, 405, 413, 415, 429, 500, 503};
+static const int STATUSES[] = {200, 400, 401, 404, 405, 413, 415, 429, 499, 500, 503, 504};
 #define N_ST (int)(sizeof STATUSES / sizeof *STATUSES)
 static const double BUCKETS[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 #define N_BK (int)(sizeof BUCKETS / sizeof *BUCKETS)
@@ -111,4 +111,17 @@ void k3c_metrics_render(k3c_metrics *m, k3c_sbuf *s, const k3c_sched_stats *sche
                         (unsigned long long)m->count[e]);
     }
     pthread_mutex_unlock(&m->mu);
+}
+
+void k3c_metrics_render_conns(k3c_sbuf *s, const k3c_conn_stats *c) {
+    k3c_sbuf_printf(s,
+                    "# HELP k3c_connections Open HTTP connections.\n# TYPE k3c_connections gauge\nk3c_connections %d\n"
+                    "# HELP k3c_connections_parked Connections waiting for their generation (no thread held).\n"
+                    "# TYPE k3c_connections_parked gauge\nk3c_connections_parked %d\n"
+                    "# HELP k3c_connections_timed_out_total Connections closed for not sending a whole request in "
+                    "time.\n# TYPE k3c_connections_timed_out_total counter\nk3c_connections_timed_out_total %llu\n"
+                    "# HELP k3c_connections_over_limit_total Connections accepted beyond the per-address limit (their "
+                    "requests are answered 503).\n# TYPE k3c_connections_over_limit_total "
+                    "counter\nk3c_connections_over_limit_total %llu\n",
+                    c->open, c->parked, (unsigned long long)c->timed_out, (unsigned long long)c->over_limit);
 }

@@ -18,4 +18,12 @@ void k3c_metrics_tokens(k3c_metrics *m, int64_t prompt, int64_t generated);
  * loaded. */
 void k3c_metrics_render(k3c_metrics *m, k3c_sbuf *s, const k3c_sched_stats *sched, int ready);
 
+/* The HTTP layer's connections: open now, parked now (waiting for their generation), closed for missing the request
+ * deadline, accepted beyond the per-address limit (answered 503). */
+typedef struct {
+    int open, parked;
+    uint64_t timed_out, over_limit;
+} k3c_conn_stats;
+void k3c_metrics_render_conns(k3c_sbuf *s, const k3c_conn_stats *c);
+
 #endif

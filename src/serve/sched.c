@@ -19,7 +19,8 @@ struct k3c_sched_job {
     int refs; /* the caller's handle + the scheduler's */
     atomic_int cancelled;
     int queued;
-    int64_t seq, n_gen; /* the engine's id while in a slot */
+    double t_submit, t_admit; /* k3c_now() when queued and when it took a slot */
+    int64_t seq, n_gen;       /* the engine's id while in a slot */
     k3c_sched_job *next;
 };
 
@@ -44,8 +45,8 @@ void k3c_gen_params_default(k3c_gen_params *p) {
 }
 
 const char *k3c_sched_finish_name(k3c_sched_finish f) {
-    static const char *const names[] = {"stop", "length", "cancelled", "error"};
-    return f >= K3C_SCHED_FINISH_STOP && f <= K3C_SCHED_FINISH_ERROR ? names[f] : "error";
+    static const char *const names[] = {"stop", "length", "cancelled", "error", "timeout", "queue_timeout"};
+    return f >= K3C_SCHED_FINISH_STOP && f <= K3C_SCHED_FINISH_QUEUE_TIMEOUT ? names[f] : "error";
 }
 
 static void job_free(k3c_sched_job *j) {
@@ -105,6 +106,7 @@ static void admit(k3c_sched *s) {
         s->n_queued--;
         s->running[i] = j;
         s->n_running++;
+        j->t_admit = k3c_now();
         if (s->closing) atomic_store(&j->cancelled, 1);
         k3c_err err = {0};
         k3c_request r = engine_request(&j->req);
@@ -124,6 +126,34 @@ static void drop_cancelled(k3c_sched *s) {
             k3c_engine_cancel(s->e, s->running[i]->seq, NULL);
             finish_slot(s, i, K3C_SCHED_FINISH_CANCELLED, NULL);
         }
+}
+
+/* Ends the jobs past their time limits (mu held): running ones over max_gen_s, queued ones over max_queue_s. */
+static void expire(k3c_sched *s) {
+    const double now = k3c_now();
+    for (int i = 0; i < s->slots; i++) {
+        const k3c_sched_job *j = s->running[i];
+        if (j && j->req.max_gen_s > 0 && now - j->t_admit > j->req.max_gen_s) {
+            k3c_engine_cancel(s->e, j->seq, NULL);
+            finish_slot(s, i, K3C_SCHED_FINISH_TIMEOUT, NULL);
+        }
+    }
+    for (k3c_sched_job **pp = &s->head, *prev = NULL; *pp;) {
+        k3c_sched_job *j = *pp;
+        if (!(j->req.max_queue_s > 0 && now - j->t_submit > j->req.max_queue_s)) {
+            prev = j, pp = &j->next;
+            continue;
+        }
+        *pp = j->next;
+        if (s->tail == j) s->tail = prev;
+        j->queued = 0;
+        s->n_queued--;
+        pthread_mutex_unlock(&s->mu);
+        j->sink.on_done(j->sink.ctx, K3C_SCHED_FINISH_QUEUE_TIMEOUT, 0, NULL);
+        job_unref(j);
+        pthread_mutex_lock(&s->mu);
+        pp = &s->head, prev = NULL; /* the queue may have changed meanwhile */
+    }
 }
 
 static int slot_of(const k3c_sched *s, int64_t seq) {
@@ -180,6 +210,7 @@ static void *engine_thread(void *arg) {
     pthread_mutex_lock(&s->mu);
     for (;;) {
         drop_cancelled(s);
+        expire(s);
         admit(s);
         if (s->n_running == 0) {
             if (s->closing && !s->head) break;
@@ -282,6 +313,7 @@ int k3c_sched_submit(k3c_sched *s, const k3c_sched_req *r, const k3c_sched_sink 
     j->sink = *sink;
     j->refs = 2;
     j->queued = 1;
+    j->t_submit = k3c_now();
     pthread_mutex_lock(&s->mu);
     if (s->closing || s->n_queued >= s->queue_max + (s->slots - s->n_running)) {
         int closing = s->closing;

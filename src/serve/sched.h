@@ -32,16 +32,22 @@ typedef struct {
     int64_t n_embeds;
     const int32_t *embed_pos;
     const float *embeds;
+    /* seconds a job may wait for a slot, and may generate once in one (0: no limit); past either it ends with
+     * K3C_SCHED_FINISH_QUEUE_TIMEOUT / K3C_SCHED_FINISH_TIMEOUT, checked between engine steps */
+    double max_queue_s, max_gen_s;
 } k3c_sched_req;
 
 typedef enum {
-    K3C_SCHED_FINISH_STOP = 0,  /* a stop id, or the sink asked to stop (a stop string) */
-    K3C_SCHED_FINISH_LENGTH,    /* max_new ids */
-    K3C_SCHED_FINISH_CANCELLED, /* k3c_sched_cancel, or the scheduler shut down */
-    K3C_SCHED_FINISH_ERROR,     /* the engine failed: the message is in the done event */
+    K3C_SCHED_FINISH_STOP = 0,      /* a stop id, or the sink asked to stop (a stop string) */
+    K3C_SCHED_FINISH_LENGTH,        /* max_new ids */
+    K3C_SCHED_FINISH_CANCELLED,     /* k3c_sched_cancel, or the scheduler shut down */
+    K3C_SCHED_FINISH_ERROR,         /* the engine failed: the message is in the done event */
+    K3C_SCHED_FINISH_TIMEOUT,       /* generated for longer than max_gen_s */
+    K3C_SCHED_FINISH_QUEUE_TIMEOUT, /* waited for a slot longer than max_queue_s (nothing generated) */
 } k3c_sched_finish;
 
-const char *k3c_sched_finish_name(k3c_sched_finish f); /* OpenAI spelling: "stop", "length", "cancelled", "error" */
+/* OpenAI spelling: "stop", "length", "cancelled", "error"; "timeout", "queue_timeout" */
+const char *k3c_sched_finish_name(k3c_sched_finish f);
 
 /* Where a job's events go; called on the engine thread, one job's events in order. on_token gets each generated id
  * with its logprob and top alternatives (t->n_top = params.top_logprobs when params.logprobs; is_stop: it is one of
