@@ -84,9 +84,10 @@ __device__ __forceinline__ void row_dots(const void *w, const uint8_t *scale, in
         for (int o = 16; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
 }
 
-template <int TYPE> __global__ void embed_kernel(const void *w, int64_t C, const int32_t *ids, float *y) {
+template <int TYPE>
+__global__ void embed_kernel(const void *w, const uint8_t *scale, int64_t C, const int32_t *ids, float *y) {
     const int64_t i = blockIdx.x;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) y[i * C + c] = welem<TYPE>(w, nullptr, ids[i], C, c);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) y[i * C + c] = welem<TYPE>(w, scale, ids[i], C, c);
 }
 
 __device__ __forceinline__ float conv_sigm(float x) { /* short_conv.c sigm */
@@ -507,11 +508,13 @@ int cu_qmat_mul_heads(void *ctx, const k3c_qmat *W, int64_t heads, const float *
 int cu_embed(const k3c_qmat *E, const int32_t *ids, int64_t n, float *y, k3c_err *err) {
     if (n <= 0) return K3C_OK;
     if (E->type == K3C_QMAT_F32)
-        embed_kernel<K3C_QMAT_F32><<<(unsigned)n, 256, 0, K3C_STREAM>>>(E->w, E->cols, ids, y);
+        embed_kernel<K3C_QMAT_F32><<<(unsigned)n, 256, 0, K3C_STREAM>>>(E->w, nullptr, E->cols, ids, y);
     else if (E->type == K3C_QMAT_BF16)
-        embed_kernel<K3C_QMAT_BF16><<<(unsigned)n, 256, 0, K3C_STREAM>>>(E->w, E->cols, ids, y);
+        embed_kernel<K3C_QMAT_BF16><<<(unsigned)n, 256, 0, K3C_STREAM>>>(E->w, nullptr, E->cols, ids, y);
+    else if (E->type == K3C_QMAT_MXFP4)
+        embed_kernel<K3C_QMAT_MXFP4><<<(unsigned)n, 256, 0, K3C_STREAM>>>(E->w, E->scale, E->cols, ids, y);
     else
-        return k3c_errf(err, K3C_EUNSUPPORTED, "engine embed (cuda): an MXFP4 embedding table");
+        return k3c_errf(err, K3C_EUNSUPPORTED, "engine embed (cuda): storage type %d", E->type);
     K3C_CU_LAUNCHED("engine embed");
     return K3C_OK;
 }
