@@ -185,12 +185,12 @@ static void validation(void) {
           bad.buf);
     k3c_sbuf_free(&bad);
     CHECK(k3c_api_parse(K3C_API_CHAT, ok, strlen(ok), &lim, &q, &e) == 0, "valid request: %s", e.message);
-    CHECK(q.params.temperature == 0.5 && q.params.top_p == 0.9 && q.params.top_k == 40 && q.params.min_p == 0.05 &&
-              q.params.presence_penalty == 0.5 && q.params.frequency_penalty == -0.5 &&
-              q.params.repetition_penalty == 1.1 && q.params.seed == (uint64_t)-3 && q.params.logprobs == 1 &&
-              q.params.top_logprobs == 3,
+    const k3c_sampler *sm = &q.gen.sampler;
+    CHECK(sm->temperature == 0.5 && sm->top_p == 0.9 && sm->top_k == 40 && sm->min_p == 0.05 &&
+              sm->presence_penalty == 0.5 && sm->frequency_penalty == -0.5 && sm->repetition_penalty == 1.1 &&
+              sm->seed == (uint64_t)-3 && q.logprobs == 1 && sm->logprobs == 3,
           "sampling parameters carried");
-    CHECK(q.max_tokens == 10 && q.nstop == 2 && !strcmp(q.stop[1], "bc") && q.stream && q.include_usage,
+    CHECK(q.gen.max_new == 10 && q.nstop == 2 && !strcmp(q.stop[1], "bc") && q.stream && q.include_usage,
           "max_tokens, stop, stream");
     CHECK(q.prompt.n > 5 && q.parse.format == K3C_CHAT_XTML && q.parse.in_think == 1, "rendered prompt %zu ids",
           q.prompt.n);
@@ -200,12 +200,12 @@ static void validation(void) {
     k3c_api_req_free(&q);
     /* no max_tokens: the cap, bounded by the context */
     const char *small = "{\"prompt\":\"Hello world\"}";
-    CHECK(k3c_api_parse(K3C_API_COMPLETION, small, strlen(small), &lim, &q, &e) == 0 && q.max_tokens == 32,
-          "default max_tokens = cap (%lld)", (long long)q.max_tokens);
+    CHECK(k3c_api_parse(K3C_API_COMPLETION, small, strlen(small), &lim, &q, &e) == 0 && q.gen.max_new == 32,
+          "default max_tokens = cap (%lld)", (long long)q.gen.max_new);
     k3c_api_req_free(&q);
     const char *ids = "{\"prompt\":[1,2,3],\"max_tokens\":253}";
     CHECK(k3c_api_parse(K3C_API_COMPLETION, ids, strlen(ids), &lim, &q, &e) == 0 && q.prompt.n == 3 &&
-              q.max_tokens == 32,
+              q.gen.max_new == 32,
           "ids prompt, max_tokens capped");
     k3c_api_req_free(&q);
 
@@ -311,7 +311,7 @@ static void canned_stream(void) {
     for (; i < ids.n && rc == 0; i++) rc = k3c_turn_token(&t, ids.ids[i], ids.ids[i] == eom, &err);
     CHECK(rc == 1 && i == ids.n, "ended at the end-of-message id (%d at %zu of %zu)", rc, i, ids.n);
     CHECK_OK(k3c_turn_finish(&t, &err), &err);
-    k3c_sse_finish(&sse, &meta, k3c_api_chat_finish(K3C_SCHED_FINISH_STOP, t.msg.ncalls), 1, 7, (int64_t)ids.n);
+    k3c_sse_finish(&sse, &meta, k3c_api_chat_finish(K3C_FINISH_STOP, t.msg.ncalls), 1, 7, (int64_t)ids.n);
     CHECK(t.msg.ncalls == 1 && !strcmp(t.msg.call_name[0], "get_weather") &&
               !strcmp(t.msg.call_args[0], "{\"city\":\"Paris\"}"),
           "one call get_weather(Paris): %zu %s", t.msg.ncalls, t.msg.ncalls ? t.msg.call_args[0] : "");
@@ -397,7 +397,7 @@ static void run_turn(const k3c_chat_parse_opts *po, const char *out, k3c_turn *t
     k3c_api_meta meta;
     k3c_api_meta_init(&meta, 1, "tiny", 7);
     k3c_sbuf_init(resp);
-    k3c_api_chat_json(resp, &meta, &t->msg, k3c_api_chat_finish(K3C_SCHED_FINISH_STOP, t->msg.ncalls), 3, 4);
+    k3c_api_chat_json(resp, &meta, &t->msg, k3c_api_chat_finish(K3C_FINISH_STOP, t->msg.ncalls), 3, 4);
     k3c_tok_ids_free(&ids);
 }
 

@@ -24,6 +24,7 @@ typedef struct {
     int64_t snapshot_every; /* prefix snapshots at prompt ends and every this many tokens (0 = no prefix cache) */
     int max_snapshots;      /* snapshots kept, least recently used evicted first (0 = 64) */
     int threads;            /* OpenMP threads (0 = the default) */
+    int max_queue; /* sequences waiting beyond the free slots at most (0 = no bound, -1 = none); more are K3C_ENOMEM */
 } k3c_engine_opts;
 
 #define K3C_MAX_STOP_IDS 16
@@ -39,17 +40,28 @@ typedef struct {
     int64_t n_embeds;
     const int32_t *embed_pos;
     const float *embeds;
+    /* Seconds the sequence may wait for a slot, and may run once in one (0: no limit); past either it ends with
+       K3C_FINISH_QUEUE_TIMEOUT / K3C_FINISH_TIMEOUT, checked at the start of each step. */
+    double max_queue_s, max_gen_s;
 } k3c_request;
 
 typedef enum {
-    K3C_FINISH_NONE = 0, /* the sequence continues */
-    K3C_FINISH_STOP,     /* a stop id was sampled */
-    K3C_FINISH_LENGTH,   /* max_new tokens, or the context (max_ctx) is full */
+    K3C_FINISH_NONE = 0,      /* the sequence continues */
+    K3C_FINISH_STOP,          /* a stop id was sampled (or, in the scheduler, the consumer stopped at a stop string) */
+    K3C_FINISH_LENGTH,        /* max_new tokens, or the context (max_ctx) is full */
+    K3C_FINISH_TIMEOUT,       /* ran longer than max_gen_s (no token in this event) */
+    K3C_FINISH_QUEUE_TIMEOUT, /* waited for a slot longer than max_queue_s (nothing generated, no token) */
+    K3C_FINISH_CANCELLED,     /* the scheduler's: cancelled, or the scheduler shut down */
+    K3C_FINISH_ERROR,         /* the scheduler's: the engine failed */
 } k3c_finish;
+
+/* OpenAI's spelling: "stop", "length", "timeout", "queue_timeout", "cancelled", "error" (NONE: "none"). */
+const char *k3c_finish_name(k3c_finish f);
 
 typedef struct {
     int64_t seq;       /* the id k3c_engine_submit returned */
-    k3c_sampled token; /* the sampled id, its logprob and the top alternatives (sampler.logprobs of them) */
+    k3c_sampled token; /* the sampled id (-1 in an event without a token), its logprob and the top alternatives
+                          (sampler.logprobs of them) */
     int finish;        /* k3c_finish: not NONE on the sequence's last event; its id is then released */
 } k3c_engine_event;
 
@@ -58,6 +70,9 @@ typedef struct {
     size_t kda_state_bytes;      /* of which the KDA states and conv tails (independent of length) */
     size_t latent_bytes_per_tok; /* latent cache per token, all MLA layers */
     int64_t prefix_hits, prefix_tokens_reused, snapshots;
+    int queued, running;       /* sequences waiting for a slot, sequences in one */
+    uint64_t steps, step_seqs; /* forwards run, and the sequences they ran summed (step_seqs / steps: the mean batch) */
+    int batch_max;             /* the most sequences one step ran */
 } k3c_engine_stats;
 
 /* An engine over the float32 parameters of an opened CPU model (views; the model must outlive the engine). */
@@ -65,14 +80,18 @@ int k3c_engine_open(const k3c_model *m, const k3c_engine_opts *o, k3c_engine **o
 /* The same over caller-built weight views (e.g. mmap'd release checkpoints), which must outlive the engine. */
 int k3c_engine_open_weights(const k3c_weights *w, const k3c_engine_opts *o, k3c_engine **out, k3c_err *err);
 /* Queues a prompt (copied); *seq receives its id (> 0). Bad settings, an empty prompt, ids outside the vocabulary or
- * a prompt that leaves no room in max_ctx are K3C_EINVAL and queue nothing. */
+ * a prompt that leaves no room in max_ctx are K3C_EINVAL and queue nothing; a full queue (max_queue) is K3C_ENOMEM.
+ * Submit, cancel, pending and stats may be called from any thread while one thread steps. */
 int k3c_engine_submit(k3c_engine *e, const int32_t *prompt, int64_t n, const k3c_request *r, int64_t *seq,
                       k3c_err *err);
-/* One step: admits waiting sequences, runs one forward, appends one event per sequence that sampled a token (at most
- * max_seqs; cap must hold them). *n_ev = 0 when nothing is left to do. On an error the sequences of the step are
- * dropped (their state is undefined) and the engine stays usable. */
+/* One step: ends the sequences past their time limits, admits waiting ones, runs one forward and appends one event per
+ * sequence that sampled a token or timed out (cap ≥ max_seqs; waiting sequences past their limit are reported while
+ * there is room, the rest at the next step). *n_ev = 0 when nothing is left to do. On an error the sequences of the
+ * step are dropped (their state is undefined), each reported by a K3C_FINISH_ERROR event, and the engine stays
+ * usable. Steps run on one thread at a time. */
 int k3c_engine_step(k3c_engine *e, k3c_engine_event *ev, int cap, int *n_ev, k3c_err *err);
-/* Drops a waiting or active sequence (no further events); K3C_ENOTFOUND for an unknown or finished id. */
+/* Drops a waiting or active sequence (no further events once the step in progress, if any, has returned);
+ * K3C_ENOTFOUND for an unknown or finished id. */
 int k3c_engine_cancel(k3c_engine *e, int64_t seq, k3c_err *err);
 int k3c_engine_pending(const k3c_engine *e); /* sequences waiting or active */
 void k3c_engine_get_stats(const k3c_engine *e, k3c_engine_stats *s);

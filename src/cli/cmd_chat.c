@@ -85,21 +85,15 @@ static int turn(k3c_sched *sched, const k3c_api_limits *lim, const int32_t *stop
     chat_out out = {isatty(STDOUT_FILENO), 0, 0};
     k3c_turn t;
     rc = k3c_turn_init(&t, lim->tok, &q.parse, q.stop, q.nstop, show_delta, NULL, &out, err);
-    k3c_sched_req sr = {.prompt = q.prompt.ids,
-                        .n_prompt = (int64_t)q.prompt.n,
-                        .max_new = q.max_tokens,
-                        .n_stop_ids = n_stop,
-                        .params = q.params,
-                        .n_embeds = q.n_embeds,
-                        .embed_pos = q.embed_pos,
-                        .embeds = q.embeds};
-    memcpy(sr.stop_ids, stop_ids, sizeof sr.stop_ids);
-    k3c_sched_finish why = K3C_SCHED_FINISH_STOP;
+    k3c_request g = q.gen;
+    g.n_stop = n_stop;
+    memcpy(g.stop_ids, stop_ids, sizeof g.stop_ids);
+    k3c_finish why = K3C_FINISH_STOP;
     int64_t n_gen = 0;
-    if (!rc) rc = k3c_turn_run(sched, &sr, &t, &why, &n_gen, err);
+    if (!rc) rc = k3c_turn_run(sched, q.prompt.ids, (int64_t)q.prompt.n, &g, &t, &why, &n_gen, err);
     if (out.in_reasoning) fputs(out.tty ? "\033[0m" : "", stdout);
     printf("\n");
-    if (!rc && why == K3C_SCHED_FINISH_LENGTH) printf("[stopped after %lld tokens]\n", (long long)n_gen);
+    if (!rc && why == K3C_FINISH_LENGTH) printf("[stopped after %lld tokens]\n", (long long)n_gen);
     fflush(stdout);
     if (!rc) remember(history, &t.msg);
     k3c_turn_free(&t);
@@ -183,8 +177,8 @@ static int chat_loop(k3c_serve *sv, const char *system, const char *tools, const
                           K3C_API_MAX_IMAGE_BYTES,
                           K3C_API_MAX_IMAGE_PIXELS,
                           0};
-    int32_t stop_ids[K3C_SCHED_MAX_STOP_IDS] = {0};
-    int n_stop = k3c_turn_stop_ids(sv->tok, cfg, stop_ids, K3C_SCHED_MAX_STOP_IDS);
+    int32_t stop_ids[K3C_MAX_STOP_IDS] = {0};
+    int n_stop = k3c_turn_stop_ids(sv->tok, cfg, stop_ids, K3C_MAX_STOP_IDS);
     k3c_sbuf history;
     k3c_sbuf_init(&history);
     k3c_sbuf_append(&history, "{\"role\":\"system\",\"content\":", 27);

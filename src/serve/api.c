@@ -32,22 +32,21 @@ static void reply_json(api_reply *r, int status) {
 
 /* ---------------------------------------------------------------- a generation call */
 
-/* One generation: written by the engine thread (sinks), read by the HTTP layer, which never waits on it: when there is
- * nothing to read it arms a one-shot wake and parks the connection until the engine has more. */
+/* One generation. The engine thread only posts its events to the job; the HTTP thread that reads the call takes them
+ * (under mu) and turns them into text, chat deltas and server-sent events. When there is nothing to take it arms the
+ * job's one-shot wake and parks the connection until the engine has more. */
 struct api_stream {
     k3c_server *s;
     pthread_mutex_t mu;
     atomic_int refs; /* atomic, not under mu: the HTTP layer takes one while holding its own lock (lock order) */
     int done, streaming, include_usage, chat, failed, gone;
-    k3c_api_wake wake; /* armed by a read that found nothing: called (mu held) once there is something */
-    void *wake_ctx;
     k3c_sbuf out; /* SSE bytes not yet read by the HTTP layer */
     size_t out_off;
     k3c_turn turn;
     k3c_api_meta meta;
     k3c_sbuf text;       /* a completion answered whole */
     k3c_api_logprobs lp; /* when asked for: meta.lp points here */
-    k3c_sched_finish why;
+    k3c_finish why;
     int64_t n_prompt, n_gen;
     k3c_err err;
     k3c_sched_job *job;
@@ -55,6 +54,7 @@ struct api_stream {
 
 static void call_unref(api_stream *c) {
     if (atomic_fetch_sub(&c->refs, 1) != 1) return;
+    k3c_metrics_tokens(c->s->metrics, c->n_prompt, c->n_gen);
     k3c_sched_release(c->job);
     k3c_turn_free(&c->turn);
     k3c_sbuf_free(&c->out);
@@ -62,14 +62,6 @@ static void call_unref(api_stream *c) {
     k3c_api_logprobs_free(&c->lp);
     pthread_mutex_destroy(&c->mu);
     free(c);
-}
-
-/* Fires the armed wake (mu held) when the reader has something: new stream bytes, or the end. */
-static void notify(api_stream *c) {
-    if (!c->wake || (!c->done && !(c->streaming && c->out_off < c->out.len))) return;
-    k3c_api_wake fn = c->wake;
-    c->wake = NULL;
-    fn(c->wake_ctx);
 }
 
 static void on_delta(void *ctx, const k3c_chat_delta *d) {
@@ -85,52 +77,67 @@ static void on_text(void *ctx, const char *s, size_t n) {
         k3c_sbuf_append(&c->text, s, n);
 }
 
-static int on_token(void *ctx, const k3c_sampled *t, int is_stop) {
-    api_stream *c = ctx;
-    pthread_mutex_lock(&c->mu);
-    /* before the text: the chunk this token's text goes out in carries its logprobs (a stop id has no text) */
-    int rc = c->meta.lp && !is_stop && k3c_api_logprobs_add(c->meta.lp, t, &c->err) ? -1 : 0;
-    if (!rc) rc = k3c_turn_token(&c->turn, t->id, is_stop, &c->err);
-    if (rc < 0) c->failed = 1;
-    notify(c);
-    pthread_mutex_unlock(&c->mu);
-    return rc != 0;
-}
-
 /* The error a failed or timed-out call answers with. */
 static void call_error(const api_stream *c, k3c_api_error *e) {
-    if (c->why == K3C_SCHED_FINISH_TIMEOUT)
+    if (c->why == K3C_FINISH_TIMEOUT)
         k3c_api_fail(e, 504, "server_error", "generation_timeout", NULL,
                      "The generation ran past the server's limit of %g s (%lld tokens generated)", c->s->o.max_gen_s,
                      (long long)c->n_gen);
-    else if (c->why == K3C_SCHED_FINISH_QUEUE_TIMEOUT)
+    else if (c->why == K3C_FINISH_QUEUE_TIMEOUT)
         k3c_api_fail(e, 503, "server_error", "queue_timeout", NULL,
                      "The request waited longer than %g s for a free slot; retry later", c->s->o.max_queue_s);
     else
         k3c_api_fail(e, 500, "server_error", NULL, NULL, "generation failed: %s", c->err.msg);
 }
 
-static void on_done(void *ctx, k3c_sched_finish why, int64_t n_gen, const k3c_err *err) {
-    api_stream *c = ctx;
-    pthread_mutex_lock(&c->mu);
+/* The call ends with why (mu held): the turn's held-back text, a stream's closing events; the generation, if still on
+ * (the turn stopped at a stop string, or failed), leaves the engine. */
+static void call_end(api_stream *c, k3c_finish why) {
     c->why = why;
-    c->n_gen = n_gen;
-    if (err) c->err = *err;
-    c->failed |= err != NULL || why == K3C_SCHED_FINISH_ERROR || why == K3C_SCHED_FINISH_TIMEOUT ||
-                 why == K3C_SCHED_FINISH_QUEUE_TIMEOUT || k3c_turn_finish(&c->turn, c->failed ? NULL : &c->err);
+    c->done = 1;
+    if (why == K3C_FINISH_ERROR && !c->failed) snprintf(c->err.msg, sizeof c->err.msg, "%s", k3c_sched_error(c->job));
+    c->failed |= why == K3C_FINISH_ERROR || why == K3C_FINISH_TIMEOUT || why == K3C_FINISH_QUEUE_TIMEOUT ||
+                 k3c_turn_finish(&c->turn, c->failed ? NULL : &c->err);
     if (c->streaming && c->failed) {
         k3c_api_error e;
         call_error(c, &e);
         k3c_sse_error(&c->out, &e);
     } else if (c->streaming) {
-        const char *fin = c->chat ? k3c_api_chat_finish(why, c->turn.msg.ncalls) : k3c_sched_finish_name(why);
-        k3c_sse_finish(&c->out, &c->meta, fin, c->include_usage, c->n_prompt, n_gen);
+        const char *fin = c->chat ? k3c_api_chat_finish(why, c->turn.msg.ncalls) : k3c_finish_name(why);
+        k3c_sse_finish(&c->out, &c->meta, fin, c->include_usage, c->n_prompt, c->n_gen);
     }
-    c->done = 1;
-    notify(c);
-    pthread_mutex_unlock(&c->mu);
-    k3c_metrics_tokens(c->s->metrics, c->n_prompt, n_gen);
-    call_unref(c);
+    k3c_sched_cancel(c->job); /* a no-op when the engine ended it */
+}
+
+/* One event of the job (mu held): its token through the turn (logprobs first: the chunk its text goes out in carries
+ * them; an end-of-turn id has no text), then the end. */
+static void call_event(api_stream *c, const k3c_engine_event *ev) {
+    int stop = 0;
+    if (ev->token.id >= 0) {
+        const int is_stop = ev->finish == K3C_FINISH_STOP;
+        c->n_gen++;
+        int rc = c->meta.lp && !is_stop && k3c_api_logprobs_add(c->meta.lp, &ev->token, &c->err) ? -1 : 0;
+        if (!rc) rc = k3c_turn_token(&c->turn, ev->token.id, is_stop, &c->err);
+        if (rc < 0) {
+            c->failed = 1;
+            call_end(c, K3C_FINISH_ERROR);
+            return;
+        }
+        stop = rc > 0; /* an end-of-turn id or a stop string */
+    }
+    if (stop || ev->finish != K3C_FINISH_NONE) call_end(c, stop ? K3C_FINISH_STOP : (k3c_finish)ev->finish);
+}
+
+/* Takes every event that has come (mu held); when none is left and the call goes on, arms wake (NULL: none) and
+ * returns 0; returns 1 once the call has ended or has bytes to send. */
+static int call_pump(api_stream *c, k3c_api_wake wake, void *ctx) {
+    k3c_engine_event ev;
+    for (;;) {
+        while (!c->done && k3c_sched_next(c->job, &ev, NULL, NULL)) call_event(c, &ev);
+        if (c->done || (c->streaming && c->out_off < c->out.len)) return 1;
+        if (!k3c_sched_next(c->job, &ev, wake, ctx)) return 0;
+        call_event(c, &ev);
+    }
 }
 
 long k3c_api_stream_read(api_stream *c, char *buf, size_t max, k3c_api_wake wake, void *ctx) {
@@ -138,26 +145,18 @@ long k3c_api_stream_read(api_stream *c, char *buf, size_t max, k3c_api_wake wake
     long got = K3C_API_AGAIN;
     if (c->gone) {
         got = -1;
-    } else if (c->out_off < c->out.len) {
+    } else if ((c->out_off < c->out.len) || call_pump(c, wake, ctx)) {
         size_t n = c->out.len - c->out_off < max ? c->out.len - c->out_off : max;
         memcpy(buf, c->out.buf + c->out_off, n);
         c->out_off += n;
         if (c->out_off == c->out.len) c->out_off = c->out.len = 0;
-        got = (long)n;
-    } else if (c->done) {
-        got = 0;
-    } else {
-        c->wake = wake, c->wake_ctx = ctx;
+        got = (long)n; /* 0: the end */
     }
     pthread_mutex_unlock(&c->mu);
     return got;
 }
 
-void k3c_api_stream_disarm(api_stream *c) {
-    pthread_mutex_lock(&c->mu);
-    c->wake = NULL;
-    pthread_mutex_unlock(&c->mu);
-}
+void k3c_api_stream_disarm(api_stream *c) { k3c_sched_disarm(c->job); }
 
 void k3c_api_stream_hold(api_stream *c) { atomic_fetch_add(&c->refs, 1); }
 
@@ -165,16 +164,15 @@ void k3c_api_stream_gone(api_stream *c) {
     pthread_mutex_lock(&c->mu);
     c->gone = 1;
     pthread_mutex_unlock(&c->mu);
-    k3c_sched_cancel(c->job); /* may run on_done here when still queued */
+    k3c_sched_cancel(c->job);
 }
 
 void k3c_api_stream_close(api_stream *c) {
-    k3c_sched_cancel(c->job); /* a no-op once done; may run on_done here when still queued */
+    k3c_sched_cancel(c->job); /* a no-op once ended */
     call_unref(c);
 }
 
-/* Starts a generation for a validated request; returns the call (two references: the caller's and the engine's) or
- * NULL with the error reply set. */
+/* Starts a generation for a validated request; returns the call or NULL with the error reply set. */
 static api_stream *start_call(k3c_server *s, k3c_api_req *q, api_reply *r) {
     api_stream *c = calloc(1, sizeof *c);
     k3c_err err = {0};
@@ -193,29 +191,19 @@ static api_stream *start_call(k3c_server *s, k3c_api_req *q, api_reply *r) {
     c->n_prompt = (int64_t)q->prompt.n;
     k3c_api_meta_init(&c->meta, c->chat, s->model_name, atomic_fetch_add(&s->serial, 1) ^ (uint64_t)time(NULL) << 20);
     c->lp.tok = s->lim.tok;
-    if (q->params.logprobs) c->meta.lp = &c->lp;
+    if (q->logprobs) c->meta.lp = &c->lp;
     if (k3c_turn_init(&c->turn, s->lim.tok, c->chat ? &q->parse : NULL, q->stop, q->nstop, on_delta, on_text, c,
                       &err)) {
         call_unref(c);
         fail(r, 500, "server_error", NULL, "%s", err.msg);
         return NULL;
     }
-    k3c_sched_req sr = {.prompt = q->prompt.ids,
-                        .n_prompt = (int64_t)q->prompt.n,
-                        .max_new = q->max_tokens,
-                        .n_stop_ids = s->n_stop_ids,
-                        .params = q->params,
-                        .n_embeds = q->n_embeds,
-                        .embed_pos = q->embed_pos,
-                        .embeds = q->embeds,
-                        .max_queue_s = s->o.max_queue_s,
-                        .max_gen_s = s->o.max_gen_s};
-    memcpy(sr.stop_ids, s->stop_ids, sizeof sr.stop_ids);
-    k3c_sched_sink sink = {on_token, on_done, c};
-    c->refs = 2;
-    int rc = k3c_sched_submit(s->sched, &sr, &sink, &c->job, &err);
+    k3c_request g = q->gen;
+    g.n_stop = s->n_stop_ids;
+    memcpy(g.stop_ids, s->stop_ids, sizeof g.stop_ids);
+    g.max_queue_s = s->o.max_queue_s, g.max_gen_s = s->o.max_gen_s;
+    int rc = k3c_sched_submit(s->sched, q->prompt.ids, (int64_t)q->prompt.n, &g, &c->job, &err);
     if (rc) {
-        c->refs = 1;
         call_unref(c);
         if (rc == K3C_ENOMEM) {
             fail(r, 503, "server_error", "server_overloaded", "The server is overloaded (%s); retry later", err.msg);
@@ -230,8 +218,7 @@ static api_stream *start_call(k3c_server *s, k3c_api_req *q, api_reply *r) {
 
 int k3c_api_result(api_stream *c, api_reply *r, k3c_api_wake wake, void *ctx) {
     pthread_mutex_lock(&c->mu);
-    const int done = c->done, gone = c->gone;
-    if (!done) c->wake = wake, c->wake_ctx = ctx;
+    const int done = call_pump(c, wake, ctx), gone = c->gone;
     pthread_mutex_unlock(&c->mu);
     if (!done) return 0;
     k3c_sbuf_init(&r->body);
@@ -243,7 +230,7 @@ int k3c_api_result(api_stream *c, api_reply *r, k3c_api_wake wake, void *ctx) {
         k3c_api_error e;
         call_error(c, &e);
         reply_error(r, &e);
-        r->retry_after = c->why == K3C_SCHED_FINISH_QUEUE_TIMEOUT;
+        r->retry_after = c->why == K3C_FINISH_QUEUE_TIMEOUT;
     } else {
         reply_json(r, 200);
         if (c->chat)
@@ -251,7 +238,7 @@ int k3c_api_result(api_stream *c, api_reply *r, k3c_api_wake wake, void *ctx) {
                               c->n_prompt, c->n_gen);
         else
             k3c_api_completion_json(&r->body, &c->meta, c->text.buf ? c->text.buf : "", c->text.len,
-                                    k3c_sched_finish_name(c->why), c->n_prompt, c->n_gen);
+                                    k3c_finish_name(c->why), c->n_prompt, c->n_gen);
     }
     return 1;
 }
@@ -357,7 +344,7 @@ static int handle(k3c_server *s, const char *method, const char *path, const cha
         return 0;
     }
     if (!strcmp(path, "/metrics")) {
-        k3c_sched_stats st = {0};
+        k3c_engine_stats st = {0};
         if (ready) k3c_sched_get_stats(s->sched, &st);
         r->status = 200;
         r->content_type = "text/plain; version=0.0.4";
@@ -413,7 +400,7 @@ int k3c_server_ready(k3c_server *s, k3c_serve *sv, k3c_err *err) {
                               s->o.max_image_bytes,
                               K3C_API_MAX_IMAGE_PIXELS,
                               s->o.thinking_off};
-    s->n_stop_ids = k3c_turn_stop_ids(sv->tok, cfg, s->stop_ids, K3C_SCHED_MAX_STOP_IDS);
+    s->n_stop_ids = k3c_turn_stop_ids(sv->tok, cfg, s->stop_ids, K3C_MAX_STOP_IDS);
     atomic_store(&s->ready, 1);
     return 0;
 }

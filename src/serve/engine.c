@@ -1,10 +1,12 @@
-/* engine.c — the inference engine's scheduler: a queue of submitted prompts, max_seqs slots with their decode state,
- * one batched forward per step (prompt chunks and decode tokens of every active sequence), per-sequence sampling and
- * finishing, and the prefix cache of state snapshots (the KDA state cannot be rewound, so a prompt resumes only from a
- * snapshot taken at a prompt end or every snapshot_every tokens). docs/ENGINE.md. */
+/* engine.c — the inference engine's scheduler: the one queue of submitted prompts (any thread may submit or cancel
+ * while one steps), max_seqs slots with their decode state, time limits, one batched forward per step (prompt chunks
+ * and decode tokens of every active sequence), per-sequence sampling and finishing, and the prefix cache of state
+ * snapshots (the KDA state cannot be rewound, so a prompt resumes only from a snapshot taken at a prompt end or every
+ * snapshot_every tokens). docs/ENGINE.md. */
 #include "base/check.h"
 #include "serve/engine.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,10 +18,11 @@ typedef struct {
     float *emb;      /* [n_emb, D] image rows of the prompt, at positions emb_pos (ascending) */
     int32_t *emb_pos;
     int64_t n_emb;
+    double t_submit, t_admit; /* k3c_now() when queued and when it took a slot */
 } eng_seq;
 
 typedef struct {
-    int used;
+    int used, fresh; /* fresh: admitted at this step, its state not yet reset */
     eng_seq s;
     k3c_eng_state st; /* allocated once per slot, max_ctx tokens */
 } eng_slot;
@@ -36,9 +39,14 @@ struct k3c_engine {
     k3c_engine_opts o;
     k3c_eng_dims d;
     k3c_eng_ws *ws;
-    eng_slot *slot;
-    eng_seq *queue; /* FIFO of waiting sequences */
+    eng_slot *slot; /* touched by the stepping thread alone */
+    /* Under mu, shared with submitting and cancelling threads: the FIFO of waiting sequences, the id each slot runs
+     * (0: free, or cancelled), the cancelled ids still in a slot, the id counter and the step counters. */
+    pthread_mutex_t mu;
+    eng_seq *queue;
     int n_queue, cap_queue;
+    int64_t *slot_id, *cancelled;
+    int n_cancelled;
     int64_t next_id;
     int32_t *ids;
     k3c_eng_seg *segs;
@@ -50,6 +58,8 @@ struct k3c_engine {
     eng_snap *snap;
     int n_snap;
     uint64_t clock;
+    int64_t prefix_hits, prefix_tokens_reused; /* the stepping thread's; copied into stats under mu */
+    int ev_base;                               /* events of the last step before its first sampled one */
     k3c_engine_stats stats;
 };
 
@@ -83,7 +93,10 @@ int k3c_engine_open_weights(const k3c_weights *w, const k3c_engine_opts *opts, k
     const int S = e->o.max_seqs;
     const int64_t V = e->d.V, rows = (int64_t)S * e->o.prefill_chunk;
     e->next_id = 1;
+    pthread_mutex_init(&e->mu, NULL);
     e->slot = calloc((size_t)S, sizeof *e->slot);
+    e->slot_id = calloc((size_t)S, sizeof *e->slot_id);
+    e->cancelled = malloc(sizeof(int64_t) * (size_t)S);
     e->ids = malloc(sizeof(int32_t) * (size_t)rows);
     e->segs = malloc(sizeof(k3c_eng_seg) * (size_t)S);
     e->out_rows = malloc(sizeof(int64_t) * (size_t)S);
@@ -93,7 +106,7 @@ int k3c_engine_open_weights(const k3c_weights *w, const k3c_engine_opts *opts, k
     e->logits = malloc(sizeof(float) * (size_t)(S * V));
     e->sample_ws = malloc(k3c_sample_workspace(V));
     e->snap = calloc((size_t)e->o.max_snapshots, sizeof *e->snap);
-    if (!e->slot || !e->ids || !e->segs || !e->out_rows || !e->row_emb || !e->seg_slot || !e->out_slot || !e->logits ||
+    if (!e->slot || !e->slot_id || !e->cancelled || !e->ids || !e->segs || !e->out_rows || !e->row_emb || !e->seg_slot || !e->out_slot || !e->logits ||
         !e->sample_ws || !e->snap)
         rc = k3c_errf(err, K3C_ENOMEM, "engine: out of memory");
     for (int i = 0; !rc && i < S; i++) rc = k3c_eng_state_init(&e->slot[i].st, &e->d, e->o.max_ctx, err);
@@ -149,7 +162,8 @@ void k3c_engine_close(k3c_engine *e) {
     if (e->own) k3c_weights_free(e->own);
     free(e->own);
     free(e->slot), free(e->queue), free(e->ids), free(e->segs), free(e->out_rows), free(e->row_emb), free(e->seg_slot);
-    free(e->out_slot), free(e->logits), free(e->sample_ws), free(e->snap);
+    free(e->out_slot), free(e->logits), free(e->sample_ws), free(e->snap), free(e->slot_id), free(e->cancelled);
+    pthread_mutex_destroy(&e->mu);
     free(e);
 }
 
@@ -167,6 +181,34 @@ static int embeds_check(const k3c_request *r, int64_t n, k3c_err *err) {
     return K3C_OK;
 }
 
+/* Slots in use (mu held). */
+static int n_running(const k3c_engine *e) {
+    int n = 0;
+    for (int i = 0; i < e->o.max_seqs; i++) n += e->slot_id[i] != 0;
+    return n;
+}
+
+/* Appends s to the queue with the next id (mu held): K3C_ENOMEM when the queue is at its bound. */
+static int queue_push(k3c_engine *e, eng_seq *s, k3c_err *err) {
+    const int bound = e->o.max_queue < 0 ? 0 : e->o.max_queue;
+    if (e->o.max_queue != 0 && e->n_queue >= bound + (e->o.max_seqs - n_running(e)))
+        return k3c_errf(err, K3C_ENOMEM, "engine: queue full (%d waiting)", e->n_queue);
+    if (e->n_queue == e->cap_queue) {
+        int cap = e->cap_queue ? 2 * e->cap_queue : 16;
+        eng_seq *q = realloc(e->queue, sizeof *q * (size_t)cap);
+        if (!q) return k3c_errf(err, K3C_ENOMEM, "engine: out of memory");
+        e->queue = q, e->cap_queue = cap;
+    }
+    s->id = e->next_id++;
+    e->queue[e->n_queue++] = *s;
+    return K3C_OK;
+}
+
+static void queue_remove(k3c_engine *e, int i) {
+    memmove(e->queue + i, e->queue + i + 1, sizeof *e->queue * (size_t)(e->n_queue - i - 1));
+    e->n_queue--;
+}
+
 int k3c_engine_submit(k3c_engine *e, const int32_t *prompt, int64_t n, const k3c_request *r, int64_t *seq,
                       k3c_err *err) {
     if (!prompt || !r || n < 1 || n >= e->o.max_ctx)
@@ -181,14 +223,11 @@ int k3c_engine_submit(k3c_engine *e, const int32_t *prompt, int64_t n, const k3c
             return k3c_errf(err, K3C_EINVAL, "engine: prompt id %d at %lld is outside [0, %lld)", prompt[i],
                             (long long)i, (long long)e->d.V);
     CHECK_RC(embeds_check(r, n, err));
-    if (e->n_queue == e->cap_queue) {
-        int cap = e->cap_queue ? 2 * e->cap_queue : 16;
-        eng_seq *q = realloc(e->queue, sizeof *q * (size_t)cap);
-        if (!q) return k3c_errf(err, K3C_ENOMEM, "engine: out of memory");
-        e->queue = q, e->cap_queue = cap;
-    }
+    if (r->max_queue_s < 0 || r->max_gen_s < 0)
+        return k3c_errf(err, K3C_EINVAL, "engine: time limits must be >= 0 (got %g, %g)", r->max_queue_s,
+                        r->max_gen_s);
     const int64_t room = n + r->max_new < e->o.max_ctx ? n + r->max_new : e->o.max_ctx;
-    eng_seq s = {e->next_id, malloc(sizeof(int32_t) * (size_t)room), n, n, 0, *r, NULL, NULL, r->n_embeds};
+    eng_seq s = {0, malloc(sizeof(int32_t) * (size_t)room), n, n, 0, *r, NULL, NULL, r->n_embeds, k3c_now(), 0};
     const size_t nb = sizeof(float) * (size_t)(r->n_embeds * e->d.D);
     if (s.n_emb && (s.emb = malloc(nb)) && (s.emb_pos = malloc(sizeof(int32_t) * (size_t)s.n_emb))) {
         memcpy(s.emb, r->embeds, nb);
@@ -200,37 +239,54 @@ int k3c_engine_submit(k3c_engine *e, const int32_t *prompt, int64_t n, const k3c
         return k3c_errf(err, K3C_ENOMEM, "engine: out of memory");
     }
     memcpy(s.toks, prompt, sizeof(int32_t) * (size_t)n);
-    e->queue[e->n_queue++] = s;
-    *seq = e->next_id++;
-    return K3C_OK;
+    pthread_mutex_lock(&e->mu);
+    int rc = queue_push(e, &s, err);
+    if (!rc) *seq = s.id;
+    pthread_mutex_unlock(&e->mu);
+    if (rc) seq_free(&s);
+    return rc;
 }
 
+/* A sequence in a slot leaves it at the start of the next step: only the stepping thread touches slots. */
 int k3c_engine_cancel(k3c_engine *e, int64_t seq, k3c_err *err) {
-    for (int i = 0; i < e->o.max_seqs; i++)
-        if (e->slot[i].used && e->slot[i].s.id == seq) {
-            seq_free(&e->slot[i].s);
-            e->slot[i].used = 0;
-            return K3C_OK;
+    int rc = K3C_ENOTFOUND;
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; rc && i < e->o.max_seqs; i++)
+        if (e->slot_id[i] == seq) {
+            e->slot_id[i] = 0;
+            e->cancelled[e->n_cancelled++] = seq;
+            rc = K3C_OK;
         }
-    for (int i = 0; i < e->n_queue; i++)
+    for (int i = 0; rc && i < e->n_queue; i++)
         if (e->queue[i].id == seq) {
             seq_free(&e->queue[i]);
-            memmove(e->queue + i, e->queue + i + 1, sizeof *e->queue * (size_t)(e->n_queue - i - 1));
-            e->n_queue--;
-            return K3C_OK;
+            queue_remove(e, i);
+            rc = K3C_OK;
         }
-    return k3c_errf(err, K3C_ENOTFOUND, "engine: no waiting or active sequence %lld", (long long)seq);
+    pthread_mutex_unlock(&e->mu);
+    return rc ? k3c_errf(err, K3C_ENOTFOUND, "engine: no waiting or active sequence %lld", (long long)seq) : K3C_OK;
 }
 
 int k3c_engine_pending(const k3c_engine *e) {
-    int n = e->n_queue;
-    for (int i = 0; i < e->o.max_seqs; i++) n += e->slot[i].used;
+    k3c_engine *m = (k3c_engine *)e; /* the lock, not the engine's state, changes */
+    pthread_mutex_lock(&m->mu);
+    int n = e->n_queue + n_running(e);
+    pthread_mutex_unlock(&m->mu);
     return n;
 }
 
 void k3c_engine_get_stats(const k3c_engine *e, k3c_engine_stats *s) {
+    k3c_engine *m = (k3c_engine *)e;
+    pthread_mutex_lock(&m->mu);
     *s = e->stats;
-    s->snapshots = e->n_snap;
+    s->queued = e->n_queue;
+    s->running = n_running(e);
+    pthread_mutex_unlock(&m->mu);
+}
+
+const char *k3c_finish_name(k3c_finish f) {
+    static const char *const names[] = {"none", "stop", "length", "timeout", "queue_timeout", "cancelled", "error"};
+    return f >= K3C_FINISH_NONE && f <= K3C_FINISH_ERROR ? names[f] : "error";
 }
 
 /* ---------------------------------------------------------------- prefix cache */
@@ -287,24 +343,97 @@ static void snap_store(k3c_engine *e, const int32_t *toks, const k3c_eng_state *
  * and every image has the same placeholder ids). */
 static int64_t cache_limit(const eng_seq *s) { return s->n_emb ? s->emb_pos[0] : s->n_prompt; }
 
-static int admit(k3c_engine *e, k3c_err *err) {
-    for (int i = 0; i < e->o.max_seqs && e->n_queue > 0; i++) {
+static void slot_free(k3c_engine *e, int i) {
+    seq_free(&e->slot[i].s);
+    e->slot[i].used = 0;
+}
+
+static void end_event(k3c_engine_event *ev, int64_t seq, k3c_finish why) {
+    memset(ev, 0, sizeof *ev);
+    ev->seq = seq;
+    ev->token.id = -1;
+    ev->finish = why;
+}
+
+static int queue_expired(const eng_seq *q, double now) {
+    return q->req.max_queue_s > 0 && now - q->t_submit > q->req.max_queue_s;
+}
+
+/* The start of a step, under mu: cancelled sequences leave their slots, sequences past their time limits end (a slot
+ * freed so stays empty this step, so each slot reports one event at most; waiting ones are reported while cap leaves
+ * room beyond max_seqs), and the waiting sequences take the free slots. */
+static void begin_step(k3c_engine *e, k3c_engine_event *ev, int cap, int *n_ev) {
+    const double now = k3c_now();
+    const int S = e->o.max_seqs;
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < S; i++) e->slot[i].fresh = 0;
+    for (int k = 0; k < e->n_cancelled; k++)
+        for (int i = 0; i < S; i++)
+            if (e->slot[i].used && e->slot[i].s.id == e->cancelled[k]) slot_free(e, i);
+    e->n_cancelled = 0;
+    for (int i = 0; i < S; i++) {
         eng_slot *sl = &e->slot[i];
-        if (sl->used) continue;
-        sl->s = e->queue[0];
-        memmove(e->queue, e->queue + 1, sizeof *e->queue * (size_t)(--e->n_queue));
-        sl->used = 1;
+        if (sl->used && sl->s.req.max_gen_s > 0 && now - sl->s.t_admit > sl->s.req.max_gen_s) {
+            end_event(&ev[(*n_ev)++], sl->s.id, K3C_FINISH_TIMEOUT);
+            e->slot_id[i] = 0;
+            slot_free(e, i);
+            sl->fresh = -1;
+        }
+    }
+    for (int i = 0; i < e->n_queue && *n_ev < cap - S;)
+        if (queue_expired(&e->queue[i], now)) {
+            end_event(&ev[(*n_ev)++], e->queue[i].id, K3C_FINISH_QUEUE_TIMEOUT);
+            seq_free(&e->queue[i]);
+            queue_remove(e, i);
+        } else {
+            i++;
+        }
+    int q = 0; /* the first waiting sequence not past its limit (those past it wait to be reported) */
+    for (int i = 0; i < S; i++) {
+        eng_slot *sl = &e->slot[i];
+        while (q < e->n_queue && queue_expired(&e->queue[q], now)) q++;
+        if (sl->used || sl->fresh || q == e->n_queue) continue;
+        sl->s = e->queue[q];
+        queue_remove(e, q);
+        sl->used = sl->fresh = 1;
+        sl->s.t_admit = now;
+        e->slot_id[i] = sl->s.id;
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* The admitted sequences start from an empty state, or from the longest snapshot that leaves at least one prompt
+ * token to run (its logits give the first sample). */
+static int start_fresh(k3c_engine *e, k3c_err *err) {
+    for (int i = 0; i < e->o.max_seqs; i++) {
+        eng_slot *sl = &e->slot[i];
+        if (sl->fresh != 1) continue;
         CHECK_RC(k3c_eng_state_reset(&sl->st, &e->d, err));
-        /* a snapshot that leaves at least one prompt token to run (its logits give the first sample) */
         const int64_t lim = sl->s.n_emb ? cache_limit(&sl->s) + 1 : sl->s.n_prompt;
         eng_snap *p = e->o.snapshot_every > 0 ? snap_find(e, sl->s.toks, lim) : NULL;
         if (p) {
             CHECK_RC(k3c_eng_state_copy(&sl->st, &p->st, &e->d, err));
-            e->stats.prefix_hits++;
-            e->stats.prefix_tokens_reused += p->st.pos;
+            e->prefix_hits++;
+            e->prefix_tokens_reused += p->st.pos;
         }
     }
     return K3C_OK;
+}
+
+/* The end of a step, under mu: finished slots free for submitters' queue bound, and the counters. */
+static void end_step(k3c_engine *e, int nseg) {
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < e->o.max_seqs; i++)
+        if (!e->slot[i].used) e->slot_id[i] = 0;
+    if (nseg > 0) {
+        e->stats.steps++;
+        e->stats.step_seqs += (uint64_t)nseg;
+        if (nseg > e->stats.batch_max) e->stats.batch_max = nseg;
+    }
+    e->stats.prefix_hits = e->prefix_hits;
+    e->stats.prefix_tokens_reused = e->prefix_tokens_reused;
+    e->stats.snapshots = e->n_snap;
+    pthread_mutex_unlock(&e->mu);
 }
 
 /* The image rows among prompt positions pos .. pos+len−1, laid out at step row n (NULL when there are none). */
@@ -364,26 +493,26 @@ static void sample_one(k3c_engine *e, int i, const float *logits, k3c_engine_eve
     ev->finish = is_stop(&s->req, id)                                     ? K3C_FINISH_STOP
                  : s->n_out >= s->req.max_new || s->n_tok >= e->o.max_ctx ? K3C_FINISH_LENGTH
                                                                           : K3C_FINISH_NONE;
-    if (ev->finish) {
-        seq_free(s);
-        sl->used = 0;
-    }
+    if (ev->finish) slot_free(e, i);
 }
 
 int k3c_engine_step(k3c_engine *e, k3c_engine_event *ev, int cap, int *n_ev, k3c_err *err) {
     *n_ev = 0;
     if (cap < e->o.max_seqs)
         return k3c_errf(err, K3C_EINVAL, "engine step: room for %d events, a step may report %d", cap, e->o.max_seqs);
-    CHECK_RC(admit(e, err));
-    int nseg;
+    begin_step(e, ev, cap, n_ev);
+    int nseg = 0, rc = start_fresh(e, err);
     int64_t n_out;
-    if (layout(e, &nseg, &n_out) == 0) return K3C_OK;
-    int rc = k3c_eng_forward(e->w, e->ws, e->ids, e->segs, nseg, e->out_rows, n_out, e->logits, err);
-    if (rc) { /* the states of this step are half-advanced: drop its sequences */
-        for (int s = 0; s < nseg; s++) {
-            seq_free(&e->slot[e->seg_slot[s]].s);
-            e->slot[e->seg_slot[s]].used = 0;
-        }
+    if (!rc && layout(e, &nseg, &n_out) > 0)
+        rc = k3c_eng_forward(e->w, e->ws, e->ids, e->segs, nseg, e->out_rows, n_out, e->logits, err);
+    e->ev_base = *n_ev;
+    if (rc || nseg == 0) { /* on a failure the states of this step are half-advanced: drop its sequences */
+        for (int i = 0; rc && i < e->o.max_seqs; i++)
+            if (e->slot[i].used) {
+                end_event(&ev[(*n_ev)++], e->slot[i].s.id, K3C_FINISH_ERROR);
+                slot_free(e, i);
+            }
+        end_step(e, 0);
         return rc;
     }
     for (int s = 0; e->o.snapshot_every > 0 && s < nseg; s++) {
@@ -393,7 +522,10 @@ int k3c_engine_step(k3c_engine *e, k3c_engine_event *ev, int cap, int *n_ev, k3c
             snap_store(e, sl->s.toks, &sl->st);
     }
     for (int64_t j = 0; j < n_out; j++) sample_one(e, e->out_slot[j], e->logits + j * e->d.V, &ev[(*n_ev)++]);
+    end_step(e, nseg);
     return K3C_OK;
 }
 
-const float *k3c_engine_event_logits(const k3c_engine *e, int i) { return e->logits + (int64_t)i * e->d.V; }
+const float *k3c_engine_event_logits(const k3c_engine *e, int i) {
+    return e->logits + (int64_t)(i - e->ev_base) * e->d.V;
+}

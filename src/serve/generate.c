@@ -58,9 +58,10 @@ static int gen_check(const int32_t *seq, int64_t n_prompt, const k3c_gen_opts *o
     return rc ? k3c_err_wrap(err, "generate") : K3C_OK;
 }
 
-/* Hands id i to the caller; non-zero: stop. The stop id is appended but not passed on. */
-static int emit(const k3c_gen_opts *o, const k3c_sampled *t, int64_t i) {
-    if (t->id == o->stop_id) return 1;
+/* Hands id i to the caller; non-zero: stop. The stop id (the engine's finish) is appended but not passed on. */
+static int emit(const k3c_gen_opts *o, const k3c_engine_event *ev, int64_t i) {
+    const k3c_sampled *t = &ev->token;
+    if (ev->finish == K3C_FINISH_STOP) return 1;
     if (o->on_sampled) return o->on_sampled(o->ctx, t, i);
     return o->on_token ? o->on_token(o->ctx, t->id, i) : 0;
 }
@@ -84,7 +85,7 @@ int k3c_generate(const k3c_weights *w, int32_t *seq, int64_t n_prompt, const k3c
     while (!rc && !stop && k3c_engine_pending(e) > 0) { /* a step of a long prompt's prefill has no event */
         if ((rc = k3c_engine_step(e, &ev, 1, &n_ev, err)) || n_ev == 0) continue;
         seq[(*n_seq)++] = ev.token.id;
-        stop = emit(o, &ev.token, *n_seq - n_prompt - 1) || ev.finish;
+        stop = emit(o, &ev, *n_seq - n_prompt - 1) || ev.finish;
     }
     k3c_engine_close(e);
     return rc;

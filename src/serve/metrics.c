@@ -62,7 +62,7 @@ void k3c_metrics_tokens(k3c_metrics *m, int64_t prompt, int64_t generated) {
     pthread_mutex_unlock(&m->mu);
 }
 
-void k3c_metrics_render(k3c_metrics *m, k3c_sbuf *s, const k3c_sched_stats *sched, int ready) {
+void k3c_metrics_render(k3c_metrics *m, k3c_sbuf *s, const k3c_engine_stats *sched, int ready) {
     pthread_mutex_lock(&m->mu);
     k3c_sbuf_printf(s, "# HELP k3c_requests_total HTTP requests by endpoint and status.\n"
                        "# TYPE k3c_requests_total counter\n");

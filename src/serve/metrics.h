@@ -16,7 +16,7 @@ void k3c_metrics_request(k3c_metrics *m, const char *path, int status, double se
 void k3c_metrics_tokens(k3c_metrics *m, int64_t prompt, int64_t generated);
 /* Appends the exposition; sched comes from the scheduler (zeros before it exists), ready says whether the model is
  * loaded. */
-void k3c_metrics_render(k3c_metrics *m, k3c_sbuf *s, const k3c_sched_stats *sched, int ready);
+void k3c_metrics_render(k3c_metrics *m, k3c_sbuf *s, const k3c_engine_stats *sched, int ready);
 
 /* The HTTP layer's connections: open now, parked now (waiting for their generation), closed for missing the request
  * deadline, accepted beyond the per-address limit (answered 503). */

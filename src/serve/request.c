@@ -110,7 +110,7 @@ static int read_common(const k3c_json *o, const k3c_api_limits *lim, k3c_api_req
                             "The model '%s' does not exist (this server serves '%s')", model, lim->model_name);
     int64_t n = 1, seed = -1, top_k = 0, top_logprobs = 0;
     int seed_given = 0, mt2 = 0;
-    k3c_gen_params *p = &r->params;
+    k3c_sampler *p = &r->gen.sampler;
     const k3c_json *so = field(o, "stream_options");
     if ((rc = int_in(o, "n", 1, 1, &n, NULL, e)) || (rc = bool_field(o, "stream", &r->stream, e)) ||
         (rc = num_in(o, "temperature", 0, 2, &p->temperature, e)) || (rc = num_in(o, "top_p", 0, 1, &p->top_p, e)) ||
@@ -126,7 +126,7 @@ static int read_common(const k3c_json *o, const k3c_api_limits *lim, k3c_api_req
     if (p->top_p == 0) return BAD_VALUE(e, "top_p", "'top_p' must be in (0, 1] (got 0)");
     *max_given |= mt2;
     p->top_k = top_k < 0 ? 0 : top_k;
-    p->top_logprobs = (int)top_logprobs;
+    p->logprobs = (int)top_logprobs;
     p->seed = seed_given ? (uint64_t)seed : (uint64_t)(k3c_now() * 1e9);
     if (so && so->type != K3C_JSON_OBJECT) return BAD_TYPE(e, "stream_options", "an object");
     if (so && !r->stream)
@@ -170,8 +170,8 @@ static int budget(k3c_api_req *r, const k3c_api_limits *lim, int64_t max_tokens,
                             "This model's maximum context length is %lld tokens; the prompt has %lld tokens%s",
                             (long long)lim->max_context, (long long)np,
                             max_given ? " and the completion asks for more than the rest" : "");
-    r->max_tokens = max_given ? max_tokens : room;
-    if (r->max_tokens > lim->max_tokens_cap) r->max_tokens = lim->max_tokens_cap;
+    r->gen.max_new = max_given ? max_tokens : room;
+    if (r->gen.max_new > lim->max_tokens_cap) r->gen.max_new = lim->max_tokens_cap;
     return 0;
 }
 
@@ -264,8 +264,8 @@ static int parse_chat(const k3c_json *o, const k3c_api_limits *lim, k3c_api_req 
     int n_img = rc ? 0 : k3c_api_images(msgs, lim, r, &images, e);
     if (n_img >= 400) rc = n_img;
     if (!rc) rc = chat_options(o, lim, n_img ? images.buf : NULL, &opts, &thinking, e);
-    r->params.logprobs = logprobs;
-    if (!rc && r->params.top_logprobs && !logprobs)
+    r->logprobs = logprobs;
+    if (!rc && r->gen.sampler.logprobs && !logprobs)
         rc = BAD_VALUE(e, "top_logprobs", "'top_logprobs' needs 'logprobs' to be true");
     k3c_json *oj = NULL;
     k3c_err err = {0};
@@ -302,8 +302,8 @@ static int parse_completion(const k3c_json *o, const k3c_api_limits *lim, k3c_ap
     int64_t logprobs = 0;
     int rc = int_in(o, "logprobs", 0, 5, &logprobs, NULL, e);
     if (rc) return rc;
-    r->params.logprobs = logprobs > 0;
-    r->params.top_logprobs = (int)logprobs;
+    r->logprobs = logprobs > 0;
+    r->gen.sampler.logprobs = (int)logprobs;
     if (!p)
         return k3c_api_fail(e, 400, "invalid_request_error", "missing_required_parameter", "prompt",
                             "Missing required parameter: 'prompt'");
@@ -354,7 +354,7 @@ int k3c_api_parse(k3c_api_kind kind, const char *body, size_t n, const k3c_api_l
                   k3c_api_error *e) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
-    k3c_gen_params_default(&r->params);
+    r->gen.sampler = (k3c_sampler){.temperature = 1, .top_p = 1, .repetition_penalty = 1};
     k3c_err err = {0};
     if (k3c_json_parse(body, n, "body", &r->root, &err))
         return k3c_api_fail(e, 400, "invalid_request_error", "invalid_json", "",
@@ -370,6 +370,7 @@ int k3c_api_parse(k3c_api_kind kind, const char *body, size_t n, const k3c_api_l
     int rc = read_common(o, lim, r, &max_tokens, &max_given, e);
     if (!rc) rc = kind == K3C_API_CHAT ? parse_chat(o, lim, r, e) : parse_completion(o, lim, r, e);
     if (!rc) rc = budget(r, lim, max_tokens, max_given, kind == K3C_API_CHAT ? "messages" : "prompt", e);
+    r->gen.n_embeds = r->n_embeds, r->gen.embed_pos = r->embed_pos, r->gen.embeds = r->embeds;
     return rc;
 }
 

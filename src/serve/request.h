@@ -48,8 +48,10 @@ typedef struct {
     k3c_api_kind kind;
     k3c_json *root;
     int stream, include_usage;
-    int64_t max_tokens; /* after capping: what the engine is asked for */
-    k3c_gen_params params;
+    /* what the engine is asked for: sampling, max_new (after capping), the image rows (pointing at embeds /
+     * embed_pos below); the server adds its stop ids and time limits */
+    k3c_request gen;
+    int logprobs; /* report each token's logprob (and gen.sampler.logprobs alternatives) */
     int nstop;
     const char *stop[K3C_STOP_MAX]; /* point into root */
     k3c_tok_ids prompt;             /* chat, completion, tokenize: the ids */

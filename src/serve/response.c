@@ -301,6 +301,6 @@ void k3c_api_completion_json(k3c_sbuf *s, k3c_api_meta *m, const char *text, siz
     put(s, "}");
 }
 
-const char *k3c_api_chat_finish(k3c_sched_finish why, size_t n_calls) {
-    return why == K3C_SCHED_FINISH_STOP && n_calls ? "tool_calls" : k3c_sched_finish_name(why);
+const char *k3c_api_chat_finish(k3c_finish why, size_t n_calls) {
+    return why == K3C_FINISH_STOP && n_calls ? "tool_calls" : k3c_finish_name(why);
 }

@@ -53,6 +53,6 @@ void k3c_api_completion_json(k3c_sbuf *s, k3c_api_meta *m, const char *text, siz
                              int64_t prompt, int64_t completion);
 
 /* The chat finish reason: "tool_calls" when the message called tools and stopped, else the scheduler's. */
-const char *k3c_api_chat_finish(k3c_sched_finish why, size_t n_calls);
+const char *k3c_api_chat_finish(k3c_finish why, size_t n_calls);
 
 #endif

@@ -56,7 +56,7 @@ struct k3c_server {
     k3c_sched *sched;
     k3c_metrics *metrics;
     k3c_api_limits lim;
-    int32_t stop_ids[K3C_SCHED_MAX_STOP_IDS];
+    int32_t stop_ids[K3C_MAX_STOP_IDS];
     int n_stop_ids;
     atomic_ullong serial;
 };

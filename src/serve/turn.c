@@ -4,7 +4,6 @@
 #include "base/check.h"
 #include "tok/tok.h"
 
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -145,56 +144,29 @@ int k3c_turn_stop_ids(const k3c_tok *tok, const k3c_config *cfg, int32_t *ids, i
 
 /* ---------------------------------------------------------------- blocking run */
 
-typedef struct {
-    k3c_turn *t;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done, failed;
-    k3c_sched_finish why;
-    int64_t n_gen;
-    k3c_err err;
-} run_state;
-
-static int run_token(void *ctx, const k3c_sampled *t, int is_stop) {
-    run_state *r = ctx;
-    int rc = k3c_turn_token(r->t, t->id, is_stop, &r->err);
-    if (rc < 0) r->failed = 1;
-    return rc != 0;
-}
-
-static void run_done(void *ctx, k3c_sched_finish why, int64_t n_gen, const k3c_err *err) {
-    run_state *r = ctx;
-    pthread_mutex_lock(&r->mu);
-    r->why = why;
-    r->n_gen = n_gen;
-    if (err) {
-        r->err = *err;
-        r->failed = 1;
-    }
-    r->done = 1;
-    pthread_cond_signal(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-}
-
-int k3c_turn_run(k3c_sched *s, const k3c_sched_req *req, k3c_turn *t, k3c_sched_finish *why, int64_t *n_gen,
-                 k3c_err *err) {
-    run_state r = {.t = t};
-    pthread_mutex_init(&r.mu, NULL);
-    pthread_cond_init(&r.cv, NULL);
-    k3c_sched_sink sink = {run_token, run_done, &r};
+int k3c_turn_run(k3c_sched *s, const int32_t *prompt, int64_t n, const k3c_request *req, k3c_turn *t, k3c_finish *why,
+                 int64_t *n_gen, k3c_err *err) {
     k3c_sched_job *job;
-    int rc = k3c_sched_submit(s, req, &sink, &job, err);
-    if (!rc) {
-        pthread_mutex_lock(&r.mu);
-        while (!r.done) pthread_cond_wait(&r.cv, &r.mu);
-        pthread_mutex_unlock(&r.mu);
-        k3c_sched_release(job);
-        *why = r.why;
-        *n_gen = r.n_gen;
-        rc = r.failed ? (err ? (*err = r.err).code : r.err.code) : k3c_turn_finish(t, err);
-        if (r.failed && !rc) rc = K3C_EINVAL;
+    CHECK_RC(k3c_sched_submit(s, prompt, n, req, &job, err));
+    k3c_engine_event ev;
+    int rc = 0;
+    *n_gen = 0;
+    *why = K3C_FINISH_NONE;
+    while (*why == K3C_FINISH_NONE) {
+        k3c_sched_wait(job, &ev);
+        int stop = 0;
+        if (ev.token.id >= 0) {
+            ++*n_gen;
+            stop = k3c_turn_token(t, ev.token.id, ev.finish == K3C_FINISH_STOP, err);
+        }
+        if (stop < 0) {
+            rc = err ? err->code : K3C_EINVAL;
+            break;
+        }
+        *why = stop ? K3C_FINISH_STOP : (k3c_finish)ev.finish; /* an end-of-turn id or a stop string ends it */
     }
-    pthread_cond_destroy(&r.cv);
-    pthread_mutex_destroy(&r.mu);
-    return rc;
+    k3c_sched_cancel(job); /* a no-op when the engine ended it */
+    if (!rc && *why == K3C_FINISH_ERROR) rc = k3c_errf(err, K3C_EINVAL, "%s", k3c_sched_error(job));
+    k3c_sched_release(job);
+    return rc ? rc : k3c_turn_finish(t, err);
 }

@@ -49,8 +49,9 @@ k3c_chat_format k3c_turn_format(const k3c_config *cfg);
  * them, and the config's eos_token_id when it is a special token. Returns the count (at most max). */
 int k3c_turn_stop_ids(const k3c_tok *tok, const k3c_config *cfg, int32_t *ids, int max);
 
-/* Runs a request to the end on the calling thread's behalf (submit, wait): for `k3c chat`. The turn receives the
- * tokens; *why the finish reason, *n_gen the ids generated. */
-int k3c_turn_run(k3c_sched *s, const k3c_sched_req *r, k3c_turn *t, k3c_sched_finish *why, int64_t *n_gen, k3c_err *err);
+/* Runs prompt[0..n) with req to the end on the calling thread (submit, then take the events): for `k3c chat`. The turn
+ * receives the tokens; *why the finish reason, *n_gen the ids generated. */
+int k3c_turn_run(k3c_sched *s, const int32_t *prompt, int64_t n, const k3c_request *req, k3c_turn *t, k3c_finish *why,
+                 int64_t *n_gen, k3c_err *err);
 
 #endif
