@@ -118,7 +118,7 @@ cuda:
 
 # The CUDA test and benchmark programs, built here (no GPU needed) and run on the GPU machine (tools/device_cuda.sh):
 # build/cuda/tests/test_backend_ops and test_backend_ops_decode (tests/test_backend_ops*.c with -DK3C_CUDA: the CUDA
-# table and its decode entry against the CPU),
+# table and its decode entry against the CPU), build/cuda/tests/test_vision_data (vision training on the GPU),
 # build/cuda/tests/cuda/* and build/cuda/bench/cuda/* (nvcc with the one NVFLAGS), all linking the objects of `make cuda`.
 CU_PROG_SRC := $(shell find tests/cuda bench/cuda -name '*.cu' 2>/dev/null | LC_ALL=C sort)
 CU_PROG_BIN := $(patsubst %.cu,build/cuda/%,$(CU_PROG_SRC))
@@ -132,7 +132,8 @@ build/cuda/bench/cuda/%: build/cuda/obj/bench/cuda/%.o $(CU_OBJ) build/cuda/libk
 	$(NVCC) $(NVFLAGS) $< $(CU_OBJ) $(CU_PROG_LIBS) -o $@
 .SECONDARY: $(patsubst %.cu,build/cuda/obj/%.o,$(CU_PROG_SRC)) # kept: relinking must not recompile
 cuda-tests: cuda
-	@+$(CUDA_MAKE) build/cuda/tests/test_backend_ops build/cuda/tests/test_backend_ops_decode $(CU_PROG_BIN)
+	@+$(CUDA_MAKE) build/cuda/tests/test_backend_ops build/cuda/tests/test_backend_ops_decode \
+	    build/cuda/tests/test_vision_data $(CU_PROG_BIN)
 
 # ---------------------------------------------------------------- NCCL (compiles without a GPU; not part of `make cuda`)
 # The NCCL communicator (src/parallel/comm_nccl.cu) and its test build/nccl/test_comm_nccl, linked with the CPU library (MPI

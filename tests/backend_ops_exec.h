@@ -7,7 +7,11 @@
 
 /* Host staging: the case's values (kept in double) as the table's element type. */
 static void *BO_FN(stage)(const bo_tensor *t, const double *src, int poison) {
-    size_t es = t->type == BO_T_I32 ? 4 : t->type == BO_T_U8 ? 1 : t->type == BO_T_F32 ? 4 : sizeof(BO_REAL);
+    size_t es = t->type == BO_T_I32   ? 4
+                : t->type == BO_T_U8  ? 1
+                : t->type == BO_T_F32 ? 4
+                : t->type == BO_T_I64 ? 8
+                                      : sizeof(BO_REAL);
     unsigned char *p = malloc(t->n * es + 1);
     if (!p) return NULL;
     for (size_t i = 0; i < t->n; i++) {
@@ -17,6 +21,7 @@ static void *BO_FN(stage)(const bo_tensor *t, const double *src, int poison) {
         case BO_T_F32: ((float *)p)[i] = poison ? NAN : (float)v; break;
         case BO_T_I32: ((int32_t *)p)[i] = poison ? -1 : (int32_t)v; break;
         case BO_T_U8: p[i] = (unsigned char)v; break;
+        case BO_T_I64: ((int64_t *)p)[i] = poison ? -1 : (int64_t)v; break;
         }
     }
     return p;
@@ -28,17 +33,23 @@ static void BO_FN(unstage)(const bo_tensor *t, const void *p, double *dst) {
         case BO_T_F32: dst[i] = ((const float *)p)[i]; break;
         case BO_T_I32: dst[i] = ((const int32_t *)p)[i]; break;
         case BO_T_U8: dst[i] = ((const unsigned char *)p)[i]; break;
+        case BO_T_I64: dst[i] = (double)((const int64_t *)p)[i]; break;
         }
 }
 
 static size_t BO_FN(bytes)(const bo_tensor *t) {
-    size_t es = t->type == BO_T_I32 ? 4 : t->type == BO_T_U8 ? 1 : t->type == BO_T_F32 ? 4 : sizeof(BO_REAL);
+    size_t es = t->type == BO_T_I32   ? 4
+                : t->type == BO_T_U8  ? 1
+                : t->type == BO_T_F32 ? 4
+                : t->type == BO_T_I64 ? 8
+                                      : sizeof(BO_REAL);
     return t->n * es;
 }
 
 #define R(i) ((BO_REAL *)d[i])
 #define CR(i) ((const BO_REAL *)d[i])
 #define I32(i) ((int32_t *)d[i])
+#define GRID(i) ((const k3c_grid_thw *)d[i])
 #define WS(bytes) (ws = be->alloc((bytes) ? (bytes) : 64))
 
 /* One phase of a case on backend be: the op's forward (phase 0) or its backward (phase 1; the forward's outputs are
@@ -223,6 +234,33 @@ static int BO_FN(call)(const BO_BE *be, const bo_case *c, bo_io *io, void **d, i
                      : k3c_errf(err, K3C_ENOMEM, "harness: bf16 scratch");
         if (!rc) rc = be->from_bf16(c->a, (const uint16_t *)scratch, R(1), err);
         break;
+    case OP_GELU:
+        if (phase == 0)
+            rc = (f & F_ERF ? be->gelu_erf : be->gelu_tanh)(c->a, CR(0), R(1), err);
+        else
+            rc = (f & F_ERF ? be->gelu_erf_bwd : be->gelu_tanh_bwd)(c->a, CR(0), CR(2), R(3), err);
+        break;
+    case OP_ROPE2D:
+        rc = phase == 0 ? be->rope2d_fwd(bo_grid_L(c), c->a, c->b, CR(0), CR(1), R(2), err)
+                        : be->rope2d_bwd(bo_grid_L(c), c->a, c->b, CR(0), CR(3), R(4), err);
+        break;
+    case OP_POSEMB: {
+        const k3c_posemb_sizes s = {6, 5, 4, c->a, f & F_BICUBIC ? K3C_INTERP_BICUBIC : K3C_INTERP_BILINEAR};
+        rc = phase == 0 ? be->posemb_fwd(&s, GRID(0), c->ng, bo_grid_L(c), CR(1), R(2), err)
+                        : be->posemb_bwd(&s, GRID(0), c->ng, CR(3), R(4), err);
+        break;
+    }
+    case OP_VIT_ATTN: {
+        const k3c_vit_attn_sizes s = {bo_grid_L(c), c->a, c->b, 1.0 / sqrt((double)c->b)};
+        rc = phase == 0 ? be->vit_attention_fwd(&s, I32(0), c->ng, CR(1), CR(2), CR(3), R(4), R(5), err)
+                        : be->vit_attention_bwd(&s, I32(0), c->ng, CR(1), CR(2), CR(3), CR(4), CR(5), CR(6), R(7),
+                                                R(8), R(9), err);
+        break;
+    }
+    case OP_TPOOL:
+        rc = phase == 0 ? be->tpool_merge_fwd(GRID(0), c->ng, bo_grid_N(c), c->a, 2, 2, CR(1), R(2), err)
+                        : be->tpool_merge_bwd(GRID(0), c->ng, bo_grid_L(c), c->a, 2, 2, CR(3), R(4), err);
+        break;
     case OP_ATTNRES: {
         k3c_attnres_sizes s = {c->a, c->b, c->c, c->x};
         const BO_REAL *v[K3C_ATTNRES_MAX_SOURCES];
@@ -252,6 +290,7 @@ static int BO_FN(call)(const BO_BE *be, const bo_case *c, bo_io *io, void **d, i
 #undef R
 #undef CR
 #undef I32
+#undef GRID
 #undef WS
 
 /* Runs phase `phase` of case c on be: tensors written by an earlier phase go up with io's values (the reference's),

@@ -57,12 +57,18 @@ enum {
     OP_MOE_PERM,
     OP_BF16,
     OP_AUX_LOSS,
+    OP_GELU,
+    OP_ROPE2D,
+    OP_POSEMB,
+    OP_VIT_ATTN,
+    OP_TPOOL,
     OP_COUNT
 };
 static const char *const op_names[OP_COUNT] = {"zero",    "add",       "copy2d",    "sigmoid", "embedding",  "rmsnorm",
                                                "linear",  "sig_gate",  "xent",      "l2norm",  "short_conv", "kda_gate",
                                                "kda",     "attention", "max_logit", "router",  "moe",        "mlp",
-                                               "attnres", "moe_perm",  "bf16",      "aux_loss"};
+                                               "attnres", "moe_perm",  "bf16",      "aux_loss", "gelu",    "rope2d",
+                                               "posemb",  "vit_attn",  "tpool"};
 
 /* variant flags (meaning per op, see the rows) */
 enum {
@@ -92,6 +98,9 @@ enum {
     F_WEIGHT = 1 << 23,   /* xent: per-position loss weights */
     F_FP32K = 1 << 24,    /* CUDA: the fp32 checking kernels (KDA recurrence, attention_naive) */
     F_GELU = 1 << 25,     /* moe, mlp: the GELU GLU (GeGLU) */
+    F_ERF = 1 << 26,      /* gelu: the exact (erf) form, else the tanh form */
+    F_TAIL = 1 << 27,     /* gelu: the negative tail −9..−4, where 1 + erf and 1 + tanh cancel in float */
+    F_BICUBIC = 1 << 28,  /* posemb: bicubic interpolation, else bilinear */
 };
 
 typedef struct {
@@ -101,13 +110,15 @@ typedef struct {
     double x, y; /* eps, bounds, norms, scales, dloss, by op */
     int ncu;     /* cu_seqlens entries (0 = one document) */
     int32_t cu[8];
+    int ng;            /* the vision ops: packed items, (t, h, w) each */
+    int64_t grid[12];
     double tol_cpu, tol_cuda;
     double tol_cpu_bwd, tol_cuda_bwd; /* the backward's, where it differs from the forward's (0 = the same) */
     int want_rc;                      /* the forward's expected status (error rows) */
     int bad[2];                       /* error rows: the tokens given bad ids / targets (−1 = none) */
 } bo_case;
 
-enum { BO_T_REAL, BO_T_F32, BO_T_I32, BO_T_U8 };
+enum { BO_T_REAL, BO_T_F32, BO_T_I32, BO_T_U8, BO_T_I64 };
 #define BO_MAX_T 17
 typedef struct {
     const char *name;
@@ -140,6 +151,18 @@ static int64_t bo_attnres_dv_slot(const bo_case *c, int64_t i) {
     if (N >= 9 && i == 8) return 0;
     if (N > 130 && i == 130) return 1;
     return i;
+}
+
+/* The vision ops' items: patches L = Σ t·h·w, merged tokens N = Σ (h/2)(w/2) (the 2 × 2 merge kernel). */
+static int64_t bo_grid_L(const bo_case *c) {
+    int64_t L = 0;
+    for (int i = 0; i < c->ng; i++) L += c->grid[3 * i] * c->grid[3 * i + 1] * c->grid[3 * i + 2];
+    return L;
+}
+static int64_t bo_grid_N(const bo_case *c) {
+    int64_t N = 0;
+    for (int i = 0; i < c->ng; i++) N += c->grid[3 * i + 1] / 2 * (c->grid[3 * i + 2] / 2);
+    return N;
 }
 
 #define BO_REAL float
@@ -490,6 +513,64 @@ static void setup(const bo_case *c, bo_io *io, k3c_rng *r) {
         acc_t(io, "dw_up", C * B, 1, r, 0);
         acc_t(io, "dw_down", B * C, 1, r, 0);
         break;
+    case OP_GELU: { /* n; F_ERF, F_TAIL */
+        bo_tensor *x = in_t(io, "x", A, r, 2.5);
+        for (size_t i = 0; (f & F_TAIL) && i < A; i++) x->h[i] = -9.0 + 0.125 * (double)i;
+        out_t(io, "y", A, 0);
+        in_t(io, "dy", A, r, 1.0);
+        bo_tensor *dx = acc_t(io, "dx", A, 1, r, 0); /* the tail's increments are tiny: added onto zeros */
+        for (size_t i = 0; (f & F_TAIL) && i < A; i++) dx->init[i] = 0;
+        break;
+    }
+    case OP_ROPE2D: { /* H, dh; the items' table cs [L, dh/2, 2] made as the tower makes it, rounded to float */
+        const size_t L = (size_t)bo_grid_L(c);
+        bo_tensor *cs = add_t(io, "cs", BO_T_REAL, L * B, -1, 0);
+        k3c_err err = {0};
+        if (k3c_rope2d_table_f64((const k3c_grid_thw *)c->grid, c->ng, c->b, 10000.0, cs->h, &err))
+            CHECK(0, "rope table: %s", err.msg);
+        for (size_t i = 0; i < L * B; i++) cs->h[i] = (double)(float)cs->h[i];
+        in_t(io, "x", L * A * B, r, 1.0);
+        out_t(io, "y", L * A * B, 0);
+        in_t(io, "dy", L * A * B, r, 1.0);
+        acc_t(io, "dx", L * A * B, 1, r, 0);
+        break;
+    }
+    case OP_POSEMB: { /* D; a 6 × 5 table with 4 frames' time terms; F_BICUBIC */
+        const size_t L = (size_t)bo_grid_L(c), nt = 6 * 5 * A;
+        bo_tensor *g = add_t(io, "grid", BO_T_I64, (size_t)(3 * c->ng), -1, 0);
+        for (int i = 0; i < 3 * c->ng; i++) g->h[i] = (double)c->grid[i];
+        in_t(io, "table", nt, r, 1.0);
+        acc_t(io, "x", L * A, 0, r, 0); /* x += pe */
+        in_t(io, "dx", L * A, r, 1.0);
+        acc_t(io, "dtable", nt, 1, r, 0);
+        break;
+    }
+    case OP_VIT_ATTN: { /* H, dh; attention inside each item */
+        const size_t L = (size_t)bo_grid_L(c), nq = L * A * B;
+        bo_tensor *cu = add_t(io, "cu", BO_T_I32, (size_t)c->ng + 1, -1, 0);
+        for (int i = 0; i < c->ng; i++)
+            cu->h[i + 1] = cu->h[i] + (double)(c->grid[3 * i] * c->grid[3 * i + 1] * c->grid[3 * i + 2]);
+        in_t(io, "q", nq, r, 1.0);
+        in_t(io, "k", nq, r, 1.0);
+        in_t(io, "v", nq, r, 1.0);
+        out_t(io, "o", nq, 0);
+        out_t(io, "lse", L * A, 0);
+        in_t(io, "dout", nq, r, 1.0);
+        acc_t(io, "dq", nq, 1, r, 0);
+        acc_t(io, "dk", nq, 1, r, 0);
+        acc_t(io, "dv", nq, 1, r, 0);
+        break;
+    }
+    case OP_TPOOL: { /* D; the 2 × 2 merge, frames averaged */
+        const size_t L = (size_t)bo_grid_L(c), N = (size_t)bo_grid_N(c);
+        bo_tensor *g = add_t(io, "grid", BO_T_I64, (size_t)(3 * c->ng), -1, 0);
+        for (int i = 0; i < 3 * c->ng; i++) g->h[i] = (double)c->grid[i];
+        in_t(io, "x", L * A, r, 1.0);
+        out_t(io, "y", N * 4 * A, 0);
+        in_t(io, "dy", N * 4 * A, r, 1.0);
+        acc_t(io, "dx", L * A, 1, r, 0);
+        break;
+    }
     case OP_ATTNRES: {
         k3c_attnres_sizes s = {c->a, c->b, c->c, c->x};
         bo_tensor *v = in_t(io, "v", C * A * B, r, 1.0);
@@ -550,6 +631,39 @@ static bo_case *row(bo_rows *R, int op, int64_t a, int64_t b, int64_t c, int64_t
 static void set_cu(bo_case *c, int n, const int32_t *cu) {
     c->ncu = n;
     for (int i = 0; i < n; i++) c->cu[i] = cu[i];
+}
+
+/* A vision op's row over ng packed items g[3·ng] (t, h, w). */
+static void vrow(bo_rows *R, int op, int64_t a, int64_t b, int flags, const int64_t *g, int ng, double tol_cpu,
+                 double tol_cuda) {
+    bo_case *c = row(R, op, a, b, 0, 0, 0, flags, tol_cpu, tol_cuda);
+    c->ng = ng;
+    memcpy(c->grid, g, sizeof(int64_t) * (size_t)(3 * ng));
+}
+
+/* The vision tower's ops (what the per-op vision harness checked): GELU both forms (with the cancelling negative tail),
+ * 2D RoPE, the interpolated position table both ways, block-diagonal attention and the 2 × 2 merge, on the golden
+ * tower's images, frames of several sizes, and the release's head dim. CUDA against the CPU's float table (which sums
+ * in double): the old 1e-5 for pointwise ops and the merge, 1e-4 for the attention (float dot products and softmax
+ * sums) and the position table (float taps). */
+static void add_vision_rows(bo_rows *R) {
+    const double P = TOL_F32_POINT, S = TOL_F32_TRANS, W = TOL_F32_ROW;
+    static const int64_t gn[4] = {1, 1000, 1 << 20, 41};
+    for (int erf_form = 0; erf_form < 2; erf_form++)
+        for (int i = 0; i < 4; i++) row(R, OP_GELU, gn[i], 0, 0, 0, 0, (erf_form ? F_ERF : 0) | (i == 3 ? F_TAIL : 0), S, 1e-5);
+    static const int64_t g1[6] = {1, 4, 6, 1, 2, 2}, g2[9] = {2, 2, 4, 3, 8, 6, 1, 12, 10}, g3[3] = {1, 32, 32};
+    const struct {
+        const int64_t *g;
+        int n;
+        int64_t H, dh, D;
+    } items[3] = {{g1, 2, 4, 24, 64}, {g2, 3, 2, 16, 32}, {g3, 1, 12, 128, 96}}; /* the golden's; frames; release dh */
+    for (int i = 0; i < 3; i++) {
+        vrow(R, OP_ROPE2D, items[i].H, items[i].dh, 0, items[i].g, items[i].n, P, 1e-5);
+        for (int mode = 0; mode < 2; mode++)
+            vrow(R, OP_POSEMB, items[i].D, 0, mode ? F_BICUBIC : 0, items[i].g, items[i].n, W, 1e-4);
+        vrow(R, OP_VIT_ATTN, items[i].H, items[i].dh, 0, items[i].g, items[i].n, W, 1e-4);
+        vrow(R, OP_TPOOL, items[i].D, 0, 0, items[i].g, items[i].n, P, 1e-5);
+    }
 }
 
 /* Every case the per-op CUDA harnesses ran (tests/cuda/op_harness.cu, harness_norms.cu, harness_seq.cu,
@@ -848,6 +962,9 @@ static void shape_of(const bo_case *c, char *s, size_t n) {
     if (c->x != 0 && k > 0 && (size_t)k < n) k += snprintf(s + k, n - (size_t)k, " x%g", c->x);
     for (int i = 0; i < c->ncu && k > 0 && (size_t)k < n; i++)
         k += snprintf(s + k, n - (size_t)k, "%s%d", i ? "," : " cu:", c->cu[i]);
+    for (int i = 0; i < c->ng && k > 0 && (size_t)k < n; i++)
+        k += snprintf(s + k, n - (size_t)k, "%s%lldx%lldx%lld", i ? "," : " items:", (long long)c->grid[3 * i],
+                      (long long)c->grid[3 * i + 1], (long long)c->grid[3 * i + 2]);
 }
 
 /* ---------------------------------------------------------------- backends and comparison */
@@ -1073,6 +1190,7 @@ int main(int argc, char **argv) {
            (unsigned long long)seed);
     bo_rows R = {0};
     add_rows(&R);
+    add_vision_rows(&R);
     bo_backend cpu64 = {.name = "cpu64", .f64 = k3c_backend_cpu_f64()};
     bo_backend cpu32 = {.name = "cpu32", .f32 = k3c_backend_cpu_f32()};
     bo_backend *cuda = NULL, *cuda_bf16 = NULL, *cuda_bf16c = NULL;

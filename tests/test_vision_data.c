@@ -1,9 +1,13 @@
 /* test_vision_data.c — interleaved image-text training data: JSONL samples (images → prompts with their placeholder
  * count, targets without loss on image tokens or before the answer), bad lines reported with file, line and reason
  * and skipped; `k3c vision train` on two images learns to tell them apart (tower and model both trained, held-out
- * scoring on the same two), and its output directory serves images. */
+ * scoring on the same two), and its output directory serves images. Built by make cuda-tests (-DK3C_CUDA) and run on
+ * a GPU, vision training on the CUDA table against the CPU from the same weights; the CPU build reports it as not
+ * run. */
 #include "serve_fixture.h"
 
+#include "base/check.h"
+#include "k3c/device.h"
 #include "vision/vision.h"
 
 #include <sys/stat.h>
@@ -142,6 +146,74 @@ static void train_two(const char *dir) {
           "a missing data file is an error naming it: %s", err.msg);
 }
 
+/* ‖a − b‖ / ‖b − base‖ over n floats: how far a is from b, relative to how far b moved from base. */
+static double moved_err(const float *a, const float *b, const float *base, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    for (size_t i = 0; i < n; i++) den += ((double)b[i] - base[i]) * ((double)b[i] - base[i]);
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* The weights of a trained directory: the text model's flat buffer and the tower (host copies; free them). */
+static int read_weights(const char *dir, float **m, size_t *nm, float **v, size_t *nv, k3c_err *err) {
+    k3c_model mo;
+    k3c_vision *t = NULL;
+    CHECK_RC(k3c_model_open_f32(dir, 0, &mo, err));
+    *nm = mo.table.total, *m = malloc(sizeof(float) * *nm);
+    memcpy(*m, mo.w, sizeof(float) * *nm);
+    k3c_model_free_f32(&mo);
+    CHECK_RC(k3c_vision_open_f32(dir, 0, &t, err));
+    *nv = k3c_vision_param_count(t), *v = malloc(sizeof(float) * *nv);
+    memcpy(*v, k3c_vision_weights(t), sizeof(float) * *nv);
+    k3c_vision_free(t);
+    return K3C_OK;
+}
+
+/* Four steps of `dir`'s two-image training from its saved weights on the CPU and on CUDA (fp32 GEMMs and kernels,
+ * the checking modes), each in its own copy: the same first loss, the same updates within the CUDA table's
+ * tolerance of GEMM-based ops (test_backend_ops: 1e-4 per op; a few percent of slack for four steps of them). */
+static void train_on_cuda(const char *dir) {
+    k3c_err err = {0};
+    k3c_device *dev = NULL;
+    int rc = k3c_device_open("cuda", 0, "fp32", "fp32", &dev, &err);
+#ifdef K3C_CUDA
+    CHECK_OK(rc, &err);
+#else
+    if (rc == K3C_EUNSUPPORTED) printf("vision training on CUDA: not run (%s)\n", err.msg);
+    else CHECK(0, "a CPU build opens no CUDA device: %s", k3c_status_name(rc));
+#endif
+    if (rc) return;
+    char cpu[4400], gpu[4400], cmd[24000], data[4400];
+    snprintf(cpu, sizeof cpu, "%s/on_cpu", dir), snprintf(gpu, sizeof gpu, "%s/on_gpu", dir);
+    snprintf(data, sizeof data, "%s/two.jsonl", dir);
+    snprintf(cmd, sizeof cmd, "for d in '%s' '%s'; do mkdir -p $d && cp '%s'/*.json '%s'/*.safetensors '%s'/*.model $d/; "
+             "done", cpu, gpu, dir, dir, dir);
+    CHECK(system(cmd) == 0, "copy %s", dir);
+    float *m0, *v0, *mc, *vc, *mg, *vg;
+    size_t nm, nv;
+    CHECK_OK(read_weights(dir, &m0, &nm, &v0, &nv, &err), &err);
+    k3c_vtrain_opts o = {.data = data, .steps = 4, .batch = 8, .max_tokens = 256, .lr = 1e-2, .tower_lr = 1e-2,
+                         .grad_clip = 1, .seed = 3, .log_every = 10};
+    k3c_vtrain_result rc_cpu, rc_gpu;
+    o.dir = cpu;
+    CHECK_OK(k3c_vision_train(&o, &rc_cpu, &err), &err);
+    o.dir = gpu, o.backend = k3c_device_backend(dev);
+    CHECK_OK(k3c_vision_train(&o, &rc_gpu, &err), &err);
+    k3c_device_close(dev);
+    CHECK(fabs(rc_gpu.first_loss - rc_cpu.first_loss) <= 1e-5 * rc_cpu.first_loss,
+          "CUDA first loss %.9g, CPU %.9g", rc_gpu.first_loss, rc_cpu.first_loss);
+    CHECK(fabs(rc_gpu.last_loss - rc_cpu.last_loss) <= 1e-3 * rc_cpu.last_loss, "CUDA last loss %.9g, CPU %.9g",
+          rc_gpu.last_loss, rc_cpu.last_loss);
+    CHECK_OK(read_weights(cpu, &mc, &nm, &vc, &nv, &err), &err);
+    CHECK_OK(read_weights(gpu, &mg, &nm, &vg, &nv, &err), &err);
+    const double em = moved_err(mg, mc, m0, nm), ev = moved_err(vg, vc, v0, nv);
+    CHECK(em <= 5e-3 && ev <= 5e-3, "CUDA updates against the CPU's: model %.3e, tower %.3e", em, ev);
+    printf("vision training on CUDA: loss %.6f -> %.6f (CPU %.6f -> %.6f); updates against the CPU's: model %.3e, "
+           "tower %.3e\n",
+           rc_gpu.first_loss, rc_gpu.last_loss, rc_cpu.first_loss, rc_cpu.last_loss, em, ev);
+    free(m0), free(v0), free(mc), free(vc), free(mg), free(vg);
+}
+
 int main(void) {
     const char *tmp = test_tmpdir("vision_data");
     char dir[4096];
@@ -155,5 +227,6 @@ int main(void) {
         CHECK(remove(p) == 0, "remove %s", p);
     }
     train_two(dir);
+    train_on_cuda(dir);
     return test_summary();
 }

@@ -6,8 +6,8 @@
 #                                 # link), devrun/golden/k3_tiny_a, k3_vision_tiny; carry devrun (about 40 MB)
 #   tools/device_cuda.sh [what]   # there: what = all | harness | engine | bench | speed | dist; logs under $OUT (or
 #                                 # devrun/out)
-#     harness: test_backend_ops, test_backend_ops_decode, tests/cuda/*, and with `make nccl` test_comm_nccl and
-#     test_dist_nccl (the parallel training step on the GPU over NCCL; several GPUs: mpirun -np N devrun/bin/test_dist_nccl)
+#     harness: test_backend_ops, test_backend_ops_decode, test_vision_data (vision training on the GPU), tests/cuda/*,
+#     and with `make nccl` test_comm_nccl and test_dist_nccl (the parallel training step on the GPU over NCCL; several GPUs: mpirun -np N devrun/bin/test_dist_nccl)
 #     dist: only the NCCL programs, then `k3c_nccl train` on the make-run data for 3 steps, plain and with "parallel":
 #     {"force": true} (the parallel step on one GPU), their losses side by side (PACK_PROGS=build/cuda/k3c at pack
 #     time carries just the NCCL programs and k3c)
@@ -20,7 +20,8 @@ cd "$(dirname "$0")/.."
 what=${1:-all}
 
 if [ "$what" = pack ]; then
-    progs=(build/cuda/k3c build/cuda/tests/test_backend_ops build/cuda/tests/test_backend_ops_decode build/cuda/tests/cuda/*
+    progs=(build/cuda/k3c build/cuda/tests/test_backend_ops build/cuda/tests/test_backend_ops_decode
+        build/cuda/tests/test_vision_data build/cuda/tests/cuda/*
         build/cuda/bench/cuda/*)
     [ -n "${PACK_PROGS:-}" ] && read -r -a progs <<<"$PACK_PROGS" # a subset, e.g. the engine mode's programs
     # `make nccl`: the one-rank NCCL communicator, the parallel training step on CUDA over it (2 MB each, xz), and
@@ -43,7 +44,7 @@ if [ "$what" = pack ]; then
     mkdir -p devrun/bench && cp ../shared/bench/kimi_linear_medium.json devrun/bench/
     cp bench/hf_generate.py devrun/ # the transformers anchor of the decode benchmark
     cp tools/device_cuda.sh devrun/ # `bash devrun/device_cuda.sh engine` on a tree without this script's newer modes
-    cp ../shared/golden/k3_vision_tiny/config.json devrun/golden/k3_vision_tiny/ # harness_vision's whole tower
+    cp ../shared/golden/k3_vision_tiny/config.json devrun/golden/k3_vision_tiny/ # test_vision_cuda's whole tower
     gzip -c ../shared/golden/k3_vision_tiny/model.safetensors >devrun/golden/k3_vision_tiny/model.safetensors.gz
     gzip -c ../shared/golden/k3_vision_tiny/golden.safetensors >devrun/golden/k3_vision_tiny/golden.safetensors.gz
     mkdir -p devrun/cfg && cp ../shared/bench/kimi_linear_medium.json ../shared/bench/k3_medium.json \
@@ -88,6 +89,7 @@ if [ "$what" = all ] || [ "$what" = harness ]; then
     # the table-driven harness (every op of the backend table, CUDA against the CPU), then the programs of tests/cuda
     $B/test_backend_ops "$seed" 2>&1 | tee "$OUT/test_backend_ops.log" || status=1
     $B/test_backend_ops_decode "$seed" 2>&1 | tee "$OUT/test_backend_ops_decode.log" || status=1
+    $B/test_vision_data 2>&1 | tee "$OUT/test_vision_data.log" || status=1 # vision training on the GPU
     for t in $(cd tests/cuda && ls *.cu); do
         n=${t%.cu}
         if [ "$n" = test_engine_cuda ]; then

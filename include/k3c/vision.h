@@ -61,7 +61,8 @@ int k3c_vision_backward_f64(k3c_vision *v, const k3c_vision_acts_f64 *acts, cons
 void k3c_vision_acts_free_f32(k3c_vision_acts_f32 *acts);
 void k3c_vision_acts_free_f64(k3c_vision_acts_f64 *acts);
 void k3c_vision_free(k3c_vision *v);
-/* The tower's tensors (release names, the tower's precision) as one safetensors file, written atomically. */
+/* The tower's tensors (release names, the tower's precision) as one safetensors file, written atomically (a tower on
+ * a device is downloaded first). */
 int k3c_vision_save(const k3c_vision *v, const char *path, k3c_err *err);
 /* Beside a text model saved as <dir>/model.safetensors: <dir>/vision.safetensors and a model.safetensors.index.json
  * naming both, so the directory opens as one checkpoint (text model, tower and projector). */
@@ -159,14 +160,16 @@ void k3c_vdata_free(k3c_vdata *d);
 /* `k3c vision train`: the text model and the tower of `dir` (config.json with a vision_config, its tokenizer; weights
  * when present, else a seeded init) trained together on data, AdamW on the tower and the model's optimizer on the
  * model; held-out accuracy on eval (when given): each sample's answer against every distinct answer of the eval set,
- * by summed log-probability. Weights are written back to dir (model.safetensors, vision.safetensors, index). */
+ * by summed log-probability. Weights are written back to dir (model.safetensors, vision.safetensors, index). Every
+ * step's op runs on the backend, the update through the step's tail of the trainer (docs/TRAINING.md). */
 typedef struct {
     const char *dir, *data, *eval;
     int64_t steps, batch, max_tokens, eval_max; /* eval_max: eval samples scored at most (0 = all) */
     double lr, tower_lr, weight_decay, grad_clip;
     uint64_t seed;
     int log_every;
-    FILE *log; /* progress lines (NULL: quiet) */
+    FILE *log;                            /* progress lines (NULL: quiet) */
+    const struct k3c_backend_f32 *backend; /* where the model and the tower train (k3c_device_backend; NULL: the CPU) */
 } k3c_vtrain_opts;
 typedef struct {
     double first_loss, last_loss, accuracy, chance, train_s, eval_s;

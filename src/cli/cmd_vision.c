@@ -23,11 +23,14 @@ static void usage(void) {
            "       k3c vision train --model DIR --data TRAIN.jsonl [--eval TEST.jsonl] [--steps 300] [--batch 16]\n"
            "                        [--lr 3e-3] [--tower-lr 1e-3] [--weight-decay 0] [--grad-clip 1] [--seed 1]\n"
            "                        [--max-tokens 512] [--eval-max 0] [--threads N] [--log-every 10]\n"
+           "                        [--device cpu|cuda] [--gemm fp32|tf32|bf16] [--kernels bf16|fp16|fp32]\n"
            "Trains the text model and the vision tower of DIR together (config.json with a vision_config, its\n"
            "tokenizer; its weights when present, else a seeded init) on JSONL lines {\"text\": \"<image>...\",\n"
            "\"images\": [\"a.png\"], \"answer\": \"...\"} (docs/VISION.md \"Training data\"); bad lines are reported\n"
            "and skipped. With --eval, prints the held-out accuracy (each answer scored against every distinct answer)\n"
-           "and chance. Writes the weights back into DIR.\n");
+           "and chance. Writes the weights back into DIR. With --device cuda (a `make cuda` build) the model, the tower\n"
+           "and every step (forward, backward, clipping, the optimizer) run on the GPU; --gemm and --kernels as for\n"
+           "k3c train.\n");
 }
 
 /* CPU seconds of this process, every thread (what a shared machine charges). */
@@ -52,13 +55,20 @@ static int train(int argc, char **argv) {
         !cli_opt_double(argc, argv, "--weight-decay", 0, &o.weight_decay) ||
         !cli_opt_double(argc, argv, "--grad-clip", 1, &o.grad_clip))
         return 2;
+    const cli_device_opts dopt = cli_device_opts_get(argc, argv);
+    if (cli_device_check("vision train", &dopt)) return 2;
     o.steps = steps, o.batch = batch, o.max_tokens = maxt, o.eval_max = emax, o.seed = (uint64_t)seed;
     o.log_every = (int)every;
     if (thr > 0) k3c_set_num_threads((int)thr);
     k3c_vtrain_result r;
     k3c_err err = {0};
+    cli_device dev;
+    if (cli_device_open(&dopt, &dev, &err)) return cli_fail("vision train", &err);
+    o.backend = dev.backend;
     const double c0 = cpu_seconds();
-    if (k3c_vision_train(&o, &r, &err)) return cli_fail("vision train", &err);
+    const int rc = k3c_vision_train(&o, &r, &err);
+    cli_device_release(&dev); /* everything on it was freed by k3c_vision_train */
+    if (rc) return cli_fail("vision train", &err);
     printf("trained %lld steps on %lld samples (%lld bad lines skipped): loss %.4f -> %.4f, %lld tokens, %.1f s\n",
            (long long)o.steps, (long long)r.n_train, (long long)r.bad_train, r.first_loss, r.last_loss,
            (long long)r.tokens, r.train_s);

@@ -1,12 +1,13 @@
 /* post_run.c — what SFT and RL runs share: the model opened from a checkpoint with its tokenizer, the optimizer and its
- * state in the backend's memory, resume from out_dir/latest, checkpoints in the trainer's layout, metrics file.
- * docs/POST.md "Runs". */
+ * state in the backend's memory, the update through the step's tail, resume from out_dir/latest, checkpoints in the
+ * trainer's layout, metrics file. docs/POST.md "Runs". */
 #include "post/post_run.h"
 
 #include "base/check.h"
 #include "base/json.h"
 #include "tok/tok.h"
 #include "train/checkpoint.h"
+#include "train/step_tail.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -142,9 +143,16 @@ int k3c_post_run_arena(k3c_post_run *p, int64_t T, int n_docs, k3c_err *err) {
 }
 
 int k3c_post_run_update(k3c_post_run *p, double grad_clip, double lr, int64_t step, double *grad_norm, k3c_err *err) {
-    CHECK_RC(p->be->clip_grad_norm(p->opt_inst, &p->m.table, p->m.g, grad_clip, grad_norm, err));
-    return p->be->optim_step(p->opt_inst, &p->opt, &p->m.table, 0, p->m.table.n, p->m.w, p->m.g, p->ostate, lr, step,
-                             err);
+    /* post-training keeps the router biases and QK-Clip of the base run as they are */
+    const k3c_tail_config c = {grad_clip, 0, K3C_BALANCE_NONE, -1, 0};
+    k3c_step_tail t = {.m = &p->m, .n_groups = 1};
+    t.group[0] = (k3c_param_group){&p->m.table, &p->opt, p->opt_inst, p->m.w, p->m.g, p->ostate};
+    k3c_tail_result r;
+    CHECK_RC(k3c_step_tail_run(&t, &c, &lr, step, &r, err));
+    *grad_norm = r.grad_norm[0];
+    if (r.skipped) /* an update from it would turn every weight into NaN; the last checkpoint stays as it was */
+        return k3c_errf(err, K3C_ENUMERIC, "step %lld: %s: update not applied", (long long)step, r.why);
+    return K3C_OK;
 }
 
 int k3c_post_run_save(k3c_post_run *p, const char *out_dir, int64_t step, const char *state_json, int keep,

@@ -43,7 +43,8 @@ typedef struct {
 int k3c_post_run_open(k3c_post_run *p, const k3c_post_run_opts *r, const k3c_train_opts *o, char **state_json,
                       k3c_err *err);
 int k3c_post_run_arena(k3c_post_run *p, int64_t T, int n_docs, k3c_err *err);
-/* Clips m.g and applies one optimizer step (step ≥ 1). */
+/* The step's tail (train/step_tail.h) on the model: clips m.g and applies one optimizer step (step ≥ 1); a non-finite
+ * gradient norm is K3C_ENUMERIC with nothing updated. */
 int k3c_post_run_update(k3c_post_run *p, double grad_clip, double lr, int64_t step, double *grad_norm, k3c_err *err);
 int k3c_post_run_save(k3c_post_run *p, const char *out_dir, int64_t step, const char *state_json, int keep,
                       k3c_err *err);

@@ -21,6 +21,7 @@
 #include "train/guard.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
+#include "train/step_tail.h"
 #include "tok/tok.h"
 
 #include <errno.h>
@@ -43,9 +44,9 @@ typedef struct {
     k3c_arena arena;
     size_t arena_cap;
     k3c_loader *loader;
-    k3c_batch batch; /* the loader's buffers for one step */
-    void *qb_ws;
-    size_t qb_ws_bytes;
+    k3c_batch batch;    /* the loader's buffers for one step */
+    k3c_step_tail tail; /* clip, guard, optimizer, QK-Clip, balancing over the model's parameters */
+    k3c_tail_parallel tail_par;
     int64_t step, tokens; /* completed optimizer steps, tokens consumed */
     FILE *metrics;
     int n_mla;
@@ -166,43 +167,6 @@ static int load_telemetry(trainer *tr, double *max_ratio, double *cv, k3c_err *e
     return K3C_OK;
 }
 
-/* The router biases' update after the optimizer step (docs/TRAINING.md §1.6), from this step's router logits and
- * cutoffs: quantile balancing (§7.2) or the auxiliary-loss-free sign step. The new bias routes the next batch, never this
- * one. The auxiliary loss and "none" leave the bias as it is. */
-static int balance(trainer *tr, k3c_err *err) {
-    const k3c_config *c = &tr->m.cfg;
-    const k3c_run_config *rc = tr->rc;
-    const int qb = rc->balancing == K3C_BALANCE_QUANTILE;
-    if (!qb && rc->balancing != K3C_BALANCE_BIAS) return K3C_OK;
-    const char *what = qb ? "quantile balancing" : "bias balancing";
-    float *w = tr->m.w;
-    for (int l = 0; l < c->num_layers; l++) {
-        const k3c_route_stats *r = &tr->stats.route[l];
-        if (c->ffn[l] != K3C_FFN_MOE || r->T == 0) continue;
-        const float *logits = r->logits, *cutoff = r->cutoff;
-        int64_t T = r->T; /* data parallelism: the whole batch's statistics, so every rank sets the same bias */
-        if (tr->dp && k3c_dp_gather_route(tr->dp, r, r->n, (float **)&logits, (float **)&cutoff, &T, err))
-            return k3c_err_wrap(err, "layer %d: %s", l, what);
-        size_t need = qb ? tr->be->quantile_balance_workspace(rc->qb_mode, T, r->n)
-                         : tr->be->bias_balance_workspace(T, r->n, r->k);
-        if (need > tr->qb_ws_bytes) {
-            if (tr->qb_ws) tr->be->free(tr->qb_ws);
-            tr->qb_ws = tr->be->alloc(need);
-            tr->qb_ws_bytes = tr->qb_ws ? need : 0;
-            if (!tr->qb_ws) return k3c_errf(err, K3C_ENOMEM, "%s workspace", what);
-        }
-        float *bias = w + tr->m.table.layer[l].router_bias;
-        int e =
-            qb ? tr->be->quantile_balance(tr->be->ctx, rc->qb_mode, logits, cutoff, T, r->n, r->k, bias, tr->qb_ws, err)
-               : tr->be->bias_balance(tr->be->ctx, logits, T, r->n, r->k, rc->bias_gamma, bias, tr->qb_ws, err);
-        if (e) {
-            k3c_err_wrap(err, "layer %d: %s", l, what);
-            return e;
-        }
-    }
-    return K3C_OK;
-}
-
 /* The guard's test fault hook, for tests only: K3C_TEST_FAULT="loss:FROM:COUNT" (or "grad:FROM:COUNT") gives batches
  * FROM .. FROM+COUNT-1 of this invocation (counted from 1 over every batch tried, skipped ones included) a NaN loss (or a
  * NaN in one gradient element, written through the backend table after the backward). Returns 1 (loss), 2 (grad) or 0. */
@@ -252,29 +216,19 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
         if ((e = be->upload(tr->m.g, &nan, sizeof nan, err))) return e;
     }
     if (tr->dp && (e = k3c_dp_grads_finish(tr->dp, &tr->m, err))) return e; /* the embedding's, then wait for all */
-    e = tr->dp ? k3c_dp_clip_grad_norm(tr->dp, tr->pp ? tr->pp_comm : NULL, tr->opt_inst, &tr->m.table, tr->m.g,
-                                       rc->grad_clip, &row->grad_norm, err) /* the owners' parts, summed */
-               : be->clip_grad_norm(tr->opt_inst, &tr->m.table, tr->m.g, rc->grad_clip, &row->grad_norm, err);
-    if (e) return e;
-    if (k3c_guard_judge(&tr->guard, rc, loss, row->grad_norm, tr->skip, sizeof tr->skip)) return K3C_OK;
-    k3c_guard_accept(&tr->guard, rc, loss);
     k3c_schedule sch = {st->schedule, st->lr, st->warmup, st->steps, st->min_lr_ratio};
-    row->lr = k3c_schedule_lr(&sch, stage_step + 1) * tr->guard.lr_scale; /* schedules count steps from 1 */
-    e = tr->dp ? k3c_dp_optim_step(tr->dp, be, tr->opt_inst, &tr->m.table, tr->m.w, tr->m.g, tr->ostate, row->lr,
-                                   tr->step + 1, err)
-               : be->optim_step(tr->opt_inst, &tr->opt, &tr->m.table, 0, tr->m.table.n, tr->m.w, tr->m.g, tr->ostate,
-                                row->lr, tr->step + 1, err);
-    if (e) return e;
+    const double lr = k3c_schedule_lr(&sch, stage_step + 1) * tr->guard.lr_scale; /* schedules count steps from 1 */
+    const k3c_tail_config tc = {rc->grad_clip, rc->qk_clip_tau, rc->balancing, rc->qb_mode, rc->bias_gamma};
+    k3c_tail_result tres;
+    if ((e = k3c_step_tail_run(&tr->tail, &tc, &lr, tr->step + 1, &tres, err))) return e;
+    row->grad_norm = tres.grad_norm[0];
+    if (tres.skipped) { /* the guard's second look: the gradient norm */
+        snprintf(tr->skip, sizeof tr->skip, "%s", tres.why);
+        return K3C_OK;
+    }
+    k3c_guard_accept(&tr->guard, rc, loss);
+    row->lr = lr;
     const int clip = tr->n_mla && rc->qk_clip_tau > 0; /* qk_clip_tau 0: QK-Clip off (an experiment arm) */
-    if (clip && tr->tp_comm && (e = k3c_tp_mask_smax(&tr->tp, &tr->m.cfg, tr->stats.smax, err))) /* others' */
-        return e;
-    if (clip && tr->dp &&
-        (e = k3c_dp_max_smax(tr->dp, tr->stats.smax, tr->m.cfg.num_layers * tr->m.cfg.mla_heads, err)))
-        return e;
-    if (clip && (e = be->qk_clip(be->ctx, &tr->m.cfg, &tr->m.table, tr->m.w, tr->stats.smax, rc->qk_clip_tau,
-                                 tr->stats.qk_clipped, err)))
-        return e;
-    if ((e = balance(tr, err))) return e;
     if ((e = load_telemetry(tr, &row->max_load_ratio, &row->load_cv, err))) return e;
     row->qk_clipped = 0;
     if (clip) {
@@ -696,7 +650,13 @@ static int optim_state(trainer *tr, k3c_comm *comm, const k3c_parallel *lay, k3c
     CHECK_RC(tr->be->zero(tr->ostate, (int64_t)n_state, err));
     if (tr->resume_dir[0] && load_optim_state(tr, tr->resume_dir, err)) /* this rank's entries */
         return k3c_err_wrap(err, "resume from %s", tr->resume_dir);
-    return tr->be->optim_open(tr->be->ctx, o, &tr->m.table, &tr->opt_inst, err);
+    CHECK_RC(tr->be->optim_open(tr->be->ctx, o, &tr->m.table, &tr->opt_inst, err));
+    tr->tail_par = (k3c_tail_parallel){tr->dp, tr->pp ? tr->pp_comm : NULL, tr->tp_comm ? &tr->tp : NULL};
+    tr->tail.m = &tr->m;
+    tr->tail.group[0] = (k3c_param_group){&tr->m.table, &tr->opt, tr->opt_inst, tr->m.w, tr->m.g, tr->ostate};
+    tr->tail.n_groups = 1;
+    tr->tail.par = &tr->tail_par;
+    return K3C_OK;
 }
 
 static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o, k3c_err *err) {
@@ -798,10 +758,8 @@ static void teardown(trainer *tr) {
     if (tr->opt_inst) be->optim_close(tr->opt_inst);
     k3c_model_arena_free_f32(&tr->m, &tr->arena);
     k3c_step_stats_free_f32(&tr->m, &tr->stats);
-    if (be->sync(NULL) == K3C_OK) { /* never free memory a device may still use (the CPU's sync always succeeds) */
-        if (tr->ostate) be->free(tr->ostate);
-        if (tr->qb_ws) be->free(tr->qb_ws);
-    }
+    k3c_step_tail_free(&tr->tail);
+    if (tr->ostate && be->sync(NULL) == K3C_OK) be->free(tr->ostate); /* never memory a device may still use */
     k3c_model_free_f32(&tr->m);
     if (tr->dp) k3c_dp_free(tr->dp);
     if (tr->ep_comm) {

@@ -1,6 +1,7 @@
-/* params.c — the vision tower's parameter table under the release's tensor names, the tower's one flat buffer, and
- * the merged-token count of packed items. Spec: ../shared/spec/CHECKPOINTS.md §3.4 and the vision tensor table. */
+/* params.c — the vision tower's parameter table under the release's tensor names, the tower's one flat buffer (saved
+ * from wherever it runs), and the merged-token count of packed items. Spec: ../shared/spec/CHECKPOINTS.md §3.4 and the vision tensor table. */
 #include "base/json.h"
+#include "ops/backend.h"
 #include "vision/vision.h"
 
 #include <stdio.h>
@@ -103,17 +104,30 @@ int64_t k3c_vision_merged_tokens(const k3c_vision_config *vc, const k3c_grid_thw
     return N;
 }
 
+/* The parameters as host memory: w itself, or (a tower on a device) a downloaded copy in *copy (free() it). */
+static int host_weights(const k3c_vision *v, const char *path, const void **w, void **copy, k3c_err *err) {
+    *w = v->w, *copy = NULL;
+    if (!v->backend) return K3C_OK;
+    const size_t bytes = v->total * (v->precision == K3C_F64 ? sizeof(double) : sizeof(float));
+    if (!(*copy = malloc(bytes ? bytes : 1))) return k3c_errf(err, K3C_ENOMEM, "vision_save: %s: out of memory", path);
+    *w = *copy;
+    return v->precision == K3C_F64 ? ((const k3c_backend_f64 *)v->backend)->download(*copy, v->w, bytes, err)
+                                   : ((const k3c_backend_f32 *)v->backend)->download(*copy, v->w, bytes, err);
+}
+
 int k3c_vision_save(const k3c_vision *v, const char *path, k3c_err *err) {
-    if (v->backend) return k3c_errf(err, K3C_EINVAL, "vision_save: %s: the tower is not in host memory", path);
     k3c_st_entry *e = calloc((size_t)v->n, sizeof *e);
-    if (!e) return k3c_errf(err, K3C_ENOMEM, "vision_save: out of memory");
+    const void *w = v->w;
+    void *copy = NULL;
+    int rc = !e ? k3c_errf(err, K3C_ENOMEM, "vision_save: out of memory") : host_weights(v, path, &w, &copy, err);
     const size_t es = v->precision == K3C_F64 ? sizeof(double) : sizeof(float);
-    for (int i = 0; i < v->n; i++) {
+    for (int i = 0; !rc && i < v->n; i++) {
         const k3c_vision_param *p = &v->p[i];
-        e[i] = (k3c_st_entry){p->name, v->precision, p->ndim, {0}, (const char *)v->w + p->off * es};
+        e[i] = (k3c_st_entry){p->name, v->precision, p->ndim, {0}, (const char *)w + p->off * es};
         for (int d = 0; d < p->ndim; d++) e[i].shape[d] = p->shape[d];
     }
-    int rc = k3c_st_write(path, e, v->n, NULL, err);
+    if (!rc) rc = k3c_st_write(path, e, v->n, NULL, err);
+    free(copy);
     free(e);
     return rc;
 }

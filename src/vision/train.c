@@ -1,10 +1,12 @@
 /* train.c — `k3c vision train`: the text model and the vision tower trained together on interleaved image-text
- * samples (the tower's embeddings replace the <|media_pad|> rows, d_embeds flows back into the tower), and held-out
- * accuracy by scoring every candidate answer. Spec: docs/VISION.md "Training data" and "Demo". */
+ * samples (the tower's embeddings replace the <|media_pad|> rows, d_embeds flows back into the tower), the update
+ * through the step's tail over two parameter groups, and held-out accuracy by scoring every candidate answer; both on
+ * the backend of the options (CPU or a device). Spec: docs/VISION.md "Training data" and "Demo". */
 #include "base/check.h"
 #include "model/model.h"
 #include "ops/optim.h"
 #include "train/schedule.h"
+#include "train/step_tail.h"
 #include "vision/vision.h"
 
 #include <math.h>
@@ -18,8 +20,12 @@ typedef struct {
     k3c_model m;
     k3c_vision *v;
     k3c_tok *tok;
+    const k3c_backend_f32 *be; /* where the model and the tower run */
     k3c_optim opt;
-    float *ostate, *vm, *vv; /* model optimizer state; the tower's AdamW moments */
+    float *ostate;          /* the model's optimizer state (backend memory) */
+    void *opt_inst;         /* the backend's optimizer instance for the model */
+    k3c_flat_group tower;   /* the tower's parameters, AdamW */
+    k3c_step_tail tail;     /* group 0 the model, group 1 the tower */
     k3c_arena arena;
     size_t arena_cap;
     int32_t pad;
@@ -88,11 +94,14 @@ static int run(vtrain *t, const vbatch *b, int train, double *loss, float **logi
     const float *emb = NULL;
     int64_t N = 0;
     CHECK_RC(k3c_vision_forward_f32(t->v, b->px, b->g, b->ng, &va, NULL, &emb, &N, err));
-    float *demb = train ? malloc(sizeof(float) * (size_t)(N * t->cfg.hidden_size + 1)) : NULL;
-    int rc = N != b->N        ? k3c_errf(err, K3C_EINVAL, "vision train: %lld image tokens for %lld <|media_pad|> ids",
-                                         (long long)N, (long long)b->N)
-             : train && !demb ? k3c_errf(err, K3C_ENOMEM, "vision train: out of memory")
-                              : ensure_arena(t, b->T, b->nd, err);
+    /* the model takes the image rows from the host (and returns their gradient there) */
+    const size_t rows = sizeof(float) * (size_t)(N * t->cfg.hidden_size + 1);
+    float *embh = malloc(rows), *demb = train ? malloc(rows) : NULL;
+    int rc = N != b->N               ? k3c_errf(err, K3C_EINVAL, "vision train: %lld image tokens for %lld <|media_pad|> ids",
+                                                (long long)N, (long long)b->N)
+             : !embh || (train && !demb) ? k3c_errf(err, K3C_ENOMEM, "vision train: out of memory")
+                                         : ensure_arena(t, b->T, b->nd, err);
+    if (!rc) rc = t->be->download(embh, emb, rows - sizeof(float), err);
     k3c_model_batch mb = {.T = b->T,
                           .n_docs = b->nd,
                           .ids = b->ids,
@@ -100,31 +109,21 @@ static int run(vtrain *t, const vbatch *b, int train, double *loss, float **logi
                           .targets = train ? b->tg : NULL,
                           .n_embeds = N,
                           .embed_pos = b->pos,
-                          .embeds = emb,
+                          .embeds = embh,
                           .d_embeds = demb};
     k3c_acts *acts;
     if (!rc) k3c_arena_reset(&t->arena, 0);
     if (!rc) rc = k3c_model_forward_f32(&t->m, &mb, &t->arena, &acts, train ? loss : NULL, logits, err);
     if (!rc && train) {
-        memset(t->m.g, 0, sizeof(float) * t->m.table.total);
-        memset(t->v->g, 0, sizeof(float) * t->v->total);
-        rc = k3c_model_backward_f32(&t->m, acts, 1.0, err);
+        rc = t->be->zero(t->m.g, (int64_t)t->m.table.total, err);
+        if (!rc) rc = t->be->zero(t->v->g, (int64_t)t->v->total, err);
+        if (!rc) rc = k3c_model_backward_f32(&t->m, acts, 1.0, err);
         if (!rc) rc = k3c_vision_backward_f32(t->v, va, demb, NULL, err);
     }
+    free(embh);
     free(demb);
     k3c_vision_acts_free_f32(va);
     return rc;
-}
-
-/* ‖g‖ of the tower, clipped to max_norm (torch's clip_grad_norm_). */
-static double clip_tower(k3c_vision *v, double max_norm) {
-    float *g = v->g;
-    double s = 0;
-    for (size_t i = 0; i < v->total; i++) s += (double)g[i] * g[i];
-    const double norm = sqrt(s);
-    if (max_norm > 0 && norm > max_norm)
-        for (size_t i = 0; i < v->total; i++) g[i] *= (float)(max_norm / (norm + 1e-6));
-    return norm;
 }
 
 static int train_step(vtrain *t, const k3c_vdata *d, const k3c_vtrain_opts *o, int64_t step, double *loss,
@@ -143,26 +142,33 @@ static int train_step(vtrain *t, const k3c_vdata *d, const k3c_vtrain_opts *o, i
     vbatch_free(&b);
     if (rc) return rc;
     k3c_schedule sch = {K3C_SCHED_COSINE, 1, o->steps / 20 + 1, o->steps, 0.1};
-    const double f = k3c_schedule_lr(&sch, step);
-    k3c_clip_grad_norm(&t->m.table, t->m.g, o->grad_clip);
-    clip_tower(t->v, o->grad_clip);
-    CHECK_RC(k3c_optim_step(&t->opt, &t->m.table, t->m.w, t->m.g, t->ostate, o->lr * f, step, err));
-    const k3c_adamw_hp hp = {t->opt.beta1, t->opt.beta2, t->opt.eps};
-    k3c_adamw_update(&hp, t->v->w, t->v->g, t->vm, t->vv, (int64_t)t->v->total, o->tower_lr * f, o->weight_decay, step);
+    const double f = k3c_schedule_lr(&sch, step), lr[2] = {o->lr * f, o->tower_lr * f};
+    /* the model and the tower clipped each by its own norm; no QK-Clip or balancing (the router biases stay) */
+    const k3c_tail_config c = {o->grad_clip, 0, K3C_BALANCE_NONE, -1, 0};
+    k3c_tail_result r;
+    CHECK_RC(k3c_step_tail_run(&t->tail, &c, lr, step, &r, err));
+    if (r.skipped)
+        return k3c_errf(err, K3C_ENUMERIC, "vision train: step %lld: %s (%s): update not applied", (long long)step,
+                        r.why, isfinite(r.grad_norm[0]) ? "the tower's" : "the model's");
     return K3C_OK;
 }
 
-/* Σ log p(ids[from..n) | ids[0..from)) of document rows [r0, r0 + n) of the logits [T, V]. */
-static double doc_logprob(const float *logits, int64_t V, int64_t r0, const int32_t *ids, int64_t from, int64_t n) {
-    double lp = 0;
+/* *lp = Σ log p(ids[from..n) | ids[0..from)) of document rows [r0, r0 + n) of the logits [T, V] (the model's
+ * backend memory): the rows that predict ids[from..n) are downloaded into host[n - from, V]. */
+static int doc_logprob(const vtrain *t, const float *logits, int64_t r0, const int32_t *ids, int64_t from, int64_t n,
+                       float *host, double *lp, k3c_err *err) {
+    const int64_t V = t->cfg.vocab_size;
+    *lp = 0;
+    if (n > from)
+        CHECK_RC(t->be->download(host, logits + (r0 + from - 1) * V, sizeof(float) * (size_t)((n - from) * V), err));
     for (int64_t k = from; k < n; k++) {
-        const float *row = logits + (r0 + k - 1) * V;
+        const float *row = host + (k - from) * V;
         double mx = row[0], z = 0;
         for (int64_t v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
         for (int64_t v = 0; v < V; v++) z += exp(row[v] - mx);
-        lp += row[ids[k]] - mx - log(z);
+        *lp += row[ids[k]] - mx - log(z);
     }
-    return lp;
+    return K3C_OK;
 }
 
 /* The distinct answers of the eval set and their ids. */
@@ -199,10 +205,13 @@ static int score_group(vtrain *t, const k3c_vsample *s, int ns, const answers *a
     const int nd = ns * a->n;
     vdoc *docs = calloc((size_t)nd, sizeof *docs);
     int32_t *buf = NULL;
-    size_t total = 0;
+    size_t total = 0, longest = 1;
     for (int i = 0; i < ns; i++)
         for (int j = 0; j < a->n; j++) total += (size_t)s[i].answer_at + a->ids[j].n;
-    int rc = docs && (buf = malloc(sizeof(int32_t) * total)) ? K3C_OK : k3c_errf(err, K3C_ENOMEM, "out of memory");
+    for (int j = 0; j < a->n; j++) longest = a->ids[j].n > longest ? a->ids[j].n : longest;
+    float *rows = malloc(sizeof(float) * longest * (size_t)t->cfg.vocab_size); /* one candidate's logit rows */
+    int rc = docs && rows && (buf = malloc(sizeof(int32_t) * total)) ? K3C_OK
+                                                                    : k3c_errf(err, K3C_ENOMEM, "out of memory");
     for (int d = 0, off = 0; !rc && d < nd; d++) {
         const k3c_vsample *x = &s[d / a->n];
         const k3c_tok_ids *c = &a->ids[d % a->n];
@@ -218,15 +227,17 @@ static int score_group(vtrain *t, const k3c_vsample *s, int ns, const answers *a
     for (int i = 0; !rc && i < ns; i++) {
         int best = -1, mine = -1;
         double best_lp = -INFINITY;
-        for (int j = 0; j < a->n; j++) {
+        for (int j = 0; !rc && j < a->n; j++) {
             const vdoc *d = &docs[i * a->n + j];
-            const double lp = doc_logprob(logits, t->cfg.vocab_size, b.cu[i * a->n + j], d->ids, s[i].answer_at, d->n);
-            if (lp > best_lp) best_lp = lp, best = j;
+            double lp;
+            rc = doc_logprob(t, logits, b.cu[i * a->n + j], d->ids, s[i].answer_at, d->n, rows, &lp, err);
+            if (!rc && lp > best_lp) best_lp = lp, best = j;
             if (!strcmp(a->text[j], s[i].answer)) mine = j;
         }
         *right += best == mine;
     }
     vbatch_free(&b);
+    free(rows);
     free(buf);
     free(docs);
     return rc;
@@ -265,18 +276,35 @@ static int open_all(vtrain *t, const k3c_vtrain_opts *o, k3c_err *err) {
         CHECK_RC(k3c_vision_create_f32(&t->cfg.vision, 1, &t->v, err));
         k3c_vision_init_f32(t->v, o->seed + 1);
     }
+    CHECK_RC(k3c_model_use_backend_f32(&t->m, o->backend, err));
+    CHECK_RC(k3c_vision_use_backend_f32(t->v, o->backend, err));
+    t->be = k3c_model_backend_f32(&t->m);
     k3c_optim_defaults(&t->opt);
     t->opt.weight_decay = o->weight_decay;
     CHECK_RC(k3c_optim_init(&t->opt, &t->m.table, err));
-    t->ostate = calloc(k3c_optim_state_numel(&t->opt, &t->m.table) + 1, sizeof(float));
-    t->vm = calloc(t->v->total, sizeof(float)), t->vv = calloc(t->v->total, sizeof(float));
-    return t->ostate && t->vm && t->vv ? K3C_OK : k3c_errf(err, K3C_ENOMEM, "vision train: out of memory");
+    const size_t n = t->opt.state_numel + 1;
+    t->ostate = t->be->alloc(sizeof(float) * n);
+    if (!t->ostate) return k3c_errf(err, K3C_ENOMEM, "vision train: cannot allocate the optimizer state");
+    CHECK_RC(t->be->zero(t->ostate, (int64_t)n, err));
+    CHECK_RC(t->be->optim_open(t->be->ctx, &t->opt, &t->m.table, &t->opt_inst, err));
+    CHECK_RC(k3c_flat_group_open(&t->tower, t->be, "vision tower", k3c_vision_weights(t->v), k3c_vision_grads(t->v),
+                                 k3c_vision_param_count(t->v), &t->opt, err));
+    t->tail.m = &t->m;
+    t->tail.group[0] = (k3c_param_group){&t->m.table, &t->opt, t->opt_inst, t->m.w, t->m.g, t->ostate};
+    t->tail.group[1] = t->tower.group;
+    t->tail.n_groups = 2;
+    return K3C_OK;
 }
 
 static void close_all(vtrain *t) {
+    if (t->be) { /* backend memory first, while the model that holds the backend lives */
+        k3c_step_tail_free(&t->tail);
+        k3c_flat_group_close(&t->tower);
+        if (t->opt_inst) t->be->optim_close(t->opt_inst);
+        if (t->ostate && t->be->sync(NULL) == K3C_OK) t->be->free(t->ostate);
+    }
     if (t->arena_cap) k3c_model_arena_free_f32(&t->m, &t->arena);
     k3c_optim_free(&t->opt);
-    free(t->ostate), free(t->vm), free(t->vv);
     k3c_vision_free(t->v);
     if (t->m.w) k3c_model_free_f32(&t->m);
     k3c_tok_free(t->tok);
