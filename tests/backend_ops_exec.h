@@ -177,10 +177,11 @@ static int BO_FN(call)(const BO_BE *be, const bo_case *c, bo_io *io, void **d, i
     case OP_MOE:
     case OP_MLP: {
         /* The saved buffer has each backend's own layout, so the backward runs the backend's own forward first. */
+        const double b1 = f & F_WIDE ? 4.0 : 2.0, b2 = f & F_WIDE ? 25.0 : 3.0; /* SiTU's caps; F_WIDE: K3's */
         k3c_glu_act act = {f & F_SITU   ? K3C_ACT_SITU
                            : f & F_GELU ? K3C_ACT_GELU
                                         : K3C_ACT_SILU,
-                           f & F_WIDE ? 4.0 : f & F_SITU ? 2.0 : 0, f & F_WIDE ? 25.0 : f & F_SITU ? 3.0 : 0};
+                           f & F_SITU ? b1 : 0, f & F_SITU ? b2 : 0};
         k3c_moe_sizes ms = {c->a, c->b, c->c, c->d, c->e, act};
         k3c_mlp_sizes ls = {c->a, c->b, c->c, act};
         int moe = c->op == OP_MOE;

@@ -233,7 +233,8 @@ static size_t perm_plan(const bo_case *c, k3c_rng *r, double *pos, double *perm)
 static void setup(const bo_case *c, bo_io *io, k3c_rng *r) {
     memset(io, 0, sizeof *io);
     const int f = c->flags;
-    const size_t A = c->a > 0 ? (size_t)c->a : 0, B = (size_t)c->b, C = (size_t)c->c, D = (size_t)c->d, E = (size_t)c->e;
+    const size_t A = c->a > 0 ? (size_t)c->a : 0, B = (size_t)c->b, C = (size_t)c->c, D = (size_t)c->d,
+                 E = (size_t)c->e;
     switch (c->op) {
     case OP_ZERO: out_t(io, "x", A, 0)->exact = 1; break;
     case OP_ADD:
@@ -807,7 +808,7 @@ static void add_rows(bo_rows *R) {
                         set_cu(row(R, OP_MAX_LOGIT, T, H, dqk, 0, 0, F_INF, 0, 0), n, cu)->want_rc = K3C_ENUMERIC;
                     }
                 }
-        row(R, OP_MAX_LOGIT, 0, 3, 48, 0, 0, 0, W, 1e-5); /* no tokens: −inf */
+        row(R, OP_MAX_LOGIT, 0, 3, 48, 0, 0, 0, W, 1e-5);                                /* no tokens: −inf */
         static const int32_t b0[4] = {0, 3, 1, 4}, b1[3] = {0, 2, 3}, b2[3] = {1, 2, 4}; /* not 0 … T ascending */
         set_cu(row(R, OP_MAX_LOGIT, 4, 3, 48, 0, 0, 0, 0, 0), 4, b0)->want_rc = K3C_EINVAL;
         set_cu(row(R, OP_MAX_LOGIT, 4, 3, 48, 0, 0, 0, 0, 0), 3, b1)->want_rc = K3C_EINVAL;
@@ -889,7 +890,7 @@ static void add_rows(bo_rows *R) {
                 c->x = 1e-5, c->tol_cuda_bwd = 1e-4, c->tol_cpu_bwd = K;
             }
         }
-        row(R, OP_ATTNRES, 0, 3, 2, 0, 0, 0, W, 1e-5)->x = 1e-6; /* no tokens: nothing written, dw as it was */
+        row(R, OP_ATTNRES, 0, 3, 2, 0, 0, 0, W, 1e-5)->x = 1e-6;          /* no tokens: nothing written, dw as it was */
         row(R, OP_ATTNRES, 4, 8, 0, 0, 0, 0, 0, 0)->want_rc = K3C_EINVAL; /* no sources */
         row(R, OP_ATTNRES, 4, 8, K3C_ATTNRES_MAX_SOURCES + 1, 0, 0, 0, 0, 0)->want_rc = K3C_EINVAL;
         bo_case *e = row(R, OP_ATTNRES, 4, 8, 1, 0, 0, 0, 0, 0);

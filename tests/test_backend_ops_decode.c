@@ -877,7 +877,8 @@ static void add_rows(drows *R) {
                     add(R, D_QMAT, t, qs[i][0], qs[i][1], qn[j], 0, 0,
                         (acc ? F_ACC : 0) | (t == K3C_QMAT_MXFP4 ? F_WIDE : 0), TOL_ROW, TOL_CUDA);
         static const int64_t odd[3] = {1, 13, 301}; /* widths no multiple of 32 */
-        for (int i = 0; i < 3 && t != K3C_QMAT_MXFP4; i++) add(R, D_QMAT, t, 33, odd[i], 3, 0, 0, F_ACC, TOL_ROW, TOL_CUDA);
+        for (int i = 0; i < 3 && t != K3C_QMAT_MXFP4; i++)
+            add(R, D_QMAT, t, 33, odd[i], 3, 0, 0, F_ACC, TOL_ROW, TOL_CUDA);
         if (t == K3C_QMAT_MXFP4) add(R, D_QMAT, t, 2, 48, 1, 0, 0, F_REFUSE, 0, 0); /* blocks of 32 only */
         /* batches: more jobs than one fused launch takes, decode and prefill, mixed row counts */
         add(R, D_MANY, t, 10, 40, 64, 1, 0, 0, TOL_ROW, TOL_CUDA);
