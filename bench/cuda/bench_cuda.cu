@@ -344,7 +344,8 @@ static void bench_train_ops() {
                     [&] { OK(k3c_short_conv_fwd_cuda(&d, dcu, x, w, st, y, nullptr, &err)); });
         traffic_row("short_conv bwd (dx dw dstate)", "T16384 C4096 W4 8 docs", 4 * tc,
                     [&] { OK(k3c_short_conv_bwd_cuda(&d, dcu, x, w, st, y, dx, dw, ds, ws, &err)); });
-        for (void *p : {(void *)dcu, (void *)x, (void *)w, (void *)st, (void *)y, (void *)dx, (void *)dw, (void *)ds, ws})
+        for (void *p :
+             {(void *)dcu, (void *)x, (void *)w, (void *)st, (void *)y, (void *)dx, (void *)dw, (void *)ds, ws})
             k3c_cuda_free(p);
     }
     for (int form : {K3C_GATE_LOWER_BOUND, K3C_GATE_SOFTPLUS}) { /* KDA forget gate */
@@ -390,7 +391,8 @@ static void bench_train_ops() {
         traffic_row("attnres bwd", "T8192 D4096 N9", 4.0 * td * (4 * N + 2),
                     [&] { OK(k3c_attnres_bwd_cuda(&s, vp.data(), w, g, sv, dh, gp.data(), dw, dg, ws, &err)); });
         for (int i = 0; i < N; i++) k3c_cuda_free((void *)vp[(size_t)i]), k3c_cuda_free(gp[(size_t)i]);
-        for (void *p : {(void *)w, (void *)g, (void *)dw, (void *)dg, (void *)h, (void *)dh, (void *)sv, ws}) k3c_cuda_free(p);
+        for (void *p : {(void *)w, (void *)g, (void *)dw, (void *)dg, (void *)h, (void *)dh, (void *)sv, ws})
+            k3c_cuda_free(p);
     }
     for (int H : {1, 4}) { /* QK-Clip's S_max over one long document */
         k3c_attention_sizes s = {};
