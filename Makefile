@@ -119,7 +119,8 @@ cuda:
 # The CUDA test and benchmark programs, built here (no GPU needed) and run on the GPU machine (tools/device_cuda.sh):
 # build/cuda/tests/test_backend_ops and test_backend_ops_decode (tests/test_backend_ops*.c with -DK3C_CUDA: the CUDA
 # table and its decode entry against the CPU), build/cuda/tests/test_vision_data (vision training on the GPU),
-# build/cuda/tests/cuda/* and build/cuda/bench/cuda/* (nvcc with the one NVFLAGS), all linking the objects of `make cuda`.
+# build/cuda/tests/cuda/* (the whole-program GPU tests) and build/cuda/bench/cuda/* (nvcc with the one NVFLAGS), all
+# linking the objects of `make cuda`.
 CU_PROG_SRC := $(shell find tests/cuda bench/cuda -name '*.cu' 2>/dev/null | LC_ALL=C sort)
 CU_PROG_BIN := $(patsubst %.cu,build/cuda/%,$(CU_PROG_SRC))
 CU_PROG_LIBS := build/cuda/libk3c.a -L$(OPENBLAS_LIB) -Xlinker -rpath,$(OPENBLAS_LIB) -lopenblas -lpng -ljpeg -lseccomp -lgomp -lpthread -lm \

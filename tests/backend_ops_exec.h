@@ -60,7 +60,7 @@ static int BO_FN(call)(const BO_BE *be, const bo_case *c, bo_io *io, void **d, i
     const int f = c->flags;
     switch (c->op) {
     case OP_ZERO: rc = be->zero(R(0), (int64_t)io->t[0].n, err); break;
-    case OP_ADD: rc = be->add((int64_t)io->t[0].n, f & F_ALIAS ? CR(1) : CR(0), R(1), err); break;
+    case OP_ADD: rc = be->add(c->a, f & F_ALIAS ? CR(1) : CR(0), R(1), err); break;
     case OP_COPY2D: rc = be->copy2d(c->a, c->b, CR(0), c->c, R(1), c->d, f & F_ACC ? 1 : 0, err); break;
     case OP_SIGMOID:
         if (phase == 0) {
@@ -188,10 +188,11 @@ static int BO_FN(call)(const BO_BE *be, const bo_case *c, bo_io *io, void **d, i
     case OP_MOE:
     case OP_MLP: {
         /* The saved buffer has each backend's own layout, so the backward runs the backend's own forward first. */
+        const double b1 = f & F_WIDE ? 4.0 : 2.0, b2 = f & F_WIDE ? 25.0 : 3.0; /* SiTU's caps; F_WIDE: K3's */
         k3c_glu_act act = {f & F_SITU   ? K3C_ACT_SITU
                            : f & F_GELU ? K3C_ACT_GELU
                                         : K3C_ACT_SILU,
-                           f & F_SITU ? 2.0 : 0, f & F_SITU ? 3.0 : 0};
+                           f & F_SITU ? b1 : 0, f & F_SITU ? b2 : 0};
         k3c_moe_sizes ms = {c->a, c->b, c->c, c->d, c->e, act};
         k3c_mlp_sizes ls = {c->a, c->b, c->c, act};
         int moe = c->op == OP_MOE;
@@ -206,8 +207,8 @@ static int BO_FN(call)(const BO_BE *be, const bo_case *c, bo_io *io, void **d, i
         if (moe) {
             rc = be->moe_fwd(be->ctx, &ms, CR(0), I32(1), CR(2), CR(3), CR(4), CR(6), y, saved, ws, err);
             if (!rc && phase == 1)
-                rc = be->moe_bwd(be->ctx, &ms, CR(0), I32(1), CR(2), CR(3), CR(4), CR(6), saved, CR(7), R(8), R(9),
-                                 R(10), R(11), R(12), ws, err);
+                rc = be->moe_bwd(be->ctx, &ms, CR(0), I32(1), CR(2), CR(3), CR(4), CR(6), f & F_NOSAVED ? NULL : saved,
+                                 CR(7), R(8), R(9), R(10), R(11), R(12), ws, err);
         } else {
             rc = be->mlp_fwd(be->ctx, &ls, CR(0), CR(1), CR(2), CR(3), y, saved, ws, err);
             if (!rc && phase == 1)
@@ -266,7 +267,7 @@ static int BO_FN(call)(const BO_BE *be, const bo_case *c, bo_io *io, void **d, i
         const BO_REAL *v[K3C_ATTNRES_MAX_SOURCES];
         BO_REAL *dv[K3C_ATTNRES_MAX_SOURCES];
         size_t td = (size_t)(c->a * c->b);
-        for (int64_t i = 0; i < c->c; i++) {
+        for (int64_t i = 0; i < c->c && i < K3C_ATTNRES_MAX_SOURCES; i++) { /* more: an error row */
             v[i] = CR(0) + (size_t)i * td;
             int64_t slot = bo_attnres_dv_slot(c, i);
             dv[i] = R(7) && slot >= 0 ? R(7) + (size_t)slot * td : NULL;

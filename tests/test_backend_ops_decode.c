@@ -13,11 +13,11 @@
  * Tolerances (relative L2 error ‖x − ref‖ / ‖ref − init‖; "exact": every element bit for bit). bf16 and MXFP4 weights
  * are decoded to the same float values on every side (the reference decodes them itself), so the error of a product
  * is float summation order alone. CPU against double: float rounding (unit 6e-8) grown by the reduction length —
- * TOL_ROW 1e-5 for the products (≤ 448 terms), conv + L2 norm, the GLU and attention over ≤ 64 cached tokens;
+ * TOL_ROW 1e-5 for the products (up to K3's 7168-term rows), conv + L2 norm, the GLU and attention over ≤ 64 cached tokens;
  * TOL_CHAIN 1e-4 for the KDA state and output (the CPU's chunked float form against the double recurrence over up to
  * 37 steps of decays); exact for embeddings, cache writes, conv tails and untouched state. CUDA against the CPU:
- * 1e-5 for the fp32 kernels (the old harness_qmat's and the fp32 checking kernels' value: float sums in other orders,
- * the KDA recurrence against the CPU's chunks), exact for embeddings, cache writes and conv tails. */
+ * 1e-5 for the fp32 kernels (float sums in other orders, the KDA recurrence against the CPU's chunks), exact for
+ * embeddings, cache writes and conv tails; a product both must refuse (MXFP4 rows not in blocks of 32) is refused. */
 #include "test.h"
 
 #include <stdint.h>
@@ -38,7 +38,14 @@ static const char *const dop_names[D_COUNT] = {"qmat_mul", "qmat_many", "qmat_he
                                                "cache_put", "attend", "moe", "glu", "graph"};
 static const char *const wnames[3] = {"f32", "bf16", "mxfp4"};
 
-enum { F_ACC = 1, F_GAP = 2, F_SITU = 4, F_MIXED = 8 };
+enum {
+    F_ACC = 1,
+    F_GAP = 2,
+    F_SITU = 4,
+    F_MIXED = 8,
+    F_WIDE = 16,  /* qmat_mul: MXFP4 scales 118 … 135 (2^-9 … 2^8) */
+    F_REFUSE = 32 /* qmat_mul: a product the backend must refuse with K3C_EINVAL */
+};
 
 #define MAXSEG 4
 typedef struct {
@@ -101,7 +108,11 @@ static void dfree_all(dbe *b) {
 static void shape_of(const drow *r, char *s, size_t n) {
     int o = snprintf(s, n, "%s %lld,%lld,%lld,%lld,%lld%s%s", r->wtype >= 0 ? wnames[r->wtype] : "-", (long long)r->a,
                      (long long)r->b, (long long)r->c, (long long)r->d, (long long)r->e, r->flags & F_ACC ? " acc" : "",
-                     r->flags & F_GAP ? " gap" : r->flags & F_SITU ? " situ" : r->flags & F_MIXED ? " mixed" : "");
+                     r->flags & F_GAP     ? " gap"
+                     : r->flags & F_SITU  ? " situ"
+                     : r->flags & F_MIXED ? " mixed"
+                     : r->flags & F_WIDE  ? " wide"
+                                          : "");
     for (int i = 0; i < r->nseg && o < (int)n; i++)
         o += snprintf(s + o, n - (size_t)o, "%s%lld@%lld", i ? " " : " segs ", (long long)r->len[i],
                       (long long)r->pos[i]);
@@ -150,8 +161,10 @@ static float *randv(k3c_rng *r, size_t n, double sd) {
 }
 static int64_t irand(k3c_rng *r, int64_t n) { return (int64_t)floor(k3c_rng_uniform(r) * (double)n) % n; }
 
-/* count matrices [rows, cols] of one storage type, stored back to back (or, gap, with a hole after every second),
- * and their values decoded here (E2M1 × 2^(s−127), bf16 by a shift): the reference reads these. */
+/* count matrices [rows, cols] of one storage type, stored back to back (or, QM_GAP, with a hole after every second),
+ * and their values decoded here (E2M1 × 2^(s−127), bf16 by a shift): the reference reads these. MXFP4 scales are
+ * 118 … 127 (2^-9 … 2^0), with QM_WIDE 118 … 135. */
+enum { QM_GAP = 1, QM_WIDE = 2 };
 typedef struct {
     int type;
     int64_t count, rows, cols;
@@ -173,7 +186,8 @@ static float bf16_bits(uint16_t h) {
     return f;
 }
 
-static void qm_make(qm *q, k3c_rng *r, int type, int64_t count, int64_t rows, int64_t cols, double sd, int gap) {
+static void qm_make(qm *q, k3c_rng *r, int type, int64_t count, int64_t rows, int64_t cols, double sd, int opts) {
+    const int gap = (opts & QM_GAP) != 0;
     memset(q, 0, sizeof *q);
     q->type = type, q->count = count, q->rows = rows, q->cols = cols;
     const int64_t RC = rows * cols;
@@ -197,7 +211,7 @@ static void qm_make(qm *q, k3c_rng *r, int type, int64_t count, int64_t rows, in
             }
         }
         if (type != K3C_QMAT_MXFP4) continue;
-        for (size_t i = 0; i < q->sbytes; i++) s[i] = (uint8_t)(118 + k3c_rng_u64(r) % 10); /* 2^-9 .. 2^0 */
+        for (size_t i = 0; i < q->sbytes; i++) s[i] = (uint8_t)(118 + k3c_rng_u64(r) % (opts & QM_WIDE ? 18 : 10));
         for (int64_t i = 0; i < RC / 2; i++) w[i] = (uint8_t)(k3c_rng_u64(r) & 255u);
         for (int64_t i = 0; i < RC; i++) { /* low nibble = even column */
             const int64_t row = i / cols, c = i % cols;
@@ -235,7 +249,7 @@ static void case_qmat(dbe *bes[2], const drow *r, k3c_rng *rng) {
     const int64_t R = r->a, C = r->b, n = r->c;
     const int acc = (r->flags & F_ACC) != 0;
     qm q;
-    qm_make(&q, rng, r->wtype, 1, R, C, 1.0 / sqrt((double)C), 0);
+    qm_make(&q, rng, r->wtype, 1, R, C, 1.0 / sqrt((double)C), r->flags & F_WIDE ? QM_WIDE : 0);
     float *X = randv(rng, (size_t)(n * C), 1.0), *Y0 = randv(rng, (size_t)(n * R), 1.0), *Y = malloc(sizeof(float) * (size_t)(n * R));
     double *ref = calloc((size_t)(n * R), 8), *init = acc ? widen(Y0, (size_t)(n * R)) : NULL, *cpu = NULL;
     if (acc) memcpy(ref, init, sizeof(double) * (size_t)(n * R));
@@ -248,6 +262,11 @@ static void case_qmat(dbe *bes[2], const drow *r, k3c_rng *rng) {
         float *dY = acc ? dput(b, Y0, sizeof(float) * (size_t)(n * R)) : dnan(b, (size_t)(n * R));
         k3c_err err = {0};
         int rc = b->bad ? K3C_ENOMEM : b->be->decode->qmat_mul(b->be->ctx, W, dX, n, dY, acc, &err);
+        if (r->flags & F_REFUSE) {
+            verdict(b, r, "refused", rc == K3C_EINVAL && !b->bad ? 0 : 1, 0, 0);
+            dfree_all(b), free(W);
+            continue;
+        }
         if (!rc) rc = b->be->sync(&err);
         dget(b, Y, dY, sizeof(float) * (size_t)(n * R));
         CHECK(rc == K3C_OK && !b->bad, "%s qmat_mul: %s %s", b->name, err.msg, b->msg);
@@ -313,7 +332,7 @@ static void case_many(dbe *bes[2], const drow *r, k3c_rng *rng) {
 static void case_heads(dbe *bes[2], const drow *r, k3c_rng *rng) {
     const int64_t H = r->a, R = r->b, C = r->c, n = r->d, ldx = H * C + 3, ldy = H * R + 5;
     qm q;
-    qm_make(&q, rng, r->wtype, H, R, C, 1.0 / sqrt((double)C), (r->flags & F_GAP) != 0);
+    qm_make(&q, rng, r->wtype, H, R, C, 1.0 / sqrt((double)C), r->flags & F_GAP ? QM_GAP : 0);
     float *X = randv(rng, (size_t)(n * ldx), 1.0), *Y0 = randv(rng, (size_t)(n * ldy), 1.0);
     float *Y = malloc(sizeof(float) * (size_t)(n * ldy));
     double *ref = widen(Y0, (size_t)(n * ldy)), *cpu = NULL;
@@ -848,6 +867,19 @@ static void add_rows(drows *R) {
         add(R, D_QMAT, t, 50, 96, 5, 0, 0, F_ACC, TOL_ROW, TOL_CUDA);
         add(R, D_QMAT, t, 64, 448, 17, 0, 0, 0, TOL_ROW, TOL_CUDA);
         if (t != K3C_QMAT_MXFP4) add(R, D_QMAT, t, 33, 70, 2, 0, 0, F_ACC, TOL_ROW, TOL_CUDA); /* cols % 4 != 0 */
+        /* the product's paths by rows of X (1, 2, 8 | 9, 17) and by shape, up to K3's 7168-wide rows; MXFP4 scales up
+           to 2^8 */
+        static const int64_t qs[6][2] = {{1, 32}, {37, 96}, {129, 1056}, {512, 512}, {1024, 1024}, {3, 7168}};
+        static const int64_t qn[5] = {1, 2, 8, 9, 17};
+        for (int i = 0; i < 6; i++)
+            for (int j = 0; j < 5; j++)
+                for (int acc = 0; acc < 2; acc++)
+                    add(R, D_QMAT, t, qs[i][0], qs[i][1], qn[j], 0, 0,
+                        (acc ? F_ACC : 0) | (t == K3C_QMAT_MXFP4 ? F_WIDE : 0), TOL_ROW, TOL_CUDA);
+        static const int64_t odd[3] = {1, 13, 301}; /* widths no multiple of 32 */
+        for (int i = 0; i < 3 && t != K3C_QMAT_MXFP4; i++)
+            add(R, D_QMAT, t, 33, odd[i], 3, 0, 0, F_ACC, TOL_ROW, TOL_CUDA);
+        if (t == K3C_QMAT_MXFP4) add(R, D_QMAT, t, 2, 48, 1, 0, 0, F_REFUSE, 0, 0); /* blocks of 32 only */
         /* batches: more jobs than one fused launch takes, decode and prefill, mixed row counts */
         add(R, D_MANY, t, 10, 40, 64, 1, 0, 0, TOL_ROW, TOL_CUDA);
         add(R, D_MANY, t, 5, 24, 96, 6, 0, F_MIXED, TOL_ROW, TOL_CUDA);

@@ -6,8 +6,10 @@
 #                                 # link), devrun/golden/k3_tiny_a, k3_vision_tiny; carry devrun (about 40 MB)
 #   tools/device_cuda.sh [what]   # there: what = all | harness | engine | bench | speed | dist; logs under $OUT (or
 #                                 # devrun/out)
-#     harness: test_backend_ops, test_backend_ops_decode, test_vision_data (vision training on the GPU), tests/cuda/*,
-#     and with `make nccl` test_comm_nccl and test_dist_nccl (the parallel training step on the GPU over NCCL; several GPUs: mpirun -np N devrun/bin/test_dist_nccl)
+#     harness: test_backend_ops, test_backend_ops_decode, test_vision_data (vision training on the GPU), every program
+#     of tests/cuda but test_engine_cuda (engine's), and with `make nccl` test_comm_nccl and test_dist_nccl (the parallel
+#     training step on the GPU over NCCL; several GPUs: mpirun -np N devrun/bin/test_dist_nccl); any program failing
+#     (or missing) fails the mode
 #     dist: only the NCCL programs, then `k3c_nccl train` on the make-run data for 3 steps, plain and with "parallel":
 #     {"force": true} (the parallel step on one GPU), their losses side by side (PACK_PROGS=build/cuda/k3c at pack
 #     time carries just the NCCL programs and k3c)
@@ -20,10 +22,14 @@ cd "$(dirname "$0")/.."
 what=${1:-all}
 
 if [ "$what" = pack ]; then
+    # the programs of today's sources (build/cuda may still hold ones whose source is gone)
     progs=(build/cuda/k3c build/cuda/tests/test_backend_ops build/cuda/tests/test_backend_ops_decode
-        build/cuda/tests/test_vision_data build/cuda/tests/cuda/*
-        build/cuda/bench/cuda/*)
+        build/cuda/tests/test_vision_data)
+    for s in tests/cuda/*.cu bench/cuda/*.cu; do progs+=("build/cuda/${s%.cu}"); done
     [ -n "${PACK_PROGS:-}" ] && read -r -a progs <<<"$PACK_PROGS" # a subset, e.g. the engine mode's programs
+    for p in "${progs[@]}"; do
+        [ -x "$p" ] || { echo "$p missing: run make cuda-tests first" >&2; exit 2; }
+    done
     # `make nccl`: the one-rank NCCL communicator, the parallel training step on CUDA over it (2 MB each, xz), and
     # build/nccl/k3c (the GPU k3c with NCCL and MPI), carried as devrun/bin/k3c_nccl
     for p in build/nccl/test_comm_nccl build/nccl/test_dist_nccl build/nccl/k3c; do [ -x $p ] && progs+=($p); done

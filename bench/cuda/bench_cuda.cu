@@ -2,8 +2,8 @@
  * random device data: CUDA events after warm-up, median of many runs. Prints one table row per case; bench/RESULTS.md
  * records them. docs/CODE.md "cuda/"; docs/MODEL.md §3.2 (KDA FLOPs), §4.2 (MLA dims).
  * Usage: bench_cuda [cases: copy,gemm,kda,attn (the default) | gmodes: the training step's GEMM shapes in each float
- *        GEMM mode against bf16 operands | moe: the routed experts per GEMM mode against a dense bf16 GEMM | long |
- *        prof]. */
+ *        GEMM mode against bf16 operands | moe: the routed experts per GEMM mode against a dense bf16 GEMM | train:
+ *        the step's other ops at training sizes against a copy of their minimum traffic | long | prof]. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -308,6 +308,105 @@ static void bench_moe(k3c_cuda_ctx *ctx, int64_t T, int64_t D, int64_t I, int64_
     for (void *p : {x, y, dy, dx, lg, ids, tw, dtw, sv, ws, w[0], w[1], w[2], dw[0], dw[1], dw[2]}) k3c_cuda_free(p);
 }
 
+/* The training step's memory-bound ops at training sizes (short conv, KDA gate, cross-entropy, AttnRes), each against
+ * a device copy of the bytes it must move at least (inputs read once, outputs written once, gradients read and
+ * written) in the same run; QK-Clip's S_max, which is compute-bound, without an anchor. */
+static double copy_ms(double bytes) { /* reads and writes bytes / 2 each */
+    const size_t n = ((size_t)(bytes / 2) + 15) / 16 * 16;
+    void *a = dalloc(n), *b = dalloc(n);
+    const double ms = time_ms([&] { OK(k3c_cuda_copy(b, a, n, &err)); });
+    k3c_cuda_free(a), k3c_cuda_free(b);
+    return ms;
+}
+static void traffic_row(const char *name, const std::string &shape, double bytes, const std::function<void()> &fn) {
+    const double ms = time_ms(fn);
+    row(name, shape, ms, copy_ms(bytes), fmt("%.2f TB/s of the minimum traffic", bytes / (ms * 1e-3) / 1e12));
+}
+static float *dfilled(size_t n, float sd = 1.f) {
+    float *p = (float *)dalloc(n * 4);
+    fill(p, n, 0, FILL_NORMAL, sd);
+    return p;
+}
+
+static void bench_train_ops() {
+    { /* short conv: 8 documents, with their states */
+        const int64_t T = 16384, C = 4096;
+        const k3c_short_conv_dims d = {T, C, 4, 8};
+        int32_t cu[9];
+        for (int i = 0; i <= 8; i++) cu[i] = (int32_t)(i * T / 8);
+        int32_t *dcu = (int32_t *)dalloc(sizeof cu);
+        OK(k3c_cuda_h2d(dcu, cu, sizeof cu, &err));
+        float *x = dfilled(T * C), *w = dfilled(C * 4, 0.5f), *st = dfilled(8 * C * 3), *y = dfilled(T * C),
+              *dx = dfilled(T * C), *dw = dfilled(C * 4), *ds = dfilled(8 * C * 3);
+        void *ws = dalloc(k3c_short_conv_bwd_workspace_cuda(&d));
+        const double tc = 4.0 * T * C;
+        traffic_row("short_conv fwd (+state)", "T16384 C4096 W4 8 docs", 2 * tc,
+                    [&] { OK(k3c_short_conv_fwd_cuda(&d, dcu, x, w, st, y, nullptr, &err)); });
+        traffic_row("short_conv bwd (dx dw dstate)", "T16384 C4096 W4 8 docs", 4 * tc,
+                    [&] { OK(k3c_short_conv_bwd_cuda(&d, dcu, x, w, st, y, dx, dw, ds, ws, &err)); });
+        for (void *p :
+             {(void *)dcu, (void *)x, (void *)w, (void *)st, (void *)y, (void *)dx, (void *)dw, (void *)ds, ws})
+            k3c_cuda_free(p);
+    }
+    for (int form : {K3C_GATE_LOWER_BOUND, K3C_GATE_SOFTPLUS}) { /* KDA forget gate */
+        const int64_t T = 16384, H = 32, dk = 128, P = H * dk;
+        const k3c_kda_gate_dims d = {T, H, dk, form, 0.0};
+        float *z = dfilled(T * P, 2.f), *b = dfilled(P, 0.5f), *al = dfilled(H, 0.5f), *g = dfilled(T * P),
+              *dz = dfilled(T * P), *db = dfilled(P), *dA = dfilled(H);
+        const double tp = 4.0 * T * P;
+        const char *f = form == K3C_GATE_LOWER_BOUND ? "T16384 H32 dk128 lower bound" : "T16384 H32 dk128 softplus";
+        traffic_row("kda_gate fwd", f, 2 * tp, [&] { OK(k3c_kda_gate_fwd_cuda(&d, z, b, al, g, &err)); });
+        traffic_row("kda_gate bwd", f, 4 * tp, [&] { OK(k3c_kda_gate_bwd_cuda(&d, z, b, al, g, dz, db, dA, &err)); });
+        for (float *p : {z, b, al, g, dz, db, dA}) k3c_cuda_free(p);
+    }
+    { /* cross-entropy over K3's vocabulary */
+        const int64_t T = 4096, V = 163840;
+        const k3c_xent_sizes s = {T, V, 0.0, nullptr};
+        std::vector<int32_t> tg((size_t)T);
+        for (int64_t t = 0; t < T; t++) tg[(size_t)t] = (int32_t)((t * 7919) % V);
+        int32_t *dt = (int32_t *)dalloc(tg.size() * 4);
+        OK(k3c_cuda_h2d(dt, tg.data(), tg.size() * 4, &err));
+        float *lg = dfilled(T * V, 3.f), *lse = dfilled(T), *d = dfilled(T * V);
+        const double tv = 4.0 * T * V;
+        double loss;
+        int64_t count;
+        traffic_row("xent fwd (synchronises)", "T4096 V163840", tv,
+                    [&] { OK(k3c_xent_fwd_cuda(&s, lg, dt, nullptr, lse, &loss, &count, &err)); });
+        traffic_row("xent bwd", "T4096 V163840", 3 * tv,
+                    [&] { OK(k3c_xent_bwd_cuda(&s, lg, dt, nullptr, lse, 1.0, d, &err)); });
+        for (void *p : {(void *)dt, (void *)lg, (void *)lse, (void *)d}) k3c_cuda_free(p);
+    }
+    { /* AttnRes at model size, every dv its own buffer */
+        const int T = 8192, D = 4096, N = 9;
+        const k3c_attnres_sizes s = {T, D, N, 1e-6};
+        const size_t td = (size_t)T * D;
+        std::vector<const float *> vp;
+        std::vector<float *> gp;
+        for (int i = 0; i < N; i++) vp.push_back(dfilled(td, 0.5f + 0.1f * i)), gp.push_back(dfilled(td));
+        float *w = dfilled(D, 0.03f), *g = dfilled(D), *dw = dfilled(D), *dg = dfilled(D), *h = dfilled(td),
+              *dh = dfilled(td), *sv = dfilled(2 * (size_t)T * N);
+        void *ws = dalloc(k3c_attnres_workspace_cuda(&s));
+        traffic_row("attnres fwd", "T8192 D4096 N9", 4.0 * td * (2 * N + 1),
+                    [&] { OK(k3c_attnres_fwd_cuda(&s, vp.data(), w, g, h, sv, &err)); });
+        traffic_row("attnres bwd", "T8192 D4096 N9", 4.0 * td * (4 * N + 2),
+                    [&] { OK(k3c_attnres_bwd_cuda(&s, vp.data(), w, g, sv, dh, gp.data(), dw, dg, ws, &err)); });
+        for (int i = 0; i < N; i++) k3c_cuda_free((void *)vp[(size_t)i]), k3c_cuda_free(gp[(size_t)i]);
+        for (void *p : {(void *)w, (void *)g, (void *)dw, (void *)dg, (void *)h, (void *)dh, (void *)sv, ws})
+            k3c_cuda_free(p);
+    }
+    for (int H : {1, 4}) { /* QK-Clip's S_max over one long document */
+        k3c_attention_sizes s = {};
+        s.T = 65536, s.H = H, s.dqk = 192, s.dv = 192, s.scale = 1.0 / sqrt(192.0);
+        const size_t tq = (size_t)s.T * H * s.dqk;
+        float *q = dfilled(tq), *k = dfilled(tq), *m = dfilled((size_t)H);
+        const double ms = time_ms([&] { OK(k3c_attention_max_logit_cuda(&s, nullptr, q, k, m, &err)); });
+        const double flops = 2.0 * s.dqk * H * ((double)s.T * (s.T + 1) / 2);
+        row("attention_max_logit", fmt("T65536 H%.0f dqk192", H), ms, NAN,
+            fmt("%.1f TFLOP/s useful fp32", flops / (ms * 1e-3) / 1e12));
+        for (float *p : {q, k, m}) k3c_cuda_free(p);
+    }
+}
+
 int main(int argc, char **argv) {
     k3c_cuda_ctx ctx;
     OK(k3c_cuda_init(&ctx, 0, 0, &err));
@@ -317,6 +416,7 @@ int main(int argc, char **argv) {
     if (strstr(only, "copy")) bench_copy();
     if (strstr(only, "gemm")) bench_gemm(&ctx);
     if (strstr(only, "gmodes")) bench_gemm_modes(&ctx);
+    if (strstr(only, "train")) bench_train_ops();
     if (strstr(only, "moe") && !strstr(only, "prof")) {
         bench_moe(&ctx, 16384, 1024, 512, 64, 8); /* kimi_linear_medium's routed experts */
         if (!strstr(only, "moemed")) /* moemed: the medium shape alone */

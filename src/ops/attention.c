@@ -13,6 +13,20 @@ typedef struct {
     const int32_t *cu;
 } attn_plan;
 
+/* cu_seqlens (when given): n_docs + 1 entries from 0 to T, never decreasing. */
+static int check_cu(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const char *op, k3c_err *err) {
+    if (!cu_seqlens) return K3C_OK;
+    if (s->n_docs <= 0)
+        return k3c_errf(err, K3C_EINVAL, "%s: cu_seqlens given with n_docs %lld", op, (long long)s->n_docs);
+    if (cu_seqlens[0] != 0 || cu_seqlens[s->n_docs] != s->T)
+        return k3c_errf(err, K3C_EINVAL, "%s: cu_seqlens must run from 0 to T = %lld (got %d .. %d)", op,
+                        (long long)s->T, cu_seqlens[0], cu_seqlens[s->n_docs]);
+    for (int64_t d = 0; d < s->n_docs; d++)
+        if (cu_seqlens[d + 1] < cu_seqlens[d])
+            return k3c_errf(err, K3C_EINVAL, "%s: cu_seqlens decreases at entry %lld", op, (long long)d + 1);
+    return K3C_OK;
+}
+
 static int make_plan(const k3c_attention_sizes *s, const int32_t *cu_seqlens, int32_t one_doc[2], attn_plan *p,
                      const char *op, k3c_err *err) {
     if (!s || s->T < 0 || s->T > INT32_MAX || s->H <= 0 || s->dqk <= 0 || s->dv <= 0 || !isfinite(s->scale))
@@ -35,14 +49,8 @@ static int make_plan(const k3c_attention_sizes *s, const int32_t *cu_seqlens, in
         p->cu = one_doc, p->n_docs = 1;
         return K3C_OK;
     }
-    if (s->n_docs <= 0)
-        return k3c_errf(err, K3C_EINVAL, "%s: cu_seqlens given with n_docs %lld", op, (long long)s->n_docs);
-    if (cu_seqlens[0] != 0 || cu_seqlens[s->n_docs] != s->T)
-        return k3c_errf(err, K3C_EINVAL, "%s: cu_seqlens must run from 0 to T = %lld (got %d .. %d)", op,
-                        (long long)s->T, cu_seqlens[0], cu_seqlens[s->n_docs]);
-    for (int64_t d = 0; d < s->n_docs; d++)
-        if (cu_seqlens[d + 1] < cu_seqlens[d])
-            return k3c_errf(err, K3C_EINVAL, "%s: cu_seqlens decreases at entry %lld", op, (long long)d + 1);
+    int rc = check_cu(s, cu_seqlens, op, err);
+    if (rc) return rc;
     p->cu = cu_seqlens, p->n_docs = s->n_docs;
     return K3C_OK;
 }
@@ -438,6 +446,8 @@ int k3c_attention_naive_bwd(const k3c_attention_sizes *s, const int32_t *cu_seql
 
 int k3c_attention_max_logit(const k3c_attention_sizes *s, const int32_t *cu_seqlens, const real *q, const real *k,
                             float *smax, k3c_err *err) {
+    int rc = check_cu(s, cu_seqlens, "attention_max_logit", err);
+    if (rc) return rc;
     int64_t H = s->H, dqk = s->dqk, T = s->T;
     int nd = cu_seqlens ? (int)s->n_docs : 1, fail = 0;
 #pragma omp parallel for schedule(dynamic, 1) reduction(| : fail)

@@ -34,13 +34,16 @@ static int zero(real *x, int64_t n, k3c_err *err) {
     return K3C_OK;
 }
 static int add(int64_t n, const real *x, real *y, k3c_err *err) {
-    (void)err;
+    if (n < 0) return k3c_errf(err, K3C_EINVAL, "add: n = %lld", (long long)n);
     k3c_add(n, x, y);
     return K3C_OK;
 }
+/* Rows may not overlap (ld ≥ cols) where there is more than one. */
 static int copy2d(int64_t rows, int64_t cols, const real *src, int64_t ld_src, real *dst, int64_t ld_dst, int acc,
                   k3c_err *err) {
-    (void)err;
+    if (rows < 0 || cols < 0 || (rows > 1 && (ld_src < cols || ld_dst < cols)))
+        return k3c_errf(err, K3C_EINVAL, "copy2d: rows %lld, cols %lld, ld_src %lld, ld_dst %lld", (long long)rows,
+                        (long long)cols, (long long)ld_src, (long long)ld_dst);
     k3c_copy2d(rows, cols, src, ld_src, dst, ld_dst, acc);
     return K3C_OK;
 }

@@ -19,7 +19,9 @@
 
 static int cpu_qmat_mul(void *ctx, const k3c_qmat *W, const float *X, int64_t n, float *Y, int accumulate,
                         k3c_err *err) {
-    (void)ctx, (void)err;
+    (void)ctx;
+    if (k3c_qmat_check(W, "qmat_mul", err)) return K3C_EINVAL;
+    if (n < 0) return k3c_errf(err, K3C_EINVAL, "qmat_mul: negative n %lld", (long long)n);
     k3c_qmat_mul(W, X, n, Y, accumulate);
     return K3C_OK;
 }

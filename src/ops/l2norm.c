@@ -30,7 +30,8 @@ int k3c_l2norm_fwd(const k3c_l2norm_dims *d, const real *x, real *y, real *rstd,
 int k3c_l2norm_bwd(const k3c_l2norm_dims *d, const real *y, const real *rstd, const real *dy, real *dx, k3c_err *err) {
     int rc = l2_check(d, "l2norm_bwd", err);
     if (rc) return rc;
-    if (!dx) return 0;
+    if (!dx || d->rows == 0) return 0;
+    if (!rstd) return k3c_errf(err, K3C_EINVAL, "l2norm_bwd: rstd (saved by the forward) is required");
     const int64_t n = d->dim;
 #pragma omp parallel for schedule(static) if (d->rows * n > PAR_MIN_WORK)
     for (int64_t r = 0; r < d->rows; r++) {

@@ -1,8 +1,10 @@
-/* harness_optim.cu — the GPU training-step ops against the CPU ones: the optimizer (src/cuda/optim.cu vs ops/adamw.c,
+/* test_optim_cuda.cu — the GPU training step's tail against the CPU one: the optimizer (src/cuda/optim.cu vs ops/adamw.c,
  * muon.c, grad_norm.c: AdamW, (Per-Head) Muon with NS5, entry sub-ranges, gradient-norm clipping), the backend table's
  * training entries in device memory, quantile balancing, the bias step of its baseline arm and QK-Clip
- * (cuda/quantile_balance.cu, qk_clip.cu vs the CPU table's entries). docs/MODEL.md §7, §10, docs/TRAINING.md §1.6.
- * Usage: harness_optim [seed]. Needs configs/k3_test_tiny.json and configs/k3_tiny.json (skipped when absent). */
+ * (cuda/quantile_balance.cu, qk_clip.cu vs the CPU table's entries), over parameter tables and several steps of state,
+ * which the op rows of test_backend_ops do not model; prints the step's time on the model tables (batched and looped
+ * GEMMs). docs/MODEL.md §7, §10, docs/TRAINING.md §1.6. Built by `make cuda-tests`, run by tools/device_cuda.sh.
+ * Usage: test_optim_cuda [seed]. Needs configs/k3_test_tiny.json and configs/k3_tiny.json (skipped when absent). */
 #include <algorithm>
 #include <chrono>
 
