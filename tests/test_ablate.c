@@ -77,7 +77,8 @@ static void test_summarise(void) {
     CHECK(k3c_metric_get(&m, "grad_norm_max") == 2.5 && fabs(k3c_metric_get(&m, "clip_fraction") - 2.0 / 3) < 1e-12 &&
               k3c_metric_get(&m, "skipped") == 1 && k3c_metric_get(&m, "spikes") == 0,
           "gradient norm max 2.5, 2 of 3 steps above the clip 1, one skip, no spike");
-    CHECK(fabs(k3c_metric_get(&m, "load_max_mean") - 1.5) < 1e-12 && fabs(k3c_metric_get(&m, "load_cv") - 0.3) < 1e-12 &&
+    CHECK(fabs(k3c_metric_get(&m, "load_max_mean") - 1.5) < 1e-12 &&
+              fabs(k3c_metric_get(&m, "load_cv") - 0.3) < 1e-12 &&
               fabs(k3c_metric_get(&m, "dead_experts") - 1) < 1e-12 &&
               fabs(k3c_metric_get(&m, "load_entropy") - 0.95) < 1e-12,
           "load means over the steps");
@@ -194,6 +195,22 @@ static void test_grid(void) {
                      " \"steps\": 5, \"lr\": 0.01}]}}}}]}");
     ao.log = NULL;
     CHECK(k3c_ablate_run(grid, &ao, &r, &err) == K3C_ECONFIG && strstr(err.msg, "equal tokens"), "%s", err.msg);
+    k3c_ablate_result_free(&r);
+    write_file(grid, "{\"base\": \"base.json\", \"out_dir\": \"out4\", \"seeds\": [1], \"axes\": [{\"name\": \"s\","
+                     " \"arms\": {\"x\": {\"run\": {\"seed\": 5}}}}]}");
+    CHECK(k3c_ablate_run(grid, &ao, &r, &err) == K3C_ECONFIG && strstr(err.msg, "run.seed: set by the runner"), "%s",
+          err.msg);
+    k3c_ablate_result_free(&r);
+    /* every loss NaN (the trainer's test fault hook): the guard's skips end in K3C_ENUMERIC, recorded as diverged */
+    write_file(grid, "{\"base\": \"base.json\", \"out_dir\": \"out5\", \"seeds\": [1, 2], \"axes\": [{\"name\": \"lr\","
+                     " \"metric\": \"diverged\", \"arms\": {\"x2\": {\"lr_scale\": 2}}}]}");
+    setenv("K3C_TEST_FAULT", "loss:1:100000", 1);
+    CHECK_OK(k3c_ablate_run(grid, &ao, &r, &err), &err);
+    unsetenv("K3C_TEST_FAULT");
+    if (!err.code)
+        CHECK(k3c_metric_get(&r.arm[0].run[0], "diverged") == 1 && k3c_metric_get(&r.arm[1].run[1], "diverged") == 1 &&
+                  isnan(k3c_metric_get(&r.arm[1].run[1], "mqar_recall")),
+              "diverged runs recorded, without evaluations");
     k3c_ablate_result_free(&r);
 }
 

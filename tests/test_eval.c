@@ -220,8 +220,8 @@ static void test_model_evals(void) {
         }
         k3c_model_arena_free_f32(&m, &a);
     }
-    CHECK(c == c1 && t == t1 && t == 2 + 1 + 3 + 1 + 4 + 1, "packed = alone: %lld of %lld (alone %lld of %lld)", (long long)c,
-          (long long)t, (long long)c1, (long long)t1);
+    CHECK(c == c1 && t == t1 && t == 2 + 1 + 3 + 1 + 4 + 1, "packed = alone: %lld of %lld (alone %lld of %lld)",
+          (long long)c, (long long)t, (long long)c1, (long long)t1);
     for (int b = 0; b < 3; b++) ref[b] = sum[b] / (double)cnt[b];
     CHECK_LE(fabs(loss[0] - ref[0]) + fabs(loss[1] - ref[1]) + fabs(loss[2] - ref[2]), 1e-4, "position loss error");
     CHECK(loss[0] > 0 && isfinite(loss[2]), "losses %g %g %g", loss[0], loss[1], loss[2]);

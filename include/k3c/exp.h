@@ -21,8 +21,8 @@ enum { K3C_SPLIT_TRAIN = 0, K3C_SPLIT_TEST = 1 };
 typedef struct {
     int32_t *ids; /* n tokens */
     int64_t n;
-    int64_t n_q;     /* queries: the logits at position q_pos[i] must put q_ans[i] first */
-    int64_t *q_pos;  /* ascending */
+    int64_t n_q;    /* queries: the logits at position q_pos[i] must put q_ans[i] first */
+    int64_t *q_pos; /* ascending */
     int32_t *q_ans;
 } k3c_task_doc;
 void k3c_task_doc_free(k3c_task_doc *d);

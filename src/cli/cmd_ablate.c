@@ -13,9 +13,14 @@
 static void plot_axis(const k3c_ablate_result *r, int first, FILE *log) {
     const char *axis = r->arm[first].axis;
     enum { CAP = 256 };
-    static char paths[CAP][1200], labels[CAP][160];
+    char(*paths)[1200] = malloc(CAP * sizeof *paths), (*labels)[160] = malloc(CAP * sizeof *labels);
     const char *jsonl[CAP], *label[CAP];
     int group[CAP], n = 0;
+    if (!paths || !labels) {
+        free(paths);
+        free(labels);
+        return;
+    }
     for (int a = 0; a < r->n_arms; a++) {
         if (a && strcmp(r->arm[a].axis, axis)) continue;
         for (int s = 0; s < r->n_seeds && n < CAP; s++, n++) {
@@ -29,6 +34,8 @@ static void plot_axis(const k3c_ablate_result *r, int first, FILE *log) {
     snprintf(png, sizeof png, "%s/plot_%s.png", r->out_dir, axis);
     k3c_err err = {0};
     if (cli_plot_overlay(png, jsonl, label, group, n, keys, 3, &err) && log) fprintf(log, "note: %s\n", err.msg);
+    free(paths);
+    free(labels);
 }
 
 int cmd_ablate(int argc, char **argv) {

@@ -95,7 +95,8 @@ static int eval_model(const char *task, int argc, char **argv) {
             if (edge[i + 1] <= edge[i]) rc = cli_usage_error("eval", "--factors must be ascending and >= 1");
         }
         k3c_task_doc *d = rc ? NULL : docs_of(2, edge[na] + 1, 0, (uint64_t)seed, docs, &err);
-        if (!rc && (!d || k3c_eval_position_loss(&m, d, docs, edge, na, max_tokens, loss, &err))) rc = cli_fail("eval", &err);
+        if (!rc && (!d || k3c_eval_position_loss(&m, d, docs, edge, na, max_tokens, loss, &err)))
+            rc = cli_fail("eval", &err);
         for (int i = 0; !rc && i < na; i++)
             printf("position: [%lld, %lld) (%gL): loss %.4f nats/token\n", (long long)edge[i], (long long)edge[i + 1],
                    a[i], loss[i]);
@@ -113,13 +114,14 @@ static int eval_model(const char *task, int argc, char **argv) {
                 printf("mqar: %g pairs: recall %.4f (%lld of %lld queries)\n", a[i], (double)c / (double)t,
                        (long long)c, (long long)t);
             else
-                printf("needle: length %g depth %g: accuracy %.4f (%lld of %lld)\n", a[i], b[j],
-                       (double)c / (double)t, (long long)c, (long long)t);
+                printf("needle: length %g depth %g: accuracy %.4f (%lld of %lld)\n", a[i], b[j], (double)c / (double)t,
+                       (long long)c, (long long)t);
             if (!rc) all_c += c, all_t += t;
             free_docs(d, docs);
         }
-    if (!rc && all_t) printf("%s: overall %.4f (%lld of %lld)\n", task, (double)all_c / (double)all_t,
-                             (long long)all_c, (long long)all_t);
+    if (!rc && all_t)
+        printf("%s: overall %.4f (%lld of %lld)\n", task, (double)all_c / (double)all_t, (long long)all_c,
+               (long long)all_t);
     k3c_model_free_f32(&m);
     return rc;
 }

@@ -61,7 +61,8 @@ static int write_json(const char *path, const k3c_json *v, k3c_err *err) {
     k3c_sbuf_init(&s);
     k3c_sbuf_json_value(&s, v, K3C_JSON_W_LEXEMES | K3C_JSON_W_SPACED);
     k3c_sbuf_printf(&s, "\n");
-    int e = s.ok ? k3c_write_file_atomic(path, s.buf, s.len, err) : k3c_errf(err, K3C_ENOMEM, "%s: out of memory", path);
+    int e =
+        s.ok ? k3c_write_file_atomic(path, s.buf, s.len, err) : k3c_errf(err, K3C_ENOMEM, "%s: out of memory", path);
     k3c_sbuf_free(&s);
     return e;
 }
@@ -173,8 +174,8 @@ static int parse_evals(k3c_json_ctx *c, const k3c_json *ev, k3c_ablate_eval_spec
     return e ? e : k3c_ablate_eval_check(s, c->file, c->err);
 }
 
-static int add_arm(k3c_ablate_result *res, grid *g, const char *axis, const char *arm, const char *metric,
-                   arm_patch p, k3c_err *err) {
+static int add_arm(k3c_ablate_result *res, grid *g, const char *axis, const char *arm, const char *metric, arm_patch p,
+                   k3c_err *err) {
     k3c_ablate_arm *a = realloc(res->arm, sizeof *a * (size_t)(res->n_arms + 1));
     arm_patch *q = realloc(g->patch, sizeof *q * (size_t)(res->n_arms + 1));
     if (a) res->arm = a;
@@ -200,7 +201,7 @@ static int parse_axes(k3c_json_ctx *c, grid *g, k3c_ablate_result *res) {
     for (size_t i = 0; i < axes->n; i++) {
         const k3c_json *ax = &axes->items[i];
         static const char *const keys[] = {"name", "metric", "arms", NULL}, *const akeys[] = {"run", "model",
-                                                                                             "lr_scale", NULL};
+                                                                                              "lr_scale", NULL};
         char where[96];
         snprintf(where, sizeof where, "axes[%zu].", i);
         int e = known(c, ax, where, keys);
@@ -220,6 +221,12 @@ static int parse_axes(k3c_json_ctx *c, grid *g, k3c_ablate_result *res) {
                 e = k3c_errf(c->err, K3C_ECONFIG, "%s: %slr_scale: %g, must be > 0", c->file, aw, p.lr_scale);
             if (!e && ((p.run && p.run->type != K3C_JSON_OBJECT) || (p.model && p.model->type != K3C_JSON_OBJECT)))
                 e = k3c_errf(c->err, K3C_ECONFIG, "%s: %srun / model: expected objects (merge patches)", c->file, aw);
+            static const char *const fixed[] = {"model", "out_dir", "seed"}; /* the runner sets these itself */
+            for (int k = 0; !e && p.run && k < 3; k++)
+                if (k3c_json_get(p.run, fixed[k]))
+                    e = k3c_errf(c->err, K3C_ECONFIG,
+                                 "%s: %srun.%s: set by the runner (the model patch, the run directory, \"seeds\")",
+                                 c->file, aw, fixed[k]);
             for (int k = 0; !e && k < res->n_arms; k++)
                 if (!strcmp(res->arm[k].axis, name) && !strcmp(res->arm[k].arm, arms->keys[j]))
                     e = k3c_errf(c->err, K3C_ECONFIG, "%s: %s: arm listed twice", c->file, aw);
@@ -236,14 +243,16 @@ static int load_grid(const char *path, grid *g, k3c_ablate_result *res, k3c_err 
     int e = k3c_json_parse_file(g->path, &g->root, err);
     if (e) return e;
     k3c_json_ctx c = {g->path, err};
-    static const char *const keys[] = {"base", "out_dir", "seeds", "spike_window", "spike_factor", "evals", "axes", NULL};
+    static const char *const keys[] = {"base",         "out_dir", "seeds", "spike_window",
+                                       "spike_factor", "evals",   "axes",  NULL};
     if ((e = known(&c, g->root, "", keys))) return e;
     const char *base, *out;
     if ((e = k3c_json_get_str(&c, K3C_JSON_REQ, K3C_SPOT(g->root, "", "base"), &base))) return e;
     if ((e = k3c_json_get_str(&c, K3C_JSON_REQ, K3C_SPOT(g->root, "", "out_dir"), &out))) return e;
     char tmp[PATH_MAX];
     if ((e = resolve(g->path, base, tmp, sizeof tmp, err))) return e;
-    if (!realpath(tmp, g->base_path)) return k3c_errf(err, K3C_ENOTFOUND, "%s: base: %s: %s", g->path, tmp, strerror(errno));
+    if (!realpath(tmp, g->base_path))
+        return k3c_errf(err, K3C_ENOTFOUND, "%s: base: %s: %s", g->path, tmp, strerror(errno));
     if ((e = resolve(g->path, out, res->out_dir, sizeof res->out_dir, err))) return e;
     double seeds[K3C_ABLATE_MAX_SEEDS], v;
     if ((e = num_list(&c, g->root, "", "seeds", seeds, K3C_ABLATE_MAX_SEEDS, &res->n_seeds))) return e;
@@ -307,7 +316,8 @@ static int write_configs(const grid *g, const arm_patch *p, uint64_t seed, const
     k3c_sbuf_json_string(&s, dir, strlen(dir));
     k3c_sbuf_printf(&s, ",\"seed\":%llu", (unsigned long long)seed);
     const k3c_json *tok = run ? k3c_json_get(run, "tokenizer") : NULL, *data = run ? k3c_json_get(run, "data") : NULL;
-    if (!e && tok && tok->type == K3C_JSON_STRING && !(e = resolve(g->base_path, tok->string, abs_, sizeof abs_, err))) {
+    if (!e && tok && tok->type == K3C_JSON_STRING &&
+        !(e = resolve(g->base_path, tok->string, abs_, sizeof abs_, err))) {
         k3c_sbuf_printf(&s, ",\"tokenizer\":");
         k3c_sbuf_json_string(&s, abs_, strlen(abs_));
     }
@@ -383,8 +393,9 @@ static int run_one(grid *g, const k3c_ablate_opts *o, const k3c_ablate_arm *arm,
                    const char *dir, int64_t *tokens, k3c_metric_set *m, k3c_err *err) {
     int e = read_result(dir, m, err);
     if (e) {
-        if (e > 0 && o->log) fprintf(o->log, "ablate: %s %s seed %llu: finished before, skipped\n", arm->axis, arm->arm,
-                                    (unsigned long long)seed);
+        if (e > 0 && o->log)
+            fprintf(o->log, "ablate: %s %s seed %llu: finished before, skipped\n", arm->axis, arm->arm,
+                    (unsigned long long)seed);
         return e > 0 ? K3C_OK : -e;
     }
     if ((e = k3c_exp_mkdirs(dir, err)) || (e = write_configs(g, p, seed, dir, err))) return e;

@@ -47,8 +47,8 @@ static int run_batch(k3c_model *m, const k3c_task_doc *docs, int64_t i0, int64_t
     return e;
 }
 
-static int each_batch(k3c_model *m, const k3c_task_doc *docs, int64_t n_docs, int64_t max_tokens, batch_fn f,
-                      void *ctx, k3c_err *err) {
+static int each_batch(k3c_model *m, const k3c_task_doc *docs, int64_t n_docs, int64_t max_tokens, batch_fn f, void *ctx,
+                      k3c_err *err) {
     if (max_tokens <= 0) max_tokens = 8192;
     for (int64_t i = 0; i < n_docs;) {
         int64_t j = i, T = 0;

@@ -36,7 +36,6 @@ double k3c_ablate_first_loss(const char *metrics_jsonl);
 /* mkdir -p. */
 int k3c_exp_mkdirs(const char *path, k3c_err *err);
 /* OUT/report.md of a finished grid. */
-int k3c_ablate_report(const k3c_ablate_result *res, const char *grid_path, const k3c_ablate_eval_spec *s,
-                      k3c_err *err);
+int k3c_ablate_report(const k3c_ablate_result *res, const char *grid_path, const k3c_ablate_eval_spec *s, k3c_err *err);
 
 #endif

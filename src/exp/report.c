@@ -76,8 +76,7 @@ static void differences(k3c_sbuf *s, const k3c_ablate_result *r, int a, const k3
     }
 }
 
-int k3c_ablate_report(const k3c_ablate_result *r, const char *grid_path, const k3c_ablate_eval_spec *ev,
-                      k3c_err *err) {
+int k3c_ablate_report(const k3c_ablate_result *r, const char *grid_path, const k3c_ablate_eval_spec *ev, k3c_err *err) {
     k3c_metric_set names;
     metric_names(r, &names);
     k3c_sbuf s;
@@ -96,8 +95,8 @@ int k3c_ablate_report(const k3c_ablate_result *r, const char *grid_path, const k
     for (int i = 0; i < ev->n_lengths; i++) k3c_sbuf_printf(&s, " %lld", (long long)ev->lengths[i]);
     k3c_sbuf_printf(&s, " × depths");
     for (int i = 0; i < ev->n_depths; i++) k3c_sbuf_printf(&s, " %g", ev->depths[i]);
-    k3c_sbuf_printf(&s, " (%lld documents each); loss by position at L = %lld, buckets up to", (long long)ev->needle_docs,
-                    (long long)ev->train_len);
+    k3c_sbuf_printf(&s, " (%lld documents each); loss by position at L = %lld, buckets up to",
+                    (long long)ev->needle_docs, (long long)ev->train_len);
     for (int i = 0; i < ev->n_factors; i++) k3c_sbuf_printf(&s, " %lldL", (long long)ev->factors[i]);
     k3c_sbuf_printf(&s, " (%lld documents).\n\n", (long long)ev->position_docs);
     k3c_sbuf_printf(&s, "## Arms (mean ± sd over seeds)\n\n");

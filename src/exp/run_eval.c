@@ -24,8 +24,8 @@ int k3c_ablate_eval_check(const k3c_ablate_eval_spec *s, const char *file, k3c_e
                             s->depths[i]);
     for (int i = 0; i < s->n_factors; i++)
         if (s->factors[i] < 1 || (i && s->factors[i] <= s->factors[i - 1]))
-            return k3c_errf(err, K3C_ECONFIG, "%s: evals.position.factors[%d]: %lld, must be ascending and >= 1",
-                            file, i, (long long)s->factors[i]);
+            return k3c_errf(err, K3C_ECONFIG, "%s: evals.position.factors[%d]: %lld, must be ascending and >= 1", file,
+                            i, (long long)s->factors[i]);
     if (s->mqar_docs < 0 || s->needle_docs < 0 || s->position_docs < 0)
         return k3c_errf(err, K3C_ECONFIG, "%s: evals: docs must be >= 0", file);
     return K3C_OK;

@@ -157,8 +157,8 @@ enum { S_LOSS, S_GNORM, S_LOAD, S_CV, S_DEAD, S_ENT, N_SERIES };
 
 int k3c_ablate_summarise(const char *metrics_jsonl, int64_t spike_window, double spike_factor, double grad_clip,
                          k3c_metric_set *out, k3c_err *err) {
-    static const char *const key[N_SERIES] = {"loss", "grad_norm", "max_load_ratio", "load_cv", "dead_experts",
-                                              "load_entropy"};
+    static const char *const key[N_SERIES] = {"loss",    "grad_norm",    "max_load_ratio",
+                                              "load_cv", "dead_experts", "load_entropy"};
     char *text;
     size_t len;
     int e = k3c_read_file(metrics_jsonl, &text, &len, err);
@@ -192,8 +192,8 @@ int k3c_ablate_summarise(const char *metrics_jsonl, int64_t spike_window, double
         k3c_metric_set_value(out, "val_loss", val);
         k3c_metric_set_value(out, "final_loss", s[S_LOSS].n ? s[S_LOSS].v[s[S_LOSS].n - 1] : NAN);
         k3c_metric_set_value(out, "steps", last_step);
-        k3c_metric_set_value(out, "spikes", (double)k3c_stat_spikes(s[S_LOSS].v, s[S_LOSS].n, spike_window,
-                                                                     spike_factor));
+        k3c_metric_set_value(out, "spikes",
+                             (double)k3c_stat_spikes(s[S_LOSS].v, s[S_LOSS].n, spike_window, spike_factor));
         k3c_metric_set_value(out, "grad_norm_max", gmax);
         k3c_metric_set_value(out, "clip_fraction",
                              grad_clip > 0 && s[S_GNORM].n ? clipped / (double)s[S_GNORM].n : NAN);

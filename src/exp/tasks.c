@@ -13,8 +13,8 @@
 #include <string.h>
 
 static const char VALUES[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ";
-static const char *const WORDS[] = {"the", "of",   "and", "to", "in",   "is",   "it",   "that",
-                                    "was", "for",  "on",  "are", "with", "as",  "they", "be"};
+static const char *const WORDS[] = {"the", "of",  "and", "to",  "in",   "is", "it",   "that",
+                                    "was", "for", "on",  "are", "with", "as", "they", "be"};
 
 static uint64_t mix64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
@@ -78,8 +78,8 @@ static void fill_words(draw *r, int32_t *out, int64_t n) {
 typedef int (*gen_fn)(const void *spec, draw *r, k3c_task_doc *d, k3c_err *err);
 
 /* Draws documents until one falls in the split (a few attempts on average: the test split holds 1 in 4). */
-static int generate(gen_fn f, const void *spec, uint64_t seed, int split, int64_t index, uint64_t tag,
-                    k3c_task_doc *d, k3c_err *err) {
+static int generate(gen_fn f, const void *spec, uint64_t seed, int split, int64_t index, uint64_t tag, k3c_task_doc *d,
+                    k3c_err *err) {
     if (split != K3C_SPLIT_TRAIN && split != K3C_SPLIT_TEST)
         return k3c_errf(err, K3C_EINVAL, "task: split %d is not train (0) or test (1)", split);
     for (uint64_t a = 0; a < 4096; a++) {
@@ -238,7 +238,8 @@ int k3c_task_write_data(const char *dir, const k3c_task_data_opts *o, k3c_err *e
     static const char *const specials[] = {"<|endoftext|>"};
     const char *text = "k3c task corpus";
     const size_t len = strlen(text);
-    k3c_tok_train_opts to = {.vocab_size = 256, .pattern = K3C_TOK_PATTERN_CL100K, .specials = specials, .n_specials = 1};
+    k3c_tok_train_opts to = {
+        .vocab_size = 256, .pattern = K3C_TOK_PATTERN_CL100K, .specials = specials, .n_specials = 1};
     k3c_tok *t = NULL;
     e = k3c_tok_train(&text, &len, 1, &to, &t, err);
     if (!e) e = k3c_tok_save(t, tok_path, err);
