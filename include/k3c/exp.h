@@ -84,7 +84,7 @@ int64_t k3c_stat_spikes(const double *loss, int64_t n, int64_t window, double fa
  * text_config, and an optional learning-rate multiplier), seeds, evaluations. Every arm runs with every seed (same seed:
  * same initialisation and data order in every arm) for the base's tokens; a finished run is skipped, an interrupted
  * one resumes from its checkpoint. */
-#define K3C_ABLATE_MAX_METRICS 48
+#define K3C_ABLATE_MAX_METRICS 48 /* a run has at most 40: 15 of its own and 3 lists of 8 evaluations */
 #define K3C_ABLATE_MAX_SEEDS 16
 typedef struct {
     int n;

@@ -444,10 +444,14 @@ int k3c_ablate_run(const char *grid_path, const k3c_ablate_opts *o, k3c_ablate_r
     for (int a = 0; !e && a < res->n_arms; a++) {
         k3c_ablate_arm *arm = &res->arm[a];
         for (int s = 0; !e && s < res->n_seeds; s++) {
+            char axis[sizeof arm->axis], name[sizeof arm->arm]; /* copies: gcc -O1 flags the struct's own fields as
+                                                                  possible overlaps of the destination */
+            memcpy(axis, arm->axis, sizeof axis);
+            memcpy(name, arm->arm, sizeof name);
             int n = a == 0 ? snprintf(arm->dir[s], sizeof arm->dir[s], "%s/base/seed%llu", res->out_dir,
                                       (unsigned long long)res->seed[s])
-                           : snprintf(arm->dir[s], sizeof arm->dir[s], "%s/%s-%s/seed%llu", res->out_dir, arm->axis,
-                                      arm->arm, (unsigned long long)res->seed[s]);
+                           : snprintf(arm->dir[s], sizeof arm->dir[s], "%s/%s-%s/seed%llu", res->out_dir, axis, name,
+                                      (unsigned long long)res->seed[s]);
             if (n < 0 || n >= (int)sizeof arm->dir[s])
                 e = k3c_errf(err, K3C_ECONFIG, "%s: out_dir too long for the run directories", g.path);
             if (!e) e = run_one(&g, o, arm, &g.patch[a], res->seed[s], arm->dir[s], &tokens, &arm->run[s], err);
