@@ -35,7 +35,7 @@ LIB_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(ONE_SRC)) \
 CLI_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_SRC))
 LIB     := $(BUILD)/libk3c.a
 
-.PHONY: all setup test test-asan cuda cuda-tests nccl run post vision-demo bench clean fuzz fuzz-build
+.PHONY: all setup test test-asan cuda cuda-tests nccl run post vision-demo ablate bench clean fuzz fuzz-build
 all: $(LIB) k3c
 
 $(BUILD)/obj/%.o: %.c
@@ -170,6 +170,11 @@ post: setup all
 
 vision-demo: setup all
 	@bash tools/vision_demo.sh
+
+# The ablation demo on the CPU (docs/EXPERIMENTS.md): a grid of arms x seeds on the synthetic tasks, report + plots in
+# runs/ablate/demo; resumable (a second `make ablate` reads the finished runs back).
+ablate: all
+	@bash tools/ablate_demo.sh
 
 clean:
 	rm -rf build k3c

@@ -10,7 +10,7 @@
 
 /* docs/CODE.md "Layers", top to bottom: each may use the ones before it. */
 static const char *const LAYERS[] = {"base", "ops",  "cuda",   "model", "tok",  "parallel", "train",
-                                     "vision", "serve", "post", "plan",  "cli"};
+                                     "vision", "serve", "post", "exp",  "plan",  "cli"};
 #define N_LAYERS ((int)(sizeof LAYERS / sizeof LAYERS[0]))
 
 static int rank_of(const char *dir, size_t n) {
@@ -102,7 +102,7 @@ int main(void) {
     for (struct dirent *e; d && (e = readdir(d));)
         if (e->d_name[0] != '.') CHECK(rank_of(e->d_name, strlen(e->d_name)) >= 0, "src/%s: not a layer of docs/CODE.md", e->d_name);
     if (d) closedir(d);
-    static const char *const pub[] = {"include/k3c.h", "include/k3c/device.h", "include/k3c/post.h",
+    static const char *const pub[] = {"include/k3c.h", "include/k3c/device.h", "include/k3c/exp.h", "include/k3c/post.h",
                                        "include/k3c/serve.h", "include/k3c/train.h", "include/k3c/vision.h"};
     for (size_t i = 0; i < sizeof pub / sizeof pub[0]; i++) {
         int before = n_inc;

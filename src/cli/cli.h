@@ -35,6 +35,10 @@ int cli_plot_metrics(const char *jsonl, const char *png, k3c_err *err);
 /* One panel per key of the metrics lines (1 to 8 keys) against step (the post-training runs). */
 int cli_plot_panels(const char *jsonl, const char *png, const char *const *keys, int n, k3c_err *err);
 
+/* Metrics files overlaid, one panel per key (1 to 4), one line per file coloured by its group (an arm). */
+int cli_plot_overlay(const char *png, const char *const *jsonl, const char *const *label, const int *group, int n,
+                     const char *const *keys, int n_keys, k3c_err *err);
+
 /* --device cpu|cuda (src/cli/device.c): open the named backend (NULL or "cpu": the CPU, backend stays NULL), move
  * models onto it, and release it after every model and arena on it is freed. */
 typedef struct {
@@ -73,5 +77,7 @@ int cmd_vision(int argc, char **argv);
 int cmd_sft(int argc, char **argv);
 int cmd_env(int argc, char **argv);
 int cmd_rl(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_ablate(int argc, char **argv);
 
 #endif

@@ -112,3 +112,69 @@ int cli_plot_panels(const char *jsonl, const char *png, const char *const *keys,
     }
     return rename(tmp_png, png) == 0 ? K3C_OK : k3c_errf(err, K3C_EIO, "%s: rename failed", png);
 }
+
+/* Runs overlaid: one panel per key (1 to 4), one line per metrics file, coloured by group[i] (an arm), titled by
+ * label[i] (the ablation's plot per axis). */
+int cli_plot_overlay(const char *png, const char *const *jsonl, const char *const *label, const int *group, int n,
+                     const char *const *keys, int n_keys, k3c_err *err) {
+    if (strpbrk(png, "'\"\\$`\n"))
+        return k3c_errf(err, K3C_EINVAL, "%s: quotes, backslashes, $ or ` in the path: no plot written", png);
+    if (n < 1 || n_keys < 1 || n_keys > 4) return k3c_errf(err, K3C_EINVAL, "plot: 1 or more runs, 1 to 4 panels");
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0)
+        return k3c_errf(err, K3C_ENOTFOUND, "gnuplot not installed (apt-get install gnuplot-nox): no plot written");
+    char tmp_png[4200];
+    snprintf(tmp_png, sizeof tmp_png, "%s.tmp.png", png);
+    k3c_sbuf cmd;
+    k3c_sbuf_init(&cmd);
+    k3c_sbuf_printf(&cmd,
+                    "gnuplot -e \"set terminal png size %d,450 noenhanced; set output '%s'; set datafile missing "
+                    "'nan'; set multiplot layout 1,%d; set xlabel 'step'; set grid; set key font ',8'; ",
+                    420 * n_keys + 100, tmp_png, n_keys);
+    int e = K3C_OK;
+    for (int i = 0; i < n && !e; i++) { /* one data file per run: step and the keys */
+        char dat[4300];
+        snprintf(dat, sizeof dat, "%s.%d.dat", png, i);
+        char *text;
+        size_t len;
+        if ((e = k3c_read_file(jsonl[i], &text, &len, err))) break;
+        FILE *f = fopen(dat, "w");
+        if (!f) {
+            free(text);
+            e = k3c_errf(err, K3C_EIO, "%s: cannot write", dat);
+            break;
+        }
+        for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+            k3c_json *o;
+            if (k3c_json_parse(line, strlen(line), jsonl[i], &o, NULL)) continue;
+            if (!k3c_json_get(o, "event")) {
+                fprintf(f, "%g", field(o, "step"));
+                for (int k = 0; k < n_keys; k++) fprintf(f, " %g", field(o, keys[k]));
+                fprintf(f, "\n");
+            }
+            k3c_json_free(o);
+        }
+        fclose(f);
+        free(text);
+    }
+    for (int k = 0; k < n_keys && !e; k++) {
+        k3c_sbuf_printf(&cmd, "set title '%s'; plot ", keys[k]);
+        for (int i = 0; i < n; i++)
+            k3c_sbuf_printf(&cmd, "%s'%s.%d.dat' u 1:%d w l lc %d t '%s'", i ? ", " : "", png, i, k + 2, group[i] + 1,
+                            strpbrk(label[i], "'\"\\$`") ? "run" : label[i]);
+        k3c_sbuf_printf(&cmd, "; ");
+    }
+    k3c_sbuf_printf(&cmd, "unset multiplot\" >/dev/null 2>&1");
+    int sys = !e && cmd.ok ? system(cmd.buf) : 1;
+    k3c_sbuf_free(&cmd);
+    for (int i = 0; i < n; i++) {
+        char dat[4300];
+        snprintf(dat, sizeof dat, "%s.%d.dat", png, i);
+        unlink(dat);
+    }
+    if (e) return e;
+    if (sys != 0 || access(tmp_png, R_OK) != 0) {
+        unlink(tmp_png);
+        return k3c_errf(err, K3C_EIO, "%s: gnuplot failed", png);
+    }
+    return rename(tmp_png, png) == 0 ? K3C_OK : k3c_errf(err, K3C_EIO, "%s: rename failed", png);
+}

@@ -20,6 +20,8 @@ void k3c_metrics_write(FILE *f, const k3c_metrics_row *r) {
     num(f, "max_load_ratio", r->max_load_ratio);
     num(f, "load_cv", r->load_cv);
     fprintf(f, ",\"qk_clipped\":%d", r->qk_clipped);
+    if (r->n_moe > 0) fprintf(f, ",\"dead_experts\":%lld", (long long)r->dead_experts);
+    num(f, "load_entropy", r->load_entropy);
     if (r->n_moe > 0) {
         static const char *key[3] = {"moe_layers", "layer_max_load_ratio", "layer_load_cv"};
         for (int k = 0; k < 3; k++) {

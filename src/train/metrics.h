@@ -16,6 +16,8 @@ typedef struct {
     const double *layer_max_ratio;  /*   max/mean expert load */
     const double *layer_cv;         /*   coefficient of variation of the loads */
     int qk_clipped;
+    int64_t dead_experts; /* experts of every MoE layer that no token reached this step */
+    double load_entropy;  /* entropy of each layer's load shares over log(experts), mean over the MoE layers */
 } k3c_metrics_row;
 
 /* Appends one JSON line to f (flushed). */

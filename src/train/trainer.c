@@ -144,10 +144,13 @@ static int ensure_arena(trainer *tr, int64_t T, int n_docs, k3c_err *err) {
 
 /* Router load statistics of the last forward (per MoE layer, and the worst layer) from the downloaded telemetry: the
  * host computes the per-expert counts from the routed ids (T·k words per layer, small next to the step). */
-static int load_telemetry(trainer *tr, double *max_ratio, double *cv, k3c_err *err) {
+static int load_telemetry(trainer *tr, k3c_metrics_row *row, k3c_err *err) {
     const k3c_config *c = &tr->m.cfg;
+    double *max_ratio = &row->max_load_ratio, *cv = &row->load_cv, entropy = 0;
     *max_ratio = NAN;
     *cv = NAN;
+    row->dead_experts = 0;
+    row->load_entropy = NAN;
     CHECK_RC(tr->be->download(tr->telemetry, tr->stats.mem, tr->stats.telemetry_bytes, err));
     int64_t *loads = malloc(sizeof(int64_t) * (size_t)(c->num_experts > 0 ? c->num_experts : 1));
     tr->n_moe = 0;
@@ -162,7 +165,14 @@ static int load_telemetry(trainer *tr, double *max_ratio, double *cv, k3c_err *e
         tr->layer_cv[tr->n_moe++] = st.cv;
         if (!(st.max_over_mean <= *max_ratio)) *max_ratio = st.max_over_mean;
         if (!(st.cv <= *cv)) *cv = st.cv;
+        /* experts no token reached, and the entropy of the load shares over log n (1 = perfectly even) */
+        for (int64_t e = 0; e < r->n; e++) {
+            row->dead_experts += loads[e] == 0;
+            double p = st.routes > 0 ? (double)loads[e] / (double)st.routes : 0;
+            if (p > 0 && r->n > 1) entropy -= p * log(p) / log((double)r->n);
+        }
     }
+    if (tr->n_moe > 0) row->load_entropy = entropy / tr->n_moe;
     free(loads);
     return K3C_OK;
 }
@@ -229,7 +239,7 @@ static int train_step(trainer *tr, const k3c_stage *st, int64_t stage_step, k3c_
     k3c_guard_accept(&tr->guard, rc, loss);
     row->lr = lr;
     const int clip = tr->n_mla && rc->qk_clip_tau > 0; /* qk_clip_tau 0: QK-Clip off (an experiment arm) */
-    if ((e = load_telemetry(tr, &row->max_load_ratio, &row->load_cv, err))) return e;
+    if ((e = load_telemetry(tr, row, err))) return e;
     row->qk_clipped = 0;
     if (clip) {
         int32_t n;
