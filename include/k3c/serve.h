@@ -20,7 +20,7 @@ typedef struct k3c_engine k3c_engine;
 typedef struct {
     int max_seqs;           /* sequences decoding at once (0 = 8); more wait in a queue */
     int64_t max_ctx;        /* tokens per sequence, prompt + output (0 = the config's max_position_embeddings) */
-    int64_t prefill_chunk;  /* prompt tokens of one sequence per step (0 = 256) */
+    int64_t prefill_chunk;  /* prompt tokens per step, all sequences together (0 = 256; at least max_seqs rows) */
     int64_t snapshot_every; /* prefix snapshots at prompt ends and every this many tokens (0 = no prefix cache) */
     int max_snapshots;      /* snapshots kept, least recently used evicted first (0 = 64) */
     int threads;            /* OpenMP threads (0 = the default) */

@@ -60,6 +60,7 @@ struct k3c_engine {
     uint64_t clock;
     int64_t prefix_hits, prefix_tokens_reused; /* the stepping thread's; copied into stats under mu */
     int ev_base;                               /* events of the last step before its first sampled one */
+    int64_t rows;                              /* the step's rows at most */
     k3c_engine_stats stats;
 };
 
@@ -91,7 +92,8 @@ int k3c_engine_open_weights(const k3c_weights *w, const k3c_engine_opts *opts, k
     k3c_eng_dims_of(&w->cfg, &e->d);
     e->d.be = w->be; /* states live beside the weights */
     const int S = e->o.max_seqs;
-    const int64_t V = e->d.V, rows = (int64_t)S * e->o.prefill_chunk;
+    const int64_t V = e->d.V, rows = e->o.prefill_chunk > S ? e->o.prefill_chunk : S;
+    e->rows = rows;
     e->next_id = 1;
     pthread_mutex_init(&e->mu, NULL);
     e->slot = calloc((size_t)S, sizeof *e->slot);
@@ -448,11 +450,14 @@ static const float *const *image_rows(k3c_engine *e, const eng_seq *s, int64_t p
     return any ? e->row_emb + n : NULL;
 }
 
-/* Lays out the step's rows: a prompt chunk (ending at a snapshot boundary when snapshots are on) or the last sampled
- * token of every active sequence; logits only where a token will be sampled. Returns the row count. */
+/* Lays out the step's rows: the last sampled token of every decoding sequence, and prompt chunks of the others from
+ * what is left of the step's rows (prefill_chunk, or max_seqs when larger: all sequences' prompts share it, so the
+ * step's buffers do not grow with the slots), each ending at a snapshot boundary when snapshots are on; a prompt may
+ * wait a step for rows. Logits only where a token will be sampled. Returns the row count. */
 static int64_t layout(k3c_engine *e, int *nseg, int64_t *n_out) {
-    int64_t n = 0, N = e->o.snapshot_every;
+    int64_t n = 0, N = e->o.snapshot_every, budget = e->rows;
     *nseg = 0, *n_out = 0;
+    for (int i = 0; i < e->o.max_seqs; i++) budget -= e->slot[i].used && e->slot[i].st.pos >= e->slot[i].s.n_prompt;
     for (int i = 0; i < e->o.max_seqs; i++) {
         eng_slot *sl = &e->slot[i];
         if (!sl->used) continue;
@@ -460,7 +465,10 @@ static int64_t layout(k3c_engine *e, int *nseg, int64_t *n_out) {
         int64_t len = 1;
         if (pos < sl->s.n_prompt) {
             len = sl->s.n_prompt - pos < e->o.prefill_chunk ? sl->s.n_prompt - pos : e->o.prefill_chunk;
+            if (len > budget) len = budget;
             if (N > 0 && (pos / N + 1) * N < pos + len) len = (pos / N + 1) * N - pos;
+            if (len <= 0) continue;
+            budget -= len;
         }
         memcpy(e->ids + n, sl->s.toks + pos, sizeof(int32_t) * (size_t)len);
         e->segs[*nseg] = (k3c_eng_seg){&sl->st, n, len, image_rows(e, &sl->s, pos, len, n)};
