@@ -100,4 +100,16 @@ static int http_do(int port, const char *method, const char *path, const char *a
     return rc;
 }
 
+/* Reads a Prometheus counter line's value from /metrics (-1 if absent). */
+static double metric(int port, const char *series) {
+    http_resp r;
+    double v = -1;
+    if (http_do(port, "GET", "/metrics", NULL, NULL, &r) == 0 && r.status == 200) {
+        const char *p = strstr(r.body, series);
+        if (p) v = atof(p + strlen(series));
+    }
+    http_resp_free(&r);
+    return v;
+}
+
 #endif

@@ -58,18 +58,6 @@ static int wait_healthy(int port) {
     return 0;
 }
 
-/* Reads a Prometheus counter line's value (-1 if absent). */
-static double metric(int port, const char *series) {
-    http_resp r;
-    double v = -1;
-    if (http_do(port, "GET", "/metrics", NULL, NULL, &r) == 0 && r.status == 200) {
-        const char *p = strstr(r.body, series);
-        if (p) v = atof(p + strlen(series));
-    }
-    http_resp_free(&r);
-    return v;
-}
-
 static k3c_json *parse_body(const http_resp *r) {
     k3c_json *j = NULL;
     k3c_err err = {0};

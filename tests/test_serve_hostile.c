@@ -97,17 +97,6 @@ static void stop(server *sv) {
     sv->pid = g_server = -1;
 }
 
-static double metric(int port, const char *series) {
-    http_resp r;
-    double v = -1;
-    if (http_do(port, "GET", "/metrics", NULL, NULL, &r) == 0 && r.status == 200) {
-        const char *p = strstr(r.body, series);
-        if (p) v = atof(p + strlen(series));
-    }
-    http_resp_free(&r);
-    return v;
-}
-
 static int n_threads(pid_t pid) {
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/task", (int)pid);

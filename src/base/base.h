@@ -36,6 +36,8 @@ typedef struct {
 } k3c_rng;
 
 void k3c_philox(uint64_t seed, uint64_t counter, uint32_t out[4]);
+/* splitmix64's finaliser: independent sub-seeds (data splits, streams, task draws) from one seed */
+uint64_t k3c_mix64(uint64_t x);
 uint64_t k3c_rng_u64(k3c_rng *r);
 double k3c_rng_uniform(k3c_rng *r);               /* [0, 1) with 53 random bits */
 double k3c_rng_normal(k3c_rng *r);                /* standard normal (Box-Muller on two uniforms) */

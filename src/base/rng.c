@@ -50,3 +50,10 @@ double k3c_normal_at(uint64_t seed, uint64_t i) {
     double u1 = 1.0 - u53(o), u2 = u53(o + 2); /* u1 in (0, 1] */
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
+
+uint64_t k3c_mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}

@@ -16,12 +16,6 @@ static const char VALUES[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ";
 static const char *const WORDS[] = {"the", "of",  "and", "to",  "in",   "is", "it",   "that",
                                     "was", "for", "on",  "are", "with", "as", "they", "be"};
 
-static uint64_t mix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 typedef struct {
     uint64_t stream, i;
@@ -62,7 +56,7 @@ static int split_of(const k3c_task_doc *d) {
 
 /* The random stream of attempt a at document (seed, split, index) and a tag per task. */
 static draw stream_of(uint64_t seed, int split, int64_t index, uint64_t attempt, uint64_t tag) {
-    draw r = {mix64(mix64(mix64(seed ^ tag) + (uint64_t)split) + (uint64_t)index) + attempt, 0};
+    draw r = {k3c_mix64(k3c_mix64(k3c_mix64(seed ^ tag) + (uint64_t)split) + (uint64_t)index) + attempt, 0};
     return r;
 }
 
@@ -198,8 +192,8 @@ static int write_corpus(const char *path, const k3c_task_data_opts *o, k3c_err *
         k3c_task_doc d;
         /* MQAR at the documents where the running share first reaches mqar_share (an even interleave) */
         const int mqar = floor((double)(i + 1) * o->mqar_share) > floor((double)i * o->mqar_share);
-        const double u = k3c_uniform_at(mix64(o->seed ^ 0x636f7270), (uint64_t)i * 2),
-                     w = k3c_uniform_at(mix64(o->seed ^ 0x636f7270), (uint64_t)i * 2 + 1);
+        const double u = k3c_uniform_at(k3c_mix64(o->seed ^ 0x636f7270), (uint64_t)i * 2),
+                     w = k3c_uniform_at(k3c_mix64(o->seed ^ 0x636f7270), (uint64_t)i * 2 + 1);
         if (mqar) {
             int pairs = o->pairs_min + (int)(u * (o->pairs_max - o->pairs_min + 1));
             if (pairs > o->pairs_max) pairs = o->pairs_max;

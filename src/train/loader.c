@@ -24,18 +24,12 @@ struct k3c_loader {
     k3c_loader_state st;
 };
 
-static uint64_t mix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 /* The streams: one for the mixture draws, one per (source, epoch) for the permutation. Keyed by the source's name,
  * so a source keeps its document order when other sources are added or reordered. */
-static uint64_t mix_seed(uint64_t seed) { return mix64(seed ^ 0x6d6978747572ull /* "mixture" */); }
+static uint64_t mix_seed(uint64_t seed) { return k3c_mix64(seed ^ 0x6d6978747572ull /* "mixture" */); }
 static uint64_t perm_seed(uint64_t seed, uint64_t name_hash, int64_t epoch) {
-    return mix64(mix64(seed ^ name_hash) + (uint64_t)epoch);
+    return k3c_mix64(k3c_mix64(seed ^ name_hash) + (uint64_t)epoch);
 }
 
 static uint64_t sources_hash(const k3c_loader *ld) {

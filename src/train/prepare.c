@@ -43,13 +43,6 @@ static const char *split_name(int s) {
     return s == K3C_DOC_SPLIT_FILE ? "file" : s == K3C_DOC_SPLIT_LINE ? "line" : "blank";
 }
 
-/* splitmix64: independent sub-seeds (split assignment vs. the loader's streams) from one user seed */
-static uint64_t mix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 /* ---------------------------------------------------------------- input files */
 
@@ -568,7 +561,7 @@ static int run_all(run *r, const char *source, k3c_err *err) {
         disk[i] = stat(r->files.p[i], &st) == 0 ? (int64_t)st.st_size : 0;
         r->disk_total += disk[i];
     }
-    r->split_seed = mix64(o->seed ^ 0x73706c6974ull /* "split" */);
+    r->split_seed = k3c_mix64(o->seed ^ 0x73706c6974ull /* "split" */);
     for (int i = 0; i < 2; i++) {
         r->b[i] = (builder){.dir = o->out_dir,
                             .split = i ? "val" : "train",
