@@ -1,17 +1,28 @@
 /* test_engine_cuda.cu — the inference engine on the GPU (the CUDA backend's engine ops, ops/decode.h) against the same
  * engine on the CPU: per-position logits under three prefill/decode schedules, greedy ids (the CPU's and the goldens'),
- * batched sequences joining and leaving equal to solo runs, graph-replayed decode steps equal to direct ones.
+ * batched sequences joining and leaving equal to solo runs, graph-replayed decode steps equal to direct ones; over the
+ * float32 model and over the weights as stored (bf16 trunk with MXFP4 or bf16 experts, uploaded as stored).
  * docs/ENGINE.md. Built by `make cuda-tests`, run on the GPU machine (tools/device_cuda.sh). */
 #include "cuda/testing.cuh"
 
+#include <stdlib.h>
+
 extern "C" {
+#include "base/base.h"
 #include "model/model.h"
+#include "ops/mxfp4.h"
 #include "serve/engine.h"
+#include "serve/weights.h"
 }
 
 /* fp32 on both sides, sums in other orders (warp-strided products, the recurrence for prefill on the GPU, BLAS tiles
  * and the chunked KDA on the CPU): row-relative logits error bound. Measured figures are printed. */
 static const double TOL = 1e-4;
+/* Weights as stored (bf16 trunk, MXFP4 or bf16 experts): both engines decode every weight exactly into float32 (bf16
+ * and E2M1 · 2^k are floats) and keep float32 activations and accumulators; neither rounds an activation to bf16. The
+ * two sides therefore differ only in the fp32 summation order, as above, and the bound is the same 1e-4 — not the
+ * ~4e-3 (2^-8, one bf16 rounding per activation) a kernel that fed bf16 activations to tensor cores would need. */
+static const double TOL_STORED = 1e-4;
 
 static std::vector<int32_t> read_i32(const k3c_safetensors *st, const char *name, int64_t *rows = nullptr) {
     const k3c_st_tensor *t = k3c_st_find(st, name);
@@ -66,10 +77,8 @@ static std::vector<float> engine_logits(harness &h, const k3c_weights *w, const 
     return out;
 }
 
-/* Greedy continuation through the engine API (one sequence). */
-static std::vector<int32_t> greedy(harness &h, const k3c_model *m, const std::vector<int32_t> &prompt, int64_t n_new) {
-    k3c_engine *e;
-    h.ok(k3c_engine_open(m, nullptr, &e, &h.err), "engine open");
+/* Greedy continuation through the engine API (one sequence); closes e. */
+static std::vector<int32_t> greedy_on(harness &h, k3c_engine *e, const std::vector<int32_t> &prompt, int64_t n_new) {
     k3c_request r{};
     r.sampler.top_p = 1, r.max_new = n_new;
     int64_t id;
@@ -82,6 +91,19 @@ static std::vector<int32_t> greedy(harness &h, const k3c_model *m, const std::ve
     }
     k3c_engine_close(e);
     return out;
+}
+
+static std::vector<int32_t> greedy(harness &h, const k3c_model *m, const std::vector<int32_t> &prompt, int64_t n_new) {
+    k3c_engine *e;
+    h.ok(k3c_engine_open(m, nullptr, &e, &h.err), "engine open");
+    return greedy_on(h, e, prompt, n_new);
+}
+
+static std::vector<int32_t> greedy_w(harness &h, const k3c_weights *w, const std::vector<int32_t> &prompt,
+                                     int64_t n_new) {
+    k3c_engine *e;
+    h.ok(k3c_engine_open_weights(w, nullptr, &e, &h.err), "engine open");
+    return greedy_on(h, e, prompt, n_new);
 }
 
 /* Sequences of different lengths through two slots (the third joins when one leaves, prompt chunks of 8 beside
@@ -174,6 +196,28 @@ static void graph_vs_direct(harness &h, const char *name, const k3c_weights *w, 
                res[0] == res[1] ? 0.0 : worst_row(res[1].data(), res[0].data(), NS * STEPS, V) + 1e-30, 0);
 }
 
+/* The logits of ids under three prefill/decode schedules, GPU weights wg against CPU weights wc (row-relative, tol),
+ * and their argmax against the CPU's and the golden logits' (gl, may be NULL). */
+static void schedules(harness &h, const char *label, const k3c_weights *wc, const k3c_weights *wg,
+                      const std::vector<int32_t> &ids, int64_t T, const k3c_st_tensor *gl, double tol) {
+    const int64_t V = wc->cfg.vocab_size;
+    const char *names[3] = {"token by token", "one prefill", "7,1,1,1,11 cycled"};
+    const std::vector<int64_t> sched[3] = {{1}, {T}, {7, 1, 1, 1, 11}};
+    for (int s = 0; s < 3; s++) {
+        std::vector<float> c = engine_logits(h, wc, ids.data(), T, sched[s]);
+        std::vector<float> g = engine_logits(h, wg, ids.data(), T, sched[s]);
+        std::string shape = fmt("%s T=%lld %s", label, (long long)T, names[s]);
+        h.check_le("logits gpu vs cpu", shape, "rowrel", worst_row(g.data(), c.data(), T, V), tol);
+        int64_t diff = 0, gdiff = 0;
+        for (int64_t t = 0; t < T; t++) {
+            diff += argmax(g.data() + t * V, V) != argmax(c.data() + t * V, V);
+            if (gl) gdiff += argmax(g.data() + t * V, V) != argmax((const float *)gl->data + t * V, V);
+        }
+        h.check_le("argmax gpu vs cpu", shape, "differ", (double)diff, 0);
+        if (gl) h.check_le("argmax gpu vs golden", shape, "differ", (double)gdiff, 0);
+    }
+}
+
 static void model_case(harness &h, k3c_cuda_backend *cb, const char *rel) {
     char dir[512], gpath[600];
     const char *sh = getenv("K3C_SHARED");
@@ -187,26 +231,10 @@ static void model_case(harness &h, k3c_cuda_backend *cb, const char *rel) {
     h.ok(k3c_st_open(gpath, &gs, &h.err), gpath);
     int64_t T = 0;
     std::vector<int32_t> ids = read_i32(gs, "input_ids", &T);
-    const int64_t V = mc.cfg.vocab_size;
     k3c_weights wc, wg;
     h.ok(k3c_weights_from_model(&mc, &wc, &h.err), "cpu weights");
     h.ok(k3c_weights_from_model(&mg, &wg, &h.err), "gpu weights");
-    const char *names[3] = {"token by token", "one prefill", "7,1,1,1,11 cycled"};
-    const std::vector<int64_t> sched[3] = {{1}, {T}, {7, 1, 1, 1, 11}};
-    const k3c_st_tensor *gl = k3c_st_find(gs, "logits");
-    for (int s = 0; s < 3; s++) {
-        std::vector<float> c = engine_logits(h, &wc, ids.data(), T, sched[s]);
-        std::vector<float> g = engine_logits(h, &wg, ids.data(), T, sched[s]);
-        std::string shape = fmt("%s T=%lld %s", rel + 7, (long long)T, names[s]);
-        h.check_le("logits gpu vs cpu", shape, "rowrel", worst_row(g.data(), c.data(), T, V), TOL);
-        int64_t diff = 0, gdiff = 0;
-        for (int64_t t = 0; t < T; t++) {
-            diff += argmax(g.data() + t * V, V) != argmax(c.data() + t * V, V);
-            if (gl) gdiff += argmax(g.data() + t * V, V) != argmax((const float *)gl->data + t * V, V);
-        }
-        h.check_le("argmax gpu vs cpu", shape, "differ", (double)diff, 0);
-        if (gl) h.check_le("argmax gpu vs golden", shape, "differ", (double)gdiff, 0);
-    }
+    schedules(h, rel + 7, &wc, &wg, ids, T, k3c_st_find(gs, "logits"), TOL);
     int64_t np = 0, ng = 0;
     std::vector<int32_t> prompt = read_i32(gs, "prompt_ids", &np), want = read_i32(gs, "greedy_ids", &ng);
     if (prompt.empty()) prompt.assign(ids.begin(), ids.begin() + 16), ng = 16;
@@ -220,6 +248,90 @@ static void model_case(harness &h, k3c_cuda_backend *cb, const char *rel) {
     k3c_st_close(gs);
     k3c_model_free_f32(&mc);
     k3c_model_free_f32(&mg);
+}
+
+static bool ends_with(const std::string &s, const char *tail) {
+    const size_t n = strlen(tail);
+    return s.size() >= n && !s.compare(s.size() - n, n, tail);
+}
+
+/* A copy of checkpoint dir src in a fresh temporary directory: config.json, and model.safetensors with every MXFP4
+ * expert (weight_packed + weight_scale) decoded into a bf16 `weight` — exact, E2M1 · 2^k is a bf16 value, so the copy
+ * is the same model with bf16 experts — and every other tensor byte for byte. */
+static std::string bf16_experts_copy(harness &h, const char *src) {
+    char tmpl[] = "/tmp/k3c_engine_cuda_XXXXXX";
+    if (!mkdtemp(tmpl)) h.ok(k3c_errf(&h.err, K3C_EIO, "mkdtemp %s", tmpl), "temporary directory");
+    const std::string out = tmpl;
+    char *cfg = nullptr;
+    size_t n = 0;
+    h.ok(k3c_read_file((std::string(src) + "/config.json").c_str(), &cfg, &n, &h.err), "config.json");
+    FILE *f = fopen((out + "/config.json").c_str(), "w");
+    if (!f || fwrite(cfg, 1, n, f) != n || fclose(f)) h.ok(k3c_errf(&h.err, K3C_EIO, "%s", out.c_str()), "write config");
+    free(cfg);
+    k3c_checkpoint *ck;
+    h.ok(k3c_ckpt_open(src, &ck, &h.err), src);
+    const int nt = k3c_ckpt_count(ck);
+    std::vector<k3c_st_entry> e;
+    std::vector<std::string> names((size_t)nt);
+    std::vector<std::vector<uint16_t>> bf((size_t)nt);
+    for (int i = 0; i < nt; i++) {
+        const k3c_st_tensor *t = k3c_ckpt_at(ck, i);
+        const std::string name = t->name;
+        if (ends_with(name, ".weight_scale")) continue;
+        k3c_st_entry x{};
+        x.name = t->name, x.dtype = t->dtype, x.ndim = t->ndim, x.data = t->data;
+        memcpy(x.shape, t->shape, sizeof x.shape);
+        if (ends_with(name, ".weight_packed")) {
+            names[(size_t)i] = name.substr(0, name.size() - strlen("_packed"));
+            const k3c_st_tensor *sc = k3c_ckpt_find(ck, (names[(size_t)i] + "_scale").c_str());
+            const int64_t R = t->shape[0], C = 2 * t->shape[1];
+            std::vector<float> v((size_t)(R * C));
+            if (!sc) h.ok(k3c_errf(&h.err, K3C_EFORMAT, "%s has no scale", t->name), "bf16 copy");
+            h.ok(k3c_mxfp4_decode_f32((const uint8_t *)t->data, (const uint8_t *)sc->data, R, C, v.data(), &h.err),
+                 t->name);
+            bf[(size_t)i].resize(v.size());
+            for (size_t j = 0; j < v.size(); j++) bf[(size_t)i][j] = k3c_f32_to_bf16(v[j]);
+            x.name = names[(size_t)i].c_str(), x.dtype = K3C_BF16, x.shape[1] = C, x.data = bf[(size_t)i].data();
+        }
+        e.push_back(x);
+    }
+    h.ok(k3c_st_write((out + "/model.safetensors").c_str(), e.data(), (int)e.size(), nullptr, &h.err), "bf16 copy");
+    k3c_ckpt_close(ck);
+    return out;
+}
+
+/* The checkpoint in dir as stored (k3c_weights_open on the CPU, the same views uploaded as stored to the GPU): the
+ * routed experts keep their stored type on the device, the three schedules' logits within TOL_STORED of the CPU
+ * engine's on the same weights with equal argmax (and equal to golden's logits), greedy ids equal the CPU's and
+ * golden's, graph-replayed steps equal direct ones. */
+static void stored_case(harness &h, k3c_cuda_backend *cb, const char *dir, const char *golden, const char *label,
+                        int expert_type) {
+    k3c_weights wc, wg;
+    k3c_safetensors *gs;
+    h.ok(k3c_weights_open(dir, &wc, &h.err), dir);
+    h.ok(k3c_weights_to_backend(&wc, &cb->table, &wg, &h.err), "upload as stored");
+    h.ok(k3c_st_open((std::string(golden) + "/golden.safetensors").c_str(), &gs, &h.err), golden);
+    int64_t n_exp = 0, wrong = 0;
+    for (int l = 0; l < wg.cfg.num_layers; l++)
+        for (int64_t x = 0; wg.layer[l].w1 && x < wg.cfg.num_experts; x++, n_exp++)
+            wrong += wg.layer[l].w1[x].type != expert_type || wg.layer[l].w2[x].type != expert_type ||
+                     wg.layer[l].w3[x].type != expert_type;
+    h.check_le("experts as stored", fmt("%s %lld experts", label, (long long)n_exp), "other", (double)wrong, 0);
+    h.check_le("experts as stored", label, "none", n_exp > 0 ? 0 : 1, 0);
+    h.check_le("trunk as stored", label, "!bf16", wg.embed.type == K3C_QMAT_BF16 && wg.lm_head.type == K3C_QMAT_BF16 ? 0 : 1,
+               0);
+    int64_t T = 0, np = 0, ng = 0;
+    std::vector<int32_t> ids = read_i32(gs, "input_ids", &T);
+    schedules(h, label, &wc, &wg, ids, T, k3c_st_find(gs, "logits"), TOL_STORED);
+    std::vector<int32_t> prompt = read_i32(gs, "prompt_ids", &np), want = read_i32(gs, "greedy_ids", &ng);
+    if (prompt.empty()) prompt.assign(ids.begin(), ids.begin() + 16), ng = 16;
+    std::vector<int32_t> gg = greedy_w(h, &wg, prompt, ng), gc = greedy_w(h, &wc, prompt, ng);
+    h.check_le("greedy gpu vs cpu", label, "ids!=", gg == gc ? 0 : 1, 0);
+    if (!want.empty()) h.check_le("greedy gpu vs golden", label, "ids!=", gg == want ? 0 : 1, 0);
+    graph_vs_direct(h, label, &wg, ids);
+    k3c_st_close(gs);
+    k3c_weights_free(&wg);
+    k3c_weights_free(&wc);
 }
 
 /* The routed experts as released (bf16, MXFP4 with E8M0 scales), decoded inside the CUDA products (16-byte groups when
@@ -282,6 +394,15 @@ int main(int argc, char **argv) {
     printf("device %s\n", cb.cu.name);
     model_case(h, &cb, "golden/k3_tiny_a");
     model_case(h, &cb, "golden/kimi_linear_tiny_a");
+    {
+        const char *sh = getenv("K3C_SHARED");
+        const std::string k3 = std::string(sh ? sh : "../shared") + "/golden/k3_tiny_a";
+        stored_case(h, &cb, k3.c_str(), k3.c_str(), "k3_tiny_a bf16 + mxfp4", K3C_QMAT_MXFP4);
+        const std::string copy = bf16_experts_copy(h, k3.c_str());
+        stored_case(h, &cb, copy.c_str(), k3.c_str(), "k3_tiny_a bf16 + bf16", K3C_QMAT_BF16);
+        std::string rm = "rm -rf '" + copy + "'";
+        if (system(rm.c_str()) != 0) printf("note: could not remove %s\n", copy.c_str());
+    }
     for (int type : {(int)K3C_QMAT_BF16, (int)K3C_QMAT_MXFP4})
         for (int64_t n : {1, 5})
             for (int64_t lat : {64, type == K3C_QMAT_BF16 ? 98 : 96}) /* bf16 98: the lane-strided path */
