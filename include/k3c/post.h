@@ -235,7 +235,7 @@ typedef struct {
     int (*generate)(void *ctx, int32_t *seq, int64_t n, int64_t max_new, int32_t stop, int64_t *got, k3c_err *err);
     void *ctx;
 } k3c_policy;
-/* The model sampling with k3c_generate (free with k3c_policy_free). */
+/* The model sampling with k3c_model_generate (free with k3c_policy_free). */
 int k3c_policy_from_model(k3c_model *m, const k3c_sampler *s, k3c_policy *out, k3c_err *err);
 void k3c_policy_free(k3c_policy *p);
 typedef struct {
@@ -261,10 +261,10 @@ typedef struct {
  * on an answer without calls, an unparsable or unclosed turn, max_turns or max_tokens (truncated = 1), then scores. */
 int k3c_rollout(k3c_env *env, const k3c_tok *tok, const k3c_policy *pol, const k3c_rollout_opts *o, k3c_episode *ep,
                 k3c_err *err);
-/* n episodes at once, envs[i] sampled with samplers[i], each exactly as k3c_rollout would run it: a float32 CPU model
- * decodes them together on one inference engine (continuous batching; a turn that ends with tool calls is answered
- * and the episode resubmitted, resuming from the engine's prefix snapshots) and records each sampled id's logprob;
- * on another backend they run one after another through k3c_generate. On failure no episode is left allocated. */
+/* n episodes at once, envs[i] sampled with samplers[i], each exactly as k3c_rollout would run it: a float32 model, on
+ * the CPU or its backend (the GPU), decodes them together on one inference engine over its parameters in place
+ * (continuous batching; a turn that ends with tool calls is answered and the episode resubmitted, resuming from the
+ * engine's prefix snapshots) and records each sampled id's logprob. On failure no episode is left allocated. */
 int k3c_rollout_batch(k3c_model *m, k3c_env *const *envs, const k3c_sampler *samplers, int n, const k3c_tok *tok,
                       const k3c_rollout_opts *o, int threads, k3c_episode *eps, k3c_err *err);
 void k3c_episode_free(k3c_episode *ep);
