@@ -318,8 +318,9 @@ static void canned_stream(void) {
     CHECK(t.msg.reasoning.len == 18 && !memcmp(t.msg.reasoning.buf, "Checking the tool.", 18), "reasoning");
     CHECK(t.msg.content.len == 12 && !memcmp(t.msg.content.buf, "Let me look.", 12), "content");
     /* every event is a JSON chunk, then [DONE]; together they carry reasoning, content, the call and the finish */
-    int events = 0, bad = 0, done = 0, role = 0, call = 0, usage = 0;
-    k3c_sbuf reasoning, content;
+    int events = 0, bad = 0, done = 0, role = 0, call = 0, usage = 0, pieces = 0;
+    k3c_sbuf reasoning, content, args;
+    k3c_sbuf_init(&args);
     k3c_sbuf_init(&reasoning);
     k3c_sbuf_init(&content);
     const char *fin = NULL;
@@ -348,11 +349,17 @@ static void canned_stream(void) {
             role += k3c_json_get(d, "role") != NULL;
             if (r) k3c_sbuf_append(&reasoning, r->string, r->len);
             if (c) k3c_sbuf_append(&content, c->string, c->len);
-            if (tc) {
-                const k3c_json *fn = k3c_json_get(&tc->items[0], "function");
-                call += !strcmp(k3c_json_get(fn, "name")->string, "get_weather") &&
-                        !strcmp(k3c_json_get(fn, "arguments")->string, "{\"city\":\"Paris\"}") &&
-                        k3c_json_get(&tc->items[0], "index")->integer == 0;
+            if (tc) { /* the first delta names the call (id, type, name), the next ones carry argument pieces */
+                const k3c_json *fn = k3c_json_get(&tc->items[0], "function"), *nm = k3c_json_get(fn, "name");
+                const k3c_json *a = k3c_json_get(fn, "arguments");
+                bad += k3c_json_get(&tc->items[0], "index")->integer != 0;
+                if (nm) {
+                    call += !strcmp(nm->string, "get_weather") && k3c_json_get(&tc->items[0], "id") &&
+                            !strcmp(k3c_json_get(&tc->items[0], "type")->string, "function") && a && a->len == 0;
+                } else {
+                    pieces++;
+                    if (a) k3c_sbuf_append(&args, a->string, a->len);
+                }
             }
             if (f && f->type == K3C_JSON_STRING) fin = f->string == NULL ? NULL : "tool_calls";
             if (f && f->type == K3C_JSON_STRING) bad += strcmp(f->string, "tool_calls") != 0;
@@ -365,6 +372,9 @@ static void canned_stream(void) {
           events, bad, done, role, call, usage);
     CHECK(reasoning.len == 18 && content.len == 12 && !memcmp(content.buf, "Let me look.", 12),
           "streamed reasoning + content add up");
+    CHECK(pieces == 2 && args.len == 16 && !memcmp(args.buf, "{\"city\":\"Paris\"}", 16),
+          "the call's arguments streamed in %d pieces add up: %.*s", pieces, (int)args.len, args.buf ? args.buf : "");
+    k3c_sbuf_free(&args);
     k3c_sbuf_free(&reasoning);
     k3c_sbuf_free(&content);
     k3c_sbuf_free(&sse);

@@ -40,7 +40,8 @@ struct api_stream {
     pthread_mutex_t mu;
     atomic_int refs; /* atomic, not under mu: the HTTP layer takes one while holding its own lock (lock order) */
     int done, streaming, include_usage, chat, failed, gone;
-    k3c_sbuf out; /* SSE bytes not yet read by the HTTP layer */
+    int one_call, call_done; /* parallel_tool_calls false, and its call came: the generation ends */
+    k3c_sbuf out;            /* SSE bytes not yet read by the HTTP layer */
     size_t out_off;
     k3c_turn turn;
     k3c_api_meta meta;
@@ -66,6 +67,7 @@ static void call_unref(api_stream *c) {
 
 static void on_delta(void *ctx, const k3c_chat_delta *d) {
     api_stream *c = ctx;
+    c->call_done |= c->one_call && d->kind == K3C_CHAT_DELTA_CALL;
     if (c->streaming) k3c_sse_chat_delta(&c->out, &c->meta, d);
 }
 
@@ -123,7 +125,7 @@ static void call_event(api_stream *c, const k3c_engine_event *ev) {
             call_end(c, K3C_FINISH_ERROR);
             return;
         }
-        stop = rc > 0; /* an end-of-turn id or a stop string */
+        stop = rc > 0 || c->call_done; /* an end-of-turn id, a stop string, the one call allowed */
     }
     if (stop || ev->finish != K3C_FINISH_NONE) call_end(c, stop ? K3C_FINISH_STOP : (k3c_finish)ev->finish);
 }
@@ -188,6 +190,7 @@ static api_stream *start_call(k3c_server *s, k3c_api_req *q, api_reply *r) {
     c->chat = q->kind == K3C_API_CHAT;
     c->streaming = q->stream;
     c->include_usage = q->include_usage;
+    c->one_call = q->one_call;
     c->n_prompt = (int64_t)q->prompt.n;
     k3c_api_meta_init(&c->meta, c->chat, s->model_name, atomic_fetch_add(&s->serial, 1) ^ (uint64_t)time(NULL) << 20);
     c->lp.tok = s->lim.tok;

@@ -204,23 +204,40 @@ static void chat_event_end(k3c_sbuf *s, k3c_api_meta *m, const char *finish) {
                     finish ? "\"" : "");
 }
 
+static void new_call_id(k3c_api_meta *m) {
+    snprintf(m->call_id, sizeof m->call_id, "call_%s_%lld", m->id + (m->chat ? 9 : 5), (long long)m->serial++);
+}
+
 static void tool_call_json(k3c_sbuf *s, k3c_api_meta *m, int index, const char *name, const char *arguments) {
-    k3c_sbuf_printf(s, "{\"index\":%d,\"id\":\"call_%s_%lld\",\"type\":\"function\",\"function\":{\"name\":", index,
-                    m->id + (m->chat ? 9 : 5), (long long)m->serial++);
+    new_call_id(m);
+    k3c_sbuf_printf(s, "{\"index\":%d,\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":", index, m->call_id);
     str(s, name);
     put(s, ",\"arguments\":");
     str(s, arguments); /* OpenAI sends the arguments as a JSON string */
     put(s, "}}");
 }
 
+/* A tool call streams as OpenAI streams it: the first delta has its index, id, type and name (arguments ""), the
+ * next ones the arguments' pieces as the parser reads them. */
 void k3c_sse_chat_delta(k3c_sbuf *s, k3c_api_meta *m, const k3c_chat_delta *d) {
-    if ((d->kind == K3C_CHAT_DELTA_REASONING || d->kind == K3C_CHAT_DELTA_CONTENT) && d->len == 0) return;
-    if (d->kind == K3C_CHAT_DELTA_CALL_BEGIN || d->kind == K3C_CHAT_DELTA_FINISHED) return;
-    chat_event_begin(s, m);
+    if ((d->kind == K3C_CHAT_DELTA_REASONING || d->kind == K3C_CHAT_DELTA_CONTENT ||
+         d->kind == K3C_CHAT_DELTA_CALL_ARGS) &&
+        d->len == 0)
+        return;
+    if (d->kind == K3C_CHAT_DELTA_FINISHED) return;
     if (d->kind == K3C_CHAT_DELTA_CALL) {
+        m->n_calls++;
+        return;
+    }
+    chat_event_begin(s, m);
+    if (d->kind == K3C_CHAT_DELTA_CALL_BEGIN) {
         put(s, "\"tool_calls\":[");
-        tool_call_json(s, m, m->n_calls++, d->name, d->arguments);
+        tool_call_json(s, m, m->n_calls, d->name, "");
         put(s, "]");
+    } else if (d->kind == K3C_CHAT_DELTA_CALL_ARGS) {
+        k3c_sbuf_printf(s, "\"tool_calls\":[{\"index\":%d,\"function\":{\"arguments\":", m->n_calls);
+        k3c_sbuf_json_string(s, d->text, d->len);
+        put(s, "}}]");
     } else {
         k3c_sbuf_printf(s, "\"%s\":", d->kind == K3C_CHAT_DELTA_REASONING ? "reasoning_content" : "content");
         k3c_sbuf_json_string(s, d->text, d->len);
