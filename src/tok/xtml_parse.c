@@ -293,7 +293,9 @@ static int end_call(k3c_chat_parser *p, int finished) {
         return K3C_ENOMEM;
     }
     /* what was not streamed yet: the closing brace, or all of arguments read as one block */
-    if (!p->diverged && (t.len < p->streamed.len || memcmp(t.buf, p->streamed.buf, p->streamed.len))) p->diverged = 1;
+    if (!p->diverged &&
+        (t.len < p->streamed.len || (p->streamed.len && memcmp(t.buf, p->streamed.buf, p->streamed.len))))
+        p->diverged = 1;
     stream_args(p, t.buf + p->streamed.len, t.len - p->streamed.len);
     const int diverged = p->diverged;
     k3c_chat_tool_call *c = &p->res.calls[p->res.ncalls++];
