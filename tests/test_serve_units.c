@@ -3,6 +3,7 @@
  * and parameter), and a canned K3 answer with a tool call streamed through the turn pipeline as SSE chunks. */
 #include "serve_fixture.h"
 
+#include "serve/anthropic.h"
 #include "serve/response.h"
 
 static k3c_tok *g_tok;
@@ -561,6 +562,101 @@ static void error_body(void) {
     k3c_sbuf_free(&s);
 }
 
+/* ---------------------------------------------------------------- the Anthropic Messages request */
+
+/* body (Messages API) through k3c_anthropic_chat_body and the chat parser; 0 or the error status. */
+static int anthropic_parse(const char *body, k3c_api_req *q, k3c_api_error *e) {
+    k3c_api_limits lim = limits();
+    lim.max_context = 2048; /* room for the tool definitions' prompt */
+    k3c_json *j = NULL;
+    k3c_err err = {0};
+    memset(q, 0, sizeof *q);
+    CHECK_OK(k3c_json_parse(body, strlen(body), "body", &j, &err), &err);
+    k3c_sbuf chat;
+    k3c_sbuf_init(&chat);
+    int rc = j ? k3c_anthropic_chat_body(j, &chat, e) : 400;
+    if (!rc) rc = k3c_api_parse(K3C_API_CHAT, chat.buf, chat.len, &lim, q, e);
+    k3c_sbuf_free(&chat);
+    k3c_json_free(j);
+    return rc;
+}
+
+/* A Messages request renders the same prompt as the chat request it stands for: system blocks, thinking, a tool_use
+ * with a big integer, its tool_result, tools, tool_choice any without parallel calls, stop_sequences. */
+static void anthropic_request(void) {
+    const char *am =
+        "{\"model\":\"tiny\",\"max_tokens\":9,\"system\":[{\"type\":\"text\",\"text\":\"Be brief.\"}],"
+        "\"thinking\":{\"type\":\"disabled\"},\"stop_sequences\":[\"END\"],\"temperature\":0.5,"
+        "\"tools\":[{\"name\":\"pay\",\"description\":\"Pays.\",\"input_schema\":{\"type\":\"object\","
+        "\"properties\":{\"id\":{\"type\":\"integer\"}}}}],"
+        "\"tool_choice\":{\"type\":\"any\",\"disable_parallel_tool_use\":true},"
+        "\"messages\":[{\"role\":\"user\",\"content\":\"Pay it.\"},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"Paying.\"},{\"type\":\"tool_use\","
+        "\"id\":\"t1\",\"name\":\"pay\",\"input\":{\"id\":12345678901234567890}}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"t1\",\"content\":"
+        "[{\"type\":\"text\",\"text\":\"paid 0.1\"}]},{\"type\":\"text\",\"text\":\"Thanks.\"}]}]}";
+    const char *oa =
+        "{\"model\":\"tiny\",\"max_tokens\":9,\"thinking\":false,\"stop\":[\"END\"],\"temperature\":0.5,"
+        "\"parallel_tool_calls\":false,\"tool_choice\":\"required\","
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"pay\",\"description\":\"Pays.\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}}}}}],"
+        "\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Pay it.\"},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"Paying.\"}],\"tool_calls\":[{\"id\":\"t1\","
+        "\"type\":\"function\",\"function\":{\"name\":\"pay\",\"arguments\":{\"id\":12345678901234567890}}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"t1\",\"content\":\"paid 0.1\"},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Thanks.\"}]}]}";
+    k3c_api_limits lim = limits();
+    lim.max_context = 2048;
+    k3c_api_req a, o;
+    k3c_api_error e;
+    int ra = anthropic_parse(am, &a, &e);
+    CHECK(ra == 0, "Messages request parses: %d %s", ra, ra ? e.message : "");
+    int ro = k3c_api_parse(K3C_API_CHAT, oa, strlen(oa), &lim, &o, &e);
+    CHECK(ro == 0, "the chat request parses: %d %s", ro, ro ? e.message : "");
+    if (!ra && !ro) {
+        CHECK(a.prompt.n == o.prompt.n && !memcmp(a.prompt.ids, o.prompt.ids, a.prompt.n * sizeof *a.prompt.ids),
+              "same prompt (%zu and %zu ids)", a.prompt.n, o.prompt.n);
+        CHECK(a.gen.max_new == 9 && a.nstop == 1 && !strcmp(a.stop[0], "END") && a.one_call && a.has_tools &&
+                  a.parse.in_response && !a.parse.in_think && a.gen.sampler.temperature == 0.5,
+              "max_tokens, stop_sequences, disable_parallel_tool_use, thinking disabled, temperature");
+        char *text = NULL;
+        size_t n = 0;
+        k3c_err err = {0};
+        CHECK_OK(k3c_tok_decode(g_tok, a.prompt.ids, a.prompt.n, &text, &n, &err), &err);
+        CHECK(text && strstr(text, "12345678901234567890") && strstr(text, "paid 0.1"),
+              "the big integer and the tool result reach the prompt unchanged");
+        free(text);
+    }
+    k3c_api_req_free(&a);
+    k3c_api_req_free(&o);
+    static const struct {
+        const char *body, *param;
+        int status;
+    } bad[] = {
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "max_tokens", 400},
+        {"{\"max_tokens\":4}", "messages", 400},
+        {"{\"max_tokens\":4,\"messages\":[{\"role\":\"system\",\"content\":\"x\"}]}", "messages", 400},
+        {"{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_use\",\"id\":\"a\","
+         "\"name\":\"f\",\"input\":{}}]}]}",
+         "messages", 400},
+        {"{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":\"tool\"}}",
+         "tool_choice", 400},
+        {"{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"on\"}}",
+         "thinking", 400},
+        {"{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"system\":[{\"type\":\"image\"}]}",
+         "system", 400},
+        {"{\"max_tokens\":0,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "max_tokens", 400},
+        {"{\"max_tokens\":4,\"model\":\"big\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "model", 404},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        k3c_api_req q;
+        int rc = anthropic_parse(bad[i].body, &q, &e);
+        CHECK(rc == bad[i].status && !strcmp(e.param, bad[i].param), "%s: %d (%s) want %d on %s", bad[i].body, rc,
+              rc ? e.param : "", bad[i].status, bad[i].param);
+        k3c_api_req_free(&q);
+    }
+}
+
 int main(void) {
     const char *dir = test_tmpdir("serve_units");
     if (serve_model_dir(dir) == 0) {
@@ -574,6 +670,7 @@ int main(void) {
         chat_release();
         chat_defaults();
         other_specials();
+        anthropic_request();
     }
     error_body();
     k3c_tok_free(g_tok);
