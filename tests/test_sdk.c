@@ -11,7 +11,7 @@
 #include <sys/wait.h>
 
 #define NPM_PREFIX "build/npm"
-#define FIXTURE "build/tmp/sdk_fixture" /* shared by runs: rebuilt only when its ready file is missing */
+#define FIXTURE "build/tmp/sdk_fixture" /* shared by runs and builds (plain, ASan) */
 #define KEY "sk-sdk-test"
 #define NAME "k3c-tiny-tools"
 
@@ -74,46 +74,59 @@ static int run_cmd(const char *cmd) {
     return rc;
 }
 
-/* FIXTURE/init (tokenizer, tiny K3, small random weights), FIXTURE/train.jsonl, FIXTURE/sft (k3c sft, thinking off);
- * returns the checkpoint directory in ckpt. */
+#define SFT_CONFIG                                                                                                     \
+    "{\"init\": \"init\", \"data\": \"train.jsonl\", \"out_dir\": \"sft\", \"thinking\": false, \"seq_len\": 512, "    \
+    "\"steps\": 100, \"lr\": 0.01, \"warmup\": 2, \"schedule\": \"constant\", \"optimizer\": {\"matrix\": "            \
+    "\"adamw\"}, "                                                                                                     \
+    "\"seed\": 3, \"kda_chunk\": 16, \"threads\": 2, \"checkpoint_every\": 100, \"keep_checkpoints\": 1}\n"
+#define RECIPE SFT_CONFIG CONVERSATION /* FIXTURE/ready holds it: a changed recipe rebuilds the fixture */
+
+/* FIXTURE/init (tokenizer, tiny K3, small random weights), FIXTURE/train.jsonl, FIXTURE/sft (k3c sft, thinking off). */
+static int make_fixture(void) {
+    double t0 = k3c_now();
+    char cmd[1024];
+    if (run_cmd("rm -rf " FIXTURE " && mkdir -p " FIXTURE "/init")) return -1;
+    if (serve_model_dir(FIXTURE "/init")) return -1;
+    k3c_err err = {0};
+    k3c_config cfg;
+    k3c_model m;
+    CHECK_OK(k3c_config_load(FIXTURE "/init/config.json", &cfg, &err), &err);
+    if (err.code || k3c_model_create_f32(&cfg, 0, &m, &err)) return -1;
+    k3c_model_init_f32(&m, 7, 0.02); /* a narrow init learns faster than serve_fixture's wide one */
+    CHECK_OK(k3c_model_save_f32(&m, FIXTURE "/init/model.safetensors", &err), &err);
+    k3c_model_free_f32(&m);
+    k3c_sbuf d;
+    k3c_sbuf_init(&d);
+    for (int i = 0; i < 8; i++) k3c_sbuf_append(&d, CONVERSATION, strlen(CONVERSATION));
+    serve_write(FIXTURE "/train.jsonl", d.buf);
+    k3c_sbuf_free(&d);
+    serve_write(FIXTURE "/sft.json", SFT_CONFIG);
+    snprintf(cmd, sizeof cmd, "OMP_WAIT_POLICY=passive %s sft --config " FIXTURE "/sft.json --quiet", test_k3c_bin());
+    if (err.code || run_cmd(cmd)) return -1;
+    printf("fixture: built in %.1f s\n", k3c_now() - t0);
+    serve_write(FIXTURE "/ready", RECIPE);
+    return 0;
+}
+
+/* The fixture's checkpoint directory in ckpt, built first when missing or made by another recipe. */
 static int build_fixture(char *ckpt, size_t cap) {
-    char p[1024], *latest = NULL;
+    char *text = NULL;
     size_t n;
-    snprintf(p, sizeof p, FIXTURE "/ready");
-    if (access(p, R_OK) != 0) {
-        double t0 = k3c_now();
-        if (run_cmd("rm -rf " FIXTURE " && mkdir -p " FIXTURE "/init")) return -1;
-        if (serve_model_dir(FIXTURE "/init")) return -1;
-        k3c_err err = {0};
-        k3c_config cfg;
-        k3c_model m;
-        CHECK_OK(k3c_config_load(FIXTURE "/init/config.json", &cfg, &err), &err);
-        if (err.code || k3c_model_create_f32(&cfg, 0, &m, &err)) return -1;
-        k3c_model_init_f32(&m, 7, 0.02); /* a narrow init trains faster than serve_fixture's wide one */
-        CHECK_OK(k3c_model_save_f32(&m, FIXTURE "/init/model.safetensors", &err), &err);
-        k3c_model_free_f32(&m);
-        k3c_sbuf d;
-        k3c_sbuf_init(&d);
-        for (int i = 0; i < 8; i++) k3c_sbuf_append(&d, CONVERSATION, strlen(CONVERSATION));
-        serve_write(FIXTURE "/train.jsonl", d.buf);
-        k3c_sbuf_free(&d);
-        serve_write(FIXTURE "/sft.json",
-                    "{\"init\": \"init\", \"data\": \"train.jsonl\", \"out_dir\": \"sft\", \"thinking\": false, "
-                    "\"seq_len\": 512, \"steps\": 100, \"lr\": 0.01, \"warmup\": 2, \"schedule\": \"constant\", "
-                    "\"optimizer\": {\"matrix\": \"adamw\"}, \"seed\": 3, \"kda_chunk\": 16, \"threads\": 2, "
-                    "\"checkpoint_every\": 100, \"keep_checkpoints\": 1}\n");
-        snprintf(p, sizeof p, "OMP_WAIT_POLICY=passive %s sft --config " FIXTURE "/sft.json --quiet", test_k3c_bin());
-        if (run_cmd(p)) return -1;
-        printf("fixture: k3c sft in %.1f s\n", k3c_now() - t0);
-        serve_write(FIXTURE "/ready", "1\n");
-    }
-    if (k3c_read_file(FIXTURE "/sft/latest", &latest, &n, NULL)) {
+    k3c_read_file(FIXTURE "/ready", &text, &n, NULL);
+    int fresh = text && n == strlen(RECIPE) && !memcmp(text, RECIPE, n);
+    free(text);
+    text = NULL;
+    if (fresh)
+        printf("fixture: reusing " FIXTURE "\n");
+    else if (make_fixture())
+        return -1;
+    if (k3c_read_file(FIXTURE "/sft/latest", &text, &n, NULL)) {
         CHECK(0, FIXTURE "/sft/latest: missing");
         return -1;
     }
-    while (n && (latest[n - 1] == '\n' || latest[n - 1] == ' ')) latest[--n] = 0;
-    snprintf(ckpt, cap, FIXTURE "/sft/%s", latest);
-    free(latest);
+    while (n && (text[n - 1] == '\n' || text[n - 1] == ' ')) text[--n] = 0;
+    snprintf(ckpt, cap, FIXTURE "/sft/%s", text);
+    free(text);
     return 0;
 }
 
