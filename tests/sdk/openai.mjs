@@ -11,8 +11,8 @@ function isCalculatorCall(tc) {
     try {
         args = JSON.parse(tc?.function?.arguments ?? "");
     } catch {}
-    return tc?.type === "function" && tc.function.name === "calculator" && typeof tc.id === "string" && tc.id.length > 0
-        && typeof args?.expression === "string";
+    return tc?.type === "function" && tc.function.name === "calculator" && typeof tc.id === "string"
+        && tc.id.length > 0 && typeof args?.expression === "string";
 }
 
 await check("models.list", async () => {
@@ -27,7 +27,8 @@ await check("whole tool call", async () => {
     const c = r.choices[0];
     ok("whole tool call: object and id", r.object === "chat.completion" && typeof r.id === "string", r);
     ok("whole tool call: finish_reason tool_calls", c.finish_reason === "tool_calls", c);
-    ok("whole tool call: one calculator call", c.message.tool_calls?.length === 1 && isCalculatorCall(c.message.tool_calls[0]), c.message);
+    ok("whole tool call: one calculator call",
+        c.message.tool_calls?.length === 1 && isCalculatorCall(c.message.tool_calls[0]), c.message);
     ok("whole tool call: usage", r.usage?.prompt_tokens > 0 && r.usage.completion_tokens > 0
         && r.usage.total_tokens === r.usage.prompt_tokens + r.usage.completion_tokens, r.usage);
 });
@@ -43,7 +44,8 @@ await check("streamed tool call", async () => {
     noControl(final, "streamed final");
     const c = final.choices[0];
     ok("streamed tool call: chunks", chunks > 1, `${chunks} chunks`);
-    ok("streamed tool call: assembled calculator call", c.message.tool_calls?.length === 1 && isCalculatorCall(c.message.tool_calls[0]), c.message);
+    ok("streamed tool call: assembled calculator call",
+        c.message.tool_calls?.length === 1 && isCalculatorCall(c.message.tool_calls[0]), c.message);
     ok("streamed tool call: finish_reason tool_calls", c.finish_reason === "tool_calls", c);
     ok("streamed tool call: usage chunk", final.usage?.completion_tokens > 0, final.usage);
 });
@@ -78,7 +80,8 @@ for (const streamed of [false, true]) {
                     parse: JSON.parse,
                     function: ({ expression }) => {
                         seen.push(expression);
-                        return String(Function(`"use strict"; return (${expression.replace(/[^0-9+\-*/(). ]/g, "")})`)());
+                        const safe = expression.replace(/[^0-9+\-*/(). ]/g, "");
+                        return String(Function(`"use strict"; return (${safe})`)());
                     },
                 },
             }],
@@ -99,20 +102,31 @@ await check("final answer after a tool result", async () => {
         ...ask,
         messages: [
             { role: "user", content: QUESTION },
-            { role: "assistant", content: null, tool_calls: [{ id: "call_1", type: "function", function: { name: "calculator", arguments: '{"expression": "6 * 7"}' } }] },
+            {
+                role: "assistant",
+                content: null,
+                tool_calls: [{
+                    id: "call_1", type: "function",
+                    function: { name: "calculator", arguments: '{"expression": "6 * 7"}' },
+                }],
+            },
             { role: "tool", tool_call_id: "call_1", content: "42" },
         ],
     });
     noControl(r, "final answer");
     const c = r.choices[0];
-    ok("final answer after a tool result: text", c.message.content === ANSWER && !c.message.tool_calls?.length, c.message);
+    ok("final answer after a tool result: text",
+        c.message.content === ANSWER && !c.message.tool_calls?.length, c.message);
     ok("final answer after a tool result: finish_reason stop", c.finish_reason === "stop", c);
 });
 
 await check("developer role", async () => {
     const r = await client.chat.completions.create({
         ...ask,
-        messages: [{ role: "developer", content: "Use the calculator for arithmetic." }, { role: "user", content: QUESTION }],
+        messages: [
+            { role: "developer", content: "Use the calculator for arithmetic." },
+            { role: "user", content: QUESTION },
+        ],
         max_completion_tokens: 40,
     });
     noControl(r, "developer role");
@@ -120,17 +134,16 @@ await check("developer role", async () => {
 });
 
 await check("logprobs", async () => {
-    const r = await client.chat.completions.create({
-        model: MODEL, messages: [{ role: "user", content: "Hello" }], logprobs: true, top_logprobs: 2, max_tokens: 8, seed: 1,
-    });
+    const hello = {
+        model: MODEL, messages: [{ role: "user", content: "Hello" }], logprobs: true, max_tokens: 8, seed: 1,
+    };
+    const r = await client.chat.completions.create({ ...hello, top_logprobs: 2 });
     noControl(r, "logprobs");
     const lp = r.choices[0].logprobs?.content;
     ok("logprobs: one entry per token", Array.isArray(lp) && lp.length === r.usage.completion_tokens, r.choices[0]);
     ok("logprobs: values, bytes and two alternatives", lp?.every((t) => t.logprob <= 0 && Array.isArray(t.bytes)
         && t.top_logprobs.length === 2 && t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob), lp);
-    const s = await client.chat.completions.create({
-        model: MODEL, messages: [{ role: "user", content: "Hello" }], logprobs: true, top_logprobs: 1, max_tokens: 8, seed: 1, stream: true,
-    });
+    const s = await client.chat.completions.create({ ...hello, top_logprobs: 1, stream: true });
     let n = 0;
     for await (const ch of s) {
         noControl(ch, "logprobs chunk");
