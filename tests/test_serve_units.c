@@ -290,6 +290,25 @@ static void on_delta_sse(void *ctx, const k3c_chat_delta *d) {
     k3c_sse_chat_delta(pair[0], pair[1], d);
 }
 
+/* A stream whose whole output was markup: the finish event alone carries the role, and is still valid JSON. */
+static void markup_only_stream(void) {
+    k3c_sbuf sse;
+    k3c_sbuf_init(&sse);
+    k3c_api_meta meta;
+    k3c_api_meta_init(&meta, 1, "tiny", 42);
+    k3c_sse_finish(&sse, &meta, "stop", 0, 7, 3);
+    const char *ev = sse.buf ? strstr(sse.buf, "data: {") : NULL, *end = ev ? strstr(ev, "\n\n") : NULL;
+    k3c_json *j = NULL;
+    k3c_err err = {0};
+    CHECK(end != NULL, "no finish event: %s", sse.buf ? sse.buf : "");
+    if (end) CHECK_OK(k3c_json_parse(ev + 6, (size_t)(end - ev - 6), "chunk", &j, &err), &err);
+    const k3c_json *ch = k3c_json_get(j, "choices");
+    const k3c_json *role = ch && ch->n == 1 ? k3c_json_get(k3c_json_get(&ch->items[0], "delta"), "role") : NULL;
+    CHECK(role && role->type == K3C_JSON_STRING && !strcmp(role->string, "assistant"), "delta holds the role");
+    k3c_json_free(j);
+    k3c_sbuf_free(&sse);
+}
+
 static void canned_stream(void) {
     const char *out = "Checking the tool.<|close|>think<|sep|><|open|>response<|sep|>Let me look.<|close|>response"
                       "<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|><|open|>argument "
@@ -667,6 +686,7 @@ int main(void) {
         stop_strings();
         validation();
         canned_stream();
+        markup_only_stream();
         chat_release();
         chat_defaults();
         other_specials();

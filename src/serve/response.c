@@ -189,13 +189,17 @@ static void head(k3c_sbuf *s, const k3c_api_meta *m, const char *object) {
 
 static const char *chunk_object(const k3c_api_meta *m) { return m->chat ? "chat.completion.chunk" : "text_completion"; }
 
-/* data: {... "choices":[{"index":0,"delta":{<delta>},"logprobs":null,"finish_reason":null}]}\n\n */
-static void chat_event_begin(k3c_sbuf *s, k3c_api_meta *m) {
+/* data: {... "choices":[{"index":0,"delta":{<delta>},"logprobs":null,"finish_reason":null}]}\n\n; 1 when the delta
+ * holds the role (the first event), so a field after it needs a comma: a stream that is all markup ends with a
+ * finish event whose delta is the role alone. */
+static int chat_event_begin(k3c_sbuf *s, k3c_api_meta *m) {
     put(s, "data: ");
     head(s, m, chunk_object(m));
     put(s, "{\"index\":0,\"delta\":{");
-    if (!m->role_sent) put(s, "\"role\":\"assistant\",");
+    int first = !m->role_sent;
+    if (first) put(s, "\"role\":\"assistant\"");
     m->role_sent = 1;
+    return first;
 }
 static void chat_event_end(k3c_sbuf *s, k3c_api_meta *m, const char *finish) {
     put(s, "}");
@@ -229,7 +233,7 @@ void k3c_sse_chat_delta(k3c_sbuf *s, k3c_api_meta *m, const k3c_chat_delta *d) {
         m->n_calls++;
         return;
     }
-    chat_event_begin(s, m);
+    if (chat_event_begin(s, m)) put(s, ",");
     if (d->kind == K3C_CHAT_DELTA_CALL_BEGIN) {
         put(s, "\"tool_calls\":[");
         tool_call_json(s, m, m->n_calls, d->name, "");
