@@ -600,6 +600,10 @@ static int anthropic_parse(const char *body, k3c_api_req *q, k3c_api_error *e) {
     return rc;
 }
 
+#define THREAD_BODY                                                                                                    \
+    "{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thread\":{\"type\":\"continue\","        \
+    "\"previous_message_id\":\"msg_1\"}}"
+
 /* A Messages request renders the same prompt as the chat request it stands for: system blocks, thinking, a tool_use
  * with a big integer, its tool_result, tools, tool_choice any without parallel calls, stop_sequences. */
 static void anthropic_request(void) {
@@ -666,6 +670,7 @@ static void anthropic_request(void) {
          "system", 400},
         {"{\"max_tokens\":0,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "max_tokens", 400},
         {"{\"max_tokens\":4,\"model\":\"big\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "model", 404},
+        {THREAD_BODY, "thread", 400},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         k3c_api_req q;
@@ -674,6 +679,26 @@ static void anthropic_request(void) {
               rc ? e.param : "", bad[i].status, bad[i].param);
         k3c_api_req_free(&q);
     }
+}
+
+/* A thread is refused in the shape the SDKs read as "send the full history": error.details.error_code. */
+static void anthropic_thread(void) {
+    k3c_api_req q;
+    k3c_api_error e;
+    k3c_sbuf s;
+    k3c_sbuf_init(&s);
+    if (anthropic_parse(THREAD_BODY, &q, &e) == 400) k3c_anth_error_json(&s, &e);
+    k3c_json *j = NULL;
+    k3c_err err = {0};
+    const k3c_json *d = s.buf && !k3c_json_parse(s.buf, s.len, "error", &j, &err)
+                            ? k3c_json_get(k3c_json_get(j, "error"), "details")
+                            : NULL,
+                   *code = k3c_json_get(d, "error_code");
+    CHECK(code && code->type == K3C_JSON_STRING && !strcmp(code->string, "thread_unsupported_request"),
+          "thread: error.details.error_code: %s", s.buf ? s.buf : "");
+    k3c_json_free(j);
+    k3c_sbuf_free(&s);
+    k3c_api_req_free(&q);
 }
 
 int main(void) {
@@ -691,6 +716,7 @@ int main(void) {
         chat_defaults();
         other_specials();
         anthropic_request();
+        anthropic_thread();
     }
     error_body();
     k3c_tok_free(g_tok);
