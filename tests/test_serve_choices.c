@@ -1,8 +1,9 @@
 /* test_serve_choices.c — `n` choices of one request over HTTP (docs/SERVING.md §3): chat and text completions with n
  * 2 and 3, whole and streamed. Choice i is the answer the request gives alone with the seed plus i (same text, same
  * token count), the prompt is counted once and the completion tokens of every choice are summed; streamed chunks
- * carry their choice's index, each choice finishes once, one usage chunk and one [DONE] close the stream. On the tiny
- * random-weight model of test_serve. */
+ * carry their choice's index, each choice finishes once, one usage chunk and one [DONE] close the stream; the choices
+ * of a request prefill its prompt once (the engine forks the others from it). On the tiny random-weight model of
+ * test_serve. */
 #include "serve_fixture.h"
 
 #define KEY "Bearer sk-test"
@@ -173,6 +174,9 @@ int main(void) {
         choices(sv.port, "/v1/chat/completions", chat, 2, 1);
         choices(sv.port, "/v1/completions",
                 "{\"prompt\":\"The weather in Paris\",\"max_tokens\":10,\"temperature\":1.5}", 3, 0);
+        CHECK(metric(sv.port, "\nk3c_engine_prefills_shared_total ") == 2 * (2 - 1) + 2 * (3 - 1),
+              "each request's choices prefilled its prompt once: %g forked",
+              metric(sv.port, "\nk3c_engine_prefills_shared_total "));
         refusals(sv.port);
     }
     serve_stop(&sv);

@@ -70,6 +70,7 @@ typedef struct {
     size_t kda_state_bytes;      /* of which the KDA states and conv tails (independent of length) */
     size_t latent_bytes_per_tok; /* latent cache per token, all MLA layers */
     int64_t prefix_hits, prefix_tokens_reused, snapshots;
+    int64_t prefills_shared;   /* sequences that forked from another's prefill of the same prompt (n samples) */
     int queued, running;       /* sequences waiting for a slot, sequences in one */
     uint64_t steps, step_seqs; /* forwards run, and the sequences they ran summed (step_seqs / steps: the mean batch) */
     int batch_max;             /* the most sequences one step ran */
