@@ -1,7 +1,8 @@
 /* k3c.h — the public API of libk3c, the Kimi-K3-class sparse MoE engine in C: errors, arena, safetensors and checkpoint
  * reading, the model config, the model (open / forward / backward / free), tokenizer and generation. Each room users
- * call has its own header beside it: k3c/train.h (training runs), k3c/serve.h (the inference engine, the server),
- * k3c/post.h (post-training), k3c/vision.h (the vision tower), k3c/device.h (backends: the GPU). */
+ * call has its own header beside it: k3c/train.h (training runs, data, ranks), k3c/serve.h (the inference engine, the
+ * server), k3c/tok.h (tokenizer extras, chat formats), k3c/post.h (post-training), k3c/vision.h (the vision tower),
+ * k3c/exp.h (experiments), k3c/plan.h (`k3c plan`), k3c/check.h (golden checks), k3c/device.h (backends: the GPU). */
 #ifndef K3C_H
 #define K3C_H
 
