@@ -112,7 +112,8 @@ static void check_public(int *n_inc) {
         char path[600];
         snprintf(path, sizeof path, "include/k3c/%s", e->d_name);
         before = *n_inc;
-        CHECK(violations(path, "include", -1, n_inc, 0) == 0 && *n_inc == before, "%s includes no header of src/", path);
+        CHECK(violations(path, "include", -1, n_inc, 0) == 0 && *n_inc == before, "%s includes no header of src/",
+              path);
         n_pub++;
     }
     if (d) closedir(d);

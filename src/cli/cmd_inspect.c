@@ -126,9 +126,10 @@ static void want_add(want_set *s, const char *name, int layer, int ndim, int64_t
     s->n++;
 }
 
-enum { NAME_BYTES = 256 }; /* a checkpoint name (at most 160 bytes) with a suffix */
+enum { CKPT_NAME = 160, NAME_BYTES = CKPT_NAME + 96 }; /* a checkpoint name's bytes at most; with a suffix */
 
-/* Names of one checkpoint tensor: MXFP4 experts become weight_packed [rows, cols/2] + weight_scale [rows, cols/group]. */
+/* The names of one checkpoint tensor: MXFP4 experts become weight_packed [rows, cols/2] + weight_scale
+ * [rows, cols/group]. */
 typedef struct {
     want_set *s;
     int64_t group, names;
@@ -157,8 +158,9 @@ static int add_names(void *ctx, const char *name, int layer, int ndim, const int
 static int build_wants(const k3c_config *cfg, want_set *s, k3c_err *err) {
     want_walk ww = {s, cfg->mxfp4_group, 0};
     int rc = k3c_config_tensors(cfg, count_names, &ww, NULL, err);
-    /* each name a struct and its strdup'd name (a checkpoint name is at most 160 bytes) */
-    if (!rc) rc = k3c_mem_check((uint64_t)ww.names * (sizeof(want) + 2 * 160), "inspect: the tensor inventory", err);
+    /* each name a struct and its strdup'd name */
+    if (!rc)
+        rc = k3c_mem_check((uint64_t)ww.names * (sizeof(want) + 2 * CKPT_NAME), "inspect: the tensor inventory", err);
     if (!rc) rc = k3c_config_tensors(cfg, add_names, &ww, NULL, err);
     if (s->oom) return k3c_errf(err, K3C_ENOMEM, "inspect: out of memory building the tensor inventory");
     if (rc) return rc;

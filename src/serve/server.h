@@ -1,5 +1,6 @@
-/* server.h — `k3c serve`: an OpenAI-compatible HTTP server (libmicrohttpd, a few polling threads over epoll) in front
- * of the scheduler (docs/SERVING.md). http.c is the HTTP layer, http_conn.c its connection guard, api.c the endpoints. */
+/* server.h — internal to `k3c serve`'s OpenAI-compatible HTTP server (its start / ready / stop: k3c/serve.h): the
+ * server struct and what http.c (the HTTP layer), http_conn.c (its connection guard) and api.c (the endpoints) share.
+ * docs/SERVING.md. */
 #ifndef K3C_SERVE_SERVER_H
 #define K3C_SERVE_SERVER_H
 
