@@ -63,6 +63,7 @@ static int turn(k3c_chat_session *chat, k3c_sbuf *history, const char *tools, co
     if (!rc || out.wrote) printf("\n");
     if (!rc && why == K3C_FINISH_LENGTH) printf("[stopped after %lld tokens]\n", (long long)n_gen);
     fflush(stdout);
+    if (!rc && !reply.ok) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
     if (!rc) {
         k3c_sbuf_append(history, ",", 1);
         k3c_sbuf_append(history, reply.buf, reply.len);
