@@ -10,6 +10,8 @@
 
 typedef enum { K3C_API_CHAT, K3C_API_COMPLETION, K3C_API_TOKENIZE, K3C_API_DETOKENIZE } k3c_api_kind;
 
+#define K3C_API_MAX_N 16 /* choices per request at most */
+
 /* An error answer: HTTP status and the body's {"error": {"message", "type", "param", "code"}}. */
 typedef struct {
     int status;
@@ -52,6 +54,7 @@ typedef struct {
      * embed_pos below); the server adds its stop ids and time limits */
     k3c_request gen;
     int logprobs; /* report each token's logprob (and gen.sampler.logprobs alternatives) */
+    int n;        /* choices: n sequences of the prompt, sampled with seeds gen.sampler.seed + 0 .. n-1 */
     int nstop;
     const char *stop[K3C_STOP_MAX]; /* point into root */
     k3c_tok_ids prompt;             /* chat, completion, tokenize: the ids */
@@ -59,6 +62,7 @@ typedef struct {
     size_t text_len;
     k3c_chat_parse_opts parse; /* chat: how to parse the model's output */
     int has_tools;
+    int one_call;       /* parallel_tool_calls false: generation ends after the first complete tool call */
     float *embeds;      /* chat with images: [n_embeds, hidden] image embeddings for the prompt rows embed_pos */
     int32_t *embed_pos; /* the <|media_pad|> positions, ascending */
     int64_t n_embeds;
