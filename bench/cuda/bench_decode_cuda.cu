@@ -1,9 +1,12 @@
 /* bench_decode_cuda.cu — decode speed of the inference engine on the GPU (`--device cuda`): batch-1 ms/token against the
  * bandwidth roofline (bytes one token must read / the device copy bandwidth measured in the same run) and aggregate
- * tokens/s of batches of decoding sequences, over a config with random float32 weights.
- * Usage: bench_decode_cuda [config.json] [prompt tokens] [decode steps] [batches, comma-separated]. */
+ * tokens/s of batches of decoding sequences, over a config with random weights in float32 or as a release stores them
+ * (bf16, uploaded as stored), and the kernels one captured step holds.
+ * Usage: bench_decode_cuda [config.json] [prompt tokens] [decode steps] [batches, comma-separated] [f32|bf16]. */
 #include <algorithm>
 #include <chrono>
+
+#include <cstring>
 
 #include "cuda/testing.cuh"
 
@@ -57,6 +60,79 @@ static double token_bytes(const k3c_weights &w, int64_t ctx) {
     return b;
 }
 
+/* A host copy of CPU weights with every matrix rounded to bf16 (vectors stay float; uk_t re-derived from the bf16
+ * kv_b): what a bf16 release checkpoint opens to. The views point into hb's own blocks. */
+static k3c_qmat bf16_of(k3c_weights &hb, const k3c_qmat &q, harness &h) {
+    if (!q.w || q.type != K3C_QMAT_F32) return q;
+    const size_t n = (size_t)(q.rows * q.cols);
+    uint16_t *b = (uint16_t *)k3c_weights_alloc(&hb, 2 * n);
+    if (!b) h.ok(K3C_ENOMEM, "bf16 copy");
+    const float *f = (const float *)q.w;
+    for (size_t i = 0; i < n; i++) b[i] = k3c_f32_to_bf16(f[i]);
+    k3c_qmat d = q;
+    d.type = K3C_QMAT_BF16, d.w = b;
+    return d;
+}
+
+static void to_bf16_host(const k3c_weights &w, k3c_weights &hb, harness &h) {
+    hb = w;
+    hb.be = nullptr, hb.ckpt = nullptr, hb.owned = nullptr, hb.n_owned = hb.cap_owned = 0;
+    hb.owned_be = nullptr, hb.n_owned_be = hb.cap_owned_be = 0, hb.bytes = 0;
+    const k3c_config &c = w.cfg;
+    hb.embed = bf16_of(hb, w.embed, h);
+    hb.lm_head = w.lm_head.w == w.embed.w ? hb.embed : bf16_of(hb, w.lm_head, h);
+    hb.layer = (k3c_weights_layer *)k3c_weights_alloc(&hb, sizeof(k3c_weights_layer) * (size_t)c.num_layers);
+    for (int l = 0; l < c.num_layers; l++) {
+        k3c_weights_layer &L = hb.layer[l];
+        L = w.layer[l];
+        k3c_qmat *m[] = {&L.q_proj,      &L.k_proj,    &L.v_proj,      &L.f_a,         &L.f_b,      &L.b_proj,
+                         &L.g_proj,      &L.g_a,       &L.g_b,         &L.q_a,         &L.q_b,      &L.kv_a,
+                         &L.kv_b,        &L.o_proj,    &L.mlp_gate,    &L.mlp_up,      &L.mlp_down, &L.router,
+                         &L.shared_gate, &L.shared_up, &L.shared_down, &L.latent_down, &L.latent_up};
+        for (k3c_qmat *q : m) *q = bf16_of(hb, *q, h);
+        k3c_qmat **ex[] = {&L.w1, &L.w2, &L.w3};
+        for (k3c_qmat **x : ex)
+            if (*x) {
+                k3c_qmat *v = (k3c_qmat *)k3c_weights_alloc(&hb, sizeof(k3c_qmat) * (size_t)c.num_experts);
+                for (int64_t e = 0; e < c.num_experts; e++) v[e] = bf16_of(hb, (*x)[e], h);
+                *x = v;
+            }
+        L.uk_t = nullptr, L.uv = nullptr;
+    }
+    h.ok(k3c_weights_absorb(&hb, &h.err), "absorb bf16");
+}
+
+/* The decode ops with a run that first captures the step (on the calling thread's stream, as the engine enqueues it)
+ * into a graph of its own and counts its nodes (kernels and other), then runs it as the real table would. */
+struct counted {
+    k3c_dec_ops ops;
+    const k3c_dec_ops *real;
+    size_t kernels, nodes;
+};
+static counted g_count; /* the bench's one counting table (a program, not the library) */
+
+static int counting_run(void *g, int64_t key, int (*fn)(void *, k3c_err *), void *arg, k3c_err *err) {
+    cudaGraph_t graph = nullptr;
+    if (cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+        const int rc = fn(arg, err);
+        if (cudaStreamEndCapture(cudaStreamPerThread, &graph) == cudaSuccess && graph && !rc) {
+            size_t n = 0;
+            cudaGraphGetNodes(graph, nullptr, &n);
+            std::vector<cudaGraphNode_t> nodes(n);
+            cudaGraphGetNodes(graph, nodes.data(), &n);
+            g_count.nodes = n, g_count.kernels = 0;
+            for (cudaGraphNode_t x : nodes) {
+                cudaGraphNodeType t;
+                cudaGraphNodeGetType(x, &t);
+                g_count.kernels += t == cudaGraphNodeTypeKernel;
+            }
+        }
+        if (graph) cudaGraphDestroy(graph);
+        cudaGetLastError();
+    }
+    return g_count.real->run(g, key, fn, arg, err);
+}
+
 struct run {
     double ms_step, tok_s;
 };
@@ -108,6 +184,7 @@ int main(int argc, char **argv) {
             if (*p == ',') p++;
         }
     }
+    const bool bf16 = argc > 5 && !strcmp(argv[5], "bf16");
     harness h;
     k3c_config cfg;
     h.ok(k3c_config_load(cfg_path, &cfg, &h.err), "config");
@@ -116,14 +193,35 @@ int main(int argc, char **argv) {
     k3c_model m;
     h.ok(k3c_model_create_f32(&cfg, 1, &m, &h.err), "create");
     k3c_model_init_f32(&m, 1, 0.02);
-    h.ok(k3c_model_use_backend_f32(&m, &cb.table, &h.err), "to cuda");
     k3c_weights w;
-    h.ok(k3c_weights_from_model(&m, &w, &h.err), "weights");
+    if (bf16) { /* rounded on the host, uploaded as stored; the float32 model stays on the CPU */
+        k3c_weights wc, hb;
+        h.ok(k3c_weights_from_model(&m, &wc, &h.err), "cpu weights");
+        to_bf16_host(wc, hb, h);
+        h.ok(k3c_weights_to_backend(&hb, &cb.table, &w, &h.err), "upload bf16");
+        k3c_weights_free(&hb);
+        k3c_weights_free(&wc);
+    } else {
+        h.ok(k3c_model_use_backend_f32(&m, &cb.table, &h.err), "to cuda");
+        h.ok(k3c_weights_from_model(&m, &w, &h.err), "weights");
+    }
+    /* a table whose run counts the kernels of the step it captures */
+    k3c_backend_f32 counting_be = cb.table;
+    g_count.real = cb.table.decode, g_count.ops = *cb.table.decode, g_count.ops.run = counting_run;
+    counting_be.decode = &g_count.ops;
+    k3c_weights wcount = w;
+    wcount.be = &counting_be;
     const double bw = copy_bandwidth(h), bytes = token_bytes(w, P + S / 2);
-    printf("device %s; %s, float32 weights (random), prompt %lld, %lld decode steps\n", cb.cu.name, cfg_path,
-           (long long)P, (long long)S);
+    printf("device %s; %s, %s weights (random), prompt %lld, %lld decode steps\n", cb.cu.name, cfg_path,
+           bf16 ? "bf16 (uploaded as stored)" : "float32", (long long)P, (long long)S);
     printf("device copy bandwidth %.2f TB/s; bytes one token reads %.1f MB: roofline %.3f ms/token\n", bw / 1e12,
            bytes / 1e6, bytes / bw * 1e3);
+    for (int64_t B : batches) {
+        g_count.kernels = g_count.nodes = 0;
+        decode(h, wcount, B, 4, 1, 0);
+        printf("batch %lld: one decode step captures %zu kernels (%zu graph nodes)\n", (long long)B, g_count.kernels,
+               g_count.nodes);
+    }
     printf("%-8s %-8s %12s %14s %12s\n", "batch", "graphs", "ms/step", "tokens/s", "roofline %");
     for (int64_t B : batches)
         for (int g = 1; g >= 0; g--) {
