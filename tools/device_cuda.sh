@@ -98,7 +98,7 @@ if [ "$what" = all ] || [ "$what" = harness ]; then
     $B/test_vision_data 2>&1 | tee "$OUT/test_vision_data.log" || status=1 # vision training on the GPU
     for t in $(cd tests/cuda && ls *.cu); do
         n=${t%.cu}
-        if [ "$n" = test_engine_cuda ]; then
+        if [ "$n" = test_engine_cuda ] || [ "$n" = test_rollout_cuda ]; then
             continue # the `engine` mode's
         elif [ "$n" = test_model_cuda ]; then
             $B/$n "$seed" "$golden" 2>&1 | tee "$OUT/$n.log" || status=1
@@ -134,6 +134,8 @@ PY
 fi
 if [ "$what" = all ] || [ "$what" = engine ]; then # the inference engine on the GPU against the CPU, then its speed
     $B/test_engine_cuda 2>&1 | tee "$OUT/test_engine_cuda.log" || status=1
+    # an RL step's episodes on one GPU engine against the CPU's, and rollout tokens/s
+    $B/test_rollout_cuda 2>&1 | tee "$OUT/test_rollout_cuda.log" || status=1
     $B/bench_decode_cuda "${K3C_SHARED:-../shared}/bench/kimi_linear_medium.json" ${DECODE_ARGS:-} 2>&1 |
         tee "$OUT/bench_decode.log" || status=1
     if [ -n "${HF_ANCHOR:-}" ]; then # transformers `generate` on the same config (bench/hf_generate.py)
