@@ -3,6 +3,7 @@
  * and parameter), and a canned K3 answer with a tool call streamed through the turn pipeline as SSE chunks. */
 #include "serve_fixture.h"
 
+#include "serve/anthropic.h"
 #include "serve/response.h"
 
 static k3c_tok *g_tok;
@@ -289,6 +290,25 @@ static void on_delta_sse(void *ctx, const k3c_chat_delta *d) {
     k3c_sse_chat_delta(pair[0], pair[1], d);
 }
 
+/* A stream whose whole output was markup: the finish event alone carries the role, and is still valid JSON. */
+static void markup_only_stream(void) {
+    k3c_sbuf sse;
+    k3c_sbuf_init(&sse);
+    k3c_api_meta meta;
+    k3c_api_meta_init(&meta, 1, "tiny", 42);
+    k3c_sse_finish(&sse, &meta, "stop", 0, 7, 3);
+    const char *ev = sse.buf ? strstr(sse.buf, "data: {") : NULL, *end = ev ? strstr(ev, "\n\n") : NULL;
+    k3c_json *j = NULL;
+    k3c_err err = {0};
+    CHECK(end != NULL, "no finish event: %s", sse.buf ? sse.buf : "");
+    if (end) CHECK_OK(k3c_json_parse(ev + 6, (size_t)(end - ev - 6), "chunk", &j, &err), &err);
+    const k3c_json *ch = k3c_json_get(j, "choices");
+    const k3c_json *role = ch && ch->n == 1 ? k3c_json_get(k3c_json_get(&ch->items[0], "delta"), "role") : NULL;
+    CHECK(role && role->type == K3C_JSON_STRING && !strcmp(role->string, "assistant"), "delta holds the role");
+    k3c_json_free(j);
+    k3c_sbuf_free(&sse);
+}
+
 static void canned_stream(void) {
     const char *out = "Checking the tool.<|close|>think<|sep|><|open|>response<|sep|>Let me look.<|close|>response"
                       "<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|><|open|>argument "
@@ -318,8 +338,9 @@ static void canned_stream(void) {
     CHECK(t.msg.reasoning.len == 18 && !memcmp(t.msg.reasoning.buf, "Checking the tool.", 18), "reasoning");
     CHECK(t.msg.content.len == 12 && !memcmp(t.msg.content.buf, "Let me look.", 12), "content");
     /* every event is a JSON chunk, then [DONE]; together they carry reasoning, content, the call and the finish */
-    int events = 0, bad = 0, done = 0, role = 0, call = 0, usage = 0;
-    k3c_sbuf reasoning, content;
+    int events = 0, bad = 0, done = 0, role = 0, call = 0, usage = 0, pieces = 0;
+    k3c_sbuf reasoning, content, args;
+    k3c_sbuf_init(&args);
     k3c_sbuf_init(&reasoning);
     k3c_sbuf_init(&content);
     const char *fin = NULL;
@@ -348,11 +369,17 @@ static void canned_stream(void) {
             role += k3c_json_get(d, "role") != NULL;
             if (r) k3c_sbuf_append(&reasoning, r->string, r->len);
             if (c) k3c_sbuf_append(&content, c->string, c->len);
-            if (tc) {
-                const k3c_json *fn = k3c_json_get(&tc->items[0], "function");
-                call += !strcmp(k3c_json_get(fn, "name")->string, "get_weather") &&
-                        !strcmp(k3c_json_get(fn, "arguments")->string, "{\"city\":\"Paris\"}") &&
-                        k3c_json_get(&tc->items[0], "index")->integer == 0;
+            if (tc) { /* the first delta names the call (id, type, name), the next ones carry argument pieces */
+                const k3c_json *fn = k3c_json_get(&tc->items[0], "function"), *nm = k3c_json_get(fn, "name");
+                const k3c_json *a = k3c_json_get(fn, "arguments");
+                bad += k3c_json_get(&tc->items[0], "index")->integer != 0;
+                if (nm) {
+                    call += !strcmp(nm->string, "get_weather") && k3c_json_get(&tc->items[0], "id") &&
+                            !strcmp(k3c_json_get(&tc->items[0], "type")->string, "function") && a && a->len == 0;
+                } else {
+                    pieces++;
+                    if (a) k3c_sbuf_append(&args, a->string, a->len);
+                }
             }
             if (f && f->type == K3C_JSON_STRING) fin = f->string == NULL ? NULL : "tool_calls";
             if (f && f->type == K3C_JSON_STRING) bad += strcmp(f->string, "tool_calls") != 0;
@@ -365,6 +392,9 @@ static void canned_stream(void) {
           events, bad, done, role, call, usage);
     CHECK(reasoning.len == 18 && content.len == 12 && !memcmp(content.buf, "Let me look.", 12),
           "streamed reasoning + content add up");
+    CHECK(pieces == 2 && args.len == 16 && !memcmp(args.buf, "{\"city\":\"Paris\"}", 16),
+          "the call's arguments streamed in %d pieces add up: %.*s", pieces, (int)args.len, args.buf ? args.buf : "");
+    k3c_sbuf_free(&args);
     k3c_sbuf_free(&reasoning);
     k3c_sbuf_free(&content);
     k3c_sbuf_free(&sse);
@@ -551,6 +581,101 @@ static void error_body(void) {
     k3c_sbuf_free(&s);
 }
 
+/* ---------------------------------------------------------------- the Anthropic Messages request */
+
+/* body (Messages API) through k3c_anthropic_chat_body and the chat parser; 0 or the error status. */
+static int anthropic_parse(const char *body, k3c_api_req *q, k3c_api_error *e) {
+    k3c_api_limits lim = limits();
+    lim.max_context = 2048; /* room for the tool definitions' prompt */
+    k3c_json *j = NULL;
+    k3c_err err = {0};
+    memset(q, 0, sizeof *q);
+    CHECK_OK(k3c_json_parse(body, strlen(body), "body", &j, &err), &err);
+    k3c_sbuf chat;
+    k3c_sbuf_init(&chat);
+    int rc = j ? k3c_anthropic_chat_body(j, &chat, e) : 400;
+    if (!rc) rc = k3c_api_parse(K3C_API_CHAT, chat.buf, chat.len, &lim, q, e);
+    k3c_sbuf_free(&chat);
+    k3c_json_free(j);
+    return rc;
+}
+
+/* A Messages request renders the same prompt as the chat request it stands for: system blocks, thinking, a tool_use
+ * with a big integer, its tool_result, tools, tool_choice any without parallel calls, stop_sequences. */
+static void anthropic_request(void) {
+    const char *am =
+        "{\"model\":\"tiny\",\"max_tokens\":9,\"system\":[{\"type\":\"text\",\"text\":\"Be brief.\"}],"
+        "\"thinking\":{\"type\":\"disabled\"},\"stop_sequences\":[\"END\"],\"temperature\":0.5,"
+        "\"tools\":[{\"name\":\"pay\",\"description\":\"Pays.\",\"input_schema\":{\"type\":\"object\","
+        "\"properties\":{\"id\":{\"type\":\"integer\"}}}}],"
+        "\"tool_choice\":{\"type\":\"any\",\"disable_parallel_tool_use\":true},"
+        "\"messages\":[{\"role\":\"user\",\"content\":\"Pay it.\"},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"Paying.\"},{\"type\":\"tool_use\","
+        "\"id\":\"t1\",\"name\":\"pay\",\"input\":{\"id\":12345678901234567890}}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"t1\",\"content\":"
+        "[{\"type\":\"text\",\"text\":\"paid 0.1\"}]},{\"type\":\"text\",\"text\":\"Thanks.\"}]}]}";
+    const char *oa =
+        "{\"model\":\"tiny\",\"max_tokens\":9,\"thinking\":false,\"stop\":[\"END\"],\"temperature\":0.5,"
+        "\"parallel_tool_calls\":false,\"tool_choice\":\"required\","
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"pay\",\"description\":\"Pays.\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}}}}}],"
+        "\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Pay it.\"},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"Paying.\"}],\"tool_calls\":[{\"id\":\"t1\","
+        "\"type\":\"function\",\"function\":{\"name\":\"pay\",\"arguments\":{\"id\":12345678901234567890}}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"t1\",\"content\":\"paid 0.1\"},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Thanks.\"}]}]}";
+    k3c_api_limits lim = limits();
+    lim.max_context = 2048;
+    k3c_api_req a, o;
+    k3c_api_error e;
+    int ra = anthropic_parse(am, &a, &e);
+    CHECK(ra == 0, "Messages request parses: %d %s", ra, ra ? e.message : "");
+    int ro = k3c_api_parse(K3C_API_CHAT, oa, strlen(oa), &lim, &o, &e);
+    CHECK(ro == 0, "the chat request parses: %d %s", ro, ro ? e.message : "");
+    if (!ra && !ro) {
+        CHECK(a.prompt.n == o.prompt.n && !memcmp(a.prompt.ids, o.prompt.ids, a.prompt.n * sizeof *a.prompt.ids),
+              "same prompt (%zu and %zu ids)", a.prompt.n, o.prompt.n);
+        CHECK(a.gen.max_new == 9 && a.nstop == 1 && !strcmp(a.stop[0], "END") && a.one_call && a.has_tools &&
+                  a.parse.in_response && !a.parse.in_think && a.gen.sampler.temperature == 0.5,
+              "max_tokens, stop_sequences, disable_parallel_tool_use, thinking disabled, temperature");
+        char *text = NULL;
+        size_t n = 0;
+        k3c_err err = {0};
+        CHECK_OK(k3c_tok_decode(g_tok, a.prompt.ids, a.prompt.n, &text, &n, &err), &err);
+        CHECK(text && strstr(text, "12345678901234567890") && strstr(text, "paid 0.1"),
+              "the big integer and the tool result reach the prompt unchanged");
+        free(text);
+    }
+    k3c_api_req_free(&a);
+    k3c_api_req_free(&o);
+    static const struct {
+        const char *body, *param;
+        int status;
+    } bad[] = {
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "max_tokens", 400},
+        {"{\"max_tokens\":4}", "messages", 400},
+        {"{\"max_tokens\":4,\"messages\":[{\"role\":\"system\",\"content\":\"x\"}]}", "messages", 400},
+        {"{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_use\",\"id\":\"a\","
+         "\"name\":\"f\",\"input\":{}}]}]}",
+         "messages", 400},
+        {"{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":\"tool\"}}",
+         "tool_choice", 400},
+        {"{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"on\"}}",
+         "thinking", 400},
+        {"{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"system\":[{\"type\":\"image\"}]}",
+         "system", 400},
+        {"{\"max_tokens\":0,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "max_tokens", 400},
+        {"{\"max_tokens\":4,\"model\":\"big\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "model", 404},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        k3c_api_req q;
+        int rc = anthropic_parse(bad[i].body, &q, &e);
+        CHECK(rc == bad[i].status && !strcmp(e.param, bad[i].param), "%s: %d (%s) want %d on %s", bad[i].body, rc,
+              rc ? e.param : "", bad[i].status, bad[i].param);
+        k3c_api_req_free(&q);
+    }
+}
+
 int main(void) {
     const char *dir = test_tmpdir("serve_units");
     if (serve_model_dir(dir) == 0) {
@@ -561,9 +686,11 @@ int main(void) {
         stop_strings();
         validation();
         canned_stream();
+        markup_only_stream();
         chat_release();
         chat_defaults();
         other_specials();
+        anthropic_request();
     }
     error_body();
     k3c_tok_free(g_tok);

@@ -55,15 +55,23 @@ static int clean(const char *s, size_t n) {
 }
 
 typedef struct {
-    k3c_sbuf reasoning, content;
-    int calls, partial;
+    k3c_sbuf reasoning, content, args;
+    int calls, partial, args_bad, args_streamed;
 } deltas;
 
+/* A call's argument pieces (CALL_ARGS after its CALL_BEGIN) must add up to its arguments unless it says diverged. */
 static void on_delta(void *ctx, const k3c_chat_delta *d) {
     deltas *x = ctx;
     if (d->kind == K3C_CHAT_DELTA_REASONING) k3c_sbuf_append(&x->reasoning, d->text, d->len);
     if (d->kind == K3C_CHAT_DELTA_CONTENT) k3c_sbuf_append(&x->content, d->text, d->len);
-    if (d->kind == K3C_CHAT_DELTA_CALL) x->calls++, x->partial += d->partial;
+    if (d->kind == K3C_CHAT_DELTA_CALL_BEGIN) x->args.len = 0;
+    if (d->kind == K3C_CHAT_DELTA_CALL_ARGS) k3c_sbuf_append(&x->args, d->text, d->len);
+    if (d->kind == K3C_CHAT_DELTA_CALL) {
+        x->calls++, x->partial += d->partial;
+        size_t n = strlen(d->arguments);
+        x->args_streamed += !d->diverged;
+        x->args_bad += !d->diverged && (x->args.len != n || memcmp(x->args.buf, d->arguments, n));
+    }
 }
 
 /* Parses s one-shot and byte by byte; both must give `reasoning`, `content`, the calls ("name|index|args|finished"
@@ -93,12 +101,15 @@ static void check_parse(const k3c_chat_parse_opts *po, const char *s, const char
     deltas d = {0};
     k3c_sbuf_init(&d.reasoning);
     k3c_sbuf_init(&d.content);
+    k3c_sbuf_init(&d.args);
     k3c_chat_parser *p;
     CHECK_OK(k3c_chat_parser_new(po, on_delta, &d, &p, &err), &err);
     for (size_t i = 0; s[i]; i++) CHECK_OK(k3c_chat_parser_feed(p, s + i, 1, &err), &err);
     CHECK_OK(k3c_chat_parser_finish(p, &err), &err);
     const k3c_chat_result *st = k3c_chat_parser_result(p);
     CHECK(st->ncalls == r.ncalls && d.calls == (int)r.ncalls && d.partial == partial, "%.60s: streamed calls", s);
+    CHECK(d.args_bad == 0, "%.60s: streamed argument pieces differ from the arguments", s);
+    k3c_sbuf_free(&d.args);
     CHECK(d.reasoning.len == r.reasoning_len && d.content.len == r.content_len &&
               (!d.content.len || !memcmp(d.content.buf, r.content, d.content.len)),
           "%.60s: streamed deltas add up to the result", s);
@@ -352,6 +363,10 @@ static void random_outputs(void) {
     const size_t nf = sizeof frags / sizeof *frags;
     k3c_rng rng = {36, 0};
     int bad = 0, dirty = 0, differ = 0;
+    deltas d = {0};
+    k3c_sbuf_init(&d.reasoning);
+    k3c_sbuf_init(&d.content);
+    k3c_sbuf_init(&d.args);
     for (int iter = 0; iter < 3000; iter++) {
         k3c_sbuf s;
         k3c_sbuf_init(&s);
@@ -373,7 +388,7 @@ static void random_outputs(void) {
         }
         dirty += !clean(one.reasoning, one.reasoning_len) || !clean(one.content, one.content_len);
         k3c_chat_parser *p;
-        CHECK_OK(k3c_chat_parser_new(&po, NULL, NULL, &p, &err), &err);
+        CHECK_OK(k3c_chat_parser_new(&po, on_delta, &d, &p, &err), &err);
         int rc = K3C_OK;
         for (size_t at = 0; at < s.len && !rc;) {
             size_t k = 1 + k3c_rng_u64(&rng) % 9;
@@ -399,6 +414,11 @@ static void random_outputs(void) {
     }
     CHECK(bad == 0 && dirty == 0 && differ == 0, "random outputs: %d errors, %d with control tokens in text, %d differ",
           bad, dirty, differ);
+    CHECK(d.args_bad == 0 && d.args_streamed > 20, "random outputs: %d of %d streamed calls' pieces differ", d.args_bad,
+          d.args_streamed);
+    k3c_sbuf_free(&d.reasoning);
+    k3c_sbuf_free(&d.content);
+    k3c_sbuf_free(&d.args);
 }
 
 /* Done when: arguments holding 12345678901234567890 and 0.1 come back unchanged through render and parse. */

@@ -2,6 +2,8 @@
  * /detokenize, and chat / text completions run on the scheduler, answered whole or streamed as server-sent events. */
 #include "serve/server.h"
 
+#include "serve/anthropic.h"
+
 #include "model/model.h"
 #include "tok/tok.h"
 
@@ -15,7 +17,10 @@
 static int reply_error(api_reply *r, const k3c_api_error *e) {
     r->status = e->status;
     r->content_type = "application/json";
-    k3c_api_error_json(&r->body, e);
+    if (r->anthropic)
+        k3c_anth_error_json(&r->body, e);
+    else
+        k3c_api_error_json(&r->body, e);
     return 0;
 }
 
@@ -32,6 +37,8 @@ static void reply_json(api_reply *r, int status) {
 
 /* ---------------------------------------------------------------- a generation call */
 
+enum { ROUTE_MESSAGES = 100 }; /* beside the k3c_api_kind values */
+
 /* One generation. The engine thread only posts its events to the job; the HTTP thread that reads the call takes them
  * (under mu) and turns them into text, chat deltas and server-sent events. When there is nothing to take it arms the
  * job's one-shot wake and parks the connection until the engine has more. */
@@ -40,7 +47,11 @@ struct api_stream {
     pthread_mutex_t mu;
     atomic_int refs; /* atomic, not under mu: the HTTP layer takes one while holding its own lock (lock order) */
     int done, streaming, include_usage, chat, failed, gone;
-    k3c_sbuf out; /* SSE bytes not yet read by the HTTP layer */
+    int one_call, call_done;    /* parallel_tool_calls false, and its call came: the generation ends */
+    int anthropic, stop_string; /* /v1/messages; a stop string ended the turn */
+    k3c_anth_meta am;
+    char stop_seq[256]; /* the request's only stop string (Anthropic's stop_sequence), else "" */
+    k3c_sbuf out;       /* SSE bytes not yet read by the HTTP layer */
     size_t out_off;
     k3c_turn turn;
     k3c_api_meta meta;
@@ -66,7 +77,11 @@ static void call_unref(api_stream *c) {
 
 static void on_delta(void *ctx, const k3c_chat_delta *d) {
     api_stream *c = ctx;
-    if (c->streaming) k3c_sse_chat_delta(&c->out, &c->meta, d);
+    c->call_done |= c->one_call && d->kind == K3C_CHAT_DELTA_CALL;
+    if (c->streaming && c->anthropic)
+        k3c_anth_sse_delta(&c->out, &c->am, d);
+    else if (c->streaming)
+        k3c_sse_chat_delta(&c->out, &c->meta, d);
 }
 
 static void on_text(void *ctx, const char *s, size_t n) {
@@ -90,6 +105,13 @@ static void call_error(const api_stream *c, k3c_api_error *e) {
         k3c_api_fail(e, 500, "server_error", NULL, NULL, "generation failed: %s", c->err.msg);
 }
 
+static const char *anth_reason(const api_stream *c) {
+    return k3c_anth_stop_reason(c->why, c->turn.msg.ncalls, c->stop_string);
+}
+static const char *anth_stop_seq(const api_stream *c) {
+    return c->stop_string && c->stop_seq[0] && !c->turn.msg.ncalls ? c->stop_seq : NULL;
+}
+
 /* The call ends with why (mu held): the turn's held-back text, a stream's closing events; the generation, if still on
  * (the turn stopped at a stop string, or failed), leaves the engine. */
 static void call_end(api_stream *c, k3c_finish why) {
@@ -101,7 +123,12 @@ static void call_end(api_stream *c, k3c_finish why) {
     if (c->streaming && c->failed) {
         k3c_api_error e;
         call_error(c, &e);
-        k3c_sse_error(&c->out, &e);
+        if (c->anthropic)
+            k3c_anth_sse_error(&c->out, &e);
+        else
+            k3c_sse_error(&c->out, &e);
+    } else if (c->streaming && c->anthropic) {
+        k3c_anth_sse_finish(&c->out, &c->am, anth_reason(c), anth_stop_seq(c), c->n_gen);
     } else if (c->streaming) {
         const char *fin = c->chat ? k3c_api_chat_finish(why, c->turn.msg.ncalls) : k3c_finish_name(why);
         k3c_sse_finish(&c->out, &c->meta, fin, c->include_usage, c->n_prompt, c->n_gen);
@@ -123,7 +150,8 @@ static void call_event(api_stream *c, const k3c_engine_event *ev) {
             call_end(c, K3C_FINISH_ERROR);
             return;
         }
-        stop = rc > 0; /* an end-of-turn id or a stop string */
+        c->stop_string = rc > 0 && !is_stop;
+        stop = rc > 0 || c->call_done; /* an end-of-turn id, a stop string, the one call allowed */
     }
     if (stop || ev->finish != K3C_FINISH_NONE) call_end(c, stop ? K3C_FINISH_STOP : (k3c_finish)ev->finish);
 }
@@ -188,6 +216,7 @@ static api_stream *start_call(k3c_server *s, k3c_api_req *q, api_reply *r) {
     c->chat = q->kind == K3C_API_CHAT;
     c->streaming = q->stream;
     c->include_usage = q->include_usage;
+    c->one_call = q->one_call;
     c->n_prompt = (int64_t)q->prompt.n;
     k3c_api_meta_init(&c->meta, c->chat, s->model_name, atomic_fetch_add(&s->serial, 1) ^ (uint64_t)time(NULL) << 20);
     c->lp.tok = s->lim.tok;
@@ -224,16 +253,21 @@ int k3c_api_result(api_stream *c, api_reply *r, k3c_api_wake wake, void *ctx) {
     k3c_sbuf_init(&r->body);
     r->call = NULL;
     r->retry_after = 0;
+    r->anthropic = c->anthropic;
     if (gone) {
         r->status = 0; /* nobody to answer */
     } else if (c->failed) {
         k3c_api_error e;
         call_error(c, &e);
+        r->anthropic = c->anthropic;
         reply_error(r, &e);
         r->retry_after = c->why == K3C_FINISH_QUEUE_TIMEOUT;
     } else {
         reply_json(r, 200);
-        if (c->chat)
+        if (c->anthropic)
+            k3c_anth_message_json(&r->body, &c->am, &c->turn.msg, anth_reason(c), anth_stop_seq(c), c->n_prompt,
+                                  c->n_gen);
+        else if (c->chat)
             k3c_api_chat_json(&r->body, &c->meta, &c->turn.msg, k3c_api_chat_finish(c->why, c->turn.msg.ncalls),
                               c->n_prompt, c->n_gen);
         else
@@ -243,15 +277,39 @@ int k3c_api_result(api_stream *c, api_reply *r, k3c_api_wake wake, void *ctx) {
     return 1;
 }
 
-static void generate(k3c_server *s, k3c_api_kind kind, const char *body, size_t n, api_reply *r) {
+/* /v1/messages: the body read as the chat request it stands for (api_anthropic.c). */
+static int parse_messages(k3c_server *s, const char *body, size_t n, k3c_api_req *q, k3c_api_error *e) {
+    k3c_json *j = NULL;
+    k3c_err err = {0};
+    memset(q, 0, sizeof *q);
+    if (k3c_json_parse(body, n, "body", &j, &err))
+        return k3c_api_fail(e, 400, "invalid_request_error", "invalid_json", "",
+                            "We could not parse the JSON body of your request (%s)", err.msg);
+    k3c_sbuf chat;
+    k3c_sbuf_init(&chat);
+    int rc = k3c_anthropic_chat_body(j, &chat, e);
+    if (!rc) rc = k3c_api_parse(K3C_API_CHAT, chat.buf, chat.len, &s->lim, q, e);
+    k3c_sbuf_free(&chat);
+    k3c_json_free(j);
+    return rc;
+}
+
+static void generate(k3c_server *s, int kind, const char *body, size_t n, api_reply *r) {
     k3c_api_req q;
     k3c_api_error e;
-    if (k3c_api_parse(kind, body, n, &s->lim, &q, &e)) {
+    const int anth = kind == ROUTE_MESSAGES;
+    if (anth ? parse_messages(s, body, n, &q, &e) : k3c_api_parse((k3c_api_kind)kind, body, n, &s->lim, &q, &e)) {
         reply_error(r, &e);
         k3c_api_req_free(&q);
         return;
     }
     api_stream *c = start_call(s, &q, r);
+    if (c && anth) {
+        c->anthropic = 1;
+        k3c_anth_meta_init(&c->am, s->model_name, atomic_fetch_add(&s->serial, 1) ^ (uint64_t)time(NULL) << 20);
+        if (q.nstop == 1) snprintf(c->stop_seq, sizeof c->stop_seq, "%s", q.stop[0]);
+        if (c->streaming) k3c_anth_sse_start(&c->out, &c->am, c->n_prompt);
+    }
     k3c_api_req_free(&q);
     if (!c) return;
     r->call = c;
@@ -309,7 +367,7 @@ static int authorized(const k3c_server *s, const char *auth) {
 
 typedef struct {
     const char *path, *method;
-    int kind; /* -1: not a generation / tokenizer endpoint */
+    int kind; /* -1: not a generation / tokenizer endpoint; ROUTE_MESSAGES: Anthropic's Messages API */
 } route;
 
 static const route ROUTES[] = {
@@ -318,6 +376,7 @@ static const route ROUTES[] = {
     {"/v1/models", "GET", -1},
     {"/v1/chat/completions", "POST", K3C_API_CHAT},
     {"/v1/completions", "POST", K3C_API_COMPLETION},
+    {"/v1/messages", "POST", ROUTE_MESSAGES},
     {"/tokenize", "POST", K3C_API_TOKENIZE},
     {"/detokenize", "POST", K3C_API_DETOKENIZE},
 };
@@ -329,6 +388,7 @@ static int handle(k3c_server *s, const char *method, const char *path, const cha
         if (!strcmp(path, ROUTES[i].path)) rt = &ROUTES[i];
     int ready = atomic_load(&s->ready) && !atomic_load(&s->stopping);
     if (!rt) return fail(r, 404, "invalid_request_error", "unknown_url", "Unknown request URL: %s", path);
+    r->anthropic = rt->kind == ROUTE_MESSAGES;
     if (strcmp(method, rt->method)) {
         k3c_api_error e;
         k3c_api_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s %s: use %s", method, path,
@@ -365,7 +425,7 @@ static int handle(k3c_server *s, const char *method, const char *path, const cha
     }
     if (rt->kind == K3C_API_TOKENIZE || rt->kind == K3C_API_DETOKENIZE)
         return tokenize(s, (k3c_api_kind)rt->kind, body, n, r);
-    generate(s, (k3c_api_kind)rt->kind, body, n, r);
+    generate(s, rt->kind, body, n, r);
     return 0;
 }
 
@@ -376,6 +436,7 @@ void k3c_api_handle(k3c_server *s, const char *method, const char *path, const c
     r->streamed = 0;
     r->retry_after = 0;
     r->status = 0;
+    r->anthropic = 0;
     handle(s, method, path, auth, body, n, r);
 }
 

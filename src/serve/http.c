@@ -159,8 +159,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (!rc->body.ok) return MHD_NO;
     http_guard_answering(rc->conn); /* the request is whole: its deadline is met */
     api_reply r;
-    k3c_api_handle(s, method, url, MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
-                   rc->body.buf ? rc->body.buf : "", rc->body.len, &r);
+    /* Anthropic's clients send the key as x-api-key */
+    const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    const char *xkey = auth ? NULL : MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "x-api-key");
+    char bearer[320];
+    if (xkey && snprintf(bearer, sizeof bearer, "Bearer %s", xkey) < (int)sizeof bearer) auth = bearer;
+    k3c_api_handle(s, method, url, auth, rc->body.buf ? rc->body.buf : "", rc->body.len, &r);
     if (r.call && !r.streamed) {
         k3c_sbuf_free(&r.body);
         rc->call = r.call;

@@ -256,11 +256,13 @@ static int parse_chat(const k3c_json *o, const k3c_api_limits *lim, k3c_api_req 
     if (rc) return rc;
     if (tools && tools->type != K3C_JSON_ARRAY) return BAD_TYPE(e, "tools", "an array");
     r->has_tools = tools && tools->n > 0;
-    int thinking = lim->format == K3C_CHAT_XTML && !lim->thinking_off, logprobs = 0;
+    int thinking = lim->format == K3C_CHAT_XTML && !lim->thinking_off, logprobs = 0, parallel = 1;
     k3c_sbuf opts, images;
     k3c_sbuf_init(&opts);
     k3c_sbuf_init(&images);
     rc = bool_field(o, "logprobs", &logprobs, e);
+    if (!rc) rc = bool_field(o, "parallel_tool_calls", &parallel, e);
+    r->one_call = !parallel;
     int n_img = rc ? 0 : k3c_api_images(msgs, lim, r, &images, e);
     if (n_img >= 400) rc = n_img;
     if (!rc) rc = chat_options(o, lim, n_img ? images.buf : NULL, &opts, &thinking, e);

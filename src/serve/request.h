@@ -59,6 +59,7 @@ typedef struct {
     size_t text_len;
     k3c_chat_parse_opts parse; /* chat: how to parse the model's output */
     int has_tools;
+    int one_call;       /* parallel_tool_calls false: generation ends after the first complete tool call */
     float *embeds;      /* chat with images: [n_embeds, hidden] image embeddings for the prompt rows embed_pos */
     int32_t *embed_pos; /* the <|media_pad|> positions, ascending */
     int64_t n_embeds;

@@ -189,13 +189,17 @@ static void head(k3c_sbuf *s, const k3c_api_meta *m, const char *object) {
 
 static const char *chunk_object(const k3c_api_meta *m) { return m->chat ? "chat.completion.chunk" : "text_completion"; }
 
-/* data: {... "choices":[{"index":0,"delta":{<delta>},"logprobs":null,"finish_reason":null}]}\n\n */
-static void chat_event_begin(k3c_sbuf *s, k3c_api_meta *m) {
+/* data: {... "choices":[{"index":0,"delta":{<delta>},"logprobs":null,"finish_reason":null}]}\n\n; 1 when the delta
+ * holds the role (the first event), so a field after it needs a comma: a stream that is all markup ends with a
+ * finish event whose delta is the role alone. */
+static int chat_event_begin(k3c_sbuf *s, k3c_api_meta *m) {
     put(s, "data: ");
     head(s, m, chunk_object(m));
     put(s, "{\"index\":0,\"delta\":{");
-    if (!m->role_sent) put(s, "\"role\":\"assistant\",");
+    int first = !m->role_sent;
+    if (first) put(s, "\"role\":\"assistant\"");
     m->role_sent = 1;
+    return first;
 }
 static void chat_event_end(k3c_sbuf *s, k3c_api_meta *m, const char *finish) {
     put(s, "}");
@@ -204,23 +208,40 @@ static void chat_event_end(k3c_sbuf *s, k3c_api_meta *m, const char *finish) {
                     finish ? "\"" : "");
 }
 
+static void new_call_id(k3c_api_meta *m) {
+    snprintf(m->call_id, sizeof m->call_id, "call_%s_%lld", m->id + (m->chat ? 9 : 5), (long long)m->serial++);
+}
+
 static void tool_call_json(k3c_sbuf *s, k3c_api_meta *m, int index, const char *name, const char *arguments) {
-    k3c_sbuf_printf(s, "{\"index\":%d,\"id\":\"call_%s_%lld\",\"type\":\"function\",\"function\":{\"name\":", index,
-                    m->id + (m->chat ? 9 : 5), (long long)m->serial++);
+    new_call_id(m);
+    k3c_sbuf_printf(s, "{\"index\":%d,\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":", index, m->call_id);
     str(s, name);
     put(s, ",\"arguments\":");
     str(s, arguments); /* OpenAI sends the arguments as a JSON string */
     put(s, "}}");
 }
 
+/* A tool call streams as OpenAI streams it: the first delta has its index, id, type and name (arguments ""), the
+ * next ones the arguments' pieces as the parser reads them. */
 void k3c_sse_chat_delta(k3c_sbuf *s, k3c_api_meta *m, const k3c_chat_delta *d) {
-    if ((d->kind == K3C_CHAT_DELTA_REASONING || d->kind == K3C_CHAT_DELTA_CONTENT) && d->len == 0) return;
-    if (d->kind == K3C_CHAT_DELTA_CALL_BEGIN || d->kind == K3C_CHAT_DELTA_FINISHED) return;
-    chat_event_begin(s, m);
+    if ((d->kind == K3C_CHAT_DELTA_REASONING || d->kind == K3C_CHAT_DELTA_CONTENT ||
+         d->kind == K3C_CHAT_DELTA_CALL_ARGS) &&
+        d->len == 0)
+        return;
+    if (d->kind == K3C_CHAT_DELTA_FINISHED) return;
     if (d->kind == K3C_CHAT_DELTA_CALL) {
+        m->n_calls++;
+        return;
+    }
+    if (chat_event_begin(s, m)) put(s, ",");
+    if (d->kind == K3C_CHAT_DELTA_CALL_BEGIN) {
         put(s, "\"tool_calls\":[");
-        tool_call_json(s, m, m->n_calls++, d->name, d->arguments);
+        tool_call_json(s, m, m->n_calls, d->name, "");
         put(s, "]");
+    } else if (d->kind == K3C_CHAT_DELTA_CALL_ARGS) {
+        k3c_sbuf_printf(s, "\"tool_calls\":[{\"index\":%d,\"function\":{\"arguments\":", m->n_calls);
+        k3c_sbuf_json_string(s, d->text, d->len);
+        put(s, "}}]");
     } else {
         k3c_sbuf_printf(s, "\"%s\":", d->kind == K3C_CHAT_DELTA_REASONING ? "reasoning_content" : "content");
         k3c_sbuf_json_string(s, d->text, d->len);

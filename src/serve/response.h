@@ -28,6 +28,7 @@ typedef struct {
     int role_sent;        /* the first chunk (role "assistant") went out */
     int n_calls;          /* tool calls streamed so far: their OpenAI index */
     int64_t serial;       /* counter for tool call ids */
+    char call_id[96];     /* the id of the tool call being streamed */
     k3c_api_logprobs *lp; /* NULL: "logprobs": null (not asked for) */
 } k3c_api_meta;
 

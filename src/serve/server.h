@@ -71,6 +71,7 @@ typedef struct {
     k3c_sbuf body;
     api_stream *call;
     int streamed, retry_after;
+    int anthropic; /* /v1/messages: errors in Anthropic's shape */
 } api_reply;
 
 /* The connection guard (http_conn.c). A connection must receive a whole request within request_timeout seconds of

@@ -95,6 +95,8 @@ typedef enum {
     K3C_CHAT_DELTA_REASONING,  /* text, len */
     K3C_CHAT_DELTA_CONTENT,    /* text, len */
     K3C_CHAT_DELTA_CALL_BEGIN, /* name, index: a tool call started (CALL follows, unless the output is cut off) */
+    K3C_CHAT_DELTA_CALL_ARGS,  /* text, len: the next piece of the call's arguments (JSON text) as it is read; the
+                                  pieces add up to CALL's arguments unless `diverged` is set on CALL */
     K3C_CHAT_DELTA_CALL,       /* name, index, arguments (JSON text): a tool call is complete (partial: cut off) */
     K3C_CHAT_DELTA_FINISHED,
 } k3c_chat_delta_kind;
@@ -106,7 +108,8 @@ typedef struct {
     const char *name;
     int index;
     const char *arguments;
-    int partial; /* CALL: the output ended inside this call */
+    int partial;  /* CALL: the output ended inside this call */
+    int diverged; /* CALL: the streamed pieces are not its arguments (a repeated key, a json block after typed ones) */
 } k3c_chat_delta;
 typedef void (*k3c_chat_delta_fn)(void *ctx, const k3c_chat_delta *d);
 

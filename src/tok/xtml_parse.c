@@ -45,6 +45,8 @@ struct k3c_chat_parser {
     char *arg_key, *arg_type;
     char *json_args;    /* a json block's arguments (XTML) */
     k3c_sbuf call_text; /* XTML text inside the call outside its elements */
+    k3c_sbuf streamed;  /* the arguments' pieces sent as CALL_ARGS so far */
+    int diverged;       /* a later argument changed what was streamed: the rest of the call is not streamed */
     k3c_chat_result res;
     size_t cap_calls;
     int failed;
@@ -148,8 +150,8 @@ static void clear_call(k3c_chat_parser *p) {
     free(p->arg_type);
     free(p->json_args);
     p->call_name = p->arg_key = p->arg_type = p->json_args = NULL;
-    p->call_text.len = 0;
-    p->in_call = p->call_drop = 0;
+    p->call_text.len = p->streamed.len = 0;
+    p->in_call = p->call_drop = p->diverged = 0;
 }
 
 /* name NULL: a call without a name, whose arguments are read and discarded. */
@@ -197,6 +199,7 @@ static int add_arg(k3c_chat_parser *p, const char *key, char *json) {
     if (!json) return K3C_ENOMEM;
     for (size_t i = 0; i < p->nargs; i++)
         if (!strcmp(p->args[i].key, key)) {
+            p->diverged = 1;
             free(p->args[i].json);
             p->args[i].json = json;
             return K3C_OK;
@@ -244,6 +247,28 @@ static void call_arguments(k3c_chat_parser *p, k3c_sbuf *t) {
     k3c_sbuf_append(t, "}", 1);
 }
 
+/* The arguments' next piece as a CALL_ARGS delta (while what was streamed is still a prefix of the arguments). */
+static void stream_args(k3c_chat_parser *p, const char *s, size_t n) {
+    if (!n || p->diverged) return;
+    size_t at = p->streamed.len;
+    k3c_sbuf_append(&p->streamed, s, n);
+    emit(p, (k3c_chat_delta){.kind = K3C_CHAT_DELTA_CALL_ARGS, .text = p->streamed.buf + at, .len = n});
+}
+
+/* A typed argument joined the call: `{"key":value` or `,"key":value`, the closing brace comes with the call's end. */
+static void stream_arg(k3c_chat_parser *p) {
+    if (p->json_args || p->diverged) return;
+    const arg_kv *a = &p->args[p->nargs - 1];
+    k3c_sbuf t;
+    k3c_sbuf_init(&t);
+    k3c_sbuf_append(&t, p->nargs == 1 ? "{" : ",", 1);
+    k3c_sbuf_json_string(&t, a->key, strlen(a->key));
+    k3c_sbuf_append(&t, ":", 1);
+    k3c_sbuf_append(&t, a->json, strlen(a->json));
+    if (t.ok) stream_args(p, t.buf, t.len);
+    k3c_sbuf_free(&t);
+}
+
 /* finished 0: the output ended inside the call; it is returned with the arguments read so far. */
 static int end_call(k3c_chat_parser *p, int finished) {
     if (p->call_drop) {
@@ -267,6 +292,12 @@ static int end_call(k3c_chat_parser *p, int finished) {
         k3c_sbuf_free(&t);
         return K3C_ENOMEM;
     }
+    /* what was not streamed yet: the closing brace, or all of arguments read as one block */
+    if (!p->diverged &&
+        (t.len < p->streamed.len || (p->streamed.len && memcmp(t.buf, p->streamed.buf, p->streamed.len))))
+        p->diverged = 1;
+    stream_args(p, t.buf + p->streamed.len, t.len - p->streamed.len);
+    const int diverged = p->diverged;
     k3c_chat_tool_call *c = &p->res.calls[p->res.ncalls++];
     c->name = p->call_name;
     c->index = p->call_index;
@@ -278,7 +309,8 @@ static int end_call(k3c_chat_parser *p, int finished) {
                              .name = c->name,
                              .index = c->index,
                              .arguments = c->arguments,
-                             .partial = !finished});
+                             .partial = !finished,
+                             .diverged = diverged});
     return K3C_OK;
 }
 
@@ -290,6 +322,7 @@ static int close_value(k3c_chat_parser *p) {
         /* Strings are written raw, every other type as JSON; a value that does not parse stays a string. */
         const char *ty = p->arg_type ? p->arg_type : "string";
         rc = add_arg(p, p->arg_key, as_json(v, p->value.len, !strcmp(ty, "string"), 1));
+        if (!rc) stream_arg(p);
     } else if (p->in_call && !p->call_drop && p->ch == CH_JSON) {
         free(p->json_args);
         p->json_args = as_json(v, p->value.len, 0, 0);
@@ -619,6 +652,7 @@ int k3c_chat_parser_new(const k3c_chat_parse_opts *opts, k3c_chat_delta_fn on_de
     k3c_sbuf_init(&p->pend);
     k3c_sbuf_init(&p->value);
     k3c_sbuf_init(&p->call_text);
+    k3c_sbuf_init(&p->streamed);
     k3c_sbuf_init(&p->reasoning);
     k3c_sbuf_init(&p->content);
     k3c_sbuf_append(&p->reasoning, "", 0);
@@ -644,7 +678,7 @@ int k3c_chat_parser_feed(k3c_chat_parser *p, const char *s, size_t n, k3c_err *e
     if (p->res.finished) return K3C_OK;
     k3c_sbuf_append(&p->pend, s, n);
     int rc = scan(p, 0, err);
-    if (!rc && !(p->pend.ok && p->value.ok && p->call_text.ok && p->reasoning.ok && p->content.ok))
+    if (!rc && !(p->pend.ok && p->value.ok && p->call_text.ok && p->streamed.ok && p->reasoning.ok && p->content.ok))
         rc = fail(p, err, K3C_ENOMEM, "out of memory");
     sync_result(p);
     return rc;
@@ -673,6 +707,7 @@ void k3c_chat_parser_free(k3c_chat_parser *p) {
     k3c_sbuf_free(&p->pend);
     k3c_sbuf_free(&p->value);
     k3c_sbuf_free(&p->call_text);
+    k3c_sbuf_free(&p->streamed);
     p->res.reasoning = p->res.content = NULL;
     k3c_sbuf_free(&p->reasoning);
     k3c_sbuf_free(&p->content);
