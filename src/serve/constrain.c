@@ -1,64 +1,16 @@
-/* constrain.c — constrained decoding: a JSON-schema subset compiled to a deterministic pushdown automaton over bytes
- * and chat markers (prefix markup, one JSON value, suffix markup), and the per-step token mask over the vocabulary,
- * budget-aware so the answer always closes within the tokens left. docs/SERVING.md "Constrained decoding". */
-#include "serve/constrain.h"
+/* constrain.c — constrained decoding: a JSON-schema subset compiled to the nodes of a deterministic pushdown automaton
+ * over bytes and chat markers, and the chat answers built from them around the JSON value (the think channel, the
+ * response, forced tool calls). docs/SERVING.md "Constrained decoding". */
+#include "serve/constrain_impl.h"
 
 #include "tok/tok.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-enum { N_OBJ, N_ANYOBJ, N_ARR, N_STR, N_NUM, N_INT, N_ENUM, N_ANYOF };
-#define MAX_NODES 4096
-#define MAX_DEPTH 64
-#define MAX_PROPS 64
-#define SYM_MARK 256 /* markers are symbols 256 + their index in g->mark_id */
-
-typedef struct {
-    int kind, n, items;    /* items: N_ARR's element node */
-    int *kids;             /* N_OBJ: property value nodes; N_ANYOF: branches */
-    char **lits;           /* N_OBJ: `"key":` (+ space when spaced); N_ENUM: the values' JSON, sorted */
-    size_t *lens;
-    unsigned char req[MAX_PROPS];
-    uint64_t first[4];     /* the bytes a value of this node may start with */
-    int64_t cost;          /* the shortest value in bytes */
-} cnode;
-
-struct k3c_cgrammar {
-    const k3c_tok *tok;
-    cnode *nodes;
-    int nn, root, spaced, any, any_str; /* any: the any-value node, any_str: its string branch */
-    int32_t *pre, *suf; /* symbols */
-    int npre, nsuf;
-    int32_t mark_id[8];
-    int nmark;
-    int32_t *special; /* sorted special ids of the vocabulary */
-    int nspecial;
-};
-
-typedef struct {
-    int16_t node, phase;
-    int32_t i, pos, a;
-    uint64_t cand;
-} frame;
-
-typedef struct {
-    int part; /* 0 prefix, 1 JSON, 2 suffix, 3 done */
-    int pos, n;
-    frame f[MAX_DEPTH];
-} cstate;
-
-typedef struct {
-    k3c_constraint iface;
-    const k3c_cgrammar *g;
-    cstate st;
-} cimpl;
 
 /* ---------------------------------------------------------------- compiling */
 
 static void set_bit(uint64_t *b, int c) { b[c >> 6] |= 1ull << (c & 63); }
-static int has_bit(const uint64_t *b, int c) { return (int)(b[c >> 6] >> (c & 63) & 1); }
 
 typedef struct {
     k3c_cgrammar *g;
@@ -142,7 +94,6 @@ static int any_value(compiler *c) {
     memcpy(n->kids, kinds, sizeof kinds);
     c->g->nodes[kinds[1]].items = id; /* any array holds any values, any object too (its own rule) */
     n->cost = 1;
-    for (int k = 0; k < 4; k++) n->first[k] = ~0ull; /* dispatch checks each branch */
     for (int k = 0; k < 4; k++) {
         n->first[k] = 0;
         for (int b = 0; b < 5; b++) n->first[k] |= c->g->nodes[kinds[b]].first[k];
@@ -323,15 +274,18 @@ static int compile(compiler *c, const k3c_json *s, const char *at) {
 }
 
 /* Markup text → symbols: the vocabulary's chat markers become one symbol each, the rest bytes. */
+/* ---------------------------------------------------------------- markup nodes */
+
+/* Markup text → symbols: the vocabulary's chat markers become one symbol each, the rest bytes. */
 static int symbols(k3c_cgrammar *g, const char *s, int32_t **out, int *n, k3c_err *err) {
-    static const char *const MARKS[] = {"<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>", "<|im_end|>"};
+    static const char *const MARKS[N_MARKS] = {"<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>", "<|im_end|>"};
     size_t len = strlen(s);
     *out = malloc(sizeof(int32_t) * (len + 1));
     if (!*out) return k3c_errf(err, K3C_ENOMEM, "out of memory");
     *n = 0;
     for (size_t i = 0; i < len;) {
         int hit = -1;
-        for (int k = 0; k < 5 && hit < 0; k++)
+        for (int k = 0; k < N_MARKS && hit < 0; k++)
             if (!strncmp(s + i, MARKS[k], strlen(MARKS[k]))) hit = k;
         if (hit < 0) {
             (*out)[(*n)++] = (unsigned char)s[i++];
@@ -346,43 +300,252 @@ static int symbols(k3c_cgrammar *g, const char *s, int32_t **out, int *n, k3c_er
     return K3C_OK;
 }
 
+static int lit_node(compiler *c, const char *text) {
+    int id = new_node(c, N_LIT, c->err);
+    if (id < 0) return id;
+    cnode *n = &c->g->nodes[id];
+    if (symbols(c->g, text, &n->syms, &n->n, c->err)) return -1;
+    if (n->n == 0) return k3c_errf(c->err, K3C_EINVAL, "constraint: an empty literal");
+    set_bit(n->first, n->syms[0]);
+    n->cost = n->n;
+    return id;
+}
+
+/* A sequence of nk nodes (negative entries: an error already set). */
+static int seq_node(compiler *c, const int *kids, int nk) {
+    for (int k = 0; k < nk; k++)
+        if (kids[k] < 0) return kids[k];
+    int id = new_node(c, N_SEQ, c->err);
+    if (id < 0) return id;
+    cnode *n = &c->g->nodes[id];
+    if (!(n->kids = malloc(sizeof(int) * (size_t)nk))) return k3c_errf(c->err, K3C_ENOMEM, "out of memory");
+    memcpy(n->kids, kids, sizeof(int) * (size_t)nk);
+    n->n = nk;
+    memcpy(n->first, c->g->nodes[kids[0]].first, sizeof n->first);
+    for (int k = 0; k < nk; k++) n->cost += c->g->nodes[kids[k]].cost;
+    return id;
+}
+
+static int text_node(compiler *c) {
+    int id = new_node(c, N_TEXT, c->err);
+    if (id >= 0)
+        for (int q = 0; q < 4; q++) c->g->nodes[id].first[q] = ~0ull;
+    return id;
+}
+
+static int opt_node(compiler *c, int kid) {
+    if (kid < 0) return kid;
+    int id = new_node(c, N_OPT, c->err);
+    if (id < 0) return id;
+    c->g->nodes[id].items = kid;
+    memcpy(c->g->nodes[id].first, c->g->nodes[kid].first, sizeof c->g->nodes[id].first);
+    return id;
+}
+
+typedef struct {
+    char *lit;
+    int kid;
+} choice_entry;
+
+static int cmp_entry(const void *a, const void *b) {
+    return strcmp(((const choice_entry *)a)->lit, ((const choice_entry *)b)->lit);
+}
+
+/* A choice of byte literals, none a prefix of another, each followed by its node; takes the literals (malloc'd). */
+static int choice_node(compiler *c, choice_entry *e, int ne) {
+    int id = new_node(c, N_CHOICE, c->err);
+    cnode *n = id < 0 ? NULL : &c->g->nodes[id];
+    if (n && (!(n->lits = calloc((size_t)ne, sizeof *n->lits)) || !(n->lens = calloc((size_t)ne, sizeof *n->lens)) ||
+              !(n->kids = calloc((size_t)ne, sizeof *n->kids))))
+        id = k3c_errf(c->err, K3C_ENOMEM, "out of memory");
+    if (id < 0) {
+        for (int k = 0; k < ne; k++) free(e[k].lit);
+        return id;
+    }
+    qsort(e, (size_t)ne, sizeof *e, cmp_entry);
+    n->n = ne;
+    n->cost = INT64_MAX;
+    for (int k = 0; k < ne; k++) {
+        n->lits[k] = e[k].lit, n->lens[k] = strlen(e[k].lit), n->kids[k] = e[k].kid;
+        set_bit(n->first, (unsigned char)e[k].lit[0]);
+        int64_t cost = (int64_t)n->lens[k] + c->g->nodes[e[k].kid].cost;
+        if (cost < n->cost) n->cost = cost;
+    }
+    for (int k = 0; k + 1 < ne; k++)
+        if (!strncmp(n->lits[k], n->lits[k + 1], n->lens[k]))
+            return k3c_errf(c->err, K3C_EINVAL, "constraint: the choice '%s' is a prefix of '%s'", n->lits[k],
+                            n->lits[k + 1]);
+    return id;
+}
+
+/* ---------------------------------------------------------------- grammars */
+
 static int cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     return (x > y) - (x < y);
 }
 
-int k3c_cgrammar_new(const k3c_tok *tok, const k3c_json *schema, const char *prefix, const char *suffix, int spaced,
-                     k3c_cgrammar **out, char *path, size_t npath, k3c_err *err) {
-    *out = NULL;
-    if (npath) path[0] = '\0';
+static int grammar_alloc(const k3c_tok *tok, const k3c_vtrie *trie, int spaced, k3c_cgrammar **out, k3c_err *err) {
     k3c_cgrammar *g = calloc(1, sizeof *g);
     if (!g || !(g->nodes = calloc(MAX_NODES, sizeof *g->nodes))) {
         free(g);
         return k3c_errf(err, K3C_ENOMEM, "out of memory");
     }
-    g->tok = tok;
-    g->spaced = spaced;
+    g->tok = tok, g->trie = trie, g->spaced = spaced;
     for (int k = 0; k < 8; k++) g->mark_id[k] = -1;
-    g->nmark = 5;
-    compiler c = {g, schema, path, npath, err, 0};
-    int rc = K3C_OK;
-    g->any = any_value(&c);
-    if (g->any >= 0) g->any_str = g->nodes[g->any].kids[2];
-    g->root = g->any < 0 ? g->any : schema ? compile(&c, schema, "") : g->nodes[g->any].kids[0];
-    if (g->root < 0) rc = err->code ? err->code : K3C_EINVAL;
-    if (!rc) rc = symbols(g, prefix, &g->pre, &g->npre, err);
-    if (!rc) rc = symbols(g, suffix, &g->suf, &g->nsuf, err);
     g->nspecial = k3c_tok_n_specials(tok);
-    if (!rc && !(g->special = malloc(sizeof(int32_t) * (size_t)(g->nspecial + 1))))
-        rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
-    for (int i = 0; !rc && i < g->nspecial; i++) k3c_tok_special_at(tok, i, NULL, NULL, &g->special[i]);
-    if (!rc) qsort(g->special, (size_t)g->nspecial, sizeof *g->special, cmp_i32);
-    if (rc) {
+    if (!(g->special = malloc(sizeof(int32_t) * (size_t)(g->nspecial + 1)))) {
+        k3c_cgrammar_free(g);
+        return k3c_errf(err, K3C_ENOMEM, "out of memory");
+    }
+    for (int i = 0; i < g->nspecial; i++) k3c_tok_special_at(tok, i, NULL, NULL, &g->special[i]);
+    qsort(g->special, (size_t)g->nspecial, sizeof *g->special, cmp_i32);
+    *out = g;
+    return K3C_OK;
+}
+
+static int grammar_done(k3c_cgrammar *g, int root, k3c_err *err, k3c_cgrammar **out) {
+    if (root < 0) {
+        int rc = err->code ? err->code : K3C_EINVAL;
         k3c_cgrammar_free(g);
         return rc;
     }
+    g->root = root;
     *out = g;
     return K3C_OK;
+}
+
+/* The schema's value node: the any-value node first (json_object and `true` refer to it), then the schema's. */
+static int value_node(compiler *c, const k3c_json *schema) {
+    k3c_cgrammar *g = c->g;
+    g->any = any_value(c);
+    if (g->any < 0) return g->any;
+    g->any_str = g->nodes[g->any].kids[2];
+    return schema ? compile(c, schema, "") : g->nodes[g->any].kids[0];
+}
+
+int k3c_cgrammar_new(const k3c_tok *tok, const k3c_vtrie *trie, const k3c_json *schema, const char *prefix,
+                     const char *suffix, int spaced, k3c_cgrammar **out, char *path, size_t npath, k3c_err *err) {
+    *out = NULL;
+    if (npath) path[0] = '\0';
+    k3c_cgrammar *g;
+    int rc = grammar_alloc(tok, trie, spaced, &g, err);
+    if (rc) return rc;
+    compiler c = {g, schema, path, npath, err, 0};
+    int parts[3], np = 0;
+    if (prefix[0]) parts[np++] = lit_node(&c, prefix);
+    parts[np++] = value_node(&c, schema);
+    if (suffix[0]) parts[np++] = lit_node(&c, suffix);
+    return grammar_done(g, seq_node(&c, parts, np), err, out);
+}
+
+/* The arguments of one tool: its parameters where the subset covers them, else any object. */
+static int tool_args(compiler *c, const k3c_json *fn) {
+    const k3c_json *params = k3c_json_get(fn, "parameters");
+    if (!params || params->type != K3C_JSON_OBJECT) return c->g->nodes[c->g->any].kids[0];
+    int nn = c->g->nn;
+    k3c_err quiet = {0};
+    char path[8];
+    compiler sub = {c->g, params, path, sizeof path, &quiet, 0};
+    int id = compile(&sub, params, "");
+    if (id >= 0 && c->g->nodes[id].kind == N_OBJ) return id;
+    if (quiet.code == K3C_ENOMEM) return k3c_errf(c->err, K3C_ENOMEM, "out of memory");
+    for (int i = nn; i < c->g->nn; i++) { /* drop what the failed compile made */
+        cnode *n = &c->g->nodes[i];
+        for (int k = 0; n->lits && k < n->n; k++) free(n->lits[k]);
+        free(n->lits), free(n->lens), free(n->kids), free(n->syms);
+    }
+    c->g->nn = nn;
+    return c->g->nodes[c->g->any].kids[0];
+}
+
+/* The function object of a tool (OpenAI's {"type":"function","function":{..}}, or the function itself). */
+static const k3c_json *tool_function(const k3c_json *t) {
+    const k3c_json *fn = k3c_json_get(t, "function");
+    return fn && fn->type == K3C_JSON_OBJECT ? fn : t;
+}
+
+/* The calls of the tools channel: call k (1-based) of a chosen tool with its arguments as one json element, then
+ * optionally call k + 1, up to max. tails[t]: tool t's part after its name. */
+static int calls_node(compiler *c, const k3c_cchat *sp, const int *tails, int k, int max) {
+    choice_entry e[64];
+    int ne = 0;
+    for (size_t t = 0; t < sp->tools->n && ne < 64; t++) {
+        const k3c_json *name = k3c_json_get(tool_function(&sp->tools->items[t]), "name");
+        if (!name || name->type != K3C_JSON_STRING || tails[t] < 0) continue;
+        if (sp->tools_mode == K3C_CTOOLS_NAMED && strcmp(name->string, sp->tool_name)) continue;
+        k3c_sbuf s;
+        k3c_sbuf_init(&s);
+        k3c_sbuf_printf(&s, "%s\" index=\"%d\"", name->string, k);
+        if (!s.ok) return k3c_errf(c->err, K3C_ENOMEM, "out of memory");
+        e[ne++] = (choice_entry){s.buf, tails[t]};
+    }
+    if (ne == 0) return k3c_errf(c->err, K3C_EINVAL, "constraint: no tool to call");
+    int parts[3] = {lit_node(c, "<|open|>call tool=\""), choice_node(c, e, ne), 0};
+    int np = 2;
+    if (k < max) parts[np++] = opt_node(c, calls_node(c, sp, tails, k + 1, max));
+    return seq_node(c, parts, np);
+}
+
+/* A tool name is written raw inside an attribute: quotes, markup and control characters are refused. */
+static int plain_name(const char *s) {
+    if (!*s) return 0;
+    for (; *s; s++)
+        if (*s == '"' || *s == '<' || *s == '&' || (unsigned char)*s < 0x20) return 0;
+    return 1;
+}
+
+static int tools_node(compiler *c, const k3c_cchat *sp) {
+    int tails[64];
+    if (!sp->tools || sp->tools->type != K3C_JSON_ARRAY || sp->tools->n == 0)
+        return k3c_errf(c->err, K3C_EINVAL, "tool_choice: the request has no tools");
+    if (sp->tools->n > 64) return unsupported(c, "tools", "more than 64 tools");
+    for (size_t t = 0; t < sp->tools->n; t++) {
+        const k3c_json *fn = tool_function(&sp->tools->items[t]), *name = k3c_json_get(fn, "name");
+        tails[t] = -1;
+        if (!name || name->type != K3C_JSON_STRING) continue;
+        if (!plain_name(name->string)) return unsupported(c, "tools", "a tool name with quotes or markup");
+        int args = tool_args(c, fn);
+        int parts[3] = {lit_node(c, "<|sep|><|open|>json type=\"object\"<|sep|>"), args,
+                        lit_node(c, "<|close|>json<|sep|><|close|>call<|sep|>")};
+        if ((tails[t] = seq_node(c, parts, 3)) < 0) return tails[t];
+    }
+    return calls_node(c, sp, tails, 1, sp->one_call ? 1 : 8);
+}
+
+int k3c_cgrammar_chat(const k3c_tok *tok, const k3c_vtrie *trie, const k3c_cchat *sp, k3c_cgrammar **out,
+                      char *path, size_t npath, k3c_err *err) {
+    *out = NULL;
+    if (npath) path[0] = '\0';
+    int xtml = sp->format == K3C_CHAT_XTML;
+    int tools = xtml && sp->tools_mode != K3C_CTOOLS_ANY;
+    if (!sp->json && !tools) return K3C_OK;
+    k3c_cgrammar *g;
+    int rc = grammar_alloc(tok, trie, 1, &g, err);
+    if (rc) return rc;
+    compiler c = {g, sp->schema, path, npath, err, 0};
+    int parts[6], np = 0, value = value_node(&c, sp->json ? sp->schema : NULL);
+    if (!xtml) { /* K2: the JSON value ends the turn */
+        parts[np++] = value;
+        parts[np++] = lit_node(&c, "<|im_end|>");
+        return grammar_done(g, seq_node(&c, parts, np), err, out);
+    }
+    if (sp->thinking) {
+        parts[np++] = text_node(&c);
+        parts[np++] = lit_node(&c, "<|close|>think<|sep|><|open|>response<|sep|>");
+    }
+    const char *end = "<|close|>message<|sep|><|end_of_msg|>";
+    char tail[96];
+    if (tools && sp->tools_mode != K3C_CTOOLS_NONE) {
+        parts[np++] = lit_node(&c, "<|close|>response<|sep|><|open|>tools<|sep|>");
+        parts[np++] = value < 0 ? value : tools_node(&c, sp);
+        snprintf(tail, sizeof tail, "<|close|>tools<|sep|>%s", end);
+    } else {
+        parts[np++] = sp->json ? value : text_node(&c);
+        snprintf(tail, sizeof tail, "<|close|>response<|sep|>%s", end);
+    }
+    parts[np++] = lit_node(&c, tail);
+    return grammar_done(g, seq_node(&c, parts, np), err, out);
 }
 
 void k3c_cgrammar_free(k3c_cgrammar *g) {
@@ -390,369 +553,9 @@ void k3c_cgrammar_free(k3c_cgrammar *g) {
     for (int i = 0; i < g->nn; i++) {
         cnode *n = &g->nodes[i];
         for (int k = 0; n->lits && k < n->n; k++) free(n->lits[k]);
-        free(n->lits), free(n->lens), free(n->kids);
+        free(n->lits), free(n->lens), free(n->kids), free(n->syms);
     }
-    free(g->nodes), free(g->pre), free(g->suf), free(g->special), free(g);
+    free(g->nodes), free(g->special), free(g);
 }
 
-int64_t k3c_cgrammar_min_tokens(const k3c_cgrammar *g) { return g->npre + g->nodes[g->root].cost + g->nsuf; }
-
-/* ---------------------------------------------------------------- the automaton */
-
-enum { R_FAIL, R_TAKEN, R_TAKEN_POP, R_POP, R_PUSHED };
-
-static int push(cstate *s, int node) {
-    if (s->n == MAX_DEPTH) return R_FAIL;
-    s->f[s->n++] = (frame){(int16_t)node, 0, 0, 0, 0, 0};
-    return R_PUSHED;
-}
-
-/* Free text inside a JSON string: whole UTF-8 characters, control characters escaped, and never "<|", so the chat
- * parser cannot read a marker into it. */
-static int str_byte(frame *f, int b) {
-    if (f->a > 0) { /* a = continuation bytes still due, i/pos = the next one's range */
-        if (b < f->i || b > f->pos) return R_FAIL;
-        f->a--, f->i = 0x80, f->pos = 0xbf;
-        return R_TAKEN;
-    }
-    if (f->phase == 2) { /* after a backslash */
-        if (b == 'u') return f->phase = 3, f->cand = 4, R_TAKEN;
-        if (!strchr("\"\\/bfnrt", b) || !b) return R_FAIL;
-        return f->phase = 1, R_TAKEN;
-    }
-    if (f->phase == 3) { /* \uXXXX */
-        if (!((b >= '0' && b <= '9') || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F'))) return R_FAIL;
-        if (--f->cand == 0) f->phase = 1;
-        return R_TAKEN;
-    }
-    int lt = (int)(f->cand == 1);
-    f->cand = b == '<';
-    if (b == '"') return R_TAKEN_POP;
-    if (b == '\\') return f->phase = 2, R_TAKEN;
-    if (b < 0x20 || (lt && b == '|')) return R_FAIL;
-    if (b < 0x80) return R_TAKEN;
-    if (b >= 0xc2 && b <= 0xdf) return f->a = 1, f->i = 0x80, f->pos = 0xbf, R_TAKEN;
-    if (b >= 0xe0 && b <= 0xef)
-        return f->a = 2, f->i = b == 0xe0 ? 0xa0 : 0x80, f->pos = b == 0xed ? 0x9f : 0xbf, R_TAKEN;
-    if (b >= 0xf0 && b <= 0xf4)
-        return f->a = 3, f->i = b == 0xf0 ? 0x90 : 0x80, f->pos = b == 0xf4 ? 0x8f : 0xbf, R_TAKEN;
-    return R_FAIL;
-}
-
-/* JSON numbers: phases 0 start, 1 after '-', 2 integer digits, 3 a leading 0, 4 after '.', 5 fraction, 6 after 'e',
- * 7 after the exponent's sign, 8 exponent digits; 2, 3, 5 and 8 may end; i counts the digits of 2 and 8. */
-static int num_byte(frame *f, int b, int integer) {
-    int d = b >= '0' && b <= '9', p = f->phase;
-    /* at most 15 integer digits and 2 exponent digits: every value fits a double and an int64 exactly */
-    if (d && (p == 2 || p == 8) && ++f->i > (p == 2 ? 14 : 1)) return p == 2 || p == 8 ? R_POP : R_FAIL;
-    if (d && (p == 6 || p == 7)) f->i = 0;
-    int ends = p == 2 || p == 3 || p == 5 || p == 8;
-    if ((p == 0 && b == '-') ) return f->phase = 1, R_TAKEN;
-    if ((p == 0 || p == 1) && d) return f->phase = b == '0' ? 3 : 2, R_TAKEN;
-    if ((p == 2 && d) || ((p == 4 || p == 5) && d && (f->phase = 5)) || ((p == 6 || p == 7 || p == 8) && d && (f->phase = 8)))
-        return R_TAKEN;
-    if (!integer && (p == 2 || p == 3) && b == '.') return f->phase = 4, R_TAKEN;
-    if (!integer && (p == 2 || p == 3 || p == 5) && (b == 'e' || b == 'E')) return f->phase = 6, R_TAKEN;
-    if (p == 6 && (b == '+' || b == '-')) return f->phase = 7, R_TAKEN;
-    return ends ? R_POP : R_FAIL;
-}
-
-/* An enum frame: the candidates [i, a) share the first pos bytes. */
-static int enum_byte(const cnode *n, frame *f, int b) {
-    int lo = f->i, hi = f->a, nlo = -1, nhi = -1, whole = 0;
-    for (int k = lo; k < hi; k++) {
-        if (n->lens[k] == (size_t)f->pos) whole = 1;
-        if (n->lens[k] > (size_t)f->pos && (unsigned char)n->lits[k][f->pos] == b) {
-            if (nlo < 0) nlo = k;
-            nhi = k + 1;
-        }
-    }
-    if (nlo < 0) return whole ? R_POP : R_FAIL;
-    f->i = nlo, f->a = nhi, f->pos++;
-    if (nhi - nlo == 1 && n->lens[nlo] == (size_t)f->pos) return R_TAKEN_POP;
-    return R_TAKEN;
-}
-
-/* First required property at or after i (n when none). */
-static int next_req(const cnode *n, int i) {
-    while (i < n->n && !n->req[i]) i++;
-    return i;
-}
-
-/* A typed object: phase 0 before '{', 1 after '{' (a = 1) or ',' (a = 0), 2 in a key (cand: the properties still
- * matching, pos into their literal), 5 key done (a: its property), 3 after a value; i: the next property. */
-static int obj_byte(const k3c_cgrammar *g, cstate *s, frame *f, const cnode *n, int b) {
-    switch (f->phase) {
-    case 0: return b == '{' ? (f->phase = 1, f->a = 1, R_TAKEN) : R_FAIL;
-    case 1:
-        if (b == '}' && f->a && next_req(n, f->i) == n->n) return R_TAKEN_POP;
-        if (b != '"' || f->i >= n->n) return R_FAIL;
-        f->cand = 0;
-        for (int j = f->i; j <= next_req(n, f->i) && j < n->n; j++) f->cand |= 1ull << j;
-        f->phase = 2, f->pos = 0;
-        __attribute__((fallthrough)); /* the quote is the literal's first byte */
-    case 2: {
-        uint64_t keep = 0;
-        int done = -1;
-        for (int j = 0; j < n->n; j++)
-            if (f->cand >> j & 1 && n->lens[j] > (size_t)f->pos && (unsigned char)n->lits[j][f->pos] == b) {
-                keep |= 1ull << j;
-                if (n->lens[j] == (size_t)f->pos + 1) done = j;
-            }
-        if (!keep) return R_FAIL;
-        f->cand = keep, f->pos++;
-        if (done >= 0) f->phase = 5, f->a = done;
-        return R_TAKEN;
-    }
-    case 5:
-        f->phase = 3, f->i = f->a + 1;
-        return push(s, n->kids[f->a]);
-    case 3:
-        if (b == '}' && next_req(n, f->i) == n->n) return R_TAKEN_POP;
-        if (b == ',' && f->i < n->n) return f->phase = g->spaced ? 6 : 1, f->a = 0, R_TAKEN;
-        return R_FAIL;
-    case 6: return b == ' ' ? (f->phase = 1, R_TAKEN) : R_FAIL;
-    }
-    return R_FAIL;
-}
-
-/* Any object (json_object): 0 before '{', 1 after '{' (a = 1) or ',', 4 key read (':' due), 7 after ':' (space due
- * when spaced), 5 value due, 3 after a value. */
-static int anyobj_byte(const k3c_cgrammar *g, cstate *s, frame *f, int b, int str_node) {
-    switch (f->phase) {
-    case 0: return b == '{' ? (f->phase = 1, f->a = 1, R_TAKEN) : R_FAIL;
-    case 1:
-        if (b == '}' && f->a) return R_TAKEN_POP;
-        if (b != '"') return R_FAIL;
-        f->phase = 4;
-        return push(s, str_node);
-    case 4: return b == ':' ? (f->phase = g->spaced ? 7 : 5, R_TAKEN) : R_FAIL;
-    case 7: return b == ' ' ? (f->phase = 5, R_TAKEN) : R_FAIL;
-    case 5: f->phase = 3; return push(s, -1);
-    case 3:
-        if (b == '}') return R_TAKEN_POP;
-        if (b == ',') return f->phase = g->spaced ? 6 : 1, f->a = 0, R_TAKEN;
-        return R_FAIL;
-    case 6: return b == ' ' ? (f->phase = 1, R_TAKEN) : R_FAIL;
-    }
-    return R_FAIL;
-}
-
-/* Arrays: 0 before '[', 1 after '[', 2 item due, 3 after an item, 6 space due after ','. */
-static int arr_byte(const k3c_cgrammar *g, cstate *s, frame *f, const cnode *n, int b) {
-    switch (f->phase) {
-    case 0: return b == '[' ? (f->phase = 1, R_TAKEN) : R_FAIL;
-    case 1:
-        if (b == ']') return R_TAKEN_POP;
-        __attribute__((fallthrough));
-    case 2: f->phase = 3; return push(s, n->items);
-    case 3:
-        if (b == ']') return R_TAKEN_POP;
-        return b == ',' ? (f->phase = g->spaced ? 6 : 2, R_TAKEN) : R_FAIL;
-    case 6: return b == ' ' ? (f->phase = 2, R_TAKEN) : R_FAIL;
-    }
-    return R_FAIL;
-}
-
-static int json_byte(const k3c_cgrammar *g, cstate *s, int b) {
-    for (int guard = 0; guard < 4 * MAX_DEPTH; guard++) {
-        if (s->n == 0) return 0;
-        frame *f = &s->f[s->n - 1];
-        const cnode *n = &g->nodes[f->node];
-        int r = R_FAIL;
-        switch (n->kind) {
-        case N_STR: r = f->phase == 0 ? (b == '"' ? (f->phase = 1, R_TAKEN) : R_FAIL) : str_byte(f, b); break;
-        case N_NUM: r = num_byte(f, b, 0); break;
-        case N_INT: r = num_byte(f, b, 1); break;
-        case N_ENUM:
-            if (f->phase == 0) f->phase = 1, f->i = 0, f->a = n->n, f->pos = 0;
-            r = enum_byte(n, f, b);
-            break;
-        case N_OBJ: r = obj_byte(g, s, f, n, b); break;
-        case N_ARR: r = arr_byte(g, s, f, n, b); break;
-        case N_ANYOBJ: {
-            r = anyobj_byte(g, s, f, b, g->any_str);
-            if (r == R_PUSHED && s->f[s->n - 1].node == -1) s->f[s->n - 1].node = (int16_t)g->any;
-            break;
-        }
-        case N_ANYOF: {
-            int k = 0;
-            while (k < n->n && !has_bit(g->nodes[n->kids[k]].first, b)) k++;
-            if (k == n->n) return 0;
-            *f = (frame){(int16_t)n->kids[k], 0, 0, 0, 0, 0};
-            r = R_PUSHED;
-            break;
-        }
-        }
-        if (r == R_FAIL) return 0;
-        if (r == R_TAKEN) return 1;
-        if (r == R_TAKEN_POP) return s->n--, 1;
-        if (r == R_POP) s->n--;
-    }
-    return 0;
-}
-
-/* One symbol (a byte, or SYM_MARK + marker): 1 taken, 0 refused (the state is then garbage). */
-static int step(const k3c_cgrammar *g, cstate *s, int sym) {
-    if (s->part == 1) {
-        if (sym < SYM_MARK && json_byte(g, s, sym)) {
-            if (s->n == 0) s->part = 2, s->pos = 0;
-            return 1;
-        }
-        if (sym < SYM_MARK) return 0;
-        while (s->n) { /* a root number or enum ends at the marker after it */
-            const frame *f = &s->f[s->n - 1];
-            const cnode *n = &g->nodes[f->node];
-            int ends = (n->kind == N_NUM || n->kind == N_INT) && (f->phase == 2 || f->phase == 3 || f->phase == 5 || f->phase == 8);
-            for (int k = f->i; n->kind == N_ENUM && f->phase && k < f->a; k++) ends |= n->lens[k] == (size_t)f->pos;
-            if (!ends) return 0;
-            s->n--;
-        }
-        s->part = 2, s->pos = 0;
-    }
-    if (s->part == 0 || s->part == 2) {
-        const int32_t *lit = s->part ? g->suf : g->pre;
-        int nl = s->part ? g->nsuf : g->npre;
-        if (s->pos >= nl) {
-            if (s->part == 2) return 0;
-            s->part = 1, s->n = 0;
-            push(s, g->root);
-            return step(g, s, sym);
-        }
-        if (lit[s->pos] != sym) return 0;
-        if (++s->pos == nl) {
-            if (s->part == 2) s->part = 3;
-            else s->part = 1, s->n = 0, push(s, g->root);
-        }
-        return 1;
-    }
-    return 0;
-}
-
-/* ---------------------------------------------------------------- budget: symbols the shortest completion takes */
-
-static int64_t obj_rest(const k3c_cgrammar *g, const cnode *n, int i) { /* from after a value, before , or } */
-    int64_t c = 1;
-    for (int j = i; j < n->n; j++)
-        if (n->req[j]) c += 1 + g->spaced + (int64_t)n->lens[j] + g->nodes[n->kids[j]].cost;
-    return c;
-}
-
-static int64_t frame_cost(const k3c_cgrammar *g, const frame *f) {
-    const cnode *n = &g->nodes[f->node];
-    int64_t best = INT64_MAX;
-    switch (n->kind) {
-    case N_STR:
-        if (f->phase == 0) return 2;
-        return 1 + f->a + (f->phase == 2 ? 1 : f->phase == 3 ? (int64_t)f->cand : 0);
-    case N_NUM:
-    case N_INT: return f->phase == 2 || f->phase == 3 || f->phase == 5 || f->phase == 8 ? 0 : 1;
-    case N_ENUM:
-        if (f->phase == 0) return n->cost;
-        for (int k = f->i; k < f->a; k++)
-            if ((int64_t)n->lens[k] - f->pos < best) best = (int64_t)n->lens[k] - f->pos;
-        return best;
-    case N_ARR: return f->phase == 0 ? 2 : f->phase == 2 ? g->nodes[n->items].cost + 1 : f->phase == 6 ? g->nodes[n->items].cost + 2 : 1;
-    case N_ANYOBJ: {
-        static const int64_t c[8] = {2, 5, 0, 1, 3, 2, 6, 3};
-        return f->phase == 1 && f->a ? 1 : c[f->phase];
-    }
-    case N_ANYOF: return n->cost;
-    case N_OBJ:
-        if (f->phase == 0) return n->cost;
-        if (f->phase == 3) return obj_rest(g, n, f->i);
-        if (f->phase == 5) return g->nodes[n->kids[f->a]].cost + obj_rest(g, n, f->a + 1);
-        for (int j = f->i; j < n->n && (f->phase != 2 || j < 64); j++) {
-            if (f->phase == 2 && !(f->cand >> j & 1)) continue;
-            int64_t c = (int64_t)n->lens[j] - (f->phase == 2 ? f->pos : 0) + g->nodes[n->kids[j]].cost +
-                        obj_rest(g, n, j + 1) + (f->phase == 6);
-            if (c < best) best = c;
-            if (n->req[j]) break;
-        }
-        if (f->phase == 1 && f->a && next_req(n, f->i) == n->n) best = 1;
-        return best;
-    }
-    return 0;
-}
-
-static int64_t state_cost(const k3c_cgrammar *g, const cstate *s) {
-    if (s->part == 3) return 0;
-    if (s->part == 2) return g->nsuf - s->pos;
-    if (s->part == 0) return g->npre - s->pos + g->nodes[g->root].cost + g->nsuf;
-    int64_t c = g->nsuf;
-    for (int k = 0; k < s->n; k++) c += frame_cost(g, &s->f[k]);
-    return c;
-}
-
-/* ---------------------------------------------------------------- the mask */
-
-static int marker_of(const k3c_cgrammar *g, int32_t id) {
-    for (int k = 0; k < g->nmark; k++)
-        if (g->mark_id[k] == id) return SYM_MARK + k;
-    return -1;
-}
-
-static int is_special(const k3c_cgrammar *g, int32_t id) {
-    return bsearch(&id, g->special, (size_t)g->nspecial, sizeof id, cmp_i32) != NULL;
-}
-
-/* The state after token id, or 0 when the automaton refuses it. */
-static int advance(const k3c_cgrammar *g, const cstate *from, int32_t id, cstate *to) {
-    const unsigned char *b;
-    size_t len;
-    if (is_special(g, id)) {
-        int m = marker_of(g, id);
-        if (m < 0) return 0;
-        *to = *from;
-        return step(g, to, m);
-    }
-    if (k3c_tok_token_bytes(g->tok, id, &b, &len, NULL) || len == 0) return 0;
-    *to = *from;
-    for (size_t i = 0; i < len; i++)
-        if (!step(g, to, b[i])) return 0;
-    return 1;
-}
-
-static int c_mask(void *ctx, float *logits, int64_t V, int64_t left) {
-    cimpl *c = ctx;
-    cstate t;
-    int64_t n_ok = 0;
-    for (int64_t id = 0; id < V; id++) {
-        if (logits[id] == -INFINITY) continue;
-        int ok = advance(c->g, &c->st, (int32_t)id, &t) && state_cost(c->g, &t) <= left - 1;
-        if (!ok) logits[id] = -INFINITY;
-        n_ok += ok;
-    }
-    return n_ok ? K3C_OK : K3C_ENUMERIC;
-}
-
-static int c_accept(void *ctx, int32_t id) {
-    cimpl *c = ctx;
-    cstate t;
-    if (!advance(c->g, &c->st, id, &t)) return K3C_EINVAL;
-    c->st = t;
-    return K3C_OK;
-}
-
-static void c_release(void *ctx) { free(ctx); }
-
-int k3c_constraint_new(const k3c_cgrammar *g, k3c_constraint **out, k3c_err *err) {
-    cimpl *c = calloc(1, sizeof *c);
-    if (!c) return k3c_errf(err, K3C_ENOMEM, "out of memory");
-    c->g = g;
-    c->iface = (k3c_constraint){c, c_mask, c_accept, c_release};
-    if (g->npre == 0) c->st.part = 1, push(&c->st, g->root);
-    *out = &c->iface;
-    return K3C_OK;
-}
-
-int k3c_constraint_feed(k3c_constraint *k, const char *s, size_t n) {
-    cimpl *c = k->ctx;
-    cstate t = c->st;
-    for (size_t i = 0; i < n; i++)
-        if (!step(c->g, &t, (unsigned char)s[i])) return 0;
-    c->st = t;
-    return 1;
-}
-
-int k3c_constraint_done(const k3c_constraint *k) { return ((const cimpl *)k->ctx)->st.part == 3; }
+int64_t k3c_cgrammar_min_tokens(const k3c_cgrammar *g) { return g->nodes[g->root].cost; }
