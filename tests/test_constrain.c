@@ -300,6 +300,37 @@ static int fast_equals_exact(const k3c_cgrammar *g, int64_t V, int steps, const 
     return s;
 }
 
+/* Random answers (the trie mask, random picks) within a budget of the grammar's minimum plus 0..4 tokens: every one
+ * completes within it, the markup counted in the vocabulary's tokens. */
+static void tight_walks(const k3c_cgrammar *g, int64_t V, const char *what) {
+    float *a = malloc(sizeof(float) * (size_t)V);
+    int completed = 0;
+    k3c_err err = {0};
+    for (int w = 0; w < 5; w++) {
+        int64_t budget = k3c_cgrammar_min_tokens(g) + w, n = 0;
+        k3c_constraint *c = NULL;
+        CHECK_OK(k3c_constraint_new(g, 0, &c, &err), &err);
+        while (n < budget && !k3c_constraint_done(c)) {
+            for (int64_t i = 0; i < V; i++) a[i] = 0;
+            if (c->mask(c->ctx, a, V, budget - n)) break;
+            int64_t n_ok = 0, pick;
+            for (int64_t i = 0; i < V; i++) n_ok += a[i] == 0;
+            pick = (int64_t)(rnd() % (uint64_t)n_ok);
+            for (int64_t i = 0; i < V; i++)
+                if (a[i] == 0 && pick-- == 0) {
+                    c->accept(c->ctx, (int32_t)i);
+                    break;
+                }
+            n++;
+        }
+        completed += k3c_constraint_done(c);
+        c->release(c->ctx);
+    }
+    free(a);
+    CHECK(completed == 5, "%s: %d of 5 answers complete within min_tokens (%lld) + 0..4", what, completed,
+          (long long)k3c_cgrammar_min_tokens(g));
+}
+
 /* The grammars of the walks: a schema, json_object, the chat answers. */
 static void test_fast_mask(const k3c_tok *tok, int64_t V, int steps, const char *what) {
     k3c_vtrie *trie = NULL;
@@ -318,6 +349,7 @@ static void test_fast_mask(const k3c_tok *tok, int64_t V, int steps, const char 
         char w[96];
         snprintf(w, sizeof w, "%s, grammar %zu", what, i);
         if (g) fast_equals_exact(g, V, steps, w);
+        if (g) tight_walks(g, V, w);
         k3c_cgrammar_free(g);
     }
     k3c_json_free(s), k3c_json_free(tools);

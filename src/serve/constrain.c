@@ -300,6 +300,21 @@ static int symbols(k3c_cgrammar *g, const char *s, int32_t **out, int *n, k3c_er
     return K3C_OK;
 }
 
+/* tc[p] for p in [0, n]: the fewest tokens that spell syms[p..n) (a marker is one; a byte run goes through the
+ * vocabulary's tokens), so the budget counts markup as the model writes it; one per symbol without a trie. */
+static int32_t *token_costs(const k3c_cgrammar *g, const int32_t *syms, int n, k3c_err *err) {
+    int32_t *tc = malloc(sizeof(int32_t) * (size_t)(n + 1));
+    if (!tc) return k3c_errf(err, K3C_ENOMEM, "out of memory"), NULL;
+    tc[n] = 0;
+    for (int p = n - 1; p >= 0; p--) {
+        tc[p] = 1 + tc[p + 1];
+        int lens[64], nl = g->trie ? k3c_vtrie_prefixes(g->trie, syms + p, n - p, lens, 64) : 0;
+        for (int k = 0; k < nl; k++)
+            if (1 + tc[p + lens[k]] < tc[p]) tc[p] = 1 + tc[p + lens[k]];
+    }
+    return tc;
+}
+
 static int lit_node(compiler *c, const char *text) {
     int id = new_node(c, N_LIT, c->err);
     if (id < 0) return id;
@@ -307,7 +322,8 @@ static int lit_node(compiler *c, const char *text) {
     if (symbols(c->g, text, &n->syms, &n->n, c->err)) return -1;
     if (n->n == 0) return k3c_errf(c->err, K3C_EINVAL, "constraint: an empty literal");
     set_bit(n->first, n->syms[0]);
-    n->cost = n->n;
+    if (!(n->tc = token_costs(c->g, n->syms, n->n, c->err))) return -1;
+    n->cost = n->tc[0];
     return id;
 }
 
@@ -356,7 +372,7 @@ static int choice_node(compiler *c, choice_entry *e, int ne) {
     int id = new_node(c, N_CHOICE, c->err);
     cnode *n = id < 0 ? NULL : &c->g->nodes[id];
     if (n && (!(n->lits = calloc((size_t)ne, sizeof *n->lits)) || !(n->lens = calloc((size_t)ne, sizeof *n->lens)) ||
-              !(n->kids = calloc((size_t)ne, sizeof *n->kids))))
+              !(n->kids = calloc((size_t)ne, sizeof *n->kids)) || !(n->tcs = calloc((size_t)ne, sizeof *n->tcs))))
         id = k3c_errf(c->err, K3C_ENOMEM, "out of memory");
     if (id < 0) {
         for (int k = 0; k < ne; k++) free(e[k].lit);
@@ -365,10 +381,15 @@ static int choice_node(compiler *c, choice_entry *e, int ne) {
     qsort(e, (size_t)ne, sizeof *e, cmp_entry);
     n->n = ne;
     n->cost = INT64_MAX;
+    for (int k = 0; k < ne; k++) n->lits[k] = e[k].lit, n->lens[k] = strlen(e[k].lit), n->kids[k] = e[k].kid;
     for (int k = 0; k < ne; k++) {
-        n->lits[k] = e[k].lit, n->lens[k] = strlen(e[k].lit), n->kids[k] = e[k].kid;
         set_bit(n->first, (unsigned char)e[k].lit[0]);
-        int64_t cost = (int64_t)n->lens[k] + c->g->nodes[e[k].kid].cost;
+        int32_t b[256];
+        int nb = n->lens[k] < 256 ? (int)n->lens[k] : 256;
+        for (int q = 0; q < nb; q++) b[q] = (unsigned char)e[k].lit[q];
+        if (nb < (int)n->lens[k]) return k3c_errf(c->err, K3C_EUNSUPPORTED, "constraint: a tool name over 200 bytes");
+        if (!(n->tcs[k] = token_costs(c->g, b, nb, c->err))) return -1;
+        int64_t cost = n->tcs[k][0] + c->g->nodes[e[k].kid].cost;
         if (cost < n->cost) n->cost = cost;
     }
     for (int k = 0; k + 1 < ne; k++)
@@ -439,6 +460,12 @@ int k3c_cgrammar_new(const k3c_tok *tok, const k3c_vtrie *trie, const k3c_json *
     return grammar_done(g, seq_node(&c, parts, np), err, out);
 }
 
+static void node_free(cnode *n) {
+    for (int k = 0; n->lits && k < n->n; k++) free(n->lits[k]);
+    for (int k = 0; n->tcs && k < n->n; k++) free(n->tcs[k]);
+    free(n->lits), free(n->lens), free(n->kids), free(n->syms), free(n->tc), free(n->tcs);
+}
+
 /* The arguments of one tool: its parameters where the subset covers them, else any object. */
 static int tool_args(compiler *c, const k3c_json *fn) {
     const k3c_json *params = k3c_json_get(fn, "parameters");
@@ -453,7 +480,7 @@ static int tool_args(compiler *c, const k3c_json *fn) {
     for (int i = nn; i < c->g->nn; i++) { /* drop what the failed compile made */
         cnode *n = &c->g->nodes[i];
         for (int k = 0; n->lits && k < n->n; k++) free(n->lits[k]);
-        free(n->lits), free(n->lens), free(n->kids), free(n->syms);
+        node_free(n);
     }
     c->g->nn = nn;
     return c->g->nodes[c->g->any].kids[0];
@@ -552,8 +579,7 @@ void k3c_cgrammar_free(k3c_cgrammar *g) {
     if (!g) return;
     for (int i = 0; i < g->nn; i++) {
         cnode *n = &g->nodes[i];
-        for (int k = 0; n->lits && k < n->n; k++) free(n->lits[k]);
-        free(n->lits), free(n->lens), free(n->kids), free(n->syms);
+        node_free(n);
     }
     free(g->nodes), free(g->special), free(g);
 }

@@ -21,6 +21,8 @@ typedef struct {
                            sorted in N_ENUM and N_CHOICE */
     size_t *lens;
     int32_t *syms; /* N_LIT: n symbols */
+    int32_t *tc;   /* N_LIT: tc[p] = the fewest tokens that spell syms[p..n) */
+    int32_t **tcs; /* N_CHOICE: the same per literal */
     unsigned char req[MAX_PROPS];
     uint64_t first[5]; /* the symbols a value of this node may start with */
     int64_t cost;      /* the shortest value in symbols */
@@ -58,5 +60,7 @@ int64_t k3c_cframe_cost(const k3c_cgrammar *g, const frame *f);
 /* The marker symbol of a special id, -1 when it is none of the grammar's markers. */
 int k3c_cmarker_of(const k3c_cgrammar *g, int32_t id);
 int k3c_cis_special(const k3c_cgrammar *g, int32_t id);
+/* The lengths of the vocabulary's tokens that spell a prefix of the bytes b[0..n) (at most max); the count. */
+int k3c_vtrie_prefixes(const k3c_vtrie *t, const int32_t *b, int n, int *lens, int max);
 
 #endif

@@ -96,6 +96,18 @@ int k3c_vtrie_new(const k3c_tok *tok, int64_t n_vocab, k3c_vtrie **out, k3c_err 
     return K3C_OK;
 }
 
+int k3c_vtrie_prefixes(const k3c_vtrie *t, const int32_t *b, int n, int *lens, int max) {
+    int64_t i = 0, end = t->nn;
+    int got = 0;
+    for (int d = 0; d < n && b[d] < SYM_MARK && i < end; d++) {
+        while (i < end && t->byte[i] != b[d]) i = t->skip[i]; /* the siblings at depth d + 1 */
+        if (i >= end) break;
+        if (t->cnt[i] && got < max) lens[got++] = d + 1;
+        end = t->skip[i], i++;
+    }
+    return got;
+}
+
 /* ---------------------------------------------------------------- the constraint */
 
 #define N_LOCAL 16 /* free-text tables kept per sequence */

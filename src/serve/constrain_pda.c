@@ -328,7 +328,7 @@ static int64_t frame_cost(const k3c_cgrammar *g, const frame *f) {
         }
         if (f->phase == 1 && f->a && next_req(n, f->i) == n->n) best = 1;
         return best;
-    case N_LIT: return n->n - f->pos;
+    case N_LIT: return n->tc[f->pos];
     case N_SEQ:
         best = 0;
         for (int k = f->i; k < n->n; k++) best += g->nodes[n->kids[k]].cost;
@@ -337,7 +337,7 @@ static int64_t frame_cost(const k3c_cgrammar *g, const frame *f) {
     case N_CHOICE:
         if (f->phase == 0) return n->cost;
         for (int k = f->i; k < f->a; k++) {
-            int64_t c = (int64_t)n->lens[k] - f->pos + g->nodes[n->kids[k]].cost;
+            int64_t c = n->tcs[k][f->pos] + g->nodes[n->kids[k]].cost;
             if (c < best) best = c;
         }
         return best;
