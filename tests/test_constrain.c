@@ -272,6 +272,14 @@ static int fast_equals_exact(const k3c_cgrammar *g, int64_t V, int steps, const 
         if (ra != rb) bad++;
         if (bad) CHECK(0, "%s: step %d (left %lld): masks differ (rc %d / %d, %lld ids)", what, s, (long long)left,
                        ra, rb, (long long)bad);
+        /* the budget's promise: the shortest completion's tokens are really there, so with exactly that many left
+           some id takes one off it */
+        int64_t need = k3c_constraint_cost(c);
+        for (int64_t i = 0; i < V; i++) a[i] = 0;
+        if (!k3c_constraint_done(c) && c->mask(c->ctx, a, V, need)) {
+            CHECK(0, "%s: step %d: nothing allowed with left = the cost %lld", what, s, (long long)need);
+            bad++;
+        }
         /* go on with a loose budget so the walk gets deep: re-mask loosely when the tight one left nothing */
         for (int64_t i = 0; i < V; i++) a[i] = 0;
         if (c->mask(c->ctx, a, V, 1000000 - n_out)) break;

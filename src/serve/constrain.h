@@ -53,6 +53,9 @@ int k3c_constraint_new(const k3c_cgrammar *g, int own, k3c_constraint **out, k3c
 int k3c_constraint_feed(k3c_constraint *c, const char *s, size_t n);
 /* 1 when the answer is complete (the last marker taken). */
 int k3c_constraint_done(const k3c_constraint *c);
+/* Tokens the shortest completion from the current state takes (the budget the mask keeps: with left above it, some
+ * id is allowed). */
+int64_t k3c_constraint_cost(const k3c_constraint *c);
 /* The mask computed by trying every id from the state, as mask() must equal: for tests and the benchmark. */
 int k3c_constraint_mask_exact(k3c_constraint *c, float *logits, int64_t V, int64_t left);
 

@@ -393,4 +393,9 @@ int k3c_constraint_feed(k3c_constraint *k, const char *s, size_t n) {
     return 1;
 }
 
+int64_t k3c_constraint_cost(const k3c_constraint *k) {
+    const cimpl *c = k->ctx;
+    return k3c_cstate_cost(c->g, &c->st);
+}
+
 int k3c_constraint_done(const k3c_constraint *k) { return ((const cimpl *)k->ctx)->st.n == 0; }

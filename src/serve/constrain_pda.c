@@ -310,8 +310,8 @@ static int64_t frame_cost(const k3c_cgrammar *g, const frame *f) {
             if ((int64_t)n->lens[k] - f->pos < best) best = (int64_t)n->lens[k] - f->pos;
         return best;
     case N_ARR: return f->phase == 0 ? 2 : f->phase == 2 ? g->nodes[n->items].cost + 1 : f->phase == 6 ? g->nodes[n->items].cost + 2 : 1;
-    case N_ANYOBJ: {
-        static const int64_t c[8] = {2, 5, 0, 1, 3, 2, 6, 3};
+    case N_ANYOBJ: { /* by phase: "{}", `"":0}` after a comma, -, "}", `:0}`, "0}", the space first, " 0}" */
+        const int64_t sp = g->spaced, c[8] = {2, 5 + sp, 0, 1, 3 + sp, 2, 6 + sp, 3};
         return f->phase == 1 && f->a ? 1 : c[f->phase];
     }
     case N_ANYOF: return n->cost;
