@@ -231,7 +231,13 @@ static api_stream *start_call(k3c_server *s, k3c_api_req *q, api_reply *r) {
     g.n_stop = s->n_stop_ids;
     memcpy(g.stop_ids, s->stop_ids, sizeof g.stop_ids);
     g.max_queue_s = s->o.max_queue_s, g.max_gen_s = s->o.max_gen_s;
-    int rc = k3c_sched_submit(s->sched, q->prompt.ids, (int64_t)q->prompt.n, &g, &c->job, &err);
+    int rc = K3C_OK;
+    if (q->grammar) { /* the constraint takes the grammar, the engine the constraint (released with the sequence) */
+        rc = k3c_constraint_new(q->grammar, 1, &g.constraint, &err);
+        q->grammar = NULL;
+    }
+    if (!rc) rc = k3c_sched_submit(s->sched, q->prompt.ids, (int64_t)q->prompt.n, &g, &c->job, &err);
+    if (rc && g.constraint) g.constraint->release(g.constraint->ctx); /* refused: still ours */
     if (rc) {
         call_unref(c);
         if (rc == K3C_ENOMEM) {
@@ -288,7 +294,7 @@ static int parse_messages(k3c_server *s, const char *body, size_t n, k3c_api_req
     k3c_sbuf chat;
     k3c_sbuf_init(&chat);
     int rc = k3c_anthropic_chat_body(j, &chat, e);
-    if (!rc) rc = k3c_api_parse(K3C_API_CHAT, chat.buf, chat.len, &s->lim, q, e);
+    if (!rc) rc = k3c_api_parse_trie(K3C_API_CHAT, chat.buf, chat.len, &s->lim, s->trie, q, e);
     k3c_sbuf_free(&chat);
     k3c_json_free(j);
     return rc;
@@ -298,7 +304,8 @@ static void generate(k3c_server *s, int kind, const char *body, size_t n, api_re
     k3c_api_req q;
     k3c_api_error e;
     const int anth = kind == ROUTE_MESSAGES;
-    if (anth ? parse_messages(s, body, n, &q, &e) : k3c_api_parse((k3c_api_kind)kind, body, n, &s->lim, &q, &e)) {
+    if (anth ? parse_messages(s, body, n, &q, &e)
+             : k3c_api_parse_trie((k3c_api_kind)kind, body, n, &s->lim, s->trie, &q, &e)) {
         reply_error(r, &e);
         k3c_api_req_free(&q);
         return;
@@ -446,10 +453,12 @@ int k3c_server_ready(k3c_server *s, k3c_serve *sv, k3c_err *err) {
     if (!sv->tok)
         return k3c_errf(err, K3C_EINVAL, "serve: the model directory has no tokenizer (%s)", K3C_TOK_DIR_VOCAB);
     const k3c_config *cfg = k3c_weights_config(sv->weights);
-    int rc = k3c_sched_new(sv->weights, s->o.slots, s->o.queue_max, &s->sched, err);
+    int64_t nv = k3c_tok_n_vocab(sv->tok);
+    int rc = k3c_vtrie_new(sv->tok, nv < cfg->vocab_size ? nv : cfg->vocab_size, &s->trie, err);
+    if (rc) return rc;
+    rc = k3c_sched_new(sv->weights, s->o.slots, s->o.queue_max, &s->sched, err);
     if (rc) return rc;
     s->sv = sv;
-    int64_t nv = k3c_tok_n_vocab(sv->tok);
     s->lim = (k3c_api_limits){sv->tok,
                               k3c_turn_format(cfg),
                               s->model_name,
