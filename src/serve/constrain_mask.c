@@ -12,6 +12,19 @@
 
 /* ---------------------------------------------------------------- the vocabulary trie */
 
+/* The ids a free-text frame keeps inside it (fc: the frame's cost after the id, FC_OUT when the id is refused or
+ * leaves the frame) and the trie nodes where the frame closes (a JSON string's quote), from which the rest of a token
+ * continues in the frames below. */
+#define FC_OUT 255
+typedef struct {
+    frame key;
+    unsigned char *fc;
+    int32_t *exits;
+    int nexits, cap;
+    uint64_t used;
+} ltable;
+#define N_SHARED 4 /* tables built with the trie: a JSON string's and the think text's, after '<' or not */
+
 /* Nodes in preorder: node i holds byte[i] at depth[i] (1 = a first byte), its subtree ends before skip[i], and the
  * tokens whose bytes end there are ids[off[i] .. off[i] + cnt[i]). */
 struct k3c_vtrie {
@@ -20,6 +33,7 @@ struct k3c_vtrie {
     uint16_t *depth, *cnt;
     int32_t *skip, *off, *ids;
     int max_depth;
+    ltable shared[N_SHARED]; /* read-only once built */
 };
 
 typedef struct {
@@ -27,6 +41,22 @@ typedef struct {
     size_t len;
     int32_t id;
 } vtok;
+
+static void copy_state(cstate *to, const cstate *from) {
+    to->n = from->n;
+    memcpy(to->f, from->f, sizeof(frame) * (size_t)from->n);
+}
+
+/* Every string (every text) frame steps alike, and the range of a continuation byte matters only while one is due. */
+static frame local_key(const k3c_cgrammar *g, const frame *f) {
+    frame k = *f;
+    k.node = (int16_t)g->nodes[f->node].kind;
+    if (!k.a) k.i = k.pos = 0;
+    return k;
+}
+
+static int table_build(const k3c_cgrammar *g, const k3c_vtrie *t, cstate *walk, ltable *lt, const frame *f);
+static int shared_tables(k3c_vtrie *t);
 
 static int cmp_vtok(const void *x, const void *y) {
     const vtok *a = x, *b = y;
@@ -39,6 +69,7 @@ static int cmp_vtok(const void *x, const void *y) {
 
 void k3c_vtrie_free(k3c_vtrie *t) {
     if (!t) return;
+    for (int k = 0; k < N_SHARED; k++) free(t->shared[k].fc), free(t->shared[k].exits);
     free(t->byte), free(t->depth), free(t->cnt), free(t->skip), free(t->off), free(t->ids), free(t);
 }
 
@@ -92,6 +123,10 @@ int k3c_vtrie_new(const k3c_tok *tok, int64_t n_vocab, k3c_vtrie **out, k3c_err 
     }
     for (size_t d = 0; d < plen; d++) t->skip[path[d]] = (int32_t)t->nn;
     free(v);
+    if (shared_tables(t)) {
+        k3c_vtrie_free(t);
+        return k3c_errf(err, K3C_ENOMEM, "out of memory");
+    }
     *out = t;
     return K3C_OK;
 }
@@ -112,17 +147,6 @@ int k3c_vtrie_prefixes(const k3c_vtrie *t, const int32_t *b, int n, int *lens, i
 
 #define N_LOCAL 16 /* free-text tables kept per sequence */
 
-/* The ids a free-text frame keeps inside it (fc: the frame's cost after the id, FC_OUT when the id is refused or
- * leaves the frame) and the trie nodes where the frame closes (a JSON string's quote), from which the rest of a token
- * continues in the frames below. */
-#define FC_OUT 255
-typedef struct {
-    frame key;
-    unsigned char *fc;
-    int32_t *exits;
-    int nexits, cap;
-    uint64_t used;
-} ltable;
 
 typedef struct {
     int32_t id;
@@ -154,11 +178,6 @@ static int cmp_i32(const void *a, const void *b) {
 
 int k3c_cis_special(const k3c_cgrammar *g, int32_t id) {
     return bsearch(&id, g->special, (size_t)g->nspecial, sizeof id, cmp_i32) != NULL;
-}
-
-static void copy_state(cstate *to, const cstate *from) {
-    to->n = from->n;
-    memcpy(to->f, from->f, sizeof(frame) * (size_t)from->n);
 }
 
 /* The state after token id, or 0 when the automaton refuses it. */
@@ -241,24 +260,18 @@ static int is_free_text(const k3c_cgrammar *g, const cstate *s) {
     return kind == N_TEXT || (kind == N_STR && f->phase > 0);
 }
 
-static frame local_key(const k3c_cgrammar *g, const frame *f) {
-    frame k = *f;
-    k.node = (int16_t)g->nodes[f->node].kind; /* every string (every text) frame steps alike */
-    return k;
-}
 
-/* Builds the table of a free-text frame: the trie walked with that frame alone. */
-static int local_build(cimpl *c, ltable *lt, const frame *f) {
-    const k3c_vtrie *t = c->g->trie;
+/* Builds the table of a free-text frame: the trie walked with that frame alone (walk: max_depth + 1 states). */
+static int table_build(const k3c_cgrammar *g, const k3c_vtrie *t, cstate *walk, ltable *lt, const frame *f) {
     if (!lt->fc && !(lt->fc = malloc((size_t)t->V))) return K3C_ENOMEM;
     memset(lt->fc, FC_OUT, (size_t)t->V);
     lt->nexits = 0;
-    c->walk[0].n = 1;
-    c->walk[0].f[0] = *f;
+    walk[0].n = 1;
+    walk[0].f[0] = *f;
     for (int64_t i = 0; i < t->nn;) {
-        cstate *s = &c->walk[t->depth[i]];
-        copy_state(s, &c->walk[t->depth[i] - 1]);
-        if (!k3c_cstep(c->g, s, t->byte[i])) {
+        cstate *s = &walk[t->depth[i]];
+        copy_state(s, &walk[t->depth[i] - 1]);
+        if (!k3c_cstep(g, s, t->byte[i])) {
             i = t->skip[i];
             continue;
         }
@@ -273,25 +286,44 @@ static int local_build(cimpl *c, ltable *lt, const frame *f) {
             i = t->skip[i];
             continue;
         }
-        int64_t fc = k3c_cframe_cost(c->g, &s->f[0]);
-        for (int k = 0; k < t->cnt[i]; k++) lt->fc[t->ids[t->off[i] + k]] = (unsigned char)(fc < FC_OUT ? fc : FC_OUT - 1);
+        int64_t fc = k3c_cframe_cost(g, &s->f[0]);
+        for (int k = 0; k < t->cnt[i]; k++)
+            lt->fc[t->ids[t->off[i] + k]] = (unsigned char)(fc < FC_OUT ? fc : FC_OUT - 1);
         i++;
     }
-    lt->key = local_key(c->g, f);
+    lt->key = local_key(g, f);
+    lt->used = 1;
     return K3C_OK;
 }
 
-static ltable *local_table(cimpl *c, const frame *f, int *rc) {
+/* The tables every answer meets, built once with the trie over a grammar of one string and one text node. */
+static int shared_tables(k3c_vtrie *t) {
+    cnode nodes[2] = {{.kind = N_STR}, {.kind = N_TEXT}};
+    k3c_cgrammar g = {.nodes = nodes, .nn = 2};
+    cstate *walk = malloc(sizeof(cstate) * (size_t)(t->max_depth + 1));
+    if (!walk) return K3C_ENOMEM;
+    int rc = K3C_OK;
+    for (int k = 0; !rc && k < N_SHARED; k++) {
+        frame f = {(int16_t)(k / 2), (int16_t)(k < 2), 0, 0, 0, (uint64_t)(k % 2)};
+        rc = table_build(&g, t, walk, &t->shared[k], &f);
+    }
+    free(walk);
+    return rc;
+}
+
+static const ltable *local_table(cimpl *c, const frame *f, int *rc) {
     frame key = local_key(c->g, f);
     ltable *lru = &c->local[0];
     *rc = K3C_OK;
+    for (int k = 0; k < N_SHARED; k++)
+        if (!memcmp(&c->g->trie->shared[k].key, &key, sizeof key)) return &c->g->trie->shared[k];
     for (int k = 0; k < N_LOCAL; k++) {
         ltable *lt = &c->local[k];
         if (lt->used && !memcmp(&lt->key, &key, sizeof key)) return lt->used = ++c->clock, lt;
         if (lt->used < lru->used) lru = lt;
     }
     lru->used = 0;
-    if ((*rc = local_build(c, lru, f))) return NULL;
+    if ((*rc = table_build(c->g, c->g->trie, c->walk, lru, f))) return NULL;
     lru->used = ++c->clock;
     return lru;
 }
@@ -301,7 +333,7 @@ static int mask_local(cimpl *c, float *logits, int64_t V, int64_t left, int64_t 
     const k3c_cgrammar *g = c->g;
     const frame *top = &c->st.f[c->st.n - 1];
     int rc;
-    ltable *lt = local_table(c, top, &rc);
+    const ltable *lt = local_table(c, top, &rc);
     if (!lt) return rc;
     const k3c_vtrie *t = g->trie;
     cstate *below = &c->walk[0];
