@@ -124,8 +124,9 @@ static int anyof_node(compiler *c, const k3c_json *branches, size_t nb, const ch
             kids[i] = compile(c, &branches[i], w);
         }
         if (kids[i] < 0) {
+            int rc = kids[i];
             free(kids);
-            return kids[i];
+            return rc;
         }
         const cnode *k = &c->g->nodes[kids[i]];
         for (int q = 0; q < 4; q++) {
