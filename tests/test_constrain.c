@@ -165,8 +165,8 @@ static int accepts(const k3c_tok *tok, const k3c_cgrammar *g, const char *text) 
 #define TOOLS                                                                                                          \
     "[{\"type\":\"function\",\"function\":{\"name\":\"calc\",\"parameters\":{\"type\":\"object\",\"properties\":"      \
     "{\"expression\":{\"type\":\"string\"}},\"required\":[\"expression\"]}}},{\"type\":\"function\",\"function\":"     \
-    "{\"name\":\"calculator\",\"parameters\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"string\","         \
-    "\"pattern\":\"a\"}}}}}]"
+    "{\"name\":\"calculator\",\"parameters\":{\"type\":\"object\",\"properties\":{\"w\":{\"enum\":[1,2]},"           \
+    "\"x\":{\"type\":\"string\",\"pattern\":\"a\"}}}}}]"
 #define END "<|close|>message<|sep|><|end_of_msg|>"
 #define CALL(name, k, args)                                                                                            \
     "<|open|>call tool=\"" name "\" index=\"" #k "\"<|sep|><|open|>json type=\"object\"<|sep|>" args                  \

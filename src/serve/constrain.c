@@ -478,11 +478,7 @@ static int tool_args(compiler *c, const k3c_json *fn) {
     int id = compile(&sub, params, "");
     if (id >= 0 && c->g->nodes[id].kind == N_OBJ) return id;
     if (quiet.code == K3C_ENOMEM) return k3c_errf(c->err, K3C_ENOMEM, "out of memory");
-    for (int i = nn; i < c->g->nn; i++) { /* drop what the failed compile made */
-        cnode *n = &c->g->nodes[i];
-        for (int k = 0; n->lits && k < n->n; k++) free(n->lits[k]);
-        node_free(n);
-    }
+    for (int i = nn; i < c->g->nn; i++) node_free(&c->g->nodes[i]); /* drop what the failed compile made */
     c->g->nn = nn;
     return c->g->nodes[c->g->any].kids[0];
 }
@@ -578,10 +574,7 @@ int k3c_cgrammar_chat(const k3c_tok *tok, const k3c_vtrie *trie, const k3c_cchat
 
 void k3c_cgrammar_free(k3c_cgrammar *g) {
     if (!g) return;
-    for (int i = 0; i < g->nn; i++) {
-        cnode *n = &g->nodes[i];
-        node_free(n);
-    }
+    for (int i = 0; i < g->nn; i++) node_free(&g->nodes[i]);
     free(g->nodes), free(g->special), free(g);
 }
 
