@@ -54,8 +54,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
         for (size_t i = 0; i < q.prompt.n; i++)
             if (q.prompt.ids[i] < 0 || (kind != K3C_API_TOKENIZE && q.prompt.ids[i] >= lim.n_vocab)) abort();
         if (kind == K3C_API_CHAT || kind == K3C_API_COMPLETION) {
-            if (q.prompt.n < 1 || q.max_tokens < 1 || q.max_tokens > lim.max_tokens_cap ||
-                (int64_t)q.prompt.n + q.max_tokens > lim.max_context || q.nstop > 4)
+            if (q.prompt.n < 1 || q.gen.max_new < 1 || q.gen.max_new > lim.max_tokens_cap ||
+                (int64_t)q.prompt.n + q.gen.max_new > lim.max_context || q.nstop > 4)
                 abort();
             for (int i = 0; i < q.nstop; i++)
                 if (!q.stop[i][0]) abort();

@@ -1,7 +1,8 @@
 /* k3c.h — the public API of libk3c, the Kimi-K3-class sparse MoE engine in C: errors, arena, safetensors and checkpoint
  * reading, the model config, the model (open / forward / backward / free), tokenizer and generation. Each room users
- * call has its own header beside it: k3c/train.h (training runs), k3c/serve.h (the inference engine, the server),
- * k3c/post.h (post-training), k3c/vision.h (the vision tower), k3c/device.h (backends: the GPU). */
+ * call has its own header beside it: k3c/train.h (training runs, data, ranks), k3c/serve.h (the inference engine, the
+ * server), k3c/tok.h (tokenizer extras, chat formats), k3c/post.h (post-training), k3c/vision.h (the vision tower),
+ * k3c/exp.h (experiments), k3c/plan.h (`k3c plan`), k3c/check.h (golden checks), k3c/device.h (backends: the GPU). */
 #ifndef K3C_H
 #define K3C_H
 
@@ -41,6 +42,17 @@ int k3c_errf(k3c_err *err, int code, const char *fmt, ...) __attribute__((format
 /* Prefixes an existing message with context ("loading x: " + old message); returns err->code. */
 int k3c_err_wrap(k3c_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 const char *k3c_status_name(int code);
+
+/* A growable string that text and JSON writers append to (src/base/json.h); every append is a no-op after an
+ * allocation failure (ok = 0). A parsed JSON value is a k3c_json (by name only; src/base/json.h reads and walks it). */
+typedef struct k3c_sbuf {
+    char *buf;
+    size_t len, cap;
+    int ok;
+} k3c_sbuf;
+void k3c_sbuf_init(k3c_sbuf *s);
+void k3c_sbuf_free(k3c_sbuf *s);
+typedef struct k3c_json k3c_json;
 
 /* ---------------------------------------------------------------- dtypes */
 typedef enum { K3C_F64, K3C_F32, K3C_BF16, K3C_F16, K3C_I64, K3C_I32, K3C_U8, K3C_DTYPE_COUNT } k3c_dtype;
@@ -187,6 +199,16 @@ int k3c_config_save(const k3c_config *cfg, const char *path, k3c_err *err);
 int k3c_config_validate(const k3c_config *cfg, const char *name_for_errors, k3c_err *err);
 int k3c_config_num_mla(const k3c_config *cfg);
 int k3c_config_num_moe(const k3c_config *cfg);
+/* Appends cfg as config.json in the released spelling (what k3c_config_save writes); validates cfg first. */
+int k3c_config_to_json(const k3c_config *cfg, k3c_sbuf *out, k3c_err *err);
+/* The mixer plan ("KKKM KKKM M": K = KDA, M = MLA) or, with ffn set, the FFN plan ("DEEE ...": D = dense, E = MoE),
+ * grouped in fours. Truncated with "..." when buf is too small. */
+void k3c_config_plan_string(const k3c_config *cfg, int ffn, char *buf, size_t n);
+/* The checkpoint tensors cfg names (docs/FORMATS.md §5), one call per tensor and routed expert: name, layer (-1:
+ * global), shape as stored unquantised, and whether the release stores it as MXFP4 (weight_packed + weight_scale).
+ * fn NULL: only *count. A non-zero return of fn stops the walk and is returned. */
+typedef int (*k3c_tensor_fn)(void *ctx, const char *name, int layer, int ndim, const int64_t *shape, int mxfp4);
+int k3c_config_tensors(const k3c_config *cfg, k3c_tensor_fn fn, void *ctx, int64_t *count, k3c_err *err);
 
 /* ---------------------------------------------------------------- model (docs/MODEL.md §1, §3–§9)
  * A Kimi-Linear / Kimi-K3 model: config → layer plan → parameters under checkpoint names → forward to logits and loss →
@@ -273,6 +295,10 @@ int k3c_model_load_dir_f32(const char *dir, int with_grad, k3c_model **out, k3c_
 int k3c_model_load_dir_f64(const char *dir, int with_grad, k3c_model **out, k3c_err *err);
 void k3c_model_close_f32(k3c_model *m);
 void k3c_model_close_f64(k3c_model *m);
+/* The model's config, and the KDA implementation its forwards use: chunk 64 (the default) or 16, 0 = the token
+ * recurrence. */
+const k3c_config *k3c_model_config(const k3c_model *m);
+void k3c_model_set_kda_chunk(k3c_model *m, int chunk);
 /* Moves w and g into memory of backend `be` (a backend's table, e.g. k3c_cuda_open's; NULL = the CPU) and runs
  * every later forward and backward there. The host reads and writes them through be->download / be->upload. */
 int k3c_model_use_backend_f32(k3c_model *m, const struct k3c_backend_f32 *be, k3c_err *err);

@@ -1,5 +1,5 @@
-/* http_client.h — a plain-socket HTTP/1.1 client for test_serve.c (one request per connection, chunked bodies
- * undone), so the server test needs no HTTP library of its own. */
+/* http_client.h — a plain-socket HTTP/1.1 client for the serving tests (one request per connection, chunked bodies
+ * undone), so they need no HTTP library of their own. Static inline: an includer uses what it needs. */
 #ifndef K3C_HTTP_CLIENT_H
 #define K3C_HTTP_CLIENT_H
 
@@ -17,13 +17,13 @@ typedef struct {
     size_t body_len;
 } http_resp;
 
-static void http_resp_free(http_resp *r) {
+static inline void http_resp_free(http_resp *r) {
     free(r->headers);
     free(r->body);
     memset(r, 0, sizeof *r);
 }
 
-static int http_connect(int port) {
+static inline int http_connect(int port) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
@@ -34,7 +34,8 @@ static int http_connect(int port) {
     return fd;
 }
 
-static int http_send(int fd, const char *method, const char *path, const char *auth, const char *body, size_t n) {
+static inline int http_send(int fd, const char *method, const char *path, const char *auth, const char *body,
+                            size_t n) {
     char head[1024];
     int h = snprintf(head, sizeof head,
                      "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n"
@@ -50,7 +51,7 @@ static int http_send(int fd, const char *method, const char *path, const char *a
 }
 
 /* Undoes Transfer-Encoding: chunked in place; returns the new length (or n when the body is not chunked). */
-static size_t http_dechunk(char *b, size_t n) {
+static inline size_t http_dechunk(char *b, size_t n) {
     size_t in = 0, out = 0;
     for (;;) {
         char *end;
@@ -66,7 +67,7 @@ static size_t http_dechunk(char *b, size_t n) {
 }
 
 /* Reads the whole response (the server closes the connection). */
-static int http_read(int fd, http_resp *r) {
+static inline int http_read(int fd, http_resp *r) {
     k3c_sbuf s;
     k3c_sbuf_init(&s);
     char buf[65536];
@@ -90,7 +91,8 @@ static int http_read(int fd, http_resp *r) {
     return 0;
 }
 
-static int http_do(int port, const char *method, const char *path, const char *auth, const char *body, http_resp *r) {
+static inline int http_do(int port, const char *method, const char *path, const char *auth, const char *body,
+                          http_resp *r) {
     int fd = http_connect(port);
     memset(r, 0, sizeof *r);
     if (fd < 0) return -1;
@@ -101,7 +103,7 @@ static int http_do(int port, const char *method, const char *path, const char *a
 }
 
 /* Reads a Prometheus counter line's value from /metrics (-1 if absent). */
-static double metric(int port, const char *series) {
+static inline double metric(int port, const char *series) {
     http_resp r;
     double v = -1;
     if (http_do(port, "GET", "/metrics", NULL, NULL, &r) == 0 && r.status == 200) {

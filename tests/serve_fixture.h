@@ -1,9 +1,10 @@
-/* serve_fixture.h — shared by test_serve_units.c and test_serve.c: a servable model directory built on the spot (a BPE
- * tokenizer trained with the K3 and K2 chat markers as special tokens, the tiny K3 test config with that vocabulary,
- * random weights). Static functions; include once, after test.h. */
+/* serve_fixture.h — shared by the serving tests: a servable model directory built on the spot (a BPE tokenizer
+ * trained with the K3 and K2 chat markers as special tokens, the tiny K3 test config with that vocabulary, random
+ * weights), and `k3c serve` run as a child process on a free loopback port. Static functions; include once. */
 #ifndef K3C_SERVE_FIXTURE_H
 #define K3C_SERVE_FIXTURE_H
 
+#include "http_client.h"
 #include "test.h"
 
 #include "base/json.h"
@@ -119,5 +120,73 @@ static int serve_model_dir_v(const char *dir, int vision) {
 }
 
 static inline int serve_model_dir(const char *dir) { return serve_model_dir_v(dir, 0); }
+
+/* ---------------------------------------------------------------- the server as a child process */
+
+#include <signal.h>
+#include <sys/wait.h>
+
+typedef struct {
+    pid_t pid; /* -1: none */
+    FILE *out; /* its stdout, after the "listening on" line */
+    int port;  /* 0: it did not start */
+} serve_proc;
+
+/* Starts `k3c serve --model dir --port 0 args...` (args NULL-terminated) with its stdout on a pipe, reads the port it
+ * prints and waits for /health 200, which must answer only 200 or 503 (loading) before. port 0 on failure (checked). */
+static inline serve_proc serve_start(const char *dir, const char *const *args) {
+    serve_proc sv = {-1, NULL, 0};
+    const char *argv[48] = {test_k3c_bin(), "serve", "--model", dir, "--port", "0"};
+    int n = 6, fds[2];
+    for (int i = 0; args && args[i] && n < 47; i++) argv[n++] = args[i];
+    argv[n] = NULL;
+    if (pipe(fds)) return sv;
+    fflush(stdout); /* the child must not write the parent's buffered lines again */
+    sv.pid = fork();
+    if (sv.pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    sv.out = fdopen(fds[0], "r");
+    char line[512];
+    if (sv.out && fgets(line, sizeof line, sv.out)) {
+        const char *p = strstr(line, "127.0.0.1:");
+        if (p) sv.port = atoi(p + 10);
+    }
+    CHECK(sv.port > 0, "server did not print its port");
+    int odd = 0; /* answers other than 200 / 503 */
+    for (int i = 0; sv.port && i < 1200; i++) {
+        http_resp r;
+        int rc = http_do(sv.port, "GET", "/health", NULL, NULL, &r), st = r.status;
+        http_resp_free(&r);
+        odd += !rc && st != 200 && st != 503;
+        if (!rc && st == 200) {
+            CHECK(odd == 0, "/health answered something else than 200 or 503 %d times", odd);
+            return sv;
+        }
+        usleep(50 * 1000);
+    }
+    if (sv.port) CHECK(0, "/health never became 200");
+    sv.port = 0;
+    return sv;
+}
+
+/* SIGTERM, then a clean exit: status 0 and "stopped" in the rest of its output. */
+static inline void serve_stop(serve_proc *sv) {
+    if (sv->pid > 0) {
+        kill(sv->pid, SIGTERM);
+        int st = 0;
+        waitpid(sv->pid, &st, 0);
+        char rest[4096];
+        size_t n = sv->out ? fread(rest, 1, sizeof rest - 1, sv->out) : 0;
+        rest[n] = 0;
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(rest, "stopped"), "clean stop (status %d): %s", st, rest);
+    }
+    if (sv->out) fclose(sv->out);
+    *sv = (serve_proc){-1, NULL, 0};
+}
 
 #endif

@@ -410,6 +410,70 @@ static void image_prefix(const k3c_model *m, const int32_t *ids) {
     free(emb);
 }
 
+/* The n samples of one prompt share its prefill: three sequences of a 30-id prompt (chunks of 8) submitted together
+ * prefill once — one sequence runs each prompt step, the others fork from its state at the prompt end and sample their
+ * first token from its last row — and each gives the ids of its solo run with logits within TOL_LOGITS. When the lead
+ * is cancelled during its prefill, the one waiting on it runs the prompt itself and still matches its solo run. */
+static void shared_prefill(const k3c_model *m, const int32_t *ids) {
+    k3c_err err = {0};
+    const int64_t V = m->cfg.vocab_size, len[3] = {30, 30, 30}, max_new = 6;
+    const int32_t *pr[3] = {ids, ids, ids};
+    k3c_request req[3];
+    for (int i = 0; i < 3; i++)
+        req[i] =
+            (k3c_request){.sampler = {.temperature = 0.9, .top_p = 1, .seed = 21 + (uint64_t)i}, .max_new = max_new};
+    k3c_engine_opts bo = {.max_seqs = 3, .prefill_chunk = 8, .max_ctx = 64}, so = bo;
+    so.max_seqs = 1;
+    k3c_engine *eb, *es;
+    run_out ob[3], os[3];
+    CHECK_OK(k3c_engine_open(m, &bo, &eb, &err), &err);
+    CHECK_OK(k3c_engine_open(m, &so, &es, &err), &err);
+    CHECK_OK(run_engine(eb, 3, pr, len, req, V, ob, &err), &err);
+    for (int i = 0; i < 3; i++) CHECK_OK(run_engine(es, 1, pr + i, len + i, req + i, V, os + i, &err), &err);
+    k3c_engine_stats st;
+    k3c_engine_get_stats(eb, &st);
+    CHECK(st.prefills_shared == 2 && st.step_seqs == 4 + 3 * (uint64_t)(max_new - 1),
+          "one prefill for three samples: %lld forked, %llu sequence-steps (want 2 and %lld)",
+          (long long)st.prefills_shared, (unsigned long long)st.step_seqs, (long long)(4 + 3 * (max_new - 1)));
+    double worst = 0;
+    int same = 0, differ = 0;
+    for (int i = 0; i < 3; i++) {
+        same += ob[i].n == max_new && os[i].n == max_new && !memcmp(ob[i].tok, os[i].tok, sizeof(int32_t) * max_new);
+        differ += i && memcmp(ob[i].tok, ob[0].tok, sizeof(int32_t) * max_new);
+        double *r = malloc(sizeof(double) * (size_t)(max_new * V));
+        for (int64_t j = 0; j < max_new * V; j++) r[j] = os[i].logits[j];
+        double e = worst_row(ob[i].logits, r, ob[i].n < max_new ? ob[i].n : max_new, V);
+        if (!(e <= worst)) worst = e;
+        free(r);
+    }
+    CHECK(same == 3 && differ >= 1, "forked samples: %d of 3 as their solo runs, %d differ from the first", same,
+          differ);
+    CHECK_LE(worst, TOL_LOGITS, "forked vs solo logits, worst row");
+    /* the lead cancelled after one prompt step: the other runs the prompt itself */
+    int64_t a, b;
+    CHECK_OK(k3c_engine_submit(eb, ids, 30, &req[0], &a, &err), &err);
+    CHECK_OK(k3c_engine_submit(eb, ids, 30, &req[1], &b, &err), &err);
+    k3c_engine_event ev[3];
+    int n_ev = 0;
+    CHECK_OK(k3c_engine_step(eb, ev, 3, &n_ev, &err), &err);
+    CHECK_OK(k3c_engine_cancel(eb, a, &err), &err);
+    run_out ow = {.id = b, .logits = malloc(sizeof(float) * (size_t)(MAXT * V))};
+    for (int guard = 0; k3c_engine_pending(eb) > 0 && guard < 100; guard++) {
+        CHECK_OK(k3c_engine_step(eb, ev, 3, &n_ev, &err), &err);
+        for (int j = 0; j < n_ev; j++)
+            if (ev[j].seq == b && ow.n < MAXT) ow.tok[ow.n++] = ev[j].token.id;
+    }
+    k3c_engine_get_stats(eb, &st);
+    CHECK(ow.n == max_new && !memcmp(ow.tok, os[1].tok, sizeof(int32_t) * max_new) && st.prefills_shared == 2,
+          "its lead cancelled, the waiting sequence ran the prompt itself (%d ids, %lld forked)", ow.n,
+          (long long)st.prefills_shared);
+    free(ow.logits);
+    free_runs(ob, 3);
+    free_runs(os, 3);
+    k3c_engine_close(eb);
+    k3c_engine_close(es);
+}
+
 /* Cancel and bad submissions. */
 static void api_edges(const k3c_model *m, const int32_t *ids) {
     k3c_err err = {0};
@@ -547,6 +611,7 @@ static void engine_api(void) {
         mxfp4_experts(&m, dir, ids, 48);
         batching(&m, ids);
         prefix_cache(&m, ids);
+        shared_prefill(&m, ids);
         image_prefix(&m, ids);
         api_edges(&m, ids);
     }

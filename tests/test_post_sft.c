@@ -300,6 +300,32 @@ static void test_rl(void) {
                "{\"init\": \"out_a/step_00000008\", \"env\": \"poker\", \"out_dir\": \"x\", \"steps\": 1}");
     CHECK(run_rl("rl_e.json", 0, 0, &b, &err) == K3C_ECONFIG && strstr(err.msg, "env: environment \"poker\""), "%s",
           err.msg);
+    /* DAPO dynamic sampling (at most 2 draws), TIS and pass@k: each step logs its draws; a step that drew fewer than
+     * max_draws batches filled its batch with groups of reward variance */
+    write_rl("rl_h.json", "rl_h",
+             ", \"dynamic_sampling\": true, \"max_draws\": 2, \"tis_cap\": 2, \"pass_k\": 2, \"pass_n\": 3, "
+             "\"pass_tasks\": 2, \"temperature\": 1.5");
+    CHECK_OK(run_rl("rl_h.json", 0, 0, &b, &err), &err);
+    CHECK(b.pass1[0] >= 0 && b.pass1[0] <= 1 && b.pass_k[1] >= 0 && b.pass_k[1] <= 1 && b.episodes >= 8 &&
+              b.episodes <= 16,
+          "pass@1 %g, pass@2 %g, %lld episodes", b.pass1[0], b.pass_k[1], (long long)b.episodes);
+    text = NULL;
+    snprintf(p, sizeof p, "%s/rl_h/metrics.jsonl", dir);
+    CHECK_OK(k3c_read_file(p, &text, &n, &err), &err);
+    int64_t drawn_eps = 0;
+    for (const char *l = text; l && (l = strstr(l, "\"draws\":")); l++) {
+        int draws = atoi(l + 8), drawn = atoi(strstr(l, "\"groups_drawn\":") + 15),
+            flat = atoi(strstr(l, "\"groups_filtered\":") + 18), kept = atoi(strstr(l, "\"groups_kept\":") + 14);
+        drawn_eps += 2 * drawn;
+        CHECK(draws >= 1 && draws <= 2 && drawn == 2 * draws && kept <= 2 && kept <= drawn - flat &&
+                  (draws == 2 || kept == 2) && strstr(l, "\"tis_mean\":"),
+              "dynamic sampling: %d draws, %d drawn, %d flat, %d kept", draws, drawn, flat, kept);
+    }
+    CHECK(drawn_eps == b.episodes && text && strstr(text, "\"train_pass_k\":"), "episodes %lld vs %lld: %s",
+          (long long)drawn_eps, (long long)b.episodes, text ? text : "");
+    free(text);
+    write_rl("rl_i.json", "rl_i", ", \"pass_k\": 9, \"pass_n\": 4");
+    CHECK(run_rl("rl_i.json", 0, 0, &b, &err) == K3C_ECONFIG && strstr(err.msg, "pass_k"), "%s", err.msg);
     /* format_gate: on unless set false; a non-boolean is refused */
     const char *gates[] = {"", ", \"format_gate\": false", ", \"format_gate\": 1"};
     for (int g = 0; g < 3; g++) {

@@ -2,13 +2,10 @@
  * model fine-tuned by `k3c sft` to call the calculator tool, the npm packages openai and @anthropic-ai/sdk installed into
  * build/npm on demand (missing node/npm is a failure, not a skip), the server on a free port with an API key, and every
  * tests/sdk/NAME.mjs run by node; their "ok NAME" / "FAIL NAME: detail" lines are this program's checks. */
-#include "http_client.h"
 #include "serve_fixture.h"
 
 #include <glob.h>
-#include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 #define NPM_PREFIX "build/npm"
 #define FIXTURE "build/tmp/sdk_fixture" /* shared by runs and builds (plain, ASan) */
@@ -130,40 +127,6 @@ static int build_fixture(char *ckpt, size_t cap) {
     return 0;
 }
 
-static pid_t g_pid = -1;
-
-static int start_server(const char *dir) {
-    int fds[2];
-    if (pipe(fds)) return 0;
-    g_pid = fork();
-    if (g_pid == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]);
-        execl(test_k3c_bin(), test_k3c_bin(), "serve", "--model", dir, "--port", "0", "--slots", "2", "--api-key", KEY,
-              "--max-tokens-cap", "96", "--name", NAME, (char *)NULL);
-        _exit(127);
-    }
-    close(fds[1]);
-    FILE *out = fdopen(fds[0], "r");
-    char line[512];
-    int port = 0;
-    if (out && fgets(line, sizeof line, out)) {
-        const char *p = strstr(line, "127.0.0.1:");
-        if (p) port = atoi(p + 10);
-    }
-    if (out) fclose(out);
-    CHECK(port > 0, "server did not print its port");
-    for (int i = 0; port && i < 1200; i++) {
-        http_resp r;
-        int rc = http_do(port, "GET", "/health", NULL, NULL, &r), st = r.status;
-        http_resp_free(&r);
-        if (!rc && st == 200) return port;
-        usleep(50 * 1000);
-    }
-    CHECK(0, "/health never became 200");
-    return 0;
-}
-
 /* Runs one .mjs file; its ok / FAIL lines become checks, a non-zero exit or no line at all a failure. */
 static void run_file(const char *file, int port) {
     char cwd[2048], cmd[6000];
@@ -188,27 +151,23 @@ static void run_file(const char *file, int port) {
 }
 
 int main(void) {
-    (void)metric; /* http_client.h's /metrics reader: not needed here */
     if (ensure_npm() != 0) {
         test_failed_++;
         return test_summary();
     }
     char ckpt[1200];
     if (build_fixture(ckpt, sizeof ckpt) == 0) {
-        int port = start_server(ckpt);
+        static const char *const args[] = {"--slots", "2",      "--api-key", KEY, "--max-tokens-cap",
+                                           "96",      "--name", NAME,        NULL};
+        serve_proc sv = serve_start(ckpt, args);
         glob_t g;
-        if (port && glob("tests/sdk/*.mjs", 0, NULL, &g) == 0) {
+        if (sv.port && glob("tests/sdk/*.mjs", 0, NULL, &g) == 0) {
             for (size_t i = 0; i < g.gl_pathc; i++)
-                if (!strstr(g.gl_pathv[i], "/lib.mjs")) run_file(g.gl_pathv[i], port);
+                if (!strstr(g.gl_pathv[i], "/lib.mjs")) run_file(g.gl_pathv[i], sv.port);
             globfree(&g);
-        } else if (port)
+        } else if (sv.port)
             CHECK(0, "no tests/sdk/*.mjs");
-        if (g_pid > 0) {
-            kill(g_pid, SIGTERM);
-            int st = 0;
-            waitpid(g_pid, &st, 0);
-            CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "server exit status %d", st);
-        }
+        serve_stop(&sv);
     }
     return test_summary();
 }

@@ -4,59 +4,16 @@
  * body), logprobs in the OpenAI shapes (whole and streamed), four concurrent streams batched by the engine (a seeded
  * one gives the same text as alone), a client that hangs up mid-stream (its sequence leaves the engine), then SIGTERM
  * (a clean exit). Also `k3c chat` on piped stdin. */
-#include "http_client.h"
 #include "serve_fixture.h"
 
-#include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 #define KEY "Bearer sk-test"
 
-static pid_t g_pid = -1;
-static FILE *g_out; /* the server's stdout */
-
-/* Starts the server; returns its port (0 on failure). */
-static int start_server(const char *dir) {
-    int fds[2];
-    if (pipe(fds)) return 0;
-    g_pid = fork();
-    if (g_pid == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]);
-        execl(test_k3c_bin(), test_k3c_bin(), "serve", "--model", dir, "--port", "0", "--slots", "4", "--api-key",
-              "sk-test", "--max-tokens-cap", "48", "--max-body", "65536", "--name", "tiny", "--max-image-bytes", "400",
-              (char *)NULL);
-        _exit(127);
-    }
-    close(fds[1]);
-    g_out = fdopen(fds[0], "r");
-    char line[512];
-    int port = 0;
-    if (g_out && fgets(line, sizeof line, g_out)) {
-        const char *p = strstr(line, "127.0.0.1:");
-        if (p) port = atoi(p + 10);
-    }
-    CHECK(port > 0, "server did not print its port");
-    return port;
-}
-
-static int wait_healthy(int port) {
-    int odd = 0; /* answers other than 200 / 503 */
-    for (int i = 0; i < 600; i++) {
-        http_resp r;
-        int rc = http_do(port, "GET", "/health", NULL, NULL, &r), st = r.status;
-        http_resp_free(&r);
-        odd += !rc && st != 200 && st != 503;
-        if (!rc && st == 200) {
-            CHECK(odd == 0, "/health answered something else than 200 or 503 %d times", odd);
-            return 1;
-        }
-        usleep(50 * 1000);
-    }
-    CHECK(0, "/health never became 200");
-    return 0;
-}
+/* The flags every server of this test starts with. */
+static const char *const ARGS[] = {"--slots",    "4",     "--api-key", "sk-test", "--max-tokens-cap",  "48",
+                                   "--max-body", "65536", "--name",    "tiny",    "--max-image-bytes", "400",
+                                   NULL};
 
 static k3c_json *parse_body(const http_resp *r) {
     k3c_json *j = NULL;
@@ -567,30 +524,15 @@ static void device_cuda_refused(const char *dir) {
     CHECK(rc == 1 && strstr(out, "make cuda") && !strstr(out, "listening"), "--device cuda refused (%d): %s", rc, out);
 }
 
-/* Stops the server started last: SIGTERM, a clean exit. */
-static void stop_server(void) {
-    if (g_pid > 0) {
-        kill(g_pid, SIGTERM);
-        int st = 0;
-        waitpid(g_pid, &st, 0);
-        char rest[4096];
-        size_t n = g_out ? fread(rest, 1, sizeof rest - 1, g_out) : 0;
-        rest[n] = 0;
-        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(rest, "stopped"), "clean stop (status %d): %s", st, rest);
-    }
-    if (g_out) fclose(g_out);
-    g_pid = -1, g_out = NULL;
-}
-
 /* The vision model: k3c serve with image parts, k3c chat --image. */
 static void vision_model(const char *tmp) {
     char dir[4200], png[4300], cmd[9000], out[8192];
     snprintf(dir, sizeof dir, "%.4000s/vision", tmp);
     mkdir(dir, 0755);
     if (serve_model_dir_v(dir, 1) != 0) return;
-    int port = start_server(dir);
-    if (port && wait_healthy(port)) image_requests(port);
-    stop_server();
+    serve_proc sv = serve_start(dir, ARGS);
+    if (sv.port) image_requests(sv.port);
+    serve_stop(&sv);
     unsigned char bytes[128];
     size_t n = 0;
     snprintf(png, sizeof png, "%s/a.png", dir);
@@ -633,8 +575,9 @@ int main(void) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", tmp);
     if (serve_model_dir(dir) != 0) return test_summary();
-    int port = start_server(dir);
-    if (port && wait_healthy(port)) {
+    serve_proc sv = serve_start(dir, ARGS);
+    const int port = sv.port;
+    if (port) {
         double chat0 = metric(port, "k3c_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} ");
         double gen0 = metric(port, "\nk3c_generation_tokens_total ");
         streamed_chat(port);
@@ -652,7 +595,7 @@ int main(void) {
               "metrics moved: chat %g→%g, tokens %g→%g, 401s %g, completions timed %g", chat0, chat1, gen0, gen1, e401,
               hist);
     }
-    stop_server();
+    serve_stop(&sv);
     chat_cli(dir);
     vision_model(tmp);
     generate_stop(dir);

@@ -2,49 +2,7 @@
  * (message object, content blocks, stop_reason, usage), a stream (named events in order, blocks opened and closed,
  * message_delta's usage), a tool_use / tool_result round trip, the key as x-api-key or Bearer, errors in Anthropic's
  * shape. On the tiny random-weight model of test_serve. */
-#include "http_client.h"
 #include "serve_fixture.h"
-
-#include <signal.h>
-#include <sys/wait.h>
-
-static pid_t g_pid = -1;
-static FILE *g_out;
-
-static int start_server(const char *dir) {
-    int fds[2];
-    if (pipe(fds)) return 0;
-    g_pid = fork();
-    if (g_pid == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]);
-        execl(test_k3c_bin(), test_k3c_bin(), "serve", "--model", dir, "--port", "0", "--slots", "2", "--api-key",
-              "sk-test", "--max-tokens-cap", "24", "--name", "tiny", (char *)NULL);
-        _exit(127);
-    }
-    close(fds[1]);
-    g_out = fdopen(fds[0], "r");
-    char line[512];
-    int port = 0;
-    if (g_out && fgets(line, sizeof line, g_out)) {
-        const char *p = strstr(line, "127.0.0.1:");
-        if (p) port = atoi(p + 10);
-    }
-    CHECK(port > 0, "server did not print its port");
-    return port;
-}
-
-static int wait_healthy(int port) {
-    for (int i = 0; i < 600; i++) {
-        http_resp r;
-        int rc = http_do(port, "GET", "/health", NULL, NULL, &r), st = r.status;
-        http_resp_free(&r);
-        if (!rc && st == 200) return 1;
-        usleep(50 * 1000);
-    }
-    CHECK(0, "/health never became 200");
-    return 0;
-}
 
 /* POST /v1/messages with the key as x-api-key (NULL: none) and anthropic-version. */
 static int post_xkey(int port, const char *key, const char *body, http_resp *r) {
@@ -216,20 +174,16 @@ int main(void) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", tmp);
     if (serve_model_dir(dir) != 0) return test_summary();
-    int port = start_server(dir);
-    if (port && wait_healthy(port)) {
-        whole(port);
-        tool_round_trip(port);
-        streamed(port);
-        errors(port);
-        CHECK(metric(port, "\nk3c_generation_tokens_total ") >= 4, "the Messages answers generated tokens");
+    static const char *const args[] = {"--slots", "2",      "--api-key", "sk-test", "--max-tokens-cap",
+                                       "24",      "--name", "tiny",      NULL};
+    serve_proc sv = serve_start(dir, args);
+    if (sv.port) {
+        whole(sv.port);
+        tool_round_trip(sv.port);
+        streamed(sv.port);
+        errors(sv.port);
+        CHECK(metric(sv.port, "\nk3c_generation_tokens_total ") >= 4, "the Messages answers generated tokens");
     }
-    if (g_pid > 0) {
-        kill(g_pid, SIGTERM);
-        int st = 0;
-        waitpid(g_pid, &st, 0);
-        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "clean stop (status %d)", st);
-    }
-    if (g_out) fclose(g_out);
+    serve_stop(&sv);
     return test_summary();
 }

@@ -4,7 +4,6 @@
  * not before; a slow body upload cut at that deadline; a burst of 200 concurrent streams with random hang-ups; then
  * every slot and connection free, resident memory near its baseline, as many threads as before. A second server checks
  * the generation and queue time limits (OpenAI error bodies, error events in streams). docs/SERVING.md §7. */
-#include "http_client.h"
 #include "serve_fixture.h"
 
 #include <dirent.h>
@@ -23,12 +22,6 @@
 
 #define TEST_LIMIT_S 150 /* the whole test, whatever happens: a hung server fails it instead of hanging it */
 
-typedef struct {
-    pid_t pid;
-    FILE *out;
-    int port;
-} server;
-
 static volatile pid_t g_server = -1; /* the server running now, for the alarm */
 
 static void on_alarm(int sig) {
@@ -39,62 +32,16 @@ static void on_alarm(int sig) {
     _exit(1);
 }
 
-/* Starts `k3c serve` with the given extra flags (NULL-terminated); port 0 on failure. */
-static server start(const char *dir, const char *const *flags) {
-    server sv = {-1, NULL, 0};
-    int fds[2];
-    if (pipe(fds)) return sv;
-    const char *argv[40] = {test_k3c_bin(), "serve", "--model", dir, "--port", "0"};
-    int n = 6;
-    for (int i = 0; flags[i] && n < 38; i++) argv[n++] = flags[i];
-    argv[n] = NULL;
-    sv.pid = fork();
-    if (sv.pid == 0) {
-#ifdef __SANITIZE_ADDRESS__
-        /* ASan keeps freed memory in quarantine (256 MB) to catch late uses, which reads as growth in the resident
-         * memory checks: the server reuses freed memory at once here (leaks and bad accesses are still caught) */
-        char opts[1024];
-        snprintf(opts, sizeof opts, "%s%squarantine_size_mb=0:thread_local_quarantine_size_kb=0",
-                 getenv("ASAN_OPTIONS") ? getenv("ASAN_OPTIONS") : "", getenv("ASAN_OPTIONS") ? ":" : "");
-        setenv("ASAN_OPTIONS", opts, 1);
-#endif
-        dup2(fds[1], 1);
-        close(fds[0]);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    close(fds[1]);
+/* serve_start, the alarm told which server to kill. */
+static serve_proc start(const char *dir, const char *const *flags) {
+    serve_proc sv = serve_start(dir, flags);
     g_server = sv.pid;
-    sv.out = fdopen(fds[0], "r");
-    char line[512];
-    if (sv.out && fgets(line, sizeof line, sv.out)) {
-        const char *p = strstr(line, "127.0.0.1:");
-        if (p) sv.port = atoi(p + 10);
-    }
-    CHECK(sv.port > 0, "server did not print its port");
-    for (int i = 0; sv.port && i < 600; i++) {
-        http_resp r;
-        int rc = http_do(sv.port, "GET", "/health", NULL, NULL, &r), st = r.status;
-        http_resp_free(&r);
-        if (!rc && st == 200) return sv;
-        usleep(50 * 1000);
-    }
-    CHECK(0, "/health never became 200");
-    sv.port = 0;
     return sv;
 }
 
-static void stop(server *sv) {
-    if (sv->pid <= 0) return;
-    kill(sv->pid, SIGTERM);
-    int st = 0;
-    waitpid(sv->pid, &st, 0);
-    char rest[4096];
-    size_t n = sv->out ? fread(rest, 1, sizeof rest - 1, sv->out) : 0;
-    rest[n] = 0;
-    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(rest, "stopped"), "clean stop (status %d): %s", st, rest);
-    if (sv->out) fclose(sv->out);
-    sv->pid = g_server = -1;
+static void stop(serve_proc *sv) {
+    serve_stop(sv);
+    g_server = -1;
 }
 
 static int n_threads(pid_t pid) {
@@ -145,7 +92,7 @@ static double wait_metric(int port, const char *series, double value, int at_lea
 
 #define HALF_HEADER "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
 
-static void idle_flood(const server *sv, int threads0) {
+static void idle_flood(const serve_proc *sv, int threads0) {
     static int fds[N_IDLE];
     int opened = 0;
     const double t_open = k3c_now();
@@ -239,7 +186,7 @@ static void idle_flood(const server *sv, int threads0) {
 }
 
 /* A body sent a few bytes at a time: the connection is cut at the request deadline, unanswered. */
-static void slow_body(const server *sv) {
+static void slow_body(const serve_proc *sv) {
     int fd = http_connect(sv->port);
     const char *head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                        "Content-Length: 4000\r\n\r\n{\"prompt\":\"";
@@ -275,7 +222,7 @@ typedef struct {
     k3c_sbuf got;
 } burst_client;
 
-static void burst(const server *sv) {
+static void burst(const serve_proc *sv) {
     static burst_client c[N_BURST];
     uint64_t rng = 12345;
     int sent = 0;
@@ -325,7 +272,7 @@ static void burst(const server *sv) {
 }
 
 /* Every slot, queue place and connection free again (the one asking the metrics aside). */
-static void all_free(const server *sv) {
+static void all_free(const serve_proc *sv) {
     double running = wait_metric(sv->port, "\nk3c_running ", 0, 0, 10),
            queued = wait_metric(sv->port, "\nk3c_queue_length ", 0, 0, 10),
            parked = wait_metric(sv->port, "\nk3c_connections_parked ", 0, 0, 10),
@@ -350,7 +297,7 @@ static char *long_body(int n, int stream, int salt) {
 
 /* SIGTERM with 4 answers running and 4 queued, streamed and whole: each still gets its answer, ended ("cancelled" or
  * its own finish), and the server exits cleanly. */
-static void stop_in_flight(server *sv) {
+static void stop_in_flight(serve_proc *sv) {
     int fds[8], sent = 0;
     for (int i = 0; i < 8; i++) {
         char *b = long_body(4000, i % 2, 10 + i);
@@ -392,7 +339,7 @@ static int limit_kind(const http_resp *r, int stream) {
 static void time_limits(const char *dir) {
     const char *flags[] = {"--slots", "1", "--max-tokens-cap", "64", "--gen-timeout", "0.001", "--queue-timeout",
                            "0.001",   NULL};
-    server sv = start(dir, flags);
+    serve_proc sv = start(dir, flags);
     if (!sv.port) return;
     for (int stream = 0; stream < 2; stream++) {
         char *b = long_body(4000, stream, 1 + stream);
@@ -435,6 +382,14 @@ int main(void) {
     }
     CHECK(getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur >= N_IDLE + 256, "open files limit %llu",
           (unsigned long long)rl.rlim_cur);
+#ifdef __SANITIZE_ADDRESS__
+    /* ASan keeps freed memory in quarantine (256 MB) to catch late uses, which reads as growth in the resident memory
+     * checks: the servers (which inherit this) reuse freed memory at once (leaks and bad accesses are still caught) */
+    char opts[1024];
+    snprintf(opts, sizeof opts, "%s%squarantine_size_mb=0:thread_local_quarantine_size_kb=0",
+             getenv("ASAN_OPTIONS") ? getenv("ASAN_OPTIONS") : "", getenv("ASAN_OPTIONS") ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
+#endif
     const char *dir = test_tmpdir("serve_hostile");
     if (serve_model_dir(dir) != 0) return test_summary();
     char per_ip[16], deadline[16];
@@ -443,7 +398,7 @@ int main(void) {
     const char *flags[] = {"--slots",           "4",      "--queue",   "256", "--max-tokens-cap",   "16",
                            "--max-conns",       "2000",   "--threads", "2",   "--max-conns-per-ip", per_ip,
                            "--request-timeout", deadline, NULL};
-    server sv = start(dir, flags);
+    serve_proc sv = start(dir, flags);
     if (sv.port) {
         http_resp r; /* warm up: the allocator and the engine's first steps */
         for (int i = 0; i < 4; i++) {

@@ -242,8 +242,9 @@ static void validation(void) {
                  "invalid_value", "top_p");
     expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1.5}", 400,
                  "invalid_type", "max_tokens");
-    expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", 400, "invalid_value",
+    expect_error(K3C_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":17}", 400, "invalid_value",
                  "n");
+    expect_error(K3C_API_COMPLETION, "{\"prompt\":\"x\",\"n\":0}", 400, "invalid_value", "n");
     expect_error(K3C_API_CHAT,
                  "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"a\",\"b\",\"c\","
                  "\"d\",\"e\"]}",
@@ -431,6 +432,68 @@ static void run_turn(const k3c_chat_parse_opts *po, const char *out, k3c_turn *t
     k3c_tok_ids_free(&ids);
 }
 
+/* n choices: the request keeps n; the answer's choices carry their index, tool call ids differ between choices that
+ * share the response id; a streamed choice's chunks and finish carry its index, the usage chunk and [DONE] come once. */
+static void choice_objects(void) {
+    k3c_api_limits lim = limits();
+    k3c_api_req q;
+    k3c_api_error e;
+    const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":3}";
+    CHECK(k3c_api_parse(K3C_API_CHAT, body, strlen(body), &lim, &q, &e) == 0 && q.n == 3, "n 3 kept");
+    k3c_api_req_free(&q);
+    CHECK(k3c_api_parse(K3C_API_COMPLETION, "{\"prompt\":\"x\"}", 14, &lim, &q, &e) == 0 && q.n == 1, "n 1 by default");
+    k3c_api_req_free(&q);
+    const char *call = "<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"pay\" index=\"1\"<|sep|>"
+                       "<|open|>argument key=\"id\" type=\"number\"<|sep|>7<|close|>argument<|sep|><|close|>call<|sep|>"
+                       "<|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>";
+    k3c_chat_parse_opts think = {K3C_CHAT_XTML, 1, 0, 0};
+    k3c_turn t[2];
+    k3c_sbuf one[2], resp, sse;
+    k3c_api_meta m[2];
+    k3c_sbuf_init(&resp), k3c_sbuf_init(&sse);
+    for (int i = 0; i < 2; i++) {
+        run_turn(&think, call, &t[i], &one[i]);
+        k3c_api_meta_init(&m[i], 1, "tiny", 9);
+        m[i].index = i;
+    }
+    k3c_api_choices_begin(&resp, &m[0]);
+    for (int i = 0; i < 2; i++) k3c_api_chat_choice(&resp, &m[i], &t[i].msg, "tool_calls", !i);
+    k3c_api_choices_end(&resp, 5, 8);
+    k3c_json *j = NULL;
+    k3c_err err = {0};
+    CHECK_OK(k3c_json_parse(resp.buf, resp.len, "response", &j, &err), &err);
+    const k3c_json *ch = k3c_json_get(j, "choices"), *u = k3c_json_get(j, "usage");
+    const char *id[2] = {"", ""};
+    int64_t index[2] = {-1, -1};
+    for (size_t i = 0; ch && i < ch->n && i < 2; i++) {
+        const k3c_json *tc = k3c_json_get(k3c_json_get(&ch->items[i], "message"), "tool_calls");
+        const k3c_json *v = tc && tc->n ? k3c_json_get(&tc->items[0], "id") : NULL;
+        id[i] = v && v->type == K3C_JSON_STRING ? v->string : "";
+        index[i] = k3c_json_get(&ch->items[i], "index") ? k3c_json_get(&ch->items[i], "index")->integer : -1;
+    }
+    CHECK(ch && ch->n == 2 && index[0] == 0 && index[1] == 1 && id[0][0] && id[1][0] && strcmp(id[0], id[1]) &&
+              k3c_json_get(u, "total_tokens") && k3c_json_get(u, "total_tokens")->integer == 13,
+          "two choices, indexes 0 and 1, distinct call ids '%s' '%s': %s", id[0], id[1], resp.buf);
+    k3c_json_free(j);
+    k3c_chat_delta d = {.kind = K3C_CHAT_DELTA_CONTENT, .text = "hi", .len = 2};
+    k3c_sse_chat_delta(&sse, &m[1], &d);
+    k3c_sse_choice_finish(&sse, &m[1], "stop");
+    k3c_sse_choice_finish(&sse, &m[0], "length");
+    k3c_sse_end(&sse, &m[0], 1, 5, 8);
+    const char *p = sse.buf ? sse.buf : "",
+               *i1 = strstr(p, "\"index\":1,\"delta\":{\"role\":\"assistant\",\"content\":\"hi\"");
+    const char *f1 = strstr(p, "\"index\":1,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\"");
+    const char *f0 =
+        strstr(p, "\"index\":0,\"delta\":{\"role\":\"assistant\"},\"logprobs\":null,\"finish_reason\":\"length\"");
+    const char *us = strstr(p, "\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":8"),
+               *done = strstr(p, "data: [DONE]");
+    CHECK(i1 && f1 && f0 && us && done && i1 < f1 && f1 < f0 && f0 < us && us < done &&
+              !strstr(done + strlen("data: [DONE]"), "[DONE]"),
+          "streamed choices: %s", p);
+    for (int i = 0; i < 2; i++) k3c_turn_free(&t[i]), k3c_sbuf_free(&one[i]);
+    k3c_sbuf_free(&resp), k3c_sbuf_free(&sse);
+}
+
 /* The chat format as the release has it, through the request and response code: roles, numbers, the channel the
  * checkpoint's defaults open, and a model whose channel markers do not fit the prompt. */
 static void chat_release(void) {
@@ -601,6 +664,10 @@ static int anthropic_parse(const char *body, k3c_api_req *q, k3c_api_error *e) {
     return rc;
 }
 
+#define THREAD_BODY                                                                                                    \
+    "{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thread\":{\"type\":\"continue\","        \
+    "\"previous_message_id\":\"msg_1\"}}"
+
 /* A Messages request renders the same prompt as the chat request it stands for: system blocks, thinking, a tool_use
  * with a big integer, its tool_result, tools, tool_choice any without parallel calls, stop_sequences. */
 static void anthropic_request(void) {
@@ -668,6 +735,7 @@ static void anthropic_request(void) {
          "system", 400},
         {"{\"max_tokens\":0,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "max_tokens", 400},
         {"{\"max_tokens\":4,\"model\":\"big\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "model", 404},
+        {THREAD_BODY, "thread", 400},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         k3c_api_req q;
@@ -676,6 +744,26 @@ static void anthropic_request(void) {
               rc ? e.param : "", bad[i].status, bad[i].param);
         k3c_api_req_free(&q);
     }
+}
+
+/* A thread is refused in the shape the SDKs read as "send the full history": error.details.error_code. */
+static void anthropic_thread(void) {
+    k3c_api_req q;
+    k3c_api_error e;
+    k3c_sbuf s;
+    k3c_sbuf_init(&s);
+    if (anthropic_parse(THREAD_BODY, &q, &e) == 400) k3c_anth_error_json(&s, &e);
+    k3c_json *j = NULL;
+    k3c_err err = {0};
+    const k3c_json *d = s.buf && !k3c_json_parse(s.buf, s.len, "error", &j, &err)
+                            ? k3c_json_get(k3c_json_get(j, "error"), "details")
+                            : NULL,
+                   *code = k3c_json_get(d, "error_code");
+    CHECK(code && code->type == K3C_JSON_STRING && !strcmp(code->string, "thread_unsupported_request"),
+          "thread: error.details.error_code: %s", s.buf ? s.buf : "");
+    k3c_json_free(j);
+    k3c_sbuf_free(&s);
+    k3c_api_req_free(&q);
 }
 
 int main(void) {
@@ -693,6 +781,8 @@ int main(void) {
         chat_defaults();
         other_specials();
         anthropic_request();
+        anthropic_thread();
+        choice_objects();
     }
     error_body();
     k3c_tok_free(g_tok);

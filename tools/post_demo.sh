@@ -5,7 +5,7 @@
 # environment's expert conversations; RL then runs in the environment from the second stage's checkpoint.
 # Usage: tools/post_demo.sh [SEED] [OUT]   (defaults 1, runs/post). Overrides: K3C_POST_ENV (environment),
 # K3C_POST_COPY_STEPS (0 skips the copy stage), K3C_POST_SFT_STEPS, K3C_POST_RL_STEPS, K3C_POST_RL_LR, K3C_POST_EVAL
-# (held-out episodes), K3C_POST_THREADS, K3C_POST_DEVICE (cuda: SFT and RL on the GPU, with K3C=build/cuda/k3c).
+# (held-out episodes), K3C_POST_PASS_K, K3C_POST_SFT_FLOOR, K3C_POST_THREADS, K3C_POST_DEVICE (cuda: SFT and RL on the GPU, with K3C=build/cuda/k3c).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 K3C=${K3C:-./k3c} # K3C=/path/to/k3c runs another build
@@ -14,7 +14,9 @@ OUT=$(realpath -m "${2:-runs/post}") # absolute: run-config paths are read relat
 ENV=${K3C_POST_ENV:-arith_tool_one}
 COPY_STEPS=${K3C_POST_COPY_STEPS:-250}
 SFT_STEPS=${K3C_POST_SFT_STEPS:-150}
-RL_STEPS=${K3C_POST_RL_STEPS:-24}
+RL_STEPS=${K3C_POST_RL_STEPS:-32}
+PASS_K=${K3C_POST_PASS_K:-8}         # pass@k from 8 samples of each of 32 training tasks, before and after RL
+FLOOR=${K3C_POST_SFT_FLOOR:-0.5}    # the held-out reward the SFT checkpoint must reach (its competence floor)
 RL_LR=${K3C_POST_RL_LR:-0.0003}
 EVAL=${K3C_POST_EVAL:-256}
 THREADS=${K3C_POST_THREADS:-2}
@@ -68,17 +70,18 @@ SFT_CKPT="$OUT/sft/$(cat "$OUT/sft/latest")"
 cat > "$OUT/rl.json" <<JSON
 {"init": "$SFT_CKPT", "env": "$ENV", "out_dir": "$OUT/rl", "steps": $RL_STEPS, "prompts_per_step": 4,
  "group_size": 8, "max_turns": 2, "max_new": 96, "max_tokens": 512, "temperature": 1.0, "lr": $RL_LR,
- "ppo_epochs": 2, "advantage": "grpo", "loss_agg": "token_mean", "eval_every": $RL_STEPS, "eval_episodes": $EVAL,
+ "ppo_epochs": 2, "dynamic_sampling": true, "max_draws": 3, "tis_cap": 2.0,
+ "pass_k": $PASS_K, "pass_n": 8, "pass_tasks": 32, "advantage": "grpo", "loss_agg": "token_mean", "eval_every": $RL_STEPS, "eval_episodes": $EVAL,
  "checkpoint_every": $RL_STEPS, "keep_checkpoints": 1, "seed": $SEED, "threads": $THREADS, "kda_chunk": $CHUNK}
 JSON
-echo "== RL: $RL_STEPS steps of 4 prompts x 8 samples, lr $RL_LR, held-out greedy evaluation of $EVAL episodes before and after"
+echo "== RL: $RL_STEPS steps of 4 groups with reward variance (DAPO dynamic sampling, at most 3 draws of 4 prompts) x 8 samples, TIS cap 2, lr $RL_LR, held-out greedy evaluation of $EVAL episodes before and after"
 timed rl $K3C rl --config "$OUT/rl.json" --quiet "${DEVICE[@]}"
 echo "== $(( $(date +%s) - t0 )) s wall; per phase (wall, user, sys seconds):"
 cat "$OUT/times.txt"
 $K3C env reference --kind "$ENV" --seed "$SEED" --split heldout --n "$EVAL" > "$OUT/heldout_ref.jsonl"
-python3 - "$OUT" "$EVAL" <<'PY'
+python3 - "$OUT" "$EVAL" "$FLOOR" <<'PY'
 import glob, json, sys
-out, n = sys.argv[1], sys.argv[2]
+out, n, floor = sys.argv[1], sys.argv[2], float(sys.argv[3])
 rows = [json.loads(l) for l in open(f"{out}/rl/metrics.jsonl") if l.strip()]
 ev = [r for r in rows if "eval_reward" in r]
 a, b = ev[0], ev[-1]
@@ -101,6 +104,14 @@ for i in fixed[:3]:
     print(f"held-out task {i}: {ref[i][1]['content']!r}: SFT calculator({call(before[i])!r}) -> "
           f"{answer(before[i])!r}; RL calculator({call(after[i])!r}) -> {answer(after[i])!r}")
 print(f"calculator expression equal to the expert's: SFT {right_calls(before)} -> RL {right_calls(after)} of {n}")
-print(f"post: held-out reward SFT {a['eval_reward']:.3f} -> RL {b['eval_reward']:.3f} over {n} episodes "
+tr = [r for r in rows if "step" in r and "draws" in r]
+print(f"dynamic sampling: {sum(r['draws'] for r in tr)} draws, {sum(r['groups_drawn'] for r in tr)} groups drawn, "
+      f"{sum(r['groups_filtered'] for r in tr)} flat (filtered), {sum(r['groups_kept'] for r in tr)} kept over {len(tr)} steps")
+print(f"SFT competence floor: held-out reward {a['eval_reward']:.3f} vs floor {floor:.2f}: "
+      f"{'met' if a['eval_reward'] >= floor else 'NOT met'}")
+k = a.get("pass_k", 0)
+pk = (f"; training tasks pass@1 (greedy) SFT {a['train_pass1']:.3f} -> RL {b['train_pass1']:.3f}, pass@{k} SFT "
+      f"{a['train_pass_k']:.3f} -> RL {b['train_pass_k']:.3f}") if k else ""
+print(f"post: held-out reward SFT {a['eval_reward']:.3f} -> RL {b['eval_reward']:.3f} over {n} episodes{pk} "
       f"(format-valid SFT {100 * a['eval_format_valid']:.0f}% -> RL {100 * b['eval_format_valid']:.0f}%)")
 PY

@@ -140,6 +140,12 @@ int k3c_verify_code(const char *solution, const char *cases_json, const k3c_sand
  * equal gets advantage 0 and keep[g] = 0 (dropped, DAPO dynamic sampling); a group of one: mean 0, std 1 (verl).
  * keep may be NULL. Returns the number of zero-variance groups. */
 int k3c_rl_advantages(const double *rewards, int n_groups, int G, int std_norm, double *adv, uint8_t *keep);
+/* DAPO dynamic sampling over one draw of n_groups groups of G rewards: appends to sel the indices of the groups whose
+ * rewards are not all equal, in order, while *n_sel < want (*n_sel counts what earlier draws kept); returns the number
+ * of flat groups in this draw (all of them counted, also those after the batch was full). */
+int k3c_rl_select_groups(const double *rewards, int n_groups, int G, int want, int *sel, int *n_sel);
+/* Unbiased pass@k of one task from n samples of which c are correct: 1 − C(n−c, k) / C(n, k) (k <= n). */
+double k3c_rl_pass_at_k(int n, int c, int k);
 /* DAPO overlong shaping added to a reward: 0 up to max_len − buffer, then linear down to −factor at max_len. */
 double k3c_rl_overlong_penalty(int64_t len, int64_t max_len, int64_t buffer, double factor);
 /* log p(y) and the entropy of softmax(logits[V]) in float64. */
@@ -155,6 +161,7 @@ typedef struct {
     double beta;              /* k3 KL to the reference (0 = none) */
     int agg;                  /* k3c_rl_agg */
     int64_t max_len;          /* K3C_RL_CONST_NORM's L_max */
+    double tis_cap;           /* truncated importance sampling: weight min(π_old / π_rollout, tis_cap); 0 = off */
 } k3c_rl_loss_opts;
 /* B sequences of tokens laid end to end: sequence i is [off[i], off[i+1]). Per token: log-probs of the sampled token
  * under the policy being trained, the rollout policy (π_old) and the frozen reference (NULL when beta = 0); mask 1 on
@@ -165,15 +172,18 @@ typedef struct {
     const double *logp, *logp_old, *logp_ref;
     const uint8_t *mask;
     const double *adv;
+    const double *logp_rollout; /* the rollout engine's log-probs of the sampled tokens (needed when tis_cap > 0) */
 } k3c_rl_tokens;
 typedef struct {
     double loss;
     double kl;                  /* mean k3 estimate over masked tokens (also when beta = 0, if logp_ref given) */
     double clip_low, clip_high; /* fractions of masked tokens where the lower / upper clip took the gradient away */
     double ratio_mean;
-    int64_t n_tokens; /* masked tokens */
+    int64_t n_tokens;            /* masked tokens */
+    double tis_mean, tis_capped; /* mean TIS weight, fraction of masked tokens at the cap (tis_cap > 0) */
 } k3c_rl_loss_stats;
-/* L = agg over tokens of −min(ρA, clip(ρ)A) + β·(e^{ref−logp} − (ref−logp) − 1), ρ = e^{logp − logp_old}, and
+/* L = agg over tokens of −w·min(ρA, clip(ρ)A) + β·(e^{ref−logp} − (ref−logp) − 1), ρ = e^{logp − logp_old},
+ * w = min(e^{logp_old − logp_rollout}, tis_cap) (verl's TIS, a constant of the gradient; w = 1 when tis_cap = 0), and
  * dlogp[k] = ∂L/∂logp[k] (NULL: not needed; 0 off the mask). The gradient w.r.t. token k's logits is
  * dlogp[k]·(onehot(y) − softmax): a cross-entropy backward with per-token weight −dlogp[k]. */
 int k3c_rl_loss(const k3c_rl_tokens *t, const k3c_rl_loss_opts *o, double *dlogp, k3c_rl_loss_stats *s, k3c_err *err);
@@ -285,12 +295,19 @@ typedef struct {
     int matrix_optimizer;  /* 0 muon, 1 adamw (default) */
     uint64_t seed;
     int kda_chunk, threads;
-    int64_t ppo_epochs; /* policy updates per batch of rollouts (1 = on-policy) */
+    int64_t ppo_epochs;   /* policy updates per batch of rollouts (1 = on-policy) */
+    int dynamic_sampling; /* DAPO: draw batches of prompts_per_step prompts until prompts_per_step groups have reward
+                             variance, at most max_draws batches per step (default off: one batch, flat groups dropped) */
+    int64_t max_draws;
+    int64_t pass_k, pass_n, pass_tasks; /* at each evaluation: greedy pass@1 and unbiased pass@k from pass_n samples
+                                           (temperature) of the first pass_tasks training tasks; pass_k 0 = off */
 } k3c_rl_config;
 int k3c_rl_config_load(const char *path, k3c_rl_config *c, k3c_err *err);
 typedef struct {
     int64_t steps, episodes;
     double first_eval_reward, last_eval_reward, last_eval_format, last_train_reward, wall_s;
+    double pass1[2],
+        pass_k[2]; /* greedy pass@1 and pass@k on the training tasks, first and last evaluation (NaN: off) */
 } k3c_rl_result;
 int k3c_rl_run(const k3c_rl_config *c, const k3c_train_opts *o, k3c_rl_result *r, k3c_err *err);
 

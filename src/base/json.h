@@ -15,8 +15,7 @@ typedef enum {
     K3C_JSON_OBJECT
 } k3c_json_type;
 
-typedef struct k3c_json k3c_json;
-struct k3c_json {
+struct k3c_json { /* k3c.h names it */
     k3c_json_type type;
     int boolean;
     double number;  /* every number (the nearest double) */
@@ -79,14 +78,7 @@ const char *k3c_json_type_name(const k3c_json *v); /* "null", "a boolean", "a nu
 /* "<file>: <path><key>: expected <want>, got <v's type>"; returns K3C_ECONFIG. */
 int k3c_json_bad_type(const k3c_json_ctx *c, k3c_json_spot s, const char *want, const k3c_json *v);
 
-/* A growable string for writing JSON (and other text). All appends are no-ops after an allocation failure (ok = 0). */
-typedef struct {
-    char *buf;
-    size_t len, cap;
-    int ok;
-} k3c_sbuf;
-void k3c_sbuf_init(k3c_sbuf *s);
-void k3c_sbuf_free(k3c_sbuf *s);
+/* Appending to a k3c_sbuf (k3c.h). */
 void k3c_sbuf_append(k3c_sbuf *s, const char *str, size_t n);
 void k3c_sbuf_printf(k3c_sbuf *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void k3c_sbuf_json_string(k3c_sbuf *s, const char *str, size_t n); /* quoted and escaped */

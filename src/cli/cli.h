@@ -4,7 +4,6 @@
 #define K3C_CLI_H
 
 #include "base/base.h"
-#include "model/model.h"
 
 typedef struct {
     const char *name;

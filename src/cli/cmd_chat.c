@@ -3,8 +3,8 @@
  * printed as JSON. The request goes through the same validation, chat rendering and scheduler as `k3c serve`. */
 #include "cli.h"
 #include "base/check.h"
-#include "serve/server.h"
-#include "tok/tok.h"
+#include "base/json.h"
+#include "k3c/serve.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -47,57 +47,28 @@ static void request_body(k3c_sbuf *b, const k3c_sbuf *history, const char *tools
                     tools ? tools : "", opts);
 }
 
-/* Appends the assistant message (content, reasoning, tool calls) to the history. */
-static void remember(k3c_sbuf *h, const k3c_turn_msg *m) {
-    k3c_sbuf_append(h, ",{\"role\":\"assistant\",\"content\":", 31);
-    k3c_sbuf_json_string(h, m->content.buf ? m->content.buf : "", m->content.len);
-    if (m->reasoning.len) {
-        k3c_sbuf_append(h, ",\"reasoning_content\":", 21);
-        k3c_sbuf_json_string(h, m->reasoning.buf, m->reasoning.len);
-    }
-    if (m->ncalls) k3c_sbuf_append(h, ",\"tool_calls\":[", 15);
-    for (size_t i = 0; i < m->ncalls; i++) {
-        k3c_sbuf_printf(h, "%s{\"id\":\"call_%zu\",\"type\":\"function\",\"function\":{\"name\":", i ? "," : "", i);
-        k3c_sbuf_json_string(h, m->call_name[i], strlen(m->call_name[i]));
-        k3c_sbuf_append(h, ",\"arguments\":", 13);
-        k3c_sbuf_json_string(h, m->call_args[i], strlen(m->call_args[i]));
-        k3c_sbuf_append(h, "}}", 2);
-    }
-    k3c_sbuf_append(h, m->ncalls ? "]}" : "}", m->ncalls ? 2 : 1);
-}
-
-/* One user turn: validate + render (k3c_api_parse), generate, show, remember. */
-static int turn(k3c_sched *sched, const k3c_api_limits *lim, const int32_t *stop_ids, int n_stop, k3c_sbuf *history,
-                const char *tools, const char *opts, k3c_err *err) {
-    k3c_sbuf body;
+/* One user turn: validate + render + generate (k3c_chat_session_turn), show, remember. */
+static int turn(k3c_chat_session *chat, k3c_sbuf *history, const char *tools, const char *opts, k3c_err *err) {
+    k3c_sbuf body, reply;
     k3c_sbuf_init(&body);
+    k3c_sbuf_init(&reply);
     request_body(&body, history, tools, opts);
-    k3c_api_req q;
-    k3c_api_error e;
-    int rc = body.ok ? 0 : k3c_errf(err, K3C_ENOMEM, "out of memory");
-    if (!rc && k3c_api_parse(K3C_API_CHAT, body.buf, body.len, lim, &q, &e))
-        rc = k3c_errf(err, K3C_EINVAL, "%s%s%s", e.param[0] ? e.param : "", e.param[0] ? ": " : "", e.message);
-    k3c_sbuf_free(&body);
-    if (rc) {
-        k3c_api_req_free(&q);
-        return rc;
-    }
     chat_out out = {isatty(STDOUT_FILENO), 0, 0};
-    k3c_turn t;
-    rc = k3c_turn_init(&t, lim->tok, &q.parse, q.stop, q.nstop, show_delta, NULL, &out, err);
-    k3c_request g = q.gen;
-    g.n_stop = n_stop;
-    memcpy(g.stop_ids, stop_ids, sizeof g.stop_ids);
     k3c_finish why = K3C_FINISH_STOP;
     int64_t n_gen = 0;
-    if (!rc) rc = k3c_turn_run(sched, q.prompt.ids, (int64_t)q.prompt.n, &g, &t, &why, &n_gen, err);
+    int rc = body.ok ? k3c_chat_session_turn(chat, body.buf, body.len, show_delta, &out, &reply, &why, &n_gen, err)
+                     : k3c_errf(err, K3C_ENOMEM, "out of memory");
+    k3c_sbuf_free(&body);
     if (out.in_reasoning) fputs(out.tty ? "\033[0m" : "", stdout);
-    printf("\n");
+    if (!rc || out.wrote) printf("\n");
     if (!rc && why == K3C_FINISH_LENGTH) printf("[stopped after %lld tokens]\n", (long long)n_gen);
     fflush(stdout);
-    if (!rc) remember(history, &t.msg);
-    k3c_turn_free(&t);
-    k3c_api_req_free(&q);
+    if (!rc && !reply.ok) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
+    if (!rc) {
+        k3c_sbuf_append(history, ",", 1);
+        k3c_sbuf_append(history, reply.buf, reply.len);
+    }
+    k3c_sbuf_free(&reply);
     return rc;
 }
 
@@ -160,25 +131,9 @@ static int image_parts(int argc, char **argv, k3c_sbuf *out, k3c_err *err) {
 
 static int chat_loop(k3c_serve *sv, const char *system, const char *tools, const char *opts, const char *images,
                      k3c_err *err) {
-    const k3c_config *cfg = k3c_weights_config(sv->weights);
-    int64_t nv = k3c_tok_n_vocab(sv->tok);
-    k3c_sched *sched;
-    int rc = k3c_sched_new(sv->weights, 1, 0, &sched, err);
+    k3c_chat_session *chat;
+    int rc = k3c_chat_session_open(sv, &chat, err);
     if (rc) return rc;
-    const int64_t ctx = k3c_sched_max_ctx(sched);
-    k3c_api_limits lim = {sv->tok,
-                          k3c_turn_format(cfg),
-                          "k3c",
-                          nv < cfg->vocab_size ? nv : cfg->vocab_size,
-                          ctx,
-                          ctx,
-                          sv->vision,
-                          K3C_API_MAX_IMAGES,
-                          K3C_API_MAX_IMAGE_BYTES,
-                          K3C_API_MAX_IMAGE_PIXELS,
-                          0};
-    int32_t stop_ids[K3C_MAX_STOP_IDS] = {0};
-    int n_stop = k3c_turn_stop_ids(sv->tok, cfg, stop_ids, K3C_MAX_STOP_IDS);
     k3c_sbuf history;
     k3c_sbuf_init(&history);
     k3c_sbuf_append(&history, "{\"role\":\"system\",\"content\":", 27);
@@ -200,7 +155,7 @@ static int chat_loop(k3c_serve *sv, const char *system, const char *tools, const
         if (images) k3c_sbuf_printf(&history, "[%s{\"type\":\"text\",\"text\":", images); /* the first turn's */
         k3c_sbuf_json_string(&history, line, (size_t)n);
         k3c_sbuf_append(&history, images ? "}]}" : "}", images ? 3 : 1);
-        if ((rc = turn(sched, &lim, stop_ids, n_stop, &history, tools, opts, err))) {
+        if ((rc = turn(chat, &history, tools, opts, err))) {
             fprintf(stderr, "k3c chat: %s\n", err->msg); /* a bad turn is forgotten; the conversation goes on */
             history.len = mark;
             rc = 0;
@@ -210,7 +165,7 @@ static int chat_loop(k3c_serve *sv, const char *system, const char *tools, const
     }
     free(line);
     k3c_sbuf_free(&history);
-    k3c_sched_free(sched);
+    k3c_chat_session_close(chat);
     return rc;
 }
 

@@ -2,7 +2,7 @@
  * backward in float64 against a golden file, as k3c_kda_golden_check (model/golden_kda.c) measures them. */
 #include "cli.h"
 
-#include "model/golden.h"
+#include "k3c/check.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: k3c check-kda FILE [--chunk 16|64|0] [--tol X]\n\n"
@@ -58,7 +58,7 @@ int cmd_check_kda(int argc, char **argv) {
     k3c_err err = {0};
     k3c_kda_check c;
     if (k3c_kda_golden_check(path, (int)only, &c, &err)) return cli_fail("check-kda", &err);
-    const k3c_kda_dims *d = &c.dims;
+    const k3c_kda_check_dims *d = &c.dims;
     printf("check-kda %s: B=%d T=%lld H=%lld dk=%lld dv=%lld, min g = %.4g, tol %.1e\n", path, d->n_docs,
            (long long)(d->T / d->n_docs), (long long)d->H, (long long)d->dk, (long long)d->dv, c.g_min, tol);
     int fail = 0;

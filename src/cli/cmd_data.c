@@ -2,7 +2,7 @@
  * prepared directory, and print its first documents. Spec: docs/TRAINING.md §7.1 (offline corpora), §2 (documents). */
 #include "cli.h"
 
-#include "train/data.h"
+#include "k3c/train.h"
 
 #include <stdlib.h>
 #include <string.h>

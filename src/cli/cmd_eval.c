@@ -83,9 +83,9 @@ static int eval_model(const char *task, int argc, char **argv) {
                                        : num_list(argc, argv, "--factors", "1,2,4,8,16", a, &na);
     if (!ok) return 2;
     k3c_err err = {0};
-    k3c_model m;
-    if (k3c_model_open_f32(dir, 0, &m, &err)) return cli_fail("eval", &err);
-    m.kda_chunk = chunk;
+    k3c_model *m;
+    if (k3c_model_load_dir_f32(dir, 0, &m, &err)) return cli_fail("eval", &err);
+    k3c_model_set_kda_chunk(m, chunk);
     int rc = 0;
     if (!strcmp(task, "position")) {
         int64_t edge[MAX_LIST + 1] = {0};
@@ -95,7 +95,7 @@ static int eval_model(const char *task, int argc, char **argv) {
             if (edge[i + 1] <= edge[i]) rc = cli_usage_error("eval", "--factors must be ascending and >= 1");
         }
         k3c_task_doc *d = rc ? NULL : docs_of(2, edge[na] + 1, 0, (uint64_t)seed, docs, &err);
-        if (!rc && (!d || k3c_eval_position_loss(&m, d, docs, edge, na, max_tokens, loss, &err)))
+        if (!rc && (!d || k3c_eval_position_loss(m, d, docs, edge, na, max_tokens, loss, &err)))
             rc = cli_fail("eval", &err);
         for (int i = 0; !rc && i < na; i++)
             printf("position: [%lld, %lld) (%gL): loss %.4f nats/token\n", (long long)edge[i], (long long)edge[i + 1],
@@ -108,7 +108,7 @@ static int eval_model(const char *task, int argc, char **argv) {
             const int mqar = !strcmp(task, "mqar");
             int64_t c, t;
             k3c_task_doc *d = docs_of(mqar ? 0 : 1, (int64_t)a[i], b[j], (uint64_t)seed, docs, &err);
-            if (!d || k3c_eval_tasks(&m, d, docs, max_tokens, &c, &t, &err))
+            if (!d || k3c_eval_tasks(m, d, docs, max_tokens, &c, &t, &err))
                 rc = cli_fail("eval", &err);
             else if (mqar)
                 printf("mqar: %g pairs: recall %.4f (%lld of %lld queries)\n", a[i], (double)c / (double)t,
@@ -122,7 +122,7 @@ static int eval_model(const char *task, int argc, char **argv) {
     if (!rc && all_t)
         printf("%s: overall %.4f (%lld of %lld)\n", task, (double)all_c / (double)all_t, (long long)all_c,
                (long long)all_t);
-    k3c_model_free_f32(&m);
+    k3c_model_close_f32(m);
     return rc;
 }
 

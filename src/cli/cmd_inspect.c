@@ -1,8 +1,7 @@
 /* cmd_inspect.c — `k3c inspect <checkpoint dir> [--json]`: the config summary, tensor count, dtype histogram, logical
  * parameter count and a name/shape cross-check against the config's inventory (docs/FORMATS.md §2–6). */
 #include "cli.h"
-#include "model/config.h"
-#include "model/params.h"
+#include "base/json.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -127,36 +126,44 @@ static void want_add(want_set *s, const char *name, int layer, int ndim, int64_t
     s->n++;
 }
 
-/* Expands the model's parameter inventory (model/params.h) into checkpoint tensor names: stacked experts become one
- * name per expert, and MXFP4 experts become weight_packed [rows, cols/2] + weight_scale [rows, cols/group]. */
+enum { CKPT_NAME = 160, NAME_BYTES = CKPT_NAME + 96 }; /* a checkpoint name's bytes at most; with a suffix */
+
+/* The names of one checkpoint tensor: MXFP4 experts become weight_packed [rows, cols/2] + weight_scale
+ * [rows, cols/group]. */
+typedef struct {
+    want_set *s;
+    int64_t group, names;
+} want_walk;
+
+static int count_names(void *ctx, const char *name, int layer, int ndim, const int64_t *d, int mxfp4) {
+    ((want_walk *)ctx)->names += mxfp4 ? 2 : 1;
+    return 0;
+}
+
+static int add_names(void *ctx, const char *name, int layer, int ndim, const int64_t *d, int mxfp4) {
+    want_walk *ww = ctx;
+    if (!mxfp4) {
+        want_add(ww->s, name, layer, ndim, d[0], d[1], d[2], d[3]);
+        return ww->s->oom;
+    }
+    char buf[NAME_BYTES];
+    snprintf(buf, sizeof buf, "%s_packed", name);
+    want_add(ww->s, buf, layer, 2, d[0], d[1] / 2, 0, 0);
+    snprintf(buf, sizeof buf, "%s_scale", name);
+    want_add(ww->s, buf, layer, 2, d[0], d[1] / ww->group, 0, 0);
+    return ww->s->oom;
+}
+
+/* Expands the model's parameter inventory (k3c_config_tensors) into checkpoint tensor names. */
 static int build_wants(const k3c_config *cfg, want_set *s, k3c_err *err) {
-    k3c_param_table t;
-    int rc = k3c_params_build(cfg, &t, err);
-    if (rc) return rc;
-    uint64_t names = 0; /* one per tensor and expert (two for MXFP4), each a struct and its strdup'd name */
-    for (int i = 0; i < t.n; i++) names += (uint64_t)(t.p[i].stack ? t.p[i].stack : 1) * (t.p[i].mxfp4 ? 2u : 1u);
-    if ((rc = k3c_mem_check(names * (sizeof(want) + 2 * K3C_PARAM_NAME), "inspect: the tensor inventory", err))) {
-        k3c_params_free(&t);
-        return rc;
-    }
-    char name[K3C_PARAM_NAME + 32];
-    for (int i = 0; i < t.n && !s->oom; i++) {
-        const k3c_param *p = &t.p[i];
-        for (int64_t e = 0; e < (p->stack ? p->stack : 1) && !s->oom; e++) {
-            k3c_params_name(p, p->stack ? e : -1, name, sizeof name);
-            if (!p->mxfp4) {
-                want_add(s, name, p->layer, p->ndim, p->shape[0], p->shape[1], p->shape[2], p->shape[3]);
-                continue;
-            }
-            size_t n = strlen(name);
-            snprintf(name + n, sizeof name - n, "_packed");
-            want_add(s, name, p->layer, 2, p->shape[0], p->shape[1] / 2, 0, 0);
-            snprintf(name + n, sizeof name - n, "_scale");
-            want_add(s, name, p->layer, 2, p->shape[0], p->shape[1] / cfg->mxfp4_group, 0, 0);
-        }
-    }
-    k3c_params_free(&t);
+    want_walk ww = {s, cfg->mxfp4_group, 0};
+    int rc = k3c_config_tensors(cfg, count_names, &ww, NULL, err);
+    /* each name a struct and its strdup'd name */
+    if (!rc)
+        rc = k3c_mem_check((uint64_t)ww.names * (sizeof(want) + 2 * CKPT_NAME), "inspect: the tensor inventory", err);
+    if (!rc) rc = k3c_config_tensors(cfg, add_names, &ww, NULL, err);
     if (s->oom) return k3c_errf(err, K3C_ENOMEM, "inspect: out of memory building the tensor inventory");
+    if (rc) return rc;
     qsort(s->w, s->n, sizeof *s->w, cmp_want);
     return 0;
 }
@@ -222,7 +229,7 @@ static int cross_check(const k3c_config *cfg, const k3c_checkpoint *ck, report *
         free_wants(&s);
         return rc;
     }
-    char buf[K3C_PARAM_NAME + 64], a[160], b[160];
+    char buf[NAME_BYTES], a[160], b[160];
     for (int i = 0; i < r->ntensors; i++) {
         const k3c_st_tensor *t = k3c_ckpt_at(ck, i);
         if (cfg->vision.present &&

@@ -1,10 +1,9 @@
 /* cmd_model.c — `k3c logits`, `k3c golden-check` and `k3c generate`: run a Hugging Face checkpoint (Kimi-Linear or
  * Kimi-K3 format) forward (and backward) on the CPU and compare with golden outputs (shared/golden/README.md). */
 #include "cli.h"
-#include "model/golden.h"
-#include "model/model.h"
-#include "serve/stop.h"
-#include "tok/tok.h"
+#include "k3c/check.h"
+#include "k3c/serve.h"
+#include "k3c/tok.h"
 
 #include <unistd.h>
 
@@ -35,36 +34,36 @@ int cmd_logits(int argc, char **argv) {
     const cli_device_opts dopt = cli_device_opts_get(argc, argv);
     if (cli_device_check("logits", &dopt)) return 2;
     k3c_err err = {0};
-    k3c_model m;
+    k3c_model *m;
     cli_device dev = {0};
     int32_t *ids = NULL, *cu = NULL;
     int64_t B = 0, T = 0;
-    if (k3c_model_open_f32(dir, 0, &m, &err)) return cli_fail("logits", &err);
-    m.kda_chunk = chunk;
+    if (k3c_model_load_dir_f32(dir, 0, &m, &err)) return cli_fail("logits", &err);
+    k3c_model_set_kda_chunk(m, chunk);
     int rc = cli_device_open(&dopt, &dev, &err);
-    if (!rc) rc = cli_device_use(&dev, &m, &err);
+    if (!rc) rc = cli_device_use(&dev, m, &err);
     if (!rc) rc = k3c_st_read_ids(ids_path, name ? name : "input_ids", &ids, &B, &T, &err);
     k3c_arena arena = {0};
     if (!rc && !(cu = doc_offsets(B, T))) rc = k3c_errf(&err, K3C_ENOMEM, "out of memory");
-    if (!rc) rc = k3c_model_arena_init_f32(&m, k3c_model_plan_bytes_f32(&m, B * T, (int)B), &arena, &err);
+    if (!rc) rc = k3c_model_arena_init_f32(m, k3c_model_plan_bytes_f32(m, B * T, (int)B), &arena, &err);
     k3c_model_batch b = {B * T, (int)B, ids, cu, NULL, 0, 0, NULL, NULL, NULL, NULL};
     k3c_acts *acts;
     float *logits;
     double loss;
-    if (!rc) rc = k3c_model_forward_f32(&m, &b, &arena, &acts, &loss, &logits, &err);
-    size_t n = (size_t)(B * T * m.cfg.vocab_size);
+    if (!rc) rc = k3c_model_forward_f32(m, &b, &arena, &acts, &loss, &logits, &err);
+    size_t n = (size_t)(B * T * k3c_model_config(m)->vocab_size);
     float *host = rc ? NULL : malloc(sizeof(float) * n + 1);
     if (!rc && !host) rc = k3c_errf(&err, K3C_ENOMEM, "out of memory");
-    if (!rc) rc = k3c_model_download_f32(&m, host, logits, sizeof(float) * n, &err);
+    if (!rc) rc = k3c_model_download_f32(m, host, logits, sizeof(float) * n, &err);
     if (!rc) rc = k3c_write_file_atomic(out, host, sizeof(float) * n, &err);
     free(host);
     if (!rc)
         printf("wrote %s: [%lld, %lld, %lld] float32 logits (mean next-token loss %.6f)\n", out, (long long)B,
-               (long long)T, (long long)m.cfg.vocab_size, loss);
-    k3c_model_arena_free_f32(&m, &arena);
+               (long long)T, (long long)k3c_model_config(m)->vocab_size, loss);
+    k3c_model_arena_free_f32(m, &arena);
     free(ids);
     free(cu);
-    k3c_model_free_f32(&m);
+    k3c_model_close_f32(m);
     cli_device_release(&dev);
     return rc ? cli_fail("logits", &err) : 0;
 }
@@ -101,18 +100,18 @@ static int print_golden(const k3c_golden_report *r, int grads_ok, double tol_out
 /* Forward + backward on the golden's input_ids (k3c_golden_check); prints the errors. Returns the exit code. */
 static int golden_check(const char *dir, const char *gpath, int chunk, const cli_device_opts *dopt,
                         double tol_out, double tol_grad, int verbose, k3c_err *err) {
-    k3c_model m;
+    k3c_model *m;
     cli_device dev = {0};
-    if (k3c_model_open_f32(dir, 1, &m, err)) return -1;
-    m.kda_chunk = chunk;
+    if (k3c_model_load_dir_f32(dir, 1, &m, err)) return -1;
+    k3c_model_set_kda_chunk(m, chunk);
     k3c_golden_report r = {.rows = calloc(4096, sizeof(k3c_golden_row)), .max_rows = 4096};
     int rc = cli_device_open(dopt, &dev, err);
-    if (!rc) rc = cli_device_use(&dev, &m, err);
+    if (!rc) rc = cli_device_use(&dev, m, err);
     if (!rc && !r.rows) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
-    if (!rc) rc = k3c_golden_check_f32(&m, gpath, &r, err);
+    if (!rc) rc = k3c_golden_check_f32(m, gpath, &r, err);
     int fails = print_golden(&r, !rc, tol_out, tol_grad, verbose);
     free(r.rows);
-    k3c_model_free_f32(&m);
+    k3c_model_close_f32(m);
     cli_device_release(&dev);
     return rc ? -1 : fails ? 1 : 0;
 }

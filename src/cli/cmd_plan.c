@@ -2,8 +2,8 @@
  * layouts for training (or serving) a Kimi-K3-class model on N GPUs (src/plan, docs/PLAN.md). */
 #include "base/json.h"
 #include "cli.h"
-#include "parallel/dp.h"
-#include "plan/plan.h"
+#include "k3c/plan.h"
+#include "k3c/train.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -126,7 +126,11 @@ int cmd_rl(int argc, char **argv) {
             "Other keys: out_dir, steps, temperature, top_p, lr, grad_clip, matrix_optimizer (adamw | muon),\n"
             "eps_low, eps_high, beta (>= 0), overlong_buffer, overlong_penalty, eval_every, eval_episodes\n"
             "(greedy, held-out split), checkpoint_every, keep_checkpoints, seed, thinking, kda_chunk, threads,\n"
-            "format_gate (default true: an episode whose output is not valid XTML scores 0).\n"
+            "format_gate (default true: an episode whose output is not valid XTML scores 0), dynamic_sampling\n"
+            "(DAPO: draw batches of prompts until prompts_per_step groups have reward variance, at most max_draws\n"
+            "batches, default 4), tis_cap (truncated importance sampling against the rollout engine's log-probs,\n"
+            "0 = off), pass_k / pass_n / pass_tasks (at each evaluation greedy pass@1 and unbiased pass@k from\n"
+            "pass_n samples of the first pass_tasks training tasks; pass_k 0 = off).\n"
             "OUT/metrics.jsonl gets per step the reward and each verifier component, format-valid fraction,\n"
             "response length, zero-variance fraction, entropy, KL, clip fractions and rollout / update tokens/s;\n"
             "each evaluation writes OUT/eval_step_N.jsonl (per held-out episode: reward, format, the output).\n");
@@ -163,5 +167,8 @@ int cmd_rl(int argc, char **argv) {
            "%.0f%%)\n",
            (long long)r.steps, (long long)r.episodes, r.wall_s, r.last_train_reward, r.first_eval_reward,
            r.last_eval_reward, 100 * r.last_eval_format);
+    if (c.pass_k)
+        printf("rl: training tasks pass@1 (greedy) %.4f -> %.4f, pass@%lld %.4f -> %.4f\n", r.pass1[0], r.pass1[1],
+               (long long)c.pass_k, r.pass_k[0], r.pass_k[1]);
     return 0;
 }

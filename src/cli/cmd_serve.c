@@ -1,7 +1,7 @@
 /* cmd_serve.c — `k3c serve`: the OpenAI-compatible HTTP server (src/serve/server.h, docs/SERVING.md). Listens at once,
  * loads the model (/health says 503 meanwhile), serves until SIGINT / SIGTERM, then stops gracefully. */
 #include "cli.h"
-#include "serve/server.h"
+#include "k3c/serve.h"
 
 #include <pthread.h>
 #include <signal.h>

@@ -2,7 +2,7 @@
  * to ids and decode ids to bytes with a tiktoken vocabulary and its special tokens (docs/FORMATS.md §8). */
 #include "cli.h"
 
-#include "tok/tok.h"
+#include "k3c/tok.h"
 
 #include <stdlib.h>
 #include <string.h>

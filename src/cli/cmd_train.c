@@ -2,7 +2,7 @@
  * JSONL, periodic validation and atomic checkpoints (k3c_train_run in k3c.h), then plots the metrics to PNG (plot.c). */
 #include "cli.h"
 
-#include "parallel/comm.h"
+#include "k3c/train.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -63,18 +63,19 @@ int cmd_train(int argc, char **argv) {
         k3c_comm_free(world);
         return cli_fail("train", &err);
     }
-    const int parallel = world->size > 1 || rc.parallel_force;
+    const int parallel = k3c_comm_size(world) > 1 || rc.parallel_force;
     /* the communicator follows the backend: the world's (host memory) on the CPU, NCCL over it on a GPU (one GPU per
        rank: the one cli_device_open chose), alone the one-rank NCCL communicator */
     if (parallel && dev.backend &&
-        k3c_comm_nccl(world->size > 1 ? world : NULL, NULL, world->rank, world->size, cli_local_rank(), &comm, &err)) {
+        k3c_comm_nccl(k3c_comm_size(world) > 1 ? world : NULL, NULL, k3c_comm_rank(world), k3c_comm_size(world),
+                      cli_local_rank(), &comm, &err)) {
         int code = cli_fail("train", &err);
-        if (world->size > 1) k3c_comm_mpi_abort(code);
+        if (k3c_comm_size(world) > 1) k3c_comm_mpi_abort(code);
         cli_device_release(&dev);
         k3c_comm_free(world);
         return code;
     }
-    int quiet = world->rank != 0; /* rank 0 speaks for the run */
+    int quiet = k3c_comm_rank(world) != 0; /* rank 0 speaks for the run */
     k3c_train_opts o = {cli_flag(argc, argv, "--resume"),
                         max_steps,
                         cli_flag(argc, argv, "--quiet") || quiet ? NULL : stderr,
@@ -87,7 +88,7 @@ int cmd_train(int argc, char **argv) {
     cli_device_release(&dev);
     if (failed) {
         int code = cli_fail("train", &err);
-        if (world->size > 1) k3c_comm_mpi_abort(code); /* the other ranks may be waiting for this one */
+        if (k3c_comm_size(world) > 1) k3c_comm_mpi_abort(code); /* the other ranks may be waiting for this one */
         k3c_comm_free(world);
         return code;
     }

@@ -2,7 +2,8 @@
  * from OpenAI-style messages, and model output parsed back into reasoning / content / tool calls, one JSON line each. */
 #include "cli.h"
 
-#include "tok/xtml.h"
+#include "base/json.h"
+#include "k3c/tok.h"
 
 #include <stdlib.h>
 #include <string.h>

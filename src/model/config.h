@@ -1,5 +1,5 @@
 /* config.h — internal to the model config (config_read.c, config_check.c, config_write.c) around the k3c_config of
- * include/k3c.h: shared spellings, the released-spelling JSON writer (also for `k3c inspect --json`), plan strings. */
+ * include/k3c.h (which declares its JSON writer and plan strings): the spellings reader, validator and writer share. */
 #ifndef K3C_MODEL_CONFIG_H
 #define K3C_MODEL_CONFIG_H
 
@@ -22,13 +22,6 @@ typedef struct {
 extern const k3c_cfg_fixed k3c_vision_fixed[K3C_VISION_FIXED];
 extern const char *const k3c_vision_no_bias[K3C_VISION_NO_BIAS]; /* booleans that must be false */
 extern const char *const k3c_vision_interp[2];                   /* pos_emb_interpolation_mode values */
-
-/* Appends cfg as a config.json in the released spelling (what k3c_config_save writes); validates cfg first. */
-int k3c_config_to_json(const k3c_config *cfg, k3c_sbuf *out, k3c_err *err);
-
-/* The mixer plan ("KKKM KKKM M": K = KDA, M = MLA) or, with ffn set, the FFN plan ("DEEE ...": D = dense, E = MoE),
- * grouped in fours. Truncated with "..." when buf is too small. */
-void k3c_config_plan_string(const k3c_config *cfg, int ffn, char *buf, size_t n);
 
 /* 1 iff zero-based layer l has a MoE FFN under the §4 rule (num_experts set, l >= first_k_dense, l % freq == 0). */
 int k3c_config_layer_is_moe(const k3c_config *cfg, int64_t l);

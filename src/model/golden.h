@@ -1,62 +1,10 @@
-/* golden.h — checks against golden files written by other code: a model's gradients (grad.<name> tensors under
- * checkpoint names or transformers' internal Kimi-Linear names) and the KDA core. Spec: shared/golden/README.md. */
+/* golden.h — internal to the golden checks (golden.c, golden_kda.c) declared in the public k3c/check.h: the model
+ * and KDA types they use. Spec: shared/golden/README.md. */
 #ifndef K3C_MODEL_GOLDEN_H
 #define K3C_MODEL_GOLDEN_H
 
+#include "k3c/check.h"
 #include "model/model.h"
 #include "ops/kda.h"
-
-typedef struct {
-    char name[192];
-    double rel_err; /* ‖ours − ref‖ / ‖ref‖ (0 when ref is exactly zero) */
-    double abs_err; /* max |ours − ref| (the measure for all-zero references) */
-    double ref_norm;
-} k3c_golden_row;
-
-/* What k3c_golden_check measured. The caller provides rows[max_rows] for the gradients. */
-typedef struct {
-    int64_t B, T;                    /* the golden's input_ids: B documents of T tokens */
-    int has_logits;                  /* the golden has "logits": */
-    double logits_rel;               /*   ‖ours − ref‖ / ‖ref‖ (INFINITY: unreadable or another size) */
-    int has_loss;                    /* the golden has "loss": */
-    double loss, loss_ref, loss_rel; /*   ours, the golden's, |ours − ref| / |ref| */
-    k3c_golden_row *rows;            /* one per grad.* tensor (e_score_correction_bias excepted) */
-    int max_rows, n_rows;
-} k3c_golden_report;
-
-#define K3C_GOLDEN_API(real, S)                                                                                        \
-    int k3c_golden_grads_##S(const k3c_model *m, const k3c_safetensors *golden, k3c_golden_row *rows, int max_rows,    \
-                             int *n_rows, k3c_err *err);                                                               \
-    /* Forward + backward of m (opened with gradients) on the golden file's input_ids, then logits, loss and every   \
-       gradient against it. The outputs are compared before the gradients: has_logits / has_loss hold even when the  \
-       gradient comparison fails. */ \
-    int k3c_golden_check_##S(k3c_model *m, const char *golden_path, k3c_golden_report *r, k3c_err *err);
-K3C_DECLARE_REAL(K3C_GOLDEN_API)
-
-/* ---------------------------------------------------------------- KDA core (golden_kda.c) */
-enum { K3C_KDA_CHECK_TENSORS = 8, K3C_KDA_CHECK_RUNS = 5 };
-extern const char *const k3c_kda_check_tensor[K3C_KDA_CHECK_TENSORS]; /* "o", "ht", "dq", "dk", "dv", "dg", ... */
-
-/* One implementation of the core: the token recurrence, or chunked (16 / 64) with pairwise or factored tiles. */
-typedef struct {
-    const char *name; /* "recurrent", "c16 pair", "c64 pair", "c16 fact", "c64 fact" */
-    int chunk;        /* 0 = recurrence */
-    double bound;     /* gate_lower_bound: 0 = pairwise tiles, -5 = factored */
-    int ran;          /* 0: not selected, or some g is below the bound the factored tiles need */
-    int status;       /* non-zero: this implementation failed (why says how); the others still ran */
-    k3c_err why;
-    double rel[K3C_KDA_CHECK_TENSORS]; /* ||x - ref|| / ||ref|| per k3c_kda_check_tensor; -1 = no reference */
-} k3c_kda_check_run;
-
-typedef struct {
-    k3c_kda_dims dims; /* T = B · T_doc tokens, n_docs = B */
-    double g_min;      /* smallest gate in the file (or 0) */
-    k3c_kda_check_run run[K3C_KDA_CHECK_RUNS];
-} k3c_kda_check;
-
-/* Runs the float64 CPU KDA forward and backward on path (laid out like shared/golden/kda_fp64_small.safetensors: q k v
- * g beta [h0] do [dht] with shapes [B,T,H,d], [B,T,H], [B,H,dk,dv]; references o ht dq dk dv dg dbeta dh0) for every
- * implementation (only = -1) or the one with chunk `only` (0, 16, 64). Errors: the file cannot be read. */
-int k3c_kda_golden_check(const char *path, int only, k3c_kda_check *out, k3c_err *err);
 
 #endif

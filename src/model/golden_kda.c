@@ -127,7 +127,8 @@ int k3c_kda_golden_check(const char *path, int only, k3c_kda_check *out, k3c_err
     memset(&f, 0, sizeof f);
     int rc = load(path, &f, err);
     for (size_t i = 0; !rc && i < f.n_in[3]; i++) out->g_min = f.in[3][i] < out->g_min ? f.in[3][i] : out->g_min;
-    out->dims = f.d;
+    out->dims.T = f.d.T, out->dims.H = f.d.H, out->dims.dk = f.d.dk, out->dims.dv = f.d.dv;
+    out->dims.n_docs = f.d.n_docs;
     for (int r = 0; !rc && r < K3C_KDA_CHECK_RUNS; r++) {
         k3c_kda_check_run *x = &out->run[r];
         *x = runs[r];

@@ -105,6 +105,10 @@ int k3c_comm_wait(k3c_comm_req *req, k3c_err *err) {
     return ops->wait(req, err);
 }
 
+int k3c_comm_rank(const k3c_comm *c) { return c->rank; }
+
+int k3c_comm_size(const k3c_comm *c) { return c->size; }
+
 void k3c_comm_free(k3c_comm *c) {
     if (c) c->ops->free(c);
 }

@@ -12,10 +12,10 @@
 #define K3C_DIST_COMM_H
 
 #include "base/base.h"
+#include "k3c/train.h"
 
 typedef enum { K3C_COMM_SUM = 0, K3C_COMM_MAX = 1, K3C_COMM_MIN = 2 } k3c_comm_op;
 
-typedef struct k3c_comm k3c_comm;
 typedef struct k3c_comm_req k3c_comm_req;
 
 /* A backend's entries. req == NULL asks for a blocking call; otherwise *req gets a handle for k3c_comm_wait (or NULL
@@ -46,30 +46,15 @@ struct k3c_comm {
     int rank, size;
 };
 
-/* ---------------------------------------------------------------- making communicators */
+/* ---------------------------------------------------------------- making communicators (more: k3c/train.h) */
 /* The one-rank communicator: every collective is a copy, send / recv to rank 0 match by tag. */
 int k3c_comm_self(k3c_comm **out, k3c_err *err);
-/* 1 when this library was built with MPI (K3C_MPI); the MPI entries below fail with K3C_EUNSUPPORTED otherwise. */
-int k3c_comm_mpi_available(void);
-/* 1 when the process was started by an MPI launcher (mpirun / mpiexec set OMPI_COMM_WORLD_SIZE or PMI_SIZE). */
-int k3c_comm_mpi_launched(void);
 /* MPI_COMM_WORLD (initialising MPI on first use, MPI_THREAD_FUNNELED: only the calling thread communicates). */
 int k3c_comm_mpi_world(k3c_comm **out, k3c_err *err);
-/* Finalises MPI if it was initialised and is not yet finalised (after every MPI communicator is freed). */
-void k3c_comm_mpi_finalize(void);
-/* Ends every rank of the MPI job with exit code `code` (a rank that failed alone would leave the others waiting in a
- * collective); returns only when MPI is not running. */
-void k3c_comm_mpi_abort(int code);
-/* NCCL (device memory, one GPU per rank; src/parallel/comm_nccl.cu, built by `make nccl`, linked with -lnccl): the
- * unique id travels over `boot` (e.g. the MPI world; then rank and size are boot's) or, boot NULL, through the file
- * `rendezvous` that rank 0 writes (a path every rank sees; NULL with size 1: a one-rank communicator). */
-int k3c_comm_nccl(k3c_comm *boot, const char *rendezvous, int rank, int size, int device, k3c_comm **out, k3c_err *err);
 /* K3C_EUNSUPPORTED naming `what` (the parallel piece) when c cannot reach the memory of the backend named `backend`:
  * a device backend needs the NCCL communicator (self and MPI move host memory); NCCL takes host buffers too (staged
  * through device memory), so the CPU backend runs over any communicator. */
 int k3c_comm_check_memory(const k3c_comm *c, const char *backend, const char *what, k3c_err *err);
-/* The world the process runs in: MPI when launched by mpirun and built with MPI, else self. */
-int k3c_comm_world(k3c_comm **out, k3c_err *err);
 
 /* ---------------------------------------------------------------- operations (checked wrappers over the ops) */
 int k3c_comm_allreduce(k3c_comm *c, const void *send, void *recv, int64_t n, k3c_dtype t, k3c_comm_op op,
@@ -94,7 +79,6 @@ int k3c_comm_barrier(k3c_comm *c, k3c_err *err);
 int k3c_comm_split(k3c_comm *c, int color, int key, k3c_comm **out, k3c_err *err);
 /* Completes a started operation (req may be NULL: already complete) and frees the handle. */
 int k3c_comm_wait(k3c_comm_req *req, k3c_err *err);
-void k3c_comm_free(k3c_comm *c);
 
 /* Element size of t for communication, 0 for an unknown dtype. */
 size_t k3c_comm_dtype_size(k3c_dtype t);

@@ -11,13 +11,6 @@
 #include "model/model.h"
 #include "ops/backend.h"
 
-/* ---------------------------------------------------------------- layout (layout.c)
- * p as read from the run config (all zero: no "parallel" block, then dp = the world size). Checks, naming `file`: every
- * degree ≥ 1, dp·ep·tp·pp·cp = world, ep divides the routed experts, tp divides every head count, pp divides the
- * layers; then K3C_EUNSUPPORTED for what is not built yet (tp; cp with pp). *out gets the resolved layout. */
-int k3c_parallel_resolve(const k3c_parallel *p, const k3c_config *cfg, int world, const char *file, k3c_parallel *out,
-                         k3c_err *err);
-
 /* ---------------------------------------------------------------- data parallelism with ZeRO-1 (dp.c) */
 /* A piece of the overlapped gradient reduce-scatter: a run of table entries that one layer's backward completes (or
  * the embedding's, or the head's), reduce-scattered on its own to the owners of its elements. */

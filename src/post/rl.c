@@ -58,6 +58,12 @@ static int read_rl(const k3c_json_ctx *c, const k3c_json *j, k3c_rl_config *r) {
                                        "grad_clip",
                                        "matrix_optimizer",
                                        "ppo_epochs",
+                                       "tis_cap",
+                                       "dynamic_sampling",
+                                       "max_draws",
+                                       "pass_k",
+                                       "pass_n",
+                                       "pass_tasks",
                                        NULL};
     static const char *const advs[] = {"grpo", "dr_grpo", NULL}, *const aggs[] = {"token_mean", "seq_mean", "const",
                                                                                   NULL};
@@ -107,7 +113,17 @@ static int read_rl(const k3c_json_ctx *c, const k3c_json *j, k3c_rl_config *r) {
     r->threads = (int)v;
     CHECK_RC(k3c_post_cfg_num(c, j, "", "grad_clip", 1.0, &r->grad_clip));
     CHECK_RC(pick(c, j, "matrix_optimizer", mats, 1, &r->matrix_optimizer));
+    CHECK_RC(k3c_post_cfg_num(c, j, "", "tis_cap", 0, &r->loss.tis_cap));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "max_draws", 4, 1, &r->max_draws));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "pass_k", 0, 0, &r->pass_k));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "pass_n", r->pass_k > 8 ? r->pass_k : 8, 1, &r->pass_n));
+    CHECK_RC(k3c_post_cfg_int(c, j, "", "pass_tasks", 32, 1, &r->pass_tasks));
+    if (r->pass_k > r->pass_n)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: pass_k: %lld is more than pass_n (%lld samples per task)", c->file,
+                        (long long)r->pass_k, (long long)r->pass_n);
     int present;
+    CHECK_RC(k3c_json_get_bool(c, K3C_JSON_OPT, K3C_SPOT(j, "", "dynamic_sampling"), K3C_NOSPOT, &r->dynamic_sampling,
+                               &present));
     CHECK_RC(k3c_json_get_bool(c, K3C_JSON_OPT, K3C_SPOT(j, "", "thinking"), K3C_NOSPOT, &r->thinking, &present));
     CHECK_RC(k3c_json_get_bool(c, K3C_JSON_OPT, K3C_SPOT(j, "", "format_gate"), K3C_NOSPOT, &r->format_gate, &present));
     if (!present) r->format_gate = 1;
@@ -132,7 +148,7 @@ typedef struct {
     k3c_post_run r;
     k3c_model ref; /* the frozen reference (the init checkpoint) when beta > 0 */
     int has_ref;
-    int64_t step;
+    int64_t step, episodes; /* episodes: drawn for training in this process */
 } rl;
 
 /* Episodes of tasks task0 + i / G of `split`, G samples each, decoded together (k3c_rollout_batch); sample g of a
@@ -212,6 +228,7 @@ typedef struct {
     double *lp, *lp_old, *lp_ref, *dl;
     const uint8_t *mk;
     const double *adv;
+    const double *lp_roll; /* the rollout engine's log-probs (TIS) */
 } rl_batch;
 
 static int active(const rl *s, const rl_batch *b, int i) {
@@ -233,11 +250,12 @@ static int rl_updates(rl *s, rl_batch *b, k3c_rl_loss_stats *st, double *ent, do
         for (int i = 0; !rc && e > 0 && i < b->B; i++)
             if (active(s, b, i)) rc = seq_pass(s, &s->r.m, &b->ep[i], b->lp + b->off[i], NULL, NULL, err);
         if (!rc && e == 0) memcpy(b->lp, b->lp_old, sizeof *b->lp * (size_t)b->off[b->B]);
-        k3c_rl_tokens tk = {b->B, b->off, b->lp, b->lp_old, s->has_ref ? b->lp_ref : NULL, b->mk, b->adv};
+        k3c_rl_tokens tk = {b->B, b->off, b->lp, b->lp_old, s->has_ref ? b->lp_ref : NULL, b->mk, b->adv, b->lp_roll};
         k3c_rl_loss_stats es = {0};
         if (!rc) rc = k3c_rl_loss(&tk, &s->c->loss, b->dl, &es, err);
         if (!rc && e == 0) *st = es;
         st->clip_low = es.clip_low, st->clip_high = es.clip_high, st->ratio_mean = es.ratio_mean;
+        st->tis_mean = es.tis_mean, st->tis_capped = es.tis_capped;
         if (!rc) rc = s->r.be->zero(s->r.m.g, (int64_t)s->r.m.table.total, err);
         for (int i = 0; !rc && i < b->B; i++) {
             if (!active(s, b, i)) continue;
@@ -264,27 +282,72 @@ static double gated(const k3c_rl_config *c, const k3c_episode *ep) {
     return c->format_gate && !ep->format_valid ? 0.0 : ep->reward.reward;
 }
 
-/* One RL step: rollouts, advantages, the policy-gradient update; fills the metrics line. */
+/* What the draws of one step saw: batches, groups drawn, flat groups, and the reward metrics over every drawn episode. */
+typedef struct {
+    int draws, drawn, flat, kept;
+    double reward, fmt, len, comp[K3C_REWARD_MAX_COMPONENTS];
+    k3c_reward names; /* the components' names (the first drawn episode's reward) */
+    int64_t sampled;
+    double t_roll;
+} draw_stats;
+
+/* The step's groups into ep / r (room for prompts_per_step groups). DAPO dynamic sampling: batches of
+ * prompts_per_step prompts × group_size samples are drawn until prompts_per_step groups have reward variance, at most
+ * max_draws batches; without it one batch, every group kept (the flat ones are dropped by their advantages). Each step
+ * reserves max_draws batches of task indices, so a resumed run draws the same tasks. */
+static int draw_groups(rl *s, k3c_episode *ep, double *r, draw_stats *d, k3c_err *err) {
+    const k3c_rl_config *c = s->c;
+    int P = (int)c->prompts_per_step, G = (int)c->group_size, B = P * G;
+    int64_t cap = c->dynamic_sampling ? c->max_draws : 1, n_ep = 0;
+    k3c_episode *tmp = calloc((size_t)B, sizeof *tmp);
+    double *tr = calloc((size_t)B, sizeof *tr), t0 = k3c_now();
+    int *sel = calloc((size_t)P, sizeof *sel);
+    int rc = tmp && tr && sel ? K3C_OK : k3c_errf(err, K3C_ENOMEM, "out of memory");
+    for (int64_t dr = 0; !rc && dr < cap && d->kept < P; dr++) {
+        if ((rc = episodes(s, 0, (s->step * cap + dr) * P, B, G, c->temperature, tmp, err))) break;
+        if (!dr) d->names = tmp[0].reward;
+        d->draws++, d->drawn += P, n_ep += B;
+        for (int i = 0; i < B; i++) {
+            tr[i] = gated(c, &tmp[i]) +
+                    k3c_rl_overlong_penalty(tmp[i].n, c->max_tokens, c->overlong_buffer, c->overlong_penalty);
+            d->reward += tr[i];
+            for (int k = 0; k < tmp[i].reward.n; k++) d->comp[k] += tmp[i].reward.c[k].value;
+            d->len += (double)(tmp[i].n - tmp[i].n_prompt);
+            d->fmt += tmp[i].format_valid;
+            for (int64_t t = tmp[i].n_prompt; t < tmp[i].n; t++) d->sampled += tmp[i].mask[t];
+        }
+        int n_sel = 0;
+        d->flat += k3c_rl_select_groups(tr, P, G, c->dynamic_sampling ? P - d->kept : 0, sel, &n_sel);
+        for (int g = 0; !c->dynamic_sampling && g < P; g++) sel[n_sel++] = g;
+        for (int k = 0; k < n_sel; k++, d->kept++) {
+            memcpy(ep + (size_t)d->kept * G, tmp + (size_t)sel[k] * G, sizeof *ep * (size_t)G);
+            memcpy(r + (size_t)d->kept * G, tr + (size_t)sel[k] * G, sizeof *r * (size_t)G);
+            memset(tmp + (size_t)sel[k] * G, 0, sizeof *tmp * (size_t)G); /* moved: nothing left to free */
+        }
+        for (int i = 0; i < B; i++) k3c_episode_free(&tmp[i]);
+    }
+    double n = n_ep ? (double)n_ep : 1;
+    d->reward /= n, d->fmt /= n, d->len /= n;
+    for (int k = 0; k < K3C_REWARD_MAX_COMPONENTS; k++) d->comp[k] /= n;
+    d->t_roll = k3c_now() - t0;
+    s->episodes += n_ep;
+    free(tmp), free(tr), free(sel);
+    return rc;
+}
+
+/* One RL step: the draws, advantages, the policy-gradient update; fills the metrics line. */
 static int rl_step(rl *s, k3c_sbuf *line, double *mean_reward, k3c_err *err) {
     const k3c_rl_config *c = s->c;
-    int P = (int)c->prompts_per_step, G = (int)c->group_size, B = P * G, rc = K3C_OK;
-    k3c_episode *ep = calloc((size_t)B, sizeof *ep);
-    double *r = calloc((size_t)B, sizeof *r), *adv = calloc((size_t)B, sizeof *adv);
-    uint8_t *keep = calloc((size_t)P, 1);
-    if (!ep || !r || !adv || !keep) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
-    double comp_sum[K3C_REWARD_MAX_COMPONENTS] = {0}, len = 0, fmt = 0, t0 = k3c_now();
-    int64_t sampled = 0;
-    if (!rc) rc = episodes(s, 0, s->step * P, B, G, c->temperature, ep, err);
-    for (int i = 0; !rc && i < B; i++) {
-        int64_t n_resp = ep[i].n - ep[i].n_prompt;
-        r[i] =
-            gated(c, &ep[i]) + k3c_rl_overlong_penalty(ep[i].n, c->max_tokens, c->overlong_buffer, c->overlong_penalty);
-        for (int k = 0; k < ep[i].reward.n; k++) comp_sum[k] += ep[i].reward.c[k].value / B;
-        len += (double)n_resp / B;
-        fmt += (double)ep[i].format_valid / B;
-        for (int64_t t = ep[i].n_prompt; t < ep[i].n; t++) sampled += ep[i].mask[t];
-    }
-    double t_roll = k3c_now() - t0;
+    int G = (int)c->group_size, rc = K3C_OK;
+    k3c_episode *ep = calloc((size_t)(c->prompts_per_step * G), sizeof *ep);
+    double *r = calloc((size_t)(c->prompts_per_step * G), sizeof *r);
+    draw_stats d = {0};
+    if (!ep || !r) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
+    if (!rc) rc = draw_groups(s, ep, r, &d, err);
+    int P = d.kept, B = P * G;
+    double *adv = calloc((size_t)(B ? B : 1), sizeof *adv);
+    uint8_t *keep = calloc((size_t)(P ? P : 1), 1);
+    if (!rc && (!adv || !keep)) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
     int zero = rc ? 0 : k3c_rl_advantages(r, P, G, c->std_norm, adv, keep);
     int64_t *off = calloc((size_t)B + 1, sizeof *off);
     if (!rc && !off) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
@@ -292,13 +355,16 @@ static int rl_step(rl *s, k3c_sbuf *line, double *mean_reward, k3c_err *err) {
     int64_t N = rc ? 0 : off[B];
     size_t nn = (size_t)(N ? N : 1);
     double *lp = calloc(nn, sizeof *lp), *lo = calloc(nn, sizeof *lo), *lr = calloc(nn, sizeof *lr),
-           *dl = calloc(nn, sizeof *dl);
+           *dl = calloc(nn, sizeof *dl), *lroll = calloc(nn, sizeof *lroll);
     uint8_t *mk = calloc(nn, 1);
-    if (!rc && (!lp || !lo || !lr || !dl || !mk)) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
-    for (int i = 0; !rc && i < B; i++)
-        if (keep[i / G]) memcpy(mk + off[i], ep[i].mask, (size_t)ep[i].n);
+    if (!rc && (!lp || !lo || !lr || !dl || !mk || !lroll)) rc = k3c_errf(err, K3C_ENOMEM, "out of memory");
+    for (int i = 0; !rc && i < B; i++) {
+        if (!keep[i / G]) continue;
+        memcpy(mk + off[i], ep[i].mask, (size_t)ep[i].n);
+        for (int64_t t = 0; t < ep[i].n; t++) lroll[off[i] + t] = ep[i].logp[t];
+    }
     k3c_rl_loss_stats st = {0};
-    rl_batch rb = {B, ep, off, lp, lo, lr, dl, mk, adv};
+    rl_batch rb = {B, ep, off, lp, lo, lr, dl, mk, adv, lroll};
     double ent = 0, gnorm = 0, t1 = k3c_now();
     int n_upd = 0;
     if (!rc) rc = rl_updates(s, &rb, &st, &ent, &gnorm, &n_upd, err);
@@ -307,27 +373,49 @@ static int rl_step(rl *s, k3c_sbuf *line, double *mean_reward, k3c_err *err) {
     for (int i = 0; !rc && !s->r.m.backend && i < B; i++)
         for (int64_t t = 0; active(s, &rb, i) && t < ep[i].n; t++)
             if (mk[off[i] + t]) lp_diff = fmax(lp_diff, fabs(ep[i].logp[t] - lo[off[i] + t]));
-    double mean_r = 0;
-    for (int i = 0; i < B; i++) mean_r += r[i] / B;
-    *mean_reward = mean_r;
+    *mean_reward = d.reward;
     if (!rc) {
         s->step++;
-        k3c_sbuf_printf(line, "{\"step\":%lld,\"reward\":%.6g,\"loss\":%.6g", (long long)s->step, mean_r, st.loss);
-        for (int k = 0; B && k < ep[0].reward.n; k++)
-            k3c_sbuf_printf(line, ",\"r_%s\":%.6g", ep[0].reward.c[k].name, comp_sum[k]);
-        k3c_sbuf_printf(line,
-                        ",\"format_valid\":%.4g,\"response_len\":%.4g,\"zero_var_groups\":%.4g,"
-                        "\"kl\":%.6g,\"clip_low\":%.4g,\"clip_high\":%.4g,\"grad_norm\":%.6g,\"updated_seqs\":%d,"
-                        "\"rollout_tok_s\":%.4g,\"update_tok_s\":%.4g,\"ratio_mean\":%.6g,\"rollout_logp_diff\":%.3g",
-                        fmt, len, (double)zero / P, st.kl, st.clip_low, st.clip_high, gnorm, n_upd,
-                        (double)sampled / (t_roll > 0 ? t_roll : 1),
-                        (double)N * s->c->ppo_epochs / (k3c_now() - t1 + 1e-9), st.ratio_mean, lp_diff);
+        k3c_sbuf_printf(line, "{\"step\":%lld,\"reward\":%.6g,\"loss\":%.6g", (long long)s->step, d.reward, st.loss);
+        for (int k = 0; k < d.names.n; k++) k3c_sbuf_printf(line, ",\"r_%s\":%.6g", d.names.c[k].name, d.comp[k]);
+        k3c_sbuf_printf(
+            line,
+            ",\"format_valid\":%.4g,\"response_len\":%.4g,\"zero_var_groups\":%.4g,\"draws\":%d,"
+            "\"groups_drawn\":%d,\"groups_filtered\":%d,\"groups_kept\":%d,"
+            "\"kl\":%.6g,\"clip_low\":%.4g,\"clip_high\":%.4g,\"grad_norm\":%.6g,\"updated_seqs\":%d,"
+            "\"rollout_tok_s\":%.4g,\"update_tok_s\":%.4g,\"ratio_mean\":%.6g,\"rollout_logp_diff\":%.3g,"
+            "\"tis_mean\":%.6g,\"tis_capped\":%.4g",
+            d.fmt, d.len, (double)d.flat / (d.drawn ? d.drawn : 1), d.draws, d.drawn, d.flat, P - zero, st.kl,
+            st.clip_low, st.clip_high, gnorm, n_upd, (double)d.sampled / (d.t_roll > 0 ? d.t_roll : 1),
+            (double)N * s->c->ppo_epochs / (k3c_now() - t1 + 1e-9), st.ratio_mean, lp_diff, st.tis_mean, st.tis_capped);
         /* JSON has no NaN: without an updated sequence there is no entropy, and the key is left out (as the
          * trainer's metrics do with non-finite values) */
         if (n_upd) k3c_sbuf_printf(line, ",\"entropy\":%.6g", ent);
     }
-    for (int i = 0; ep && i < B; i++) k3c_episode_free(&ep[i]);
-    free(ep), free(r), free(adv), free(keep), free(off), free(lp), free(lo), free(lr), free(dl), free(mk);
+    for (int i = 0; ep && i < c->prompts_per_step * G; i++) k3c_episode_free(&ep[i]);
+    free(ep), free(r), free(adv), free(keep), free(off), free(lp), free(lo), free(lr), free(dl), free(mk), free(lroll);
+    return rc;
+}
+
+/* Greedy pass@1 and the unbiased pass@k (pass_n samples at the rollout temperature) over the first pass_tasks
+ * training tasks; an episode solves its task when its (gated) reward is full. */
+static int pass_eval(rl *s, double *pass1, double *passk, k3c_err *err) {
+    int T = (int)s->c->pass_tasks, n = (int)s->c->pass_n, N = T * n;
+    k3c_episode *ep = calloc((size_t)N, sizeof *ep);
+    *pass1 = *passk = 0;
+    int rc = ep ? episodes(s, 0, 0, T, 1, 0.0, ep, err) : k3c_errf(err, K3C_ENOMEM, "out of memory");
+    for (int i = 0; !rc && i < T; i++) {
+        *pass1 += (gated(s->c, &ep[i]) >= 1 - 1e-9) / (double)T;
+        k3c_episode_free(&ep[i]);
+    }
+    if (!rc) rc = episodes(s, 0, 0, N, n, s->c->temperature, ep, err);
+    for (int t = 0; !rc && t < T; t++) {
+        int solved = 0;
+        for (int g = 0; g < n; g++) solved += gated(s->c, &ep[t * n + g]) >= 1 - 1e-9;
+        *passk += k3c_rl_pass_at_k(n, solved, (int)s->c->pass_k) / T;
+    }
+    for (int i = 0; !rc && i < N; i++) k3c_episode_free(&ep[i]);
+    free(ep);
     return rc;
 }
 
@@ -414,12 +502,19 @@ int k3c_rl_run(const k3c_rl_config *c, const k3c_train_opts *o, k3c_rl_result *r
     if (!o->progress) bar.enabled = 0;
     bar.done = s.step;
     double t0 = k3c_now();
+    res->pass1[0] = res->pass1[1] = res->pass_k[0] = res->pass_k[1] = NAN;
     if (!rc && c->eval_every > 0 && s.step == 0) {
         double f;
         rc = evaluate(&s, &res->first_eval_reward, &f, err);
-        if (!rc)
-            fprintf(s.r.metrics, "{\"step\":0,\"eval_reward\":%.6g,\"eval_format_valid\":%.4g}\n",
-                    res->first_eval_reward, f);
+        if (!rc && c->pass_k) rc = pass_eval(&s, &res->pass1[0], &res->pass_k[0], err);
+        if (!rc) {
+            fprintf(s.r.metrics, "{\"step\":0,\"eval_reward\":%.6g,\"eval_format_valid\":%.4g", res->first_eval_reward,
+                    f);
+            if (c->pass_k)
+                fprintf(s.r.metrics, ",\"pass_k\":%lld,\"train_pass1\":%.6g,\"train_pass_k\":%.6g",
+                        (long long)c->pass_k, res->pass1[0], res->pass_k[0]);
+            fputs("}\n", s.r.metrics);
+        }
     }
     while (!rc && s.step < stop) {
         k3c_sbuf line;
@@ -427,14 +522,18 @@ int k3c_rl_run(const k3c_rl_config *c, const k3c_train_opts *o, k3c_rl_result *r
         rc = rl_step(&s, &line, &res->last_train_reward, err);
         int last = s.step == stop;
         double er = NAN, ef = NAN;
-        if (!rc && c->eval_every > 0 && (s.step % c->eval_every == 0 || last)) rc = evaluate(&s, &er, &ef, err);
+        int ev = c->eval_every > 0 && (s.step % c->eval_every == 0 || last);
+        if (!rc && ev) rc = evaluate(&s, &er, &ef, err);
+        if (!rc && ev && c->pass_k) rc = pass_eval(&s, &res->pass1[1], &res->pass_k[1], err);
         if (!rc) {
             if (isfinite(er)) k3c_sbuf_printf(&line, ",\"eval_reward\":%.6g,\"eval_format_valid\":%.4g", er, ef);
+            if (ev && c->pass_k)
+                k3c_sbuf_printf(&line, ",\"pass_k\":%lld,\"train_pass1\":%.6g,\"train_pass_k\":%.6g",
+                                (long long)c->pass_k, res->pass1[1], res->pass_k[1]);
             k3c_sbuf_printf(&line, "%s", "}\n");
             fputs(line.buf, s.r.metrics);
             fflush(s.r.metrics);
             if (o->log) fputs(line.buf, o->log);
-            res->episodes += c->prompts_per_step * c->group_size;
             if (isfinite(er)) res->last_eval_reward = er, res->last_eval_format = ef;
             k3c_progress_update(&bar, s.step, 1, NULL);
         }
@@ -450,6 +549,7 @@ int k3c_rl_run(const k3c_rl_config *c, const k3c_train_opts *o, k3c_rl_result *r
     }
     k3c_progress_finish(&bar, NULL);
     res->steps = s.step;
+    res->episodes = s.episodes;
     res->wall_s = k3c_now() - t0;
     k3c_post_run_close(&s.r);
     if (s.has_ref) k3c_model_free_f32(&s.ref);

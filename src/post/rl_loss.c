@@ -1,5 +1,6 @@
 /* rl_loss.c — the RL-with-verifiable-rewards math: group-relative advantages (GRPO, Dr. GRPO), zero-variance group
- * dropping, overlong penalty, the clipped surrogate with clip-higher, k3 KL, three aggregations, and its gradient with
+ * dropping, DAPO dynamic sampling's group selection, pass@k, overlong penalty, the clipped surrogate with clip-higher
+ * and truncated importance sampling, k3 KL, three aggregations, and its gradient with
  * respect to each token's log-probability (what the model's weighted cross-entropy backward consumes). TRAINING.md §3. */
 #include "base/base.h"
 
@@ -28,6 +29,29 @@ int k3c_rl_advantages(const double *r, int n_groups, int G, int std_norm, double
         for (int i = 0; i < G; i++) a[i] = flat ? 0 : std_norm ? (x[i] - mean) / (sd + K3C_RL_EPS_STD) : x[i] - mean;
     }
     return zero;
+}
+
+int k3c_rl_select_groups(const double *r, int n_groups, int G, int want, int *sel, int *n_sel) {
+    int flat = 0;
+    for (int g = 0; g < n_groups; g++) {
+        const double *x = r + (size_t)g * G;
+        double lo = x[0], hi = x[0];
+        for (int i = 1; i < G; i++) lo = fmin(lo, x[i]), hi = fmax(hi, x[i]);
+        if (hi - lo <= 1e-12) { /* the same test as k3c_rl_advantages' dropped groups */
+            flat++;
+        } else if (*n_sel < want) {
+            sel[(*n_sel)++] = g;
+        }
+    }
+    return flat;
+}
+
+double k3c_rl_pass_at_k(int n, int c, int k) {
+    if (n - c < k) return 1.0;
+    /* C(n−c, k) / C(n, k) = Π_{i=n−c+1}^{n} (1 − k / i): no large binomials (Chen et al. 2021) */
+    double q = 1.0;
+    for (int i = n - c + 1; i <= n; i++) q *= 1.0 - (double)k / i;
+    return 1.0 - q;
 }
 
 double k3c_rl_overlong_penalty(int64_t len, int64_t max_len, int64_t buffer, double factor) {
@@ -67,6 +91,8 @@ int k3c_rl_loss(const k3c_rl_tokens *t, const k3c_rl_loss_opts *o, double *dlogp
     if (o->agg == K3C_RL_CONST_NORM && o->max_len <= 0)
         return k3c_errf(err, K3C_EINVAL, "rl loss: the Dr. GRPO normaliser needs max_len > 0");
     if (o->beta != 0 && !t->logp_ref) return k3c_errf(err, K3C_EINVAL, "rl loss: beta > 0 needs reference log-probs");
+    if (o->tis_cap < 0 || (o->tis_cap > 0 && !t->logp_rollout))
+        return k3c_errf(err, K3C_EINVAL, "rl loss: tis_cap must be >= 0, and > 0 needs the rollout's log-probs");
     *s = (k3c_rl_loss_stats){0};
     int64_t total = 0;
     for (int64_t k = 0; k < t->off[t->B]; k++) total += t->mask[k] != 0;
@@ -78,7 +104,15 @@ int k3c_rl_loss(const k3c_rl_tokens *t, const k3c_rl_loss_opts *o, double *dlogp
             if (!t->mask[k]) continue;
             double rho = exp(t->logp[k] - t->logp_old[k]);
             double clipped = fmin(fmax(rho, 1 - o->eps_low), 1 + o->eps_high);
-            double un = rho * A, cl = clipped * A;
+            /* TIS: the sampler's policy differs from π_old (engine numerics); the weight corrects the off-policy
+             * gradient and is truncated so a rare token cannot dominate the batch. No gradient flows through it. */
+            double tis = 1;
+            if (o->tis_cap > 0) {
+                tis = fmin(exp(t->logp_old[k] - t->logp_rollout[k]), o->tis_cap);
+                s->tis_capped += tis >= o->tis_cap;
+            }
+            s->tis_mean += tis;
+            double un = tis * rho * A, cl = tis * clipped * A;
             /* −min(ρA, clip(ρ)A): the clipped branch carries no gradient when it is the smaller one. */
             int clip_active = cl < un;
             double l = -(clip_active ? cl : un), g = clip_active ? 0 : -un;
@@ -100,6 +134,8 @@ int k3c_rl_loss(const k3c_rl_tokens *t, const k3c_rl_loss_opts *o, double *dlogp
         s->clip_low /= total;
         s->clip_high /= total;
         s->ratio_mean /= total;
+        s->tis_mean /= total;
+        s->tis_capped /= total;
     }
     return K3C_OK;
 }

@@ -13,6 +13,9 @@
  * disabled; max_tokens (required), stop_sequences, temperature, top_p, top_k, stream (with usage). Returns 0, or an
  * error status >= 400 with e filled (Anthropic's error types). Numbers keep their digits. */
 int k3c_anthropic_chat_body(const k3c_json *o, k3c_sbuf *out, k3c_api_error *e);
+/* The error code of a request with a `thread` (server-held conversations, which this server does not hold); the
+ * error body names it as error.details.error_code, which tells Anthropic's SDKs to send the full history instead. */
+#define K3C_ANTH_THREAD_UNSUPPORTED "thread_unsupported_request"
 
 /* The answer's side: one message's id and the stream's open content block. */
 typedef struct {
@@ -25,7 +28,8 @@ typedef struct {
 
 void k3c_anth_meta_init(k3c_anth_meta *m, const char *model, uint64_t unique);
 /* {"type":"error","error":{"type","message"}}; the type follows the status (invalid_request_error,
- * authentication_error, not_found_error, request_too_large, overloaded_error, api_error, timeout_error). */
+ * authentication_error, not_found_error, request_too_large, overloaded_error, api_error, timeout_error); with
+ * "details":{"error_code"} for K3C_ANTH_THREAD_UNSUPPORTED, the one code of Anthropic's own this server answers. */
 void k3c_anth_error_json(k3c_sbuf *s, const k3c_api_error *e);
 /* end_turn, max_tokens, stop_sequence (a stop string ended it) or tool_use. */
 const char *k3c_anth_stop_reason(k3c_finish why, size_t n_calls, int stop_string);

@@ -29,6 +29,8 @@ static const char *error_type(int status) {
 void k3c_anth_error_json(k3c_sbuf *s, const k3c_api_error *e) {
     k3c_sbuf_printf(s, "{\"type\":\"error\",\"error\":{\"type\":\"%s\",\"message\":", error_type(e->status));
     str(s, e->message, strlen(e->message));
+    if (e->code && !strcmp(e->code, K3C_ANTH_THREAD_UNSUPPORTED))
+        put(s, ",\"details\":{\"error_code\":\"" K3C_ANTH_THREAD_UNSUPPORTED "\"}");
     put(s, "}}");
 }
 

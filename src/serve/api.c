@@ -39,57 +39,71 @@ static void reply_json(api_reply *r, int status) {
 
 enum { ROUTE_MESSAGES = 100 }; /* beside the k3c_api_kind values */
 
-/* One generation. The engine thread only posts its events to the job; the HTTP thread that reads the call takes them
+/* One choice of a generation: its sequence in the engine (job), its parser and what it said. The n choices of a call
+ * share its id, its prompt and its stream; each has its own sampling seed. */
+typedef struct {
+    api_stream *c;
+    k3c_sched_job *job;
+    k3c_turn turn;
+    k3c_api_meta meta;   /* its index, and a stream's state of this choice */
+    k3c_sbuf text;       /* a completion answered whole */
+    k3c_api_logprobs lp; /* when asked for: meta.lp points here */
+    k3c_finish why;
+    int done, call_done, stop_string; /* ended; its one call allowed came; a stop string ended it */
+} api_choice;
+
+/* One generation. The engine thread only posts its events to the jobs; the HTTP thread that reads the call takes them
  * (under mu) and turns them into text, chat deltas and server-sent events. When there is nothing to take it arms the
- * job's one-shot wake and parks the connection until the engine has more. */
+ * jobs' one-shot wakes and parks the connection until the engine has more. */
 struct api_stream {
     k3c_server *s;
     pthread_mutex_t mu;
     atomic_int refs; /* atomic, not under mu: the HTTP layer takes one while holding its own lock (lock order) */
     int done, streaming, include_usage, chat, failed, gone;
-    int one_call, call_done;    /* parallel_tool_calls false, and its call came: the generation ends */
-    int anthropic, stop_string; /* /v1/messages; a stop string ended the turn */
+    int one_call;  /* parallel_tool_calls false: a choice ends with its first call */
+    int anthropic; /* /v1/messages (one choice) */
     k3c_anth_meta am;
     char stop_seq[256]; /* the request's only stop string (Anthropic's stop_sequence), else "" */
     k3c_sbuf out;       /* SSE bytes not yet read by the HTTP layer */
     size_t out_off;
-    k3c_turn turn;
-    k3c_api_meta meta;
-    k3c_sbuf text;       /* a completion answered whole */
-    k3c_api_logprobs lp; /* when asked for: meta.lp points here */
-    k3c_finish why;
-    int64_t n_prompt, n_gen;
+    api_choice *ch;
+    int n_ch, n_done;
+    k3c_finish why;          /* a failed call: the finish of the choice that failed it */
+    int64_t n_prompt, n_gen; /* the prompt once, the tokens of every choice */
     k3c_err err;
-    k3c_sched_job *job;
 };
 
 static void call_unref(api_stream *c) {
     if (atomic_fetch_sub(&c->refs, 1) != 1) return;
     k3c_metrics_tokens(c->s->metrics, c->n_prompt, c->n_gen);
-    k3c_sched_release(c->job);
-    k3c_turn_free(&c->turn);
+    for (int i = 0; c->ch && i < c->n_ch; i++) {
+        k3c_sched_release(c->ch[i].job);
+        k3c_turn_free(&c->ch[i].turn);
+        k3c_sbuf_free(&c->ch[i].text);
+        k3c_api_logprobs_free(&c->ch[i].lp);
+    }
+    free(c->ch);
     k3c_sbuf_free(&c->out);
-    k3c_sbuf_free(&c->text);
-    k3c_api_logprobs_free(&c->lp);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
 
 static void on_delta(void *ctx, const k3c_chat_delta *d) {
-    api_stream *c = ctx;
-    c->call_done |= c->one_call && d->kind == K3C_CHAT_DELTA_CALL;
+    api_choice *ch = ctx;
+    api_stream *c = ch->c;
+    ch->call_done |= c->one_call && d->kind == K3C_CHAT_DELTA_CALL;
     if (c->streaming && c->anthropic)
         k3c_anth_sse_delta(&c->out, &c->am, d);
     else if (c->streaming)
-        k3c_sse_chat_delta(&c->out, &c->meta, d);
+        k3c_sse_chat_delta(&c->out, &ch->meta, d);
 }
 
 static void on_text(void *ctx, const char *s, size_t n) {
-    api_stream *c = ctx;
-    if (c->streaming)
-        k3c_sse_text(&c->out, &c->meta, s, n);
+    api_choice *ch = ctx;
+    if (ch->c->streaming)
+        k3c_sse_text(&ch->c->out, &ch->meta, s, n);
     else
-        k3c_sbuf_append(&c->text, s, n);
+        k3c_sbuf_append(&ch->text, s, n);
 }
 
 /* The error a failed or timed-out call answers with. */
@@ -106,65 +120,88 @@ static void call_error(const api_stream *c, k3c_api_error *e) {
 }
 
 static const char *anth_reason(const api_stream *c) {
-    return k3c_anth_stop_reason(c->why, c->turn.msg.ncalls, c->stop_string);
+    return k3c_anth_stop_reason(c->ch[0].why, c->ch[0].turn.msg.ncalls, c->ch[0].stop_string);
 }
 static const char *anth_stop_seq(const api_stream *c) {
-    return c->stop_string && c->stop_seq[0] && !c->turn.msg.ncalls ? c->stop_seq : NULL;
+    return c->ch[0].stop_string && c->stop_seq[0] && !c->ch[0].turn.msg.ncalls ? c->stop_seq : NULL;
 }
 
-/* The call ends with why (mu held): the turn's held-back text, a stream's closing events; the generation, if still on
- * (the turn stopped at a stop string, or failed), leaves the engine. */
-static void call_end(api_stream *c, k3c_finish why) {
+/* A failed choice fails the call (mu held): the other choices leave the engine, a stream gets its error event. */
+static void call_fail(api_stream *c, k3c_finish why) {
+    c->failed = 1;
     c->why = why;
     c->done = 1;
-    if (why == K3C_FINISH_ERROR && !c->failed) snprintf(c->err.msg, sizeof c->err.msg, "%s", k3c_sched_error(c->job));
-    c->failed |= why == K3C_FINISH_ERROR || why == K3C_FINISH_TIMEOUT || why == K3C_FINISH_QUEUE_TIMEOUT ||
-                 k3c_turn_finish(&c->turn, c->failed ? NULL : &c->err);
-    if (c->streaming && c->failed) {
-        k3c_api_error e;
-        call_error(c, &e);
-        if (c->anthropic)
-            k3c_anth_sse_error(&c->out, &e);
-        else
-            k3c_sse_error(&c->out, &e);
-    } else if (c->streaming && c->anthropic) {
-        k3c_anth_sse_finish(&c->out, &c->am, anth_reason(c), anth_stop_seq(c), c->n_gen);
-    } else if (c->streaming) {
-        const char *fin = c->chat ? k3c_api_chat_finish(why, c->turn.msg.ncalls) : k3c_finish_name(why);
-        k3c_sse_finish(&c->out, &c->meta, fin, c->include_usage, c->n_prompt, c->n_gen);
+    for (int i = 0; i < c->n_ch; i++) {
+        c->ch[i].done = 1;
+        k3c_sched_cancel(c->ch[i].job);
     }
-    k3c_sched_cancel(c->job); /* a no-op when the engine ended it */
+    if (!c->streaming) return;
+    k3c_api_error e;
+    call_error(c, &e);
+    if (c->anthropic)
+        k3c_anth_sse_error(&c->out, &e);
+    else
+        k3c_sse_error(&c->out, &e);
 }
 
-/* One event of the job (mu held): its token through the turn (logprobs first: the chunk its text goes out in carries
- * them; an end-of-turn id has no text), then the end. */
-static void call_event(api_stream *c, const k3c_engine_event *ev) {
+/* Choice ch ends with why (mu held): the turn's held-back text, its finish event when streamed; its generation, if
+ * still on (the turn stopped at a stop string), leaves the engine. The last choice to end closes the stream. */
+static void choice_end(api_stream *c, api_choice *ch, k3c_finish why) {
+    ch->why = why;
+    ch->done = 1;
+    c->n_done++;
+    if (why == K3C_FINISH_ERROR && !c->failed) snprintf(c->err.msg, sizeof c->err.msg, "%s", k3c_sched_error(ch->job));
+    if (c->failed || why == K3C_FINISH_ERROR || why == K3C_FINISH_TIMEOUT || why == K3C_FINISH_QUEUE_TIMEOUT ||
+        k3c_turn_finish(&ch->turn, &c->err)) {
+        call_fail(c, why);
+        return;
+    }
+    k3c_sched_cancel(ch->job); /* a no-op when the engine ended it */
+    const int last = c->n_done == c->n_ch;
+    c->done = last;
+    if (c->streaming && c->anthropic) {
+        k3c_anth_sse_finish(&c->out, &c->am, anth_reason(c), anth_stop_seq(c), c->n_gen);
+    } else if (c->streaming) {
+        k3c_sse_choice_finish(&c->out, &ch->meta,
+                              c->chat ? k3c_api_chat_finish(why, ch->turn.msg.ncalls) : k3c_finish_name(why));
+        if (last) k3c_sse_end(&c->out, &c->ch[0].meta, c->include_usage, c->n_prompt, c->n_gen);
+    }
+}
+
+/* One event of a choice's job (mu held): its token through the turn (logprobs first: the chunk its text goes out in
+ * carries them; an end-of-turn id has no text), then the end. */
+static void call_event(api_stream *c, api_choice *ch, const k3c_engine_event *ev) {
     int stop = 0;
     if (ev->token.id >= 0) {
         const int is_stop = ev->finish == K3C_FINISH_STOP;
         c->n_gen++;
-        int rc = c->meta.lp && !is_stop && k3c_api_logprobs_add(c->meta.lp, &ev->token, &c->err) ? -1 : 0;
-        if (!rc) rc = k3c_turn_token(&c->turn, ev->token.id, is_stop, &c->err);
+        int rc = ch->meta.lp && !is_stop && k3c_api_logprobs_add(ch->meta.lp, &ev->token, &c->err) ? -1 : 0;
+        if (!rc) rc = k3c_turn_token(&ch->turn, ev->token.id, is_stop, &c->err);
         if (rc < 0) {
-            c->failed = 1;
-            call_end(c, K3C_FINISH_ERROR);
+            call_fail(c, K3C_FINISH_ERROR);
             return;
         }
-        c->stop_string = rc > 0 && !is_stop;
-        stop = rc > 0 || c->call_done; /* an end-of-turn id, a stop string, the one call allowed */
+        ch->stop_string = rc > 0 && !is_stop;
+        stop = rc > 0 || ch->call_done; /* an end-of-turn id, a stop string, the one call allowed */
     }
-    if (stop || ev->finish != K3C_FINISH_NONE) call_end(c, stop ? K3C_FINISH_STOP : (k3c_finish)ev->finish);
+    if (stop || ev->finish != K3C_FINISH_NONE) choice_end(c, ch, stop ? K3C_FINISH_STOP : (k3c_finish)ev->finish);
 }
 
-/* Takes every event that has come (mu held); when none is left and the call goes on, arms wake (NULL: none) and
- * returns 0; returns 1 once the call has ended or has bytes to send. */
+/* Takes every event that has come (mu held); when none is left and the call goes on, arms wake (NULL: none) on every
+ * choice still running and returns 0; returns 1 once the call has ended or has bytes to send. */
 static int call_pump(api_stream *c, k3c_api_wake wake, void *ctx) {
     k3c_engine_event ev;
     for (;;) {
-        while (!c->done && k3c_sched_next(c->job, &ev, NULL, NULL)) call_event(c, &ev);
+        for (int i = 0; i < c->n_ch; i++)
+            while (!c->ch[i].done && k3c_sched_next(c->ch[i].job, &ev, NULL, NULL)) call_event(c, &c->ch[i], &ev);
         if (c->done || (c->streaming && c->out_off < c->out.len)) return 1;
-        if (!k3c_sched_next(c->job, &ev, wake, ctx)) return 0;
-        call_event(c, &ev);
+        int got = 0;
+        for (int i = 0; !got && i < c->n_ch; i++)
+            if (!c->ch[i].done && k3c_sched_next(c->ch[i].job, &ev, wake, ctx)) {
+                call_event(c, &c->ch[i], &ev);
+                got = 1;
+            }
+        if (!got) return 0;
     }
 }
 
@@ -184,20 +221,80 @@ long k3c_api_stream_read(api_stream *c, char *buf, size_t max, k3c_api_wake wake
     return got;
 }
 
-void k3c_api_stream_disarm(api_stream *c) { k3c_sched_disarm(c->job); }
+void k3c_api_stream_disarm(api_stream *c) {
+    for (int i = 0; i < c->n_ch; i++) k3c_sched_disarm(c->ch[i].job);
+}
 
 void k3c_api_stream_hold(api_stream *c) { atomic_fetch_add(&c->refs, 1); }
+
+static void cancel_all(api_stream *c) {
+    for (int i = 0; i < c->n_ch; i++) k3c_sched_cancel(c->ch[i].job); /* a no-op once ended */
+}
 
 void k3c_api_stream_gone(api_stream *c) {
     pthread_mutex_lock(&c->mu);
     c->gone = 1;
     pthread_mutex_unlock(&c->mu);
-    k3c_sched_cancel(c->job);
+    cancel_all(c);
 }
 
 void k3c_api_stream_close(api_stream *c) {
-    k3c_sched_cancel(c->job); /* a no-op once ended */
+    cancel_all(c);
     call_unref(c);
+}
+
+/* The call's n choices: ids, parsers, logprobs; 0 or -1 with err set. */
+static int choices_init(api_stream *c, const k3c_api_req *q, k3c_err *err) {
+    const k3c_server *s = c->s;
+    const uint64_t unique = atomic_fetch_add(&c->s->serial, 1) ^ (uint64_t)time(NULL) << 20;
+    c->n_ch = q->n > 1 ? q->n : 1;
+    if (!(c->ch = calloc((size_t)c->n_ch, sizeof *c->ch))) return k3c_errf(err, K3C_ENOMEM, "out of memory");
+    for (int i = 0; i < c->n_ch; i++) {
+        api_choice *ch = &c->ch[i];
+        ch->c = c;
+        k3c_sbuf_init(&ch->text);
+        k3c_api_meta_init(&ch->meta, c->chat, s->model_name, unique);
+        ch->meta.index = i;
+        ch->lp.tok = s->lim.tok;
+        if (q->logprobs) ch->meta.lp = &ch->lp;
+        int rc = k3c_turn_init(&ch->turn, s->lim.tok, c->chat ? &q->parse : NULL, q->stop, q->nstop, on_delta, on_text,
+                               ch, err);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* Queues the n sequences together (so they take slots at one step), choice i with the seed plus i and its own
+ * automaton over the request's grammar (each holding a reference, dropped with its sequence); all or none. */
+static int choices_submit(api_stream *c, k3c_api_req *q, k3c_err *err) {
+    const k3c_server *s = c->s;
+    k3c_request g[K3C_API_MAX_N];
+    const int32_t *prompts[K3C_API_MAX_N];
+    int64_t lens[K3C_API_MAX_N];
+    k3c_sched_job *jobs[K3C_API_MAX_N];
+    for (int i = 0; i < c->n_ch; i++) {
+        g[i] = q->gen;
+        g[i].sampler.seed = q->gen.sampler.seed + (uint64_t)i;
+        g[i].n_stop = s->n_stop_ids;
+        memcpy(g[i].stop_ids, s->stop_ids, sizeof g[i].stop_ids);
+        g[i].max_queue_s = s->o.max_queue_s, g[i].max_gen_s = s->o.max_gen_s;
+        prompts[i] = q->prompt.ids, lens[i] = (int64_t)q->prompt.n;
+        g[i].constraint = NULL;
+    }
+    int rc = K3C_OK;
+    for (int i = 1; q->grammar && i < c->n_ch; i++) k3c_cgrammar_ref(q->grammar); /* one reference per sample */
+    for (int i = 0; q->grammar && !rc && i < c->n_ch; i++) {
+        rc = k3c_constraint_new(q->grammar, 1, &g[i].constraint, err);
+        if (rc) /* the references of the samples not yet made */
+            for (int j = i + 1; j < c->n_ch; j++) k3c_cgrammar_free(q->grammar);
+    }
+    q->grammar = NULL; /* the constraints hold it now */
+    if (!rc) rc = k3c_sched_submit_all(s->sched, c->n_ch, prompts, lens, g, jobs, err);
+    for (int i = 0; !rc && i < c->n_ch; i++) c->ch[i].job = jobs[i];
+    if (rc) /* refused: still ours */
+        for (int i = 0; i < c->n_ch; i++)
+            if (g[i].constraint) g[i].constraint->release(g[i].constraint->ctx);
+    return rc;
 }
 
 /* Starts a generation for a validated request; returns the call or NULL with the error reply set. */
@@ -210,7 +307,6 @@ static api_stream *start_call(k3c_server *s, k3c_api_req *q, api_reply *r) {
     }
     pthread_mutex_init(&c->mu, NULL);
     k3c_sbuf_init(&c->out);
-    k3c_sbuf_init(&c->text);
     c->s = s;
     c->refs = 1;
     c->chat = q->kind == K3C_API_CHAT;
@@ -218,26 +314,12 @@ static api_stream *start_call(k3c_server *s, k3c_api_req *q, api_reply *r) {
     c->include_usage = q->include_usage;
     c->one_call = q->one_call;
     c->n_prompt = (int64_t)q->prompt.n;
-    k3c_api_meta_init(&c->meta, c->chat, s->model_name, atomic_fetch_add(&s->serial, 1) ^ (uint64_t)time(NULL) << 20);
-    c->lp.tok = s->lim.tok;
-    if (q->logprobs) c->meta.lp = &c->lp;
-    if (k3c_turn_init(&c->turn, s->lim.tok, c->chat ? &q->parse : NULL, q->stop, q->nstop, on_delta, on_text, c,
-                      &err)) {
+    if (choices_init(c, q, &err)) {
         call_unref(c);
         fail(r, 500, "server_error", NULL, "%s", err.msg);
         return NULL;
     }
-    k3c_request g = q->gen;
-    g.n_stop = s->n_stop_ids;
-    memcpy(g.stop_ids, s->stop_ids, sizeof g.stop_ids);
-    g.max_queue_s = s->o.max_queue_s, g.max_gen_s = s->o.max_gen_s;
-    int rc = K3C_OK;
-    if (q->grammar) { /* the constraint takes the grammar, the engine the constraint (released with the sequence) */
-        rc = k3c_constraint_new(q->grammar, 1, &g.constraint, &err);
-        q->grammar = NULL;
-    }
-    if (!rc) rc = k3c_sched_submit(s->sched, q->prompt.ids, (int64_t)q->prompt.n, &g, &c->job, &err);
-    if (rc && g.constraint) g.constraint->release(g.constraint->ctx); /* refused: still ours */
+    int rc = choices_submit(c, q, &err);
     if (rc) {
         call_unref(c);
         if (rc == K3C_ENOMEM) {
@@ -249,6 +331,24 @@ static api_stream *start_call(k3c_server *s, k3c_api_req *q, api_reply *r) {
         return NULL;
     }
     return c;
+}
+
+/* The whole answer of a call that ended well: every choice in index order, the usage of all. */
+static void answer_json(api_stream *c, k3c_sbuf *b) {
+    if (c->anthropic) {
+        k3c_anth_message_json(b, &c->am, &c->ch[0].turn.msg, anth_reason(c), anth_stop_seq(c), c->n_prompt, c->n_gen);
+        return;
+    }
+    k3c_api_choices_begin(b, &c->ch[0].meta);
+    for (int i = 0; i < c->n_ch; i++) {
+        api_choice *ch = &c->ch[i];
+        if (c->chat)
+            k3c_api_chat_choice(b, &ch->meta, &ch->turn.msg, k3c_api_chat_finish(ch->why, ch->turn.msg.ncalls), !i);
+        else
+            k3c_api_completion_choice(b, &ch->meta, ch->text.buf ? ch->text.buf : "", ch->text.len,
+                                      k3c_finish_name(ch->why), !i);
+    }
+    k3c_api_choices_end(b, c->n_prompt, c->n_gen);
 }
 
 int k3c_api_result(api_stream *c, api_reply *r, k3c_api_wake wake, void *ctx) {
@@ -265,20 +365,11 @@ int k3c_api_result(api_stream *c, api_reply *r, k3c_api_wake wake, void *ctx) {
     } else if (c->failed) {
         k3c_api_error e;
         call_error(c, &e);
-        r->anthropic = c->anthropic;
         reply_error(r, &e);
         r->retry_after = c->why == K3C_FINISH_QUEUE_TIMEOUT;
     } else {
         reply_json(r, 200);
-        if (c->anthropic)
-            k3c_anth_message_json(&r->body, &c->am, &c->turn.msg, anth_reason(c), anth_stop_seq(c), c->n_prompt,
-                                  c->n_gen);
-        else if (c->chat)
-            k3c_api_chat_json(&r->body, &c->meta, &c->turn.msg, k3c_api_chat_finish(c->why, c->turn.msg.ncalls),
-                              c->n_prompt, c->n_gen);
-        else
-            k3c_api_completion_json(&r->body, &c->meta, c->text.buf ? c->text.buf : "", c->text.len,
-                                    k3c_finish_name(c->why), c->n_prompt, c->n_gen);
+        answer_json(c, &r->body);
     }
     return 1;
 }

@@ -237,6 +237,11 @@ int k3c_anthropic_chat_body(const k3c_json *o, k3c_sbuf *out, k3c_api_error *e) 
         return k3c_api_fail(e, 400, "invalid_request_error", "missing_required_parameter", "messages",
                             "messages: Field required");
     if (msgs->type != K3C_JSON_ARRAY) return BAD(e, "messages", "'messages' must be an array");
+    /* a thread continued would send only the new messages: answering it as the whole conversation would be wrong; the
+     * SDKs answered this way resend the full history without `thread` */
+    if (get(o, "thread"))
+        return k3c_api_fail(e, 400, "invalid_request_error", K3C_ANTH_THREAD_UNSUPPORTED, "thread",
+                            "This server holds no message threads: send the whole conversation without 'thread'");
     put(out, "{\"messages\":[");
     int first = 1, rc = 0;
     if (sys) {

@@ -413,7 +413,7 @@ static int grammar_alloc(const k3c_tok *tok, const k3c_vtrie *trie, int spaced, 
         free(g);
         return k3c_errf(err, K3C_ENOMEM, "out of memory");
     }
-    g->tok = tok, g->trie = trie, g->spaced = spaced;
+    g->tok = tok, g->trie = trie, g->spaced = spaced, g->refs = 1;
     for (int k = 0; k < 8; k++) g->mark_id[k] = -1;
     g->nspecial = k3c_tok_n_specials(tok);
     if (!(g->special = malloc(sizeof(int32_t) * (size_t)(g->nspecial + 1)))) {
@@ -572,8 +572,11 @@ int k3c_cgrammar_chat(const k3c_tok *tok, const k3c_vtrie *trie, const k3c_cchat
     return grammar_done(g, seq_node(&c, parts, np), err, out);
 }
 
+void k3c_cgrammar_ref(k3c_cgrammar *g) { __atomic_add_fetch(&g->refs, 1, __ATOMIC_RELAXED); }
+
+/* Drops one holder's reference; the last one frees (the samples of a request end on the engine thread in any order). */
 void k3c_cgrammar_free(k3c_cgrammar *g) {
-    if (!g) return;
+    if (!g || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
     for (int i = 0; i < g->nn; i++) node_free(&g->nodes[i]);
     free(g->nodes), free(g->special), free(g);
 }

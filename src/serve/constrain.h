@@ -41,12 +41,15 @@ typedef struct {
  * outside the subset fall back to any object; a response schema outside it is K3C_EUNSUPPORTED with *path. */
 int k3c_cgrammar_chat(const k3c_tok *tok, const k3c_vtrie *trie, const k3c_cchat *spec, k3c_cgrammar **out,
                       char *path, size_t npath, k3c_err *err);
+/* A grammar is freed when its last holder lets go: k3c_cgrammar_ref adds a holder (e.g. one more constraint that owns
+ * it), k3c_cgrammar_free drops one. */
+void k3c_cgrammar_ref(k3c_cgrammar *g);
 void k3c_cgrammar_free(k3c_cgrammar *g);
 /* Tokens (bytes or markers, one each) the shortest complete answer takes: a budget below it cannot be met. */
 int64_t k3c_cgrammar_min_tokens(const k3c_cgrammar *g);
 
-/* A fresh automaton at the start of the answer (the grammar must outlive it); release() frees it. With own, release
- * frees the grammar too (one sequence per grammar). */
+/* A fresh automaton at the start of the answer (the grammar must outlive it); release() frees it. With own, the
+ * constraint takes over one reference to the grammar and drops it on release (also when this call fails). */
 int k3c_constraint_new(const k3c_cgrammar *g, int own, k3c_constraint **out, k3c_err *err);
 
 /* Feeds raw bytes (no markers) / one token id: 1 accepted, 0 refused (state unchanged). For tests. */

@@ -36,6 +36,7 @@ struct k3c_cgrammar {
     int32_t mark_id[8];
     int32_t *special; /* sorted special ids of the vocabulary */
     int nspecial;
+    int refs; /* holders (k3c_cgrammar_ref): the n samples of one request share their grammar */
 };
 
 typedef struct {

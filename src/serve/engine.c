@@ -23,6 +23,8 @@ typedef struct {
 
 typedef struct {
     int used, fresh; /* fresh: admitted at this step, its state not yet reset */
+    int64_t lead;    /* the sequence with the same prompt, still in its prefill, whose state at the prompt's end this
+                        one takes instead of running the prompt itself (0: none) */
     eng_seq s;
     k3c_eng_state st; /* allocated once per slot, max_ctx tokens */
 } eng_slot;
@@ -59,7 +61,9 @@ struct k3c_engine {
     int n_snap;
     uint64_t clock;
     int64_t prefix_hits, prefix_tokens_reused; /* the stepping thread's; copied into stats under mu */
+    int64_t prefills_shared;                   /* sequences that took a lead's prompt-end state */
     int ev_base;                               /* events of the last step before its first sampled one */
+    int *ev_row;                               /* per sampled event of the last step: its logits row */
     int64_t rows;                              /* the step's rows at most */
     k3c_engine_stats stats;
 };
@@ -105,11 +109,12 @@ int k3c_engine_open_weights(const k3c_weights *w, const k3c_engine_opts *opts, k
     e->row_emb = malloc(sizeof(const float *) * (size_t)rows);
     e->seg_slot = malloc(sizeof(int) * (size_t)S);
     e->out_slot = malloc(sizeof(int) * (size_t)S);
+    e->ev_row = malloc(sizeof(int) * (size_t)S);
     e->logits = malloc(sizeof(float) * (size_t)(S * V));
     e->sample_ws = malloc(k3c_sample_workspace(V));
     e->snap = calloc((size_t)e->o.max_snapshots, sizeof *e->snap);
-    if (!e->slot || !e->slot_id || !e->cancelled || !e->ids || !e->segs || !e->out_rows || !e->row_emb || !e->seg_slot || !e->out_slot || !e->logits ||
-        !e->sample_ws || !e->snap)
+    if (!e->slot || !e->slot_id || !e->cancelled || !e->ids || !e->segs || !e->out_rows || !e->row_emb ||
+        !e->seg_slot || !e->out_slot || !e->ev_row || !e->logits || !e->sample_ws || !e->snap)
         rc = k3c_errf(err, K3C_ENOMEM, "engine: out of memory");
     for (int i = 0; !rc && i < S; i++) rc = k3c_eng_state_init(&e->slot[i].st, &e->d, e->o.max_ctx, err);
     if (!rc) rc = k3c_eng_ws_init(w, rows, S, &e->ws, err);
@@ -165,7 +170,8 @@ void k3c_engine_close(k3c_engine *e) {
     if (e->own) k3c_weights_free(e->own);
     free(e->own);
     free(e->slot), free(e->queue), free(e->ids), free(e->segs), free(e->out_rows), free(e->row_emb), free(e->seg_slot);
-    free(e->out_slot), free(e->logits), free(e->sample_ws), free(e->snap), free(e->slot_id), free(e->cancelled);
+    free(e->out_slot), free(e->ev_row), free(e->logits), free(e->sample_ws), free(e->snap), free(e->slot_id);
+    free(e->cancelled);
     pthread_mutex_destroy(&e->mu);
     free(e);
 }
@@ -227,8 +233,7 @@ int k3c_engine_submit(k3c_engine *e, const int32_t *prompt, int64_t n, const k3c
                             (long long)i, (long long)e->d.V);
     CHECK_RC(embeds_check(r, n, err));
     if (r->max_queue_s < 0 || r->max_gen_s < 0)
-        return k3c_errf(err, K3C_EINVAL, "engine: time limits must be >= 0 (got %g, %g)", r->max_queue_s,
-                        r->max_gen_s);
+        return k3c_errf(err, K3C_EINVAL, "engine: time limits must be >= 0 (got %g, %g)", r->max_queue_s, r->max_gen_s);
     const int64_t room = n + r->max_new < e->o.max_ctx ? n + r->max_new : e->o.max_ctx;
     eng_seq s = {0, malloc(sizeof(int32_t) * (size_t)room), n, n, 0, *r, NULL, NULL, r->n_embeds, k3c_now(), 0};
     const size_t nb = sizeof(float) * (size_t)(r->n_embeds * e->d.D);
@@ -405,13 +410,43 @@ static void begin_step(k3c_engine *e, k3c_engine_event *ev, int cap, int *n_ev) 
     pthread_mutex_unlock(&e->mu);
 }
 
-/* The admitted sequences start from an empty state, or from the longest snapshot that leaves at least one prompt
- * token to run (its logits give the first sample). */
+/* Whether a and b are the same prompt: ids, and image rows at the same positions with the same values. */
+static int same_prompt(const eng_seq *a, const eng_seq *b, int64_t D) {
+    return a->n_prompt == b->n_prompt && a->n_emb == b->n_emb &&
+           !memcmp(a->toks, b->toks, sizeof(int32_t) * (size_t)a->n_prompt) &&
+           (!a->n_emb || (!memcmp(a->emb_pos, b->emb_pos, sizeof(int32_t) * (size_t)a->n_emb) &&
+                          !memcmp(a->emb, b->emb, sizeof(float) * (size_t)(a->n_emb * D))));
+}
+
+/* The slot of slot i's lead while that one is still in its prefill, else -1 (and slot i runs its own prompt). */
+static int lead_slot(k3c_engine *e, int i) {
+    for (int j = 0; e->slot[i].lead && j < e->o.max_seqs; j++)
+        if (j != i && e->slot[j].used && e->slot[j].s.id == e->slot[i].lead &&
+            e->slot[j].st.pos < e->slot[j].s.n_prompt)
+            return j;
+    e->slot[i].lead = 0;
+    return -1;
+}
+
+/* The admitted sequences start from an empty state. One whose prompt another sequence is still running (the n
+ * samples of one request) waits for that prefill and forks from its end; the others resume from the longest snapshot
+ * that leaves at least one prompt token to run (its logits give the first sample). */
 static int start_fresh(k3c_engine *e, k3c_err *err) {
+    for (int i = 0; i < e->o.max_seqs; i++) {
+        e->slot[i].lead = e->slot[i].fresh == 1 ? 0 : e->slot[i].lead;
+        if (e->slot[i].fresh == 1) CHECK_RC(k3c_eng_state_reset(&e->slot[i].st, &e->d, err));
+    }
     for (int i = 0; i < e->o.max_seqs; i++) {
         eng_slot *sl = &e->slot[i];
         if (sl->fresh != 1) continue;
-        CHECK_RC(k3c_eng_state_reset(&sl->st, &e->d, err));
+        /* a lead runs its own prompt: a slot admitted before this one, or one already running. A constraint masks the
+         * logits row in place, so constrained sequences neither lead nor follow (each runs its own prompt). */
+        for (int j = 0; !sl->lead && !sl->s.req.constraint && j < e->o.max_seqs; j++)
+            if (j != i && e->slot[j].used && !e->slot[j].lead && !e->slot[j].s.req.constraint &&
+                (j < i || e->slot[j].fresh != 1) &&
+                e->slot[j].st.pos < e->slot[j].s.n_prompt && same_prompt(&sl->s, &e->slot[j].s, e->d.D))
+                sl->lead = e->slot[j].s.id;
+        if (sl->lead) continue;
         const int64_t lim = sl->s.n_emb ? cache_limit(&sl->s) + 1 : sl->s.n_prompt;
         eng_snap *p = e->o.snapshot_every > 0 ? snap_find(e, sl->s.toks, lim) : NULL;
         if (p) {
@@ -435,6 +470,7 @@ static void end_step(k3c_engine *e, int nseg) {
     }
     e->stats.prefix_hits = e->prefix_hits;
     e->stats.prefix_tokens_reused = e->prefix_tokens_reused;
+    e->stats.prefills_shared = e->prefills_shared;
     e->stats.snapshots = e->n_snap;
     pthread_mutex_unlock(&e->mu);
 }
@@ -461,7 +497,7 @@ static int64_t layout(k3c_engine *e, int *nseg, int64_t *n_out) {
     for (int i = 0; i < e->o.max_seqs; i++) budget -= e->slot[i].used && e->slot[i].st.pos >= e->slot[i].s.n_prompt;
     for (int i = 0; i < e->o.max_seqs; i++) {
         eng_slot *sl = &e->slot[i];
-        if (!sl->used) continue;
+        if (!sl->used || lead_slot(e, i) >= 0) continue;
         const int64_t pos = sl->st.pos;
         int64_t len = 1;
         if (pos < sl->s.n_prompt) {
@@ -521,6 +557,36 @@ static void sample_one(k3c_engine *e, int i, float *logits, k3c_engine_event *ev
     if (ev->finish) slot_free(e, i);
 }
 
+/* The sequences waiting on a prefill that ended at this step take its state (before anything is sampled, so a failed
+ * copy fails the step like a failed forward). */
+static int fork_prefills(k3c_engine *e, int64_t n_out, k3c_err *err) {
+    for (int64_t j = 0; j < n_out; j++) {
+        const eng_slot *sl = &e->slot[e->out_slot[j]];
+        for (int f = 0; sl->s.n_out == 0 && f < e->o.max_seqs; f++)
+            if (e->slot[f].used && e->slot[f].lead == sl->s.id)
+                CHECK_RC(k3c_eng_state_copy(&e->slot[f].st, &sl->st, &e->d, err));
+    }
+    return K3C_OK;
+}
+
+/* Samples every logits row of the step; a row that ended a prompt also gives the first token of each sequence forked
+ * from that prefill (each with its own sampler), before its own sequence's (which may leave its slot). */
+static void sample_all(k3c_engine *e, int64_t n_out, k3c_engine_event *ev, int *n_ev) {
+    for (int64_t j = 0; j < n_out; j++) {
+        const int i = e->out_slot[j];
+        float *row = e->logits + j * e->d.V;
+        for (int f = 0; e->slot[i].s.n_out == 0 && f < e->o.max_seqs; f++) {
+            if (!e->slot[f].used || e->slot[f].lead != e->slot[i].s.id) continue;
+            e->slot[f].lead = 0;
+            e->prefills_shared++;
+            e->ev_row[*n_ev - e->ev_base] = (int)j;
+            sample_one(e, f, row, &ev[(*n_ev)++]);
+        }
+        e->ev_row[*n_ev - e->ev_base] = (int)j;
+        sample_one(e, i, row, &ev[(*n_ev)++]);
+    }
+}
+
 int k3c_engine_step(k3c_engine *e, k3c_engine_event *ev, int cap, int *n_ev, k3c_err *err) {
     *n_ev = 0;
     if (cap < e->o.max_seqs)
@@ -530,6 +596,7 @@ int k3c_engine_step(k3c_engine *e, k3c_engine_event *ev, int cap, int *n_ev, k3c
     int64_t n_out;
     if (!rc && layout(e, &nseg, &n_out) > 0)
         rc = k3c_eng_forward(e->w, e->ws, e->ids, e->segs, nseg, e->out_rows, n_out, e->logits, err);
+    if (!rc && nseg > 0) rc = fork_prefills(e, n_out, err);
     e->ev_base = *n_ev;
     if (rc || nseg == 0) { /* on a failure the states of this step are half-advanced: drop its sequences */
         for (int i = 0; rc && i < e->o.max_seqs; i++)
@@ -546,11 +613,11 @@ int k3c_engine_step(k3c_engine *e, k3c_engine_event *ev, int cap, int *n_ev, k3c
             (sl->st.pos % e->o.snapshot_every == 0 || sl->st.pos == sl->s.n_prompt))
             snap_store(e, sl->s.toks, &sl->st);
     }
-    for (int64_t j = 0; j < n_out; j++) sample_one(e, e->out_slot[j], e->logits + j * e->d.V, &ev[(*n_ev)++]);
+    sample_all(e, n_out, ev, n_ev);
     end_step(e, nseg);
     return K3C_OK;
 }
 
 const float *k3c_engine_event_logits(const k3c_engine *e, int i) {
-    return e->logits + (int64_t)(i - e->ev_base) * e->d.V;
+    return e->logits + (int64_t)e->ev_row[i - e->ev_base] * e->d.V;
 }

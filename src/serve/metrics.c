@@ -89,12 +89,15 @@ void k3c_metrics_render(k3c_metrics *m, k3c_sbuf *s, const k3c_engine_stats *sch
                     "# TYPE k3c_engine_step_sequences_total counter\nk3c_engine_step_sequences_total %llu\n"
                     "# HELP k3c_engine_batch_max The most sequences one engine step ran.\n"
                     "# TYPE k3c_engine_batch_max gauge\nk3c_engine_batch_max %d\n"
+                    "# HELP k3c_engine_prefills_shared_total Sequences that forked from another's prefill of their "
+                    "prompt.\n"
+                    "# TYPE k3c_engine_prefills_shared_total counter\nk3c_engine_prefills_shared_total %lld\n"
                     "# HELP k3c_ready 1 once the model is loaded.\n# TYPE k3c_ready gauge\nk3c_ready %d\n"
                     "# HELP k3c_request_duration_seconds Time from a request's arrival to its last byte.\n"
                     "# TYPE k3c_request_duration_seconds histogram\n",
                     (unsigned long long)m->prompt_tokens, (unsigned long long)m->generated_tokens, sched->queued,
                     sched->running, (unsigned long long)sched->steps, (unsigned long long)sched->step_seqs,
-                    sched->batch_max, ready);
+                    sched->batch_max, (long long)sched->prefills_shared, ready);
     for (int e = 0; e < N_EP; e++) {
         if (!m->count[e]) continue;
         uint64_t cum = 0;

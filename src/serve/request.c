@@ -112,7 +112,7 @@ static int read_common(const k3c_json *o, const k3c_api_limits *lim, k3c_api_req
     int seed_given = 0, mt2 = 0;
     k3c_sampler *p = &r->gen.sampler;
     const k3c_json *so = field(o, "stream_options");
-    if ((rc = int_in(o, "n", 1, 1, &n, NULL, e)) || (rc = bool_field(o, "stream", &r->stream, e)) ||
+    if ((rc = int_in(o, "n", 1, K3C_API_MAX_N, &n, NULL, e)) || (rc = bool_field(o, "stream", &r->stream, e)) ||
         (rc = num_in(o, "temperature", 0, 2, &p->temperature, e)) || (rc = num_in(o, "top_p", 0, 1, &p->top_p, e)) ||
         (rc = num_in(o, "min_p", 0, 1, &p->min_p, e)) || (rc = int_in(o, "top_k", -1, 1 << 30, &top_k, NULL, e)) ||
         (rc = num_in(o, "presence_penalty", -2, 2, &p->presence_penalty, e)) ||
@@ -128,6 +128,7 @@ static int read_common(const k3c_json *o, const k3c_api_limits *lim, k3c_api_req
     p->top_k = top_k < 0 ? 0 : top_k;
     p->logprobs = (int)top_logprobs;
     p->seed = seed_given ? (uint64_t)seed : (uint64_t)(k3c_now() * 1e9);
+    r->n = (int)n;
     if (so && so->type != K3C_JSON_OBJECT) return BAD_TYPE(e, "stream_options", "an object");
     if (so && !r->stream)
         return BAD_VALUE(e, "stream_options", "'stream_options' is only allowed when 'stream' is true");
@@ -425,6 +426,7 @@ int k3c_api_parse_trie(k3c_api_kind kind, const char *body, size_t n, const k3c_
     memset(r, 0, sizeof *r);
     r->trie = trie;
     r->kind = kind;
+    r->n = 1;
     r->gen.sampler = (k3c_sampler){.temperature = 1, .top_p = 1, .repetition_penalty = 1};
     k3c_err err = {0};
     if (k3c_json_parse(body, n, "body", &r->root, &err))

@@ -11,6 +11,8 @@
 
 typedef enum { K3C_API_CHAT, K3C_API_COMPLETION, K3C_API_TOKENIZE, K3C_API_DETOKENIZE } k3c_api_kind;
 
+#define K3C_API_MAX_N 16 /* choices per request at most */
+
 /* An error answer: HTTP status and the body's {"error": {"message", "type", "param", "code"}}. */
 typedef struct {
     int status;
@@ -53,6 +55,7 @@ typedef struct {
      * embed_pos below); the server adds its stop ids and time limits */
     k3c_request gen;
     int logprobs; /* report each token's logprob (and gen.sampler.logprobs alternatives) */
+    int n;        /* choices: n sequences of the prompt, sampled with seeds gen.sampler.seed + 0 .. n-1 */
     int nstop;
     const char *stop[K3C_STOP_MAX]; /* point into root */
     k3c_tok_ids prompt;             /* chat, completion, tokenize: the ids */

@@ -195,7 +195,7 @@ static const char *chunk_object(const k3c_api_meta *m) { return m->chat ? "chat.
 static int chat_event_begin(k3c_sbuf *s, k3c_api_meta *m) {
     put(s, "data: ");
     head(s, m, chunk_object(m));
-    put(s, "{\"index\":0,\"delta\":{");
+    k3c_sbuf_printf(s, "{\"index\":%d,\"delta\":{", m->index);
     int first = !m->role_sent;
     if (first) put(s, "\"role\":\"assistant\"");
     m->role_sent = 1;
@@ -209,7 +209,11 @@ static void chat_event_end(k3c_sbuf *s, k3c_api_meta *m, const char *finish) {
 }
 
 static void new_call_id(k3c_api_meta *m) {
-    snprintf(m->call_id, sizeof m->call_id, "call_%s_%lld", m->id + (m->chat ? 9 : 5), (long long)m->serial++);
+    if (m->index) /* the choices of one response share its id: theirs tell them apart */
+        snprintf(m->call_id, sizeof m->call_id, "call_%s_%d_%lld", m->id + (m->chat ? 9 : 5), m->index,
+                 (long long)m->serial++);
+    else
+        snprintf(m->call_id, sizeof m->call_id, "call_%s_%lld", m->id + (m->chat ? 9 : 5), (long long)m->serial++);
 }
 
 static void tool_call_json(k3c_sbuf *s, k3c_api_meta *m, int index, const char *name, const char *arguments) {
@@ -253,24 +257,26 @@ void k3c_sse_text(k3c_sbuf *s, k3c_api_meta *m, const char *text, size_t n) {
     if (n == 0) return;
     put(s, "data: ");
     head(s, m, chunk_object(m));
-    put(s, "{\"index\":0,\"text\":");
+    k3c_sbuf_printf(s, "{\"index\":%d,\"text\":", m->index);
     k3c_sbuf_json_string(s, text, n);
     logprobs_field(s, m);
     put(s, ",\"finish_reason\":null}]}\n\n");
 }
 
-void k3c_sse_finish(k3c_sbuf *s, k3c_api_meta *m, const char *finish_reason, int include_usage, int64_t prompt,
-                    int64_t completion) {
+void k3c_sse_choice_finish(k3c_sbuf *s, k3c_api_meta *m, const char *finish_reason) {
     if (m->chat) {
         chat_event_begin(s, m);
         chat_event_end(s, m, finish_reason);
-    } else {
-        put(s, "data: ");
-        head(s, m, chunk_object(m));
-        put(s, "{\"index\":0,\"text\":\"\"");
-        logprobs_field(s, m);
-        k3c_sbuf_printf(s, ",\"finish_reason\":\"%s\"}]}\n\n", finish_reason);
+        return;
     }
+    put(s, "data: ");
+    head(s, m, chunk_object(m));
+    k3c_sbuf_printf(s, "{\"index\":%d,\"text\":\"\"", m->index);
+    logprobs_field(s, m);
+    k3c_sbuf_printf(s, ",\"finish_reason\":\"%s\"}]}\n\n", finish_reason);
+}
+
+void k3c_sse_end(k3c_sbuf *s, const k3c_api_meta *m, int include_usage, int64_t prompt, int64_t completion) {
     if (include_usage) {
         put(s, "data: ");
         head(s, m, chunk_object(m));
@@ -281,16 +287,24 @@ void k3c_sse_finish(k3c_sbuf *s, k3c_api_meta *m, const char *finish_reason, int
     put(s, "data: [DONE]\n\n");
 }
 
+void k3c_sse_finish(k3c_sbuf *s, k3c_api_meta *m, const char *finish_reason, int include_usage, int64_t prompt,
+                    int64_t completion) {
+    k3c_sse_choice_finish(s, m, finish_reason);
+    k3c_sse_end(s, m, include_usage, prompt, completion);
+}
+
 void k3c_sse_error(k3c_sbuf *s, const k3c_api_error *e) {
     put(s, "data: ");
     k3c_api_error_json(s, e);
     put(s, "\n\ndata: [DONE]\n\n");
 }
 
-void k3c_api_chat_json(k3c_sbuf *s, k3c_api_meta *m, const k3c_turn_msg *r, const char *finish_reason, int64_t prompt,
-                       int64_t completion) {
-    head(s, m, "chat.completion");
-    put(s, "{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
+void k3c_api_choices_begin(k3c_sbuf *s, const k3c_api_meta *m) {
+    head(s, m, m->chat ? "chat.completion" : "text_completion");
+}
+
+void k3c_api_chat_choice(k3c_sbuf *s, k3c_api_meta *m, const k3c_turn_msg *r, const char *finish_reason, int first) {
+    k3c_sbuf_printf(s, "%s{\"index\":%d,\"message\":{\"role\":\"assistant\",\"content\":", first ? "" : ",", m->index);
     k3c_sbuf_json_string(s, r->content.buf ? r->content.buf : "", r->content.len);
     if (r->reasoning.len) {
         put(s, ",\"reasoning_content\":");
@@ -306,20 +320,35 @@ void k3c_api_chat_json(k3c_sbuf *s, k3c_api_meta *m, const k3c_turn_msg *r, cons
     }
     put(s, "}");
     logprobs_field(s, m);
-    k3c_sbuf_printf(s, ",\"finish_reason\":\"%s\"}],\"usage\":", finish_reason);
+    k3c_sbuf_printf(s, ",\"finish_reason\":\"%s\"}", finish_reason);
+}
+
+void k3c_api_completion_choice(k3c_sbuf *s, k3c_api_meta *m, const char *text, size_t n, const char *finish_reason,
+                               int first) {
+    k3c_sbuf_printf(s, "%s{\"index\":%d,\"text\":", first ? "" : ",", m->index);
+    k3c_sbuf_json_string(s, text, n);
+    logprobs_field(s, m);
+    k3c_sbuf_printf(s, ",\"finish_reason\":\"%s\"}", finish_reason);
+}
+
+void k3c_api_choices_end(k3c_sbuf *s, int64_t prompt, int64_t completion) {
+    put(s, "],\"usage\":");
     k3c_api_usage_json(s, prompt, completion);
     put(s, "}");
 }
 
+void k3c_api_chat_json(k3c_sbuf *s, k3c_api_meta *m, const k3c_turn_msg *r, const char *finish_reason, int64_t prompt,
+                       int64_t completion) {
+    k3c_api_choices_begin(s, m);
+    k3c_api_chat_choice(s, m, r, finish_reason, 1);
+    k3c_api_choices_end(s, prompt, completion);
+}
+
 void k3c_api_completion_json(k3c_sbuf *s, k3c_api_meta *m, const char *text, size_t n, const char *finish_reason,
                              int64_t prompt, int64_t completion) {
-    head(s, m, "text_completion");
-    put(s, "{\"index\":0,\"text\":");
-    k3c_sbuf_json_string(s, text, n);
-    logprobs_field(s, m);
-    k3c_sbuf_printf(s, ",\"finish_reason\":\"%s\"}],\"usage\":", finish_reason);
-    k3c_api_usage_json(s, prompt, completion);
-    put(s, "}");
+    k3c_api_choices_begin(s, m);
+    k3c_api_completion_choice(s, m, text, n, finish_reason, 1);
+    k3c_api_choices_end(s, prompt, completion);
 }
 
 const char *k3c_api_chat_finish(k3c_finish why, size_t n_calls) {

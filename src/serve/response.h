@@ -25,6 +25,7 @@ typedef struct {
     long long created;
     const char *model;
     int chat;             /* chat.completion(.chunk) rather than text_completion */
+    int index;            /* the choice these objects are of (n > 1: one meta per choice, the same id) */
     int role_sent;        /* the first chunk (role "assistant") went out */
     int n_calls;          /* tool calls streamed so far: their OpenAI index */
     int64_t serial;       /* counter for tool call ids */
@@ -44,6 +45,9 @@ void k3c_sse_text(k3c_sbuf *s, k3c_api_meta *m, const char *text, size_t n);    
 /* The closing events: the finish reason, the usage chunk when include_usage, "data: [DONE]". */
 void k3c_sse_finish(k3c_sbuf *s, k3c_api_meta *m, const char *finish_reason, int include_usage, int64_t prompt,
                     int64_t completion);
+/* The same in two parts, for n choices: each choice's finish event, then once the usage chunk and [DONE]. */
+void k3c_sse_choice_finish(k3c_sbuf *s, k3c_api_meta *m, const char *finish_reason);
+void k3c_sse_end(k3c_sbuf *s, const k3c_api_meta *m, int include_usage, int64_t prompt, int64_t completion);
 /* An error after the stream started: an error event, then [DONE]. */
 void k3c_sse_error(k3c_sbuf *s, const k3c_api_error *e);
 
@@ -52,6 +56,12 @@ void k3c_api_chat_json(k3c_sbuf *s, k3c_api_meta *m, const k3c_turn_msg *r, cons
                        int64_t completion);
 void k3c_api_completion_json(k3c_sbuf *s, k3c_api_meta *m, const char *text, size_t n, const char *finish_reason,
                              int64_t prompt, int64_t completion);
+/* The same in parts, for n choices: the head, each choice (its meta's index; the first has first set), the usage. */
+void k3c_api_choices_begin(k3c_sbuf *s, const k3c_api_meta *m);
+void k3c_api_chat_choice(k3c_sbuf *s, k3c_api_meta *m, const k3c_turn_msg *r, const char *finish_reason, int first);
+void k3c_api_completion_choice(k3c_sbuf *s, k3c_api_meta *m, const char *text, size_t n, const char *finish_reason,
+                               int first);
+void k3c_api_choices_end(k3c_sbuf *s, int64_t prompt, int64_t completion);
 
 /* The chat finish reason: "tool_calls" when the message called tools and stopped, else the scheduler's. */
 const char *k3c_api_chat_finish(k3c_finish why, size_t n_calls);

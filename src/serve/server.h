@@ -1,44 +1,15 @@
-/* server.h — `k3c serve`: an OpenAI-compatible HTTP server (libmicrohttpd, a few polling threads over epoll) in front
- * of the scheduler (docs/SERVING.md). http.c is the HTTP layer, http_conn.c its connection guard, api.c the endpoints. */
+/* server.h — internal to `k3c serve`'s OpenAI-compatible HTTP server (its start / ready / stop: k3c/serve.h): the
+ * server struct and what http.c (the HTTP layer), http_conn.c (its connection guard) and api.c (the endpoints) share.
+ * docs/SERVING.md. */
 #ifndef K3C_SERVE_SERVER_H
 #define K3C_SERVE_SERVER_H
 
+#include "k3c/serve.h"
 #include "serve/metrics.h"
 #include "serve/request.h"
 #include "serve/response.h"
 
 #include <stdatomic.h>
-
-typedef struct {
-    const char *host;       /* listen address, default 127.0.0.1 */
-    int port;               /* 0: any free port (k3c_server_port tells which) */
-    int slots;              /* sequences in flight */
-    int queue_max;          /* requests waiting for a slot before "overloaded" (503) */
-    const char *api_key;    /* NULL: none; else every endpoint but /health and /metrics wants "Bearer KEY" */
-    int64_t max_tokens_cap; /* completion tokens per request at most */
-    size_t max_body;        /* request body bytes at most (413 beyond) */
-    int max_connections;    /* open connections at most (libmicrohttpd refuses more at accept) */
-    int max_conns_per_ip;   /* an address's connections beyond this get 503 + Retry-After; beyond twice it, refused */
-    int threads;            /* libmicrohttpd's polling threads (epoll); no thread is spent per connection */
-    double request_timeout; /* seconds to receive a whole request (header + body) after connecting or the last answer */
-    double max_gen_s;       /* seconds a generation may run once in a slot (0: no limit) */
-    double max_queue_s;     /* seconds a generation may wait for a slot (0: no limit) */
-    const char *model_name; /* what /v1/models lists and requests may name */
-    size_t max_image_bytes; /* encoded bytes of one image part at most (413 beyond) */
-    int thinking_off;       /* requests default to thinking off (the checkpoint was fine-tuned without thinking) */
-} k3c_server_opts;
-
-void k3c_server_opts_default(k3c_server_opts *o);
-
-typedef struct k3c_server k3c_server;
-
-/* Starts listening at once (/health answers 503 until k3c_server_ready). */
-int k3c_server_start(const k3c_server_opts *o, k3c_server **out, k3c_err *err);
-int k3c_server_port(const k3c_server *s);
-/* Hands over the loaded model (owned by the caller, kept open until k3c_server_stop returns) and starts serving. */
-int k3c_server_ready(k3c_server *s, k3c_serve *sv, k3c_err *err);
-/* Graceful: stops accepting, ends every generation (streams get their closing events), waits for the connections. */
-void k3c_server_stop(k3c_server *s);
 
 /* ---------------------------------------------------------------- between http.c, http_conn.c and api.c */
 typedef struct http_guard http_guard; /* http_conn.c: connection tracking, deadlines, per-address counts */

@@ -38,11 +38,6 @@ int k3c_turn_token(k3c_turn *t, int32_t id, int is_stop, k3c_err *err);
 int k3c_turn_finish(k3c_turn *t, k3c_err *err);
 void k3c_turn_free(k3c_turn *t);
 
-/* The thinking option a checkpoint was fine-tuned with (trainer_state.json's "chat", which `k3c sft` and `k3c rl`
- * write; docs/POST.md): *thinking 1 or 0, or -1 when the directory records none. A record that is there but malformed
- * is an error naming the file and field. */
-int k3c_turn_chat_thinking(const char *dir, int *thinking, k3c_err *err);
-
 /* K3 XTML for kimi_k3 configs, the K2 envelope for kimi_linear. */
 k3c_chat_format k3c_turn_format(const k3c_config *cfg);
 /* The ids that end a turn: the format's end-of-message marker, [EOS] / <|endoftext|> / [EOT] when the tokenizer has

@@ -6,7 +6,8 @@ import path from "node:path";
 
 const npm = process.env.K3C_NPM;
 const require = createRequire(path.join(npm ?? ".", "k3c-sdk-tests.cjs"));
-const load = (name) => {
+// A package (or one of its subpaths, e.g. "@anthropic-ai/sdk/helpers/beta/json-schema") from K3C_NPM.
+export const load = (name) => {
     const m = require(name);
     return m.default ?? m;
 };
