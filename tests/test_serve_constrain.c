@@ -6,43 +6,6 @@
 #include "http_client.h"
 #include "serve_fixture.h"
 
-#include <signal.h>
-#include <sys/wait.h>
-
-static pid_t g_pid = -1;
-static FILE *g_out;
-
-static int start_server(const char *dir) {
-    int fds[2];
-    if (pipe(fds)) return 0;
-    g_pid = fork();
-    if (g_pid == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]);
-        execl(test_k3c_bin(), test_k3c_bin(), "serve", "--model", dir, "--port", "0", "--slots", "4", "--api-key",
-              "sk-test", "--max-tokens-cap", "200", "--name", "tiny", (char *)NULL);
-        _exit(127);
-    }
-    close(fds[1]);
-    g_out = fdopen(fds[0], "r");
-    char line[512];
-    int port = 0;
-    if (g_out && fgets(line, sizeof line, g_out)) {
-        const char *p = strstr(line, "127.0.0.1:");
-        if (p) port = atoi(p + 10);
-    }
-    CHECK(port > 0, "server did not print its port");
-    for (int i = 0; port && i < 600; i++) {
-        http_resp r;
-        int rc = http_do(port, "GET", "/health", NULL, NULL, &r), st = r.status;
-        http_resp_free(&r);
-        if (!rc && st == 200) return port;
-        usleep(50 * 1000);
-    }
-    CHECK(0, "/health never became 200");
-    return 0;
-}
-
 static k3c_json *parse(const char *s, size_t n) {
     k3c_json *j = NULL;
     k3c_err err = {0};
@@ -138,6 +101,27 @@ static void json_answers(int port) {
         k3c_json_free(j);
     }
     CHECK(good == 8, "json_schema strict: %d of 8 answers parse and validate", good);
+}
+
+/* n samples of one constrained request: each has its own automaton, so every choice validates. */
+static void n_samples(int port) {
+    char body[2048];
+    int status;
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"A person.\"}],\"seed\":5,\"max_tokens\":120,\"n\":3,"
+             "\"thinking\":false,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\","
+             "\"strict\":true,\"schema\":" SCHEMA "}}}");
+    k3c_json *j = post(port, "/v1/chat/completions", body, &status);
+    const k3c_json *ch = k3c_json_get(j, "choices");
+    CHECK(status == 200 && ch && ch->type == K3C_JSON_ARRAY && ch->n == 3, "n 3 with json_schema: %d, 3 choices",
+          status);
+    for (size_t i = 0; ch && ch->type == K3C_JSON_ARRAY && i < ch->n; i++) {
+        const char *c = sget(k3c_json_get(&ch->items[i], "message"), "content");
+        k3c_json *v = parse(c, strlen(c));
+        CHECK(valid_answer(v), "n 3: choice %zu validates: %.300s", i, c);
+        k3c_json_free(v);
+    }
+    k3c_json_free(j);
 }
 
 /* The streamed content deltas add up to a valid answer. */
@@ -331,20 +315,18 @@ int main(void) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", tmp);
     if (serve_model_dir(dir) != 0) return test_summary();
-    int port = start_server(dir);
+    static const char *const args[] = {"--slots", "4", "--api-key", "sk-test", "--max-tokens-cap", "200", "--name",
+                                       "tiny", NULL};
+    serve_proc sv = serve_start(dir, args);
+    const int port = sv.port;
     if (port) {
         json_answers(port);
+        n_samples(port);
         streamed_schema(port);
         tool_choices(port);
         anthropic_choices(port);
         refusals(port);
     }
-    if (g_pid > 0) {
-        kill(g_pid, SIGTERM);
-        int st = 0;
-        waitpid(g_pid, &st, 0);
-        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "clean stop (status %d)", st);
-    }
-    if (g_out) fclose(g_out);
+    serve_stop(&sv);
     return test_summary();
 }
