@@ -650,6 +650,7 @@ static void error_body(void) {
 static int anthropic_parse(const char *body, k3c_api_req *q, k3c_api_error *e) {
     k3c_api_limits lim = limits();
     lim.max_context = 2048; /* room for the tool definitions' prompt */
+    lim.max_tokens_cap = 120; /* and for a forced tool call (tool_choice any) */
     k3c_json *j = NULL;
     k3c_err err = {0};
     memset(q, 0, sizeof *q);
@@ -671,7 +672,7 @@ static int anthropic_parse(const char *body, k3c_api_req *q, k3c_api_error *e) {
  * with a big integer, its tool_result, tools, tool_choice any without parallel calls, stop_sequences. */
 static void anthropic_request(void) {
     const char *am =
-        "{\"model\":\"tiny\",\"max_tokens\":9,\"system\":[{\"type\":\"text\",\"text\":\"Be brief.\"}],"
+        "{\"model\":\"tiny\",\"max_tokens\":120,\"system\":[{\"type\":\"text\",\"text\":\"Be brief.\"}],"
         "\"thinking\":{\"type\":\"disabled\"},\"stop_sequences\":[\"END\"],\"temperature\":0.5,"
         "\"tools\":[{\"name\":\"pay\",\"description\":\"Pays.\",\"input_schema\":{\"type\":\"object\","
         "\"properties\":{\"id\":{\"type\":\"integer\"}}}}],"
@@ -682,7 +683,7 @@ static void anthropic_request(void) {
         "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"t1\",\"content\":"
         "[{\"type\":\"text\",\"text\":\"paid 0.1\"}]},{\"type\":\"text\",\"text\":\"Thanks.\"}]}]}";
     const char *oa =
-        "{\"model\":\"tiny\",\"max_tokens\":9,\"thinking\":false,\"stop\":[\"END\"],\"temperature\":0.5,"
+        "{\"model\":\"tiny\",\"max_tokens\":120,\"thinking\":false,\"stop\":[\"END\"],\"temperature\":0.5,"
         "\"parallel_tool_calls\":false,\"tool_choice\":\"required\","
         "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"pay\",\"description\":\"Pays.\",\"parameters\":"
         "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}}}}}],"
@@ -693,6 +694,7 @@ static void anthropic_request(void) {
         "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Thanks.\"}]}]}";
     k3c_api_limits lim = limits();
     lim.max_context = 2048;
+    lim.max_tokens_cap = 120; /* room for the forced tool call (tool_choice any) */
     k3c_api_req a, o;
     k3c_api_error e;
     int ra = anthropic_parse(am, &a, &e);
@@ -702,7 +704,7 @@ static void anthropic_request(void) {
     if (!ra && !ro) {
         CHECK(a.prompt.n == o.prompt.n && !memcmp(a.prompt.ids, o.prompt.ids, a.prompt.n * sizeof *a.prompt.ids),
               "same prompt (%zu and %zu ids)", a.prompt.n, o.prompt.n);
-        CHECK(a.gen.max_new == 9 && a.nstop == 1 && !strcmp(a.stop[0], "END") && a.one_call && a.has_tools &&
+        CHECK(a.gen.max_new == 120 && a.nstop == 1 && !strcmp(a.stop[0], "END") && a.one_call && a.has_tools &&
                   a.parse.in_response && !a.parse.in_think && a.gen.sampler.temperature == 0.5,
               "max_tokens, stop_sequences, disable_parallel_tool_use, thinking disabled, temperature");
         char *text = NULL;

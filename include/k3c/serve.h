@@ -27,6 +27,18 @@ typedef struct {
     int max_queue; /* sequences waiting beyond the free slots at most (0 = no bound, -1 = none); more are K3C_ENOMEM */
 } k3c_engine_opts;
 
+/* A constraint on what a sequence may generate (constrained decoding: docs/SERVING.md "Constrained decoding"). Called on
+ * the stepping thread: mask sets the logits of the ids that may not come next to -inf (left: the ids the sequence may
+ * still generate, this one included, so a constraint can keep a way to finish open), accept takes the sampled id.
+ * Both return 0, or a negative k3c_status that ends the sequence with K3C_FINISH_ERROR. Once submitted, the engine
+ * owns it and calls release (when not NULL) as the sequence leaves; a refused submit leaves it to the caller. */
+typedef struct k3c_constraint {
+    void *ctx;
+    int (*mask)(void *ctx, float *logits, int64_t V, int64_t left);
+    int (*accept)(void *ctx, int32_t id);
+    void (*release)(void *ctx);
+} k3c_constraint;
+
 #define K3C_MAX_STOP_IDS 16
 typedef struct {
     k3c_sampler sampler;
@@ -43,6 +55,7 @@ typedef struct {
     /* Seconds the sequence may wait for a slot, and may run once in one (0: no limit); past either it ends with
        K3C_FINISH_QUEUE_TIMEOUT / K3C_FINISH_TIMEOUT, checked at the start of each step. */
     double max_queue_s, max_gen_s;
+    k3c_constraint *constraint; /* NULL: none */
 } k3c_request;
 
 typedef enum {

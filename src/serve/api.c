@@ -264,8 +264,9 @@ static int choices_init(api_stream *c, const k3c_api_req *q, k3c_err *err) {
     return 0;
 }
 
-/* Queues the n sequences together (so they take slots at one step), choice i with the seed plus i. */
-static int choices_submit(api_stream *c, const k3c_api_req *q, k3c_err *err) {
+/* Queues the n sequences together (so they take slots at one step), choice i with the seed plus i and its own
+ * automaton over the request's grammar (each holding a reference, dropped with its sequence); all or none. */
+static int choices_submit(api_stream *c, k3c_api_req *q, k3c_err *err) {
     const k3c_server *s = c->s;
     k3c_request g[K3C_API_MAX_N];
     const int32_t *prompts[K3C_API_MAX_N];
@@ -278,9 +279,21 @@ static int choices_submit(api_stream *c, const k3c_api_req *q, k3c_err *err) {
         memcpy(g[i].stop_ids, s->stop_ids, sizeof g[i].stop_ids);
         g[i].max_queue_s = s->o.max_queue_s, g[i].max_gen_s = s->o.max_gen_s;
         prompts[i] = q->prompt.ids, lens[i] = (int64_t)q->prompt.n;
+        g[i].constraint = NULL;
     }
-    int rc = k3c_sched_submit_all(s->sched, c->n_ch, prompts, lens, g, jobs, err);
+    int rc = K3C_OK;
+    for (int i = 1; q->grammar && i < c->n_ch; i++) k3c_cgrammar_ref(q->grammar); /* one reference per sample */
+    for (int i = 0; q->grammar && !rc && i < c->n_ch; i++) {
+        rc = k3c_constraint_new(q->grammar, 1, &g[i].constraint, err);
+        if (rc) /* the references of the samples not yet made */
+            for (int j = i + 1; j < c->n_ch; j++) k3c_cgrammar_free(q->grammar);
+    }
+    q->grammar = NULL; /* the constraints hold it now */
+    if (!rc) rc = k3c_sched_submit_all(s->sched, c->n_ch, prompts, lens, g, jobs, err);
     for (int i = 0; !rc && i < c->n_ch; i++) c->ch[i].job = jobs[i];
+    if (rc) /* refused: still ours */
+        for (int i = 0; i < c->n_ch; i++)
+            if (g[i].constraint) g[i].constraint->release(g[i].constraint->ctx);
     return rc;
 }
 
@@ -372,7 +385,7 @@ static int parse_messages(k3c_server *s, const char *body, size_t n, k3c_api_req
     k3c_sbuf chat;
     k3c_sbuf_init(&chat);
     int rc = k3c_anthropic_chat_body(j, &chat, e);
-    if (!rc) rc = k3c_api_parse(K3C_API_CHAT, chat.buf, chat.len, &s->lim, q, e);
+    if (!rc) rc = k3c_api_parse_trie(K3C_API_CHAT, chat.buf, chat.len, &s->lim, s->trie, q, e);
     k3c_sbuf_free(&chat);
     k3c_json_free(j);
     return rc;
@@ -382,7 +395,8 @@ static void generate(k3c_server *s, int kind, const char *body, size_t n, api_re
     k3c_api_req q;
     k3c_api_error e;
     const int anth = kind == ROUTE_MESSAGES;
-    if (anth ? parse_messages(s, body, n, &q, &e) : k3c_api_parse((k3c_api_kind)kind, body, n, &s->lim, &q, &e)) {
+    if (anth ? parse_messages(s, body, n, &q, &e)
+             : k3c_api_parse_trie((k3c_api_kind)kind, body, n, &s->lim, s->trie, &q, &e)) {
         reply_error(r, &e);
         k3c_api_req_free(&q);
         return;
@@ -530,10 +544,12 @@ int k3c_server_ready(k3c_server *s, k3c_serve *sv, k3c_err *err) {
     if (!sv->tok)
         return k3c_errf(err, K3C_EINVAL, "serve: the model directory has no tokenizer (%s)", K3C_TOK_DIR_VOCAB);
     const k3c_config *cfg = k3c_weights_config(sv->weights);
-    int rc = k3c_sched_new(sv->weights, s->o.slots, s->o.queue_max, &s->sched, err);
+    int64_t nv = k3c_tok_n_vocab(sv->tok);
+    int rc = k3c_vtrie_new(sv->tok, nv < cfg->vocab_size ? nv : cfg->vocab_size, &s->trie, err);
+    if (rc) return rc;
+    rc = k3c_sched_new(sv->weights, s->o.slots, s->o.queue_max, &s->sched, err);
     if (rc) return rc;
     s->sv = sv;
-    int64_t nv = k3c_tok_n_vocab(sv->tok);
     s->lim = (k3c_api_limits){sv->tok,
                               k3c_turn_format(cfg),
                               s->model_name,

@@ -145,6 +145,7 @@ int k3c_engine_open(const k3c_model *m, const k3c_engine_opts *o, k3c_engine **o
 }
 
 static void seq_free(eng_seq *s) {
+    if (s->req.constraint && s->req.constraint->release) s->req.constraint->release(s->req.constraint->ctx);
     free(s->toks);
     free(s->emb);
     free(s->emb_pos);
@@ -438,9 +439,11 @@ static int start_fresh(k3c_engine *e, k3c_err *err) {
     for (int i = 0; i < e->o.max_seqs; i++) {
         eng_slot *sl = &e->slot[i];
         if (sl->fresh != 1) continue;
-        /* a lead runs its own prompt: a slot admitted before this one, or one already running */
-        for (int j = 0; !sl->lead && j < e->o.max_seqs; j++)
-            if (j != i && e->slot[j].used && !e->slot[j].lead && (j < i || e->slot[j].fresh != 1) &&
+        /* a lead runs its own prompt: a slot admitted before this one, or one already running. A constraint masks the
+         * logits row in place, so constrained sequences neither lead nor follow (each runs its own prompt). */
+        for (int j = 0; !sl->lead && !sl->s.req.constraint && j < e->o.max_seqs; j++)
+            if (j != i && e->slot[j].used && !e->slot[j].lead && !e->slot[j].s.req.constraint &&
+                (j < i || e->slot[j].fresh != 1) &&
                 e->slot[j].st.pos < e->slot[j].s.n_prompt && same_prompt(&sl->s, &e->slot[j].s, e->d.D))
                 sl->lead = e->slot[j].s.id;
         if (sl->lead) continue;
@@ -522,14 +525,30 @@ static int is_stop(const k3c_request *r, int32_t id) {
     return 0;
 }
 
-/* Samples slot i's next token from its logits row and reports it; a finished sequence leaves its slot. */
-static void sample_one(k3c_engine *e, int i, const float *logits, k3c_engine_event *ev) {
+/* Samples slot i's next token from its logits row (masked in place by the sequence's constraint, so every sampler
+ * setting and the logprobs see the allowed ids only) and reports it; a finished sequence leaves its slot. */
+static void sample_one(k3c_engine *e, int i, float *logits, k3c_engine_event *ev) {
     eng_slot *sl = &e->slot[i];
     eng_seq *s = &sl->s;
     k3c_history h = {s->toks, s->n_prompt, s->toks + s->n_prompt, s->n_out};
     memset(ev, 0, sizeof *ev);
     ev->seq = s->id;
+    const k3c_constraint *c = s->req.constraint;
+    if (c) {
+        int64_t left = s->req.max_new - s->n_out;
+        if (e->o.max_ctx - s->n_tok < left) left = e->o.max_ctx - s->n_tok;
+        if (c->mask(c->ctx, logits, e->d.V, left)) {
+            end_event(ev, s->id, K3C_FINISH_ERROR);
+            slot_free(e, i);
+            return;
+        }
+    }
     int32_t id = k3c_sample_seq(&s->req.sampler, logits, e->d.V, (uint64_t)s->n_tok, &h, &ev->token, e->sample_ws);
+    if (c && c->accept(c->ctx, id)) {
+        end_event(ev, s->id, K3C_FINISH_ERROR);
+        slot_free(e, i);
+        return;
+    }
     s->toks[s->n_tok++] = id;
     s->n_out++;
     ev->finish = is_stop(&s->req, id)                                     ? K3C_FINISH_STOP
@@ -555,7 +574,7 @@ static int fork_prefills(k3c_engine *e, int64_t n_out, k3c_err *err) {
 static void sample_all(k3c_engine *e, int64_t n_out, k3c_engine_event *ev, int *n_ev) {
     for (int64_t j = 0; j < n_out; j++) {
         const int i = e->out_slot[j];
-        const float *row = e->logits + j * e->d.V;
+        float *row = e->logits + j * e->d.V;
         for (int f = 0; e->slot[i].s.n_out == 0 && f < e->o.max_seqs; f++) {
             if (!e->slot[f].used || e->slot[f].lead != e->slot[i].s.id) continue;
             e->slot[f].lead = 0;

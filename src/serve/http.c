@@ -290,6 +290,7 @@ void k3c_server_stop(k3c_server *s) {
     if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd); /* ours after a quiesce, once the threads are gone */
     http_guard_free(s->guard);
     k3c_sched_free(s->sched);
+    k3c_vtrie_free(s->trie); /* after the engine: the last sequences' constraints walk it */
     k3c_metrics_free(s->metrics);
     free(s);
 }

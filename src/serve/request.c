@@ -214,6 +214,68 @@ static int chat_options(const k3c_json *o, const k3c_api_limits *lim, const char
     return s->ok ? 0 : k3c_api_fail(e, 500, "server_error", NULL, "", "out of memory");
 }
 
+/* The tool tool_choice names ({"type": "function", "function": {"name": N}}), which must be one of tools. */
+static int named_tool(const k3c_json *tc, const k3c_json *tools, const char **name, k3c_api_error *e) {
+    const k3c_json *ty = k3c_json_get(tc, "type"), *fn = k3c_json_get(tc, "function");
+    const k3c_json *n = fn && fn->type == K3C_JSON_OBJECT ? k3c_json_get(fn, "name") : NULL;
+    if (!ty || ty->type != K3C_JSON_STRING || strcmp(ty->string, "function") || !n || n->type != K3C_JSON_STRING)
+        return BAD_VALUE(e, "tool_choice",
+                         "'tool_choice' as an object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    for (size_t i = 0; tools && i < tools->n; i++) {
+        const k3c_json *t = &tools->items[i], *f = k3c_json_get(t, "function");
+        const k3c_json *tn = k3c_json_get(f && f->type == K3C_JSON_OBJECT ? f : t, "name");
+        if (tn && tn->type == K3C_JSON_STRING && !strcmp(tn->string, n->string)) return *name = n->string, 0;
+    }
+    return BAD_VALUE(e, "tool_choice", "'tool_choice' names the function '%.100s', which is not in 'tools'",
+                     n->string);
+}
+
+/* response_format and tool_choice as what the answer must be (constrained decoding, docs/SERVING.md "Constrained
+ * decoding"): a schema outside the supported subset is refused, never served unconstrained. */
+static int read_constraint(const k3c_json *o, const k3c_api_limits *lim, int thinking, k3c_api_req *r,
+                           k3c_api_error *e) {
+    const k3c_json *rf = field(o, "response_format"), *tc = field(o, "tool_choice"), *tools = field(o, "tools");
+    k3c_cchat sp = {.format = lim->format, .thinking = thinking, .tools = tools, .one_call = r->one_call};
+    if (rf) {
+        const k3c_json *t = k3c_json_get(rf, "type"), *js = field(rf, "json_schema");
+        const char *ty = t && t->type == K3C_JSON_STRING ? t->string : "";
+        if (strcmp(ty, "text") && strcmp(ty, "json_object") && strcmp(ty, "json_schema"))
+            return BAD_VALUE(e, "response_format",
+                             "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
+        if (!strcmp(ty, "json_schema") && (!js || js->type != K3C_JSON_OBJECT))
+            return BAD_TYPE(e, "response_format", "an object with 'json_schema' an object for type json_schema");
+        sp.json = strcmp(ty, "text") != 0;
+        sp.schema = js ? field(js, "schema") : NULL;
+        if (sp.schema && sp.schema->type != K3C_JSON_OBJECT && sp.schema->type != K3C_JSON_BOOL)
+            return BAD_TYPE(e, "response_format", "'response_format.json_schema.schema' must be an object");
+    }
+    if (tc && r->has_tools) {
+        if (tc->type == K3C_JSON_OBJECT) {
+            int rc = named_tool(tc, tools, &sp.tool_name, e);
+            if (rc) return rc;
+            sp.tools_mode = K3C_CTOOLS_NAMED;
+        } else {
+            sp.tools_mode = !strcmp(tc->string, "required") ? K3C_CTOOLS_REQUIRED
+                            : !strcmp(tc->string, "none")   ? K3C_CTOOLS_NONE
+                                                            : K3C_CTOOLS_ANY;
+        }
+    } else if (tc && (tc->type == K3C_JSON_OBJECT || !strcmp(tc->string, "required"))) {
+        return BAD_VALUE(e, "tool_choice", "'tool_choice' asks for a tool call but the request has no 'tools'");
+    }
+    char path[256];
+    k3c_err err = {0};
+    int rc = k3c_cgrammar_chat(lim->tok, r->trie, &sp, &r->grammar, path, sizeof path, &err);
+    if (rc == K3C_EUNSUPPORTED)
+        return k3c_api_fail(e, 400, "invalid_request_error", "unsupported_schema",
+                            sp.tools_mode >= K3C_CTOOLS_REQUIRED && !sp.json ? "tools" : "response_format",
+                            "%s%s (constrained decoding supports type, properties, required, additionalProperties "
+                            "false, items, enum, const, anyOf with distinct first characters and $ref to $defs)",
+                            path[0] || !sp.json ? "" : "response_format.json_schema.schema: ", err.msg);
+    if (rc == K3C_ENOMEM) return k3c_api_fail(e, 500, "server_error", NULL, "", "out of memory");
+    if (rc) return BAD_VALUE(e, sp.json ? "response_format" : "tool_choice", "%s", err.msg);
+    return 0;
+}
+
 /* Every message is an object with a known role; OpenAI's "developer" (system instructions for current models) is
  * read as "system", which is what the chat formats have. The role is rewritten in the request's own tree. */
 static int check_roles(k3c_json *msgs, k3c_api_error *e) {
@@ -290,6 +352,7 @@ static int parse_chat(const k3c_json *o, const k3c_api_limits *lim, k3c_api_req 
         r->parse = (k3c_chat_parse_opts){lim->format, 0, 0, 0};
         r->parse.in_think = xtml ? thinking : pr.len >= 7 && !memcmp(pr.text + pr.len - 7, "<think>", 7);
         r->parse.in_response = xtml && !thinking;
+        rc = read_constraint(o, lim, xtml ? thinking : 0, r, e);
     }
     free(segs);
     k3c_chat_prompt_free(&pr);
@@ -355,7 +418,13 @@ static int parse_detokenize(const k3c_json *o, const k3c_api_limits *lim, k3c_ap
 
 int k3c_api_parse(k3c_api_kind kind, const char *body, size_t n, const k3c_api_limits *lim, k3c_api_req *r,
                   k3c_api_error *e) {
+    return k3c_api_parse_trie(kind, body, n, lim, NULL, r, e);
+}
+
+int k3c_api_parse_trie(k3c_api_kind kind, const char *body, size_t n, const k3c_api_limits *lim,
+                       const k3c_vtrie *trie, k3c_api_req *r, k3c_api_error *e) {
     memset(r, 0, sizeof *r);
+    r->trie = trie;
     r->kind = kind;
     r->n = 1;
     r->gen.sampler = (k3c_sampler){.temperature = 1, .top_p = 1, .repetition_penalty = 1};
@@ -374,12 +443,18 @@ int k3c_api_parse(k3c_api_kind kind, const char *body, size_t n, const k3c_api_l
     int rc = read_common(o, lim, r, &max_tokens, &max_given, e);
     if (!rc) rc = kind == K3C_API_CHAT ? parse_chat(o, lim, r, e) : parse_completion(o, lim, r, e);
     if (!rc) rc = budget(r, lim, max_tokens, max_given, kind == K3C_API_CHAT ? "messages" : "prompt", e);
+    if (!rc && r->grammar && k3c_cgrammar_min_tokens(r->grammar) > r->gen.max_new)
+        rc = BAD_VALUE(e, "max_tokens",
+                       "the shortest answer that response_format / tool_choice allow takes %lld tokens; the "
+                       "completion may take %lld",
+                       (long long)k3c_cgrammar_min_tokens(r->grammar), (long long)r->gen.max_new);
     r->gen.n_embeds = r->n_embeds, r->gen.embed_pos = r->embed_pos, r->gen.embeds = r->embeds;
     return rc;
 }
 
 void k3c_api_req_free(k3c_api_req *r) {
     k3c_json_free(r->root);
+    k3c_cgrammar_free(r->grammar);
     k3c_tok_ids_free(&r->prompt);
     free(r->text);
     free(r->embeds);

@@ -4,6 +4,7 @@
 #ifndef K3C_SERVE_REQUEST_H
 #define K3C_SERVE_REQUEST_H
 
+#include "serve/constrain.h"
 #include "serve/sched.h"
 #include "serve/stop.h"
 #include "tok/xtml.h"
@@ -63,6 +64,8 @@ typedef struct {
     k3c_chat_parse_opts parse; /* chat: how to parse the model's output */
     int has_tools;
     int one_call;       /* parallel_tool_calls false: generation ends after the first complete tool call */
+    k3c_cgrammar *grammar;  /* response_format / tool_choice as constrained decoding (NULL: none); the call takes it */
+    const k3c_vtrie *trie;  /* the vocabulary trie the grammar is built over (NULL: its mask tries every id) */
     float *embeds;      /* chat with images: [n_embeds, hidden] image embeddings for the prompt rows embed_pos */
     int32_t *embed_pos; /* the <|media_pad|> positions, ascending */
     int64_t n_embeds;
@@ -72,6 +75,9 @@ typedef struct {
  * The request owns its memory (k3c_api_req_free, also after an error). */
 int k3c_api_parse(k3c_api_kind kind, const char *body, size_t n, const k3c_api_limits *lim, k3c_api_req *out,
                   k3c_api_error *e);
+/* The same with the server's vocabulary trie for constrained decoding (k3c_api_parse: none). */
+int k3c_api_parse_trie(k3c_api_kind kind, const char *body, size_t n, const k3c_api_limits *lim,
+                       const k3c_vtrie *trie, k3c_api_req *out, k3c_api_error *e);
 void k3c_api_req_free(k3c_api_req *r);
 
 /* images.c: runs every image part of msgs through lim->vision (r->embeds, n_embeds) and writes their prompts as a JSON

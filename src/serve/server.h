@@ -27,6 +27,7 @@ struct k3c_server {
     k3c_sched *sched;
     k3c_metrics *metrics;
     k3c_api_limits lim;
+    k3c_vtrie *trie; /* the vocabulary trie of constrained decoding, read by every request's grammar */
     int32_t stop_ids[K3C_MAX_STOP_IDS];
     int n_stop_ids;
     atomic_ullong serial;
