@@ -222,6 +222,11 @@ static void validation(void) {
     for (size_t i = 0; i < q.prompt.n; i++) seen |= q.prompt.ids[i] == im_user;
     CHECK(seen, "the K2 prompt holds <|im_user|>");
     k3c_api_req_free(&q);
+    const char *k2forced = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"tool_choice\":\"required\","
+                           "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{}}}]}";
+    CHECK(k3c_api_parse(K3C_API_CHAT, k2forced, strlen(k2forced), &k2, &q, &e) == 400 && !strcmp(e.param, "tool_choice"),
+          "K2: tool_choice required (not enforceable) is a 400 naming tool_choice: %s", e.message);
+    k3c_api_req_free(&q);
     const char *k2bad = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"reasoning_effort\":\"low\"}";
     CHECK(k3c_api_parse(K3C_API_CHAT, k2bad, strlen(k2bad), &k2, &q, &e) == 0, "effort is dropped for K2: %s",
           e.message);

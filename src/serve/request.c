@@ -262,6 +262,11 @@ static int read_constraint(const k3c_json *o, const k3c_api_limits *lim, int thi
     } else if (tc && (tc->type == K3C_JSON_OBJECT || !strcmp(tc->string, "required"))) {
         return BAD_VALUE(e, "tool_choice", "'tool_choice' asks for a tool call but the request has no 'tools'");
     }
+    /* the K2 envelope's tool-call section has no grammar: a forced call would go unenforced, so it is refused */
+    if (lim->format == K3C_CHAT_K2 && sp.tools_mode >= K3C_CTOOLS_REQUIRED)
+        return BAD_VALUE(e, "tool_choice",
+                         "'tool_choice' \"required\" or a named function is enforced for XTML (Kimi K3) models only; "
+                         "this model's chat format is K2: use \"auto\"");
     char path[256];
     k3c_err err = {0};
     int rc = k3c_cgrammar_chat(lim->tok, r->trie, &sp, &r->grammar, path, sizeof path, &err);
