@@ -6,6 +6,7 @@
  * a structural id, so the answers close. Not part of make test. */
 
 /* Usage: bench_constrain [TOKENS (default 2000)] [SHARED (default ../shared or $K3C_SHARED)] */
+#include "../tests/serve_corpus.h"
 #include "serve/constrain.h"
 
 #include "tok/tok.h"
@@ -35,22 +36,11 @@ static uint64_t rnd(void) {
 
 /* The fixture's tokenizer: tests/serve_fixture.h's corpus and its 420 ranks, the chat markers as specials. */
 static k3c_tok *fixture_tok(k3c_err *err) {
-    static const char *const parts[] = {"Hello world! The weather in Paris is 18°C and clear. ",
-                                        "message role=\"user\" ",
-                                        "think response tools call ",
-                                        "argument key=\"city\" type=\"string\" ",
-                                        "{\"city\": \"Paris\", \"units\": \"c\"} ",
-                                        "Über café naïve 東京 ",
-                                        "get_weather returns the current weather for a city. ",
-                                        "You are a helpful assistant. ",
-                                        "tool=\"get_weather\" "};
     k3c_sbuf s;
-    k3c_sbuf_init(&s);
-    for (int r = 0; r < 60; r++)
-        for (size_t i = 0; i < 9; i++) k3c_sbuf_append(&s, parts[(i * 7 + (size_t)r) % 9], strlen(parts[(i * 7 + (size_t)r) % 9]));
+    serve_corpus_text(&s);
     const char *texts[1] = {s.buf};
     size_t n = s.len;
-    k3c_tok_train_opts o = {.vocab_size = 420,
+    k3c_tok_train_opts o = {.vocab_size = SERVE_RANKS,
                             .pattern = K3C_TOK_PATTERN_KIMI,
                             .specials = k3c_chat_specials,
                             .n_specials = K3C_CHAT_N_SPECIALS};

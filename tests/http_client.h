@@ -17,6 +17,19 @@ typedef struct {
     size_t body_len;
 } http_resp;
 
+/* A response body as JSON; NULL when it is not. */
+static inline k3c_json *http_json(const char *s, size_t n) {
+    k3c_json *j = NULL;
+    k3c_err err = {0};
+    return s && k3c_json_parse(s, n, "response", &j, &err) == K3C_OK ? j : NULL;
+}
+
+/* o's string member key; NULL when absent or not a string. */
+static inline const char *json_str(const k3c_json *o, const char *key) {
+    const k3c_json *v = k3c_json_get(o, key);
+    return v && v->type == K3C_JSON_STRING ? v->string : NULL;
+}
+
 static inline void http_resp_free(http_resp *r) {
     free(r->headers);
     free(r->body);

@@ -5,6 +5,7 @@
 #define K3C_SERVE_FIXTURE_H
 
 #include "http_client.h"
+#include "serve_corpus.h"
 #include "test.h"
 
 #include "base/json.h"
@@ -12,29 +13,14 @@
 #include "tok/tok.h"
 #include "tok/xtml.h"
 
-#define SERVE_RANKS 420
-
 static void serve_write(const char *path, const char *text) {
     k3c_err err = {0};
     CHECK_OK(k3c_write_file_atomic(path, text, strlen(text), &err), &err);
 }
 
-/* Text with words, markup, JSON and multi-byte characters, so the vocabulary has merges of each. */
 static char *serve_corpus(size_t *n) {
-    static const char *const parts[] = {"Hello world! The weather in Paris is 18°C and clear. ",
-                                        "message role=\"user\" ",
-                                        "think response tools call ",
-                                        "argument key=\"city\" type=\"string\" ",
-                                        "{\"city\": \"Paris\", \"units\": \"c\"} ",
-                                        "Über café naïve 東京 ",
-                                        "get_weather returns the current weather for a city. ",
-                                        "You are a helpful assistant. ",
-                                        "tool=\"get_weather\" "};
     k3c_sbuf s;
-    k3c_sbuf_init(&s);
-    for (int r = 0; r < 60; r++)
-        for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
-            k3c_sbuf_append(&s, parts[(i * 7 + (size_t)r) % 9], strlen(parts[(i * 7 + (size_t)r) % 9]));
+    serve_corpus_text(&s);
     *n = s.len;
     return s.buf;
 }

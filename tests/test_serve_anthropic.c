@@ -22,16 +22,8 @@ static int post_xkey(int port, const char *key, const char *body, http_resp *r) 
     return rc;
 }
 
-static k3c_json *parse(const char *s, size_t n) {
-    k3c_json *j = NULL;
-    k3c_err err = {0};
-    return s && k3c_json_parse(s, n, "response", &j, &err) == K3C_OK ? j : NULL;
-}
-
-static const char *sget(const k3c_json *o, const char *key) {
-    const k3c_json *v = k3c_json_get(o, key);
-    return v && v->type == K3C_JSON_STRING ? v->string : "";
-}
+/* "" for an absent member, so messages can print it */
+static const char *sget(const k3c_json *o, const char *key) { return json_str(o, key) ? json_str(o, key) : ""; }
 
 static int64_t iget(const k3c_json *o, const char *key) {
     const k3c_json *v = k3c_json_get(o, key);
@@ -53,7 +45,7 @@ static void whole(int port) {
     http_resp r;
     CHECK(post_xkey(port, "sk-test", body, &r) == 0 && r.status == 200, "whole answer: %d %s", r.status,
           r.body ? r.body : "");
-    k3c_json *j = parse(r.body, r.body_len);
+    k3c_json *j = http_json(r.body, r.body_len);
     const k3c_json *content = k3c_json_get(j, "content"), *u = k3c_json_get(j, "usage");
     int blocks_ok = content && content->type == K3C_JSON_ARRAY && content->n > 0;
     for (size_t i = 0; blocks_ok && i < content->n; i++) {
@@ -71,7 +63,7 @@ static void whole(int port) {
     const char *one = "{\"model\":\"tiny\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}";
     CHECK(http_do(port, "POST", "/v1/messages", "Bearer sk-test", one, &r) == 0 && r.status == 200, "Bearer key: %d",
           r.status);
-    j = parse(r.body, r.body_len);
+    j = http_json(r.body, r.body_len);
     CHECK(j && (!strcmp(sget(j, "stop_reason"), "max_tokens") || !strcmp(sget(j, "stop_reason"), "end_turn")) &&
               iget(k3c_json_get(j, "usage"), "output_tokens") == 1,
           "max_tokens 1: %s", r.body ? r.body : "");
@@ -112,7 +104,7 @@ static void streamed(int port) {
             bad++;
             continue;
         }
-        k3c_json *j = parse(line + 6, strlen(line + 6));
+        k3c_json *j = http_json(line + 6, strlen(line + 6));
         bad += !j || strcmp(sget(j, "type"), name);
         if (n == 0) first_start = !strcmp(name, "message_start");
         last_stop = !strcmp(name, "message_stop");
@@ -144,7 +136,7 @@ static void streamed(int port) {
 static void expect_error(int port, const char *key, const char *body, int status, const char *type) {
     http_resp r;
     int rc = post_xkey(port, key, body, &r);
-    k3c_json *j = parse(r.body, r.body_len);
+    k3c_json *j = http_json(r.body, r.body_len);
     const k3c_json *e = k3c_json_get(j, "error");
     CHECK(rc == 0 && r.status == status && !strcmp(sget(j, "type"), "error") && !strcmp(sget(e, "type"), type) &&
               sget(e, "message")[0],

@@ -9,20 +9,9 @@
 #define KEY "Bearer sk-test"
 #define MAX_N 4
 
-static k3c_json *parse(const char *s, size_t n) {
-    k3c_json *j = NULL;
-    k3c_err err = {0};
-    return s && k3c_json_parse(s, n, "response", &j, &err) == K3C_OK ? j : NULL;
-}
-
 static int64_t iget(const k3c_json *o, const char *key) {
     const k3c_json *v = k3c_json_get(o, key);
     return v && v->type == K3C_JSON_NUMBER && v->is_integer ? v->integer : -1;
-}
-
-static const char *sget(const k3c_json *o, const char *key) {
-    const k3c_json *v = k3c_json_get(o, key);
-    return v && v->type == K3C_JSON_STRING ? v->string : NULL;
 }
 
 /* One answer, as the test compares them: each choice's text and finish reason by index, and the usage. */
@@ -46,15 +35,15 @@ static void usage_of(answer *a, const k3c_json *u) {
 
 static void whole(const char *body, size_t n, int chat, answer *a) {
     memset(a, 0, sizeof *a);
-    k3c_json *j = parse(body, n);
+    k3c_json *j = http_json(body, n);
     const k3c_json *ch = k3c_json_get(j, "choices");
     a->bad = !ch || ch->type != K3C_JSON_ARRAY || ch->n > MAX_N;
     for (size_t i = 0; !a->bad && i < ch->n; i++) {
         const k3c_json *c = &ch->items[i];
-        const char *t = chat ? sget(k3c_json_get(c, "message"), "content") : sget(c, "text");
-        a->bad += iget(c, "index") != (int64_t)i || !t || !sget(c, "finish_reason");
+        const char *t = chat ? json_str(k3c_json_get(c, "message"), "content") : json_str(c, "text");
+        a->bad += iget(c, "index") != (int64_t)i || !t || !json_str(c, "finish_reason");
         add_text(a, (int)i, t);
-        snprintf(a->finish[i], sizeof a->finish[i], "%s", sget(c, "finish_reason") ? sget(c, "finish_reason") : "");
+        snprintf(a->finish[i], sizeof a->finish[i], "%s", json_str(c, "finish_reason") ? json_str(c, "finish_reason") : "");
         a->n++;
     }
     usage_of(a, k3c_json_get(j, "usage"));
@@ -69,9 +58,9 @@ static void streamed(char *body, int chat, answer *a) {
             a->done++;
             continue;
         }
-        k3c_json *j = strncmp(line, "data: ", 6) ? NULL : parse(line + 6, strlen(line + 6));
+        k3c_json *j = strncmp(line, "data: ", 6) ? NULL : http_json(line + 6, strlen(line + 6));
         const k3c_json *ch = k3c_json_get(j, "choices"), *u = k3c_json_get(j, "usage");
-        const char *id = sget(j, "id");
+        const char *id = json_str(j, "id");
         a->bad += !j || !ch || !id || a->done;
         if (id && !first_id[0]) snprintf(first_id, sizeof first_id, "%s", id), a->ids = 1;
         a->ids += id && strcmp(id, first_id);
@@ -84,8 +73,8 @@ static void streamed(char *body, int chat, answer *a) {
                 continue;
             }
             if (i >= a->n) a->n = (int)i + 1;
-            add_text(a, (int)i, chat ? sget(k3c_json_get(c, "delta"), "content") : sget(c, "text"));
-            const char *f = sget(c, "finish_reason");
+            add_text(a, (int)i, chat ? json_str(k3c_json_get(c, "delta"), "content") : json_str(c, "text"));
+            const char *f = json_str(c, "finish_reason");
             if (f) snprintf(a->finish[i], sizeof a->finish[i], "%s", f), a->finishes[i]++;
         }
         a->chunks++;

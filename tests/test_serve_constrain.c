@@ -6,23 +6,15 @@
 #include "http_client.h"
 #include "serve_fixture.h"
 
-static k3c_json *parse(const char *s, size_t n) {
-    k3c_json *j = NULL;
-    k3c_err err = {0};
-    return s && k3c_json_parse(s, n, "response", &j, &err) == K3C_OK ? j : NULL;
-}
-
-static const char *sget(const k3c_json *o, const char *key) {
-    const k3c_json *v = k3c_json_get(o, key);
-    return v && v->type == K3C_JSON_STRING ? v->string : "";
-}
+/* "" for an absent member, so messages can print it */
+static const char *sget(const k3c_json *o, const char *key) { return json_str(o, key) ? json_str(o, key) : ""; }
 
 /* POSTs body to path; the parsed response (NULL when not JSON), its status in *status. */
 static k3c_json *post(int port, const char *path, const char *body, int *status) {
     http_resp r;
     int rc = http_do(port, "POST", path, "Bearer sk-test", body, &r);
     *status = rc ? -1 : r.status;
-    k3c_json *j = parse(r.body, r.body_len);
+    k3c_json *j = http_json(r.body, r.body_len);
     if (!j && r.status == 200) CHECK(0, "%s: not JSON: %.300s", path, r.body ? r.body : "");
     http_resp_free(&r);
     return j;
@@ -75,7 +67,7 @@ static void json_answers(int port) {
                  i, 40 + 10 * i, i % 2 ? "false" : "true");
         k3c_json *j = post(port, "/v1/chat/completions", body, &status);
         const k3c_json *m = message(j);
-        k3c_json *v = parse(sget(m, "content"), strlen(sget(m, "content")));
+        k3c_json *v = http_json(sget(m, "content"), strlen(sget(m, "content")));
         int ok = status == 200 && v && v->type == K3C_JSON_OBJECT && !strcmp(finish(j), "stop");
         objects += ok;
         if (!ok)
@@ -93,7 +85,7 @@ static void json_answers(int port) {
                  100 + i, 80 + 15 * i, i % 2 ? "false" : "true");
         k3c_json *j = post(port, "/v1/chat/completions", body, &status);
         const k3c_json *m = message(j);
-        k3c_json *v = parse(sget(m, "content"), strlen(sget(m, "content")));
+        k3c_json *v = http_json(sget(m, "content"), strlen(sget(m, "content")));
         int ok = status == 200 && valid_answer(v);
         good += ok;
         if (!ok) CHECK(0, "json_schema %d: %d, content %.400s", i, status, sget(m, "content"));
@@ -117,7 +109,7 @@ static void n_samples(int port) {
           status);
     for (size_t i = 0; ch && ch->type == K3C_JSON_ARRAY && i < ch->n; i++) {
         const char *c = sget(k3c_json_get(&ch->items[i], "message"), "content");
-        k3c_json *v = parse(c, strlen(c));
+        k3c_json *v = http_json(c, strlen(c));
         CHECK(valid_answer(v), "n 3: choice %zu validates: %.300s", i, c);
         k3c_json_free(v);
     }
@@ -137,14 +129,14 @@ static void streamed_schema(int port) {
     char *save = NULL;
     for (char *line = r.body ? strtok_r(r.body, "\n", &save) : NULL; line; line = strtok_r(NULL, "\n", &save)) {
         if (strncmp(line, "data: {", 7)) continue;
-        k3c_json *j = parse(line + 6, strlen(line + 6));
+        k3c_json *j = http_json(line + 6, strlen(line + 6));
         const k3c_json *ch = k3c_json_get(j, "choices");
         const k3c_json *d = ch && ch->n ? k3c_json_get(&ch->items[0], "delta") : NULL;
         const char *c = sget(d, "content");
         k3c_sbuf_append(&content, c, strlen(c));
         k3c_json_free(j);
     }
-    k3c_json *v = parse(content.buf ? content.buf : "", content.len);
+    k3c_json *v = http_json(content.buf ? content.buf : "", content.len);
     CHECK(valid_answer(v), "streamed json_schema answer validates: %.*s", (int)content.len,
           content.buf ? content.buf : "");
     k3c_json_free(v);
@@ -168,7 +160,7 @@ static int check_calls(const k3c_json *msg, const char *only, const char *what) 
     for (size_t i = 0; i < calls->n; i++) {
         const k3c_json *fn = k3c_json_get(&calls->items[i], "function");
         const char *name = sget(fn, "name"), *args = sget(fn, "arguments");
-        k3c_json *a = parse(args, strlen(args));
+        k3c_json *a = http_json(args, strlen(args));
         int ok = a && a->type == K3C_JSON_OBJECT && (!strcmp(name, "get_weather") || !strcmp(name, "get_time")) &&
                  (!only || !strcmp(name, only));
         if (ok && !strcmp(name, "get_weather")) ok = k3c_json_get(a, "city") && k3c_json_get(a, "city")->type == K3C_JSON_STRING;

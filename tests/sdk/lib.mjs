@@ -24,6 +24,16 @@ export const CALCULATOR = {
         parameters: { type: "object", properties: { expression: { type: "string" } }, required: ["expression"] },
     },
 };
+// An OpenAI tool call of the calculator with an id and a JSON `expression` string.
+export function isCalculatorCall(tc) {
+    let args = null;
+    try {
+        args = JSON.parse(tc?.function?.arguments ?? "");
+    } catch {}
+    return tc?.type === "function" && tc.function.name === "calculator" && typeof tc.id === "string"
+        && tc.id.length > 0 && typeof args?.expression === "string";
+}
+
 export const QUESTION = "What is 6 times 7?";
 export const ANSWER = "The answer is 42.";
 

@@ -1,19 +1,12 @@
 // openai.mjs — the official openai package against k3c serve (docs/SERVING.md "Client compatibility"): whole and
 // streamed tool calls, the SDK's tool-running loop to the final answer, the developer role, logprobs, typed errors.
-import { openai, ok, check, noControl, done, MODEL, CALCULATOR, QUESTION, ANSWER } from "./lib.mjs";
+import {
+    openai, ok, check, noControl, done, MODEL, CALCULATOR, QUESTION, ANSWER, isCalculatorCall,
+} from "./lib.mjs";
 
 const client = openai();
 const OpenAI = client.constructor;
 const ask = { model: MODEL, messages: [{ role: "user", content: QUESTION }], tools: [CALCULATOR], temperature: 0 };
-
-function isCalculatorCall(tc) {
-    let args = null;
-    try {
-        args = JSON.parse(tc?.function?.arguments ?? "");
-    } catch {}
-    return tc?.type === "function" && tc.function.name === "calculator" && typeof tc.id === "string"
-        && tc.id.length > 0 && typeof args?.expression === "string";
-}
 
 await check("models.list", async () => {
     const models = await client.models.list();

@@ -1,18 +1,9 @@
 // openai_n.mjs — `n` choices through the official openai package (docs/SERVING.md "Client compatibility", §3): n 2
 // whole and streamed (the SDK's stream helper assembling each choice's tool call), the usage of all choices.
-import { openai, ok, check, noControl, done, MODEL, CALCULATOR, QUESTION } from "./lib.mjs";
+import { openai, ok, check, noControl, done, MODEL, CALCULATOR, QUESTION, isCalculatorCall } from "./lib.mjs";
 
 const client = openai();
 const ask = { model: MODEL, messages: [{ role: "user", content: QUESTION }], tools: [CALCULATOR], temperature: 0 };
-
-function isCalculatorCall(tc) {
-    let args = null;
-    try {
-        args = JSON.parse(tc?.function?.arguments ?? "");
-    } catch {}
-    return tc?.type === "function" && tc.function.name === "calculator" && typeof tc.id === "string"
-        && tc.id.length > 0 && typeof args?.expression === "string";
-}
 
 const choicesOk = (choices) => choices?.length === 2 && choices.every((c, i) => c.index === i
     && c.finish_reason === "tool_calls" && c.message.tool_calls?.length === 1
