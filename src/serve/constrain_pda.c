@@ -16,6 +16,18 @@ static int push(cstate *s, int node) {
     return R_PUSHED;
 }
 
+/* A character's first byte: ASCII is taken whole; a UTF-8 lead byte sets the continuation bytes due (a) and the range
+ * of the next one (i..pos), which excludes overlong forms, surrogates and code points above U+10FFFF. */
+static int utf8_lead(frame *f, int b) {
+    if (b < 0x80) return R_TAKEN;
+    if (b >= 0xc2 && b <= 0xdf) return f->a = 1, f->i = 0x80, f->pos = 0xbf, R_TAKEN;
+    if (b >= 0xe0 && b <= 0xef)
+        return f->a = 2, f->i = b == 0xe0 ? 0xa0 : 0x80, f->pos = b == 0xed ? 0x9f : 0xbf, R_TAKEN;
+    if (b >= 0xf0 && b <= 0xf4)
+        return f->a = 3, f->i = b == 0xf0 ? 0x90 : 0x80, f->pos = b == 0xf4 ? 0x8f : 0xbf, R_TAKEN;
+    return R_FAIL;
+}
+
 /* Free text inside a JSON string: whole UTF-8 characters, control characters escaped, and never "<|", so the chat
  * parser cannot read a marker into it. */
 static int str_byte(frame *f, int b) {
@@ -40,13 +52,7 @@ static int str_byte(frame *f, int b) {
     if (b == '"') return R_TAKEN_POP;
     if (b == '\\') return f->phase = 2, R_TAKEN;
     if (b < 0x20 || (lt && b == '|')) return R_FAIL;
-    if (b < 0x80) return R_TAKEN;
-    if (b >= 0xc2 && b <= 0xdf) return f->a = 1, f->i = 0x80, f->pos = 0xbf, R_TAKEN;
-    if (b >= 0xe0 && b <= 0xef)
-        return f->a = 2, f->i = b == 0xe0 ? 0xa0 : 0x80, f->pos = b == 0xed ? 0x9f : 0xbf, R_TAKEN;
-    if (b >= 0xf0 && b <= 0xf4)
-        return f->a = 3, f->i = b == 0xf0 ? 0x90 : 0x80, f->pos = b == 0xf4 ? 0x8f : 0xbf, R_TAKEN;
-    return R_FAIL;
+    return utf8_lead(f, b);
 }
 
 /* JSON numbers: phases 0 start, 1 after '-', 2 integer digits, 3 a leading 0, 4 after '.', 5 fraction, 6 after 'e',
@@ -177,13 +183,7 @@ static int text_byte(frame *f, int b) {
     int lt = (int)(f->cand == 1);
     f->cand = b == '<';
     if (b == 0 || (lt && b == '|')) return R_FAIL;
-    if (b < 0x80) return R_TAKEN;
-    if (b >= 0xc2 && b <= 0xdf) return f->a = 1, f->i = 0x80, f->pos = 0xbf, R_TAKEN;
-    if (b >= 0xe0 && b <= 0xef)
-        return f->a = 2, f->i = b == 0xe0 ? 0xa0 : 0x80, f->pos = b == 0xed ? 0x9f : 0xbf, R_TAKEN;
-    if (b >= 0xf0 && b <= 0xf4)
-        return f->a = 3, f->i = b == 0xf0 ? 0x90 : 0x80, f->pos = b == 0xf4 ? 0x8f : 0xbf, R_TAKEN;
-    return R_FAIL;
+    return utf8_lead(f, b);
 }
 
 /* A choice frame: the literals [i, a) share the first pos bytes; the one completed gives way to its node. */
