@@ -2,7 +2,9 @@
 // compatibility", §8): whole and streamed tool_use answers, the stream's events, the tool_result turn to the final
 // answer, the SDK's tool runner (its message threads refused, so it sends the whole history), a system prompt, typed
 // errors.
-import { anthropic, load, ok, check, noControl, done, MODEL, CALCULATOR, QUESTION, ANSWER } from "./lib.mjs";
+import {
+    anthropic, load, ok, check, noControl, done, expectError, MODEL, CALCULATOR, QUESTION, ANSWER,
+} from "./lib.mjs";
 
 const client = anthropic();
 const Anthropic = client.constructor;
@@ -158,27 +160,20 @@ await check("thinking disabled", async () => {
         && m.content.at(-1)?.text === ANSWER, m.content);
 });
 
-async function expectError(name, cls, status, type, fn) {
-    try {
-        const r = await fn();
-        ok(name, false, `no error: ${JSON.stringify(r).slice(0, 300)}`);
-    } catch (e) {
-        noControl({ message: e.message, error: e.error }, name);
-        ok(name, e instanceof cls && e.status === status, `${e?.constructor?.name} ${e?.status} ${e?.message}`);
-        ok(`${name}: error body`, e.error?.type === "error" && e.error.error?.type === type
-            && typeof e.error.error.message === "string" && e.error.error.message.length > 0, e.error);
-    }
-}
+// Anthropic's error body: {type: "error", error: {type, message}}
+const expectAnthropicError = (name, cls, status, type, fn) => expectError(name, cls, status, fn,
+    (b) => b?.type === "error" && b.error?.type === type && typeof b.error.message === "string"
+        && b.error.message.length > 0);
 
-await expectError("404 unknown model is NotFoundError", Anthropic.NotFoundError, 404, "not_found_error",
+await expectAnthropicError("404 unknown model is NotFoundError", Anthropic.NotFoundError, 404, "not_found_error",
     () => client.messages.create({ ...ask, model: "no-such-model" }));
-await expectError("400 bad value is BadRequestError", Anthropic.BadRequestError, 400, "invalid_request_error",
+await expectAnthropicError("400 bad value is BadRequestError", Anthropic.BadRequestError, 400, "invalid_request_error",
     () => client.messages.create({ ...ask, temperature: 7 }));
-await expectError("400 bad block is BadRequestError", Anthropic.BadRequestError, 400, "invalid_request_error",
+await expectAnthropicError("400 bad block is BadRequestError", Anthropic.BadRequestError, 400, "invalid_request_error",
     () => client.messages.create({ ...ask, messages: [{ role: "user", content: [{ type: "video" }] }] }));
-await expectError("401 wrong key is AuthenticationError", Anthropic.AuthenticationError, 401, "authentication_error",
+await expectAnthropicError("401 wrong key is AuthenticationError", Anthropic.AuthenticationError, 401, "authentication_error",
     () => anthropic({ apiKey: "wrong-key" }).messages.create(ask));
-await expectError("401 no key is AuthenticationError", Anthropic.AuthenticationError, 401, "authentication_error",
+await expectAnthropicError("401 no key is AuthenticationError", Anthropic.AuthenticationError, 401, "authentication_error",
     () => anthropic({ apiKey: null, defaultHeaders: { Authorization: null } }).messages.create(ask));
 await check("thread refused", async () => {
     try {
@@ -190,7 +185,7 @@ await check("thread refused", async () => {
             && e.error?.error?.details?.error_code === "thread_unsupported_request", e.error);
     }
 });
-await expectError("streamed 404 is NotFoundError", Anthropic.NotFoundError, 404, "not_found_error",
+await expectAnthropicError("streamed 404 is NotFoundError", Anthropic.NotFoundError, 404, "not_found_error",
     () => client.messages.stream({ ...ask, model: "no-such-model" }).finalMessage());
 
 done();

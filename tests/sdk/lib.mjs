@@ -89,6 +89,18 @@ export function noControl(x, where = "response") {
     return bad.length === 0;
 }
 
+// fn must throw an SDK error of class cls with HTTP status; bodyOk(e.error) checks the error body the API defines.
+export async function expectError(name, cls, status, fn, bodyOk) {
+    try {
+        const r = await fn();
+        ok(name, false, `no error: ${JSON.stringify(r).slice(0, 300)}`);
+    } catch (e) {
+        noControl({ message: e.message, error: e.error }, name);
+        ok(name, e instanceof cls && e.status === status, `${e?.constructor?.name} ${e?.status} ${e?.message}`);
+        ok(`${name}: error body`, bodyOk(e.error), e.error);
+    }
+}
+
 export function done() {
     ok(`no control token in any of ${controlChecked} responses and chunks`, controlSeen === 0 && controlChecked > 0,
        `${controlSeen} had one`);

@@ -1,7 +1,7 @@
 // openai.mjs — the official openai package against k3c serve (docs/SERVING.md "Client compatibility"): whole and
 // streamed tool calls, the SDK's tool-running loop to the final answer, the developer role, logprobs, typed errors.
 import {
-    openai, ok, check, noControl, done, MODEL, CALCULATOR, QUESTION, ANSWER, isCalculatorCall,
+    openai, ok, check, noControl, done, MODEL, CALCULATOR, QUESTION, ANSWER, isCalculatorCall, expectError,
 } from "./lib.mjs";
 
 const client = openai();
@@ -145,22 +145,15 @@ await check("logprobs", async () => {
     ok("logprobs: streamed", n === r.usage.completion_tokens, `${n} streamed, ${r.usage.completion_tokens} whole`);
 });
 
-async function expectError(name, cls, status, fn) {
-    try {
-        const r = await fn();
-        ok(name, false, `no error: ${JSON.stringify(r).slice(0, 300)}`);
-    } catch (e) {
-        noControl({ message: e.message, error: e.error }, name);
-        ok(name, e instanceof cls && e.status === status, `${e?.constructor?.name} ${e?.status} ${e?.message}`);
-        ok(`${name}: error body`, typeof e.error?.message === "string" && e.error.message.length > 0, e.error);
-    }
-}
+// OpenAI's error body: {message, type, param, code} (the SDK hands over its "error" member)
+const openaiBody = (b) => typeof b?.message === "string" && b.message.length > 0;
+const expectOpenAIError = (name, cls, status, fn) => expectError(name, cls, status, fn, openaiBody);
 
-await expectError("404 unknown model is NotFoundError", OpenAI.NotFoundError, 404,
+await expectOpenAIError("404 unknown model is NotFoundError", OpenAI.NotFoundError, 404,
     () => client.chat.completions.create({ ...ask, model: "no-such-model" }));
-await expectError("400 bad value is BadRequestError", OpenAI.BadRequestError, 400,
+await expectOpenAIError("400 bad value is BadRequestError", OpenAI.BadRequestError, 400,
     () => client.chat.completions.create({ ...ask, temperature: 7 }));
-await expectError("401 without the key is AuthenticationError", OpenAI.AuthenticationError, 401,
+await expectOpenAIError("401 without the key is AuthenticationError", OpenAI.AuthenticationError, 401,
     () => openai({ apiKey: "wrong-key" }).chat.completions.create(ask));
 
 done();
