@@ -362,8 +362,8 @@ __global__ void moe_combine_kernel(int64_t k, int64_t lat, const float *topw, co
     out[t * lat + e] = a;
 }
 
-/* Up to MANY float32 products of n (< GEMM_ROWS) inputs in one launch: Y_i[j, r] (+)= W_i[r] · X_i[j]. Job i owns
- * blocks b0[i] .. b0[i+1]; one warp per weight row, 16-byte loads, four inputs per pass (one alone when n is 1), each
+/* Up to MANY products of one storage type in one launch: Y_i[j, r] (+)= W_i[r] · X_i[j]. Job i owns blocks b0[i] ..
+ * b0[i+1]; one warp per weight row, vector loads decoded in registers, P inputs per pass (one alone when n is 1), each
  * input's sum in the same order whatever n is (batched rows equal solo rows). */
 constexpr int MANY = 8;
 struct gemv_jobs {
@@ -371,26 +371,29 @@ struct gemv_jobs {
     int64_t n;
     int32_t b0[MANY + 1];
     int64_t R[MANY], C[MANY];
-    const float *W[MANY], *X[MANY];
+    const void *W[MANY];
+    const uint8_t *S[MANY];
+    const float *X[MANY];
     float *Y[MANY];
     int acc[MANY];
 };
 
+template <int TYPE, int P, int U>
 __global__ void gemv_many_kernel(const gemv_jobs J) {
     int i = 0;
     while (i + 1 < J.nj && (int32_t)blockIdx.x >= J.b0[i + 1]) i++;
     const int64_t R = J.R[i], C = J.C[i], r = (int64_t)(blockIdx.x - J.b0[i]) * DW + threadIdx.x / 32;
     if (r >= R) return;
-    for (int64_t j0 = 0; j0 < J.n; j0 += 4) {
-        const int nb = (int)min((int64_t)4, J.n - j0);
-        const float *x[4];
-        float s[4];
+    for (int64_t j0 = 0; j0 < J.n; j0 += P) {
+        const int nb = (int)min((int64_t)P, J.n - j0);
+        const float *x[P];
+        float s[P];
 #pragma unroll
-        for (int j = 0; j < 4; j++) x[j] = J.X[i] + (j0 + (j < nb ? j : 0)) * C;
+        for (int j = 0; j < P; j++) x[j] = J.X[i] + (j0 + (j < nb ? j : 0)) * C;
         if (nb == 1)
-            row_dots<K3C_QMAT_F32, 1, 8>(J.W[i], nullptr, r, C, x, s);
+            row_dots<TYPE, 1, 8>(J.W[i], J.S[i], r, C, x, s);
         else
-            row_dots<K3C_QMAT_F32, 4, 4>(J.W[i], nullptr, r, C, x, s);
+            row_dots<TYPE, P, U>(J.W[i], J.S[i], r, C, x, s);
         if ((threadIdx.x & 31) == 0)
             for (int j = 0; j < nb; j++) {
                 float *y = J.Y[i] + (j0 + j) * R + r;
@@ -400,19 +403,24 @@ __global__ void gemv_many_kernel(const gemv_jobs J) {
 }
 
 /* One warp per (weight row, head) for n (< GEMM_ROWS) inputs: the absorbed MLA's per-head products in one launch, each
- * head's inputs and outputs read and written in place (row j of head h at X + h·hx + j·ldx, Y + h·hy + j·ldy). */
+ * head's inputs and outputs read and written in place (row j of head h at X + h·hx + j·ldx, Y + h·hy + j·ldy); vector
+ * loads when vec (every head's rows and inputs aligned as row_dots needs). */
 template <int TYPE>
 __global__ void gemv_heads_kernel(const char *W, int64_t hstride, int64_t R, int64_t C, const float *X, int64_t ldx,
-                                  int64_t hx, int64_t n, float *Y, int64_t ldy, int64_t hy) {
+                                  int64_t hx, int64_t n, float *Y, int64_t ldy, int64_t hy, bool vec) {
     const int64_t h = blockIdx.y, r = (int64_t)blockIdx.x * DW + threadIdx.x / 32;
     if (r >= R) return;
     const void *w = W + h * hstride;
     for (int64_t j = 0; j < n; j++) {
         const float *x = X + h * hx + j * ldx;
         float s = 0.f;
+        if (vec) {
+            row_dots<TYPE, 1, 8>(w, nullptr, r, C, &x, &s);
+        } else {
 #pragma unroll 8
-        for (int64_t c = threadIdx.x & 31; c < C; c += 32) s += welem<TYPE>(w, nullptr, r, C, c) * x[c];
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            for (int64_t c = threadIdx.x & 31; c < C; c += 32) s += welem<TYPE>(w, nullptr, r, C, c) * x[c];
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        }
         if ((threadIdx.x & 31) == 0) Y[h * hy + j * ldy + r] = s;
     }
 }
@@ -420,14 +428,29 @@ __global__ void gemv_heads_kernel(const char *W, int64_t hstride, int64_t R, int
 /* ---------------------------------------------------------------- host side */
 
 /* Float32 views: from GEMM_ROWS rows cuBLAS(Lt) in full fp32 (the step is a GEMM: a GEMV kernel would re-read each
- * weight row per 8 inputs), below it a warp per weight row with 16-byte loads (decode is bandwidth-bound); other
- * views: k3c_qmat_mul_cuda (W4A16 / bf16 decoded in registers). */
+ * weight row per 8 inputs), below it a warp per weight row with vector loads (decode is bandwidth-bound); bf16 and
+ * MXFP4 views: the same warp-per-row products decoded in registers at every n, k3c_qmat_mul_cuda when a view is not
+ * aligned for vector loads. */
 constexpr int64_t GEMM_ROWS = 16;
 
-/* Whether the fused float32 GEMV takes the job: few rows, 16-byte groups. */
+/* Whether the fused GEMV takes the job: vector loads (C % 4 == 0, rows aligned as welem4 needs, inputs 16-byte
+ * aligned); float32 only below GEMM_ROWS rows (cuBLAS above), bf16 and MXFP4 at any n (no library product reads them
+ * as stored without rounding the inputs). */
 bool gemv_fits(const k3c_qmat_job &j) {
-    return j.W->type == K3C_QMAT_F32 && j.n > 0 && j.n < GEMM_ROWS && j.W->cols % 4 == 0 &&
-           !(((uintptr_t)j.W->w | (uintptr_t)j.X) & 15);
+    const uintptr_t w = (uintptr_t)j.W->w, x = (uintptr_t)j.X;
+    if (j.n <= 0 || j.W->cols % 4 || x & 15) return false;
+    if (j.W->type == K3C_QMAT_F32) return j.n < GEMM_ROWS && !(w & 15);
+    if (j.W->type == K3C_QMAT_BF16) return !(w & 7);
+    return j.W->type == K3C_QMAT_MXFP4 && !(w & 1);
+}
+
+template <int TYPE>
+void gemv_kernel_launch(const gemv_jobs &J) {
+    const unsigned blocks = (unsigned)J.b0[J.nj];
+    if (J.n >= GEMM_ROWS) /* a batch: more inputs per pass, so each weight row is read fewer times */
+        gemv_many_kernel<TYPE, 8, 2><<<blocks, 32 * DW, 0, K3C_STREAM>>>(J);
+    else
+        gemv_many_kernel<TYPE, 4, 4><<<blocks, 32 * DW, 0, K3C_STREAM>>>(J);
 }
 
 int gemv_launch(const k3c_qmat_job *jobs, int nj, k3c_err *err) {
@@ -435,18 +458,22 @@ int gemv_launch(const k3c_qmat_job *jobs, int nj, k3c_err *err) {
     J.nj = nj, J.n = jobs[0].n;
     for (int i = 0; i < nj; i++) {
         const k3c_qmat *W = jobs[i].W;
-        J.R[i] = W->rows, J.C[i] = W->cols, J.W[i] = (const float *)W->w, J.X[i] = jobs[i].X, J.Y[i] = jobs[i].Y;
+        J.R[i] = W->rows, J.C[i] = W->cols, J.W[i] = W->w, J.S[i] = W->scale, J.X[i] = jobs[i].X, J.Y[i] = jobs[i].Y;
         J.acc[i] = jobs[i].accumulate;
         J.b0[i + 1] = J.b0[i] + (int32_t)((W->rows + DW - 1) / DW);
     }
-    gemv_many_kernel<<<(unsigned)J.b0[nj], 32 * DW, 0, K3C_STREAM>>>(J);
+    const int type = jobs[0].W->type;
+    if (type == K3C_QMAT_F32)
+        gemv_kernel_launch<K3C_QMAT_F32>(J);
+    else if (type == K3C_QMAT_BF16)
+        gemv_kernel_launch<K3C_QMAT_BF16>(J);
+    else
+        gemv_kernel_launch<K3C_QMAT_MXFP4>(J);
     K3C_CU_LAUNCHED("engine gemv");
     return K3C_OK;
 }
 
-/* Float32 views: from GEMM_ROWS rows cuBLAS(Lt) in full fp32 (the step is a GEMM: a GEMV kernel would re-read each
- * weight row per 8 inputs), below it a warp per weight row with 16-byte loads (decode is bandwidth-bound); other
- * views: k3c_qmat_mul_cuda (W4A16 / bf16 decoded in registers). */
+/* One product through the path above that fits it. */
 int cu_qmat_mul(void *ctx, const k3c_qmat *W, const float *X, int64_t n, float *Y, int acc, k3c_err *err) {
     const k3c_qmat_job j = {W, X, n, Y, acc};
     if (gemv_fits(j)) return gemv_launch(&j, 1, err);
@@ -459,11 +486,13 @@ int cu_qmat_mul(void *ctx, const k3c_qmat *W, const float *X, int64_t n, float *
     return k3c_qmat_mul_cuda(W, X, n, Y, acc, err);
 }
 
-/* Runs of consecutive jobs the fused GEMV takes (same n, at most MANY) go in one launch; the rest one by one. */
+/* Runs of consecutive jobs the fused GEMV takes (same n and storage type, at most MANY) go in one launch; the rest one by one. */
 int cu_qmat_mul_many(void *ctx, const k3c_qmat_job *jobs, int nj, k3c_err *err) {
     for (int i = 0; i < nj;) {
         int e = i;
-        while (e < nj && e - i < MANY && gemv_fits(jobs[e]) && jobs[e].n == jobs[i].n) e++;
+        while (e < nj && e - i < MANY && gemv_fits(jobs[e]) && jobs[e].n == jobs[i].n &&
+               jobs[e].W->type == jobs[i].W->type)
+            e++;
         int rc = e > i ? gemv_launch(jobs + i, e - i, err)
                        : cu_qmat_mul(ctx, jobs[i].W, jobs[i].X, jobs[i].n, jobs[i].Y, jobs[i].accumulate, err);
         if (rc) return rc;
@@ -486,12 +515,15 @@ int cu_qmat_mul_heads(void *ctx, const k3c_qmat *W, int64_t heads, const float *
         one = W[h].type == W->type && W[h].rows == R && W[h].cols == C && (const char *)W[h].w == (const char *)W->w + h * hs;
     if (one) {
         const dim3 grid((unsigned)((R + DW - 1) / DW), (unsigned)heads);
+        const uintptr_t wa = W->type == K3C_QMAT_F32 ? 15 : 7; /* the row alignment welem4 needs */
+        const bool vec = C % 4 == 0 && !(((uintptr_t)W->w | (uintptr_t)hs) & wa) && !((uintptr_t)X & 15) &&
+                         ldx % 4 == 0 && hx % 4 == 0;
         if (W->type == K3C_QMAT_F32)
             gemv_heads_kernel<K3C_QMAT_F32><<<grid, 32 * DW, 0, K3C_STREAM>>>((const char *)W->w, hs, R, C, X, ldx, hx, n,
-                                                                              Y, ldy, hy);
+                                                                              Y, ldy, hy, vec);
         else
             gemv_heads_kernel<K3C_QMAT_BF16><<<grid, 32 * DW, 0, K3C_STREAM>>>((const char *)W->w, hs, R, C, X, ldx, hx,
-                                                                               n, Y, ldy, hy);
+                                                                               n, Y, ldy, hy, vec);
         K3C_CU_LAUNCHED("engine per-head products");
         return K3C_OK;
     }
