@@ -37,9 +37,13 @@ bool ns_in_bf16(const k3c_optim_cuda *oc, const k3c_optim *o) {
 }
 int64_t block_rows(const k3c_optim *o, const k3c_param *p) { return o->per_head ? p->head_rows : 0; }
 
-/* One Muon matrix shape: R × C blocks (a head's rows or the whole slice), r ≤ c its short and long side. */
+/* One Muon matrix shape: R × C blocks (a head's rows or the whole slice), r ≤ c its short and long side. A tall block
+ * (R > C) stays as it is stored: NS5 on its transpose Y = Xᵀ, Y ← aY + (bP + cP²)Y with P = YYᵀ = XᵀX, is
+ * X ← aX + X(bP + cP²) (P symmetric), so the products take X transposed instead of the loads and the update
+ * transposing it with strided accesses. */
 struct mshape {
     int64_t R, C;
+    bool tall() const { return R > C; }
     size_t r() const { return (size_t)(R < C ? R : C); }
     size_t c() const { return (size_t)(R < C ? C : R); }
 };
@@ -111,7 +115,7 @@ __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
 
 /* One thread block per R × C matrix b (consecutive in g / mom): U = G + μM (Nesterov) or M, X_b = U / (‖U‖_F + eps)
- * (the norm in double, X_b rounded once to T), stored short side first ([C, R] when R > C), as ns_load does. */
+ * (the norm in double, X_b rounded once to T), in U's layout. */
 template <class T>
 __global__ void ns_load_kernel(const float *g, const float *mom, int64_t R, int64_t C, int nesterov, float mu, T *X,
                                int64_t sx) {
@@ -126,10 +130,8 @@ __global__ void ns_load_kernel(const float *g, const float *mom, int64_t R, int6
     }
     const double ss = block_sum(s, red);
     const float inv = (float)(1.0 / (sqrt(ss) + K3C_NS_EPS));
-    for (int64_t i = threadIdx.x; i < n; i += NT) {
-        const int64_t row = i / C, col = i - row * C;
-        store_as(&xb[R > C ? col * R + row : i], __fmul_rn(muon_input(gb[i], mb[i], nesterov, mu), inv));
-    }
+    for (int64_t i = threadIdx.x; i < n; i += NT)
+        store_as(&xb[i], __fmul_rn(muon_input(gb[i], mb[i], nesterov, mu), inv));
 }
 
 __global__ void scale_copy_kernel(const float *x, float *y, int64_t n, float a) {
@@ -137,14 +139,14 @@ __global__ void scale_copy_kernel(const float *x, float *y, int64_t n, float a) 
         y[i] = __fmul_rn(a, x[i]);
 }
 
-/* W ← W·decay − step·O over nb consecutive R × C matrices, O read back from the (possibly transposed) batch. */
+/* W ← W·decay − step·O over nb consecutive R × C matrices, O read back from the batch (items sx apart). */
 template <class T>
 __global__ void muon_apply_kernel(float *w, const T *X, int64_t R, int64_t C, int64_t sx, int64_t nb, float decay,
                                   float step) {
     const int64_t n = R * C, total = nb * n;
     for (int64_t i = blockIdx.x * (int64_t)NT + threadIdx.x; i < total; i += (int64_t)gridDim.x * NT) {
-        const int64_t b = i / n, k = i - b * n, row = k / C, col = k - row * C;
-        const float o = to_f(X[b * sx + (R > C ? col * R + row : k)]);
+        const int64_t b = i / n, k = i - b * n;
+        const float o = to_f(X[b * sx + k]);
         w[i] = __fsub_rn(__fmul_rn(w[i], decay), __fmul_rn(step, o));
     }
 }
@@ -206,16 +208,18 @@ int bgemm(const k3c_optim_cuda *oc, int ta, int tb, int64_t M, int64_t N, int64_
 /* NS5 on nb loaded matrices of shape s in the workspace (X at ws); returns where the result lies (X or X'). fp32. */
 int ns_batch(const k3c_optim_cuda *oc, const mshape &s, int64_t nb, int steps, float *ws, float **out, k3c_err *err) {
     const size_t r = s.r(), c = s.c(), sx = stride_x<float>(s), sp = stride_p<float>(s);
+    const int tall = s.tall();
     float *X = ws, *Xn = X + nb * sx, *P = Xn + nb * sx, *B = P + nb * sp;
     for (int it = 0; it < steps; it++) {
-        int rc = bgemm(oc, 0, 1, r, r, c, 1.0, X, sx, X, sx, 0.0, P, sp, nb, err); /* P = X Xᵀ */
+        int rc = bgemm(oc, tall, !tall, r, r, c, 1.0, X, sx, X, sx, 0.0, P, sp, nb, err); /* P = X Xᵀ (tall: XᵀX) */
         if (rc) return rc;
         scale_copy_kernel<<<grid_for(nb * sp), NT, 0, K3C_STREAM>>>(P, B, nb * sp, (float)K3C_NS_B);
         K3C_CU_LAUNCHED("ns scale");
         rc = bgemm(oc, 0, 0, r, r, r, (float)K3C_NS_C, P, sp, P, sp, 1.0, B, sp, nb, err); /* B = bP + cP² */
         if (rc) return rc;
         K3C_CU(cudaMemcpyAsync(Xn, X, sizeof(float) * nb * sx, cudaMemcpyDeviceToDevice, K3C_STREAM));
-        rc = bgemm(oc, 0, 0, r, c, r, 1.0, B, sp, X, sx, (float)K3C_NS_A, Xn, sx, nb, err); /* X' = aX + B X */
+        rc = tall ? bgemm(oc, 0, 0, c, r, r, 1.0, X, sx, B, sp, (float)K3C_NS_A, Xn, sx, nb, err)  /* aX + X B */
+                  : bgemm(oc, 0, 0, r, c, r, 1.0, B, sp, X, sx, (float)K3C_NS_A, Xn, sx, nb, err); /* aX + B X */
         if (rc) return rc;
         float *t = X;
         X = Xn;
@@ -225,15 +229,16 @@ int ns_batch(const k3c_optim_cuda *oc, const mshape &s, int64_t nb, int steps, f
     return K3C_OK;
 }
 
-int bgemm16(const k3c_optim_cuda *oc, int tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16 *A, size_t sA,
-            const bf16 *B, size_t sB, float beta, const bf16 *C_in, bf16 *C, size_t sC, int64_t batch, k3c_err *err) {
+int bgemm16(const k3c_optim_cuda *oc, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16 *A,
+            size_t sA, const bf16 *B, size_t sB, float beta, const bf16 *C_in, bf16 *C, size_t sC, int64_t batch,
+            k3c_err *err) {
     const uint16_t *a = (const uint16_t *)A, *b = (const uint16_t *)B, *ci = (const uint16_t *)C_in;
     uint16_t *c = (uint16_t *)C;
     if (oc->batched)
-        return k3c_gemm_bf16_batched_cuda(oc->cu, 0, tb, M, N, K, alpha, a, (int64_t)sA, b, (int64_t)sB, beta, ci, c,
+        return k3c_gemm_bf16_batched_cuda(oc->cu, ta, tb, M, N, K, alpha, a, (int64_t)sA, b, (int64_t)sB, beta, ci, c,
                                           (int64_t)sC, (int32_t)batch, err);
     for (int64_t i = 0; i < batch; i++) {
-        int rc = k3c_gemm_bf16_batched_cuda(oc->cu, 0, tb, M, N, K, alpha, a + i * sA, 0, b + i * sB, 0, beta,
+        int rc = k3c_gemm_bf16_batched_cuda(oc->cu, ta, tb, M, N, K, alpha, a + i * sA, 0, b + i * sB, 0, beta,
                                             ci ? ci + i * sC : nullptr, c + i * sC, 0, 1, err);
         if (rc) return rc;
     }
@@ -246,11 +251,15 @@ int bgemm16(const k3c_optim_cuda *oc, int tb, int64_t M, int64_t N, int64_t K, f
  * memory, and no more rounding than the reference. */
 int ns_batch(const k3c_optim_cuda *oc, const mshape &s, int64_t nb, int steps, bf16 *ws, bf16 **out, k3c_err *err) {
     const size_t r = s.r(), c = s.c(), sx = stride_x<bf16>(s), sp = stride_p<bf16>(s);
+    const int tall = s.tall();
+    const float a = (float)K3C_NS_A, b = (float)K3C_NS_B, cc = (float)K3C_NS_C;
     bf16 *X = ws, *Xn = X + nb * sx, *P = Xn + nb * sx, *B = P + nb * sp;
     for (int it = 0; it < steps; it++) {
-        int rc = bgemm16(oc, 1, r, r, c, 1.0f, X, sx, X, sx, 0.0f, nullptr, P, sp, nb, err); /* P = X Xᵀ */
-        if (!rc) rc = bgemm16(oc, 0, r, r, r, (float)K3C_NS_C, P, sp, P, sp, (float)K3C_NS_B, P, B, sp, nb, err);
-        if (!rc) rc = bgemm16(oc, 0, r, c, r, 1.0f, B, sp, X, sx, (float)K3C_NS_A, X, Xn, sx, nb, err);
+        int rc = bgemm16(oc, tall, !tall, r, r, c, 1.0f, X, sx, X, sx, 0.0f, nullptr, P, sp, nb, err); /* X Xᵀ, XᵀX */
+        if (!rc) rc = bgemm16(oc, 0, 0, r, r, r, cc, P, sp, P, sp, b, P, B, sp, nb, err); /* B = c PP + b P */
+        if (!rc)
+            rc = tall ? bgemm16(oc, 0, 0, c, r, r, 1.0f, X, sx, B, sp, a, X, Xn, sx, nb, err)  /* X' = X B + a X */
+                      : bgemm16(oc, 0, 0, r, c, r, 1.0f, B, sp, X, sx, a, X, Xn, sx, nb, err); /* X' = B X + a X */
         if (rc) return rc;
         bf16 *t = X;
         X = Xn;
@@ -436,9 +445,9 @@ extern "C" int k3c_optim_step_entries_cuda(k3c_optim_cuda *oc, k3c_optim *o, con
         const float decay = (float)(1.0 - lr * wd);
         float *pm = st, *pv = st + p->numel;
         if (p->used % 4 == 0 && aligned16(pw) && aligned16(pg) && aligned16(pm) && aligned16(pv))
-            adamw4_kernel<<<grid_for(p->used / 4), NT, 0, K3C_STREAM>>>(
-                (float4 *)pw, (const float4 *)pg, (float4 *)pm, (float4 *)pv, p->used / 4, b1, b2, omb1, omb2, eps,
-                step_size, inv_sqrt_bc2, decay);
+            adamw4_kernel<<<grid_for(p->used / 4), NT, 0, K3C_STREAM>>>((float4 *)pw, (const float4 *)pg, (float4 *)pm,
+                                                                        (float4 *)pv, p->used / 4, b1, b2, omb1, omb2,
+                                                                        eps, step_size, inv_sqrt_bc2, decay);
         else
             adamw_kernel<<<grid_for(p->used), NT, 0, K3C_STREAM>>>(pw, pg, pm, pv, p->used, b1, b2, omb1, omb2, eps,
                                                                    step_size, inv_sqrt_bc2, decay);
@@ -446,7 +455,7 @@ extern "C" int k3c_optim_step_entries_cuda(k3c_optim_cuda *oc, k3c_optim *o, con
     }
     for (const group &gr : groups) {
         int rc = ns_in_bf16(oc, o) ? muon_group<bf16>(oc, o, t, gr.s, gr.entries, w, g, state, lr, err)
-                               : muon_group<float>(oc, o, t, gr.s, gr.entries, w, g, state, lr, err);
+                                   : muon_group<float>(oc, o, t, gr.s, gr.entries, w, g, state, lr, err);
         if (rc) return rc;
     }
     return K3C_OK;

@@ -69,7 +69,7 @@ struct table {
 
 static void build_hand_table(table &tb) {
     tb.add("model.embed_tokens.weight", K3C_PK_EMBED, 37, 24);
-    tb.add("q_proj.weight", K3C_PK_MATRIX, 48, 24, 0, 12); /* 4 heads 12×24; whole 48×24 transposed */
+    tb.add("q_proj.weight", K3C_PK_MATRIX, 48, 24, 0, 12); /* 4 heads 12×24; whole 48×24 tall */
     tb.add("k_proj.weight", K3C_PK_MATRIX, 48, 24, 0, 12); /* same shape: grouped with q_proj */
     tb.add("v_proj.weight", K3C_PK_MATRIX, 48, 24, 0, 12);
     tb.add("g_proj.weight", K3C_PK_MATRIX, 48, 24, 0, 12); /* 16 blocks of 12×24 in the group */
@@ -78,7 +78,7 @@ static void build_hand_table(table &tb) {
     tb.add("A_log", K3C_PK_VECTOR, 16, 0, 0, 0, 5); /* padding beyond 5 stays as loaded */
     tb.add("gate.e_score_correction_bias", K3C_PK_ROUTER_BIAS, 8, 0);
     tb.add("experts.%d.w1.weight", K3C_PK_MATRIX, 20, 24, 6);    /* 6 experts, wide */
-    tb.add("experts.%d.w2.weight", K3C_PK_MATRIX, 24, 20, 6);    /* 6 experts, tall (transposed) */
+    tb.add("experts.%d.w2.weight", K3C_PK_MATRIX, 24, 20, 6);    /* 6 experts, tall */
     tb.add("experts.%d.w3.weight", K3C_PK_MATRIX, 32, 24, 4, 8); /* heads inside expert slices */
     tb.add("kv_b_proj.weight", K3C_PK_MATRIX, 48, 16, 0, 16);    /* square 16×16 blocks */
     tb.add("odd.weight", K3C_PK_MATRIX, 33, 17, 0, 11);
