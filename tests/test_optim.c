@@ -371,7 +371,37 @@ static void test_optim_table(void) {
     CHECK(memcmp(w, w2, sizeof(float) * t.total) == 0 && memcmp(st, st2, sizeof(float) * o.state_numel) == 0,
           "two identical steps differ");
     CHECK(k3c_optim_step(&o, &t, w2, g, st2, lr, 0, &err) == K3C_EINVAL, "step 0 accepted");
+    /* the Newton–Schulz precision: the CPU's auto is fp32; bf16 is refused before anything is written */
+    int mp = -1;
+    static const char *const prec[3] = {"auto", "fp32", "bf16"};
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(k3c_optim_parse_muon_precision(prec[i], &mp, &err), &err);
+        CHECK(mp == i, "muon precision %s parsed as %d", prec[i], mp);
+    }
+    CHECK(k3c_optim_parse_muon_precision("fp16", &mp, &err) == K3C_EINVAL && mp == 2 && strstr(err.msg, "fp16"),
+          "muon precision fp16 accepted (%d, '%s')", mp, err.msg);
+    memcpy(w2, w0, sizeof(float) * t.total);
+    memset(st2, 0, sizeof(float) * o.state_numel);
+    o.muon_precision = K3C_MUON_FP32;
+    CHECK_OK(k3c_optim_step(&o, &t, w2, g, st2, lr, 1, &err), &err);
+    CHECK(memcmp(w, w2, sizeof(float) * t.total) == 0 && memcmp(st, st2, sizeof(float) * o.state_numel) == 0,
+          "muon precision fp32 differs from auto on the CPU");
+    memcpy(w2, w0, sizeof(float) * t.total);
+    memset(st2, 0, sizeof(float) * o.state_numel);
+    o.muon_precision = K3C_MUON_BF16;
+    const k3c_backend_f32 *cpu = k3c_backend_cpu_f32();
+    void *inst = NULL;
+    CHECK(cpu->optim_open(cpu->ctx, &o, &t, &inst, &err) == K3C_EUNSUPPORTED && strstr(err.msg, "bf16"),
+          "CPU table opened a bf16 Muon: '%s'", err.msg);
+    CHECK(k3c_optim_step(&o, &t, w2, g, st2, lr, 1, &err) == K3C_EUNSUPPORTED, "CPU stepped a bf16 Muon");
+    int untouched = memcmp(w2, w0, sizeof(float) * t.total) == 0;
+    for (size_t i = 0; i < o.state_numel; i++) untouched &= st2[i] == 0;
+    CHECK(untouched, "a refused bf16 step wrote weights or state");
     k3c_optim_free(&o);
+    k3c_optim bad;
+    k3c_optim_defaults(&bad);
+    bad.muon_precision = 3;
+    CHECK(k3c_optim_init(&bad, &t, &err) == K3C_EINVAL, "muon precision 3 accepted");
 
     /* matrices on AdamW: twice the state, and a matrix entry equals plain AdamW with decay */
     int mo = -1;

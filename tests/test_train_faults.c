@@ -219,24 +219,34 @@ static void test_bad_config(const fixture *fx) {
     expect_config_error(fx, "bad_no_lr", &p, "stages[0].lr", "missing");
     p = defaults("bad"), p.stage0 = "{\"seq_len\": 32, \"steps\": 2, \"lr\": 0.01, \"warmup\": 3}";
     expect_config_error(fx, "bad_warmup", &p, "stages[0]", "warmup");
-    /* a bad optimizer name (the default config already has an optimizer object, so this one is written whole) */
-    {
+    /* a bad optimizer name or Muon precision, and a good one (the default config already has an optimizer object, so
+     * these are written whole) */
+    static const char *const opt[3] = {"\"matrix\": \"sgd\"", "\"muon_precision\": \"fp16\"",
+                                       "\"muon_precision\": \"bf16\""};
+    static const char *const opt_key[3] = {"optimizer.matrix", "optimizer.muon_precision", NULL};
+    for (int i = 0; i < 3; i++) {
         k3c_sbuf s;
         k3c_sbuf_init(&s);
-        k3c_sbuf_printf(&s, "{\"model\": \"model.json\", \"tokenizer\": \"tok.tiktoken\", \"out_dir\": \"bad\", "
-                            "\"data\": {\"a\": \"data/a\"}, \"optimizer\": {\"matrix\": \"sgd\"}, "
-                            "\"stages\": [{\"seq_len\": 32, \"tokens_per_step\": 64, \"steps\": 1, \"lr\": 0.1}]}");
-        snprintf(cfg, sizeof cfg, "%s/bad_matrix.json", fx->dir);
+        k3c_sbuf_printf(&s,
+                        "{\"model\": \"model.json\", \"tokenizer\": \"tok.tiktoken\", \"out_dir\": \"bad\", "
+                        "\"data\": {\"a\": \"data/a\"}, \"optimizer\": {%s}, "
+                        "\"stages\": [{\"seq_len\": 32, \"tokens_per_step\": 64, \"steps\": 1, \"lr\": 0.1}]}",
+                        opt[i]);
+        snprintf(cfg, sizeof cfg, "%s/bad_optimizer%d.json", fx->dir, i);
         write_text(cfg, s.buf);
         k3c_sbuf_free(&s);
         int e = k3c_run_config_load(cfg, &rc, &err);
-        CHECK(e == K3C_ECONFIG && contains(err.msg, "optimizer.matrix") && contains(err.msg, cfg),
-              "bad_matrix: %d '%s'", e, err.msg);
-        snprintf(cfg, sizeof cfg, "%s/bad_json.json", fx->dir);
-        write_text(cfg, "{\"model\": \"model.json\",\n \"stages\": [}\n");
-        e = k3c_run_config_load(cfg, &rc, &err);
-        CHECK(e != K3C_OK && contains(err.msg, "bad_json.json:2:"), "malformed JSON: %d '%s'", e, err.msg);
+        if (opt_key[i])
+            CHECK(e == K3C_ECONFIG && contains(err.msg, opt_key[i]) && contains(err.msg, cfg), "%s: %d '%s'", opt[i], e,
+                  err.msg);
+        else
+            CHECK(e == K3C_OK && strcmp(rc.muon_precision, "bf16") == 0, "%s: %d '%s' ('%s')", opt[i], e, err.msg,
+                  rc.muon_precision);
     }
+    snprintf(cfg, sizeof cfg, "%s/bad_json.json", fx->dir);
+    write_text(cfg, "{\"model\": \"model.json\",\n \"stages\": [}\n");
+    int e = k3c_run_config_load(cfg, &rc, &err);
+    CHECK(e != K3C_OK && contains(err.msg, "bad_json.json:2:"), "malformed JSON: %d '%s'", e, err.msg);
 }
 
 /* Copies source a to a new directory and damages one byte of its first train shard. */

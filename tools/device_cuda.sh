@@ -4,8 +4,8 @@
 # OpenBLAS, and build/cuda is far larger than a device call may carry, so:
 #   tools/device_cuda.sh pack     # here: devrun/bin (stripped, xz), devrun/lib (the non-CUDA shared libraries they
 #                                 # link), devrun/golden/k3_tiny_a, k3_vision_tiny; carry devrun (about 40 MB)
-#   tools/device_cuda.sh [what]   # there: what = all | harness | engine | bench | speed | dist; logs under $OUT (or
-#                                 # devrun/out)
+#   tools/device_cuda.sh [what]   # there: what = all | harness | engine | bench | speed | dist | muon; logs under $OUT
+#                                 # (or devrun/out)
 #     harness: test_backend_ops, test_backend_ops_decode, test_vision_data (vision training on the GPU), every program
 #     of tests/cuda but test_engine_cuda (engine's), and with `make nccl` test_comm_nccl and test_dist_nccl (the parallel
 #     training step on the GPU over NCCL; several GPUs: mpirun -np N devrun/bin/test_dist_nccl); any program failing
@@ -16,6 +16,9 @@
 #     speed: the whole training step on ../shared/bench's medium configs at each GEMM mode, the Hugging Face
 #     transformers + fla anchor in the same call (side_device.py; FLA_TGZ=path/to/fla.tgz at pack time carries fla),
 #     and the make-run demo trained on the GPU at fp32 and bf16 GEMMs (validation loss against the CPU's)
+#     muon: test_optim_cuda (the optimizer against the CPU, bf16 and fp32 Newton–Schulz) and the Muon update's time at
+#     each precision and its share of kimi_linear_medium's step at tf32 and bf16 GEMMs (at pack time
+#     PACK_PROGS="build/cuda/tests/cuda/test_optim_cuda build/cuda/bench/cuda/bench_model_cuda" carries just these)
 # SEED repeats a run's random inputs (default: a fresh one, printed). `k3c` (with --device cuda) is in devrun/bin too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -88,7 +91,7 @@ seed=${SEED:-$(date +%s)}
 echo "seed $seed"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt" || true
 B=devrun/bin
-[ -x $B/test_backend_ops ] || [ -x $B/test_engine_cuda ] || [ -x $B/test_dist_nccl ] || { echo "devrun/bin missing: run make cuda-tests and tools/device_cuda.sh pack" >&2; exit 2; }
+[ -x $B/test_backend_ops ] || [ -x $B/test_engine_cuda ] || [ -x $B/test_dist_nccl ] || [ -x $B/test_optim_cuda ] || { echo "devrun/bin missing: run make cuda-tests and tools/device_cuda.sh pack" >&2; exit 2; }
 golden=${K3C_SHARED:-../shared}/golden/k3_tiny_a
 status=0
 if [ "$what" = all ] || [ "$what" = harness ]; then
@@ -147,6 +150,13 @@ fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
     $B/bench_cuda ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1
     $B/bench_model_cuda 2>&1 | tee "$OUT/bench_model.log" || status=1
+fi
+if [ "$what" = muon ]; then # Muon's Newton–Schulz on the GPU (docs/MODEL.md §10.4)
+    $B/test_optim_cuda "$seed" 2>&1 | tee "$OUT/test_optim_cuda.log" || status=1
+    for g in 1 2; do # tf32, bf16 GEMMs; the step's update at the default muon precision (auto: bf16)
+        $B/bench_model_cuda devrun/cfg/kimi_linear_medium.json 16384 16 $g 0 0 muon 2>&1 |
+            tee "$OUT/model_kl_muon_gemm$g.log" || status=1
+    done
 fi
 if [ "$what" = speed ]; then
     for g in 1 2; do # tf32, bf16 GEMMs; 16 documents of 1,024 tokens

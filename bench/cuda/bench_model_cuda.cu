@@ -3,7 +3,9 @@
  * several steps after warm-up (the anchor's step, side_device.py, ends with a fused AdamW update).
  * Usage: bench_model_cuda [config.json] [tokens] [docs] [gemm 0|1|2: fp32, tf32, bf16] [cpu 0|1: also time the CPU reference]
  *        [recompute 0|1: keep only layer outputs, re-run layers in the backward] — long sequences: docs 1, recompute 1.
- *        [optimizer adamw (default) | muon | none: the GPU step's update, state in device memory] */
+ *        [optimizer adamw (default) | muon | none: the GPU step's update, state in device memory]
+ *        [muon precision auto (default: bf16, fp32 with gemm 0) | fp32 | bf16: the Newton–Schulz products of the step]
+ * With muon, the update alone is also timed at fp32 and at bf16 Newton–Schulz, with its share of the step. */
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -28,10 +30,11 @@ struct step_update {
     void *inst = nullptr;
     float *state = nullptr;
     int64_t step = 0;
-    void open(harness &h, const k3c_backend_f32 *table, const k3c_model &m, const char *matrix) {
+    void open(harness &h, const k3c_backend_f32 *table, const k3c_model &m, const char *matrix, const char *precision) {
         be = table;
         k3c_optim_defaults(&opt);
         h.ok(k3c_optim_parse_matrix(matrix, &opt.matrix_optimizer, &h.err), "optimizer name");
+        h.ok(k3c_optim_parse_muon_precision(precision, &opt.muon_precision, &h.err), "muon precision");
         h.ok(k3c_optim_init(&opt, &m.table, &h.err), "optimizer init");
         state = (float *)be->alloc(sizeof(float) * (opt.state_numel ? opt.state_numel : 1));
         if (!state) h.ok(k3c_errf(&h.err, K3C_ENOMEM, "optimizer state"), "optimizer state");
@@ -43,6 +46,22 @@ struct step_update {
         h.ok(be->optim_step(inst, &opt, &m.table, 0, m.table.n, (float *)m.w, (const float *)m.g, state, 1e-4, ++step,
                             &h.err),
              "optimizer step");
+    }
+    /* Median ms of `reps` updates alone at a Newton–Schulz precision (synchronised; the gradients as the last step
+     * left them), then the precision restored. */
+    double time_alone(harness &h, k3c_model &m, int precision, int reps) {
+        const int keep = opt.muon_precision;
+        opt.muon_precision = precision;
+        std::vector<double> t;
+        for (int i = 0; i <= reps; i++) {
+            const double t0 = now_ms();
+            run(h, m);
+            h.ok(be->sync(&h.err), "sync");
+            if (i) t.push_back(now_ms() - t0);
+        }
+        opt.muon_precision = keep;
+        std::sort(t.begin(), t.end());
+        return t[t.size() / 2];
     }
     void close() { /* before the backend goes */
         if (!be) return;
@@ -89,6 +108,7 @@ int main(int argc, char **argv) {
     const int with_cpu = argc > 5 ? atoi(argv[5]) : 1;
     const int recompute = argc > 6 ? atoi(argv[6]) : 0;
     const char *optimizer = argc > 7 ? argv[7] : "adamw";
+    const char *precision = argc > 8 ? argv[8] : "auto";
     const int reps = T >= 262144 ? 3 : 10; /* a 1M-token step takes tens of seconds */
     harness h;
     k3c_config cfg;
@@ -109,8 +129,16 @@ int main(int argc, char **argv) {
     h.ok(k3c_model_use_backend_f32(&m, &cb.table, &h.err), "to cuda");
     double arena_gib = 0, used_gib = NAN;
     step_update upd;
-    if (strcmp(optimizer, "none") != 0) upd.open(h, &cb.table, m, optimizer);
+    if (strcmp(optimizer, "none") != 0) upd.open(h, &cb.table, m, optimizer, precision);
     const double gpu_ms = time_steps(h, m, b, reps, &arena_gib, &used_gib, &upd);
+    /* the update alone at each Newton–Schulz precision, and the step it makes with the rest of this step */
+    const bool muon = strcmp(optimizer, "muon") == 0;
+    const int asked = upd.opt.muon_precision; /* auto: fp32 only in the fp32 GEMM (checking) mode */
+    const int step_prec =
+        asked == K3C_MUON_FP32 || (asked == K3C_MUON_AUTO && gemm == K3C_GEMM_FP32) ? K3C_MUON_FP32 : K3C_MUON_BF16;
+    double upd_ms[3] = {NAN, NAN, NAN}; /* by k3c_muon_precision: FP32, BF16 */
+    if (muon)
+        for (int p = K3C_MUON_FP32; p <= K3C_MUON_BF16; p++) upd_ms[p] = upd.time_alone(h, m, p, reps);
     double f16_ms = NAN; /* the fp16-kernel variant only at training lengths: a long step takes tens of seconds */
     if (T < 262144) {
         k3c_cuda_backend_kernels(&cb, K3C_KERNELS_FP16);
@@ -128,6 +156,13 @@ int main(int argc, char **argv) {
     printf("cuda (%s GEMMs)%*s %12.2f %14.0f\n", k3c_gemm_mode_name(gemm), 11, "", gpu_ms, T / gpu_ms * 1e3);
     printf("%-28s %12.2f %14.0f\n", "  same, fp16 KDA/attention", f16_ms, T / f16_ms * 1e3);
     if (with_cpu) printf("speed-up %.1fx on %s\n", cpu_ms / gpu_ms, cb.cu.name);
+    if (muon) {
+        const double rest = gpu_ms - upd_ms[step_prec]; /* forward + backward of the measured step */
+        for (int p = K3C_MUON_FP32; p <= K3C_MUON_BF16; p++)
+            printf("muon update (%s Newton-Schulz): %.2f ms/step, %.1f%% of a %.2f ms step%s\n",
+                   p == K3C_MUON_FP32 ? "fp32" : "bf16", upd_ms[p], 100.0 * upd_ms[p] / (rest + upd_ms[p]),
+                   rest + upd_ms[p], p == step_prec ? " (the step above)" : "");
+    }
     upd.close();
     k3c_model_free_f32(&m);
     k3c_cuda_backend_destroy(&cb);

@@ -64,6 +64,7 @@ typedef struct {
     int recompute; /* 1 = recompute every layer's activations in the backward ("recompute": "all") */
     /* optimizer */
     char matrix_optimizer[16]; /* "muon" or "adamw" */
+    char muon_precision[16];   /* "auto" (the CPU and --gemm fp32: fp32; else bf16), "fp32" or "bf16" (GPU only) */
     double weight_decay, beta1, beta2, eps, grad_clip, qk_clip_tau;
     /* balancing (docs/TRAINING.md §1.6): quantile balancing ("exact" = "quantile", "histogram"), DeepSeek-V3's
      * auxiliary-loss-free bias step ("bias", step bias_gamma), the Switch / GShard auxiliary loss ("aux", coefficient

@@ -103,6 +103,13 @@ typedef enum {
 const char *k3c_gemm_mode_name(int gemm);
 int k3c_gemm_bf16_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                        const uint16_t *A, const uint16_t *B, float beta, void *C, int c_f32, k3c_err *err);
+/* batch bf16 products in one strided-batched call, out of place: C_i = alpha op(A_i) op(B_i) + beta C_in_i with A_i =
+ * A + i·sA, B_i = B + i·sB, C_i = C + i·sC and C_in_i = C_in + i·sC (C_in NULL: C itself; C_in may be C). fp32
+ * accumulation, and the epilogue alpha·AB + beta·C_in in fp32 before C's one rounding to bf16. Items 256-byte aligned
+ * as for k3c_matmul_batched_cuda. */
+int k3c_gemm_bf16_batched_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                               float alpha, const uint16_t *A, int64_t sA, const uint16_t *B, int64_t sB, float beta,
+                               const uint16_t *C_in, uint16_t *C, int64_t sC, int32_t batch, k3c_err *err);
 int k3c_matmul_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, double alpha,
                     const float *A, const float *B, double beta, float *C, int gemm, k3c_err *err);
 /* The same on lane `i` mod the lanes (between k3c_cuda_lanes_fork and _join), or on the thread's stream without. */

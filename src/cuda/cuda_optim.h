@@ -6,10 +6,12 @@
  * (Muon: momentum; AdamW: m, then v) is unchanged, so optimizer checkpoints are the same whichever device stepped.
  * Semantics are the CPU ones: AdamW is elementwise with the CPU's float operations in the CPU's order (no FMA
  * contraction), so it matches bit for bit; Muon's momentum / Nesterov / update are elementwise the same, the Frobenius
- * norm is a deterministic double reduction (one thread block per matrix, fixed tree), and NS5 runs on fp32 cuBLASLt
- * GEMMs (never TF32), whose summation order differs from OpenBLAS (agreement to ~1e-5 relative, not bitwise).
+ * norm is a deterministic double reduction (one thread block per matrix, fixed tree). NS5 runs at o->muon_precision
+ * (docs/MODEL.md §10.4): bf16 (X, P, B stored bf16, bf16 cuBLASLt GEMMs with fp32 accumulation, the Muon reference's
+ * precision: a few percent from the CPU's fp32) or fp32 (fp32 cuBLASLt GEMMs, never TF32, whose summation order
+ * differs from OpenBLAS: agreement to ~1e-5 relative, not bitwise); K3C_MUON_AUTO is bf16 unless auto_bf16 = 0.
  * The many small Muon matrices (per-head row blocks, per-expert slices) are gathered by shape into one workspace and
- * orthogonalised with strided-batched GEMMs (batched = 0: a loop of k3c_matmul_cuda calls, the plain reference).
+ * orthogonalised with strided-batched GEMMs (batched = 0: a loop of single GEMMs, the plain reference).
  * Everything runs on K3C_STREAM and returns without synchronising, except the grad-norm functions, which SYNCHRONISE
  * (the host needs the norm). */
 #ifndef K3C_CUDA_OPTIM_H
@@ -29,8 +31,10 @@ typedef struct {
     k3c_cuda_ctx *cu;             /* cuBLASLt handle of the NS GEMMs (not owned) */
     void *(*alloc)(size_t bytes); /* where the workspace comes from (NULL: cudaMalloc); allocated once, at init */
     void (*free)(void *p);
-    int batched; /* 1 (default): strided-batched GEMMs; 0: one k3c_matmul_cuda per matrix */
-    float *ws;   /* Newton–Schulz workspace: X, X', P, B of a batch of same-shape matrices */
+    int batched;   /* 1 (default): strided-batched GEMMs; 0: one GEMM per matrix */
+    int auto_bf16; /* what K3C_MUON_AUTO runs: 1 (k3c_optim_cuda_init's default) bf16; 0 fp32 (the backend table's
+                      instance in the fp32 GEMM mode, the checking mode) */
+    float *ws;     /* Newton–Schulz workspace: X, X', P, B of a batch of same-shape matrices */
     size_t ws_numel;
     double *ss; /* [n_ss]: per-matrix Σx² of the batch (deterministic, in double) */
     size_t n_ss;

@@ -17,10 +17,12 @@ using namespace k3c_cu;
 
 /* cuBLASLt is column-major: the row-major product C = op(A) op(B) is computed as Cᵀ = op(B)ᵀ op(A)ᵀ, i.e. with the
  * operands swapped and each row-major buffer read as its column-major transpose. batch > 1: that many products at
- * element strides sA, sB, sC in one strided-batched call. */
+ * element strides sA, sB, sC in one strided-batched call. C_in (NULL: C) is the beta term's input, of C's type and
+ * layout: out of place, C = alpha op(A) op(B) + beta C_in. */
 static int lt_gemm(k3c_cuda_ctx *ctx, int lane, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                    const void *A, const void *B, float beta, void *C, cudaDataType_t ab_type, cudaDataType_t c_type,
-                   cublasComputeType_t compute, int32_t batch, int64_t sA, int64_t sB, int64_t sC, k3c_err *err) {
+                   cublasComputeType_t compute, int32_t batch, int64_t sA, int64_t sB, int64_t sC, k3c_err *err,
+                   const void *C_in = NULL) {
     if (M < 0 || N < 0 || K < 0)
         return k3c_errf(err, K3C_EINVAL, "gemm: negative size %lld %lld %lld", (long long)M, (long long)N,
                         (long long)K);
@@ -60,8 +62,8 @@ static int lt_gemm(k3c_cuda_ctx *ctx, int lane, int trans_a, int trans_b, int64_
                       (long long)M, (long long)N, (long long)K);
         goto done;
     }
-    K3C_LT(cublasLtMatmul((cublasLtHandle_t)ctx->lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur.algo,
-                          lane < 0 ? ctx->lt_ws : ctx->lane_ws[lane], ctx->lt_ws_bytes,
+    K3C_LT(cublasLtMatmul((cublasLtHandle_t)ctx->lt, op, &alpha, B, la, A, lb, &beta, C_in ? C_in : C, lc, C, lc,
+                          &heur.algo, lane < 0 ? ctx->lt_ws : ctx->lane_ws[lane], ctx->lt_ws_bytes,
                           lane < 0 ? K3C_STREAM : (cudaStream_t)ctx->lane[lane]));
 done:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -77,6 +79,16 @@ extern "C" int k3c_gemm_bf16_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, i
                                   k3c_err *err) {
     return lt_gemm(ctx, -1, trans_a, trans_b, M, N, K, alpha, A, B, beta, C, CUDA_R_16BF,
                    c_f32 ? CUDA_R_32F : CUDA_R_16BF, CUBLAS_COMPUTE_32F, 1, 0, 0, 0, err);
+}
+
+extern "C" int k3c_gemm_bf16_batched_cuda(k3c_cuda_ctx *ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                                          float alpha, const uint16_t *A, int64_t sA, const uint16_t *B, int64_t sB,
+                                          float beta, const uint16_t *C_in, uint16_t *C, int64_t sC, int32_t batch,
+                                          k3c_err *err) {
+    if (batch < 0) return k3c_errf(err, K3C_EINVAL, "gemm: negative batch %d", (int)batch);
+    if (batch == 0) return K3C_OK;
+    return lt_gemm(ctx, -1, trans_a, trans_b, M, N, K, alpha, A, B, beta, C, CUDA_R_16BF, CUDA_R_16BF,
+                   CUBLAS_COMPUTE_32F, batch, sA, sB, sC, err, C_in);
 }
 
 extern "C" const char *k3c_gemm_mode_name(int gemm) {

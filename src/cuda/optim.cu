@@ -1,5 +1,6 @@
-/* optim.cu — the optimizer on the GPU: AdamW, (Per-Head) Muon with Newton–Schulz-5 on batched fp32 GEMMs, and
- * deterministic gradient-norm clipping; twins of ops/adamw.c, muon.c, grad_norm.c. docs/MODEL.md §10.1, §10.3. */
+/* optim.cu — the optimizer on the GPU: AdamW, (Per-Head) Muon with Newton–Schulz-5 on batched bf16 (fp32
+ * accumulation) or fp32 GEMMs, and deterministic gradient-norm clipping; twins of ops/adamw.c, muon.c, grad_norm.c.
+ * docs/MODEL.md §10.1, §10.3, §10.4. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,9 @@
 #include "cuda/common.cuh"
 #include "cuda/cuda_optim.h"
 
+using k3c_cu::bf16;
+using k3c_cu::store_as;
+
 namespace {
 
 constexpr int NT = 256;                       /* threads of every kernel here (the reductions assume it) */
@@ -17,7 +21,10 @@ constexpr size_t WS_BUDGET = (size_t)1 << 26; /* floats of NS workspace beyond t
 constexpr int64_t MAX_GRID = 1 << 20;
 
 /* Batch items start on 256-byte boundaries: cuBLASLt's heuristics assume aligned operands by default. */
-size_t ru64(size_t n) { return (n + 63) / 64 * 64; }
+template <class T> size_t ru256(size_t n) {
+    const size_t q = 256 / sizeof(T);
+    return (n + q - 1) / q * q;
+}
 
 int grid_for(int64_t n) { return (int)(n <= 0 ? 1 : ((n + NT - 1) / NT < MAX_GRID ? (n + NT - 1) / NT : MAX_GRID)); }
 
@@ -25,17 +32,28 @@ bool uses_muon(const k3c_optim *o, const k3c_param *p) {
     return p->kind == K3C_PK_MATRIX && o->matrix_optimizer == K3C_MATRIX_MUON;
 }
 bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
+bool ns_in_bf16(const k3c_optim_cuda *oc, const k3c_optim *o) {
+    return o->muon_precision == K3C_MUON_BF16 || (o->muon_precision == K3C_MUON_AUTO && oc->auto_bf16);
+}
 int64_t block_rows(const k3c_optim *o, const k3c_param *p) { return o->per_head ? p->head_rows : 0; }
 
-/* One Muon matrix shape: R × C blocks (a head's rows or the whole slice), r ≤ c its short and long side. */
+/* One Muon matrix shape: R × C blocks (a head's rows or the whole slice), r ≤ c its short and long side. A tall block
+ * (R > C) stays as it is stored: NS5 on its transpose Y = Xᵀ, Y ← aY + (bP + cP²)Y with P = YYᵀ = XᵀX, is
+ * X ← aX + X(bP + cP²) (P symmetric), so the products take X transposed instead of the loads and the update
+ * transposing it with strided accesses. */
 struct mshape {
     int64_t R, C;
+    bool tall() const { return R > C; }
     size_t r() const { return (size_t)(R < C ? R : C); }
     size_t c() const { return (size_t)(R < C ? C : R); }
-    size_t sx() const { return ru64(r() * c()); } /* stride of X, X' items */
-    size_t sp() const { return ru64(r() * r()); } /* stride of P, B items */
-    size_t need() const { return 2 * sx() + 2 * sp(); }
 };
+/* Strides (elements of T) of the X, X' and of the P, B items, and the workspace one matrix takes, in floats. The
+ * workspace is sized for float elements; a bf16 matrix takes at most that (half, up to the alignment). */
+template <class T> size_t stride_x(const mshape &s) { return ru256<T>(s.r() * s.c()); }
+template <class T> size_t stride_p(const mshape &s) { return ru256<T>(s.r() * s.r()); }
+template <class T> size_t need_floats(const mshape &s) {
+    return (sizeof(T) * (2 * stride_x<T>(s) + 2 * stride_p<T>(s)) + sizeof(float) - 1) / sizeof(float);
+}
 
 /* ---------------------------------------------------------------- kernels
  * Float arithmetic through __f*_rn so nvcc never contracts into FMA: the CPU build (ISO C11) does not either, which
@@ -93,14 +111,18 @@ __device__ double block_sum(double s, double *red) {
     return total;
 }
 
-/* One thread block per R × C matrix b (consecutive in g / mom): U = G + μM (Nesterov) or M, X_b = U / (‖U‖_F + eps),
- * stored short side first ([C, R] when R > C), as ns_load does. */
-__global__ void ns_load_kernel(const float *g, const float *mom, int64_t R, int64_t C, int nesterov, float mu, float *X,
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
+
+/* One thread block per R × C matrix b (consecutive in g / mom): U = G + μM (Nesterov) or M, X_b = U / (‖U‖_F + eps)
+ * (the norm in double, X_b rounded once to T), in U's layout. */
+template <class T>
+__global__ void ns_load_kernel(const float *g, const float *mom, int64_t R, int64_t C, int nesterov, float mu, T *X,
                                int64_t sx) {
     __shared__ double red[NT];
     const int64_t n = R * C, b = blockIdx.x;
     const float *gb = g + b * n, *mb = mom + b * n;
-    float *xb = X + b * sx;
+    T *xb = X + b * sx;
     double s = 0;
     for (int64_t i = threadIdx.x; i < n; i += NT) {
         const double u = muon_input(gb[i], mb[i], nesterov, mu);
@@ -108,10 +130,8 @@ __global__ void ns_load_kernel(const float *g, const float *mom, int64_t R, int6
     }
     const double ss = block_sum(s, red);
     const float inv = (float)(1.0 / (sqrt(ss) + K3C_NS_EPS));
-    for (int64_t i = threadIdx.x; i < n; i += NT) {
-        const int64_t row = i / C, col = i - row * C;
-        xb[R > C ? col * R + row : i] = __fmul_rn(muon_input(gb[i], mb[i], nesterov, mu), inv);
-    }
+    for (int64_t i = threadIdx.x; i < n; i += NT)
+        store_as(&xb[i], __fmul_rn(muon_input(gb[i], mb[i], nesterov, mu), inv));
 }
 
 __global__ void scale_copy_kernel(const float *x, float *y, int64_t n, float a) {
@@ -119,13 +139,14 @@ __global__ void scale_copy_kernel(const float *x, float *y, int64_t n, float a) 
         y[i] = __fmul_rn(a, x[i]);
 }
 
-/* W ← W·decay − step·O over nb consecutive R × C matrices, O read back from the (possibly transposed) batch. */
-__global__ void muon_apply_kernel(float *w, const float *X, int64_t R, int64_t C, int64_t sx, int64_t nb, float decay,
+/* W ← W·decay − step·O over nb consecutive R × C matrices, O read back from the batch (items sx apart). */
+template <class T>
+__global__ void muon_apply_kernel(float *w, const T *X, int64_t R, int64_t C, int64_t sx, int64_t nb, float decay,
                                   float step) {
     const int64_t n = R * C, total = nb * n;
     for (int64_t i = blockIdx.x * (int64_t)NT + threadIdx.x; i < total; i += (int64_t)gridDim.x * NT) {
-        const int64_t b = i / n, k = i - b * n, row = k / C, col = k - row * C;
-        const float o = X[b * sx + (R > C ? col * R + row : k)];
+        const int64_t b = i / n, k = i - b * n;
+        const float o = to_f(X[b * sx + k]);
         w[i] = __fsub_rn(__fmul_rn(w[i], decay), __fmul_rn(step, o));
     }
 }
@@ -184,21 +205,63 @@ int bgemm(const k3c_optim_cuda *oc, int ta, int tb, int64_t M, int64_t N, int64_
     return K3C_OK;
 }
 
-/* NS5 on nb loaded matrices of shape s in the workspace (X at ws); returns where the result lies (X or X'). */
-int ns_batch(const k3c_optim_cuda *oc, const mshape &s, int64_t nb, int steps, float **out, k3c_err *err) {
-    const size_t r = s.r(), c = s.c(), sx = s.sx(), sp = s.sp();
-    float *X = oc->ws, *Xn = X + nb * sx, *P = Xn + nb * sx, *B = P + nb * sp;
+/* NS5 on nb loaded matrices of shape s in the workspace (X at ws); returns where the result lies (X or X'). fp32. */
+int ns_batch(const k3c_optim_cuda *oc, const mshape &s, int64_t nb, int steps, float *ws, float **out, k3c_err *err) {
+    const size_t r = s.r(), c = s.c(), sx = stride_x<float>(s), sp = stride_p<float>(s);
+    const int tall = s.tall();
+    float *X = ws, *Xn = X + nb * sx, *P = Xn + nb * sx, *B = P + nb * sp;
     for (int it = 0; it < steps; it++) {
-        int rc = bgemm(oc, 0, 1, r, r, c, 1.0, X, sx, X, sx, 0.0, P, sp, nb, err); /* P = X Xᵀ */
+        int rc = bgemm(oc, tall, !tall, r, r, c, 1.0, X, sx, X, sx, 0.0, P, sp, nb, err); /* P = X Xᵀ (tall: XᵀX) */
         if (rc) return rc;
         scale_copy_kernel<<<grid_for(nb * sp), NT, 0, K3C_STREAM>>>(P, B, nb * sp, (float)K3C_NS_B);
         K3C_CU_LAUNCHED("ns scale");
         rc = bgemm(oc, 0, 0, r, r, r, (float)K3C_NS_C, P, sp, P, sp, 1.0, B, sp, nb, err); /* B = bP + cP² */
         if (rc) return rc;
         K3C_CU(cudaMemcpyAsync(Xn, X, sizeof(float) * nb * sx, cudaMemcpyDeviceToDevice, K3C_STREAM));
-        rc = bgemm(oc, 0, 0, r, c, r, 1.0, B, sp, X, sx, (float)K3C_NS_A, Xn, sx, nb, err); /* X' = aX + B X */
+        rc = tall ? bgemm(oc, 0, 0, c, r, r, 1.0, X, sx, B, sp, (float)K3C_NS_A, Xn, sx, nb, err)  /* aX + X B */
+                  : bgemm(oc, 0, 0, r, c, r, 1.0, B, sp, X, sx, (float)K3C_NS_A, Xn, sx, nb, err); /* aX + B X */
         if (rc) return rc;
         float *t = X;
+        X = Xn;
+        Xn = t;
+    }
+    *out = X;
+    return K3C_OK;
+}
+
+int bgemm16(const k3c_optim_cuda *oc, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16 *A,
+            size_t sA, const bf16 *B, size_t sB, float beta, const bf16 *C_in, bf16 *C, size_t sC, int64_t batch,
+            k3c_err *err) {
+    const uint16_t *a = (const uint16_t *)A, *b = (const uint16_t *)B, *ci = (const uint16_t *)C_in;
+    uint16_t *c = (uint16_t *)C;
+    if (oc->batched)
+        return k3c_gemm_bf16_batched_cuda(oc->cu, ta, tb, M, N, K, alpha, a, (int64_t)sA, b, (int64_t)sB, beta, ci, c,
+                                          (int64_t)sC, (int32_t)batch, err);
+    for (int64_t i = 0; i < batch; i++) {
+        int rc = k3c_gemm_bf16_batched_cuda(oc->cu, ta, tb, M, N, K, alpha, a + i * sA, 0, b + i * sB, 0, beta,
+                                            ci ? ci + i * sC : nullptr, c + i * sC, 0, 1, err);
+        if (rc) return rc;
+    }
+    return K3C_OK;
+}
+
+/* The same in bf16, as the Muon reference runs it: X, P, B stored bf16, every product on bf16 tensor cores with fp32
+ * accumulation. The polynomial's combinations ride in the GEMMs' fp32 epilogue (B = c·PP + b·P and X' = B·X + a·X,
+ * out of place), each rounded once to bf16 where the reference's bf16 tensors round every term: no extra pass over
+ * memory, and no more rounding than the reference. */
+int ns_batch(const k3c_optim_cuda *oc, const mshape &s, int64_t nb, int steps, bf16 *ws, bf16 **out, k3c_err *err) {
+    const size_t r = s.r(), c = s.c(), sx = stride_x<bf16>(s), sp = stride_p<bf16>(s);
+    const int tall = s.tall();
+    const float a = (float)K3C_NS_A, b = (float)K3C_NS_B, cc = (float)K3C_NS_C;
+    bf16 *X = ws, *Xn = X + nb * sx, *P = Xn + nb * sx, *B = P + nb * sp;
+    for (int it = 0; it < steps; it++) {
+        int rc = bgemm16(oc, tall, !tall, r, r, c, 1.0f, X, sx, X, sx, 0.0f, nullptr, P, sp, nb, err); /* X Xᵀ, XᵀX */
+        if (!rc) rc = bgemm16(oc, 0, 0, r, r, r, cc, P, sp, P, sp, b, P, B, sp, nb, err); /* B = c PP + b P */
+        if (!rc)
+            rc = tall ? bgemm16(oc, 0, 0, c, r, r, 1.0f, X, sx, B, sp, a, X, Xn, sx, nb, err)  /* X' = X B + a X */
+                      : bgemm16(oc, 0, 0, r, c, r, 1.0f, B, sp, X, sx, a, X, Xn, sx, nb, err); /* X' = B X + a X */
+        if (rc) return rc;
+        bf16 *t = X;
         X = Xn;
         Xn = t;
     }
@@ -214,15 +277,18 @@ struct piece {
     int64_t nb, at;
 };
 
-/* Every Muon entry of one shape, in chunks of as many matrices as the workspace holds: load, NS5, apply. */
+/* Every Muon entry of one shape, in chunks of as many matrices as the workspace holds: load, NS5 on T elements,
+ * apply. */
+template <class T>
 int muon_group(const k3c_optim_cuda *oc, const k3c_optim *o, const k3c_param_table *t, const mshape &s,
                const std::vector<int> &entries, float *w, const float *g, float *state, double lr, k3c_err *err) {
-    const size_t cap_ws = oc->ws_numel / s.need();
+    const size_t cap_ws = oc->ws_numel / need_floats<T>(s), sxs = stride_x<T>(s);
+    T *ws = (T *)oc->ws;
     if (cap_ws == 0)
         return k3c_errf(err, K3C_EINVAL,
                         "optimizer (cuda): a %lldx%lld Muon block needs %zu workspace floats, have %zu "
                         "(optimizer settings changed after k3c_optim_cuda_init?)",
-                        (long long)s.R, (long long)s.C, s.need(), oc->ws_numel);
+                        (long long)s.R, (long long)s.C, need_floats<T>(s), oc->ws_numel);
     const int64_t cap = cap_ws < (size_t)INT32_MAX ? (int64_t)cap_ws : INT32_MAX;
     const float mu = (float)o->muon_momentum;
     const float step = (float)(lr * o->muon_scale * sqrt((double)(s.R > s.C ? s.R : s.C)));
@@ -230,12 +296,12 @@ int muon_group(const k3c_optim_cuda *oc, const k3c_optim *o, const k3c_param_tab
     std::vector<piece> chunk;
     int64_t filled = 0;
     auto flush = [&]() -> int {
-        float *O = nullptr;
-        int rc = filled ? ns_batch(oc, s, filled, o->ns_steps, &O, err) : K3C_OK;
+        T *O = nullptr;
+        int rc = filled ? ns_batch(oc, s, filled, o->ns_steps, ws, &O, err) : K3C_OK;
         for (size_t i = 0; !rc && i < chunk.size(); i++) {
             const piece &pc = chunk[i];
-            muon_apply_kernel<<<grid_for(pc.nb * s.R * s.C), NT, 0, K3C_STREAM>>>(pc.w, O + pc.at * s.sx(), s.R, s.C,
-                                                                                  (int64_t)s.sx(), pc.nb, decay, step);
+            muon_apply_kernel<<<grid_for(pc.nb * s.R * s.C), NT, 0, K3C_STREAM>>>(pc.w, O + pc.at * sxs, s.R, s.C,
+                                                                                  (int64_t)sxs, pc.nb, decay, step);
             K3C_CU_LAUNCHED("muon apply");
         }
         chunk.clear();
@@ -250,7 +316,7 @@ int muon_group(const k3c_optim_cuda *oc, const k3c_optim *o, const k3c_param_tab
         for (int64_t j = 0; j < nb;) {
             const int64_t take = nb - j < cap - filled ? nb - j : cap - filled;
             ns_load_kernel<<<(unsigned)take, NT, 0, K3C_STREAM>>>(pg + j * bn, mom + j * bn, s.R, s.C, o->nesterov, mu,
-                                                                  oc->ws + filled * s.sx(), (int64_t)s.sx());
+                                                                  ws + filled * sxs, (int64_t)sxs);
             K3C_CU_LAUNCHED("ns load");
             chunk.push_back({pw + j * bn, pg + j * bn, mom + j * bn, take, filled});
             filled += take;
@@ -295,6 +361,7 @@ extern "C" int k3c_optim_cuda_init(k3c_optim_cuda *oc, k3c_cuda_ctx *cu, void *(
     oc->alloc = alloc;
     oc->free = free_fn;
     oc->batched = 1;
+    oc->auto_bf16 = 1;
     size_t max_need = 0, sum_need = 0;
     for (int i = 0; i < t->n; i++) {
         const k3c_param *p = &t->p[i];
@@ -302,8 +369,9 @@ extern "C" int k3c_optim_cuda_init(k3c_optim_cuda *oc, k3c_cuda_ctx *cu, void *(
         int rc = check_muon_entry(o, p, err);
         if (rc) return rc;
         const mshape s = shape_of(o, p);
-        if (s.need() > max_need) max_need = s.need();
-        sum_need += s.need() * (size_t)(p->numel / (s.R * s.C));
+        const size_t need = need_floats<float>(s); /* either precision's */
+        if (need > max_need) max_need = need;
+        sum_need += need * (size_t)(p->numel / (s.R * s.C));
     }
     oc->ws_numel = sum_need < WS_BUDGET ? sum_need : WS_BUDGET;
     if (max_need > oc->ws_numel) oc->ws_numel = max_need;
@@ -377,16 +445,17 @@ extern "C" int k3c_optim_step_entries_cuda(k3c_optim_cuda *oc, k3c_optim *o, con
         const float decay = (float)(1.0 - lr * wd);
         float *pm = st, *pv = st + p->numel;
         if (p->used % 4 == 0 && aligned16(pw) && aligned16(pg) && aligned16(pm) && aligned16(pv))
-            adamw4_kernel<<<grid_for(p->used / 4), NT, 0, K3C_STREAM>>>(
-                (float4 *)pw, (const float4 *)pg, (float4 *)pm, (float4 *)pv, p->used / 4, b1, b2, omb1, omb2, eps,
-                step_size, inv_sqrt_bc2, decay);
+            adamw4_kernel<<<grid_for(p->used / 4), NT, 0, K3C_STREAM>>>((float4 *)pw, (const float4 *)pg, (float4 *)pm,
+                                                                        (float4 *)pv, p->used / 4, b1, b2, omb1, omb2,
+                                                                        eps, step_size, inv_sqrt_bc2, decay);
         else
             adamw_kernel<<<grid_for(p->used), NT, 0, K3C_STREAM>>>(pw, pg, pm, pv, p->used, b1, b2, omb1, omb2, eps,
                                                                    step_size, inv_sqrt_bc2, decay);
         K3C_CU_LAUNCHED("adamw");
     }
     for (const group &gr : groups) {
-        int rc = muon_group(oc, o, t, gr.s, gr.entries, w, g, state, lr, err);
+        int rc = ns_in_bf16(oc, o) ? muon_group<bf16>(oc, o, t, gr.s, gr.entries, w, g, state, lr, err)
+                                   : muon_group<float>(oc, o, t, gr.s, gr.entries, w, g, state, lr, err);
         if (rc) return rc;
     }
     return K3C_OK;
@@ -437,6 +506,8 @@ int ob_open(void *ctx, const k3c_optim *o, const k3c_param_table *t, void **inst
         free(oc);
         return rc;
     }
+    /* the fp32 GEMM mode is the checking mode, in which the whole step follows the CPU's fp32 */
+    oc->auto_bf16 = b->gemm != K3C_GEMM_FP32;
     *inst = oc;
     return K3C_OK;
 }

@@ -55,6 +55,25 @@ int k3c_optim_parse_matrix(const char *name, int *out, k3c_err *err) {
                     name ? name : "(null)");
 }
 
+int k3c_optim_parse_muon_precision(const char *name, int *out, k3c_err *err) {
+    static const char *const names[] = {"auto", "fp32", "bf16"};
+    for (int i = 0; i < 3; i++)
+        if (name && strcmp(name, names[i]) == 0) {
+            *out = i; /* K3C_MUON_AUTO, _FP32, _BF16 */
+            return K3C_OK;
+        }
+    return k3c_errf(err, K3C_EINVAL, "optimizer: muon precision '%s' is not one of auto, fp32, bf16",
+                    name ? name : "(null)");
+}
+
+int k3c_optim_check_cpu(const k3c_optim *o, k3c_err *err) {
+    if (o->muon_precision == K3C_MUON_BF16 && o->matrix_optimizer == K3C_MATRIX_MUON)
+        return k3c_errf(err, K3C_EUNSUPPORTED,
+                        "optimizer: muon precision bf16 runs on the GPU only; the CPU's Newton-Schulz is fp32 (ask "
+                        "for fp32 or auto)");
+    return K3C_OK;
+}
+
 static int uses_muon(const k3c_optim *o, const k3c_param *p) {
     return p->kind == K3C_PK_MATRIX && o->matrix_optimizer == K3C_MATRIX_MUON;
 }
@@ -80,6 +99,8 @@ static int check_hp(const k3c_optim *o, k3c_err *err) {
                         o->weight_decay, o->muon_momentum, o->ns_steps, o->muon_scale);
     if (o->matrix_optimizer != K3C_MATRIX_MUON && o->matrix_optimizer != K3C_MATRIX_ADAMW)
         return k3c_errf(err, K3C_EINVAL, "optimizer: unknown matrix optimizer %d", o->matrix_optimizer);
+    if (o->muon_precision < K3C_MUON_AUTO || o->muon_precision > K3C_MUON_BF16)
+        return k3c_errf(err, K3C_EINVAL, "optimizer: unknown muon precision %d", o->muon_precision);
     return K3C_OK;
 }
 
@@ -171,6 +192,7 @@ int k3c_optim_check_step(const k3c_optim *o, const k3c_param_table *t, int first
 int k3c_optim_step_entries(k3c_optim *o, const k3c_param_table *t, int first, int last, float *w, const float *g,
                            float *state, double lr, int64_t step, k3c_err *err) {
     int rc = k3c_optim_check_step(o, t, first, last, lr, step, err);
+    if (!rc) rc = k3c_optim_check_cpu(o, err);
     if (rc) return rc;
     const k3c_adamw_hp hp = {o->beta1, o->beta2, o->eps};
     for (int i = first; i < last; i++) {

@@ -70,9 +70,9 @@ static int linear_bwd(void *ctx, const k3c_linear_sizes *s, const real *x, const
 
 /* ---------------------------------------------------------------- the training step (float tables) */
 static int optim_open(void *ctx, const k3c_optim *o, const k3c_param_table *t, void **inst, k3c_err *err) {
-    (void)ctx, (void)o, (void)t, (void)err;
+    (void)ctx, (void)t;
     *inst = NULL; /* k3c_optim_init already allocated the Newton–Schulz workspace */
-    return K3C_OK;
+    return k3c_optim_check_cpu(o, err);
 }
 static void optim_close(void *inst) { (void)inst; }
 static int optim_step(void *inst, k3c_optim *o, const k3c_param_table *t, int first, int last, float *w, const float *g,

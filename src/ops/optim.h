@@ -59,6 +59,11 @@ int k3c_muon_update(const k3c_muon_hp *hp, float *w, const float *g, float *mom,
  * everything). ROUTER_BIAS: never touched (QB owns it). Only the first `used` elements of an entry are updated (A_log
  * padding stays as loaded). The same lr drives Muon and AdamW (Moonlight), the per-entry split is table order. */
 typedef enum { K3C_MATRIX_MUON = 0, K3C_MATRIX_ADAMW = 1 } k3c_matrix_optimizer;
+/* The Newton–Schulz precision (docs/MODEL.md §10.4): AUTO is the backend's own (the GPU: bf16 products with fp32
+ * accumulation, as the Muon reference runs them, except in its fp32 GEMM checking mode; the CPU: fp32); FP32
+ * everywhere; BF16 only on the GPU (the CPU's step returns K3C_EUNSUPPORTED rather than run something else than
+ * asked). */
+typedef enum { K3C_MUON_AUTO = 0, K3C_MUON_FP32 = 1, K3C_MUON_BF16 = 2 } k3c_muon_precision;
 
 typedef struct {
     /* hyper-parameters (k3c_optim_defaults sets the Moonlight values of docs/TRAINING.md §1.3) */
@@ -72,6 +77,7 @@ typedef struct {
     double muon_scale;    /* 0.2 */
     int per_head;         /* honour k3c_param.head_rows (1, K3) or orthogonalise whole matrices (0, Moonlight) */
     int matrix_optimizer; /* k3c_matrix_optimizer */
+    int muon_precision;   /* k3c_muon_precision (AUTO) */
     /* filled by k3c_optim_init (read-only for callers) */
     int n_entries;
     size_t *state_off;  /* [n_entries]: float offset of entry i's state (Muon: momentum; AdamW: m, then v) */
@@ -83,6 +89,10 @@ typedef struct {
 void k3c_optim_defaults(k3c_optim *o);
 /* "muon" / "adamw" → k3c_matrix_optimizer; K3C_EINVAL otherwise. */
 int k3c_optim_parse_matrix(const char *name, int *out, k3c_err *err);
+/* "auto" / "fp32" / "bf16" → k3c_muon_precision; K3C_EINVAL otherwise. */
+int k3c_optim_parse_muon_precision(const char *name, int *out, k3c_err *err);
+/* K3C_EUNSUPPORTED when o asks for a Newton–Schulz precision the CPU does not run (bf16); every CPU step checks it. */
+int k3c_optim_check_cpu(const k3c_optim *o, k3c_err *err);
 /* Floats of state for table t under o's hyper-parameters (the caller allocates and zeroes them: zero = step 0). */
 size_t k3c_optim_state_numel(const k3c_optim *o, const k3c_param_table *t);
 /* Validates the hyper-parameters against t and allocates the layout and workspace (k3c_optim_free before re-init). */

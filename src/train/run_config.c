@@ -287,8 +287,8 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
     }
     const k3c_json *opt = k3c_json_get(r, "optimizer");
     if (opt) {
-        static const char *const okeys[] = {"matrix", "weight_decay", "beta1",       "beta2",
-                                            "eps",    "grad_clip",    "qk_clip_tau", NULL};
+        static const char *const okeys[] = {"matrix", "muon_precision", "weight_decay", "beta1", "beta2",
+                                            "eps",    "grad_clip",      "qk_clip_tau",  NULL};
         if (opt->type != K3C_JSON_OBJECT)
             return k3c_errf(c->err, K3C_ECONFIG, "%s: optimizer: expected an object", c->file);
         if ((e = keys_known(c, opt, "optimizer.", okeys))) return e;
@@ -300,6 +300,10 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
     if (!e && k3c_optim_parse_matrix(rc->matrix_optimizer, &m, NULL))
         e = k3c_errf(c->err, K3C_ECONFIG, "%s: optimizer.matrix: '%s' is not muon or adamw", c->file,
                      rc->matrix_optimizer);
+    if (!e) e = get_str(c, o, "optimizer.", "muon_precision", "auto", rc->muon_precision, sizeof rc->muon_precision);
+    if (!e && k3c_optim_parse_muon_precision(rc->muon_precision, &m, NULL))
+        e = k3c_errf(c->err, K3C_ECONFIG, "%s: optimizer.muon_precision: '%s' is not auto, fp32 or bf16", c->file,
+                     rc->muon_precision);
     if (!e) e = get_num(c, o, "optimizer.", "weight_decay", 0.1, 0, &rc->weight_decay);
     if (!e) e = get_num(c, o, "optimizer.", "beta1", 0.9, 0, &rc->beta1);
     if (!e) e = get_num(c, o, "optimizer.", "beta2", 0.95, 0, &rc->beta2);

@@ -727,6 +727,7 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     tr->opt.beta2 = rc->beta2;
     tr->opt.eps = rc->eps;
     if ((e = k3c_optim_parse_matrix(rc->matrix_optimizer, &tr->opt.matrix_optimizer, err))) return e;
+    if ((e = k3c_optim_parse_muon_precision(rc->muon_precision, &tr->opt.muon_precision, err))) return e;
     if ((e = k3c_optim_init(&tr->opt, &tr->m.table, err))) return e;
     tr->whole_layout = tr->opt;
     tr->whole_layout.state_off = NULL, tr->whole_layout.ws = NULL;

@@ -1,5 +1,6 @@
 /* test_optim_cuda.cu — the GPU training step's tail against the CPU one: the optimizer (src/cuda/optim.cu vs ops/adamw.c,
- * muon.c, grad_norm.c: AdamW, (Per-Head) Muon with NS5, entry sub-ranges, gradient-norm clipping), the backend table's
+ * muon.c, grad_norm.c: AdamW, (Per-Head) Muon with NS5 in fp32 and in bf16, the singular values of bf16 NS5's output,
+ * entry sub-ranges, gradient-norm clipping), the backend table's
  * training entries in device memory, quantile balancing, the bias step of its baseline arm and QK-Clip
  * (cuda/quantile_balance.cu, qk_clip.cu vs the CPU table's entries), over parameter tables and several steps of state,
  * which the op rows of test_backend_ops do not model; prints the step's time on the model tables (batched and looped
@@ -7,6 +8,7 @@
  * Usage: test_optim_cuda [seed]. Needs configs/k3_test_tiny.json and configs/k3_tiny.json (skipped when absent). */
 #include <algorithm>
 #include <chrono>
+#include <functional>
 
 #include "cuda/testing.cuh"
 #include "cuda/cuda_optim.h"
@@ -21,6 +23,23 @@ extern "C" {
  *    Frobenius norm's double reduction order differs), ~1e-7 relative per GEMM, grown by the quintic iteration's
  *    coefficients (|a|, |b|, |c| up to 4.8) over 15 GEMMs and 3 steps. */
 static const double TOL_EXACT = 1e-6, TOL_MUON = 1e-4;
+
+/* bf16 Newton–Schulz (what K3C_MUON_AUTO runs on the GPU outside the fp32 GEMM mode) against the CPU's fp32 one.
+ * bf16 keeps 8 significant bits (unit roundoff u = 2⁻⁹ ≈ 2e-3). Each iteration stores three products (P, B, X'), each
+ * rounded once, and X' = aX + BX cancels (|BX| ≈ 2.7|X| against |X'| ≈ 0.7|X|), so every iteration adds a few u of
+ * relative error, which NS5's map does not damp (|σφ'(σ)/φ(σ)| ≈ 1 over the band): about 5·3u ≈ 1.5% after five
+ * iterations, whatever the size. A CPU emulation of exactly these roundings (docs/MODEL.md §10.4) stays within half
+ * of the tolerance below. Hence:
+ *  - TOL_MUON_BF16 = 5e-2 on ‖O − O_cpu‖_F / ‖O_cpu‖_F and on the Muon weights' change over the steps (the change is
+ *    lr·scale·sqrt(max)·O plus the decay term both compute alike; the momentum does not depend on the weights, so the
+ *    state stays bitwise equal);
+ *  - and the bf16 error must EXCEED TOL_MUON: otherwise the fp32 path ran.
+ * NS5's band: φ(σ) = aσ + bσ³ + cσ⁵ maps [0.68, 1.21] into itself (local minimum φ(1.05) = 0.683, maximum
+ * φ(0.554) = 1.203), so a singular value that has entered it stays there. A block whose fp32 singular values all lie
+ * in [0.68, 1.21] ("converged": inputs with σ_min/‖G‖_F ≳ 2e-3) must have its bf16 ones in [0.6, 1.25], each within
+ * TOL_SIGMA = 0.1 of the fp32 one (twice the emulation's worst, §10.4). Blocks that have not converged
+ * (ill-conditioned square blocks) are held to the Frobenius tolerance only. */
+static const double TOL_MUON_BF16 = 5e-2, TOL_SIGMA = 0.1, BAND_LO = 0.6, BAND_HI = 1.25;
 
 /* A hand-built parameter table: every entry kind, stacked experts, per-head blocks, rows > cols, odd shapes, A_log-style
  * padding (used < numel), a router bias, an entry over one 32K grad-norm block. */
@@ -50,7 +69,7 @@ struct table {
 
 static void build_hand_table(table &tb) {
     tb.add("model.embed_tokens.weight", K3C_PK_EMBED, 37, 24);
-    tb.add("q_proj.weight", K3C_PK_MATRIX, 48, 24, 0, 12); /* 4 heads 12×24; whole 48×24 transposed */
+    tb.add("q_proj.weight", K3C_PK_MATRIX, 48, 24, 0, 12); /* 4 heads 12×24; whole 48×24 tall */
     tb.add("k_proj.weight", K3C_PK_MATRIX, 48, 24, 0, 12); /* same shape: grouped with q_proj */
     tb.add("v_proj.weight", K3C_PK_MATRIX, 48, 24, 0, 12);
     tb.add("g_proj.weight", K3C_PK_MATRIX, 48, 24, 0, 12); /* 16 blocks of 12×24 in the group */
@@ -59,7 +78,7 @@ static void build_hand_table(table &tb) {
     tb.add("A_log", K3C_PK_VECTOR, 16, 0, 0, 0, 5); /* padding beyond 5 stays as loaded */
     tb.add("gate.e_score_correction_bias", K3C_PK_ROUTER_BIAS, 8, 0);
     tb.add("experts.%d.w1.weight", K3C_PK_MATRIX, 20, 24, 6);    /* 6 experts, wide */
-    tb.add("experts.%d.w2.weight", K3C_PK_MATRIX, 24, 20, 6);    /* 6 experts, tall (transposed) */
+    tb.add("experts.%d.w2.weight", K3C_PK_MATRIX, 24, 20, 6);    /* 6 experts, tall */
     tb.add("experts.%d.w3.weight", K3C_PK_MATRIX, 32, 24, 4, 8); /* heads inside expert slices */
     tb.add("kv_b_proj.weight", K3C_PK_MATRIX, 48, 16, 0, 16);    /* square 16×16 blocks */
     tb.add("odd.weight", K3C_PK_MATRIX, 33, 17, 0, 11);
@@ -92,12 +111,30 @@ static size_t bit_diffs(const float *a, const float *b, size_t n) {
     return d;
 }
 
-/* Entry by entry: w (Muon tolerance on Muon entries) and the state, against the CPU, relative to the change. */
-static void compare_all(harness &h, const char *op, const std::string &cfg, const k3c_optim &o,
-                        const k3c_param_table &t, const std::vector<float> &w, const std::vector<float> &wref,
-                        const std::vector<float> &w0, const std::vector<float> &st, const std::vector<float> &stref,
-                        const std::vector<float> &st0, bool per_entry) {
+/* ‖x − ref‖² and ‖ref − base‖² over the Muon entries (the relative error of their change is sqrt(num / den)). */
+struct err_sum {
+    double num = 0, den = 0;
+    void add(const float *x, const float *ref, const float *base, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+            const double d = (double)x[i] - ref[i], c = (double)ref[i] - base[i];
+            num += d * d, den += c * c;
+        }
+    }
+    double rel() const { return den > 0 ? sqrt(num / den) : sqrt(num); }
+};
+
+/* Entry by entry: w (tolerance tol_muon on Muon entries) and the state, against the CPU, relative to the change.
+ * Returns the relative error of the Muon weights' change, all Muon entries together. */
+static double compare_all(harness &h, const char *op, const std::string &cfg, const k3c_optim &o,
+                          const k3c_param_table &t, const std::vector<float> &w, const std::vector<float> &wref,
+                          const std::vector<float> &w0, const std::vector<float> &st, const std::vector<float> &stref,
+                          const std::vector<float> &st0, bool per_entry, double tol_muon) {
     size_t exact_diff = 0;
+    err_sum mu_err;
+    for (int i = 0; i < t.n; i++)
+        if (is_muon(o, t.p[i]))
+            mu_err.add(w.data() + t.p[i].offset, wref.data() + t.p[i].offset, w0.data() + t.p[i].offset,
+                       (size_t)t.p[i].numel);
     if (!per_entry) { /* big tables: one line per buffer class */
         std::vector<float> a, b, c;
         for (int pass = 0; pass < 2; pass++) {
@@ -110,20 +147,20 @@ static void compare_all(harness &h, const char *op, const std::string &cfg, cons
                 c.insert(c.end(), w0.begin() + p.offset, w0.begin() + p.offset + p.numel);
             }
             if (pass == 0) exact_diff += bit_diffs(a.data(), b.data(), a.size());
-            h.compare(op, cfg, pass ? "w_muon" : "w_adam", a.data(), b.data(), a.size(), pass ? TOL_MUON : TOL_EXACT,
+            h.compare(op, cfg, pass ? "w_muon" : "w_adam", a.data(), b.data(), a.size(), pass ? tol_muon : TOL_EXACT,
                       c.data());
         }
         h.compare(op, cfg, "state", st.data(), stref.data(), st.size(), TOL_EXACT, st0.data());
         exact_diff += bit_diffs(st.data(), stref.data(), st.size());
         printf("  %s %s: %zu non-Muon floats differ bitwise from the CPU\n", op, cfg.c_str(), exact_diff);
-        return;
+        return mu_err.rel();
     }
     for (int i = 0; i < t.n; i++) {
         const k3c_param &p = t.p[i];
         const bool mu = is_muon(o, p);
         const std::string s = cfg + " " + p.name;
         h.compare(op, s, mu ? "w_muon" : "w", w.data() + p.offset, wref.data() + p.offset, (size_t)p.numel,
-                  mu ? TOL_MUON : TOL_EXACT, w0.data() + p.offset);
+                  mu ? tol_muon : TOL_EXACT, w0.data() + p.offset);
         if (!mu) exact_diff += bit_diffs(w.data() + p.offset, wref.data() + p.offset, (size_t)p.numel);
         if (p.kind == K3C_PK_ROUTER_BIAS) continue;
         const size_t off = o.state_off[i], n = (size_t)p.numel * (mu ? 1 : 2);
@@ -131,13 +168,17 @@ static void compare_all(harness &h, const char *op, const std::string &cfg, cons
         exact_diff += bit_diffs(st.data() + off, stref.data() + off, n);
     }
     printf("  %s %s: %zu non-Muon floats differ bitwise from the CPU\n", op, cfg.c_str(), exact_diff);
+    return mu_err.rel();
 }
 
 struct optim_cfg {
     const char *name;
     int matrix, per_head, nesterov, ns_steps, decay_vectors, batched;
     int tight_ws; /* shrink the workspace to the largest single matrix: chunks split entries and mix them */
+    int prec;     /* k3c_muon_precision */
 };
+
+static bool ns_bf16(const optim_cfg &c) { return c.matrix == K3C_MATRIX_MUON && c.prec != K3C_MUON_FP32; }
 
 /* The workspace floats one Muon matrix takes in optim.cu (X, X', P, B, items rounded up to 64 floats); duplicated
  * here only to make the workspace as small as the device code accepts. */
@@ -166,6 +207,9 @@ static void run_case(harness &h, k3c_cuda_ctx &ctx, k3c_rng *rng, const k3c_para
     o.decay_vectors = c.decay_vectors;
     o.weight_decay = 0.1;
     h.ok(k3c_optim_init(&o, &t, &h.err), "k3c_optim_init");
+    k3c_optim cpu_o = o; /* the CPU's twin steps in fp32 whatever the device's precision */
+    cpu_o.muon_precision = K3C_MUON_FP32;
+    o.muon_precision = c.prec;
     k3c_optim_cuda oc;
     h.ok(k3c_optim_cuda_init(&oc, &ctx, nullptr, nullptr, &o, &t, &h.err), "k3c_optim_cuda_init");
     oc.batched = c.batched;
@@ -181,7 +225,7 @@ static void run_case(harness &h, k3c_cuda_ctx &ctx, k3c_rng *rng, const k3c_para
         std::vector<float> g = randn(rng, t.total, 0.1);
         h.ok(k3c_cuda_h2d(dg.p, g.data(), g.size() * 4, &h.err), "h2d g");
         const double lr = 0.02 / s;
-        h.ok(k3c_optim_step_entries(&o, &t, first, last, w.data(), g.data(), st.data(), lr, step0 + s, &h.err),
+        h.ok(k3c_optim_step_entries(&cpu_o, &t, first, last, w.data(), g.data(), st.data(), lr, step0 + s, &h.err),
              "k3c_optim_step_entries (cpu)");
         h.ok(k3c_optim_step_entries_cuda(&oc, &o, &t, first, last, dw.as<float>(), dg.as<float>(), dst.as<float>(), lr,
                                          step0 + s, &h.err),
@@ -189,7 +233,124 @@ static void run_case(harness &h, k3c_cuda_ctx &ctx, k3c_rng *rng, const k3c_para
     }
     h.ok(k3c_cuda_sync(&h.err), "sync");
     const std::string cfg = fmt("%s [%d,%d)", c.name, first, last);
-    compare_all(h, op, cfg, o, t, download<float>(h, dw), w, w0, download<float>(h, dst), st, st0, per_entry);
+    const bool bf = ns_bf16(c);
+    const double mu_err = compare_all(h, op, cfg, o, t, download<float>(h, dw), w, w0, download<float>(h, dst), st, st0,
+                                      per_entry, bf ? TOL_MUON_BF16 : TOL_MUON);
+    if (bf && c.ns_steps > 0) /* the bf16 products ran: no fp32 agreement */
+        h.check_le(op, cfg, "bf16on", TOL_MUON / mu_err, 1.0);
+    k3c_optim_cuda_free(&oc);
+    k3c_optim_free(&o);
+}
+
+/* The singular values of an r × c block x (r ≤ c, row-major, double): square roots of the eigenvalues of x xᵀ by cyclic
+ * Jacobi rotations, ascending. */
+static std::vector<double> singular_values(const std::vector<double> &x, int r, int c) {
+    std::vector<double> a((size_t)r * r);
+    for (int i = 0; i < r; i++)
+        for (int j = 0; j < r; j++) {
+            double s = 0;
+            for (int k = 0; k < c; k++) s += x[(size_t)i * c + k] * x[(size_t)j * c + k];
+            a[(size_t)i * r + j] = s;
+        }
+    for (int sweep = 0; sweep < 100; sweep++) {
+        double off = 0, diag = 0;
+        for (int i = 0; i < r; i++) {
+            diag += a[(size_t)i * r + i] * a[(size_t)i * r + i];
+            for (int j = i + 1; j < r; j++) off += a[(size_t)i * r + j] * a[(size_t)i * r + j];
+        }
+        if (off <= 1e-28 * diag) break;
+        for (int p = 0; p < r; p++)
+            for (int q = p + 1; q < r; q++) {
+                const double apq = a[(size_t)p * r + q];
+                if (apq == 0) continue;
+                const double th = (a[(size_t)q * r + q] - a[(size_t)p * r + p]) / (2 * apq);
+                const double tn = (th >= 0 ? 1.0 : -1.0) / (fabs(th) + sqrt(th * th + 1));
+                const double cs = 1 / sqrt(tn * tn + 1), sn = tn * cs;
+                for (int k = 0; k < r; k++) {
+                    const double kp = a[(size_t)k * r + p], kq = a[(size_t)k * r + q];
+                    a[(size_t)k * r + p] = cs * kp - sn * kq, a[(size_t)k * r + q] = sn * kp + cs * kq;
+                }
+                for (int k = 0; k < r; k++) {
+                    const double pk = a[(size_t)p * r + k], qk = a[(size_t)q * r + k];
+                    a[(size_t)p * r + k] = cs * pk - sn * qk, a[(size_t)q * r + k] = sn * pk + cs * qk;
+                }
+            }
+    }
+    std::vector<double> sv((size_t)r);
+    for (int i = 0; i < r; i++) sv[(size_t)i] = sqrt(fabs(a[(size_t)i * r + i]));
+    std::sort(sv.begin(), sv.end());
+    return sv;
+}
+
+/* Calls f(block index, R, C, pointer into v) for every Muon block of t (per-head row blocks, expert slices). */
+static void each_block(const k3c_optim &o, const k3c_param_table &t, const std::vector<float> &v,
+                       const std::function<void(int64_t, int64_t, const float *)> &f) {
+    for (int i = 0; i < t.n; i++) {
+        const k3c_param &p = t.p[i];
+        if (!is_muon(o, p)) continue;
+        const int64_t R = o.per_head && p.head_rows > 0 ? p.head_rows : p.shape[0], C = p.shape[1];
+        for (int64_t b = 0; b < p.numel / (R * C); b++) f(R, C, v.data() + p.offset + b * R * C);
+    }
+}
+
+/* One block of O = NS5(G) from w = −lr·scale·sqrt(max(R, C))·O, short side first, in double. */
+static std::vector<double> block_O(const float *w, int64_t R, int64_t C, const k3c_optim &o) {
+    const double step = (float)(o.muon_scale * sqrt((double)(R > C ? R : C))); /* lr = 1, as optim.cu rounds it */
+    std::vector<double> x((size_t)(R * C));
+    for (int64_t i = 0; i < R; i++)
+        for (int64_t j = 0; j < C; j++) x[(size_t)(R > C ? j * R + i : i * C + j)] = -w[i * C + j] / step;
+    return x;
+}
+
+/* NS5's output itself on fresh Gaussian gradients: one Muon step from w = 0 with zero momentum, no Nesterov, no decay
+ * and lr = 1 leaves w = −scale·sqrt(max(R, C))·NS5(G) on every block. The device's O (precision prec) against the CPU's
+ * fp32 O block by block: the relative Frobenius error, and for the blocks whose CPU singular values lie in NS5's band,
+ * the device's in [BAND_LO, BAND_HI] and each within TOL_SIGMA of the CPU's (fp32: within 1e-3). */
+static void test_ns_band(harness &h, k3c_cuda_ctx &ctx, k3c_rng *rng, const k3c_param_table &t, int per_head,
+                         int prec) {
+    k3c_optim o;
+    k3c_optim_defaults(&o);
+    o.per_head = per_head, o.nesterov = 0, o.weight_decay = 0;
+    h.ok(k3c_optim_init(&o, &t, &h.err), "k3c_optim_init");
+    k3c_optim_cuda oc;
+    h.ok(k3c_optim_cuda_init(&oc, &ctx, nullptr, nullptr, &o, &t, &h.err), "k3c_optim_cuda_init");
+    std::vector<float> g = randn(rng, t.total, 0.1), w(t.total, 0.0f), st(o.state_numel ? o.state_numel : 1, 0.0f);
+    dbuf dw(h, w.data(), w.size() * 4), dst(h, st.data(), st.size() * 4), dg(h, g.data(), g.size() * 4);
+    o.muon_precision = K3C_MUON_FP32;
+    h.ok(k3c_optim_step(&o, &t, w.data(), g.data(), st.data(), 1.0, 1, &h.err), "k3c_optim_step (cpu)");
+    o.muon_precision = prec;
+    h.ok(k3c_optim_step_cuda(&oc, &o, &t, dw.as<float>(), dg.as<float>(), dst.as<float>(), 1.0, 1, &h.err),
+         "k3c_optim_step_cuda");
+    const std::vector<float> wd = download<float>(h, dw);
+    const bool bf = prec != K3C_MUON_FP32;
+    const double tol_o = bf ? TOL_MUON_BF16 : TOL_MUON, tol_s = bf ? TOL_SIGMA : 1e-3;
+    double worst_o = 0, worst_s = 0, lo = INFINITY, hi = 0, out_of_band = 0;
+    int64_t blocks = 0, converged = 0;
+    std::vector<const float *> dev_at;
+    each_block(o, t, wd, [&](int64_t, int64_t, const float *p) { dev_at.push_back(p); });
+    each_block(o, t, w, [&](int64_t R, int64_t C, const float *pc) {
+        const std::vector<double> xc = block_O(pc, R, C, o), xd = block_O(dev_at[(size_t)blocks++], R, C, o);
+        double num = 0, den = 0;
+        for (size_t i = 0; i < xc.size(); i++) num += (xd[i] - xc[i]) * (xd[i] - xc[i]), den += xc[i] * xc[i];
+        worst_o = std::max(worst_o, sqrt(num / den));
+        const int r = (int)(R < C ? R : C), c = (int)(R < C ? C : R);
+        const std::vector<double> sc = singular_values(xc, r, c), sd = singular_values(xd, r, c);
+        if (!(sc.front() >= 0.68 && sc.back() <= 1.21)) return; /* not yet in the band after ns_steps */
+        converged++;
+        for (int i = 0; i < r; i++) {
+            worst_s = std::max(worst_s, fabs(sd[(size_t)i] - sc[(size_t)i]));
+            lo = std::min(lo, sd[(size_t)i]), hi = std::max(hi, sd[(size_t)i]);
+            out_of_band += !(sd[(size_t)i] >= BAND_LO && sd[(size_t)i] <= BAND_HI);
+        }
+    });
+    const std::string name = fmt("%s ph%d", bf ? "bf16" : "fp32", per_head);
+    printf("  ns5 %s: %lld blocks, %lld in the band on the CPU; device singular values [%.3f, %.3f]\n", name.c_str(),
+           (long long)blocks, (long long)converged, lo, hi);
+    h.check_le("ns5 output", name, "O_rel", worst_o, tol_o);
+    if (bf) h.check_le("ns5 output", name, "bf16on", TOL_MUON / worst_o, 1.0);
+    h.check_le("ns5 output", name, "sigma", worst_s, tol_s);
+    h.check_le("ns5 output", name, "band", out_of_band, 0);
+    h.check_le("ns5 output", name, "conv", 2.0 * (double)converged < (double)blocks ? 1.0 : 0.0, 0);
     k3c_optim_cuda_free(&oc);
     k3c_optim_free(&o);
 }
@@ -255,8 +416,10 @@ template <class T> static std::vector<T> get(harness &h, const k3c_backend_f32 *
 }
 
 /* The trainer's path: the CUDA table's optimizer entries (optim_open, clip_grad_norm, optim_step) on its device memory
- * against the CPU table's. */
+ * against the CPU table's, at the default K3C_MUON_AUTO: fp32 Newton–Schulz in the table's fp32 GEMM mode, bf16 in the
+ * others (auto_bf16). */
 static void test_table(harness &h, k3c_cuda_backend *b, k3c_rng *rng, const k3c_param_table &t) {
+    const bool bf = b->gemm != K3C_GEMM_FP32;
     const k3c_backend_f32 *gpu = &b->table, *cpu = k3c_backend_cpu_f32();
     k3c_optim o;
     k3c_optim_defaults(&o);
@@ -275,8 +438,10 @@ static void test_table(harness &h, k3c_cuda_backend *b, k3c_rng *rng, const k3c_
     h.ok(gpu->clip_grad_norm(inst, &t, g, 1.0, &n, &h.err), "clip (cuda table)");
     h.ok(gpu->optim_step(inst, &o, &t, 0, t.n, w, g, st, 1e-2, 3, &h.err), "step (cuda table)");
     h.check_le("table optim", "clip 1.0", "norm", fabs(n - pre) / pre, TOL_EXACT);
-    compare_all(h, "table optim", "muon ph1", o, t, get(h, gpu, w, t.total), wr, w0, get(h, gpu, st, o.state_numel), sr,
-                st0, false);
+    const std::string cfg = fmt("muon ph1 auto, %s GEMMs", k3c_gemm_mode_name(b->gemm));
+    const double mu_err = compare_all(h, "table optim", cfg, o, t, get(h, gpu, w, t.total), wr, w0,
+                                      get(h, gpu, st, o.state_numel), sr, st0, false, bf ? TOL_MUON_BF16 : TOL_MUON);
+    if (bf) h.check_le("table optim", cfg, "bf16on", TOL_MUON / mu_err, 1.0);
     gpu->optim_close(inst), cpu->optim_close(cinst);
     gpu->free(w), gpu->free(g), gpu->free(st);
     k3c_optim_free(&o);
@@ -453,7 +618,9 @@ static void time_steps(harness &h, k3c_cuda_ctx &ctx, k3c_rng *rng, const k3c_pa
     std::vector<float> w0 = randn(rng, t.total, 0.05), st0(o.state_numel);
     fill_state(rng, o, t, st0);
     dbuf dw(h, w0.data(), w0.size() * 4), dst(h, st0.data(), st0.size() * 4), dg(h, w0.data(), w0.size() * 4);
-    for (int batched = 1; batched >= 0; batched--) {
+    for (int run = 0; run < 4; run++) { /* bf16 and fp32 NS5, batched and looped GEMMs */
+        const int batched = run % 2 == 0;
+        o.muon_precision = run < 2 ? K3C_MUON_BF16 : K3C_MUON_FP32;
         oc.batched = batched;
         double best = 1e30, n;
         for (int it = 0; it < 6; it++) {
@@ -466,8 +633,9 @@ static void time_steps(harness &h, k3c_cuda_ctx &ctx, k3c_rng *rng, const k3c_pa
             const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
             if (it > 0 && ms < best) best = ms;
         }
-        printf("  timing %s (%zu params, %d entries, ws %.1f MiB): clip + step %.2f ms (%s GEMMs)\n", tname, t.total,
-               t.n, oc.ws_numel * 4.0 / (1 << 20), best, batched ? "batched" : "looped");
+        printf("  timing %s (%zu params, %d entries, ws %.1f MiB): clip + step %.2f ms (%s NS5, %s GEMMs)\n", tname,
+               t.total, t.n, oc.ws_numel * 4.0 / (1 << 20), best, run < 2 ? "bf16" : "fp32",
+               batched ? "batched" : "looped");
     }
     k3c_optim_cuda_free(&oc);
     k3c_optim_free(&o);
@@ -480,26 +648,43 @@ int main(int argc, char **argv) {
     table hand;
     build_hand_table(hand);
     const k3c_param_table &t = hand.t;
-    /* name, matrix optimizer, per_head, nesterov, ns_steps, decay_vectors, batched, tight_ws */
+    /* name, matrix optimizer, per_head, nesterov, ns_steps, decay_vectors, batched, tight_ws, muon precision */
+    const int F = K3C_MUON_FP32, B = K3C_MUON_BF16;
     const optim_cfg cfgs[] = {
-        {"muon ph1", K3C_MATRIX_MUON, 1, 1, 5, 0, 1, 0},
-        {"muon ph0", K3C_MATRIX_MUON, 0, 1, 5, 0, 1, 0},
-        {"muon ph1 loop", K3C_MATRIX_MUON, 1, 0, 5, 1, 0, 0},
-        {"muon ph0 loop", K3C_MATRIX_MUON, 0, 1, 5, 0, 0, 0},
-        {"muon ns0", K3C_MATRIX_MUON, 1, 1, 0, 0, 1, 0},
-        {"adamw ph1", K3C_MATRIX_ADAMW, 1, 1, 5, 0, 1, 0},
-        {"adamw ph0 dv", K3C_MATRIX_ADAMW, 0, 1, 5, 1, 1, 0},
-        {"muon ph1 tight", K3C_MATRIX_MUON, 1, 1, 5, 0, 1, 1},
-        {"muon ph1 tight ns2", K3C_MATRIX_MUON, 1, 0, 2, 0, 1, 1},
+        {"muon ph1", K3C_MATRIX_MUON, 1, 1, 5, 0, 1, 0, F},
+        {"muon ph0", K3C_MATRIX_MUON, 0, 1, 5, 0, 1, 0, F},
+        {"muon ph1 loop", K3C_MATRIX_MUON, 1, 0, 5, 1, 0, 0, F},
+        {"muon ph0 loop", K3C_MATRIX_MUON, 0, 1, 5, 0, 0, 0, F},
+        {"muon ns0", K3C_MATRIX_MUON, 1, 1, 0, 0, 1, 0, F},
+        {"adamw ph1", K3C_MATRIX_ADAMW, 1, 1, 5, 0, 1, 0, F},
+        {"adamw ph0 dv", K3C_MATRIX_ADAMW, 0, 1, 5, 1, 1, 0, F},
+        {"muon ph1 tight", K3C_MATRIX_MUON, 1, 1, 5, 0, 1, 1, F},
+        {"muon ph1 tight ns2", K3C_MATRIX_MUON, 1, 0, 2, 0, 1, 1, F},
+        {"muon bf16 ph1", K3C_MATRIX_MUON, 1, 1, 5, 0, 1, 0, B}, /* [9]: the model tables' bf16 case */
+        {"muon bf16 ph0", K3C_MATRIX_MUON, 0, 1, 5, 0, 1, 0, B},
+        {"muon auto ph1 loop", K3C_MATRIX_MUON, 1, 0, 5, 1, 0, 0, K3C_MUON_AUTO},
+        {"muon bf16 ph0 loop", K3C_MATRIX_MUON, 0, 1, 5, 0, 0, 0, B},
+        {"muon bf16 ns0", K3C_MATRIX_MUON, 1, 1, 0, 0, 1, 0, B},
+        {"adamw bf16 ph1", K3C_MATRIX_ADAMW, 1, 1, 5, 0, 1, 0, B}, /* no Muon entry: the precision is moot */
+        {"muon bf16 ph1 tight", K3C_MATRIX_MUON, 1, 1, 5, 0, 1, 1, B},
+        {"muon bf16 ph1 tight ns2", K3C_MATRIX_MUON, 1, 0, 2, 0, 1, 1, B},
     };
     for (const optim_cfg &c : cfgs) run_case(h, ctx, &rng, t, c, 3, 0, t.n, true, "optim_step");
     /* entries [2, 10) only: the rest must stay exactly as they were */
     run_case(h, ctx, &rng, t, cfgs[0], 3, 2, 12, true, "optim_step_entries");
     run_case(h, ctx, &rng, t, cfgs[5], 2, 7, 15, true, "optim_step_entries");
+    run_case(h, ctx, &rng, t, cfgs[9], 3, 2, 12, true, "optim_step_entries");
+    for (int per_head = 1; per_head >= 0; per_head--)
+        for (int prec = K3C_MUON_FP32; prec <= K3C_MUON_BF16; prec++) test_ns_band(h, ctx, &rng, t, per_head, prec);
     test_clip(h, ctx, &rng, t, "hand");
     k3c_cuda_backend *bk = (k3c_cuda_backend *)calloc(1, sizeof *bk);
     h.ok(k3c_cuda_backend_init(bk, 0, 0, &h.err), "k3c_cuda_backend_init");
     test_table(h, bk, &rng, t);
+    k3c_cuda_backend *bk16 = (k3c_cuda_backend *)calloc(1, sizeof *bk16);
+    h.ok(k3c_cuda_backend_init(bk16, 0, K3C_GEMM_BF16, &h.err), "k3c_cuda_backend_init (bf16 GEMMs)");
+    test_table(h, bk16, &rng, t);
+    k3c_cuda_backend_destroy(bk16);
+    free(bk16);
     test_quantile_balance(h, bk, &rng);
     test_bias_balance(h, bk, &rng);
     test_qk_clip(h, bk, &rng, "configs/k3_test_tiny.json");
@@ -517,6 +702,7 @@ int main(int argc, char **argv) {
         const bool small = mi == 0;
         run_case(h, ctx, &rng, mt, cfgs[0], small ? 3 : 1, 0, mt.n, false, models[mi]);
         if (small) run_case(h, ctx, &rng, mt, cfgs[1], 3, 0, mt.n, false, models[mi]);
+        run_case(h, ctx, &rng, mt, cfgs[9], small ? 3 : 1, 0, mt.n, false, models[mi]);
         test_clip(h, ctx, &rng, mt, models[mi]);
         time_steps(h, ctx, &rng, mt, models[mi]);
         k3c_params_free(&mt);
