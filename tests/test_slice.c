@@ -1,9 +1,9 @@
-/* test_slice.c — sliced recompute (docs/MODEL.md "Sliced recompute"): a tiny K3 model (KDA, gated MLA, latent MoE,
- * two AttnRes blocks) whose recomputed layers run in slices of the sequence gives the loss, every gradient and the step
- * statistics of the unsliced model (float64 within 1e-12 relative, float32 within the golden tests' tolerance), over
- * packed documents with slice boundaries inside documents, on a document boundary and one token after a document's
- * start, T not a multiple of the slice, slices shorter than the KDA chunk; bad slices are clear errors; the planned
- * activation arena shrinks with the slice. */
+/* test_slice.c — sliced recompute (docs/TRAINING.md §1.4 "Sliced recompute"): a tiny K3 model (KDA, gated MLA, latent
+ * MoE, two AttnRes blocks) whose recomputed layers run in slices of the sequence gives the loss, every gradient and
+ * the step statistics of the unsliced model (float64 within 1e-12 relative, float32 within the golden tests'
+ * tolerance), over packed documents with slice boundaries inside documents, on a document boundary and one token after
+ * a document's start, T not a multiple of the slice, slices shorter than the KDA chunk; bad slices are clear errors;
+ * the planned activation arena shrinks with the slice. */
 #include "test.h"
 #include "ops/backend.h"
 #include "model/model.h"

@@ -12,8 +12,8 @@ typedef struct {
     real *out;   /* the mix output [T, D] */
 } k3c_mix;
 
-/* One slice of a sliced recompute (docs/MODEL.md "Sliced recompute"): tokens [start, start + len) of the batch, and
- * its pieces of documents in the layout of a context-parallel rank's range (model.h k3c_context_exchange). */
+/* One slice of a sliced recompute (docs/TRAINING.md §1.4 "Sliced recompute"): tokens [start, start + len) of the
+ * batch, and its pieces of documents laid out as a context-parallel rank's range (model.h k3c_context_exchange). */
 typedef struct {
     int64_t start, len;
     int n_docs;               /* pieces of documents in the slice */

@@ -1,6 +1,6 @@
 /* slice.c — sliced recompute: a recomputed layer's forward and backward run in slices of the sequence, as the ranks of
  * a context exchange (model.h k3c_context_exchange) that one process runs in turn, so the layer's working set is one
- * slice's. Spec: docs/MODEL.md "Sliced recompute"; docs/PARALLEL.md "Context parallelism" (the exchange). */
+ * slice's. Spec: docs/TRAINING.md §1.4 "Sliced recompute"; docs/PARALLEL.md "Context parallelism" (the exchange). */
 #include "base/check.h"
 #include "base/real.h"
 #include "model/acts.h"
