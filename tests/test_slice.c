@@ -141,6 +141,73 @@ static void sliced_equals_unsliced(void) {
     free(ref.g);
 }
 
+/* The model as pipeline stages (layer ranges) with sliced layers: a later stage reads its boundary tensors in place
+ * (the AttnRes block sources before it among them) and leaves their gradients. */
+static void stages_sliced(void) {
+    k3c_config cfg;
+    if (load_cfg(&cfg)) return;
+    enum { MAXS = 5 };
+    static const int cuts[][MAXS] = {{0, 3, 4}, {0, 1, 2, 3, 4}};
+    static const int n_cuts[] = {3, 5};
+    const int64_t T = T_TEST, D = cfg.hidden_size;
+    k3c_err err = {0};
+    int32_t ids[T_TEST];
+    for (int t = 0; t < T_TEST; t++) ids[t] = (int32_t)((t * 7 + 5) % 32);
+    k3c_model_batch b = {T_TEST, 4, ids, CU, NULL, 0, 0, NULL, NULL, NULL, NULL};
+    run_out ref;
+    run_f64(&cfg, 16, 0, 0, &ref);
+    for (int c = 0; c < 2 && !ref.rc; c++) {
+        const int S = n_cuts[c] - 1;
+        k3c_model m[MAXS];
+        k3c_arena ar[MAXS];
+        k3c_acts *acts[MAXS];
+        double *bnd[MAXS], *grd[MAXS], loss = 0;
+        for (int s = 0; s < S; s++) {
+            CHECK_OK(k3c_model_create_f64(&cfg, 1, &m[s], &err), &err);
+            k3c_model_init_f64(&m[s], 3, 0.3);
+            m[s].kda_chunk = 16;
+            m[s].recompute_slice = 8;
+            for (int l = 0; l < cfg.num_layers; l++) m[s].recompute[l] = 1;
+            size_t plan = k3c_model_plan_bytes_range_f64(&m[s], T, 4, cuts[c][s], cuts[c][s + 1]);
+            CHECK_OK(k3c_arena_init(&ar[s], plan, &err), &err);
+            double *in[K3C_ATTNRES_MAX_SOURCES], *x[K3C_ATTNRES_MAX_SOURCES], l = 0;
+            for (int k = 0; s > 0 && k < K3C_ATTNRES_MAX_SOURCES; k++) in[k] = bnd[s - 1] + k * T * D;
+            CHECK_OK(k3c_model_forward_range_f64(&m[s], &b, cuts[c][s], cuts[c][s + 1], in, &ar[s], &acts[s], &l, &err),
+                     &err);
+            loss += l;
+            int n = s + 1 < S ? k3c_acts_boundary_f64(acts[s], 0, x) : 0;
+            bnd[s] = malloc(sizeof(double) * (size_t)(n * T * D + 1));
+            grd[s] = malloc(sizeof(double) * (size_t)(n * T * D + 1));
+            for (int k = 0; k < n; k++) memcpy(bnd[s] + k * T * D, x[k], sizeof(double) * T * D);
+        }
+        run_out o = {.loss = loss, .rc = 0};
+        o.g = calloc(m[0].table.total, sizeof(double));
+        for (int s = S - 1; s >= 0; s--) {
+            const double *dout[K3C_ATTNRES_MAX_SOURCES];
+            double *dx[K3C_ATTNRES_MAX_SOURCES];
+            for (int k = 0; k < K3C_ATTNRES_MAX_SOURCES; k++) dout[k] = grd[s] + k * T * D;
+            CHECK_OK(k3c_model_backward_range_f64(&m[s], acts[s], 1.0, s + 1 < S ? dout : NULL, &err), &err);
+            int n = s > 0 ? k3c_acts_boundary_f64(acts[s], 1, dx) : 0;
+            for (int k = 0; k < n; k++) memcpy(grd[s - 1] + k * T * D, dx[k], sizeof(double) * T * D);
+            for (size_t i = 0; i < m[s].table.total; i++) o.g[i] += ((double *)m[s].g)[i];
+        }
+        char what[96], name[160];
+        snprintf(what, sizeof what, "f64 %d stages, slices of 8", S);
+        snprintf(name, sizeof name, "%s: loss rel err", what);
+        CHECK_LE(fabs(o.loss - ref.loss) / fabs(ref.loss), 1e-12, name);
+        snprintf(name, sizeof name, "%s: worst gradient rel err", what);
+        CHECK_LE(worst_grad_err(&cfg, o.g, ref.g), 1e-12, name);
+        free(o.g);
+        for (int s = 0; s < S; s++) {
+            free(bnd[s]);
+            free(grd[s]);
+            k3c_arena_free(&ar[s]);
+            k3c_model_free_f64(&m[s]);
+        }
+    }
+    free(ref.g);
+}
+
 /* Bad slices and settings that cannot run in slices: clear errors naming the setting, nothing run. */
 static void bad_slices(void) {
     k3c_config cfg;
@@ -200,6 +267,7 @@ static void plan_shrinks(void) {
 
 int main(void) {
     sliced_equals_unsliced();
+    stages_sliced();
     bad_slices();
     plan_shrinks();
     return test_summary();
