@@ -74,6 +74,7 @@
 #define k3c_mla_bwd_bytes k3c_mla_bwd_bytes_f64
 #define k3c_mla_layer_bwd k3c_mla_layer_bwd_f64
 #define k3c_mla_layer_fwd k3c_mla_layer_fwd_f64
+#define k3c_mla_layer_latent k3c_mla_layer_latent_f64
 #define k3c_mla_scratch k3c_mla_scratch_f64
 #define k3c_mlp_bwd k3c_mlp_bwd_f64
 #define k3c_mlp_fwd k3c_mlp_fwd_f64
@@ -225,6 +226,7 @@
 #define k3c_mla_bwd_bytes k3c_mla_bwd_bytes_f32
 #define k3c_mla_layer_bwd k3c_mla_layer_bwd_f32
 #define k3c_mla_layer_fwd k3c_mla_layer_fwd_f32
+#define k3c_mla_layer_latent k3c_mla_layer_latent_f32
 #define k3c_mla_scratch k3c_mla_scratch_f32
 #define k3c_mlp_bwd k3c_mlp_bwd_f32
 #define k3c_mlp_fwd k3c_mlp_fwd_f32

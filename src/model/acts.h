@@ -25,14 +25,16 @@ typedef struct {
     int32_t *keys, *keys_ops; /* ... and their offsets (host, backend memory) */
 } k3c_slice;
 
-/* A step's slices and what the sliced layers hand from slice to slice, shared by the layers (one runs at a time):
- * at boundary b (before slice b) the KDA state and its gradient [H, dk, dv], the three short-conv tails and their
- * gradients [3][C, W − 1]; the MLA latent rows [T, kv_lora_rank + qk_rope_dim] and their gradient. */
+/* A step's slices and what the sliced layers hand from slice to slice: at boundary b (before slice b) each sliced KDA
+ * layer's state [H, dk, dv] and three short-conv tails [3][C, W − 1] (from its first forward to its backward), their
+ * gradients (shared: one layer's backward runs at a time); the MLA latent rows [T, kv_lora_rank + qk_rope_dim] and
+ * their gradient (shared). */
 typedef struct {
     int n;
     int64_t S; /* tokens a slice (the last may hold fewer) */
     k3c_slice *s;
-    real *h, *dh, *tail, *dtail;     /* (n + 1) boundaries; NULL without sliced KDA layers */
+    real **h, **tail;                /* per layer (NULL: not a sliced KDA layer), (n + 1) boundaries */
+    real *dh, *dtail;                /* (n + 1) boundaries; NULL without sliced KDA layers */
     real *lat, *dlat;                /* NULL without sliced MLA layers */
     int64_t state_elems, tail_elems; /* a KDA state's reals, a conv tail's */
     int cur;                         /* the slice the exchange describes */
@@ -77,9 +79,9 @@ struct k3c_acts {
  * forward's walk, and a decode step's (model/decode.c) over buffers planned for one step. */
 int k3c_acts_run_layers(k3c_acts *a, k3c_err *err);
 
-/* Layer l's forward over a's T rows (the whole batch, or a slice's view), all of it or its token mixer's half
- * (mixer_only: the depth mix, norm and mixer, writing pmid[l]); and the backward of a layer whose forward ran last. */
-int k3c_acts_layer_fwd(k3c_acts *a, int l, int mixer_only, k3c_err *err);
+/* Layer l's forward over a's T rows (the whole batch, or a slice's view), or of an MLA layer only what later slices read
+ * (latent_only: the depth mix, norm and the latent rows); and the backward of a layer whose forward ran last. */
+int k3c_acts_layer_fwd(k3c_acts *a, int l, int latent_only, k3c_err *err);
 int k3c_acts_layer_bwd_rows(k3c_acts *a, int l, k3c_err *err);
 
 /* Sliced recompute (model/slice.c). Rows of layer l's working set in a forward of T tokens: the slice's when the layer

@@ -332,8 +332,9 @@ static void sources_before(const k3c_config *c, int l, int *Rsrc, int *nR, int *
     *P = Rsrc[*nR];
 }
 
-/* Layer l's forward: writes pmid[l], pend[l] (mixer_only: pmid[l]) and the layer's activations. */
-static int layer_fwd(k3c_acts *a, int l, int mixer_only, k3c_err *err) {
+/* Layer l's forward: writes pmid[l], pend[l] and the layer's activations (latent_only, an MLA layer: up to its latent
+ * rows, k3c_mla_layer_latent). */
+static int layer_fwd(k3c_acts *a, int l, int latent_only, k3c_err *err) {
     k3c_step *st = &a->st;
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
@@ -353,13 +354,13 @@ static int layer_fwd(k3c_acts *a, int l, int mixer_only, k3c_err *err) {
     if (a->boundary[l]) Rsrc[nR++] = P;
     k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
     CHECK_RC(st->be->rmsnorm_fwd(&rs, a->ain[l], L->input_norm, a->axn[l], a->arstd[l], err));
+    if (latent_only) return k3c_mla_layer_latent(st, l, a->axn[l], &a->mla[l], err);
     if (c->mixer[l] == K3C_MIXER_KDA)
         CHECK_RC(k3c_kda_layer_fwd(st, l, a->axn[l], &a->kda[l], a->pmid[l], err));
     else
         CHECK_RC(k3c_mla_layer_fwd(st, l, a->axn[l], &a->mla[l], a->pmid[l], err));
     CHECK_RC(k3c_tp_sum(st, a->pmid[l], T * D, err)); /* tensor parallelism: o_proj's partial sums */
     if (!a->boundary[l]) CHECK_RC(st->be->add(T * D, src_ptr(a, P), a->pmid[l], err));
-    if (mixer_only) return K3C_OK;
     if (S > 0) {
         set_sources(&a->mmix[l], Rsrc, nR, K3C_SRC_MID(l));
         CHECK_RC(run_mix(a, &a->mmix[l], L->mlp_res_proj, L->mlp_res_norm, err));
@@ -487,7 +488,7 @@ int k3c_acts_boundary(const k3c_acts *a, int grads, real **x) {
 }
 
 /* Exposed to backward.c (same precision). */
-int k3c_acts_layer_fwd(k3c_acts *a, int l, int mixer_only, k3c_err *err) { return layer_fwd(a, l, mixer_only, err); }
+int k3c_acts_layer_fwd(k3c_acts *a, int l, int latent_only, k3c_err *err) { return layer_fwd(a, l, latent_only, err); }
 void k3c_acts_carve_backward(const k3c_model *m, k3c_acts_carver *cv, k3c_acts *a) {
     carve_backward(m, a->T, a->l0, a->l1, cv, a);
 }

@@ -74,6 +74,31 @@ void k3c_mla_alloc(const k3c_model *m, int64_t T, int64_t Tk, k3c_acts_carver *c
     }
 }
 
+/* The latent c = kv_a x's first rkv columns, normalised (k_pe, the rest of kva, stays where it is). */
+static int latent_norm(k3c_step *st, const mla_shape *s, const k3c_weights_layer *L, k3c_mla_acts *a, k3c_err *err) {
+    const int64_t lkva = s->rkv + s->rope;
+    CHECK_RC(st->be->copy2d(s->T, s->rkv, a->kva, lkva, a->c, s->rkv, 0, err));
+    k3c_rmsnorm_sizes rc = {s->T, s->rkv, st->m->cfg.mla_norm_eps};
+    return st->be->rmsnorm_fwd(&rc, a->c, L->kv_a_norm, a->cn, a->rc, err);
+}
+
+/* These tokens' [latent ; k_pe] rows into the sequence's rows of the context exchange (model.h). */
+static int latent_put(k3c_step *st, int l, const mla_shape *s, const k3c_mla_acts *a, k3c_err *err) {
+    const k3c_context_exchange *cx = st->m->context;
+    const int64_t lkva = s->rkv + s->rope, t0 = cx->start;
+    real *lat = cx->mla_buf(cx->ctx, l, 0);
+    CHECK_RC(st->be->copy2d(s->T, s->rkv, a->cn, s->rkv, lat + t0 * lkva, lkva, 0, err));
+    return st->be->copy2d(s->T, s->rope, a->kva + s->rkv, lkva, lat + t0 * lkva + s->rkv, lkva, 0, err);
+}
+
+int k3c_mla_layer_latent(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, k3c_err *err) {
+    const mla_shape s = shape_of(st->m, st->T);
+    const k3c_weights_layer *L = &st->views->layer[l];
+    CHECK_RC(k3c_proj1(st, s.T, &L->kv_a, s.D, s.rkv + s.rope, xn, a->kva, err));
+    CHECK_RC(latent_norm(st, &s, L, a, err));
+    return latent_put(st, l, &s, a, err);
+}
+
 /* Attention over the keys of a training forward: the latent expanded by kv_b into per-head keys [k_nope_h ; k_pe]
  * (k_pe shared by all heads, never rotated) and values, causal attention inside the documents (context parallelism:
  * over the sequence's keys up to this rank's last token), and QK-Clip's S_max. *out: the heads' outputs [T, H·dv]. */
@@ -86,8 +111,7 @@ static int attend_expanded(k3c_step *st, int l, const mla_shape *s, const k3c_we
     const real *kva = a->kva; /* [Tk, rkv + rope]: the normalised latent is read from cnk, k_pe from here */
     if (cx) {                 /* this rank's [latent ; k_pe] rows into the sequence's, gathered from every rank */
         real *lat = cx->mla_buf(cx->ctx, l, 0);
-        CHECK_RC(st->be->copy2d(T, s->rkv, a->cn, s->rkv, lat + t0 * lkva, lkva, 0, err));
-        CHECK_RC(st->be->copy2d(T, s->rope, a->kva + s->rkv, lkva, lat + t0 * lkva + s->rkv, lkva, 0, err));
+        CHECK_RC(latent_put(st, l, s, a, err));
         CHECK_RC(cx->mla_gather(cx->ctx, l, err));
         CHECK_RC(st->be->copy2d(Tk, s->rkv, lat, lkva, a->cnk, s->rkv, 0, err));
         kva = lat;
@@ -166,10 +190,7 @@ int k3c_mla_layer_fwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real
         CHECK_RC(st->be->rmsnorm_fwd(&rs, a->qa, L->q_a_norm, a->qan, a->rqa, err));
         CHECK_RC(k3c_proj1(st, T, &L->q_b, s.r, H * s.dqk, a->qan, q, err));
     }
-    const int64_t lkva = s.rkv + s.rope;
-    CHECK_RC(st->be->copy2d(T, s.rkv, a->kva, lkva, a->c, s.rkv, 0, err));
-    k3c_rmsnorm_sizes rc = {T, s.rkv, c->mla_norm_eps};
-    CHECK_RC(st->be->rmsnorm_fwd(&rc, a->c, L->kv_a_norm, a->cn, a->rc, err));
+    CHECK_RC(latent_norm(st, &s, L, a, err));
     const real *out = NULL;
     CHECK_RC(st->dec ? attend_absorbed(st, l, &s, L, a, &out, err) : attend_expanded(st, l, &s, L, a, &out, err));
     if (c->mla_output_gate) {

@@ -124,6 +124,8 @@ typedef struct {
     size_t k3c_mla_scratch_##S(const k3c_model *m, int64_t Tk, int n_docs);                                            \
     void k3c_mla_alloc_##S(const k3c_model *m, int64_t T, int64_t Tk, k3c_acts_carver *c, k3c_mla_acts *a);            \
     int k3c_mla_layer_fwd_##S(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real *y, k3c_err *err);            \
+    /* the latent rows alone, into the context exchange's (a sliced layer's slices before the last, model/slice.c) */ \
+    int k3c_mla_layer_latent_##S(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, k3c_err *err);                  \
     int k3c_mla_layer_bwd_##S(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, const real *dy, real *dxn,         \
                               k3c_arena *tmp, k3c_err *err);                                                           \
     size_t k3c_mla_bwd_bytes_##S(const k3c_model *m, int64_t T, int64_t Tk);                                           \

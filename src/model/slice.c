@@ -45,11 +45,18 @@ void k3c_slices_carve(const k3c_model *m, int64_t T, int n_docs, int l0, int l1,
     k3c_slices *sl = K3C_CARVE_HOST(cv, k3c_slices, 1);
     k3c_slice *s = K3C_CARVE_HOST(cv, k3c_slice, n);
     int32_t *host = K3C_CARVE_HOST(cv, int32_t, 3 * n * nd), *ops = K3C_CARVE_DEV(cv, int32_t, 3 * n * nd);
-    real *h = NULL, *dh = NULL, *tail = NULL, *dtail = NULL, *lat = NULL, *dlat = NULL;
+    real **h = K3C_CARVE_HOST(cv, real *, c->num_layers), **tail = K3C_CARVE_HOST(cv, real *, c->num_layers);
+    real *dh = NULL, *dtail = NULL, *lat = NULL, *dlat = NULL;
+    for (int l = l0; l < l1; l++) {
+        real *hl = NULL, *tl_ = NULL;
+        if (k3c_slice_rows(m, l, T) < T && c->mixer[l] == K3C_MIXER_KDA) {
+            hl = K3C_CARVE_DEV(cv, real, (n + 1) * st);
+            tl_ = K3C_CARVE_DEV(cv, real, (n + 1) * 3 * tl);
+        }
+        if (!k3c_acts_measuring(cv)) h[l] = hl, tail[l] = tl_;
+    }
     if (any_sliced(m, T, l0, l1, K3C_MIXER_KDA)) {
-        h = K3C_CARVE_DEV(cv, real, (n + 1) * st);
         dh = K3C_CARVE_DEV(cv, real, (n + 1) * st);
-        tail = K3C_CARVE_DEV(cv, real, (n + 1) * 3 * tl);
         dtail = K3C_CARVE_DEV(cv, real, (n + 1) * 3 * tl);
     }
     if (any_sliced(m, T, l0, l1, K3C_MIXER_MLA)) {
@@ -136,13 +143,13 @@ static int conv_tail(void *ctx, int l, int i, const void *xv, int64_t T, int64_t
     *state = NULL;
     if (w1 <= 0) return K3C_OK;
     if (x && sl->cont_next) { /* the last w1 rows of x, transposed, for the next slice */
-        real *t = tail_at(ss, ss->tail, ss->cur + 1, i);
+        real *t = tail_at(ss, ss->tail[l], ss->cur + 1, i);
         const int64_t keep = tail_keep(sl + 1, w1);
         CHECK_RC(ss->be->zero(t, C * w1, err));
         for (int64_t j = w1 - keep; j < w1; j++)
             CHECK_RC(ss->be->copy2d(C, 1, x + (T - w1 + j) * C, 1, t + j, w1, 0, err));
     }
-    if (sl->cont_prev) *state = tail_at(ss, ss->tail, ss->cur, i);
+    if (sl->cont_prev) *state = tail_at(ss, ss->tail[l], ss->cur, i);
     return K3C_OK;
 }
 
@@ -168,7 +175,7 @@ static void *kda_buf(void *ctx, int l, int which) {
     const k3c_slice *sl = &ss->s[ss->cur];
     const int prev = which == K3C_CP_H0 || which == K3C_CP_DH0;
     if (!(prev ? sl->cont_prev : sl->cont_next)) return NULL;
-    real *base = which == K3C_CP_H0 || which == K3C_CP_HT ? ss->h : ss->dh;
+    real *base = which == K3C_CP_H0 || which == K3C_CP_HT ? ss->h[l] : ss->dh;
     return base + (int64_t)(ss->cur + !prev) * ss->state_elems;
 }
 
@@ -258,7 +265,7 @@ static void view_at(const k3c_acts *a, int l, int i, int no_stats, slice_view *v
 typedef int (*slice_fn)(k3c_acts *v, int l, k3c_err *err);
 
 static int fwd_all(k3c_acts *v, int l, k3c_err *err) { return k3c_acts_layer_fwd(v, l, 0, err); }
-static int fwd_mixer(k3c_acts *v, int l, k3c_err *err) { return k3c_acts_layer_fwd(v, l, 1, err); }
+static int fwd_latent(k3c_acts *v, int l, k3c_err *err) { return k3c_acts_layer_fwd(v, l, 1, err); }
 static int recompute_bwd(k3c_acts *v, int l, k3c_err *err) {
     k3c_slices *ss = v->slices;
     if (ss->dh) CHECK_RC(v->st.be->zero(ss->dh + (int64_t)ss->cur * ss->state_elems, ss->state_elems, err));
@@ -287,14 +294,14 @@ int k3c_slice_layer_fwd(k3c_acts *a, int l, k3c_err *err) {
     return over_slices(a, l, 0, a->slices->n, 1, 0, fwd_all, err);
 }
 
-/* The slices' token mixers from the first up to the last (not run) hand it its start state, the whole latent its
- * keys; then from the last slice back each slice's forward again and its backward, whose state and latent gradients
- * are complete for the slice before it. */
+/* From the last slice back: each slice's forward again, then its backward, whose state, tail and latent gradients
+ * are complete for the slice before it. A KDA layer's slices start from the states its first forward left; an MLA
+ * layer's keys read the whole latent, whose rows before the last slice are made again first. */
 int k3c_slice_layer_bwd(k3c_acts *a, int l, k3c_err *err) {
     k3c_slices *ss = a->slices;
-    CHECK_RC(over_slices(a, l, 0, ss->n - 1, 1, 1, fwd_mixer, err));
-    if (ss->dlat && a->st.m->cfg.mixer[l] == K3C_MIXER_MLA) {
+    if (a->st.m->cfg.mixer[l] == K3C_MIXER_MLA) {
         const k3c_config *c = &a->st.m->cfg;
+        CHECK_RC(over_slices(a, l, 0, ss->n - 1, 1, 1, fwd_latent, err));
         CHECK_RC(a->st.be->zero(ss->dlat, a->T * (c->kv_lora_rank + c->qk_rope_dim), err));
     }
     return over_slices(a, l, ss->n - 1, -1, -1, 1, recompute_bwd, err);
