@@ -320,6 +320,13 @@ static void test_recompute_slice(const fixture *fx) {
     char ck[1300];
     out_path(fx, "e_slice_tail", "latest", ck, sizeof ck);
     CHECK(!exists(ck), "a refused run wrote a checkpoint");
+    p = defaults("e_slice_aux");
+    p.balancing = "aux";
+    p.extra = ", \"recompute\": \"all\", \"recompute_slice\": 8";
+    arm_run(fx, "e_slice_aux", p, cfg, sizeof cfg);
+    CHECK(train(cfg, 0, 1, NULL, &res, &err) == K3C_ECONFIG && strstr(err.msg, "recompute_slice: 8") &&
+              strstr(err.msg, "balancing \"aux\""),
+          "slices with the auxiliary loss: %s", err.msg);
     p = defaults("rc_all");
     p.extra = ", \"recompute\": \"all\"";
     arm_run(fx, "rc_all", p, cfg, sizeof cfg);
