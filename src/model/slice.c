@@ -275,6 +275,7 @@ static int recompute_bwd(k3c_acts *v, int l, k3c_err *err) {
 
 static int over_slices(k3c_acts *a, int l, int i0, int i1, int step, int no_stats, slice_fn f, k3c_err *err) {
     k3c_model *m = a->st.m;
+    const k3c_context_exchange *own = m->context; /* NULL: k3c_slices_check refuses context parallelism */
     slice_view v;
     int rc = K3C_OK;
     m->context = &a->slices->cx;
@@ -286,7 +287,7 @@ static int over_slices(k3c_acts *a, int l, int i0, int i1, int step, int no_stat
             rc = k3c_err_wrap(err, "layer %d, slice %d of %d (tokens %lld..)", l, i, a->slices->n,
                               (long long)a->slices->s[i].start);
     }
-    m->context = NULL;
+    m->context = own;
     return rc;
 }
 
