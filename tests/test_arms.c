@@ -296,6 +296,56 @@ static void test_switch_errors(const fixture *fx) {
     CHECK(!exists(ck), "a refused run wrote a checkpoint");
 }
 
+/* ---------------------------------------------------------------- sliced recompute */
+
+/* "recompute_slice" is read, checked and used: bad values are errors naming it (nothing written); a run whose layers
+ * recompute in slices of 8 tokens starts from the loss of the unsliced run (the same model, another summation order)
+ * and trains a model that is not the unsliced one bit for bit. */
+static void test_recompute_slice(const fixture *fx) {
+    expect_run_error(fx, "e_slice_neg", "exact", ", \"recompute\": \"all\", \"recompute_slice\": -8",
+                     "recompute_slice: -8, must be ≥ 0");
+    expect_run_error(fx, "e_slice_norc", "exact", ", \"recompute_slice\": 8",
+                     "recompute_slice: 8, only with recompute");
+    expect_run_error(fx, "e_slice_str", "exact", ", \"recompute\": \"all\", \"recompute_slice\": \"8\"",
+                     "recompute_slice");
+    char cfg[1200];
+    k3c_err err = {0};
+    k3c_train_result res;
+    run_params p = defaults("e_slice_tail");
+    p.extra = ", \"recompute\": \"all\", \"recompute_slice\": 2";
+    arm_run(fx, "e_slice_tail", p, cfg, sizeof cfg);
+    CHECK(train(cfg, 0, 1, NULL, &res, &err) == K3C_ECONFIG && strstr(err.msg, "recompute_slice: 2") &&
+              strstr(err.msg, "tail"),
+          "a slice shorter than the conv tail: %s", err.msg);
+    char ck[1300];
+    out_path(fx, "e_slice_tail", "latest", ck, sizeof ck);
+    CHECK(!exists(ck), "a refused run wrote a checkpoint");
+    p = defaults("e_slice_aux");
+    p.balancing = "aux";
+    p.extra = ", \"recompute\": \"all\", \"recompute_slice\": 8";
+    arm_run(fx, "e_slice_aux", p, cfg, sizeof cfg);
+    CHECK(train(cfg, 0, 1, NULL, &res, &err) == K3C_ECONFIG && strstr(err.msg, "recompute_slice: 8") &&
+              strstr(err.msg, "balancing \"aux\""),
+          "slices with the auxiliary loss: %s", err.msg);
+    p = defaults("rc_all");
+    p.extra = ", \"recompute\": \"all\"";
+    arm_run(fx, "rc_all", p, cfg, sizeof cfg);
+    int ok = train_arm(fx, cfg, "rc_all", "recompute all") == 0;
+    p = defaults("rc_slice");
+    p.extra = ", \"recompute\": \"all\", \"recompute_slice\": 8";
+    arm_run(fx, "rc_slice", p, cfg, sizeof cfg);
+    k3c_run_config rc;
+    CHECK_OK(k3c_run_config_load(cfg, &rc, &err), &err);
+    CHECK(rc.recompute && rc.recompute_slice == 8, "recompute_slice read as %lld", (long long)rc.recompute_slice);
+    ok &= train_arm(fx, cfg, "rc_slice", "recompute in slices of 8") == 0;
+    mrow a[16], b[16];
+    int bad;
+    if (ok && read_metrics(fx, "rc_all", a, 16, &bad) >= 1 && read_metrics(fx, "rc_slice", b, 16, &bad) >= 1) {
+        CHECK_LE(fabs(b[0].loss - a[0].loss) / a[0].loss, 1e-5, "sliced recompute: first step's loss rel diff");
+        CHECK(!same_model(fx, "rc_all", "rc_slice"), "recompute_slice changed nothing: the slices were not used");
+    }
+}
+
 /* ---------------------------------------------------------------- the auxiliary loss inside the model's backward */
 
 /* One float64 backward of the fixture's model at α: the gradient is the cross-entropy's plus α times the auxiliary
@@ -451,6 +501,7 @@ int main(void) {
     memset(&fx, 0, sizeof fx);
     if (build_fixture(&fx, "test_arms")) return test_summary();
     test_switch_errors(&fx);
+    test_recompute_slice(&fx);
     test_model_aux(&fx);
     test_model_aux_fd(&fx);
     test_balancing(&fx);

@@ -200,6 +200,14 @@ static void test_memory(void) {
     CHECK_NEAR(m.activations, 256, "activations");
     CHECK_NEAR(m.working, 6888 + 256 + 160, "working");
     CHECK_NEAR(m.total, 35396, "total");
+    /* recomputed in slices of 2 tokens: the recomputed layer's activations and chunk states of 2 tokens */
+    L.recompute_slice = 2;
+    CHECK_OK(k3c_plan_memory_train(&c, &L, &m, &err), &err);
+    CHECK_NEAR(m.working, 2 * 860 + 2 + 256 + 160, "working sliced");
+    L.recompute = K3C_RC_SELECTIVE;
+    CHECK(k3c_plan_memory_train(&c, &L, &m, &err) == K3C_EINVAL && strstr(err.msg, "recompute slice 2"),
+          "a slice without full recompute: %s", err.msg);
+    L.recompute = K3C_RC_FULL, L.recompute_slice = 0;
     /* TP 2 × EP 2 × DP 2, ZeRO-1, Muon, bf16 grads, selective, 4 tokens per GPU */
     L.tp = 2, L.ep = 2, L.dp = 2, L.zero = 1, L.optimizer = K3C_OPT_MUON, L.grad_bytes = 2;
     L.recompute = K3C_RC_SELECTIVE, L.global_batch_tokens = 32;

@@ -8,6 +8,13 @@
 #define k3c_acts_carve_backward k3c_acts_carve_backward_f64
 #define k3c_acts_embed_overrides_bwd k3c_acts_embed_overrides_bwd_f64
 #define k3c_acts_layer_fwd k3c_acts_layer_fwd_f64
+#define k3c_slice_layer_bwd k3c_slice_layer_bwd_f64
+#define k3c_slice_layer_fwd k3c_slice_layer_fwd_f64
+#define k3c_slices_setup k3c_slices_setup_f64
+#define k3c_slices_carve k3c_slices_carve_f64
+#define k3c_slices_check k3c_slices_check_f64
+#define k3c_slice_rows k3c_slice_rows_f64
+#define k3c_acts_layer_bwd_rows k3c_acts_layer_bwd_rows_f64
 #define k3c_acts_src k3c_acts_src_f64
 #define k3c_acts_run_layers k3c_acts_run_layers_f64
 #define k3c_add k3c_add_f64
@@ -67,6 +74,7 @@
 #define k3c_mla_bwd_bytes k3c_mla_bwd_bytes_f64
 #define k3c_mla_layer_bwd k3c_mla_layer_bwd_f64
 #define k3c_mla_layer_fwd k3c_mla_layer_fwd_f64
+#define k3c_mla_layer_latent k3c_mla_layer_latent_f64
 #define k3c_mla_scratch k3c_mla_scratch_f64
 #define k3c_mlp_bwd k3c_mlp_bwd_f64
 #define k3c_mlp_fwd k3c_mlp_fwd_f64
@@ -152,6 +160,13 @@
 #define k3c_acts_carve_backward k3c_acts_carve_backward_f32
 #define k3c_acts_embed_overrides_bwd k3c_acts_embed_overrides_bwd_f32
 #define k3c_acts_layer_fwd k3c_acts_layer_fwd_f32
+#define k3c_slice_layer_bwd k3c_slice_layer_bwd_f32
+#define k3c_slice_layer_fwd k3c_slice_layer_fwd_f32
+#define k3c_slices_setup k3c_slices_setup_f32
+#define k3c_slices_carve k3c_slices_carve_f32
+#define k3c_slices_check k3c_slices_check_f32
+#define k3c_slice_rows k3c_slice_rows_f32
+#define k3c_acts_layer_bwd_rows k3c_acts_layer_bwd_rows_f32
 #define k3c_acts_src k3c_acts_src_f32
 #define k3c_acts_run_layers k3c_acts_run_layers_f32
 #define k3c_add k3c_add_f32
@@ -211,6 +226,7 @@
 #define k3c_mla_bwd_bytes k3c_mla_bwd_bytes_f32
 #define k3c_mla_layer_bwd k3c_mla_layer_bwd_f32
 #define k3c_mla_layer_fwd k3c_mla_layer_fwd_f32
+#define k3c_mla_layer_latent k3c_mla_layer_latent_f32
 #define k3c_mla_scratch k3c_mla_scratch_f32
 #define k3c_mlp_bwd k3c_mlp_bwd_f32
 #define k3c_mlp_fwd k3c_mlp_fwd_f32

@@ -8,7 +8,6 @@
 
 void k3c_acts_carve_backward(const k3c_model *m, k3c_acts_carver *cv, k3c_acts *a);
 real *k3c_acts_src(const k3c_acts *a, int s);
-int k3c_acts_layer_fwd(k3c_acts *a, int l, k3c_err *err);
 int k3c_acts_embed_overrides_bwd(k3c_acts *a, int64_t D, k3c_err *err);
 
 static real *src_grad(const k3c_acts *a, int s) {
@@ -63,12 +62,10 @@ static int sublayer(k3c_acts *a, int l, sublayer_bwd f, const real *in, const re
     return a->st.be->rmsnorm_bwd(&rs, in, a->st.w + norm_w, rstd, a->dxn, a->din, a->st.g + norm_w, err);
 }
 
-static int layer_bwd(k3c_acts *a, int l, k3c_err *err) {
+int k3c_acts_layer_bwd_rows(k3c_acts *a, int l, k3c_err *err) {
     const k3c_model *m = a->st.m;
     const k3c_layer_offsets *o = &m->table.layer[l];
     int64_t TD = a->T * m->cfg.hidden_size;
-    /* a recomputed layer kept only its stream outputs: run its forward again (same inputs, same bits) */
-    if (m->recompute[l]) CHECK_RC(k3c_acts_layer_fwd(a, l, err));
     /* FFN: pend = ffn(norm(min)) + pmid */
     CHECK_RC(add_into(a, a->dpmid[l], a->dpend[l], TD, err));
     CHECK_RC(sublayer(a, l, ffn_bwd, a->min[l], a->mrstd[l], o->post_norm, a->dpend[l], err));
@@ -85,6 +82,14 @@ static int layer_bwd(k3c_acts *a, int l, k3c_err *err) {
     else
         CHECK_RC(add_into(a, dprev, a->din, TD, err));
     return K3C_OK;
+}
+
+static int layer_bwd(k3c_acts *a, int l, k3c_err *err) {
+    const k3c_model *m = a->st.m;
+    if (a->slices && k3c_slice_rows(m, l, a->T) < a->T) return k3c_slice_layer_bwd(a, l, err);
+    /* a recomputed layer kept only its stream outputs: run its forward again (same inputs, same bits) */
+    if (m->recompute[l]) CHECK_RC(k3c_acts_layer_fwd(a, l, 0, err));
+    return k3c_acts_layer_bwd_rows(a, l, err);
 }
 
 /* The head's backward: cross-entropy → lm_head → final norm → output mix, into the last layer's stream gradients. */

@@ -15,9 +15,10 @@ static real *src_ptr(const k3c_acts *a, int s) {
 static size_t scratch_bytes(const k3c_model *m, int64_t T, int n_docs) {
     size_t need = 0;
     const k3c_config *c = &m->cfg;
-    for (int l = 0; l < c->num_layers; l++) {
-        size_t a = c->mixer[l] == K3C_MIXER_KDA ? k3c_kda_scratch(m, T, n_docs) : k3c_mla_scratch(m, T, n_docs);
-        size_t f = k3c_ffn_scratch(m, l, T);
+    for (int l = 0; l < c->num_layers; l++) { /* a sliced layer's ops run over a slice; MLA's keys over all T */
+        const int64_t Tl = k3c_slice_rows(m, l, T);
+        size_t a = c->mixer[l] == K3C_MIXER_KDA ? k3c_kda_scratch(m, Tl, n_docs) : k3c_mla_scratch(m, T, n_docs);
+        size_t f = k3c_ffn_scratch(m, l, Tl);
         if (a > need) need = a;
         if (f > need) need = f;
     }
@@ -65,9 +66,8 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, int l0, int
     k3c_kda_acts kd;
     k3c_mla_acts ml;
     k3c_ffn_acts ff;
-    k3c_attnres_sizes ms = {T, D, NS, c->rms_norm_eps};
-    size_t mix_saved = NS ? k3c_model_backend(m)->attnres_saved_elems(&ms) : 0;
-    /* Layers that recompute share one set of activation buffers per kind (carved on first use). */
+    /* Layers that recompute share one set of activation buffers per kind (carved on first use), of one slice's rows
+       when they run in slices. */
     struct {
         int have;
         real *ax, *ar, *mx, *mr;
@@ -77,22 +77,25 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, int l0, int
     for (int l = l0; l < l1; l++) {
         real *pm = K3C_CARVE_DEV(cv, real, T * D), *pe = K3C_CARVE_DEV(cv, real, T * D);
         int rec = m->recompute[l], fresh = !rec || !slot.have;
+        const int64_t Tl = k3c_slice_rows(m, l, T);
+        k3c_attnres_sizes ms = {Tl, D, NS, c->rms_norm_eps};
+        size_t mix_saved = NS ? k3c_model_backend(m)->attnres_saved_elems(&ms) : 0;
         real *ax = slot.ax, *ar = slot.ar, *mx = slot.mx, *mr = slot.mr;
         k3c_mix am = slot.am, mm = slot.mm;
         if (fresh) {
-            ax = K3C_CARVE_DEV(cv, real, T * D);
-            ar = K3C_CARVE_DEV(cv, real, T);
-            mx = K3C_CARVE_DEV(cv, real, T * D);
-            mr = K3C_CARVE_DEV(cv, real, T);
+            ax = K3C_CARVE_DEV(cv, real, Tl * D);
+            ar = K3C_CARVE_DEV(cv, real, Tl);
+            mx = K3C_CARVE_DEV(cv, real, Tl * D);
+            mr = K3C_CARVE_DEV(cv, real, Tl);
             memset(&am, 0, sizeof am);
             memset(&mm, 0, sizeof mm);
             if (NS) {
                 am.src = K3C_CARVE_HOST(cv, int, NS);
                 am.saved = K3C_CARVE_DEV(cv, real, mix_saved);
-                am.out = K3C_CARVE_DEV(cv, real, T * D);
+                am.out = K3C_CARVE_DEV(cv, real, Tl * D);
                 mm.src = K3C_CARVE_HOST(cv, int, NS);
                 mm.saved = K3C_CARVE_DEV(cv, real, mix_saved);
-                mm.out = K3C_CARVE_DEV(cv, real, T * D);
+                mm.out = K3C_CARVE_DEV(cv, real, Tl * D);
             }
             if (rec) {
                 slot.have = 1;
@@ -108,9 +111,9 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, int l0, int
         int *sm = kda ? &slot_kda : &slot_mla, *sf = &slot_ffn[moe];
         if (!rec || *sm < 0) {
             if (kda)
-                k3c_kda_alloc(m, T, cv, k3c_acts_measuring(cv) ? &kd : &a->kda[l]);
+                k3c_kda_alloc(m, Tl, cv, k3c_acts_measuring(cv) ? &kd : &a->kda[l]);
             else
-                k3c_mla_alloc(m, T, cv, k3c_acts_measuring(cv) ? &ml : &a->mla[l]);
+                k3c_mla_alloc(m, Tl, T, cv, k3c_acts_measuring(cv) ? &ml : &a->mla[l]);
             if (rec) *sm = l;
         } else if (!k3c_acts_measuring(cv)) {
             if (kda)
@@ -119,7 +122,7 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, int l0, int
                 a->mla[l] = a->mla[*sm];
         }
         if (!rec || *sf < 0) {
-            k3c_ffn_alloc(m, l, T, cv, k3c_acts_measuring(cv) ? &ff : &a->ffn[l]);
+            k3c_ffn_alloc(m, l, Tl, cv, k3c_acts_measuring(cv) ? &ff : &a->ffn[l]);
             if (rec) *sf = l;
         } else if (!k3c_acts_measuring(cv)) {
             a->ffn[l] = a->ffn[*sf];
@@ -136,6 +139,8 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, int l0, int
         }
     }
     k3c_mix fm = {0};
+    k3c_attnres_sizes ms = {T, D, NS, c->rms_norm_eps};
+    size_t mix_saved = NS ? k3c_model_backend(m)->attnres_saved_elems(&ms) : 0;
     real *hn = NULL, *rf = NULL, *lg = NULL, *lse = NULL;
     if (l1 == L) {
         if (NS) {
@@ -149,6 +154,7 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, int l0, int
         lse = K3C_CARVE_DEV(cv, real, T);
     }
     void *scr = k3c_carve(&cv->dev, scratch_bytes(m, T, n_docs));
+    k3c_slices_carve(m, T, n_docs, l0, l1, cv, a);
     if (!k3c_acts_measuring(cv)) {
         a->fmix = fm;
         a->hn = hn;
@@ -188,8 +194,9 @@ static void carve_backward(const k3c_model *m, int64_t T, int l0, int l1, k3c_ac
 static size_t layer_tmp_bytes(const k3c_model *m, int64_t T) {
     size_t need = sizeof(real) * (size_t)(T * (m->cfg.vocab_size / k3c_tp_size(m))) + 64; /* dlogits */
     for (int l = 0; l < m->cfg.num_layers; l++) {
-        size_t a = m->cfg.mixer[l] == K3C_MIXER_KDA ? k3c_kda_bwd_bytes(m, T) : k3c_mla_bwd_bytes(m, T);
-        size_t f = k3c_ffn_bwd_bytes(m, l, T);
+        const int64_t Tl = k3c_slice_rows(m, l, T);
+        size_t a = m->cfg.mixer[l] == K3C_MIXER_KDA ? k3c_kda_bwd_bytes(m, Tl) : k3c_mla_bwd_bytes(m, Tl, T);
+        size_t f = k3c_ffn_bwd_bytes(m, l, Tl);
         if (a > need) need = a;
         if (f > need) need = f;
     }
@@ -325,8 +332,9 @@ static void sources_before(const k3c_config *c, int l, int *Rsrc, int *nR, int *
     *P = Rsrc[*nR];
 }
 
-/* Layer l's forward: writes pmid[l], pend[l] and the layer's activations. */
-static int layer_fwd(k3c_acts *a, int l, k3c_err *err) {
+/* Layer l's forward: writes pmid[l], pend[l] and the layer's activations (latent_only, an MLA layer: up to its latent
+ * rows, k3c_mla_layer_latent). */
+static int layer_fwd(k3c_acts *a, int l, int latent_only, k3c_err *err) {
     k3c_step *st = &a->st;
     const k3c_model *m = st->m;
     const k3c_config *c = &m->cfg;
@@ -346,6 +354,7 @@ static int layer_fwd(k3c_acts *a, int l, k3c_err *err) {
     if (a->boundary[l]) Rsrc[nR++] = P;
     k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
     CHECK_RC(st->be->rmsnorm_fwd(&rs, a->ain[l], L->input_norm, a->axn[l], a->arstd[l], err));
+    if (latent_only) return k3c_mla_layer_latent(st, l, a->axn[l], &a->mla[l], err);
     if (c->mixer[l] == K3C_MIXER_KDA)
         CHECK_RC(k3c_kda_layer_fwd(st, l, a->axn[l], &a->kda[l], a->pmid[l], err));
     else
@@ -369,7 +378,9 @@ int k3c_acts_run_layers(k3c_acts *a, k3c_err *err) {
     const k3c_model *m = a->st.m;
     const k3c_config *c = &m->cfg;
     int L = (int)c->num_layers;
-    for (int l = a->l0; l < a->l1; l++) CHECK_RC(layer_fwd(a, l, err));
+    for (int l = a->l0; l < a->l1; l++)
+        CHECK_RC(a->slices && k3c_slice_rows(m, l, a->T) < a->T ? k3c_slice_layer_fwd(a, l, err)
+                                                                : layer_fwd(a, l, 0, err));
     a->fmix.n = 0;
     if (a->l1 < L) return K3C_OK; /* the head runs on the range that ends the model */
     if (c->attn_res_block > 0) {
@@ -403,6 +414,7 @@ int k3c_model_forward_range(k3c_model *m, const k3c_model_batch *b, int l0, int 
     }
     if (max_sources(c) > K3C_ATTNRES_MAX_SOURCES)
         return k3c_errf(err, K3C_EUNSUPPORTED, "forward: too many AttnRes blocks");
+    CHECK_RC(k3c_slices_check(m, T, err));
     const k3c_backend *be = k3c_model_backend(m);
     const k3c_weights *views = k3c_model_views(m, err);
     if (!views) return err->code;
@@ -427,6 +439,7 @@ int k3c_model_forward_range(k3c_model *m, const k3c_model_batch *b, int l0, int 
                        .g = m->g,
                        .views = views};
     CHECK_RC(upload_batch(be, b, n_docs, a, err));
+    if (a->slices) CHECK_RC(k3c_slices_setup(a, b->cu_seqlens, err));
     if (l0 == 0) {
         CHECK_RC(embed_fwd(m, be, T, a, err));
         CHECK_RC(embed_overrides(be, b, D, a, err));
@@ -475,7 +488,7 @@ int k3c_acts_boundary(const k3c_acts *a, int grads, real **x) {
 }
 
 /* Exposed to backward.c (same precision). */
-int k3c_acts_layer_fwd(k3c_acts *a, int l, k3c_err *err) { return layer_fwd(a, l, err); }
+int k3c_acts_layer_fwd(k3c_acts *a, int l, int latent_only, k3c_err *err) { return layer_fwd(a, l, latent_only, err); }
 void k3c_acts_carve_backward(const k3c_model *m, k3c_acts_carver *cv, k3c_acts *a) {
     carve_backward(m, a->T, a->l0, a->l1, cv, a);
 }

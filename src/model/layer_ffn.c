@@ -85,22 +85,25 @@ void k3c_ffn_alloc(const k3c_model *m, int l, int64_t T, k3c_acts_carver *c, k3c
  * by its own ops (plain copies), so the forward does not wait for the device. */
 static int record_routes(const k3c_step *st, int l, const ffn_shape *s, const k3c_ffn_acts *a, k3c_err *err) {
     k3c_step_stats *ss = st->m->stats;
-    if (!ss) return K3C_OK;
-    if (s->T > ss->cap_T)
+    if (!ss || st->no_stats) return K3C_OK;
+    const int64_t t0 = st->row0; /* a slice's rows go where the batch's would */
+    if (t0 + s->T > ss->cap_T)
         return k3c_errf(err, K3C_EINVAL, "step statistics hold %lld tokens, the batch has %lld", (long long)ss->cap_T,
-                        (long long)s->T);
+                        (long long)(t0 + s->T));
     k3c_route_stats *r = &ss->route[l];
-    r->T = s->T, r->k = s->k, r->n = s->E;
+    r->T = t0 + s->T, r->k = s->k, r->n = s->E;
+    int32_t *ids = r->topk_ids + t0 * s->k;
+    float *logits = r->logits + t0 * s->E, *cutoff = r->cutoff + t0;
 #if K3C_REAL_DOUBLE /* double models run on the CPU reference only, whose memory the host addresses */
-    for (int64_t i = 0; i < s->T * s->k; i++) r->topk_ids[i] = a->ids[i];
-    for (int64_t i = 0; i < s->T * s->E; i++) r->logits[i] = (float)a->logits[i];
-    for (int64_t t = 0; t < s->T; t++) r->cutoff[t] = (float)a->cutoff[t];
+    for (int64_t i = 0; i < s->T * s->k; i++) ids[i] = a->ids[i];
+    for (int64_t i = 0; i < s->T * s->E; i++) logits[i] = (float)a->logits[i];
+    for (int64_t t = 0; t < s->T; t++) cutoff[t] = (float)a->cutoff[t];
     (void)err;
     return K3C_OK;
 #else /* ids are moved as 32-bit words: copy2d is a bit-exact copy */
-    CHECK_RC(st->be->copy2d(1, s->T * s->k, (const float *)a->ids, 0, (float *)r->topk_ids, 0, 0, err));
-    CHECK_RC(st->be->copy2d(1, s->T * s->E, a->logits, 0, r->logits, 0, 0, err));
-    return st->be->copy2d(1, s->T, a->cutoff, 0, r->cutoff, 0, 0, err);
+    CHECK_RC(st->be->copy2d(1, s->T * s->k, (const float *)a->ids, 0, (float *)ids, 0, 0, err));
+    CHECK_RC(st->be->copy2d(1, s->T * s->E, a->logits, 0, logits, 0, 0, err));
+    return st->be->copy2d(1, s->T, a->cutoff, 0, cutoff, 0, 0, err);
 #endif
 }
 

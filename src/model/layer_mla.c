@@ -34,22 +34,23 @@ static k3c_attention_sizes attn_sizes(const mla_shape *s, int n_docs) {
 /* Tokens of the key side: T, or under context parallelism (model.h k3c_context_exchange) the sequence up to this
  * rank's last token; the queries then sit at rows [start, start + T) of zero-padded buffers of that many rows (the
  * padding rows have zero queries and zero output gradients, so they add nothing to the keys' and values' gradients,
- * and attention_max_logit skips them). Planned for the sequence's capacity. */
-static int64_t keys_cap(const k3c_model *m, int64_t T) {
-    return m->context && m->context->T_cap > T ? m->context->T_cap : T;
+ * and attention_max_logit skips them). Planned for the sequence's capacity, or for Tk: the whole sequence when the
+ * layer runs in slices of it (sliced recompute). */
+static int64_t keys_cap(const k3c_model *m, int64_t Tk) {
+    return m->context && m->context->T_cap > Tk ? m->context->T_cap : Tk;
 }
 
-size_t k3c_mla_scratch(const k3c_model *m, int64_t T, int n_docs) {
-    mla_shape s = shape_of(m, keys_cap(m, T));
+size_t k3c_mla_scratch(const k3c_model *m, int64_t Tk, int n_docs) {
+    mla_shape s = shape_of(m, keys_cap(m, Tk));
     k3c_attention_sizes as = attn_sizes(&s, n_docs);
     const k3c_backend *be = k3c_model_backend(m);
     size_t f = be->attention_fwd_workspace(&as), b = be->attention_bwd_workspace(&as);
     return f > b ? f : b;
 }
 
-void k3c_mla_alloc(const k3c_model *m, int64_t T, k3c_acts_carver *c, k3c_mla_acts *a) {
+void k3c_mla_alloc(const k3c_model *m, int64_t T, int64_t Tk, k3c_acts_carver *c, k3c_mla_acts *a) {
     mla_shape s = shape_of(m, T);
-    const int64_t Tk = keys_cap(m, T);
+    Tk = keys_cap(m, Tk);
     memset(a, 0, sizeof *a);
     if (s.r > 0) {
         a->qa = K3C_CARVE_DEV(c, real, T * s.r);
@@ -61,7 +62,7 @@ void k3c_mla_alloc(const k3c_model *m, int64_t T, k3c_acts_carver *c, k3c_mla_ac
     a->c = K3C_CARVE_DEV(c, real, T * s.rkv);
     a->cn = K3C_CARVE_DEV(c, real, T * s.rkv);
     a->rc = K3C_CARVE_DEV(c, real, T);
-    a->cnk = m->context ? K3C_CARVE_DEV(c, real, Tk * s.rkv) : a->cn;
+    a->cnk = m->context || Tk > T ? K3C_CARVE_DEV(c, real, Tk * s.rkv) : a->cn;
     a->kv = K3C_CARVE_DEV(c, real, Tk * s.H * (s.nope + s.dv));
     a->k = K3C_CARVE_DEV(c, real, Tk * s.H * s.dqk);
     a->v = K3C_CARVE_DEV(c, real, Tk * s.H * s.dv);
@@ -71,6 +72,31 @@ void k3c_mla_alloc(const k3c_model *m, int64_t T, k3c_acts_carver *c, k3c_mla_ac
         a->gl = K3C_CARVE_DEV(c, real, T * s.H * s.dv);
         a->og = K3C_CARVE_DEV(c, real, T * s.H * s.dv);
     }
+}
+
+/* The latent c = kv_a x's first rkv columns, normalised (k_pe, the rest of kva, stays where it is). */
+static int latent_norm(k3c_step *st, const mla_shape *s, const k3c_weights_layer *L, k3c_mla_acts *a, k3c_err *err) {
+    const int64_t lkva = s->rkv + s->rope;
+    CHECK_RC(st->be->copy2d(s->T, s->rkv, a->kva, lkva, a->c, s->rkv, 0, err));
+    k3c_rmsnorm_sizes rc = {s->T, s->rkv, st->m->cfg.mla_norm_eps};
+    return st->be->rmsnorm_fwd(&rc, a->c, L->kv_a_norm, a->cn, a->rc, err);
+}
+
+/* These tokens' [latent ; k_pe] rows into the sequence's rows of the context exchange (model.h). */
+static int latent_put(k3c_step *st, int l, const mla_shape *s, const k3c_mla_acts *a, k3c_err *err) {
+    const k3c_context_exchange *cx = st->m->context;
+    const int64_t lkva = s->rkv + s->rope, t0 = cx->start;
+    real *lat = cx->mla_buf(cx->ctx, l, 0);
+    CHECK_RC(st->be->copy2d(s->T, s->rkv, a->cn, s->rkv, lat + t0 * lkva, lkva, 0, err));
+    return st->be->copy2d(s->T, s->rope, a->kva + s->rkv, lkva, lat + t0 * lkva + s->rkv, lkva, 0, err);
+}
+
+int k3c_mla_layer_latent(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, k3c_err *err) {
+    const mla_shape s = shape_of(st->m, st->T);
+    const k3c_weights_layer *L = &st->views->layer[l];
+    CHECK_RC(k3c_proj1(st, s.T, &L->kv_a, s.D, s.rkv + s.rope, xn, a->kva, err));
+    CHECK_RC(latent_norm(st, &s, L, a, err));
+    return latent_put(st, l, &s, a, err);
 }
 
 /* Attention over the keys of a training forward: the latent expanded by kv_b into per-head keys [k_nope_h ; k_pe]
@@ -85,8 +111,7 @@ static int attend_expanded(k3c_step *st, int l, const mla_shape *s, const k3c_we
     const real *kva = a->kva; /* [Tk, rkv + rope]: the normalised latent is read from cnk, k_pe from here */
     if (cx) {                 /* this rank's [latent ; k_pe] rows into the sequence's, gathered from every rank */
         real *lat = cx->mla_buf(cx->ctx, l, 0);
-        CHECK_RC(st->be->copy2d(T, s->rkv, a->cn, s->rkv, lat + t0 * lkva, lkva, 0, err));
-        CHECK_RC(st->be->copy2d(T, s->rope, a->kva + s->rkv, lkva, lat + t0 * lkva + s->rkv, lkva, 0, err));
+        CHECK_RC(latent_put(st, l, s, a, err));
         CHECK_RC(cx->mla_gather(cx->ctx, l, err));
         CHECK_RC(st->be->copy2d(Tk, s->rkv, lat, lkva, a->cnk, s->rkv, 0, err));
         kva = lat;
@@ -100,11 +125,13 @@ static int attend_expanded(k3c_step *st, int l, const mla_shape *s, const k3c_we
     const int32_t *cu = cx ? cx->cu_keys : st->cu;
     as.T = Tk, as.q_begin = t0;
     CHECK_RC(st->be->attention_fwd(&as, cu, a->q, a->k, a->v, a->o, a->lse, st->scratch, err));
-    /* S_max of QK-Clip (§10.2) from the queries and keys while they are live (recomputed layers share buffers) */
-    if (m->stats && m->stats->smax)
-        CHECK_RC(st->be->attention_max_logit(&as, cu, a->q, a->k,
-                                             m->stats->smax + (size_t)(l * m->cfg.mla_heads + k3c_tp_rank(m) * H),
-                                             err));
+    /* S_max of QK-Clip (§10.2) from the queries and keys while they are live (recomputed layers share buffers); a
+       sliced layer's at its last slice, when the rows before it hold the earlier slices' queries */
+    k3c_attention_sizes ms = as;
+    if (cx && cx->sliced) ms.q_begin = 0;
+    if (m->stats && m->stats->smax && !st->no_stats && (!cx || !cx->sliced || t0 + T == cx->T_cap))
+        CHECK_RC(st->be->attention_max_logit(
+            &ms, cu, a->q, a->k, m->stats->smax + (size_t)(l * m->cfg.mla_heads + k3c_tp_rank(m) * H), err));
     *out = a->o + t0 * H * s->dv;
     return K3C_OK;
 }
@@ -150,7 +177,7 @@ int k3c_mla_layer_fwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real
     int64_t T = s.T, H = s.H;
     const k3c_context_exchange *cx = m->context;
     const int64_t t0 = cx ? cx->start : 0, Tk = cx ? cx->T_keys : T; /* queries: rows [t0, t0 + T) of Tk */
-    if (cx) CHECK_RC(st->be->zero(a->q, Tk * H * s.dqk, err));
+    if (cx && !cx->sliced) CHECK_RC(st->be->zero(a->q, Tk * H * s.dqk, err));
     real *q = a->q + t0 * H * s.dqk;
     /* every product of xn in one pass: the query's first factor, [latent ; k_pe], the output gate's logits */
     k3c_proj_job xj[3] = {s.r > 0 ? (k3c_proj_job){&L->q_a, xn, a->qa, s.D, s.r}
@@ -163,10 +190,7 @@ int k3c_mla_layer_fwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real
         CHECK_RC(st->be->rmsnorm_fwd(&rs, a->qa, L->q_a_norm, a->qan, a->rqa, err));
         CHECK_RC(k3c_proj1(st, T, &L->q_b, s.r, H * s.dqk, a->qan, q, err));
     }
-    const int64_t lkva = s.rkv + s.rope;
-    CHECK_RC(st->be->copy2d(T, s.rkv, a->kva, lkva, a->c, s.rkv, 0, err));
-    k3c_rmsnorm_sizes rc = {T, s.rkv, c->mla_norm_eps};
-    CHECK_RC(st->be->rmsnorm_fwd(&rc, a->c, L->kv_a_norm, a->cn, a->rc, err));
+    CHECK_RC(latent_norm(st, &s, L, a, err));
     const real *out = NULL;
     CHECK_RC(st->dec ? attend_absorbed(st, l, &s, L, a, &out, err) : attend_expanded(st, l, &s, L, a, &out, err));
     if (c->mla_output_gate) {
@@ -177,12 +201,12 @@ int k3c_mla_layer_fwd(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real
     return k3c_proj1(st, T, &L->o_proj, c->mla_heads * s.dv / k3c_tp_size(m), s.D, out, y, err);
 }
 
-size_t k3c_mla_bwd_bytes(const k3c_model *m, int64_t T) {
+size_t k3c_mla_bwd_bytes(const k3c_model *m, int64_t T, int64_t Tk) {
     mla_shape s = shape_of(m, T);
-    const int64_t Tk = keys_cap(m, T);
+    Tk = keys_cap(m, Tk);
     int64_t n = T * s.H * s.dv + Tk * s.H * s.dv + Tk * s.H * s.dqk + Tk * s.H * s.dqk + Tk * s.H * s.dv +
                 Tk * s.H * (s.nope + s.dv) + T * (s.rkv + s.rope) + 2 * T * s.rkv + 2 * T * s.r +
-                (m->context ? Tk * s.rkv : 0);
+                (m->context || Tk > T ? Tk * s.rkv : 0);
     return sizeof(real) * (size_t)n + 17 * 64;
 }
 

@@ -76,6 +76,9 @@ typedef struct {
     double dloss;              /* the backward's scale of the loss (k3c_model_backward's `scale`) */
     const k3c_weights *views;  /* what the forward reads every weight through: views of w, or weights as stored */
     const k3c_decode *dec;     /* NULL: a training forward over whole documents; else a decode step */
+    int64_t row0;              /* the first of these T rows in the batch (a slice's start; else 0): where the route
+                                  statistics go */
+    int no_stats;              /* 1: a sliced layer's recompute; the first forward recorded the step statistics */
 } k3c_step;
 
 typedef struct {
@@ -118,12 +121,14 @@ typedef struct {
     int k3c_kda_layer_bwd_##S(k3c_step *st, int l, const real *xn, k3c_kda_acts *a, const real *dy, real *dxn,         \
                               k3c_arena *tmp, k3c_err *err);                                                           \
     size_t k3c_kda_bwd_bytes_##S(const k3c_model *m, int64_t T);                                                       \
-    size_t k3c_mla_scratch_##S(const k3c_model *m, int64_t T, int n_docs);                                             \
-    void k3c_mla_alloc_##S(const k3c_model *m, int64_t T, k3c_acts_carver *c, k3c_mla_acts *a);                        \
+    size_t k3c_mla_scratch_##S(const k3c_model *m, int64_t Tk, int n_docs);                                            \
+    void k3c_mla_alloc_##S(const k3c_model *m, int64_t T, int64_t Tk, k3c_acts_carver *c, k3c_mla_acts *a);            \
     int k3c_mla_layer_fwd_##S(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, real *y, k3c_err *err);            \
+    /* the latent rows alone, into the context exchange's (a sliced layer's slices before the last, model/slice.c) */ \
+    int k3c_mla_layer_latent_##S(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, k3c_err *err);                  \
     int k3c_mla_layer_bwd_##S(k3c_step *st, int l, const real *xn, k3c_mla_acts *a, const real *dy, real *dxn,         \
                               k3c_arena *tmp, k3c_err *err);                                                           \
-    size_t k3c_mla_bwd_bytes_##S(const k3c_model *m, int64_t T);                                                       \
+    size_t k3c_mla_bwd_bytes_##S(const k3c_model *m, int64_t T, int64_t Tk);                                           \
     size_t k3c_ffn_scratch_##S(const k3c_model *m, int l, int64_t T);                                                  \
     void k3c_ffn_alloc_##S(const k3c_model *m, int l, int64_t T, k3c_acts_carver *c, k3c_ffn_acts *a);                 \
     int k3c_ffn_layer_fwd_##S(k3c_step *st, int l, const real *xn, k3c_ffn_acts *a, real *y, k3c_err *err);            \

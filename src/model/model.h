@@ -83,6 +83,9 @@ typedef struct {
     int n_docs_keys;
     const int32_t *cu_keys; /* ... and their document offsets (backend memory) */
     int64_t T_cap;          /* most tokens of a sequence (sizes the activation plan's key-side buffers) */
+    /* 1: the "ranks" are one process's slices of the sequence, run in turn (sliced recompute, model/slice.c): the
+       query rows before start hold the earlier slices' queries of the same layer, S_max is taken at the last slice */
+    int sliced;
     /* Short conv i (0..2: q, k, v) of layer l: sends the last W−1 rows of x [T, C] to the next rank (cont_next) and
        points *state at the previous rank's (cont_prev; [C, W−1], zero before the document's start), else NULL. */
     int (*conv_tail)(void *ctx, int l, int i, const void *x, int64_t T, int64_t C, int W, void **state, k3c_err *err);
@@ -147,6 +150,8 @@ typedef struct k3c_model {
     int kda_chunk;                     /* 0 = token recurrence, else chunk size (16 or 64) */
     uint8_t recompute[K3C_MAX_LAYERS]; /* 1 = keep only the layer's residual-stream outputs; the backward re-runs its
                                           forward (activation memory of one layer instead of all of them) */
+    int64_t recompute_slice; /* > 0: a recomputed layer runs its forward and its backward in slices of this many
+                                tokens (TRAINING.md §1.4 "Sliced recompute"): its working set is one slice's; 0 = off */
     double aux_loss_alpha; /* > 0: every router's auxiliary balancing loss α·L_aux (ops/moe.h) is part of the objective;
                               the backward adds its gradient, the reported loss stays the cross-entropy (0 = none) */
     k3c_arena meta;        /* host memory of the last forward's bookkeeping (its k3c_acts, pointer tables), reused by

@@ -44,10 +44,13 @@ static double working_bytes(const k3c_plan_model *m, const k3c_plan_layout *lay,
     int64_t first, count;
     k3c_plan_stage_layers(m->layers, lay->pp, s, &first, &count);
     double worst = 0, seq_tokens = (double)(lay->micro_batch * lay->seq);
+    /* a layer recomputed in slices holds one slice's activations and chunk states (MLA's latent stays whole) */
+    const double sl =
+        lay->recompute_slice > 0 && (double)lay->recompute_slice < tok ? (double)lay->recompute_slice : tok;
     for (int64_t l = first; l < first + count; l++) {
         const k3c_plan_layer_sum *L = &m->layer[l];
-        double w = lay->recompute == K3C_RC_FULL ? tok * L->act[K3C_RC_NONE] : 0; /* the layer being recomputed */
-        w += tok * L->kda_states;
+        double w = lay->recompute == K3C_RC_FULL ? sl * L->act[K3C_RC_NONE] : 0; /* the layer being recomputed */
+        w += sl * L->kda_states;
         if (L->mla) { /* the whole sequence's latent KV; under CP also two remote blocks of expanded k, v (the
                        * local tokens' k, v are already counted among the activations) */
             double H = (double)cfg->mla_heads / (double)lay->tp;

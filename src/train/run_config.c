@@ -247,6 +247,7 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
                                        "checkpoint_every",
                                        "keep_checkpoints",
                                        "recompute",
+                                       "recompute_slice",
                                        "parallel",
                                        "guard",
                                        NULL};
@@ -319,6 +320,11 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
     if (strcmp(bal, "none") && strcmp(bal, "all"))
         return k3c_errf(c->err, K3C_ECONFIG, "%s: recompute: '%s' is not none or all", c->file, bal);
     rc->recompute = strcmp(bal, "all") == 0;
+    if ((e = get_int(c, r, "", "recompute_slice", 0, 0, &rc->recompute_slice))) return e;
+    if (rc->recompute_slice < 0 || (rc->recompute_slice > 0 && !rc->recompute))
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: recompute_slice: %lld, %s", c->file, (long long)rc->recompute_slice,
+                        rc->recompute_slice < 0 ? "must be ≥ 0 (tokens a slice; 0 = off)"
+                                                : "only with recompute \"all\" (the layers that run in slices)");
     if ((e = parse_balancing(c, r, rc))) return e;
     if ((e = parse_parallel(c, k3c_json_get(r, "parallel"), &rc->parallel, &rc->parallel_force))) return e;
     if ((e = parse_guard(c, k3c_json_get(r, "guard"), rc))) return e;

@@ -720,6 +720,14 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     tr->m.aux_loss_alpha = rc->balancing == K3C_BALANCE_AUX ? rc->aux_alpha : 0;
     tr->m.kda_chunk = rc->kda_chunk;
     for (int l = 0; l < cfg.num_layers; l++) tr->m.recompute[l] = (uint8_t)rc->recompute;
+    tr->m.recompute_slice = rc->recompute_slice;
+    if (rc->recompute_slice > 0 && (lay.tp > 1 || lay.ep > 1))
+        return k3c_errf(err, K3C_EUNSUPPORTED, "%s: recompute_slice with parallel.%s = %lld is not built yet", rc->path,
+                        lay.tp > 1 ? "tp" : "ep", (long long)(lay.tp > 1 ? lay.tp : lay.ep));
+    if (rc->recompute_slice > 0 && (rc->recompute_slice < cfg.conv_kernel - 1 || tr->m.aux_loss_alpha > 0))
+        return k3c_errf(err, K3C_ECONFIG, "%s: recompute_slice: %lld, %s", rc->path, (long long)rc->recompute_slice,
+                        tr->m.aux_loss_alpha > 0 ? "not with balancing \"aux\" (its loss is the whole batch's)"
+                                                 : "a slice must hold the short conv's tail (conv_kernel − 1 tokens)");
     k3c_model_init_f32(&tr->m, rc->seed, rc->init_std);
     k3c_optim_defaults(&tr->opt);
     tr->opt.weight_decay = rc->weight_decay;
