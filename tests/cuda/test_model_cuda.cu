@@ -494,8 +494,9 @@ int main(int argc, char **argv) {
     }
     /* 1. the demo config from a random init with every expert picked (top_k = num_experts: no discrete routing, so
      *    every op, the MoE machinery included, is compared tensor by tensor), packed documents (one of 1 token),
-     *    then one long document with the recompute path on the GPU */
-    for (int c = 0; c < 2; c++) {
+     *    then one long document with the recompute path on the GPU, then the packed documents with every other layer
+     *    recomputed in slices of 96 tokens (TRAINING.md §1.4: boundaries inside documents, the CPU unsliced) */
+    for (int c = 0; c < 3; c++) {
         k3c_config dc = cfg;
         dc.top_k = dc.num_experts;
         k3c_model cpu, gpu;
@@ -504,11 +505,14 @@ int main(int argc, char **argv) {
         k3c_model_init_f32(&cpu, seed + c, 0.02);
         k3c_model_init_f32(&gpu, seed + c, 0.02);
         cpu.kda_chunk = gpu.kda_chunk = 64;
-        if (c == 1)
+        if (c > 0)
             for (int l = 0; l < dc.num_layers; l += 2) gpu.recompute[l] = 1;
-        const std::vector<int32_t> &cu = c ? cu_one : cu_docs;
+        if (c == 2) gpu.recompute_slice = 96;
+        const std::vector<int32_t> &cu = c == 1 ? cu_one : cu_docs;
         std::vector<int32_t> ids = random_ids(&r, cu.back(), dc.vocab_size);
-        compare_model(h, cb, c ? "k3_tiny all-experts, recompute" : "k3_tiny all-experts", cpu, gpu, ids, cu, 1);
+        static const char *const labels[3] = {"k3_tiny all-experts", "k3_tiny all-experts, recompute",
+                                              "k3_tiny all-experts, sliced recompute"};
+        compare_model(h, cb, labels[c], cpu, gpu, ids, cu, 1);
         k3c_model_free_f32(&gpu);
         k3c_model_free_f32(&cpu);
     }
