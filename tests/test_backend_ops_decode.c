@@ -867,12 +867,12 @@ static void add_rows(drows *R) {
         add(R, D_QMAT, t, 50, 96, 5, 0, 0, F_ACC, TOL_ROW, TOL_CUDA);
         add(R, D_QMAT, t, 64, 448, 17, 0, 0, 0, TOL_ROW, TOL_CUDA);
         if (t != K3C_QMAT_MXFP4) add(R, D_QMAT, t, 33, 70, 2, 0, 0, F_ACC, TOL_ROW, TOL_CUDA); /* cols % 4 != 0 */
-        /* the product's paths by rows of X (1, 2, 8 | 9, 17) and by shape, up to K3's 7168-wide rows; MXFP4 scales up
-           to 2^8 */
+        /* the product's paths by rows of X (1, 2, 8 | 9, 17 | CUDA bf16 / MXFP4: a GEMM on decoded rows from 32) and by
+           shape, up to K3's 7168-wide rows; MXFP4 scales up to 2^8 */
         static const int64_t qs[6][2] = {{1, 32}, {37, 96}, {129, 1056}, {512, 512}, {1024, 1024}, {3, 7168}};
-        static const int64_t qn[5] = {1, 2, 8, 9, 17};
+        static const int64_t qn[7] = {1, 2, 8, 9, 17, 33, 64};
         for (int i = 0; i < 6; i++)
-            for (int j = 0; j < 5; j++)
+            for (int j = 0; j < 7; j++)
                 for (int acc = 0; acc < 2; acc++)
                     add(R, D_QMAT, t, qs[i][0], qs[i][1], qn[j], 0, 0,
                         (acc ? F_ACC : 0) | (t == K3C_QMAT_MXFP4 ? F_WIDE : 0), TOL_ROW, TOL_CUDA);
@@ -880,6 +880,8 @@ static void add_rows(drows *R) {
         for (int i = 0; i < 3 && t != K3C_QMAT_MXFP4; i++)
             add(R, D_QMAT, t, 33, odd[i], 3, 0, 0, F_ACC, TOL_ROW, TOL_CUDA);
         if (t == K3C_QMAT_MXFP4) add(R, D_QMAT, t, 2, 48, 1, 0, 0, F_REFUSE, 0, 0); /* blocks of 32 only */
+        /* CUDA: a view larger than one decoded chunk (16M floats), its rows in several GEMMs, the last one short */
+        if (t != K3C_QMAT_F32) add(R, D_QMAT, t, 4104, 4096, 33, 0, 0, F_ACC, TOL_ROW, TOL_CUDA);
         /* batches: more jobs than one fused launch takes, decode and prefill, mixed row counts */
         add(R, D_MANY, t, 10, 40, 64, 1, 0, 0, TOL_ROW, TOL_CUDA);
         add(R, D_MANY, t, 5, 24, 96, 6, 0, F_MIXED, TOL_ROW, TOL_CUDA);

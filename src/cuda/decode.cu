@@ -429,19 +429,29 @@ __global__ void gemv_heads_kernel(const char *W, int64_t hstride, int64_t R, int
 
 /* Float32 views: from GEMM_ROWS rows cuBLAS(Lt) in full fp32 (the step is a GEMM: a GEMV kernel would re-read each
  * weight row per 8 inputs), below it a warp per weight row with vector loads (decode is bandwidth-bound); bf16 and
- * MXFP4 views: the same warp-per-row products decoded in registers at every n, k3c_qmat_mul_cuda when a view is not
- * aligned for vector loads. */
+ * MXFP4 views: the same warp-per-row products decoded in registers below DEQ_ROWS inputs, a GEMM on the decoded rows
+ * from there (dequant_gemm), k3c_qmat_mul_cuda when a view is not aligned for vector loads. */
 constexpr int64_t GEMM_ROWS = 16;
 
-/* Whether the fused GEMV takes the job: vector loads (C % 4 == 0, rows aligned as welem4 needs, inputs 16-byte
- * aligned); float32 only below GEMM_ROWS rows (cuBLAS above), bf16 and MXFP4 at any n (no library product reads them
- * as stored without rounding the inputs). */
+/* From this many inputs a bf16 / MXFP4 product is a GEMM: W decoded to fp32 in row chunks of at most DEQ_FLOATS
+ * (exact: both formats are subsets of fp32), then cuBLAS(Lt) in full fp32, as a float32 view of the same values runs. */
+constexpr int64_t DEQ_ROWS = 32;
+constexpr int64_t DEQ_FLOATS = (int64_t)16 << 20;
+
+/* Whether W's rows are laid out as welem4 reads them (C % 4 == 0, rows aligned for the type's vector loads). */
+bool vec_view(const k3c_qmat *W) {
+    const uintptr_t w = (uintptr_t)W->w;
+    if (W->cols % 4) return false;
+    if (W->type == K3C_QMAT_F32) return !(w & 15);
+    if (W->type == K3C_QMAT_BF16) return !(w & 7);
+    return W->type == K3C_QMAT_MXFP4 && !(w & 1);
+}
+
+/* Whether the fused GEMV takes the job: vector loads (vec_view, inputs 16-byte aligned), below GEMM_ROWS inputs for
+ * float32 views (cuBLAS above) and below DEQ_ROWS for bf16 / MXFP4 ones. */
 bool gemv_fits(const k3c_qmat_job &j) {
-    const uintptr_t w = (uintptr_t)j.W->w, x = (uintptr_t)j.X;
-    if (j.n <= 0 || j.W->cols % 4 || x & 15) return false;
-    if (j.W->type == K3C_QMAT_F32) return j.n < GEMM_ROWS && !(w & 15);
-    if (j.W->type == K3C_QMAT_BF16) return !(w & 7);
-    return j.W->type == K3C_QMAT_MXFP4 && !(w & 1);
+    if (j.n <= 0 || !vec_view(j.W) || (uintptr_t)j.X & 15) return false;
+    return j.n < (j.W->type == K3C_QMAT_F32 ? GEMM_ROWS : DEQ_ROWS);
 }
 
 template <int TYPE>
@@ -473,10 +483,61 @@ int gemv_launch(const k3c_qmat_job *jobs, int nj, k3c_err *err) {
     return K3C_OK;
 }
 
+/* out[r, c] = W[r0 + r, c] for r < rows: every group of four decoded as the products read it. */
+template <int TYPE>
+__global__ void dequant_kernel(const void *w, const uint8_t *scale, int64_t r0, int64_t rows, int64_t C, float *out) {
+    const int64_t C4 = C / 4, n4 = rows * C4;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x)
+        ((float4 *)out)[i] = welem4<TYPE>(w, scale, r0 + i / C4, C, i % C4);
+}
+
+int dequant_launch(const k3c_qmat *W, int64_t r0, int64_t rows, float *out, k3c_err *err) {
+    const int64_t n4 = rows * (W->cols / 4), blocks = (n4 + 255) / 256;
+    const unsigned g = (unsigned)(blocks < 8192 ? blocks : 8192);
+    if (W->type == K3C_QMAT_BF16)
+        dequant_kernel<K3C_QMAT_BF16><<<g, 256, 0, K3C_STREAM>>>(W->w, W->scale, r0, rows, W->cols, out);
+    else
+        dequant_kernel<K3C_QMAT_MXFP4><<<g, 256, 0, K3C_STREAM>>>(W->w, W->scale, r0, rows, W->cols, out);
+    K3C_CU_LAUNCHED("engine weight decode");
+    return K3C_OK;
+}
+
+/* Y (+)= X·Wᵀ for a bf16 / MXFP4 view (vec_view) and n ≥ DEQ_ROWS inputs: rows of W decoded into stream-ordered scratch
+ * (legal inside a captured graph), one fp32 GEMM per chunk, written into Y directly when one chunk holds W, else
+ * through a [n, chunk] block copied (or added) into Y's columns. */
+int dequant_gemm(k3c_cuda_backend *b, const k3c_qmat *W, const float *X, int64_t n, float *Y, int acc, k3c_err *err) {
+    const int64_t R = W->rows, C = W->cols;
+    int64_t rc = DEQ_FLOATS / (C + n);
+    rc = rc >= R ? R : rc / 8 * 8;
+    if (rc < 8) return k3c_qmat_mul_cuda(W, X, n, Y, acc, err); /* inputs beyond any chunk: the plain kernel */
+    const bool whole = rc == R;
+    const int64_t wfl = (rc * C + 63) / 64 * 64, yfl = whole ? 0 : n * rc;
+    float *ws = nullptr;
+    K3C_CU(cudaMallocAsync((void **)&ws, sizeof(float) * (size_t)(wfl + yfl), K3C_STREAM));
+    int rc_ = K3C_OK;
+    for (int64_t r0 = 0; r0 < R && !rc_; r0 += rc) {
+        const int64_t rr = R - r0 < rc ? R - r0 : rc;
+        rc_ = dequant_launch(W, r0, rr, ws, err);
+        if (!rc_ && whole)
+            rc_ = k3c_matmul_cuda(&b->cu, 0, 1, n, R, C, 1.0, X, ws, acc ? 1.0 : 0.0, Y, K3C_GEMM_FP32, err);
+        else if (!rc_) {
+            rc_ = k3c_matmul_cuda(&b->cu, 0, 1, n, rr, C, 1.0, X, ws, 0.0, ws + wfl, K3C_GEMM_FP32, err);
+            if (!rc_) rc_ = k3c_copy2d_cuda(n, rr, ws + wfl, rr, Y + r0, R, acc, err);
+        }
+    }
+    const cudaError_t e = cudaFreeAsync(ws, K3C_STREAM);
+    if (!rc_ && e != cudaSuccess)
+        rc_ = k3c_errf(err, K3C_EDEVICE, "engine weight decode: cudaFreeAsync: %s", cudaGetErrorString(e));
+    return rc_;
+}
+
 /* One product through the path above that fits it. */
 int cu_qmat_mul(void *ctx, const k3c_qmat *W, const float *X, int64_t n, float *Y, int acc, k3c_err *err) {
+    if (k3c_qmat_check(W, "qmat_mul (cuda)", err)) return K3C_EINVAL;
     const k3c_qmat_job j = {W, X, n, Y, acc};
     if (gemv_fits(j)) return gemv_launch(&j, 1, err);
+    if (W->type != K3C_QMAT_F32 && n >= DEQ_ROWS && vec_view(W))
+        return dequant_gemm((k3c_cuda_backend *)ctx, W, X, n, Y, acc, err);
     if (W->type != K3C_QMAT_F32 || n <= 0) return k3c_qmat_mul_cuda(W, X, n, Y, acc, err);
     if (n >= GEMM_ROWS) {
         k3c_cuda_backend *b = (k3c_cuda_backend *)ctx;
@@ -488,6 +549,8 @@ int cu_qmat_mul(void *ctx, const k3c_qmat *W, const float *X, int64_t n, float *
 
 /* Runs of consecutive jobs the fused GEMV takes (same n and storage type, at most MANY) go in one launch; the rest one by one. */
 int cu_qmat_mul_many(void *ctx, const k3c_qmat_job *jobs, int nj, k3c_err *err) {
+    for (int i = 0; i < nj; i++) /* every view checked before any product runs */
+        if (k3c_qmat_check(jobs[i].W, "qmat_mul_many (cuda)", err)) return K3C_EINVAL;
     for (int i = 0; i < nj;) {
         int e = i;
         while (e < nj && e - i < MANY && gemv_fits(jobs[e]) && jobs[e].n == jobs[i].n &&

@@ -148,11 +148,14 @@ int main() {
     double gs, cs, gs2, cs2;
     std::vector<k3c_episode> g0 = rollouts(h, &mg, tok, N, &gs), c0 = rollouts(h, &mc, tok, N, &cs);
     compare(h, "initial weights", &mc, g0, c0);
-    /* the parameters change in device memory, as an optimizer step writes them: the next rollouts must read them */
+    /* the parameters change in device memory, as an optimizer step writes them: the next rollouts must read them.
+     * The new values are another random init (a scaling of these would leave a random model's greedy ids as they are) */
     const size_t P = mc.table.total;
-    std::vector<float> w(P);
-    memcpy(w.data(), mc.w, sizeof(float) * P);
-    for (size_t i = 0; i < P; i++) w[i] *= 1.0f + 0.5f * (float)sin((double)i);
+    k3c_model other;
+    h.ok(k3c_model_create_f32(&mc.cfg, 0, &other, &h.err), "other model");
+    k3c_model_init_f32(&other, 8, 0.05);
+    std::vector<float> w((const float *)other.w, (const float *)other.w + P);
+    k3c_model_free_f32(&other);
     memcpy(mc.w, w.data(), sizeof(float) * P);
     h.ok(cb.table.upload(mg.w, w.data(), sizeof(float) * P, &h.err), "upload");
     h.ok(cb.table.sync(&h.err), "sync");
@@ -162,6 +165,7 @@ int main() {
     for (int i = 0; i < N; i++)
         moved += g1[(size_t)i].n != g0[(size_t)i].n ||
                  memcmp(g1[(size_t)i].ids, g0[(size_t)i].ids, sizeof(int32_t) * (size_t)g0[(size_t)i].n) != 0;
+    printf("episode 0: %lld ids, then %lld; %d of %d episodes moved\n", (long long)g0[0].n, (long long)g1[0].n, moved, N);
     h.check_le("rollouts see new weights", fmt("%d episodes", N), "same", moved > 0 ? 0 : 1, 0);
     printf("rollout tokens/s (%d greedy episodes, one engine): gpu %.0f / %.0f, cpu %.0f / %.0f\n", N, gs, gs2, cs,
            cs2);
