@@ -14,6 +14,10 @@
 #define k3c_slices_carve k3c_slices_carve_f64
 #define k3c_slices_check k3c_slices_check_f64
 #define k3c_slice_rows k3c_slice_rows_f64
+#define k3c_head_rows k3c_head_rows_f64
+#define k3c_head_check k3c_head_check_f64
+#define k3c_head_chunked_fwd k3c_head_chunked_fwd_f64
+#define k3c_head_chunked_bwd k3c_head_chunked_bwd_f64
 #define k3c_acts_layer_bwd_rows k3c_acts_layer_bwd_rows_f64
 #define k3c_acts_src k3c_acts_src_f64
 #define k3c_acts_run_layers k3c_acts_run_layers_f64
@@ -166,6 +170,10 @@
 #define k3c_slices_carve k3c_slices_carve_f32
 #define k3c_slices_check k3c_slices_check_f32
 #define k3c_slice_rows k3c_slice_rows_f32
+#define k3c_head_rows k3c_head_rows_f32
+#define k3c_head_check k3c_head_check_f32
+#define k3c_head_chunked_fwd k3c_head_chunked_fwd_f32
+#define k3c_head_chunked_bwd k3c_head_chunked_bwd_f32
 #define k3c_acts_layer_bwd_rows k3c_acts_layer_bwd_rows_f32
 #define k3c_acts_src k3c_acts_src_f32
 #define k3c_acts_run_layers k3c_acts_run_layers_f32

@@ -98,4 +98,16 @@ int k3c_slices_setup(k3c_acts *a, const int32_t *cu, k3c_err *err);
 int k3c_slice_layer_fwd(k3c_acts *a, int l, k3c_err *err);
 int k3c_slice_layer_bwd(k3c_acts *a, int l, k3c_err *err);
 
+/* The chunked head (model/head.c). Rows of the head's logits in a forward of T tokens: head_chunk when it chunks the
+ * batch, else T. */
+int64_t k3c_head_rows(const k3c_model *m, int64_t T);
+/* K3C_EINVAL for a negative head_chunk, K3C_EUNSUPPORTED naming the setting when the head cannot run in chunks. */
+int k3c_head_check(const k3c_model *m, int64_t T, k3c_err *err);
+/* lm_head and the cross-entropy chunk by chunk over a->hn (a->loss_norm: the divisor of the whole batch): *loss and
+ * a->lse; a->logits holds one chunk. */
+int k3c_head_chunked_fwd(k3c_acts *a, double *loss, k3c_err *err);
+/* Its backward: each chunk's logits again, its dlogits from the saved lse, then dxn [T, D] and the lm_head gradient
+ * dW added to. */
+int k3c_head_chunked_bwd(k3c_acts *a, double scale, real *dxn, real *dW, k3c_err *err);
+
 #endif

@@ -92,28 +92,42 @@ static int layer_bwd(k3c_acts *a, int l, k3c_err *err) {
     return k3c_acts_layer_bwd_rows(a, l, err);
 }
 
-/* The head's backward: cross-entropy → lm_head → final norm → output mix, into the last layer's stream gradients. */
-static int head_bwd(k3c_model *m, k3c_acts *a, double scale, k3c_err *err) {
-    const k3c_config *c = &m->cfg;
+/* The unchunked head's dlogits [T, V] (this rank's vocabulary rows), then dxn and the lm_head gradient. */
+static int whole_head_bwd(k3c_model *m, k3c_acts *a, double scale, k3c_err *err) {
     const k3c_backend *be = a->st.be;
-    int64_t T = a->T, D = c->hidden_size, V = c->vocab_size, Vl = V / k3c_tp_size(m);
-    const real *w = m->w;
-    real *g = m->g;
-    const k3c_global_offsets *go = &m->table.glob;
+    int64_t T = a->T, D = m->cfg.hidden_size, V = m->cfg.vocab_size, Vl = V / k3c_tp_size(m);
+    const size_t head = m->table.glob.lm_head;
     size_t mark = k3c_arena_mark(a->arena);
     real *dlogits = k3c_tmp_zeros(&a->st, a->arena, T * Vl, err);
     if (!dlogits) return k3c_errf(err, K3C_ENOMEM, "backward: activation arena too small for dlogits");
     k3c_xent_sizes xs = {T, V, a->loss_norm, a->weight};
+    int rc;
     if (m->tp) /* the vocabulary-parallel cross-entropy: this rank's rows of dlogits */
-        CHECK_RC(m->tp->xent_bwd(m->tp->ctx, REAL_DTYPE, T, Vl, a->loss_norm, a->weight, a->logits, a->targets, a->lse,
-                                 scale, dlogits, err));
+        rc = m->tp->xent_bwd(m->tp->ctx, REAL_DTYPE, T, Vl, a->loss_norm, a->weight, a->logits, a->targets, a->lse,
+                             scale, dlogits, err);
     else
-        CHECK_RC(be->xent_bwd(&xs, a->logits, a->targets, NULL, a->lse, scale, dlogits, err));
-    CHECK_RC(be->zero(a->dxn, T * D, err));
+        rc = be->xent_bwd(&xs, a->logits, a->targets, NULL, a->lse, scale, dlogits, err);
     k3c_linear_sizes ls = {T, D, Vl, 0};
-    const size_t head = go->lm_head; /* this rank's vocabulary rows */
-    CHECK_RC(be->linear_bwd(be->ctx, &ls, a->hn, w + head, dlogits, a->dxn, g + head, err));
+    if (!rc)
+        rc = be->linear_bwd(be->ctx, &ls, a->hn, (const real *)m->w + head, dlogits, a->dxn, (real *)m->g + head, err);
     k3c_arena_reset(a->arena, mark);
+    return rc;
+}
+
+/* The head's backward: cross-entropy → lm_head → final norm → output mix, into the last layer's stream gradients. */
+static int head_bwd(k3c_model *m, k3c_acts *a, double scale, k3c_err *err) {
+    const k3c_config *c = &m->cfg;
+    const k3c_backend *be = a->st.be;
+    int64_t T = a->T, D = c->hidden_size;
+    const real *w = m->w;
+    real *g = m->g;
+    const k3c_global_offsets *go = &m->table.glob;
+    const size_t head = go->lm_head; /* this rank's vocabulary rows */
+    CHECK_RC(be->zero(a->dxn, T * D, err));
+    if (k3c_head_rows(m, T) < T)
+        CHECK_RC(k3c_head_chunked_bwd(a, scale, a->dxn, g + head, err));
+    else
+        CHECK_RC(whole_head_bwd(m, a, scale, err));
     CHECK_RC(k3c_tp_sum(&a->st, a->dxn, T * D, err));
     CHECK_RC(be->zero(a->din, T * D, err));
     k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};

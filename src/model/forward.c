@@ -150,7 +150,8 @@ static void carve_forward(const k3c_model *m, int64_t T, int n_docs, int l0, int
         }
         hn = K3C_CARVE_DEV(cv, real, T * D);
         rf = K3C_CARVE_DEV(cv, real, T);
-        lg = K3C_CARVE_DEV(cv, real, T * (c->vocab_size / k3c_tp_size(m))); /* this rank's vocabulary rows */
+        /* this rank's vocabulary rows, of one chunk's tokens when the head runs in chunks */
+        lg = K3C_CARVE_DEV(cv, real, k3c_head_rows(m, T) * (c->vocab_size / k3c_tp_size(m)));
         lse = K3C_CARVE_DEV(cv, real, T);
     }
     void *scr = k3c_carve(&cv->dev, scratch_bytes(m, T, n_docs));
@@ -192,7 +193,8 @@ static void carve_backward(const k3c_model *m, int64_t T, int l0, int l1, k3c_ac
 }
 
 static size_t layer_tmp_bytes(const k3c_model *m, int64_t T) {
-    size_t need = sizeof(real) * (size_t)(T * (m->cfg.vocab_size / k3c_tp_size(m))) + 64; /* dlogits */
+    size_t need =
+        sizeof(real) * (size_t)(k3c_head_rows(m, T) * (m->cfg.vocab_size / k3c_tp_size(m))) + 64; /* dlogits */
     for (int l = 0; l < m->cfg.num_layers; l++) {
         const int64_t Tl = k3c_slice_rows(m, l, T);
         size_t a = m->cfg.mixer[l] == K3C_MIXER_KDA ? k3c_kda_bwd_bytes(m, Tl) : k3c_mla_bwd_bytes(m, Tl, T);
@@ -273,6 +275,20 @@ static int upload_batch(const k3c_backend *be, const k3c_model_batch *b, int n_d
     if (!rc) rc = be->sync(err); /* tg is freed next */
     free(tg);
     return rc;
+}
+
+/* Positions of the batch whose target counts (the cross-entropy's default divisor over the whole batch). */
+static int64_t counted_targets(const k3c_model_batch *b) {
+    int64_t n = 0;
+    if (b->targets) {
+        for (int64_t t = 0; t < b->T; t++) n += b->targets[t] >= 0;
+        return n;
+    }
+    for (int d = 0; d < (b->cu_seqlens ? b->n_docs : 1); d++) {
+        int64_t len = b->cu_seqlens ? b->cu_seqlens[d + 1] - b->cu_seqlens[d] : b->T;
+        n += len > 0 ? len - 1 : 0; /* every position but the document's last */
+    }
+    return n;
 }
 
 /* Calls fn(a, i0, i1) for each run of consecutive positions embed_pos[i0..i1) (one run per image). */
@@ -395,10 +411,36 @@ int k3c_acts_run_layers(k3c_acts *a, k3c_err *err) {
     return K3C_OK;
 }
 
+/* The head: final norm → lm_head → cross-entropy (*loss may be NULL), whole or in chunks of tokens. */
+static int head_fwd(k3c_model *m, const k3c_model_batch *b, k3c_acts *a, double *loss, k3c_err *err) {
+    const k3c_config *c = &m->cfg;
+    const k3c_backend *be = a->st.be;
+    const k3c_weights *views = a->st.views;
+    const int64_t T = a->T, D = c->hidden_size, V = c->vocab_size, Vl = V / k3c_tp_size(m); /* this rank's rows */
+    k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
+    CHECK_RC(be->rmsnorm_fwd(&rs, a->hfin, views->final_norm, a->hn, a->rfin, err));
+    double l = 0;
+    a->loss_norm = b->loss_norm;
+    if (k3c_head_rows(m, T) < T) { /* each chunk's loss takes the whole batch's divisor */
+        if (!(b->loss_norm > 0)) a->loss_norm = (double)counted_targets(b);
+        CHECK_RC(k3c_head_chunked_fwd(a, &l, err));
+    } else {
+        CHECK_RC(k3c_proj1(&a->st, T, &views->lm_head, D, Vl, a->hn, a->logits, err));
+        k3c_xent_sizes xs = {T, V, b->loss_norm, a->weight};
+        if (m->tp)
+            CHECK_RC(m->tp->xent_fwd(m->tp->ctx, REAL_DTYPE, T, Vl, b->loss_norm, a->weight, a->logits, a->targets,
+                                     a->lse, &l, err));
+        else
+            CHECK_RC(be->xent_fwd(&xs, a->logits, a->targets, NULL, a->lse, &l, NULL, err));
+    }
+    if (loss) *loss = l;
+    return K3C_OK;
+}
+
 int k3c_model_forward_range(k3c_model *m, const k3c_model_batch *b, int l0, int l1, real *const *in, k3c_arena *arena,
                             k3c_acts **acts_out, double *loss, k3c_err *err) {
     const k3c_config *c = &m->cfg;
-    int64_t T = b->T, D = c->hidden_size, V = c->vocab_size;
+    int64_t T = b->T, D = c->hidden_size;
     if (loss) *loss = 0;
     if (l0 < 0 || l1 <= l0 || l1 > c->num_layers || (l0 > 0 && !in))
         return k3c_errf(err, K3C_EINVAL, "forward: layers [%d, %d) of %lld%s", l0, l1, (long long)c->num_layers,
@@ -415,6 +457,7 @@ int k3c_model_forward_range(k3c_model *m, const k3c_model_batch *b, int l0, int 
     if (max_sources(c) > K3C_ATTNRES_MAX_SOURCES)
         return k3c_errf(err, K3C_EUNSUPPORTED, "forward: too many AttnRes blocks");
     CHECK_RC(k3c_slices_check(m, T, err));
+    CHECK_RC(k3c_head_check(m, T, err));
     const k3c_backend *be = k3c_model_backend(m);
     const k3c_weights *views = k3c_model_views(m, err);
     if (!views) return err->code;
@@ -448,21 +491,7 @@ int k3c_model_forward_range(k3c_model *m, const k3c_model_batch *b, int l0, int 
         for (int i = 0; i < nb; i++) *(bsrc[i] == K3C_SRC_EMB ? &a->emb : &a->pend[bsrc[i] / 2]) = in[i];
     }
     CHECK_RC(k3c_acts_run_layers(a, err));
-    if (l1 == c->num_layers) {
-        k3c_rmsnorm_sizes rs = {T, D, c->rms_norm_eps};
-        CHECK_RC(be->rmsnorm_fwd(&rs, a->hfin, views->final_norm, a->hn, a->rfin, err));
-        const int64_t Vl = V / k3c_tp_size(m); /* tensor parallelism: this rank's vocabulary rows */
-        CHECK_RC(k3c_proj1(&a->st, T, &views->lm_head, D, Vl, a->hn, a->logits, err));
-        k3c_xent_sizes xs = {T, V, b->loss_norm, a->weight};
-        a->loss_norm = b->loss_norm;
-        double l = 0;
-        if (m->tp)
-            CHECK_RC(m->tp->xent_fwd(m->tp->ctx, REAL_DTYPE, T, Vl, b->loss_norm, a->weight, a->logits, a->targets,
-                                     a->lse, &l, err));
-        else
-            CHECK_RC(be->xent_fwd(&xs, a->logits, a->targets, NULL, a->lse, &l, NULL, err));
-        if (loss) *loss = l;
-    }
+    if (l1 == c->num_layers) CHECK_RC(head_fwd(m, b, a, loss, err));
     CHECK_RC(be->sync(err)); /* the loss (or the boundary tensors) are read next */
     a->tmp_mark = k3c_arena_mark(arena);
     a->meta_mark = k3c_arena_mark(&m->meta);
@@ -473,6 +502,11 @@ int k3c_model_forward_range(k3c_model *m, const k3c_model_batch *b, int l0, int 
 
 int k3c_model_forward(k3c_model *m, const k3c_model_batch *b, k3c_arena *arena, k3c_acts **acts_out, double *loss,
                       real **logits_out, k3c_err *err) {
+    if (logits_out && k3c_head_rows(m, b->T) < b->T) /* before anything runs */
+        return k3c_errf(err, K3C_EUNSUPPORTED,
+                        "forward: logits_out with head_chunk = %lld < T = %lld (the head keeps one chunk's logits; "
+                        "head_chunk 0 keeps them all)",
+                        (long long)m->head_chunk, (long long)b->T);
     CHECK_RC(k3c_model_forward_range(m, b, 0, (int)m->cfg.num_layers, NULL, arena, acts_out, loss, err));
     if (logits_out) *logits_out = (*acts_out)->logits;
     return K3C_OK;

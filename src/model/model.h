@@ -152,6 +152,8 @@ typedef struct k3c_model {
                                           forward (activation memory of one layer instead of all of them) */
     int64_t recompute_slice; /* > 0: a recomputed layer runs its forward and its backward in slices of this many
                                 tokens (TRAINING.md §1.4 "Sliced recompute"): its working set is one slice's; 0 = off */
+    int64_t head_chunk;      /* > 0: the head computes its logits, loss and gradients in chunks of this many tokens
+                                (TRAINING.md §1.4 "Chunked head"): it keeps lse [T], never the logits [T, V]; 0 = off */
     double aux_loss_alpha; /* > 0: every router's auxiliary balancing loss α·L_aux (ops/moe.h) is part of the objective;
                               the backward adds its gradient, the reported loss stays the cross-entropy (0 = none) */
     k3c_arena meta;        /* host memory of the last forward's bookkeeping (its k3c_acts, pointer tables), reused by
