@@ -346,6 +346,30 @@ static void test_recompute_slice(const fixture *fx) {
     }
 }
 
+/* "head_chunk" is read and checked (bad values are errors naming it) and used: a run whose head computes its logits in
+ * chunks of 5 tokens starts from the loss of the whole head's run (after test_recompute_slice's "rc_all") and trains a
+ * model that is not that run's bit for bit (the lm_head gradient summed over the chunks). */
+static void test_head_chunk(const fixture *fx) {
+    expect_run_error(fx, "e_head_neg", "exact", ", \"head_chunk\": -8", "head_chunk: -8, must be ≥ 0");
+    expect_run_error(fx, "e_head_str", "exact", ", \"head_chunk\": \"8\"", "head_chunk");
+    expect_run_error(fx, "e_head_frac", "exact", ", \"head_chunk\": 8.5", "head_chunk");
+    char cfg[1200];
+    k3c_err err = {0};
+    run_params p = defaults("rc_head");
+    p.extra = ", \"recompute\": \"all\", \"head_chunk\": 5";
+    arm_run(fx, "rc_head", p, cfg, sizeof cfg);
+    k3c_run_config rc;
+    CHECK_OK(k3c_run_config_load(cfg, &rc, &err), &err);
+    CHECK(rc.head_chunk == 5, "head_chunk read as %lld", (long long)rc.head_chunk);
+    int ok = train_arm(fx, cfg, "rc_head", "the head in chunks of 5") == 0;
+    mrow a[16], b[16];
+    int bad;
+    if (ok && read_metrics(fx, "rc_all", a, 16, &bad) >= 1 && read_metrics(fx, "rc_head", b, 16, &bad) >= 1) {
+        CHECK_LE(fabs(b[0].loss - a[0].loss) / a[0].loss, 1e-5, "chunked head: first step's loss rel diff");
+        CHECK(!same_model(fx, "rc_all", "rc_head"), "head_chunk changed nothing: the chunks were not used");
+    }
+}
+
 /* ---------------------------------------------------------------- the auxiliary loss inside the model's backward */
 
 /* One float64 backward of the fixture's model at α: the gradient is the cross-entropy's plus α times the auxiliary
@@ -502,6 +526,7 @@ int main(void) {
     if (build_fixture(&fx, "test_arms")) return test_summary();
     test_switch_errors(&fx);
     test_recompute_slice(&fx);
+    test_head_chunk(&fx);
     test_model_aux(&fx);
     test_model_aux_fd(&fx);
     test_balancing(&fx);

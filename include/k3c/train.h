@@ -63,6 +63,7 @@ typedef struct {
     int threads;   /* 0 = OpenMP default */
     int recompute; /* 1 = recompute every layer's activations in the backward ("recompute": "all") */
     int64_t recompute_slice; /* > 0: the recomputed layers run in slices of this many tokens ("recompute_slice") */
+    int64_t head_chunk;      /* > 0: lm_head and the loss run in chunks of this many tokens ("head_chunk") */
     /* optimizer */
     char matrix_optimizer[16]; /* "muon" or "adamw" */
     char muon_precision[16];   /* "auto" (the CPU and --gemm fp32: fp32; else bf16), "fp32" or "bf16" (GPU only) */

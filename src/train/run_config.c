@@ -248,6 +248,7 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
                                        "keep_checkpoints",
                                        "recompute",
                                        "recompute_slice",
+                                       "head_chunk",
                                        "parallel",
                                        "guard",
                                        NULL};
@@ -325,6 +326,10 @@ static int parse_root(ctx *c, const k3c_json *r, k3c_run_config *rc) {
         return k3c_errf(c->err, K3C_ECONFIG, "%s: recompute_slice: %lld, %s", c->file, (long long)rc->recompute_slice,
                         rc->recompute_slice < 0 ? "must be ≥ 0 (tokens a slice; 0 = off)"
                                                 : "only with recompute \"all\" (the layers that run in slices)");
+    if ((e = get_int(c, r, "", "head_chunk", 0, 0, &rc->head_chunk))) return e;
+    if (rc->head_chunk < 0)
+        return k3c_errf(c->err, K3C_ECONFIG, "%s: head_chunk: %lld, must be ≥ 0 (tokens a chunk of the head; 0 = off)",
+                        c->file, (long long)rc->head_chunk);
     if ((e = parse_balancing(c, r, rc))) return e;
     if ((e = parse_parallel(c, k3c_json_get(r, "parallel"), &rc->parallel, &rc->parallel_force))) return e;
     if ((e = parse_guard(c, k3c_json_get(r, "guard"), rc))) return e;

@@ -724,6 +724,10 @@ static int setup(trainer *tr, const k3c_run_config *rc, const k3c_train_opts *o,
     if (rc->recompute_slice > 0 && (lay.tp > 1 || lay.ep > 1))
         return k3c_errf(err, K3C_EUNSUPPORTED, "%s: recompute_slice with parallel.%s = %lld is not built yet", rc->path,
                         lay.tp > 1 ? "tp" : "ep", (long long)(lay.tp > 1 ? lay.tp : lay.ep));
+    tr->m.head_chunk = rc->head_chunk;
+    if (rc->head_chunk > 0 && lay.tp > 1)
+        return k3c_errf(err, K3C_EUNSUPPORTED, "%s: head_chunk with parallel.tp = %lld is not built yet", rc->path,
+                        (long long)lay.tp);
     if (rc->recompute_slice > 0 && (rc->recompute_slice < cfg.conv_kernel - 1 || tr->m.aux_loss_alpha > 0))
         return k3c_errf(err, K3C_ECONFIG, "%s: recompute_slice: %lld, %s", rc->path, (long long)rc->recompute_slice,
                         tr->m.aux_loss_alpha > 0 ? "not with balancing \"aux\" (its loss is the whole batch's)"
