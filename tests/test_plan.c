@@ -208,6 +208,14 @@ static void test_memory(void) {
     CHECK(k3c_plan_memory_train(&c, &L, &m, &err) == K3C_EINVAL && strstr(err.msg, "recompute slice 2"),
           "a slice without full recompute: %s", err.msg);
     L.recompute = K3C_RC_FULL, L.recompute_slice = 0;
+    /* the head in chunks of 3 tokens: the logits of 3 tokens (3·10·2) */
+    L.head_chunk = 3;
+    CHECK_OK(k3c_plan_memory_train(&c, &L, &m, &err), &err);
+    CHECK_NEAR(m.working, 6888 + 256 + 60, "working, head in chunks");
+    L.head_chunk = -1;
+    CHECK(k3c_plan_memory_train(&c, &L, &m, &err) == K3C_EINVAL && strstr(err.msg, "head chunk -1"),
+          "a negative head chunk: %s", err.msg);
+    L.head_chunk = 0;
     /* TP 2 × EP 2 × DP 2, ZeRO-1, Muon, bf16 grads, selective, 4 tokens per GPU */
     L.tp = 2, L.ep = 2, L.dp = 2, L.zero = 1, L.optimizer = K3C_OPT_MUON, L.grad_bytes = 2;
     L.recompute = K3C_RC_SELECTIVE, L.global_batch_tokens = 32;

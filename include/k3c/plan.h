@@ -105,6 +105,7 @@ typedef struct {
     int zero;                    /* 0..3: what the data-parallel group shards (optimizer, +grads, +weights) */
     int recompute;               /* k3c_plan_recompute */
     int64_t recompute_slice;     /* full recompute in slices of this many tokens (TRAINING.md §1.4); 0 = off */
+    int64_t head_chunk;          /* the head's logits in chunks of this many tokens (TRAINING.md §1.4); 0 = off */
     int64_t micro_batch;         /* sequences per micro-batch */
     int64_t seq;                 /* tokens per sequence */
     int64_t global_batch_tokens; /* tokens per optimizer step */

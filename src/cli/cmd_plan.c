@@ -20,6 +20,7 @@ static const char *const value_opts[] = {"--gpus",
                                          "--zero",
                                          "--recompute",
                                          "--recompute-slice",
+                                         "--head-chunk",
                                          "--micro-batch",
                                          "--global-batch-tokens",
                                          "--optimizer",
@@ -53,6 +54,7 @@ static void help(void) {
         "  --zero 0..3              shard optimizer state (1), + gradients (2), + weights (3) over the DP group\n"
         "  --recompute none|selective|full   activations kept for backward (default: searched, else selective)\n"
         "  --recompute-slice N      full recompute in slices of N tokens per GPU (TRAINING.md 1.4; default 0 = off)\n"
+        "  --head-chunk N           the head's logits in chunks of N tokens per GPU (TRAINING.md 1.4; 0 = off)\n"
         "  --micro-batch B          sequences per micro-batch (default: searched, else 1)\n"
         "  --global-batch-tokens N  tokens per optimizer step (default 67108864 = 2^26)\n"
         "  --optimizer adamw|muon   AdamW: fp32 master + 2 moments; Muon: fp32 master + 1 momentum on matrices\n"
@@ -140,6 +142,7 @@ static int parse(int argc, char **argv, plan_opts *o) {
              opt_i(argc, argv, "--dp", 0, &L->dp) && opt_i(argc, argv, "--zero", -1, &zero) &&
              opt_i(argc, argv, "--micro-batch", 0, &L->micro_batch) &&
              opt_i(argc, argv, "--recompute-slice", 0, &L->recompute_slice) &&
+             opt_i(argc, argv, "--head-chunk", 0, &L->head_chunk) &&
              opt_i(argc, argv, "--global-batch-tokens", L->global_batch_tokens, &L->global_batch_tokens) &&
              opt_i(argc, argv, "--top", 5, &o->top) && opt_i(argc, argv, "--context", 0, &o->context) &&
              opt_i(argc, argv, "--batch", 1, &o->batch) && opt_i(argc, argv, "--gpus-per-node", 8, &gpn) &&

@@ -116,6 +116,8 @@ int k3c_plan_check_layout(const k3c_config *cfg, const k3c_plan_layout *lay, int
     if (lay->recompute_slice < 0 || (lay->recompute_slice > 0 && lay->recompute != K3C_RC_FULL))
         return k3c_errf(err, K3C_EINVAL, "layout: recompute slice %lld (tokens, 0 = off; only with full recompute)",
                         (long long)lay->recompute_slice);
+    if (lay->head_chunk < 0)
+        return k3c_errf(err, K3C_EINVAL, "layout: head chunk %lld (tokens, 0 = off)", (long long)lay->head_chunk);
     if (lay->optimizer < 0 || lay->optimizer > 1) return k3c_errf(err, K3C_EINVAL, "layout: unknown optimizer");
     if (lay->grad_bytes != 2 && lay->grad_bytes != 4)
         return k3c_errf(err, K3C_EINVAL, "layout: gradient bytes must be 2 (bf16) or 4 (fp32)");

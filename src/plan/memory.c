@@ -62,7 +62,8 @@ static double working_bytes(const k3c_plan_model *m, const k3c_plan_layout *lay,
     /* fp32 gradient accumulators: the residual stream, plus one per AttnRes source alive at the stage's end */
     int64_t end = s == lay->pp - 1 ? cfg->num_layers : first + count;
     worst += tok * (double)cfg->hidden_size * F * (1 + (double)k3c_plan_attnres_sources(cfg, end));
-    if (s == lay->pp - 1) worst += tok * (double)cfg->vocab_size * U; /* bf16 logits: T/CP tokens × V/TP */
+    const double hc = lay->head_chunk > 0 && (double)lay->head_chunk < tok ? (double)lay->head_chunk : tok;
+    if (s == lay->pp - 1) worst += hc * (double)cfg->vocab_size * U; /* bf16 logits: T/CP tokens (a chunk's) × V/TP */
     return worst;
 }
 
