@@ -7,6 +7,7 @@
 #include "test.h"
 #include "ops/backend.h"
 #include "model/model.h"
+#include "param_err.h"
 
 #define T_TEST 43
 static const int32_t CU[5] = {0, 11, 24, 39, 43}; /* packed documents of 11, 13, 15 and 4 tokens */
@@ -85,22 +86,6 @@ static void make_batch(int variant, int32_t *ids, int32_t *tg, float *w, k3c_mod
 RUN_BODY(f64, double)
 RUN_BODY(f32, float)
 
-/* Worst relative error over the parameter tensors (L2 of the difference over L2 of the reference, per tensor); *head
- * gets lm_head's. */
-static double worst_grad_err(const k3c_config *cfg, const double *g, const double *ref, double *head) {
-    k3c_param_table t;
-    k3c_err err = {0};
-    if (k3c_params_build(cfg, &t, &err)) return INFINITY;
-    double worst = 0;
-    for (int i = 0; i < t.n; i++) {
-        double e = test_rel_err_d(g + t.p[i].offset, ref + t.p[i].offset, (size_t)t.p[i].numel);
-        if (t.p[i].offset == t.glob.lm_head) *head = e;
-        if (e > worst) worst = e;
-    }
-    k3c_params_free(&t);
-    return worst;
-}
-
 static void compare(const k3c_config *cfg, const char *what, const run_out *o, const run_out *ref, double tol) {
     char name[200];
     if (o->rc || ref->rc) {
@@ -108,7 +93,7 @@ static void compare(const k3c_config *cfg, const char *what, const run_out *o, c
         return;
     }
     const double dl = fabs(o->loss - ref->loss) / fabs(ref->loss);
-    double head = INFINITY, worst = worst_grad_err(cfg, o->g, ref->g, &head);
+    double head = INFINITY, worst = test_worst_param_err(cfg, o->g, ref->g, &head);
     printf("  %s: loss rel err %.2e, worst gradient %.2e, lm_head %.2e\n", what, dl, worst, head);
     snprintf(name, sizeof name, "%s: loss rel err", what);
     CHECK_LE(dl, tol, name);

@@ -7,6 +7,7 @@
 #include "test.h"
 #include "ops/backend.h"
 #include "model/model.h"
+#include "param_err.h"
 
 #define T_TEST 43
 /* documents of 11, 13, 15 and 4 tokens: with slices of 8 the boundary at 24 is a document's, the one at 40 falls one
@@ -74,20 +75,6 @@ static int load_cfg(k3c_config *cfg) {
 RUN_BODY(f64, double)
 RUN_BODY(f32, float)
 
-/* Worst relative error over the parameter tensors (L2 of the difference over L2 of the reference, per tensor). */
-static double worst_grad_err(const k3c_config *cfg, const double *g, const double *ref) {
-    k3c_param_table t;
-    k3c_err err = {0};
-    if (k3c_params_build(cfg, &t, &err)) return INFINITY;
-    double worst = 0;
-    for (int i = 0; i < t.n; i++) {
-        double e = test_rel_err_d(g + t.p[i].offset, ref + t.p[i].offset, (size_t)t.p[i].numel);
-        if (e > worst) worst = e;
-    }
-    k3c_params_free(&t);
-    return worst;
-}
-
 static void compare(const k3c_config *cfg, const char *what, const run_out *o, const run_out *ref, double tol) {
     char name[160];
     if (o->rc || ref->rc) {
@@ -97,7 +84,7 @@ static void compare(const k3c_config *cfg, const char *what, const run_out *o, c
     snprintf(name, sizeof name, "%s: loss rel err", what);
     CHECK_LE(fabs(o->loss - ref->loss) / fabs(ref->loss), tol, name);
     snprintf(name, sizeof name, "%s: worst gradient rel err", what);
-    CHECK_LE(worst_grad_err(cfg, o->g, ref->g), tol, name);
+    CHECK_LE(test_worst_param_err(cfg, o->g, ref->g, NULL), tol, name);
     double ds = 0;
     const int nsm = (int)(cfg->num_layers * cfg->mla_heads);
     for (int i = 0; i < nsm; i++) ds = fmax(ds, fabs(o->smax[i] - ref->smax[i]) / fmax(fabs(ref->smax[i]), 1e-30));
@@ -196,7 +183,7 @@ static void stages_sliced(void) {
         snprintf(name, sizeof name, "%s: loss rel err", what);
         CHECK_LE(fabs(o.loss - ref.loss) / fabs(ref.loss), 1e-12, name);
         snprintf(name, sizeof name, "%s: worst gradient rel err", what);
-        CHECK_LE(worst_grad_err(&cfg, o.g, ref.g), 1e-12, name);
+        CHECK_LE(test_worst_param_err(&cfg, o.g, ref.g, NULL), 1e-12, name);
         free(o.g);
         for (int s = 0; s < S; s++) {
             free(bnd[s]);
