@@ -112,7 +112,9 @@ static std::vector<k3c_episode> rollouts(harness &h, k3c_model *m, const k3c_tok
         sm[(size_t)i] = k3c_sampler{};
         sm[(size_t)i].top_p = 1, sm[(size_t)i].seed = 11 + (uint64_t)i; /* temperature 0: greedy */
     }
-    k3c_rollout_opts o = {2, 400, 32, 0};
+    /* max_tokens well above the prompt (byte tokens: an arith_tool prompt is several hundred ids), so every episode
+     * samples: an episode truncated before its first sampled id would compare equal whatever the engine did */
+    k3c_rollout_opts o = {2, 2048, 32, 0};
     std::vector<k3c_episode> ep((size_t)n);
     const double t0 = k3c_now();
     h.ok(k3c_rollout_batch(m, e.data(), sm.data(), n, tok, &o, 0, ep.data(), &h.err), "rollout batch");
@@ -121,6 +123,13 @@ static std::vector<k3c_episode> rollouts(harness &h, k3c_model *m, const k3c_tok
     for (auto &x : ep)
         for (int64_t t = x.n_prompt; t < x.n; t++) sampled += x.mask[t];
     *tok_s = (double)sampled / (dt > 0 ? dt : 1e-9);
+    int silent = 0;
+    for (auto &x : ep) {
+        int64_t k = 0;
+        for (int64_t t = x.n_prompt; t < x.n; t++) k += x.mask[t];
+        silent += k == 0;
+    }
+    h.check_le("rollouts sample", fmt("%d episodes", n), "none sampled", (double)silent, 0);
     for (auto *x : e) k3c_env_free(x);
     return ep;
 }
