@@ -7,7 +7,7 @@
 #include "test.h"
 #include "ops/backend.h"
 #include "model/model.h"
-#include "param_err.h"
+#include "model_step.h"
 
 #define T_TEST 43
 static const int32_t CU[5] = {0, 11, 24, 39, 43}; /* packed documents of 11, 13, 15 and 4 tokens */
@@ -50,7 +50,7 @@ static void make_batch(int variant, int32_t *ids, int32_t *tg, float *w, k3c_mod
 }
 
 /* One forward + backward with the model's gradients zeroed first. */
-#define RUN_BODY(S, real)                                                                                              \
+#define RUN_BODY(S)                                                                                                    \
     static void run_##S(const k3c_config *cfg, const run_opts *op, run_out *o) {                                       \
         k3c_err err = {0};                                                                                             \
         int32_t ids[T_TEST], tg[T_TEST];                                                                               \
@@ -68,23 +68,15 @@ static void make_batch(int variant, int32_t *ids, int32_t *tg, float *w, k3c_mod
         m.head_chunk = op->head_chunk;                                                                                 \
         m.recompute_slice = op->slice;                                                                                 \
         for (int l = 0; l < cfg->num_layers; l++) m.recompute[l] = (uint8_t)op->recompute;                             \
-        k3c_arena ar = {0};                                                                                            \
-        k3c_acts *acts;                                                                                                \
-        o->rc = k3c_arena_init(&ar, k3c_model_plan_bytes_##S(&m, T_TEST, 4), &err);                                    \
-        if (!o->rc) o->rc = k3c_model_forward_##S(&m, &b, &ar, &acts, &o->loss, NULL, &err);                           \
-        if (!o->rc) o->rc = k3c_model_backward_##S(&m, acts, 1.0, &err);                                               \
-        if (!o->rc) {                                                                                                  \
+        o->rc = test_model_step_##S(&m, &b, &o->loss, &o->g, &err);                                                    \
+        if (!o->rc)                                                                                                    \
             o->n = m.table.total;                                                                                      \
-            o->g = malloc(m.table.total * sizeof(double));                                                             \
-            for (size_t i = 0; i < m.table.total; i++) o->g[i] = ((real *)m.g)[i];                                     \
-        } else {                                                                                                       \
+        else                                                                                                           \
             snprintf(o->msg, sizeof o->msg, "%s", err.msg);                                                            \
-        }                                                                                                              \
-        k3c_arena_free(&ar);                                                                                           \
         k3c_model_free_##S(&m);                                                                                        \
     }
-RUN_BODY(f64, double)
-RUN_BODY(f32, float)
+RUN_BODY(f64)
+RUN_BODY(f32)
 
 static void compare(const k3c_config *cfg, const char *what, const run_out *o, const run_out *ref, double tol) {
     char name[200];

@@ -7,7 +7,7 @@
 #include "test.h"
 #include "ops/backend.h"
 #include "model/model.h"
-#include "param_err.h"
+#include "model_step.h"
 
 #define T_TEST 43
 /* documents of 11, 13, 15 and 4 tokens: with slices of 8 the boundary at 24 is a document's, the one at 40 falls one
@@ -32,7 +32,7 @@ static int load_cfg(k3c_config *cfg) {
 }
 
 /* One forward + backward; recompute: 0 none, 1 every layer, 2 the odd layers. */
-#define RUN_BODY(S, real)                                                                                              \
+#define RUN_BODY(S)                                                                                                    \
     static void run_##S(const k3c_config *cfg, int chunk, int recompute, int64_t slice, run_out *o) {                  \
         k3c_err err = {0};                                                                                             \
         int32_t ids[T_TEST];                                                                                           \
@@ -51,14 +51,8 @@ static int load_cfg(k3c_config *cfg) {
         k3c_step_stats stats;                                                                                          \
         o->rc = k3c_step_stats_init_##S(&m, T_TEST, &stats, &err);                                                     \
         m.stats = o->rc ? NULL : &stats;                                                                               \
-        k3c_arena ar = {0};                                                                                            \
-        k3c_acts *acts;                                                                                                \
-        if (!o->rc) o->rc = k3c_arena_init(&ar, k3c_model_plan_bytes_##S(&m, T_TEST, 4), &err);                        \
-        if (!o->rc) o->rc = k3c_model_forward_##S(&m, &b, &ar, &acts, &o->loss, NULL, &err);                           \
-        if (!o->rc) o->rc = k3c_model_backward_##S(&m, acts, 1.0, &err);                                               \
+        if (!o->rc) o->rc = test_model_step_##S(&m, &b, &o->loss, &o->g, &err);                                      \
         if (!o->rc) {                                                                                                  \
-            o->g = malloc(m.table.total * sizeof(double));                                                             \
-            for (size_t i = 0; i < m.table.total; i++) o->g[i] = ((real *)m.g)[i];                                     \
             memcpy(o->smax, stats.smax, sizeof(float) * (size_t)(cfg->num_layers * cfg->mla_heads));                   \
             const k3c_route_stats *r = &stats.route[2]; /* an MoE layer that recomputes in every mode */               \
             CHECK(r->T == T_TEST && r->k * T_TEST <= T_TEST * 8 && r->n * T_TEST <= T_TEST * 8,                        \
@@ -68,12 +62,11 @@ static int load_cfg(k3c_config *cfg) {
         } else {                                                                                                       \
             snprintf(o->msg, sizeof o->msg, "%s", err.msg);                                                            \
         }                                                                                                              \
-        k3c_arena_free(&ar);                                                                                           \
         if (m.stats) k3c_step_stats_free_##S(&m, &stats);                                                              \
         k3c_model_free_##S(&m);                                                                                        \
     }
-RUN_BODY(f64, double)
-RUN_BODY(f32, float)
+RUN_BODY(f64)
+RUN_BODY(f32)
 
 static void compare(const k3c_config *cfg, const char *what, const run_out *o, const run_out *ref, double tol) {
     char name[160];
