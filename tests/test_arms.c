@@ -298,6 +298,19 @@ static void test_switch_errors(const fixture *fx) {
 
 /* ---------------------------------------------------------------- sliced recompute */
 
+/* The arm `name` (trained, ok) starts from the loss of "rc_all" — the same model with every layer recomputed whole:
+ * first steps within 1e-5 (another summation order) — and ends with a model that is not rc_all's bit for bit (what
+ * the setting changes was used). */
+static void check_against_rc_all(const fixture *fx, int ok, const char *name, const char *what) {
+    mrow a[16], b[16];
+    int bad;
+    char msg[200];
+    if (!ok || read_metrics(fx, "rc_all", a, 16, &bad) < 1 || read_metrics(fx, name, b, 16, &bad) < 1) return;
+    snprintf(msg, sizeof msg, "%s: first step's loss rel diff", what);
+    CHECK_LE(fabs(b[0].loss - a[0].loss) / a[0].loss, 1e-5, msg);
+    CHECK(!same_model(fx, "rc_all", name), "%s changed nothing: it was not used", what);
+}
+
 /* "recompute_slice" is read, checked and used: bad values are errors naming it (nothing written); a run whose layers
  * recompute in slices of 8 tokens starts from the loss of the unsliced run (the same model, another summation order)
  * and trains a model that is not the unsliced one bit for bit. */
@@ -338,12 +351,7 @@ static void test_recompute_slice(const fixture *fx) {
     CHECK_OK(k3c_run_config_load(cfg, &rc, &err), &err);
     CHECK(rc.recompute && rc.recompute_slice == 8, "recompute_slice read as %lld", (long long)rc.recompute_slice);
     ok &= train_arm(fx, cfg, "rc_slice", "recompute in slices of 8") == 0;
-    mrow a[16], b[16];
-    int bad;
-    if (ok && read_metrics(fx, "rc_all", a, 16, &bad) >= 1 && read_metrics(fx, "rc_slice", b, 16, &bad) >= 1) {
-        CHECK_LE(fabs(b[0].loss - a[0].loss) / a[0].loss, 1e-5, "sliced recompute: first step's loss rel diff");
-        CHECK(!same_model(fx, "rc_all", "rc_slice"), "recompute_slice changed nothing: the slices were not used");
-    }
+    check_against_rc_all(fx, ok, "rc_slice", "recompute_slice");
 }
 
 /* "head_chunk" is read and checked (bad values are errors naming it) and used: a run whose head computes its logits in
@@ -362,12 +370,7 @@ static void test_head_chunk(const fixture *fx) {
     CHECK_OK(k3c_run_config_load(cfg, &rc, &err), &err);
     CHECK(rc.head_chunk == 5, "head_chunk read as %lld", (long long)rc.head_chunk);
     int ok = train_arm(fx, cfg, "rc_head", "the head in chunks of 5") == 0;
-    mrow a[16], b[16];
-    int bad;
-    if (ok && read_metrics(fx, "rc_all", a, 16, &bad) >= 1 && read_metrics(fx, "rc_head", b, 16, &bad) >= 1) {
-        CHECK_LE(fabs(b[0].loss - a[0].loss) / a[0].loss, 1e-5, "chunked head: first step's loss rel diff");
-        CHECK(!same_model(fx, "rc_all", "rc_head"), "head_chunk changed nothing: the chunks were not used");
-    }
+    check_against_rc_all(fx, ok, "rc_head", "head_chunk");
 }
 
 /* ---------------------------------------------------------------- the auxiliary loss inside the model's backward */
