@@ -257,6 +257,24 @@ static void free_runs(run_out *o, int n) {
     for (int i = 0; i < n; i++) free(o[i].logits);
 }
 
+/* The three requests together on an engine of `slots` slots (prompt chunks of 8) into ob, and each alone on a one-slot
+ * engine with the same chunks into os (only the company in the batch differs); returns the batched engine, open (the
+ * caller reads it and closes it). */
+static k3c_engine *batched_and_solo(const k3c_model *m, int slots, const int32_t *const *pr, const int64_t *len,
+                                    const k3c_request *req, run_out *ob, run_out *os) {
+    k3c_err err = {0};
+    const int64_t V = m->cfg.vocab_size;
+    k3c_engine_opts bo = {.max_seqs = slots, .prefill_chunk = 8, .max_ctx = 64}, so = bo;
+    so.max_seqs = 1;
+    k3c_engine *eb = NULL, *es = NULL;
+    CHECK_OK(k3c_engine_open(m, &bo, &eb, &err), &err);
+    CHECK_OK(k3c_engine_open(m, &so, &es, &err), &err);
+    CHECK_OK(run_engine(eb, 3, pr, len, req, V, ob, &err), &err);
+    for (int i = 0; i < 3; i++) CHECK_OK(run_engine(es, 1, pr + i, len + i, req + i, V, os + i, &err), &err);
+    k3c_engine_close(es);
+    return eb;
+}
+
 /* Greedy ids of the K3 golden's prompt through the engine API. */
 static void golden_greedy(const k3c_model *m, const k3c_safetensors *gs) {
     k3c_err err = {0};
@@ -280,20 +298,13 @@ static void golden_greedy(const k3c_model *m, const k3c_safetensors *gs) {
  * of 8 run beside decode rows) produce the ids of solo runs and logits within TOL_LOGITS of them (a row's products
  * depend on the other rows only through the BLAS kernel chosen for the batch size: a few 1e-6). */
 static void batching(const k3c_model *m, const int32_t *ids) {
-    k3c_err err = {0};
     const int64_t V = m->cfg.vocab_size, len[3] = {5, 30, 17};
     const int32_t *pr[3] = {ids, ids + 3, ids + 11};
     k3c_request req[3] = {{.sampler = {.top_p = 1}, .max_new = 3},
                           {.sampler = {.temperature = 0.9, .top_p = 0.9, .seed = 5, .top_k = 50}, .max_new = 9},
                           {.sampler = {.top_p = 1, .repetition_penalty = 1.3, .logprobs = 2}, .max_new = 6}};
-    k3c_engine_opts bo = {.max_seqs = 2, .prefill_chunk = 8, .max_ctx = 64}, so = bo;
-    so.max_seqs = 1; /* the same prompt chunks: only the company in the batch differs */
-    k3c_engine *eb, *es;
     run_out ob[3], os[3];
-    CHECK_OK(k3c_engine_open(m, &bo, &eb, &err), &err);
-    CHECK_OK(k3c_engine_open(m, &so, &es, &err), &err);
-    CHECK_OK(run_engine(eb, 3, pr, len, req, V, ob, &err), &err);
-    for (int i = 0; i < 3; i++) CHECK_OK(run_engine(es, 1, pr + i, len + i, req + i, V, os + i, &err), &err);
+    k3c_engine *eb = batched_and_solo(m, 2, pr, len, req, ob, os);
     double worst = 0;
     for (int i = 0; i < 3; i++) {
         CHECK(ob[i].n == req[i].max_new && ob[i].n == os[i].n && !memcmp(ob[i].tok, os[i].tok, sizeof(int32_t) * 9),
@@ -310,7 +321,6 @@ static void batching(const k3c_model *m, const int32_t *ids) {
     free_runs(ob, 3);
     free_runs(os, 3);
     k3c_engine_close(eb);
-    k3c_engine_close(es);
 }
 
 /* Prefix cache: after prompt A (20 ids), prompt B sharing A's first 13 ids resumes from the snapshot at 8 (13 is no
@@ -422,14 +432,8 @@ static void shared_prefill(const k3c_model *m, const int32_t *ids) {
     for (int i = 0; i < 3; i++)
         req[i] =
             (k3c_request){.sampler = {.temperature = 0.9, .top_p = 1, .seed = 21 + (uint64_t)i}, .max_new = max_new};
-    k3c_engine_opts bo = {.max_seqs = 3, .prefill_chunk = 8, .max_ctx = 64}, so = bo;
-    so.max_seqs = 1;
-    k3c_engine *eb, *es;
     run_out ob[3], os[3];
-    CHECK_OK(k3c_engine_open(m, &bo, &eb, &err), &err);
-    CHECK_OK(k3c_engine_open(m, &so, &es, &err), &err);
-    CHECK_OK(run_engine(eb, 3, pr, len, req, V, ob, &err), &err);
-    for (int i = 0; i < 3; i++) CHECK_OK(run_engine(es, 1, pr + i, len + i, req + i, V, os + i, &err), &err);
+    k3c_engine *eb = batched_and_solo(m, 3, pr, len, req, ob, os);
     k3c_engine_stats st;
     k3c_engine_get_stats(eb, &st);
     CHECK(st.prefills_shared == 2 && st.step_seqs == 4 + 3 * (uint64_t)(max_new - 1),
@@ -471,7 +475,6 @@ static void shared_prefill(const k3c_model *m, const int32_t *ids) {
     free_runs(ob, 3);
     free_runs(os, 3);
     k3c_engine_close(eb);
-    k3c_engine_close(es);
 }
 
 /* Cancel and bad submissions. */
