@@ -547,7 +547,8 @@ int cu_qmat_mul(void *ctx, const k3c_qmat *W, const float *X, int64_t n, float *
     return k3c_qmat_mul_cuda(W, X, n, Y, acc, err);
 }
 
-/* Runs of consecutive jobs the fused GEMV takes (same n and storage type, at most MANY) go in one launch; the rest one by one. */
+/* Runs of consecutive jobs the fused GEMV takes (same n and storage type, at most MANY) go in one launch; the rest one
+ * by one. */
 int cu_qmat_mul_many(void *ctx, const k3c_qmat_job *jobs, int nj, k3c_err *err) {
     for (int i = 0; i < nj; i++) /* every view checked before any product runs */
         if (k3c_qmat_check(jobs[i].W, "qmat_mul_many (cuda)", err)) return K3C_EINVAL;
@@ -578,9 +579,9 @@ int cu_qmat_mul_heads(void *ctx, const k3c_qmat *W, int64_t heads, const float *
         one = W[h].type == W->type && W[h].rows == R && W[h].cols == C && (const char *)W[h].w == (const char *)W->w + h * hs;
     if (one) {
         const dim3 grid((unsigned)((R + DW - 1) / DW), (unsigned)heads);
-        const uintptr_t wa = W->type == K3C_QMAT_F32 ? 15 : 7; /* the row alignment welem4 needs */
-        const bool vec = C % 4 == 0 && !(((uintptr_t)W->w | (uintptr_t)hs) & wa) && !((uintptr_t)X & 15) &&
-                         ldx % 4 == 0 && hx % 4 == 0;
+        /* every head's rows as welem4 reads them (the second head's start aligned makes the stride so) */
+        const bool vec = vec_view(W) && (heads == 1 || vec_view(&W[1])) && !((uintptr_t)X & 15) && ldx % 4 == 0 &&
+                         hx % 4 == 0;
         if (W->type == K3C_QMAT_F32)
             gemv_heads_kernel<K3C_QMAT_F32><<<grid, 32 * DW, 0, K3C_STREAM>>>((const char *)W->w, hs, R, C, X, ldx, hx, n,
                                                                               Y, ldy, hy, vec);
